@@ -1,0 +1,24 @@
+"""tcgnn_py: sparse graph operations on NVIDIA tensor cores, in pure Python.
+
+Public names live here; the implementation is in private modules by concern
+(layers: 0 validation/device/reference/io, 1 kernels, 2 sgt/ops, 3 TiledMatrix).
+"""
+
+from ._device import NoGPUWarning, gpu_available
+from ._io import Graph, load_cora, load_graph
+from ._synth import power_law_graph
+from ._tiled import TiledMatrix, TileStats, spmm
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "TiledMatrix",
+    "TileStats",
+    "spmm",
+    "gpu_available",
+    "NoGPUWarning",
+    "Graph",
+    "load_cora",
+    "load_graph",
+    "power_law_graph",
+]

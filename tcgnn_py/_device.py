@@ -1,0 +1,124 @@
+"""Layer 0: where arrays live, and lazy access to the GPU stack.
+
+``import tcgnn_py`` must work on a machine without CuPy, Numba or a GPU, so
+nothing here imports them at module level.  :func:`gpu_available` decides once
+per process whether the GPU path is usable; everything else asks it.
+"""
+
+import functools
+import os
+import warnings
+
+import numpy as np
+
+__all__ = [
+    "NoGPUWarning",
+    "gpu_available",
+    "get_cupy",
+    "get_numba_cuda",
+    "array_module",
+    "is_device_array",
+    "to_host",
+]
+
+#: Set ``TCGNN_PY_DEVICE=cpu`` to force the NumPy reference path on a GPU machine.
+_ENV_DEVICE = "TCGNN_PY_DEVICE"
+
+
+class NoGPUWarning(RuntimeWarning):
+    """Raised once per process when tcgnn_py falls back to the NumPy reference path."""
+
+
+def _patch_numpy_for_numba():
+    # numba-cuda 0.30 calls numpy.row_stack, which NumPy 2.5 removed
+    # (numba-cuda #907, not to be fixed upstream).  The alias is exact.
+    if not hasattr(np, "row_stack"):
+        np.row_stack = np.vstack
+
+
+@functools.cache
+def _probe():
+    """Return ``(ok, reason)``: can CuPy and Numba both drive a CUDA GPU here?"""
+    if os.environ.get(_ENV_DEVICE, "").lower() == "cpu":
+        return False, f"{_ENV_DEVICE}=cpu"
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        return False, "NUMBA_ENABLE_CUDASIM=1 (simulator processes run the reference path)"
+    try:
+        import cupy
+    except ImportError:
+        return False, "CuPy is not installed (pip install 'tcgnn_py[cuda13]')"
+    try:
+        if not cupy.cuda.is_available():
+            return False, "no CUDA device is visible to CuPy"
+    except Exception as exc:  # driver missing or broken
+        return False, f"CUDA is not usable: {exc}"
+    try:
+        _patch_numpy_for_numba()
+        from numba import cuda
+    except ImportError:
+        return False, "Numba is not installed (pip install 'tcgnn_py[cuda13]')"
+    if not cuda.is_available():
+        return False, "Numba cannot see a CUDA device"
+    return True, ""
+
+
+def gpu_available():
+    """Return True when the GPU path (CuPy + Numba CUDA) is usable.
+
+    Examples
+    --------
+    >>> import tcgnn_py as tg
+    >>> isinstance(tg.gpu_available(), bool)
+    True
+    """
+    return _probe()[0]
+
+
+@functools.cache
+def warn_no_gpu():
+    """Warn, once per process, that the reference path is in use."""
+    warnings.warn(
+        f"tcgnn_py: no usable GPU ({_probe()[1]}); using the NumPy reference path. "
+        "Results are exact but slow.",
+        NoGPUWarning,
+        stacklevel=3,
+    )
+
+
+def get_cupy():
+    """Import CuPy, with a clear error when the GPU path is not usable."""
+    ok, reason = _probe()
+    if not ok:
+        raise RuntimeError(f"tcgnn_py: the GPU path is not available: {reason}")
+    import cupy
+
+    return cupy
+
+
+def get_numba_cuda():
+    """Import ``numba.cuda`` (real or simulated), after the NumPy compatibility patch."""
+    _patch_numpy_for_numba()
+    from numba import cuda
+
+    return cuda
+
+
+def is_device_array(x):
+    """True for CuPy arrays and any other ``__cuda_array_interface__`` producer."""
+    return hasattr(x, "__cuda_array_interface__")
+
+
+def array_module(x):
+    """Return ``cupy`` for device arrays, else ``numpy``."""
+    if is_device_array(x):
+        return get_cupy()
+    return np
+
+
+def to_host(x):
+    """Copy a device array to a NumPy array (no-op for NumPy)."""
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "get"):
+        return x.get()  # synchronize!
+    return np.asarray(x)

@@ -1,0 +1,171 @@
+"""Layer 0: turning user input into validated CSR arrays, with scipy's wording.
+
+O(1) checks (shapes, lengths, dtypes) run first, as in scipy's constructor.
+The O(nnz) checks (monotone ``indptr``, column ids in range) run before every
+translation too, unlike scipy: the GPU kernels index with these arrays, and an
+out-of-range id would write out of bounds instead of raising.
+"""
+
+import operator
+
+import numpy as np
+
+from ._device import array_module, get_cupy, is_device_array
+
+__all__ = [
+    "INDEX_MAX",
+    "coerce_csr",
+    "check_csr_arrays",
+    "value_dtype",
+    "check_tile_shape",
+    "isscalarlike",
+]
+
+#: Largest index the int32 tiled format can hold.
+INDEX_MAX = np.iinfo(np.int32).max
+
+
+def isscalarlike(x):
+    """scipy's test: a Python/NumPy scalar or a 0-d array."""
+    return np.isscalar(x) or (getattr(x, "ndim", None) == 0 and getattr(x, "shape", None) == ())
+
+
+def value_dtype(dtype):
+    """The stored value dtype for input values of ``dtype``.
+
+    Floating types are kept (float16 becomes float32); booleans and integers are
+    promoted to the smallest float type that holds them exactly (NumPy's
+    promotion with float32).  Complex values are refused.
+    """
+    dtype = np.dtype(dtype)
+    if dtype.kind == "c":
+        raise TypeError(f"tcgnn_py supports real values only, got dtype {dtype}")
+    if dtype.kind not in "biuf":
+        raise TypeError(f"unsupported value dtype {dtype}")
+    return np.result_type(dtype, np.float32)
+
+
+def check_tile_shape(tile_shape):
+    """Validate ``(window, block)``; the kernels need powers of two up to 32."""
+    try:
+        window, block = (operator.index(v) for v in tile_shape)
+    except TypeError:
+        raise TypeError(f"tile_shape must be a pair of ints, got {tile_shape!r}") from None
+    for name, v in (("window height", window), ("block width", block)):
+        if v < 1 or v > 32 or v & (v - 1):
+            raise ValueError(f"{name} must be a power of two in [1, 32], got {v}")
+    return window, block
+
+
+def _is_cupyx_sparse(A):
+    return type(A).__module__.startswith("cupyx.scipy.sparse")
+
+
+def _shape2(shape):
+    try:
+        m, n = (operator.index(v) for v in shape)
+    except (TypeError, ValueError):
+        raise ValueError("invalid shape") from None
+    if m < 0 or n < 0:
+        raise ValueError("'shape' elements cannot be negative")
+    return m, n
+
+
+def coerce_csr(A, shape=None):
+    """Return ``(data, indices, indptr, shape)`` from any supported sparse input.
+
+    Arrays stay where they are: NumPy for scipy input, CuPy for cupyx input or a
+    tuple of device arrays.  Values are not yet cast.
+    """
+    import scipy.sparse as sp
+
+    if sp.issparse(A):
+        if A.ndim != 2:
+            raise ValueError(f"expected a 2-D sparse array, got {A.ndim}-D")
+        csr = A.tocsr()
+        out_shape = csr.shape if shape is None else _shape2(shape)
+        if out_shape != csr.shape:
+            raise ValueError(f"shape {out_shape} does not match the sparse input's {csr.shape}")
+        return csr.data, csr.indices, csr.indptr, out_shape
+    if _is_cupyx_sparse(A):
+        csr = A.tocsr()
+        return csr.data, csr.indices, csr.indptr, tuple(csr.shape)
+    if isinstance(A, tuple) and len(A) == 3:
+        data, indices, indptr = A
+        xp = array_module(indices)
+        data, indices, indptr = (xp.asarray(v) for v in (data, indices, indptr))
+        if indptr.ndim != 1 or indices.ndim != 1 or data.ndim != 1:
+            raise ValueError("data, indices and indptr should be 1-D")
+        if shape is None:
+            if indices.shape[0] == 0:
+                raise ValueError("unable to infer matrix dimensions")
+            n_cols = int(indices.max()) + 1  # synchronize!
+            shape = (indptr.shape[0] - 1, n_cols)
+        return data, indices, indptr, _shape2(shape)
+    if isinstance(A, (np.ndarray, list)) or is_device_array(A):
+        raise TypeError(
+            "TiledMatrix needs a sparse input (scipy.sparse, cupyx.scipy.sparse or "
+            "(data, indices, indptr)); for a dense array use scipy.sparse.csr_array(A) first"
+        )
+    raise TypeError(f"TiledMatrix cannot be built from {type(A).__name__}")
+
+
+def check_csr_arrays(data, indices, indptr, shape, full_check=True):
+    """Validate CSR arrays with scipy's messages; return them as int32 index arrays.
+
+    ``full_check`` scans ``indptr`` and ``indices`` (O(nnz), on the arrays' device).
+    """
+    xp = array_module(indices)
+    n_rows, n_cols = shape
+    if max(n_rows, n_cols) > INDEX_MAX:
+        raise ValueError(
+            f"shape {shape} does not fit the int32 indices of the tiled format (max {INDEX_MAX})"
+        )
+    for name, arr in (("indices", indices), ("indptr", indptr)):
+        if arr.dtype.kind not in "iu":
+            raise ValueError(f"{name} array has non-integer dtype ({arr.dtype.name})")
+    if indptr.shape[0] != n_rows + 1:
+        raise ValueError(f"index pointer size {indptr.shape[0]} should be {n_rows + 1}")
+    if indices.shape[0] != data.shape[0]:
+        raise ValueError("indices and data should have the same size")
+    first, last = (int(v) for v in to_host_pair(indptr))  # synchronize!
+    if first != 0:
+        raise ValueError("index pointer should start with 0")
+    if last > indices.shape[0]:
+        raise ValueError(
+            "Last value of index pointer should be less than the size of index and data arrays"
+        )
+    if last > INDEX_MAX:
+        raise ValueError(
+            f"{last} stored entries do not fit the int32 tiled format (max {INDEX_MAX})"
+        )
+    indices, data = indices[:last], data[:last]
+    if full_check:
+        if n_rows and bool(xp.any(indptr[1:] < indptr[:-1])):  # synchronize!
+            raise ValueError("indptr must be a non-decreasing sequence")
+        if last:
+            lo, hi = (int(v) for v in to_host_pair_minmax(indices, xp))  # synchronize!
+            if hi >= n_cols:
+                raise ValueError(f"indices must be < {n_cols}")
+            if lo < 0:
+                raise ValueError("indices must be >= 0")
+    return data, indices.astype(np.int32, copy=False), indptr.astype(np.int32, copy=False)
+
+
+def to_host_pair(indptr):
+    """``(indptr[0], indptr[-1])`` read in one transfer."""
+    if indptr.shape[0] == 0:
+        raise ValueError("index pointer size 0 should be at least 1")
+    xp = array_module(indptr)
+    pair = xp.stack([indptr[0], indptr[-1]])
+    return pair.get() if xp is not np else pair  # synchronize!
+
+
+def to_host_pair_minmax(indices, xp):
+    pair = xp.stack([indices.min(), indices.max()])
+    return pair.get() if xp is not np else pair  # synchronize!
+
+
+def as_device(arr):
+    """Move a NumPy array to the current CUDA device (no-op for device arrays)."""
+    return get_cupy().asarray(arr)
