@@ -68,8 +68,8 @@ def _warp_of(t):
     return w
 
 
-def _collective(kind, mask, value, combine):
-    """Rendezvous of the live lanes in ``mask``; ``combine(values) -> {lane: result}``."""
+def _collective(kind, mask, value):
+    """Rendezvous of the live lanes in ``mask``; ``_COMBINE[kind]`` computes each lane's result."""
     t = _thread()
     lane = t.thread_id % 32
     mask = _as_mask(mask)
@@ -206,12 +206,12 @@ def install():
         if nargs == 2:
 
             def f(self, mask, value):
-                return _collective(kind, mask, value, None)
+                return _collective(kind, mask, value)
 
         else:
 
             def f(self, mask, value, arg):
-                return _collective(kind, mask, (value, arg), None)
+                return _collective(kind, mask, (value, arg))
 
         f.__name__ = kind
         return f
@@ -220,7 +220,7 @@ def install():
         setattr(Fake, kind, _mk(kind, 2))
     for kind in ("shfl_sync", "shfl_up_sync", "shfl_down_sync", "shfl_xor_sync"):
         setattr(Fake, kind, _mk(kind, 3))
-    Fake.syncwarp = lambda self, mask=FULL_MASK: _collective("syncwarp", mask, None, None)
+    Fake.syncwarp = lambda self, mask=FULL_MASK: _collective("syncwarp", mask, None)
 
     def activemask(self):
         t = _thread()

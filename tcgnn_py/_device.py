@@ -15,7 +15,6 @@ __all__ = [
     "NoGPUWarning",
     "gpu_available",
     "get_cupy",
-    "get_numba_cuda",
     "array_module",
     "is_device_array",
     "to_host",
@@ -93,14 +92,6 @@ def get_cupy():
     import cupy
 
     return cupy
-
-
-def get_numba_cuda():
-    """Import ``numba.cuda`` (real or simulated), after the NumPy compatibility patch."""
-    _patch_numpy_for_numba()
-    from numba import cuda
-
-    return cuda
 
 
 def is_device_array(x):

@@ -98,7 +98,6 @@ def translate(data, indices, indptr, shape, window=16, block=8):
     n_rows, n_cols = shape
     H, W = window, block
     n_windows = -(-n_rows // H)
-    nnz = indices.shape[0]
     rows = np.repeat(np.arange(n_rows, dtype=np.int64), np.diff(indptr))
     win = rows // H
     # Distinct (window, column) pairs in ascending order give the condensed ids.
@@ -125,7 +124,7 @@ def translate(data, indices, indptr, shape, window=16, block=8):
         "block_ptr": block_ptr,
         "tile_pos": pos[order].astype(tile_pos_dtype(H, W)),
         "values": data[order],
-        "perm": order.astype(np.int32) if nnz else np.zeros(0, np.int32),
+        "perm": order.astype(np.int32),
     }
 
 

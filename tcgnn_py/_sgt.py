@@ -9,6 +9,7 @@ and CuPy scans; it produces arrays identical to the reference.
 import numpy as np
 
 from . import _reference as ref
+from ._device import array_module
 from ._validation import INDEX_MAX
 
 __all__ = ["translate", "canonicalize", "translate_kernels", "canonicalize_kernels", "coo_to_csr"]
@@ -89,8 +90,11 @@ def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8):
             "values": cp.zeros(0, data.dtype),
             "perm": cp.zeros(0, np.int32),
         }
-    if nnz * H > INDEX_MAX * 16:
-        raise ValueError(f"{nnz} entries are too many for one translation")
+    if nnz * H > INDEX_MAX:
+        # rank_edges runs H threads per entry with int32 thread ids.
+        raise ValueError(
+            f"{nnz} stored entries x window {H} exceed the {INDEX_MAX} threads one translation launches"
+        )
 
     edge_row = _edge_rows(cp, indptr, nnz)
     kidx = cp.empty(nnz, np.int32)
@@ -141,7 +145,7 @@ def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8):
 
 def coo_to_csr(data, rows, cols, shape):
     """Canonical CSR of COO entries with distinct (row, col) pairs, on their device."""
-    xp = np if isinstance(rows, np.ndarray) else __import__("cupy")
+    xp = array_module(rows)
     n_rows, n_cols = shape
     order = xp.argsort(rows.astype(np.int64) * n_cols + cols, kind="stable")
     rows_s = rows[order]

@@ -10,7 +10,7 @@ import operator
 
 import numpy as np
 
-from ._device import array_module, get_cupy, is_device_array
+from ._device import array_module, is_device_array
 
 __all__ = [
     "INDEX_MAX",
@@ -164,8 +164,3 @@ def to_host_pair(indptr):
 def to_host_pair_minmax(indices, xp):
     pair = xp.stack([indices.min(), indices.max()])
     return pair.get() if xp is not np else pair  # synchronize!
-
-
-def as_device(arr):
-    """Move a NumPy array to the current CUDA device (no-op for device arrays)."""
-    return get_cupy().asarray(arr)
