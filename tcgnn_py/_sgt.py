@@ -12,7 +12,7 @@ from . import _reference as ref
 from ._device import array_module
 from ._validation import INDEX_MAX
 
-__all__ = ["translate", "canonicalize", "translate_kernels", "canonicalize_kernels", "coo_to_csr"]
+__all__ = ["tile", "translate", "translate_kernels", "canonicalize_kernels", "coo_to_csr"]
 
 _TPB = 256  # threads per block: a multiple of 32, so lane groups stay inside warps
 
@@ -27,28 +27,35 @@ def _edge_rows(xp, indptr, nnz):
     return rows.astype(np.int32)
 
 
-def canonicalize(data, indices, indptr, shape):
-    """Sorted indices, duplicates summed (in input order), on the input's device."""
+def tile(data, indices, indptr, shape, window=16, block=8):
+    """Canonicalize, then translate: the whole SGT of validated CSR arrays, on their device."""
     if isinstance(indices, np.ndarray):
-        return ref.canonicalize_csr(data, indices, indptr, shape)
+        csr = ref.canonicalize_csr(data, indices, indptr, shape)
+        return ref.translate(*csr, shape, window, block)
     import cupy
 
-    return canonicalize_kernels(cupy, data, indices, indptr, shape)
+    *csr, rows = _canonical_with_rows(cupy, data, indices, indptr, shape)
+    return translate_kernels(cupy, *csr, shape, window, block, edge_row=rows)
 
 
 def canonicalize_kernels(xp, data, indices, indptr, shape):
-    """:func:`canonicalize` through the Numba kernels; ``xp`` is CuPy, or NumPy in the simulator."""
+    """Sorted indices, duplicates summed in input order, through the Numba kernels; ``xp`` is CuPy, or NumPy in the simulator."""
+    return _canonical_with_rows(xp, data, indices, indptr, shape)[:3]
+
+
+def _canonical_with_rows(xp, data, indices, indptr, shape):
+    """Canonical ``(data, indices, indptr)`` and the row of each entry, computed once."""
     from .kernels import sgt as k
 
     cp = xp
     n_rows, n_cols = shape
     nnz = indices.shape[0]
-    if nnz < 2:
-        return data, indices, indptr
     rows = _edge_rows(cp, indptr, nnz)
+    if nnz < 2:
+        return data, indices, indptr, rows
     unsorted = (rows[1:] == rows[:-1]) & (indices[1:] <= indices[:-1])
     if not bool(unsorted.any()):  # synchronize!
-        return data, indices, indptr
+        return data, indices, indptr, rows
     key = rows.astype(np.int64) * n_cols + indices
     order = cp.argsort(key, kind="stable")
     key = key[order]
@@ -59,9 +66,10 @@ def canonicalize_kernels(xp, data, indices, indptr, shape):
     new_data = cp.empty(starts.shape[0], dtype=data.dtype)
     k.sum_runs[_grid(starts.shape[0]), _TPB](starts, data[order], new_data)
     ukey = key[starts]
+    new_rows = (ukey // n_cols).astype(np.int32)
     new_indices = (ukey % n_cols).astype(np.int32)
-    new_indptr = cp.searchsorted(ukey // n_cols, cp.arange(n_rows + 1), side="left").astype(np.int32)
-    return new_data, new_indices, new_indptr
+    new_indptr = cp.searchsorted(new_rows, cp.arange(n_rows + 1), side="left").astype(np.int32)
+    return new_data, new_indices, new_indptr, new_rows
 
 
 def translate(data, indices, indptr, shape, window=16, block=8):
@@ -73,8 +81,11 @@ def translate(data, indices, indptr, shape, window=16, block=8):
     return translate_kernels(cupy, data, indices, indptr, shape, window, block)
 
 
-def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8):
-    """:func:`translate` through the Numba kernels; ``xp`` is CuPy, or NumPy in the simulator."""
+def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None):
+    """:func:`translate` through the Numba kernels; ``xp`` is CuPy, or NumPy in the simulator.
+
+    ``edge_row`` (the row of each entry) is derived from ``indptr`` unless given.
+    """
     from .kernels import sgt as k
 
     cp = xp
@@ -96,7 +107,8 @@ def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8):
             f"{nnz} stored entries x window {H} exceed the {INDEX_MAX} threads one translation launches"
         )
 
-    edge_row = _edge_rows(cp, indptr, nnz)
+    if edge_row is None:
+        edge_row = _edge_rows(cp, indptr, nnz)
     kidx = cp.empty(nnz, np.int32)
     first_flag = cp.empty(nnz, np.int32)  # every merged position is written once
     k.rank_edges[_grid(nnz * H), _TPB](indptr, indices, edge_row, n_rows, H, kidx, first_flag)

@@ -127,8 +127,7 @@ class TiledMatrix:
             warn_no_gpu()
         data, indices, indptr = check_csr_arrays(data, indices, indptr, shape, full_check=True)
         data = data.astype(vdtype, copy=False)
-        data, indices, indptr = _sgt.canonicalize(data, indices, indptr, shape)
-        tiles = _sgt.translate(data, indices, indptr, shape, window, block)
+        tiles = _sgt.tile(data, indices, indptr, shape, window, block)
         self._init_parts(tiles, shape, (window, block))
 
     @classmethod

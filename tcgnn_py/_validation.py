@@ -128,7 +128,9 @@ def check_csr_arrays(data, indices, indptr, shape, full_check=True):
         raise ValueError(f"index pointer size {indptr.shape[0]} should be {n_rows + 1}")
     if indices.shape[0] != data.shape[0]:
         raise ValueError("indices and data should have the same size")
-    first, last = (int(v) for v in to_host_pair(indptr))  # synchronize!
+    if indptr.shape[0] == 0:
+        raise ValueError("index pointer size 0 should be at least 1")
+    first, last = _read_ints(xp, indptr[0], indptr[-1])
     if first != 0:
         raise ValueError("index pointer should start with 0")
     if last > indices.shape[0]:
@@ -144,7 +146,7 @@ def check_csr_arrays(data, indices, indptr, shape, full_check=True):
         if n_rows and bool(xp.any(indptr[1:] < indptr[:-1])):  # synchronize!
             raise ValueError("indptr must be a non-decreasing sequence")
         if last:
-            lo, hi = (int(v) for v in to_host_pair_minmax(indices, xp))  # synchronize!
+            lo, hi = _read_ints(xp, indices.min(), indices.max())
             if hi >= n_cols:
                 raise ValueError(f"indices must be < {n_cols}")
             if lo < 0:
@@ -152,15 +154,7 @@ def check_csr_arrays(data, indices, indptr, shape, full_check=True):
     return data, indices.astype(np.int32, copy=False), indptr.astype(np.int32, copy=False)
 
 
-def to_host_pair(indptr):
-    """``(indptr[0], indptr[-1])`` read in one transfer."""
-    if indptr.shape[0] == 0:
-        raise ValueError("index pointer size 0 should be at least 1")
-    xp = array_module(indptr)
-    pair = xp.stack([indptr[0], indptr[-1]])
-    return pair.get() if xp is not np else pair  # synchronize!
-
-
-def to_host_pair_minmax(indices, xp):
-    pair = xp.stack([indices.min(), indices.max()])
-    return pair.get() if xp is not np else pair  # synchronize!
+def _read_ints(xp, *scalars):
+    """Read device scalars to Python ints in one transfer."""
+    vals = xp.stack(scalars)
+    return [int(v) for v in (vals.get() if xp is not np else vals)]  # synchronize!
