@@ -7,7 +7,7 @@ Public names live here; the implementation is in private modules by concern
 from ._device import NoGPUWarning, gpu_available
 from ._io import Graph, load_cora, load_graph
 from ._synth import power_law_graph
-from ._tiled import TiledMatrix, TileStats, spmm
+from ._tiled import TiledMatrix, TileStats, sddmm, spmm
 
 __version__ = "0.1.0"
 
@@ -15,6 +15,7 @@ __all__ = [
     "TiledMatrix",
     "TileStats",
     "spmm",
+    "sddmm",
     "gpu_available",
     "NoGPUWarning",
     "Graph",

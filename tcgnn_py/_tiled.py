@@ -7,7 +7,7 @@ import numpy as np
 from . import _reference as ref
 from . import _sgt
 from ._device import array_module, get_cupy, gpu_available, to_host, warn_no_gpu
-from ._ops import MISMATCH, as_operand, check_out, result_dtype, spmm_raw
+from ._ops import MISMATCH, as_operand, check_out, resolve_precision, result_dtype, sddmm_raw, spmm_raw
 from ._validation import (
     check_csr_arrays,
     check_tile_shape,
@@ -16,7 +16,7 @@ from ._validation import (
     value_dtype,
 )
 
-__all__ = ["TiledMatrix", "TileStats", "spmm"]
+__all__ = ["TiledMatrix", "TileStats", "spmm", "sddmm"]
 
 _ARRAYS = ("win_ptr", "block_cols", "block_ptr", "tile_pos", "values", "perm")
 
@@ -143,6 +143,8 @@ class TiledMatrix:
         self._tile_shape = tuple(tile_shape)
         self._transpose = None
         self._stats = None
+        self._plans = {}  # SpMM work plans: depend on the tiling only
+        self._casts = {}  # values cast to a product's dtype
 
     # --- array protocol -------------------------------------------------
     @property
@@ -244,7 +246,9 @@ class TiledMatrix:
 
     def _with_tiled_values(self, tiled_values):
         tiles = dict(self._tiles, values=tiled_values)
-        return TiledMatrix._from_parts(tiles, self._shape, self._tile_shape)
+        new = TiledMatrix._from_parts(tiles, self._shape, self._tile_shape)
+        new._plans = self._plans  # same tiling, same work plans
+        return new
 
     # --- transpose -----------------------------------------------------------
     def transpose(self, axes=None, copy=False):
@@ -299,7 +303,7 @@ class TiledMatrix:
         """Ordinary dot product (as ``self @ other``)."""
         return self @ other
 
-    def _matmul_dispatch(self, other, out=None):
+    def _matmul_dispatch(self, other, out=None, precision=None):
         import scipy.sparse as sp
 
         M, N = self._shape
@@ -319,11 +323,19 @@ class TiledMatrix:
         else:
             raise ValueError("could not interpret dimensions")
         dtype = result_dtype(self.dtype, X.dtype)
+        resolve_precision(precision, dtype, self._tile_shape)  # fail before any work
         xp = np if kind == "numpy" else get_cupy()
         if out is not None:
             check_out(out, out_shape, dtype, xp)
         X2 = X.reshape(N, 1) if X.ndim == 1 else X
-        Y = spmm_raw(self._tiles, self._shape, self._tile_shape[0], X2, dtype)
+        # Device results go straight into a device ``out``; host ones are copied.
+        direct = out is not None and kind == "cupy"
+        Y = spmm_raw(
+            self._tiles, self._shape, self._tile_shape, X2, dtype, precision,
+            out=out.reshape(M, X2.shape[1]) if direct else None, plans=self._plans, casts=self._casts,
+        )
+        if direct:
+            return out
         Y = Y.reshape(out_shape)
         if kind == "numpy":
             Y = to_host(Y)
@@ -347,16 +359,36 @@ class TiledMatrix:
         return self.transpose()._matmul_dispatch(tr).transpose()
 
 
-def spmm(T, X, out=None):
-    """``T @ X`` with an optional preallocated output.
+def spmm(T, X, out=None, *, precision=None):
+    """``T @ X`` with an optional preallocated output and a choice of precision.
 
     Parameters
     ----------
     T : TiledMatrix
     X : array_like, shape (n_cols,) or (n_cols, D)
         NumPy (NumPy result) or CuPy / any CUDA array producer (CuPy result).
+        Any ``D >= 1``; X need not be contiguous (it is copied if not).
     out : ndarray, optional
         C-contiguous, of the result's shape and dtype, on the result's device.
+        It may alias X (the product then goes through a temporary).
+    precision : {None, "tf32", "fp32"}, optional
+        ``None``: TF32 tensor cores for float32 products on 16x8 tiles, CUDA
+        cores in the data's precision otherwise.  ``"tf32"``: tensor cores or an
+        error.  ``"fp32"``: CUDA cores, no rounding of the operands.  float64
+        products always run in float64.  See Notes.
+
+    Notes
+    -----
+    TF32 keeps 10 of float32's 23 mantissa bits of every input (round to
+    nearest) and accumulates in float32: each product term carries a relative
+    error of at most about ``2**-10``, so ``|Y - A @ X|`` stays below about
+    ``1e-3 * (|A| @ |X|)`` elementwise, typically ``3e-4`` in relative
+    Frobenius norm.  Integers up to ``2**11`` in magnitude are exact.
+    On tensor cores each 16x8 tile multiplies as a dense block, so an Inf or
+    NaN in a row of X reaches every row of the window whose tile covers that
+    column, also rows with no entry there (scipy would leave them finite);
+    ``precision="fp32"`` touches stored entries only and matches scipy.
+    On the host (no GPU) every product is exact in its dtype.
 
     Examples
     --------
@@ -371,7 +403,61 @@ def spmm(T, X, out=None):
         raise TypeError(f"spmm expects a TiledMatrix, got {type(T).__name__}")
     if isscalarlike(X):
         raise ValueError("Scalar operands are not allowed, use '*' instead")
-    return T._matmul_dispatch(X, out=out)
+    return T._matmul_dispatch(X, out=out, precision=precision)
+
+
+def sddmm(T, Xa, Xb=None, *, multiply_values=False, precision=None):
+    """Sampled dense-dense product: ``e_ij = <Xa[i], Xb[j]>`` for every stored ``(i, j)`` of T.
+
+    TC-GNN's edge-feature operation (AGNN attention).  Returns a
+    :class:`TiledMatrix` with T's tiling (no re-translation) whose values are
+    the ``e_ij``, times T's values if ``multiply_values`` (``T * (Xa @ Xb.T)``).
+
+    Parameters
+    ----------
+    T : TiledMatrix, shape (n, k)
+    Xa : array_like, shape (n, d) or (n,)
+    Xb : array_like, shape (k, d) or (k,), optional
+        Defaults to ``Xa`` (T must then be square).
+    multiply_values : bool, default False
+    precision : {None, "tf32", "fp32"}, optional
+        As in :func:`spmm`: TF32 tensor cores by default for float32.
+
+    Returns
+    -------
+    TiledMatrix
+        On T's device, of dtype ``result_type(Xa, Xb[, T])`` made float.
+
+    Examples
+    --------
+    >>> import numpy as np, scipy.sparse as sp, tcgnn_py as tg
+    >>> T = tg.TiledMatrix(sp.csr_array(np.array([[0, 1], [1, 1]], dtype=np.float32)))
+    >>> X = np.array([[1, 2], [3, 4]], dtype=np.float32)
+    >>> print(tg.sddmm(T, X).toarray().tolist())
+    [[0.0, 11.0], [11.0, 25.0]]
+    """
+    if not isinstance(T, TiledMatrix):
+        raise TypeError(f"sddmm expects a TiledMatrix, got {type(T).__name__}")
+    on_device = T.device == "cuda"
+    a, _ = as_operand(Xa, on_device)
+    b = a if Xb is None else as_operand(Xb, on_device)[0]
+    a = a.reshape(-1, 1) if a.ndim == 1 else a
+    b = b.reshape(-1, 1) if b.ndim == 1 else b
+    M, N = T.shape
+    if a.ndim != 2 or b.ndim != 2:
+        raise ValueError("could not interpret dimensions")
+    if a.shape[0] != M or b.shape[0] != N or a.shape[1] != b.shape[1]:
+        raise ValueError(
+            f"sddmm: dimension mismatch with signature (n={M},k={N}),(n={a.shape[0]},d={a.shape[1]}),"
+            f"(k={b.shape[0]},d={b.shape[1]})->(n,k)"
+        )
+    dtype = np.result_type(value_dtype(a.dtype), value_dtype(b.dtype))
+    if multiply_values:
+        dtype = np.result_type(dtype, T.dtype)
+    values = sddmm_raw(
+        T._tiles, T.shape, T.tile_shape, a, b, dtype, bool(multiply_values), precision, casts=T._casts
+    )
+    return T._with_tiled_values(values)
 
 
 def _tile_stats(T):

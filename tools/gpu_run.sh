@@ -1,22 +1,42 @@
 #!/usr/bin/env bash
-# One device call: GPU test suite, memcheck of the SGT kernels, SGT benchmark.
+# One device call: GPU test suite, compute-sanitizer memcheck, benchmarks.
 # Run from the repo root on the GPU machine after ../shared/tools/prepare-gpu.sh staged .whl and .gpu.
+# STEPS picks what runs (default: "test memcheck bench"); PYTEST_ARGS, SPMM_GRAPHS, SGT_GRAPHS customise.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD || exit 1
 export PYTHONUNBUFFERED=1 TCGNN_PY_DATA=$PWD/.gpu/data
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+STEPS=${STEPS:-test memcheck bench}
+rc=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import numpy, numba, numba_cuda, cupy, scipy; print('numpy', numpy.__version__, 'numba', numba.__version__, 'numba-cuda', numba_cuda.__version__, 'cupy', cupy.__version__, 'scipy', scipy.__version__)" | tee -a "$OUT/gpu.txt"
-echo "== pytest (GPU) =="
-python3 -m pytest -q -n 4 -p no:cacheprovider -rs ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.log" | tail -25
-echo "== memcheck =="
-compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 3 python3 -c "
+if [[ " $STEPS " == *" test "* ]]; then
+  echo "== pytest (GPU) =="
+  python3 -m pytest -q -n 4 -p no:cacheprovider -rs ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.log" | tail -30
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+if [[ " $STEPS " == *" memcheck "* ]]; then
+  echo "== memcheck: SGT =="
+  compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 3 python3 -c "
 import numpy as np, tcgnn_py as tg
 A = tg.power_law_graph(3000, 30000, seed=2)
 T = tg.TiledMatrix(A); T.check_format(full_check=True)
 assert (T.tocsr() != A).nnz == 0 and (T.T.tocsr() != A.T).nnz == 0
-print('memcheck workload ok', T)
-" 2>&1 | tail -6 | tee "$OUT/memcheck.log"
-echo "== SGT benchmark =="
-python3 -m tcgnn_py.bench sgt ${BENCH_GRAPHS:-cora pubmed facebook powerlaw:1000000:16000000} --json "$OUT/sgt.json" 2>&1 | tee "$OUT/bench.log"
+print('memcheck SGT workload ok', T)
+" > "$OUT/memcheck.log" 2>&1 || rc=1
+  tail -3 "$OUT/memcheck.log"
+  echo "== memcheck: SpMM / SDDMM =="
+  compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 3 python3 tools/memcheck_products.py \
+    > "$OUT/memcheck_products.log" 2>&1 || rc=1
+  tail -3 "$OUT/memcheck_products.log"
+fi
+if [[ " $STEPS " == *" bench "* ]]; then
+  echo "== SpMM benchmark =="
+  python3 -m tcgnn_py.bench spmm ${SPMM_GRAPHS:-cora pubmed facebook blogcatalog3 powerlaw:1000000:16000000} \
+    --json "$OUT/spmm.json" 2>&1 | tee "$OUT/bench_spmm.log" || rc=1
+  echo "== SGT benchmark =="
+  python3 -m tcgnn_py.bench sgt ${SGT_GRAPHS:-cora pubmed facebook powerlaw:1000000:16000000} --json "$OUT/sgt.json" \
+    2>&1 | tee "$OUT/bench_sgt.log" | tail -6 || rc=1
+fi
+exit $rc

@@ -1,0 +1,475 @@
+"""Layer 1: CuPy RawModule kernels for products over the tiled format.
+
+Two kernel families, each one RawModule (CUDA C++ kept here as strings),
+compiled once per process and device, with name expressions generated from
+one table of supported template arguments:
+
+``"tf32"``
+    Tensor-core SpMM and SDDMM for float32 data on ``16 x 8`` tiles: operands
+    rounded to TF32, products accumulated in float32, through inline PTX
+    ``mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32``.
+``"core"``
+    CUDA-core SpMM and SDDMM in the data's own precision (float or double),
+    for any tile shape: ``precision="fp32"`` and every float64 product.
+
+No ``#include``: NVRTC on a pip-only install has no ``crt/mma.h``, and inline
+PTX needs no header.  CI compiles both sources for sm_80 and sm_90 through
+NVRTC directly (``tests/test_nvrtc.py``).
+
+Work decomposition (SpMM): the host builds *units* -- ``int4`` rows
+``(window, first block, end block, partial slot)``.  A CTA takes one unit and
+its warps stride over the unit's blocks; warps meet in shared memory and the
+CTA writes the window's rows once, or, when a long (hub) window is split over
+several units, a partial tile that :func:`tcgnn_spmm_fixup` sums in unit order.
+Every output element is written by exactly one thread and the summation order
+is fixed, so results are deterministic run to run.
+"""
+
+import functools
+
+__all__ = [
+    "FAMILIES",
+    "OPTIONS",
+    "TF32_CHUNKS",
+    "CORE_HEIGHTS",
+    "TILE_POS_TYPES",
+    "VALUE_TYPES",
+    "spmm_tf32_name",
+    "sddmm_tf32_name",
+    "spmm_core_name",
+    "sddmm_core_name",
+    "fixup_name",
+    "get_kernel",
+]
+
+#: NVRTC options shared by every family (CuPy adds the target architecture).
+OPTIONS = ("--std=c++17",)
+
+#: Column chunks of 32 per CTA in the TF32 SpMM (a CTA covers ``32 * CH`` columns).
+TF32_CHUNKS = (1, 2, 4)
+#: Window heights the CUDA-core SpMM is instantiated for (accumulators live in registers).
+CORE_HEIGHTS = (1, 2, 4, 8, 16, 32)
+#: ``tile_pos`` element types: uint8, or uint16 when ``H * W > 256``.
+TILE_POS_TYPES = {"uint8": "tc_u8", "uint16": "tc_u16"}
+#: Value types of the CUDA-core kernels.
+VALUE_TYPES = {"float32": "float", "float64": "double"}
+
+_COMMON = r"""
+typedef unsigned char tc_u8;
+typedef unsigned short tc_u16;
+#define TC_FULL 0xffffffffu
+
+// Round to TF32 with round-to-nearest (ties away).  Handing raw float bits to
+// the MMA would truncate the 13 low mantissa bits instead: twice the error.
+__device__ __forceinline__ unsigned tc_tf32(float x) {
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
+// D += A * B on a 16x8x8 tile.  Fragment layout (PTX ISA, mma.m16n8k8 .tf32),
+// with g = lane / 4 and t = lane % 4:
+//   A (16x8, row): a0 = A[g][t], a1 = A[g+8][t], a2 = A[g][t+4], a3 = A[g+8][t+4]
+//   B (8x8, col):  b0 = B[t][g], b1 = B[t+4][g]
+//   C (16x8):      c0 = C[g][2t], c1 = C[g][2t+1], c2 = C[g+8][2t], c3 = C[g+8][2t+1]
+// Not volatile: the compiler may schedule the MMAs around the loads.
+__device__ __forceinline__ void tc_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four consecutive elements X[row][col .. col+3], zero outside the matrix
+// (row < 0 is a padding slot of block_cols).  VEC: one 16-byte load, which
+// needs D % 4 == 0 and col % 4 == 0 (then col < D implies col + 3 < D).
+template <bool VEC>
+__device__ __forceinline__ float4 tc_load4(const float* __restrict__ X, int row, int col, int D) {
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (row < 0) return v;
+    const float* p = X + (size_t)row * D + col;
+    if (VEC) {
+        if (col < D) v = __ldg(reinterpret_cast<const float4*>(p));
+    } else {
+        if (col < D) v.x = __ldg(p);
+        if (col + 1 < D) v.y = __ldg(p + 1);
+        if (col + 2 < D) v.z = __ldg(p + 2);
+        if (col + 3 < D) v.w = __ldg(p + 3);
+    }
+    return v;
+}
+
+template <bool VEC>
+__device__ __forceinline__ void tc_store4(float* __restrict__ p, int col, int D, float4 v) {
+    if (VEC) {
+        if (col < D) *reinterpret_cast<float4*>(p + col) = v;
+    } else {
+        if (col < D) p[col] = v.x;
+        if (col + 1 < D) p[col + 1] = v.y;
+        if (col + 2 < D) p[col + 2] = v.z;
+        if (col + 3 < D) p[col + 3] = v.w;
+    }
+}
+
+__device__ __forceinline__ float4 tc_add4(float4 a, float4 b) {
+    return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+}
+
+// Window of block b, starting from a window w at or before it (win_ptr is
+// non-decreasing; empty windows are skipped).
+__device__ __forceinline__ int tc_advance_window(const int* __restrict__ win_ptr, int w, int b) {
+    while (win_ptr[w + 1] <= b) ++w;
+    return w;
+}
+
+// Last window whose first block is <= b (binary search; b < n_blocks).
+__device__ __forceinline__ int tc_find_window(const int* __restrict__ win_ptr, int n_windows, int b) {
+    int lo = 0, hi = n_windows;  // invariant: win_ptr[lo] <= b < win_ptr[hi]
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (win_ptr[mid] <= b) lo = mid; else hi = mid;
+    }
+    return tc_advance_window(win_ptr, lo, b);
+}
+
+// Sum the partial tiles of each split window, in unit order (deterministic).
+// splits[i] = (window, first partial slot, number of slots, unused).
+template <typename T>
+__global__ void tcgnn_spmm_fixup(const int4* __restrict__ splits, const T* __restrict__ partial,
+                                 T* __restrict__ Y, int M, int D, int H) {
+    const int4 s = splits[blockIdx.x];
+    const long long n = (long long)H * D;
+    for (long long i = (long long)blockIdx.y * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.y * blockDim.x) {
+        const int r = (int)(i / D), col = (int)(i % D);
+        const long long row = (long long)s.x * H + r;
+        if (row >= M) break;  // rows only grow with i
+        T acc = T(0);
+        for (int k = 0; k < s.z; ++k) acc += partial[((size_t)(s.y + k) * H + r) * D + col];
+        Y[(size_t)row * D + col] = acc;
+    }
+}
+"""
+
+_TF32 = r"""
+// ---------------------------------------------------------------------------
+// TF32 tensor-core SpMM, Y = A @ X, on 16x8 tiles.
+// grid = (units, ceil(D / (32 * CH))), block = 32 * nwarps threads.
+// Each warp owns CH column chunks of 32.  Within a chunk, MMA j (of 4) gives
+// fragment column n the X column 4n + j: lane (g, t) then loads X[.][4g .. 4g+3]
+// with one 16-byte load per B row, and ends up owning the 8 consecutive output
+// columns 8t .. 8t+7 of rows g and g+8 -- 16-byte stores too.
+// Shared memory: per warp a 128-float A tile, then per warp CH*4*32 float4 of
+// accumulators for the cross-warp reduction.
+template <int CH, bool VEC>
+__global__ void __launch_bounds__(256)
+tcgnn_spmm_tf32(const int4* __restrict__ units, const int* __restrict__ block_ptr,
+                const int* __restrict__ block_cols, const tc_u8* __restrict__ tile_pos,
+                const float* __restrict__ values, const float* __restrict__ X,
+                float* __restrict__ Y, float* __restrict__ partial, int M, int D) {
+    extern __shared__ float4 tc_smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int4 u = units[blockIdx.x];  // (window, first block, end block, slot or -1)
+    const int col0 = blockIdx.y * (32 * CH);
+    float* tile = reinterpret_cast<float*>(tc_smem) + warp * 128;
+
+    float acc[CH][4][4];
+#pragma unroll
+    for (int c = 0; c < CH; ++c)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) acc[c][j][q] = 0.f;
+
+    for (int b = u.y + warp; b < u.z; b += nwarps) {  // warp-uniform: mma.sync needs all lanes
+        const int e0 = block_ptr[b], e1 = block_ptr[b + 1];
+        const int c_lo = block_cols[b * 8 + t], c_hi = block_cols[b * 8 + t + 4];
+        // Scatter the block's entries into the A tile, stored in fragment order
+        // (register i of lane l at i * 32 + l): the fragment read below is then
+        // one conflict-free 32-wide access per register.  Absent entries are 0.
+        reinterpret_cast<float4*>(tile)[lane] = make_float4(0.f, 0.f, 0.f, 0.f);
+        __syncwarp();
+        for (int e = e0 + lane; e < e1; e += 32) {
+            const int p = tile_pos[e], r = p >> 3, k = p & 7;
+            tile[((((r >> 3) | ((k >> 2) << 1))) << 5) | ((r & 7) << 2) | (k & 3)] = values[e];
+        }
+        __syncwarp();
+        unsigned a[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[i] = tc_tf32(tile[(i << 5) | lane]);
+        __syncwarp();  // the next block's zeroing must not overtake these reads
+#pragma unroll
+        for (int c = 0; c < CH; ++c) {
+            const int col = col0 + c * 32 + 4 * g;
+            // Padding slots (column -1) load zeros: a NaN there would poison the tile.
+            const float4 lo = tc_load4<VEC>(X, c_lo, col, D);
+            const float4 hi = tc_load4<VEC>(X, c_hi, col, D);
+            tc_mma(acc[c][0], a, tc_tf32(lo.x), tc_tf32(hi.x));
+            tc_mma(acc[c][1], a, tc_tf32(lo.y), tc_tf32(hi.y));
+            tc_mma(acc[c][2], a, tc_tf32(lo.z), tc_tf32(hi.z));
+            tc_mma(acc[c][3], a, tc_tf32(lo.w), tc_tf32(hi.w));
+        }
+    }
+
+    // Cross-warp sum.  red[(warp, c, q)][lane] as float4: consecutive lanes hit
+    // consecutive 16-byte words, so both the writes and the reads are conflict-free.
+    float4* red = tc_smem + nwarps * 32;
+    const int per = CH * 4 * 32;
+#pragma unroll
+    for (int c = 0; c < CH; ++c)
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+            red[(warp * CH * 4 + c * 4 + q) * 32 + lane] =
+                make_float4(acc[c][0][q], acc[c][1][q], acc[c][2][q], acc[c][3][q]);
+    __syncthreads();
+    for (int i = threadIdx.x; i < per; i += blockDim.x) {
+        float4 s = red[i];
+        for (int w = 1; w < nwarps; ++w) s = tc_add4(s, red[w * per + i]);
+        // Which output the float4 holds: lane l = (g, t), register pair q.
+        const int l = i & 31, q = (i >> 5) & 3, c = i >> 7;
+        const int r = (l >> 2) + ((q >> 1) << 3);
+        const int col = col0 + c * 32 + ((l & 3) << 3) + ((q & 1) << 2);
+        if (u.w < 0) {
+            const long long row = (long long)u.x * 16 + r;
+            if (row < M) tc_store4<VEC>(Y + (size_t)row * D, col, D, s);
+        } else {
+            tc_store4<VEC>(partial + ((size_t)u.w * 16 + r) * D, col, D, s);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// TF32 tensor-core SDDMM: out[e] = <Xa[i], Xb[j]> (times values[e] if multiply)
+// for every stored entry e = (i, j), in tiled order.  A warp computes a block's
+// whole 16x8 tile, C = Xa[window rows] @ Xb[block columns]^T, then each stored
+// entry reads its element: each output is written once.
+// K (the feature dimension) is permuted inside each MMA, identically for A and
+// B: lane (g, t) loads Xa[g][4t .. 4t+3] and Xb[col g][4t .. 4t+3] as float4,
+// elements 0-1 feed the first MMA's k = t and t+4, elements 2-3 the second's.
+// grid = ceil(n_blocks / (bpw * 4)), block = 128 threads; blocks are dealt to
+// warps in runs of bpw, so hub windows spread over many warps.
+template <bool VEC>
+__global__ void __launch_bounds__(128)
+tcgnn_sddmm_tf32(const int* __restrict__ win_ptr, int n_windows, const int* __restrict__ block_ptr,
+                 const int* __restrict__ block_cols, const tc_u8* __restrict__ tile_pos,
+                 const float* __restrict__ values, const float* __restrict__ Xa,
+                 const float* __restrict__ Xb, float* __restrict__ out, int M, int n_blocks, int D,
+                 int multiply, int bpw) {
+    extern __shared__ float4 tc_smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const long long gw = (long long)blockIdx.x * (blockDim.x >> 5) + warp;
+    const long long first = gw * bpw;
+    if (first >= n_blocks) return;  // whole warp
+    const int b0 = (int)first, b1 = (int)min((long long)n_blocks, first + bpw);
+    float* tile = reinterpret_cast<float*>(tc_smem) + warp * 128;
+    int w = tc_find_window(win_ptr, n_windows, b0);
+    for (int b = b0; b < b1; ++b) {
+        w = tc_advance_window(win_ptr, w, b);
+        const int ra = w * 16 + g, rb = ra + 8;
+        const int r_lo = ra < M ? ra : -1, r_hi = rb < M ? rb : -1;
+        const int cb = block_cols[b * 8 + g];
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        if (VEC) {
+            for (int d0 = 0; d0 < D; d0 += 16) {  // warp-uniform trip count
+                const int col = d0 + 4 * t;
+                const float4 xl = tc_load4<true>(Xa, r_lo, col, D);
+                const float4 xh = tc_load4<true>(Xa, r_hi, col, D);
+                const float4 xb = tc_load4<true>(Xb, cb, col, D);
+                const unsigned a0[4] = {tc_tf32(xl.x), tc_tf32(xh.x), tc_tf32(xl.y), tc_tf32(xh.y)};
+                tc_mma(acc, a0, tc_tf32(xb.x), tc_tf32(xb.y));
+                const unsigned a1[4] = {tc_tf32(xl.z), tc_tf32(xh.z), tc_tf32(xl.w), tc_tf32(xh.w)};
+                tc_mma(acc, a1, tc_tf32(xb.z), tc_tf32(xb.w));
+            }
+        } else {
+            for (int d0 = 0; d0 < D; d0 += 8) {  // plain layout: k = t and t + 4
+                const int c0 = d0 + t, c1 = d0 + t + 4;
+                const bool in0 = c0 < D, in1 = c1 < D;
+                const float al0 = (r_lo >= 0 && in0) ? __ldg(Xa + (size_t)r_lo * D + c0) : 0.f;
+                const float ah0 = (r_hi >= 0 && in0) ? __ldg(Xa + (size_t)r_hi * D + c0) : 0.f;
+                const float al1 = (r_lo >= 0 && in1) ? __ldg(Xa + (size_t)r_lo * D + c1) : 0.f;
+                const float ah1 = (r_hi >= 0 && in1) ? __ldg(Xa + (size_t)r_hi * D + c1) : 0.f;
+                const float bb0 = (cb >= 0 && in0) ? __ldg(Xb + (size_t)cb * D + c0) : 0.f;
+                const float bb1 = (cb >= 0 && in1) ? __ldg(Xb + (size_t)cb * D + c1) : 0.f;
+                const unsigned a[4] = {tc_tf32(al0), tc_tf32(ah0), tc_tf32(al1), tc_tf32(ah1)};
+                tc_mma(acc, a, tc_tf32(bb0), tc_tf32(bb1));
+            }
+        }
+        // C tile row-major in shared memory, then one read per stored entry.
+        reinterpret_cast<float2*>(tile)[(g * 8 + 2 * t) >> 1] = make_float2(acc[0], acc[1]);
+        reinterpret_cast<float2*>(tile)[((g + 8) * 8 + 2 * t) >> 1] = make_float2(acc[2], acc[3]);
+        __syncwarp();
+        const int e1 = block_ptr[b + 1];
+        for (int e = block_ptr[b] + lane; e < e1; e += 32) {
+            float v = tile[tile_pos[e]];
+            if (multiply) v *= values[e];
+            out[e] = v;
+        }
+        __syncwarp();  // the next block overwrites the tile
+    }
+}
+"""
+
+_CORE = r"""
+// ---------------------------------------------------------------------------
+// CUDA-core SpMM in the data's precision, any tile shape (H rows, W slots).
+// Lane = one output column (32 per CTA column), H accumulators per lane.  The
+// warp walks its blocks' stored entries only -- never the tile's zeros -- so it
+// follows scipy exactly, NaN/Inf of X included.  Entries are read 32 at a
+// time (coalesced) and broadcast with shuffles.
+template <typename T, int H, typename P>
+__global__ void __launch_bounds__(256)
+tcgnn_spmm_core(const int4* __restrict__ units, const int* __restrict__ block_ptr,
+                const int* __restrict__ block_cols, const P* __restrict__ tile_pos,
+                const T* __restrict__ values, const T* __restrict__ X, T* __restrict__ Y,
+                T* __restrict__ partial, int M, int D, int W, int wshift) {
+    extern __shared__ float4 tc_smem[];  // float4: 16-byte aligned for any T
+    T* red = reinterpret_cast<T*>(tc_smem);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    const int4 u = units[blockIdx.x];
+    const int col = blockIdx.y * 32 + lane;
+    const bool live = col < D;
+    T acc[H];
+#pragma unroll
+    for (int i = 0; i < H; ++i) acc[i] = T(0);
+    for (int b = u.y + warp; b < u.z; b += nwarps) {
+        const int e1 = block_ptr[b + 1];
+        for (int base = block_ptr[b]; base < e1; base += 32) {
+            const int e = base + lane;
+            int r = 0, c = 0;
+            T v = T(0);
+            if (e < e1) {
+                const int p = tile_pos[e];
+                r = p >> wshift;
+                c = block_cols[b * W + (p & (W - 1))];
+                v = values[e];
+            }
+            const int n = min(32, e1 - base);
+            for (int j = 0; j < n; ++j) {
+                const int rj = __shfl_sync(TC_FULL, r, j);
+                const int cj = __shfl_sync(TC_FULL, c, j);
+                const T vj = __shfl_sync(TC_FULL, v, j);
+                const T x = live ? X[(size_t)cj * D + col] : T(0);
+#pragma unroll
+                for (int i = 0; i < H; ++i)  // registers need static indices
+                    if (i == rj) acc[i] += vj * x;
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < H; ++i) red[(warp * H + i) * 32 + lane] = acc[i];
+    __syncthreads();
+    for (int i = threadIdx.x; i < H * 32; i += blockDim.x) {
+        T s = red[i];
+        for (int w = 1; w < nwarps; ++w) s += red[w * H * 32 + i];
+        const int r = i >> 5, cc = blockIdx.y * 32 + (i & 31);
+        if (cc >= D) continue;
+        if (u.w < 0) {
+            const long long row = (long long)u.x * H + r;
+            if (row < M) Y[(size_t)row * D + cc] = s;
+        } else {
+            partial[((size_t)u.w * H + r) * D + cc] = s;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// CUDA-core SDDMM in the data's precision, any tile shape: a warp per run of
+// bpw blocks, one warp-wide dot product per stored entry (xor-butterfly sum:
+// the same order on every run).
+template <typename T, typename P>
+__global__ void __launch_bounds__(128)
+tcgnn_sddmm_core(const int* __restrict__ win_ptr, int n_windows, const int* __restrict__ block_ptr,
+                 const int* __restrict__ block_cols, const P* __restrict__ tile_pos,
+                 const T* __restrict__ values, const T* __restrict__ Xa, const T* __restrict__ Xb,
+                 T* __restrict__ out, int n_blocks, int D, int H, int W, int wshift, int multiply,
+                 int bpw) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const long long gw = (long long)blockIdx.x * (blockDim.x >> 5) + warp;
+    const long long first = gw * bpw;
+    if (first >= n_blocks) return;
+    const int b0 = (int)first, b1 = (int)min((long long)n_blocks, first + bpw);
+    int w = tc_find_window(win_ptr, n_windows, b0);
+    for (int b = b0; b < b1; ++b) {
+        w = tc_advance_window(win_ptr, w, b);
+        const int e1 = block_ptr[b + 1];
+        for (int e = block_ptr[b]; e < e1; ++e) {
+            const int p = tile_pos[e];
+            const size_t row = (size_t)w * H + (p >> wshift);
+            const size_t cb = (size_t)block_cols[b * W + (p & (W - 1))];
+            T s = T(0);
+            for (int d = lane; d < D; d += 32) s += Xa[row * D + d] * Xb[cb * D + d];
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(TC_FULL, s, off);
+            if (lane == 0) out[e] = multiply ? s * values[e] : s;
+        }
+    }
+}
+"""
+
+
+def _b(v):
+    return "true" if v else "false"
+
+
+def spmm_tf32_name(chunks, vec):
+    return f"tcgnn_spmm_tf32<{chunks}, {_b(vec)}>"
+
+
+def sddmm_tf32_name(vec):
+    return f"tcgnn_sddmm_tf32<{_b(vec)}>"
+
+
+def spmm_core_name(value_type, height, pos_type):
+    return f"tcgnn_spmm_core<{VALUE_TYPES[value_type]}, {height}, {TILE_POS_TYPES[pos_type]}>"
+
+
+def sddmm_core_name(value_type, pos_type):
+    return f"tcgnn_sddmm_core<{VALUE_TYPES[value_type]}, {TILE_POS_TYPES[pos_type]}>"
+
+
+def fixup_name(value_type):
+    return f"tcgnn_spmm_fixup<{VALUE_TYPES[value_type]}>"
+
+
+def _tf32_names():
+    names = [spmm_tf32_name(c, v) for c in TF32_CHUNKS for v in (True, False)]
+    names += [sddmm_tf32_name(v) for v in (True, False)]
+    return names + [fixup_name("float32")]
+
+
+def _core_names():
+    names = [
+        spmm_core_name(t, h, p) for t in VALUE_TYPES for h in CORE_HEIGHTS for p in TILE_POS_TYPES
+    ]
+    names += [sddmm_core_name(t, p) for t in VALUE_TYPES for p in TILE_POS_TYPES]
+    return names + [fixup_name(t) for t in VALUE_TYPES]
+
+
+#: ``family -> (CUDA source, name expressions)``; the NVRTC test compiles each.
+FAMILIES = {
+    "tf32": (_COMMON + _TF32, tuple(_tf32_names())),
+    "core": (_COMMON + _CORE, tuple(_core_names())),
+}
+
+
+@functools.cache
+def _module(family, device_id):
+    import cupy
+
+    code, names = FAMILIES[family]
+    with cupy.cuda.Device(device_id):
+        return cupy.RawModule(code=code, options=OPTIONS, name_expressions=names)
+
+
+@functools.cache
+def _kernel(family, name, device_id):
+    return _module(family, device_id).get_function(name)
+
+
+def get_kernel(family, name):
+    """The compiled kernel ``name`` of ``family`` on the current device (compiled once)."""
+    import cupy
+
+    return _kernel(family, name, cupy.cuda.Device().id)

@@ -1,0 +1,121 @@
+"""SpMM / SDDMM semantics that hold on every path (host reference here, the kernels on a GPU)."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from _zoo import zoo
+
+import tcgnn_py as tg
+from tcgnn_py._ops import resolve_precision
+
+ZOO = zoo("full")
+
+
+def host(x):
+    return x.get() if hasattr(x, "get") else np.asarray(x)
+
+
+def sddmm_expected(A, Xa, Xb, multiply=False):
+    """Canonical-order values of the SDDMM, in float64."""
+    C = sp.csr_array(A, dtype=np.float64)
+    C.sum_duplicates()
+    rows = np.repeat(np.arange(C.shape[0]), np.diff(C.indptr))
+    e = np.einsum("ij,ij->i", Xa[rows].astype(np.float64), Xb[C.indices].astype(np.float64))
+    return e * C.data if multiply else e
+
+
+def test_precision_choice():
+    assert resolve_precision(None, np.float32, (16, 8)) == "tf32"
+    assert resolve_precision("tf32", np.float32, (16, 8)) == "tf32"
+    assert resolve_precision("fp32", np.float32, (16, 8)) == "exact"
+    assert resolve_precision(None, np.float64, (16, 8)) == "exact"
+    assert resolve_precision(None, np.float32, (8, 8)) == "exact"
+    with pytest.raises(ValueError, match="precision must be one of"):
+        resolve_precision("fp16", np.float32, (16, 8))
+    with pytest.raises(TypeError, match="needs a float32 product"):
+        resolve_precision("tf32", np.float64, (16, 8))
+    with pytest.raises(ValueError, match="tile_shape=\\(16, 8\\)"):
+        resolve_precision("tf32", np.float32, (32, 4))
+
+
+def test_precision_errors_through_the_api():
+    T = tg.TiledMatrix(ZOO["n17"], dtype=np.float64)
+    X = np.ones((17, 4))
+    with pytest.raises(TypeError, match="float32"):
+        tg.spmm(T, X, precision="tf32")
+    with pytest.raises(TypeError, match="float32"):
+        tg.sddmm(T, X, precision="tf32")
+    with pytest.raises(ValueError, match="precision must be"):
+        tg.spmm(T.astype(np.float32), X.astype(np.float32), precision="half")
+    np.testing.assert_allclose(host(tg.spmm(T, X, precision="fp32")), ZOO["n17"] @ X, rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["n17", "rect_5x40", "rect_40x5", "n16k1", "empty_5x3", "dense_window"])
+@pytest.mark.parametrize("precision", [None, "fp32"])
+def test_spmm_small_integers_exact(name, precision):
+    A = ZOO[name]
+    rng = np.random.default_rng()
+    X = rng.integers(-8, 9, (A.shape[1], 19)).astype(np.float32)
+    T = tg.TiledMatrix(A, dtype=np.float32)
+    want = (A @ X.astype(np.float64)).astype(np.float32)
+    Y = tg.spmm(T, X, precision=precision)
+    assert isinstance(Y, np.ndarray) and Y.dtype == np.float32
+    np.testing.assert_array_equal(Y, want)
+
+
+def test_spmm_out_may_alias_the_operand():
+    A = ZOO["n17"]
+    T = tg.TiledMatrix(A, dtype=np.float32)
+    X = np.random.default_rng().integers(-8, 9, (17, 5)).astype(np.float32)
+    want = (A @ X.astype(np.float64)).astype(np.float32)
+    assert tg.spmm(T, X, out=X) is X
+    np.testing.assert_array_equal(X, want)
+
+
+def test_spmm_mixed_dtypes_promote():
+    T = tg.TiledMatrix(ZOO["n17"], dtype=np.float32)
+    Y = T @ np.ones((17, 2), np.float64)
+    assert Y.dtype == np.float64
+    assert (T @ np.ones((17, 2), np.int8)).dtype == np.float32
+
+
+@pytest.mark.parametrize("name", ["n17", "rect_5x40", "rect_40x5", "n16k1", "empty_5x3", "star_100k"])
+@pytest.mark.parametrize("multiply", [False, True])
+def test_sddmm_matches_dense(name, multiply):
+    A = ZOO[name]
+    rng = np.random.default_rng()
+    Xa = rng.integers(-8, 9, (A.shape[0], 7)).astype(np.float32)
+    Xb = rng.integers(-8, 9, (A.shape[1], 7)).astype(np.float32)
+    T = tg.TiledMatrix(A, dtype=np.float32)
+    S = tg.sddmm(T, Xa, Xb, multiply_values=multiply)
+    assert isinstance(S, tg.TiledMatrix) and S.shape == T.shape and S.dtype == np.float32
+    assert S.tile_shape == T.tile_shape and S.nnz == T.nnz
+    np.testing.assert_array_equal(host(S.block_cols), host(T.block_cols))  # same tiling, no re-translation
+    np.testing.assert_array_equal(S.tocsr().data, sddmm_expected(A, Xa, Xb, multiply).astype(np.float32))
+
+
+def test_sddmm_defaults_and_shapes():
+    A = ZOO["n17"]
+    T = tg.TiledMatrix(A, dtype=np.float32)
+    X = np.random.default_rng().integers(-4, 5, (17, 3)).astype(np.float32)
+    np.testing.assert_array_equal(tg.sddmm(T, X).tocsr().data, sddmm_expected(A, X, X).astype(np.float32))
+    x = X[:, 0]
+    np.testing.assert_array_equal(
+        tg.sddmm(T, x, x).tocsr().data, sddmm_expected(A, x[:, None], x[:, None]).astype(np.float32)
+    )
+    assert tg.sddmm(T, X, X.astype(np.float64)).dtype == np.float64
+    with pytest.raises(ValueError, match=r"sddmm: dimension mismatch with signature \(n=17,k=17\),\(n=16,d=3\)"):
+        tg.sddmm(T, X[:16], X)
+    with pytest.raises(ValueError, match="dimension mismatch"):
+        tg.sddmm(T, X, X[:, :2])
+    R = tg.TiledMatrix(ZOO["rect_5x40"], dtype=np.float32)
+    with pytest.raises(ValueError, match="dimension mismatch"):
+        tg.sddmm(R, np.ones((5, 2), np.float32))  # Xb defaults to Xa: needs a square matrix
+    with pytest.raises(TypeError, match="expects a TiledMatrix"):
+        tg.sddmm(A, X)
+
+
+def test_sddmm_zero_width():
+    T = tg.TiledMatrix(ZOO["n17"], dtype=np.float32)
+    S = tg.sddmm(T, np.ones((17, 0), np.float32))
+    assert S.nnz == T.nnz and not np.any(host(S.tocsr().data))

@@ -1,0 +1,303 @@
+"""The SpMM / SDDMM kernels on the GPU, against the float64 SciPy reference.
+
+* small-integer data (|x| <= 8, small-integer A) is exact in TF32: exact equality;
+* random floats: relative Frobenius error under the precision's tolerance, fresh
+  inputs in every test (no fixed seed);
+* outputs are poisoned with NaN first, so an element no thread writes fails.
+"""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from _zoo import star
+from conftest import graph_dir
+
+import tcgnn_py as tg
+from tcgnn_py import _ops
+
+pytestmark = pytest.mark.gpu
+
+#: Relative Frobenius error allowed per precision (random float data).
+TOL = {"tf32": 1e-3, "fp32": 1e-5, "fp64": 1e-12}
+DS = [1, 3, 8, 16, 17, 64, 128, 130, 256, 512]
+NS = [1, 15, 16, 17, 1000, 16 * 1000 + 5]
+
+
+@pytest.fixture(scope="module")
+def cp():
+    import cupy
+
+    return cupy
+
+
+def int_graph(rng, m, n, degree=12):
+    """Random m x n matrix with ~degree entries per row, values in [-4, 4] minus 0."""
+    density = min(1.0, degree / max(n, 1))
+    A = sp.random_array((m, n), density=density, rng=rng, format="csr", dtype=np.float64)
+    A.data[:] = rng.integers(1, 5, A.nnz) * rng.choice([-1, 1], A.nnz)
+    return A
+
+
+def ints(rng, *shape):
+    return rng.integers(-8, 9, shape).astype(np.float32)
+
+
+def rel_err(got, want):
+    want = np.asarray(want, np.float64)
+    den = np.linalg.norm(want)
+    return np.linalg.norm(np.asarray(got, np.float64) - want) / (den if den else 1.0)
+
+
+def poisoned_spmm(cp, T, X, precision=None, dtype=np.float32):
+    out = cp.full((T.shape[0], X.shape[1]), cp.nan, dtype=dtype)
+    assert tg.spmm(T, X, out=out, precision=precision) is out
+    return out.get()
+
+
+def poisoned_sddmm(cp, T, Xa, Xb, precision=None, multiply=False, dtype=np.float32):
+    """SDDMM values in canonical (tocsr) order, through a NaN-poisoned output."""
+    out = cp.full(T.nnz, cp.nan, dtype=dtype)
+    mode_dtype = np.dtype(dtype)
+    _ops.sddmm_raw(T._tiles, T.shape, T.tile_shape, cp.asarray(Xa), cp.asarray(Xb), mode_dtype,
+                   multiply, precision, out=out)
+    return T._with_tiled_values(out).tocsr().data
+
+
+def sddmm_expected(A, Xa, Xb, multiply=False):
+    C = sp.csr_array(A, dtype=np.float64)
+    C.sum_duplicates()
+    rows = np.repeat(np.arange(C.shape[0]), np.diff(C.indptr))
+    e = np.einsum("ij,ij->i", Xa[rows].astype(np.float64), Xb[C.indices].astype(np.float64))
+    return e * C.data if multiply else e
+
+
+# --- SpMM --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("N", NS)
+@pytest.mark.parametrize("D", DS)
+def test_spmm_exact_integers(cp, N, D):
+    rng = np.random.default_rng()
+    A = int_graph(rng, N, N)
+    X = ints(rng, N, D)
+    want = (A @ X.astype(np.float64)).astype(np.float32)
+    T = tg.TiledMatrix(A, dtype=np.float32)
+    for precision in (None, "tf32", "fp32"):
+        np.testing.assert_array_equal(poisoned_spmm(cp, T, cp.asarray(X), precision), want, err_msg=str(precision))
+
+
+@pytest.mark.parametrize("N", [1000, 16 * 1000 + 5])
+@pytest.mark.parametrize("D", [3, 17, 64, 130, 256])
+def test_spmm_random_floats(cp, N, D):
+    rng = np.random.default_rng()
+    A = int_graph(rng, N, N, degree=20)
+    A.data[:] = rng.standard_normal(A.nnz)
+    X = rng.standard_normal((N, D)).astype(np.float32)
+    want = A @ X.astype(np.float64)
+    T = tg.TiledMatrix(A, dtype=np.float32)
+    Xd = cp.asarray(X)
+    e_tf32 = rel_err(poisoned_spmm(cp, T, Xd), want)
+    e_fp32 = rel_err(poisoned_spmm(cp, T, Xd, "fp32"), want)
+    assert e_tf32 <= TOL["tf32"]
+    assert e_fp32 <= TOL["fp32"]
+    assert e_tf32 > 10 * e_fp32  # the default really rounds to TF32: tensor cores ran
+    T64 = tg.TiledMatrix(A, dtype=np.float64)
+    got64 = poisoned_spmm(cp, T64, cp.asarray(X, dtype=np.float64), dtype=np.float64)
+    assert rel_err(got64, want) <= TOL["fp64"]
+
+
+def test_spmm_star_hub_200k(cp):
+    A = star(200_000)
+    rng = np.random.default_rng()
+    T = tg.TiledMatrix(A, dtype=np.float32)
+    assert T.tile_stats().max_blocks_per_window >= 25_000
+    for D in (17, 64, 128):
+        X = ints(rng, A.shape[1], D)
+        want = (A @ X.astype(np.float64)).astype(np.float32)
+        for precision in (None, "fp32"):
+            np.testing.assert_array_equal(poisoned_spmm(cp, T, cp.asarray(X), precision), want)
+    # Deterministic: the split hub window is summed in a fixed order.
+    Xf = cp.asarray(rng.standard_normal((A.shape[1], 64)).astype(np.float32))
+    np.testing.assert_array_equal(poisoned_spmm(cp, T, Xf), poisoned_spmm(cp, T, Xf))
+
+
+@pytest.mark.parametrize("shape", [(1000, 3000), (3000, 1000), (17, 40_000), (40_000, 17)])
+def test_spmm_rectangular(cp, shape):
+    rng = np.random.default_rng()
+    A = int_graph(rng, *shape)
+    for D in (64, 130):
+        X = ints(rng, shape[1], D)
+        want = (A @ X.astype(np.float64)).astype(np.float32)
+        T = tg.TiledMatrix(A, dtype=np.float32)
+        np.testing.assert_array_equal(poisoned_spmm(cp, T, cp.asarray(X)), want)
+        np.testing.assert_array_equal(poisoned_spmm(cp, T, cp.asarray(X), "fp32"), want)
+
+
+@pytest.mark.parametrize("name", ["cora", "citeseer", "pubmed", "ppi_homo_sapiens", "facebook", "blogcatalog3"])
+def test_spmm_real_graphs(cp, name):
+    A = tg.load_graph(graph_dir(name)).adj
+    rng = np.random.default_rng()
+    T = tg.TiledMatrix(A, dtype=np.float32)
+    X = ints(rng, A.shape[1], 64)
+    want = (A.astype(np.float64) @ X.astype(np.float64)).astype(np.float32)
+    np.testing.assert_array_equal(poisoned_spmm(cp, T, cp.asarray(X)), want)
+    # GCN-style weights: D^-1/2 (A + I) D^-1/2, random features.
+    Ah = sp.csr_array(A + sp.eye_array(A.shape[0]), dtype=np.float64)
+    d = 1 / np.sqrt(np.asarray(Ah.sum(axis=1)).ravel())
+    An = sp.csr_array(sp.diags_array(d) @ Ah @ sp.diags_array(d))
+    Xf = rng.standard_normal((A.shape[1], 128)).astype(np.float32)
+    Tn = tg.TiledMatrix(An, dtype=np.float32)
+    assert rel_err(poisoned_spmm(cp, Tn, cp.asarray(Xf)), An @ Xf.astype(np.float64)) <= TOL["tf32"]
+
+
+@pytest.mark.parametrize("tile_shape", [(8, 8), (32, 4), (32, 32), (1, 1), (16, 16)])
+def test_spmm_other_tile_shapes_core(cp, tile_shape):
+    rng = np.random.default_rng()
+    A = int_graph(rng, 1001, 1001, degree=40)
+    T = tg.TiledMatrix(A, dtype=np.float32, tile_shape=tile_shape)
+    X = ints(rng, 1001, 33)
+    want = (A @ X.astype(np.float64)).astype(np.float32)
+    np.testing.assert_array_equal(poisoned_spmm(cp, T, cp.asarray(X)), want)
+    with pytest.raises(ValueError, match="tile_shape"):
+        tg.spmm(T, cp.asarray(X), precision="tf32")
+
+
+def test_spmm_edge_cases(cp):
+    rng = np.random.default_rng()
+    for m, n in [(0, 0), (5, 3), (0, 7), (7, 0), (40, 40)]:
+        T = tg.TiledMatrix(sp.csr_array((m, n), dtype=np.float32))
+        for D in (0, 1, 9):
+            Y = T @ cp.asarray(ints(rng, n, D))
+            assert Y.shape == (m, D) and not cp.any(Y)
+    A = int_graph(rng, 300, 300)
+    T = tg.TiledMatrix(A, dtype=np.float32)
+    x = ints(rng, 300)
+    want = (A @ x.astype(np.float64)).astype(np.float32)
+    np.testing.assert_array_equal((T @ cp.asarray(x)).get(), want)  # 1-D
+    np.testing.assert_array_equal((T @ cp.asarray(x[:, None])).get()[:, 0], want)  # (N, 1)
+    X = ints(rng, 300, 40)
+    want = (A @ X.astype(np.float64)).astype(np.float32)
+    np.testing.assert_array_equal((T @ cp.asarray(X)[:, ::2]).get(), want[:, ::2])  # strided
+    np.testing.assert_array_equal((T @ cp.asfortranarray(cp.asarray(X))).get(), want)  # Fortran order
+    Xd = cp.asarray(X)
+    assert tg.spmm(T, Xd, out=Xd) is Xd  # out aliases X
+    np.testing.assert_array_equal(Xd.get(), want)
+    np.testing.assert_array_equal((T @ cp.asarray(X, dtype=cp.float16)).get(), want)  # cast to float32
+    np.testing.assert_array_equal((cp.asarray(X.T) @ T).get(), (X.T.astype(np.float64) @ A).astype(np.float32))
+    # Contiguous but not 16-byte aligned (D % 4 == 0): the scalar-load variant.
+    flat = cp.full(300 * 40 + 1, cp.nan, cp.float32)
+    Xm = flat[1:].reshape(300, 40)
+    Xm[...] = cp.asarray(X)
+    assert Xm.flags.c_contiguous and Xm.data.ptr % 16
+    np.testing.assert_array_equal((T @ Xm).get(), want)
+    out_m = flat[1:].reshape(300, 40)
+    out_m.fill(cp.nan)
+    tg.spmm(T, cp.asarray(X), out=out_m)
+    np.testing.assert_array_equal(out_m.get(), want)
+    Xm[...] = cp.asarray(X)
+    S = tg.sddmm(T, Xm, Xm)
+    np.testing.assert_array_equal(S.tocsr().data, sddmm_expected(A, X, X).astype(np.float32))
+
+
+def test_spmm_float64_is_exact_float64(cp):
+    rng = np.random.default_rng()
+    A = int_graph(rng, 2000, 2000)
+    A.data[:] = rng.standard_normal(A.nnz)
+    X = rng.standard_normal((2000, 70))
+    T = tg.TiledMatrix(A)
+    assert T.dtype == np.float64
+    got = poisoned_spmm(cp, T, cp.asarray(X), dtype=np.float64)
+    np.testing.assert_allclose(got, A @ X, rtol=1e-12, atol=1e-12)
+    with pytest.raises(TypeError, match="float32"):
+        tg.spmm(T, cp.asarray(X), precision="tf32")
+    T32 = T.astype(np.float32)
+    assert (T32 @ cp.asarray(X)).dtype == np.float64  # NumPy promotion: float64 path
+
+
+def test_spmm_nonfinite_fp32_matches_scipy(cp):
+    rng = np.random.default_rng()
+    A = int_graph(rng, 500, 500)
+    X = ints(rng, 500, 32)
+    X[7, 3] = np.inf
+    X[11, 5] = np.nan
+    T = tg.TiledMatrix(A, dtype=np.float32)
+    want = (A @ X.astype(np.float64)).astype(np.float32)
+    np.testing.assert_array_equal(poisoned_spmm(cp, T, cp.asarray(X), "fp32"), want)
+
+
+def test_kernels_compile_once(cp):
+    from tcgnn_py.kernels import products as kp
+
+    name = kp.spmm_tf32_name(2, True)
+    assert kp.get_kernel("tf32", name) is kp.get_kernel("tf32", name)
+    before = kp._module.cache_info().misses
+    T = tg.TiledMatrix(star(100), dtype=np.float32)
+    for _ in range(3):
+        T @ cp.ones((101, 64), cp.float32)
+    assert kp._module.cache_info().misses == before
+
+
+# --- SDDMM -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("N", NS)
+@pytest.mark.parametrize("D", DS)
+def test_sddmm_exact_integers(cp, N, D):
+    rng = np.random.default_rng()
+    A = int_graph(rng, N, N)
+    Xa, Xb = ints(rng, N, D), ints(rng, N, D)
+    T = tg.TiledMatrix(A, dtype=np.float32)
+    for multiply in (False, True):
+        want = sddmm_expected(A, Xa, Xb, multiply).astype(np.float32)
+        for precision in (None, "fp32"):
+            got = poisoned_sddmm(cp, T, Xa, Xb, precision, multiply)
+            np.testing.assert_array_equal(got, want, err_msg=f"{precision} {multiply}")
+
+
+@pytest.mark.parametrize("D", [3, 17, 64, 130])
+def test_sddmm_random_floats(cp, D):
+    rng = np.random.default_rng()
+    A = int_graph(rng, 5000, 4000, degree=20)
+    Xa = rng.standard_normal((5000, D)).astype(np.float32)
+    Xb = rng.standard_normal((4000, D)).astype(np.float32)
+    T = tg.TiledMatrix(A, dtype=np.float32)
+    want = sddmm_expected(A, Xa, Xb)
+    e_tf32 = rel_err(poisoned_sddmm(cp, T, Xa, Xb), want)
+    e_fp32 = rel_err(poisoned_sddmm(cp, T, Xa, Xb, "fp32"), want)
+    assert e_tf32 <= TOL["tf32"] and e_fp32 <= TOL["fp32"] and e_tf32 > 10 * e_fp32
+    S = tg.sddmm(tg.TiledMatrix(A), cp.asarray(Xa, dtype=np.float64), cp.asarray(Xb, dtype=np.float64),
+                 multiply_values=True)
+    assert S.dtype == np.float64
+    assert rel_err(S.tocsr().data, sddmm_expected(A, Xa, Xb, True)) <= TOL["fp64"]
+
+
+def test_sddmm_star_hub_and_public_api(cp):
+    A = star(200_000)
+    rng = np.random.default_rng()
+    T = tg.TiledMatrix(A, dtype=np.float32)
+    X = ints(rng, A.shape[0], 16)
+    want = sddmm_expected(A, X, X).astype(np.float32)
+    np.testing.assert_array_equal(poisoned_sddmm(cp, T, X, X), want)
+    S = tg.sddmm(T, cp.asarray(X))
+    assert isinstance(S, tg.TiledMatrix) and S.device == "cuda"
+    np.testing.assert_array_equal(S.tocsr().data, want)
+    np.testing.assert_array_equal(S.block_cols.get(), T.block_cols.get())
+
+
+@pytest.mark.parametrize("tile_shape", [(8, 8), (32, 32), (1, 1)])
+def test_sddmm_other_tile_shapes_core(cp, tile_shape):
+    rng = np.random.default_rng()
+    A = int_graph(rng, 700, 900, degree=30)
+    Xa, Xb = ints(rng, 700, 21), ints(rng, 900, 21)
+    T = tg.TiledMatrix(A, dtype=np.float32, tile_shape=tile_shape)
+    np.testing.assert_array_equal(poisoned_sddmm(cp, T, Xa, Xb, multiply=True),
+                                  sddmm_expected(A, Xa, Xb, True).astype(np.float32))
+
+
+@pytest.mark.parametrize("name", ["cora", "pubmed", "facebook"])
+def test_sddmm_real_graphs(cp, name):
+    A = tg.load_graph(graph_dir(name)).adj
+    rng = np.random.default_rng()
+    X = ints(rng, A.shape[0], 64)
+    T = tg.TiledMatrix(A, dtype=np.float32)
+    np.testing.assert_array_equal(poisoned_sddmm(cp, T, X, X), sddmm_expected(A, X, X).astype(np.float32))

@@ -1,0 +1,47 @@
+"""A small workload that runs every SpMM/SDDMM kernel variant once, for compute-sanitizer.
+
+Usage: compute-sanitizer --tool memcheck python tools/memcheck_products.py
+Covers: TF32 SpMM with 1/2/4 column chunks, 16-byte and scalar loads, split
+(hub) windows and the fixup; CUDA-core SpMM in float32/float64 on other tile
+shapes; TF32 and CUDA-core SDDMM.  Sizes are not multiples of 16.  Every
+result is checked against SciPy, so a wrong index shows up even when it stays
+inside an allocation.
+"""
+
+import numpy as np
+import scipy.sparse as sp
+
+import tcgnn_py as tg
+
+import cupy as cp
+
+rng = np.random.default_rng(7)
+n = 1003
+A = sp.random_array((n, n), density=0.01, rng=rng, format="csr", dtype=np.float64)
+A.data[:] = rng.integers(1, 5, A.nnz)
+hub = sp.csr_array((np.ones(2 * (n - 1)), (np.r_[np.zeros(n - 1, int), np.arange(1, n)],
+                                             np.r_[np.arange(1, n), np.zeros(n - 1, int)])), shape=(n, n))
+A = sp.csr_array(A + hub)  # window 0 has ~125 blocks: split over several CTAs
+R = sp.random_array((n, 517), density=0.02, rng=rng, format="csr")
+R.data[:] = rng.integers(1, 5, R.nnz)
+checked = 0
+for M, tile_shape, dtype in [(A, (16, 8), np.float32), (R, (16, 8), np.float32), (A, (8, 8), np.float32),
+                             (A, (32, 32), np.float64)]:
+    T = tg.TiledMatrix(M, dtype=dtype, tile_shape=tile_shape)
+    for D in (1, 3, 17, 64, 100, 130):
+        X = rng.integers(-8, 9, (M.shape[1], D)).astype(dtype)
+        want = M @ X.astype(np.float64)
+        for precision in ((None, "fp32") if dtype == np.float32 else (None,)):
+            Y = tg.spmm(T, cp.asarray(X), precision=precision)
+            assert np.array_equal(Y.get(), want.astype(dtype)), (tile_shape, D, precision)
+            checked += 1
+        if M.shape[0] == M.shape[1]:
+            for precision in ((None, "fp32") if dtype == np.float32 else (None,)):
+                S = tg.sddmm(T, cp.asarray(X), multiply_values=True, precision=precision)
+                C = sp.csr_array(M, dtype=np.float64)
+                rows = np.repeat(np.arange(n), np.diff(C.indptr))
+                e = np.einsum("ij,ij->i", X[rows].astype(np.float64), X[C.indices].astype(np.float64)) * C.data
+                assert np.array_equal(S.tocsr().data, e.astype(dtype)), (tile_shape, D, precision)
+                checked += 1
+cp.cuda.Device().synchronize()
+print(f"memcheck products workload ok: {checked} products checked")
