@@ -7,6 +7,7 @@ per process whether the GPU path is usable; everything else asks it.
 
 import functools
 import os
+import sys
 import warnings
 
 import numpy as np
@@ -96,7 +97,14 @@ def get_cupy():
 
 def is_device_array(x):
     """True for CuPy arrays and any other ``__cuda_array_interface__`` producer."""
-    return hasattr(x, "__cuda_array_interface__")
+    # CuPy builds the interface dict on every access: test its type first.
+    return is_cupy_array(x) or hasattr(x, "__cuda_array_interface__")
+
+
+def is_cupy_array(x):
+    """True for ``cupy.ndarray`` (without importing CuPy when nobody has)."""
+    cupy = sys.modules.get("cupy")
+    return cupy is not None and isinstance(x, cupy.ndarray)
 
 
 def array_module(x):

@@ -17,10 +17,12 @@ dropping 29 mantissa bits would be a wrong answer.  On the host every product is
 exact in its dtype and ``precision`` only gets validated.
 """
 
+import functools
+
 import numpy as np
 
 from . import _reference as ref
-from ._device import get_cupy, is_device_array
+from ._device import get_cupy, is_cupy_array, is_device_array
 from ._validation import value_dtype
 
 __all__ = [
@@ -52,13 +54,17 @@ def as_operand(X, on_device):
     """
     if isinstance(X, np.ndarray):
         kind = "numpy"
+    elif is_cupy_array(X):
+        if on_device:
+            _check_real(X.dtype)
+            return X, "cupy"
+        kind = "cupy"
     elif is_device_array(X) or _is_cuda_dlpack(X):
         kind = "cupy"
     else:
         X = np.asarray(X)
         kind = "numpy"
-    if X.dtype.kind not in "biuf":
-        raise TypeError(f"operand dtype {X.dtype} is not supported (real numbers only)")
+    _check_real(X.dtype)
     if on_device:
         cp = get_cupy()
         if kind == "cupy" and not hasattr(X, "__cuda_array_interface__"):
@@ -68,6 +74,11 @@ def as_operand(X, on_device):
     elif kind == "cupy":
         raise RuntimeError("a device operand needs a TiledMatrix on the GPU, but no GPU path is usable")
     return X, kind
+
+
+def _check_real(dtype):
+    if dtype.kind not in "biuf":
+        raise TypeError(f"operand dtype {dtype} is not supported (real numbers only)")
 
 
 def _is_cuda_dlpack(X):
@@ -80,6 +91,7 @@ def _is_cuda_dlpack(X):
         return False
 
 
+@functools.lru_cache(maxsize=256)
 def result_dtype(matrix_dtype, operand_dtype):
     """NumPy promotion of the two, with integer and float16 operands made float."""
     return np.result_type(matrix_dtype, value_dtype(operand_dtype))
@@ -101,8 +113,13 @@ def check_out(out, shape, dtype, xp):
 
 def resolve_precision(precision, dtype, tile_shape):
     """``"tf32"`` (tensor cores) or ``"exact"`` (CUDA cores in ``dtype``) for a product."""
-    if precision not in PRECISIONS:
+    if not (precision is None or isinstance(precision, str)) or precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    return _resolve(precision, np.dtype(dtype), tuple(tile_shape))
+
+
+@functools.lru_cache(maxsize=64)
+def _resolve(precision, dtype, tile_shape):
     tc_ok = np.dtype(dtype) == np.float32 and tuple(tile_shape) == _TC_TILE
     if precision == "tf32" and not tc_ok:
         if np.dtype(dtype) != np.float32:
@@ -139,55 +156,95 @@ def spmm_raw(tiles, shape, tile_shape, X, dtype, precision=None, out=None, plans
     return _spmm_gpu(tiles, shape, tile_shape, X, np.dtype(dtype), mode, out, plans, casts)
 
 
-def _spmm_gpu(tiles, shape, tile_shape, X, dtype, mode, out, plans, casts):
-    from .kernels import products as kp
+#: Launch shape of the SpMM kernels.  Change it through :func:`set_tuning` only
+#: (launch parameters are cached per matrix under the tuning's version).
+TUNING = {
+    "tf32_max_chunks": 2,  # column chunks of 32 per CTA (registers grow with it)
+    "tf32_nwarps": (4, 4, 4),  # warps per CTA for 1, 2, 4 chunks
+    "core_nwarps": 4,
+    "blocks_per_warp": 16,  # a unit holds up to nwarps * this many blocks
+}
+_TUNING_VERSION = [0]
 
+
+def set_tuning(**kw):
+    """Change :data:`TUNING` (benchmark sweeps); unknown keys raise."""
+    unknown = set(kw) - set(TUNING)
+    if unknown:
+        raise KeyError(f"unknown tuning keys {sorted(unknown)}")
+    TUNING.update(kw)
+    _TUNING_VERSION[0] += 1
+
+
+def _overlap(a, b):
+    """Whether two device arrays' byte ranges intersect (O(1), conservative)."""
+    a0, b0 = a.data.ptr, b.data.ptr
+    return a.nbytes > 0 and b.nbytes > 0 and a0 < b0 + b.nbytes and b0 < a0 + a.nbytes
+
+
+def _spmm_gpu(tiles, shape, tile_shape, X, dtype, mode, out, plans, casts):
     cp = get_cupy()
-    M, N = shape
+    M = shape[0]
     D = X.shape[1]
-    if out is not None and cp.may_share_memory(out, X):
+    out_final = None
+    if out is not None and _overlap(out, X):
         out_final, out = out, None  # the kernel reads X while writing: go through a temporary
-    else:
-        out_final = None
-    Y = out if out is not None else cp.empty((M, D), dtype=dtype)
+    Y = cp.empty((M, D), dtype=dtype) if out is None else out
     if M == 0 or D == 0:
         return Y if out_final is None else out_final
-    H, W = tile_shape
-    X = cp.ascontiguousarray(X, dtype=dtype)
+    if X.dtype != dtype or not X.flags.c_contiguous:
+        X = cp.ascontiguousarray(X, dtype=dtype)
     values = _values_as(tiles, dtype, casts)
-    if mode == "tf32":
-        chunks = 1 if D <= 32 else 2 if D <= 64 else 4
-        nwarps = 8 if chunks <= 2 else 4
-        cols_per_cta = 32 * chunks
-        vec = _aligned16(D, X, Y)
-        name = kp.spmm_tf32_name(chunks, vec)
-        smem = nwarps * (128 * 4 + chunks * 4 * 32 * 16)
-        family = "tf32"
-    else:
-        nwarps = 4
-        cols_per_cta = 32
-        name = kp.spmm_core_name(dtype.name, H, tiles["tile_pos"].dtype.name)
-        smem = nwarps * H * 32 * dtype.itemsize
-        family = "core"
-    units, splits, n_slots = _spmm_plan(cp, tiles["win_ptr"], nwarps * 4, plans)
-    partial = cp.empty((max(n_slots, 1), H, D), dtype=dtype) if n_slots else Y
-    grid = (units.shape[0], -(-D // cols_per_cta))
-    args = [units, tiles["block_ptr"], tiles["block_cols"], tiles["tile_pos"], values, X, Y, partial,
-            np.int32(M), np.int32(D)]
-    if family == "core":
-        args += [np.int32(W), np.int32(W.bit_length() - 1)]
-    kp.get_kernel(family, name)(grid, (32 * nwarps,), tuple(args), shared_mem=smem)
-    if n_slots:
-        threads = 256
-        per_window = H * D
-        kp.get_kernel(family, kp.fixup_name(dtype.name))(
-            (splits.shape[0], min(-(-per_window // threads), 1024)), (threads,),
-            (splits, partial, Y, np.int32(M), np.int32(D), np.int32(H)),
-        )
+    vec = mode == "tf32" and _aligned16(D, X, Y)
+    key = ("launch", mode, dtype.char, D, vec, _TUNING_VERSION[0])
+    launch = plans.get(key)
+    if launch is None:
+        launch = plans[key] = _spmm_launch(cp, tiles, tile_shape, mode, dtype, D, vec, plans)
+    kernel, grid, block, smem, units, structure, tail, fixup = launch
+    partial = Y
+    if fixup is not None:
+        fix_kernel, fix_grid, splits, n_slots = fixup
+        partial = cp.empty((n_slots, tile_shape[0], D), dtype=dtype)
+    kernel(grid, block, (units, tiles["block_ptr"], tiles["block_cols"], structure, values, X, Y, partial,
+                         np.int32(M), np.int32(D)) + tail, shared_mem=smem)
+    if fixup is not None:
+        fix_kernel(fix_grid, (256,), (splits, partial, Y, np.int32(M), np.int32(D), np.int32(tile_shape[0])))
     if out_final is not None:
         out_final[...] = Y
         return out_final
     return Y
+
+
+def _spmm_launch(cp, tiles, tile_shape, mode, dtype, D, vec, plans):
+    """Kernel, grid, block, shared memory, plan arrays and fixup of one SpMM configuration."""
+    from .kernels import products as kp
+
+    H, W = tile_shape
+    if mode == "tf32":
+        chunks = min(TUNING["tf32_max_chunks"], 1 if D <= 32 else 2 if D <= 64 else 4)
+        nwarps = TUNING["tf32_nwarps"][{1: 0, 2: 1, 4: 2}[chunks]]
+        while nwarps > 1 and nwarps * chunks * 4 * 32 * 16 > 48 * 1024:
+            nwarps //= 2  # stay within the default dynamic shared-memory limit
+        family, name = "tf32", kp.spmm_tf32_name(chunks, vec)
+        cols_per_cta, smem = 32 * chunks, nwarps * chunks * 4 * 32 * 16
+        plan = _spmm_plan(cp, tiles, nwarps * TUNING["blocks_per_warp"], plans, with_mask=True)
+        n_slabs = -(-D // cols_per_cta)
+        structure, tail = plan["mask"], (np.int32(n_slabs),)
+    else:
+        nwarps = TUNING["core_nwarps"]
+        family, name = "core", kp.spmm_core_name(dtype.name, H, tiles["tile_pos"].dtype.name)
+        cols_per_cta, smem = 32, nwarps * H * 32 * dtype.itemsize
+        plan = _spmm_plan(cp, tiles, nwarps * TUNING["blocks_per_warp"], plans)
+        structure, tail = tiles["tile_pos"], (np.int32(W), np.int32(W.bit_length() - 1))
+    fixup = None
+    if plan["n_slots"]:
+        fix_grid = (plan["splits"].shape[0], min(-(-(H * D) // 256), 1024))
+        fixup = (kp.get_kernel(family, kp.fixup_name(dtype.name)), fix_grid, plan["splits"], plan["n_slots"])
+    if mode == "tf32":  # slabs of one unit side by side: they share its metadata in L2
+        grid = (plan["units"].shape[0] * n_slabs, 1)
+    else:
+        grid = (plan["units"].shape[0], -(-D // cols_per_cta))
+    return (kp.get_kernel(family, name), grid, (32 * nwarps,), smem, plan["units"], structure, tail, fixup)
 
 
 def _aligned16(D, *arrays):
@@ -205,17 +262,28 @@ def _values_as(tiles, dtype, cache):
     return cache[key]
 
 
-def _spmm_plan(cp, win_ptr, blocks_per_unit, cache):
-    """Units ``(window, first block, end block, slot)`` and split windows, cached per unit size.
+def _spmm_plan(cp, tiles, blocks_per_unit, cache, with_mask=False):
+    """Work plan of the SpMM kernels for one unit size, cached (it depends on the tiling only).
 
-    A window of ``nb`` blocks becomes ``k = ceil(nb / blocks_per_unit)`` units
-    (at most ``_UNITS_PER_WINDOW_MAX``; an empty window keeps one unit, which
-    writes its zero rows).  Units of a split window (``k > 1``) write partial
-    tiles to consecutive slots; ``splits`` rows are ``(window, first slot, k, 0)``.
+    ``units`` rows are ``(window, first block, end block, slot)``: a window of
+    ``nb`` blocks becomes ``k = ceil(nb / blocks_per_unit)`` units (at most
+    ``_UNITS_PER_WINDOW_MAX``; an empty window keeps one unit, which writes its
+    zero rows).  Units of a split window (``k > 1``) write partial tiles to
+    consecutive slots; ``splits`` rows are ``(window, first slot, k, 0)``.
+    ``mask`` (TF32 kernel, 16x8 tiles) is each block's 128-bit occupancy mask.
     """
     key = ("plan", blocks_per_unit)
-    if key in cache:
-        return cache[key]
+    plan = cache.get(key)
+    if plan is None:
+        plan = cache[key] = _build_plan(cp, tiles["win_ptr"], blocks_per_unit)
+    if with_mask and "mask" not in plan:
+        if "mask" not in cache:
+            cache["mask"] = _block_mask(cp, tiles)
+        plan["mask"] = cache["mask"]
+    return plan
+
+
+def _build_plan(cp, win_ptr, blocks_per_unit):
     nb = cp.diff(win_ptr).astype(np.int64)
     k = cp.clip(-(-nb // blocks_per_unit), 1, _UNITS_PER_WINDOW_MAX)
     unit_ptr = cp.concatenate((cp.zeros(1, np.int64), cp.cumsum(k)))
@@ -229,10 +297,26 @@ def _spmm_plan(cp, win_ptr, blocks_per_unit, cache):
     units = cp.stack([uw, start + j * nbw // kw, start + (j + 1) * nbw // kw, slot], axis=1)
     sw = cp.flatnonzero(k > 1)
     splits = cp.stack([sw, slot[unit_ptr[sw]], k[sw], cp.zeros_like(sw)], axis=1)
-    n_slots = int(split.sum())  # synchronize!
-    plan = (cp.ascontiguousarray(units.astype(np.int32)), cp.ascontiguousarray(splits.astype(np.int32)), n_slots)
-    cache[key] = plan
-    return plan
+    return {
+        "units": cp.ascontiguousarray(units.astype(np.int32)),
+        "splits": cp.ascontiguousarray(splits.astype(np.int32)),
+        "n_slots": int(split.sum()),  # synchronize!
+    }
+
+
+def _block_mask(cp, tiles):
+    """``(n_blocks, 4)`` uint32: bit ``p`` of block ``b`` set when tile position ``p`` is stored.
+
+    Positions within a block are distinct, so summing ``1 << bit`` per word is
+    an OR; float64 holds those sums (< 2**32) exactly.
+    """
+    n_blocks = tiles["block_cols"].shape[0]
+    nnz = tiles["tile_pos"].shape[0]
+    entry_block = cp.searchsorted(tiles["block_ptr"], cp.arange(nnz, dtype=np.int32), side="right") - 1
+    pos = tiles["tile_pos"].astype(np.int64)
+    words = cp.bincount(entry_block.astype(np.int64) * 4 + (pos >> 5), weights=(1 << (pos & 31)).astype(np.float64),
+                        minlength=4 * n_blocks)
+    return cp.ascontiguousarray(words.astype(np.uint32).reshape(n_blocks, 4))
 
 
 # --- SDDMM -----------------------------------------------------------------

@@ -6,7 +6,7 @@ import numpy as np
 
 from . import _reference as ref
 from . import _sgt
-from ._device import array_module, get_cupy, gpu_available, to_host, warn_no_gpu
+from ._device import array_module, get_cupy, gpu_available, is_cupy_array, to_host, warn_no_gpu
 from ._ops import MISMATCH, as_operand, check_out, resolve_precision, result_dtype, sddmm_raw, spmm_raw
 from ._validation import (
     check_csr_arrays,
@@ -290,7 +290,7 @@ class TiledMatrix:
 
     # --- matmul ---------------------------------------------------------
     def __matmul__(self, other):
-        if isscalarlike(other):
+        if not is_cupy_array(other) and isscalarlike(other):
             raise ValueError("Scalar operands are not allowed, use '*' instead")
         return self._matmul_dispatch(other)
 
@@ -304,10 +304,8 @@ class TiledMatrix:
         return self @ other
 
     def _matmul_dispatch(self, other, out=None, precision=None):
-        import scipy.sparse as sp
-
         M, N = self._shape
-        if sp.issparse(other) or isinstance(other, TiledMatrix):
+        if not is_cupy_array(other) and _is_sparse(other):
             if other.shape[0] != N:
                 raise ValueError(f"{MISMATCH} (n,k={N}),(k={other.shape[0]},m)->(n,m)")
             return self.tocsr() @ (other.tocsr() if isinstance(other, TiledMatrix) else other)
@@ -332,11 +330,12 @@ class TiledMatrix:
         direct = out is not None and kind == "cupy"
         Y = spmm_raw(
             self._tiles, self._shape, self._tile_shape, X2, dtype, precision,
-            out=out.reshape(M, X2.shape[1]) if direct else None, plans=self._plans, casts=self._casts,
+            out=(out if out.ndim == 2 else out.reshape(M, 1)) if direct else None, plans=self._plans, casts=self._casts,
         )
         if direct:
             return out
-        Y = Y.reshape(out_shape)
+        if Y.shape != out_shape:
+            Y = Y.reshape(out_shape)
         if kind == "numpy":
             Y = to_host(Y)
         if out is None:
@@ -357,6 +356,12 @@ class TiledMatrix:
             sig = "1?)->(n,1?)" if tr.ndim == 1 or tr.shape[1] == 1 else "m)->(n,m)"
             raise ValueError(f"{MISMATCH} (n,k={M}),(k={k},{sig}")
         return self.transpose()._matmul_dispatch(tr).transpose()
+
+
+def _is_sparse(x):
+    import scipy.sparse as sp
+
+    return sp.issparse(x) or isinstance(x, TiledMatrix)
 
 
 def spmm(T, X, out=None, *, precision=None):
@@ -401,7 +406,7 @@ def spmm(T, X, out=None, *, precision=None):
     """
     if not isinstance(T, TiledMatrix):
         raise TypeError(f"spmm expects a TiledMatrix, got {type(T).__name__}")
-    if isscalarlike(X):
+    if not is_cupy_array(X) and isscalarlike(X):
         raise ValueError("Scalar operands are not allowed, use '*' instead")
     return T._matmul_dispatch(X, out=out, precision=precision)
 

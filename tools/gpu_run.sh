@@ -15,6 +15,9 @@ if [[ " $STEPS " == *" test "* ]]; then
   echo "== pytest (GPU) =="
   python3 -m pytest -q -n 4 -p no:cacheprovider -rs ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.log" | tail -30
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  echo "== examples/quickstart.py (GPU) =="
+  python3 examples/quickstart.py 2>&1 | tee "$OUT/quickstart.log" | tail -4
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if [[ " $STEPS " == *" memcheck "* ]]; then
   echo "== memcheck: SGT =="

@@ -154,25 +154,66 @@ __global__ void tcgnn_spmm_fixup(const int4* __restrict__ splits, const T* __res
 _TF32 = r"""
 // ---------------------------------------------------------------------------
 // TF32 tensor-core SpMM, Y = A @ X, on 16x8 tiles.
-// grid = (units, ceil(D / (32 * CH))), block = 32 * nwarps threads.
-// Each warp owns CH column chunks of 32.  Within a chunk, MMA j (of 4) gives
+// grid = units * n_slabs (slab = CTA column range of 32 * CH, the fastest index,
+// so the CTAs of one unit run together and share its metadata and X rows' pages
+// in L2), block = 32 * nwarps threads.  Each warp owns CH column chunks of 32.  Within a chunk, MMA j (of 4) gives
 // fragment column n the X column 4n + j: lane (g, t) then loads X[.][4g .. 4g+3]
 // with one 16-byte load per B row, and ends up owning the 8 consecutive output
 // columns 8t .. 8t+7 of rows g and g+8 -- 16-byte stores too.
-// Shared memory: per warp a 128-float A tile, then per warp CH*4*32 float4 of
-// accumulators for the cross-warp reduction.
+// The A fragment comes from a 128-bit occupancy mask per block (bit p: tile
+// position p = 8 * row + slot is stored).  Entries are stored in position order,
+// so an entry's index within its block is the number of mask bits below it:
+// each lane finds its four values with popc, without shared memory or a barrier.
+// Shared memory: per warp CH*4*32 float4 of accumulators for the cross-warp sum.
+// Per-block metadata of the TF32 SpMM: first entry, occupancy mask, and the
+// two B rows lane t reads (slots t and t + 4).  Past the unit's end: an empty
+// block whose rows are padding, so the pipeline needs no special last step.
+struct TcMeta {
+    int e0, c_lo, c_hi;
+    uint4 mk;
+};
+
+__device__ __forceinline__ TcMeta tc_meta(const int* __restrict__ block_ptr, const int* __restrict__ block_cols,
+                                          const uint4* __restrict__ block_mask, int b, int end, int t) {
+    TcMeta m = {0, -1, -1, make_uint4(0u, 0u, 0u, 0u)};
+    if (b < end) {
+        m.e0 = block_ptr[b];
+        m.mk = block_mask[b];
+        m.c_lo = block_cols[b * 8 + t];
+        m.c_hi = block_cols[b * 8 + t + 4];
+    }
+    return m;
+}
+
+template <int CH, bool VEC>
+__device__ __forceinline__ void tc_load_rows(const float* __restrict__ X, const TcMeta& m, int col, int D,
+                                             float4 (&lo)[CH], float4 (&hi)[CH]) {
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+        // Padding slots (column -1) load zeros: a NaN there would poison the tile.
+        lo[c] = tc_load4<VEC>(X, m.c_lo, col + c * 32, D);
+        hi[c] = tc_load4<VEC>(X, m.c_hi, col + c * 32, D);
+    }
+}
+
 template <int CH, bool VEC>
 __global__ void __launch_bounds__(256)
 tcgnn_spmm_tf32(const int4* __restrict__ units, const int* __restrict__ block_ptr,
-                const int* __restrict__ block_cols, const tc_u8* __restrict__ tile_pos,
+                const int* __restrict__ block_cols, const uint4* __restrict__ block_mask,
                 const float* __restrict__ values, const float* __restrict__ X,
-                float* __restrict__ Y, float* __restrict__ partial, int M, int D) {
+                float* __restrict__ Y, float* __restrict__ partial, int M, int D, int n_slabs) {
     extern __shared__ float4 tc_smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int4 u = units[blockIdx.x];  // (window, first block, end block, slot or -1)
-    const int col0 = blockIdx.y * (32 * CH);
-    float* tile = reinterpret_cast<float*>(tc_smem) + warp * 128;
+    const int unit = blockIdx.x / n_slabs, slab = blockIdx.x - unit * n_slabs;
+    const int4 u = units[unit];  // (window, first block, end block, slot or -1)
+    const int col0 = slab * (32 * CH);
+    // Lane (g, t) holds A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4]: positions
+    // 8g+t (+64, +4).  Rows 0-7 sit in mask words 0-1, rows 8-15 in words 2-3;
+    // all four positions share the bit offset below within their word.
+    const bool upper = (g >> 2) != 0;
+    const unsigned bit = 8u * (g & 3) + t;
+    const unsigned below_t = (1u << bit) - 1u, below_t4 = (1u << (bit + 4)) - 1u;
 
     float acc[CH][4][4];
 #pragma unroll
@@ -182,39 +223,42 @@ tcgnn_spmm_tf32(const int4* __restrict__ units, const int* __restrict__ block_pt
 #pragma unroll
             for (int q = 0; q < 4; ++q) acc[c][j][q] = 0.f;
 
-    for (int b = u.y + warp; b < u.z; b += nwarps) {  // warp-uniform: mma.sync needs all lanes
-        const int e0 = block_ptr[b], e1 = block_ptr[b + 1];
-        const int c_lo = block_cols[b * 8 + t], c_hi = block_cols[b * 8 + t + 4];
-        // Scatter the block's entries into the A tile, stored in fragment order
-        // (register i of lane l at i * 32 + l): the fragment read below is then
-        // one conflict-free 32-wide access per register.  Absent entries are 0.
-        reinterpret_cast<float4*>(tile)[lane] = make_float4(0.f, 0.f, 0.f, 0.f);
-        __syncwarp();
-        for (int e = e0 + lane; e < e1; e += 32) {
-            const int p = tile_pos[e], r = p >> 3, k = p & 7;
-            tile[((((r >> 3) | ((k >> 2) << 1))) << 5) | ((r & 7) << 2) | (k & 3)] = values[e];
-        }
-        __syncwarp();
-        unsigned a[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) a[i] = tc_tf32(tile[(i << 5) | lane]);
-        __syncwarp();  // the next block's zeroing must not overtake these reads
+    // Software pipeline over the warp's blocks b, b + nwarps, ...: while the MMAs
+    // of block i run, the X rows of block i+1 and the metadata of block i+2 are
+    // already in flight (a warp keeps about two blocks of loads outstanding).
+    int b = u.y + warp;
+    TcMeta cur = tc_meta(block_ptr, block_cols, block_mask, b, u.z, t);
+    float4 lo[CH], hi[CH];
+    tc_load_rows<CH, VEC>(X, cur, col0 + 4 * g, D, lo, hi);
+    TcMeta nxt = tc_meta(block_ptr, block_cols, block_mask, b + nwarps, u.z, t);
+    for (; b < u.z; b += nwarps) {  // warp-uniform: mma.sync needs all lanes
+        const unsigned wa = upper ? cur.mk.y : cur.mk.x, wb = upper ? cur.mk.w : cur.mk.z;
+        const int base_a = cur.e0 + (upper ? __popc(cur.mk.x) : 0);
+        const int base_b = cur.e0 + __popc(cur.mk.x) + __popc(cur.mk.y) + (upper ? __popc(cur.mk.z) : 0);
+        const float v0 = (wa >> bit) & 1u ? __ldg(values + base_a + __popc(wa & below_t)) : 0.f;
+        const float v1 = (wb >> bit) & 1u ? __ldg(values + base_b + __popc(wb & below_t)) : 0.f;
+        const float v2 = (wa >> (bit + 4)) & 1u ? __ldg(values + base_a + __popc(wa & below_t4)) : 0.f;
+        const float v3 = (wb >> (bit + 4)) & 1u ? __ldg(values + base_b + __popc(wb & below_t4)) : 0.f;
+        float4 nlo[CH], nhi[CH];
+        tc_load_rows<CH, VEC>(X, nxt, col0 + 4 * g, D, nlo, nhi);
+        const TcMeta after = tc_meta(block_ptr, block_cols, block_mask, b + 2 * nwarps, u.z, t);
+        const unsigned a[4] = {tc_tf32(v0), tc_tf32(v1), tc_tf32(v2), tc_tf32(v3)};
 #pragma unroll
         for (int c = 0; c < CH; ++c) {
-            const int col = col0 + c * 32 + 4 * g;
-            // Padding slots (column -1) load zeros: a NaN there would poison the tile.
-            const float4 lo = tc_load4<VEC>(X, c_lo, col, D);
-            const float4 hi = tc_load4<VEC>(X, c_hi, col, D);
-            tc_mma(acc[c][0], a, tc_tf32(lo.x), tc_tf32(hi.x));
-            tc_mma(acc[c][1], a, tc_tf32(lo.y), tc_tf32(hi.y));
-            tc_mma(acc[c][2], a, tc_tf32(lo.z), tc_tf32(hi.z));
-            tc_mma(acc[c][3], a, tc_tf32(lo.w), tc_tf32(hi.w));
+            tc_mma(acc[c][0], a, tc_tf32(lo[c].x), tc_tf32(hi[c].x));
+            tc_mma(acc[c][1], a, tc_tf32(lo[c].y), tc_tf32(hi[c].y));
+            tc_mma(acc[c][2], a, tc_tf32(lo[c].z), tc_tf32(hi[c].z));
+            tc_mma(acc[c][3], a, tc_tf32(lo[c].w), tc_tf32(hi[c].w));
+            lo[c] = nlo[c];
+            hi[c] = nhi[c];
         }
+        cur = nxt;
+        nxt = after;
     }
 
     // Cross-warp sum.  red[(warp, c, q)][lane] as float4: consecutive lanes hit
     // consecutive 16-byte words, so both the writes and the reads are conflict-free.
-    float4* red = tc_smem + nwarps * 32;
+    float4* red = tc_smem;
     const int per = CH * 4 * 32;
 #pragma unroll
     for (int c = 0; c < CH; ++c)
@@ -472,4 +516,4 @@ def get_kernel(family, name):
     """The compiled kernel ``name`` of ``family`` on the current device (compiled once)."""
     import cupy
 
-    return _kernel(family, name, cupy.cuda.Device().id)
+    return _kernel(family, name, cupy.cuda.runtime.getDevice())
