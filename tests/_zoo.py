@@ -1,4 +1,4 @@
-"""Matrices every path is tested on: edge cases, synthetic and real graphs."""
+"""Matrices every path is tested on (edge cases, synthetic and real graphs), and shared expectations."""
 
 import numpy as np
 import scipy.sparse as sp
@@ -60,3 +60,12 @@ def zoo(size="full"):
         }
     )
     return z
+
+
+def sddmm_expected(A, Xa, Xb, multiply=False):
+    """SDDMM of A's pattern in canonical (``tocsr``) order, computed in float64."""
+    C = sp.csr_array(A, dtype=np.float64)
+    C.sum_duplicates()
+    rows = np.repeat(np.arange(C.shape[0]), np.diff(C.indptr))
+    e = np.einsum("ij,ij->i", Xa[rows].astype(np.float64), Xb[C.indices].astype(np.float64))
+    return e * C.data if multiply else e

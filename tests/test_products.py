@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from _zoo import zoo
+from _zoo import sddmm_expected, zoo
 
 import tcgnn_py as tg
 from tcgnn_py._ops import resolve_precision
@@ -13,15 +13,6 @@ ZOO = zoo("full")
 
 def host(x):
     return x.get() if hasattr(x, "get") else np.asarray(x)
-
-
-def sddmm_expected(A, Xa, Xb, multiply=False):
-    """Canonical-order values of the SDDMM, in float64."""
-    C = sp.csr_array(A, dtype=np.float64)
-    C.sum_duplicates()
-    rows = np.repeat(np.arange(C.shape[0]), np.diff(C.indptr))
-    e = np.einsum("ij,ij->i", Xa[rows].astype(np.float64), Xb[C.indices].astype(np.float64))
-    return e * C.data if multiply else e
 
 
 def test_precision_choice():

@@ -9,7 +9,7 @@
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from _zoo import star
+from _zoo import sddmm_expected, star
 from conftest import graph_dir
 
 import tcgnn_py as tg
@@ -61,14 +61,6 @@ def poisoned_sddmm(cp, T, Xa, Xb, precision=None, multiply=False, dtype=np.float
     _ops.sddmm_raw(T._tiles, T.shape, T.tile_shape, cp.asarray(Xa), cp.asarray(Xb), mode_dtype,
                    multiply, precision, out=out)
     return T._with_tiled_values(out).tocsr().data
-
-
-def sddmm_expected(A, Xa, Xb, multiply=False):
-    C = sp.csr_array(A, dtype=np.float64)
-    C.sum_duplicates()
-    rows = np.repeat(np.arange(C.shape[0]), np.diff(C.indptr))
-    e = np.einsum("ij,ij->i", Xa[rows].astype(np.float64), Xb[C.indices].astype(np.float64))
-    return e * C.data if multiply else e
 
 
 # --- SpMM --------------------------------------------------------------------
