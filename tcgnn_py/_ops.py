@@ -120,14 +120,14 @@ def resolve_precision(precision, dtype, tile_shape):
 
 @functools.lru_cache(maxsize=64)
 def _resolve(precision, dtype, tile_shape):
-    tc_ok = np.dtype(dtype) == np.float32 and tuple(tile_shape) == _TC_TILE
+    tc_ok = dtype == np.float32 and tile_shape == _TC_TILE
     if precision == "tf32" and not tc_ok:
-        if np.dtype(dtype) != np.float32:
+        if dtype != np.float32:
             raise TypeError(
-                f"precision='tf32' needs a float32 product, this one is {np.dtype(dtype)}: "
+                f"precision='tf32' needs a float32 product, this one is {dtype}: "
                 "cast the matrix and the operands with .astype(numpy.float32), or leave precision=None"
             )
-        raise ValueError(f"precision='tf32' needs tile_shape=(16, 8), got {tuple(tile_shape)}")
+        raise ValueError(f"precision='tf32' needs tile_shape=(16, 8), got {tile_shape}")
     if precision == "fp32" or not tc_ok:
         return "exact"
     return "tf32"
@@ -226,24 +226,23 @@ def _spmm_launch(cp, tiles, tile_shape, mode, dtype, D, vec, plans):
         while nwarps > 1 and nwarps * chunks * 4 * 32 * 16 > 48 * 1024:
             nwarps //= 2  # stay within the default dynamic shared-memory limit
         family, name = "tf32", kp.spmm_tf32_name(chunks, vec)
-        cols_per_cta, smem = 32 * chunks, nwarps * chunks * 4 * 32 * 16
-        plan = _spmm_plan(cp, tiles, nwarps * TUNING["blocks_per_warp"], plans, with_mask=True)
-        n_slabs = -(-D // cols_per_cta)
-        structure, tail = plan["mask"], (np.int32(n_slabs),)
+        smem = nwarps * chunks * 4 * 32 * 16
+        plan = _spmm_plan(cp, tiles, nwarps * TUNING["blocks_per_warp"], plans)
+        n_slabs = -(-D // (32 * chunks))
+        # Slabs of one unit side by side (1-D grid): they share its metadata in L2.
+        grid = (plan["units"].shape[0] * n_slabs, 1)
+        structure, tail = _block_mask_cached(cp, tiles, plans), (np.int32(n_slabs),)
     else:
         nwarps = TUNING["core_nwarps"]
         family, name = "core", kp.spmm_core_name(dtype.name, H, tiles["tile_pos"].dtype.name)
-        cols_per_cta, smem = 32, nwarps * H * 32 * dtype.itemsize
+        smem = nwarps * H * 32 * dtype.itemsize
         plan = _spmm_plan(cp, tiles, nwarps * TUNING["blocks_per_warp"], plans)
+        grid = (plan["units"].shape[0], -(-D // 32))
         structure, tail = tiles["tile_pos"], (np.int32(W), np.int32(W.bit_length() - 1))
     fixup = None
     if plan["n_slots"]:
         fix_grid = (plan["splits"].shape[0], min(-(-(H * D) // 256), 1024))
         fixup = (kp.get_kernel(family, kp.fixup_name(dtype.name)), fix_grid, plan["splits"], plan["n_slots"])
-    if mode == "tf32":  # slabs of one unit side by side: they share its metadata in L2
-        grid = (plan["units"].shape[0] * n_slabs, 1)
-    else:
-        grid = (plan["units"].shape[0], -(-D // cols_per_cta))
     return (kp.get_kernel(family, name), grid, (32 * nwarps,), smem, plan["units"], structure, tail, fixup)
 
 
@@ -262,7 +261,7 @@ def _values_as(tiles, dtype, cache):
     return cache[key]
 
 
-def _spmm_plan(cp, tiles, blocks_per_unit, cache, with_mask=False):
+def _spmm_plan(cp, tiles, blocks_per_unit, cache):
     """Work plan of the SpMM kernels for one unit size, cached (it depends on the tiling only).
 
     ``units`` rows are ``(window, first block, end block, slot)``: a window of
@@ -270,17 +269,18 @@ def _spmm_plan(cp, tiles, blocks_per_unit, cache, with_mask=False):
     ``_UNITS_PER_WINDOW_MAX``; an empty window keeps one unit, which writes its
     zero rows).  Units of a split window (``k > 1``) write partial tiles to
     consecutive slots; ``splits`` rows are ``(window, first slot, k, 0)``.
-    ``mask`` (TF32 kernel, 16x8 tiles) is each block's 128-bit occupancy mask.
     """
     key = ("plan", blocks_per_unit)
-    plan = cache.get(key)
-    if plan is None:
-        plan = cache[key] = _build_plan(cp, tiles["win_ptr"], blocks_per_unit)
-    if with_mask and "mask" not in plan:
-        if "mask" not in cache:
-            cache["mask"] = _block_mask(cp, tiles)
-        plan["mask"] = cache["mask"]
-    return plan
+    if key not in cache:
+        cache[key] = _build_plan(cp, tiles["win_ptr"], blocks_per_unit)
+    return cache[key]
+
+
+def _block_mask_cached(cp, tiles, cache):
+    """The TF32 kernel's per-block occupancy masks (structure only: cached with the plans)."""
+    if "mask" not in cache:
+        cache["mask"] = _block_mask(cp, tiles)
+    return cache["mask"]
 
 
 def _build_plan(cp, win_ptr, blocks_per_unit):
@@ -311,8 +311,7 @@ def _block_mask(cp, tiles):
     an OR; float64 holds those sums (< 2**32) exactly.
     """
     n_blocks = tiles["block_cols"].shape[0]
-    nnz = tiles["tile_pos"].shape[0]
-    entry_block = cp.searchsorted(tiles["block_ptr"], cp.arange(nnz, dtype=np.int32), side="right") - 1
+    entry_block = ref.entry_blocks(tiles["block_ptr"], tiles["tile_pos"].shape[0])
     pos = tiles["tile_pos"].astype(np.int64)
     words = cp.bincount(entry_block.astype(np.int64) * 4 + (pos >> 5), weights=(1 << (pos & 31)).astype(np.float64),
                         minlength=4 * n_blocks)

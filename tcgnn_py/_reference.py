@@ -39,6 +39,7 @@ __all__ = [
     "translate",
     "tiled_to_csr",
     "tiled_rows_cols",
+    "entry_blocks",
     "spmm",
     "sddmm",
     "tile_pos_dtype",
@@ -128,12 +129,18 @@ def translate(data, indices, indptr, shape, window=16, block=8):
     }
 
 
+def entry_blocks(block_ptr, nnz):
+    """Block of every tiled entry (any device)."""
+    xp = array_module(block_ptr)
+    return xp.searchsorted(block_ptr, xp.arange(nnz), side="right") - 1
+
+
 def tiled_rows_cols(win_ptr, block_cols, block_ptr, tile_pos, window):
     """Global (row, column) of every tiled entry, in tiled order (int64; any device)."""
     xp = array_module(tile_pos)
     n_blocks, W = block_cols.shape
     block_win = xp.searchsorted(win_ptr, xp.arange(n_blocks), side="right") - 1
-    entry_block = xp.searchsorted(block_ptr, xp.arange(tile_pos.shape[0]), side="right") - 1
+    entry_block = entry_blocks(block_ptr, tile_pos.shape[0])
     pos = tile_pos.astype(np.int64)
     rows = block_win[entry_block].astype(np.int64) * window + pos // W
     cols = block_cols.reshape(-1)[entry_block * W + pos % W].astype(np.int64)

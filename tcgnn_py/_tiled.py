@@ -7,7 +7,7 @@ import numpy as np
 from . import _reference as ref
 from . import _sgt
 from ._device import array_module, get_cupy, gpu_available, is_cupy_array, to_host, warn_no_gpu
-from ._ops import MISMATCH, as_operand, check_out, resolve_precision, result_dtype, sddmm_raw, spmm_raw
+from ._ops import MISMATCH, as_operand, check_out, result_dtype, sddmm_raw, spmm_raw
 from ._validation import (
     check_csr_arrays,
     check_tile_shape,
@@ -321,7 +321,6 @@ class TiledMatrix:
         else:
             raise ValueError("could not interpret dimensions")
         dtype = result_dtype(self.dtype, X.dtype)
-        resolve_precision(precision, dtype, self._tile_shape)  # fail before any work
         xp = np if kind == "numpy" else get_cupy()
         if out is not None:
             check_out(out, out_shape, dtype, xp)
@@ -525,7 +524,7 @@ def _check_format(T, full_check):
         raise ValueError("an entry sits in a padding slot")
     if np.any(rows >= M):
         raise ValueError(f"an entry sits in row >= {M}")
-    entry_block = np.repeat(np.arange(n_blocks), np.diff(h["block_ptr"]))
+    entry_block = ref.entry_blocks(h["block_ptr"], nnz)
     same = entry_block[1:] == entry_block[:-1]
     if np.any(same & (h["tile_pos"][1:] <= h["tile_pos"][:-1])):
         raise ValueError("tile_pos must increase strictly within each block")

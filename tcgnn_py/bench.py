@@ -12,6 +12,7 @@ row-major X (CSR ALG2 and ALG3, the faster taken as "best"), and cupyx ``A @ X``
 """
 
 import argparse
+import itertools
 import json
 import os
 import pathlib
@@ -136,8 +137,8 @@ class CusparseRowMajor:
 
 def time_rotating(fn, n_inputs, repeat=50, warmup=5):
     """Median milliseconds of ``fn(i)`` between CUDA events, ``i`` cycling over the inputs."""
-    it = iter(range(10**9))
-    return time_events(lambda: fn(next(it) % n_inputs), repeat, warmup)[0]
+    it = itertools.cycle(range(n_inputs))
+    return time_events(lambda: fn(next(it)), repeat, warmup)[0]
 
 
 def bench_spmm(spec, dims=(64, 128), repeat=50, n_inputs=4):

@@ -8,20 +8,23 @@ result is checked against SciPy, so a wrong index shows up even when it stays
 inside an allocation.
 """
 
+import pathlib
+import sys
+
 import numpy as np
 import scipy.sparse as sp
 
+import cupy as cp
 import tcgnn_py as tg
 
-import cupy as cp
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+from _zoo import sddmm_expected, star  # noqa: E402  (the test suite's references)
 
 rng = np.random.default_rng(7)
 n = 1003
 A = sp.random_array((n, n), density=0.01, rng=rng, format="csr", dtype=np.float64)
 A.data[:] = rng.integers(1, 5, A.nnz)
-hub = sp.csr_array((np.ones(2 * (n - 1)), (np.r_[np.zeros(n - 1, int), np.arange(1, n)],
-                                             np.r_[np.arange(1, n), np.zeros(n - 1, int)])), shape=(n, n))
-A = sp.csr_array(A + hub)  # window 0 has ~125 blocks: split over several CTAs
+A = sp.csr_array(A + star(n - 1))  # window 0 has ~125 blocks: split over several CTAs
 R = sp.random_array((n, 517), density=0.02, rng=rng, format="csr")
 R.data[:] = rng.integers(1, 5, R.nnz)
 checked = 0
@@ -38,9 +41,7 @@ for M, tile_shape, dtype in [(A, (16, 8), np.float32), (R, (16, 8), np.float32),
         if M.shape[0] == M.shape[1]:
             for precision in ((None, "fp32") if dtype == np.float32 else (None,)):
                 S = tg.sddmm(T, cp.asarray(X), multiply_values=True, precision=precision)
-                C = sp.csr_array(M, dtype=np.float64)
-                rows = np.repeat(np.arange(n), np.diff(C.indptr))
-                e = np.einsum("ij,ij->i", X[rows].astype(np.float64), X[C.indices].astype(np.float64)) * C.data
+                e = sddmm_expected(M, X, X, multiply=True)
                 assert np.array_equal(S.tocsr().data, e.astype(dtype)), (tile_shape, D, precision)
                 checked += 1
 cp.cuda.Device().synchronize()
