@@ -19,6 +19,8 @@ __all__ = [
     "value_dtype",
     "check_tile_shape",
     "isscalarlike",
+    "Pattern",
+    "check_pattern",
 ]
 
 #: Largest index the int32 tiled format can hold.
@@ -55,6 +57,52 @@ def check_tile_shape(tile_shape):
         if v < 1 or v > 32 or v & (v - 1):
             raise ValueError(f"{name} must be a power of two in [1, 32], got {v}")
     return window, block
+
+
+class Pattern(tuple):
+    """A ``V:N:M`` sparsity pattern (``V = 1`` is plain ``N:M``): ``(V, N, M)``."""
+
+    __slots__ = ()
+
+    def __new__(cls, V, N, M):
+        return super().__new__(cls, (V, N, M))
+
+    V = property(lambda self: self[0])
+    N = property(lambda self: self[1])
+    M = property(lambda self: self[2])
+
+    def __repr__(self):
+        return f"Pattern({self})"
+
+    def __str__(self):
+        return f"{self.N}:{self.M}" if self.V == 1 else f"{self.V}:{self.N}:{self.M}"
+
+
+def check_pattern(pattern):
+    """``"N:M"``, ``"V:N:M"``, ``(N, M)`` or ``(V, N, M)`` as a :class:`Pattern`.
+
+    Segment vectors are M-bit words, so ``2 <= M <= 32``; ``1 <= N < M``;
+    ``1 <= V <= 1024``.
+    """
+    if isinstance(pattern, Pattern):
+        return pattern
+    parts = pattern.split(":") if isinstance(pattern, str) else pattern
+    try:
+        vals = [operator.index(int(p)) if isinstance(p, str) else operator.index(p) for p in parts]
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"pattern must be 'N:M', 'V:N:M' or a tuple of ints, got {pattern!r}"
+        ) from None
+    if len(vals) not in (2, 3):
+        raise ValueError(f"pattern must have 2 (N:M) or 3 (V:N:M) parts, got {pattern!r}")
+    V, N, M = ([1] + vals)[-3:]
+    if not 2 <= M <= 32:
+        raise ValueError(f"M must be in [2, 32] (a segment vector is one 32-bit word), got {M}")
+    if not 1 <= N < M:
+        raise ValueError(f"N must be in [1, M) = [1, {M}), got {N}")
+    if not 1 <= V <= 1024:
+        raise ValueError(f"V must be in [1, 1024], got {V}")
+    return Pattern(V, N, M)
 
 
 def _is_cupyx_sparse(A):

@@ -23,21 +23,34 @@ def fake_device(monkeypatch):
 
 
 def _kernels():
-    from tcgnn_py.kernels import sgt
+    from tcgnn_py.kernels import reorder, sgt
 
-    return sgt.KERNELS
+    return {**sgt.KERNELS, **reorder.KERNELS}
+
+
+#: Warp intrinsics each kernel must compile to: the reason it exists in this form.
+INTRINSICS = {
+    "rank_edges": ("vote.sync.ballot", "shfl.sync.bfly"),
+    "count_block_rows": ("shfl.sync.up",),
+    "pack_bits": ("match.any.sync", "vote.sync.ballot"),
+    "vector_codes": ("popc",),
+    "count_meta_violations": ("vote.sync.ballot", "popc"),
+    "stage2_round": ("vote.sync.ballot", "shfl.sync.idx", "popc"),
+}
+NAMES = [
+    "rank_edges", "condense_edges", "count_block_rows", "scatter_edges", "sum_runs",
+    "pack_bits", "vector_codes", "count_meta_violations", "stage2_round",
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("cc", [(8, 0), (9, 0)])
-@pytest.mark.parametrize("name", ["rank_edges", "condense_edges", "count_block_rows", "scatter_edges", "sum_runs"])
+@pytest.mark.parametrize("name", NAMES)
 def test_numba_kernel_compiles(fake_device, name, cc):
     from numba import cuda
 
-    assert set(_kernels()) == {"rank_edges", "condense_edges", "count_block_rows", "scatter_edges", "sum_runs"}
+    assert set(_kernels()) == set(NAMES)
     kernel, sig = _kernels()[name]
     ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=cc)
     assert f".target sm_{cc[0]}{cc[1]}" in ptx
-    if name == "rank_edges":
-        assert "vote.sync.ballot" in ptx and "shfl.sync.bfly" in ptx
-    if name == "count_block_rows":
-        assert "shfl.sync.up" in ptx
+    for instruction in INTRINSICS.get(name, ()):
+        assert instruction in ptx, instruction

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # One device call: GPU test suite, compute-sanitizer memcheck, benchmarks.
 # Run from the repo root on the GPU machine after ../shared/tools/prepare-gpu.sh staged .whl and .gpu.
-# STEPS picks what runs (default: "test memcheck bench"); PYTEST_ARGS, SPMM_GRAPHS, SGT_GRAPHS customise.
+# STEPS picks what runs (default: "test memcheck bench reorder"); PYTEST_ARGS, SPMM_GRAPHS, SGT_GRAPHS,
+# REORDER_GRAPHS and REORDER_ARGS customise.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD || exit 1
 export PYTHONUNBUFFERED=1 TCGNN_PY_DATA=$PWD/.gpu/data
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-STEPS=${STEPS:-test memcheck bench}
+STEPS=${STEPS:-test memcheck bench reorder}
 rc=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import numpy, numba, numba_cuda, cupy, scipy; print('numpy', numpy.__version__, 'numba', numba.__version__, 'numba-cuda', numba_cuda.__version__, 'cupy', cupy.__version__, 'scipy', scipy.__version__)" | tee -a "$OUT/gpu.txt"
@@ -33,6 +34,16 @@ print('memcheck SGT workload ok', T)
   compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 3 python3 tools/memcheck_products.py \
     > "$OUT/memcheck_products.log" 2>&1 || rc=1
   tail -3 "$OUT/memcheck_products.log"
+  echo "== memcheck: reorder =="
+  compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 3 python3 -c "
+import numpy as np, tcgnn_py as tg
+A = tg.power_law_graph(2001, 12000, seed=4, symmetric=True)
+for pattern in ('2:4', (4, 2, 8), (1, 3, 32)):
+    g, c = tg.reorder(A, pattern, device='gpu', max_iter=3), tg.reorder(A, pattern, device='cpu', max_iter=3)
+    assert (g.perm == c.perm).all(), pattern
+    print('memcheck reorder', g.report)
+" > "$OUT/memcheck_reorder.log" 2>&1 || rc=1
+  tail -4 "$OUT/memcheck_reorder.log"
 fi
 if [[ " $STEPS " == *" bench "* ]]; then
   echo "== SpMM benchmark =="
@@ -41,5 +52,11 @@ if [[ " $STEPS " == *" bench "* ]]; then
   echo "== SGT benchmark =="
   python3 -m tcgnn_py.bench sgt ${SGT_GRAPHS:-cora pubmed facebook powerlaw:1000000:16000000} --json "$OUT/sgt.json" \
     2>&1 | tee "$OUT/bench_sgt.log" | tail -6 || rc=1
+fi
+if [[ " $STEPS " == *" reorder "* ]]; then
+  echo "== reorder quality and speed =="
+  all=$(ls .gpu/data | tr '\n' ' ')
+  python3 tools/reorder_report.py ${REORDER_ARGS---best} --json "$OUT/reorder.json" \
+    ${REORDER_GRAPHS:-$all powerlaw:20000:100000 powerlaw:100000:1000000} 2>&1 | tee "$OUT/reorder.log" || rc=1
 fi
 exit $rc

@@ -1,0 +1,547 @@
+"""Layer 2: the N:M sparsity-oriented graph reorder (PPoPP'25), GPU and reference.
+
+One driver (:func:`_run`, the paper's Algorithm 1 around Algorithms 2 and 3)
+runs on either backend:
+
+* :class:`_KernelBackend` -- Numba kernels of :mod:`tcgnn_py.kernels.reorder`
+  plus CuPy sorts and scans, on device arrays (or on NumPy arrays in the CUDA
+  simulator, which is how CI runs the kernels);
+* :class:`_RefBackend` -- :mod:`tcgnn_py._nm_reference`, the NumPy oracle.
+
+Both compute the same integers with the same tie-breaks, so they return the
+same permutation.
+"""
+
+import dataclasses
+import math
+import sys
+import time
+import types
+
+import numpy as np
+
+from . import _nm_reference as ref
+from ._device import array_module, gpu_available, to_host, warn_no_gpu
+from ._validation import Pattern, check_csr_arrays, check_pattern, coerce_csr
+
+__all__ = ["Permutation", "NMReport", "reorder", "nm_report", "best_pattern"]
+
+_TPB = 256
+
+
+def _argsort(xp, a):
+    # CuPy's argsort is always stable; NumPy's only when asked.
+    return np.argsort(a, kind="stable") if xp is np else xp.argsort(a)
+
+
+class _RefBackend:
+    """The reference primitives (host NumPy)."""
+
+    def __init__(self, indices, edge_row, n, pattern):
+        self.indices, self.edge_row, self.n, self.pattern = indices, edge_row, n, pattern
+        self.n_seg = ref.n_segments(n, pattern.M)
+
+    def identity(self):
+        return np.arange(self.n, dtype=np.int64)
+
+    def evaluate(self, perm):
+        inv = np.empty_like(perm)
+        inv[perm] = np.arange(self.n)
+        vrow, vseg, bits = ref.segment_vectors(self.indices, self.edge_row, inv, self.n, self.pattern.M)
+        sc = ref.scores(vrow, vseg, bits, self.n, self.pattern)
+        return types.SimpleNamespace(perm=perm, vrow=vrow, vseg=vseg, bits=bits, **sc)
+
+    def stage1(self, st):
+        toks = ref.vector_tokens(st.vseg, st.bits, self.n_seg, self.pattern)
+        return st.perm[ref.stage1_order(st.vrow, toks, self.n)]
+
+    def stage2(self, st):
+        sc = {"seg_pscore": st.seg_pscore, "seg_nnz": st.seg_nnz}
+        swaps = ref.stage2_swaps(st.vrow, st.vseg, st.bits, sc, self.n, self.pattern)
+        return ref.apply_swaps(st.perm, swaps), len(swaps)
+
+    def host(self, perm):
+        return perm
+
+
+class _KernelBackend:
+    """The GPU primitives; ``xp`` is CuPy, or NumPy under the CUDA simulator."""
+
+    def __init__(self, xp, indices, edge_row, n, pattern):
+        from .kernels import reorder as k
+
+        self.k, self.xp = k, xp
+        self.indices, self.edge_row, self.n, self.pattern = indices, edge_row, n, pattern
+        self.n_seg = ref.n_segments(n, pattern.M)
+
+    def _grid(self, n_threads):
+        return max(1, -(-n_threads // _TPB))
+
+    def identity(self):
+        return self.xp.arange(self.n, dtype=np.int32)
+
+    def _pack(self, keys, bits):
+        """Sort ``keys``; OR ``bits`` per distinct key.  Returns (distinct keys, ORs, order, ids)."""
+        xp, M = self.xp, self.pattern.M
+        order = _argsort(xp, keys)
+        keys = keys[order]
+        head = xp.empty(keys.shape[0], dtype=np.bool_)
+        head[:1] = True
+        xp.not_equal(keys[1:], keys[:-1], out=head[1:])
+        ids = xp.cumsum(head, dtype=np.int64) - 1
+        starts = xp.flatnonzero(head)
+        out = xp.zeros(starts.shape[0], dtype=np.uint32)
+        if keys.shape[0]:
+            self.k.pack_bits[self._grid(keys.shape[0]), _TPB](ids, bits[order], M, out)
+        return keys[starts], out, order, ids
+
+    def evaluate(self, perm):
+        xp, k, n, S = self.xp, self.k, self.n, self.n_seg
+        V, N, M = self.pattern
+        inv = xp.empty(n, dtype=np.int32)
+        inv[perm] = xp.arange(n, dtype=np.int32)
+        c = inv[self.indices].astype(np.int64)
+        keys = inv[self.edge_row].astype(np.int64) * S + c // M
+        bit = xp.left_shift(xp.uint32(1), (M - 1 - c % M).astype(np.uint32))
+        ukey, vbits, _, _ = self._pack(keys, bit)
+        vrow, vseg = ukey // S, ukey % S
+        nv = vbits.shape[0]
+        tokens = xp.empty(nv, dtype=np.uint64)
+        flags = xp.empty(nv, dtype=np.int8)
+        seg_ps = xp.zeros(S, dtype=np.int32)
+        seg_nnz = xp.zeros(S, dtype=np.int64)
+        if nv:
+            k.vector_codes[self._grid(nv), _TPB](
+                vseg, vbits, S, N, M, ref.K_VERTICAL, tokens, flags, seg_ps, seg_nnz
+            )
+        counts = [(flags & 1) != 0, (flags & 5) != 0]
+        n_mb = nv
+        if V > 1:
+            mkeys, mbits, morder, mids = self._pack((vrow // V) * S + vseg, vbits)
+            hviol = xp.zeros(mkeys.shape[0], dtype=np.int8)
+            hviol[mids[(flags[morder] & 1) != 0]] = 1
+            cnt = xp.zeros(1, dtype=np.int32)
+            if mkeys.shape[0]:
+                k.count_meta_violations[self._grid(mkeys.shape[0]), _TPB](mbits, hviol, ref.K_VERTICAL, cnt)
+            counts[1] = cnt
+            n_mb = mkeys.shape[0]
+        pscore, mbscore = (int(v) for v in to_host(xp.stack([c.sum() for c in counts])))  # synchronize!
+        return types.SimpleNamespace(
+            perm=perm, vrow=vrow, vseg=vseg, bits=vbits, tokens=tokens, flags=flags,
+            seg_pscore=seg_ps, seg_nnz=seg_nnz, pscore=pscore, mbscore=mbscore,
+            n_vectors=int(nv), n_meta_blocks=int(n_mb),
+        )  # fmt: skip
+
+    def stage1(self, st):
+        """Stable sort of rows by token sequences: refine groups one token at a time.
+
+        Slots ``order`` hold rows; ``gid`` is the first slot of each row's group
+        of equal prefixes.  Round ``r`` sorts the unfinished groups by their
+        ``r``-th token (END past a row's end) and splits them; a group is done
+        when it has one row or its rows all ended (equal rows keep their order).
+        """
+        xp, n = self.xp, self.n
+        ptr = xp.searchsorted(st.vrow, xp.arange(n + 1))
+        length = ptr[1:] - ptr[:-1]
+        order = xp.arange(n, dtype=np.int64)
+        gid = xp.zeros(n, dtype=np.int64)
+        active = xp.arange(n, dtype=np.int64)
+        end = np.uint64(ref.END)
+        r = 0
+        while active.shape[0]:
+            rows = order[active]
+            has = length[rows] > r
+            key = xp.full(rows.shape[0], end, dtype=np.uint64)
+            key[has] = st.tokens[ptr[rows[has]] + r]
+            g = gid[active]
+            o = _argsort(xp, key)
+            o = o[_argsort(xp, g[o])]
+            rows, key, g = rows[o], key[o], g[o]
+            order[active] = rows
+            head = xp.empty(rows.shape[0], dtype=np.bool_)
+            head[0] = True
+            head[1:] = (g[1:] != g[:-1]) | (key[1:] != key[:-1])
+            starts = xp.flatnonzero(head)
+            grp = xp.cumsum(head) - 1
+            gid[active] = active[starts][grp]
+            size = xp.diff(xp.append(starts, rows.shape[0]))[grp]
+            active = active[(size > 1) & (key != end)]
+            r += 1
+        return st.perm[order]
+
+    def stage2(self, st):
+        xp, k, n, S = self.xp, self.k, self.n, self.n_seg
+        _, N, M = self.pattern
+        ps = st.seg_pscore.copy()
+        unhealthy = xp.flatnonzero(ps > 0)
+        I = unhealthy[_argsort(xp, -ps[unhealthy])].astype(np.int32)
+        if I.shape[0] == 0:
+            return st.perm, 0
+        healthy = xp.flatnonzero(ps == 0)
+        spare = healthy[_argsort(xp, st.seg_nnz[healthy])].astype(np.int32)
+        sel = xp.flatnonzero(st.flags & 2)
+        sel = sel[_argsort(xp, st.vseg[sel])]  # vectors are in (row, seg) order: now (seg, row)
+        seg_ptr = xp.searchsorted(st.vseg[sel], xp.arange(S + 1)).astype(np.int32)
+        vec_ptr = xp.searchsorted(st.vrow, xp.arange(n + 1)).astype(np.int32)
+        used = xp.zeros(S * M, dtype=np.uint8)
+        used[n:] = 1
+        swaps = xp.empty((n // 2 + 1, 2), dtype=np.int32)
+        n_swaps = xp.zeros(1, dtype=np.int32)
+        k.stage2_round[1, 32](
+            I, spare, ps, seg_ptr, st.vrow[sel].astype(np.int32), st.bits[sel],
+            vec_ptr, st.vseg.astype(np.int32), st.bits, N, M, used,
+            xp.zeros(I.shape[0], dtype=np.int8), swaps, n_swaps,
+        )  # fmt: skip
+        cnt = int(to_host(n_swaps)[0])  # synchronize!
+        perm = st.perm.copy()
+        p, q = swaps[:cnt, 0], swaps[:cnt, 1]
+        perm[p], perm[q] = perm[q], perm[p].copy()
+        return perm, cnt
+
+    def host(self, perm):
+        return to_host(perm).astype(np.int64)
+
+
+def _objective(st):
+    return (st.mbscore, st.pscore)
+
+
+def _run(backend, max_iter, stage_iter, patience, log):
+    """Algorithm 1: alternate stage 1 and stage 2 until conforming, stalled or ``max_iter``.
+
+    Returns ``(initial, best, iterations)`` states; ``best`` is the best order
+    seen by (MBScore, PScore), so the result is never worse than the input.
+    """
+    st = backend.evaluate(backend.identity())
+    initial = best = st
+    it = stall = 0
+    while best.mbscore > 0 and it < max_iter and stall < patience:
+        it += 1
+        improved = False
+        for _ in range(stage_iter):  # stage 1, while MBScore improves
+            if st.mbscore == 0:
+                break
+            cand = backend.evaluate(backend.stage1(st))
+            if cand.mbscore >= st.mbscore:
+                break
+            st = cand
+        if _objective(st) < _objective(best):
+            best, improved = st, True
+        for _ in range(stage_iter):  # stage 2 rounds
+            if st.pscore == 0:
+                break
+            perm, n_swaps = backend.stage2(st)
+            if n_swaps == 0:
+                break
+            st = backend.evaluate(perm)
+            if _objective(st) < _objective(best):
+                best, improved = st, True
+        stall = 0 if improved else stall + 1
+        log(it, st, best)
+    return initial, best, it
+
+
+@dataclasses.dataclass(frozen=True)
+class NMReport:
+    """How well an adjacency pattern meets an ``N:M`` / ``V:N:M`` pattern.
+
+    ``pscore``: segment vectors with more than N nonzeros; ``mbscore``:
+    meta-blocks breaking the vertical (more than 4 nonzero columns) or the
+    horizontal constraint; ``n_vectors``/``n_meta_blocks``: nonzero ones.
+    After a reorder, ``initial_*`` hold the input's scores, ``iterations`` and
+    ``time_s`` the search's.
+    """
+
+    pattern: Pattern
+    n: int
+    pscore: int
+    mbscore: int
+    n_vectors: int
+    n_meta_blocks: int
+    initial_pscore: int = None
+    initial_mbscore: int = None
+    iterations: int = 0
+    time_s: float = 0.0
+
+    @property
+    def conforming(self):
+        """True when every meta-block (and so every segment vector) conforms."""
+        return self.mbscore == 0
+
+    @property
+    def improvement_rate(self):
+        """``(initial - final) / initial`` PScore; NaN without initial violations."""
+        if self.initial_pscore is None or self.initial_pscore == 0:
+            return math.nan
+        return (self.initial_pscore - self.pscore) / self.initial_pscore
+
+    def __str__(self):
+        s = f"{self.pattern}: PScore {self.pscore}, MBScore {self.mbscore}"
+        if self.initial_pscore is not None:
+            s = (
+                f"{self.pattern}: PScore {self.initial_pscore} -> {self.pscore} "
+                f"({self.improvement_rate:.2%} removed), MBScore {self.initial_mbscore} -> "
+                f"{self.mbscore}, {self.iterations} iterations, {self.time_s:.3f} s"
+            )
+        return s + (", conforming" if self.conforming else ", not conforming")
+
+
+class Permutation:
+    """A vertex renumbering: ``perm[new] = old``.
+
+    ``apply(A)`` is ``P A P^T`` (``B[i, j] = A[perm[i], perm[j]]``): the same
+    graph with renumbered vertices, so a symmetric matrix stays symmetric.
+    ``apply_rows(X)`` renumbers node features, ``undo_rows(Y)`` brings results
+    back: ``undo_rows(apply(A) @ apply_rows(X)) == A @ X``.
+
+    Examples
+    --------
+    >>> import numpy as np, scipy.sparse as sp, tcgnn_py as tg
+    >>> p = tg.Permutation([2, 0, 1])
+    >>> A = sp.csr_array(np.array([[0, 1, 0], [1, 0, 1], [0, 1, 0]]))
+    >>> p.apply(A).toarray()
+    array([[0, 0, 1],
+           [0, 0, 1],
+           [1, 1, 0]])
+    >>> X = np.arange(3.0)
+    >>> p.undo_rows(p.apply(A) @ p.apply_rows(X)).tolist() == (A @ X).tolist()
+    True
+    """
+
+    def __init__(self, perm, *, pattern=None, report=None):
+        perm = np.asarray(to_host(perm))
+        if perm.ndim != 1 or perm.dtype.kind not in "iu":
+            raise ValueError("a permutation is a 1-D array of integers")
+        perm = perm.astype(np.int64)
+        n = perm.shape[0]
+        seen = np.zeros(n, bool)
+        if n and (perm.min() < 0 or perm.max() >= n):
+            raise ValueError(f"permutation entries must be in [0, {n})")
+        seen[perm] = True
+        if not seen.all():
+            raise ValueError("not a permutation: some vertex occurs twice")
+        perm.flags.writeable = False
+        self.perm = perm
+        self.pattern = pattern
+        self.report = report
+        self._inv = None
+        self._device = {}
+
+    def __len__(self):
+        return self.perm.shape[0]
+
+    def __repr__(self):
+        return f"<Permutation of {len(self)} vertices" + (f", {self.report}>" if self.report else ">")
+
+    @property
+    def inverse_perm(self):
+        if self._inv is None:
+            inv = np.empty_like(self.perm)
+            inv[self.perm] = np.arange(len(self))
+            inv.flags.writeable = False
+            self._inv = inv
+        return self._inv
+
+    def inverse(self):
+        """The permutation that undoes this one."""
+        return Permutation(self.inverse_perm)
+
+    def _index(self, x, inverse=False):
+        arr = self.inverse_perm if inverse else self.perm
+        if array_module(x) is np:
+            return arr
+        key = (inverse, x.device.id)
+        if key not in self._device:
+            self._device[key] = array_module(x).asarray(arr)
+        return self._device[key]
+
+    def _check_rows(self, X, what):
+        if X.ndim < 1 or X.shape[0] != len(self):
+            raise ValueError(f"{what}: expected {len(self)} rows, got shape {X.shape}")
+
+    def apply_rows(self, X):
+        """``X[perm]``: rows (node features) in the new order; NumPy or CuPy."""
+        self._check_rows(X, "apply_rows")
+        return X[self._index(X)]
+
+    def undo_rows(self, Y):
+        """``Y[inverse_perm]``: rows of a result back in the original order."""
+        self._check_rows(Y, "undo_rows")
+        return Y[self._index(Y, inverse=True)]
+
+    def apply(self, A):
+        """``P A P^T`` of a square sparse matrix, in A's format and class.
+
+        Every stored entry keeps its value (explicit zeros included); only the
+        vertex ids change.  scipy and cupyx sparse inputs are accepted.
+        """
+        data, indices, indptr, shape = coerce_csr(A, (len(self),) * 2 if isinstance(A, tuple) else None)
+        if shape != (len(self), len(self)):
+            raise ValueError(f"apply: expected a {len(self)}x{len(self)} matrix, got {shape}")
+        perm = self._index(indices)
+        if array_module(indices) is not np:
+            perm = perm.astype(indices.dtype)
+        arrays = ref.permute_csr(data, indices, indptr, perm)
+        if isinstance(A, tuple):
+            return arrays
+        out = A.tocsr().__class__(arrays, shape=shape)
+        return out if A.format == "csr" else out.asformat(A.format)
+
+
+def _prepare(A, pattern, device):
+    """Validated structure arrays on the chosen backend's device."""
+    pattern = check_pattern(pattern)
+    data, indices, indptr, shape = coerce_csr(A)
+    if shape[0] != shape[1]:
+        raise ValueError(f"the reorder renumbers the vertices of a graph: A must be square, got {shape}")
+    data, indices, indptr = check_csr_arrays(data, indices, indptr, shape)
+    n = shape[0]
+    if device not in (None, "gpu", "cpu"):
+        raise ValueError(f"device must be None, 'gpu' or 'cpu', got {device!r}")
+    use_gpu = device == "gpu" or (device is None and gpu_available())
+    if device is None and not use_gpu:
+        warn_no_gpu()
+    if use_gpu:
+        import cupy as xp
+    else:
+        xp = np
+    indices, indptr = xp.asarray(indices), xp.asarray(indptr)
+    nnz = indices.shape[0]
+    edge_row = (xp.searchsorted(indptr, xp.arange(nnz), side="right") - 1).astype(np.int32)
+    if use_gpu:
+        return pattern, _KernelBackend(xp, indices, edge_row, n, pattern)
+    return pattern, _RefBackend(to_host(indices), to_host(edge_row), n, pattern)
+
+
+def _report(st, n, pattern, initial=None, iterations=0, time_s=0.0):
+    extra = {}
+    if initial is not None:
+        extra = {"initial_pscore": initial.pscore, "initial_mbscore": initial.mbscore}
+    return NMReport(
+        pattern, n, st.pscore, st.mbscore, st.n_vectors, st.n_meta_blocks,
+        iterations=iterations, time_s=time_s, **extra,
+    )  # fmt: skip
+
+
+def nm_report(A, pattern="2:4", perm=None, *, device=None):
+    """Violations of an ``N:M`` / ``V:N:M`` pattern in a square sparse matrix.
+
+    With ``perm`` (a :class:`Permutation` or array), the report is for
+    ``perm.apply(A)`` and its ``initial_*`` fields and ``improvement_rate``
+    compare it with A.
+
+    Examples
+    --------
+    >>> import tcgnn_py as tg
+    >>> r = tg.nm_report(tg.load_cora().adj, "2:4", device="cpu")
+    >>> r.pscore, r.conforming
+    (102, False)
+    """
+    pattern, backend = _prepare(A, pattern, device)
+    st0 = backend.evaluate(backend.identity())
+    if perm is None:
+        return _report(st0, backend.n, pattern)
+    p = perm.perm if isinstance(perm, Permutation) else Permutation(perm).perm
+    if p.shape[0] != backend.n:
+        raise ValueError(f"perm has {p.shape[0]} entries for {backend.n} vertices")
+    xp = getattr(backend, "xp", np)
+    st = backend.evaluate(xp.asarray(p.astype(backend.identity().dtype)))
+    return _report(st, backend.n, pattern, initial=st0)
+
+
+def _logger(verbose, t0):
+    last = [t0]
+
+    def log(it, st, best):
+        now = time.perf_counter()
+        if verbose is False or (verbose is None and (now - t0 < 2.0 or now - last[0] < 1.0)):
+            return
+        last[0] = now
+        print(
+            f"reorder: iteration {it}: PScore {st.pscore} (best {best.pscore}), "
+            f"MBScore {st.mbscore} (best {best.mbscore}), {now - t0:.1f} s",
+            file=sys.stderr,
+        )
+
+    return log
+
+
+def reorder(A, pattern="2:4", *, max_iter=1000, stage_iter=10, patience=8, verbose=None, device=None):
+    """Renumber a graph's vertices so its adjacency meets an N:M / V:N:M pattern.
+
+    The two-stage algorithm of "N:M sparsity-oriented graph reordering"
+    (PPoPP'25): stage 1 sorts rows by their Hamming-distance position codes
+    (applied to rows and columns alike) while MBScore improves; stage 2 swaps
+    vertex pairs between the worst segments greedily; the two alternate until
+    no violation remains, ``patience`` iterations bring no improvement, or
+    ``max_iter``.  The search is deterministic: the GPU (Numba kernels) and the
+    NumPy reference return the same permutation.
+
+    Parameters
+    ----------
+    A : sparse square matrix (scipy.sparse, cupyx.scipy.sparse, or
+        ``(data, indices, indptr)``); its stored entries are the pattern.
+    pattern : ``"N:M"``, ``"V:N:M"``, ``(N, M)`` or ``(V, N, M)``; default 2:4.
+    max_iter, stage_iter, patience : bounds of the outer loop, of each stage's
+        inner loop, and of iterations without a new best.
+    verbose : True logs every iteration to stderr, False never; None (default)
+        logs once a second after the first two seconds.
+    device : None (GPU when usable), "gpu" or "cpu" (the NumPy reference).
+
+    Returns
+    -------
+    Permutation
+        With ``.report`` (:class:`NMReport`: initial and final scores,
+        iterations, time) and ``.pattern``.
+
+    Examples
+    --------
+    >>> import tcgnn_py as tg
+    >>> A = tg.load_cora().adj
+    >>> p = tg.reorder(A, "2:4", device="cpu")
+    >>> p.report.pscore < p.report.initial_pscore
+    True
+    >>> B = p.apply(A)
+    >>> B.nnz == A.nnz and (B != B.T).nnz == 0
+    True
+    """
+    t0 = time.perf_counter()
+    pattern, backend = _prepare(A, pattern, device)
+    initial, best, it = _run(backend, max_iter, stage_iter, patience, _logger(verbose, t0))
+    perm = backend.host(best.perm)
+    rep = _report(best, backend.n, pattern, initial, it, time.perf_counter() - t0)
+    return Permutation(perm, pattern=pattern, report=rep)
+
+
+def best_pattern(A, *, max_M=32, max_V=32, device=None, **kwargs):
+    """The paper's pattern search: the sparsest ``V:2:M`` the reorder reaches.
+
+    Tries 1:2:M for M = 4, 8, 16, ... up to ``max_M`` while the reordered graph
+    conforms, then, with that M, V:2:M for V = 2, 4, ... up to ``max_V`` while
+    it conforms.  Returns the :class:`Permutation` of the last conforming
+    pattern (that of 2:4 when none conforms); its ``search`` attribute lists
+    every ``(pattern, report)`` tried.
+    """
+    tried = []
+
+    def attempt(V, M):
+        p = reorder(A, (V, 2, M), device=device, **kwargs)
+        tried.append((p.pattern, p.report))
+        return p
+
+    best = attempt(1, 4)
+    M = 8
+    while best.report.conforming and M <= max_M:
+        p = attempt(1, M)
+        if not p.report.conforming:
+            break
+        best, M = p, M * 2
+    if best.report.conforming:
+        V = 2
+        while V <= max_V:
+            p = attempt(V, best.pattern.M)
+            if not p.report.conforming:
+                break
+            best, V = p, V * 2
+    best.search = tried
+    return best
