@@ -242,6 +242,8 @@ def stage2_swaps(vrow, vseg, bits, st, n, pattern):
       on Cora and email-Eu-core that left 10 % and 18 % of the violations,
       this rule none), so a segment two nonzeros over the limit is fixed in
       two steps and useless swaps do not use up vertices;
+    * a primary tries at most M targets (the paper's bound on the inner loop,
+      which its any-gain freshtop meets by using a vertex per target);
     * every primary that its unhealthy targets leave unhealthy gets rule
       (ii)'s treatment (the paper gives it to the last unhealthy segment):
       one beneficial swap with the next sparsest healthy segment (gains are
@@ -268,9 +270,10 @@ def stage2_swaps(vrow, vseg, bits, st, n, pattern):
     while alive:
         a = alive.pop(0)
         ps_a = ps[a]
-        j = 0
-        while j < len(alive) and ps_a > 0 and not used[a * M : a * M + M].all():
+        j = tries = 0
+        while j < len(alive) and tries < M and ps_a > 0 and not used[a * M : a * M + M].all():
             b = alive[j]
+            tries += 1
             prim, targ, excess = pair_gains(vrow, vseg, bits, a, b, pattern)
             pick = fresh(a, b, prim + targ, excess)
             if pick is not None and _beneficial(prim + targ, excess, pick):

@@ -27,6 +27,7 @@ from ._validation import Pattern, check_csr_arrays, check_pattern, coerce_csr
 __all__ = ["Permutation", "NMReport", "reorder", "nm_report", "best_pattern"]
 
 _TPB = 256
+_PRE_BYTES = 1 << 28  # cap of stage 2's precomputed gains
 
 
 def _argsort(xp, a):
@@ -187,11 +188,16 @@ class _KernelBackend:
         used[n:] = 1
         swaps = xp.empty((n // 2 + 1, 2), dtype=np.int32)
         n_swaps = xp.zeros(1, dtype=np.int32)
+        L = I.shape[0]
+        tabs = (seg_ptr, st.vrow[sel].astype(np.int32), st.bits[sel], vec_ptr, st.vseg.astype(np.int32), st.bits)
+        # a primary tries at most M targets: precompute those gains (memory-capped)
+        W = max(0, min(M, L - 1, _PRE_BYTES // max(1, L * 12 * M * M)))
+        pre = xp.empty((L * W, 3, M * M), dtype=np.int32)
+        if W:
+            k.gains_batch[self._grid(L * W * 32), _TPB](I, W, *tabs, N, M, pre)
         k.stage2_round[1, 32](
-            I, spare, ps, seg_ptr, st.vrow[sel].astype(np.int32), st.bits[sel],
-            vec_ptr, st.vseg.astype(np.int32), st.bits, N, M, used,
-            xp.zeros(I.shape[0], dtype=np.int8), swaps, n_swaps,
-        )  # fmt: skip
+            I, spare, ps, *tabs, N, M, used, xp.zeros(L, dtype=np.int8), pre, W, swaps, n_swaps
+        )
         cnt = int(to_host(n_swaps)[0])  # synchronize!
         perm = st.perm.copy()
         p, q = swaps[:cnt, 0], swaps[:cnt, 1]

@@ -36,10 +36,11 @@ INTRINSICS = {
     "vector_codes": ("popc",),
     "count_meta_violations": ("vote.sync.ballot", "popc"),
     "stage2_round": ("vote.sync.ballot", "shfl.sync.idx", "popc"),
+    "gains_batch": ("shfl.sync.idx", "popc"),
 }
 NAMES = [
     "rank_edges", "condense_edges", "count_block_rows", "scatter_edges", "sum_runs",
-    "pack_bits", "vector_codes", "count_meta_violations", "stage2_round",
+    "pack_bits", "vector_codes", "count_meta_violations", "stage2_round", "gains_batch",
 ]  # fmt: skip
 
 

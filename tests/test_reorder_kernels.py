@@ -95,12 +95,17 @@ def test_pack_bits_one_warp(xp):
     np.testing.assert_array_equal(host(out), want)
 
 
-REAL = ["cora", "citeseer", "email_eu_core", "polblogs", "ss_dwt_2680", "ppi_homo_sapiens", "lastfm_asia"]
+REAL = ["cora", "citeseer", "ppi_homo_sapiens", "lastfm_asia", "power_grid", "ss_dwt_2680", "polblogs"]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("pattern", ["2:4", "1:8", (4, 2, 8), (8, 2, 16)], ids=str)
-@pytest.mark.parametrize("name", REAL + ["powerlaw"])
+@pytest.mark.parametrize(
+    "name,pattern",
+    [(g, "2:4") for g in REAL + ["powerlaw"]]
+    + [(g, (4, 2, 8)) for g in REAL[:6] + ["powerlaw"]]
+    + [("cora", "1:8"), ("ss_dwt_2680", "1:8"), ("cora", (8, 2, 16)), ("citeseer", (2, 3, 32))],
+    ids=str,
+)
 def test_reorder_gpu_equals_reference(name, pattern):
     if name == "powerlaw":
         A = tg.power_law_graph(3001, 12000, seed=5, symmetric=True)

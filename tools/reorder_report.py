@@ -53,8 +53,10 @@ def main(argv=None):
     tg.reorder(tg.power_law_graph(300, 1500, seed=1, symmetric=True), "2:4", device=args.device)  # compile
     tg.reorder(tg.power_law_graph(300, 1500, seed=1, symmetric=True), (4, 2, 8), device=args.device)
     rows = []
-    print("| graph | n | nnz | initial PScore | final PScore | improvement | iterations | time s | conforming | SGT blocks before -> after |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
+    best_cols = " best pattern | its MBScore initial -> final | search s | SGT blocks after |" if args.best else ""
+    print("| graph | n | nnz | initial PScore | final PScore | improvement | iterations | time s | conforming |"
+          " SGT blocks before -> after |" + best_cols)
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---|" + ("---|---:|---:|---:|" if args.best else ""))
     for spec in args.graphs:
         name, A = load(spec)
         t = time.perf_counter()
@@ -68,32 +70,29 @@ def main(argv=None):
             "iterations": r.iterations, "time_s": wall, "conforming": r.conforming,
             "blocks_before": b0, "blocks_after": b1,
         }  # fmt: skip
-        print(
+        line = (
             f"| {name} | {row['n']:,} | {row['nnz']:,} | {r.initial_pscore:,} | {r.pscore:,} | "
             f"{100 * r.improvement_rate:.2f} % | {r.iterations} | {wall:.3f} | {'yes' if r.conforming else 'no'} | "
-            f"{b0:,} -> {b1:,} ({100 * (b1 - b0) / max(b0, 1):+.1f} %) |",
-            flush=True,
+            f"{b0:,} -> {b1:,} ({100 * (b1 - b0) / max(b0, 1):+.1f} %) |"
         )
         if args.best:
             t = time.perf_counter()
             pb = tg.best_pattern(A, device=args.device, verbose=False)
-            row["best"] = {
+            b = row["best"] = {
                 "pattern": str(pb.pattern), "pscore": pb.report.pscore, "mbscore": pb.report.mbscore,
                 "initial_mbscore": pb.report.initial_mbscore, "conforming": pb.report.conforming,
                 "search_time_s": time.perf_counter() - t, "tried": [str(q) for q, _ in pb.search],
                 "blocks_after": blocks(pb.apply(A)),
             }  # fmt: skip
-        rows.append(row)
-
-    if args.best:
-        print("\n| graph | best pattern | MBScore initial -> final | conforming | patterns tried | search time s | SGT blocks after |")
-        print("|---|---|---:|---|---:|---:|---:|")
-        for row in rows:
-            b = row["best"]
-            print(
-                f"| {row['graph']} | {b['pattern']} | {b['initial_mbscore']:,} -> {b['mbscore']:,} | "
-                f"{'yes' if b['conforming'] else 'no'} | {len(b['tried'])} | {b['search_time_s']:.2f} | {b['blocks_after']:,} |"
+            line += (
+                f" {b['pattern']}{'' if b['conforming'] else ' (not conforming)'} | {b['initial_mbscore']:,} -> "
+                f"{b['mbscore']:,} | {b['search_time_s']:.2f} ({len(b['tried'])} tried) | {b['blocks_after']:,} |"
             )
+        print(line, flush=True)
+        rows.append(row)
+        if args.json:
+            pathlib.Path(args.json).write_text(json.dumps(rows, indent=1))
+
     print("\n| class | graphs | mean initial PScore | mean final | mean improvement | conforming | mean time s | paper (A100): initial -> final, rate, time |")
     print("|---|---:|---:|---:|---:|---:|---:|---|")
     for cls in ("small", "medium", "large"):
@@ -108,8 +107,6 @@ def main(argv=None):
             f"{sum(r['conforming'] for r in sel)}/{len(sel)} | {np.mean([r['time_s'] for r in sel]):.3f} | "
             f"{pi:,.1f} -> {pf:,.2f}, {pr:.2f} %, {pt} s |"
         )
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0
 
 

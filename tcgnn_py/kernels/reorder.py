@@ -10,6 +10,8 @@ which these kernels must reproduce bit for bit:
   stage 1's sort key, violation flags, per-segment PScore and nonzeros.
 * :func:`count_meta_violations` -- MBScore with ``ballot`` + ``popc``
   (one atomic per warp).
+* :func:`gains_batch` -- the M x M swap gains of the segment pairs stage 2
+  will most likely try, one warp per pair, all in parallel;
 * :func:`stage2_round` -- stage 2's greedy round (Algorithm 3), one warp:
   lanes own the M x M candidate swaps, boundary rows are fetched 32 at a time
   and broadcast with ``shfl``, ``freshtop`` is a ``shfl_xor`` argmax, used
@@ -24,7 +26,7 @@ FULL_MASK = 0xFFFFFFFF
 #: freshtop's "no fresh pair" key; real keys are gain * 2048 + (2047 - pair).
 NONE = -(1 << 62)
 
-__all__ = ["pack_bits", "vector_codes", "count_meta_violations", "stage2_round", "KERNELS", "NONE"]
+__all__ = ["pack_bits", "vector_codes", "count_meta_violations", "gains_batch", "stage2_round", "KERNELS", "NONE"]
 
 
 @cuda.jit
@@ -225,15 +227,54 @@ def _lane0_sub(ps, s, delta):
     return cuda.shfl_sync(FULL_MASK, new, 0)
 
 
+@cuda.jit
+def gains_batch(I, W, seg_ptr, seg_row, seg_bits, vec_ptr, vec_seg, vec_bits, N, M, pre):
+    """Gains of the pairs ``(I[i], I[i + 1 + w])``, ``w < W``, one warp each.
+
+    Stage 2's primary ``I[i]`` tries the next alive entries of ``I`` first;
+    gains do not change within a round, so they are computed here in parallel
+    and :func:`stage2_round` only reads them.  ``pre[i * W + w, c, q]``: c = 0,
+    1, 2 for the PScore gains of a and b and the excess gain of pair q.
+    """
+    gp = cuda.local.array(32, int32)
+    gt = cuda.local.array(32, int32)
+    gx = cuda.local.array(32, int32)
+    wid = cuda.grid(1) // 32
+    i = wid // W
+    j = i + 1 + wid % W
+    if i >= I.shape[0] or j >= I.shape[0]:  # warp-uniform exit
+        return
+    _pair_gains(I[i], I[j], N, M, seg_ptr, seg_row, seg_bits, vec_ptr, vec_seg, vec_bits, gp, gt, gx)
+    q = cuda.laneid
+    k = 0
+    while q < M * M:
+        pre[wid, 0, q] = gp[k]
+        pre[wid, 1, q] = gt[k]
+        pre[wid, 2, q] = gx[k]
+        q += 32
+        k += 1
+
+
 @cuda.jit(device=True)
-def _try_swap(a, b, N, M, tabs, used, swaps, nsw, gp, gt, gx):
+def _try_swap(a, b, N, M, tabs, used, swaps, nsw, gp, gt, gx, pre, slot):
     """Best fresh swap between a and b, made if beneficial (reference: _beneficial).
 
+    Gains come from ``pre[slot]`` when ``slot >= 0``, else are computed here.
     Returns ``(made, a's PScore gain, b's PScore gain)``; the pair goes to
     ``swaps[nsw]`` and both positions are marked used.
     """
     seg_ptr, seg_row, seg_bits, vec_ptr, vec_seg, vec_bits = tabs
-    _pair_gains(a, b, N, M, seg_ptr, seg_row, seg_bits, vec_ptr, vec_seg, vec_bits, gp, gt, gx)
+    if slot >= 0:
+        q = cuda.laneid
+        k = 0
+        while q < M * M:
+            gp[k] = pre[slot, 0, q]
+            gt[k] = pre[slot, 1, q]
+            gx[k] = pre[slot, 2, q]
+            q += 32
+            k += 1
+    else:
+        _pair_gains(a, b, N, M, seg_ptr, seg_row, seg_bits, vec_ptr, vec_seg, vec_bits, gp, gt, gx)
     t, key = _freshtop(a, b, M, used, gp, gt, gx)
     if key == NONE or t < 0 or (t == 0 and (key >> 11) <= 0):
         return False, np.int64(0), np.int64(0)
@@ -252,12 +293,13 @@ def _try_swap(a, b, N, M, tabs, used, swaps, nsw, gp, gt, gx):
 @cuda.jit
 def stage2_round(
     I, spare, ps, seg_ptr, seg_row, seg_bits, vec_ptr, vec_seg, vec_bits,
-    N, M, used, dead, swaps, n_swaps,
+    N, M, used, dead, pre, W, swaps, n_swaps,
 ):  # fmt: skip
     """One round of stage 2 (reference: ``stage2_swaps``), launched as one warp.
 
     ``I``: unhealthy segments by decreasing PScore; ``spare``: healthy ones,
-    sparsest first.  ``ps`` (per-segment PScore), ``used`` (per position,
+    sparsest first; ``pre``: :func:`gains_batch` of the first ``W`` targets of
+    each primary.  ``ps`` (per-segment PScore), ``used`` (per position,
     padding set) and ``dead`` (per entry of ``I``) are updated in place;
     ``swaps[:n_swaps[0]]`` gets the position pairs.  ``seg_*`` lists, per
     segment, the vectors with N or more nonzeros (by row); ``vec_*`` all
@@ -279,12 +321,16 @@ def stage2_round(
         if head >= L:
             break
         a = I[head]
+        ia = head
         head += 1
         ps_a = cuda.shfl_sync(FULL_MASK, ps[a], 0)
         tj = head
-        while tj < L and ps_a > 0 and _used_mask(a, M, used) != full:
+        tries = 0
+        while tj < L and tries < M and ps_a > 0 and _used_mask(a, M, used) != full:
             if dead[tj] == 0:
-                made, gpq, gtq = _try_swap(a, I[tj], N, M, tabs, used, swaps, nsw, gp, gt, gx)
+                tries += 1
+                slot = ia * W + (tj - ia - 1) if tj - ia - 1 < W else -1
+                made, gpq, gtq = _try_swap(a, I[tj], N, M, tabs, used, swaps, nsw, gp, gt, gx, pre, slot)
                 if made:
                     nsw += 1
                     ps_a -= gpq
@@ -292,7 +338,7 @@ def stage2_round(
                         dead[tj] = 1
             tj += 1
         if ps_a > 0 and _used_mask(a, M, used) != full and nxt < spare.shape[0]:
-            made, gpq, gtq = _try_swap(a, spare[nxt], N, M, tabs, used, swaps, nsw, gp, gt, gx)
+            made, gpq, gtq = _try_swap(a, spare[nxt], N, M, tabs, used, swaps, nsw, gp, gt, gx, pre, -1)
             nxt += 1
             if made:
                 nsw += 1
@@ -311,6 +357,11 @@ KERNELS = {
     "stage2_round": (
         stage2_round,
         "(int32[::1], int32[::1], int32[::1], int32[::1], int32[::1], uint32[::1], int32[::1], int32[::1],"
-        " uint32[::1], int64, int64, uint8[::1], int8[::1], int32[:, ::1], int32[::1])",
+        " uint32[::1], int64, int64, uint8[::1], int8[::1], int32[:, :, ::1], int64, int32[:, ::1], int32[::1])",
+    ),
+    "gains_batch": (
+        gains_batch,
+        "(int32[::1], int64, int32[::1], int32[::1], uint32[::1], int32[::1], int32[::1], uint32[::1], int64, int64,"
+        " int32[:, :, ::1])",
     ),
 }
