@@ -10,6 +10,7 @@ import os
 import pathlib
 import sys
 
+import numpy as np
 import pytest
 
 SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
@@ -31,6 +32,23 @@ DATA_DIRS = [
     for p in (os.environ.get("TCGNN_PY_DATA"), _ROOT / ".gpu" / "data", _ROOT.parent / "shared" / "data")
     if p
 ]
+
+
+@pytest.fixture(scope="module")
+def xp():
+    """The array module kernels take: CuPy on a GPU, NumPy in the simulator."""
+    if GPU:
+        import cupy
+
+        return cupy
+    import numpy
+
+    return numpy
+
+
+def host(x):
+    """A NumPy copy of a NumPy or CuPy array."""
+    return x.get() if hasattr(x, "get") else np.asarray(x)
 
 
 def graph_dir(name):

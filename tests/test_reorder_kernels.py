@@ -8,7 +8,7 @@ the reference's, and on the GPU whole reorders must return the same permutation.
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from conftest import GPU, graph_dir
+from conftest import graph_dir, host
 
 import tcgnn_py as tg
 from tcgnn_py import _reorder as R
@@ -16,18 +16,6 @@ from tcgnn_py._validation import Pattern
 
 pytestmark = pytest.mark.kernels
 
-
-@pytest.fixture(scope="module")
-def xp():
-    if GPU:
-        import cupy
-
-        return cupy
-    return np
-
-
-def host(x):
-    return x.get() if hasattr(x, "get") else np.asarray(x)
 
 
 def backends(xp, A, pattern):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from _zoo import raw_with_duplicates, zoo
-from conftest import GPU, SIM
+from conftest import SIM, host
 
 from tcgnn_py import _reference as ref
 from tcgnn_py import _sgt
@@ -17,18 +17,6 @@ pytestmark = pytest.mark.kernels
 
 TINY = zoo("tiny")
 
-
-@pytest.fixture(scope="module")
-def xp():
-    if GPU:
-        import cupy
-
-        return cupy
-    return np
-
-
-def host(x):
-    return x.get() if hasattr(x, "get") else np.asarray(x)
 
 
 def kernel_vs_reference(xp, A, tile_shape):

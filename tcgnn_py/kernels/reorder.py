@@ -22,6 +22,8 @@ which these kernels must reproduce bit for bit:
 import numpy as np
 from numba import cuda, int32
 
+from .sgt import _lower_bound
+
 FULL_MASK = 0xFFFFFFFF
 #: freshtop's "no fresh pair" key; real keys are gain * 2048 + (2047 - pair).
 NONE = -(1 << 62)
@@ -101,15 +103,8 @@ def count_meta_violations(mbits, hviol, K, count):
 @cuda.jit(device=True, inline=True)
 def _bits_at(vec_ptr, vec_seg, vec_bits, r, s):
     """Row ``r``'s vector in segment ``s`` (0 when empty): binary search."""
-    lo = vec_ptr[r]
     end = vec_ptr[r + 1]
-    hi = end
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if vec_seg[mid] < s:
-            lo = mid + 1
-        else:
-            hi = mid
+    lo = _lower_bound(vec_seg, vec_ptr[r], end, s)
     if lo < end and vec_seg[lo] == s:
         return np.int64(vec_bits[lo])
     return np.int64(0)
