@@ -257,12 +257,16 @@ def stage2_swaps(vrow, vseg, bits, st, n, pattern):
     used[n:] = True  # padding columns of the last segment are no vertices
     swaps = []
 
-    def fresh(a, b, total, excess):
-        return freshtop(total, excess, used[a * M : a * M + M], used[b * M : b * M + M])
-
-    def record(a, b, u, v):
-        swaps.append((a * M + u, b * M + v))
-        used[a * M + u] = used[b * M + v] = True
+    def try_swap(a, b):
+        """Best fresh swap between a and b, made if beneficial: (made, a's gain, b's gain)."""
+        prim, targ, excess = pair_gains(vrow, vseg, bits, a, b, pattern)
+        total = prim + targ
+        pick = freshtop(total, excess, used[a * M : a * M + M], used[b * M : b * M + M])
+        if pick is None or not _beneficial(total, excess, pick):
+            return False, 0, 0
+        swaps.append((a * M + pick[0], b * M + pick[1]))
+        used[a * M + pick[0]] = used[b * M + pick[1]] = True
+        return True, prim[pick], targ[pick]
 
     # healthy segments, sparsest first: partners of primaries the others cannot fix
     spare = [int(s) for s in np.argsort(st["seg_nnz"], kind="stable") if ps[s] == 0]
@@ -274,23 +278,16 @@ def stage2_swaps(vrow, vseg, bits, st, n, pattern):
         while j < len(alive) and tries < M and ps_a > 0 and not used[a * M : a * M + M].all():
             b = alive[j]
             tries += 1
-            prim, targ, excess = pair_gains(vrow, vseg, bits, a, b, pattern)
-            pick = fresh(a, b, prim + targ, excess)
-            if pick is not None and _beneficial(prim + targ, excess, pick):
-                record(a, b, *pick)
-                ps_a -= prim[pick]
-                ps[b] -= targ[pick]
+            made, gain_a, gain_b = try_swap(a, b)
+            if made:
+                ps_a -= gain_a
+                ps[b] -= gain_b
                 if ps[b] <= 0:
                     alive.pop(j)
                     continue
             j += 1
         if ps_a > 0 and not used[a * M : a * M + M].all() and spare:
-            # rule (ii): one beneficial swap with the next sparsest healthy segment
-            b = spare.pop(0)
-            prim, targ, excess = pair_gains(vrow, vseg, bits, a, b, pattern)
-            pick = fresh(a, b, prim + targ, excess)
-            if pick is not None and _beneficial(prim + targ, excess, pick):
-                record(a, b, *pick)
+            try_swap(a, spare.pop(0))  # rule (ii): the next sparsest healthy segment
     return swaps
 
 

@@ -22,11 +22,11 @@ import numpy as np
 
 from . import _nm_reference as ref
 from ._device import array_module, gpu_available, to_host, warn_no_gpu
+from ._sgt import _TPB, _edge_rows, _grid
 from ._validation import Pattern, check_csr_arrays, check_pattern, coerce_csr
 
 __all__ = ["Permutation", "NMReport", "reorder", "nm_report", "best_pattern"]
 
-_TPB = 256
 _PRE_BYTES = 1 << 28  # cap of stage 2's precomputed gains
 
 
@@ -57,11 +57,13 @@ class _RefBackend:
         return st.perm[ref.stage1_order(st.vrow, toks, self.n)]
 
     def stage2(self, st):
-        sc = {"seg_pscore": st.seg_pscore, "seg_nnz": st.seg_nnz}
-        swaps = ref.stage2_swaps(st.vrow, st.vseg, st.bits, sc, self.n, self.pattern)
+        swaps = ref.stage2_swaps(st.vrow, st.vseg, st.bits, vars(st), self.n, self.pattern)
         return ref.apply_swaps(st.perm, swaps), len(swaps)
 
     def host(self, perm):
+        return perm
+
+    def device(self, perm):
         return perm
 
 
@@ -75,9 +77,6 @@ class _KernelBackend:
         self.indices, self.edge_row, self.n, self.pattern = indices, edge_row, n, pattern
         self.n_seg = ref.n_segments(n, pattern.M)
 
-    def _grid(self, n_threads):
-        return max(1, -(-n_threads // _TPB))
-
     def identity(self):
         return self.xp.arange(self.n, dtype=np.int32)
 
@@ -90,11 +89,17 @@ class _KernelBackend:
         head[:1] = True
         xp.not_equal(keys[1:], keys[:-1], out=head[1:])
         ids = xp.cumsum(head, dtype=np.int64) - 1
-        starts = xp.flatnonzero(head)
+        starts = xp.flatnonzero(head)  # synchronize! (its size)
         out = xp.zeros(starts.shape[0], dtype=np.uint32)
         if keys.shape[0]:
-            self.k.pack_bits[self._grid(keys.shape[0]), _TPB](ids, bits[order], M, out)
+            self.k.pack_bits[_grid(keys.shape[0]), _TPB](ids, bits[order], M, out)
         return keys[starts], out, order, ids
+
+    def _row_ptr(self, st):
+        """Each row's first vector (vectors are in (row, segment) order), cached on ``st``."""
+        if not hasattr(st, "row_ptr"):
+            st.row_ptr = self.xp.searchsorted(st.vrow, self.xp.arange(self.n + 1)).astype(np.int32)
+        return st.row_ptr
 
     def evaluate(self, perm):
         xp, k, n, S = self.xp, self.k, self.n, self.n_seg
@@ -112,7 +117,7 @@ class _KernelBackend:
         seg_ps = xp.zeros(S, dtype=np.int32)
         seg_nnz = xp.zeros(S, dtype=np.int64)
         if nv:
-            k.vector_codes[self._grid(nv), _TPB](
+            k.vector_codes[_grid(nv), _TPB](
                 vseg, vbits, S, N, M, ref.K_VERTICAL, tokens, flags, seg_ps, seg_nnz
             )
         counts = [(flags & 1) != 0, (flags & 5) != 0]
@@ -123,7 +128,7 @@ class _KernelBackend:
             hviol[mids[(flags[morder] & 1) != 0]] = 1
             cnt = xp.zeros(1, dtype=np.int32)
             if mkeys.shape[0]:
-                k.count_meta_violations[self._grid(mkeys.shape[0]), _TPB](mbits, hviol, ref.K_VERTICAL, cnt)
+                k.count_meta_violations[_grid(mkeys.shape[0]), _TPB](mbits, hviol, ref.K_VERTICAL, cnt)
             counts[1] = cnt
             n_mb = mkeys.shape[0]
         pscore, mbscore = (int(v) for v in to_host(xp.stack([c.sum() for c in counts])))  # synchronize!
@@ -142,7 +147,7 @@ class _KernelBackend:
         when it has one row or its rows all ended (equal rows keep their order).
         """
         xp, n = self.xp, self.n
-        ptr = xp.searchsorted(st.vrow, xp.arange(n + 1))
+        ptr = self._row_ptr(st)
         length = ptr[1:] - ptr[:-1]
         order = xp.arange(n, dtype=np.int64)
         gid = xp.zeros(n, dtype=np.int64)
@@ -183,18 +188,17 @@ class _KernelBackend:
         sel = xp.flatnonzero(st.flags & 2)
         sel = sel[_argsort(xp, st.vseg[sel])]  # vectors are in (row, seg) order: now (seg, row)
         seg_ptr = xp.searchsorted(st.vseg[sel], xp.arange(S + 1)).astype(np.int32)
-        vec_ptr = xp.searchsorted(st.vrow, xp.arange(n + 1)).astype(np.int32)
         used = xp.zeros(S * M, dtype=np.uint8)
         used[n:] = 1
         swaps = xp.empty((n // 2 + 1, 2), dtype=np.int32)
         n_swaps = xp.zeros(1, dtype=np.int32)
         L = I.shape[0]
-        tabs = (seg_ptr, st.vrow[sel].astype(np.int32), st.bits[sel], vec_ptr, st.vseg.astype(np.int32), st.bits)
+        tabs = (seg_ptr, st.vrow[sel].astype(np.int32), st.bits[sel], self._row_ptr(st), st.vseg.astype(np.int32), st.bits)
         # a primary tries at most M targets: precompute those gains (memory-capped)
         W = max(0, min(M, L - 1, _PRE_BYTES // max(1, L * 12 * M * M)))
         pre = xp.empty((L * W, 3, M * M), dtype=np.int32)
         if W:
-            k.gains_batch[self._grid(L * W * 32), _TPB](I, W, *tabs, N, M, pre)
+            k.gains_batch[_grid(L * W * 32), _TPB](I, W, *tabs, N, M, pre)
         k.stage2_round[1, 32](
             I, spare, ps, *tabs, N, M, used, xp.zeros(L, dtype=np.int8), pre, W, swaps, n_swaps
         )
@@ -206,6 +210,9 @@ class _KernelBackend:
 
     def host(self, perm):
         return to_host(perm).astype(np.int64)
+
+    def device(self, perm):
+        return self.xp.asarray(perm.astype(np.int32))
 
 
 def _objective(st):
@@ -412,8 +419,7 @@ def _prepare(A, pattern, device):
     else:
         xp = np
     indices, indptr = xp.asarray(indices), xp.asarray(indptr)
-    nnz = indices.shape[0]
-    edge_row = (xp.searchsorted(indptr, xp.arange(nnz), side="right") - 1).astype(np.int32)
+    edge_row = _edge_rows(xp, indptr, indices.shape[0])
     if use_gpu:
         return pattern, _KernelBackend(xp, indices, edge_row, n, pattern)
     return pattern, _RefBackend(to_host(indices), to_host(edge_row), n, pattern)
@@ -450,8 +456,7 @@ def nm_report(A, pattern="2:4", perm=None, *, device=None):
     p = perm.perm if isinstance(perm, Permutation) else Permutation(perm).perm
     if p.shape[0] != backend.n:
         raise ValueError(f"perm has {p.shape[0]} entries for {backend.n} vertices")
-    xp = getattr(backend, "xp", np)
-    st = backend.evaluate(xp.asarray(p.astype(backend.identity().dtype)))
+    st = backend.evaluate(backend.device(p))
     return _report(st, backend.n, pattern, initial=st0)
 
 

@@ -35,8 +35,6 @@ def main():
 
     for m, f in orig.items():
         setattr(R._KernelBackend, m, wrap(m, f))
-    k = __import__("tcgnn_py.kernels.reorder", fromlist=["x"])
-    kernel = k.stage2_round
     t = time.perf_counter()
     p = tg.reorder(A, pattern, verbose=False)
     wall = time.perf_counter() - t
