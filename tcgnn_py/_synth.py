@@ -2,7 +2,7 @@
 
 import numpy as np
 
-__all__ = ["power_law_graph"]
+__all__ = ["power_law_graph", "uniform_graph", "banded_graph"]
 
 
 def power_law_graph(n_nodes, n_edges, exponent=2.1, seed=0, symmetric=False):
@@ -19,8 +19,6 @@ def power_law_graph(n_nodes, n_edges, exponent=2.1, seed=0, symmetric=False):
     >>> A.shape, A.nnz, A.has_canonical_format
     ((1000, 1000), 5000, True)
     """
-    import scipy.sparse as sp
-
     if n_edges > n_nodes * n_nodes:
         raise ValueError(f"{n_edges} edges do not fit {n_nodes} nodes")
     rng = np.random.default_rng(seed)
@@ -40,9 +38,52 @@ def power_law_graph(n_nodes, n_edges, exponent=2.1, seed=0, symmetric=False):
     src, dst = keys // n_nodes, keys % n_nodes
     if symmetric:
         src, dst = np.concatenate((src, dst)), np.concatenate((dst, src))
+    return _binary_csr(src, dst, n_nodes)
+
+
+def _binary_csr(src, dst, n_nodes):
+    import scipy.sparse as sp
+
     A = sp.csr_array((np.ones(src.shape[0], np.float32), (src, dst)), shape=(n_nodes, n_nodes))
     A.sum_duplicates()
     A.data[:] = 1.0
     A.indices = A.indices.astype(np.int32)
     A.indptr = A.indptr.astype(np.int32)
     return A
+
+
+def uniform_graph(n_nodes, n_edges, seed=0):
+    """A uniform random (Erdos-Renyi style) binary graph with exactly ``n_edges`` entries.
+
+    Examples
+    --------
+    >>> from tcgnn_py._synth import uniform_graph
+    >>> A = uniform_graph(1000, 5000, seed=1)
+    >>> A.shape, A.nnz
+    ((1000, 1000), 5000)
+    """
+    if n_edges > n_nodes * n_nodes:
+        raise ValueError(f"{n_edges} edges do not fit {n_nodes} nodes")
+    rng = np.random.default_rng(seed)
+    keys = np.unique(rng.integers(0, n_nodes * n_nodes, n_edges + n_edges // 8 + 16, dtype=np.int64))
+    while keys.shape[0] < n_edges:
+        keys = np.unique(np.concatenate((keys, rng.integers(0, n_nodes * n_nodes, n_edges, dtype=np.int64))))
+    keys = np.sort(rng.choice(keys, n_edges, replace=False))
+    return _binary_csr(keys // n_nodes, keys % n_nodes, n_nodes)
+
+
+def banded_graph(n_nodes, half_width):
+    """Every node linked to the ``half_width`` nodes on each side and to itself (a band matrix).
+
+    Examples
+    --------
+    >>> from tcgnn_py._synth import banded_graph
+    >>> A = banded_graph(5, 1)
+    >>> A.nnz, A.toarray()[0].tolist()
+    (13, [1.0, 1.0, 0.0, 0.0, 0.0])
+    """
+    offsets = np.arange(-half_width, half_width + 1, dtype=np.int64)
+    src = np.repeat(np.arange(n_nodes, dtype=np.int64), offsets.shape[0])
+    dst = src + np.tile(offsets, n_nodes)
+    keep = (dst >= 0) & (dst < n_nodes)
+    return _binary_csr(src[keep], dst[keep], n_nodes)

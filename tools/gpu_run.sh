@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # One device call: GPU test suite, compute-sanitizer memcheck, benchmarks.
 # Run from the repo root on the GPU machine after ../shared/tools/prepare-gpu.sh staged .whl and .gpu.
-# STEPS picks what runs (default: "test memcheck bench reorder"); PYTEST_ARGS, SPMM_GRAPHS, SGT_GRAPHS,
-# REORDER_GRAPHS and REORDER_ARGS customise.
+# STEPS picks what runs (default: "test memcheck bench reorder asv"); PYTEST_ARGS, BENCH_GRAPHS, BENCH_ARGS,
+# REORDER_GRAPHS, REORDER_ARGS and ASV_ARGS customise.  .whl carries numpy 2.4.6 and asv with its dependencies.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD || exit 1
 export PYTHONUNBUFFERED=1 TCGNN_PY_DATA=$PWD/.gpu/data
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-STEPS=${STEPS:-test memcheck bench reorder}
+STEPS=${STEPS:-test memcheck bench reorder asv}
 rc=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import numpy, numba, numba_cuda, cupy, scipy; print('numpy', numpy.__version__, 'numba', numba.__version__, 'numba-cuda', numba_cuda.__version__, 'cupy', cupy.__version__, 'scipy', scipy.__version__)" | tee -a "$OUT/gpu.txt"
@@ -46,17 +46,25 @@ for pattern in ('2:4', (4, 2, 8), (1, 3, 32)):
   tail -4 "$OUT/memcheck_reorder.log"
 fi
 if [[ " $STEPS " == *" bench "* ]]; then
-  echo "== SpMM benchmark =="
-  python3 -m tcgnn_py.bench spmm ${SPMM_GRAPHS:-cora pubmed facebook blogcatalog3 powerlaw:1000000:16000000} \
-    --json "$OUT/spmm.json" 2>&1 | tee "$OUT/bench_spmm.log" || rc=1
-  echo "== SGT benchmark =="
-  python3 -m tcgnn_py.bench sgt ${SGT_GRAPHS:-cora pubmed facebook powerlaw:1000000:16000000} --json "$OUT/sgt.json" \
-    2>&1 | tee "$OUT/bench_sgt.log" | tail -6 || rc=1
+  echo "== benchmarks: python -m tcgnn_py.bench =="
+  python3 -m tcgnn_py.bench ${BENCH_GRAPHS:-cora pubmed facebook blogcatalog3 powerlaw:1000000:16000000} \
+    ${BENCH_ARGS:-} --json "$OUT/bench.json" --markdown "$OUT/bench.md" --plot "$OUT/bench.png" \
+    > "$OUT/bench.log" 2>&1 || rc=1
+  tail -40 "$OUT/bench.log"
 fi
 if [[ " $STEPS " == *" reorder "* ]]; then
   echo "== reorder quality and speed =="
   all=$(ls .gpu/data | tr '\n' ' ')
   python3 tools/reorder_report.py ${REORDER_ARGS---best} --json "$OUT/reorder.json" \
     ${REORDER_GRAPHS:-$all powerlaw:20000:100000 powerlaw:100000:1000000} 2>&1 | tee "$OUT/reorder.log" || rc=1
+fi
+if [[ " $STEPS " == *" asv "* ]]; then
+  echo "== asv run --python=same ${ASV_ARGS---quick} =="
+  # asv drops PYTHONPATH from benchmark processes; ASV_PYTHONPATH is its way in.
+  (cd asv_bench && python3 -m asv machine --yes > /dev/null \
+    && ASV_PYTHONPATH=$PYTHONPATH python3 -m asv run --python=same ${ASV_ARGS---quick} \
+       --set-commit-hash "$(git rev-parse HEAD)" > "$OUT/asv.log" 2>&1 \
+    && python3 -m asv publish >> "$OUT/asv.log" 2>&1 && tar czf "$OUT/asv-results.tgz" results html) || rc=1
+  grep -E "failed|Traceback" "$OUT/asv.log" | head; grep -c " ok$" "$OUT/asv.log" | sed 's/^/asv benchmarks ok: /'
 fi
 exit $rc

@@ -44,5 +44,17 @@ for M, tile_shape, dtype in [(A, (16, 8), np.float32), (R, (16, 8), np.float32),
                 e = sddmm_expected(M, X, X, multiply=True)
                 assert np.array_equal(S.tocsr().data, e.astype(dtype)), (tile_shape, D, precision)
                 checked += 1
+# The benchmarks' gather-and-dot SDDMM baseline (every lane-group size).
+import cupyx.scipy.sparse as csp  # noqa: E402
+
+from tcgnn_py.bench import GatherDotSDDMM  # noqa: E402
+
+rows = np.repeat(np.arange(n), np.diff(A.indptr))
+for D in (1, 3, 8, 17, 64, 130):
+    X = rng.integers(-8, 9, (n, D)).astype(np.float32)
+    out = cp.full(A.nnz, cp.nan, cp.float32)
+    GatherDotSDDMM(csp.csr_matrix(A.astype(np.float32)), [cp.asarray(X)], out)(0)
+    assert np.array_equal(out.get(), np.einsum("ij,ij->i", X[rows], X[A.indices])), D
+    checked += 1
 cp.cuda.Device().synchronize()
 print(f"memcheck products workload ok: {checked} products checked")

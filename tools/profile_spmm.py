@@ -19,7 +19,7 @@ import numpy as np
 import cupy as cp
 import tcgnn_py as tg
 from tcgnn_py import _ops
-from tcgnn_py.bench import _CSR_ALG2, CusparseRowMajor, resolve_graph, time_rotating
+from tcgnn_py.bench import CSR_ALG2 as _CSR_ALG2, CusparseRowMajor, resolve_graph, time_rotating
 
 
 def wall_us(fn, n=2000):

@@ -11,6 +11,10 @@ one table of supported template arguments:
 ``"core"``
     CUDA-core SpMM and SDDMM in the data's own precision (float or double),
     for any tile shape: ``precision="fp32"`` and every float64 product.
+``"baseline"``
+    Not used by the library: the gather-and-dot CSR SDDMM that benchmarks
+    compare against where cuSPARSE SDDMM is not reachable
+    (:mod:`tcgnn_py.bench`).
 
 No ``#include``: NVRTC on a pip-only install has no ``crt/mma.h``, and inline
 PTX needs no header.  CI compiles both sources for sm_80 and sm_90 through
@@ -39,6 +43,8 @@ __all__ = [
     "spmm_core_name",
     "sddmm_core_name",
     "fixup_name",
+    "baseline_sddmm_name",
+    "BASELINE_GROUPS",
     "get_kernel",
 ]
 
@@ -452,6 +458,34 @@ tcgnn_sddmm_core(const int* __restrict__ win_ptr, int n_windows, const int* __re
 }
 """
 
+#: Lanes per edge of the baseline SDDMM (one sub-warp group per edge).
+BASELINE_GROUPS = (4, 8, 16, 32)
+
+_BASELINE = r"""
+// Baseline SDDMM over COO: out[e] = <Xa[rows[e]], Xb[cols[e]]> for row-major
+// float32 features.  A group of G lanes per edge strides over the features and
+// reduces with shfl_xor: one edge per group keeps hub rows balanced.  Lanes
+// past nnz stay in the loop with zero work so every shuffle has its full warp.
+template <int G>
+__global__ void tcgnn_baseline_sddmm_coo(const int* __restrict__ rows, const int* __restrict__ cols,
+                                         const float* __restrict__ Xa, const float* __restrict__ Xb,
+                                         float* __restrict__ out, long long nnz, int D) {
+    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long e = t / G;
+    int l = (int)(t % G);
+    bool valid = e < nnz;
+    float acc = 0.f;
+    if (valid) {
+        const float* a = Xa + (size_t)rows[e] * D;
+        const float* b = Xb + (size_t)cols[e] * D;
+        for (int k = l; k < D; k += G) acc = fmaf(__ldg(a + k), __ldg(b + k), acc);
+    }
+    #pragma unroll
+    for (int o = G / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o, G);
+    if (valid && l == 0) out[e] = acc;
+}
+"""
+
 
 def _b(v):
     return "true" if v else "false"
@@ -477,6 +511,10 @@ def fixup_name(value_type):
     return f"tcgnn_spmm_fixup<{VALUE_TYPES[value_type]}>"
 
 
+def baseline_sddmm_name(group):
+    return f"tcgnn_baseline_sddmm_coo<{group}>"
+
+
 def _tf32_names():
     names = [spmm_tf32_name(c, v) for c in TF32_CHUNKS for v in (True, False)]
     names += [sddmm_tf32_name(v) for v in (True, False)]
@@ -495,6 +533,7 @@ def _core_names():
 FAMILIES = {
     "tf32": (_COMMON + _TF32, tuple(_tf32_names())),
     "core": (_COMMON + _CORE, tuple(_core_names())),
+    "baseline": (_BASELINE, tuple(baseline_sddmm_name(g) for g in BASELINE_GROUPS)),
 }
 
 

@@ -1,0 +1,88 @@
+"""Shared pieces of the asv suite: graphs, GPU guard, inputs.
+
+Graphs come from ``$TCGNN_PY_DATA`` (else ``.gpu/data`` or ``../shared/data`` of
+the checkout) through :func:`tcgnn_py.bench.resolve_graph`.  Without a GPU,
+``setup`` raises ``NotImplementedError`` and asv reports ``n/a``.
+"""
+
+import os
+import pathlib
+
+import numpy as np
+
+_ROOT = pathlib.Path(__file__).resolve().parents[2]
+if "TCGNN_PY_DATA" not in os.environ:
+    for _d in (_ROOT / ".gpu" / "data", _ROOT.parent / "shared" / "data"):
+        if _d.is_dir():
+            os.environ["TCGNN_PY_DATA"] = str(_d)
+            break
+
+#: Real graphs of the product benchmarks (small, mid, hub-heavy) and a 1M-node synthetic one.
+PRODUCT_GRAPHS = ["cora", "pubmed", "blogcatalog3", "powerlaw:1000000:16000000"]
+#: Widths of the product benchmarks (``python -m tcgnn_py.bench`` sweeps more).
+DIMS = [64, 128]
+#: Graphs of the preprocessing and reorder benchmarks.
+PREP_GRAPHS = ["cora", "pubmed", "blogcatalog3", "powerlaw:1000000:16000000"]
+REORDER_GRAPHS = ["cora", "citeseer", "pubmed", "facebook", "ss_bcsstk13"]
+
+
+def require_gpu():
+    import tcgnn_py as tg
+
+    if not tg.gpu_available():
+        raise NotImplementedError("needs a CUDA GPU (CuPy and Numba)")
+
+
+_CACHE = pathlib.Path(__file__).resolve().parents[1] / ".graph-cache"
+
+
+def load(names):
+    """``name -> canonical float32 scipy csr_array`` (what setup_cache hands to setup).
+
+    Synthetic graphs are generated once per machine and kept in ``asv_bench/.graph-cache``.
+    """
+    import scipy.sparse as sp
+
+    from tcgnn_py.bench import resolve_graph
+    from tcgnn_py.bench._graphs import SYNTHETIC
+
+    out = {}
+    for name in names:
+        cached = _CACHE / (name.replace(":", "-") + ".npz")
+        if cached.exists():
+            A = sp.load_npz(cached)
+        else:
+            A = resolve_graph(name)[1]
+            if name.partition(":")[0] in SYNTHETIC:
+                _CACHE.mkdir(exist_ok=True)
+                sp.save_npz(cached, sp.csr_array(A))
+        A = sp.csr_array(A, dtype=np.float32)
+        A.sum_duplicates()
+        A.sort_indices()
+        out[name] = A
+    return out
+
+
+def features(n, D, count=4, seed=None):
+    """Fresh standard-normal float32 device features, ``count`` of them to rotate."""
+    import cupy as cp
+
+    rng = cp.random.default_rng(seed)
+    return [rng.standard_normal((n, D), dtype=cp.float32) for _ in range(count)]
+
+
+def sync():
+    import cupy as cp
+
+    cp.cuda.get_current_stream().synchronize()
+
+
+class Rotating:
+    """Cycles over the fresh inputs, so no call finds the previous one's operand in L2."""
+
+    def __init__(self, n):
+        self.n, self.i = n, -1
+
+    def __call__(self):
+        self.i = (self.i + 1) % self.n
+        return self.i

@@ -1,0 +1,34 @@
+"""Benchmarks of tcgnn_py against what a user would run instead (layer 4).
+
+``python -m tcgnn_py.bench --help`` runs them from the command line; the asv
+suite in ``asv_bench/`` and the tools reuse the pieces below.
+
+Examples
+--------
+>>> from tcgnn_py.bench import bench_graph
+>>> g = bench_graph("banded:40:2", dims=(4,), repeat=1, n_inputs=1, device=False)
+>>> [(r["op"], r["D"], sorted(r["us"])) for r in g["results"]]
+[('spmm', 4, ['scipy', 'tcgnn_ref']), ('sddmm', 4, ['numpy_gather_dot', 'tcgnn_ref'])]
+"""
+
+from ._baselines import CSR_ALG2, CSR_ALG3, CusparseRowMajor, CusparseSDDMM, GatherDotSDDMM
+from ._graphs import resolve_graph
+from ._run import bench_graph, bench_reorder, distinct_window_columns, traffic_bytes
+from ._timing import copy_bandwidth, time_events, time_host, time_rotating
+
+__all__ = [
+    "bench_graph",
+    "bench_reorder",
+    "resolve_graph",
+    "traffic_bytes",
+    "distinct_window_columns",
+    "CusparseRowMajor",
+    "CusparseSDDMM",
+    "GatherDotSDDMM",
+    "CSR_ALG2",
+    "CSR_ALG3",
+    "time_events",
+    "time_host",
+    "time_rotating",
+    "copy_bandwidth",
+]

@@ -1,0 +1,131 @@
+"""``python -m tcgnn_py.bench GRAPH ... [--ops spmm,sddmm,sgt,reorder] [--dims 32,64,128,256]``.
+
+Graphs are names under ``$TCGNN_PY_DATA``, ``.gpu/data`` or ``../shared/data``,
+paths to a graph folder / ``.npz`` / ``.mtx``, or synthetic ``powerlaw:N:NNZ``,
+``uniform:N:NNZ``, ``banded:N:HALF_WIDTH``.
+
+For each graph and width it checks, then times (CUDA-event medians after
+warm-up, fresh random inputs rotated between calls):
+
+* SpMM: tcgnn_py TF32 and fp32 beside cuSPARSE CSR ALG2 and ALG3 with a
+  row-major X (the faster is "best"), and cupyx ``A @ X`` (column-major ALG1);
+* SDDMM: tcgnn_py TF32 and fp32 beside cuSPARSE SDDMM (through ctypes) and a
+  CuPy gather-and-dot kernel;
+* SGT and the ready-to-multiply build, the payback in calls, the tiled
+  format's memory against CSR; with ``reorder``, the N:M reorder.
+
+Bandwidths are given under two traffic bounds -- per-edge gather
+``nnz*(4+4) + 4*nnz*D + 4*N*D`` and window reuse ``nnz*(4+4) + 4*U*D + 4*N*D``
+(U distinct (window, column) pairs) -- as GB/s and as a percentage of the
+measured device-to-device copy bandwidth.  ``--device cpu`` runs the NumPy
+reference path against SciPy with the host clock (what CI runs).
+"""
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+
+from ._report import markdown, plot_speedups, print_graph, print_reorder
+from ._run import DEFAULT_DIMS
+
+_OPS = ("spmm", "sddmm", "sgt", "reorder")
+
+
+def _ints(text):
+    return tuple(int(v) for v in text.split(",") if v)
+
+
+def _ops(text):
+    ops = tuple(v for v in text.split(",") if v)
+    bad = set(ops) - set(_OPS)
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown ops {sorted(bad)}; choose from {', '.join(_OPS)}")
+    return ops
+
+
+def environment(device):
+    """Date, machine, versions and commit of a run."""
+    import numpy
+    import scipy
+
+    from .. import __version__
+
+    env = {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+           "python": platform.python_version(), "numpy": numpy.__version__, "scipy": scipy.__version__,
+           "tcgnn_py": __version__, "command": "python -m tcgnn_py.bench " + " ".join(sys.argv[1:])}
+    try:
+        env["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                       cwd=pathlib.Path(__file__).parent, check=True).stdout.strip()
+    except Exception:
+        env["commit"] = None
+    if device:
+        import cupy
+        import numba_cuda
+
+        props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+        env.update(gpu=props["name"].decode(), driver=cupy.cuda.runtime.driverGetVersion(),
+                   cuda_runtime=cupy.cuda.runtime.runtimeGetVersion(), cupy=cupy.__version__,
+                   numba_cuda=numba_cuda.__version__)
+    return env
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m tcgnn_py.bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("graphs", nargs="+", metavar="GRAPH")
+    ap.add_argument("--ops", type=_ops, default=("spmm", "sddmm"),
+                    help="comma-separated from spmm, sddmm, sgt, reorder (default spmm,sddmm; "
+                         "preprocessing is always measured)")
+    ap.add_argument("--dims", type=_ints, default=DEFAULT_DIMS, help="feature widths (default 32,64,128,256)")
+    ap.add_argument("--repeat", type=int, default=20, help="timed calls per median (default 20)")
+    ap.add_argument("--inputs", type=int, default=4, help="fresh random inputs rotated between calls")
+    ap.add_argument("--pattern", default="2:4", help="N:M or V:N:M pattern of the reorder")
+    ap.add_argument("--device", choices=["gpu", "cpu"], default=None,
+                    help="cpu: the NumPy reference path against SciPy (default: gpu when usable)")
+    ap.add_argument("--json", metavar="FILE", help="write every measurement and the environment here")
+    ap.add_argument("--markdown", metavar="FILE", help="write BENCHMARKS.md-style tables here")
+    ap.add_argument("--plot", metavar="PNG", help="draw speedup bars per graph (needs matplotlib)")
+    args = ap.parse_args(argv)
+    if args.device == "cpu":
+        os.environ["TCGNN_PY_DEVICE"] = "cpu"  # before anything probes the GPU
+    from .._device import gpu_available
+    from ._run import bench_graph, bench_reorder
+    from ._timing import copy_bandwidth
+
+    device = gpu_available()
+    if args.device == "gpu" and not device:
+        ap.error("--device gpu: no usable GPU here")
+    if args.repeat < 1 or args.inputs < 1:
+        ap.error("--repeat and --inputs must be at least 1")
+    env = environment(device)
+    env["copy_bandwidth_gbps"] = copy_bandwidth(device) / 1e9
+    print(f"{env.get('gpu', 'host (reference path)')}; device-to-device copy {env['copy_bandwidth_gbps']:.0f} GB/s "
+          f"(read + write); {args.repeat} timed calls per median")
+    products = tuple(op for op in args.ops if op in ("spmm", "sddmm"))
+    graphs, reorders = [], []
+    for spec in args.graphs:
+        g = bench_graph(spec, products, args.dims, args.repeat, args.inputs, device,
+                        env["copy_bandwidth_gbps"] * 1e9)
+        print_graph(g)
+        graphs.append(g)
+        if "reorder" in args.ops:
+            reorders.append(bench_reorder(spec, args.pattern, device))
+    if reorders:
+        print_reorder(reorders)
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps({"env": env, "graphs": graphs, "reorder": reorders}, indent=1))
+    if args.markdown:
+        pathlib.Path(args.markdown).write_text(markdown(graphs, reorders))
+    if args.plot:
+        plot_speedups(graphs, args.plot)
+        print(f"plot: {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

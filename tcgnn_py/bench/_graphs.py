@@ -1,0 +1,48 @@
+"""Graphs by name, path or synthetic spec."""
+
+import os
+import pathlib
+
+from .._io import load_graph
+from .._synth import banded_graph, power_law_graph, uniform_graph
+
+__all__ = ["resolve_graph", "SYNTHETIC", "data_roots"]
+
+#: ``kind:N:K`` specs: K is the edge count (power-law, uniform) or the half band width (banded).
+SYNTHETIC = {
+    "powerlaw": lambda n, k: power_law_graph(n, k, seed=0),
+    "uniform": lambda n, k: uniform_graph(n, k, seed=0),
+    "banded": lambda n, k: banded_graph(n, k),
+}
+
+
+def data_roots():
+    """Where graph names are looked up: ``$TCGNN_PY_DATA``, ``.gpu/data``, ``../shared/data``."""
+    return [pathlib.Path(p) for p in (os.environ.get("TCGNN_PY_DATA"), ".gpu/data", "../shared/data") if p]
+
+
+def resolve_graph(spec):
+    """``(name, scipy csr_array)`` of a graph spec.
+
+    ``spec`` is a graph name under :func:`data_roots`, a path to a graph folder,
+    ``.npz`` or ``.mtx``, or a synthetic ``powerlaw:N:NNZ``, ``uniform:N:NNZ`` or
+    ``banded:N:HALF_WIDTH`` graph (fixed seed).
+
+    Examples
+    --------
+    >>> from tcgnn_py.bench import resolve_graph
+    >>> name, A = resolve_graph("banded:100:2")
+    >>> name, A.shape, A.nnz
+    ('banded:100:2', (100, 100), 494)
+    """
+    kind, _, rest = spec.partition(":")
+    if kind in SYNTHETIC and rest:
+        try:
+            n, k = (int(v) for v in rest.split(":"))
+        except ValueError:
+            raise ValueError(f"synthetic graphs are {kind}:N:K with integers N and K, got {spec!r}") from None
+        return spec, SYNTHETIC[kind](n, k)
+    for root in data_roots():
+        if (root / spec / "adj_csr.npz").exists():
+            return spec, load_graph(root / spec).adj
+    return pathlib.Path(spec).stem, load_graph(spec).adj

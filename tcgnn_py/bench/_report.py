@@ -1,0 +1,118 @@
+"""Tables (terminal and markdown) and the speedup plot of benchmark results."""
+
+__all__ = ["print_graph", "print_reorder", "markdown", "plot_speedups"]
+
+
+def _fmt(v, spec=".1f"):
+    return "-" if v is None else format(v, spec)
+
+
+def print_graph(g, out=print):
+    """One table per graph and width: time, speedup, GFLOP/s and bandwidth of every implementation."""
+    p, m = g["prep"], g["memory"]
+    out(f"\n== {g['graph']}: {g['rows']:,} x {g['cols']:,}, nnz {g['nnz']:,}, U {g['U']:,} "
+        f"(window-distinct columns), {g['blocks']:,} blocks of 16x8, density {100 * g['density']:.2f}% "
+        f"[{g['device']}]")
+    out(f"   preprocessing: SGT {p['sgt_ms']:.3f} ms ({p['sgt_ns_per_edge']:.2f} ns/edge), CSR -> ready "
+        f"TiledMatrix {p['build_ms']:.3f} ms, scipy -> TiledMatrix {p['from_host_ms']:.2f} ms"
+        + (f" (CSR upload alone {p['csr_upload_ms']:.2f} ms)" if "csr_upload_ms" in p else ""))
+    out(f"   memory: CSR {m['csr_bytes'] / 2**20:.2f} MiB, tiled {m['tiled_bytes'] / 2**20:.2f} MiB "
+        f"+ plans {m['plan_bytes'] / 2**20:.2f} MiB = {m['ratio']:.2f}x CSR")
+    for note in g["notes"]:
+        out(f"   note: {note}")
+    for r in g["results"]:
+        pct = r.get("pct_of_copy")
+        out(f"   {r['op']} D={r['D']}  (bounds: gather {r['bytes']['gather'] / 1e6:.1f} MB, "
+            f"reuse {r['bytes']['reuse'] / 1e6:.1f} MB; best baseline {r['best_baseline']}; "
+            f"SGT paid back after: {r['payback_calls'] or 'never'} calls)")
+        out(f"     {'implementation':<18}{'us':>10}{'x best':>8}{'GFLOP/s':>9}{'GB/s gath':>10}{'%copy':>7}"
+            f"{'GB/s reuse':>11}{'%copy':>7}{'rel err':>9}{'b2b us':>9}")
+        best = r["us"][r["best_baseline"]]
+        for k, us in r["us"].items():
+            gg, gr = r["gbps"]["gather"][k], r["gbps"]["reuse"][k]
+            pg = _fmt(pct["gather"][k]) if pct else "-"
+            pr = _fmt(pct["reuse"][k]) if pct else "-"
+            out(f"     {k:<18}{us:>10.1f}{best / us:>8.2f}{r['gflops'][k]:>9.1f}{gg:>10.1f}{pg:>7}{gr:>11.1f}"
+                f"{pr:>7}{r['err'][k]:>9.1e}{r['us_back_to_back'][k]:>9.1f}")
+
+
+def print_reorder(rows, out=print):
+    """The reorder's quality and time, one line per graph."""
+    out(f"\n{'graph':<26}{'nnz':>12}{'pattern':>9}{'PScore':>18}{'improved':>10}{'conforming':>11}{'time s':>9}")
+    for r in rows:
+        out(f"{r['graph']:<26}{r['nnz']:>12,}{r['pattern']:>9}{r['initial_pscore']:>9,} ->{r['pscore']:>6,}"
+            f"{100 * r['improvement_rate']:>9.2f}%{'yes' if r['conforming'] else 'no':>11}{r['time_s']:>9.3f}")
+
+
+def markdown(graphs, reorders=(), dims=None):
+    """BENCHMARKS.md tables: per op, a row per graph and width (times in us, speedups over the best baseline)."""
+    lines = []
+    for op in ("spmm", "sddmm"):
+        rows = [(g, r) for g in graphs for r in g["results"] if r["op"] == op and (dims is None or r["D"] in dims)]
+        if not rows:
+            continue
+        ours = [k for k in rows[0][1]["us"] if k.startswith("tcgnn")]
+        others = [k for k in rows[0][1]["us"] if not k.startswith("tcgnn")]
+        head = ["graph", "nnz", "D", *ours, *others, "speedup " + ours[0], "back-to-back us (ours / best)", "GFLOP/s",
+                "% copy BW (gather / reuse)", "payback calls"]
+        lines += [f"\n### {op.upper()} (us, CUDA-event medians)\n", "| " + " | ".join(head) + " |",
+                  "|" + "---|" * len(head)]
+        for g, r in rows:
+            k = ours[0]
+            pct = r.get("pct_of_copy")
+            bw = f"{pct['gather'][k]:.0f} / {pct['reuse'][k]:.0f}" if pct else "-"
+            cells = [g["graph"], f"{g['nnz']:,}", str(r["D"])]
+            cells += [f"{r['us'][c]:.1f}" if c in r["us"] else "-" for c in ours + others]
+            b2b = r["us_back_to_back"]
+            cells += [f"**{r['speedup'][k]:.2f}x** vs {r['best_baseline']}",
+                      f"{b2b[k]:.1f} / {b2b[r['best_baseline']]:.1f}", f"{r['gflops'][k]:.0f}", bw,
+                      str(r["payback_calls"]) if r["payback_calls"] else "never"]
+            lines.append("| " + " | ".join(cells) + " |")
+    if graphs:
+        lines += ["\n### Preprocessing and memory\n",
+                  "| graph | nnz | SGT ms | SGT ns/edge | CSR -> ready ms | scipy -> TiledMatrix ms | blocks | density "
+                  "| tiled + plans / CSR bytes |", "|---|---|---|---|---|---|---|---|---|"]
+        for g in graphs:
+            p = g["prep"]
+            lines.append(f"| {g['graph']} | {g['nnz']:,} | {p['sgt_ms']:.3f} | {p['sgt_ns_per_edge']:.2f} | "
+                         f"{p['build_ms']:.3f} | {p['from_host_ms']:.2f} | {g['blocks']:,} | "
+                         f"{100 * g['density']:.1f}% | {g['memory']['ratio']:.2f}x |")
+    if reorders:
+        lines += ["\n### N:M reorder\n", "| graph | nnz | pattern | PScore before -> after | improvement | "
+                  "conforming | time s |", "|---|---|---|---|---|---|---|"]
+        for r in reorders:
+            lines.append(f"| {r['graph']} | {r['nnz']:,} | {r['pattern']} | {r['initial_pscore']:,} -> {r['pscore']:,} "
+                         f"| {100 * r['improvement_rate']:.2f}% | {'yes' if r['conforming'] else 'no'} | "
+                         f"{r['time_s']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_speedups(graphs, path):
+    """Bars of our speedup over the best baseline, per graph, one panel per op and width."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(r["op"], r["D"]) for g in graphs for r in g["results"]}, key=lambda t: (t[0] != "spmm", t))
+    if not panels:
+        raise ValueError("no product results to plot")
+    fig, axes = plt.subplots(len(panels), 1, figsize=(max(6, 0.6 * len(graphs) + 3), 2.6 * len(panels)),
+                             squeeze=False)
+    for ax, (op, D) in zip(axes[:, 0], panels):
+        rows = [(g["graph"], r) for g in graphs for r in g["results"] if (r["op"], r["D"]) == (op, D)]
+        names = [n for n, _ in rows]
+        impls = list(rows[0][1]["speedup"])
+        width = 0.8 / len(impls)
+        for j, k in enumerate(impls):
+            ax.bar([i + j * width for i in range(len(rows))], [r["speedup"][k] for _, r in rows], width, label=k)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))], names, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel("x best baseline")
+        ax.set_title(f"{op.upper()} D={D}: speedup over the best of {', '.join(rows[0][1]['baselines'])}",
+                     fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

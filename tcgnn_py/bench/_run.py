@@ -1,0 +1,284 @@
+"""One graph's measurements: products at each width, preprocessing, memory, reorder.
+
+Everything for one graph runs in one process, so ratios are taken under the
+same conditions.  Each product is checked against the baseline's result before
+it is timed; a result off by more than its precision allows raises instead of
+producing a number.
+"""
+
+import math
+
+import numpy as np
+
+from .. import _sgt
+from .._device import gpu_available
+from .._reorder import reorder
+from .._tiled import TiledMatrix, sddmm, spmm
+from ._baselines import CSR_ALG2, CSR_ALG3, CusparseRowMajor, CusparseSDDMM, GatherDotSDDMM
+from ._graphs import resolve_graph
+from ._timing import time_back_to_back, time_events, time_host, time_rotating
+
+__all__ = ["bench_graph", "bench_reorder", "traffic_bytes", "distinct_window_columns", "DEFAULT_DIMS",
+           "TOLERANCE", "OURS"]
+
+DEFAULT_DIMS = (32, 64, 128, 256)
+
+#: Largest relative Frobenius error against the checking baseline before timing.
+TOLERANCE = {"tf32": 5e-3, "fp32": 1e-5, "ref": 1e-5}
+
+#: Our implementations per mode: ``name -> precision``.
+OURS = {True: {"tcgnn_tf32": "tf32", "tcgnn_fp32": "fp32"}, False: {"tcgnn_ref": None}}
+
+
+def traffic_bytes(nnz, n_rows, distinct, D):
+    """DRAM bytes of a product under two models (float32 values, int32 indices).
+
+    ``gather``: every edge gathers its neighbour's feature row,
+    ``nnz*(4+4) + 4*nnz*D + 4*n_rows*D``; ``reuse``: each 16-row window reads a
+    column's row once, ``nnz*(4+4) + 4*U*D + 4*n_rows*D`` with
+    ``U = distinct`` (window, column) pairs.
+
+    >>> traffic_bytes(nnz=10, n_rows=4, distinct=6, D=2)
+    {'gather': 192, 'reuse': 160}
+    """
+    base = nnz * 8 + 4 * n_rows * D
+    return {"gather": base + 4 * nnz * D, "reuse": base + 4 * distinct * D}
+
+
+def distinct_window_columns(T):
+    """U: distinct (16-row window, column) pairs -- the non-padding column slots of T."""
+    return int((T.block_cols >= 0).sum())  # synchronize!
+
+
+def _nbytes(obj):
+    if isinstance(obj, dict):
+        return sum(_nbytes(v) for v in obj.values())
+    return int(getattr(obj, "nbytes", 0))
+
+
+def _rel_err(got, want):
+    got, want = (np.asarray(v.get() if hasattr(v, "get") else v, np.float64) for v in (got, want))
+    return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+
+
+def _check(op, impl, err):
+    tol = TOLERANCE["tf32" if impl.endswith("tf32") else "fp32" if impl != "tcgnn_ref" else "ref"]
+    if not err <= tol:
+        raise RuntimeError(f"{op} {impl}: relative error {err:.2e} against the baseline exceeds {tol:.0e}")
+
+
+def _prepare(A, repeat, device):
+    """Preprocessing times (ms): SGT alone, CSR -> ready TiledMatrix, host scipy -> TiledMatrix."""
+    out = {}
+    if device:
+        import cupy as cp
+        import cupyx.scipy.sparse as csp
+
+        Ad = csp.csr_matrix(A)
+        arrays = (Ad.data, Ad.indices, Ad.indptr)
+        x1 = cp.ones((A.shape[1], 1), cp.float32)
+        clock = time_events
+        out["csr_upload_ms"] = clock(lambda: csp.csr_matrix(A), repeat)[0]
+    else:
+        arrays = (A.data, A.indices, A.indptr)
+        x1 = np.ones((A.shape[1], 1), np.float32)
+        Ad = A
+        clock = time_host
+    out["sgt_ms"] = clock(lambda: _sgt.translate(*arrays, A.shape, 16, 8), repeat)[0]
+    # Ready to multiply: translation plus the work plan the first product builds.
+    out["build_ms"] = clock(lambda: spmm(TiledMatrix(Ad, dtype=np.float32), x1), repeat)[0]
+    out["from_host_ms"] = clock(lambda: TiledMatrix(A, dtype=np.float32), repeat)[0]
+    out["sgt_ns_per_edge"] = out["sgt_ms"] * 1e6 / max(A.nnz, 1)
+    return out
+
+
+def _spmm_impls(A, Ad, T, Xs, device):
+    """``name -> (fn(i), result getter)``; the first is the checking reference."""
+    if not device:
+        return {
+            "scipy": (lambda i: A @ Xs[i], None),
+            "tcgnn_ref": (lambda i: spmm(T, Xs[i]), None),
+        }, ["scipy"], []
+    import cupy as cp
+
+    Y = cp.empty((A.shape[0], Xs[0].shape[1]), cp.float32)
+    alg2, alg3 = CusparseRowMajor(Ad, Xs, Y, CSR_ALG2), CusparseRowMajor(Ad, Xs, Y, CSR_ALG3)
+    impls = {
+        "cusparse_alg2": (alg2, Y),
+        "cusparse_alg3": (alg3, Y),
+        "tcgnn_tf32": (lambda i: spmm(T, Xs[i], out=Y, precision="tf32"), Y),
+        "tcgnn_fp32": (lambda i: spmm(T, Xs[i], out=Y, precision="fp32"), Y),
+        "cupyx": (lambda i: Ad @ Xs[i], None),
+    }
+    return impls, ["cusparse_alg2", "cusparse_alg3"], [alg2, alg3]
+
+
+def _sddmm_impls(A, Ad, T, Xs, device, notes):
+    if not device:
+        rows = np.repeat(np.arange(A.shape[0]), np.diff(A.indptr))
+        return {
+            "numpy_gather_dot": (lambda i: np.einsum("ij,ij->i", Xs[i][rows], Xs[i][A.indices]), None),
+            "tcgnn_ref": (lambda i: sddmm(T, Xs[i]), "tocsr"),
+        }, ["numpy_gather_dot"], []
+    import cupy as cp
+
+    impls, baselines, closers = {}, [], []
+    out = cp.empty(A.nnz, cp.float32)
+    try:
+        cus = CusparseSDDMM(Ad, Xs, out)
+        impls["cusparse_sddmm"] = (cus, out)
+        baselines.append("cusparse_sddmm")
+        closers.append(cus)
+    except Exception as exc:  # no library symbol, or an unsupported layout: say so, use the kernel
+        notes.append(f"cuSPARSE SDDMM unavailable: {exc}")
+    out2 = cp.empty(A.nnz, cp.float32)
+    impls["gather_dot"] = (GatherDotSDDMM(Ad, Xs, out2), out2)
+    baselines.append("gather_dot")
+    impls["tcgnn_tf32"] = (lambda i: sddmm(T, Xs[i], precision="tf32"), "tocsr")
+    impls["tcgnn_fp32"] = (lambda i: sddmm(T, Xs[i], precision="fp32"), "tocsr")
+    return impls, baselines, closers
+
+
+def _result(ret, getter):
+    """The product's value: returned (None), in T's CSR order ("tocsr"), or in an output array."""
+    if getter is None:
+        return ret
+    if isinstance(getter, str):
+        return ret.tocsr().data
+    return getter
+
+
+def _measure(op, impls, baselines, n_inputs, repeat, device, derive):
+    """Check every implementation against the first baseline, then time it."""
+    ref = None
+    row = {"op": op, "us": {}, "us_back_to_back": {}, "err": {}, "baselines": baselines}
+    for name, (fn, getter) in impls.items():
+        got = _result(fn(0), getter)
+        if ref is None:
+            ref = got.copy()
+            row["err"][name] = 0.0
+        else:
+            row["err"][name] = _rel_err(got, ref)
+            if name.startswith("tcgnn") or name in baselines:
+                _check(op, name, row["err"][name])
+        row["us"][name] = 1e3 * time_rotating(fn, n_inputs, repeat, warmup=3, device=device)
+        row["us_back_to_back"][name] = 1e3 * time_back_to_back(fn, n_inputs, repeat, device=device)
+    derive(row)
+    return row
+
+
+def bench_graph(spec, ops=("spmm", "sddmm"), dims=DEFAULT_DIMS, repeat=20, n_inputs=4, device=None, copy_bw=None,
+                seed=None):
+    """Measure one graph: products at each width, preprocessing, memory, traffic bounds.
+
+    Parameters
+    ----------
+    spec : str
+        A graph spec for :func:`resolve_graph`.
+    ops : iterable of {"spmm", "sddmm"}
+    dims : iterable of int
+        Feature widths.
+    repeat : int
+        Timed calls per median (CUDA events on the device, host clock otherwise).
+    n_inputs : int
+        Fresh random inputs rotated between calls.
+    device : bool, optional
+        GPU (default when usable) or the host reference path.
+    copy_bw : float, optional
+        Bytes/s of a device-to-device copy; bandwidth percentages are against it.
+
+    Returns
+    -------
+    dict
+        JSON-ready: graph facts, ``prep`` (ms), ``memory`` (bytes), ``results``
+        (one row per op and width with ``us``, ``err``, ``speedup``, ``gflops``,
+        ``gbps`` and ``pct_of_copy`` under both traffic bounds, ``payback_calls``).
+    """
+    import scipy.sparse as sp
+
+    device = gpu_available() if device is None else device
+    name, A = resolve_graph(spec)
+    A = sp.csr_array(A, dtype=np.float32)
+    A.sum_duplicates()
+    A.sort_indices()
+    rng = np.random.default_rng(seed)
+    if device:
+        import cupy as cp
+        import cupyx.scipy.sparse as csp
+
+        Ad, xp = csp.csr_matrix(A), cp
+    else:
+        Ad, xp = A, np
+    T = TiledMatrix(A, dtype=np.float32)
+    stats = T.tile_stats()
+    U = distinct_window_columns(T)
+    g = {
+        "graph": name, "rows": A.shape[0], "cols": A.shape[1], "nnz": int(A.nnz), "U": U,
+        "windows": stats.windows, "blocks": stats.blocks, "blocks_before": stats.blocks_before,
+        "density": stats.density, "density_before": stats.density_before, "device": "cuda" if device else "cpu",
+        "notes": [],
+    }
+    g["prep"] = _prepare(A, max(3, repeat // 2), device)
+    spmm(T, xp.ones((A.shape[1], 1), np.float32))  # builds the plans, so memory counts them
+    csr_bytes = A.data.nbytes + A.indices.nbytes + A.indptr.nbytes
+    g["memory"] = {"csr_bytes": csr_bytes, "tiled_bytes": _nbytes(T._tiles), "plan_bytes": _nbytes(T._plans)}
+    g["memory"]["ratio"] = (g["memory"]["tiled_bytes"] + g["memory"]["plan_bytes"]) / csr_bytes
+    g["results"] = []
+    ours = OURS[device]
+    for D in dims:
+        Xs = [xp.asarray(rng.standard_normal((A.shape[1], D), dtype=np.float32)) for _ in range(n_inputs)]
+        traffic = traffic_bytes(A.nnz, A.shape[0], U, D)
+
+        def derive(row, D=D, traffic=traffic):
+            row["D"] = D
+            row["bytes"] = traffic
+            best_name = min(row["baselines"], key=lambda k: row["us"][k])
+            row["best_baseline"], best = best_name, row["us"][best_name]
+            row["speedup"] = {k: best / row["us"][k] for k in ours if k in row["us"]}
+            row["gflops"] = {k: 2 * A.nnz * D / (us * 1e3) for k, us in row["us"].items()}
+            row["gbps"] = {b: {k: traffic[b] / (us * 1e3) for k, us in row["us"].items()} for b in traffic}
+            if copy_bw:
+                row["pct_of_copy"] = {b: {k: 100 * v * 1e9 / copy_bw for k, v in row["gbps"][b].items()}
+                                      for b in traffic}
+            main = next(iter(ours))
+            saved_ms = (best - row["us"][main]) / 1e3
+            row["payback_calls"] = math.ceil(g["prep"]["build_ms"] / saved_ms) if saved_ms > 0 else None
+
+        for op in ops:
+            if op == "sddmm" and A.shape[0] != A.shape[1]:
+                g["notes"].append("SDDMM skipped: <X[i], X[j]> needs a square matrix")
+                continue
+            maker = _spmm_impls if op == "spmm" else _sddmm_impls
+            args = (A, Ad, T, Xs, device) + ((g["notes"],) if op == "sddmm" else ())
+            impls, baselines, closers = maker(*args)
+            try:
+                g["results"].append(_measure(op, impls, baselines, n_inputs, repeat, device, derive))
+            finally:
+                for c in closers:
+                    c.close()
+        del Xs
+    g["notes"] = sorted(set(g["notes"]))
+    return g
+
+
+def bench_reorder(spec, pattern="2:4", device=None):
+    """Reorder one graph (square) for an N:M pattern: quality and time.
+
+    >>> r = bench_reorder("banded:64:3", "2:4", device=False)
+    >>> r["graph"], r["pattern"], r["conforming"]
+    ('banded:64:3', '2:4', True)
+    """
+    import scipy.sparse as sp
+
+    device = gpu_available() if device is None else device
+    name, A = resolve_graph(spec)
+    A = sp.csr_array(A)
+    dev = "gpu" if device else "cpu"
+    reorder(resolve_graph("powerlaw:256:2000")[1], pattern, device=dev, max_iter=2, verbose=False)  # compiles
+    rep = reorder(A, pattern, device=dev, verbose=False).report
+    return {
+        "graph": name, "nodes": A.shape[0], "nnz": int(A.nnz), "pattern": str(rep.pattern),
+        "initial_pscore": rep.initial_pscore, "pscore": rep.pscore, "initial_mbscore": rep.initial_mbscore,
+        "mbscore": rep.mbscore, "improvement_rate": rep.improvement_rate, "conforming": rep.conforming,
+        "iterations": rep.iterations, "time_s": rep.time_s, "device": "cuda" if device else "cpu",
+    }

@@ -1,0 +1,81 @@
+"""Clocks: CUDA events on the device, ``perf_counter`` on the host; copy bandwidth."""
+
+import itertools
+import statistics
+import time
+
+import numpy as np
+
+__all__ = ["time_events", "time_host", "time_rotating", "time_back_to_back", "copy_bandwidth"]
+
+
+def time_events(fn, repeat=20, warmup=3):
+    """Median milliseconds of ``fn()`` between CUDA events, and every sample."""
+    import cupy as cp
+
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeat):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        samples.append(cp.cuda.get_elapsed_time(start, stop))
+    return statistics.median(samples), samples
+
+
+def time_host(fn, repeat=20, warmup=1):
+    """Median milliseconds of ``fn()`` by the host clock, and every sample."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(samples), samples
+
+
+def time_rotating(fn, n_inputs, repeat=20, warmup=3, device=True):
+    """Median milliseconds of ``fn(i)``, ``i`` cycling over ``n_inputs`` fresh inputs.
+
+    Rotating inputs keeps one call from finding the last call's operand in L2.
+    """
+    it = itertools.cycle(range(n_inputs))
+    clock = time_events if device else time_host
+    return clock(lambda: fn(next(it)), repeat, warmup)[0]
+
+
+def time_back_to_back(fn, n_inputs, calls=20, batches=3, device=True):
+    """Milliseconds per call when ``calls`` calls run back to back between two events (median of batches).
+
+    The host issues the next call while the device runs the last one, so launch
+    gaps and Python overhead hide behind device time where they can: the time
+    per call of a pipeline, against :func:`time_rotating`'s one call from idle.
+    """
+    it = itertools.cycle(range(n_inputs))
+
+    def batch():
+        for _ in range(calls):
+            fn(next(it))
+
+    clock = time_events if device else time_host
+    return clock(batch, batches, 1)[0] / calls
+
+
+def copy_bandwidth(device=True, nbytes=1 << 30, repeat=10):
+    """Bytes per second of a large buffer copy, counting the read and the write."""
+    if device:
+        import cupy as cp
+
+        a = cp.ones(nbytes // 4, cp.float32)
+        b = cp.empty_like(a)
+        ms = time_events(lambda: b.__setitem__(Ellipsis, a), repeat, 2)[0]
+    else:
+        nbytes = min(nbytes, 1 << 26)
+        a = np.ones(nbytes // 4, np.float32)
+        b = np.empty_like(a)
+        ms = time_host(lambda: np.copyto(b, a), repeat, 1)[0]
+    return 2 * a.nbytes / (ms * 1e-3)

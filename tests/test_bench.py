@@ -1,0 +1,221 @@
+"""The benchmark harness: traffic models, checks before timing, the CLI in reference mode, the asv suite.
+
+Performance itself is measured by the harness, never asserted here.
+"""
+
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from conftest import GPU
+from tcgnn_py import TiledMatrix
+from tcgnn_py.bench import bench_graph, distinct_window_columns, resolve_graph, traffic_bytes
+from tcgnn_py.bench._run import _measure
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_traffic_bounds_follow_the_issue_formulas():
+    nnz, n, U, D = 1000, 77, 640, 48
+    t = traffic_bytes(nnz, n, U, D)
+    assert t["gather"] == nnz * (4 + 4) + 4 * nnz * D + 4 * n * D
+    assert t["reuse"] == nnz * (4 + 4) + 4 * U * D + 4 * n * D
+
+
+@pytest.mark.parametrize("spec", ["powerlaw:203:1500", "banded:77:3", "uniform:150:900"])
+def test_distinct_window_columns_brute_force(spec):
+    """U counts distinct (row // 16, column) pairs, rows not a multiple of 16 included."""
+    _, A = resolve_graph(spec)
+    rows, cols = A.nonzero()
+    want = len(set(zip((rows // 16).tolist(), cols.tolist())))
+    assert distinct_window_columns(TiledMatrix(A)) == want
+
+
+@pytest.mark.parametrize("spec,shape,nnz", [("banded:10:1", (10, 10), 28), ("uniform:50:300", (50, 50), 300)])
+def test_synthetic_specs(spec, shape, nnz):
+    name, A = resolve_graph(spec)
+    assert name == spec and A.shape == shape and A.nnz == nnz and A.has_canonical_format
+
+
+def test_bad_synthetic_spec_is_a_clear_error():
+    with pytest.raises(ValueError, match="powerlaw:N:K"):
+        resolve_graph("powerlaw:many:5")
+    with pytest.raises(FileNotFoundError):
+        resolve_graph("no-such-graph")
+
+
+def test_wrong_results_are_not_timed():
+    """A product that disagrees with the baseline raises before any timing."""
+    X = np.arange(12, dtype=np.float32).reshape(4, 3)
+    impls = {"scipy": (lambda i: X, None), "tcgnn_ref": (lambda i: X + 1, None)}
+    with pytest.raises(RuntimeError, match="tcgnn_ref: relative error"):
+        _measure("spmm", impls, ["scipy"], 1, 1, False, lambda row: None)
+
+
+def test_bench_graph_reference_mode():
+    g = bench_graph("powerlaw:300:2500", dims=(5, 16), repeat=2, n_inputs=2, device=False, copy_bw=1e10, seed=1)
+    A = resolve_graph("powerlaw:300:2500")[1]
+    assert (g["rows"], g["nnz"]) == (300, A.nnz)
+    assert g["memory"]["csr_bytes"] == A.data.nbytes + A.indices.nbytes + A.indptr.nbytes
+    assert [(r["op"], r["D"]) for r in g["results"]] == [("spmm", 5), ("sddmm", 5), ("spmm", 16), ("sddmm", 16)]
+    for r in g["results"]:
+        assert set(r["us"]) == set(r["us_back_to_back"]) == set(r["err"])
+        assert all(v > 0 for v in r["us"].values())
+        assert max(r["err"].values()) < 1e-5  # reference path vs SciPy / NumPy
+        best = r["us"][r["best_baseline"]]
+        assert r["speedup"]["tcgnn_ref"] == pytest.approx(best / r["us"]["tcgnn_ref"])
+        assert r["gflops"]["tcgnn_ref"] == pytest.approx(2 * A.nnz * r["D"] / (r["us"]["tcgnn_ref"] * 1e3))
+        b = r["bytes"]
+        assert b == traffic_bytes(A.nnz, 300, g["U"], r["D"]) and b["reuse"] <= b["gather"]
+        assert r["pct_of_copy"]["gather"]["tcgnn_ref"] == pytest.approx(
+            100 * b["gather"] / (r["us"]["tcgnn_ref"] * 1e-6) / 1e10)
+
+
+def test_cli_reference_mode(tmp_path):
+    """``python -m tcgnn_py.bench --device cpu``: tables, JSON, markdown and plot on a tiny graph (what CI runs)."""
+    out = tmp_path / "run.json"
+    cmd = [sys.executable, "-m", "tcgnn_py.bench", "banded:60:2", "powerlaw:200:1500", "--device", "cpu",
+           "--dims", "4,9", "--repeat", "2", "--inputs", "1", "--ops", "spmm,sddmm,reorder",
+           "--json", str(out), "--markdown", str(tmp_path / "b.md")]
+    if importlib.util.find_spec("matplotlib"):
+        cmd += ["--plot", str(tmp_path / "b.png")]
+    env = dict(os.environ, TCGNN_PY_DEVICE="cpu", PYTHONPATH=str(ROOT))
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert res.returncode == 0, res.stderr
+    assert "== banded:60:2" in res.stdout and "spmm D=9" in res.stdout and "2:4" in res.stdout
+    data = json.loads(out.read_text())
+    assert data["env"]["copy_bandwidth_gbps"] > 0 and data["env"]["numpy"] == np.__version__
+    assert [g["graph"] for g in data["graphs"]] == ["banded:60:2", "powerlaw:200:1500"]
+    assert {r["graph"] for r in data["reorder"]} == {"banded:60:2", "powerlaw:200:1500"}
+    md = (tmp_path / "b.md").read_text()
+    assert "### SPMM" in md and "### SDDMM" in md and "### N:M reorder" in md and "| banded:60:2 | 294 | 9 |" in md
+    if "--plot" in cmd:
+        assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_rejects_unknown_ops():
+    from tcgnn_py.bench.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["cora", "--ops", "spmm,gemm"])
+
+
+# --- asv suite -------------------------------------------------------------
+
+sys.path.insert(0, str(ROOT / "asv_bench"))
+ASV_MODULES = ["benchmarks.spmm", "benchmarks.sddmm", "benchmarks.preprocess", "benchmarks.reorder"]
+
+
+def _asv_classes():
+    for name in ASV_MODULES:
+        mod = importlib.import_module(name)
+        for _, cls in inspect.getmembers(mod, inspect.isclass):
+            if cls.__module__ == mod.__name__:
+                yield cls
+
+
+def test_asv_config_is_valid_json5():
+    import re
+
+    text = (ROOT / "asv_bench" / "asv.conf.json").read_text()
+    conf = json.loads(re.sub(r"^\s*//.*$", "", text, flags=re.M))
+    assert conf["environment_type"] == "existing" and conf["repo"] == ".."
+    assert (ROOT / "asv_bench" / conf["benchmark_dir"]).is_dir()
+
+
+def test_asv_suite_shape():
+    """Parameters match their names, every benchmark takes them, every track_ has a unit."""
+    classes = list(_asv_classes())
+    assert {c.__name__ for c in classes} >= {"SpMM", "SDDMM", "SGT", "Reorder", "TileQuality"}
+    for cls in classes:
+        assert len(cls.params) == len(cls.param_names), cls
+        assert hasattr(cls, "setup_cache"), cls
+        methods = [m for m in dir(cls) if m.startswith(("time_", "track_"))]
+        assert methods, cls
+        for m in methods:
+            fn = getattr(cls, m)
+            assert len(inspect.signature(fn).parameters) == 2 + len(cls.params), (cls, m)
+            if m.startswith("track_"):
+                assert getattr(fn, "unit", None), (cls, m)
+
+
+@pytest.mark.skipif(GPU, reason="checks the no-GPU path")
+def test_asv_setup_without_gpu_reports_not_implemented():
+    from benchmarks.spmm import SpMM
+
+    with pytest.raises(NotImplementedError, match="needs a CUDA GPU"):
+        SpMM().setup({}, "cora", 64, "tcgnn_tf32")
+
+
+# --- on the device -----------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_bench_graph_on_device():
+    g = bench_graph("powerlaw:3001:20000", dims=(7, 64), repeat=3, n_inputs=2, copy_bw=4e12, seed=3)
+    assert g["device"] == "cuda"
+    for r in g["results"]:
+        want = {"spmm": {"cusparse_alg2", "cusparse_alg3", "tcgnn_tf32", "tcgnn_fp32", "cupyx"},
+                "sddmm": {"cusparse_sddmm", "gather_dot", "tcgnn_tf32", "tcgnn_fp32"}}[r["op"]]
+        assert set(r["us"]) == want, g["notes"]
+        assert r["err"]["tcgnn_tf32"] < 5e-3 and r["err"]["tcgnn_fp32"] < 1e-5
+        assert r["best_baseline"] in r["baselines"]
+
+
+@pytest.mark.gpu
+def test_gather_dot_and_cusparse_sddmm_baselines_agree_with_numpy():
+    import cupy as cp
+    import cupyx.scipy.sparse as csp
+
+    from tcgnn_py.bench import CusparseSDDMM, GatherDotSDDMM
+
+    A = sp.csr_array(resolve_graph("powerlaw:517:4000")[1], dtype=np.float32)
+    rows = np.repeat(np.arange(A.shape[0]), np.diff(A.indptr))
+    for D in (1, 5, 32, 70):
+        X = np.random.default_rng(D).integers(-4, 5, (A.shape[0], D)).astype(np.float32)
+        want = np.einsum("ij,ij->i", X[rows], X[A.indices])
+        for cls in (GatherDotSDDMM, CusparseSDDMM):
+            out = cp.full(A.nnz, cp.nan, cp.float32)
+            b = cls(csp.csr_matrix(A), [cp.asarray(X)], out)
+            b(0)
+            b.close()
+            np.testing.assert_array_equal(out.get(), want, err_msg=f"{cls.__name__} D={D}")
+
+
+@pytest.mark.gpu
+def test_asv_benchmarks_run_one_call_each():
+    """Every asv benchmark's setup and timed body on cora at D=64, as asv would call them."""
+    from benchmarks import common
+
+    graphs = common.load(["cora"])
+    for cls in _asv_classes():
+        names = cls.param_names
+        for combo in _first_combos(cls):
+            if "graph" in names:
+                combo = tuple("cora" if n == "graph" else v for n, v in zip(names, combo))
+            if "D" in names:
+                combo = tuple(64 if n == "D" else v for n, v in zip(names, combo))
+            b = cls()
+            b.setup(graphs, *combo)
+            for m in dir(cls):
+                if m.startswith(("time_", "track_")):
+                    getattr(b, m)(graphs, *combo)
+            if hasattr(b, "teardown"):
+                b.teardown(graphs, *combo)
+
+
+def _first_combos(cls):
+    """Every value of the last parameter, the first value of the others."""
+    import itertools
+
+    firsts = [[p[0]] for p in cls.params[:-1]]
+    return itertools.product(*firsts, cls.params[-1])
