@@ -62,9 +62,11 @@ def test_wrong_results_are_not_timed():
 
 
 def test_bench_graph_reference_mode():
+    """``device=False`` runs the exact reference path, also where a GPU is usable."""
     g = bench_graph("powerlaw:300:2500", dims=(5, 16), repeat=2, n_inputs=2, device=False, copy_bw=1e10, seed=1)
     A = resolve_graph("powerlaw:300:2500")[1]
     assert (g["rows"], g["nnz"]) == (300, A.nnz)
+    assert g["device"] == "cpu"
     assert g["memory"]["csr_bytes"] == A.data.nbytes + A.indices.nbytes + A.indptr.nbytes
     assert [(r["op"], r["D"]) for r in g["results"]] == [("spmm", 5), ("sddmm", 5), ("spmm", 16), ("sddmm", 16)]
     for r in g["results"]:
@@ -88,7 +90,8 @@ def test_cli_reference_mode(tmp_path):
            "--json", str(out), "--markdown", str(tmp_path / "b.md")]
     if importlib.util.find_spec("matplotlib"):
         cmd += ["--plot", str(tmp_path / "b.png")]
-    env = dict(os.environ, TCGNN_PY_DEVICE="cpu", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, TCGNN_PY_DEVICE="cpu",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
     assert res.returncode == 0, res.stderr
     assert "== banded:60:2" in res.stdout and "spmm D=9" in res.stdout and "2:4" in res.stdout
