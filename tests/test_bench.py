@@ -182,6 +182,7 @@ def test_gather_dot_and_cusparse_sddmm_baselines_agree_with_numpy():
     from tcgnn_py.bench import CusparseSDDMM, GatherDotSDDMM
 
     A = sp.csr_array(resolve_graph("powerlaw:517:4000")[1], dtype=np.float32)
+    A.indices, A.indptr = A.indices.astype(np.int64), A.indptr.astype(np.int64)  # cupyx keeps int64
     rows = np.repeat(np.arange(A.shape[0]), np.diff(A.indptr))
     for D in (1, 5, 32, 70):
         X = np.random.default_rng(D).integers(-4, 5, (A.shape[0], D)).astype(np.float32)

@@ -2,7 +2,8 @@
 # One device call: GPU test suite, compute-sanitizer memcheck, benchmarks.
 # Run from the repo root on the GPU machine after ../shared/tools/prepare-gpu.sh staged .whl and .gpu.
 # STEPS picks what runs (default: "test memcheck bench reorder asv"); PYTEST_ARGS, BENCH_GRAPHS, BENCH_ARGS,
-# REORDER_GRAPHS, REORDER_ARGS and ASV_ARGS customise.  .whl carries numpy 2.4.6 and asv with its dependencies.
+# REORDER_GRAPHS, REORDER_ARGS and ASV_ARGS customise; COMMIT is the hash asv files results under (the
+# device's copy of .git may lag the working tree: pass COMMIT=$(git rev-parse HEAD) from the checkout).  .whl carries numpy 2.4.6 and asv with its dependencies.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD || exit 1
@@ -63,7 +64,7 @@ if [[ " $STEPS " == *" asv "* ]]; then
   # asv drops PYTHONPATH from benchmark processes; ASV_PYTHONPATH is its way in.
   (cd asv_bench && python3 -m asv machine --yes > /dev/null \
     && ASV_PYTHONPATH=$PYTHONPATH python3 -m asv run --python=same ${ASV_ARGS---quick} \
-       --set-commit-hash "$(git rev-parse HEAD)" > "$OUT/asv.log" 2>&1 \
+       --set-commit-hash "${COMMIT:-$(git rev-parse HEAD)}" > "$OUT/asv.log" 2>&1 \
     && python3 -m asv publish >> "$OUT/asv.log" 2>&1 && tar czf "$OUT/asv-results.tgz" results html) || rc=1
   grep -E "failed|Traceback" "$OUT/asv.log" | head; grep -c " ok$" "$OUT/asv.log" | sed 's/^/asv benchmarks ok: /'
 fi

@@ -18,6 +18,16 @@ _ORDER_ROW, _R_32F, _SDDMM_ALG_DEFAULT = 2, 0, 0
 _OP_N, _OP_T = 0, 1
 
 
+def _csr_int32(A):
+    """``(indptr, indices)`` of a cupyx CSR matrix as int32, which these kernels and descriptors read.
+
+    cupyx keeps a scipy matrix's int64 indices as they are; read as int32 they would be wrong.
+    """
+    import cupy as cp
+
+    return A.indptr.astype(cp.int32, copy=False), A.indices.astype(cp.int32, copy=False)
+
+
 class CusparseRowMajor:
     """``Y = A @ X`` through cusparseSpMM with row-major X and Y (one algorithm).
 
@@ -35,8 +45,9 @@ class CusparseRowMajor:
         self.alpha, self.beta = np.array(1, np.float32), np.array(0, np.float32)
         self.op = cs.CUSPARSE_OPERATION_NON_TRANSPOSE
         i32 = cs.CUSPARSE_INDEX_32I
-        self._keep = (A, Xs, Y)
-        self.matA = cs.createCsr(A.shape[0], A.shape[1], A.nnz, A.indptr.data.ptr, A.indices.data.ptr,
+        indptr, indices = _csr_int32(A)
+        self._keep = (A, Xs, Y, indptr, indices)
+        self.matA = cs.createCsr(A.shape[0], A.shape[1], A.nnz, indptr.data.ptr, indices.data.ptr,
                                  A.data.data.ptr, i32, i32, cs.CUSPARSE_INDEX_BASE_ZERO, _R_32F)
         order = getattr(cs, "CUSPARSE_ORDER_ROW", _ORDER_ROW)
         D = Y.shape[1]
@@ -102,8 +113,9 @@ class CusparseSDDMM:
         self.cs, self.handle = cs, device.get_cusparse_handle()
         self.alpha, self.beta = np.array(1, np.float32), np.array(0, np.float32)
         i32 = cs.CUSPARSE_INDEX_32I
-        self._keep = (A, Xs, out)
-        self.matC = cs.createCsr(A.shape[0], A.shape[1], A.nnz, A.indptr.data.ptr, A.indices.data.ptr,
+        indptr, indices = _csr_int32(A)
+        self._keep = (A, Xs, out, indptr, indices)
+        self.matC = cs.createCsr(A.shape[0], A.shape[1], A.nnz, indptr.data.ptr, indices.data.ptr,
                                  out.data.ptr, i32, i32, cs.CUSPARSE_INDEX_BASE_ZERO, _R_32F)
         D = Xs[0].shape[1]
         self.mats = [cs.createDnMat(X.shape[0], D, D, X.data.ptr, _R_32F, _ORDER_ROW) for X in Xs]
@@ -135,10 +147,11 @@ class GatherDotSDDMM:
 
         from ..kernels import products as kp
 
-        self.rows = cp.repeat(cp.arange(A.shape[0], dtype=cp.int32), cp.diff(A.indptr).astype(cp.int64))
-        self.cols, self.Xs, self.out = A.indices, Xs, out
+        indptr, self.cols = _csr_int32(A)
+        self.rows = cp.repeat(cp.arange(A.shape[0], dtype=cp.int32), cp.diff(indptr).astype(cp.int64))
+        self.Xs, self.out = Xs, out
         D = Xs[0].shape[1]
-        self.group = next(g for g in kp.BASELINE_GROUPS if g >= min(D, 32) or g == 32)
+        self.group = next(g for g in kp.BASELINE_GROUPS if g >= min(D, 32))
         self.kernel = kp.get_kernel("baseline", kp.baseline_sddmm_name(self.group))
         threads = 256
         self.grid = (-(-A.nnz * self.group // threads),)

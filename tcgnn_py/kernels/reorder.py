@@ -31,7 +31,7 @@ NONE = -(1 << 62)
 __all__ = ["pack_bits", "vector_codes", "count_meta_violations", "gains_batch", "stage2_round", "KERNELS", "NONE"]
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def pack_bits(ids, bits, width, out):
     """``out[ids[e]] |= bits[e]`` for every ``e`` (``out`` zeroed, ``bits`` < 2**width)."""
     e = cuda.grid(1)
@@ -53,7 +53,7 @@ def pack_bits(ids, bits, width, out):
         cuda.atomic.or_(out, key, np.uint32(acc))
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def vector_codes(vseg, bits, n_seg, N, M, K, tokens, flags, seg_pscore, seg_nnz):
     """Per segment vector: sort key, flags, and per-segment sums.
 
@@ -88,7 +88,7 @@ def vector_codes(vseg, bits, n_seg, N, M, K, tokens, flags, seg_pscore, seg_nnz)
     cuda.atomic.add(seg_nnz, s, p)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def count_meta_violations(mbits, hviol, K, count):
     """``count[0] += #{i: popc(mbits[i]) > K or hviol[i]}``."""
     i = cuda.grid(1)
@@ -222,7 +222,7 @@ def _lane0_sub(ps, s, delta):
     return cuda.shfl_sync(FULL_MASK, new, 0)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def gains_batch(I, W, seg_ptr, seg_row, seg_bits, vec_ptr, vec_seg, vec_bits, N, M, pre):
     """Gains of the pairs ``(I[i], I[i + 1 + w])``, ``w < W``, one warp each.
 
@@ -285,7 +285,7 @@ def _try_swap(a, b, N, M, tabs, used, swaps, nsw, gp, gt, gx, pre, slot):
     return True, np.int64(gpq), np.int64(gtq)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def stage2_round(
     I, spare, ps, seg_ptr, seg_row, seg_bits, vec_ptr, vec_seg, vec_bits,
     N, M, used, dead, pre, W, swaps, n_swaps,

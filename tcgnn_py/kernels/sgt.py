@@ -51,7 +51,7 @@ def _lower_bound(indices, lo, hi, value):
     return lo
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def rank_edges(indptr, indices, edge_row, n_rows, window, rank, first_flag):
     """Rank of each edge in its window's merged order, and first-occurrence flags.
 
@@ -94,7 +94,7 @@ def rank_edges(indptr, indices, edge_row, n_rows, window, rank, first_flag):
         first_flag[win_first_edge + cnt] = 1 if group_bits == 0 else 0
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def condense_edges(
     indptr, indices, edge_row, window, block, win_ptr, scan, first_flag, kidx, block_cols, block_win
 ):
@@ -119,7 +119,7 @@ def condense_edges(
             block_win[b] = w
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def count_block_rows(indptr, indices, n_rows, window, block, block_cols, block_win, row_off, block_nnz):
     """Per block: each row's entry offset inside the block, and the block's entry count."""
     tid = cuda.grid(1)
@@ -154,7 +154,7 @@ def count_block_rows(indptr, indices, n_rows, window, block, block_cols, block_w
             block_nnz[b] = incl
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def scatter_edges(
     indptr, edge_row, data, window, block, win_ptr, kidx, block_ptr, row_off, tile_pos, values, perm
 ):
@@ -182,7 +182,7 @@ def scatter_edges(
     perm[out] = e
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def sum_runs(starts, data, out):
     """Sum ``data`` over each run ``starts[i]:starts[i+1]``, left to right."""
     i = cuda.grid(1)
