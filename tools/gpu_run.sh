@@ -3,7 +3,8 @@
 # Run from the repo root on the GPU machine after ../shared/tools/prepare-gpu.sh staged .whl and .gpu.
 # STEPS picks what runs (default: "test memcheck bench reorder asv"); PYTEST_ARGS, BENCH_GRAPHS, BENCH_ARGS,
 # REORDER_GRAPHS, REORDER_ARGS and ASV_ARGS customise; COMMIT is the hash asv files results under (the
-# device's copy of .git may lag the working tree: pass COMMIT=$(git rev-parse HEAD) from the checkout).  .whl carries numpy 2.4.6 and asv with its dependencies.
+# device's copy of .git may lag the checkout: run `git bundle create .gpu/head.bundle BASE..HEAD` here and
+# pass COMMIT=$(git rev-parse HEAD)).  .whl carries numpy 2.4.6 and asv with its dependencies.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD || exit 1
@@ -62,6 +63,8 @@ fi
 if [[ " $STEPS " == *" asv "* ]]; then
   echo "== asv run --python=same ${ASV_ARGS---quick} =="
   # asv drops PYTHONPATH from benchmark processes; ASV_PYTHONPATH is its way in.
+  # The device's .git may lag: fetch the commits bundled into .gpu/head.bundle (see the top).
+  [ -f .gpu/head.bundle ] && git fetch -q .gpu/head.bundle "+HEAD:refs/asv/head" 2>/dev/null
   (cd asv_bench && python3 -m asv machine --yes > /dev/null \
     && ASV_PYTHONPATH=$PYTHONPATH python3 -m asv run --python=same ${ASV_ARGS---quick} \
        --set-commit-hash "${COMMIT:-$(git rev-parse HEAD)}" > "$OUT/asv.log" 2>&1 \
