@@ -3,7 +3,7 @@
 import os
 import pathlib
 
-from .._io import load_graph
+from .._io import load_cora, load_graph
 from .._synth import banded_graph, power_law_graph, uniform_graph
 
 __all__ = ["resolve_graph", "SYNTHETIC", "data_roots"]
@@ -24,7 +24,8 @@ def data_roots():
 def resolve_graph(spec):
     """``(name, scipy csr_array)`` of a graph spec.
 
-    ``spec`` is a graph name under :func:`data_roots`, a path to a graph folder,
+    ``spec`` is a graph name under :func:`data_roots` (``cora`` falls back to the
+    bundled copy), a path to a graph folder,
     ``.npz`` or ``.mtx``, or a synthetic ``powerlaw:N:NNZ``, ``uniform:N:NNZ`` or
     ``banded:N:HALF_WIDTH`` graph (fixed seed).
 
@@ -45,4 +46,6 @@ def resolve_graph(spec):
     for root in data_roots():
         if (root / spec / "adj_csr.npz").exists():
             return spec, load_graph(root / spec).adj
+    if spec == "cora":
+        return spec, load_cora().adj  # bundled with the package
     return pathlib.Path(spec).stem, load_graph(spec).adj

@@ -4,7 +4,7 @@ __all__ = ["print_graph", "print_reorder", "markdown", "plot_speedups"]
 
 
 def _fmt(v, spec=".1f"):
-    return "-" if v is None else format(v, spec)
+    return "-" if v is None or v != v else format(v, spec)
 
 
 def print_graph(g, out=print):
@@ -24,7 +24,7 @@ def print_graph(g, out=print):
         pct = r.get("pct_of_copy")
         out(f"   {r['op']} D={r['D']}  (bounds: gather {r['bytes']['gather'] / 1e6:.1f} MB, "
             f"reuse {r['bytes']['reuse'] / 1e6:.1f} MB; best baseline {r['best_baseline']}; "
-            f"SGT paid back after: {r['payback_calls'] or 'never'} calls)")
+            + (f"build paid back after {r['payback_calls']} calls)" if r["payback_calls"] else "build never paid back)"))
         out(f"     {'implementation':<18}{'us':>10}{'x best':>8}{'GFLOP/s':>9}{'GB/s gath':>10}{'%copy':>7}"
             f"{'GB/s reuse':>11}{'%copy':>7}{'rel err':>9}{'b2b us':>9}")
         best = r["us"][r["best_baseline"]]
@@ -41,7 +41,7 @@ def print_reorder(rows, out=print):
     out(f"\n{'graph':<26}{'nnz':>12}{'pattern':>9}{'PScore':>18}{'improved':>10}{'conforming':>11}{'time s':>9}")
     for r in rows:
         out(f"{r['graph']:<26}{r['nnz']:>12,}{r['pattern']:>9}{r['initial_pscore']:>9,} ->{r['pscore']:>6,}"
-            f"{100 * r['improvement_rate']:>9.2f}%{'yes' if r['conforming'] else 'no':>11}{r['time_s']:>9.3f}")
+            f"{_fmt(100 * r['improvement_rate'], '.2f'):>9}%{'yes' if r['conforming'] else 'no':>11}{r['time_s']:>9.3f}")
 
 
 def markdown(graphs, reorders=(), dims=None):
@@ -82,7 +82,7 @@ def markdown(graphs, reorders=(), dims=None):
                   "conforming | time s |", "|---|---|---|---|---|---|---|"]
         for r in reorders:
             lines.append(f"| {r['graph']} | {r['nnz']:,} | {r['pattern']} | {r['initial_pscore']:,} -> {r['pscore']:,} "
-                         f"| {100 * r['improvement_rate']:.2f}% | {'yes' if r['conforming'] else 'no'} | "
+                         f"| {_fmt(100 * r['improvement_rate'], '.2f')}% | {'yes' if r['conforming'] else 'no'} | "
                          f"{r['time_s']:.3f} |")
     return "\n".join(lines) + "\n"
 
