@@ -87,3 +87,32 @@ class Rotating:
     def __call__(self):
         self.i = (self.i + 1) % self.n
         return self.i
+
+
+class ProductBenchmark:
+    """Frame of the product benchmarks: graph x width x implementation, fresh inputs rotated.
+
+    Subclasses set ``params`` and ``feature_rows`` and build the call in ``make``
+    (setting ``self.closer`` when it holds library descriptors).
+    """
+
+    param_names = ["graph", "D", "impl"]
+    timeout = 600
+    feature_rows = 1  # 0: A's rows, 1: A's columns
+
+    def setup_cache(self):
+        return load(PRODUCT_GRAPHS)
+
+    def setup(self, graphs, graph, D, impl):
+        require_gpu()
+        A = graphs[graph]
+        self.Xs = features(A.shape[self.feature_rows], D)
+        self.next = Rotating(len(self.Xs))
+        self.closer = None
+        self.fn = self.make(A, D, impl)
+        self.fn(0)
+        sync()
+
+    def teardown(self, graphs, graph, D, impl):
+        if getattr(self, "closer", None) is not None:
+            self.closer.close()

@@ -2,48 +2,32 @@
 
 import numpy as np
 
-from .common import DIMS, PRODUCT_GRAPHS, Rotating, features, load, require_gpu, sync
+from .common import DIMS, PRODUCT_GRAPHS, ProductBenchmark, load, require_gpu, sync
 
 IMPLS = ["tcgnn_tf32", "tcgnn_fp32", "cusparse_alg2", "cusparse_alg3", "cupyx"]
 
 
-class SpMM:
+class SpMM(ProductBenchmark):
     params = [PRODUCT_GRAPHS, DIMS, IMPLS]
-    param_names = ["graph", "D", "impl"]
-    timeout = 600
 
-    def setup_cache(self):
-        return load(PRODUCT_GRAPHS)
-
-    def setup(self, graphs, graph, D, impl):
-        require_gpu()
+    def make(self, A, D, impl):
         import cupy as cp
         import cupyx.scipy.sparse as csp
 
         import tcgnn_py as tg
         from tcgnn_py.bench import CSR_ALG2, CSR_ALG3, CusparseRowMajor
 
-        A = graphs[graph]
-        self.Xs = features(A.shape[1], D)
         self.Y = cp.empty((A.shape[0], D), cp.float32)
-        self.next = Rotating(len(self.Xs))
-        self.closer = None
         if impl.startswith("tcgnn"):
             T = tg.TiledMatrix(A, dtype=np.float32)
             precision = impl.split("_")[1]
-            self.fn = lambda i: tg.spmm(T, self.Xs[i], out=self.Y, precision=precision)
-        elif impl == "cupyx":
+            return lambda i: tg.spmm(T, self.Xs[i], out=self.Y, precision=precision)
+        if impl == "cupyx":
             Ad = csp.csr_matrix(A)
-            self.fn = lambda i: Ad @ self.Xs[i]
-        else:
-            alg = CSR_ALG2 if impl == "cusparse_alg2" else CSR_ALG3
-            self.fn = self.closer = CusparseRowMajor(csp.csr_matrix(A), self.Xs, self.Y, alg)
-        self.fn(0)
-        sync()
-
-    def teardown(self, graphs, graph, D, impl):
-        if getattr(self, "closer", None) is not None:
-            self.closer.close()
+            return lambda i: Ad @ self.Xs[i]
+        alg = CSR_ALG2 if impl == "cusparse_alg2" else CSR_ALG3
+        self.closer = CusparseRowMajor(csp.csr_matrix(A), self.Xs, self.Y, alg)
+        return self.closer
 
     def time_spmm(self, graphs, graph, D, impl):
         self.fn(self.next())
