@@ -6,6 +6,7 @@ it is timed; a result off by more than its precision allows raises instead of
 producing a number.
 """
 
+import functools
 import math
 
 import numpy as np
@@ -23,8 +24,9 @@ __all__ = ["bench_graph", "bench_reorder", "traffic_bytes", "distinct_window_col
 
 DEFAULT_DIMS = (32, 64, 128, 256)
 
-#: Largest relative Frobenius error against the checking baseline before timing.
-TOLERANCE = {"tf32": 5e-3, "fp32": 1e-5, "ref": 1e-5}
+#: Largest relative Frobenius error against the checking baseline before timing
+#: (TF32 products, and everything else: fp32, the reference path, other baselines).
+TOLERANCE = {"tf32": 5e-3, "fp32": 1e-5}
 
 #: Our implementations per mode: ``name -> precision``.
 OURS = {True: {"tcgnn_tf32": "tf32", "tcgnn_fp32": "fp32"}, False: {"tcgnn_ref": None}}
@@ -62,7 +64,7 @@ def _rel_err(got, want):
 
 
 def _check(op, impl, err):
-    tol = TOLERANCE["tf32" if impl.endswith("tf32") else "fp32" if impl != "tcgnn_ref" else "ref"]
+    tol = TOLERANCE["tf32" if impl.endswith("tf32") else "fp32"]
     if not err <= tol:
         raise RuntimeError(f"{op} {impl}: relative error {err:.2e} against the baseline exceeds {tol:.0e}")
 
@@ -75,23 +77,19 @@ def _tiled(A, device):
     return TiledMatrix._from_parts(tiles, A.shape, (16, 8))
 
 
-def _prepare(A, repeat, device):
-    """Preprocessing times (ms): SGT alone, CSR -> ready TiledMatrix, host scipy -> TiledMatrix."""
+def _prepare(A, Ad, xp, repeat, device):
+    """Preprocessing times (ms): SGT alone, CSR -> ready TiledMatrix, host scipy -> TiledMatrix.
+
+    ``Ad`` is A where the products run: a cupyx matrix on the device, A itself on the host.
+    """
     out = {}
+    clock = time_events if device else time_host
     if device:
-        import cupy as cp
         import cupyx.scipy.sparse as csp
 
-        Ad = csp.csr_matrix(A)
-        arrays = (Ad.data, Ad.indices, Ad.indptr)
-        x1 = cp.ones((A.shape[1], 1), cp.float32)
-        clock = time_events
         out["csr_upload_ms"] = clock(lambda: csp.csr_matrix(A), repeat)[0]
-    else:
-        arrays = (A.data, A.indices, A.indptr)
-        x1 = np.ones((A.shape[1], 1), np.float32)
-        Ad = A
-        clock = time_host
+    arrays = (Ad.data, Ad.indices, Ad.indptr)
+    x1 = xp.ones((A.shape[1], 1), np.float32)
     out["sgt_ms"] = clock(lambda: _sgt.translate(*arrays, A.shape, 16, 8), repeat)[0]
     # Ready to multiply: translation plus the work plan the first product builds.
     out["build_ms"] = clock(lambda: spmm(_tiled(Ad, device), x1), repeat)[0]
@@ -227,7 +225,7 @@ def bench_graph(spec, ops=("spmm", "sddmm"), dims=DEFAULT_DIMS, repeat=20, n_inp
         "density": stats.density, "density_before": stats.density_before, "device": "cuda" if device else "cpu",
         "notes": [],
     }
-    g["prep"] = _prepare(A, max(3, repeat // 2), device)
+    g["prep"] = _prepare(A, Ad, xp, max(3, repeat // 2), device)
     spmm(T, xp.ones((A.shape[1], 1), np.float32))  # builds the plans, so memory counts them
     csr_bytes = A.data.nbytes + A.indices.nbytes + A.indptr.nbytes
     g["memory"] = {"csr_bytes": csr_bytes, "tiled_bytes": _nbytes(T._tiles), "plan_bytes": _nbytes(T._plans)}
@@ -270,6 +268,12 @@ def bench_graph(spec, ops=("spmm", "sddmm"), dims=DEFAULT_DIMS, repeat=20, n_inp
     return g
 
 
+@functools.cache
+def _warm_reorder(pattern, dev):
+    """One small reorder per process and pattern, so kernel loading stays out of the timed one."""
+    reorder(resolve_graph("powerlaw:256:2000")[1], pattern, device=dev, max_iter=2, verbose=False)
+
+
 def bench_reorder(spec, pattern="2:4", device=None):
     """Reorder one graph (square) for an N:M pattern: quality and time.
 
@@ -283,7 +287,7 @@ def bench_reorder(spec, pattern="2:4", device=None):
     name, A = resolve_graph(spec)
     A = sp.csr_array(A)
     dev = "gpu" if device else "cpu"
-    reorder(resolve_graph("powerlaw:256:2000")[1], pattern, device=dev, max_iter=2, verbose=False)  # compiles
+    _warm_reorder(pattern, dev)
     rep = reorder(A, pattern, device=dev, verbose=False).report
     return {
         "graph": name, "nodes": A.shape[0], "nnz": int(A.nnz), "pattern": str(rep.pattern),
