@@ -12,7 +12,7 @@ from . import _reference as ref
 from ._device import array_module
 from ._validation import INDEX_MAX
 
-__all__ = ["tile", "translate", "translate_kernels", "canonicalize_kernels", "coo_to_csr"]
+__all__ = ["tile", "translate", "translate_kernels", "canonicalize_kernels", "coo_to_csr", "coo_to_csr_order"]
 
 _TPB = 256  # threads per block: a multiple of 32, so lane groups stay inside warps
 
@@ -157,9 +157,15 @@ def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None
 
 def coo_to_csr(data, rows, cols, shape):
     """Canonical CSR of COO entries with distinct (row, col) pairs, on their device."""
+    order, indices, indptr = coo_to_csr_order(rows, cols, shape)
+    return data[order], indices, indptr
+
+
+def coo_to_csr_order(rows, cols, shape):
+    """``(order, indices, indptr)``: CSR of distinct COO pairs, ``data[order]`` its values."""
     xp = array_module(rows)
     n_rows, n_cols = shape
     order = xp.argsort(rows.astype(np.int64) * n_cols + cols, kind="stable")
     rows_s = rows[order]
     indptr = xp.searchsorted(rows_s, xp.arange(n_rows + 1), side="left").astype(np.int32)
-    return data[order], cols[order].astype(np.int32), indptr
+    return order, cols[order].astype(np.int32), indptr

@@ -145,6 +145,9 @@ class TiledMatrix:
         self._stats = None
         self._plans = {}  # SpMM work plans: depend on the tiling only
         self._casts = {}  # values cast to a product's dtype
+        self._root = None  # the matrix whose tiling this one shares (with_values, sddmm)
+        self._transpose_src = None  # Aᵀ's tiled values are values[_transpose_src]
+        self._rows = None  # row of every tiled entry
 
     # --- array protocol -------------------------------------------------
     @property
@@ -247,28 +250,53 @@ class TiledMatrix:
     def _with_tiled_values(self, tiled_values):
         tiles = dict(self._tiles, values=tiled_values)
         new = TiledMatrix._from_parts(tiles, self._shape, self._tile_shape)
-        new._plans = self._plans  # same tiling, same work plans
+        new._root = self if self._root is None else self._root
+        new._plans = new._root._plans  # same tiling, same work plans
         return new
+
+    def _entry_rows(self):
+        """Row of every stored entry, in tiled order (int32; computed once per tiling)."""
+        root = self if self._root is None else self._root
+        if root._rows is None:
+            t = root._tiles
+            rows, _ = ref.tiled_rows_cols(
+                t["win_ptr"], t["block_cols"], t["block_ptr"], t["tile_pos"], root._tile_shape[0]
+            )
+            root._rows = rows.astype(np.int32)
+        return root._rows
 
     # --- transpose -----------------------------------------------------------
     def transpose(self, axes=None, copy=False):
-        """Aᵀ, re-translated with the same tile shape (cached)."""
+        """Aᵀ, re-translated with the same tile shape (cached).
+
+        Matrices that share a tiling (from :meth:`with_values` or :func:`sddmm`)
+        share the translation of Aᵀ too: theirs costs one gather of the values.
+        """
         if axes is not None and tuple(axes) != (1, 0):
             raise ValueError("Sparse arrays do not support an 'axes' parameter other than (1, 0)")
-        if self._transpose is None:
-            rows, cols = ref.tiled_rows_cols(
-                self._tiles["win_ptr"], self._tiles["block_cols"], self._tiles["block_ptr"],
-                self._tiles["tile_pos"], self._tile_shape[0],
-            )
-            shape_t = self._shape[::-1]
-            data, indices, indptr = _sgt.coo_to_csr(self._tiles["values"], cols, rows, shape_t)
-            t = TiledMatrix._from_parts(
-                _sgt.translate(data, indices, indptr, shape_t, *self._tile_shape),
-                shape_t, self._tile_shape,
-            )
-            t._transpose = self
-            self._transpose = t
-        return self._transpose
+        if self._transpose is not None:
+            return self._transpose
+        root = self._root
+        if root is not None:
+            # Not cached: a sibling <-> transpose cycle would hold device memory until a GC pass.
+            root_t = root.transpose()
+            return root_t._with_tiled_values(self._tiles["values"][root._transpose_src])
+        rows, cols = ref.tiled_rows_cols(
+            self._tiles["win_ptr"], self._tiles["block_cols"], self._tiles["block_ptr"],
+            self._tiles["tile_pos"], self._tile_shape[0],
+        )
+        shape_t = self._shape[::-1]
+        order, indices, indptr = _sgt.coo_to_csr_order(cols, rows, shape_t)
+        tiles_t = _sgt.translate(self._tiles["values"][order], indices, indptr, shape_t, *self._tile_shape)
+        t = TiledMatrix._from_parts(tiles_t, shape_t, self._tile_shape)
+        xp = array_module(order)
+        src = order[tiles_t["perm"]].astype(np.int32)  # tiled entry of Aᵀ -> tiled entry of A
+        inv = xp.empty_like(src)
+        inv[src] = xp.arange(src.shape[0], dtype=np.int32)
+        self._transpose_src, t._transpose_src = src, inv
+        t._transpose = self
+        self._transpose = t
+        return t
 
     @property
     def T(self):
