@@ -1,7 +1,8 @@
 """tcgnn_py: sparse graph operations on NVIDIA tensor cores, in pure Python.
 
 Public names live here; the implementation is in private modules by concern
-(layers: 0 validation/device/reference/io, 1 kernels, 2 sgt/ops/reorder, 3 TiledMatrix).
+(layers: 0 validation/device/reference/io, 1 kernels, 2 sgt/ops/reorder, 3 TiledMatrix,
+4 nn).
 """
 
 from ._device import NoGPUWarning, gpu_available
@@ -10,9 +11,12 @@ from ._reorder import NMReport, Permutation, best_pattern, nm_report, reorder
 from ._synth import power_law_graph
 from ._tiled import TiledMatrix, TileStats, sddmm, spmm
 
+from . import nn  # noqa: E402  (layer 4: imports the names above)
+
 __version__ = "0.1.0"
 
 __all__ = [
+    "nn",
     "TiledMatrix",
     "TileStats",
     "spmm",

@@ -1,6 +1,6 @@
 """Layer 1: CuPy RawModule kernels for products over the tiled format.
 
-Two kernel families, each one RawModule (CUDA C++ kept here as strings),
+Kernel families, each one RawModule (CUDA C++ kept here as strings),
 compiled once per process and device, with name expressions generated from
 one table of supported template arguments:
 
@@ -11,6 +11,9 @@ one table of supported template arguments:
 ``"core"``
     CUDA-core SpMM and SDDMM in the data's own precision (float or double),
     for any tile shape: ``precision="fp32"`` and every float64 product.
+``"nn"``
+    Training helpers of :mod:`tcgnn_py.nn` (a fused Adam step); the source is
+    in :mod:`tcgnn_py.kernels.nn`.
 ``"baseline"``
     Not used by the library: the gather-and-dot CSR SDDMM that benchmarks
     compare against where cuSPARSE SDDMM is not reachable
@@ -30,6 +33,8 @@ is fixed, so results are deterministic run to run.
 """
 
 import functools
+
+from . import nn as _nn
 
 __all__ = [
     "FAMILIES",
@@ -534,6 +539,7 @@ FAMILIES = {
     "tf32": (_COMMON + _TF32, tuple(_tf32_names())),
     "core": (_COMMON + _CORE, tuple(_core_names())),
     "baseline": (_BASELINE, tuple(baseline_sddmm_name(g) for g in BASELINE_GROUPS)),
+    "nn": (_nn.SOURCE, _nn.NAMES),
 }
 
 

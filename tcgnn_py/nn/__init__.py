@@ -1,0 +1,39 @@
+"""GNN layers on :class:`~tcgnn_py.TiledMatrix`, with explicit backward passes (no PyTorch).
+
+Functional layers return ``(out, vjp)``, where ``vjp`` maps the gradient of the
+output to the gradients of the inputs.  Arrays are NumPy on the CPU (the
+reference path) and CuPy on the GPU; everything runs on the graph's device.
+
+- Graph preprocessing: :func:`gcn_norm`, :func:`add_self_loops`.
+- Layers: :func:`gcn_conv`, :func:`agnn_conv`, :func:`linear`, :func:`relu`,
+  :func:`dropout`; loss :func:`cross_entropy`; metric :func:`accuracy`.
+- Models: :func:`gcn_init` / :func:`gcn_apply`, :func:`agnn_init` / :func:`agnn_apply`.
+- Training: :class:`Adam`, :func:`glorot`, :func:`train` (full-batch, with model
+  selection on the validation split).
+"""
+
+from ._layers import accuracy, agnn_conv, cross_entropy, dropout, gcn_conv, linear, relu
+from ._models import agnn_apply, agnn_init, gcn_apply, gcn_init, glorot
+from ._norm import add_self_loops, gcn_norm
+from ._optim import Adam
+from ._train import TrainResult, train
+
+__all__ = [
+    "gcn_norm",
+    "add_self_loops",
+    "gcn_conv",
+    "agnn_conv",
+    "linear",
+    "relu",
+    "dropout",
+    "cross_entropy",
+    "accuracy",
+    "glorot",
+    "gcn_init",
+    "gcn_apply",
+    "agnn_init",
+    "agnn_apply",
+    "Adam",
+    "train",
+    "TrainResult",
+]

@@ -1,0 +1,117 @@
+"""Layer 4: the sparse operations a GNN layer needs, over one adjacency matrix.
+
+Layers see a matrix through an *edge view*: its stored values and their rows in
+the view's own order (the tiled order for a :class:`~tcgnn_py.TiledMatrix`),
+``A_v @ X`` and ``A_vᵀ @ X`` for new values ``v`` in that order, and SDDMM.
+Edge arrays never change order between operations, so no permutation runs per
+step.  ``TiledEdges`` is the library's path; ``CSREdges`` runs the same layers
+on scipy or cupyx CSR matrices (the reference for tests and the baseline for
+benchmarks).
+"""
+
+import numpy as np
+
+from .._device import get_cupy
+from .._ops import as_operand
+from .._tiled import TiledMatrix, sddmm, spmm
+
+__all__ = ["TiledEdges", "CSREdges", "edges_of"]
+
+
+class TiledEdges:
+    """Edge view of a :class:`~tcgnn_py.TiledMatrix` (values in tiled order)."""
+
+    def __init__(self, T, precision=None):
+        self.matrix = T
+        self.shape = T.shape
+        self.precision = precision
+        self.xp = np if T.device == "cpu" else get_cupy()
+
+    @property
+    def values(self):
+        return self.matrix._tiles["values"]
+
+    @property
+    def rows(self):
+        return self.matrix._entry_rows()
+
+    def _with(self, values):
+        return self.matrix if values is None else self.matrix._with_tiled_values(values)
+
+    def spmm(self, X, values=None):
+        """``A_v @ X``."""
+        return spmm(self._with(values), X, precision=self.precision)
+
+    def spmm_t(self, X, values=None):
+        """``A_vᵀ @ X`` (Aᵀ translated once per tiling; new values are gathered)."""
+        return spmm(self._with(values).T, X, precision=self.precision)
+
+    def sddmm(self, Xa, Xb):
+        """``<Xa[i], Xb[j]>`` on every stored ``(i, j)``, in the view's order."""
+        return sddmm(self.matrix, Xa, Xb, precision=self.precision)._tiles["values"]
+
+
+class CSREdges:
+    """Edge view of a scipy or cupyx CSR matrix: the same layers on plain sparse ops.
+
+    ``A @ X``, ``A.T @ X`` and a gather-and-dot SDDMM, written as a user of
+    ``scipy.sparse`` / ``cupyx.scipy.sparse`` would.
+    """
+
+    def __init__(self, A):
+        import scipy.sparse as sp
+
+        if sp.issparse(A):
+            self.xp, self._sp = np, sp
+        else:
+            import cupyx.scipy.sparse as csp
+
+            self.xp, self._sp = get_cupy(), csp
+        A = self._sp.csr_matrix(A, copy=True)
+        A.sum_duplicates()  # canonical: sorted indices, no duplicates
+        self.matrix = A
+        self.shape = A.shape
+        self.values = A.data
+        xp = self.xp
+        self.rows = (xp.searchsorted(A.indptr, xp.arange(A.nnz), side="right") - 1).astype(np.int32)
+        self.cols = A.indices
+
+    def _with(self, values):
+        A = self.matrix
+        if values is None:
+            return A
+        return self._sp.csr_matrix((values, A.indices, A.indptr), shape=A.shape)
+
+    def spmm(self, X, values=None):
+        return self._with(values) @ X
+
+    def spmm_t(self, X, values=None):
+        return self._with(values).T @ X
+
+    def sddmm(self, Xa, Xb):
+        return (Xa[self.rows] * Xb[self.cols]).sum(axis=1)
+
+
+def edges_of(A, precision=None):
+    """The edge view of ``A``: a TiledMatrix, an edge view already, or a scipy/cupyx matrix."""
+    if isinstance(A, (TiledEdges, CSREdges)):
+        return A
+    if isinstance(A, TiledMatrix):
+        return TiledEdges(A, precision)
+    raise TypeError(
+        f"expected a TiledMatrix (e.g. from tcgnn_py.nn.gcn_norm), got {type(A).__name__}"
+    )
+
+
+def array_on(edges, x):
+    """``x`` on the edge view's device: NumPy, CuPy, or any DLPack / CUDA-array-interface producer.
+
+    A no-op for arrays already there; device producers (JAX, PyTorch, ...) are wrapped without a copy.
+    """
+    if isinstance(x, edges.xp.ndarray):
+        return x
+    on_device = edges.xp is not np
+    try:
+        return as_operand(x, on_device)[0]
+    except RuntimeError:
+        raise TypeError("device arrays given, but the graph lives on the CPU") from None

@@ -1,0 +1,189 @@
+"""Layer 4: the two models of the papers, as ``init`` / ``apply`` function pairs.
+
+``*_init(dims, rng)`` returns a dict of parameters on the device of ``rng``
+(``numpy.random.default_rng`` or ``cupy.random.default_rng``); ``*_apply``
+returns ``(logits, vjp)`` with ``vjp(dlogits) -> grads`` (a dict with the
+parameters' names), ready for :class:`Adam`.
+"""
+
+import numpy as np
+
+from .._device import get_cupy
+from ._edges import edges_of
+from ._layers import agnn_conv, dropout, gcn_conv, linear, relu
+
+__all__ = ["glorot", "gcn_init", "gcn_apply", "agnn_init", "agnn_apply"]
+
+
+def _xp_of(rng):
+    """NumPy for a ``numpy.random.Generator``, CuPy for a ``cupy.random.Generator``."""
+    if isinstance(rng, np.random.Generator):
+        return np
+    if type(rng).__module__.startswith("cupy"):
+        return get_cupy()
+    raise TypeError(f"rng must be a numpy or cupy random Generator, got {type(rng).__name__}")
+
+
+def glorot(shape, rng, dtype=np.float32):
+    """Glorot/Xavier uniform initialisation, ``U(-a, a)`` with ``a = sqrt(6 / (fan_in + fan_out))``.
+
+    Examples
+    --------
+    >>> import numpy as np, tcgnn_py as tg
+    >>> W = tg.nn.glorot((30, 10), np.random.default_rng(0))
+    >>> W.dtype, bool(abs(W).max() <= np.sqrt(6 / 40))
+    (dtype('float32'), True)
+    """
+    a = np.sqrt(6.0 / (shape[0] + shape[1]))
+    return ((rng.random(shape, dtype=np.float64) * 2 - 1) * a).astype(dtype)
+
+
+def gcn_init(dims, rng, dtype=np.float32):
+    """Parameters ``W0, b0, W1, b1, ...`` of a GCN with layer widths ``dims`` (Glorot weights, zero biases).
+
+    Examples
+    --------
+    >>> import numpy as np, tcgnn_py as tg
+    >>> p = tg.nn.gcn_init((1433, 16, 7), np.random.default_rng(0))
+    >>> {k: v.shape for k, v in p.items()}
+    {'W0': (1433, 16), 'b0': (16,), 'W1': (16, 7), 'b1': (7,)}
+    """
+    xp = _xp_of(rng)
+    params = {}
+    for i, (d_in, d_out) in enumerate(zip(dims[:-1], dims[1:])):
+        params[f"W{i}"] = glorot((d_in, d_out), rng, dtype)
+        params[f"b{i}"] = xp.zeros(d_out, dtype=dtype)
+    return params
+
+
+def gcn_apply(params, A, X, *, rng=None, dropout_p=0.5, training=True, precision=None):
+    """Kipf & Welling's GCN: ``[dropout -> gcn_conv -> relu] ... -> dropout -> gcn_conv``.
+
+    Parameters
+    ----------
+    params : dict
+        From :func:`gcn_init`.
+    A : TiledMatrix
+        :func:`gcn_norm` of the adjacency.
+    X : array, shape (n, dims[0])
+        Node features on A's device.
+    rng : Generator, optional
+        For dropout; needed when ``training`` and ``dropout_p > 0``.
+    dropout_p : float, default 0.5
+    training : bool, default True
+    precision : {None, "tf32", "fp32"}, optional
+
+    Returns
+    -------
+    logits : array, shape (n, dims[-1])
+    vjp : callable
+        ``vjp(dlogits) -> {name: gradient}``.
+
+    Examples
+    --------
+    >>> import numpy as np, tcgnn_py as tg
+    >>> g = tg.load_cora()
+    >>> A = tg.nn.gcn_norm(g.adj)
+    >>> rng = np.random.default_rng(0)
+    >>> params = tg.nn.gcn_init((g.features.shape[1], 16, 7), rng)
+    >>> logits, vjp = tg.nn.gcn_apply(params, A, g.features.toarray().astype(np.float32), rng=rng)
+    >>> logits.shape, sorted(vjp(np.ones_like(logits)))
+    ((2708, 7), ['W0', 'W1', 'b0', 'b1'])
+    """
+    E = edges_of(A, precision)
+    n_layers = len(params) // 2
+    H = X
+    back = []
+    for i in range(n_layers):
+        H, d_vjp = dropout(H, dropout_p, rng, training=training)
+        H, c_vjp = gcn_conv(E, H, params[f"W{i}"], params[f"b{i}"])
+        r_vjp = None
+        if i < n_layers - 1:
+            H, r_vjp = relu(H)
+        back.append((d_vjp, c_vjp, r_vjp))
+
+    def vjp(g):
+        grads = {}
+        for i in reversed(range(n_layers)):
+            d_vjp, c_vjp, r_vjp = back[i]
+            if r_vjp is not None:
+                g = r_vjp(g)
+            g, grads[f"W{i}"], grads[f"b{i}"] = c_vjp(g, input_grad=i > 0)
+            if i > 0:
+                g = d_vjp(g)
+        return grads
+
+    return H, vjp
+
+
+def agnn_init(dims, rng, n_prop=2, dtype=np.float32):
+    """Parameters of an AGNN: ``W_in, b_in``, ``beta1 .. beta{n_prop-1}`` (1.0), ``W_out, b_out``.
+
+    ``dims = (features, hidden, classes)``.  The first propagation layer keeps
+    ``beta = 1`` fixed, as in PyTorch Geometric's AGNN example.
+
+    Examples
+    --------
+    >>> import numpy as np, tcgnn_py as tg
+    >>> sorted(tg.nn.agnn_init((1433, 16, 7), np.random.default_rng(0), n_prop=3))
+    ['W_in', 'W_out', 'b_in', 'b_out', 'beta1', 'beta2']
+    """
+    if len(dims) != 3:
+        raise ValueError(f"dims must be (features, hidden, classes), got {dims}")
+    if n_prop < 1:
+        raise ValueError(f"n_prop must be >= 1, got {n_prop}")
+    xp = _xp_of(rng)
+    params = {
+        "W_in": glorot((dims[0], dims[1]), rng, dtype),
+        "b_in": xp.zeros(dims[1], dtype=dtype),
+        "W_out": glorot((dims[1], dims[2]), rng, dtype),
+        "b_out": xp.zeros(dims[2], dtype=dtype),
+    }
+    for k in range(1, n_prop):
+        params[f"beta{k}"] = xp.ones(1, dtype=dtype)
+    return params
+
+
+def agnn_apply(params, A, X, *, rng=None, dropout_p=0.5, training=True, precision=None):
+    """AGNN: ``dropout -> linear -> relu -> agnn_conv x n_prop -> dropout -> linear``.
+
+    Parameters as in :func:`gcn_apply`; ``A`` is :func:`add_self_loops` of the
+    adjacency.
+
+    Examples
+    --------
+    >>> import numpy as np, tcgnn_py as tg
+    >>> g = tg.load_cora()
+    >>> A = tg.nn.add_self_loops(g.adj)
+    >>> rng = np.random.default_rng(0)
+    >>> params = tg.nn.agnn_init((g.features.shape[1], 16, 7), rng)
+    >>> logits, vjp = tg.nn.agnn_apply(params, A, g.features.toarray().astype(np.float32), rng=rng)
+    >>> logits.shape, sorted(vjp(np.ones_like(logits)))
+    ((2708, 7), ['W_in', 'W_out', 'b_in', 'b_out', 'beta1'])
+    """
+    E = edges_of(A, precision)
+    n_prop = 1 + sum(k.startswith("beta") for k in params)
+    H, d_in = dropout(X, dropout_p, rng, training=training)
+    H, l_in = linear(H, params["W_in"], params["b_in"])
+    H, r_vjp = relu(H)
+    props = []
+    for k in range(n_prop):
+        beta = params[f"beta{k}"] if k else 1.0
+        H, p_vjp = agnn_conv(E, H, beta)
+        props.append(p_vjp)
+    H, d_out = dropout(H, dropout_p, rng, training=training)
+    H, l_out = linear(H, params["W_out"], params["b_out"])
+
+    def vjp(g):
+        grads = {}
+        g, grads["W_out"], grads["b_out"] = l_out(g)
+        g = d_out(g)
+        for k in reversed(range(n_prop)):
+            g, dbeta = props[k](g)
+            if k:
+                grads[f"beta{k}"] = dbeta
+        g = r_vjp(g)
+        _, grads["W_in"], grads["b_in"] = l_in(g, input_grad=False)
+        return grads
+
+    return H, vjp

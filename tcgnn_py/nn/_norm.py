@@ -1,0 +1,117 @@
+"""Layer 4: adjacency preprocessing for GNN layers (self loops, GCN normalisation)."""
+
+import numpy as np
+
+from .._device import array_module, get_cupy, gpu_available
+from .._tiled import TiledMatrix
+from .._validation import coerce_csr
+
+__all__ = ["add_self_loops", "gcn_norm"]
+
+
+def _square_csr(A):
+    """``(data, indices, indptr, n, xp)``: A's CSR arrays, on the GPU when one is usable."""
+    if isinstance(A, TiledMatrix):
+        data, indices, indptr = A._csr_arrays()
+        shape = A.shape
+    else:
+        # A graph is square: (data, indices, indptr) needs no shape beyond indptr's.
+        n = len(A[2]) - 1 if isinstance(A, tuple) and len(A) == 3 else None
+        data, indices, indptr, shape = coerce_csr(A, None if n is None else (n, n))
+    if shape[0] != shape[1]:
+        raise ValueError(f"a graph's adjacency matrix must be square, got shape {shape}")
+    if data.dtype.kind not in "biuf":
+        raise TypeError(f"adjacency values must be real, got {data.dtype}")
+    xp = array_module(indices)
+    if xp is np and gpu_available():
+        xp = get_cupy()
+        data, indices, indptr = (xp.asarray(v) for v in (data, indices, indptr))
+    return data, indices, indptr, shape[0], xp
+
+
+def _plus_identity(data, indices, indptr, n, xp, fill_value):
+    """Canonical CSR of ``A + fill_value * I`` in float64 (stored zeros kept)."""
+    if xp is np:
+        import scipy.sparse as sparse
+    else:
+        import cupyx.scipy.sparse as sparse
+    nnz = indices.shape[0]
+    rows = xp.searchsorted(indptr, xp.arange(nnz), side="right") - 1
+    vals = data.astype(np.float64)
+    if fill_value is not None:
+        diag = xp.arange(n)
+        rows = xp.concatenate((rows, diag))
+        indices = xp.concatenate((indices.astype(diag.dtype), diag))
+        vals = xp.concatenate((vals, xp.full(n, fill_value, np.float64)))
+    S = sparse.coo_matrix((vals, (rows, indices)), shape=(n, n)).tocsr()
+    S.sum_duplicates()
+    return S
+
+
+def _tiled(S, dtype, tile_shape):
+    return TiledMatrix((S.data, S.indices, S.indptr), S.shape, dtype=dtype, tile_shape=tile_shape)
+
+
+def add_self_loops(A, *, fill_value=1.0, dtype=np.float32, tile_shape=(16, 8)):
+    """``A + fill_value * I`` as a :class:`~tcgnn_py.TiledMatrix` (the graph AGNN attends over).
+
+    Parameters
+    ----------
+    A : sparse array or matrix, TiledMatrix, or ``(data, indices, indptr)``
+        Square adjacency; its values are kept (edge weights).
+    fill_value : float, default 1.0
+        Added to every diagonal entry (existing self loops included).
+    dtype : dtype, default float32
+        float32 for the tensor cores, float64 for exact checks.
+    tile_shape : (int, int), default (16, 8)
+
+    Examples
+    --------
+    >>> import numpy as np, scipy.sparse as sp, tcgnn_py as tg
+    >>> A = sp.csr_array(np.array([[0, 1], [1, 0]], dtype=np.float32))
+    >>> print(tg.nn.add_self_loops(A).toarray().tolist())
+    [[1.0, 1.0], [1.0, 1.0]]
+    """
+    data, indices, indptr, n, xp = _square_csr(A)
+    return _tiled(_plus_identity(data, indices, indptr, n, xp, float(fill_value)), dtype, tile_shape)
+
+
+def gcn_norm(A, *, add_self_loops=True, dtype=np.float32, tile_shape=(16, 8)):
+    """Kipf & Welling's propagation matrix ``Â = D^-1/2 (A + I) D^-1/2`` as a TiledMatrix.
+
+    ``D`` holds the row sums of ``A + I``, edge weights included (for a
+    directed graph, where row ``i`` gathers from its in-neighbours, the
+    weighted in-degree).  Rows that sum to zero get a zero scale, as in PyTorch
+    Geometric; negative row sums have no square root and raise ``ValueError``.
+
+    Parameters
+    ----------
+    A : sparse array or matrix, TiledMatrix, or ``(data, indices, indptr)``
+        Square adjacency (any real values: booleans and weights alike).
+    add_self_loops : bool, default True
+        Use ``A + I`` (the renormalisation trick); False normalises A itself.
+    dtype : dtype, default float32
+        float32 for the tensor cores, float64 for exact checks.
+    tile_shape : (int, int), default (16, 8)
+
+    Returns
+    -------
+    TiledMatrix
+        On the GPU when one is usable.  The normalisation runs in float64.
+
+    Examples
+    --------
+    >>> import numpy as np, scipy.sparse as sp, tcgnn_py as tg
+    >>> A = sp.csr_array(np.array([[0, 1], [1, 0]], dtype=np.float32))
+    >>> print(tg.nn.gcn_norm(A).toarray().round(6).tolist())
+    [[0.5, 0.5], [0.5, 0.5]]
+    """
+    data, indices, indptr, n, xp = _square_csr(A)
+    S = _plus_identity(data, indices, indptr, n, xp, 1.0 if add_self_loops else None)
+    deg = xp.asarray(S.sum(axis=1)).reshape(-1)
+    if bool((deg < 0).any()):  # synchronize!
+        raise ValueError("gcn_norm: a row of A (+ I) sums to a negative value; D^-1/2 is undefined")
+    dinv = xp.where(deg > 0, 1.0 / xp.sqrt(xp.where(deg > 0, deg, 1.0)), 0.0)
+    rows = xp.searchsorted(S.indptr, xp.arange(S.nnz), side="right") - 1
+    S.data = S.data * dinv[rows] * dinv[S.indices]
+    return _tiled(S, dtype, tile_shape)

@@ -1,0 +1,301 @@
+"""tcgnn_py.nn on the reference path: every backward against central finite differences (float64).
+
+Graphs are small, random, directed and weighted (so A != Aᵀ and a wrong
+transpose fails), with row counts that are not multiples of 16.  The GPU twin
+of these checks is ``test_nn_gpu.py``.
+"""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import tcgnn_py as tg
+from tcgnn_py.nn._edges import CSREdges
+
+nn = tg.nn
+pytestmark = pytest.mark.filterwarnings("ignore::tcgnn_py.NoGPUWarning")
+FD_EPS = 1e-6
+FD_TOL = 1e-6  # central differences in float64: truncation ~eps^2, rounding ~1e-10/eps
+
+
+def random_graph(rng, n=37, density=0.12, weighted=True):
+    A = sp.random_array((n, n), density=density, rng=rng, format="csr")
+    A.data = rng.uniform(0.5, 2.0, A.nnz) if weighted else np.ones(A.nnz)
+    return A
+
+
+def numeric_grad(f, x):
+    """Central differences of the scalar ``f()`` with respect to the array ``x`` (perturbed in place)."""
+    g = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        old = x[i]
+        x[i] = old + FD_EPS
+        fp = f()
+        x[i] = old - FD_EPS
+        fm = f()
+        x[i] = old
+        g[i] = (fp - fm) / (2 * FD_EPS)
+    return g
+
+
+def assert_grad(analytic, f, x):
+    want = numeric_grad(f, x)
+    scale = max(1.0, np.abs(want).max())
+    np.testing.assert_allclose(analytic, want, rtol=0, atol=FD_TOL * scale)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng()
+
+
+# --- gcn_norm / add_self_loops ----------------------------------------------------
+
+
+def test_gcn_norm_matches_dense_formula(rng):
+    A = random_graph(rng, 29)
+    M = A.toarray() + np.eye(29)
+    d = M.sum(axis=1)
+    want = M / np.sqrt(d)[:, None] / np.sqrt(d)[None, :]
+    T = nn.gcn_norm(A, dtype=np.float64)
+    assert isinstance(T, tg.TiledMatrix) and T.dtype == np.float64
+    np.testing.assert_allclose(T.toarray(), want, rtol=1e-14)
+    assert nn.gcn_norm(A).dtype == np.float32
+
+
+def test_gcn_norm_without_self_loops_and_isolated_rows(rng):
+    A = random_graph(rng, 20).tolil()
+    A[4, :] = 0  # a row that sums to zero gets a zero scale
+    A = sp.csr_array(A)
+    A.eliminate_zeros()
+    T = nn.gcn_norm(A, add_self_loops=False, dtype=np.float64).toarray()
+    d = A.toarray().sum(axis=1)
+    dinv = np.where(d > 0, 1 / np.sqrt(np.where(d > 0, d, 1)), 0)
+    np.testing.assert_allclose(T, dinv[:, None] * A.toarray() * dinv[None, :], rtol=1e-14)
+    assert not T[4].any()
+
+
+def test_gcn_norm_inputs_and_errors(rng):
+    A = random_graph(rng, 10)
+    want = nn.gcn_norm(A, dtype=np.float64).toarray()
+    for B in (sp.csr_matrix(A), A.tocoo(), (A.data, A.indices, A.indptr), tg.TiledMatrix(A)):
+        np.testing.assert_allclose(nn.gcn_norm(B, dtype=np.float64).toarray(), want, rtol=1e-6)
+    with pytest.raises(ValueError, match="square"):
+        nn.gcn_norm(sp.random_array((4, 5), density=0.5, rng=rng, format="csr"))
+    neg = sp.csr_array(-np.ones((3, 3)))
+    with pytest.raises(ValueError, match="negative"):
+        nn.gcn_norm(neg)
+
+
+def test_add_self_loops_keeps_weights_and_explicit_zeros():
+    # (0,1)=2, (1,0)=0 stored, (1,1)=5 an existing self loop, (2,1)=3
+    A = sp.csr_array(
+        (np.array([2.0, 0.0, 5.0, 3.0]), np.array([1, 0, 1, 1]), np.array([0, 1, 3, 4])), shape=(3, 3)
+    )
+    T = nn.add_self_loops(A, fill_value=0.5, dtype=np.float64)
+    np.testing.assert_array_equal(T.toarray(), A.toarray() + 0.5 * np.eye(3))
+    C = T.tocsr()
+    assert T.nnz == 6 and C[1, 1] == 5.5  # the explicit zero stays stored, the loop merges
+    assert (1, 0) in set(zip(*(x.tolist() for x in C.tocoo().coords)))
+
+
+# --- layers -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("d_in,d_out", [(5, 3), (3, 6)])  # both product orders
+@pytest.mark.parametrize("bias", [True, False])
+def test_gcn_conv_gradients(rng, d_in, d_out, bias):
+    A = nn.gcn_norm(random_graph(rng), dtype=np.float64)
+    n = A.shape[0]
+    H = rng.standard_normal((n, d_in))
+    W = rng.standard_normal((d_in, d_out))
+    b = rng.standard_normal(d_out) if bias else None
+    R = rng.standard_normal((n, d_out))
+
+    def loss():
+        return (nn.gcn_conv(A, H, W, b)[0] * R).sum()
+
+    out, vjp = nn.gcn_conv(A, H, W, b)
+    np.testing.assert_allclose(out, A.toarray() @ H @ W + (0 if b is None else b), rtol=1e-12, atol=1e-12)
+    dH, dW, db = vjp(R)
+    assert_grad(dH, loss, H)
+    assert_grad(dW, loss, W)
+    if bias:
+        assert_grad(db, loss, b)
+    else:
+        assert db is None
+    assert vjp(R, input_grad=False)[0] is None
+
+
+def test_gcn_conv_uses_the_transpose_backward(rng):
+    """On a directed graph Aᵀ g differs from A g: the gradient must use Aᵀ (TC-GNN used A)."""
+    A = nn.gcn_norm(random_graph(rng), add_self_loops=False, dtype=np.float64)
+    n = A.shape[0]
+    H, W, g = rng.standard_normal((n, 4)), rng.standard_normal((4, 2)), rng.standard_normal((n, 2))
+    dH = nn.gcn_conv(A, H, W)[1](g)[0]
+    Ad = A.toarray()
+    np.testing.assert_allclose(dH, Ad.T @ g @ W.T, rtol=1e-12, atol=1e-12)
+    assert not np.allclose(dH, Ad @ g @ W.T)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.8, -2.5])
+def test_agnn_conv_gradients(rng, beta):
+    A = nn.add_self_loops(random_graph(rng), dtype=np.float64)
+    n = A.shape[0]
+    H = rng.standard_normal((n, 4))
+    beta = np.array([beta])
+    R = rng.standard_normal((n, 4))
+
+    def loss():
+        return (nn.agnn_conv(A, H, beta)[0] * R).sum()
+
+    out, vjp = nn.agnn_conv(A, H, beta)
+    dH, dbeta = vjp(R)
+    assert dbeta.shape == (1,)
+    assert_grad(dH, loss, H)
+    assert_grad(dbeta, loss, beta)
+
+
+def test_agnn_conv_matches_dense_attention(rng):
+    A = nn.add_self_loops(random_graph(rng, 40), dtype=np.float64)
+    H = rng.standard_normal((40, 6))
+    H[7] = 0  # a zero row: cosine 0 with everything, no NaN
+    out, _ = nn.agnn_conv(A, H, 1.3)
+    D = A.toarray()
+    Hn = H / np.maximum(np.linalg.norm(H, axis=1, keepdims=True), 1e-12)
+    Z = np.where(D != 0, 1.3 * Hn @ Hn.T, -np.inf)
+    P = D * np.exp(Z - Z.max(axis=1, keepdims=True))
+    P /= P.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(out, P @ H, rtol=1e-12, atol=1e-12)
+    assert np.isfinite(out).all()
+
+
+def test_agnn_large_temperature_is_stable(rng):
+    """The row maximum is subtracted before exp: no overflow at beta = 500."""
+    A = nn.add_self_loops(random_graph(rng), dtype=np.float64)
+    H = rng.standard_normal((A.shape[0], 3))
+    out, vjp = nn.agnn_conv(A, H, np.array([500.0]))
+    dH, dbeta = vjp(np.ones_like(out))
+    assert np.isfinite(out).all() and np.isfinite(dH).all() and np.isfinite(dbeta).all()
+
+
+def test_linear_relu_dropout_cross_entropy_gradients(rng):
+    n, d, k = 11, 4, 3
+    H, W, b = rng.standard_normal((n, d)), rng.standard_normal((d, k)), rng.standard_normal(k)
+    labels = rng.integers(0, k, n)
+    idx = np.array([0, 3, 4, 9])
+
+    def loss():
+        z, _ = nn.linear(H, W, b)
+        z, _ = nn.relu(z)
+        return float(nn.cross_entropy(z, labels, idx)[0])
+
+    z1, lin = nn.linear(H, W, b)
+    z2, rel = nn.relu(z1)
+    _, dz = nn.cross_entropy(z2, labels, idx)
+    assert not dz[np.setdiff1d(np.arange(n), idx)].any()
+    dH, dW, db = lin(rel(dz))
+    for analytic, x in ((dH, H), (dW, W), (db, b)):
+        assert_grad(analytic, loss, x)
+
+    out, vjp = nn.dropout(H, 0.5, np.random.default_rng(1))
+    mask = out / np.where(H != 0, H, 1)
+    assert set(np.unique(mask.round(12))) <= {0.0, 2.0}
+    np.testing.assert_array_equal(vjp(np.ones_like(H)), mask.round(12))
+    assert nn.dropout(H, 0.5, None, training=False)[0] is H
+    with pytest.raises(ValueError, match="dropout"):
+        nn.dropout(H, 1.0, np.random.default_rng())
+
+
+@pytest.mark.parametrize("model", ["gcn", "agnn"])
+def test_model_gradients(rng, model):
+    """Whole models (layers, ReLU, dropout off, loss) against finite differences."""
+    A0 = random_graph(rng, 33)
+    n, f, k = 33, 6, 3
+    X = rng.standard_normal((n, f))
+    labels = rng.integers(0, k, n)
+    idx = np.arange(0, n, 2)
+    if model == "gcn":
+        A, apply = nn.gcn_norm(A0, dtype=np.float64), nn.gcn_apply
+        params = nn.gcn_init((f, 5, k), rng, dtype=np.float64)
+    else:
+        A, apply = nn.add_self_loops(A0, dtype=np.float64), nn.agnn_apply
+        params = nn.agnn_init((f, 5, k), rng, n_prop=3, dtype=np.float64)
+        params["beta2"][:] = 0.6
+
+    def loss():
+        return float(nn.cross_entropy(apply(params, A, X, training=False)[0], labels, idx)[0])
+
+    logits, vjp = apply(params, A, X, training=False)
+    grads = vjp(nn.cross_entropy(logits, labels, idx)[1])
+    assert sorted(grads) == sorted(params)
+    for name, p in params.items():
+        assert_grad(grads[name], loss, p)
+
+
+def test_csr_edges_give_the_same_layers(rng):
+    """The scipy/cupyx path (benchmark baseline) computes the same model as the tiled one."""
+    A0 = random_graph(rng, 45)
+    for A in (nn.gcn_norm(A0, dtype=np.float64), nn.add_self_loops(A0, dtype=np.float64)):
+        C = CSREdges(A.tocsr())
+        H, W, g = rng.standard_normal((45, 4)), rng.standard_normal((4, 3)), rng.standard_normal((45, 3))
+        for f, args, gg in ((nn.gcn_conv, (H, W), g), (nn.agnn_conv, (H, 0.9), g[:, :1] * H)):
+            o1, v1 = f(A, *args)
+            o2, v2 = f(C, *args)
+            np.testing.assert_allclose(o1, o2, rtol=1e-12, atol=1e-12)
+            for a, b in zip(v1(gg), v2(gg)):
+                if a is None:  # no bias: no bias gradient on either path
+                    assert b is None
+                else:
+                    np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_layer_errors(rng):
+    A = nn.gcn_norm(random_graph(rng, 10))
+    with pytest.raises(TypeError, match="TiledMatrix"):
+        nn.gcn_conv(random_graph(rng, 10), np.ones((10, 2)), np.ones((2, 2)))
+    with pytest.raises(ValueError, match="10 nodes"):
+        nn.gcn_conv(A, np.ones((9, 2)), np.ones((2, 2)))
+    with pytest.raises(ValueError, match="W expects"):
+        nn.gcn_conv(A, np.ones((10, 2)), np.ones((3, 2)))
+    with pytest.raises(ValueError, match="beta"):
+        nn.agnn_conv(A, np.ones((10, 2)), np.ones(2))
+    with pytest.raises(TypeError, match="Generator"):
+        nn.gcn_init((3, 2), None)
+
+
+# --- Adam ---------------------------------------------------------------------------
+
+
+def test_adam_matches_the_formula(rng):
+    p0 = rng.standard_normal((4, 3))
+    params = {"w": p0.copy(), "b": np.zeros(3)}
+    opt = nn.Adam(params, lr=0.05, betas=(0.8, 0.99), eps=1e-6, weight_decay={"w": 0.1})
+    m = v = 0
+    p = p0.copy()
+    for t in range(1, 6):
+        g = rng.standard_normal((4, 3))
+        opt.step({"w": g, "b": None})
+        g = g + 0.1 * p
+        m = 0.8 * m + 0.2 * g
+        v = 0.99 * v + 0.01 * g * g
+        p = p - 0.05 * (m / (1 - 0.8**t)) / (np.sqrt(v / (1 - 0.99**t)) + 1e-6)
+    np.testing.assert_allclose(params["w"], p, rtol=1e-12)
+    assert not params["b"].any()
+    with pytest.raises(KeyError, match="unknown"):
+        nn.Adam(params, weight_decay={"nope": 1.0})
+    with pytest.raises(ValueError, match="shape"):
+        opt.step({"w": np.ones(3)})
+
+
+def test_train_reaches_accuracy_on_cora_quickly():
+    """Sixty epochs of GCN on Cora's reference path already classify most test nodes."""
+    g = tg.load_cora()
+    X = g.features.toarray().astype(np.float32)
+    X /= np.maximum(X.sum(axis=1, keepdims=True), 1)
+    rng = np.random.default_rng(0)
+    params = nn.gcn_init((X.shape[1], 16, 7), rng)
+    opt = nn.Adam(params, lr=0.01, weight_decay={"W0": 5e-4, "b0": 5e-4})
+    r = nn.train(nn.gcn_apply, params, nn.gcn_norm(g.adj), X, g.labels,
+                 (g.train_idx, g.val_idx, g.test_idx), opt, epochs=60, rng=rng)
+    assert r.test_acc > 0.75 and len(r.epoch_times) == 60 and 0 <= r.best_epoch < 60
