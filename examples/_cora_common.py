@@ -1,0 +1,47 @@
+"""Shared command line and data loading of the Cora training examples."""
+
+import argparse
+import os
+import warnings
+
+
+def parse_args(description, default_min_acc=0.80):
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--epochs", type=int, default=200, help="training epochs (default 200)")
+    p.add_argument("--device", choices=("auto", "cpu"), default="auto",
+                   help="cpu: the NumPy reference path even where a GPU is usable")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--min-accuracy", type=float, default=default_min_acc,
+                   help="fail below this test accuracy (default %(default)s)")
+    args = p.parse_args()
+    if args.device == "cpu":
+        os.environ["TCGNN_PY_DEVICE"] = "cpu"  # read at tcgnn_py's first device probe
+        warnings.filterwarnings("ignore", message="tcgnn_py: no usable GPU")  # asked for
+    return args
+
+
+def load(tg, seed):
+    """Cora with row-normalised dense features, and ``(xp, rng)`` for the device in use."""
+    import numpy as np
+
+    g = tg.load_cora()
+    X = g.features.toarray().astype(np.float32)
+    X /= np.maximum(X.sum(axis=1, keepdims=True), 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tg.NoGPUWarning)
+        on_gpu = tg.gpu_available()
+    if on_gpu:
+        import cupy as xp
+
+        rng = xp.random.default_rng(seed)
+    else:
+        xp, rng = np, np.random.default_rng(seed)
+    return g, xp.asarray(X), rng, ("GPU (CuPy, tensor cores)" if on_gpu else "CPU (NumPy reference path)")
+
+
+def report(name, r, epochs, device, min_acc):
+    print(f"{name} on Cora, {device}: {epochs} epochs")
+    print(f"  test accuracy {100 * r.test_acc:.1f}% (epoch {r.best_epoch + 1}, best validation "
+          f"{100 * r.val_acc:.1f}%); last epoch {100 * r.final_test_acc:.1f}%, loss {r.final_loss:.3f}")
+    print(f"  time per epoch {1e3 * r.epoch_time:.2f} ms (median training step)")
+    assert r.test_acc >= min_acc, f"test accuracy {r.test_acc:.3f} < {min_acc}"

@@ -1,0 +1,61 @@
+"""The training examples on the CPU reference path (fewer epochs), and the DLPack example where it can run."""
+
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from conftest import GPU
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def run_example(name, *args, device_env=None):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    return subprocess.run([sys.executable, str(ROOT / "examples" / name), *args], capture_output=True,
+                          text=True, env=env, timeout=600)
+
+
+@pytest.mark.parametrize("name", ["gcn_cora.py", "agnn_cora.py"])
+def test_training_example_on_cpu(name):
+    """CI's run: 60 epochs on the reference path; the full 200-epoch, >= 80 % run is the GPU suite's."""
+    res = run_example(name, "--device", "cpu", "--epochs", "60", "--min-accuracy", "0.75")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "CPU (NumPy reference path): 60 epochs" in res.stdout and "time per epoch" in res.stdout
+
+
+def test_training_example_fails_below_its_threshold():
+    res = run_example("gcn_cora.py", "--device", "cpu", "--epochs", "2", "--min-accuracy", "0.99")
+    assert res.returncode != 0 and "test accuracy" in res.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["gcn_cora.py", "agnn_cora.py"])
+def test_training_example_on_gpu(name):
+    """The issue's run: 200 epochs on the GPU, >= 80 % test accuracy (asserted by the example)."""
+    res = run_example(name)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "GPU (CuPy, tensor cores): 200 epochs" in res.stdout
+    print(res.stdout)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not (importlib.util.find_spec("jax") or importlib.util.find_spec("torch")),
+    reason="neither JAX nor PyTorch is installed",
+)
+def test_dlpack_example():
+    res = run_example("dlpack_interop.py")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "through DLPack" in res.stdout or "skipped" in res.stdout
+    print(res.stdout)
+
+
+@pytest.mark.skipif(GPU, reason="checks the no-GPU path")
+def test_dlpack_example_skips_cleanly_without_a_gpu():
+    res = run_example("dlpack_interop.py")
+    assert res.returncode == 0 and res.stdout.startswith("skipped"), res.stdout + res.stderr
