@@ -105,6 +105,22 @@ def test_cli_reference_mode(tmp_path):
         assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_gnn_epochs_reference_mode(tmp_path):
+    """``--ops gcn,agnn``: one row per model and implementation, in the JSON and the markdown table."""
+    from tcgnn_py.bench.__main__ import main
+
+    out = tmp_path / "g.json"
+    assert main(["cora", "powerlaw:300:2000", "--ops", "gcn,agnn", "--device", "cpu", "--epochs", "1",
+                 "--json", str(out), "--markdown", str(tmp_path / "g.md")]) == 0
+    rows = json.loads(out.read_text())["gnn"]
+    assert {(r["graph"], r["model"], r["impl"]) for r in rows} == {
+        (g, m, i) for g in ("cora", "powerlaw:300:2000") for m in ("gcn", "agnn") for i in ("tcgnn_ref", "scipy")}
+    assert all(r["ms"] > 0 for r in rows)
+    cora = [r for r in rows if r["graph"] == "cora"][0]
+    assert (cora["in_features"], cora["features"], cora["classes"]) == (1433, "real", 7)
+    assert "| cora | 2,708 | 10,556 | 1433 (real) | gcn |" in (tmp_path / "g.md").read_text()
+
+
 def test_cli_rejects_unknown_ops():
     from tcgnn_py.bench.__main__ import main
 
@@ -115,7 +131,7 @@ def test_cli_rejects_unknown_ops():
 # --- asv suite -------------------------------------------------------------
 
 sys.path.insert(0, str(ROOT / "asv_bench"))
-ASV_MODULES = ["benchmarks.spmm", "benchmarks.sddmm", "benchmarks.preprocess", "benchmarks.reorder"]
+ASV_MODULES = ["benchmarks.spmm", "benchmarks.sddmm", "benchmarks.preprocess", "benchmarks.reorder", "benchmarks.gnn"]
 
 
 def _asv_classes():
@@ -138,7 +154,7 @@ def test_asv_config_is_valid_json5():
 def test_asv_suite_shape():
     """Parameters match their names, every benchmark takes them, every track_ has a unit."""
     classes = list(_asv_classes())
-    assert {c.__name__ for c in classes} >= {"SpMM", "SDDMM", "SGT", "Reorder", "TileQuality"}
+    assert {c.__name__ for c in classes} >= {"SpMM", "SDDMM", "SGT", "Reorder", "TileQuality", "TrainEpoch"}
     for cls in classes:
         assert len(cls.params) == len(cls.param_names), cls
         assert hasattr(cls, "setup_cache"), cls

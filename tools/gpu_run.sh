@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device call: GPU test suite, compute-sanitizer memcheck, benchmarks.
 # Run from the repo root on the GPU machine after ../shared/tools/prepare-gpu.sh staged .whl and .gpu.
-# STEPS picks what runs (default: "test memcheck bench reorder asv"); PYTEST_ARGS, BENCH_GRAPHS, BENCH_ARGS,
-# REORDER_GRAPHS, REORDER_ARGS and ASV_ARGS customise; COMMIT is the hash asv files results under (the
+# STEPS picks what runs (default: "test memcheck examples bench gnn reorder asv"); PYTEST_ARGS, BENCH_GRAPHS,
+# BENCH_ARGS, GNN_GRAPHS, GNN_ARGS (e.g. --torch-path DIR), REORDER_GRAPHS, REORDER_ARGS and ASV_ARGS customise; COMMIT is the hash asv files results under (the
 # device's copy of .git may lag the checkout: run `git bundle create .gpu/head.bundle BASE..HEAD` here and
 # pass COMMIT=$(git rev-parse HEAD)).  .whl carries numpy 2.4.6 and asv with its dependencies.
 set -u
@@ -10,7 +10,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   && export PYTHONPATH=/tmp/site:$PWD || exit 1
 export PYTHONUNBUFFERED=1 TCGNN_PY_DATA=$PWD/.gpu/data
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-STEPS=${STEPS:-test memcheck bench reorder asv}
+STEPS=${STEPS:-test memcheck examples bench gnn reorder asv}
 rc=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import numpy, numba, numba_cuda, cupy, scipy; print('numpy', numpy.__version__, 'numba', numba.__version__, 'numba-cuda', numba_cuda.__version__, 'cupy', cupy.__version__, 'scipy', scipy.__version__)" | tee -a "$OUT/gpu.txt"
@@ -36,6 +36,10 @@ print('memcheck SGT workload ok', T)
   compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 3 python3 tools/memcheck_products.py \
     > "$OUT/memcheck_products.log" 2>&1 || rc=1
   tail -3 "$OUT/memcheck_products.log"
+  echo "== memcheck: nn (GCN, AGNN training steps, Adam kernel, shared-tiling transposes) =="
+  compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 3 python3 tools/memcheck_nn.py \
+    > "$OUT/memcheck_nn.log" 2>&1 || rc=1
+  tail -3 "$OUT/memcheck_nn.log"
   echo "== memcheck: reorder =="
   compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 3 python3 -c "
 import numpy as np, tcgnn_py as tg
@@ -53,6 +57,19 @@ if [[ " $STEPS " == *" bench "* ]]; then
     ${BENCH_ARGS:-} --json "$OUT/bench.json" --markdown "$OUT/bench.md" --plot "$OUT/bench.png" \
     > "$OUT/bench.log" 2>&1 || rc=1
   tail -40 "$OUT/bench.log"
+fi
+if [[ " $STEPS " == *" examples "* ]]; then
+  for ex in gcn_cora agnn_cora dlpack_interop; do
+    echo "== examples/$ex.py (GPU) =="
+    python3 examples/$ex.py 2>&1 | tee "$OUT/$ex.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  done
+fi
+if [[ " $STEPS " == *" gnn "* ]]; then
+  echo "== epoch times: tools/gnn_epoch_table.py =="
+  python3 tools/gnn_epoch_table.py ${GNN_GRAPHS:-cora citeseer pubmed blogcatalog3 powerlaw:1000000:16000000} \
+    ${GNN_ARGS:-} --json "$OUT/gnn.json" --markdown "$OUT/gnn.md" > "$OUT/gnn.log" 2>&1 || rc=1
+  cat "$OUT/gnn.md" 2>/dev/null || tail -30 "$OUT/gnn.log"
 fi
 if [[ " $STEPS " == *" reorder "* ]]; then
   echo "== reorder quality and speed =="

@@ -1,4 +1,4 @@
-"""``python -m tcgnn_py.bench GRAPH ... [--ops spmm,sddmm,sgt,reorder] [--dims 32,64,128,256]``.
+"""``python -m tcgnn_py.bench GRAPH ... [--ops spmm,sddmm,sgt,reorder,gcn,agnn] [--dims 32,64,128,256]``.
 
 Graphs are names under ``$TCGNN_PY_DATA``, ``.gpu/data`` or ``../shared/data``,
 paths to a graph folder / ``.npz`` / ``.mtx``, or synthetic ``powerlaw:N:NNZ``,
@@ -12,7 +12,10 @@ warm-up, fresh random inputs rotated between calls):
 * SDDMM: tcgnn_py TF32 and fp32 beside cuSPARSE SDDMM (through ctypes) and a
   CuPy gather-and-dot kernel;
 * SGT and the ready-to-multiply build, the payback in calls, the tiled
-  format's memory against CSR; with ``reorder``, the N:M reorder.
+  format's memory against CSR; with ``reorder``, the N:M reorder;
+* with ``gcn`` / ``agnn``: milliseconds per training epoch of the model in
+  :mod:`tcgnn_py.nn`, beside the same model on cupyx sparse ops
+  (``--epochs`` steps per batch, median of three batches).
 
 Bandwidths are given under two traffic bounds -- per-edge gather
 ``nnz*(4+4) + 4*nnz*D + 4*N*D`` and window reuse ``nnz*(4+4) + 4*U*D + 4*N*D``
@@ -33,7 +36,7 @@ import sys
 from ._report import markdown, plot_speedups, print_graph, print_reorder
 from ._run import DEFAULT_DIMS
 
-_OPS = ("spmm", "sddmm", "sgt", "reorder")
+_OPS = ("spmm", "sddmm", "sgt", "reorder", "gcn", "agnn")
 
 
 def _ints(text):
@@ -79,11 +82,12 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("graphs", nargs="+", metavar="GRAPH")
     ap.add_argument("--ops", type=_ops, default=("spmm", "sddmm"),
-                    help="comma-separated from spmm, sddmm, sgt, reorder (default spmm,sddmm; "
-                         "preprocessing is always measured)")
+                    help="comma-separated from spmm, sddmm, sgt, reorder, gcn, agnn (default spmm,sddmm; "
+                         "preprocessing is measured unless only models are asked for)")
     ap.add_argument("--dims", type=_ints, default=DEFAULT_DIMS, help="feature widths (default 32,64,128,256)")
     ap.add_argument("--repeat", type=int, default=20, help="timed calls per median (default 20)")
     ap.add_argument("--inputs", type=int, default=4, help="fresh random inputs rotated between calls")
+    ap.add_argument("--epochs", type=int, default=20, help="training epochs per timed batch (gcn, agnn)")
     ap.add_argument("--pattern", default="2:4", help="N:M or V:N:M pattern of the reorder")
     ap.add_argument("--device", choices=["gpu", "cpu"], default=None,
                     help="cpu: the NumPy reference path against SciPy (default: gpu when usable)")
@@ -94,6 +98,7 @@ def main(argv=None):
     if args.device == "cpu":
         os.environ["TCGNN_PY_DEVICE"] = "cpu"  # before anything probes the GPU
     from .._device import gpu_available
+    from ._gnn import bench_gnn, gnn_markdown
     from ._run import bench_graph, bench_reorder
     from ._timing import copy_bandwidth
 
@@ -107,20 +112,27 @@ def main(argv=None):
     print(f"{env.get('gpu', 'host (reference path)')}; device-to-device copy {env['copy_bandwidth_gbps']:.0f} GB/s "
           f"(read + write); {args.repeat} timed calls per median")
     products = tuple(op for op in args.ops if op in ("spmm", "sddmm"))
-    graphs, reorders = [], []
+    models = tuple(op for op in args.ops if op in ("gcn", "agnn"))
+    graphs, reorders, gnn = [], [], []
     for spec in args.graphs:
-        g = bench_graph(spec, products, args.dims, args.repeat, args.inputs, device,
-                        env["copy_bandwidth_gbps"] * 1e9)
-        print_graph(g)
-        graphs.append(g)
+        if set(args.ops) - set(models):  # products, sgt, reorder: with the preprocessing figures
+            g = bench_graph(spec, products, args.dims, args.repeat, args.inputs, device,
+                            env["copy_bandwidth_gbps"] * 1e9)
+            print_graph(g)
+            graphs.append(g)
         if "reorder" in args.ops:
             reorders.append(bench_reorder(spec, args.pattern, device))
+        if models:
+            gnn += bench_gnn(spec, models, args.epochs, device=device)
     if reorders:
         print_reorder(reorders)
+    if gnn:
+        print("\nms per training epoch\n" + gnn_markdown(gnn))
     if args.json:
-        pathlib.Path(args.json).write_text(json.dumps({"env": env, "graphs": graphs, "reorder": reorders}, indent=1))
+        pathlib.Path(args.json).write_text(
+            json.dumps({"env": env, "graphs": graphs, "reorder": reorders, "gnn": gnn}, indent=1))
     if args.markdown:
-        pathlib.Path(args.markdown).write_text(markdown(graphs, reorders))
+        pathlib.Path(args.markdown).write_text(markdown(graphs, reorders) + (gnn_markdown(gnn) if gnn else ""))
     if args.plot:
         plot_speedups(graphs, args.plot)
         print(f"plot: {args.plot}")

@@ -1,0 +1,169 @@
+"""Time per training epoch of the GCN and AGNN models: tcgnn_py beside the same model on cupyx.
+
+Both run the layers of :mod:`tcgnn_py.nn`; they differ only in the sparse
+operations under them: the tiled tensor-core SpMM/SDDMM, or cupyx
+``A @ X`` / ``A.T @ X`` and a CuPy gather-and-dot SDDMM (on the host: the
+reference path beside scipy).  ``extra`` adds implementations from outside the
+library (``tools/gnn_epoch_table.py`` adds PyTorch Geometric there).
+
+An epoch is one full-batch training step: forward with dropout, cross-entropy
+on the training nodes, backward, Adam.  The clock is the host's around
+``epochs`` back-to-back steps closed by a device synchronisation, the same for
+every implementation; the median of ``repeat`` such batches is reported.
+"""
+
+import statistics
+import time
+
+import numpy as np
+
+from ._graphs import data_roots, resolve_graph
+
+__all__ = ["gnn_problem", "bench_gnn", "train_step", "gnn_markdown", "time_epochs", "MODELS", "HIDDEN"]
+
+MODELS = ("gcn", "agnn")
+#: Hidden width of both models (the examples' Kipf & Welling / AGNN setups).
+HIDDEN = 16
+#: Feature width and class count where a graph has none (synthetic graphs, pubmed's missing features).
+SYNTH_FEATURES = {"pubmed": 500, None: 64}
+SYNTH_CLASSES = 8
+
+
+def gnn_problem(spec, seed=0):
+    """Graph, features, labels and training nodes for a spec (real where the folder has them).
+
+    Returns a dict: ``name, adj`` (scipy csr_array), ``X`` (float32, row-normalised
+    when real), ``labels`` (int64, one per node), ``train_idx``, ``n_classes``,
+    ``features`` ("real" or "random").
+    """
+    from .._io import load_cora, load_graph
+
+    name, A = resolve_graph(spec)
+    g = None
+    for root in data_roots():
+        if (root / spec / "adj_csr.npz").exists():
+            g = load_graph(root / spec)
+            break
+    if g is None and spec == "cora":
+        g = load_cora()
+    rng = np.random.default_rng(seed)
+    n = A.shape[0]
+    if g is not None and g.features is not None:
+        X = g.features.toarray().astype(np.float32)
+        X /= np.maximum(X.sum(axis=1, keepdims=True), 1)
+        features = "real"
+    else:
+        X = rng.standard_normal((n, SYNTH_FEATURES.get(spec, SYNTH_FEATURES[None])), dtype=np.float32)
+        features = "random"
+    labels = None if g is None else g.labels
+    if labels is not None and labels.ndim == 2:  # multi-label (blogcatalog3): the first label
+        labels = labels.argmax(axis=1)
+    if labels is None:
+        labels = rng.integers(0, SYNTH_CLASSES, n)
+    labels = np.maximum(labels.astype(np.int64), 0)  # -1 marks unlabelled nodes (never trained on here)
+    train_idx = g.train_idx if g is not None and g.train_idx is not None else rng.permutation(n)[: max(1, n // 10)]
+    return {"name": name, "adj": A, "X": X, "labels": labels, "train_idx": np.asarray(train_idx),
+            "n_classes": int(labels.max()) + 1, "features": features}
+
+
+def train_step(problem, model, sparse, device, seed=0):
+    """One training step of ``model`` in tcgnn_py.nn over ``sparse`` ("tiled" or "csr")."""
+    from .. import nn
+    from ..nn._edges import CSREdges
+
+    if device:
+        import cupy as xp
+
+        rng = xp.random.default_rng(seed)
+    else:
+        xp, rng = np, np.random.default_rng(seed)
+    A = nn.gcn_norm(problem["adj"]) if model == "gcn" else nn.add_self_loops(problem["adj"])
+    if sparse == "csr":
+        if device:
+            import cupyx.scipy.sparse as csp
+
+            A = CSREdges(csp.csr_matrix(A.tocsr()))
+        else:
+            A = CSREdges(A.tocsr())
+    X = xp.asarray(problem["X"])
+    labels, idx = xp.asarray(problem["labels"]), xp.asarray(problem["train_idx"])
+    dims = (X.shape[1], HIDDEN, problem["n_classes"])
+    if model == "gcn":
+        apply, params = nn.gcn_apply, nn.gcn_init(dims, rng)
+        opt = nn.Adam(params, lr=0.01, weight_decay={"W0": 5e-4, "b0": 5e-4})
+    else:
+        apply, params = nn.agnn_apply, nn.agnn_init(dims, rng)
+        opt = nn.Adam(params, lr=0.01, weight_decay=5e-4)
+
+    def step():
+        logits, vjp = apply(params, A, X, rng=rng, dropout_p=0.5)
+        opt.step(vjp(nn.cross_entropy(logits, labels, idx)[1]))
+
+    return step
+
+
+def _cupy_sync():
+    import cupy
+
+    cupy.cuda.Device().synchronize()
+
+
+def time_epochs(step, sync, epochs=20, repeat=3, warmup=3):
+    """Median milliseconds per epoch over ``repeat`` batches of ``epochs`` back-to-back steps."""
+    for _ in range(warmup):
+        step()
+    sync()
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(epochs):
+            step()
+        sync()
+        samples.append(1e3 * (time.perf_counter() - t0) / epochs)
+    return statistics.median(samples)
+
+
+def bench_gnn(spec, models=MODELS, epochs=20, repeat=3, device=None, extra=None):
+    """Rows ``{graph, model, impl, ms, nodes, nnz, features, ...}`` of time per training epoch.
+
+    ``extra`` maps an implementation name to ``build(problem, model) -> (step, sync)`` or None.
+    """
+    from .._device import gpu_available
+
+    device = gpu_available() if device is None else device
+    problem = gnn_problem(spec)
+    A = problem["adj"]
+    impls = {"tcgnn_py" if device else "tcgnn_ref": "tiled", "cupyx" if device else "scipy": "csr"}
+    sync = _cupy_sync if device else (lambda: None)
+    rows = []
+    for model in models:
+        times = {}
+        for impl, sparse in impls.items():
+            times[impl] = time_epochs(train_step(problem, model, sparse, device), sync, epochs, repeat)
+        for impl, build in (extra or {}).items():
+            built = build(problem, model)
+            if built is not None:  # None: that implementation has no such model
+                times[impl] = time_epochs(*built, epochs, repeat)
+        for impl, ms in times.items():
+            rows.append({"graph": problem["name"], "model": model, "impl": impl, "ms": ms,
+                         "nodes": A.shape[0], "nnz": int(A.nnz), "in_features": problem["X"].shape[1],
+                         "features": problem["features"], "classes": problem["n_classes"]})
+    return rows
+
+
+def gnn_markdown(rows):
+    """Table: one line per graph and model, ms per epoch per implementation, speedups of tcgnn_py."""
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    ours = impls[0]
+    head = ["graph", "nodes", "nnz", "features", "model"] + [f"{i} ms" for i in impls]
+    head += [f"speedup over {i}" for i in impls[1:]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    keys = list(dict.fromkeys((r["graph"], r["model"]) for r in rows))
+    for graph, model in keys:
+        sel = {r["impl"]: r for r in rows if r["graph"] == graph and r["model"] == model}
+        r0 = sel[ours]
+        cells = [graph, f"{r0['nodes']:,}", f"{r0['nnz']:,}", f"{r0['in_features']} ({r0['features']})", model]
+        cells += [f"{sel[i]['ms']:.2f}" if i in sel else "–" for i in impls]
+        cells += [f"{sel[i]['ms'] / r0['ms']:.2f}×" if i in sel else "–" for i in impls[1:]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
