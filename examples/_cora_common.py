@@ -20,23 +20,18 @@ def parse_args(description, default_min_acc=0.80):
     return args
 
 
-def load(tg, seed):
-    """Cora with row-normalised dense features, and ``(xp, rng)`` for the device in use."""
+def load(tg):
+    """Cora with row-normalised dense features (float32)."""
     import numpy as np
 
     g = tg.load_cora()
     X = g.features.toarray().astype(np.float32)
     X /= np.maximum(X.sum(axis=1, keepdims=True), 1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tg.NoGPUWarning)
-        on_gpu = tg.gpu_available()
-    if on_gpu:
-        import cupy as xp
+    return g, X
 
-        rng = xp.random.default_rng(seed)
-    else:
-        xp, rng = np, np.random.default_rng(seed)
-    return g, xp.asarray(X), rng, ("GPU (CuPy, tensor cores)" if on_gpu else "CPU (NumPy reference path)")
+
+def device_name(A):
+    return "GPU (CuPy, tensor cores)" if A.device == "cuda" else "CPU (NumPy reference path)"
 
 
 def report(name, r, epochs, device, min_acc):

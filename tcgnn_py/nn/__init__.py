@@ -8,12 +8,12 @@ reference path) and CuPy on the GPU; everything runs on the graph's device.
 - Layers: :func:`gcn_conv`, :func:`agnn_conv`, :func:`linear`, :func:`relu`,
   :func:`dropout`; loss :func:`cross_entropy`; metric :func:`accuracy`.
 - Models: :func:`gcn_init` / :func:`gcn_apply`, :func:`agnn_init` / :func:`agnn_apply`.
-- Training: :class:`Adam`, :func:`glorot`, :func:`train` (full-batch, with model
+- Training: :class:`Adam`, :func:`glorot`, :func:`default_rng`, :func:`train` (full-batch, with model
   selection on the validation split).
 """
 
 from ._layers import accuracy, agnn_conv, cross_entropy, dropout, gcn_conv, linear, relu
-from ._models import agnn_apply, agnn_init, gcn_apply, gcn_init, glorot
+from ._models import agnn_apply, agnn_init, default_rng, gcn_apply, gcn_init, glorot
 from ._norm import add_self_loops, gcn_norm
 from ._optim import Adam
 from ._train import TrainResult, train
@@ -29,6 +29,7 @@ __all__ = [
     "cross_entropy",
     "accuracy",
     "glorot",
+    "default_rng",
     "gcn_init",
     "gcn_apply",
     "agnn_init",

@@ -8,11 +8,12 @@ parameters' names), ready for :class:`Adam`.
 
 import numpy as np
 
-from .._device import get_cupy
-from ._edges import edges_of
+from .._device import array_module, get_cupy
+from .._tiled import TiledMatrix
+from ._edges import array_on, edges_of
 from ._layers import agnn_conv, dropout, gcn_conv, linear, relu
 
-__all__ = ["glorot", "gcn_init", "gcn_apply", "agnn_init", "agnn_apply"]
+__all__ = ["default_rng", "glorot", "gcn_init", "gcn_apply", "agnn_init", "agnn_apply"]
 
 
 def _xp_of(rng):
@@ -22,6 +23,24 @@ def _xp_of(rng):
     if type(rng).__module__.startswith("cupy"):
         return get_cupy()
     raise TypeError(f"rng must be a numpy or cupy random Generator, got {type(rng).__name__}")
+
+
+def default_rng(seed=None, *, like=None):
+    """A random Generator on the device of ``like``: CuPy's for the GPU, NumPy's otherwise.
+
+    ``like`` is a TiledMatrix or an array; parameters from :func:`gcn_init`
+    and dropout masks then live where the graph does.
+
+    Examples
+    --------
+    >>> import numpy as np, scipy.sparse as sp, tcgnn_py as tg
+    >>> A = tg.nn.gcn_norm(sp.csr_array(np.eye(3)))
+    >>> rng = tg.nn.default_rng(0, like=A)
+    >>> type(rng).__module__.split(".")[0] == ("numpy" if A.device == "cpu" else "cupy")
+    True
+    """
+    on_device = like.device == "cuda" if isinstance(like, TiledMatrix) else array_module(like) is not np
+    return get_cupy().random.default_rng(seed) if on_device else np.random.default_rng(seed)
 
 
 def glorot(shape, rng, dtype=np.float32):
@@ -66,9 +85,10 @@ def gcn_apply(params, A, X, *, rng=None, dropout_p=0.5, training=True, precision
     A : TiledMatrix
         :func:`gcn_norm` of the adjacency.
     X : array, shape (n, dims[0])
-        Node features on A's device.
+        Node features (moved to A's device if elsewhere).
     rng : Generator, optional
-        For dropout; needed when ``training`` and ``dropout_p > 0``.
+        For dropout, on A's device (:func:`default_rng`); needed when
+        ``training`` and ``dropout_p > 0``.
     dropout_p : float, default 0.5
     training : bool, default True
     precision : {None, "tf32", "fp32"}, optional
@@ -84,15 +104,15 @@ def gcn_apply(params, A, X, *, rng=None, dropout_p=0.5, training=True, precision
     >>> import numpy as np, tcgnn_py as tg
     >>> g = tg.load_cora()
     >>> A = tg.nn.gcn_norm(g.adj)
-    >>> rng = np.random.default_rng(0)
+    >>> rng = tg.nn.default_rng(0, like=A)  # parameters and dropout on A's device
     >>> params = tg.nn.gcn_init((g.features.shape[1], 16, 7), rng)
     >>> logits, vjp = tg.nn.gcn_apply(params, A, g.features.toarray().astype(np.float32), rng=rng)
-    >>> logits.shape, sorted(vjp(np.ones_like(logits)))
+    >>> logits.shape, sorted(vjp(logits))
     ((2708, 7), ['W0', 'W1', 'b0', 'b1'])
     """
     E = edges_of(A, precision)
     n_layers = len(params) // 2
-    H = X
+    H = array_on(E, X)
     back = []
     for i in range(n_layers):
         H, d_vjp = dropout(H, dropout_p, rng, training=training)
@@ -155,15 +175,15 @@ def agnn_apply(params, A, X, *, rng=None, dropout_p=0.5, training=True, precisio
     >>> import numpy as np, tcgnn_py as tg
     >>> g = tg.load_cora()
     >>> A = tg.nn.add_self_loops(g.adj)
-    >>> rng = np.random.default_rng(0)
+    >>> rng = tg.nn.default_rng(0, like=A)
     >>> params = tg.nn.agnn_init((g.features.shape[1], 16, 7), rng)
     >>> logits, vjp = tg.nn.agnn_apply(params, A, g.features.toarray().astype(np.float32), rng=rng)
-    >>> logits.shape, sorted(vjp(np.ones_like(logits)))
+    >>> logits.shape, sorted(vjp(logits))
     ((2708, 7), ['W_in', 'W_out', 'b_in', 'b_out', 'beta1'])
     """
     E = edges_of(A, precision)
     n_prop = 1 + sum(k.startswith("beta") for k in params)
-    H, d_in = dropout(X, dropout_p, rng, training=training)
+    H, d_in = dropout(array_on(E, X), dropout_p, rng, training=training)
     H, l_in = linear(H, params["W_in"], params["b_in"])
     H, r_vjp = relu(H)
     props = []

@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 
-from .._device import array_module
+from ._edges import array_on, edges_of
 from ._layers import cross_entropy
 
 __all__ = ["TrainResult", "train"]
@@ -45,13 +45,13 @@ def train(apply, params, A, X, labels, split, optimizer, *, epochs=200, rng=None
         ``apply(params, A, X, rng=, dropout_p=, training=, precision=) -> (logits, vjp)``.
     params : dict
         Updated in place (through ``optimizer``, which must hold them).
-    A, X : the graph (a TiledMatrix) and the node features, on one device.
+    A, X : the graph (a TiledMatrix) and the node features (moved to A's device).
     labels : int array, shape (n,)
     split : (train_idx, val_idx, test_idx)
     optimizer : :class:`Adam`
     epochs : int, default 200
     rng : Generator
-        For dropout, on the features' device.
+        For dropout, on A's device (:func:`default_rng`).
     evaluate : bool, default True
         Score the validation and test splits after every epoch (on the
         device, read once at the end); False times training alone.
@@ -61,7 +61,7 @@ def train(apply, params, A, X, labels, split, optimizer, *, epochs=200, rng=None
     >>> import numpy as np, tcgnn_py as tg
     >>> g = tg.load_cora()
     >>> A, X = tg.nn.gcn_norm(g.adj), g.features.toarray().astype(np.float32)
-    >>> rng = np.random.default_rng(0)
+    >>> rng = tg.nn.default_rng(0, like=A)
     >>> params = tg.nn.gcn_init((X.shape[1], 16, 7), rng)
     >>> opt = tg.nn.Adam(params, lr=0.01, weight_decay={"W0": 5e-4, "b0": 5e-4})
     >>> r = tg.nn.train(tg.nn.gcn_apply, params, A, X, g.labels,
@@ -69,7 +69,9 @@ def train(apply, params, A, X, labels, split, optimizer, *, epochs=200, rng=None
     >>> 0.5 < r.test_acc <= 1 and len(r.epoch_times) == 20
     True
     """
-    xp = array_module(X)
+    E = edges_of(A, precision)
+    xp = E.xp
+    X = array_on(E, X)
     labels = xp.asarray(labels)
     train_idx, val_idx, test_idx = (xp.asarray(i) for i in split)
     on_device = xp is not np
@@ -85,7 +87,7 @@ def train(apply, params, A, X, labels, split, optimizer, *, epochs=200, rng=None
             events[epoch][0].record()
         else:
             t0 = time.perf_counter()
-        logits, vjp = apply(params, A, X, rng=rng, dropout_p=dropout_p, training=True, precision=precision)
+        logits, vjp = apply(params, E, X, rng=rng, dropout_p=dropout_p, training=True)
         loss, dlogits = cross_entropy(logits, labels, train_idx)
         optimizer.step(vjp(dlogits))
         if on_device:
@@ -93,7 +95,7 @@ def train(apply, params, A, X, labels, split, optimizer, *, epochs=200, rng=None
         else:
             host_times.append(time.perf_counter() - t0)
         if evaluate:
-            logits, _ = apply(params, A, X, training=False, precision=precision)
+            logits, _ = apply(params, E, X, training=False)
             pred = logits.argmax(axis=1)
             scores.append(xp.stack([(pred[i] == labels[i]).mean() for i in (val_idx, test_idx)]))
     if on_device:
