@@ -107,11 +107,12 @@ def test_cli_reference_mode(tmp_path):
 
 def test_gnn_epochs_reference_mode(tmp_path):
     """``--ops gcn,agnn``: one row per model and implementation, in the JSON and the markdown table."""
-    from tcgnn_py.bench.__main__ import main
-
     out = tmp_path / "g.json"
-    assert main(["cora", "powerlaw:300:2000", "--ops", "gcn,agnn", "--device", "cpu", "--epochs", "1",
-                 "--json", str(out), "--markdown", str(tmp_path / "g.md")]) == 0
+    cmd = [sys.executable, "-m", "tcgnn_py.bench", "cora", "powerlaw:300:2000", "--ops", "gcn,agnn", "--device",
+           "cpu", "--epochs", "1", "--json", str(out), "--markdown", str(tmp_path / "g.md")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert res.returncode == 0, res.stderr
     rows = json.loads(out.read_text())["gnn"]
     assert {(r["graph"], r["model"], r["impl"]) for r in rows} == {
         (g, m, i) for g in ("cora", "powerlaw:300:2000") for m in ("gcn", "agnn") for i in ("tcgnn_ref", "scipy")}

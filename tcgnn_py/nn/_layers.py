@@ -109,8 +109,15 @@ def _edge_softmax(E, z, xp):
     m = xp.full(n, -np.inf, dtype=z.dtype)
     xp.maximum.at(m, rows, z)
     ex = E.values.astype(z.dtype, copy=False) * xp.exp(z - m[rows])
-    s = xp.bincount(rows, weights=ex, minlength=n).astype(z.dtype)
+    s = _row_sums(xp, rows, ex, n)
     return ex / xp.where(s > 0, s, 1)[rows]
+
+
+def _row_sums(xp, rows, v, n):
+    """Sum of ``v`` per row (``add.at``: unlike CuPy's bincount, no device-to-host sync)."""
+    s = xp.zeros(n, dtype=v.dtype)
+    xp.add.at(s, rows, v)
+    return s
 
 
 def _normalize_rows(H, xp):
@@ -171,7 +178,7 @@ def agnn_conv(A, H, beta, *, precision=None):
         dH = E.spmm_t(g, values=P)
         dP = E.sddmm(g, H)
         rows = E.rows
-        t = xp.bincount(rows, weights=P * dP, minlength=E.shape[0]).astype(dP.dtype)
+        t = _row_sums(xp, rows, P * dP, E.shape[0])
         dz = P * (dP - t[rows])
         dbeta = (dz * c).sum().reshape(1)
         dc = beta * dz
@@ -265,6 +272,9 @@ def cross_entropy(logits, labels, index=None):
     ----------
     logits : array, shape (n, classes)
     labels : int array, shape (n,)
+        In ``[0, classes)`` on the rows of ``index`` (checked on the host; on
+        the device, where checking would cost a synchronisation, a label out
+        of range adds nothing to the loss).
     index : int array, optional
         The nodes the loss covers (a training split); all nodes by default.
 
@@ -283,18 +293,26 @@ def cross_entropy(logits, labels, index=None):
     """
     xp = array_module(logits)
     _check_2d("logits", logits)
-    labels = xp.asarray(labels)
-    idx = xp.arange(logits.shape[0]) if index is None else xp.asarray(index)
-    z = logits[idx]
-    z = z - z.max(axis=1, keepdims=True)
-    logp = z - xp.log(xp.exp(z).sum(axis=1, keepdims=True))
-    y = labels[idx]
-    loss = -logp[xp.arange(idx.shape[0]), y].mean()
-    d = xp.exp(logp)
-    d[xp.arange(idx.shape[0]), y] -= 1
-    grad = xp.zeros_like(logits)
-    grad[idx] = d / idx.shape[0]
-    return loss, grad
+    n, k = logits.shape
+    labels = xp.asarray(labels).reshape(n, 1)
+    if xp is np:
+        y = labels if index is None else labels[np.asarray(index)]
+        if y.size and (y.min() < 0 or y.max() >= k):
+            raise ValueError(f"labels must be in [0, {k}) on the rows the loss covers")
+    # Every row is computed and weighted (1/len(index) inside, 0 outside): elementwise
+    # passes only, no gathers and scatters of rows (cheap to launch on small graphs).
+    if index is None:
+        w = xp.full((n, 1), 1 / n, dtype=logits.dtype)
+    else:
+        index = xp.asarray(index)
+        w = xp.zeros((n, 1), dtype=logits.dtype)
+        w[index] = 1 / index.shape[0]
+    z = logits - logits.max(axis=1, keepdims=True)
+    ez = xp.exp(z)
+    s = ez.sum(axis=1, keepdims=True)
+    onehot = xp.arange(k) == labels
+    loss = (w * (xp.log(s) - (z * onehot).sum(axis=1, keepdims=True))).sum()
+    return loss, (ez / s - onehot) * w
 
 
 def accuracy(logits, labels, index=None):
