@@ -209,6 +209,8 @@ def test_linear_relu_dropout_cross_entropy_gradients(rng):
     assert nn.dropout(H, 0.5, None, training=False)[0] is H
     with pytest.raises(ValueError, match="dropout"):
         nn.dropout(H, 1.0, np.random.default_rng())
+    with pytest.raises(ValueError, match="needs rng"):
+        nn.dropout(H, 0.5, None)
 
 
 @pytest.mark.parametrize("model", ["gcn", "agnn"])
