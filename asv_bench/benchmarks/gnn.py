@@ -17,17 +17,19 @@ class TrainEpoch:
     timeout = 300
 
     def setup_cache(self):
-        return None  # features and labels are loaded in setup (gnn_problem); nothing to share
+        from tcgnn_py.bench._gnn import gnn_problem
 
-    def setup(self, _, graph, model, impl):
+        return {g: gnn_problem(g) for g in self.params[0]}  # graph, features, labels, split
+
+    def setup(self, problems, graph, model, impl):
         require_gpu()
-        from tcgnn_py.bench._gnn import gnn_problem, train_step
+        from tcgnn_py.bench._gnn import train_step
 
-        self.step = train_step(gnn_problem(graph), model, "tiled" if impl == "tcgnn_py" else "csr", True)
+        self.step = train_step(problems[graph], model, "tiled" if impl == "tcgnn_py" else "csr", True)
         for _ in range(3):
             self.step()
         _sync()
 
-    def time_epoch(self, _, graph, model, impl):
+    def time_epoch(self, problems, graph, model, impl):
         self.step()
         _sync()
