@@ -1,14 +1,14 @@
-"""Feed JAX or PyTorch GPU arrays to tcgnn_py through DLPack -- tcgnn_py imports neither.
+"""Feed JAX GPU arrays to tcgnn_py through DLPack -- tcgnn_py imports no framework.
 
 tcgnn_py accepts any array that exports ``__dlpack__`` (or
 ``__cuda_array_interface__``) on a CUDA device and wraps it without a copy;
-results are CuPy arrays, which the framework takes back through DLPack, again
-without a copy.  So a JAX or PyTorch pipeline can call the tensor-core SpMM
-and the GNN layers directly.
+results are CuPy arrays, which JAX takes back through DLPack, again without a
+copy.  So a JAX pipeline (or any other DLPack producer) can call the
+tensor-core SpMM and the GNN layers directly.
 
-    python examples/dlpack_interop.py [--framework auto|jax|torch]
+    python examples/dlpack_interop.py
 
-Exits 0 with a "skipped" line when neither framework (with a GPU) is installed.
+Exits 0 with a "skipped" line when JAX (with a GPU) is not installed.
 """
 
 import argparse
@@ -33,36 +33,16 @@ def jax_framework():
     }
 
 
-def torch_framework():
-    import torch
-
-    if not torch.cuda.is_available():
-        raise ImportError("PyTorch sees no GPU")
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    return {
-        "name": f"PyTorch {torch.__version__}",
-        "randn": lambda shape: torch.randn(shape, device="cuda", generator=gen),
-        "from_dlpack": torch.from_dlpack,
-        "to_numpy": lambda t: t.cpu().numpy(),
-        "type": torch.Tensor,
-    }
-
-
-def pick(choice):
-    reasons = []
-    for name, make in (("jax", jax_framework), ("torch", torch_framework)):
-        if choice in ("auto", name):
-            try:
-                return make()
-            except ImportError as exc:  # not installed, or no GPU for it
-                reasons.append(f"{name}: {exc}")
-    return reasons
+def pick():
+    """The JAX framework table, or the reason it cannot run here."""
+    try:
+        return jax_framework()
+    except ImportError as exc:  # not installed, or no GPU for it
+        return str(exc)
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--framework", choices=("auto", "jax", "torch"), default="auto")
-    args = p.parse_args()
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     import tcgnn_py as tg
 
     if not tg.gpu_available():
@@ -71,9 +51,9 @@ def main():
     g = tg.load_cora()
     A = tg.nn.gcn_norm(g.adj)  # a TiledMatrix on the GPU
     assert not {"jax", "torch"} & set(sys.modules), "tcgnn_py imported a framework"
-    fw = pick(args.framework)
-    if isinstance(fw, list):
-        print("skipped: no JAX or PyTorch with a GPU (" + "; ".join(fw) + ")")
+    fw = pick()
+    if isinstance(fw, str):
+        print(f"skipped: no JAX with a GPU ({fw})")
         return
     X = fw["randn"]((g.adj.shape[0], 64))  # a framework array on the GPU
     W = fw["randn"]((64, 16))

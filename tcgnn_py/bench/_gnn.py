@@ -38,14 +38,15 @@ def gnn_problem(spec, seed=0):
     """
     from .._io import load_cora, load_graph
 
-    name, A = resolve_graph(spec)
-    g = None
-    for root in data_roots():
-        if (root / spec / "adj_csr.npz").exists():
-            g = load_graph(root / spec)
-            break
-    if g is None and spec == "cora":
+    # A data folder is loaded once, with its features and split; anything else through resolve_graph.
+    folder = next((root / spec for root in data_roots() if (root / spec / "adj_csr.npz").exists()), None)
+    if folder is not None:
+        g = load_graph(folder)
+    elif spec == "cora":
         g = load_cora()
+    else:
+        g = None
+    name, A = (spec, g.adj) if g is not None else resolve_graph(spec)
     rng = np.random.default_rng(seed)
     n = A.shape[0]
     if g is not None and g.features is not None:
@@ -69,15 +70,12 @@ def gnn_problem(spec, seed=0):
 def train_step(problem, model, sparse, device, seed=0):
     """One training step of ``model`` in tcgnn_py.nn over ``sparse`` ("tiled" or "csr")."""
     from .. import nn
+    from .._device import get_cupy
     from ..nn._edges import CSREdges
 
-    if device:
-        import cupy as xp
-
-        rng = xp.random.default_rng(seed)
-    else:
-        xp, rng = np, np.random.default_rng(seed)
     A = nn.gcn_norm(problem["adj"]) if model == "gcn" else nn.add_self_loops(problem["adj"])
+    rng = nn.default_rng(seed, like=A)
+    xp = get_cupy() if device else np
     if sparse == "csr":
         if device:
             import cupyx.scipy.sparse as csp
