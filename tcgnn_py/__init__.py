@@ -1,15 +1,16 @@
 """tcgnn_py: sparse graph operations on NVIDIA tensor cores, in pure Python.
 
 Public names live here; the implementation is in private modules by concern
-(layers: 0 validation/device/reference/io, 1 kernels, 2 sgt/ops/reorder, 3 TiledMatrix,
-4 nn).
+(layers: 0 validation/device/reference/io, 1 kernels, 2 tiling/sgt/ops/reorder,
+3 TiledMatrix, 4 nn and bench).
 """
 
-from ._device import NoGPUWarning, gpu_available
+from ._device import DeviceMismatchError, NoGPUWarning, gpu_available
 from ._io import Graph, load_cora, load_graph
 from ._reorder import NMReport, Permutation, best_pattern, nm_report, reorder
 from ._synth import power_law_graph
-from ._tiled import TiledMatrix, TileStats, sddmm, spmm
+from ._tiled import TiledMatrix, sddmm, spmm
+from ._tiling import Layout, Tiling, TileStats
 
 from . import nn  # noqa: E402  (layer 4: imports the names above)
 
@@ -19,10 +20,13 @@ __all__ = [
     "nn",
     "TiledMatrix",
     "TileStats",
+    "Tiling",
+    "Layout",
     "spmm",
     "sddmm",
     "gpu_available",
     "NoGPUWarning",
+    "DeviceMismatchError",
     "Graph",
     "load_cora",
     "load_graph",

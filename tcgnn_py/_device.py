@@ -14,7 +14,11 @@ import numpy as np
 
 __all__ = [
     "NoGPUWarning",
+    "DeviceMismatchError",
+    "DEVICES",
+    "use_gpu",
     "gpu_available",
+    "gpu_unusable_reason",
     "get_cupy",
     "array_module",
     "is_device_array",
@@ -29,7 +33,33 @@ class NoGPUWarning(RuntimeWarning):
     """Raised once per process when tcgnn_py falls back to the NumPy reference path."""
 
 
-def _patch_numpy_for_numba():
+class DeviceMismatchError(TypeError):
+    """Device (GPU) data met a path that runs on the host, or host data a path that needs the GPU."""
+
+
+#: What every ``device=`` argument accepts: ``None`` (the GPU when usable), ``"cuda"`` or ``"cpu"``.
+DEVICES = (None, "cuda", "cpu")
+
+
+def use_gpu(device):
+    """Whether to run on the GPU for a ``device=`` argument (see :data:`DEVICES`).
+
+    ``"cuda"`` where the GPU path is not usable raises ``RuntimeError`` with the
+    reason; ``None`` without a GPU warns once (:class:`NoGPUWarning`).
+    """
+    if not (device is None or isinstance(device, str)) or device not in DEVICES:
+        raise ValueError(f"device must be None, 'cuda' or 'cpu', got {device!r}")
+    if device == "cpu":
+        return False
+    ok, reason = _probe()
+    if device == "cuda" and not ok:
+        raise RuntimeError(f"device='cuda' asked for, but the GPU path is not usable: {reason}")
+    if not ok:
+        warn_no_gpu()
+    return ok
+
+
+def patch_numpy_for_numba():
     # numba-cuda 0.30 calls numpy.row_stack, which NumPy 2.5 removed
     # (numba-cuda #907, not to be fixed upstream).  The alias is exact.
     if not hasattr(np, "row_stack"):
@@ -53,13 +83,18 @@ def _probe():
     except Exception as exc:  # driver missing or broken
         return False, f"CUDA is not usable: {exc}"
     try:
-        _patch_numpy_for_numba()
+        patch_numpy_for_numba()
         from numba import cuda
     except ImportError:
         return False, "Numba is not installed (pip install 'tcgnn_py[cuda13]')"
     if not cuda.is_available():
         return False, "Numba cannot see a CUDA device"
     return True, ""
+
+
+def gpu_unusable_reason():
+    """Why the GPU path is not usable here (``""`` when it is)."""
+    return _probe()[1]
 
 
 def gpu_available():

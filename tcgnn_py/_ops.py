@@ -18,12 +18,13 @@ exact in its dtype and ``precision`` only gets validated.
 """
 
 import functools
+from typing import NamedTuple
 
 import numpy as np
 
 from . import _reference as ref
-from ._device import get_cupy, is_cupy_array, is_device_array
-from ._validation import value_dtype
+from ._device import DeviceMismatchError, get_cupy, is_cupy_array, is_device_array
+from ._validation import check_real_dtype, value_dtype
 
 __all__ = [
     "as_operand",
@@ -34,6 +35,12 @@ __all__ = [
     "sddmm_raw",
     "MISMATCH",
     "PRECISIONS",
+    "UNITS_PER_WINDOW_MAX",
+    "build_plan",
+    "spmm_plan",
+    "block_mask",
+    "TUNING",
+    "set_tuning",
 ]
 
 MISMATCH = "matmul: dimension mismatch with signature"
@@ -41,8 +48,8 @@ PRECISIONS = (None, "tf32", "fp32")
 _TC_TILE = (16, 8)
 
 # Work decomposition of the SpMM kernels (see kernels/products.py).
-_UNITS_PER_WINDOW_MAX = 64  # a hub window is split over at most this many CTAs
-_SDDMM_BLOCKS_PER_WARP = 4
+UNITS_PER_WINDOW_MAX = 64  # a hub window is split over at most this many CTAs
+SDDMM_BLOCKS_PER_WARP = 4
 
 
 def as_operand(X, on_device):
@@ -56,7 +63,7 @@ def as_operand(X, on_device):
         kind = "numpy"
     elif is_cupy_array(X):
         if on_device:
-            _check_real(X.dtype)
+            check_real_dtype(X.dtype, "operand")
             return X, "cupy"
         kind = "cupy"
     elif is_device_array(X) or _is_cuda_dlpack(X):
@@ -64,7 +71,7 @@ def as_operand(X, on_device):
     else:
         X = np.asarray(X)
         kind = "numpy"
-    _check_real(X.dtype)
+    check_real_dtype(X.dtype, "operand")
     if on_device:
         cp = get_cupy()
         if kind == "cupy" and not hasattr(X, "__cuda_array_interface__"):
@@ -72,13 +79,8 @@ def as_operand(X, on_device):
         else:
             X = cp.asarray(X)
     elif kind == "cupy":
-        raise RuntimeError("a device operand needs a TiledMatrix on the GPU, but no GPU path is usable")
+        raise DeviceMismatchError("a device operand needs a matrix on the GPU, but this one lives on the CPU")
     return X, kind
-
-
-def _check_real(dtype):
-    if dtype.kind not in "biuf":
-        raise TypeError(f"operand dtype {dtype} is not supported (real numbers only)")
 
 
 def _is_cuda_dlpack(X):
@@ -136,28 +138,26 @@ def _resolve(precision, dtype, tile_shape):
 # --- SpMM ------------------------------------------------------------------
 
 
-def spmm_raw(tiles, shape, tile_shape, X, dtype, precision=None, out=None, plans=None, casts=None):
-    """``A @ X`` for a 2-D X of shape ``(shape[1], D)`` already on the tiles' device.
+def spmm_raw(tiling, values, X, dtype, precision=None, out=None, casts=None):
+    """``A @ X`` for a 2-D X of shape ``(tiling.shape[1], D)`` already on the tiling's device.
 
     ``out`` (optional) is a validated C-contiguous array of the result's shape
-    and dtype on the same device.  ``plans`` caches work plans (they depend on
-    the tiling only, so matrices that share a tiling may share it); ``casts``
-    caches the values cast to the product's dtype (per matrix).
+    and dtype on the same device.  Work plans are cached on the tiling (they
+    depend on the structure only); ``casts`` caches ``values`` cast to the
+    product's dtype (per matrix).
     """
-    mode = resolve_precision(precision, dtype, tile_shape)
+    mode = resolve_precision(precision, dtype, tiling.tile_shape)
     if isinstance(X, np.ndarray):
-        Y = ref.spmm(tiles, shape, tile_shape[0], X, dtype)
+        Y = ref.spmm(tiling.arrays(values), tiling.shape, tiling.layout.window, X, dtype)
         if out is None:
             return Y
         out[...] = Y
         return out
-    plans = {} if plans is None else plans
-    casts = {} if casts is None else casts
-    return _spmm_gpu(tiles, shape, tile_shape, X, np.dtype(dtype), mode, out, plans, casts)
+    return _spmm_gpu(tiling, values, X, np.dtype(dtype), mode, out, {} if casts is None else casts)
 
 
 #: Launch shape of the SpMM kernels.  Change it through :func:`set_tuning` only
-#: (launch parameters are cached per matrix under the tuning's version).
+#: (launch parameters are cached per tiling under the tuning's version).
 TUNING = {
     "tf32_max_chunks": 2,  # column chunks of 32 per CTA (registers grow with it)
     "tf32_nwarps": (4, 4, 4),  # warps per CTA for 1, 2, 4 chunks
@@ -182,9 +182,58 @@ def _overlap(a, b):
     return a.nbytes > 0 and b.nbytes > 0 and a0 < b0 + b.nbytes and b0 < a0 + a.nbytes
 
 
-def _spmm_gpu(tiles, shape, tile_shape, X, dtype, mode, out, plans, casts):
+class Fixup(NamedTuple):
+    """Second launch of a split (hub) window: sum its partial tiles in unit order."""
+
+    kernel: object
+    grid: tuple
+    splits: object  # int4 rows (window, first slot, number of slots, 0)
+    n_slots: int
+
+    def run(self, partial, Y, M, D, H):
+        from .kernels.products import FIXUP_THREADS
+
+        self.kernel(self.grid, (FIXUP_THREADS,), (self.splits, partial, Y, np.int32(M), np.int32(D), np.int32(H)))
+
+
+class TF32SpmmLaunch(NamedTuple):
+    """One configuration of ``tcgnn_spmm_tf32``: kernel, geometry and its plan arrays."""
+
+    kernel: object
+    grid: tuple
+    block: tuple
+    smem: int
+    units: object  # int4 rows (window, first block, end block, slot or -1)
+    mask: object  # (n_blocks, 4) uint32 occupancy masks
+    n_slabs: int  # CTAs per unit, side by side in the 1-D grid
+    fixup: Fixup = None
+
+    def run(self, tiling, values, X, Y, partial, M, D):
+        args = (self.units, tiling.block_ptr, tiling.block_cols, self.mask, values, X, Y, partial,
+                np.int32(M), np.int32(D), np.int32(self.n_slabs))
+        self.kernel(self.grid, self.block, args, shared_mem=self.smem)
+
+
+class CoreSpmmLaunch(NamedTuple):
+    """One configuration of ``tcgnn_spmm_core`` (CUDA cores, any tile shape)."""
+
+    kernel: object
+    grid: tuple
+    block: tuple
+    smem: int
+    units: object
+    fixup: Fixup = None
+
+    def run(self, tiling, values, X, Y, partial, M, D):
+        W = tiling.layout.block
+        args = (self.units, tiling.block_ptr, tiling.block_cols, tiling.tile_pos, values, X, Y, partial,
+                np.int32(M), np.int32(D), np.int32(W), np.int32(W.bit_length() - 1))
+        self.kernel(self.grid, self.block, args, shared_mem=self.smem)
+
+
+def _spmm_gpu(tiling, values, X, dtype, mode, out, casts):
     cp = get_cupy()
-    M = shape[0]
+    M = tiling.shape[0]
     D = X.shape[1]
     out_final = None
     if out is not None and _overlap(out, X):
@@ -194,56 +243,59 @@ def _spmm_gpu(tiles, shape, tile_shape, X, dtype, mode, out, plans, casts):
         return Y if out_final is None else out_final
     if X.dtype != dtype or not X.flags.c_contiguous:
         X = cp.ascontiguousarray(X, dtype=dtype)
-    values = _values_as(tiles, dtype, casts)
+    values = _values_as(values, dtype, casts)
     vec = mode == "tf32" and _aligned16(D, X, Y)
     key = ("launch", mode, dtype.char, D, vec, _TUNING_VERSION[0])
-    launch = plans.get(key)
+    launch = tiling._cache.get(key)  # hot path: no closure per call
     if launch is None:
-        launch = plans[key] = _spmm_launch(cp, tiles, tile_shape, mode, dtype, D, vec, plans)
-    kernel, grid, block, smem, units, structure, tail, fixup = launch
+        launch = tiling.cached(key, lambda: _spmm_launch(cp, tiling, mode, dtype, D, vec))
     partial = Y
-    if fixup is not None:
-        fix_kernel, fix_grid, splits, n_slots = fixup
-        partial = cp.empty((n_slots, tile_shape[0], D), dtype=dtype)
-    kernel(grid, block, (units, tiles["block_ptr"], tiles["block_cols"], structure, values, X, Y, partial,
-                         np.int32(M), np.int32(D)) + tail, shared_mem=smem)
-    if fixup is not None:
-        fix_kernel(fix_grid, (256,), (splits, partial, Y, np.int32(M), np.int32(D), np.int32(tile_shape[0])))
+    if launch.fixup is not None:
+        partial = cp.empty((launch.fixup.n_slots, tiling.layout.window, D), dtype=dtype)
+    launch.run(tiling, values, X, Y, partial, M, D)
+    if launch.fixup is not None:
+        launch.fixup.run(partial, Y, M, D, tiling.layout.window)
     if out_final is not None:
         out_final[...] = Y
         return out_final
     return Y
 
 
-def _spmm_launch(cp, tiles, tile_shape, mode, dtype, D, vec, plans):
-    """Kernel, grid, block, shared memory, plan arrays and fixup of one SpMM configuration."""
+def _spmm_launch(cp, tiling, mode, dtype, D, vec):
+    """The launch (kernel, geometry, plan arrays, fixup) of one SpMM configuration."""
     from .kernels import products as kp
+    from .kernels.registry import get_kernel
 
-    H, W = tile_shape
+    H, W = tiling.tile_shape
     if mode == "tf32":
         chunks = min(TUNING["tf32_max_chunks"], 1 if D <= 32 else 2 if D <= 64 else 4)
         nwarps = TUNING["tf32_nwarps"][{1: 0, 2: 1, 4: 2}[chunks]]
-        while nwarps > 1 and nwarps * chunks * 4 * 32 * 16 > 48 * 1024:
-            nwarps //= 2  # stay within the default dynamic shared-memory limit
-        family, name = "tf32", kp.spmm_tf32_name(chunks, vec)
-        smem = nwarps * chunks * 4 * 32 * 16
-        plan = _spmm_plan(cp, tiles, nwarps * TUNING["blocks_per_warp"], plans)
+        while nwarps > 1 and kp.tf32_spmm_smem(nwarps, chunks) > kp.SPMM_SMEM_LIMIT:
+            nwarps //= 2
+        family = "tf32"
+        plan = spmm_plan(tiling, nwarps * TUNING["blocks_per_warp"])
         n_slabs = -(-D // (32 * chunks))
         # Slabs of one unit side by side (1-D grid): they share its metadata in L2.
-        grid = (plan["units"].shape[0] * n_slabs, 1)
-        structure, tail = _block_mask_cached(cp, tiles, plans), (np.int32(n_slabs),)
+        launch = TF32SpmmLaunch(
+            get_kernel(family, kp.spmm_tf32_name(chunks, vec)), (plan["units"].shape[0] * n_slabs, 1),
+            (32 * nwarps,), kp.tf32_spmm_smem(nwarps, chunks), plan["units"],
+            tiling.cached("mask", lambda: block_mask(cp, tiling.block_ptr, tiling.tile_pos, tiling.n_blocks)),
+            n_slabs,
+        )
     else:
         nwarps = TUNING["core_nwarps"]
-        family, name = "core", kp.spmm_core_name(dtype.name, H, tiles["tile_pos"].dtype.name)
-        smem = nwarps * H * 32 * dtype.itemsize
-        plan = _spmm_plan(cp, tiles, nwarps * TUNING["blocks_per_warp"], plans)
-        grid = (plan["units"].shape[0], -(-D // 32))
-        structure, tail = tiles["tile_pos"], (np.int32(W), np.int32(W.bit_length() - 1))
-    fixup = None
+        family = "core"
+        plan = spmm_plan(tiling, nwarps * TUNING["blocks_per_warp"])
+        launch = CoreSpmmLaunch(
+            get_kernel(family, kp.spmm_core_name(dtype.name, H, tiling.tile_pos.dtype.name)),
+            (plan["units"].shape[0], -(-D // 32)), (32 * nwarps,), kp.core_spmm_smem(nwarps, H, dtype.itemsize),
+            plan["units"],
+        )
     if plan["n_slots"]:
-        fix_grid = (plan["splits"].shape[0], min(-(-(H * D) // 256), 1024))
-        fixup = (kp.get_kernel(family, kp.fixup_name(dtype.name)), fix_grid, plan["splits"], plan["n_slots"])
-    return (kp.get_kernel(family, name), grid, (32 * nwarps,), smem, plan["units"], structure, tail, fixup)
+        fix_grid = (plan["splits"].shape[0], min(-(-(H * D) // kp.FIXUP_THREADS), 1024))
+        fixup = Fixup(get_kernel(family, kp.fixup_name(dtype.name)), fix_grid, plan["splits"], plan["n_slots"])
+        launch = launch._replace(fixup=fixup)
+    return launch
 
 
 def _aligned16(D, *arrays):
@@ -251,8 +303,7 @@ def _aligned16(D, *arrays):
     return D % 4 == 0 and all(a.data.ptr % 16 == 0 for a in arrays)
 
 
-def _values_as(tiles, dtype, cache):
-    values = tiles["values"]
+def _values_as(values, dtype, cache):
     if values.dtype == dtype:
         return values
     key = ("values", dtype.str)
@@ -261,108 +312,97 @@ def _values_as(tiles, dtype, cache):
     return cache[key]
 
 
-def _spmm_plan(cp, tiles, blocks_per_unit, cache):
-    """Work plan of the SpMM kernels for one unit size, cached (it depends on the tiling only).
+def spmm_plan(tiling, blocks_per_unit):
+    """Work plan of the SpMM kernels for one unit size, cached on the tiling.
 
     ``units`` rows are ``(window, first block, end block, slot)``: a window of
     ``nb`` blocks becomes ``k = ceil(nb / blocks_per_unit)`` units (at most
-    ``_UNITS_PER_WINDOW_MAX``; an empty window keeps one unit, which writes its
+    ``UNITS_PER_WINDOW_MAX``; an empty window keeps one unit, which writes its
     zero rows).  Units of a split window (``k > 1``) write partial tiles to
     consecutive slots; ``splits`` rows are ``(window, first slot, k, 0)``.
     """
-    key = ("plan", blocks_per_unit)
-    if key not in cache:
-        cache[key] = _build_plan(cp, tiles["win_ptr"], blocks_per_unit)
-    return cache[key]
+    return tiling.cached(("plan", blocks_per_unit), lambda: build_plan(tiling.xp, tiling.win_ptr, blocks_per_unit))
 
 
-def _block_mask_cached(cp, tiles, cache):
-    """The TF32 kernel's per-block occupancy masks (structure only: cached with the plans)."""
-    if "mask" not in cache:
-        cache["mask"] = _block_mask(cp, tiles)
-    return cache["mask"]
-
-
-def _build_plan(cp, win_ptr, blocks_per_unit):
-    nb = cp.diff(win_ptr).astype(np.int64)
-    k = cp.clip(-(-nb // blocks_per_unit), 1, _UNITS_PER_WINDOW_MAX)
-    unit_ptr = cp.concatenate((cp.zeros(1, np.int64), cp.cumsum(k)))
+def build_plan(xp, win_ptr, blocks_per_unit):
+    """The plan of :func:`spmm_plan` from ``win_ptr`` (any device)."""
+    nb = xp.diff(win_ptr).astype(np.int64)
+    k = xp.clip(-(-nb // blocks_per_unit), 1, UNITS_PER_WINDOW_MAX)
+    unit_ptr = xp.concatenate((xp.zeros(1, np.int64), xp.cumsum(k)))
     n_units = int(unit_ptr[-1])  # synchronize!
-    uid = cp.arange(n_units, dtype=np.int64)
-    uw = cp.searchsorted(unit_ptr, uid, side="right") - 1
+    uid = xp.arange(n_units, dtype=np.int64)
+    uw = xp.searchsorted(unit_ptr, uid, side="right") - 1
     j = uid - unit_ptr[uw]
     kw, nbw, start = k[uw], nb[uw], win_ptr[uw].astype(np.int64)
     split = kw > 1
-    slot = cp.where(split, cp.cumsum(split) - 1, -1)
-    units = cp.stack([uw, start + j * nbw // kw, start + (j + 1) * nbw // kw, slot], axis=1)
-    sw = cp.flatnonzero(k > 1)
-    splits = cp.stack([sw, slot[unit_ptr[sw]], k[sw], cp.zeros_like(sw)], axis=1)
+    slot = xp.where(split, xp.cumsum(split) - 1, -1)
+    units = xp.stack([uw, start + j * nbw // kw, start + (j + 1) * nbw // kw, slot], axis=1)
+    sw = xp.flatnonzero(k > 1)
+    splits = xp.stack([sw, slot[unit_ptr[sw]], k[sw], xp.zeros_like(sw)], axis=1)
     return {
-        "units": cp.ascontiguousarray(units.astype(np.int32)),
-        "splits": cp.ascontiguousarray(splits.astype(np.int32)),
+        "units": xp.ascontiguousarray(units.astype(np.int32)),
+        "splits": xp.ascontiguousarray(splits.astype(np.int32)),
         "n_slots": int(split.sum()),  # synchronize!
     }
 
 
-def _block_mask(cp, tiles):
+def block_mask(xp, block_ptr, tile_pos, n_blocks):
     """``(n_blocks, 4)`` uint32: bit ``p`` of block ``b`` set when tile position ``p`` is stored.
 
     Positions within a block are distinct, so summing ``1 << bit`` per word is
     an OR; float64 holds those sums (< 2**32) exactly.
     """
-    n_blocks = tiles["block_cols"].shape[0]
-    entry_block = ref.entry_blocks(tiles["block_ptr"], tiles["tile_pos"].shape[0])
-    pos = tiles["tile_pos"].astype(np.int64)
-    words = cp.bincount(entry_block.astype(np.int64) * 4 + (pos >> 5), weights=(1 << (pos & 31)).astype(np.float64),
+    entry_block = ref.entry_blocks(block_ptr, tile_pos.shape[0])
+    pos = tile_pos.astype(np.int64)
+    words = xp.bincount(entry_block.astype(np.int64) * 4 + (pos >> 5), weights=(1 << (pos & 31)).astype(np.float64),
                         minlength=4 * n_blocks)
-    return cp.ascontiguousarray(words.astype(np.uint32).reshape(n_blocks, 4))
+    return xp.ascontiguousarray(words.astype(np.uint32).reshape(n_blocks, 4))
 
 
 # --- SDDMM -----------------------------------------------------------------
 
 
-def sddmm_raw(tiles, shape, tile_shape, Xa, Xb, dtype, multiply_values=False, precision=None, casts=None,
-              out=None):
+def sddmm_raw(tiling, values, Xa, Xb, dtype, multiply_values=False, precision=None, casts=None, out=None):
     """Values ``<Xa[i], Xb[j]>`` (times the entry's value if ``multiply_values``) in tiled order.
 
-    ``Xa`` is ``(shape[0], D)`` and ``Xb`` ``(shape[1], D)``, on the tiles' device;
+    ``Xa`` is ``(shape[0], D)`` and ``Xb`` ``(shape[1], D)``, on the tiling's device;
     ``out`` (device only) is a C-contiguous ``(nnz,)`` array of ``dtype`` to write.
     """
-    mode = resolve_precision(precision, dtype, tile_shape)
+    mode = resolve_precision(precision, dtype, tiling.tile_shape)
     if isinstance(Xa, np.ndarray):
-        return ref.sddmm(tiles, shape, tile_shape[0], Xa, Xb, dtype, multiply_values)
+        return ref.sddmm(tiling.arrays(values), tiling.shape, tiling.layout.window, Xa, Xb, dtype, multiply_values)
     from .kernels import products as kp
+    from .kernels.registry import get_kernel
 
     cp = get_cupy()
     dtype = np.dtype(dtype)
-    nnz = tiles["values"].shape[0]
+    nnz = tiling.nnz
     if out is None:
         out = cp.empty(nnz, dtype=dtype)
-    n_blocks = tiles["block_cols"].shape[0]
+    n_blocks = tiling.n_blocks
     D = Xa.shape[1]
     if nnz == 0:
         return out
     if D == 0:
         out.fill(0)
         return out
-    H, W = tile_shape
+    H, W = tiling.tile_shape
     Xa = cp.ascontiguousarray(Xa, dtype=dtype)
     Xb = cp.ascontiguousarray(Xb, dtype=dtype)
-    values = _values_as(tiles, dtype, {} if casts is None else casts)
-    n_windows = tiles["win_ptr"].shape[0] - 1
-    bpw = _SDDMM_BLOCKS_PER_WARP
-    warps_per_cta = 4
-    grid = (-(-n_blocks // (bpw * warps_per_cta)),)
-    common = (tiles["win_ptr"], np.int32(n_windows), tiles["block_ptr"], tiles["block_cols"], tiles["tile_pos"],
+    values = _values_as(values, dtype, {} if casts is None else casts)
+    bpw = SDDMM_BLOCKS_PER_WARP
+    warps = kp.SDDMM_WARPS
+    grid = (-(-n_blocks // (bpw * warps)),)
+    common = (tiling.win_ptr, np.int32(tiling.n_windows), tiling.block_ptr, tiling.block_cols, tiling.tile_pos,
               values, Xa, Xb, out)
     if mode == "tf32":
-        kernel = kp.get_kernel("tf32", kp.sddmm_tf32_name(_aligned16(D, Xa, Xb)))
-        args = common + (np.int32(shape[0]), np.int32(n_blocks), np.int32(D), np.int32(multiply_values),
+        kernel = get_kernel("tf32", kp.sddmm_tf32_name(_aligned16(D, Xa, Xb)))
+        args = common + (np.int32(tiling.shape[0]), np.int32(n_blocks), np.int32(D), np.int32(multiply_values),
                          np.int32(bpw))
-        kernel(grid, (32 * warps_per_cta,), args, shared_mem=warps_per_cta * 128 * 4)
+        kernel(grid, (32 * warps,), args, shared_mem=warps * kp.SDDMM_TF32_SMEM_PER_WARP)
     else:
-        kernel = kp.get_kernel("core", kp.sddmm_core_name(dtype.name, tiles["tile_pos"].dtype.name))
+        kernel = get_kernel("core", kp.sddmm_core_name(dtype.name, tiling.tile_pos.dtype.name))
         args = common + (np.int32(n_blocks), np.int32(D), np.int32(H), np.int32(W), np.int32(W.bit_length() - 1),
                          np.int32(multiply_values), np.int32(bpw))
-        kernel(grid, (32 * warps_per_cta,), args)
+        kernel(grid, (32 * warps,), args)
     return out

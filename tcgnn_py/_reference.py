@@ -40,6 +40,7 @@ __all__ = [
     "tiled_to_csr",
     "tiled_rows_cols",
     "entry_blocks",
+    "edge_rows",
     "spmm",
     "sddmm",
     "tile_pos_dtype",
@@ -127,6 +128,13 @@ def translate(data, indices, indptr, shape, window=16, block=8):
         "values": data[order],
         "perm": order.astype(np.int32),
     }
+
+
+def edge_rows(indptr, nnz):
+    """Row of every stored entry of a CSR matrix (int32; any device)."""
+    xp = array_module(indptr)
+    rows = xp.searchsorted(indptr, xp.arange(nnz, dtype=np.int32), side="right") - 1
+    return rows.astype(np.int32)
 
 
 def entry_blocks(block_ptr, nnz):

@@ -21,8 +21,10 @@ import types
 import numpy as np
 
 from . import _nm_reference as ref
-from ._device import array_module, gpu_available, to_host, warn_no_gpu
-from ._sgt import _TPB, _edge_rows, _grid
+from ._reference import edge_rows
+from ._device import array_module, to_host, use_gpu
+from .kernels.launch import THREADS_PER_BLOCK as _TPB
+from .kernels.launch import grid as _grid
 from ._validation import Pattern, check_csr_arrays, check_pattern, coerce_csr
 
 __all__ = ["Permutation", "NMReport", "reorder", "nm_report", "best_pattern"]
@@ -409,18 +411,14 @@ def _prepare(A, pattern, device):
         raise ValueError(f"the reorder renumbers the vertices of a graph: A must be square, got {shape}")
     data, indices, indptr = check_csr_arrays(data, indices, indptr, shape)
     n = shape[0]
-    if device not in (None, "gpu", "cpu"):
-        raise ValueError(f"device must be None, 'gpu' or 'cpu', got {device!r}")
-    use_gpu = device == "gpu" or (device is None and gpu_available())
-    if device is None and not use_gpu:
-        warn_no_gpu()
-    if use_gpu:
+    gpu = use_gpu(device)
+    if gpu:
         import cupy as xp
     else:
         xp = np
     indices, indptr = xp.asarray(indices), xp.asarray(indptr)
-    edge_row = _edge_rows(xp, indptr, indices.shape[0])
-    if use_gpu:
+    edge_row = edge_rows(indptr, indices.shape[0])
+    if gpu:
         return pattern, _KernelBackend(xp, indices, edge_row, n, pattern)
     return pattern, _RefBackend(to_host(indices), to_host(edge_row), n, pattern)
 
@@ -497,7 +495,7 @@ def reorder(A, pattern="2:4", *, max_iter=1000, stage_iter=10, patience=8, verbo
         inner loop, and of iterations without a new best.
     verbose : True logs every iteration to stderr, False never; None (default)
         logs once a second after the first two seconds.
-    device : None (GPU when usable), "gpu" or "cpu" (the NumPy reference).
+    device : None (GPU when usable), "cuda" or "cpu" (the NumPy reference).
 
     Returns
     -------

@@ -11,21 +11,10 @@ import numpy as np
 from . import _reference as ref
 from ._device import array_module
 from ._validation import INDEX_MAX
+from .kernels.launch import THREADS_PER_BLOCK as _TPB
+from .kernels.launch import grid as _grid
 
 __all__ = ["tile", "translate", "translate_kernels", "canonicalize_kernels", "coo_to_csr", "coo_to_csr_order"]
-
-_TPB = 256  # threads per block: a multiple of 32, so lane groups stay inside warps
-
-
-def _grid(n_threads):
-    return max(1, -(-n_threads // _TPB))
-
-
-def _edge_rows(xp, indptr, nnz):
-    """Row id of every stored entry (int32)."""
-    rows = xp.searchsorted(indptr, xp.arange(nnz, dtype=np.int32), side="right") - 1
-    return rows.astype(np.int32)
-
 
 def tile(data, indices, indptr, shape, window=16, block=8):
     """Canonicalize, then translate: the whole SGT of validated CSR arrays, on their device."""
@@ -50,7 +39,7 @@ def _canonical_with_rows(xp, data, indices, indptr, shape):
     cp = xp
     n_rows, n_cols = shape
     nnz = indices.shape[0]
-    rows = _edge_rows(cp, indptr, nnz)
+    rows = ref.edge_rows(indptr, nnz)
     if nnz < 2:
         return data, indices, indptr, rows
     unsorted = (rows[1:] == rows[:-1]) & (indices[1:] <= indices[:-1])
@@ -108,7 +97,7 @@ def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None
         )
 
     if edge_row is None:
-        edge_row = _edge_rows(cp, indptr, nnz)
+        edge_row = ref.edge_rows(indptr, nnz)
     kidx = cp.empty(nnz, np.int32)
     first_flag = cp.empty(nnz, np.int32)  # every merged position is written once
     k.rank_edges[_grid(nnz * H), _TPB](indptr, indices, edge_row, n_rows, H, kidx, first_flag)

@@ -1,13 +1,14 @@
 """Layer 3: :class:`TiledMatrix`, a sparse array in TC-GNN's tiled format."""
 
-import dataclasses
+import weakref
 
 import numpy as np
 
 from . import _reference as ref
 from . import _sgt
-from ._device import array_module, get_cupy, gpu_available, is_cupy_array, to_host, warn_no_gpu
+from ._device import DeviceMismatchError, array_module, get_cupy, is_cupy_array, to_host, use_gpu
 from ._ops import MISMATCH, as_operand, check_out, result_dtype, sddmm_raw, spmm_raw
+from ._tiling import STRUCTURE, Tiling, TileStats
 from ._validation import (
     check_csr_arrays,
     check_tile_shape,
@@ -16,55 +17,7 @@ from ._validation import (
     value_dtype,
 )
 
-__all__ = ["TiledMatrix", "TileStats", "spmm", "sddmm"]
-
-_ARRAYS = ("win_ptr", "block_cols", "block_ptr", "tile_pos", "values", "perm")
-
-
-@dataclasses.dataclass(frozen=True)
-class TileStats:
-    """How well Sparse Graph Translation condensed a matrix (TC-GNN, Fig. 7a).
-
-    ``blocks_before`` counts the ``H x W`` tiles of the original matrix that hold
-    an entry; ``blocks`` counts them after condensing each window's columns.
-    """
-
-    shape: tuple
-    nnz: int
-    tile_shape: tuple
-    windows: int
-    nonempty_windows: int
-    blocks: int
-    blocks_before: int
-    max_blocks_per_window: int
-
-    @property
-    def block_reduction(self):
-        """Fraction of tensor-core blocks removed by condensing."""
-        return 1.0 - self.blocks / self.blocks_before if self.blocks_before else 0.0
-
-    @property
-    def density(self):
-        """Stored entries per tile slot after condensing."""
-        H, W = self.tile_shape
-        return self.nnz / (self.blocks * H * W) if self.blocks else 0.0
-
-    @property
-    def density_before(self):
-        """Stored entries per tile slot without condensing."""
-        H, W = self.tile_shape
-        return self.nnz / (self.blocks_before * H * W) if self.blocks_before else 0.0
-
-    def __str__(self):
-        H, W = self.tile_shape
-        return (
-            f"{self.shape[0]}x{self.shape[1]}, nnz={self.nnz}, {H}x{W} tiles: "
-            f"{self.windows} windows ({self.nonempty_windows} non-empty), "
-            f"blocks {self.blocks_before} -> {self.blocks} "
-            f"({100 * self.block_reduction:.1f}% fewer), "
-            f"density {100 * self.density_before:.2f}% -> {100 * self.density:.2f}%, "
-            f"max {self.max_blocks_per_window} blocks/window"
-        )
+__all__ = ["TiledMatrix", "TileStats", "Tiling", "spmm", "sddmm"]
 
 
 class TiledMatrix:
@@ -74,6 +27,10 @@ class TiledMatrix:
     On a machine with a usable GPU (CuPy and Numba CUDA), the translation runs
     there and the arrays stay on the device; otherwise the NumPy reference path
     is used, with one :class:`~tcgnn_py.NoGPUWarning` per process.
+
+    A ``TiledMatrix`` is a :class:`Tiling` (the structure, shared by every matrix
+    with the same sparsity: ``with_values``, ``sddmm``, ``astype``) plus its
+    ``values`` in tiled order.
 
     Parameters
     ----------
@@ -90,6 +47,9 @@ class TiledMatrix:
     tile_shape : (int, int), default (16, 8)
         Row-window height and block width (powers of two up to 32): 16x8 is the
         TF32 ``m16n8k8`` tile.
+    device : {None, "cuda", "cpu"}, optional
+        Where the matrix lives: ``None`` picks the GPU when it is usable,
+        ``"cpu"`` keeps it on the host (the reference path) even then.
 
     Examples
     --------
@@ -109,106 +69,112 @@ class TiledMatrix:
     __array_priority__ = 10.1
     __array_ufunc__ = None
 
-    def __init__(self, A, shape=None, *, dtype=None, tile_shape=(16, 8)):
+    def __init__(self, A, shape=None, *, dtype=None, tile_shape=(16, 8), device=None):
         window, block = check_tile_shape(tile_shape)
+        on_device = use_gpu(device)
         if isinstance(A, TiledMatrix):
-            data, indices, indptr = A._csr_arrays()
+            data, indices, indptr = A.csr_arrays()
             shape = A.shape
         else:
             data, indices, indptr, shape = coerce_csr(A, shape)
         vdtype = value_dtype(data.dtype if dtype is None else dtype)
-        on_device = gpu_available()
         if on_device:
             cp = get_cupy()
             data, indices, indptr = (cp.asarray(v) for v in (data, indices, indptr))
-        else:
-            if array_module(indices) is not np:
-                raise RuntimeError("device arrays given, but the GPU path is not usable")
-            warn_no_gpu()
+        elif array_module(indices) is not np:
+            if device == "cpu":
+                data, indices, indptr = (to_host(v) for v in (data, indices, indptr))
+            else:
+                raise DeviceMismatchError("device arrays given, but the GPU path is not usable")
         data, indices, indptr = check_csr_arrays(data, indices, indptr, shape, full_check=True)
         data = data.astype(vdtype, copy=False)
-        tiles = _sgt.tile(data, indices, indptr, shape, window, block)
-        self._init_parts(tiles, shape, (window, block))
+        tiling, values = Tiling.from_arrays(_sgt.tile(data, indices, indptr, shape, window, block), shape,
+                                            (window, block))
+        self._init(tiling, values)
 
     @classmethod
-    def _from_parts(cls, tiles, shape, tile_shape):
-        """Build from trusted tiled arrays (no checks, no copies)."""
+    def _from_parts(cls, tiling, values):
+        """Build from a trusted tiling and values in its tiled order (no checks, no copies)."""
         self = cls.__new__(cls)
-        self._init_parts(tiles, shape, tile_shape)
+        self._init(tiling, values)
         return self
 
-    def _init_parts(self, tiles, shape, tile_shape):
-        self._tiles = dict(tiles)
-        self._shape = (int(shape[0]), int(shape[1]))
-        self._tile_shape = tuple(tile_shape)
-        self._transpose = None
-        self._stats = None
-        self._plans = {}  # SpMM work plans: depend on the tiling only
+    def _init(self, tiling, values):
+        self._tiling = tiling
+        self._values = values
         self._casts = {}  # values cast to a product's dtype
-        self._root = None  # the matrix whose tiling this one shares (with_values, sddmm)
-        self._transpose_src = None  # Aᵀ's tiled values are values[_transpose_src]
-        self._rows = None  # row of every tiled entry
+        self._transpose = None  # Aᵀ, once built (strong: A keeps its transpose)
+        self._transpose_of = None  # weak reference back: no A <-> Aᵀ cycle holding device memory
 
     # --- array protocol -------------------------------------------------
     @property
     def shape(self):
-        return self._shape
+        return self._tiling.shape
 
     @property
     def nnz(self):
         """Number of stored entries (explicit zeros included)."""
-        return int(self._tiles["values"].shape[0])
+        return int(self._values.shape[0])
 
     @property
     def dtype(self):
-        return self._tiles["values"].dtype
+        return self._values.dtype
+
+    @property
+    def tiling(self):
+        """The :class:`Tiling`: structure arrays, layout and cached derived data (shared, read-only)."""
+        return self._tiling
+
+    @property
+    def values(self):
+        """Stored values in tiled order (read-only by contract; ``tocsr().data`` is CSR order)."""
+        return self._values
 
     @property
     def tile_shape(self):
         """``(window height, block width)``."""
-        return self._tile_shape
+        return self._tiling.tile_shape
 
     @property
     def device(self):
         """``"cuda"`` when the arrays live on the GPU, else ``"cpu"``."""
-        return "cpu" if isinstance(self._tiles["values"], np.ndarray) else "cuda"
+        return self._tiling.device
 
     def __getattr__(self, name):
-        # The tiled arrays, read-only by convention: win_ptr, block_cols, ...
-        if name in _ARRAYS and "_tiles" in self.__dict__:
-            return self.__dict__["_tiles"][name]
+        # The structure arrays, read-only by convention: win_ptr, block_cols, ...
+        if name in STRUCTURE and "_tiling" in self.__dict__:
+            return getattr(self.__dict__["_tiling"], name)
         raise AttributeError(f"'TiledMatrix' object has no attribute '{name}'")
 
     def __repr__(self):
-        H, W = self._tile_shape
-        n_blocks = self._tiles["block_cols"].shape[0]
+        H, W = self.tile_shape
+        t = self._tiling
         return (
             f"<TiledMatrix of dtype '{self.dtype}'\n\twith {self.nnz} stored elements and shape "
-            f"{self._shape}, {H}x{W} tiles: {n_blocks} blocks in "
-            f"{self._tiles['win_ptr'].shape[0] - 1} windows, on {self.device}>"
+            f"{self.shape}, {H}x{W} tiles: {t.n_blocks} blocks in {t.n_windows} windows, on {self.device}>"
         )
 
     def __len__(self):
-        raise TypeError("sparse array length is ambiguous; use getnnz() or shape[0]")
+        raise TypeError("sparse array length is ambiguous; use .nnz or .shape[0]")
 
     def __bool__(self):
-        if self._shape == (1, 1):
-            return self.nnz != 0 and bool(to_host(self._tiles["values"])[0] != 0)
+        if self.shape == (1, 1):
+            return self.nnz != 0 and bool(to_host(self._values)[0] != 0)
         raise ValueError(
             "The truth value of an array with more than one element is ambiguous. Use a.any() or a.all()."
         )
 
     # --- conversions -----------------------------------------------------
-    def _csr_arrays(self):
-        """Canonical CSR arrays on the matrix's device."""
-        return ref.tiled_to_csr(self._tiles, self._shape, self._tile_shape[0])
+    def csr_arrays(self):
+        """Canonical CSR ``(data, indices, indptr)`` on the matrix's device (NumPy or CuPy)."""
+        return ref.tiled_to_csr(self._tiling.arrays(self._values), self.shape, self.tile_shape[0])
 
     def tocsr(self, copy=False):
         """The canonical CSR matrix as a ``scipy.sparse.csr_array`` (exact round trip)."""
         import scipy.sparse as sp
 
-        data, indices, indptr = (to_host(v) for v in self._csr_arrays())
-        return sp.csr_array((data, indices, indptr), shape=self._shape)
+        data, indices, indptr = (to_host(v) for v in self.csr_arrays())
+        return sp.csr_array((data, indices, indptr), shape=self.shape)
 
     def toarray(self):
         """Dense NumPy array."""
@@ -216,21 +182,26 @@ class TiledMatrix:
 
     def copy(self):
         """Deep copy (arrays copied on their device)."""
-        return TiledMatrix._from_parts(
-            {k: v.copy() for k, v in self._tiles.items()}, self._shape, self._tile_shape
-        )
+        return TiledMatrix._from_parts(self._tiling.copy(), self._values.copy())
 
     def astype(self, dtype, copy=True):
         """Same tiling, values cast to ``dtype`` (see the class's dtype rule)."""
         dtype = value_dtype(dtype)
         if dtype == self.dtype and not copy:
             return self
-        return self._with_tiled_values(self._tiles["values"].astype(dtype))
+        return TiledMatrix._from_parts(self._tiling, self._values.astype(dtype))
 
-    def with_values(self, values):
-        """Same tiling with new entry values, given in ``tocsr()`` order.
+    def with_values(self, values, *, order="csr"):
+        """Same tiling with new entry values.  No re-translation.
 
-        ``values[i]`` replaces ``T.tocsr().data[i]``.  No re-translation.
+        Parameters
+        ----------
+        values : array_like, shape (nnz,)
+            On the matrix's device (NumPy on the host; CuPy or NumPy on the GPU).
+        order : {"csr", "tiled"}, default "csr"
+            ``"csr"``: ``values[i]`` replaces ``T.tocsr().data[i]``.
+            ``"tiled"``: ``values[i]`` replaces ``T.values[i]`` (no gather: what
+            edge-wise code that keeps the tiled order wants).
 
         Examples
         --------
@@ -239,31 +210,18 @@ class TiledMatrix:
         >>> print(T.with_values(np.array([1.0, 2.0, 3.0])).toarray().diagonal().tolist())
         [1.0, 2.0, 3.0]
         """
-        xp = array_module(self._tiles["perm"])
+        if order not in ("csr", "tiled"):
+            raise ValueError(f"order must be 'csr' or 'tiled', got {order!r}")
+        xp = self._tiling.xp
         if xp is np and array_module(values) is not np:
-            raise TypeError("device values given for a matrix on the CPU")
+            raise DeviceMismatchError("device values given for a matrix on the CPU")
         values = xp.asarray(values)
         if values.shape != (self.nnz,):
             raise ValueError(f"values must have shape ({self.nnz},), got {values.shape}")
-        return self._with_tiled_values(values.astype(value_dtype(values.dtype), copy=False)[self._tiles["perm"]])
-
-    def _with_tiled_values(self, tiled_values):
-        tiles = dict(self._tiles, values=tiled_values)
-        new = TiledMatrix._from_parts(tiles, self._shape, self._tile_shape)
-        new._root = self if self._root is None else self._root
-        new._plans = new._root._plans  # same tiling, same work plans
-        return new
-
-    def _entry_rows(self):
-        """Row of every stored entry, in tiled order (int32; computed once per tiling)."""
-        root = self if self._root is None else self._root
-        if root._rows is None:
-            t = root._tiles
-            rows, _ = ref.tiled_rows_cols(
-                t["win_ptr"], t["block_cols"], t["block_ptr"], t["tile_pos"], root._tile_shape[0]
-            )
-            root._rows = rows.astype(np.int32)
-        return root._rows
+        values = values.astype(value_dtype(values.dtype), copy=False)
+        if order == "csr":
+            values = values[self._tiling.perm]
+        return TiledMatrix._from_parts(self._tiling, values)
 
     # --- transpose -----------------------------------------------------------
     def transpose(self, axes=None, copy=False):
@@ -276,25 +234,12 @@ class TiledMatrix:
             raise ValueError("Sparse arrays do not support an 'axes' parameter other than (1, 0)")
         if self._transpose is not None:
             return self._transpose
-        root = self._root
-        if root is not None:
-            # Not cached: a sibling <-> transpose cycle would hold device memory until a GC pass.
-            root_t = root.transpose()
-            return root_t._with_tiled_values(self._tiles["values"][root._transpose_src])
-        rows, cols = ref.tiled_rows_cols(
-            self._tiles["win_ptr"], self._tiles["block_cols"], self._tiles["block_ptr"],
-            self._tiles["tile_pos"], self._tile_shape[0],
-        )
-        shape_t = self._shape[::-1]
-        order, indices, indptr = _sgt.coo_to_csr_order(cols, rows, shape_t)
-        tiles_t = _sgt.translate(self._tiles["values"][order], indices, indptr, shape_t, *self._tile_shape)
-        t = TiledMatrix._from_parts(tiles_t, shape_t, self._tile_shape)
-        xp = array_module(order)
-        src = order[tiles_t["perm"]].astype(np.int32)  # tiled entry of Aᵀ -> tiled entry of A
-        inv = xp.empty_like(src)
-        inv[src] = xp.arange(src.shape[0], dtype=np.int32)
-        self._transpose_src, t._transpose_src = src, inv
-        t._transpose = self
+        back = self._transpose_of() if self._transpose_of is not None else None
+        if back is not None:
+            return back
+        tiling_t, src = self._tiling.transpose()
+        t = TiledMatrix._from_parts(tiling_t, self._values[src])
+        t._transpose_of = weakref.ref(self)
         self._transpose = t
         return t
 
@@ -304,17 +249,17 @@ class TiledMatrix:
 
     # --- statistics and checks ------------------------------------------
     def tile_stats(self):
-        """:class:`TileStats` of the translation (computed once)."""
-        if self._stats is None:
-            self._stats = _tile_stats(self)
-        return self._stats
+        """:class:`TileStats` of the translation (computed once per tiling)."""
+        return self._tiling.stats()
 
     def check_format(self, full_check=False):
         """Check the tiled arrays' invariants; ``full_check`` scans every entry.
 
         Raises ``ValueError`` with what is wrong.
         """
-        _check_format(self, full_check)
+        if self._values.shape != (self._tiling.nnz,):
+            raise ValueError("tile_pos and values should have the same size")
+        self._tiling.check(full_check)
 
     # --- matmul ---------------------------------------------------------
     def __matmul__(self, other):
@@ -332,7 +277,7 @@ class TiledMatrix:
         return self @ other
 
     def _matmul_dispatch(self, other, out=None, precision=None):
-        M, N = self._shape
+        M, N = self.shape
         if not is_cupy_array(other) and _is_sparse(other):
             if other.shape[0] != N:
                 raise ValueError(f"{MISMATCH} (n,k={N}),(k={other.shape[0]},m)->(n,m)")
@@ -356,9 +301,9 @@ class TiledMatrix:
         # Device results go straight into a device ``out``; host ones are copied.
         direct = out is not None and kind == "cupy"
         Y = spmm_raw(
-            self._tiles, self._shape, self._tile_shape, X2, dtype, precision,
-            out=(out if out.ndim == 2 else out.reshape(M, 1)) if direct else None, plans=self._plans, casts=self._casts,
-        )
+            self._tiling, self._values, X2, dtype, precision,
+            out=(out if out.ndim == 2 else out.reshape(M, 1)) if direct else None, casts=self._casts,
+        )  # fmt: skip
         if direct:
             return out
         if Y.shape != out_shape:
@@ -377,7 +322,7 @@ class TiledMatrix:
             return other @ self.tocsr()
         tr = other.transpose() if hasattr(other, "transpose") else np.asarray(other).transpose()
         # Check before translating Aᵀ, with the message scipy gives for (Aᵀ @ Xᵀ)ᵀ.
-        M = self._shape[0]
+        M = self.shape[0]
         k = tr.shape[0] if tr.ndim >= 1 else None
         if tr.ndim in (1, 2) and k != M:
             sig = "1?)->(n,1?)" if tr.ndim == 1 or tr.shape[1] == 1 else "m)->(n,m)"
@@ -486,73 +431,5 @@ def sddmm(T, Xa, Xb=None, *, multiply_values=False, precision=None):
     dtype = np.result_type(value_dtype(a.dtype), value_dtype(b.dtype))
     if multiply_values:
         dtype = np.result_type(dtype, T.dtype)
-    values = sddmm_raw(
-        T._tiles, T.shape, T.tile_shape, a, b, dtype, bool(multiply_values), precision, casts=T._casts
-    )
-    return T._with_tiled_values(values)
-
-
-def _tile_stats(T):
-    xp = array_module(T._tiles["perm"])
-    H, W = T.tile_shape
-    win_ptr, block_cols = T._tiles["win_ptr"], T._tiles["block_cols"]
-    n_windows = win_ptr.shape[0] - 1
-    per_win = xp.diff(win_ptr)
-    n_blocks = block_cols.shape[0]
-    # Tiles of the uncondensed matrix: distinct (window, column // W) pairs.  Each
-    # window's condensed columns are ascending, so count where the pair changes.
-    flat = block_cols.reshape(-1)
-    slot_win = (xp.searchsorted(win_ptr, xp.arange(n_blocks), side="right") - 1).repeat(W)
-    keep = flat >= 0
-    key = slot_win[keep].astype(np.int64) * (T.shape[1] // W + 1) + flat[keep] // W
-    before = int((key[1:] != key[:-1]).sum()) + 1 if key.shape[0] else 0  # synchronize!
-    return TileStats(
-        shape=T.shape,
-        nnz=T.nnz,
-        tile_shape=(H, W),
-        windows=n_windows,
-        nonempty_windows=int((per_win > 0).sum()),  # synchronize!
-        blocks=n_blocks,
-        blocks_before=before,
-        max_blocks_per_window=int(per_win.max()) if n_windows else 0,  # synchronize!
-    )
-
-
-def _check_format(T, full_check):
-    t = T._tiles
-    H, W = T.tile_shape
-    M, N = T.shape
-    n_windows = -(-M // H)
-    n_blocks = t["block_cols"].shape[0]
-    nnz = t["values"].shape[0]
-    if t["win_ptr"].shape != (n_windows + 1,):
-        raise ValueError(f"win_ptr size {t['win_ptr'].shape[0]} should be {n_windows + 1}")
-    if t["block_cols"].ndim != 2 or t["block_cols"].shape[1] != W:
-        raise ValueError(f"block_cols should have shape (n_blocks, {W})")
-    if t["block_ptr"].shape != (n_blocks + 1,):
-        raise ValueError(f"block_ptr size {t['block_ptr'].shape[0]} should be {n_blocks + 1}")
-    for name in ("tile_pos", "perm"):
-        if t[name].shape != (nnz,):
-            raise ValueError(f"{name} and values should have the same size")
-    if not full_check:
-        return
-    h = {k: to_host(v) for k, v in t.items()}
-    if h["win_ptr"][0] != 0 or h["win_ptr"][-1] != n_blocks or np.any(np.diff(h["win_ptr"]) < 0):
-        raise ValueError("win_ptr must rise from 0 to n_blocks")
-    if h["block_ptr"][0] != 0 or h["block_ptr"][-1] != nnz or np.any(np.diff(h["block_ptr"]) <= 0):
-        raise ValueError("block_ptr must rise strictly from 0 to nnz (no empty blocks)")
-    if np.any(h["block_cols"] < -1) or np.any(h["block_cols"] >= N):
-        raise ValueError(f"block_cols must be in [-1, {N})")
-    if np.any(h["tile_pos"] >= H * W):
-        raise ValueError(f"tile_pos must be < {H * W}")
-    if not np.array_equal(np.sort(h["perm"]), np.arange(nnz)):
-        raise ValueError("perm must be a permutation of range(nnz)")
-    rows, cols = ref.tiled_rows_cols(h["win_ptr"], h["block_cols"], h["block_ptr"], h["tile_pos"], H)
-    if np.any(cols < 0):
-        raise ValueError("an entry sits in a padding slot")
-    if np.any(rows >= M):
-        raise ValueError(f"an entry sits in row >= {M}")
-    entry_block = ref.entry_blocks(h["block_ptr"], nnz)
-    same = entry_block[1:] == entry_block[:-1]
-    if np.any(same & (h["tile_pos"][1:] <= h["tile_pos"][:-1])):
-        raise ValueError("tile_pos must increase strictly within each block")
+    values = sddmm_raw(T.tiling, T.values, a, b, dtype, bool(multiply_values), precision, casts=T._casts)
+    return TiledMatrix._from_parts(T.tiling, values)

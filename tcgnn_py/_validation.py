@@ -17,6 +17,7 @@ __all__ = [
     "coerce_csr",
     "check_csr_arrays",
     "value_dtype",
+    "check_real_dtype",
     "check_tile_shape",
     "isscalarlike",
     "Pattern",
@@ -32,6 +33,14 @@ def isscalarlike(x):
     return np.isscalar(x) or (getattr(x, "ndim", None) == 0 and getattr(x, "shape", None) == ())
 
 
+def check_real_dtype(dtype, what="value"):
+    """Raise ``TypeError`` unless ``dtype`` is boolean, integer or floating (the one real-dtype check)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind not in "biuf":
+        raise TypeError(f"{what} dtype {dtype} is not supported (tcgnn_py supports real numbers only)")
+    return dtype
+
+
 def value_dtype(dtype):
     """The stored value dtype for input values of ``dtype``.
 
@@ -39,12 +48,7 @@ def value_dtype(dtype):
     promoted to the smallest float type that holds them exactly (NumPy's
     promotion with float32).  Complex values are refused.
     """
-    dtype = np.dtype(dtype)
-    if dtype.kind == "c":
-        raise TypeError(f"tcgnn_py supports real values only, got dtype {dtype}")
-    if dtype.kind not in "biuf":
-        raise TypeError(f"unsupported value dtype {dtype}")
-    return np.result_type(dtype, np.float32)
+    return np.result_type(check_real_dtype(dtype), np.float32)
 
 
 def check_tile_shape(tile_shape):

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from conftest import GPU
+from _env import GPU
 from tcgnn_py import TiledMatrix
 from tcgnn_py.bench import bench_graph, distinct_window_columns, resolve_graph, traffic_bytes
 from tcgnn_py.bench._run import _measure
@@ -63,7 +63,7 @@ def test_wrong_results_are_not_timed():
 
 def test_bench_graph_reference_mode():
     """``device=False`` runs the exact reference path, also where a GPU is usable."""
-    g = bench_graph("powerlaw:300:2500", dims=(5, 16), repeat=2, n_inputs=2, device=False, copy_bw=1e10, seed=1)
+    g = bench_graph("powerlaw:300:2500", dims=(5, 16), repeat=2, n_inputs=2, device="cpu", copy_bw=1e10, seed=1)
     A = resolve_graph("powerlaw:300:2500")[1]
     assert (g["rows"], g["nnz"]) == (300, A.nnz)
     assert g["device"] == "cpu"

@@ -6,7 +6,7 @@ The simulator accepts code the GPU compiler rejects; this catches it.
 import types
 
 import pytest
-from conftest import SIM
+from _env import SIM
 
 pytest.importorskip("numba.cuda")
 pytestmark = pytest.mark.skipif(SIM, reason="compile checks need the real Numba CUDA target")

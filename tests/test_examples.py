@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import GPU
+from _env import GPU
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from conftest import host
+from _env import host
 
 import tcgnn_py as tg
 from tcgnn_py._device import array_module

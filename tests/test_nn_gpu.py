@@ -106,7 +106,7 @@ def test_shared_tiling_transpose_on_device(cp, rng):
     S = T.with_values(cp.asarray(v))
     want = sp.csr_array((v, A0.indices, A0.indptr), shape=A0.shape).T.toarray()
     np.testing.assert_array_equal(S.T.toarray(), want)
-    assert S.T._root is T.T and S.T.T.tocsr().nnz == A0.nnz
+    assert S.T.tiling is T.T.tiling and S.T.T is S and S.T.T.tocsr().nnz == A0.nnz
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

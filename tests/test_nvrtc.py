@@ -2,7 +2,9 @@
 
 CuPy's own compile path needs a driver, so these call NVRTC directly (the
 ``nvidia-cuda-nvrtc`` wheel through ``cuda.bindings``), with the same source,
-options and name expressions as :func:`tcgnn_py.kernels.products.get_kernel`.
+options and name expressions as :func:`tcgnn_py.kernels.registry.get_kernel`, for
+every family of :func:`~tcgnn_py.kernels.registry.families` (the benchmarks'
+baseline family included: importing ``tcgnn_py.bench`` registers it).
 A syntax error, a bad template instantiation or a PTX the target rejects fails.
 """
 
@@ -10,12 +12,15 @@ import re
 
 import pytest
 
-from tcgnn_py.kernels import products as kp
+import tcgnn_py.bench  # noqa: F401  (registers the "baseline" family)
+from tcgnn_py.kernels import registry
+
+FAMILIES = registry.families()
 
 ARCHS = ["sm_80", "sm_90"]
 
 
-def nvrtc_compile(code, names, arch, options=kp.OPTIONS):
+def nvrtc_compile(code, names, arch, options=registry.OPTIONS):
     """``(ok, log, ptx, lowered names)`` of one NVRTC compile."""
     from cuda.bindings import nvrtc
 
@@ -43,9 +48,9 @@ def nvrtc_compile(code, names, arch, options=kp.OPTIONS):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("family", sorted(kp.FAMILIES))
+@pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_family_compiles(family, arch):
-    code, names = kp.FAMILIES[family]
+    code, names = FAMILIES[family]
     ok, log, ptx, lowered = nvrtc_compile(code, names, arch)
     assert ok, log
     assert f".target {arch}" in ptx
@@ -58,16 +63,20 @@ def test_family_compiles(family, arch):
         assert "cvt.rna.tf32.f32" in ptx
 
 
+def test_every_family_is_listed():
+    assert {"tf32", "core", "nn", "baseline"} <= set(FAMILIES)
+
+
 def test_name_tables_cover_every_kernel():
     """Every ``__global__`` template of a source is instantiated, and nothing else is named."""
-    for family, (code, names) in kp.FAMILIES.items():
+    for family, (code, names) in FAMILIES.items():
         kernels = set(re.findall(r"__global__\s+void\s+(?:__launch_bounds__\(\d+\)\s+)?(\w+)", code))
         assert kernels == {n.split("<")[0] for n in names}, family
 
 
 def test_compile_check_catches_errors():
     """The check above is not vacuous: a typo and a bad PTX instruction both fail."""
-    code, names = kp.FAMILIES["tf32"]
+    code, names = FAMILIES["tf32"]
     ok, log, _, _ = nvrtc_compile(code.replace("tc_add4(s, red", "tc_add4(s red", 1), names, "sm_90")
     assert not ok and "error" in log
     bad_ptx = code.replace("mma.sync.aligned.m16n8k8.row.col.f32.tf32", "mma.sync.aligned.m16n8k9.row.col.f32.tf32", 1)

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-import scipy.sparse as sp
+from _env import host
 from _zoo import sddmm_expected, zoo
 
 import tcgnn_py as tg
@@ -10,9 +10,6 @@ from tcgnn_py._ops import resolve_precision
 
 ZOO = zoo("full")
 
-
-def host(x):
-    return x.get() if hasattr(x, "get") else np.asarray(x)
 
 
 def test_precision_choice():
@@ -114,10 +111,10 @@ def test_sddmm_zero_width():
 
 def test_work_plan_covers_every_block_once():
     """The SpMM units partition each window's blocks; split windows own consecutive slots."""
-    from tcgnn_py._ops import _UNITS_PER_WINDOW_MAX, _build_plan
+    from tcgnn_py._ops import UNITS_PER_WINDOW_MAX, build_plan
 
-    win_ptr = np.array([0, 0, 3, 3, 100, 101, 101 + 40 * _UNITS_PER_WINDOW_MAX], np.int32)
-    plan = _build_plan(np, win_ptr, 16)
+    win_ptr = np.array([0, 0, 3, 3, 100, 101, 101 + 40 * UNITS_PER_WINDOW_MAX], np.int32)
+    plan = build_plan(np, win_ptr, 16)
     units, splits = plan["units"], plan["splits"]
     assert units.dtype == np.int32 and units.flags.c_contiguous
     for w in range(len(win_ptr) - 1):
@@ -131,39 +128,5 @@ def test_work_plan_covers_every_block_once():
         else:
             assert mine[0, 3] == -1
     assert units[:, 0].max() == len(win_ptr) - 2
-    assert len(units[units[:, 0] == 5]) == _UNITS_PER_WINDOW_MAX  # hub: capped, bigger units
+    assert len(units[units[:, 0] == 5]) == UNITS_PER_WINDOW_MAX  # hub: capped, bigger units
     assert plan["n_slots"] == int((units[:, 3] >= 0).sum())
-
-
-def test_tf32_fragment_index_math():
-    """Emulate the TF32 SpMM kernel's A-fragment reads (mask + popc ranks) for every lane.
-
-    The same formulas as ``tcgnn_spmm_tf32``: a wrong bit or rank here is a
-    wrong tile on the GPU, so CI catches it without one.
-    """
-    from tcgnn_py._ops import _block_mask
-
-    A = sp.block_diag((ZOO["n16k1"], ZOO["dense_window"]), format="csr")  # sparse and full tiles
-    T = tg.TiledMatrix(A, dtype=np.float32)
-    t = {k: host(v) for k, v in T._tiles.items()}
-    mask = _block_mask(np, t)
-    popc = np.vectorize(lambda x: bin(int(x)).count("1"))
-    for b in range(t["block_cols"].shape[0]):
-        dense = np.zeros(128, np.float32)
-        e0, e1 = t["block_ptr"][b], t["block_ptr"][b + 1]
-        dense[t["tile_pos"][e0:e1]] = t["values"][e0:e1]
-        mk = [int(x) for x in mask[b]]
-        for lane in range(32):
-            g, tt = lane >> 2, lane & 3
-            upper = (g >> 2) != 0
-            bit = 8 * (g & 3) + tt
-            wa, wb = (mk[1], mk[3]) if upper else (mk[0], mk[2])
-            base_a = e0 + (popc(mk[0]) if upper else 0)
-            base_b = e0 + popc(mk[0]) + popc(mk[1]) + (popc(mk[2]) if upper else 0)
-
-            def val(word, base, sh):
-                return t["values"][base + popc(word & ((1 << sh) - 1))] if (word >> sh) & 1 else 0.0
-
-            got = [val(wa, base_a, bit), val(wb, base_b, bit), val(wa, base_a, bit + 4), val(wb, base_b, bit + 4)]
-            want = [dense[8 * g + tt], dense[8 * (g + 8) + tt], dense[8 * g + tt + 4], dense[8 * (g + 8) + tt + 4]]
-            assert got == want, (b, lane)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from _zoo import sddmm_expected, star
-from conftest import graph_dir
+from _env import graph_dir
 
 import tcgnn_py as tg
 from tcgnn_py import _ops
@@ -58,9 +58,8 @@ def poisoned_sddmm(cp, T, Xa, Xb, precision=None, multiply=False, dtype=np.float
     """SDDMM values in canonical (tocsr) order, through a NaN-poisoned output."""
     out = cp.full(T.nnz, cp.nan, dtype=dtype)
     mode_dtype = np.dtype(dtype)
-    _ops.sddmm_raw(T._tiles, T.shape, T.tile_shape, cp.asarray(Xa), cp.asarray(Xb), mode_dtype,
-                   multiply, precision, out=out)
-    return T._with_tiled_values(out).tocsr().data
+    _ops.sddmm_raw(T.tiling, T.values, cp.asarray(Xa), cp.asarray(Xb), mode_dtype, multiply, precision, out=out)
+    return T.with_values(out, order="tiled").tocsr().data
 
 
 # --- SpMM --------------------------------------------------------------------
@@ -217,16 +216,35 @@ def test_spmm_nonfinite_fp32_matches_scipy(cp):
     np.testing.assert_array_equal(poisoned_spmm(cp, T, cp.asarray(X), "fp32"), want)
 
 
+def test_tf32_fragments_place_every_tile_position(cp):
+    """Each of a 16x8 tile's 128 positions carries a distinct value, read back through one-hot X.
+
+    Replaces a Python copy of the kernel's fragment arithmetic (which could
+    drift from it): a wrong mask bit, popc rank or fragment slot in
+    ``tcgnn_spmm_tf32`` puts some value at a wrong (row, column) here.
+    Sparse tiles (every other position) and full ones are both covered.
+    """
+    dense = np.arange(1, 16 * 8 + 1, dtype=np.float32).reshape(16, 8)
+    sparse = dense * (np.add.outer(np.arange(16), np.arange(8)) % 2 == 0)
+    A = sp.csr_array(sp.block_diag((sp.csr_array(dense), sp.csr_array(sparse), sp.csr_array(dense[:7])), format="csr"))
+    T = tg.TiledMatrix(A, dtype=np.float32)
+    X = np.eye(A.shape[1], dtype=np.float32)  # column j of the result is column j of A
+    for D in (A.shape[1], 24):
+        got = poisoned_spmm(cp, T, cp.asarray(X[:, :D]), "tf32")
+        np.testing.assert_array_equal(got, A.toarray()[:, :D])
+
+
 def test_kernels_compile_once(cp):
     from tcgnn_py.kernels import products as kp
+    from tcgnn_py.kernels import registry
 
     name = kp.spmm_tf32_name(2, True)
-    assert kp.get_kernel("tf32", name) is kp.get_kernel("tf32", name)
-    before = kp._module.cache_info().misses
+    assert registry.get_kernel("tf32", name) is registry.get_kernel("tf32", name)
+    before = registry.compile_count()
     T = tg.TiledMatrix(star(100), dtype=np.float32)
     for _ in range(3):
         T @ cp.ones((101, 64), cp.float32)
-    assert kp._module.cache_info().misses == before
+    assert registry.compile_count() == before
 
 
 # --- SDDMM -------------------------------------------------------------------

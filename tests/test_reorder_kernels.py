@@ -8,7 +8,7 @@ the reference's, and on the GPU whole reorders must return the same permutation.
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from conftest import graph_dir, host
+from _env import graph_dir, host
 
 import tcgnn_py as tg
 from tcgnn_py import _reorder as R
@@ -99,7 +99,7 @@ def test_reorder_gpu_equals_reference(name, pattern):
         A = tg.power_law_graph(3001, 12000, seed=5, symmetric=True)
     else:
         A = sp.load_npz(graph_dir(name) / "adj_csr.npz")
-    p_gpu = tg.reorder(A, pattern, device="gpu")
+    p_gpu = tg.reorder(A, pattern, device="cuda")
     p_ref = tg.reorder(A, pattern, device="cpu")
     np.testing.assert_array_equal(p_gpu.perm, p_ref.perm)
     r, q = p_gpu.report, p_ref.report

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from _zoo import raw_with_duplicates, zoo
-from conftest import SIM, host
+from _env import DATA_DIRS, SIM, host
 
+import tcgnn_py as tg
 from tcgnn_py import _reference as ref
 from tcgnn_py import _sgt
 
@@ -64,3 +65,49 @@ def test_canonicalize_kernels(xp):
 @pytest.mark.parametrize("name", ["n16k1", "rect_1000x37", "rect_37x1000", "star_100k"])
 def test_translate_gpu_zoo(xp, name):
     kernel_vs_reference(xp, zoo("full")[name], (16, 8))
+
+
+def _all_graphs():
+    names = set()
+    for d in DATA_DIRS:
+        if d.is_dir():
+            names |= {p.name for p in d.iterdir() if (p / "adj_csr.npz").exists()}
+    return sorted(names)
+
+
+def assert_same_translation(A, tile_shape=(16, 8)):
+    import cupy as cp
+
+    A = sp.csr_array(A, dtype=np.float32)
+    args = (A.data, A.indices.astype(np.int32), A.indptr.astype(np.int32))
+    got = _sgt.translate_kernels(cp, *(cp.asarray(a) for a in args), A.shape, *tile_shape)
+    want = ref.translate(*args, A.shape, *tile_shape)
+    for key in want:
+        np.testing.assert_array_equal(got[key].get(), want[key], err_msg=key)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", _all_graphs() or ["<no graphs found>"])
+def test_sgt_real_graph_identical(name):
+    if name.startswith("<"):
+        pytest.skip(f"no graphs in {DATA_DIRS}")
+    A = tg.load_graph(next(d / name for d in DATA_DIRS if (d / name).is_dir())).adj
+    assert_same_translation(A)
+
+
+@pytest.fixture(scope="module")
+def power_law_1m():
+    return tg.power_law_graph(1_000_000, 16_000_000, seed=0)
+
+
+@pytest.mark.gpu
+def test_sgt_power_law_1m_identical(power_law_1m):
+    assert power_law_1m.nnz == 16_000_000
+    assert_same_translation(power_law_1m)
+
+
+@pytest.mark.gpu
+def test_sgt_power_law_tile_shapes():
+    A = tg.power_law_graph(20_000, 200_000, seed=3)
+    for tile_shape in [(16, 16), (8, 8), (32, 4)]:
+        assert_same_translation(A, tile_shape)

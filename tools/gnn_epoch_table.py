@@ -25,7 +25,7 @@ def pyg_builders():
     from torch_geometric.nn import AGNNConv, GCNConv
     from torch_geometric.utils import add_self_loops, remove_self_loops
 
-    from tcgnn_py.bench._gnn import HIDDEN
+    from tcgnn_py.bench import HIDDEN
 
     dev = torch.device("cuda")
 
@@ -120,7 +120,7 @@ def main():
     if args.torch_path:
         sys.path.append(args.torch_path)
 
-    from tcgnn_py.bench._gnn import bench_gnn, gnn_markdown
+    from tcgnn_py.bench import bench_gnn, gnn_markdown
 
     try:
         builders, versions = pyg_builders()

@@ -45,7 +45,7 @@ print('memcheck SGT workload ok', T)
 import numpy as np, tcgnn_py as tg
 A = tg.power_law_graph(1001, 6000, seed=4, symmetric=True)
 for pattern in ('2:4', (4, 2, 8), (1, 3, 32)):
-    g, c = tg.reorder(A, pattern, device='gpu', max_iter=2), tg.reorder(A, pattern, device='cpu', max_iter=2)
+    g, c = tg.reorder(A, pattern, device='cuda', max_iter=2), tg.reorder(A, pattern, device='cpu', max_iter=2)
     assert (g.perm == c.perm).all(), pattern
     print('memcheck reorder', g.report)
 " > "$OUT/memcheck_reorder.log" 2>&1 || rc=1

@@ -15,7 +15,7 @@ import cupy as cp
 import cupyx.scipy.sparse as csp
 
 import tcgnn_py as tg
-from tcgnn_py.bench._gnn import gnn_problem, train_step
+from tcgnn_py.bench import gnn_problem, train_step
 
 
 def per_call(fn, n):
@@ -34,7 +34,7 @@ def main(graph="cora"):
     p = gnn_problem(graph)
     for sparse in ("tiled", "csr"):
         for model in ("gcn", "agnn"):
-            host, wall = per_call(train_step(p, model, sparse, True), 50)
+            host, wall = per_call(train_step(p, model, sparse, "cuda"), 50)
             print(f"{sparse:5s} {model}: host issue {1e3 * host:.2f} ms/epoch, wall {1e3 * wall:.2f} ms/epoch")
     A = tg.nn.gcn_norm(p["adj"])
     X = cp.random.standard_normal((A.shape[0], 16), dtype=cp.float32)

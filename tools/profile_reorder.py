@@ -42,7 +42,7 @@ def main():
     for m in orig:
         print(f"  {m:9s} {counts[m]:5d} calls {totals[m]:8.3f} s  {1e3 * totals[m] / max(counts[m], 1):8.3f} ms/call")
     # the stage-2 kernel alone, on the initial order
-    be = R._prepare(A, pattern, "gpu")[1]
+    be = R._prepare(A, pattern, "cuda")[1]
     st = orig["evaluate"](be, be.identity())
     for _ in range(2):
         cupy.cuda.get_current_stream().synchronize(); t = time.perf_counter()

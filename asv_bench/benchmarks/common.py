@@ -45,7 +45,7 @@ def load(names):
     import scipy.sparse as sp
 
     from tcgnn_py.bench import resolve_graph
-    from tcgnn_py.bench._graphs import SYNTHETIC
+    from tcgnn_py.bench import SYNTHETIC
 
     out = {}
     for name in names:

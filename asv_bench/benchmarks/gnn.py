@@ -17,15 +17,15 @@ class TrainEpoch:
     timeout = 300
 
     def setup_cache(self):
-        from tcgnn_py.bench._gnn import gnn_problem
+        from tcgnn_py.bench import gnn_problem
 
         return {g: gnn_problem(g) for g in self.params[0]}  # graph, features, labels, split
 
     def setup(self, problems, graph, model, impl):
         require_gpu()
-        from tcgnn_py.bench._gnn import train_step
+        from tcgnn_py.bench import train_step
 
-        self.step = train_step(problems[graph], model, "tiled" if impl == "tcgnn_py" else "csr", True)
+        self.step = train_step(problems[graph], model, "tiled" if impl == "tcgnn_py" else "csr", "cuda")
         for _ in range(3):
             self.step()
         _sync()

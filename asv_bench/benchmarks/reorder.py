@@ -20,12 +20,12 @@ class Reorder:
         import tcgnn_py as tg
 
         self.A = graphs[graph]
-        self.report = tg.reorder(self.A, pattern, device="gpu").report  # also compiles the kernels
+        self.report = tg.reorder(self.A, pattern, device="cuda").report  # also compiles the kernels
 
     def time_reorder(self, graphs, graph, pattern):
         import tcgnn_py as tg
 
-        tg.reorder(self.A, pattern, device="gpu")  # returns host results: synchronized
+        tg.reorder(self.A, pattern, device="cuda")  # returns host results: synchronized
 
     def track_violations_removed(self, graphs, graph, pattern):
         return 100 * self.report.improvement_rate

@@ -6,20 +6,30 @@ suite in ``asv_bench/`` and the tools reuse the pieces below.
 Examples
 --------
 >>> from tcgnn_py.bench import bench_graph
->>> g = bench_graph("banded:40:2", dims=(4,), repeat=1, n_inputs=1, device=False)
+>>> g = bench_graph("banded:40:2", dims=(4,), repeat=1, n_inputs=1, device="cpu")
 >>> [(r["op"], r["D"], sorted(r["us"])) for r in g["results"]]
 [('spmm', 4, ['scipy', 'tcgnn_ref']), ('sddmm', 4, ['numpy_gather_dot', 'tcgnn_ref'])]
 """
 
+from .._sgt import translate as sgt_translate  # SGT alone (canonical CSR in), what the SGT timings time
+from . import _kernels  # noqa: F401  (registers the "baseline" kernel family)
 from ._baselines import CSR_ALG2, CSR_ALG3, CusparseRowMajor, CusparseSDDMM, GatherDotSDDMM
-from ._graphs import resolve_graph
+from ._gnn import HIDDEN, bench_gnn, gnn_markdown, gnn_problem, train_step
+from ._graphs import SYNTHETIC, resolve_graph
 from ._run import bench_graph, bench_reorder, distinct_window_columns, traffic_bytes
 from ._timing import copy_bandwidth, time_events, time_host, time_rotating
 
 __all__ = [
     "bench_graph",
+    "sgt_translate",
     "bench_reorder",
     "resolve_graph",
+    "SYNTHETIC",
+    "bench_gnn",
+    "gnn_markdown",
+    "gnn_problem",
+    "train_step",
+    "HIDDEN",
     "traffic_bytes",
     "distinct_window_columns",
     "CusparseRowMajor",

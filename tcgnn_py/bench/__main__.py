@@ -1,4 +1,4 @@
-"""``python -m tcgnn_py.bench GRAPH ... [--ops spmm,sddmm,sgt,reorder,gcn,agnn] [--dims 32,64,128,256]``.
+"""Layer 4 (bench): ``python -m tcgnn_py.bench GRAPH ... [--ops spmm,sddmm,sgt,reorder,gcn,agnn] [--dims 32,64,128,256]``.
 
 Graphs are names under ``$TCGNN_PY_DATA``, ``.gpu/data`` or ``../shared/data``,
 paths to a graph folder / ``.npz`` / ``.mtx``, or synthetic ``powerlaw:N:NNZ``,
@@ -51,7 +51,7 @@ def _ops(text):
     return ops
 
 
-def environment(device):
+def environment(gpu):
     """Date, machine, versions and commit of a run."""
     import numpy
     import scipy
@@ -66,7 +66,7 @@ def environment(device):
                                        cwd=pathlib.Path(__file__).parent, check=True).stdout.strip()
     except Exception:
         env["commit"] = None
-    if device:
+    if gpu:
         import cupy
         import numba_cuda
 
@@ -89,7 +89,7 @@ def main(argv=None):
     ap.add_argument("--inputs", type=int, default=4, help="fresh random inputs rotated between calls")
     ap.add_argument("--epochs", type=int, default=20, help="training epochs per timed batch (gcn, agnn)")
     ap.add_argument("--pattern", default="2:4", help="N:M or V:N:M pattern of the reorder")
-    ap.add_argument("--device", choices=["gpu", "cpu"], default=None,
+    ap.add_argument("--device", choices=["cuda", "cpu"], default=None,
                     help="cpu: the NumPy reference path against SciPy (default: gpu when usable)")
     ap.add_argument("--json", metavar="FILE", help="write every measurement and the environment here")
     ap.add_argument("--markdown", metavar="FILE", help="write BENCHMARKS.md-style tables here")
@@ -102,13 +102,13 @@ def main(argv=None):
     from ._run import bench_graph, bench_reorder
     from ._timing import copy_bandwidth
 
-    device = gpu_available()
-    if args.device == "gpu" and not device:
-        ap.error("--device gpu: no usable GPU here")
+    gpu = gpu_available()
+    if args.device == "cuda" and not gpu:
+        ap.error("--device cuda: no usable GPU here")
     if args.repeat < 1 or args.inputs < 1:
         ap.error("--repeat and --inputs must be at least 1")
-    env = environment(device)
-    env["copy_bandwidth_gbps"] = copy_bandwidth(device) / 1e9
+    env = environment(gpu)
+    env["copy_bandwidth_gbps"] = copy_bandwidth(gpu) / 1e9
     print(f"{env.get('gpu', 'host (reference path)')}; device-to-device copy {env['copy_bandwidth_gbps']:.0f} GB/s "
           f"(read + write); {args.repeat} timed calls per median")
     products = tuple(op for op in args.ops if op in ("spmm", "sddmm"))
@@ -116,14 +116,14 @@ def main(argv=None):
     graphs, reorders, gnn = [], [], []
     for spec in args.graphs:
         if set(args.ops) - set(models):  # products, sgt, reorder: with the preprocessing figures
-            g = bench_graph(spec, products, args.dims, args.repeat, args.inputs, device,
+            g = bench_graph(spec, products, args.dims, args.repeat, args.inputs, "cuda" if gpu else "cpu",
                             env["copy_bandwidth_gbps"] * 1e9)
             print_graph(g)
             graphs.append(g)
         if "reorder" in args.ops:
-            reorders.append(bench_reorder(spec, args.pattern, device))
+            reorders.append(bench_reorder(spec, args.pattern, "cuda" if gpu else "cpu"))
         if models:
-            gnn += bench_gnn(spec, models, args.epochs, device=device)
+            gnn += bench_gnn(spec, models, args.epochs, device="cuda" if gpu else "cpu")
     if reorders:
         print_reorder(reorders)
     if gnn:

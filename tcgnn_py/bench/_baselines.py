@@ -1,4 +1,4 @@
-"""What a user would run instead of tcgnn_py, set up once and called per input.
+"""Layer 4 (bench): What a user would run instead of tcgnn_py, set up once and called per input.
 
 Device baselines take a ``cupyx.scipy.sparse.csr_matrix`` (canonical: sorted
 indices, no duplicates) and a list of row-major float32 inputs; ``fn(i)``
@@ -140,20 +140,21 @@ class CusparseSDDMM:
 
 
 class GatherDotSDDMM:
-    """``out[e] = <Xs[i][rows[e]], Xs[i][cols[e]]>``: the CuPy gather-and-dot kernel of ``kernels.products``."""
+    """``out[e] = <Xs[i][rows[e]], Xs[i][cols[e]]>``: the gather-and-dot kernel of :mod:`._kernels`."""
 
     def __init__(self, A, Xs, out):
         import cupy as cp
 
-        from ..kernels import products as kp
+        from ..kernels.registry import get_kernel
+        from ._kernels import BASELINE_GROUPS, BASELINE_THREADS, baseline_sddmm_name
 
         indptr, self.cols = _csr_int32(A)
         self.rows = cp.repeat(cp.arange(A.shape[0], dtype=cp.int32), cp.diff(indptr).astype(cp.int64))
         self.Xs, self.out = Xs, out
         D = Xs[0].shape[1]
-        self.group = next(g for g in kp.BASELINE_GROUPS if g >= min(D, 32))
-        self.kernel = kp.get_kernel("baseline", kp.baseline_sddmm_name(self.group))
-        threads = 256
+        self.group = next(g for g in BASELINE_GROUPS if g >= min(D, 32))
+        self.kernel = get_kernel("baseline", baseline_sddmm_name(self.group))
+        threads = BASELINE_THREADS
         self.grid = (-(-A.nnz * self.group // threads),)
         self.block = (threads,)
         self.args = (np.int64(A.nnz), np.int32(D))

@@ -1,4 +1,4 @@
-"""Time per training epoch of the GCN and AGNN models: tcgnn_py beside the same model on cupyx.
+"""Layer 4 (bench): Time per training epoch of the GCN and AGNN models: tcgnn_py beside the same model on cupyx.
 
 Both run the layers of :mod:`tcgnn_py.nn`; they differ only in the sparse
 operations under them: the tiled tensor-core SpMM/SDDMM, or cupyx
@@ -67,17 +67,18 @@ def gnn_problem(spec, seed=0):
             "n_classes": int(labels.max()) + 1, "features": features}
 
 
-def train_step(problem, model, sparse, device, seed=0):
-    """One training step of ``model`` in tcgnn_py.nn over ``sparse`` ("tiled" or "csr")."""
+def train_step(problem, model, sparse, device=None, seed=0):
+    """One training step of ``model`` in tcgnn_py.nn over ``sparse`` ("tiled" or "csr"), on ``device``."""
     from .. import nn
-    from .._device import get_cupy
+    from .._device import get_cupy, use_gpu
     from ..nn._edges import CSREdges
 
+    gpu = use_gpu(device)
     A = nn.gcn_norm(problem["adj"]) if model == "gcn" else nn.add_self_loops(problem["adj"])
     rng = nn.default_rng(seed, like=A)
-    xp = get_cupy() if device else np
+    xp = get_cupy() if gpu else np
     if sparse == "csr":
-        if device:
+        if gpu:
             import cupyx.scipy.sparse as csp
 
             A = CSREdges(csp.csr_matrix(A.tocsr()))
@@ -126,18 +127,18 @@ def bench_gnn(spec, models=MODELS, epochs=20, repeat=3, device=None, extra=None)
 
     ``extra`` maps an implementation name to ``build(problem, model) -> (step, sync)`` or None.
     """
-    from .._device import gpu_available
+    from .._device import use_gpu
 
-    device = gpu_available() if device is None else device
+    gpu = use_gpu(device)
     problem = gnn_problem(spec)
     A = problem["adj"]
-    impls = {"tcgnn_py" if device else "tcgnn_ref": "tiled", "cupyx" if device else "scipy": "csr"}
-    sync = _cupy_sync if device else (lambda: None)
+    impls = {"tcgnn_py" if gpu else "tcgnn_ref": "tiled", "cupyx" if gpu else "scipy": "csr"}
+    sync = _cupy_sync if gpu else (lambda: None)
     rows = []
     for model in models:
         times = {}
         for impl, sparse in impls.items():
-            times[impl] = time_epochs(train_step(problem, model, sparse, device), sync, epochs, repeat)
+            times[impl] = time_epochs(train_step(problem, model, sparse, "cuda" if gpu else "cpu"), sync, epochs, repeat)
         for impl, build in (extra or {}).items():
             built = build(problem, model)
             if built is not None:  # None: that implementation has no such model

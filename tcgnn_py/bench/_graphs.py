@@ -1,4 +1,4 @@
-"""Graphs by name, path or synthetic spec."""
+"""Layer 4 (bench): Graphs by name, path or synthetic spec."""
 
 import os
 import pathlib

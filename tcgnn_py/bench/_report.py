@@ -1,4 +1,4 @@
-"""Tables (terminal and markdown) and the speedup plot of benchmark results."""
+"""Layer 4 (bench): Tables (terminal and markdown) and the speedup plot of benchmark results."""
 
 __all__ = ["print_graph", "print_reorder", "markdown", "plot_speedups"]
 

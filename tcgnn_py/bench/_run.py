@@ -1,4 +1,4 @@
-"""One graph's measurements: products at each width, preprocessing, memory, reorder.
+"""Layer 4 (bench): One graph's measurements: products at each width, preprocessing, memory, reorder.
 
 Everything for one graph runs in one process, so ratios are taken under the
 same conditions.  Each product is checked against the baseline's result before
@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from .. import _sgt
-from .._device import gpu_available
+from .._device import use_gpu
 from .._reorder import reorder
 from .._tiled import TiledMatrix, sddmm, spmm
 from ._baselines import CSR_ALG2, CSR_ALG3, CusparseRowMajor, CusparseSDDMM, GatherDotSDDMM
@@ -69,22 +69,19 @@ def _check(op, impl, err):
         raise RuntimeError(f"{op} {impl}: relative error {err:.2e} against the baseline exceeds {tol:.0e}")
 
 
-def _tiled(A, device):
-    """A float32 TiledMatrix on the device, or on the host (reference path) even where a GPU is usable."""
-    if device:
-        return TiledMatrix(A, dtype=np.float32)
-    tiles = _sgt.tile(A.data.astype(np.float32), A.indices, A.indptr, A.shape, 16, 8)
-    return TiledMatrix._from_parts(tiles, A.shape, (16, 8))
+def _tiled(A, gpu):
+    """A float32 TiledMatrix on the GPU, or on the host (reference path) even where a GPU is usable."""
+    return TiledMatrix(A, dtype=np.float32, device="cuda" if gpu else "cpu")
 
 
-def _prepare(A, Ad, xp, repeat, device):
+def _prepare(A, Ad, xp, repeat, gpu):
     """Preprocessing times (ms): SGT alone, CSR -> ready TiledMatrix, host scipy -> TiledMatrix.
 
-    ``Ad`` is A where the products run: a cupyx matrix on the device, A itself on the host.
+    ``Ad`` is A where the products run: a cupyx matrix on the GPU, A itself on the host.
     """
     out = {}
-    clock = time_events if device else time_host
-    if device:
+    clock = time_events if gpu else time_host
+    if gpu:
         import cupyx.scipy.sparse as csp
 
         out["csr_upload_ms"] = clock(lambda: csp.csr_matrix(A), repeat)[0]
@@ -92,15 +89,15 @@ def _prepare(A, Ad, xp, repeat, device):
     x1 = xp.ones((A.shape[1], 1), np.float32)
     out["sgt_ms"] = clock(lambda: _sgt.translate(*arrays, A.shape, 16, 8), repeat)[0]
     # Ready to multiply: translation plus the work plan the first product builds.
-    out["build_ms"] = clock(lambda: spmm(_tiled(Ad, device), x1), repeat)[0]
-    out["from_host_ms"] = clock(lambda: _tiled(A, device), repeat)[0]
+    out["build_ms"] = clock(lambda: spmm(_tiled(Ad, gpu), x1), repeat)[0]
+    out["from_host_ms"] = clock(lambda: _tiled(A, gpu), repeat)[0]
     out["sgt_ns_per_edge"] = out["sgt_ms"] * 1e6 / max(A.nnz, 1)
     return out
 
 
-def _spmm_impls(A, Ad, T, Xs, device):
+def _spmm_impls(A, Ad, T, Xs, gpu):
     """``name -> (fn(i), result getter)``; the first is the checking reference."""
-    if not device:
+    if not gpu:
         return {
             "scipy": (lambda i: A @ Xs[i], None),
             "tcgnn_ref": (lambda i: spmm(T, Xs[i]), None),
@@ -119,8 +116,8 @@ def _spmm_impls(A, Ad, T, Xs, device):
     return impls, ["cusparse_alg2", "cusparse_alg3"], [alg2, alg3]
 
 
-def _sddmm_impls(A, Ad, T, Xs, device, notes):
-    if not device:
+def _sddmm_impls(A, Ad, T, Xs, gpu, notes):
+    if not gpu:
         rows = np.repeat(np.arange(A.shape[0]), np.diff(A.indptr))
         return {
             "numpy_gather_dot": (lambda i: np.einsum("ij,ij->i", Xs[i][rows], Xs[i][A.indices]), None),
@@ -154,7 +151,7 @@ def _result(ret, getter):
     return getter
 
 
-def _measure(op, impls, baselines, n_inputs, repeat, device, derive):
+def _measure(op, impls, baselines, n_inputs, repeat, gpu, derive):
     """Check every implementation against the first baseline, then time it."""
     ref = None
     row = {"op": op, "us": {}, "us_back_to_back": {}, "err": {}, "baselines": baselines}
@@ -167,8 +164,8 @@ def _measure(op, impls, baselines, n_inputs, repeat, device, derive):
             row["err"][name] = _rel_err(got, ref)
             if name.startswith("tcgnn") or name in baselines:
                 _check(op, name, row["err"][name])
-        row["us"][name] = 1e3 * time_rotating(fn, n_inputs, repeat, warmup=3, device=device)
-        row["us_back_to_back"][name] = 1e3 * time_back_to_back(fn, n_inputs, repeat, device=device)
+        row["us"][name] = 1e3 * time_rotating(fn, n_inputs, repeat, warmup=3, gpu=gpu)
+        row["us_back_to_back"][name] = 1e3 * time_back_to_back(fn, n_inputs, repeat, gpu=gpu)
     derive(row)
     return row
 
@@ -185,11 +182,11 @@ def bench_graph(spec, ops=("spmm", "sddmm"), dims=DEFAULT_DIMS, repeat=20, n_inp
     dims : iterable of int
         Feature widths.
     repeat : int
-        Timed calls per median (CUDA events on the device, host clock otherwise).
+        Timed calls per median (CUDA events on the GPU, host clock otherwise).
     n_inputs : int
         Fresh random inputs rotated between calls.
-    device : bool, optional
-        GPU (default when usable) or the host reference path.
+    device : {None, "cuda", "cpu"}, optional
+        The GPU (``None``: when usable) or the host reference path.
     copy_bw : float, optional
         Bytes/s of a device-to-device copy; bandwidth percentages are against it.
 
@@ -202,36 +199,37 @@ def bench_graph(spec, ops=("spmm", "sddmm"), dims=DEFAULT_DIMS, repeat=20, n_inp
     """
     import scipy.sparse as sp
 
-    device = gpu_available() if device is None else device
+    gpu = use_gpu(device)
     name, A = resolve_graph(spec)
     A = sp.csr_array(A, dtype=np.float32)
     A.sum_duplicates()
     A.sort_indices()
     A.indices, A.indptr = A.indices.astype(np.int32), A.indptr.astype(np.int32)  # what the kernels take
     rng = np.random.default_rng(seed)
-    if device:
+    if gpu:
         import cupy as cp
         import cupyx.scipy.sparse as csp
 
         Ad, xp = csp.csr_matrix(A), cp
     else:
         Ad, xp = A, np
-    T = _tiled(A, device)
+    T = _tiled(A, gpu)
     stats = T.tile_stats()
     U = distinct_window_columns(T)
     g = {
         "graph": name, "rows": A.shape[0], "cols": A.shape[1], "nnz": int(A.nnz), "U": U,
         "windows": stats.windows, "blocks": stats.blocks, "blocks_before": stats.blocks_before,
-        "density": stats.density, "density_before": stats.density_before, "device": "cuda" if device else "cpu",
+        "density": stats.density, "density_before": stats.density_before, "device": "cuda" if gpu else "cpu",
         "notes": [],
     }
-    g["prep"] = _prepare(A, Ad, xp, max(3, repeat // 2), device)
+    g["prep"] = _prepare(A, Ad, xp, max(3, repeat // 2), gpu)
     spmm(T, xp.ones((A.shape[1], 1), np.float32))  # builds the plans, so memory counts them
     csr_bytes = A.data.nbytes + A.indices.nbytes + A.indptr.nbytes
-    g["memory"] = {"csr_bytes": csr_bytes, "tiled_bytes": _nbytes(T._tiles), "plan_bytes": _nbytes(T._plans)}
+    g["memory"] = {"csr_bytes": csr_bytes, "tiled_bytes": T.tiling.nbytes + int(T.values.nbytes),
+                   "plan_bytes": T.tiling.cache_nbytes()}
     g["memory"]["ratio"] = (g["memory"]["tiled_bytes"] + g["memory"]["plan_bytes"]) / csr_bytes
     g["results"] = []
-    ours = OURS[device]
+    ours = OURS[gpu]
     for D in dims:
         Xs = [xp.asarray(rng.standard_normal((A.shape[1], D), dtype=np.float32)) for _ in range(n_inputs)]
         traffic = traffic_bytes(A.nnz, A.shape[0], U, D)
@@ -256,10 +254,10 @@ def bench_graph(spec, ops=("spmm", "sddmm"), dims=DEFAULT_DIMS, repeat=20, n_inp
                 g["notes"].append("SDDMM skipped: <X[i], X[j]> needs a square matrix")
                 continue
             maker = _spmm_impls if op == "spmm" else _sddmm_impls
-            args = (A, Ad, T, Xs, device) + ((g["notes"],) if op == "sddmm" else ())
+            args = (A, Ad, T, Xs, gpu) + ((g["notes"],) if op == "sddmm" else ())
             impls, baselines, closers = maker(*args)
             try:
-                g["results"].append(_measure(op, impls, baselines, n_inputs, repeat, device, derive))
+                g["results"].append(_measure(op, impls, baselines, n_inputs, repeat, gpu, derive))
             finally:
                 for c in closers:
                     c.close()
@@ -277,21 +275,21 @@ def _warm_reorder(pattern, dev):
 def bench_reorder(spec, pattern="2:4", device=None):
     """Reorder one graph (square) for an N:M pattern: quality and time.
 
-    >>> r = bench_reorder("banded:64:3", "2:4", device=False)
+    >>> r = bench_reorder("banded:64:3", "2:4", device="cpu")
     >>> r["graph"], r["pattern"], r["conforming"]
     ('banded:64:3', '2:4', True)
     """
     import scipy.sparse as sp
 
-    device = gpu_available() if device is None else device
+    gpu = use_gpu(device)
     name, A = resolve_graph(spec)
     A = sp.csr_array(A)
-    dev = "gpu" if device else "cpu"
+    dev = "cuda" if gpu else "cpu"
     _warm_reorder(pattern, dev)
     rep = reorder(A, pattern, device=dev, verbose=False).report
     return {
         "graph": name, "nodes": A.shape[0], "nnz": int(A.nnz), "pattern": str(rep.pattern),
         "initial_pscore": rep.initial_pscore, "pscore": rep.pscore, "initial_mbscore": rep.initial_mbscore,
         "mbscore": rep.mbscore, "improvement_rate": rep.improvement_rate, "conforming": rep.conforming,
-        "iterations": rep.iterations, "time_s": rep.time_s, "device": "cuda" if device else "cpu",
+        "iterations": rep.iterations, "time_s": rep.time_s, "device": "cuda" if gpu else "cpu",
     }

@@ -1,4 +1,4 @@
-"""Clocks: CUDA events on the device, ``perf_counter`` on the host; copy bandwidth."""
+"""Layer 4 (bench): Clocks: CUDA events on the GPU, ``perf_counter`` on the host; copy bandwidth."""
 
 import itertools
 import statistics
@@ -38,21 +38,21 @@ def time_host(fn, repeat=20, warmup=1):
     return statistics.median(samples), samples
 
 
-def time_rotating(fn, n_inputs, repeat=20, warmup=3, device=True):
+def time_rotating(fn, n_inputs, repeat=20, warmup=3, gpu=True):
     """Median milliseconds of ``fn(i)``, ``i`` cycling over ``n_inputs`` fresh inputs.
 
     Rotating inputs keeps one call from finding the last call's operand in L2.
     """
     it = itertools.cycle(range(n_inputs))
-    clock = time_events if device else time_host
+    clock = time_events if gpu else time_host
     return clock(lambda: fn(next(it)), repeat, warmup)[0]
 
 
-def time_back_to_back(fn, n_inputs, calls=20, batches=3, device=True):
+def time_back_to_back(fn, n_inputs, calls=20, batches=3, gpu=True):
     """Milliseconds per call when ``calls`` calls run back to back between two events (median of batches).
 
-    The host issues the next call while the device runs the last one, so launch
-    gaps and Python overhead hide behind device time where they can: the time
+    The host issues the next call while the GPU runs the last one, so launch
+    gaps and Python overhead hide behind GPU time where they can: the time
     per call of a pipeline, against :func:`time_rotating`'s one call from idle.
     """
     it = itertools.cycle(range(n_inputs))
@@ -61,13 +61,13 @@ def time_back_to_back(fn, n_inputs, calls=20, batches=3, device=True):
         for _ in range(calls):
             fn(next(it))
 
-    clock = time_events if device else time_host
+    clock = time_events if gpu else time_host
     return clock(batch, batches, 1)[0] / calls
 
 
-def copy_bandwidth(device=True, nbytes=1 << 30, repeat=10):
+def copy_bandwidth(gpu=True, nbytes=1 << 30, repeat=10):
     """Bytes per second of a large buffer copy, counting the read and the write."""
-    if device:
+    if gpu:
         import cupy as cp
 
         a = cp.ones(nbytes // 4, cp.float32)

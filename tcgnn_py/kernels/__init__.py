@@ -1,19 +1,27 @@
 """Layer 1: all CUDA code of tcgnn_py lives in this package.
 
-``sgt`` holds Numba CUDA kernels.  Importing a submodule imports Numba, so the
-rest of the package imports them lazily.
+Numba CUDA kernels (imported lazily: importing them imports Numba):
+
+``sgt``
+    Sparse Graph Translation: rank, condense, count and scatter the edges.
+``reorder``
+    The N:M reorder's bit packing, position codes, meta-block counts and
+    stage-2 swap rounds.
+``warp``
+    What both share: ``FULL_MASK`` and the warp-level binary search.
+
+CuPy RawModule kernel families (CUDA C++ kept as Python strings), compiled
+once per process and device through :func:`registry.get_kernel`:
+
+``"tf32"`` (:mod:`.products`)
+    Tensor-core SpMM and SDDMM for float32 data on ``16 x 8`` tiles.
+``"core"`` (:mod:`.products`)
+    CUDA-core SpMM and SDDMM in the data's own precision, any tile shape.
+``"nn"`` (:mod:`.nn`)
+    Training helpers of :mod:`tcgnn_py.nn` (a fused Adam step).
+
+Packages above may register their own families (the benchmarks' baseline
+SDDMM does, from :mod:`tcgnn_py.bench`); :func:`registry.families` lists them
+all, and CI compiles every one through NVRTC.  :mod:`.launch` holds the launch
+geometry that needs no Numba (threads per block, grid sizes).
 """
-
-from .._device import _patch_numpy_for_numba
-
-_patch_numpy_for_numba()
-
-
-def _quiet_numba():
-    # Small graphs launch small grids by nature; Numba's occupancy warning is noise there.
-    from numba import config
-
-    config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
-
-
-_quiet_numba()

@@ -1,10 +1,12 @@
 """Layer 1: CUDA source of the ``"nn"`` RawModule family (training helpers).
 
-Registered in :data:`tcgnn_py.kernels.products.FAMILIES`, so it compiles through
+Listed in :func:`tcgnn_py.kernels.registry.families`, so it compiles through
 the same cached path and the same NVRTC check in CI.
 """
 
-__all__ = ["SOURCE", "NAMES", "adam_name"]
+from .registry import VALUE_TYPES
+
+__all__ = ["SOURCE", "NAMES", "FAMILIES", "adam_name"]
 
 SOURCE = r"""
 // One Adam step (Kingma & Ba, PyTorch's L2 weight decay), fused: each element
@@ -26,11 +28,10 @@ __global__ void tcgnn_adam(T* __restrict__ p, const T* __restrict__ g, T* __rest
 }
 """
 
-_TYPES = {"float32": "float", "float64": "double"}
-
 
 def adam_name(dtype_name):
-    return f"tcgnn_adam<{_TYPES[dtype_name]}>"
+    return f"tcgnn_adam<{VALUE_TYPES[dtype_name]}>"
 
 
-NAMES = tuple(adam_name(t) for t in _TYPES)
+NAMES = tuple(adam_name(t) for t in VALUE_TYPES)
+FAMILIES = {"nn": (SOURCE, NAMES)}

@@ -1,8 +1,8 @@
 """Layer 1: CuPy RawModule kernels for products over the tiled format.
 
 Kernel families, each one RawModule (CUDA C++ kept here as strings),
-compiled once per process and device, with name expressions generated from
-one table of supported template arguments:
+compiled through :mod:`tcgnn_py.kernels.registry`, with name expressions
+generated from one table of supported template arguments:
 
 ``"tf32"``
     Tensor-core SpMM and SDDMM for float32 data on ``16 x 8`` tiles: operands
@@ -11,13 +11,6 @@ one table of supported template arguments:
 ``"core"``
     CUDA-core SpMM and SDDMM in the data's own precision (float or double),
     for any tile shape: ``precision="fp32"`` and every float64 product.
-``"nn"``
-    Training helpers of :mod:`tcgnn_py.nn` (a fused Adam step); the source is
-    in :mod:`tcgnn_py.kernels.nn`.
-``"baseline"``
-    Not used by the library: the gather-and-dot CSR SDDMM that benchmarks
-    compare against where cuSPARSE SDDMM is not reachable
-    (:mod:`tcgnn_py.bench`).
 
 No ``#include``: NVRTC on a pip-only install has no ``crt/mma.h``, and inline
 PTX needs no header.  CI compiles both sources for sm_80 and sm_90 through
@@ -32,29 +25,26 @@ Every output element is written by exactly one thread and the summation order
 is fixed, so results are deterministic run to run.
 """
 
-import functools
-
-from . import nn as _nn
+from .registry import VALUE_TYPES
 
 __all__ = [
     "FAMILIES",
-    "OPTIONS",
     "TF32_CHUNKS",
     "CORE_HEIGHTS",
     "TILE_POS_TYPES",
-    "VALUE_TYPES",
+    "SPMM_MAX_THREADS",
+    "SPMM_SMEM_LIMIT",
+    "tf32_spmm_smem",
+    "core_spmm_smem",
+    "FIXUP_THREADS",
+    "SDDMM_WARPS",
+    "SDDMM_TF32_SMEM_PER_WARP",
     "spmm_tf32_name",
     "sddmm_tf32_name",
     "spmm_core_name",
     "sddmm_core_name",
     "fixup_name",
-    "baseline_sddmm_name",
-    "BASELINE_GROUPS",
-    "get_kernel",
 ]
-
-#: NVRTC options shared by every family (CuPy adds the target architecture).
-OPTIONS = ("--std=c++17",)
 
 #: Column chunks of 32 per CTA in the TF32 SpMM (a CTA covers ``32 * CH`` columns).
 TF32_CHUNKS = (1, 2, 4)
@@ -62,8 +52,28 @@ TF32_CHUNKS = (1, 2, 4)
 CORE_HEIGHTS = (1, 2, 4, 8, 16, 32)
 #: ``tile_pos`` element types: uint8, or uint16 when ``H * W > 256``.
 TILE_POS_TYPES = {"uint8": "tc_u8", "uint16": "tc_u16"}
-#: Value types of the CUDA-core kernels.
-VALUE_TYPES = {"float32": "float", "float64": "double"}
+
+# Launch geometry the sources below assume; the launchers in ``_ops`` import it from here.
+#: ``__launch_bounds__`` of the SpMM kernels: at most 8 warps per CTA.
+SPMM_MAX_THREADS = 256
+#: Dynamic shared memory available without an opt-in attribute.
+SPMM_SMEM_LIMIT = 48 * 1024
+#: Threads per CTA of ``tcgnn_spmm_fixup`` (any multiple of 32 works).
+FIXUP_THREADS = 256
+#: Warps per CTA of both SDDMM kernels (``__launch_bounds__(128)``).
+SDDMM_WARPS = 4
+#: Shared memory of ``tcgnn_sddmm_tf32`` per warp: one 16x8 float tile.
+SDDMM_TF32_SMEM_PER_WARP = 16 * 8 * 4
+
+
+def tf32_spmm_smem(nwarps, chunks):
+    """Bytes of ``tcgnn_spmm_tf32``'s cross-warp sum: per warp ``CH * 4 * 32`` float4."""
+    return nwarps * chunks * 4 * 32 * 16
+
+
+def core_spmm_smem(nwarps, height, itemsize):
+    """Bytes of ``tcgnn_spmm_core``'s cross-warp sum: per warp ``H * 32`` values."""
+    return nwarps * height * 32 * itemsize
 
 _COMMON = r"""
 typedef unsigned char tc_u8;
@@ -463,35 +473,6 @@ tcgnn_sddmm_core(const int* __restrict__ win_ptr, int n_windows, const int* __re
 }
 """
 
-#: Lanes per edge of the baseline SDDMM (one sub-warp group per edge).
-BASELINE_GROUPS = (4, 8, 16, 32)
-
-_BASELINE = r"""
-// Baseline SDDMM over COO: out[e] = <Xa[rows[e]], Xb[cols[e]]> for row-major
-// float32 features.  A group of G lanes per edge strides over the features and
-// reduces with shfl_xor: one edge per group keeps hub rows balanced.  Lanes
-// past nnz stay in the loop with zero work so every shuffle has its full warp.
-template <int G>
-__global__ void tcgnn_baseline_sddmm_coo(const int* __restrict__ rows, const int* __restrict__ cols,
-                                         const float* __restrict__ Xa, const float* __restrict__ Xb,
-                                         float* __restrict__ out, long long nnz, int D) {
-    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    long long e = t / G;
-    int l = (int)(t % G);
-    bool valid = e < nnz;
-    float acc = 0.f;
-    if (valid) {
-        const float* a = Xa + (size_t)rows[e] * D;
-        const float* b = Xb + (size_t)cols[e] * D;
-        for (int k = l; k < D; k += G) acc = fmaf(__ldg(a + k), __ldg(b + k), acc);
-    }
-    #pragma unroll
-    for (int o = G / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o, G);
-    if (valid && l == 0) out[e] = acc;
-}
-"""
-
-
 def _b(v):
     return "true" if v else "false"
 
@@ -516,10 +497,6 @@ def fixup_name(value_type):
     return f"tcgnn_spmm_fixup<{VALUE_TYPES[value_type]}>"
 
 
-def baseline_sddmm_name(group):
-    return f"tcgnn_baseline_sddmm_coo<{group}>"
-
-
 def _tf32_names():
     names = [spmm_tf32_name(c, v) for c in TF32_CHUNKS for v in (True, False)]
     names += [sddmm_tf32_name(v) for v in (True, False)]
@@ -534,31 +511,8 @@ def _core_names():
     return names + [fixup_name(t) for t in VALUE_TYPES]
 
 
-#: ``family -> (CUDA source, name expressions)``; the NVRTC test compiles each.
+#: ``family -> (CUDA source, name expressions)`` of this module's families.
 FAMILIES = {
     "tf32": (_COMMON + _TF32, tuple(_tf32_names())),
     "core": (_COMMON + _CORE, tuple(_core_names())),
-    "baseline": (_BASELINE, tuple(baseline_sddmm_name(g) for g in BASELINE_GROUPS)),
-    "nn": (_nn.SOURCE, _nn.NAMES),
 }
-
-
-@functools.cache
-def _module(family, device_id):
-    import cupy
-
-    code, names = FAMILIES[family]
-    with cupy.cuda.Device(device_id):
-        return cupy.RawModule(code=code, options=OPTIONS, name_expressions=names)
-
-
-@functools.cache
-def _kernel(family, name, device_id):
-    return _module(family, device_id).get_function(name)
-
-
-def get_kernel(family, name):
-    """The compiled kernel ``name`` of ``family`` on the current device (compiled once)."""
-    import cupy
-
-    return _kernel(family, name, cupy.cuda.runtime.getDevice())

@@ -22,9 +22,7 @@ which these kernels must reproduce bit for bit:
 import numpy as np
 from numba import cuda, int32
 
-from .sgt import _lower_bound
-
-FULL_MASK = 0xFFFFFFFF
+from .warp import FULL_MASK, lower_bound
 #: freshtop's "no fresh pair" key; real keys are gain * 2048 + (2047 - pair).
 NONE = -(1 << 62)
 
@@ -104,7 +102,7 @@ def count_meta_violations(mbits, hviol, K, count):
 def _bits_at(vec_ptr, vec_seg, vec_bits, r, s):
     """Row ``r``'s vector in segment ``s`` (0 when empty): binary search."""
     end = vec_ptr[r + 1]
-    lo = _lower_bound(vec_seg, vec_ptr[r], end, s)
+    lo = lower_bound(vec_seg, vec_ptr[r], end, s)
     if lo < end and vec_seg[lo] == s:
         return np.int64(vec_bits[lo])
     return np.int64(0)

@@ -27,7 +27,7 @@ is what ``FULL_MASK`` promises.
 import numpy as np
 from numba import cuda
 
-FULL_MASK = 0xFFFFFFFF
+from .warp import FULL_MASK, lower_bound
 
 __all__ = [
     "rank_edges",
@@ -39,16 +39,6 @@ __all__ = [
 ]
 
 
-@cuda.jit(device=True, inline=True)
-def _lower_bound(indices, lo, hi, value):
-    """First position in ``indices[lo:hi]`` (sorted) whose value is >= ``value``."""
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if indices[mid] < value:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
 
 
 @cuda.jit(cache=True)
@@ -76,7 +66,7 @@ def rank_edges(indptr, indices, edge_row, n_rows, window, rank, first_flag):
         win_first_edge = indptr[w0]
         if rr < n_rows:
             rs = indptr[rr]
-            lb = _lower_bound(indices, rs, indptr[rr + 1], c)
+            lb = lower_bound(indices, rs, indptr[rr + 1], c)
             cnt = lb - rs
             if rr < r and lb < indptr[rr + 1] and indices[lb] == c:
                 cnt += 1  # ties go to the earlier row
@@ -138,8 +128,8 @@ def count_block_rows(indptr, indices, n_rows, window, block, block_cols, block_w
                     hi = v
             rs = indptr[rr]
             re = indptr[rr + 1]
-            a = _lower_bound(indices, rs, re, lo)
-            cnt = _lower_bound(indices, a, re, hi + 1) - a
+            a = lower_bound(indices, rs, re, lo)
+            cnt = lower_bound(indices, a, re, hi + 1) - a
     # Inclusive scan over the group with shfl_up (Hillis-Steele).
     incl = cnt
     off = 1

@@ -11,7 +11,7 @@ benchmarks).
 
 import numpy as np
 
-from .._device import get_cupy
+from .._device import DeviceMismatchError, get_cupy
 from .._ops import as_operand
 from .._tiled import TiledMatrix, sddmm, spmm
 
@@ -29,14 +29,14 @@ class TiledEdges:
 
     @property
     def values(self):
-        return self.matrix._tiles["values"]
+        return self.matrix.values
 
     @property
     def rows(self):
-        return self.matrix._entry_rows()
+        return self.matrix.tiling.entry_rows()
 
     def _with(self, values):
-        return self.matrix if values is None else self.matrix._with_tiled_values(values)
+        return self.matrix if values is None else self.matrix.with_values(values, order="tiled")
 
     def spmm(self, X, values=None):
         """``A_v @ X``."""
@@ -48,7 +48,7 @@ class TiledEdges:
 
     def sddmm(self, Xa, Xb):
         """``<Xa[i], Xb[j]>`` on every stored ``(i, j)``, in the view's order."""
-        return sddmm(self.matrix, Xa, Xb, precision=self.precision)._tiles["values"]
+        return sddmm(self.matrix, Xa, Xb, precision=self.precision).values
 
 
 class CSREdges:
@@ -93,7 +93,12 @@ class CSREdges:
 
 
 def edges_of(A, precision=None):
-    """The edge view of ``A``: a TiledMatrix, an edge view already, or a scipy/cupyx matrix."""
+    """The edge view of ``A``: a TiledMatrix, or an edge view already (returned as is).
+
+    scipy and cupyx matrices are refused with a ``TypeError``: wrap them in
+    :class:`CSREdges` explicitly (the benchmarks' baseline does), or build a
+    TiledMatrix (:func:`tcgnn_py.nn.gcn_norm`).
+    """
     if isinstance(A, (TiledEdges, CSREdges)):
         return A
     if isinstance(A, TiledMatrix):
@@ -113,5 +118,5 @@ def array_on(edges, x):
     on_device = edges.xp is not np
     try:
         return as_operand(x, on_device)[0]
-    except RuntimeError:
-        raise TypeError("device arrays given, but the graph lives on the CPU") from None
+    except DeviceMismatchError:
+        raise DeviceMismatchError("device arrays given, but the graph lives on the CPU") from None

@@ -12,7 +12,7 @@ __all__ = ["add_self_loops", "gcn_norm"]
 def _square_csr(A):
     """``(data, indices, indptr, n, xp)``: A's CSR arrays, on the GPU when one is usable."""
     if isinstance(A, TiledMatrix):
-        data, indices, indptr = A._csr_arrays()
+        data, indices, indptr = A.csr_arrays()
         shape = A.shape
     else:
         # A graph is square: (data, indices, indptr) needs no shape beyond indptr's.

@@ -84,11 +84,11 @@ def _adam_device(p, g, m, v, *scalars):
     import cupy
 
     from ..kernels import nn as kn
-    from ..kernels import products as kp
+    from ..kernels.registry import get_kernel
 
     g = cupy.ascontiguousarray(g, dtype=p.dtype)
     n = p.size
     t = p.dtype.type
     blocks = min(max(1, -(-n // _THREADS)), 4096)
-    kernel = kp.get_kernel("nn", kn.adam_name(p.dtype.name))
+    kernel = get_kernel("nn", kn.adam_name(p.dtype.name))
     kernel((blocks,), (_THREADS,), (p, g, m, v, np.int64(n), *(t(s) for s in scalars)))

@@ -1,0 +1,306 @@
+"""Layer 2: :class:`Tiling`, the structure of a tiled matrix, and what derives from it.
+
+A tiling is everything about a translated matrix except its values: the
+structure arrays (documented in :mod:`tcgnn_py._reference`), the shape, the
+layout, and derived data computed lazily and cached on the tiling -- entry rows,
+occupancy masks, kernel work plans, the transpose.  Matrices that differ only in
+their values (``with_values``, ``sddmm``, ``astype``) share one ``Tiling``
+object, and with it every cache.
+"""
+
+import dataclasses
+
+import numpy as np
+
+from . import _reference as ref
+from ._device import array_module, to_host
+
+__all__ = ["Tiling", "TileStats", "Layout", "STRUCTURE"]
+
+#: The structure arrays of a tiling, in the order ``Tiling`` takes them.
+STRUCTURE = ("win_ptr", "block_cols", "block_ptr", "tile_pos", "perm")
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How a tiling cuts a matrix: ``window`` rows per window, ``block`` column slots per block.
+
+    ``orientation`` is ``"rows"``: windows are row windows and blocks hold
+    condensed columns (TC-GNN's format).
+    """
+
+    window: int = 16
+    block: int = 8
+    orientation: str = "rows"
+
+    @property
+    def tile_shape(self):
+        return (self.window, self.block)
+
+    def __str__(self):
+        return f"{self.window}x{self.block} {self.orientation}"
+
+
+@dataclasses.dataclass(frozen=True)
+class TileStats:
+    """How well Sparse Graph Translation condensed a matrix (TC-GNN, Fig. 7a).
+
+    ``blocks_before`` counts the ``H x W`` tiles of the original matrix that hold
+    an entry; ``blocks`` counts them after condensing each window's columns.
+    """
+
+    shape: tuple
+    nnz: int
+    tile_shape: tuple
+    windows: int
+    nonempty_windows: int
+    blocks: int
+    blocks_before: int
+    max_blocks_per_window: int
+
+    @property
+    def block_reduction(self):
+        """Fraction of tensor-core blocks removed by condensing."""
+        return 1.0 - self.blocks / self.blocks_before if self.blocks_before else 0.0
+
+    @property
+    def density(self):
+        """Stored entries per tile slot after condensing."""
+        H, W = self.tile_shape
+        return self.nnz / (self.blocks * H * W) if self.blocks else 0.0
+
+    @property
+    def density_before(self):
+        """Stored entries per tile slot without condensing."""
+        H, W = self.tile_shape
+        return self.nnz / (self.blocks_before * H * W) if self.blocks_before else 0.0
+
+    def __str__(self):
+        H, W = self.tile_shape
+        return (
+            f"{self.shape[0]}x{self.shape[1]}, nnz={self.nnz}, {H}x{W} tiles: "
+            f"{self.windows} windows ({self.nonempty_windows} non-empty), "
+            f"blocks {self.blocks_before} -> {self.blocks} "
+            f"({100 * self.block_reduction:.1f}% fewer), "
+            f"density {100 * self.density_before:.2f}% -> {100 * self.density:.2f}%, "
+            f"max {self.max_blocks_per_window} blocks/window"
+        )
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Tiling:
+    """The structure of a tiled matrix: arrays, shape, layout, and cached derived data.
+
+    Immutable: the arrays are read-only by contract and shared by every matrix
+    built on this tiling.  Build one with :class:`tcgnn_py.TiledMatrix` (its
+    ``tiling`` attribute); internal code uses :meth:`from_arrays`.
+
+    Examples
+    --------
+    >>> import numpy as np, scipy.sparse as sp, tcgnn_py as tg
+    >>> T = tg.TiledMatrix(sp.csr_array(np.eye(3, dtype=np.float32)))
+    >>> t = T.tiling
+    >>> t.shape, t.layout.tile_shape, t.n_windows, t.n_blocks, t.nnz, t.device
+    ((3, 3), (16, 8), 1, 1, 3, 'cpu')
+    >>> T.with_values(np.ones(3)).tiling is t
+    True
+    """
+
+    win_ptr: object
+    block_cols: object
+    block_ptr: object
+    tile_pos: object
+    perm: object
+    shape: tuple
+    layout: Layout = Layout()
+    _cache: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
+
+    @classmethod
+    def from_arrays(cls, arrays, shape, tile_shape=(16, 8)):
+        """``(tiling, values)`` from a dict of trusted tiled arrays (SGT's output); no copies."""
+        tiling = cls(
+            *(arrays[k] for k in STRUCTURE),
+            shape=(int(shape[0]), int(shape[1])),
+            layout=Layout(int(tile_shape[0]), int(tile_shape[1])),
+        )
+        return tiling, arrays["values"]
+
+    # --- plain facts ------------------------------------------------------
+    @property
+    def tile_shape(self):
+        """``(window height, block width)``."""
+        return self.layout.tile_shape
+
+    @property
+    def nnz(self):
+        return int(self.tile_pos.shape[0])
+
+    @property
+    def n_windows(self):
+        return int(self.win_ptr.shape[0]) - 1
+
+    @property
+    def n_blocks(self):
+        return int(self.block_cols.shape[0])
+
+    @property
+    def device(self):
+        """``"cuda"`` when the arrays live on the GPU, else ``"cpu"``."""
+        return "cpu" if isinstance(self.tile_pos, np.ndarray) else "cuda"
+
+    @property
+    def xp(self):
+        """The array module of the arrays (NumPy or CuPy)."""
+        return array_module(self.tile_pos)
+
+    @property
+    def nbytes(self):
+        """Bytes of the structure arrays (not the cached derived data)."""
+        return sum(int(getattr(self, k).nbytes) for k in STRUCTURE)
+
+    def arrays(self, values=None):
+        """The structure arrays as a dict (plus ``values`` when given), for the reference functions."""
+        out = {k: getattr(self, k) for k in STRUCTURE}
+        if values is not None:
+            out["values"] = values
+        return out
+
+    # --- derived data, computed once --------------------------------------
+    def cached(self, key, build):
+        """``build()`` once per key; derived data that depends on the structure only.
+
+        Kernel launchers keep their work plans here, so matrices sharing the
+        tiling share them.
+        """
+        try:
+            return self._cache[key]
+        except KeyError:
+            value = self._cache[key] = build()
+            return value
+
+    def cache_nbytes(self):
+        """Bytes of the arrays held by cached derived data (work plans, masks, entry rows, ...), each once."""
+        seen = {}
+
+        def walk(v):
+            if isinstance(v, (tuple, list)):
+                for x in v:
+                    walk(x)
+            elif isinstance(v, dict):
+                for x in v.values():
+                    walk(x)
+            elif not isinstance(v, Tiling) and hasattr(v, "nbytes") and hasattr(v, "shape"):
+                seen[id(v)] = int(v.nbytes)
+
+        walk(list(self._cache.values()))
+        return sum(seen.values())
+
+    def rows_cols(self):
+        """Global ``(row, column)`` of every tiled entry, in tiled order (int64)."""
+        return ref.tiled_rows_cols(self.win_ptr, self.block_cols, self.block_ptr, self.tile_pos, self.layout.window)
+
+    def entry_rows(self):
+        """Row of every stored entry, in tiled order (int32; computed once)."""
+        return self.cached("entry_rows", lambda: self.rows_cols()[0].astype(np.int32))
+
+    def transpose(self):
+        """``(tiling of Aᵀ, src)``: Aᵀ translated with the same layout, and where its entries come from.
+
+        ``values_t = values[src]`` turns values of A (tiled order) into values of
+        Aᵀ (its tiled order).  Computed once; the transpose's own transpose is
+        this tiling.
+        """
+        hit = self._cache.get("transpose")
+        if hit is not None:
+            return hit
+        from . import _sgt  # layer 2 sibling; SGT runs on the tiling's device
+
+        rows, cols = self.rows_cols()
+        shape_t = self.shape[::-1]
+        order, indices, indptr = _sgt.coo_to_csr_order(cols, rows, shape_t)
+        xp = self.xp
+        # Structure only: float32 zeros stand in for the values (the SGT kernels are compiled for them).
+        arrays_t = _sgt.translate(xp.zeros(self.nnz, np.float32), indices, indptr, shape_t, *self.tile_shape)
+        tiling_t, _ = Tiling.from_arrays(arrays_t, shape_t, self.tile_shape)
+        src = order[tiling_t.perm].astype(np.int32)  # tiled entry of Aᵀ -> tiled entry of A
+        inv = xp.empty_like(src)
+        inv[src] = xp.arange(src.shape[0], dtype=np.int32)
+        # A tiling <-> transpose cycle: both are long-lived structure, freed together.
+        tiling_t._cache["transpose"] = (self, inv)
+        self._cache["transpose"] = (tiling_t, src)
+        return tiling_t, src
+
+    def stats(self):
+        """:class:`TileStats` of the translation (computed once)."""
+        return self.cached("stats", self._stats)
+
+    def _stats(self):
+        xp = self.xp
+        H, W = self.tile_shape
+        n_windows, n_blocks = self.n_windows, self.n_blocks
+        per_win = xp.diff(self.win_ptr)
+        # Tiles of the uncondensed matrix: distinct (window, column // W) pairs.  Each
+        # window's condensed columns are ascending, so count where the pair changes.
+        flat = self.block_cols.reshape(-1)
+        slot_win = (xp.searchsorted(self.win_ptr, xp.arange(n_blocks), side="right") - 1).repeat(W)
+        keep = flat >= 0
+        key = slot_win[keep].astype(np.int64) * (self.shape[1] // W + 1) + flat[keep] // W
+        before = int((key[1:] != key[:-1]).sum()) + 1 if key.shape[0] else 0  # synchronize!
+        return TileStats(
+            shape=self.shape,
+            nnz=self.nnz,
+            tile_shape=(H, W),
+            windows=n_windows,
+            nonempty_windows=int((per_win > 0).sum()),  # synchronize!
+            blocks=n_blocks,
+            blocks_before=before,
+            max_blocks_per_window=int(per_win.max()) if n_windows else 0,  # synchronize!
+        )
+
+    def check(self, full_check=False):
+        """Check the structure's invariants; ``full_check`` scans every entry.  Raises ``ValueError``."""
+        H, W = self.tile_shape
+        M, N = self.shape
+        n_windows = -(-M // H)
+        n_blocks = self.n_blocks
+        nnz = self.nnz
+        if self.win_ptr.shape != (n_windows + 1,):
+            raise ValueError(f"win_ptr size {self.win_ptr.shape[0]} should be {n_windows + 1}")
+        if self.block_cols.ndim != 2 or self.block_cols.shape[1] != W:
+            raise ValueError(f"block_cols should have shape (n_blocks, {W})")
+        if self.block_ptr.shape != (n_blocks + 1,):
+            raise ValueError(f"block_ptr size {self.block_ptr.shape[0]} should be {n_blocks + 1}")
+        if self.perm.shape != (nnz,):
+            raise ValueError("tile_pos and perm should have the same size")
+        if not full_check:
+            return
+        h = {k: to_host(getattr(self, k)) for k in STRUCTURE}  # synchronize!
+        if h["win_ptr"][0] != 0 or h["win_ptr"][-1] != n_blocks or np.any(np.diff(h["win_ptr"]) < 0):
+            raise ValueError("win_ptr must rise from 0 to n_blocks")
+        if h["block_ptr"][0] != 0 or h["block_ptr"][-1] != nnz or np.any(np.diff(h["block_ptr"]) <= 0):
+            raise ValueError("block_ptr must rise strictly from 0 to nnz (no empty blocks)")
+        if np.any(h["block_cols"] < -1) or np.any(h["block_cols"] >= N):
+            raise ValueError(f"block_cols must be in [-1, {N})")
+        if np.any(h["tile_pos"] >= H * W):
+            raise ValueError(f"tile_pos must be < {H * W}")
+        if not np.array_equal(np.sort(h["perm"]), np.arange(nnz)):
+            raise ValueError("perm must be a permutation of range(nnz)")
+        rows, cols = ref.tiled_rows_cols(h["win_ptr"], h["block_cols"], h["block_ptr"], h["tile_pos"], H)
+        if np.any(cols < 0):
+            raise ValueError("an entry sits in a padding slot")
+        if np.any(rows >= M):
+            raise ValueError(f"an entry sits in row >= {M}")
+        entry_block = ref.entry_blocks(h["block_ptr"], nnz)
+        same = entry_block[1:] == entry_block[:-1]
+        if np.any(same & (h["tile_pos"][1:] <= h["tile_pos"][:-1])):
+            raise ValueError("tile_pos must increase strictly within each block")
+
+    def copy(self):
+        """A tiling with copies of the structure arrays (empty caches)."""
+        return Tiling(*(getattr(self, k).copy() for k in STRUCTURE), shape=self.shape, layout=self.layout)
+
+    def __repr__(self):
+        return (
+            f"<Tiling {self.shape[0]}x{self.shape[1]}, {self.layout} tiles: {self.n_blocks} blocks in "
+            f"{self.n_windows} windows, {self.nnz} entries, on {self.device}>"
+        )

@@ -1,0 +1,31 @@
+"""Layer 1: what the Numba kernels share -- the full warp mask and a warp-safe binary search.
+
+Importing this module imports Numba; it also applies the NumPy alias that
+numba-cuda 0.30 needs on NumPy 2.5 and silences Numba's low-occupancy warning
+(small graphs launch small grids by nature).
+"""
+
+from .._device import patch_numpy_for_numba
+
+patch_numpy_for_numba()
+
+from numba import config, cuda  # noqa: E402
+
+config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
+
+__all__ = ["FULL_MASK", "lower_bound"]
+
+#: Every lane of the warp takes part (kernels keep out-of-range lanes in the collectives).
+FULL_MASK = 0xFFFFFFFF
+
+
+@cuda.jit(device=True, inline=True)
+def lower_bound(indices, lo, hi, value):
+    """First position in ``indices[lo:hi]`` (sorted) whose value is >= ``value``."""
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if indices[mid] < value:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo

@@ -1,0 +1,61 @@
+"""What the test process can run, decided before anything imports Numba; shared helpers.
+
+* ``NUMBA_ENABLE_CUDASIM=1``: the Numba kernels run in the CUDA simulator, with
+  the project's warp-intrinsic shim.
+* a usable GPU: everything runs, ``gpu`` and ``kernels`` tests on the device.
+* neither: ``gpu``/``kernels`` tests are skipped with the reason.
+
+Test modules import flags and helpers from here, never from ``conftest``.
+"""
+
+import os
+import pathlib
+import sys
+
+import numpy as np
+
+SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+if SIM:
+    sys.setswitchinterval(1e-3)  # the simulator is thread-bound: switch often
+    from tcgnn_py import _cudasim
+
+    _cudasim.install()
+
+import tcgnn_py  # noqa: E402
+from tcgnn_py._device import gpu_unusable_reason  # noqa: E402
+
+GPU = tcgnn_py.gpu_available()
+GPU_REASON = gpu_unusable_reason()
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DATA_DIRS = [
+    pathlib.Path(p)
+    for p in (os.environ.get("TCGNN_PY_DATA"), ROOT / ".gpu" / "data", ROOT.parent / "shared" / "data")
+    if p
+]
+#: How to get the graphs a skipped test wanted.
+DATA_HINT = (
+    "set TCGNN_PY_DATA to a folder of graphs (NAME/adj_csr.npz + meta.json), "
+    "e.g. the project's ../shared/data"
+)
+
+
+def host(x):
+    """A NumPy copy of a NumPy or CuPy array."""
+    return x.get() if hasattr(x, "get") else np.asarray(x)
+
+
+#: The graph the package bundles: tests that need only it never skip.
+BUNDLED = {"cora": pathlib.Path(tcgnn_py.__file__).parent / "datasets" / "cora"}
+
+
+def graph_dir(name):
+    """Folder of a named graph (cora: the bundled copy when no data folder has it), or skip saying how."""
+    import pytest
+
+    for d in DATA_DIRS:
+        if (d / name / "adj_csr.npz").exists():
+            return d / name
+    if name in BUNDLED:
+        return BUNDLED[name]
+    pytest.skip(f"graph {name!r} not found in {[str(d) for d in DATA_DIRS]}; {DATA_HINT}")

@@ -1,0 +1,284 @@
+"""TiledMatrix semantics against scipy: on the reference path, and on the GPU where one is usable."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from _env import GPU, graph_dir
+from _zoo import raw_with_duplicates, star, zoo
+
+import tcgnn_py as tg
+
+ZOO = zoo("full")
+
+
+TILES = [(16, 8), (16, 16), (8, 8), (32, 4), (1, 1)]
+
+
+def canonical(A):
+    A = sp.csr_array(A, copy=True)
+    A.sum_duplicates()
+    return A
+
+
+@pytest.fixture(params=sorted(ZOO))
+def named(request):
+    return request.param, ZOO[request.param]
+
+
+def brute_force_blocks(A, H, W):
+    """Non-empty H x W tiles of A (TC-GNN's count without condensing)."""
+    coo = A.tocoo()
+    return len(set(zip((coo.row // H).tolist(), (coo.col // W).tolist())))
+
+
+def test_roundtrip_and_product(named):
+    name, A = named
+    T = tg.TiledMatrix(A, dtype=np.float64)
+    T.check_format(full_check=True)
+    C = canonical(A)
+    R = T.tocsr()
+    assert isinstance(R, sp.csr_array) and R.shape == A.shape
+    np.testing.assert_array_equal(R.indptr, C.indptr)
+    np.testing.assert_array_equal(R.indices, C.indices)
+    np.testing.assert_array_equal(R.data, C.data)
+    rng = np.random.default_rng(0)
+    for X in (rng.standard_normal((A.shape[1], 3)), rng.standard_normal(A.shape[1]),
+              rng.standard_normal((A.shape[1], 1))):
+        Y = T @ X
+        assert isinstance(Y, np.ndarray) and Y.shape == (A @ X).shape and Y.dtype == np.float64
+        np.testing.assert_allclose(Y, A @ X, rtol=1e-12, atol=1e-12)
+    Xl = rng.standard_normal((2, A.shape[0]))
+    np.testing.assert_allclose(Xl @ T, Xl @ A, rtol=1e-12, atol=1e-12)
+    assert (Xl @ T).shape == (2, A.shape[1])
+
+
+@pytest.mark.parametrize("tile_shape", TILES)
+def test_tile_shapes_and_stats(tile_shape):
+    A = ZOO["n16k1"]
+    H, W = tile_shape
+    T = tg.TiledMatrix(A, tile_shape=tile_shape)
+    T.check_format(full_check=True)
+    assert T.block_cols.shape[1] == W and T.win_ptr.shape[0] == -(-A.shape[0] // H) + 1
+    s = T.tile_stats()
+    assert s.blocks_before == brute_force_blocks(A, H, W)
+    assert s.blocks == T.block_cols.shape[0] <= s.blocks_before
+    assert s.nnz == A.nnz and 0 < s.density <= 1
+    np.testing.assert_array_equal(T.toarray(), A.toarray().astype(np.float32))
+
+
+def test_star_hub_translates_without_rescans():
+    A = star(100_000)
+    T = tg.TiledMatrix(A)
+    s = T.tile_stats()
+    # The hub's window holds columns 0..100000: 12,501 blocks of 8.
+    assert s.max_blocks_per_window == -(-100_001 // 8)
+    x = np.arange(A.shape[1], dtype=np.float64) % 7 - 3
+    np.testing.assert_array_equal(T.astype(np.float64) @ x, A @ x)
+
+
+def test_raw_arrays_duplicates_unsorted_explicit_zeros():
+    rng = np.random.default_rng(3)
+    arrays, shape = raw_with_duplicates(rng)
+    A = sp.csr_array(arrays, shape=shape)
+    T = tg.TiledMatrix(arrays, shape=shape)
+    C = canonical(A)
+    assert T.nnz == C.nnz  # explicit zeros are kept
+    np.testing.assert_array_equal(T.tocsr().data, C.data.astype(np.float32))
+    np.testing.assert_array_equal(T.tocsr().indices, C.indices)
+    X = rng.integers(-8, 9, (shape[1], 4)).astype(np.float32)
+    np.testing.assert_array_equal(T @ X, (A @ X).astype(np.float32))
+
+
+@pytest.mark.parametrize("name", ["cora", "citeseer", "email_eu_core", "ss_1138_bus", "polblogs"])
+def test_shared_graphs(name):
+    g = tg.load_graph(graph_dir(name))
+    A = g.adj
+    T = tg.TiledMatrix(A)
+    T.check_format(full_check=True)
+    assert (T.tocsr() != A).nnz == 0
+    X = np.random.default_rng(1).integers(-8, 9, (A.shape[1], 16)).astype(np.float32)
+    np.testing.assert_array_equal(T @ X, A @ X)
+    np.testing.assert_array_equal(T.T @ X, A.T @ X)  # directed graphs: Aᵀ != A
+    assert T.tile_stats().blocks_before == brute_force_blocks(A, 16, 8)
+
+
+def test_protocol():
+    A = ZOO["n17"]
+    T = tg.TiledMatrix(A)
+    assert (T.shape, T.nnz, T.ndim, T.format, T.dtype) == (A.shape, A.nnz, 2, "tiled", A.dtype)
+    assert "TiledMatrix" in repr(T) and "17, 17" in repr(T)
+    assert T.T.T is T
+    np.testing.assert_array_equal(T.T.toarray(), A.toarray().T.astype(np.float32))
+    C = T.copy()
+    assert C is not T and np.array_equal(C.toarray(), T.toarray())
+    assert T.astype(np.float64).dtype == np.float64
+    assert tg.TiledMatrix(A, dtype=np.int8).dtype == np.float32  # exact promotion
+    assert tg.TiledMatrix(A.astype(np.int64)).dtype == np.float64
+    assert tg.TiledMatrix(T, tile_shape=(8, 8)).tile_shape == (8, 8)
+    assert tg.TiledMatrix(sp.coo_matrix(A)).nnz == A.nnz
+
+
+def test_with_values_keeps_tiling():
+    A = ZOO["n16k1"]
+    T = tg.TiledMatrix(A)
+    v = np.arange(1, T.nnz + 1, dtype=np.float32)
+    V = T.with_values(v)
+    assert V.block_cols is T.block_cols and V.tile_pos is T.tile_pos
+    np.testing.assert_array_equal(V.tocsr().data, v)
+    B = sp.csr_array((v, A.indices, A.indptr), shape=A.shape)
+    np.testing.assert_array_equal(V.toarray(), B.toarray())
+    with pytest.raises(ValueError, match="values must have shape"):
+        T.with_values(v[:-1])
+
+
+def test_spmm_out():
+    A = ZOO["n17"].astype(np.float32)
+    T = tg.TiledMatrix(A)
+    X = np.ones((17, 4), np.float32)
+    out = np.full((17, 4), np.nan, np.float32)
+    assert tg.spmm(T, X, out=out) is out
+    np.testing.assert_array_equal(out, (A @ X).astype(np.float32))
+    with pytest.raises(ValueError, match="out has shape"):
+        tg.spmm(T, X, out=np.empty((17, 3), np.float32))
+    with pytest.raises(ValueError, match="out has dtype"):
+        tg.spmm(T, X, out=np.empty((17, 4), np.float64))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        tg.spmm(T, X, out=np.empty((4, 17), np.float32).T)
+    with pytest.raises(TypeError):
+        tg.spmm(A, X)
+
+
+def _scipy_error(fn):
+    with pytest.raises(Exception) as info:
+        fn()
+    return info.type, str(info.value)
+
+
+@pytest.mark.parametrize(
+    "operand",
+    [np.ones((4, 2)), np.ones(4), np.ones((4, 1)), 3, np.float32(2.0), np.ones((3, 3, 3))],
+    ids=["2d", "1d", "col", "int", "npscalar", "3d"],
+)
+def test_matmul_errors_match_scipy(operand):
+    A = sp.csr_array(np.eye(3))
+    T = tg.TiledMatrix(A)
+    assert _scipy_error(lambda: T @ operand) == _scipy_error(lambda: A @ operand)
+
+
+@pytest.mark.parametrize("operand", [np.ones((2, 4)), np.ones(4), 3], ids=["2d", "1d", "scalar"])
+def test_rmatmul_errors_match_scipy(operand):
+    A = sp.csr_array(np.ones((3, 5)))
+    T = tg.TiledMatrix(A)
+    assert _scipy_error(lambda: operand @ T) == _scipy_error(lambda: operand @ A)
+
+
+BAD = {
+    "indices_high": ((np.ones(2), np.array([0, 5]), np.array([0, 1, 2])), (2, 3)),
+    "indices_negative": ((np.ones(2), np.array([0, -1]), np.array([0, 1, 2])), (2, 3)),
+    "indptr_start": ((np.ones(2), np.array([0, 1]), np.array([1, 1, 2])), (2, 3)),
+    "indptr_decreasing": ((np.ones(2), np.array([0, 1]), np.array([0, 2, 1])), (2, 3)),
+    "indptr_size": ((np.ones(2), np.array([0, 1]), np.array([0, 1])), (2, 3)),
+    "data_size": ((np.ones(3), np.array([0, 1]), np.array([0, 1, 2])), (2, 3)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_malformed_arrays_match_scipy(case):
+    arrays, shape = BAD[case]
+    want = _scipy_error(lambda: sp.csr_array(arrays, shape=shape).check_format(full_check=True))
+    assert _scipy_error(lambda: tg.TiledMatrix(arrays, shape=shape)) == want
+
+
+def test_type_errors():
+    with pytest.raises(TypeError, match="sparse input"):
+        tg.TiledMatrix(np.eye(3))
+    with pytest.raises(TypeError, match="cannot be built"):
+        tg.TiledMatrix("A")
+    with pytest.raises(TypeError, match="real numbers only"):
+        tg.TiledMatrix(sp.csr_array(np.eye(3, dtype=np.complex64)))
+    with pytest.raises(ValueError, match="power of two"):
+        tg.TiledMatrix(sp.csr_array(np.eye(3)), tile_shape=(12, 8))
+    with pytest.raises(ValueError, match="int32"):
+        tg.TiledMatrix((np.ones(0), np.zeros(0, np.int32), np.zeros(1, np.int32)), shape=(0, 2**31))
+
+
+def test_check_format_catches_corruption():
+    T = tg.TiledMatrix(ZOO["n17"]).copy()
+    if T.device == "cuda":
+        pytest.skip("corrupts host arrays")
+    T.tile_pos[1] = T.tile_pos[0]
+    T.check_format()  # O(1) checks pass
+    with pytest.raises(ValueError):
+        T.check_format(full_check=True)
+
+
+@pytest.mark.skipif(GPU, reason="checks the no-GPU fallback")
+def test_no_gpu_warning_once():
+    import subprocess
+    import sys
+
+    code = (
+        "import warnings, numpy as np, scipy.sparse as sp, tcgnn_py as tg\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    tg.TiledMatrix(sp.eye(3)); tg.TiledMatrix(sp.eye(4))\n"
+        "print(sum(issubclass(x.category, tg.NoGPUWarning) for x in w))"
+    )
+    env = dict(__import__("os").environ, TCGNN_PY_DEVICE="cpu")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert out.stdout.strip() == "1"
+
+
+@pytest.mark.gpu
+def test_device_operands_and_types():
+    import cupy as cp
+    import cupyx.scipy.sparse as csp
+
+    g = tg.load_cora()
+    T = tg.TiledMatrix(g.adj)
+    assert T.device == "cuda"
+    rng = np.random.default_rng(0)
+    X = rng.integers(-8, 9, (2708, 33)).astype(np.float32)
+    want = g.adj @ X
+    Yd = T @ cp.asarray(X)
+    assert isinstance(Yd, cp.ndarray) and Yd.shape == want.shape
+    np.testing.assert_array_equal(Yd.get(), want)
+    Yh = T @ X
+    assert isinstance(Yh, np.ndarray)
+    np.testing.assert_array_equal(Yh, want)
+    L = cp.asarray(X.T)
+    R = L @ T  # CuPy must defer to TiledMatrix.__rmatmul__
+    assert isinstance(R, cp.ndarray)
+    np.testing.assert_array_equal(R.get(), X.T @ g.adj)
+    from numba import cuda
+
+    Yn = T @ cuda.to_device(X)  # any __cuda_array_interface__ producer
+    assert isinstance(Yn, cp.ndarray)
+    np.testing.assert_array_equal(Yn.get(), want)
+    out = cp.full((2708, 33), cp.nan, cp.float32)
+    assert tg.spmm(T, cp.asarray(X), out=out) is out
+    np.testing.assert_array_equal(out.get(), want)
+    Tc = tg.TiledMatrix(csp.csr_matrix(cp.asarray(g.adj.toarray())))
+    np.testing.assert_array_equal(Tc.block_cols.get(), T.block_cols.get())
+
+
+@pytest.mark.gpu
+def test_end_to_end_unsorted_duplicates_on_gpu():
+    import cupy as cp
+
+    rng = np.random.default_rng(5)
+    n, m, k = 3001, 2000, 40_000
+    rows = np.sort(rng.integers(0, n, k))
+    cols = rng.integers(0, m, k).astype(np.int32)  # unsorted within rows, with repeats
+    vals = rng.integers(-4, 5, k).astype(np.float32)  # explicit zeros included
+    indptr = np.searchsorted(rows, np.arange(n + 1)).astype(np.int32)
+    C = sp.csr_array((vals, cols, indptr), shape=(n, m))
+    C.sum_duplicates()
+    for arrays in [(vals, cols, indptr), tuple(cp.asarray(a) for a in (vals, cols, indptr))]:
+        T = tg.TiledMatrix(arrays, shape=(n, m))
+        T.check_format(full_check=True)
+        R = T.tocsr()
+        np.testing.assert_array_equal(R.indptr, C.indptr)
+        np.testing.assert_array_equal(R.indices, C.indices)
+        np.testing.assert_array_equal(R.data, C.data)
+        np.testing.assert_array_equal(T.T.toarray(), C.toarray().T)
