@@ -163,6 +163,7 @@ TUNING = {
     "tf32_nwarps": (4, 4, 4),  # warps per CTA for 1, 2, 4 chunks
     "core_nwarps": 4,
     "blocks_per_warp": 16,  # a unit holds up to nwarps * this many blocks
+    "prefetch_values": True,  # TF32: load the next block's values with its X rows
 }
 _TUNING_VERSION = [0]
 
@@ -277,7 +278,7 @@ def _spmm_launch(cp, tiling, mode, dtype, D, vec):
         n_slabs = -(-D // (32 * chunks))
         # Slabs of one unit side by side (1-D grid): they share its metadata in L2.
         launch = TF32SpmmLaunch(
-            get_kernel(family, kp.spmm_tf32_name(chunks, vec)), (plan["units"].shape[0] * n_slabs, 1),
+            get_kernel(family, kp.spmm_tf32_name(chunks, vec, TUNING["prefetch_values"])), (plan["units"].shape[0] * n_slabs, 1),
             (32 * nwarps,), kp.tf32_spmm_smem(nwarps, chunks), plan["units"],
             tiling.cached("mask", lambda: block_mask(cp, tiling.block_ptr, tiling.tile_pos, tiling.n_blocks)),
             n_slabs,

@@ -52,12 +52,6 @@ def distinct_window_columns(T):
     return int((T.block_cols >= 0).sum())  # synchronize!
 
 
-def _nbytes(obj):
-    if isinstance(obj, dict):
-        return sum(_nbytes(v) for v in obj.values())
-    return int(getattr(obj, "nbytes", 0))
-
-
 def _rel_err(got, want):
     got, want = (np.asarray(v.get() if hasattr(v, "get") else v, np.float64) for v in (got, want))
     return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))

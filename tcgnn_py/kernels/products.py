@@ -217,7 +217,23 @@ __device__ __forceinline__ void tc_load_rows(const float* __restrict__ X, const 
     }
 }
 
-template <int CH, bool VEC>
+// The four A-fragment values lane (g, t) holds for a block (zeros where the mask has no entry).
+__device__ __forceinline__ float4 tc_frag_values(const float* __restrict__ values, const TcMeta& m, bool upper,
+                                                 unsigned bit, unsigned below_t, unsigned below_t4) {
+    const unsigned wa = upper ? m.mk.y : m.mk.x, wb = upper ? m.mk.w : m.mk.z;
+    const int base_a = m.e0 + (upper ? __popc(m.mk.x) : 0);
+    const int base_b = m.e0 + __popc(m.mk.x) + __popc(m.mk.y) + (upper ? __popc(m.mk.z) : 0);
+    float4 v;
+    v.x = (wa >> bit) & 1u ? __ldg(values + base_a + __popc(wa & below_t)) : 0.f;
+    v.y = (wb >> bit) & 1u ? __ldg(values + base_b + __popc(wb & below_t)) : 0.f;
+    v.z = (wa >> (bit + 4)) & 1u ? __ldg(values + base_a + __popc(wa & below_t4)) : 0.f;
+    v.w = (wb >> (bit + 4)) & 1u ? __ldg(values + base_b + __popc(wb & below_t4)) : 0.f;
+    return v;
+}
+
+// PV: prefetch the next block's values with its X rows (their load waits on the
+// mask, so reading them in the step that uses them exposes one L2 round trip per block).
+template <int CH, bool VEC, bool PV>
 __global__ void __launch_bounds__(256)
 tcgnn_spmm_tf32(const int4* __restrict__ units, const int* __restrict__ block_ptr,
                 const int* __restrict__ block_cols, const uint4* __restrict__ block_mask,
@@ -252,18 +268,14 @@ tcgnn_spmm_tf32(const int4* __restrict__ units, const int* __restrict__ block_pt
     float4 lo[CH], hi[CH];
     tc_load_rows<CH, VEC>(X, cur, col0 + 4 * g, D, lo, hi);
     TcMeta nxt = tc_meta(block_ptr, block_cols, block_mask, b + nwarps, u.z, t);
+    float4 vcur = PV ? tc_frag_values(values, cur, upper, bit, below_t, below_t4) : make_float4(0.f, 0.f, 0.f, 0.f);
     for (; b < u.z; b += nwarps) {  // warp-uniform: mma.sync needs all lanes
-        const unsigned wa = upper ? cur.mk.y : cur.mk.x, wb = upper ? cur.mk.w : cur.mk.z;
-        const int base_a = cur.e0 + (upper ? __popc(cur.mk.x) : 0);
-        const int base_b = cur.e0 + __popc(cur.mk.x) + __popc(cur.mk.y) + (upper ? __popc(cur.mk.z) : 0);
-        const float v0 = (wa >> bit) & 1u ? __ldg(values + base_a + __popc(wa & below_t)) : 0.f;
-        const float v1 = (wb >> bit) & 1u ? __ldg(values + base_b + __popc(wb & below_t)) : 0.f;
-        const float v2 = (wa >> (bit + 4)) & 1u ? __ldg(values + base_a + __popc(wa & below_t4)) : 0.f;
-        const float v3 = (wb >> (bit + 4)) & 1u ? __ldg(values + base_b + __popc(wb & below_t4)) : 0.f;
+        const float4 v = PV ? vcur : tc_frag_values(values, cur, upper, bit, below_t, below_t4);
         float4 nlo[CH], nhi[CH];
         tc_load_rows<CH, VEC>(X, nxt, col0 + 4 * g, D, nlo, nhi);
+        if (PV) vcur = tc_frag_values(values, nxt, upper, bit, below_t, below_t4);
         const TcMeta after = tc_meta(block_ptr, block_cols, block_mask, b + 2 * nwarps, u.z, t);
-        const unsigned a[4] = {tc_tf32(v0), tc_tf32(v1), tc_tf32(v2), tc_tf32(v3)};
+        const unsigned a[4] = {tc_tf32(v.x), tc_tf32(v.y), tc_tf32(v.z), tc_tf32(v.w)};
 #pragma unroll
         for (int c = 0; c < CH; ++c) {
             tc_mma(acc[c][0], a, tc_tf32(lo[c].x), tc_tf32(hi[c].x));
@@ -477,8 +489,8 @@ def _b(v):
     return "true" if v else "false"
 
 
-def spmm_tf32_name(chunks, vec):
-    return f"tcgnn_spmm_tf32<{chunks}, {_b(vec)}>"
+def spmm_tf32_name(chunks, vec, prefetch_values=True):
+    return f"tcgnn_spmm_tf32<{chunks}, {_b(vec)}, {_b(prefetch_values)}>"
 
 
 def sddmm_tf32_name(vec):
@@ -498,7 +510,7 @@ def fixup_name(value_type):
 
 
 def _tf32_names():
-    names = [spmm_tf32_name(c, v) for c in TF32_CHUNKS for v in (True, False)]
+    names = [spmm_tf32_name(c, v, pv) for c in TF32_CHUNKS for v in (True, False) for pv in (True, False)]
     names += [sddmm_tf32_name(v) for v in (True, False)]
     return names + [fixup_name("float32")]
 
