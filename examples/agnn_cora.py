@@ -10,9 +10,9 @@ reports 83.1 %; this asserts >= 80 %.
     python examples/agnn_cora.py --device cpu --epochs 50 --min-accuracy 0.7
 """
 
-from _cora_common import device_name, load, parse_args, report
+from _common import device_name, load, parse_args, report
 
-args = parse_args(__doc__.splitlines()[0])
+args = parse_args(__doc__.splitlines()[0], training=True)
 
 import tcgnn_py as tg  # noqa: E402  (after --device has set TCGNN_PY_DEVICE)
 

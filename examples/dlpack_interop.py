@@ -11,10 +11,10 @@ tensor-core SpMM and the GNN layers directly.
 Exits 0 with a "skipped" line when JAX (with a GPU) is not installed.
 """
 
-import argparse
 import sys
 
 import numpy as np
+from _common import parse_args
 
 
 def jax_framework():
@@ -42,11 +42,11 @@ def pick():
 
 
 def main():
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    args = parse_args(__doc__.splitlines()[0])
     import tcgnn_py as tg
 
-    if not tg.gpu_available():
-        print("skipped: tcgnn_py has no usable GPU here")
+    if args.device == "cpu" or not tg.gpu_available():
+        print("skipped: this example moves GPU arrays, and tcgnn_py runs on the CPU here")
         return
     g = tg.load_cora()
     A = tg.nn.gcn_norm(g.adj)  # a TiledMatrix on the GPU

@@ -8,9 +8,9 @@ training nodes).  The paper reports 81.5 % test accuracy; this asserts >= 80 %.
     python examples/gcn_cora.py --device cpu --epochs 50 --min-accuracy 0.7
 """
 
-from _cora_common import device_name, load, parse_args, report
+from _common import device_name, load, parse_args, report
 
-args = parse_args(__doc__.splitlines()[0])
+args = parse_args(__doc__.splitlines()[0], training=True)
 
 import tcgnn_py as tg  # noqa: E402  (after --device has set TCGNN_PY_DEVICE)
 

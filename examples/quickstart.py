@@ -3,18 +3,22 @@
 Runs anywhere: on a GPU through the Numba/CuPy path, elsewhere through the
 NumPy reference path (with one NoGPUWarning).
 
-    python examples/quickstart.py
+    python examples/quickstart.py [--device auto|cuda|cpu]
 """
 
 import time
 import warnings
 
 import numpy as np
-
-import tcgnn_py as tg
+from _common import parse_args
 
 
 def main():
+    args = parse_args(__doc__.splitlines()[0])
+    import tcgnn_py as tg
+
+    if args.device == "cpu":
+        print("--device cpu: the NumPy reference path")
     g = tg.load_cora()
     A = g.adj
     with warnings.catch_warnings():

@@ -109,14 +109,25 @@ def gpu_available():
     return _probe()[0]
 
 
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _user_stacklevel():
+    """``stacklevel`` of the first caller outside tcgnn_py, so a warning points at the user's line."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 @functools.cache
 def warn_no_gpu():
-    """Warn, once per process, that the reference path is in use."""
+    """Warn, once per process, that the reference path is in use (at the user's line)."""
     warnings.warn(
         f"tcgnn_py: no usable GPU ({_probe()[1]}); using the NumPy reference path. "
         "Results are exact but slow.",
         NoGPUWarning,
-        stacklevel=3,
+        stacklevel=_user_stacklevel(),
     )
 
 

@@ -37,6 +37,7 @@ __all__ = [
     "scores",
     "stage1_order",
     "pair_gains",
+    "segment_index",
     "freshtop",
     "stage2_swaps",
     "apply_swaps",
@@ -163,12 +164,23 @@ def stage1_order(vrow, tokens, n):
     return np.array(sorted(range(n), key=keys.__getitem__), dtype=np.int64)
 
 
-def _segment_bits(vrow, vseg, bits, s):
-    sel = vseg == s
+def _segment_bits(vrow, vseg, bits, s, index=None):
+    if index is not None:  # (order by segment, segment pointer): O(1) slices instead of a scan
+        order, ptr = index
+        sel = order[ptr[s] : ptr[s + 1]]
+    else:
+        sel = vseg == s
     return vrow[sel], bits[sel]
 
 
-def pair_gains(vrow, vseg, bits, a, b, pattern):
+def segment_index(vseg, n_seg):
+    """``(order, ptr)``: vectors grouped by segment (stable), for :func:`pair_gains`'s ``index``."""
+    order = np.argsort(vseg, kind="stable")
+    ptr = np.searchsorted(vseg[order], np.arange(n_seg + 1))
+    return order, ptr
+
+
+def pair_gains(vrow, vseg, bits, a, b, pattern, index=None):
     """Gains of swapping vertex ``a*M+u`` with ``b*M+v``, for all u, v.
 
     Returns ``(prim, targ, excess)``: int64 ``M x M`` arrays.  ``prim`` and
@@ -181,8 +193,8 @@ def pair_gains(vrow, vseg, bits, a, b, pattern):
     one, and starts when it had N and gains one.
     """
     _, N, M = pattern
-    ra, xa_bits = _segment_bits(vrow, vseg, bits, a)
-    rb, yb_bits = _segment_bits(vrow, vseg, bits, b)
+    ra, xa_bits = _segment_bits(vrow, vseg, bits, a, index)
+    rb, yb_bits = _segment_bits(vrow, vseg, bits, b, index)
     R = np.union1d(ra, rb)
     X = np.zeros(R.size, np.uint32)
     Y = np.zeros(R.size, np.uint32)
@@ -194,12 +206,14 @@ def pair_gains(vrow, vseg, bits, a, b, pattern):
     pa = np.bitwise_count(X)[:, None]
     pb = np.bitwise_count(Y)[:, None]
 
+    nx, ny = 1 - x, 1 - y
+
     def gain(lose, gain_if):
         # rows where x=1, y=0 lose one nonzero in a; rows where x=0, y=1 gain one
-        return (x * lose(pa)).T @ (1 - y) - ((1 - x) * gain_if(pa)).T @ y
+        return (x * lose(pa)).T @ ny - (nx * gain_if(pa)).T @ y
 
     def gain_b(lose, gain_if):
-        return ((1 - x) * lose(pb)).T @ y - (x * gain_if(pb)).T @ (1 - y)
+        return (nx * lose(pb)).T @ y - (x * gain_if(pb)).T @ ny
 
     prim = gain(lambda p: p == N + 1, lambda p: p == N)
     targ = gain_b(lambda p: p == N + 1, lambda p: p == N)
@@ -217,10 +231,10 @@ def freshtop(total, excess, used_a, used_b):
     if not ok.any():
         return None
     M = total.shape[1]
-    q = np.arange(M * M).reshape(M, M)
-    keys = [(int(total[u, v]), int(excess[u, v]), -int(q[u, v])) for u, v in zip(*np.nonzero(ok))]
-    _, _, negq = max(keys)
-    return divmod(-negq, M)
+    cand = np.flatnonzero(ok)  # ascending u * M + v
+    t, e = total.reshape(-1)[cand], excess.reshape(-1)[cand]
+    best = cand[np.lexsort((-cand, e, t))[-1]]  # max gain, then max excess, then min u * M + v
+    return divmod(int(best), M)
 
 
 def _beneficial(total, excess, pick):
@@ -256,10 +270,11 @@ def stage2_swaps(vrow, vseg, bits, st, n, pattern):
     used = np.zeros(S * M, bool)
     used[n:] = True  # padding columns of the last segment are no vertices
     swaps = []
+    index = segment_index(vseg, S)
 
     def try_swap(a, b):
         """Best fresh swap between a and b, made if beneficial: (made, a's gain, b's gain)."""
-        prim, targ, excess = pair_gains(vrow, vseg, bits, a, b, pattern)
+        prim, targ, excess = pair_gains(vrow, vseg, bits, a, b, pattern, index)
         total = prim + targ
         pick = freshtop(total, excess, used[a * M : a * M + M], used[b * M : b * M + M])
         if pick is None or not _beneficial(total, excess, pick):

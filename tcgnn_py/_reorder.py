@@ -14,6 +14,7 @@ same permutation.
 
 import dataclasses
 import math
+import operator
 import sys
 import time
 import types
@@ -284,19 +285,30 @@ class NMReport:
         return self.mbscore == 0
 
     @property
+    def objective(self):
+        """The score the reorder minimises for this pattern: ``"pscore"`` for N:M, ``"mbscore"`` for V:N:M."""
+        return "pscore" if self.pattern.V == 1 else "mbscore"
+
+    @property
     def improvement_rate(self):
-        """``(initial - final) / initial`` PScore; NaN without initial violations."""
-        if self.initial_pscore is None or self.initial_pscore == 0:
+        """``(initial - final) / initial`` of :attr:`objective` (PScore for N:M, MBScore for V:N:M).
+
+        NaN without initial violations.  For V:N:M the reorder trades PScore for
+        MBScore, so PScore may rise while this rate stays >= 0.
+        """
+        initial = self.initial_pscore if self.objective == "pscore" else self.initial_mbscore
+        final = self.pscore if self.objective == "pscore" else self.mbscore
+        if initial is None or initial == 0:
             return math.nan
-        return (self.initial_pscore - self.pscore) / self.initial_pscore
+        return (initial - final) / initial
 
     def __str__(self):
         s = f"{self.pattern}: PScore {self.pscore}, MBScore {self.mbscore}"
         if self.initial_pscore is not None:
             s = (
-                f"{self.pattern}: PScore {self.initial_pscore} -> {self.pscore} "
-                f"({self.improvement_rate:.2%} removed), MBScore {self.initial_mbscore} -> "
-                f"{self.mbscore}, {self.iterations} iterations, {self.time_s:.3f} s"
+                f"{self.pattern}: PScore {self.initial_pscore} -> {self.pscore}, MBScore {self.initial_mbscore} -> "
+                f"{self.mbscore} ({self.improvement_rate:.2%} of {self.objective.replace('score', 'Score').replace('pS', 'PS').replace('mbS', 'MBS')} removed), "
+                f"{self.iterations} iterations, {self.time_s:.3f} s"
             )
         return s + (", conforming" if self.conforming else ", not conforming")
 
@@ -371,17 +383,20 @@ class Permutation:
         return self._device[key]
 
     def _check_rows(self, X, what):
+        if not (hasattr(X, "shape") and hasattr(X, "ndim")):
+            X = np.asarray(X)  # any array-like: a list becomes a NumPy array
         if X.ndim < 1 or X.shape[0] != len(self):
             raise ValueError(f"{what}: expected {len(self)} rows, got shape {X.shape}")
+        return X
 
     def apply_rows(self, X):
-        """``X[perm]``: rows (node features) in the new order; NumPy or CuPy."""
-        self._check_rows(X, "apply_rows")
+        """``X[perm]``: rows (node features) in the new order; NumPy, CuPy or any array-like."""
+        X = self._check_rows(X, "apply_rows")
         return X[self._index(X)]
 
     def undo_rows(self, Y):
         """``Y[inverse_perm]``: rows of a result back in the original order."""
-        self._check_rows(Y, "undo_rows")
+        Y = self._check_rows(Y, "undo_rows")
         return Y[self._index(Y, inverse=True)]
 
     def apply(self, A):
@@ -393,6 +408,8 @@ class Permutation:
         data, indices, indptr, shape = coerce_csr(A, (len(self),) * 2 if isinstance(A, tuple) else None)
         if shape != (len(self), len(self)):
             raise ValueError(f"apply: expected a {len(self)}x{len(self)} matrix, got {shape}")
+        # The same checks and wording as TiledMatrix: a negative index would wrap around silently.
+        data, indices, indptr = check_csr_arrays(data, indices, indptr, shape, full_check=True)
         perm = self._index(indices)
         if array_module(indices) is not np:
             perm = perm.astype(indices.dtype)
@@ -403,13 +420,24 @@ class Permutation:
         return out if A.format == "csr" else out.asformat(A.format)
 
 
-def _prepare(A, pattern, device):
-    """Validated structure arrays on the chosen backend's device."""
-    pattern = check_pattern(pattern)
-    data, indices, indptr, shape = coerce_csr(A)
+def _square_csr(A, n=None):
+    """Validated CSR arrays of a square matrix; a ``(data, indices, indptr)`` tuple is ``n x n``
+    with ``n = len(indptr) - 1`` unless ``n`` is given.  Indices are checked before the shape."""
+    if isinstance(A, tuple) and len(A) == 3:
+        n = len(A[2]) - 1 if n is None else n
+        data, indices, indptr, shape = coerce_csr(A, (n, n))
+    else:
+        data, indices, indptr, shape = coerce_csr(A)
     if shape[0] != shape[1]:
         raise ValueError(f"the reorder renumbers the vertices of a graph: A must be square, got {shape}")
     data, indices, indptr = check_csr_arrays(data, indices, indptr, shape)
+    return data, indices, indptr, shape
+
+
+def _prepare(A, pattern, device):
+    """Validated structure arrays on the chosen backend's device."""
+    pattern = check_pattern(pattern)
+    data, indices, indptr, shape = _square_csr(A)
     n = shape[0]
     gpu = use_gpu(device)
     if gpu:
@@ -475,6 +503,19 @@ def _logger(verbose, t0):
     return log
 
 
+def _count(name, value, minimum=1):
+    """An int argument ``>= minimum``, with its name in the error."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got bool")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
 def reorder(A, pattern="2:4", *, max_iter=1000, stage_iter=10, patience=8, verbose=None, device=None):
     """Renumber a graph's vertices so its adjacency meets an N:M / V:N:M pattern.
 
@@ -515,6 +556,9 @@ def reorder(A, pattern="2:4", *, max_iter=1000, stage_iter=10, patience=8, verbo
     True
     """
     t0 = time.perf_counter()
+    max_iter, stage_iter, patience = (
+        _count(name, v) for name, v in (("max_iter", max_iter), ("stage_iter", stage_iter), ("patience", patience))
+    )
     pattern, backend = _prepare(A, pattern, device)
     initial, best, it = _run(backend, max_iter, stage_iter, patience, _logger(verbose, t0))
     perm = backend.host(best.perm)

@@ -1,8 +1,21 @@
 """Layer 0: synthetic graphs for tests and benchmarks."""
 
+import operator
+
 import numpy as np
 
 __all__ = ["power_law_graph", "uniform_graph", "banded_graph"]
+
+
+def _count(name, value, minimum):
+    """An int argument ``>= minimum``, with its name in the error."""
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
 
 
 def power_law_graph(n_nodes, n_edges, exponent=2.1, seed=0, symmetric=False):
@@ -19,8 +32,12 @@ def power_law_graph(n_nodes, n_edges, exponent=2.1, seed=0, symmetric=False):
     >>> A.shape, A.nnz, A.has_canonical_format
     ((1000, 1000), 5000, True)
     """
+    n_nodes = _count("n_nodes", n_nodes, minimum=1)
+    n_edges = _count("n_edges", n_edges, minimum=0)
     if n_edges > n_nodes * n_nodes:
-        raise ValueError(f"{n_edges} edges do not fit {n_nodes} nodes")
+        raise ValueError(f"n_edges: {n_edges} edges do not fit {n_nodes} nodes")
+    if not exponent > 1:
+        raise ValueError(f"exponent must be > 1, got {exponent!r}")
     rng = np.random.default_rng(seed)
     w = (np.arange(1, n_nodes + 1, dtype=np.float64)) ** (-1.0 / (exponent - 1.0))
     cdf = np.cumsum(w)
@@ -62,8 +79,10 @@ def uniform_graph(n_nodes, n_edges, seed=0):
     >>> A.shape, A.nnz
     ((1000, 1000), 5000)
     """
+    n_nodes = _count("n_nodes", n_nodes, minimum=1)
+    n_edges = _count("n_edges", n_edges, minimum=0)
     if n_edges > n_nodes * n_nodes:
-        raise ValueError(f"{n_edges} edges do not fit {n_nodes} nodes")
+        raise ValueError(f"n_edges: {n_edges} edges do not fit {n_nodes} nodes")
     rng = np.random.default_rng(seed)
     keys = np.unique(rng.integers(0, n_nodes * n_nodes, n_edges + n_edges // 8 + 16, dtype=np.int64))
     while keys.shape[0] < n_edges:

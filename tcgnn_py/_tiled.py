@@ -37,8 +37,9 @@ class TiledMatrix:
     A : sparse array or matrix, or tuple
         A ``scipy.sparse`` array/matrix (any format), a ``cupyx.scipy.sparse``
         matrix, a ``TiledMatrix``, or ``(data, indices, indptr)`` CSR arrays.
-        Duplicates are summed, indices need not be sorted, explicit zeros are
-        kept as stored entries.
+        Duplicates are summed after the values are cast to the value dtype
+        (below), for every input format; indices need not be sorted, explicit
+        zeros are kept as stored entries.
     shape : tuple of int, optional
         Needed for ``(data, indices, indptr)`` (inferred like scipy otherwise).
     dtype : dtype, optional
@@ -76,7 +77,7 @@ class TiledMatrix:
             data, indices, indptr = A.csr_arrays()
             shape = A.shape
         else:
-            data, indices, indptr, shape = coerce_csr(A, shape)
+            data, indices, indptr, shape = coerce_csr(A, shape, cast=lambda dt: value_dtype(dt if dtype is None else dtype))
         vdtype = value_dtype(data.dtype if dtype is None else dtype)
         if on_device:
             cp = get_cupy()

@@ -55,8 +55,8 @@ def check_tile_shape(tile_shape):
     """Validate ``(window, block)``; the kernels need powers of two up to 32."""
     try:
         window, block = (operator.index(v) for v in tile_shape)
-    except TypeError:
-        raise TypeError(f"tile_shape must be a pair of ints, got {tile_shape!r}") from None
+    except (TypeError, ValueError):
+        raise TypeError(f"tile_shape must be a pair of ints (window, block), got {tile_shape!r}") from None
     for name, v in (("window height", window), ("block width", block)):
         if v < 1 or v > 32 or v & (v - 1):
             raise ValueError(f"{name} must be a power of two in [1, 32], got {v}")
@@ -123,23 +123,30 @@ def _shape2(shape):
     return m, n
 
 
-def coerce_csr(A, shape=None):
+def coerce_csr(A, shape=None, cast=None):
     """Return ``(data, indices, indptr, shape)`` from any supported sparse input.
 
     Arrays stay where they are: NumPy for scipy input, CuPy for cupyx input or a
-    tuple of device arrays.  Values are not yet cast.
+    tuple of device arrays.  ``cast`` (input dtype -> value dtype) is applied to
+    a non-CSR input *before* converting it, so duplicates are summed in the value
+    dtype whatever the format (CSR input and tuples keep their duplicates here and
+    are cast by the caller before summing).  Without ``cast`` values keep their dtype.
     """
     import scipy.sparse as sp
 
     if sp.issparse(A):
         if A.ndim != 2:
             raise ValueError(f"expected a 2-D sparse array, got {A.ndim}-D")
+        if cast is not None and A.format != "csr":
+            A = A.astype(cast(A.dtype))
         csr = A.tocsr()
         out_shape = csr.shape if shape is None else _shape2(shape)
         if out_shape != csr.shape:
             raise ValueError(f"shape {out_shape} does not match the sparse input's {csr.shape}")
         return csr.data, csr.indices, csr.indptr, out_shape
     if _is_cupyx_sparse(A):
+        if cast is not None and A.format != "csr":
+            A = A.astype(cast(A.dtype))
         csr = A.tocsr()
         return csr.data, csr.indices, csr.indptr, tuple(csr.shape)
     if isinstance(A, tuple) and len(A) == 3:

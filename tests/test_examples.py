@@ -56,3 +56,17 @@ def test_dlpack_example():
 def test_dlpack_example_skips_cleanly_without_a_gpu():
     res = run_example("dlpack_interop.py")
     assert res.returncode == 0 and res.stdout.startswith("skipped"), res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("name", ["quickstart.py", "dlpack_interop.py", "gcn_cora.py", "agnn_cora.py"])
+def test_every_example_takes_the_same_device_flag(name):
+    res = run_example(name, "--help")
+    assert res.returncode == 0 and "--device {auto,cuda,cpu}" in res.stdout, res.stdout
+
+
+def test_device_cpu_is_honoured():
+    res = run_example("quickstart.py", "--device", "cpu")
+    assert res.returncode == 0 and "--device cpu: the NumPy reference path" in res.stdout, res.stderr
+    assert "no GPU: reference path" in res.stdout
+    res = run_example("dlpack_interop.py", "--device", "cpu")
+    assert res.returncode == 0 and "skipped" in res.stdout, res.stderr

@@ -29,3 +29,14 @@ def test_import_is_light():
     code = "import sys, tcgnn_py; print('numba' in sys.modules, 'cupy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_power_law_graph_arguments():
+    import pytest
+
+    for args, error, message in [((-5, 10), ValueError, "n_nodes must be >= 1"), ((0, 0), ValueError, "n_nodes"),
+                                 ((10, -1), ValueError, "n_edges must be >= 0"), ((10, 101), ValueError, "n_edges"),
+                                 ((10.5, 3), TypeError, "n_nodes must be an int")]:
+        with pytest.raises(error, match=message):
+            tg.power_law_graph(*args)
+    assert tg.power_law_graph(1, 1).nnz == 1

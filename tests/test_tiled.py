@@ -282,3 +282,56 @@ def test_end_to_end_unsorted_duplicates_on_gpu():
         np.testing.assert_array_equal(R.indices, C.indices)
         np.testing.assert_array_equal(R.data, C.data)
         np.testing.assert_array_equal(T.T.toarray(), C.toarray().T)
+
+
+# --- bad input and dtype rules (issue 14) -------------------------------------------------------
+
+
+def test_duplicates_are_summed_in_the_value_dtype_for_every_format():
+    rows, cols = np.array([0, 0]), np.array([1, 1])
+    for vals, want in ((np.array([100, 100], np.int8), 200.0), (np.array([True, True]), 2.0)):
+        forms = [
+            sp.coo_array((vals, (rows, cols)), shape=(2, 2)),
+            sp.coo_matrix((vals, (rows, cols)), shape=(2, 2)),
+            sp.csr_array((vals, cols, np.array([0, 2, 2])), shape=(2, 2)),
+            (vals, cols, np.array([0, 2, 2])),
+        ]
+        for A in forms:
+            T = tg.TiledMatrix(A, shape=(2, 2)) if isinstance(A, tuple) else tg.TiledMatrix(A)
+            assert T.toarray()[0, 1] == want, (type(A).__name__, vals.dtype)
+
+
+def test_tile_shape_must_be_a_pair():
+    with pytest.raises(TypeError, match="tile_shape must be a pair of ints"):
+        tg.TiledMatrix(sp.eye_array(3, format="csr"), tile_shape=(16,))
+
+
+def test_device_argument():
+    A = sp.eye_array(3, format="csr")
+    assert tg.TiledMatrix(A, device="cpu").device == "cpu"
+    with pytest.raises(ValueError, match="device must be None, 'cuda' or 'cpu'"):
+        tg.TiledMatrix(A, device="gpu")
+    if not GPU:
+        with pytest.raises(RuntimeError, match="device='cuda'"):
+            tg.TiledMatrix(A, device="cuda")
+
+
+def test_len_points_to_real_attributes():
+    with pytest.raises(TypeError, match=r"use \.nnz or \.shape\[0\]"):
+        len(tg.TiledMatrix(sp.eye_array(3, format="csr")))
+
+
+@pytest.mark.skipif(GPU, reason="checks the no-GPU warning")
+def test_no_gpu_warning_points_at_the_callers_line(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "user.py"
+    script.write_text(
+        "import warnings, scipy.sparse as sp, tcgnn_py as tg\n"
+        "warnings.simplefilter('always')\n"
+        "A = tg.nn.gcn_norm(sp.eye_array(3, format='csr'))\n"
+    )
+    env = dict(__import__("os").environ, TCGNN_PY_DEVICE="cpu")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True, env=env)
+    assert f"{script}:3: NoGPUWarning" in out.stderr, out.stderr

@@ -1,0 +1,53 @@
+"""What every example shares: one command line convention (``--device auto|cuda|cpu``), Cora loading, reports."""
+
+import argparse
+import os
+import warnings
+
+
+def parse_args(description, *, training=False, default_min_acc=0.80, argv=None):
+    """Every example's arguments: ``--device``; training examples add epochs, seed and an accuracy floor.
+
+    Call it before importing tcgnn_py: ``--device cpu`` sets ``TCGNN_PY_DEVICE``,
+    which tcgnn_py reads at its first device probe.
+    """
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                   help="auto: the GPU when usable; cuda: fail without one; cpu: the NumPy reference path")
+    if training:
+        p.add_argument("--epochs", type=int, default=200, help="training epochs (default 200)")
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--min-accuracy", type=float, default=default_min_acc,
+                       help="fail below this test accuracy (default %(default)s)")
+    args = p.parse_args(argv)
+    if args.device == "cpu":
+        os.environ["TCGNN_PY_DEVICE"] = "cpu"
+        warnings.filterwarnings("ignore", message="tcgnn_py: no usable GPU")  # asked for
+    elif args.device == "cuda":
+        import tcgnn_py as tg
+
+        if not tg.gpu_available():
+            p.error("--device cuda: no usable GPU here")
+    return args
+
+
+def load(tg):
+    """Cora with row-normalised dense features (float32)."""
+    import numpy as np
+
+    g = tg.load_cora()
+    X = g.features.toarray().astype(np.float32)
+    X /= np.maximum(X.sum(axis=1, keepdims=True), 1)
+    return g, X
+
+
+def device_name(A):
+    return "GPU (CuPy, tensor cores)" if A.device == "cuda" else "CPU (NumPy reference path)"
+
+
+def report(name, r, epochs, device, min_acc):
+    print(f"{name} on Cora, {device}: {epochs} epochs")
+    print(f"  test accuracy {100 * r.test_acc:.1f}% (epoch {r.best_epoch + 1}, best validation "
+          f"{100 * r.val_acc:.1f}%); last epoch {100 * r.final_test_acc:.1f}%, loss {r.final_loss:.3f}")
+    print(f"  time per epoch {1e3 * r.epoch_time:.2f} ms (median training step)")
+    assert r.test_acc >= min_acc, f"test accuracy {r.test_acc:.3f} < {min_acc}"
