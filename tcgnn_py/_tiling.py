@@ -98,7 +98,7 @@ class Tiling:
     Examples
     --------
     >>> import numpy as np, scipy.sparse as sp, tcgnn_py as tg
-    >>> T = tg.TiledMatrix(sp.csr_array(np.eye(3, dtype=np.float32)))
+    >>> T = tg.TiledMatrix(sp.csr_array(np.eye(3, dtype=np.float32)), device="cpu")
     >>> t = T.tiling
     >>> t.shape, t.layout.tile_shape, t.n_windows, t.n_blocks, t.nnz, t.device
     ((3, 3), (16, 8), 1, 1, 3, 'cpu')

@@ -28,11 +28,11 @@ GPU = tcgnn_py.gpu_available()
 GPU_REASON = gpu_unusable_reason()
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-DATA_DIRS = [
-    pathlib.Path(p)
+DATA_DIRS = list(dict.fromkeys(
+    pathlib.Path(p).resolve()
     for p in (os.environ.get("TCGNN_PY_DATA"), ROOT / ".gpu" / "data", ROOT.parent / "shared" / "data")
     if p
-]
+))
 #: How to get the graphs a skipped test wanted.
 DATA_HINT = (
     "set TCGNN_PY_DATA to a folder of graphs (NAME/adj_csr.npz + meta.json), "
