@@ -14,7 +14,6 @@ same permutation.
 
 import dataclasses
 import math
-import operator
 import sys
 import time
 import types
@@ -26,7 +25,7 @@ from ._reference import edge_rows
 from ._device import array_module, to_host, use_gpu
 from .kernels.launch import THREADS_PER_BLOCK as _TPB
 from .kernels.launch import grid as _grid
-from ._validation import Pattern, check_csr_arrays, check_pattern, coerce_csr
+from ._validation import Pattern, check_count, check_csr_arrays, check_pattern, coerce_csr
 
 __all__ = ["Permutation", "NMReport", "reorder", "nm_report", "best_pattern"]
 
@@ -503,19 +502,6 @@ def _logger(verbose, t0):
     return log
 
 
-def _count(name, value, minimum=1):
-    """An int argument ``>= minimum``, with its name in the error."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got bool")
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
 def reorder(A, pattern="2:4", *, max_iter=1000, stage_iter=10, patience=8, verbose=None, device=None):
     """Renumber a graph's vertices so its adjacency meets an N:M / V:N:M pattern.
 
@@ -557,7 +543,7 @@ def reorder(A, pattern="2:4", *, max_iter=1000, stage_iter=10, patience=8, verbo
     """
     t0 = time.perf_counter()
     max_iter, stage_iter, patience = (
-        _count(name, v) for name, v in (("max_iter", max_iter), ("stage_iter", stage_iter), ("patience", patience))
+        check_count(name, v, 1) for name, v in (("max_iter", max_iter), ("stage_iter", stage_iter), ("patience", patience))
     )
     pattern, backend = _prepare(A, pattern, device)
     initial, best, it = _run(backend, max_iter, stage_iter, patience, _logger(verbose, t0))

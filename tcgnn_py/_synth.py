@@ -1,21 +1,10 @@
 """Layer 0: synthetic graphs for tests and benchmarks."""
 
-import operator
-
 import numpy as np
 
+from ._validation import check_count
+
 __all__ = ["power_law_graph", "uniform_graph", "banded_graph"]
-
-
-def _count(name, value, minimum):
-    """An int argument ``>= minimum``, with its name in the error."""
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 
 def power_law_graph(n_nodes, n_edges, exponent=2.1, seed=0, symmetric=False):
@@ -32,8 +21,8 @@ def power_law_graph(n_nodes, n_edges, exponent=2.1, seed=0, symmetric=False):
     >>> A.shape, A.nnz, A.has_canonical_format
     ((1000, 1000), 5000, True)
     """
-    n_nodes = _count("n_nodes", n_nodes, minimum=1)
-    n_edges = _count("n_edges", n_edges, minimum=0)
+    n_nodes = check_count("n_nodes", n_nodes, minimum=1)
+    n_edges = check_count("n_edges", n_edges, minimum=0)
     if n_edges > n_nodes * n_nodes:
         raise ValueError(f"n_edges: {n_edges} edges do not fit {n_nodes} nodes")
     if not exponent > 1:
@@ -79,8 +68,8 @@ def uniform_graph(n_nodes, n_edges, seed=0):
     >>> A.shape, A.nnz
     ((1000, 1000), 5000)
     """
-    n_nodes = _count("n_nodes", n_nodes, minimum=1)
-    n_edges = _count("n_edges", n_edges, minimum=0)
+    n_nodes = check_count("n_nodes", n_nodes, minimum=1)
+    n_edges = check_count("n_edges", n_edges, minimum=0)
     if n_edges > n_nodes * n_nodes:
         raise ValueError(f"n_edges: {n_edges} edges do not fit {n_nodes} nodes")
     rng = np.random.default_rng(seed)

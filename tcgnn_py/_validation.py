@@ -18,6 +18,7 @@ __all__ = [
     "check_csr_arrays",
     "value_dtype",
     "check_real_dtype",
+    "check_count",
     "check_tile_shape",
     "isscalarlike",
     "Pattern",
@@ -31,6 +32,19 @@ INDEX_MAX = np.iinfo(np.int32).max
 def isscalarlike(x):
     """scipy's test: a Python/NumPy scalar or a 0-d array."""
     return np.isscalar(x) or (getattr(x, "ndim", None) == 0 and getattr(x, "shape", None) == ())
+
+
+def check_count(name, value, minimum=0):
+    """An int argument ``>= minimum``, with its name in the error (bools refused)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got bool")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
 
 
 def check_real_dtype(dtype, what="value"):
