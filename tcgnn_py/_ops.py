@@ -163,7 +163,9 @@ TUNING = {
     "tf32_nwarps": (4, 4, 4),  # warps per CTA for 1, 2, 4 chunks
     "core_nwarps": 4,
     "blocks_per_warp": 16,  # a unit holds up to nwarps * this many blocks
-    "prefetch_values": True,  # TF32: load the next block's values with its X rows
+    "prefetch_values": True,  # TF32 register kernel: load the next block's values with its X rows
+    "tf32_async_stages": 2,  # cp.async kernel's blocks in flight per warp (0: the register kernel)
+    "tf32_async_min_blocks": 3,  # __launch_bounds__ minimum CTAs of 256 threads: 3 caps registers at 80
 }
 _TUNING_VERSION = [0]
 
@@ -271,15 +273,26 @@ def _spmm_launch(cp, tiling, mode, dtype, D, vec):
     if mode == "tf32":
         chunks = min(TUNING["tf32_max_chunks"], 1 if D <= 32 else 2 if D <= 64 else 4)
         nwarps = TUNING["tf32_nwarps"][{1: 0, 2: 1, 4: 2}[chunks]]
-        while nwarps > 1 and kp.tf32_spmm_smem(nwarps, chunks) > kp.SPMM_SMEM_LIMIT:
+        stages = TUNING["tf32_async_stages"]
+        min_blocks = TUNING["tf32_async_min_blocks"]
+        use_async = vec and (chunks, stages, min_blocks) in kp.TF32_ASYNC  # cp.async needs 16-byte aligned rows
+
+        def smem_of(nw):
+            return kp.tf32_async_smem(nw, chunks, stages) if use_async else kp.tf32_spmm_smem(nw, chunks)
+
+        while nwarps > 1 and smem_of(nwarps) > kp.SPMM_SMEM_LIMIT:
             nwarps //= 2
         family = "tf32"
         plan = spmm_plan(tiling, nwarps * TUNING["blocks_per_warp"])
         n_slabs = -(-D // (32 * chunks))
         # Slabs of one unit side by side (1-D grid): they share its metadata in L2.
+        if use_async:
+            kernel = get_kernel(family, kp.spmm_tf32_async_name(chunks, stages, min_blocks))
+        else:
+            kernel = get_kernel(family, kp.spmm_tf32_name(chunks, vec, TUNING["prefetch_values"]))
+        smem = smem_of(nwarps)
         launch = TF32SpmmLaunch(
-            get_kernel(family, kp.spmm_tf32_name(chunks, vec, TUNING["prefetch_values"])), (plan["units"].shape[0] * n_slabs, 1),
-            (32 * nwarps,), kp.tf32_spmm_smem(nwarps, chunks), plan["units"],
+            kernel, (plan["units"].shape[0] * n_slabs, 1), (32 * nwarps,), smem, plan["units"],
             tiling.cached("mask", lambda: block_mask(cp, tiling.block_ptr, tiling.tile_pos, tiling.n_blocks)),
             n_slabs,
         )

@@ -65,9 +65,19 @@ def poisoned_sddmm(cp, T, Xa, Xb, precision=None, multiply=False, dtype=np.float
 # --- SpMM --------------------------------------------------------------------
 
 
+@pytest.fixture(params=[(0, 1), (2, 1), (2, 3), (3, 3), (4, 4)],
+                ids=["registers", "async2", "async2-80reg", "async3-80reg", "async4-64reg"])
+def tf32_kernel(request):
+    """Run a test with each TF32 SpMM kernel: the register pipeline, and cp.async with 2-4 stages."""
+    before = _ops.TUNING["tf32_async_stages"], _ops.TUNING["tf32_async_min_blocks"]
+    _ops.set_tuning(tf32_async_stages=request.param[0], tf32_async_min_blocks=request.param[1])
+    yield request.param
+    _ops.set_tuning(tf32_async_stages=before[0], tf32_async_min_blocks=before[1])
+
+
 @pytest.mark.parametrize("N", NS)
 @pytest.mark.parametrize("D", DS)
-def test_spmm_exact_integers(cp, N, D):
+def test_spmm_exact_integers(cp, tf32_kernel, N, D):
     rng = np.random.default_rng()
     A = int_graph(rng, N, N)
     X = ints(rng, N, D)
@@ -79,7 +89,7 @@ def test_spmm_exact_integers(cp, N, D):
 
 @pytest.mark.parametrize("N", [1000, 16 * 1000 + 5])
 @pytest.mark.parametrize("D", [3, 17, 64, 130, 256])
-def test_spmm_random_floats(cp, N, D):
+def test_spmm_random_floats(cp, tf32_kernel, N, D):
     rng = np.random.default_rng()
     A = int_graph(rng, N, N, degree=20)
     A.data[:] = rng.standard_normal(A.nnz)
@@ -97,7 +107,7 @@ def test_spmm_random_floats(cp, N, D):
     assert rel_err(got64, want) <= TOL["fp64"]
 
 
-def test_spmm_star_hub_200k(cp):
+def test_spmm_star_hub_200k(cp, tf32_kernel):
     A = star(200_000)
     rng = np.random.default_rng()
     T = tg.TiledMatrix(A, dtype=np.float32)
@@ -113,7 +123,7 @@ def test_spmm_star_hub_200k(cp):
 
 
 @pytest.mark.parametrize("shape", [(1000, 3000), (3000, 1000), (17, 40_000), (40_000, 17)])
-def test_spmm_rectangular(cp, shape):
+def test_spmm_rectangular(cp, tf32_kernel, shape):
     rng = np.random.default_rng()
     A = int_graph(rng, *shape)
     for D in (64, 130):
@@ -216,7 +226,7 @@ def test_spmm_nonfinite_fp32_matches_scipy(cp):
     np.testing.assert_array_equal(poisoned_spmm(cp, T, cp.asarray(X), "fp32"), want)
 
 
-def test_tf32_fragments_place_every_tile_position(cp):
+def test_tf32_fragments_place_every_tile_position(cp, tf32_kernel):
     """Each of a 16x8 tile's 128 positions carries a distinct value, read back through one-hot X.
 
     Replaces a Python copy of the kernel's fragment arithmetic (which could

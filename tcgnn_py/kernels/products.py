@@ -40,6 +40,9 @@ __all__ = [
     "SDDMM_WARPS",
     "SDDMM_TF32_SMEM_PER_WARP",
     "spmm_tf32_name",
+    "spmm_tf32_async_name",
+    "tf32_async_smem",
+    "TF32_ASYNC",
     "sddmm_tf32_name",
     "spmm_core_name",
     "sddmm_core_name",
@@ -217,6 +220,38 @@ __device__ __forceinline__ void tc_load_rows(const float* __restrict__ X, const 
     }
 }
 
+// Cross-warp sum of the CTA's accumulators, then one store per output element
+// (Y, or the unit's partial tile when its window is split).  red[(warp, c, q)][lane]
+// as float4: consecutive lanes hit consecutive 16-byte words, so both the writes
+// and the reads are conflict-free.
+template <int CH, bool VEC>
+__device__ __forceinline__ void tc_cta_sum_store(const float (&acc)[CH][4][4], float4* red, int4 u, int col0, int M,
+                                                 int D, float* __restrict__ Y, float* __restrict__ partial) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    const int per = CH * 4 * 32;
+#pragma unroll
+    for (int c = 0; c < CH; ++c)
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+            red[(warp * CH * 4 + c * 4 + q) * 32 + lane] =
+                make_float4(acc[c][0][q], acc[c][1][q], acc[c][2][q], acc[c][3][q]);
+    __syncthreads();
+    for (int i = threadIdx.x; i < per; i += blockDim.x) {
+        float4 s = red[i];
+        for (int w = 1; w < nwarps; ++w) s = tc_add4(s, red[w * per + i]);
+        // Which output the float4 holds: lane l = (g, t), register pair q.
+        const int l = i & 31, q = (i >> 5) & 3, c = i >> 7;
+        const int r = (l >> 2) + ((q >> 1) << 3);
+        const int col = col0 + c * 32 + ((l & 3) << 3) + ((q & 1) << 2);
+        if (u.w < 0) {
+            const long long row = (long long)u.x * 16 + r;
+            if (row < M) tc_store4<VEC>(Y + (size_t)row * D, col, D, s);
+        } else {
+            tc_store4<VEC>(partial + ((size_t)u.w * 16 + r) * D, col, D, s);
+        }
+    }
+}
+
 // The four A-fragment values lane (g, t) holds for a block (zeros where the mask has no entry).
 __device__ __forceinline__ float4 tc_frag_values(const float* __restrict__ values, const TcMeta& m, bool upper,
                                                  unsigned bit, unsigned below_t, unsigned below_t4) {
@@ -289,31 +324,149 @@ tcgnn_spmm_tf32(const int4* __restrict__ units, const int* __restrict__ block_pt
         nxt = after;
     }
 
-    // Cross-warp sum.  red[(warp, c, q)][lane] as float4: consecutive lanes hit
-    // consecutive 16-byte words, so both the writes and the reads are conflict-free.
-    float4* red = tc_smem;
-    const int per = CH * 4 * 32;
+    tc_cta_sum_store<CH, VEC>(acc, tc_smem, u, col0, M, D, Y, partial);
+}
+
+// ---------------------------------------------------------------------------
+// TF32 SpMM with cp.async gathers (same tiles, plan, outputs and fixup as
+// tcgnn_spmm_tf32; 16-byte aligned rows only, D % 4 == 0).
+// Nsight Compute on blogcatalog3 (D = 128) showed tcgnn_spmm_tf32 latency-bound:
+// 98 registers/thread, 23 % achieved occupancy, long-scoreboard stalls, L2 at
+// 34 % -- a warp keeps only about two blocks of X rows in flight, in registers.
+// Here the X rows of the next NS - 1 blocks travel global -> shared through
+// cp.async, which holds no registers while in flight, so each warp keeps NS
+// blocks of gathers outstanding at fewer registers.  The copies are coalesced
+// (lane L copies 16 bytes of slot L / 8 (and L / 8 + 4), a quarter-warp one
+// row's 128 contiguous bytes); the fragments are read from shared memory, rows
+// padded by 8 floats so that lanes (g, t) reading rows t and t + 4 at 4g hit
+// distinct banks.  Each warp owns its stages; __syncwarp orders them.
+__device__ __forceinline__ unsigned tc_smem_addr(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// 16 bytes global -> shared; src_bytes == 0 writes zeros without reading.
+__device__ __forceinline__ void tc_cp_async16(unsigned dst, const float* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+__device__ __forceinline__ void tc_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+template <int N>
+__device__ __forceinline__ void tc_cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+struct TcEM {
+    int e0;
+    uint4 mk;
+};
+
+__device__ __forceinline__ TcEM tc_em(const int* __restrict__ block_ptr, const uint4* __restrict__ block_mask, int b,
+                                      int end) {
+    TcEM m = {0, make_uint4(0u, 0u, 0u, 0u)};
+    if (b < end) {
+        m.e0 = block_ptr[b];
+        m.mk = block_mask[b];
+    }
+    return m;
+}
+
+__device__ __forceinline__ float4 tc_frag_values_em(const float* __restrict__ values, const TcEM& m, bool upper,
+                                                    unsigned bit, unsigned below_t, unsigned below_t4) {
+    TcMeta mm = {m.e0, -1, -1, m.mk};
+    return tc_frag_values(values, mm, upper, bit, below_t, below_t4);
+}
+
+// Rows this lane copies for block b: slots s and s + 4 (padding slots and blocks past the end: -1).
+__device__ __forceinline__ int2 tc_copy_cols(const int* __restrict__ block_cols, int b, int end, int s) {
+    return b < end ? make_int2(block_cols[b * 8 + s], block_cols[b * 8 + s + 4]) : make_int2(-1, -1);
+}
+
+template <int CH>
+__device__ __forceinline__ void tc_issue_rows(float* stage, const float* __restrict__ X, int2 rows, int s, int off,
+                                              int col0, int D) {
+    constexpr int RS = 32 * CH + 8;
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+        const int col = col0 + c * 32 + off;
+        const bool in = col < D;  // D % 4 == 0: the 4 floats are all in or all out
+        const int lo_bytes = (rows.x >= 0 && in) ? 16 : 0, hi_bytes = (rows.y >= 0 && in) ? 16 : 0;
+        const float* plo = lo_bytes ? X + (size_t)rows.x * D + col : X;
+        const float* phi = hi_bytes ? X + (size_t)rows.y * D + col : X;
+        tc_cp_async16(tc_smem_addr(stage + s * RS + c * 32 + off), plo, lo_bytes);
+        tc_cp_async16(tc_smem_addr(stage + (s + 4) * RS + c * 32 + off), phi, hi_bytes);
+    }
+}
+
+// MINB: CTAs of 256 threads per SM to budget registers for (3: at most 80 per thread, 4: 64).
+template <int CH, int NS, int MINB>
+__global__ void __launch_bounds__(256, MINB)
+tcgnn_spmm_tf32_async(const int4* __restrict__ units, const int* __restrict__ block_ptr,
+                      const int* __restrict__ block_cols, const uint4* __restrict__ block_mask,
+                      const float* __restrict__ values, const float* __restrict__ X,
+                      float* __restrict__ Y, float* __restrict__ partial, int M, int D, int n_slabs) {
+    extern __shared__ float4 tc_smem[];
+    constexpr int RS = 32 * CH + 8;  // floats per staged row
+    constexpr int STAGE = 8 * RS;     // floats per stage (one block's 8 rows)
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int unit = blockIdx.x / n_slabs, slab = blockIdx.x - unit * n_slabs;
+    const int4 u = units[unit];
+    const int col0 = slab * (32 * CH);
+    const bool upper = (g >> 2) != 0;
+    const unsigned bit = 8u * (g & 3) + t;
+    const unsigned below_t = (1u << bit) - 1u, below_t4 = (1u << (bit + 4)) - 1u;
+    const int cs = lane >> 3, coff = 4 * (lane & 7);  // this lane's copies: slots cs, cs + 4 at feature coff
+    float* stages = reinterpret_cast<float*>(tc_smem) + warp * NS * STAGE;
+
+    float acc[CH][4][4];
 #pragma unroll
     for (int c = 0; c < CH; ++c)
 #pragma unroll
-        for (int q = 0; q < 4; ++q)
-            red[(warp * CH * 4 + c * 4 + q) * 32 + lane] =
-                make_float4(acc[c][0][q], acc[c][1][q], acc[c][2][q], acc[c][3][q]);
-    __syncthreads();
-    for (int i = threadIdx.x; i < per; i += blockDim.x) {
-        float4 s = red[i];
-        for (int w = 1; w < nwarps; ++w) s = tc_add4(s, red[w * per + i]);
-        // Which output the float4 holds: lane l = (g, t), register pair q.
-        const int l = i & 31, q = (i >> 5) & 3, c = i >> 7;
-        const int r = (l >> 2) + ((q >> 1) << 3);
-        const int col = col0 + c * 32 + ((l & 3) << 3) + ((q & 1) << 2);
-        if (u.w < 0) {
-            const long long row = (long long)u.x * 16 + r;
-            if (row < M) tc_store4<VEC>(Y + (size_t)row * D, col, D, s);
-        } else {
-            tc_store4<VEC>(partial + ((size_t)u.w * 16 + r) * D, col, D, s);
-        }
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) acc[c][j][q] = 0.f;
+
+    // The warp's blocks are b_i = u.y + warp + i * nwarps, i < n.
+    const int first = u.y + warp;
+    const int n = first < u.z ? (u.z - first + nwarps - 1) / nwarps : 0;
+    int2 cq[NS];
+#pragma unroll
+    for (int j = 0; j < NS; ++j) cq[j] = tc_copy_cols(block_cols, first + j * nwarps, u.z, cs);
+#pragma unroll
+    for (int j = 0; j < NS - 1; ++j) {
+        tc_issue_rows<CH>(stages + j * STAGE, X, cq[j], cs, coff, col0, D);
+        tc_cp_commit();
     }
+    int2 cnext = cq[NS - 1];
+    TcEM nxt = tc_em(block_ptr, block_mask, first + nwarps, u.z);
+    float4 vcur = tc_frag_values_em(values, tc_em(block_ptr, block_mask, first, u.z), upper, bit, below_t, below_t4);
+    for (int i = 0; i < n; ++i) {  // warp-uniform: mma.sync needs all lanes
+        // Block i + NS - 1 into the stage that block i - 1 freed; then its successor's columns.
+        tc_issue_rows<CH>(stages + ((i + NS - 1) % NS) * STAGE, X, cnext, cs, coff, col0, D);
+        tc_cp_commit();
+        cnext = tc_copy_cols(block_cols, first + (i + NS) * nwarps, u.z, cs);
+        const float4 vnext = tc_frag_values_em(values, nxt, upper, bit, below_t, below_t4);
+        nxt = tc_em(block_ptr, block_mask, first + (i + 2) * nwarps, u.z);
+        tc_cp_wait<NS - 1>();  // this lane's copies of block i have landed
+        __syncwarp();          // ... and every other lane's
+        const float* st = stages + (i % NS) * STAGE;
+        const unsigned a[4] = {tc_tf32(vcur.x), tc_tf32(vcur.y), tc_tf32(vcur.z), tc_tf32(vcur.w)};
+#pragma unroll
+        for (int c = 0; c < CH; ++c) {
+            const float4 l = *reinterpret_cast<const float4*>(st + t * RS + c * 32 + 4 * g);
+            const float4 h = *reinterpret_cast<const float4*>(st + (t + 4) * RS + c * 32 + 4 * g);
+            tc_mma(acc[c][0], a, tc_tf32(l.x), tc_tf32(h.x));
+            tc_mma(acc[c][1], a, tc_tf32(l.y), tc_tf32(h.y));
+            tc_mma(acc[c][2], a, tc_tf32(l.z), tc_tf32(h.z));
+            tc_mma(acc[c][3], a, tc_tf32(l.w), tc_tf32(h.w));
+        }
+        vcur = vnext;
+        __syncwarp();  // the stage is refilled in the next iteration
+    }
+    tc_cp_wait<0>();
+    __syncthreads();  // the stages' memory becomes the cross-warp sum's
+    tc_cta_sum_store<CH, true>(acc, tc_smem, u, col0, M, D, Y, partial);
 }
 
 // ---------------------------------------------------------------------------
@@ -493,6 +646,19 @@ def spmm_tf32_name(chunks, vec, prefetch_values=True):
     return f"tcgnn_spmm_tf32<{chunks}, {_b(vec)}, {_b(prefetch_values)}>"
 
 
+#: (chunks, stages, min CTAs per SM) of the cp.async TF32 SpMM.
+TF32_ASYNC = tuple((c, ns, mb) for c in (1, 2) for ns in (2, 3, 4) for mb in (1, 3, 4))
+
+
+def spmm_tf32_async_name(chunks, stages, min_blocks=1):
+    return f"tcgnn_spmm_tf32_async<{chunks}, {stages}, {min_blocks}>"
+
+
+def tf32_async_smem(nwarps, chunks, stages):
+    """Bytes of ``tcgnn_spmm_tf32_async``: per warp ``stages`` x 8 padded rows, reused for the cross-warp sum."""
+    return max(nwarps * stages * 8 * (32 * chunks + 8) * 4, tf32_spmm_smem(nwarps, chunks))
+
+
 def sddmm_tf32_name(vec):
     return f"tcgnn_sddmm_tf32<{_b(vec)}>"
 
@@ -511,6 +677,7 @@ def fixup_name(value_type):
 
 def _tf32_names():
     names = [spmm_tf32_name(c, v, pv) for c in TF32_CHUNKS for v in (True, False) for pv in (True, False)]
+    names += [spmm_tf32_async_name(c, ns, mb) for c, ns, mb in TF32_ASYNC]
     names += [sddmm_tf32_name(v) for v in (True, False)]
     return names + [fixup_name("float32")]
 
