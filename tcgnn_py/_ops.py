@@ -160,9 +160,9 @@ def spmm_raw(tiling, values, X, dtype, precision=None, out=None, casts=None):
 #: (launch parameters are cached per tiling under the tuning's version).
 TUNING = {
     "tf32_max_chunks": 2,  # column chunks of 32 per CTA (registers grow with it)
-    "tf32_nwarps": (4, 4, 4),  # warps per CTA for 1, 2, 4 chunks
+    "tf32_nwarps": None,  # warps per CTA for 1, 2, 4 chunks, e.g. (4, 4, 4); None: from the tiling (below)
     "core_nwarps": 4,
-    "blocks_per_warp": 16,  # a unit holds up to nwarps * this many blocks
+    "blocks_per_warp": None,  # a unit holds up to nwarps * this many blocks; None: from the tiling (below)
     "prefetch_values": True,  # TF32 register kernel: load the next block's values with its X rows
     "tf32_async_stages": 2,  # cp.async kernel's blocks in flight per warp (0: the register kernel)
     "tf32_async_min_blocks": 3,  # __launch_bounds__ minimum CTAs of 256 threads: 3 caps registers at 80
@@ -272,7 +272,12 @@ def _spmm_launch(cp, tiling, mode, dtype, D, vec):
     H, W = tiling.tile_shape
     if mode == "tf32":
         chunks = min(TUNING["tf32_max_chunks"], 1 if D <= 32 else 2 if D <= 64 else 4)
-        nwarps = TUNING["tf32_nwarps"][{1: 0, 2: 1, 4: 2}[chunks]]
+        n_slabs = -(-D // (32 * chunks))
+        nwarps, bpw = _tf32_work_shape(tiling, n_slabs)
+        if TUNING["tf32_nwarps"] is not None:
+            nwarps = TUNING["tf32_nwarps"][{1: 0, 2: 1, 4: 2}[chunks]]
+        if TUNING["blocks_per_warp"] is not None:
+            bpw = TUNING["blocks_per_warp"]
         stages = TUNING["tf32_async_stages"]
         min_blocks = TUNING["tf32_async_min_blocks"]
         use_async = vec and (chunks, stages, min_blocks) in kp.TF32_ASYNC  # cp.async needs 16-byte aligned rows
@@ -283,8 +288,7 @@ def _spmm_launch(cp, tiling, mode, dtype, D, vec):
         while nwarps > 1 and smem_of(nwarps) > kp.SPMM_SMEM_LIMIT:
             nwarps //= 2
         family = "tf32"
-        plan = spmm_plan(tiling, nwarps * TUNING["blocks_per_warp"])
-        n_slabs = -(-D // (32 * chunks))
+        plan = spmm_plan(tiling, max(nwarps * bpw, 1))
         # Slabs of one unit side by side (1-D grid): they share its metadata in L2.
         if use_async:
             kernel = get_kernel(family, kp.spmm_tf32_async_name(chunks, stages, min_blocks))
@@ -299,7 +303,7 @@ def _spmm_launch(cp, tiling, mode, dtype, D, vec):
     else:
         nwarps = TUNING["core_nwarps"]
         family = "core"
-        plan = spmm_plan(tiling, nwarps * TUNING["blocks_per_warp"])
+        plan = spmm_plan(tiling, nwarps * (TUNING["blocks_per_warp"] or 16))
         launch = CoreSpmmLaunch(
             get_kernel(family, kp.spmm_core_name(dtype.name, H, tiling.tile_pos.dtype.name)),
             (plan["units"].shape[0], -(-D // 32)), (32 * nwarps,), kp.core_spmm_smem(nwarps, H, dtype.itemsize),
@@ -310,6 +314,35 @@ def _spmm_launch(cp, tiling, mode, dtype, D, vec):
         fixup = Fixup(get_kernel(family, kp.fixup_name(dtype.name)), fix_grid, plan["splits"], plan["n_slots"])
         launch = launch._replace(fixup=fixup)
     return launch
+
+
+#: Windows of at most this many blocks stay whole (one unit each, no partial tiles, no fixup).
+WHOLE_WINDOW_BLOCKS = 256
+#: Below this many CTAs (windows x slabs), whole windows get 8 warps instead of 4.
+FEW_CTAS = 2048
+
+
+def _tf32_work_shape(tiling, n_slabs):
+    """``(warps per CTA, blocks per warp)`` of the TF32 SpMM, from the tiling's statistics.
+
+    Chosen from the launch sweeps and harness runs in ``tools/profiles`` (H200):
+
+    * no window holds more than :data:`WHOLE_WINDOW_BLOCKS` blocks: every window
+      is one unit, so no window is split -- no partial tiles, no fixup launch.
+      With few windows (fewer than :data:`FEW_CTAS` CTAs: facebook, ppi) 8 warps
+      share a window for parallelism; with many (wing, 1M-node graphs) 4 warps
+      keep the cross-warp sum cheap.
+    * hub-heavy graphs split their long windows into units of 4 warps x 16
+      blocks per warp at one 64-feature slab, 32 at several.
+
+    Deterministic: the shape depends on the tiling and D only.
+    """
+    stats = tiling.stats()
+    mbw = stats.max_blocks_per_window
+    if mbw <= WHOLE_WINDOW_BLOCKS:
+        nwarps = 8 if stats.windows * n_slabs < FEW_CTAS else 4
+        return nwarps, max(1, -(-mbw // nwarps))
+    return 4, 16 if n_slabs == 1 else 32
 
 
 def _aligned16(D, *arrays):
