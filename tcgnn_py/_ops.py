@@ -45,7 +45,9 @@ __all__ = [
 
 MISMATCH = "matmul: dimension mismatch with signature"
 PRECISIONS = (None, "tf32", "fp32")
-_TC_TILE = (16, 8)
+#: Tile shapes with TF32 tensor-core kernels: TC-GNN's 16x8 tiles and the vector layout's 8x4 blocks.
+TC_TILES = ((16, 8), (8, 4))
+_VEC_TILE = (8, 4)
 
 # Work decomposition of the SpMM kernels (see kernels/products.py).
 UNITS_PER_WINDOW_MAX = 64  # a hub window is split over at most this many CTAs
@@ -122,14 +124,14 @@ def resolve_precision(precision, dtype, tile_shape):
 
 @functools.lru_cache(maxsize=64)
 def _resolve(precision, dtype, tile_shape):
-    tc_ok = dtype == np.float32 and tile_shape == _TC_TILE
+    tc_ok = dtype == np.float32 and tile_shape in TC_TILES
     if precision == "tf32" and not tc_ok:
         if dtype != np.float32:
             raise TypeError(
                 f"precision='tf32' needs a float32 product, this one is {dtype}: "
                 "cast the matrix and the operands with .astype(numpy.float32), or leave precision=None"
             )
-        raise ValueError(f"precision='tf32' needs tile_shape=(16, 8), got {tile_shape}")
+        raise ValueError(f"precision='tf32' needs tile_shape=(16, 8) or (8, 4), got {tile_shape}")
     if precision == "fp32" or not tc_ok:
         return "exact"
     return "tf32"
@@ -166,6 +168,15 @@ TUNING = {
     "prefetch_values": True,  # TF32 register kernel: load the next block's values with its X rows
     "tf32_async_stages": 2,  # cp.async kernel's blocks in flight per warp (0: the register kernel)
     "tf32_async_min_blocks": 3,  # __launch_bounds__ minimum CTAs of 256 threads: 3 caps registers at 80
+    "vec_slices": None,  # vector layout: float4 groups per lane (a warp covers 32 * this many features); None: auto
+    "vec_max_slices": 2,  # the auto choice's cap (registers: 8 accumulators per group)
+    "vec_unroll": 4,  # vector layout: blocks whose loads a warp issues together
+    "vec_blocks_per_unit": None,  # vector layout: blocks per balanced unit; None: from the tiling (below)
+    "vec_target_warps": 16,  # auto units: aim for this many warps per SM in the grid
+    "vec_warps": 1,  # warps per CTA (independent: a CTA's slot frees as soon as its one warp ends)
+    "vec_sort_units": True,  # longest units first: the grid's tail is made of short ones
+    "vec_combine": True,  # sum split windows inside the launch (else: a fixup launch)
+    "vec_prefetch": True,  # load the next step's block metadata with this step's X rows
 }
 _TUNING_VERSION = [0]
 
@@ -210,6 +221,7 @@ class TF32SpmmLaunch(NamedTuple):
     mask: object  # (n_blocks, 4) uint32 occupancy masks
     n_slabs: int  # CTAs per unit, side by side in the 1-D grid
     fixup: Fixup = None
+    n_slots: int = 0  # partial tiles the launch writes (split windows)
 
     def run(self, tiling, values, X, Y, partial, M, D):
         args = (self.units, tiling.block_ptr, tiling.block_cols, self.mask, values, X, Y, partial,
@@ -226,12 +238,41 @@ class CoreSpmmLaunch(NamedTuple):
     smem: int
     units: object
     fixup: Fixup = None
+    n_slots: int = 0
 
     def run(self, tiling, values, X, Y, partial, M, D):
         W = tiling.layout.block
         args = (self.units, tiling.block_ptr, tiling.block_cols, tiling.tile_pos, values, X, Y, partial,
                 np.int32(M), np.int32(D), np.int32(W), np.int32(W.bit_length() - 1))
         self.kernel(self.grid, self.block, args, shared_mem=self.smem)
+
+
+class VecSpmmLaunch(NamedTuple):
+    """One configuration of ``tcgnn_spmm_vec`` (vector layout, one warp per unit x feature slice)."""
+
+    kernel: object
+    grid: tuple
+    block: tuple
+    units: object  # int4 rows (window, first block, end block, slot or -1)
+    unit_k0: object  # int2 rows (first slot of the unit's window, parts of the window)
+    meta: object  # (n_blocks, 2) uint32: occupancy mask, first entry
+    n_slices: int
+    n_work: int  # units x slices
+    n_counters: int  # split windows are summed in the launch: one counter per (first slot, slice); 0: fixup launch
+    counters: dict  # CUDA stream pointer -> its int32 counters (each call resets the ones it uses)
+    fixup: Fixup = None
+    n_slots: int = 0
+
+    def run(self, tiling, values, X, Y, partial, M, D):
+        counters = None
+        if self.n_counters:
+            stream = get_cupy().cuda.get_current_stream().ptr
+            counters = self.counters.get(stream)
+            if counters is None:
+                counters = self.counters[stream] = get_cupy().zeros(self.n_counters, np.int32)
+        args = (self.units, self.unit_k0, tiling.block_cols, self.meta, values, X, Y, partial, counters,
+                np.int32(M), np.int32(D), np.int32(self.n_slices), np.int32(self.n_work))
+        self.kernel(self.grid, self.block, args)
 
 
 def _spmm_gpu(tiling, values, X, dtype, mode, out, casts):
@@ -253,8 +294,8 @@ def _spmm_gpu(tiling, values, X, dtype, mode, out, casts):
     if launch is None:
         launch = tiling.cached(key, lambda: _spmm_launch(cp, tiling, mode, dtype, D, vec))
     partial = Y
-    if launch.fixup is not None:
-        partial = cp.empty((launch.fixup.n_slots, tiling.layout.window, D), dtype=dtype)
+    if launch.n_slots:
+        partial = cp.empty((launch.n_slots, tiling.layout.window, D), dtype=dtype)
     launch.run(tiling, values, X, Y, partial, M, D)
     if launch.fixup is not None:
         launch.fixup.run(partial, Y, M, D, tiling.layout.window)
@@ -270,6 +311,8 @@ def _spmm_launch(cp, tiling, mode, dtype, D, vec):
     from .kernels.registry import get_kernel
 
     H, W = tiling.tile_shape
+    if mode == "tf32" and (H, W) == _VEC_TILE:
+        return _vec_launch(cp, tiling, dtype, D, vec)
     if mode == "tf32":
         chunks = min(TUNING["tf32_max_chunks"], 1 if D <= 32 else 2 if D <= 64 else 4)
         n_slabs = -(-D // (32 * chunks))
@@ -312,8 +355,87 @@ def _spmm_launch(cp, tiling, mode, dtype, D, vec):
     if plan["n_slots"]:
         fix_grid = (plan["splits"].shape[0], min(-(-(H * D) // kp.FIXUP_THREADS), 1024))
         fixup = Fixup(get_kernel(family, kp.fixup_name(dtype.name)), fix_grid, plan["splits"], plan["n_slots"])
-        launch = launch._replace(fixup=fixup)
+        launch = launch._replace(fixup=fixup, n_slots=plan["n_slots"])
     return launch
+
+
+#: A window of the vector layout is cut into at most this many units (their partial tiles are summed in order).
+VEC_UNITS_PER_WINDOW_MAX = 1024
+#: Split windows of at most this many parts are summed inside the SpMM launch (the last part's warp reads
+#: them all); longer ones go to the fixup launch, which spreads each window's sum over many threads.
+VEC_COMBINE_PARTS_MAX = 64
+#: Blocks per unit the automatic choice of the vector layout considers (4 blocks = 16 column vectors).
+#: Cutting windows of fewer than 16 blocks lost in every sweep (tools/profiles): a part's partial tile,
+#: fence and counter cost more than the parallelism gained.
+VEC_UNIT_SIZES = (16, 32, 64, 128, 256)
+
+
+def _vec_launch(cp, tiling, dtype, D, vec):
+    """The launch of the vector-layout TF32 SpMM; split windows summed in it, or by a fixup launch for hubs."""
+    from .kernels import products as kp
+    from .kernels.registry import get_kernel
+
+    slices = TUNING["vec_slices"] or min(TUNING["vec_max_slices"], -(-D // 32))
+    slices = 1 << (slices - 1).bit_length()  # 1, 2 or 4
+    n_slices = -(-D // (32 * slices))
+    bpu = TUNING["vec_blocks_per_unit"] or _vec_unit_size(tiling, n_slices)
+    plan = spmm_plan(tiling, bpu, VEC_UNITS_PER_WINDOW_MAX)
+    units, unit_k0 = plan["units"], plan["unit_k0"]
+    if TUNING["vec_sort_units"]:
+        units, unit_k0 = tiling.cached(("vec_sorted", bpu), lambda: _longest_first(tiling.xp, units, unit_k0))
+    n_work = units.shape[0] * n_slices
+    combine = 0 < plan["max_parts"] <= VEC_COMBINE_PARTS_MAX and TUNING["vec_combine"]
+    kernel = get_kernel("vec", kp.spmm_vec_name(slices, TUNING["vec_unroll"], vec, combine, TUNING["vec_prefetch"]))
+    nw = TUNING["vec_warps"]
+    launch = VecSpmmLaunch(kernel, (-(-n_work // nw),), (32 * nw,), units, unit_k0, vec_meta(tiling),
+                           n_slices, n_work, plan["n_slots"] * n_slices if combine else 0, {},
+                           n_slots=plan["n_slots"])
+    if plan["n_slots"] and not combine:
+        fix_grid = (plan["splits"].shape[0], min(-(-(8 * D) // kp.FIXUP_THREADS), 1024))
+        launch = launch._replace(fixup=Fixup(get_kernel("vec", kp.fixup_name(dtype.name)), fix_grid, plan["splits"],
+                                             plan["n_slots"]))
+    return launch
+
+
+def _longest_first(xp, units, unit_k0):
+    """Units (and their split rows) sorted by decreasing block count, stable."""
+    order = xp.argsort(-(units[:, 2] - units[:, 1]).astype(np.int64), kind="stable")
+    return xp.ascontiguousarray(units[order]), xp.ascontiguousarray(unit_k0[order])
+
+
+def _vec_unit_size(tiling, n_slices):
+    """Blocks per unit of the vector SpMM, from the tiling's blocks-per-window histogram.
+
+    The largest size in :data:`VEC_UNIT_SIZES` whose units x slices still give
+    ``TUNING["vec_target_warps"]`` warps per SM: long windows are cut into
+    balanced parts only as far as the GPU needs parallelism (each cut costs a
+    partial tile written and read again).
+    """
+    def build():
+        from ._device import to_host
+
+        nb = np.diff(to_host(tiling.win_ptr)).astype(np.int64)  # synchronize!
+        return nb, get_cupy().cuda.Device().attributes["MultiProcessorCount"]
+
+    nb, sms = tiling.cached("vec_hist", build)
+    target = TUNING["vec_target_warps"] * sms
+    floor = -(-int(nb.max(initial=0)) // VEC_UNITS_PER_WINDOW_MAX)
+    best = VEC_UNIT_SIZES[0]
+    for size in VEC_UNIT_SIZES:
+        units = int(np.maximum(-(-nb // size), 1).sum())
+        if units * n_slices >= target:
+            best = size
+    return max(best, floor)
+
+
+def vec_meta(tiling):
+    """``(n_blocks, 2)`` uint32 of an 8x4 tiling: occupancy mask (bit ``4 * row + slot``) and first entry."""
+    def build():
+        xp = tiling.xp
+        mask = block_mask(xp, tiling.block_ptr, tiling.tile_pos, tiling.n_blocks)[:, 0]
+        return xp.ascontiguousarray(xp.stack([mask, tiling.block_ptr[:-1].astype(np.uint32)], axis=1))
+
+    return tiling.cached("vec_meta", build)
 
 
 #: Windows of at most this many blocks stay whole (one unit each, no partial tiles, no fixup).
@@ -359,22 +481,24 @@ def _values_as(values, dtype, cache):
     return cache[key]
 
 
-def spmm_plan(tiling, blocks_per_unit):
+def spmm_plan(tiling, blocks_per_unit, max_units=None):
     """Work plan of the SpMM kernels for one unit size, cached on the tiling.
 
     ``units`` rows are ``(window, first block, end block, slot)``: a window of
     ``nb`` blocks becomes ``k = ceil(nb / blocks_per_unit)`` units (at most
-    ``UNITS_PER_WINDOW_MAX``; an empty window keeps one unit, which writes its
+    ``max_units``, default ``UNITS_PER_WINDOW_MAX``; an empty window keeps one unit, which writes its
     zero rows).  Units of a split window (``k > 1``) write partial tiles to
     consecutive slots; ``splits`` rows are ``(window, first slot, k, 0)``.
     """
-    return tiling.cached(("plan", blocks_per_unit), lambda: build_plan(tiling.xp, tiling.win_ptr, blocks_per_unit))
+    max_units = UNITS_PER_WINDOW_MAX if max_units is None else max_units
+    return tiling.cached(("plan", blocks_per_unit, max_units),
+                         lambda: build_plan(tiling.xp, tiling.win_ptr, blocks_per_unit, max_units))
 
 
-def build_plan(xp, win_ptr, blocks_per_unit):
+def build_plan(xp, win_ptr, blocks_per_unit, max_units=UNITS_PER_WINDOW_MAX):
     """The plan of :func:`spmm_plan` from ``win_ptr`` (any device)."""
     nb = xp.diff(win_ptr).astype(np.int64)
-    k = xp.clip(-(-nb // blocks_per_unit), 1, UNITS_PER_WINDOW_MAX)
+    k = xp.clip(-(-nb // blocks_per_unit), 1, max_units)
     unit_ptr = xp.concatenate((xp.zeros(1, np.int64), xp.cumsum(k)))
     n_units = int(unit_ptr[-1])  # synchronize!
     uid = xp.arange(n_units, dtype=np.int64)
@@ -386,10 +510,13 @@ def build_plan(xp, win_ptr, blocks_per_unit):
     units = xp.stack([uw, start + j * nbw // kw, start + (j + 1) * nbw // kw, slot], axis=1)
     sw = xp.flatnonzero(k > 1)
     splits = xp.stack([sw, slot[unit_ptr[sw]], k[sw], xp.zeros_like(sw)], axis=1)
+    unit_k0 = xp.stack([slot[unit_ptr[uw]], kw], axis=1)
     return {
         "units": xp.ascontiguousarray(units.astype(np.int32)),
+        "unit_k0": xp.ascontiguousarray(unit_k0.astype(np.int32)),
         "splits": xp.ascontiguousarray(splits.astype(np.int32)),
         "n_slots": int(split.sum()),  # synchronize!
+        "max_parts": int(k.max()) if k.shape[0] else 0,  # synchronize!
     }
 
 
@@ -442,7 +569,14 @@ def sddmm_raw(tiling, values, Xa, Xb, dtype, multiply_values=False, precision=No
     grid = (-(-n_blocks // (bpw * warps)),)
     common = (tiling.win_ptr, np.int32(tiling.n_windows), tiling.block_ptr, tiling.block_cols, tiling.tile_pos,
               values, Xa, Xb, out)
-    if mode == "tf32":
+    if mode == "tf32" and (H, W) == _VEC_TILE:
+        units = spmm_plan(tiling, kp.VEC_SDDMM_BLOCKS, np.iinfo(np.int32).max)["units"]
+        n_units = units.shape[0]
+        kernel = get_kernel("vec", kp.sddmm_vec_name(_aligned16(D, Xa, Xb)))
+        args = (units, np.int32(n_units), tiling.block_ptr, tiling.block_cols, tiling.tile_pos, values, Xa, Xb, out,
+                np.int32(tiling.shape[0]), np.int32(D), np.int32(multiply_values))
+        kernel((-(-n_units // kp.VEC_WARPS),), (32 * kp.VEC_WARPS,), args)
+    elif mode == "tf32":
         kernel = get_kernel("tf32", kp.sddmm_tf32_name(_aligned16(D, Xa, Xb)))
         args = common + (np.int32(tiling.shape[0]), np.int32(n_blocks), np.int32(D), np.int32(multiply_values),
                          np.int32(bpw))

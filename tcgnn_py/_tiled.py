@@ -8,10 +8,9 @@ from . import _reference as ref
 from . import _sgt
 from ._device import DeviceMismatchError, array_module, get_cupy, is_cupy_array, to_host, use_gpu
 from ._ops import MISMATCH, as_operand, check_out, result_dtype, sddmm_raw, spmm_raw
-from ._tiling import STRUCTURE, Tiling, TileStats
+from ._tiling import STRUCTURE, Tiling, TileStats, resolve_layout
 from ._validation import (
     check_csr_arrays,
-    check_tile_shape,
     coerce_csr,
     isscalarlike,
     value_dtype,
@@ -45,9 +44,14 @@ class TiledMatrix:
     dtype : dtype, optional
         Value dtype.  Booleans and integers become the float type that holds
         them exactly; float16 becomes float32.
-    tile_shape : (int, int), default (16, 8)
-        Row-window height and block width (powers of two up to 32): 16x8 is the
-        TF32 ``m16n8k8`` tile.
+    layout : {"tcgnn", "vector"} or Layout, optional
+        How the matrix is tiled (see :class:`Layout`): ``"tcgnn"``, TC-GNN's
+        16 x 8 tiles (the default), or ``"vector"``, 8-row windows of condensed
+        column vectors with the swapped-operand TF32 kernels.
+    tile_shape : (int, int), optional
+        Any row-window height and block width (powers of two up to 32); shapes
+        other than the two layouts' run on CUDA cores.  Must agree with
+        ``layout`` when both are given.
     device : {None, "cuda", "cpu"}, optional
         Where the matrix lives: ``None`` picks the GPU when it is usable,
         ``"cpu"`` keeps it on the host (the reference path) even then.
@@ -70,8 +74,8 @@ class TiledMatrix:
     __array_priority__ = 10.1
     __array_ufunc__ = None
 
-    def __init__(self, A, shape=None, *, dtype=None, tile_shape=(16, 8), device=None):
-        window, block = check_tile_shape(tile_shape)
+    def __init__(self, A, shape=None, *, dtype=None, layout=None, tile_shape=None, device=None):
+        window, block = resolve_layout(layout, tile_shape).tile_shape
         on_device = use_gpu(device)
         if isinstance(A, TiledMatrix):
             data, indices, indptr = A.csr_arrays()
@@ -135,6 +139,11 @@ class TiledMatrix:
     def tile_shape(self):
         """``(window height, block width)``."""
         return self._tiling.tile_shape
+
+    @property
+    def layout(self):
+        """The :class:`Layout` of the tiling (``.name`` is ``"tcgnn"``, ``"vector"`` or ``None``)."""
+        return self._tiling.layout
 
     @property
     def device(self):

@@ -15,7 +15,7 @@ import numpy as np
 from . import _reference as ref
 from ._device import array_module, to_host
 
-__all__ = ["Tiling", "TileStats", "Layout", "STRUCTURE"]
+__all__ = ["Tiling", "TileStats", "Layout", "LAYOUTS", "DEFAULT_LAYOUT", "resolve_layout", "STRUCTURE"]
 
 #: The structure arrays of a tiling, in the order ``Tiling`` takes them.
 STRUCTURE = ("win_ptr", "block_cols", "block_ptr", "tile_pos", "perm")
@@ -26,7 +26,23 @@ class Layout:
     """How a tiling cuts a matrix: ``window`` rows per window, ``block`` column slots per block.
 
     ``orientation`` is ``"rows"``: windows are row windows and blocks hold
-    condensed columns (TC-GNN's format).
+    condensed columns.  Two layouts have TF32 tensor-core kernels
+    (:data:`LAYOUTS`):
+
+    ``"tcgnn"`` (16 x 8)
+        TC-GNN's format: each block is one ``16 x 8`` tile, the A operand of
+        ``mma.m16n8k8``.
+    ``"vector"`` (8 x 4)
+        8-row windows of condensed ``8 x 1`` column vectors, 4 per block; the
+        SpMM swaps operands (X is the MMA's A operand, two blocks of vectors its
+        B operand, FlashSparse-style) and splits long windows into balanced
+        parts.  Half the window height means fewer zeros per gathered X row.
+
+    Examples
+    --------
+    >>> import tcgnn_py as tg
+    >>> tg.Layout(8, 4).name, tg.Layout(16, 8).name, tg.Layout(32, 4).name
+    ('vector', 'tcgnn', None)
     """
 
     window: int = 16
@@ -37,8 +53,43 @@ class Layout:
     def tile_shape(self):
         return (self.window, self.block)
 
+    @property
+    def name(self):
+        """``"tcgnn"`` or ``"vector"`` for the tensor-core layouts, else ``None``."""
+        return next((k for k, v in LAYOUTS.items() if v == self), None)
+
     def __str__(self):
         return f"{self.window}x{self.block} {self.orientation}"
+
+
+#: The named layouts, each with TF32 tensor-core SpMM and SDDMM kernels.
+LAYOUTS = {"tcgnn": Layout(16, 8), "vector": Layout(8, 4)}
+#: What ``TiledMatrix(A)`` uses when neither ``layout`` nor ``tile_shape`` is given.
+DEFAULT_LAYOUT = "tcgnn"
+
+
+def resolve_layout(layout=None, tile_shape=None):
+    """The :class:`Layout` of ``layout`` (a name or a Layout) and/or ``tile_shape``; they must agree."""
+    from ._validation import check_tile_shape
+
+    if layout is None:
+        if tile_shape is None:
+            return LAYOUTS[DEFAULT_LAYOUT]
+        return Layout(*check_tile_shape(tile_shape))
+    if isinstance(layout, str):
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {sorted(LAYOUTS)} or a tcgnn_py.Layout, got {layout!r}")
+        out = LAYOUTS[layout]
+    elif isinstance(layout, Layout):
+        check_tile_shape(layout.tile_shape)
+        if layout.orientation != "rows":
+            raise ValueError(f"only row windows are supported, got orientation {layout.orientation!r}")
+        out = layout
+    else:
+        raise TypeError(f"layout must be a str or a tcgnn_py.Layout, got {type(layout).__name__}")
+    if tile_shape is not None and tuple(check_tile_shape(tile_shape)) != out.tile_shape:
+        raise ValueError(f"tile_shape {tuple(tile_shape)} contradicts layout {layout!r} ({out.tile_shape})")
+    return out
 
 
 @dataclasses.dataclass(frozen=True)

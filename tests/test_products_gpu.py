@@ -54,6 +54,9 @@ def poisoned_spmm(cp, T, X, precision=None, dtype=np.float32):
     return out.get()
 
 
+LAYOUTS = ["tcgnn", "vector"]
+
+
 def poisoned_sddmm(cp, T, Xa, Xb, precision=None, multiply=False, dtype=np.float32):
     """SDDMM values in canonical (tocsr) order, through a NaN-poisoned output."""
     out = cp.full(T.nnz, cp.nan, dtype=dtype)
@@ -65,14 +68,32 @@ def poisoned_sddmm(cp, T, Xa, Xb, precision=None, multiply=False, dtype=np.float
 # --- SpMM --------------------------------------------------------------------
 
 
-@pytest.fixture(params=[(0, 1), (2, 1), (2, 3), (3, 3), (4, 4)],
-                ids=["registers", "async2", "async2-80reg", "async3-80reg", "async4-64reg"])
+#: TF32 SpMM variants: (layout, tuning).  16x8: the register pipeline and cp.async with
+#: 2-4 stages; vector layout: 1, 2, 4 feature groups per lane, unroll 4 and 8, and
+#: units of 2 blocks (every window of more than 2 blocks split), summed in the launch
+#: or by the fixup launch.
+TF32_VARIANTS = {
+    "registers": ("tcgnn", dict(tf32_async_stages=0, tf32_async_min_blocks=1)),
+    "async2": ("tcgnn", dict(tf32_async_stages=2, tf32_async_min_blocks=1)),
+    "async2-80reg": ("tcgnn", dict(tf32_async_stages=2, tf32_async_min_blocks=3)),
+    "async3-80reg": ("tcgnn", dict(tf32_async_stages=3, tf32_async_min_blocks=3)),
+    "async4-64reg": ("tcgnn", dict(tf32_async_stages=4, tf32_async_min_blocks=4)),
+    "vector": ("vector", {}),
+    "vector-g1u8": ("vector", dict(vec_max_slices=1, vec_unroll=8)),
+    "vector-g4u4": ("vector", dict(vec_max_slices=4, vec_unroll=4)),
+    "vector-split": ("vector", dict(vec_blocks_per_unit=2, vec_unroll=4)),
+    "vector-fixup": ("vector", dict(vec_blocks_per_unit=2, vec_combine=False, vec_unroll=8)),
+}
+
+
+@pytest.fixture(params=list(TF32_VARIANTS))
 def tf32_kernel(request):
-    """Run a test with each TF32 SpMM kernel: the register pipeline, and cp.async with 2-4 stages."""
-    before = _ops.TUNING["tf32_async_stages"], _ops.TUNING["tf32_async_min_blocks"]
-    _ops.set_tuning(tf32_async_stages=request.param[0], tf32_async_min_blocks=request.param[1])
-    yield request.param
-    _ops.set_tuning(tf32_async_stages=before[0], tf32_async_min_blocks=before[1])
+    """Run a test with each TF32 SpMM variant; yields the TiledMatrix keywords of its layout."""
+    layout, tuning = TF32_VARIANTS[request.param]
+    before = {k: _ops.TUNING[k] for k in tuning}
+    _ops.set_tuning(**tuning)
+    yield {"layout": layout}
+    _ops.set_tuning(**before)
 
 
 @pytest.mark.parametrize("N", NS)
@@ -82,7 +103,7 @@ def test_spmm_exact_integers(cp, tf32_kernel, N, D):
     A = int_graph(rng, N, N)
     X = ints(rng, N, D)
     want = (A @ X.astype(np.float64)).astype(np.float32)
-    T = tg.TiledMatrix(A, dtype=np.float32)
+    T = tg.TiledMatrix(A, dtype=np.float32, **tf32_kernel)
     for precision in (None, "tf32", "fp32"):
         np.testing.assert_array_equal(poisoned_spmm(cp, T, cp.asarray(X), precision), want, err_msg=str(precision))
 
@@ -95,9 +116,11 @@ def test_spmm_random_floats(cp, tf32_kernel, N, D):
     A.data[:] = rng.standard_normal(A.nnz)
     X = rng.standard_normal((N, D)).astype(np.float32)
     want = A @ X.astype(np.float64)
-    T = tg.TiledMatrix(A, dtype=np.float32)
+    T = tg.TiledMatrix(A, dtype=np.float32, **tf32_kernel)
     Xd = cp.asarray(X)
-    e_tf32 = rel_err(poisoned_spmm(cp, T, Xd), want)
+    got = poisoned_spmm(cp, T, Xd)
+    np.testing.assert_array_equal(poisoned_spmm(cp, T, Xd), got)  # deterministic: bit-identical reruns
+    e_tf32 = rel_err(got, want)
     e_fp32 = rel_err(poisoned_spmm(cp, T, Xd, "fp32"), want)
     assert e_tf32 <= TOL["tf32"]
     assert e_fp32 <= TOL["fp32"]
@@ -110,7 +133,7 @@ def test_spmm_random_floats(cp, tf32_kernel, N, D):
 def test_spmm_star_hub_200k(cp, tf32_kernel):
     A = star(200_000)
     rng = np.random.default_rng()
-    T = tg.TiledMatrix(A, dtype=np.float32)
+    T = tg.TiledMatrix(A, dtype=np.float32, **tf32_kernel)
     assert T.tile_stats().max_blocks_per_window >= 25_000
     for D in (17, 64, 128):
         X = ints(rng, A.shape[1], D)
@@ -129,16 +152,17 @@ def test_spmm_rectangular(cp, tf32_kernel, shape):
     for D in (64, 130):
         X = ints(rng, shape[1], D)
         want = (A @ X.astype(np.float64)).astype(np.float32)
-        T = tg.TiledMatrix(A, dtype=np.float32)
+        T = tg.TiledMatrix(A, dtype=np.float32, **tf32_kernel)
         np.testing.assert_array_equal(poisoned_spmm(cp, T, cp.asarray(X)), want)
         np.testing.assert_array_equal(poisoned_spmm(cp, T, cp.asarray(X), "fp32"), want)
 
 
 @pytest.mark.parametrize("name", ["cora", "citeseer", "pubmed", "ppi_homo_sapiens", "facebook", "blogcatalog3"])
-def test_spmm_real_graphs(cp, name):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_spmm_real_graphs(cp, name, layout):
     A = tg.load_graph(graph_dir(name)).adj
     rng = np.random.default_rng()
-    T = tg.TiledMatrix(A, dtype=np.float32)
+    T = tg.TiledMatrix(A, dtype=np.float32, layout=layout)
     X = ints(rng, A.shape[1], 64)
     want = (A.astype(np.float64) @ X.astype(np.float64)).astype(np.float32)
     np.testing.assert_array_equal(poisoned_spmm(cp, T, cp.asarray(X)), want)
@@ -147,7 +171,7 @@ def test_spmm_real_graphs(cp, name):
     d = 1 / np.sqrt(np.asarray(Ah.sum(axis=1)).ravel())
     An = sp.csr_array(sp.diags_array(d) @ Ah @ sp.diags_array(d))
     Xf = rng.standard_normal((A.shape[1], 128)).astype(np.float32)
-    Tn = tg.TiledMatrix(An, dtype=np.float32)
+    Tn = tg.TiledMatrix(An, dtype=np.float32, layout=layout)
     assert rel_err(poisoned_spmm(cp, Tn, cp.asarray(Xf)), An @ Xf.astype(np.float64)) <= TOL["tf32"]
 
 
@@ -163,15 +187,16 @@ def test_spmm_other_tile_shapes_core(cp, tile_shape):
         tg.spmm(T, cp.asarray(X), precision="tf32")
 
 
-def test_spmm_edge_cases(cp):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_spmm_edge_cases(cp, layout):
     rng = np.random.default_rng()
     for m, n in [(0, 0), (5, 3), (0, 7), (7, 0), (40, 40)]:
-        T = tg.TiledMatrix(sp.csr_array((m, n), dtype=np.float32))
+        T = tg.TiledMatrix(sp.csr_array((m, n), dtype=np.float32), layout=layout)
         for D in (0, 1, 9):
             Y = T @ cp.asarray(ints(rng, n, D))
             assert Y.shape == (m, D) and not cp.any(Y)
     A = int_graph(rng, 300, 300)
-    T = tg.TiledMatrix(A, dtype=np.float32)
+    T = tg.TiledMatrix(A, dtype=np.float32, layout=layout)
     x = ints(rng, 300)
     want = (A @ x.astype(np.float64)).astype(np.float32)
     np.testing.assert_array_equal((T @ cp.asarray(x)).get(), want)  # 1-D
@@ -231,13 +256,14 @@ def test_tf32_fragments_place_every_tile_position(cp, tf32_kernel):
 
     Replaces a Python copy of the kernel's fragment arithmetic (which could
     drift from it): a wrong mask bit, popc rank or fragment slot in
-    ``tcgnn_spmm_tf32`` puts some value at a wrong (row, column) here.
+    ``tcgnn_spmm_tf32`` (or in the vector layout's 8x4 blocks, which these
+    tiles cover four times over) puts some value at a wrong (row, column) here.
     Sparse tiles (every other position) and full ones are both covered.
     """
     dense = np.arange(1, 16 * 8 + 1, dtype=np.float32).reshape(16, 8)
     sparse = dense * (np.add.outer(np.arange(16), np.arange(8)) % 2 == 0)
     A = sp.csr_array(sp.block_diag((sp.csr_array(dense), sp.csr_array(sparse), sp.csr_array(dense[:7])), format="csr"))
-    T = tg.TiledMatrix(A, dtype=np.float32)
+    T = tg.TiledMatrix(A, dtype=np.float32, **tf32_kernel)
     X = np.eye(A.shape[1], dtype=np.float32)  # column j of the result is column j of A
     for D in (A.shape[1], 24):
         got = poisoned_spmm(cp, T, cp.asarray(X[:, :D]), "tf32")
@@ -262,11 +288,12 @@ def test_kernels_compile_once(cp):
 
 @pytest.mark.parametrize("N", NS)
 @pytest.mark.parametrize("D", DS)
-def test_sddmm_exact_integers(cp, N, D):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_sddmm_exact_integers(cp, N, D, layout):
     rng = np.random.default_rng()
     A = int_graph(rng, N, N)
     Xa, Xb = ints(rng, N, D), ints(rng, N, D)
-    T = tg.TiledMatrix(A, dtype=np.float32)
+    T = tg.TiledMatrix(A, dtype=np.float32, layout=layout)
     for multiply in (False, True):
         want = sddmm_expected(A, Xa, Xb, multiply).astype(np.float32)
         for precision in (None, "fp32"):
@@ -275,12 +302,13 @@ def test_sddmm_exact_integers(cp, N, D):
 
 
 @pytest.mark.parametrize("D", [3, 17, 64, 130])
-def test_sddmm_random_floats(cp, D):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_sddmm_random_floats(cp, D, layout):
     rng = np.random.default_rng()
     A = int_graph(rng, 5000, 4000, degree=20)
     Xa = rng.standard_normal((5000, D)).astype(np.float32)
     Xb = rng.standard_normal((4000, D)).astype(np.float32)
-    T = tg.TiledMatrix(A, dtype=np.float32)
+    T = tg.TiledMatrix(A, dtype=np.float32, layout=layout)
     want = sddmm_expected(A, Xa, Xb)
     e_tf32 = rel_err(poisoned_sddmm(cp, T, Xa, Xb), want)
     e_fp32 = rel_err(poisoned_sddmm(cp, T, Xa, Xb, "fp32"), want)
@@ -315,9 +343,10 @@ def test_sddmm_other_tile_shapes_core(cp, tile_shape):
 
 
 @pytest.mark.parametrize("name", ["cora", "pubmed", "facebook"])
-def test_sddmm_real_graphs(cp, name):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_sddmm_real_graphs(cp, name, layout):
     A = tg.load_graph(graph_dir(name)).adj
     rng = np.random.default_rng()
     X = ints(rng, A.shape[0], 64)
-    T = tg.TiledMatrix(A, dtype=np.float32)
+    T = tg.TiledMatrix(A, dtype=np.float32, layout=layout)
     np.testing.assert_array_equal(poisoned_sddmm(cp, T, X, X), sddmm_expected(A, X, X).astype(np.float32))

@@ -2,7 +2,9 @@
 
 Usage: compute-sanitizer --tool memcheck python tools/memcheck_products.py
 Covers: TF32 SpMM with 1/2/4 column chunks, 16-byte and scalar loads, split
-(hub) windows and the fixup; CUDA-core SpMM in float32/float64 on other tile
+(hub) windows and the fixup; the vector layout's SpMM (1/2/4 feature groups,
+unroll 4/8, units of 2 blocks and automatic units, split windows summed in the
+launch or by the fixup) and SDDMM; CUDA-core SpMM in float32/float64 on other tile
 shapes; TF32 and CUDA-core SDDMM.  Sizes are not multiples of 16.  Every
 result is checked against SciPy, so a wrong index shows up even when it stays
 inside an allocation.
@@ -28,8 +30,16 @@ A = sp.csr_array(A + star(n - 1))  # window 0 has ~125 blocks: split over severa
 R = sp.random_array((n, 517), density=0.02, rng=rng, format="csr")
 R.data[:] = rng.integers(1, 5, R.nnz)
 checked = 0
-for M, tile_shape, dtype in [(A, (16, 8), np.float32), (R, (16, 8), np.float32), (A, (8, 8), np.float32),
-                             (A, (32, 32), np.float64)]:
+from tcgnn_py import _ops  # noqa: E402
+
+VEC_TUNINGS = [dict(vec_max_slices=1, vec_unroll=4, vec_blocks_per_unit=2, vec_combine=True),
+               dict(vec_max_slices=2, vec_unroll=8, vec_blocks_per_unit=2, vec_combine=False),
+               dict(vec_max_slices=4, vec_unroll=4, vec_blocks_per_unit=None, vec_combine=True)]
+cases = [(A, (16, 8), np.float32, {}), (R, (16, 8), np.float32, {}), (A, (8, 8), np.float32, {}),
+         (A, (32, 32), np.float64, {})]
+cases += [(M, (8, 4), np.float32, t) for t in VEC_TUNINGS for M in (A, R)]
+for M, tile_shape, dtype, tuning in cases:
+    _ops.set_tuning(**{**{k: _ops.TUNING[k] for k in tuning}, **tuning})
     T = tg.TiledMatrix(M, dtype=dtype, tile_shape=tile_shape)
     for D in (1, 3, 17, 64, 100, 130):
         X = rng.integers(-8, 9, (M.shape[1], D)).astype(dtype)

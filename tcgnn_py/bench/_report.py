@@ -53,7 +53,9 @@ def markdown(graphs, reorders=(), dims=None):
             continue
         ours = [k for k in rows[0][1]["us"] if k.startswith("tcgnn")]
         others = [k for k in rows[0][1]["us"] if not k.startswith("tcgnn")]
-        head = ["graph", "nnz", "D", *ours, *others, "speedup " + ours[0], "back-to-back us (ours / best)", "GFLOP/s",
+        extra = [k for k in ours[1:] if k.endswith("tf32")]  # other layouts' TF32 speedups
+        head = ["graph", "nnz", "D", *ours, *others, "speedup " + ours[0], *("speedup " + k for k in extra),
+                "back-to-back us (ours / best)", "GFLOP/s",
                 "% copy BW (gather / reuse)", "payback calls"]
         lines += [f"\n### {op.upper()} (us, CUDA-event medians)\n", "| " + " | ".join(head) + " |",
                   "|" + "---|" * len(head)]
@@ -65,6 +67,7 @@ def markdown(graphs, reorders=(), dims=None):
             cells += [f"{r['us'][c]:.1f}" if c in r["us"] else "-" for c in ours + others]
             b2b = r["us_back_to_back"]
             cells += [f"**{r['speedup'][k]:.2f}x** vs {r['best_baseline']}",
+                      *(f"{r['speedup'][e]:.2f}x" if e in r["speedup"] else "-" for e in extra),
                       f"{b2b[k]:.1f} / {b2b[r['best_baseline']]:.1f}", f"{r['gflops'][k]:.0f}", bw,
                       str(r["payback_calls"]) if r["payback_calls"] else "never"]
             lines.append("| " + " | ".join(cells) + " |")

@@ -29,7 +29,8 @@ DEFAULT_DIMS = (32, 64, 128, 256)
 TOLERANCE = {"tf32": 5e-3, "fp32": 1e-5}
 
 #: Our implementations per mode: ``name -> precision``.
-OURS = {True: {"tcgnn_tf32": "tf32", "tcgnn_fp32": "fp32"}, False: {"tcgnn_ref": None}}
+#: ``tcgnn_tf32`` runs TC-GNN's 16x8 layout, ``tcgnn_vector_tf32`` the vector layout (8-row windows).
+OURS = {True: {"tcgnn_tf32": "tf32", "tcgnn_vector_tf32": "tf32", "tcgnn_fp32": "fp32"}, False: {"tcgnn_ref": None}}
 
 
 def traffic_bytes(nnz, n_rows, distinct, D):
@@ -89,7 +90,7 @@ def _prepare(A, Ad, xp, repeat, gpu):
     return out
 
 
-def _spmm_impls(A, Ad, T, Xs, gpu):
+def _spmm_impls(A, Ad, T, Xs, gpu, TV=None):
     """``name -> (fn(i), result getter)``; the first is the checking reference."""
     if not gpu:
         return {
@@ -104,13 +105,14 @@ def _spmm_impls(A, Ad, T, Xs, gpu):
         "cusparse_alg2": (alg2, Y),
         "cusparse_alg3": (alg3, Y),
         "tcgnn_tf32": (lambda i: spmm(T, Xs[i], out=Y, precision="tf32"), Y),
+        "tcgnn_vector_tf32": (lambda i: spmm(TV, Xs[i], out=Y, precision="tf32"), Y),
         "tcgnn_fp32": (lambda i: spmm(T, Xs[i], out=Y, precision="fp32"), Y),
         "cupyx": (lambda i: Ad @ Xs[i], None),
     }
     return impls, ["cusparse_alg2", "cusparse_alg3"], [alg2, alg3]
 
 
-def _sddmm_impls(A, Ad, T, Xs, gpu, notes):
+def _sddmm_impls(A, Ad, T, Xs, gpu, TV, notes):
     if not gpu:
         rows = np.repeat(np.arange(A.shape[0]), np.diff(A.indptr))
         return {
@@ -132,6 +134,7 @@ def _sddmm_impls(A, Ad, T, Xs, gpu, notes):
     impls["gather_dot"] = (GatherDotSDDMM(Ad, Xs, out2), out2)
     baselines.append("gather_dot")
     impls["tcgnn_tf32"] = (lambda i: sddmm(T, Xs[i], precision="tf32"), "tocsr")
+    impls["tcgnn_vector_tf32"] = (lambda i: sddmm(TV, Xs[i], precision="tf32"), "tocsr")
     impls["tcgnn_fp32"] = (lambda i: sddmm(T, Xs[i], precision="fp32"), "tocsr")
     return impls, baselines, closers
 
@@ -208,6 +211,7 @@ def bench_graph(spec, ops=("spmm", "sddmm"), dims=DEFAULT_DIMS, repeat=20, n_inp
     else:
         Ad, xp = A, np
     T = _tiled(A, gpu)
+    TV = TiledMatrix(A, dtype=np.float32, layout="vector") if gpu else None
     stats = T.tile_stats()
     U = distinct_window_columns(T)
     g = {
@@ -218,6 +222,9 @@ def bench_graph(spec, ops=("spmm", "sddmm"), dims=DEFAULT_DIMS, repeat=20, n_inp
     }
     g["prep"] = _prepare(A, Ad, xp, max(3, repeat // 2), gpu)
     spmm(T, xp.ones((A.shape[1], 1), np.float32))  # builds the plans, so memory counts them
+    if TV is not None:
+        g["vector"] = {"blocks": TV.tile_stats().blocks, "density": TV.tile_stats().density,
+                       "tiled_bytes": TV.tiling.nbytes + int(TV.values.nbytes)}
     csr_bytes = A.data.nbytes + A.indices.nbytes + A.indptr.nbytes
     g["memory"] = {"csr_bytes": csr_bytes, "tiled_bytes": T.tiling.nbytes + int(T.values.nbytes),
                    "plan_bytes": T.tiling.cache_nbytes()}
@@ -248,7 +255,7 @@ def bench_graph(spec, ops=("spmm", "sddmm"), dims=DEFAULT_DIMS, repeat=20, n_inp
                 g["notes"].append("SDDMM skipped: <X[i], X[j]> needs a square matrix")
                 continue
             maker = _spmm_impls if op == "spmm" else _sddmm_impls
-            args = (A, Ad, T, Xs, gpu) + ((g["notes"],) if op == "sddmm" else ())
+            args = (A, Ad, T, Xs, gpu, TV) + ((g["notes"],) if op == "sddmm" else ())
             impls, baselines, closers = maker(*args)
             try:
                 g["results"].append(_measure(op, impls, baselines, n_inputs, repeat, gpu, derive))

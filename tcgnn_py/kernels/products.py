@@ -47,6 +47,12 @@ __all__ = [
     "spmm_core_name",
     "sddmm_core_name",
     "fixup_name",
+    "VEC_SLICES",
+    "VEC_UNROLL",
+    "VEC_WARPS",
+    "VEC_SDDMM_BLOCKS",
+    "spmm_vec_name",
+    "sddmm_vec_name",
 ]
 
 #: Column chunks of 32 per CTA in the TF32 SpMM (a CTA covers ``32 * CH`` columns).
@@ -638,6 +644,219 @@ tcgnn_sddmm_core(const int* __restrict__ win_ptr, int n_windows, const int* __re
 }
 """
 
+_VEC = r"""
+// ---------------------------------------------------------------------------
+// TF32 SpMM on the vector layout: 8-row windows, condensed 8x1 column vectors
+// grouped 4 per block (8 x 4 tiles, tile position p = 4 * row + slot).
+// Operands swapped (FlashSparse): X is the MMA's A operand -- 16 features x 8
+// gathered rows -- and two blocks of sparse vectors are B (k = slot of the first
+// block, k + 4 of the second; n = row of the window), so
+//   Y[window rows]^T (16 x 8) += X[cols]^T (16 x 8) @ A_blocks^T (8 x 8)
+// per mma.m16n8k8.  Lane (g, t) loads X[col of slot t][c + 4g .. 4g + 3] with
+// one 16-byte load straight to registers (no shared memory, no barrier): MMA
+// (j, 0) takes features 4g, 4g + 1 as m = g, g + 8; MMA (j, 1) features 4g + 2,
+// 4g + 3.  Its B value is entry p = lane of the block: the block's 32-bit
+// occupancy mask says whether it is stored, popc of the bits below says where.
+// The lane ends up owning rows 2t, 2t + 1 x features c + 4g .. 4g + 3: 16-byte
+// stores.
+// Work: one warp per (unit, feature slice of 32 * FS); units are balanced parts
+// of a window (int4: window, first block, end block, partial slot or -1), and a
+// split window's parts are summed in unit order by tcgnn_spmm_fixup (H = 8).
+// grid = ceil(units * slices / warps) CTAs of 1-4 independent warps.
+// COMBINE: split windows are summed in this launch -- each part stores its partial
+// tile, and the warp that finishes a window's slice last (a per-stream counter,
+// reset by that warp) sums all of the window's partial tiles in unit order, as
+// tcgnn_spmm_fixup would: same order, so results do not depend on which warp
+// came last.  unit_k0[unit] = (first slot of its window, parts of its window).
+// PF: load the next U blocks' metadata one step ahead of their X rows (more
+// registers; without it each step waits for its metadata, then for its rows).
+// Registers are capped at 80 (6 CTAs of 128 per SM; 128 for FS = 4), where
+// Nsight Compute showed no spills: a 64 cap spilled.
+template <int FS, int U, bool VEC, bool COMBINE, bool PF>
+__global__ void __launch_bounds__(128, (FS >= 4 ? 4 : 6))
+tcgnn_spmm_vec(const int4* __restrict__ units, const int2* __restrict__ unit_k0, const int* __restrict__ block_cols,
+               const uint2* __restrict__ meta, const float* __restrict__ values, const float* __restrict__ X,
+               float* __restrict__ Y, float* __restrict__ partial, int* __restrict__ counters, int M, int D,
+               int n_slices, int n_work) {
+    static_assert(U % 2 == 0, "blocks go to the MMA in pairs");
+    const int lane = threadIdx.x & 31;
+    const int work = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (work >= n_work) return;  // whole warp
+    const int g = lane >> 2, t = lane & 3;
+    const int unit = work / n_slices, slice = work - unit * n_slices;
+    const int4 u = units[unit];
+    const int col = slice * (32 * FS) + 4 * g;
+    const unsigned below = (1u << lane) - 1u;
+
+    float acc[FS][2][4];
+#pragma unroll
+    for (int j = 0; j < FS; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) acc[j][h][q] = 0.f;
+
+    int c[U];
+    uint2 m[U];
+    if (PF) {
+#pragma unroll
+        for (int i = 0; i < U; ++i) {
+            const int bi = u.y + i;
+            c[i] = bi < u.z ? block_cols[bi * 4 + t] : -1;
+            m[i] = bi < u.z ? meta[bi] : make_uint2(0u, 0u);
+        }
+    }
+    for (int b = u.y; b < u.z; b += U) {  // warp-uniform: mma.sync needs all lanes
+        if (!PF) {
+#pragma unroll
+            for (int i = 0; i < U; ++i) {
+                const int bi = b + i;
+                c[i] = bi < u.z ? block_cols[bi * 4 + t] : -1;
+                m[i] = bi < u.z ? meta[bi] : make_uint2(0u, 0u);
+            }
+        }
+        float4 x[U][FS];
+        float v[U];
+#pragma unroll
+        for (int i = 0; i < U; ++i) {
+#pragma unroll
+            for (int j = 0; j < FS; ++j) x[i][j] = tc_load4<VEC>(X, c[i], col + 32 * j, D);  // slot -1: zeros
+            v[i] = (m[i].x >> lane) & 1u ? __ldg(values + m[i].y + __popc(m[i].x & below)) : 0.f;
+        }
+        if (PF) {
+#pragma unroll
+            for (int i = 0; i < U; ++i) {
+                const int bi = b + U + i;
+                c[i] = bi < u.z ? block_cols[bi * 4 + t] : -1;
+                m[i] = bi < u.z ? meta[bi] : make_uint2(0u, 0u);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < U; i += 2) {
+            const unsigned b0 = tc_tf32(v[i]), b1 = tc_tf32(v[i + 1]);
+#pragma unroll
+            for (int j = 0; j < FS; ++j) {
+                const float4 p = x[i][j], q = x[i + 1][j];
+                const unsigned a0[4] = {tc_tf32(p.x), tc_tf32(p.y), tc_tf32(q.x), tc_tf32(q.y)};
+                const unsigned a1[4] = {tc_tf32(p.z), tc_tf32(p.w), tc_tf32(q.z), tc_tf32(q.w)};
+                tc_mma(acc[j][0], a0, b0, b1);
+                tc_mma(acc[j][1], a1, b0, b1);
+            }
+        }
+    }
+
+    // acc[j][h] = {D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1]}: m = g (+8) is feature 4g + 2h (+1).
+    const int r = 2 * t;
+    float* out;
+    long long rows_left;
+    if (u.w < 0) {
+        out = Y + ((size_t)u.x * 8 + r) * D;
+        rows_left = (long long)M - ((long long)u.x * 8 + r);
+    } else {
+        out = partial + ((size_t)u.w * 8 + r) * D;
+        rows_left = 2;
+    }
+#pragma unroll
+    for (int j = 0; j < FS; ++j) {
+        const int cj = col + 32 * j;
+        if (rows_left > 0)
+            tc_store4<VEC>(out, cj, D, make_float4(acc[j][0][0], acc[j][0][2], acc[j][1][0], acc[j][1][2]));
+        if (rows_left > 1)
+            tc_store4<VEC>(out + D, cj, D, make_float4(acc[j][0][1], acc[j][0][3], acc[j][1][1], acc[j][1][3]));
+    }
+    if (!COMBINE || u.w < 0) return;
+
+    // Release this part's tile, count it; the window's last part sums them all.
+    __threadfence();
+    __syncwarp();
+    const int2 k0 = unit_k0[unit];
+    int* counter = counters + (size_t)k0.x * n_slices + slice;
+    int last = 0;
+    if (lane == 0) last = atomicAdd(counter, 1) == k0.y - 1;
+    if (!__shfl_sync(TC_FULL, last, 0)) return;
+    __threadfence();  // acquire: the other parts' tiles are visible (read through L2 below)
+    const int base = slice * (32 * FS);
+    const int width = min(32 * FS, D - base);
+    const long long row0 = (long long)u.x * 8;
+    for (int i = lane; i < 8 * 32 * FS; i += 32) {
+        const int rr = i / (32 * FS), cc = i - rr * (32 * FS);
+        if (cc >= width || row0 + rr >= M) continue;
+        const float* p = partial + ((size_t)k0.x * 8 + rr) * D + base + cc;
+        float sum = 0.f;
+        for (int k = 0; k < k0.y; ++k) sum += __ldcg(p + (size_t)k * 8 * D);
+        Y[(size_t)(row0 + rr) * D + base + cc] = sum;
+    }
+    if (lane == 0) *counter = 0;  // ready for the next call on this stream
+}
+
+// ---------------------------------------------------------------------------
+// TF32 SDDMM on the vector layout: a warp takes one unit of at most 4 blocks of
+// one window and computes the 16 x 8 tile C = Xb[16 gathered columns] @
+// Xa[8 window rows]^T (m = 4 * (block - first) + slot, n = row), K permuted as
+// in tcgnn_sddmm_tf32; each stored entry then reads its element from the warp's
+// tile in shared memory: each output is written once.
+template <bool VEC>
+__global__ void __launch_bounds__(128)
+tcgnn_sddmm_vec(const int4* __restrict__ units, int n_units, const int* __restrict__ block_ptr,
+                const int* __restrict__ block_cols, const tc_u8* __restrict__ tile_pos,
+                const float* __restrict__ values, const float* __restrict__ Xa, const float* __restrict__ Xb,
+                float* __restrict__ out, int M, int D, int multiply) {
+    __shared__ float tiles[4][128];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int unit = blockIdx.x * 4 + warp;
+    if (unit >= n_units) return;
+    const int g = lane >> 2, t = lane & 3;
+    const int4 u = units[unit];
+    const int slots = 4 * (u.z - u.y);
+    const int c_lo = g < slots ? block_cols[u.y * 4 + g] : -1;
+    const int c_hi = g + 8 < slots ? block_cols[u.y * 4 + g + 8] : -1;
+    const int row = u.x * 8 + g;
+    const int r = row < M ? row : -1;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    if (VEC) {
+        for (int d0 = 0; d0 < D; d0 += 16) {  // warp-uniform trip count
+            const int cc = d0 + 4 * t;
+            const float4 xa = tc_load4<true>(Xa, r, cc, D);
+            const float4 xl = tc_load4<true>(Xb, c_lo, cc, D);
+            const float4 xh = tc_load4<true>(Xb, c_hi, cc, D);
+            const unsigned a0[4] = {tc_tf32(xl.x), tc_tf32(xh.x), tc_tf32(xl.y), tc_tf32(xh.y)};
+            tc_mma(acc, a0, tc_tf32(xa.x), tc_tf32(xa.y));
+            const unsigned a1[4] = {tc_tf32(xl.z), tc_tf32(xh.z), tc_tf32(xl.w), tc_tf32(xh.w)};
+            tc_mma(acc, a1, tc_tf32(xa.z), tc_tf32(xa.w));
+        }
+    } else {
+        for (int d0 = 0; d0 < D; d0 += 8) {  // plain layout: k = t and t + 4
+            const int k0 = d0 + t, k1 = d0 + t + 4;
+            const bool in0 = k0 < D, in1 = k1 < D;
+            const float l0 = (c_lo >= 0 && in0) ? __ldg(Xb + (size_t)c_lo * D + k0) : 0.f;
+            const float h0 = (c_hi >= 0 && in0) ? __ldg(Xb + (size_t)c_hi * D + k0) : 0.f;
+            const float l1 = (c_lo >= 0 && in1) ? __ldg(Xb + (size_t)c_lo * D + k1) : 0.f;
+            const float h1 = (c_hi >= 0 && in1) ? __ldg(Xb + (size_t)c_hi * D + k1) : 0.f;
+            const float a_0 = (r >= 0 && in0) ? __ldg(Xa + (size_t)r * D + k0) : 0.f;
+            const float a_1 = (r >= 0 && in1) ? __ldg(Xa + (size_t)r * D + k1) : 0.f;
+            const unsigned a[4] = {tc_tf32(l0), tc_tf32(h0), tc_tf32(l1), tc_tf32(h1)};
+            tc_mma(acc, a, tc_tf32(a_0), tc_tf32(a_1));
+        }
+    }
+    float* tile = tiles[warp];
+    reinterpret_cast<float2*>(tile)[(g * 8 + 2 * t) >> 1] = make_float2(acc[0], acc[1]);
+    reinterpret_cast<float2*>(tile)[((g + 8) * 8 + 2 * t) >> 1] = make_float2(acc[2], acc[3]);
+    __syncwarp();
+    // Entries of the unit's blocks are contiguous; block k of the unit starts at p1..p3.
+    const int e0 = block_ptr[u.y], e1 = block_ptr[u.z];
+    const int nb = u.z - u.y;
+    const int p1 = nb > 1 ? block_ptr[u.y + 1] : e1, p2 = nb > 2 ? block_ptr[u.y + 2] : e1;
+    const int p3 = nb > 3 ? block_ptr[u.y + 3] : e1;
+    for (int e = e0 + lane; e < e1; e += 32) {
+        const int k = (e >= p1) + (e >= p2) + (e >= p3);
+        const int p = tile_pos[e];
+        float v = tile[(4 * k + (p & 3)) * 8 + (p >> 2)];
+        if (multiply) v *= values[e];
+        out[e] = v;
+    }
+}
+"""
+
 def _b(v):
     return "true" if v else "false"
 
@@ -675,6 +894,29 @@ def fixup_name(value_type):
     return f"tcgnn_spmm_fixup<{VALUE_TYPES[value_type]}>"
 
 
+#: Float4 column groups per lane (a warp covers ``32 * FS`` features) and blocks per step of the vector SpMM.
+VEC_SLICES = (1, 2, 4)
+VEC_UNROLL = (4, 8)
+#: Warps per CTA of the vector SDDMM, and the most of the vector SpMM (``__launch_bounds__(128)``).
+VEC_WARPS = 4
+#: Blocks per unit of the vector SDDMM: one 16 x 8 MMA tile holds 4 blocks' columns.
+VEC_SDDMM_BLOCKS = 4
+
+
+def spmm_vec_name(slices, unroll, vec, combine=True, prefetch=True):
+    return f"tcgnn_spmm_vec<{slices}, {unroll}, {_b(vec)}, {_b(combine)}, {_b(prefetch)}>"
+
+
+def sddmm_vec_name(vec):
+    return f"tcgnn_sddmm_vec<{_b(vec)}>"
+
+
+def _vec_names():
+    names = [spmm_vec_name(f, u, v, c, pf) for f in VEC_SLICES for u in VEC_UNROLL for v in (True, False)
+             for c in (True, False) for pf in (True, False)]
+    return names + [sddmm_vec_name(v) for v in (True, False)] + [fixup_name("float32")]
+
+
 def _tf32_names():
     names = [spmm_tf32_name(c, v, pv) for c in TF32_CHUNKS for v in (True, False) for pv in (True, False)]
     names += [spmm_tf32_async_name(c, ns, mb) for c, ns, mb in TF32_ASYNC]
@@ -694,4 +936,5 @@ def _core_names():
 FAMILIES = {
     "tf32": (_COMMON + _TF32, tuple(_tf32_names())),
     "core": (_COMMON + _CORE, tuple(_core_names())),
+    "vec": (_COMMON + _VEC, tuple(_vec_names())),
 }

@@ -48,11 +48,11 @@ def _plus_identity(data, indices, indptr, n, xp, fill_value):
     return S
 
 
-def _tiled(S, dtype, tile_shape):
-    return TiledMatrix((S.data, S.indices, S.indptr), S.shape, dtype=dtype, tile_shape=tile_shape)
+def _tiled(S, dtype, layout, tile_shape):
+    return TiledMatrix((S.data, S.indices, S.indptr), S.shape, dtype=dtype, layout=layout, tile_shape=tile_shape)
 
 
-def add_self_loops(A, *, fill_value=1.0, dtype=np.float32, tile_shape=(16, 8)):
+def add_self_loops(A, *, fill_value=1.0, dtype=np.float32, layout=None, tile_shape=None):
     """``A + fill_value * I`` as a :class:`~tcgnn_py.TiledMatrix` (the graph AGNN attends over).
 
     Parameters
@@ -63,7 +63,8 @@ def add_self_loops(A, *, fill_value=1.0, dtype=np.float32, tile_shape=(16, 8)):
         Added to every diagonal entry (existing self loops included).
     dtype : dtype, default float32
         float32 for the tensor cores, float64 for exact checks.
-    tile_shape : (int, int), default (16, 8)
+    layout, tile_shape : optional
+        As for :class:`~tcgnn_py.TiledMatrix`.
 
     Examples
     --------
@@ -73,10 +74,10 @@ def add_self_loops(A, *, fill_value=1.0, dtype=np.float32, tile_shape=(16, 8)):
     [[1.0, 1.0], [1.0, 1.0]]
     """
     data, indices, indptr, n, xp = _square_csr(A)
-    return _tiled(_plus_identity(data, indices, indptr, n, xp, float(fill_value)), dtype, tile_shape)
+    return _tiled(_plus_identity(data, indices, indptr, n, xp, float(fill_value)), dtype, layout, tile_shape)
 
 
-def gcn_norm(A, *, add_self_loops=True, dtype=np.float32, tile_shape=(16, 8)):
+def gcn_norm(A, *, add_self_loops=True, dtype=np.float32, layout=None, tile_shape=None):
     """Kipf & Welling's propagation matrix ``Â = D^-1/2 (A + I) D^-1/2`` as a TiledMatrix.
 
     ``D`` holds the row sums of ``A + I``, edge weights included (for a
@@ -92,7 +93,8 @@ def gcn_norm(A, *, add_self_loops=True, dtype=np.float32, tile_shape=(16, 8)):
         Use ``A + I`` (the renormalisation trick); False normalises A itself.
     dtype : dtype, default float32
         float32 for the tensor cores, float64 for exact checks.
-    tile_shape : (int, int), default (16, 8)
+    layout, tile_shape : optional
+        As for :class:`~tcgnn_py.TiledMatrix`.
 
     Returns
     -------
@@ -114,4 +116,4 @@ def gcn_norm(A, *, add_self_loops=True, dtype=np.float32, tile_shape=(16, 8)):
     dinv = xp.where(deg > 0, 1.0 / xp.sqrt(xp.where(deg > 0, deg, 1.0)), 0.0)
     rows = xp.searchsorted(S.indptr, xp.arange(S.nnz), side="right") - 1
     S.data = S.data * dinv[rows] * dinv[S.indices]
-    return _tiled(S, dtype, tile_shape)
+    return _tiled(S, dtype, layout, tile_shape)
