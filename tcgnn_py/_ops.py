@@ -169,11 +169,11 @@ TUNING = {
     "tf32_async_stages": 2,  # cp.async kernel's blocks in flight per warp (0: the register kernel)
     "tf32_async_min_blocks": 3,  # __launch_bounds__ minimum CTAs of 256 threads: 3 caps registers at 80
     "vec_slices": None,  # vector layout: float4 groups per lane (a warp covers 32 * this many features); None: auto
-    "vec_max_slices": 2,  # the auto choice's cap (registers: 8 accumulators per group)
+    "vec_max_slices": 1,  # the auto choice's cap (registers: 8 accumulators per group)
     "vec_unroll": 4,  # vector layout: blocks whose loads a warp issues together
     "vec_blocks_per_unit": None,  # vector layout: blocks per balanced unit; None: from the tiling (below)
     "vec_target_warps": 16,  # auto units: aim for this many warps per SM in the grid
-    "vec_warps": 1,  # warps per CTA (independent: a CTA's slot frees as soon as its one warp ends)
+    "vec_warps": 4,  # warps per CTA (independent: each takes its own unit x slice)
     "vec_sort_units": True,  # longest units first: the grid's tail is made of short ones
     "vec_combine": True,  # sum split windows inside the launch (else: a fixup launch)
     "vec_prefetch": True,  # load the next step's block metadata with this step's X rows

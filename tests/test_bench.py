@@ -184,10 +184,12 @@ def test_bench_graph_on_device():
     g = bench_graph("powerlaw:3001:20000", dims=(7, 64), repeat=3, n_inputs=2, copy_bw=4e12, seed=3)
     assert g["device"] == "cuda"
     for r in g["results"]:
-        want = {"spmm": {"cusparse_alg2", "cusparse_alg3", "tcgnn_tf32", "tcgnn_fp32", "cupyx"},
-                "sddmm": {"cusparse_sddmm", "gather_dot", "tcgnn_tf32", "tcgnn_fp32"}}[r["op"]]
+        ours = {"tcgnn_tf32", "tcgnn_vector_tf32", "tcgnn_fp32"}
+        want = {"spmm": {"cusparse_alg2", "cusparse_alg3", "cupyx"} | ours,
+                "sddmm": {"cusparse_sddmm", "gather_dot"} | ours}[r["op"]]
         assert set(r["us"]) == want, g["notes"]
-        assert r["err"]["tcgnn_tf32"] < 5e-3 and r["err"]["tcgnn_fp32"] < 1e-5
+        assert r["err"]["tcgnn_tf32"] < 5e-3 and r["err"]["tcgnn_vector_tf32"] < 5e-3 and r["err"]["tcgnn_fp32"] < 1e-5
+        assert set(r["speedup"]) == ours
         assert r["best_baseline"] in r["baselines"]
 
 

@@ -783,7 +783,13 @@ tcgnn_spmm_vec(const int4* __restrict__ units, const int2* __restrict__ unit_k0,
         if (cc >= width || row0 + rr >= M) continue;
         const float* p = partial + ((size_t)k0.x * 8 + rr) * D + base + cc;
         float sum = 0.f;
-        for (int k = 0; k < k0.y; ++k) sum += __ldcg(p + (size_t)k * 8 * D);
+        for (int k = 0; k < k0.y; k += 8) {  // 8 loads in flight, then the adds in part order
+            float v[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) v[j] = k + j < k0.y ? __ldcg(p + (size_t)(k + j) * 8 * D) : 0.f;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) sum += v[j];
+        }
         Y[(size_t)(row0 + rr) * D + base + cc] = sum;
     }
     if (lane == 0) *counter = 0;  // ready for the next call on this stream
