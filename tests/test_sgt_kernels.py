@@ -37,7 +37,7 @@ def test_translate_tiny(xp, name):
     kernel_vs_reference(xp, TINY[name], (16, 8))
 
 
-@pytest.mark.parametrize("tile_shape", [(16, 16), (8, 8), (32, 4), (4, 32), (1, 2)])
+@pytest.mark.parametrize("tile_shape", [(16, 16), (8, 8), (8, 4), (32, 4), (4, 32), (1, 2)])
 def test_translate_tile_shapes(xp, tile_shape):
     kernel_vs_reference(xp, TINY["n17"], tile_shape)
 

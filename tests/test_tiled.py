@@ -306,6 +306,26 @@ def test_tile_shape_must_be_a_pair():
         tg.TiledMatrix(sp.eye_array(3, format="csr"), tile_shape=(16,))
 
 
+def test_layout_argument():
+    A = sp.random_array((37, 29), density=0.2, format="csr", dtype=np.float64, rng=np.random.default_rng())
+    A.data[:] = np.random.default_rng().integers(1, 5, A.nnz)
+    V = tg.TiledMatrix(A, layout="vector", device="cpu")
+    assert V.layout == tg.Layout(8, 4) and V.layout.name == "vector" and V.tile_shape == (8, 4)
+    assert tg.TiledMatrix(A, device="cpu").layout.name == "tcgnn"
+    assert tg.TiledMatrix(A, layout=tg.Layout(8, 4), tile_shape=(8, 4), device="cpu").tile_shape == (8, 4)
+    assert tg.TiledMatrix(A, tile_shape=(32, 4), device="cpu").layout.name is None
+    X = np.random.default_rng().integers(-8, 9, (29, 5)).astype(np.float64)
+    np.testing.assert_array_equal(V @ X, A @ X)
+    assert (V.tocsr() != A).nnz == 0
+    V.check_format(full_check=True)
+    with pytest.raises(ValueError, match="layout must be one of"):
+        tg.TiledMatrix(A, layout="flash", device="cpu")
+    with pytest.raises(TypeError, match="layout must be a str"):
+        tg.TiledMatrix(A, layout=(8, 4), device="cpu")
+    with pytest.raises(ValueError, match="contradicts layout"):
+        tg.TiledMatrix(A, layout="vector", tile_shape=(16, 8), device="cpu")
+
+
 def test_device_argument():
     A = sp.eye_array(3, format="csr")
     assert tg.TiledMatrix(A, device="cpu").device == "cpu"
