@@ -177,6 +177,8 @@ TUNING = {
     "vec_sort_units": True,  # longest units first: the grid's tail is made of short ones
     "vec_combine": True,  # sum split windows inside the launch (else: a fixup launch)
     "vec_prefetch": True,  # load the next step's block metadata with this step's X rows
+    "vec_async_stages": 2,  # cp.async vector kernel's steps in flight per warp (0: the register kernel)
+    "vec_async_unroll": 4,  # blocks per cp.async step
 }
 _TUNING_VERSION = [0]
 
@@ -253,6 +255,7 @@ class VecSpmmLaunch(NamedTuple):
     kernel: object
     grid: tuple
     block: tuple
+    smem: int
     units: object  # int4 rows (window, first block, end block, slot or -1)
     unit_k0: object  # int2 rows (first slot of the unit's window, parts of the window)
     meta: object  # (n_blocks, 2) uint32: occupancy mask, first entry
@@ -272,7 +275,7 @@ class VecSpmmLaunch(NamedTuple):
                 counters = self.counters[stream] = get_cupy().zeros(self.n_counters, np.int32)
         args = (self.units, self.unit_k0, tiling.block_cols, self.meta, values, X, Y, partial, counters,
                 np.int32(M), np.int32(D), np.int32(self.n_slices), np.int32(self.n_work))
-        self.kernel(self.grid, self.block, args)
+        self.kernel(self.grid, self.block, args, shared_mem=self.smem)
 
 
 def _spmm_gpu(tiling, values, X, dtype, mode, out, casts):
@@ -364,6 +367,9 @@ VEC_UNITS_PER_WINDOW_MAX = 1024
 #: Split windows of at most this many parts are summed inside the SpMM launch (the last part's warp reads
 #: them all); longer ones go to the fixup launch, which spreads each window's sum over many threads.
 VEC_COMBINE_PARTS_MAX = 64
+#: A tiling whose longest window has this many times the mean blocks aims for 4x the warps (shorter units):
+#: as_22july06 went from 56-98 us to 33-39 us at D = 64-128, pubmed (ratio 6) lost with it (sweep6.log).
+VEC_HUB_RATIO = 16
 #: Blocks per unit the automatic choice of the vector layout considers (4 blocks = 16 column vectors).
 #: Cutting windows of fewer than 16 blocks lost in every sweep (tools/profiles): a part's partial tile,
 #: fence and counter cost more than the parallelism gained.
@@ -385,9 +391,17 @@ def _vec_launch(cp, tiling, dtype, D, vec):
         units, unit_k0 = tiling.cached(("vec_sorted", bpu), lambda: _longest_first(tiling.xp, units, unit_k0))
     n_work = units.shape[0] * n_slices
     combine = 0 < plan["max_parts"] <= VEC_COMBINE_PARTS_MAX and TUNING["vec_combine"]
-    kernel = get_kernel("vec", kp.spmm_vec_name(slices, TUNING["vec_unroll"], vec, combine, TUNING["vec_prefetch"]))
     nw = TUNING["vec_warps"]
-    launch = VecSpmmLaunch(kernel, (-(-n_work // nw),), (32 * nw,), units, unit_k0, vec_meta(tiling),
+    ns, ua = TUNING["vec_async_stages"], TUNING["vec_async_unroll"]
+    smem = 0
+    if vec and (slices, ua, ns) in kp.VEC_ASYNC:  # cp.async needs 16-byte aligned rows
+        while nw > 1 and kp.vec_async_smem(nw, slices, ua, ns) > kp.SPMM_SMEM_LIMIT:
+            nw //= 2
+        smem = kp.vec_async_smem(nw, slices, ua, ns)
+        kernel = get_kernel("vec", kp.spmm_vec_async_name(slices, ua, ns, combine))
+    else:
+        kernel = get_kernel("vec", kp.spmm_vec_name(slices, TUNING["vec_unroll"], vec, combine, TUNING["vec_prefetch"]))
+    launch = VecSpmmLaunch(kernel, (-(-n_work // nw),), (32 * nw,), smem, units, unit_k0, vec_meta(tiling),
                            n_slices, n_work, plan["n_slots"] * n_slices if combine else 0, {},
                            n_slots=plan["n_slots"])
     if plan["n_slots"] and not combine:
@@ -407,9 +421,10 @@ def _vec_unit_size(tiling, n_slices):
     """Blocks per unit of the vector SpMM, from the tiling's blocks-per-window histogram.
 
     The largest size in :data:`VEC_UNIT_SIZES` whose units x slices still give
-    ``TUNING["vec_target_warps"]`` warps per SM: long windows are cut into
-    balanced parts only as far as the GPU needs parallelism (each cut costs a
-    partial tile written and read again).
+    ``TUNING["vec_target_warps"]`` warps per SM (4x that on hub-heavy tilings,
+    :data:`VEC_HUB_RATIO`): long windows are cut into balanced parts only as far
+    as the GPU needs parallelism (each cut costs a partial tile written and read
+    again).
     """
     def build():
         from ._device import to_host
@@ -419,6 +434,8 @@ def _vec_unit_size(tiling, n_slices):
 
     nb, sms = tiling.cached("vec_hist", build)
     target = TUNING["vec_target_warps"] * sms
+    if nb.shape[0] and nb.max() > VEC_HUB_RATIO * max(nb.mean(), 1.0):
+        target *= 4  # hub windows: shorter units, or the longest unit is the kernel's tail
     floor = -(-int(nb.max(initial=0)) // VEC_UNITS_PER_WINDOW_MAX)
     best = VEC_UNIT_SIZES[0]
     for size in VEC_UNIT_SIZES:

@@ -69,9 +69,9 @@ def poisoned_sddmm(cp, T, Xa, Xb, precision=None, multiply=False, dtype=np.float
 
 
 #: TF32 SpMM variants: (layout, tuning).  16x8: the register pipeline and cp.async with
-#: 2-4 stages; vector layout: 1, 2, 4 feature groups per lane, unroll 4 and 8, and
-#: units of 2 blocks (every window of more than 2 blocks split), summed in the launch
-#: or by the fixup launch.
+#: 2-4 stages; vector layout: the register kernel with 1, 2, 4 feature groups per lane,
+#: unroll 4 and 8, the cp.async kernel (default) with 2-3 stages, and units of 2 blocks
+#: (every window of more than 2 blocks split), summed in the launch or by the fixup launch.
 TF32_VARIANTS = {
     "registers": ("tcgnn", dict(tf32_async_stages=0, tf32_async_min_blocks=1)),
     "async2": ("tcgnn", dict(tf32_async_stages=2, tf32_async_min_blocks=1)),
@@ -79,10 +79,13 @@ TF32_VARIANTS = {
     "async3-80reg": ("tcgnn", dict(tf32_async_stages=3, tf32_async_min_blocks=3)),
     "async4-64reg": ("tcgnn", dict(tf32_async_stages=4, tf32_async_min_blocks=4)),
     "vector": ("vector", {}),
-    "vector-g1u8": ("vector", dict(vec_max_slices=1, vec_unroll=8)),
-    "vector-g4u4": ("vector", dict(vec_max_slices=4, vec_unroll=4)),
-    "vector-split": ("vector", dict(vec_blocks_per_unit=2, vec_unroll=4)),
-    "vector-fixup": ("vector", dict(vec_blocks_per_unit=2, vec_combine=False, vec_unroll=8)),
+    "vector-g1u8": ("vector", dict(vec_max_slices=1, vec_unroll=8, vec_async_stages=0)),
+    "vector-g4u4": ("vector", dict(vec_max_slices=4, vec_unroll=4, vec_async_stages=0)),
+    "vector-split": ("vector", dict(vec_blocks_per_unit=2, vec_unroll=4, vec_async_stages=0)),
+    "vector-fixup": ("vector", dict(vec_blocks_per_unit=2, vec_combine=False, vec_unroll=8, vec_async_stages=0)),
+    "vector-async-g2u2s3-split": ("vector", dict(vec_max_slices=2, vec_async_unroll=2, vec_async_stages=3,
+                                                 vec_blocks_per_unit=2)),
+    "vector-async-fixup": ("vector", dict(vec_async_stages=2, vec_blocks_per_unit=2, vec_combine=False)),
 }
 
 

@@ -3,8 +3,8 @@
 Usage: compute-sanitizer --tool memcheck python tools/memcheck_products.py
 Covers: TF32 SpMM with 1/2/4 column chunks, 16-byte and scalar loads, split
 (hub) windows and the fixup; the vector layout's SpMM (1/2/4 feature groups,
-unroll 4/8, units of 2 blocks and automatic units, split windows summed in the
-launch or by the fixup) and SDDMM; CUDA-core SpMM in float32/float64 on other tile
+unroll 4/8, the cp.async kernel with 2/3 stages, units of 2 blocks and automatic
+units, split windows summed in the launch or by the fixup) and SDDMM; CUDA-core SpMM in float32/float64 on other tile
 shapes; TF32 and CUDA-core SDDMM.  Sizes are not multiples of 16.  Every
 result is checked against SciPy, so a wrong index shows up even when it stays
 inside an allocation.
@@ -32,9 +32,11 @@ R.data[:] = rng.integers(1, 5, R.nnz)
 checked = 0
 from tcgnn_py import _ops  # noqa: E402
 
-VEC_TUNINGS = [dict(vec_max_slices=1, vec_unroll=4, vec_blocks_per_unit=2, vec_combine=True),
-               dict(vec_max_slices=2, vec_unroll=8, vec_blocks_per_unit=2, vec_combine=False),
-               dict(vec_max_slices=4, vec_unroll=4, vec_blocks_per_unit=None, vec_combine=True)]
+VEC_TUNINGS = [dict(vec_max_slices=1, vec_unroll=4, vec_blocks_per_unit=2, vec_combine=True, vec_async_stages=0),
+               dict(vec_max_slices=2, vec_unroll=8, vec_blocks_per_unit=2, vec_combine=False, vec_async_stages=0),
+               dict(vec_max_slices=4, vec_unroll=4, vec_blocks_per_unit=None, vec_combine=True, vec_async_stages=0),
+               dict(vec_max_slices=2, vec_async_unroll=2, vec_async_stages=3, vec_blocks_per_unit=2),
+               dict(vec_max_slices=1, vec_async_unroll=4, vec_async_stages=2, vec_blocks_per_unit=None)]
 cases = [(A, (16, 8), np.float32, {}), (R, (16, 8), np.float32, {}), (A, (8, 8), np.float32, {}),
          (A, (32, 32), np.float64, {})]
 cases += [(M, (8, 4), np.float32, t) for t in VEC_TUNINGS for M in (A, R)]

@@ -26,9 +26,9 @@ def main(argv):
     quick = "--quick" in argv
     graphs = [a for a in argv if not a.startswith("--")]
     base = dict(_ops.TUNING)
-    grid = [dict(vec_max_slices=s, vec_unroll=u, vec_target_warps=tw, vec_warps=w, vec_sort_units=so)
-            for s, u, tw, w, so in itertools.product((1, 2), (4, 8), (16, 64), (1, 4), (True, False))]
-    grid += [dict(vec_combine=False), dict(vec_prefetch=False)]
+    grid = [dict(vec_max_slices=s, vec_async_unroll=u, vec_async_stages=ns, vec_target_warps=tw)
+            for s, u, ns, tw in itertools.product((1, 2), (2, 4), (2, 3), (16, 64))]
+    grid += [dict(vec_async_stages=0), dict(vec_async_stages=0, vec_unroll=8), dict(vec_combine=False)]
     if quick:
         grid = [dict(vec_max_slices=s, vec_unroll=u) for s in (1, 2, 4) for u in (4, 8)] + [dict(vec_combine=False)]
     summary = []

@@ -52,6 +52,9 @@ __all__ = [
     "VEC_WARPS",
     "VEC_SDDMM_BLOCKS",
     "spmm_vec_name",
+    "VEC_ASYNC",
+    "spmm_vec_async_name",
+    "vec_async_smem",
     "sddmm_vec_name",
 ]
 
@@ -161,6 +164,23 @@ __device__ __forceinline__ int tc_find_window(const int* __restrict__ win_ptr, i
     }
     return tc_advance_window(win_ptr, lo, b);
 }
+
+// cp.async helpers (sm_80+).
+__device__ __forceinline__ unsigned tc_smem_addr(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// 16 bytes global -> shared; src_bytes == 0 writes zeros without reading.
+__device__ __forceinline__ void tc_cp_async16(unsigned dst, const float* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+__device__ __forceinline__ void tc_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+template <int N>
+__device__ __forceinline__ void tc_cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 // Sum the partial tiles of each split window, in unit order (deterministic).
 // splits[i] = (window, first partial slot, number of slots, unused).
@@ -346,22 +366,6 @@ tcgnn_spmm_tf32(const int4* __restrict__ units, const int* __restrict__ block_pt
 // row's 128 contiguous bytes); the fragments are read from shared memory, rows
 // padded by 8 floats so that lanes (g, t) reading rows t and t + 4 at 4g hit
 // distinct banks.  Each warp owns its stages; __syncwarp orders them.
-__device__ __forceinline__ unsigned tc_smem_addr(const void* p) {
-    unsigned a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
-// 16 bytes global -> shared; src_bytes == 0 writes zeros without reading.
-__device__ __forceinline__ void tc_cp_async16(unsigned dst, const float* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-
-__device__ __forceinline__ void tc_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-
-template <int N>
-__device__ __forceinline__ void tc_cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
-
 struct TcEM {
     int e0;
     uint4 mk;
@@ -663,6 +667,64 @@ _VEC = r"""
 // of a window (int4: window, first block, end block, partial slot or -1), and a
 // split window's parts are summed in unit order by tcgnn_spmm_fixup (H = 8).
 // grid = ceil(units * slices / warps) CTAs of 1-4 independent warps.
+// Store a warp's 8 rows x 32 * FS features (Y, or its partial tile), then, with
+// COMBINE, count the part and let the window's last part sum all partial tiles.
+template <int FS, bool VEC, bool COMBINE>
+__device__ __forceinline__ void tc_vec_finish(const float (&acc)[FS][2][4], int4 u, int unit, int slice, int col,
+                                              int lane, const int2* __restrict__ unit_k0, float* __restrict__ Y,
+                                              float* __restrict__ partial, int* __restrict__ counters, int M, int D,
+                                              int n_slices) {
+    const int t = lane & 3;
+    // acc[j][h] = {D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1]}: m = g (+8) is feature 4g + 2h (+1).
+    const int r = 2 * t;
+    float* out;
+    long long rows_left;
+    if (u.w < 0) {
+        out = Y + ((size_t)u.x * 8 + r) * D;
+        rows_left = (long long)M - ((long long)u.x * 8 + r);
+    } else {
+        out = partial + ((size_t)u.w * 8 + r) * D;
+        rows_left = 2;
+    }
+#pragma unroll
+    for (int j = 0; j < FS; ++j) {
+        const int cj = col + 32 * j;
+        if (rows_left > 0)
+            tc_store4<VEC>(out, cj, D, make_float4(acc[j][0][0], acc[j][0][2], acc[j][1][0], acc[j][1][2]));
+        if (rows_left > 1)
+            tc_store4<VEC>(out + D, cj, D, make_float4(acc[j][0][1], acc[j][0][3], acc[j][1][1], acc[j][1][3]));
+    }
+    if (!COMBINE || u.w < 0) return;
+
+    // Release this part's tile, count it; the window's last part sums them all.
+    __threadfence();
+    __syncwarp();
+    const int2 k0 = unit_k0[unit];
+    int* counter = counters + (size_t)k0.x * n_slices + slice;
+    int last = 0;
+    if (lane == 0) last = atomicAdd(counter, 1) == k0.y - 1;
+    if (!__shfl_sync(TC_FULL, last, 0)) return;
+    __threadfence();  // acquire: the other parts' tiles are visible (read through L2 below)
+    const int base = slice * (32 * FS);
+    const int width = min(32 * FS, D - base);
+    const long long row0 = (long long)u.x * 8;
+    for (int i = lane; i < 8 * 32 * FS; i += 32) {
+        const int rr = i / (32 * FS), cc = i - rr * (32 * FS);
+        if (cc >= width || row0 + rr >= M) continue;
+        const float* p = partial + ((size_t)k0.x * 8 + rr) * D + base + cc;
+        float sum = 0.f;
+        for (int k = 0; k < k0.y; k += 8) {  // 8 loads in flight, then the adds in part order
+            float v[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) v[j] = k + j < k0.y ? __ldcg(p + (size_t)(k + j) * 8 * D) : 0.f;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) sum += v[j];
+        }
+        Y[(size_t)(row0 + rr) * D + base + cc] = sum;
+    }
+    if (lane == 0) *counter = 0;  // ready for the next call on this stream
+}
+
 // COMBINE: split windows are summed in this launch -- each part stores its partial
 // tile, and the warp that finishes a window's slice last (a per-stream counter,
 // reset by that warp) sums all of the window's partial tiles in unit order, as
@@ -745,54 +807,116 @@ tcgnn_spmm_vec(const int4* __restrict__ units, const int2* __restrict__ unit_k0,
         }
     }
 
-    // acc[j][h] = {D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1]}: m = g (+8) is feature 4g + 2h (+1).
-    const int r = 2 * t;
-    float* out;
-    long long rows_left;
-    if (u.w < 0) {
-        out = Y + ((size_t)u.x * 8 + r) * D;
-        rows_left = (long long)M - ((long long)u.x * 8 + r);
-    } else {
-        out = partial + ((size_t)u.w * 8 + r) * D;
-        rows_left = 2;
-    }
-#pragma unroll
-    for (int j = 0; j < FS; ++j) {
-        const int cj = col + 32 * j;
-        if (rows_left > 0)
-            tc_store4<VEC>(out, cj, D, make_float4(acc[j][0][0], acc[j][0][2], acc[j][1][0], acc[j][1][2]));
-        if (rows_left > 1)
-            tc_store4<VEC>(out + D, cj, D, make_float4(acc[j][0][1], acc[j][0][3], acc[j][1][1], acc[j][1][3]));
-    }
-    if (!COMBINE || u.w < 0) return;
+    tc_vec_finish<FS, VEC, COMBINE>(acc, u, unit, slice, col, lane, unit_k0, Y, partial, counters, M, D, n_slices);
+}
 
-    // Release this part's tile, count it; the window's last part sums them all.
-    __threadfence();
-    __syncwarp();
-    const int2 k0 = unit_k0[unit];
-    int* counter = counters + (size_t)k0.x * n_slices + slice;
-    int last = 0;
-    if (lane == 0) last = atomicAdd(counter, 1) == k0.y - 1;
-    if (!__shfl_sync(TC_FULL, last, 0)) return;
-    __threadfence();  // acquire: the other parts' tiles are visible (read through L2 below)
+// ---------------------------------------------------------------------------
+// Vector-layout SpMM with cp.async gathers (16-byte aligned rows, D % 4 == 0).
+// Same work, fragments, outputs and COMBINE as tcgnn_spmm_vec, but the X rows of
+// the next NS - 1 steps (U blocks each) travel global -> shared through
+// cp.async, which holds no registers while in flight: more gathers in flight
+// per warp at fewer registers.  Lane L copies 16 bytes of row L / 8 of each
+// block (a quarter-warp one row's 128 contiguous bytes); fragments are read
+// back with 16-byte shared loads from rows padded by 8 floats, so the lanes of
+// a quarter-warp (rows t, features 4g) hit distinct banks.  Each warp owns its
+// stages; __syncwarp orders them.
+template <int FS, int U, int NS, bool COMBINE>
+__global__ void __launch_bounds__(128, (FS >= 2 ? 6 : 8))
+tcgnn_spmm_vec_async(const int4* __restrict__ units, const int2* __restrict__ unit_k0,
+                     const int* __restrict__ block_cols, const uint2* __restrict__ meta,
+                     const float* __restrict__ values, const float* __restrict__ X, float* __restrict__ Y,
+                     float* __restrict__ partial, int* __restrict__ counters, int M, int D, int n_slices,
+                     int n_work) {
+    static_assert(U % 2 == 0, "blocks go to the MMA in pairs");
+    extern __shared__ float4 tc_smem[];
+    constexpr int RS = 32 * FS + 8;    // floats per staged row
+    constexpr int STAGE = U * 4 * RS;  // floats per stage
+    const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
+    const int work = blockIdx.x * (blockDim.x >> 5) + wib;
+    if (work >= n_work) return;  // whole warp
+    const int g = lane >> 2, t = lane & 3;
+    const int unit = work / n_slices, slice = work - unit * n_slices;
+    const int4 u = units[unit];
     const int base = slice * (32 * FS);
-    const int width = min(32 * FS, D - base);
-    const long long row0 = (long long)u.x * 8;
-    for (int i = lane; i < 8 * 32 * FS; i += 32) {
-        const int rr = i / (32 * FS), cc = i - rr * (32 * FS);
-        if (cc >= width || row0 + rr >= M) continue;
-        const float* p = partial + ((size_t)k0.x * 8 + rr) * D + base + cc;
-        float sum = 0.f;
-        for (int k = 0; k < k0.y; k += 8) {  // 8 loads in flight, then the adds in part order
-            float v[8];
+    const int col = base + 4 * g;
+    const unsigned below = (1u << lane) - 1u;
+    const int cr = lane >> 3, coff = 4 * (lane & 7);  // this lane copies row cr of each block at feature coff
+    float* stages = reinterpret_cast<float*>(tc_smem) + wib * NS * STAGE;
+    const int n_steps = (u.z - u.y + U - 1) / U;
+
+    float acc[FS][2][4];
 #pragma unroll
-            for (int j = 0; j < 8; ++j) v[j] = k + j < k0.y ? __ldcg(p + (size_t)(k + j) * 8 * D) : 0.f;
+    for (int j = 0; j < FS; ++j)
 #pragma unroll
-            for (int j = 0; j < 8; ++j) sum += v[j];
-        }
-        Y[(size_t)(row0 + rr) * D + base + cc] = sum;
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) acc[j][h][q] = 0.f;
+
+    int rq[U];  // X rows this lane copies for the next step to issue
+#define TC_VEC_ROWS(step)                                                        \
+    _Pragma("unroll") for (int i = 0; i < U; ++i) {                              \
+        const int bi = u.y + (step) * U + i;                                     \
+        rq[i] = bi < u.z ? block_cols[bi * 4 + cr] : -1;                         \
     }
-    if (lane == 0) *counter = 0;  // ready for the next call on this stream
+#define TC_VEC_ISSUE(step)                                                       \
+    {                                                                            \
+        float* st = stages + ((step) % NS) * STAGE;                              \
+        _Pragma("unroll") for (int i = 0; i < U; ++i)                            \
+            _Pragma("unroll") for (int c = 0; c < FS; ++c) {                     \
+                const int fx = base + 32 * c + coff;                             \
+                const int bytes = (rq[i] >= 0 && fx < D) ? 16 : 0;               \
+                const float* src = bytes ? X + (size_t)rq[i] * D + fx : X;       \
+                tc_cp_async16(tc_smem_addr(st + (i * 4 + cr) * RS + 32 * c + coff), src, bytes); \
+            }                                                                    \
+        tc_cp_commit();                                                          \
+    }
+#pragma unroll
+    for (int s0 = 0; s0 < NS - 1; ++s0) {
+        TC_VEC_ROWS(s0)
+        TC_VEC_ISSUE(s0)
+    }
+    TC_VEC_ROWS(NS - 1)
+    uint2 mc[U];
+#pragma unroll
+    for (int i = 0; i < U; ++i) {
+        const int bi = u.y + i;
+        mc[i] = bi < u.z ? meta[bi] : make_uint2(0u, 0u);
+    }
+    for (int step = 0; step < n_steps; ++step) {  // warp-uniform: mma.sync needs all lanes
+        TC_VEC_ISSUE(step + NS - 1)
+        TC_VEC_ROWS(step + NS)
+        float v[U];
+        uint2 mn[U];
+#pragma unroll
+        for (int i = 0; i < U; ++i) {
+            v[i] = (mc[i].x >> lane) & 1u ? __ldg(values + mc[i].y + __popc(mc[i].x & below)) : 0.f;
+            const int bi = u.y + (step + 1) * U + i;
+            mn[i] = bi < u.z ? meta[bi] : make_uint2(0u, 0u);
+        }
+        tc_cp_wait<NS - 1>();  // this lane's copies of this step have landed
+        __syncwarp();          // ... and every other lane's
+        const float* st = stages + (step % NS) * STAGE;
+#pragma unroll
+        for (int i = 0; i < U; i += 2) {
+            const unsigned b0 = tc_tf32(v[i]), b1 = tc_tf32(v[i + 1]);
+#pragma unroll
+            for (int j = 0; j < FS; ++j) {
+                const float4 p = *reinterpret_cast<const float4*>(st + (i * 4 + t) * RS + 32 * j + 4 * g);
+                const float4 q = *reinterpret_cast<const float4*>(st + ((i + 1) * 4 + t) * RS + 32 * j + 4 * g);
+                const unsigned a0[4] = {tc_tf32(p.x), tc_tf32(p.y), tc_tf32(q.x), tc_tf32(q.y)};
+                const unsigned a1[4] = {tc_tf32(p.z), tc_tf32(p.w), tc_tf32(q.z), tc_tf32(q.w)};
+                tc_mma(acc[j][0], a0, b0, b1);
+                tc_mma(acc[j][1], a1, b0, b1);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < U; ++i) mc[i] = mn[i];
+        __syncwarp();  // the stage is refilled in the next step
+    }
+#undef TC_VEC_ROWS
+#undef TC_VEC_ISSUE
+    tc_cp_wait<0>();
+    tc_vec_finish<FS, true, COMBINE>(acc, u, unit, slice, col, lane, unit_k0, Y, partial, counters, M, D, n_slices);
 }
 
 // ---------------------------------------------------------------------------
@@ -913,6 +1037,19 @@ def spmm_vec_name(slices, unroll, vec, combine=True, prefetch=True):
     return f"tcgnn_spmm_vec<{slices}, {unroll}, {_b(vec)}, {_b(combine)}, {_b(prefetch)}>"
 
 
+#: (feature groups, blocks per step, stages) of the cp.async vector SpMM.
+VEC_ASYNC = tuple((f, u, ns) for f in (1, 2) for u in (2, 4) for ns in (2, 3))
+
+
+def spmm_vec_async_name(slices, unroll, stages, combine=True):
+    return f"tcgnn_spmm_vec_async<{slices}, {unroll}, {stages}, {_b(combine)}>"
+
+
+def vec_async_smem(nwarps, slices, unroll, stages):
+    """Bytes of ``tcgnn_spmm_vec_async``: per warp ``stages`` x ``unroll`` blocks x 4 rows padded by 8 floats."""
+    return nwarps * stages * unroll * 4 * (32 * slices + 8) * 4
+
+
 def sddmm_vec_name(vec):
     return f"tcgnn_sddmm_vec<{_b(vec)}>"
 
@@ -920,6 +1057,7 @@ def sddmm_vec_name(vec):
 def _vec_names():
     names = [spmm_vec_name(f, u, v, c, pf) for f in VEC_SLICES for u in VEC_UNROLL for v in (True, False)
              for c in (True, False) for pf in (True, False)]
+    names += [spmm_vec_async_name(f, u, ns, c) for f, u, ns in VEC_ASYNC for c in (True, False)]
     return names + [sddmm_vec_name(v) for v in (True, False)] + [fixup_name("float32")]
 
 
