@@ -148,6 +148,42 @@ __device__ __forceinline__ float4 tc_add4(float4 a, float4 b) {
     return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
 }
 
+// acc (16x8) += P[rows lo, hi] @ Q[row q]^T over D features: A operand rows
+// m = g (row lo) and m = g + 8 (row hi), B operand column n = g (row q).  K is
+// permuted identically for both operands: VEC lanes load P[.][4t .. 4t+3] and
+// Q[q][4t .. 4t+3] as float4 (elements 0-1 feed the first MMA's k = t and t+4,
+// elements 2-3 the second's); otherwise k = t, t + 4 of each 8 features.  Rows
+// < 0 and features >= D read zeros.  Both SDDMM kernels use it.
+template <bool VEC>
+__device__ __forceinline__ void tc_rows_dot(float (&acc)[4], const float* __restrict__ P, int lo, int hi,
+                                            const float* __restrict__ Q, int q, int D, int t) {
+    if (VEC) {
+        for (int d0 = 0; d0 < D; d0 += 16) {  // warp-uniform trip count
+            const int col = d0 + 4 * t;
+            const float4 pl = tc_load4<true>(P, lo, col, D);
+            const float4 ph = tc_load4<true>(P, hi, col, D);
+            const float4 qq = tc_load4<true>(Q, q, col, D);
+            const unsigned a0[4] = {tc_tf32(pl.x), tc_tf32(ph.x), tc_tf32(pl.y), tc_tf32(ph.y)};
+            tc_mma(acc, a0, tc_tf32(qq.x), tc_tf32(qq.y));
+            const unsigned a1[4] = {tc_tf32(pl.z), tc_tf32(ph.z), tc_tf32(pl.w), tc_tf32(ph.w)};
+            tc_mma(acc, a1, tc_tf32(qq.z), tc_tf32(qq.w));
+        }
+    } else {
+        for (int d0 = 0; d0 < D; d0 += 8) {
+            const int k0 = d0 + t, k1 = d0 + t + 4;
+            const bool in0 = k0 < D, in1 = k1 < D;
+            const float l0 = (lo >= 0 && in0) ? __ldg(P + (size_t)lo * D + k0) : 0.f;
+            const float h0 = (hi >= 0 && in0) ? __ldg(P + (size_t)hi * D + k0) : 0.f;
+            const float l1 = (lo >= 0 && in1) ? __ldg(P + (size_t)lo * D + k1) : 0.f;
+            const float h1 = (hi >= 0 && in1) ? __ldg(P + (size_t)hi * D + k1) : 0.f;
+            const float q0 = (q >= 0 && in0) ? __ldg(Q + (size_t)q * D + k0) : 0.f;
+            const float q1 = (q >= 0 && in1) ? __ldg(Q + (size_t)q * D + k1) : 0.f;
+            const unsigned a[4] = {tc_tf32(l0), tc_tf32(h0), tc_tf32(l1), tc_tf32(h1)};
+            tc_mma(acc, a, tc_tf32(q0), tc_tf32(q1));
+        }
+    }
+}
+
 // Window of block b, starting from a window w at or before it (win_ptr is
 // non-decreasing; empty windows are skipped).
 __device__ __forceinline__ int tc_advance_window(const int* __restrict__ win_ptr, int w, int b) {
@@ -484,9 +520,7 @@ tcgnn_spmm_tf32_async(const int4* __restrict__ units, const int* __restrict__ bl
 // for every stored entry e = (i, j), in tiled order.  A warp computes a block's
 // whole 16x8 tile, C = Xa[window rows] @ Xb[block columns]^T, then each stored
 // entry reads its element: each output is written once.
-// K (the feature dimension) is permuted inside each MMA, identically for A and
-// B: lane (g, t) loads Xa[g][4t .. 4t+3] and Xb[col g][4t .. 4t+3] as float4,
-// elements 0-1 feed the first MMA's k = t and t+4, elements 2-3 the second's.
+// K (the feature dimension) is permuted inside each MMA (tc_rows_dot).
 // grid = ceil(n_blocks / (bpw * 4)), block = 128 threads; blocks are dealt to
 // warps in runs of bpw, so hub windows spread over many warps.
 template <bool VEC>
@@ -511,31 +545,7 @@ tcgnn_sddmm_tf32(const int* __restrict__ win_ptr, int n_windows, const int* __re
         const int r_lo = ra < M ? ra : -1, r_hi = rb < M ? rb : -1;
         const int cb = block_cols[b * 8 + g];
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        if (VEC) {
-            for (int d0 = 0; d0 < D; d0 += 16) {  // warp-uniform trip count
-                const int col = d0 + 4 * t;
-                const float4 xl = tc_load4<true>(Xa, r_lo, col, D);
-                const float4 xh = tc_load4<true>(Xa, r_hi, col, D);
-                const float4 xb = tc_load4<true>(Xb, cb, col, D);
-                const unsigned a0[4] = {tc_tf32(xl.x), tc_tf32(xh.x), tc_tf32(xl.y), tc_tf32(xh.y)};
-                tc_mma(acc, a0, tc_tf32(xb.x), tc_tf32(xb.y));
-                const unsigned a1[4] = {tc_tf32(xl.z), tc_tf32(xh.z), tc_tf32(xl.w), tc_tf32(xh.w)};
-                tc_mma(acc, a1, tc_tf32(xb.z), tc_tf32(xb.w));
-            }
-        } else {
-            for (int d0 = 0; d0 < D; d0 += 8) {  // plain layout: k = t and t + 4
-                const int c0 = d0 + t, c1 = d0 + t + 4;
-                const bool in0 = c0 < D, in1 = c1 < D;
-                const float al0 = (r_lo >= 0 && in0) ? __ldg(Xa + (size_t)r_lo * D + c0) : 0.f;
-                const float ah0 = (r_hi >= 0 && in0) ? __ldg(Xa + (size_t)r_hi * D + c0) : 0.f;
-                const float al1 = (r_lo >= 0 && in1) ? __ldg(Xa + (size_t)r_lo * D + c1) : 0.f;
-                const float ah1 = (r_hi >= 0 && in1) ? __ldg(Xa + (size_t)r_hi * D + c1) : 0.f;
-                const float bb0 = (cb >= 0 && in0) ? __ldg(Xb + (size_t)cb * D + c0) : 0.f;
-                const float bb1 = (cb >= 0 && in1) ? __ldg(Xb + (size_t)cb * D + c1) : 0.f;
-                const unsigned a[4] = {tc_tf32(al0), tc_tf32(ah0), tc_tf32(al1), tc_tf32(ah1)};
-                tc_mma(acc, a, tc_tf32(bb0), tc_tf32(bb1));
-            }
-        }
+        tc_rows_dot<VEC>(acc, Xa, r_lo, r_hi, Xb, cb, D, t);
         // C tile row-major in shared memory, then one read per stored entry.
         reinterpret_cast<float2*>(tile)[(g * 8 + 2 * t) >> 1] = make_float2(acc[0], acc[1]);
         reinterpret_cast<float2*>(tile)[((g + 8) * 8 + 2 * t) >> 1] = make_float2(acc[2], acc[3]);
@@ -922,8 +932,8 @@ tcgnn_spmm_vec_async(const int4* __restrict__ units, const int2* __restrict__ un
 // ---------------------------------------------------------------------------
 // TF32 SDDMM on the vector layout: a warp takes one unit of at most 4 blocks of
 // one window and computes the 16 x 8 tile C = Xb[16 gathered columns] @
-// Xa[8 window rows]^T (m = 4 * (block - first) + slot, n = row), K permuted as
-// in tcgnn_sddmm_tf32; each stored entry then reads its element from the warp's
+// Xa[8 window rows]^T (m = 4 * (block - first) + slot, n = row), through
+// tc_rows_dot; each stored entry then reads its element from the warp's
 // tile in shared memory: each output is written once.
 template <bool VEC>
 __global__ void __launch_bounds__(128)
@@ -943,31 +953,7 @@ tcgnn_sddmm_vec(const int4* __restrict__ units, int n_units, const int* __restri
     const int row = u.x * 8 + g;
     const int r = row < M ? row : -1;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    if (VEC) {
-        for (int d0 = 0; d0 < D; d0 += 16) {  // warp-uniform trip count
-            const int cc = d0 + 4 * t;
-            const float4 xa = tc_load4<true>(Xa, r, cc, D);
-            const float4 xl = tc_load4<true>(Xb, c_lo, cc, D);
-            const float4 xh = tc_load4<true>(Xb, c_hi, cc, D);
-            const unsigned a0[4] = {tc_tf32(xl.x), tc_tf32(xh.x), tc_tf32(xl.y), tc_tf32(xh.y)};
-            tc_mma(acc, a0, tc_tf32(xa.x), tc_tf32(xa.y));
-            const unsigned a1[4] = {tc_tf32(xl.z), tc_tf32(xh.z), tc_tf32(xl.w), tc_tf32(xh.w)};
-            tc_mma(acc, a1, tc_tf32(xa.z), tc_tf32(xa.w));
-        }
-    } else {
-        for (int d0 = 0; d0 < D; d0 += 8) {  // plain layout: k = t and t + 4
-            const int k0 = d0 + t, k1 = d0 + t + 4;
-            const bool in0 = k0 < D, in1 = k1 < D;
-            const float l0 = (c_lo >= 0 && in0) ? __ldg(Xb + (size_t)c_lo * D + k0) : 0.f;
-            const float h0 = (c_hi >= 0 && in0) ? __ldg(Xb + (size_t)c_hi * D + k0) : 0.f;
-            const float l1 = (c_lo >= 0 && in1) ? __ldg(Xb + (size_t)c_lo * D + k1) : 0.f;
-            const float h1 = (c_hi >= 0 && in1) ? __ldg(Xb + (size_t)c_hi * D + k1) : 0.f;
-            const float a_0 = (r >= 0 && in0) ? __ldg(Xa + (size_t)r * D + k0) : 0.f;
-            const float a_1 = (r >= 0 && in1) ? __ldg(Xa + (size_t)r * D + k1) : 0.f;
-            const unsigned a[4] = {tc_tf32(l0), tc_tf32(h0), tc_tf32(l1), tc_tf32(h1)};
-            tc_mma(acc, a, tc_tf32(a_0), tc_tf32(a_1));
-        }
-    }
+    tc_rows_dot<VEC>(acc, Xb, c_lo, c_hi, Xa, r, D, t);  // columns are the A operand here
     float* tile = tiles[warp];
     reinterpret_cast<float2*>(tile)[(g * 8 + 2 * t) >> 1] = make_float2(acc[0], acc[1]);
     reinterpret_cast<float2*>(tile)[((g + 8) * 8 + 2 * t) >> 1] = make_float2(acc[2], acc[3]);
