@@ -273,6 +273,36 @@ def test_tf32_fragments_place_every_tile_position(cp, tf32_kernel):
         np.testing.assert_array_equal(got, A.toarray()[:, :D])
 
 
+@pytest.mark.parametrize("stages", [0, 2])
+def test_vector_split_windows_on_concurrent_streams(cp, stages):
+    """Split windows are summed in the launch through per-stream counters: streams must not share them."""
+    before = {k: _ops.TUNING[k] for k in ("vec_blocks_per_unit", "vec_async_stages")}
+    _ops.set_tuning(vec_blocks_per_unit=2, vec_async_stages=stages)
+    try:
+        rng = np.random.default_rng()
+        hub = star(100)
+        hub.resize((3001, 3001))
+        A = sp.csr_array(int_graph(rng, 3001, 3001, degree=40) + hub)  # windows of 20-60 parts, all summed in the launch
+        T = tg.TiledMatrix(A, dtype=np.float32, layout="vector")
+        Xs = [ints(rng, 3001, 64) for _ in range(4)]
+        want = [(A @ X.astype(np.float64)).astype(np.float32) for X in Xs]
+        streams = [cp.cuda.Stream(non_blocking=True) for _ in range(4)]
+        outs = [cp.full((3001, 64), cp.nan, cp.float32) for _ in range(4)]
+        Xd = [cp.asarray(X) for X in Xs]
+        for _ in range(5):  # the counters reset themselves: repeated calls stay exact
+            for s, X, Y in zip(streams, Xd, outs):
+                with s:
+                    tg.spmm(T, X, out=Y)
+            for s in streams:
+                s.synchronize()
+            for Y, w in zip(outs, want):
+                np.testing.assert_array_equal(Y.get(), w)
+        launch = next(v for k, v in T.tiling._cache.items() if isinstance(k, tuple) and k[0] == "launch")
+        assert launch.n_counters > 0 and len(launch.counters) == 4  # one set per stream, summed in the launch
+    finally:
+        _ops.set_tuning(**before)
+
+
 def test_kernels_compile_once(cp):
     from tcgnn_py.kernels import products as kp
     from tcgnn_py.kernels import registry
