@@ -15,6 +15,9 @@ once per process and device through :func:`registry.get_kernel`:
 
 ``"tf32"`` (:mod:`.products`)
     Tensor-core SpMM and SDDMM for float32 data on ``16 x 8`` tiles.
+``"vec"`` (:mod:`.products`)
+    Tensor-core SpMM (register and ``cp.async`` gathers) and SDDMM for float32
+    data on the vector layout's ``8 x 4`` blocks, operands swapped.
 ``"core"`` (:mod:`.products`)
     CUDA-core SpMM and SDDMM in the data's own precision, any tile shape.
 ``"nn"`` (:mod:`.nn`)

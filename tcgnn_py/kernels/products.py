@@ -8,15 +8,20 @@ generated from one table of supported template arguments:
     Tensor-core SpMM and SDDMM for float32 data on ``16 x 8`` tiles: operands
     rounded to TF32, products accumulated in float32, through inline PTX
     ``mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32``.
+``"vec"``
+    Tensor-core SpMM and SDDMM for float32 data on the vector layout (8-row
+    windows, ``8 x 4`` blocks of condensed column vectors), operands swapped:
+    X is the MMA's A operand.  One warp per (balanced unit, feature slice); split
+    windows are summed inside the launch (``tcgnn_spmm_vec*``, COMBINE).
 ``"core"``
     CUDA-core SpMM and SDDMM in the data's own precision (float or double),
     for any tile shape: ``precision="fp32"`` and every float64 product.
 
 No ``#include``: NVRTC on a pip-only install has no ``crt/mma.h``, and inline
-PTX needs no header.  CI compiles both sources for sm_80 and sm_90 through
+PTX needs no header.  CI compiles every source for sm_80 and sm_90 through
 NVRTC directly (``tests/test_nvrtc.py``).
 
-Work decomposition (SpMM): the host builds *units* -- ``int4`` rows
+Work decomposition (16x8 SpMM): the host builds *units* -- ``int4`` rows
 ``(window, first block, end block, partial slot)``.  A CTA takes one unit and
 its warps stride over the unit's blocks; warps meet in shared memory and the
 CTA writes the window's rows once, or, when a long (hub) window is split over
