@@ -169,7 +169,7 @@ TUNING = {
     "tf32_async_stages": 2,  # cp.async kernel's blocks in flight per warp (0: the register kernel)
     "tf32_async_min_blocks": 3,  # __launch_bounds__ minimum CTAs of 256 threads: 3 caps registers at 80
     "vec_slices": None,  # vector layout: float4 groups per lane (a warp covers 32 * this many features); None: auto
-    "vec_max_slices": 1,  # the auto choice's cap (registers: 8 accumulators per group)
+    "vec_max_slices": 2,  # the auto choice's cap (registers: 8 accumulators per group); see VEC_WIDE_WARPS
     "vec_unroll": 4,  # vector layout: blocks whose loads a warp issues together
     "vec_blocks_per_unit": None,  # vector layout: blocks per balanced unit; None: from the tiling (below)
     "vec_target_warps": 16,  # auto units: aim for this many warps per SM in the grid
@@ -179,6 +179,7 @@ TUNING = {
     "vec_prefetch": True,  # load the next step's block metadata with this step's X rows
     "vec_async_stages": 2,  # cp.async vector kernel's steps in flight per warp (0: the register kernel)
     "vec_async_unroll": 4,  # blocks per cp.async step
+    "vec_round_x": True,  # experiment: False feeds raw float bits of X to the MMA (truncation); sweeps only
 }
 _TUNING_VERSION = [0]
 
@@ -370,6 +371,10 @@ VEC_COMBINE_PARTS_MAX = 64
 #: A tiling whose longest window has this many times the mean blocks aims for 4x the warps (shorter units):
 #: as_22july06 went from 56-98 us to 33-39 us at D = 64-128, pubmed (ratio 6) lost with it (sweep6.log).
 VEC_HUB_RATIO = 16
+#: 64 features per warp (instead of 32) while units x slices still give this many warps per SM: wing,
+#: proteins_full, pubmed and the 1M-node graphs gained 2-10 % at D >= 128, blogcatalog3 and facebook (few,
+#: long windows) lost up to 12 % with fewer warps (tools/profiles/vector/sweep7.log).
+VEC_WIDE_WARPS = 32
 #: Blocks per unit the automatic choice of the vector layout considers (4 blocks = 16 column vectors).
 #: Cutting windows of fewer than 16 blocks lost in every sweep (tools/profiles): a part's partial tile,
 #: fence and counter cost more than the parallelism gained.
@@ -381,11 +386,21 @@ def _vec_launch(cp, tiling, dtype, D, vec):
     from .kernels import products as kp
     from .kernels.registry import get_kernel
 
-    slices = TUNING["vec_slices"] or min(TUNING["vec_max_slices"], -(-D // 32))
-    slices = 1 << (slices - 1).bit_length()  # 1, 2 or 4
-    n_slices = -(-D // (32 * slices))
-    bpu = TUNING["vec_blocks_per_unit"] or _vec_unit_size(tiling, n_slices)
-    plan = spmm_plan(tiling, bpu, VEC_UNITS_PER_WINDOW_MAX)
+    def shape(slices):
+        n_slices = -(-D // (32 * slices))
+        bpu = TUNING["vec_blocks_per_unit"] or _vec_unit_size(tiling, n_slices)
+        return slices, n_slices, bpu, spmm_plan(tiling, bpu, VEC_UNITS_PER_WINDOW_MAX)
+
+    if TUNING["vec_slices"]:
+        slices, n_slices, bpu, plan = shape(1 << (TUNING["vec_slices"] - 1).bit_length())
+    else:
+        # Wider slices (64 features per warp) read each block's metadata half as often, but halve the warps:
+        # keep them only while the grid still holds VEC_WIDE_WARPS warps per SM.
+        slices, n_slices, bpu, plan = shape(1)
+        if D > 32 and TUNING["vec_max_slices"] >= 2:
+            wide = shape(2)
+            if wide[3]["units"].shape[0] * wide[1] >= VEC_WIDE_WARPS * _sm_count(tiling):
+                slices, n_slices, bpu, plan = wide
     units, unit_k0 = plan["units"], plan["unit_k0"]
     if TUNING["vec_sort_units"]:
         units, unit_k0 = tiling.cached(("vec_sorted", bpu), lambda: _longest_first(tiling.xp, units, unit_k0))
@@ -398,7 +413,7 @@ def _vec_launch(cp, tiling, dtype, D, vec):
         while nw > 1 and kp.vec_async_smem(nw, slices, ua, ns) > kp.SPMM_SMEM_LIMIT:
             nw //= 2
         smem = kp.vec_async_smem(nw, slices, ua, ns)
-        kernel = get_kernel("vec", kp.spmm_vec_async_name(slices, ua, ns, combine))
+        kernel = get_kernel("vec", kp.spmm_vec_async_name(slices, ua, ns, combine, TUNING["vec_round_x"]))
     else:
         kernel = get_kernel("vec", kp.spmm_vec_name(slices, TUNING["vec_unroll"], vec, combine, TUNING["vec_prefetch"]))
     launch = VecSpmmLaunch(kernel, (-(-n_work // nw),), (32 * nw,), smem, units, unit_k0, vec_meta(tiling),
@@ -409,6 +424,11 @@ def _vec_launch(cp, tiling, dtype, D, vec):
         launch = launch._replace(fixup=Fixup(get_kernel("vec", kp.fixup_name(dtype.name)), fix_grid, plan["splits"],
                                              plan["n_slots"]))
     return launch
+
+
+def _sm_count(tiling):
+    """Multiprocessors of the device the tiling lives on (cached on it)."""
+    return tiling.cached("sm_count", lambda: get_cupy().cuda.Device().attributes["MultiProcessorCount"])
 
 
 def _longest_first(xp, units, unit_k0):
@@ -429,10 +449,9 @@ def _vec_unit_size(tiling, n_slices):
     def build():
         from ._device import to_host
 
-        nb = np.diff(to_host(tiling.win_ptr)).astype(np.int64)  # synchronize!
-        return nb, get_cupy().cuda.Device().attributes["MultiProcessorCount"]
+        return np.diff(to_host(tiling.win_ptr)).astype(np.int64)  # synchronize!
 
-    nb, sms = tiling.cached("vec_hist", build)
+    nb, sms = tiling.cached("vec_hist", build), _sm_count(tiling)
     target = TUNING["vec_target_warps"] * sms
     if nb.shape[0] and nb.max() > VEC_HUB_RATIO * max(nb.mean(), 1.0):
         target *= 4  # hub windows: shorter units, or the longest unit is the kernel's tail

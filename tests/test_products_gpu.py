@@ -80,12 +80,13 @@ TF32_VARIANTS = {
     "async4-64reg": ("tcgnn", dict(tf32_async_stages=4, tf32_async_min_blocks=4)),
     "vector": ("vector", {}),
     "vector-g1u8": ("vector", dict(vec_max_slices=1, vec_unroll=8, vec_async_stages=0)),
-    "vector-g4u4": ("vector", dict(vec_max_slices=4, vec_unroll=4, vec_async_stages=0)),
+    "vector-g4u4": ("vector", dict(vec_slices=4, vec_unroll=4, vec_async_stages=0)),
     "vector-split": ("vector", dict(vec_blocks_per_unit=2, vec_unroll=4, vec_async_stages=0)),
     "vector-fixup": ("vector", dict(vec_blocks_per_unit=2, vec_combine=False, vec_unroll=8, vec_async_stages=0)),
-    "vector-async-g2u2s3-split": ("vector", dict(vec_max_slices=2, vec_async_unroll=2, vec_async_stages=3,
+    "vector-async-g2u2s3-split": ("vector", dict(vec_slices=2, vec_async_unroll=2, vec_async_stages=3,
                                                  vec_blocks_per_unit=2)),
     "vector-async-fixup": ("vector", dict(vec_async_stages=2, vec_blocks_per_unit=2, vec_combine=False)),
+    "vector-async-truncate-x": ("vector", dict(vec_async_stages=2, vec_round_x=False)),
 }
 
 

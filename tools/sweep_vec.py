@@ -30,7 +30,7 @@ def main(argv):
             for s, u, ns, tw in itertools.product((1, 2), (2, 4), (2, 3), (16, 64))]
     grid += [dict(vec_async_stages=0), dict(vec_async_stages=0, vec_unroll=8), dict(vec_combine=False)]
     if quick:
-        grid = [dict(vec_max_slices=s, vec_unroll=u) for s in (1, 2, 4) for u in (4, 8)] + [dict(vec_combine=False)]
+        grid = [dict(vec_max_slices=s, vec_round_x=r) for s in (1, 2) for r in (True, False)]
     summary = []
     for spec in graphs:
         name, A = resolve_graph(spec)
@@ -62,7 +62,7 @@ def main(argv):
                 _ops.set_tuning(**{**base, **kw})
                 out = cp.full((A.shape[0], D), cp.nan, cp.float32)
                 tg.spmm(TVi, Xi, out=out)
-                exact = bool((out == want).all())
+                exact = bool((out == want).all())  # small integers: exact under truncation too
                 tv = 1e3 * time_rotating(lambda i: tg.spmm(TV, Xs[i], out=Y), 4, 20)
                 launch = [v for k, v in TV.tiling._cache.items() if isinstance(k, tuple) and k[0] == "launch"][-1]
                 rows.append((tv, kw, exact, launch.units.shape[0], launch.fixup is not None))

@@ -105,6 +105,9 @@ __device__ __forceinline__ unsigned tc_tf32(float x) {
     return r;
 }
 
+// An MMA operand: rounded to TF32, or the raw float bits (the tensor core then truncates).
+__device__ __forceinline__ unsigned tc_x(float x, bool round) { return round ? tc_tf32(x) : __float_as_uint(x); }
+
 // D += A * B on a 16x8x8 tile.  Fragment layout (PTX ISA, mma.m16n8k8 .tf32),
 // with g = lane / 4 and t = lane % 4:
 //   A (16x8, row): a0 = A[g][t], a1 = A[g+8][t], a2 = A[g][t+4], a3 = A[g+8][t+4]
@@ -835,7 +838,10 @@ tcgnn_spmm_vec(const int4* __restrict__ units, const int2* __restrict__ unit_k0,
 // back with 16-byte shared loads from rows padded by 8 floats, so the lanes of
 // a quarter-warp (rows t, features 4g) hit distinct banks.  Each warp owns its
 // stages; __syncwarp orders them.
-template <int FS, int U, int NS, bool COMBINE>
+// RX: round X to TF32 (cvt.rna) before the MMA; false hands the raw float bits
+// over, which the tensor core truncates (twice the rounding error on X, one
+// instruction less per element) -- an experiment, not a public mode.
+template <int FS, int U, int NS, bool COMBINE, bool RX = true>
 __global__ void __launch_bounds__(128, (FS >= 2 ? 6 : 8))
 tcgnn_spmm_vec_async(const int4* __restrict__ units, const int2* __restrict__ unit_k0,
                      const int* __restrict__ block_cols, const uint2* __restrict__ meta,
@@ -918,8 +924,8 @@ tcgnn_spmm_vec_async(const int4* __restrict__ units, const int2* __restrict__ un
             for (int j = 0; j < FS; ++j) {
                 const float4 p = *reinterpret_cast<const float4*>(st + (i * 4 + t) * RS + 32 * j + 4 * g);
                 const float4 q = *reinterpret_cast<const float4*>(st + ((i + 1) * 4 + t) * RS + 32 * j + 4 * g);
-                const unsigned a0[4] = {tc_tf32(p.x), tc_tf32(p.y), tc_tf32(q.x), tc_tf32(q.y)};
-                const unsigned a1[4] = {tc_tf32(p.z), tc_tf32(p.w), tc_tf32(q.z), tc_tf32(q.w)};
+                const unsigned a0[4] = {tc_x(p.x, RX), tc_x(p.y, RX), tc_x(q.x, RX), tc_x(q.y, RX)};
+                const unsigned a1[4] = {tc_x(p.z, RX), tc_x(p.w, RX), tc_x(q.z, RX), tc_x(q.w, RX)};
                 tc_mma(acc[j][0], a0, b0, b1);
                 tc_mma(acc[j][1], a1, b0, b1);
             }
@@ -1032,8 +1038,8 @@ def spmm_vec_name(slices, unroll, vec, combine=True, prefetch=True):
 VEC_ASYNC = tuple((f, u, ns) for f in (1, 2) for u in (2, 4) for ns in (2, 3))
 
 
-def spmm_vec_async_name(slices, unroll, stages, combine=True):
-    return f"tcgnn_spmm_vec_async<{slices}, {unroll}, {stages}, {_b(combine)}>"
+def spmm_vec_async_name(slices, unroll, stages, combine=True, round_x=True):
+    return f"tcgnn_spmm_vec_async<{slices}, {unroll}, {stages}, {_b(combine)}, {_b(round_x)}>"
 
 
 def vec_async_smem(nwarps, slices, unroll, stages):
@@ -1049,6 +1055,7 @@ def _vec_names():
     names = [spmm_vec_name(f, u, v, c, pf) for f in VEC_SLICES for u in VEC_UNROLL for v in (True, False)
              for c in (True, False) for pf in (True, False)]
     names += [spmm_vec_async_name(f, u, ns, c) for f, u, ns in VEC_ASYNC for c in (True, False)]
+    names += [spmm_vec_async_name(f, 4, 2, c, False) for f in (1, 2) for c in (True, False)]  # truncation experiment
     return names + [sddmm_vec_name(v) for v in (True, False)] + [fixup_name("float32")]
 
 
