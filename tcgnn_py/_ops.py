@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _reference as ref
-from ._device import DeviceMismatchError, get_cupy, is_cupy_array, is_device_array
+from ._device import DeviceMismatchError, get_cupy, is_cupy_array, is_device_array, to_host
 from ._validation import check_real_dtype, value_dtype
 
 __all__ = [
@@ -447,8 +447,6 @@ def _vec_unit_size(tiling, n_slices):
     again).
     """
     def build():
-        from ._device import to_host
-
         return np.diff(to_host(tiling.win_ptr)).astype(np.int64)  # synchronize!
 
     nb, sms = tiling.cached("vec_hist", build), _sm_count(tiling)

@@ -14,6 +14,7 @@ import numpy as np
 
 from . import _reference as ref
 from ._device import array_module, to_host
+from ._validation import check_tile_shape
 
 __all__ = ["Tiling", "TileStats", "Layout", "LAYOUTS", "DEFAULT_LAYOUT", "resolve_layout", "STRUCTURE"]
 
@@ -70,8 +71,6 @@ DEFAULT_LAYOUT = "tcgnn"
 
 def resolve_layout(layout=None, tile_shape=None):
     """The :class:`Layout` of ``layout`` (a name or a Layout) and/or ``tile_shape``; they must agree."""
-    from ._validation import check_tile_shape
-
     if layout is None:
         if tile_shape is None:
             return LAYOUTS[DEFAULT_LAYOUT]
