@@ -19,6 +19,9 @@ def parse_args(description, *, training=False, default_min_acc=0.80, argv=None):
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--min-accuracy", type=float, default=default_min_acc,
                        help="fail below this test accuracy (default %(default)s)")
+        p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
+                       help="float16 / bfloat16: mixed precision -- 16-bit activations and tensor cores on the "
+                            "vector layout, float32 master weights (bfloat16 needs ml_dtypes)")
     args = p.parse_args(argv)
     if args.device == "cpu":
         os.environ["TCGNN_PY_DEVICE"] = "cpu"
@@ -41,12 +44,19 @@ def load(tg):
     return g, X
 
 
+def precision_args(args):
+    """``(layout, dtype)`` for the graph and for training: 16-bit runs take the vector layout's kernels."""
+    if args.dtype == "float32":
+        return None, None
+    return "vector", args.dtype
+
+
 def device_name(A):
     return "GPU (CuPy, tensor cores)" if A.device == "cuda" else "CPU (NumPy reference path)"
 
 
-def report(name, r, epochs, device, min_acc):
-    print(f"{name} on Cora, {device}: {epochs} epochs")
+def report(name, r, epochs, device, min_acc, dtype="float32"):
+    print(f"{name} on Cora, {device}, {dtype}: {epochs} epochs")
     print(f"  test accuracy {100 * r.test_acc:.1f}% (epoch {r.best_epoch + 1}, best validation "
           f"{100 * r.val_acc:.1f}%); last epoch {100 * r.final_test_acc:.1f}%, loss {r.final_loss:.3f}")
     print(f"  time per epoch {1e3 * r.epoch_time:.2f} ms (median training step)")

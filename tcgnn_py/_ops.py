@@ -8,23 +8,29 @@ on the host they run the NumPy/SciPy reference.
 
 Precision
 ---------
-``precision=None`` (default) picks TF32 tensor cores when the product is
-float32 and the tiles are ``16 x 8``, and CUDA cores in the data's own
-precision otherwise.  ``"tf32"`` demands tensor cores (an error where they
-cannot be used), ``"fp32"`` demands CUDA cores.  float64 products always run on
-CUDA cores in float64: tensor cores have no float64 TF32 mode, and silently
-dropping 29 mantissa bits would be a wrong answer.  On the host every product is
-exact in its dtype and ``precision`` only gets validated.
+``precision=None`` (default) picks tensor cores where the tiles have kernels
+(``16 x 8`` and the vector layout's ``8 x 4``): TF32 for float32 products, and
+on the vector layout float16 / bfloat16 MMAs when X is 16-bit; CUDA cores in
+the data's own precision otherwise.  ``"tf32"`` demands TF32 tensor cores (an
+error where they cannot be used), ``"fp32"`` demands CUDA cores, ``"fp16"`` /
+``"bf16"`` demand the 16-bit MMA (X of that type, vector layout).  Every
+tensor-core product accumulates in float32.  16-bit operands elsewhere are
+widened to float32 (exactly) and the product is rounded once to the result
+dtype.  float64 products always run on CUDA cores in float64: tensor cores have
+no float64 TF32 mode, and silently dropping 29 mantissa bits would be a wrong
+answer.  On the host every product is exact in its dtype (float32 for 16-bit
+data, rounded once) and ``precision`` only gets validated.
 """
 
 import functools
+import math
 from typing import NamedTuple
 
 import numpy as np
 
 from . import _reference as ref
 from ._device import DeviceMismatchError, get_cupy, is_cupy_array, is_device_array, to_host
-from ._validation import check_real_dtype, value_dtype
+from ._validation import check_real_dtype, is_half, promote, value_dtype
 
 __all__ = [
     "as_operand",
@@ -35,6 +41,8 @@ __all__ = [
     "sddmm_raw",
     "MISMATCH",
     "PRECISIONS",
+    "HALF_PRECISIONS",
+    "compute_dtype",
     "UNITS_PER_WINDOW_MAX",
     "build_plan",
     "spmm_plan",
@@ -44,7 +52,10 @@ __all__ = [
 ]
 
 MISMATCH = "matmul: dimension mismatch with signature"
-PRECISIONS = (None, "tf32", "fp32")
+PRECISIONS = (None, "tf32", "fp32", "fp16", "bf16")
+#: The 16-bit precisions and the operand dtype each needs.
+HALF_PRECISIONS = {"fp16": "float16", "bf16": "bfloat16"}
+_F32 = np.dtype(np.float32)
 #: Tile shapes with TF32 tensor-core kernels: TC-GNN's 16x8 tiles and the vector layout's 8x4 blocks.
 TC_TILES = ((16, 8), (8, 4))
 _VEC_TILE = (8, 4)
@@ -97,41 +108,74 @@ def _is_cuda_dlpack(X):
 
 @functools.lru_cache(maxsize=256)
 def result_dtype(matrix_dtype, operand_dtype):
-    """NumPy promotion of the two, with integer and float16 operands made float."""
-    return np.result_type(matrix_dtype, value_dtype(operand_dtype))
+    """Promotion of the two (:func:`~tcgnn_py._validation.promote`), integer operands made float."""
+    return promote(matrix_dtype, value_dtype(operand_dtype))
 
 
-def check_out(out, shape, dtype, xp):
-    """Validate an ``out=`` array: the right module, shape, dtype and C-contiguous."""
+def compute_dtype(dtype):
+    """The dtype a product is computed in: float32 for 16-bit results (rounded once), else ``dtype``."""
+    return _F32 if is_half(dtype) else np.dtype(dtype)
+
+
+def check_out(out, shape, dtype, xp, half_ok=False):
+    """Validate an ``out=`` array: the right module, shape, dtype and C-contiguous.
+
+    ``half_ok``: a float32 product may also be rounded once into a 16-bit ``out``.
+    """
     if xp is np and not isinstance(out, np.ndarray):
         raise TypeError(f"out must be a numpy.ndarray here, got {type(out).__name__}")
     if xp is not np and not isinstance(out, xp.ndarray):
         raise TypeError(f"out must be a cupy.ndarray here, got {type(out).__name__}")
     if out.shape != shape:
         raise ValueError(f"out has shape {out.shape}, expected {shape}")
-    if out.dtype != dtype:
-        raise ValueError(f"out has dtype {out.dtype}, expected {dtype}")
+    if out.dtype != dtype and not (half_ok and is_half(out.dtype) and compute_dtype(dtype) == np.float32):
+        extra = " (or float16 / bfloat16)" if half_ok and compute_dtype(dtype) == np.float32 else ""
+        raise ValueError(f"out has dtype {out.dtype}, expected {dtype}{extra}")
     if not out.flags.c_contiguous:
         raise ValueError("out must be C-contiguous")
 
 
-def resolve_precision(precision, dtype, tile_shape):
-    """``"tf32"`` (tensor cores) or ``"exact"`` (CUDA cores in ``dtype``) for a product."""
+def resolve_precision(precision, dtype, tile_shape, operand=None):
+    """How a product runs: ``"tf32"``, ``"exact"`` (CUDA cores) or ``"float16"`` / ``"bfloat16"`` (16-bit MMA).
+
+    ``dtype`` is the result's dtype, ``operand`` the dtype of the gathered
+    operand X (16-bit MMAs need a 16-bit X on the vector layout).
+    """
     if not (precision is None or isinstance(precision, str)) or precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    return _resolve(precision, np.dtype(dtype), tuple(tile_shape))
+    op = None if operand is None else np.dtype(operand)
+    return _resolve(precision, np.dtype(dtype), tuple(tile_shape), op)
 
 
 @functools.lru_cache(maxsize=64)
-def _resolve(precision, dtype, tile_shape):
-    tc_ok = dtype == np.float32 and tile_shape in TC_TILES
+def _resolve(precision, dtype, tile_shape, operand):
+    cdt = compute_dtype(dtype)
+    tc_ok = cdt == np.float32 and tile_shape in TC_TILES
+    half_op = operand is not None and is_half(operand) and cdt == np.float32
+    if precision in HALF_PRECISIONS:
+        want = HALF_PRECISIONS[precision]
+        if cdt != np.float32:
+            raise TypeError(
+                f"precision={precision!r} needs a float32 or 16-bit product, this one is {dtype}: "
+                "cast the matrix and the operands with .astype(numpy.float32), or leave precision=None"
+            )
+        if operand is None or operand.name != want:
+            raise TypeError(
+                f"precision={precision!r} needs {want} operands, got {operand}: "
+                f"cast them with .astype({want!r}), or leave precision=None"
+            )
+        if tile_shape != _VEC_TILE:
+            raise ValueError(f"precision={precision!r} needs layout='vector' (8 x 4 tiles), got tile_shape {tile_shape}")
+        return want
     if precision == "tf32" and not tc_ok:
-        if dtype != np.float32:
+        if cdt != np.float32:
             raise TypeError(
                 f"precision='tf32' needs a float32 product, this one is {dtype}: "
                 "cast the matrix and the operands with .astype(numpy.float32), or leave precision=None"
             )
         raise ValueError(f"precision='tf32' needs tile_shape=(16, 8) or (8, 4), got {tile_shape}")
+    if precision is None and half_op and tile_shape == _VEC_TILE:
+        return operand.name
     if precision == "fp32" or not tc_ok:
         return "exact"
     return "tf32"
@@ -148,14 +192,29 @@ def spmm_raw(tiling, values, X, dtype, precision=None, out=None, casts=None):
     depend on the structure only); ``casts`` caches ``values`` cast to the
     product's dtype (per matrix).
     """
-    mode = resolve_precision(precision, dtype, tiling.tile_shape)
+    dtype = np.dtype(dtype)
+    mode = resolve_precision(precision, dtype, tiling.tile_shape, X.dtype)
     if isinstance(X, np.ndarray):
-        Y = ref.spmm(tiling.arrays(values), tiling.shape, tiling.layout.window, X, dtype)
+        Y = ref.spmm(tiling.arrays(values), tiling.shape, tiling.layout.window, X, compute_dtype(dtype))
+        Y = Y.astype(dtype, copy=False)
         if out is None:
             return Y
         out[...] = Y
         return out
-    return _spmm_gpu(tiling, values, X, np.dtype(dtype), mode, out, {} if casts is None else casts)
+    casts = {} if casts is None else casts
+    if mode in HALF_PRECISIONS.values():
+        hv = _half_values(values, X.dtype, casts)
+        if hv is not None and dtype in (_F32, X.dtype):
+            return _spmm_half(tiling, hv, X, dtype, out)
+        mode = "tf32"  # values a 16-bit split cannot hold (Inf, NaN): the TF32 path on widened X
+    cdt = compute_dtype(dtype)
+    if cdt != dtype:
+        Y = _spmm_gpu(tiling, values, X, cdt, mode, None, casts)
+        if out is None:
+            return Y.astype(dtype)
+        out[...] = Y
+        return out
+    return _spmm_gpu(tiling, values, X, dtype, mode, out, casts)
 
 
 #: Launch shape of the SpMM kernels.  Change it through :func:`set_tuning` only
@@ -180,6 +239,8 @@ TUNING = {
     "vec_async_stages": 2,  # cp.async vector kernel's steps in flight per warp (0: the register kernel)
     "vec_async_unroll": 4,  # blocks per cp.async step
     "vec_round_x": True,  # experiment: False feeds raw float bits of X to the MMA (truncation); sweeps only
+    "half_ks": 1,  # 16-bit vector SpMM: k16 chunks (4 blocks each) per cp.async step
+    "half_stages": 2,  # 16-bit vector SpMM: steps in flight per warp
 }
 _TUNING_VERSION = [0]
 
@@ -267,7 +328,7 @@ class VecSpmmLaunch(NamedTuple):
     fixup: Fixup = None
     n_slots: int = 0
 
-    def run(self, tiling, values, X, Y, partial, M, D):
+    def run(self, tiling, values, X, Y, partial, M, D, extra=()):
         counters = None
         if self.n_counters:
             stream = get_cupy().cuda.get_current_stream().ptr
@@ -275,7 +336,7 @@ class VecSpmmLaunch(NamedTuple):
             if counters is None:
                 counters = self.counters[stream] = get_cupy().zeros(self.n_counters, np.int32)
         args = (self.units, self.unit_k0, tiling.block_cols, self.meta, values, X, Y, partial, counters,
-                np.int32(M), np.int32(D), np.int32(self.n_slices), np.int32(self.n_work))
+                np.int32(M), np.int32(D), np.int32(self.n_slices), np.int32(self.n_work)) + tuple(extra)
         self.kernel(self.grid, self.block, args, shared_mem=self.smem)
 
 
@@ -303,6 +364,85 @@ def _spmm_gpu(tiling, values, X, dtype, mode, out, casts):
     launch.run(tiling, values, X, Y, partial, M, D)
     if launch.fixup is not None:
         launch.fixup.run(partial, Y, M, D, tiling.layout.window)
+    if out_final is not None:
+        out_final[...] = Y
+        return out_final
+    return Y
+
+
+def _half_values(values, xdt, cache):
+    """``(split, values, unscale)`` for the 16-bit SpMM with operands of ``xdt``, cached per matrix.
+
+    Values of X's type go as they are.  Others (float32, or the other 16-bit
+    type) become ``(hi, lo)`` pairs of ``xdt`` packed in a uint32 (hi in the low
+    half): ``hi = xdt(v * scale)``, ``lo = xdt(v * scale - hi)``, the kernel
+    sums both products and multiplies by ``unscale = 1 / scale``.  ``scale`` is
+    a power of two that keeps float16 parts below 2**14 (1 for bfloat16).
+    ``None`` when float16 parts cannot hold the values (an Inf or NaN; the
+    caller widens X instead): finding the scale costs one host read per matrix.
+    """
+    key = ("half_values", xdt.name)
+    if key in cache:
+        return cache[key]
+    cp = get_cupy()
+    if values.dtype == xdt:
+        hv = (False, values, 1.0)
+    else:
+        v = values.astype(np.float32)
+        scale = 1.0
+        if xdt.name == "float16":  # float16's range needs a scale (bfloat16 has float32's)
+            amax = float(cp.abs(v).max()) if v.size else 0.0  # synchronize!
+            if not math.isfinite(amax):
+                cache[key] = None
+                return None
+            if amax > 0:
+                scale = 2.0 ** min(max(14 - math.frexp(amax)[1], -100), 100)
+                v = v * np.float32(scale)  # a power of two: exact
+        hi = _round16(cp, v, xdt)
+        hf = _widen16(cp, hi, xdt)
+        lo = _round16(cp, cp.where(cp.isfinite(hf), v - hf, np.float32(0)), xdt)  # Inf / NaN: all in hi
+        hv = (True, hi.astype(np.uint32) | (lo.astype(np.uint32) << 16), 1.0 / scale)
+    cache[key] = hv
+    return hv
+
+
+def _round16(cp, v, xdt):
+    """float32 -> bits (uint16) of ``xdt``, round to nearest even."""
+    if xdt.name == "float16":
+        return v.astype(np.float16).view(np.uint16)
+    u = v.view(np.uint32)
+    return ((u + np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+
+
+def _widen16(cp, bits, xdt):
+    """Bits (uint16) of ``xdt`` -> float32 (exact)."""
+    if xdt.name == "float16":
+        return bits.view(np.float16).astype(np.float32)
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _spmm_half(tiling, hv, X, dtype, out):
+    """``A @ X`` for a 16-bit X on the vector layout: m16n8k16 MMAs, float32 accumulation, one rounding."""
+    cp = get_cupy()
+    split, vals, unscale = hv
+    M, D = tiling.shape[0], X.shape[1]
+    out_final = None
+    if out is not None and _overlap(out, X):
+        out_final, out = out, None
+    Y = cp.empty((M, D), dtype=dtype) if out is None else out
+    if M == 0 or D == 0:
+        return Y if out_final is None else out_final
+    X = cp.ascontiguousarray(X)
+    aligned = D % 8 == 0 and X.data.ptr % 16 == 0 and Y.data.ptr % 16 == 0
+    key = ("half_launch", X.dtype.name, split, dtype.name, D, aligned, _TUNING_VERSION[0])
+    launch = tiling._cache.get(key)
+    if launch is None:
+        half = (X.dtype.name, split, dtype.name)
+        launch = tiling.cached(key, lambda: _vec_launch(cp, tiling, dtype, D, aligned, half))
+    partial = cp.empty((launch.n_slots, 8, D), dtype=np.float32) if launch.n_slots else Y
+    launch.run(tiling, vals, X, Y, partial, M, D, (np.float32(unscale),))
+    if launch.fixup is not None:
+        launch.fixup.run(partial, Y, M, D, 8)
     if out_final is not None:
         out_final[...] = Y
         return out_final
@@ -381,8 +521,11 @@ VEC_WIDE_WARPS = 32
 VEC_UNIT_SIZES = (16, 32, 64, 128, 256)
 
 
-def _vec_launch(cp, tiling, dtype, D, vec):
-    """The launch of the vector-layout TF32 SpMM; split windows summed in it, or by a fixup launch for hubs."""
+def _vec_launch(cp, tiling, dtype, D, vec, half=None):
+    """The launch of the vector-layout SpMM; split windows summed in it, or by a fixup launch for hubs.
+
+    ``half``: ``(X type, split values, Y type)`` of the 16-bit kernel (``vec``: rows aligned for cp.async).
+    """
     from .kernels import products as kp
     from .kernels.registry import get_kernel
 
@@ -391,7 +534,9 @@ def _vec_launch(cp, tiling, dtype, D, vec):
         bpu = TUNING["vec_blocks_per_unit"] or _vec_unit_size(tiling, n_slices)
         return slices, n_slices, bpu, spmm_plan(tiling, bpu, VEC_UNITS_PER_WINDOW_MAX)
 
-    if TUNING["vec_slices"]:
+    if half is not None and not vec:
+        slices, n_slices, bpu, plan = shape(kp.HALF_DEFAULT[0])  # unaligned rows: one configuration
+    elif TUNING["vec_slices"]:
         slices, n_slices, bpu, plan = shape(1 << (TUNING["vec_slices"] - 1).bit_length())
     else:
         # Wider slices (64 features per warp) read each block's metadata half as often, but halve the warps:
@@ -409,7 +554,15 @@ def _vec_launch(cp, tiling, dtype, D, vec):
     nw = TUNING["vec_warps"]
     ns, ua = TUNING["vec_async_stages"], TUNING["vec_async_unroll"]
     smem = 0
-    if vec and (slices, ua, ns) in kp.VEC_ASYNC:  # cp.async needs 16-byte aligned rows
+    if half is not None:
+        cfg = (slices, TUNING["half_ks"], TUNING["half_stages"]) if vec else kp.HALF_DEFAULT
+        if cfg not in kp.VEC_HALF:
+            raise ValueError(f"no 16-bit SpMM compiled for (slices, ks, stages) = {cfg}: see kernels.products.VEC_HALF")
+        while nw > 1 and kp.vech_smem(nw, *cfg) > kp.SPMM_SMEM_LIMIT:
+            nw //= 2
+        smem = kp.vech_smem(nw, *cfg)
+        kernel = get_kernel("half", kp.spmm_vech_name(half[0], half[1], half[2], *cfg, combine, vec))
+    elif vec and (slices, ua, ns) in kp.VEC_ASYNC:  # cp.async needs 16-byte aligned rows
         while nw > 1 and kp.vec_async_smem(nw, slices, ua, ns) > kp.SPMM_SMEM_LIMIT:
             nw //= 2
         smem = kp.vec_async_smem(nw, slices, ua, ns)
@@ -421,8 +574,9 @@ def _vec_launch(cp, tiling, dtype, D, vec):
                            n_slots=plan["n_slots"])
     if plan["n_slots"] and not combine:
         fix_grid = (plan["splits"].shape[0], min(-(-(8 * D) // kp.FIXUP_THREADS), 1024))
-        launch = launch._replace(fixup=Fixup(get_kernel("vec", kp.fixup_name(dtype.name)), fix_grid, plan["splits"],
-                                             plan["n_slots"]))
+        fix = (get_kernel("vec", kp.fixup_name(dtype.name)) if half is None else
+               get_kernel("half", kp.fixup_name("float32", dtype.name)))
+        launch = launch._replace(fixup=Fixup(fix, fix_grid, plan["splits"], plan["n_slots"]))
     return launch
 
 
@@ -576,9 +730,21 @@ def sddmm_raw(tiling, values, Xa, Xb, dtype, multiply_values=False, precision=No
     ``Xa`` is ``(shape[0], D)`` and ``Xb`` ``(shape[1], D)``, on the tiling's device;
     ``out`` (device only) is a C-contiguous ``(nnz,)`` array of ``dtype`` to write.
     """
-    mode = resolve_precision(precision, dtype, tiling.tile_shape)
+    dtype = np.dtype(dtype)
+    cdt = compute_dtype(dtype)
+    operand = Xa.dtype if Xa.dtype == Xb.dtype else None
+    mode = resolve_precision(precision, dtype, tiling.tile_shape, operand)
+    if mode in HALF_PRECISIONS.values():
+        mode = "tf32"  # 16-bit inputs widen exactly to TF32: the same products, accumulated in float32
     if isinstance(Xa, np.ndarray):
-        return ref.sddmm(tiling.arrays(values), tiling.shape, tiling.layout.window, Xa, Xb, dtype, multiply_values)
+        e = ref.sddmm(tiling.arrays(values), tiling.shape, tiling.layout.window, Xa, Xb, cdt, multiply_values)
+        return e.astype(dtype, copy=False)
+    if cdt != dtype:
+        e = sddmm_raw(tiling, values, Xa, Xb, cdt, multiply_values, "tf32" if mode == "tf32" else "fp32", casts)
+        if out is None:
+            return e.astype(dtype)
+        out[...] = e
+        return out
     from .kernels import products as kp
     from .kernels.registry import get_kernel
 

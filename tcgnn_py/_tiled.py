@@ -14,6 +14,8 @@ from ._validation import (
     coerce_csr,
     isscalarlike,
     value_dtype,
+    is_half,
+    promote,
 )
 
 __all__ = ["TiledMatrix", "TileStats", "Tiling", "spmm", "sddmm"]
@@ -37,13 +39,16 @@ class TiledMatrix:
         A ``scipy.sparse`` array/matrix (any format), a ``cupyx.scipy.sparse``
         matrix, a ``TiledMatrix``, or ``(data, indices, indptr)`` CSR arrays.
         Duplicates are summed after the values are cast to the value dtype
-        (below), for every input format; indices need not be sorted, explicit
-        zeros are kept as stored entries.
+        (below; float32 for 16-bit value dtypes, rounded once after the sum),
+        for every input format; indices need not be sorted, explicit zeros are
+        kept as stored entries.
     shape : tuple of int, optional
         Needed for ``(data, indices, indptr)`` (inferred like scipy otherwise).
     dtype : dtype, optional
         Value dtype.  Booleans and integers become the float type that holds
-        them exactly; float16 becomes float32.
+        them exactly; float16 and bfloat16 (``"bfloat16"`` needs ml_dtypes) are
+        kept: 16-bit values halve the value bytes the products read.  scipy has
+        no 16-bit floats, so :meth:`tocsr` of such a matrix is float32 (exact).
     layout : {"tcgnn", "vector"} or Layout, optional
         How the matrix is tiled (see :class:`Layout`): ``"tcgnn"``, TC-GNN's
         16 x 8 tiles (the default), or ``"vector"``, 8-row windows of condensed
@@ -81,7 +86,7 @@ class TiledMatrix:
             data, indices, indptr = A.csr_arrays()
             shape = A.shape
         else:
-            data, indices, indptr, shape = coerce_csr(A, shape, cast=lambda dt: value_dtype(dt if dtype is None else dtype))
+            data, indices, indptr, shape = coerce_csr(A, shape, cast=lambda dt: _build_dtype(dt if dtype is None else dtype))
         vdtype = value_dtype(data.dtype if dtype is None else dtype)
         if on_device:
             cp = get_cupy()
@@ -92,10 +97,11 @@ class TiledMatrix:
             else:
                 raise DeviceMismatchError("device arrays given, but the GPU path is not usable")
         data, indices, indptr = check_csr_arrays(data, indices, indptr, shape, full_check=True)
-        data = data.astype(vdtype, copy=False)
+        # Duplicates are summed in the build dtype (float32 for 16-bit values), then rounded once.
+        data = data.astype(_build_dtype(vdtype), copy=False)
         tiling, values = Tiling.from_arrays(_sgt.tile(data, indices, indptr, shape, window, block), shape,
                                             (window, block))
-        self._init(tiling, values)
+        self._init(tiling, values.astype(vdtype, copy=False))
 
     @classmethod
     def _from_parts(cls, tiling, values):
@@ -184,11 +190,13 @@ class TiledMatrix:
         import scipy.sparse as sp
 
         data, indices, indptr = (to_host(v) for v in self.csr_arrays())
+        if is_half(data.dtype):
+            data = data.astype(np.float32)  # scipy.sparse has no 16-bit floats; widening is exact
         return sp.csr_array((data, indices, indptr), shape=self.shape)
 
     def toarray(self):
-        """Dense NumPy array."""
-        return self.tocsr().toarray()
+        """Dense NumPy array of the matrix's dtype."""
+        return self.tocsr().toarray().astype(self.dtype, copy=False)
 
     def copy(self):
         """Deep copy (arrays copied on their device)."""
@@ -306,7 +314,8 @@ class TiledMatrix:
         dtype = result_dtype(self.dtype, X.dtype)
         xp = np if kind == "numpy" else get_cupy()
         if out is not None:
-            check_out(out, out_shape, dtype, xp)
+            check_out(out, out_shape, dtype, xp, half_ok=True)
+            dtype = out.dtype  # a 16-bit out: the float32 product is rounded once into it
         X2 = X.reshape(N, 1) if X.ndim == 1 else X
         # Device results go straight into a device ``out``; host ones are copied.
         direct = out is not None and kind == "cupy"
@@ -340,6 +349,12 @@ class TiledMatrix:
         return self.transpose()._matmul_dispatch(tr).transpose()
 
 
+def _build_dtype(dtype):
+    """Value dtype that SGT and scipy handle: 16-bit floats are built in float32 and rounded once."""
+    dtype = value_dtype(dtype)
+    return np.dtype(np.float32) if is_half(dtype) else dtype
+
+
 def _is_sparse(x):
     import scipy.sparse as sp
 
@@ -356,13 +371,17 @@ def spmm(T, X, out=None, *, precision=None):
         NumPy (NumPy result) or CuPy / any CUDA array producer (CuPy result).
         Any ``D >= 1``; X need not be contiguous (it is copied if not).
     out : ndarray, optional
-        C-contiguous, of the result's shape and dtype, on the result's device.
-        It may alias X (the product then goes through a temporary).
-    precision : {None, "tf32", "fp32"}, optional
-        ``None``: TF32 tensor cores for float32 products on 16x8 tiles, CUDA
-        cores in the data's precision otherwise.  ``"tf32"``: tensor cores or an
-        error.  ``"fp32"``: CUDA cores, no rounding of the operands.  float64
-        products always run in float64.  See Notes.
+        C-contiguous, of the result's shape and dtype, on the result's device;
+        a float32 result may also go to a float16 / bfloat16 ``out`` (rounded
+        once).  It may alias X (the product then goes through a temporary).
+    precision : {None, "tf32", "fp32", "fp16", "bf16"}, optional
+        ``None``: tensor cores where the tiles have kernels -- TF32 for float32
+        data, float16 / bfloat16 MMAs for a 16-bit X on the vector layout --
+        and CUDA cores in the data's precision otherwise.  ``"tf32"``: TF32
+        tensor cores or an error.  ``"fp32"``: CUDA cores, no rounding of the
+        operands.  ``"fp16"`` / ``"bf16"``: the 16-bit MMA or an error (X of
+        that type, ``layout="vector"``).  float64 products always run in
+        float64.  See Notes.
 
     Notes
     -----
@@ -376,6 +395,21 @@ def spmm(T, X, out=None, *, precision=None):
     column, also rows with no entry there (scipy would leave them finite);
     ``precision="fp32"`` touches stored entries only and matches scipy.
     On the host (no GPU) every product is exact in its dtype.
+
+    16-bit operands: the result's dtype is the promotion of the matrix's and
+    X's dtypes (float32 matrix with float16 X gives float32, as NumPy would;
+    float16 with bfloat16 gives float32, as JAX would); ``out=`` may ask for a
+    16-bit result instead.  On the vector layout the product runs on float16 /
+    bfloat16 tensor cores with float32 accumulation and is rounded once: X
+    is used exactly as given, and a float32 matrix's values are split into two
+    16-bit parts (about 22 significant bits for float16, 16 for bfloat16), so
+    the error is that of float32 accumulation (measured relative Frobenius
+    error about 1e-7 to 2e-6).  A matrix stored in 16 bits
+    (``TiledMatrix(A, dtype=...)``) reads half the value bytes; its values are
+    already rounded (about 3e-4 relative error for float16, 2e-3 for
+    bfloat16).  On the 16 x 8 layout 16-bit X is widened to float32 (exactly)
+    and runs the TF32 kernel.  Integers up to 2**11 (float16) and 2**8
+    (bfloat16) are exact in X.
 
     Examples
     --------
@@ -407,8 +441,10 @@ def sddmm(T, Xa, Xb=None, *, multiply_values=False, precision=None):
     Xb : array_like, shape (k, d) or (k,), optional
         Defaults to ``Xa`` (T must then be square).
     multiply_values : bool, default False
-    precision : {None, "tf32", "fp32"}, optional
+    precision : {None, "tf32", "fp32", "fp16", "bf16"}, optional
         As in :func:`spmm`: TF32 tensor cores by default for float32.
+        16-bit inputs are widened to float32 exactly (the same products a
+        16-bit MMA forms) and accumulated in float32, then rounded once.
 
     Returns
     -------
@@ -438,8 +474,8 @@ def sddmm(T, Xa, Xb=None, *, multiply_values=False, precision=None):
             f"sddmm: dimension mismatch with signature (n={M},k={N}),(n={a.shape[0]},d={a.shape[1]}),"
             f"(k={b.shape[0]},d={b.shape[1]})->(n,k)"
         )
-    dtype = np.result_type(value_dtype(a.dtype), value_dtype(b.dtype))
+    dtype = promote(value_dtype(a.dtype), value_dtype(b.dtype))
     if multiply_values:
-        dtype = np.result_type(dtype, T.dtype)
+        dtype = promote(dtype, T.dtype)
     values = sddmm_raw(T.tiling, T.values, a, b, dtype, bool(multiply_values), precision, casts=T._casts)
     return TiledMatrix._from_parts(T.tiling, values)

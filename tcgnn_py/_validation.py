@@ -18,6 +18,11 @@ __all__ = [
     "check_csr_arrays",
     "value_dtype",
     "check_real_dtype",
+    "as_dtype",
+    "bfloat16",
+    "is_half",
+    "promote",
+    "BF16_EXTRA",
     "check_count",
     "check_tile_shape",
     "isscalarlike",
@@ -47,10 +52,35 @@ def check_count(name, value, minimum=0):
     return value
 
 
+#: How to get bfloat16: NumPy has no such type, the ml_dtypes package adds it.
+BF16_EXTRA = "bfloat16 needs the optional ml_dtypes package: pip install 'tcgnn_py[bf16]' (or ml_dtypes)"
+
+
+def bfloat16():
+    """NumPy's ``bfloat16`` dtype from ``ml_dtypes``; ``ImportError`` naming the extra without it."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise ImportError(BF16_EXTRA) from None
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def as_dtype(dtype):
+    """``np.dtype(dtype)``, with the name ``"bfloat16"`` resolved through ml_dtypes."""
+    if isinstance(dtype, str) and dtype == "bfloat16":
+        return bfloat16()
+    return np.dtype(dtype)
+
+
+def is_half(dtype):
+    """float16 or bfloat16 (the 16-bit floats the tensor-core kernels take)."""
+    return np.dtype(dtype).name in ("float16", "bfloat16")
+
+
 def check_real_dtype(dtype, what="value"):
-    """Raise ``TypeError`` unless ``dtype`` is boolean, integer or floating (the one real-dtype check)."""
-    dtype = np.dtype(dtype)
-    if dtype.kind not in "biuf":
+    """Raise ``TypeError`` unless ``dtype`` is boolean, integer, floating or bfloat16 (the one real-dtype check)."""
+    dtype = as_dtype(dtype)
+    if dtype.kind not in "biuf" and dtype.name != "bfloat16":
         raise TypeError(f"{what} dtype {dtype} is not supported (tcgnn_py supports real numbers only)")
     return dtype
 
@@ -58,11 +88,29 @@ def check_real_dtype(dtype, what="value"):
 def value_dtype(dtype):
     """The stored value dtype for input values of ``dtype``.
 
-    Floating types are kept (float16 becomes float32); booleans and integers are
-    promoted to the smallest float type that holds them exactly (NumPy's
-    promotion with float32).  Complex values are refused.
+    Floating types are kept (float16 and bfloat16 included); booleans and
+    integers are promoted to the smallest float type that holds them exactly
+    (NumPy's promotion with float32).  Complex values are refused.
     """
-    return np.result_type(check_real_dtype(dtype), np.float32)
+    dtype = check_real_dtype(dtype)
+    if dtype.kind == "f" or dtype.name == "bfloat16":
+        return dtype
+    return np.result_type(dtype, np.float32)
+
+
+def promote(a, b):
+    """Result dtype of two value dtypes: NumPy promotion, and float16 with bfloat16 gives float32 (as in JAX).
+
+    >>> import numpy as np
+    >>> promote(np.float16, np.float32), promote(np.float16, np.float16)
+    (dtype('float32'), dtype('float16'))
+    """
+    a, b = np.dtype(a), np.dtype(b)
+    if a == b:
+        return a
+    if is_half(a) and is_half(b):
+        return np.dtype(np.float32)
+    return np.result_type(a, b)
 
 
 def check_tile_shape(tile_shape):

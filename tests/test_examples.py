@@ -25,7 +25,7 @@ def test_training_example_on_cpu(name):
     """CI's run: 60 epochs on the reference path; the full 200-epoch, >= 80 % run is the GPU suite's."""
     res = run_example(name, "--device", "cpu", "--epochs", "60", "--min-accuracy", "0.75")
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "CPU (NumPy reference path): 60 epochs" in res.stdout and "time per epoch" in res.stdout
+    assert "CPU (NumPy reference path), float32: 60 epochs" in res.stdout and "time per epoch" in res.stdout
 
 
 def test_training_example_fails_below_its_threshold():
@@ -39,8 +39,25 @@ def test_training_example_on_gpu(name):
     """The issue's run: 200 epochs on the GPU, >= 80 % test accuracy (asserted by the example)."""
     res = run_example(name)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "GPU (CuPy, tensor cores): 200 epochs" in res.stdout
+    assert "GPU (CuPy, tensor cores), float32: 200 epochs" in res.stdout
     print(res.stdout)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("name", ["gcn_cora.py", "agnn_cora.py"])
+def test_training_example_mixed_precision_on_gpu(name, dtype):
+    """Mixed precision (16-bit activations and tensor cores, float32 master weights): >= 80 % on Cora."""
+    res = run_example(name, "--dtype", dtype)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"GPU (CuPy, tensor cores), {dtype}: 200 epochs" in res.stdout
+    print(res.stdout)
+
+
+def test_mixed_precision_example_on_cpu():
+    res = run_example("gcn_cora.py", "--device", "cpu", "--epochs", "30", "--min-accuracy", "0.6", "--dtype", "bfloat16")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "bfloat16: 30 epochs" in res.stdout
 
 
 @pytest.mark.gpu

@@ -61,10 +61,15 @@ def test_family_compiles(family, arch):
     if family in ("tf32", "vec"):
         assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in ptx
         assert "cvt.rna.tf32.f32" in ptx
+    if family == "half":
+        for t in ("f16", "bf16"):
+            assert f"mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32" in ptx
+        assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
+        assert "cp.async.cg.shared.global" in ptx
 
 
 def test_every_family_is_listed():
-    assert {"tf32", "core", "vec", "nn", "baseline"} <= set(FAMILIES)
+    assert {"tf32", "core", "vec", "half", "nn", "baseline"} <= set(FAMILIES)
 
 
 def test_name_tables_cover_every_kernel():

@@ -19,7 +19,7 @@ def test_precision_choice():
     assert resolve_precision(None, np.float64, (16, 8)) == "exact"
     assert resolve_precision(None, np.float32, (8, 8)) == "exact"
     with pytest.raises(ValueError, match="precision must be one of"):
-        resolve_precision("fp16", np.float32, (16, 8))
+        resolve_precision("half", np.float32, (16, 8))
     with pytest.raises(TypeError, match="needs a float32 product"):
         resolve_precision("tf32", np.float64, (16, 8))
     with pytest.raises(ValueError, match="tile_shape=\\(16, 8\\)"):

@@ -5,7 +5,8 @@ Covers: TF32 SpMM with 1/2/4 column chunks, 16-byte and scalar loads, split
 (hub) windows and the fixup; the vector layout's SpMM (1/2/4 feature groups,
 unroll 4/8, the cp.async kernel with 2/3 stages, units of 2 blocks and automatic
 units, split windows summed in the launch or by the fixup) and SDDMM; CUDA-core SpMM in float32/float64 on other tile
-shapes; TF32 and CUDA-core SDDMM.  Sizes are not multiples of 16.  Every
+shapes; TF32 and CUDA-core SDDMM; the 16-bit SpMM (both types, float32 and
+16-bit matrices and outputs, its compiled shapes, aligned and unaligned rows).  Sizes are not multiples of 16.  Every
 result is checked against SciPy, so a wrong index shows up even when it stays
 inside an allocation.
 """
@@ -56,6 +57,29 @@ for M, tile_shape, dtype, tuning in cases:
                 e = sddmm_expected(M, X, X, multiply=True)
                 assert np.array_equal(S.tocsr().data, e.astype(dtype)), (tile_shape, D, precision)
                 checked += 1
+# 16-bit SpMM (vector layout): float16 / bfloat16 X, float32 (split) or 16-bit matrix, float32 or 16-bit out,
+# every compiled shape, split windows summed in the launch or by the fixup, aligned (cp.async) and unaligned rows.
+import ml_dtypes  # noqa: E402
+
+HALF_TUNINGS = [dict(vec_slices=None, half_ks=1, half_stages=2, vec_blocks_per_unit=None, vec_combine=True),
+                dict(vec_slices=2, half_ks=2, half_stages=2, vec_blocks_per_unit=2, vec_combine=True),
+                dict(vec_slices=2, half_ks=1, half_stages=3, vec_blocks_per_unit=2, vec_combine=False),
+                dict(vec_slices=1, half_ks=2, half_stages=2, vec_blocks_per_unit=None, vec_combine=True)]
+for tuning in HALF_TUNINGS:
+    _ops.set_tuning(**tuning)
+    for M in (A, R):
+        for xt in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
+            for mdt in (np.float32, xt):
+                T = tg.TiledMatrix(M, dtype=mdt, layout="vector")
+                for D in (1, 3, 17, 64, 100, 136):
+                    X = rng.integers(-8, 9, (M.shape[1], D)).astype(np.float32)
+                    want = (M @ X.astype(np.float64)).astype(np.float32)
+                    for ydt in (np.float32, xt):
+                        out = cp.full((M.shape[0], D), cp.nan, ydt)
+                        tg.spmm(T, cp.asarray(X).astype(xt), out=out)
+                        assert np.array_equal(out.get().astype(np.float32), want.astype(ydt).astype(np.float32)), \
+                            (tuning, xt, mdt, D, ydt)
+                        checked += 1
 # The benchmarks' gather-and-dot SDDMM baseline (every lane-group size).
 import cupyx.scipy.sparse as csp  # noqa: E402
 

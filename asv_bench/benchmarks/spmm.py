@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from .common import DIMS, PRODUCT_GRAPHS, ProductBenchmark, load, require_gpu, sync
+from .common import DIMS, PRODUCT_GRAPHS, ProductBenchmark, Rotating, features, load, require_gpu, sync
 
 IMPLS = ["tcgnn_tf32", "tcgnn_fp32", "cusparse_alg2", "cusparse_alg3", "cupyx"]
 
@@ -30,6 +30,43 @@ class SpMM(ProductBenchmark):
         return self.closer
 
     def time_spmm(self, graphs, graph, D, impl):
+        self.fn(self.next())
+        sync()
+
+
+class SpMMHalf(ProductBenchmark):
+    """16-bit features: ours (vector layout, float32 matrix and output) and cuSPARSE with 16-bit A, X, Y."""
+
+    params = [PRODUCT_GRAPHS, DIMS, ["float32", "float16", "bfloat16"], ["tcgnn_vector", "cusparse_alg2"]]
+    param_names = ["graph", "D", "dtype", "impl"]
+
+    def setup(self, graphs, graph, D, dtype, impl):
+        require_gpu()
+        import cupy as cp
+        import cupyx.scipy.sparse as csp
+
+        import tcgnn_py as tg
+        from tcgnn_py.bench import CSR_ALG2, CusparseRowMajor
+
+        A = graphs[graph]
+        self.Xs = [x.astype(dtype) for x in features(A.shape[1], D)]
+        self.next = Rotating(len(self.Xs))
+        self.closer = None
+        if impl == "tcgnn_vector":
+            T = tg.TiledMatrix(A, dtype=np.float32, layout="vector")
+            self.Y = cp.empty((A.shape[0], D), cp.float32)
+            self.fn = lambda i: tg.spmm(T, self.Xs[i], out=self.Y)
+        else:
+            self.Y = cp.empty((A.shape[0], D), dtype)
+            self.fn = self.closer = CusparseRowMajor(csp.csr_matrix(A), self.Xs, self.Y, CSR_ALG2)
+        self.fn(0)
+        sync()
+
+    def teardown(self, graphs, graph, D, dtype, impl):
+        if self.closer is not None:
+            self.closer.close()
+
+    def time_spmm(self, graphs, graph, D, dtype, impl):
         self.fn(self.next())
         sync()
 

@@ -43,6 +43,14 @@ def _ints(text):
     return tuple(int(v) for v in text.split(",") if v)
 
 
+def _dtypes(text):
+    dts = tuple(v for v in text.split(",") if v)
+    bad = set(dts) - {"float32", "float16", "bfloat16"}
+    if bad or not dts:
+        raise argparse.ArgumentTypeError(f"unknown dtypes {sorted(bad)}; choose from float32, float16, bfloat16")
+    return dts
+
+
 def _ops(text):
     ops = tuple(v for v in text.split(",") if v)
     bad = set(ops) - set(_OPS)
@@ -85,6 +93,9 @@ def main(argv=None):
                     help="comma-separated from spmm, sddmm, sgt, reorder, gcn, agnn (default spmm,sddmm; "
                          "preprocessing is measured unless only models are asked for)")
     ap.add_argument("--dims", type=_ints, default=DEFAULT_DIMS, help="feature widths (default 32,64,128,256)")
+    ap.add_argument("--dtypes", type=_dtypes, default=("float32",),
+                    help="SpMM feature dtypes, comma-separated from float32, float16, bfloat16 (default float32): "
+                         "16-bit ones run the vector layout's 16-bit kernel beside cuSPARSE fp32 and 16-bit")
     ap.add_argument("--repeat", type=int, default=20, help="timed calls per median (default 20)")
     ap.add_argument("--inputs", type=int, default=4, help="fresh random inputs rotated between calls")
     ap.add_argument("--epochs", type=int, default=20, help="training epochs per timed batch (gcn, agnn)")
@@ -117,7 +128,7 @@ def main(argv=None):
     for spec in args.graphs:
         if set(args.ops) - set(models):  # products, sgt, reorder: with the preprocessing figures
             g = bench_graph(spec, products, args.dims, args.repeat, args.inputs, "cuda" if gpu else "cpu",
-                            env["copy_bandwidth_gbps"] * 1e9)
+                            env["copy_bandwidth_gbps"] * 1e9, dtypes=args.dtypes)
             print_graph(g)
             graphs.append(g)
         if "reorder" in args.ops:

@@ -16,6 +16,8 @@ __all__ = ["CusparseRowMajor", "CusparseSDDMM", "GatherDotSDDMM", "CSR_ALG2", "C
 CSR_ALG2, CSR_ALG3 = 6, 12
 _ORDER_ROW, _R_32F, _SDDMM_ALG_DEFAULT = 2, 0, 0
 _OP_N, _OP_T = 0, 1
+#: cudaDataType of the value types the row-major SpMM baseline takes.
+_CUDA_TYPES = {"float32": _R_32F, "float16": 2, "bfloat16": 14}
 
 
 def _csr_int32(A):
@@ -40,19 +42,23 @@ class CusparseRowMajor:
         from cupy.cuda import device
         from cupy_backends.cuda.libs import cusparse as cs
 
+        # A, X and Y of one type: float32, or float16 / bfloat16 (A's values cast; float32 compute).
+        dt = np.dtype(Y.dtype)
+        vtype = _CUDA_TYPES[dt.name]
         self.cs, self.alg = cs, alg
         self.handle = device.get_cusparse_handle()
         self.alpha, self.beta = np.array(1, np.float32), np.array(0, np.float32)
         self.op = cs.CUSPARSE_OPERATION_NON_TRANSPOSE
         i32 = cs.CUSPARSE_INDEX_32I
         indptr, indices = _csr_int32(A)
-        self._keep = (A, Xs, Y, indptr, indices)
+        data = A.data if A.data.dtype == dt else A.data.astype(dt)
+        self._keep = (A, Xs, Y, indptr, indices, data)
         self.matA = cs.createCsr(A.shape[0], A.shape[1], A.nnz, indptr.data.ptr, indices.data.ptr,
-                                 A.data.data.ptr, i32, i32, cs.CUSPARSE_INDEX_BASE_ZERO, _R_32F)
+                                 data.data.ptr, i32, i32, cs.CUSPARSE_INDEX_BASE_ZERO, vtype)
         order = getattr(cs, "CUSPARSE_ORDER_ROW", _ORDER_ROW)
         D = Y.shape[1]
-        self.matXs = [cs.createDnMat(X.shape[0], D, D, X.data.ptr, _R_32F, order) for X in Xs]
-        self.matY = cs.createDnMat(Y.shape[0], D, D, Y.data.ptr, _R_32F, order)
+        self.matXs = [cs.createDnMat(X.shape[0], D, D, X.data.ptr, vtype, order) for X in Xs]
+        self.matY = cs.createDnMat(Y.shape[0], D, D, Y.data.ptr, vtype, order)
         size = max(self._call(cs.spMM_bufferSize, self.matXs[0]), 1)
         self.buf = cp.empty(size, cp.int8)
         if hasattr(cs, "spMM_preprocess"):

@@ -53,7 +53,7 @@ def markdown(graphs, reorders=(), dims=None):
             continue
         ours = [k for k in rows[0][1]["us"] if k.startswith("tcgnn")]
         others = [k for k in rows[0][1]["us"] if not k.startswith("tcgnn")]
-        extra = [k for k in ours[1:] if k.endswith("tf32")]  # other layouts' TF32 speedups
+        extra = [k for k in ours[1:] if k.endswith(("tf32", "float16", "bfloat16"))]  # other layouts, 16-bit X
         head = ["graph", "nnz", "D", *ours, *others, "speedup " + ours[0], *("speedup " + k for k in extra),
                 "back-to-back us (ours / best)", "GFLOP/s",
                 "% copy BW (gather / reuse)", "payback calls"]

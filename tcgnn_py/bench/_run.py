@@ -26,7 +26,7 @@ DEFAULT_DIMS = (32, 64, 128, 256)
 
 #: Largest relative Frobenius error against the checking baseline before timing
 #: (TF32 products, and everything else: fp32, the reference path, other baselines).
-TOLERANCE = {"tf32": 5e-3, "fp32": 1e-5}
+TOLERANCE = {"tf32": 5e-3, "fp32": 1e-5, "float16": 3e-3, "bfloat16": 2e-2}  # 16-bit: X rounded once
 
 #: Our implementations per mode: ``name -> precision``.
 #: ``tcgnn_tf32`` runs TC-GNN's 16x8 layout, ``tcgnn_vector_tf32`` the vector layout (8-row windows).
@@ -59,7 +59,7 @@ def _rel_err(got, want):
 
 
 def _check(op, impl, err):
-    tol = TOLERANCE["tf32" if impl.endswith("tf32") else "fp32"]
+    tol = TOLERANCE[next((k for k in ("tf32", "bfloat16", "float16") if impl.endswith(k)), "fp32")]
     if not err <= tol:
         raise RuntimeError(f"{op} {impl}: relative error {err:.2e} against the baseline exceeds {tol:.0e}")
 
@@ -90,7 +90,7 @@ def _prepare(A, Ad, xp, repeat, gpu):
     return out
 
 
-def _spmm_impls(A, Ad, T, Xs, gpu, TV=None):
+def _spmm_impls(A, Ad, T, Xs, gpu, TV=None, dtypes=()):
     """``name -> (fn(i), result getter)``; the first is the checking reference."""
     if not gpu:
         return {
@@ -109,7 +109,15 @@ def _spmm_impls(A, Ad, T, Xs, gpu, TV=None):
         "tcgnn_fp32": (lambda i: spmm(T, Xs[i], out=Y, precision="fp32"), Y),
         "cupyx": (lambda i: Ad @ Xs[i], None),
     }
-    return impls, ["cusparse_alg2", "cusparse_alg3"], [alg2, alg3]
+    closers = [alg2, alg3]
+    for dt in dtypes:  # 16-bit X: ours (float32 matrix and output) and cuSPARSE with 16-bit A, X, Y
+        X16 = [x.astype(dt) for x in Xs]
+        Y16 = cp.empty(Y.shape, dt)
+        c16 = CusparseRowMajor(Ad, X16, Y16, CSR_ALG2)
+        closers.append(c16)
+        impls[f"tcgnn_vector_{dt}"] = (lambda i, X16=X16: spmm(TV, X16[i], out=Y), Y)
+        impls[f"cusparse_{dt}"] = (c16, Y16)
+    return impls, ["cusparse_alg2", "cusparse_alg3"], closers
 
 
 def _sddmm_impls(A, Ad, T, Xs, gpu, TV, notes):
@@ -168,7 +176,7 @@ def _measure(op, impls, baselines, n_inputs, repeat, gpu, derive):
 
 
 def bench_graph(spec, ops=("spmm", "sddmm"), dims=DEFAULT_DIMS, repeat=20, n_inputs=4, device=None, copy_bw=None,
-                seed=None):
+                seed=None, dtypes=("float32",)):
     """Measure one graph: products at each width, preprocessing, memory, traffic bounds.
 
     Parameters
@@ -186,6 +194,12 @@ def bench_graph(spec, ops=("spmm", "sddmm"), dims=DEFAULT_DIMS, repeat=20, n_inp
         The GPU (``None``: when usable) or the host reference path.
     copy_bw : float, optional
         Bytes/s of a device-to-device copy; bandwidth percentages are against it.
+    seed : int, optional
+    dtypes : iterable of {"float32", "float16", "bfloat16"}
+        Feature dtypes of the SpMM (GPU): each 16-bit one adds ``tcgnn_vector_<dtype>``
+        (16-bit X, float32 matrix and output) and ``cusparse_<dtype>`` (16-bit A, X
+        and Y); speedups stay against cuSPARSE float32, the user's alternative, and
+        ``speedup_vs_16bit`` is against cuSPARSE with the same 16-bit operands.
 
     Returns
     -------
@@ -230,7 +244,8 @@ def bench_graph(spec, ops=("spmm", "sddmm"), dims=DEFAULT_DIMS, repeat=20, n_inp
                    "plan_bytes": T.tiling.cache_nbytes()}
     g["memory"]["ratio"] = (g["memory"]["tiled_bytes"] + g["memory"]["plan_bytes"]) / csr_bytes
     g["results"] = []
-    ours = OURS[gpu]
+    half = tuple(dt for dt in dtypes if dt != "float32") if gpu else ()
+    ours = {**OURS[gpu], **{f"tcgnn_vector_{dt}": dt for dt in half}}
     for D in dims:
         Xs = [xp.asarray(rng.standard_normal((A.shape[1], D), dtype=np.float32)) for _ in range(n_inputs)]
         traffic = traffic_bytes(A.nnz, A.shape[0], U, D)
@@ -241,6 +256,8 @@ def bench_graph(spec, ops=("spmm", "sddmm"), dims=DEFAULT_DIMS, repeat=20, n_inp
             best_name = min(row["baselines"], key=lambda k: row["us"][k])
             row["best_baseline"], best = best_name, row["us"][best_name]
             row["speedup"] = {k: best / row["us"][k] for k in ours if k in row["us"]}
+            row["speedup_vs_16bit"] = {dt: row["us"][f"cusparse_{dt}"] / row["us"][f"tcgnn_vector_{dt}"]
+                                       for dt in half if f"cusparse_{dt}" in row["us"]}
             row["gflops"] = {k: 2 * A.nnz * D / (us * 1e3) for k, us in row["us"].items()}
             row["gbps"] = {b: {k: traffic[b] / (us * 1e3) for k, us in row["us"].items()} for b in traffic}
             if copy_bw:
@@ -255,7 +272,7 @@ def bench_graph(spec, ops=("spmm", "sddmm"), dims=DEFAULT_DIMS, repeat=20, n_inp
                 g["notes"].append("SDDMM skipped: <X[i], X[j]> needs a square matrix")
                 continue
             maker = _spmm_impls if op == "spmm" else _sddmm_impls
-            args = (A, Ad, T, Xs, gpu, TV) + ((g["notes"],) if op == "sddmm" else ())
+            args = (A, Ad, T, Xs, gpu, TV) + ((g["notes"],) if op == "sddmm" else (half,))
             impls, baselines, closers = maker(*args)
             try:
                 g["results"].append(_measure(op, impls, baselines, n_inputs, repeat, gpu, derive))

@@ -13,6 +13,10 @@ generated from one table of supported template arguments:
     windows, ``8 x 4`` blocks of condensed column vectors), operands swapped:
     X is the MMA's A operand.  One warp per (balanced unit, feature slice); split
     windows are summed inside the launch (``tcgnn_spmm_vec*``, COMBINE).
+``"half"``
+    float16 / bfloat16 SpMM on the vector layout (``mma.m16n8k16`` with float32
+    accumulation, X staged by cp.async and read back with ``ldmatrix.trans``),
+    for float32 matrices (values as two 16-bit parts) and 16-bit ones.
 ``"core"``
     CUDA-core SpMM and SDDMM in the data's own precision (float or double),
     for any tile shape: ``precision="fp32"`` and every float64 product.
@@ -61,6 +65,11 @@ __all__ = [
     "spmm_vec_async_name",
     "vec_async_smem",
     "sddmm_vec_name",
+    "HALF_TYPES",
+    "VEC_HALF",
+    "HALF_DEFAULT",
+    "spmm_vech_name",
+    "vech_smem",
 ]
 
 #: Column chunks of 32 per CTA in the TF32 SpMM (a CTA covers ``32 * CH`` columns).
@@ -107,6 +116,35 @@ __device__ __forceinline__ unsigned tc_tf32(float x) {
 
 // An MMA operand: rounded to TF32, or the raw float bits (the tensor core then truncates).
 __device__ __forceinline__ unsigned tc_x(float x, bool round) { return round ? tc_tf32(x) : __float_as_uint(x); }
+
+// 16-bit floats, stored as their bits (no cuda_fp16.h: NVRTC on a pip-only install
+// may lack it).  Distinct types so that templates tell float16 from bfloat16.
+struct tc_f16 { unsigned short x; };
+struct tc_bf16 { unsigned short x; };
+
+__device__ __forceinline__ float tc_f32_of(tc_f16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h.x));
+    return f;
+}
+__device__ __forceinline__ float tc_f32_of(tc_bf16 h) { return __uint_as_float((unsigned)h.x << 16); }
+__device__ __forceinline__ float tc_f32_of(float v) { return v; }
+
+// Stores with one rounding (round to nearest even) from the float32 accumulator.
+__device__ __forceinline__ void tc_put(float* p, float v) { *p = v; }
+__device__ __forceinline__ void tc_put(double* p, double v) { *p = v; }
+__device__ __forceinline__ unsigned short tc_bits(tc_f16*, float v) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    return h;
+}
+__device__ __forceinline__ unsigned short tc_bits(tc_bf16*, float v) {
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    return h;
+}
+__device__ __forceinline__ void tc_put(tc_f16* p, float v) { p->x = tc_bits(p, v); }
+__device__ __forceinline__ void tc_put(tc_bf16* p, float v) { p->x = tc_bits(p, v); }
 
 // D += A * B on a 16x8x8 tile.  Fragment layout (PTX ISA, mma.m16n8k8 .tf32),
 // with g = lane / 4 and t = lane % 4:
@@ -217,7 +255,7 @@ __device__ __forceinline__ unsigned tc_smem_addr(const void* p) {
 }
 
 // 16 bytes global -> shared; src_bytes == 0 writes zeros without reading.
-__device__ __forceinline__ void tc_cp_async16(unsigned dst, const float* src, int src_bytes) {
+__device__ __forceinline__ void tc_cp_async16(unsigned dst, const void* src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 
@@ -228,9 +266,9 @@ __device__ __forceinline__ void tc_cp_wait() { asm volatile("cp.async.wait_group
 
 // Sum the partial tiles of each split window, in unit order (deterministic).
 // splits[i] = (window, first partial slot, number of slots, unused).
-template <typename T>
+template <typename T, typename TY = T>
 __global__ void tcgnn_spmm_fixup(const int4* __restrict__ splits, const T* __restrict__ partial,
-                                 T* __restrict__ Y, int M, int D, int H) {
+                                 TY* __restrict__ Y, int M, int D, int H) {
     const int4 s = splits[blockIdx.x];
     const long long n = (long long)H * D;
     for (long long i = (long long)blockIdx.y * blockDim.x + threadIdx.x; i < n;
@@ -240,7 +278,7 @@ __global__ void tcgnn_spmm_fixup(const int4* __restrict__ splits, const T* __res
         if (row >= M) break;  // rows only grow with i
         T acc = T(0);
         for (int k = 0; k < s.z; ++k) acc += partial[((size_t)(s.y + k) * H + r) * D + col];
-        Y[(size_t)row * D + col] = acc;
+        tc_put(Y + (size_t)row * D + col, acc);
     }
 }
 """
@@ -666,6 +704,45 @@ tcgnn_sddmm_core(const int* __restrict__ win_ptr, int n_windows, const int* __re
 }
 """
 
+_VEC_COMMON = r"""
+// COMBINE tail of the vector-layout SpMMs: this warp has stored its part (partial
+// slot u.w >= 0) of a split window's slice of WID features; count the part, and
+// the window's last part sums all partial tiles (float) in unit order into Y.
+template <int WID, typename TY>
+__device__ __forceinline__ void tc_vec_combine(int4 u, int unit, int slice, int lane,
+                                               const int2* __restrict__ unit_k0, TY* __restrict__ Y,
+                                               const float* __restrict__ partial, int* __restrict__ counters, int M,
+                                               int D, int n_slices) {
+    // Release this part's tile, count it; the window's last part sums them all.
+    __threadfence();
+    __syncwarp();
+    const int2 k0 = unit_k0[unit];
+    int* counter = counters + (size_t)k0.x * n_slices + slice;
+    int last = 0;
+    if (lane == 0) last = atomicAdd(counter, 1) == k0.y - 1;
+    if (!__shfl_sync(TC_FULL, last, 0)) return;
+    __threadfence();  // acquire: the other parts' tiles are visible (read through L2 below)
+    const int base = slice * WID;
+    const int width = min(WID, D - base);
+    const long long row0 = (long long)u.x * 8;
+    for (int i = lane; i < 8 * WID; i += 32) {
+        const int rr = i / WID, cc = i - rr * WID;
+        if (cc >= width || row0 + rr >= M) continue;
+        const float* p = partial + ((size_t)k0.x * 8 + rr) * D + base + cc;
+        float sum = 0.f;
+        for (int k = 0; k < k0.y; k += 8) {  // 8 loads in flight, then the adds in part order
+            float v[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) v[j] = k + j < k0.y ? __ldcg(p + (size_t)(k + j) * 8 * D) : 0.f;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) sum += v[j];
+        }
+        tc_put(Y + (size_t)(row0 + rr) * D + base + cc, sum);
+    }
+    if (lane == 0) *counter = 0;  // ready for the next call on this stream
+}
+"""
+
 _VEC = r"""
 // ---------------------------------------------------------------------------
 // TF32 SpMM on the vector layout: 8-row windows, condensed 8x1 column vectors
@@ -712,35 +789,7 @@ __device__ __forceinline__ void tc_vec_finish(const float (&acc)[FS][2][4], int4
         if (rows_left > 1)
             tc_store4<VEC>(out + D, cj, D, make_float4(acc[j][0][1], acc[j][0][3], acc[j][1][1], acc[j][1][3]));
     }
-    if (!COMBINE || u.w < 0) return;
-
-    // Release this part's tile, count it; the window's last part sums them all.
-    __threadfence();
-    __syncwarp();
-    const int2 k0 = unit_k0[unit];
-    int* counter = counters + (size_t)k0.x * n_slices + slice;
-    int last = 0;
-    if (lane == 0) last = atomicAdd(counter, 1) == k0.y - 1;
-    if (!__shfl_sync(TC_FULL, last, 0)) return;
-    __threadfence();  // acquire: the other parts' tiles are visible (read through L2 below)
-    const int base = slice * (32 * FS);
-    const int width = min(32 * FS, D - base);
-    const long long row0 = (long long)u.x * 8;
-    for (int i = lane; i < 8 * 32 * FS; i += 32) {
-        const int rr = i / (32 * FS), cc = i - rr * (32 * FS);
-        if (cc >= width || row0 + rr >= M) continue;
-        const float* p = partial + ((size_t)k0.x * 8 + rr) * D + base + cc;
-        float sum = 0.f;
-        for (int k = 0; k < k0.y; k += 8) {  // 8 loads in flight, then the adds in part order
-            float v[8];
-#pragma unroll
-            for (int j = 0; j < 8; ++j) v[j] = k + j < k0.y ? __ldcg(p + (size_t)(k + j) * 8 * D) : 0.f;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) sum += v[j];
-        }
-        Y[(size_t)(row0 + rr) * D + base + cc] = sum;
-    }
-    if (lane == 0) *counter = 0;  // ready for the next call on this stream
+    if (COMBINE && u.w >= 0) tc_vec_combine<32 * FS>(u, unit, slice, lane, unit_k0, Y, partial, counters, M, D, n_slices);
 }
 
 // COMBINE: split windows are summed in this launch -- each part stores its partial
@@ -984,6 +1033,234 @@ tcgnn_sddmm_vec(const int4* __restrict__ units, int n_units, const int* __restri
 }
 """
 
+_HALF = r"""
+// ---------------------------------------------------------------------------
+// float16 / bfloat16 SpMM on the vector layout, fp32 accumulation.
+// Same work split, units and COMBINE as tcgnn_spmm_vec_async; X (type TX) is the
+// A operand of mma.m16n8k16 (16 features x 16 gathered rows = 4 blocks), the
+// blocks' values the B operand (k = 4 * block + slot, n = row of the window):
+//   Y[window rows]^T (16 x 8) += X[cols]^T (16 x 16) @ A_blocks^T (16 x 8).
+// X rows travel global -> shared through cp.async (16 bytes = 8 features a
+// copy) into rows padded by 8 halves; ldmatrix.x4.trans turns 16 staged rows x 16
+// features into the A fragment in one instruction (matrix q: rows 8 * (q >> 1),
+// features 8 * (q & 1); row strides of 80 + 64 j bytes hit distinct banks).
+// B fragment (PTX ISA, m16n8k16 .f16/.bf16): lane (g, t) holds B[2t, 2t+1][g]
+// (block t >> 1, slots 2 (t & 1), +1, row g) and B[2t+8, 2t+9][g] (block
+// 2 + (t >> 1)): two consecutive tile positions, found with popc on the block's
+// 32-bit occupancy mask.
+// SPLIT: the matrix is float32 and its values come as (hi, lo) pairs of TX
+// (hi = TX(v * scale), lo = TX(v * scale - hi)), two MMAs each: about 2 x 11
+// (f16) or 2 x 8 (bf16) significant bits of every value, where a single TX
+// would round it to 11 or 8.  ``unscale`` (a power of two) undoes ``scale``,
+// which keeps float16 hi parts in range.  Without SPLIT the values are TX.
+// The tile goes back through shared memory as float (rows padded by 4: conflict
+// free both ways) and leaves as 16-byte (float) or 8-byte (16-bit) stores.
+// AL: D % 8 == 0 and 16-byte aligned X / Y (cp.async); else synchronous
+// element loads into the same staging rows.
+template <typename TX> struct tc_mma16;
+template <> struct tc_mma16<tc_f16> {
+    static __device__ __forceinline__ void run(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+template <> struct tc_mma16<tc_bf16> {
+    static __device__ __forceinline__ void run(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+__device__ __forceinline__ void tc_ldsm_x4_trans(unsigned (&a)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(addr));
+}
+
+// Four consecutive outputs at p[col .. col+3]; VEC: one 16-byte (float) or 8-byte (16-bit) store.
+template <bool VEC, typename TY>
+__device__ __forceinline__ void tc_put4(TY* p, int col, int D, float4 v) {
+    if constexpr (sizeof(TY) == 4) {
+        tc_store4<VEC>(reinterpret_cast<float*>(p), col, D, v);
+    } else if (VEC) {
+        if (col < D) {
+            const unsigned lo = tc_bits(p, v.x) | ((unsigned)tc_bits(p, v.y) << 16);
+            const unsigned hi = tc_bits(p, v.z) | ((unsigned)tc_bits(p, v.w) << 16);
+            *reinterpret_cast<uint2*>(p + col) = make_uint2(lo, hi);
+        }
+    } else {
+        if (col < D) tc_put(p + col, v.x);
+        if (col + 1 < D) tc_put(p + col + 1, v.y);
+        if (col + 2 < D) tc_put(p + col + 2, v.z);
+        if (col + 3 < D) tc_put(p + col + 3, v.w);
+    }
+}
+
+// B registers (low half: the smaller k) of one block for lane (g, t): positions p0, p0 + 1.
+template <bool SPLIT>
+__device__ __forceinline__ void tc_half_b(const void* __restrict__ values, uint2 m, int p0, unsigned& hi,
+                                          unsigned& lo) {
+    const unsigned h0 = (m.x >> p0) & 1u, h1 = (m.x >> (p0 + 1)) & 1u;
+    const int idx = (int)m.y + __popc(m.x & ((1u << p0) - 1u));
+    if (SPLIT) {
+        const unsigned* v = static_cast<const unsigned*>(values);
+        const unsigned w0 = h0 ? __ldg(v + idx) : 0u;
+        const unsigned w1 = h1 ? __ldg(v + idx + h0) : 0u;
+        hi = (w0 & 0xffffu) | (w1 << 16);
+        lo = (w0 >> 16) | (w1 & 0xffff0000u);
+    } else {
+        const unsigned short* v = static_cast<const unsigned short*>(values);
+        const unsigned s0 = h0 ? __ldg(v + idx) : 0u;
+        const unsigned s1 = h1 ? __ldg(v + idx + h0) : 0u;
+        hi = s0 | (s1 << 16);
+        lo = 0u;
+    }
+}
+
+template <typename TX, bool SPLIT, typename TY, int FS, int KS, int NS, bool COMBINE, bool AL>
+__global__ void __launch_bounds__(128, (FS >= 4 ? 4 : 8))
+tcgnn_spmm_vech(const int4* __restrict__ units, const int2* __restrict__ unit_k0,
+                const int* __restrict__ block_cols, const uint2* __restrict__ meta, const void* __restrict__ values,
+                const TX* __restrict__ X, TY* __restrict__ Y, float* __restrict__ partial,
+                int* __restrict__ counters, int M, int D, int n_slices, int n_work, float unscale) {
+    constexpr int U = 4 * KS;         // blocks per step (KS k16 chunks)
+    constexpr int ROWS = 4 * U;       // staged X rows per step
+    constexpr int RS = 32 * FS + 8;   // halves per staged row
+    constexpr int STAGE = ROWS * RS;  // halves per stage
+    constexpr int CPR = 4 * FS;       // 16-byte copies per row
+    constexpr int RP = 32 / CPR;      // rows per pass of the warp
+    constexpr int PASSES = ROWS / RP;
+    constexpr int TS = 32 * FS + 4;   // floats per row of the output tile
+    static_assert(NS * STAGE * 2 >= 8 * TS * 4, "the output tile reuses the stages");
+    extern __shared__ uint4 tc_smem[];
+    const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
+    const int work = blockIdx.x * (blockDim.x >> 5) + wib;
+    if (work >= n_work) return;  // whole warp
+    const int g = lane >> 2, t = lane & 3;
+    const int unit = work / n_slices, slice = work - unit * n_slices;
+    const int4 u = units[unit];
+    const int base = slice * (32 * FS);
+    const int cr = lane / CPR, cf = 8 * (lane % CPR);  // this lane copies rows cr + RP * pass at feature cf
+    unsigned short* stages = reinterpret_cast<unsigned short*>(tc_smem) + wib * NS * STAGE;
+    const unsigned stages_addr = tc_smem_addr(stages);
+    const int n_steps = (u.z - u.y + U - 1) / U;
+    // ldmatrix: lane supplies row (lane & 7) + 8 (q >> 1) of matrix q = lane >> 3, features 8 (q & 1).
+    const int lm_row = (lane & 7) + 8 * ((lane >> 3) >> 1), lm_col = 8 * ((lane >> 3) & 1);
+    const int p0 = 4 * g + 2 * (t & 1);  // tile positions p0, p0 + 1 of this lane's B values
+
+    float acc[2 * FS][4];
+#pragma unroll
+    for (int j = 0; j < 2 * FS; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[j][q] = 0.f;
+
+    int rq[PASSES];
+#define TC_H_ROWS(step)                                                          \
+    _Pragma("unroll") for (int p = 0; p < PASSES; ++p) {                         \
+        const int idx = (u.y + (step) * U) * 4 + p * RP + cr;                    \
+        rq[p] = idx < u.z * 4 ? block_cols[idx] : -1;                            \
+    }
+#define TC_H_ISSUE(step)                                                         \
+    {                                                                            \
+        unsigned short* st = stages + ((step) % NS) * STAGE;                     \
+        const int fx = base + cf;                                                \
+        _Pragma("unroll") for (int p = 0; p < PASSES; ++p) {                     \
+            unsigned short* dst = st + (p * RP + cr) * RS + cf;                  \
+            if (AL) {                                                            \
+                const int bytes = (rq[p] >= 0 && fx < D) ? 16 : 0;               \
+                const TX* src = bytes ? X + (size_t)rq[p] * D + fx : X;          \
+                tc_cp_async16(tc_smem_addr(dst), src, bytes);                    \
+            } else {                                                             \
+                const unsigned short* xs = reinterpret_cast<const unsigned short*>(X) + (size_t)max(rq[p], 0) * D; \
+                unsigned w[4];                                                   \
+                _Pragma("unroll") for (int e = 0; e < 4; ++e) {                  \
+                    const unsigned a = (rq[p] >= 0 && fx + 2 * e < D) ? __ldg(xs + fx + 2 * e) : 0u; \
+                    const unsigned b = (rq[p] >= 0 && fx + 2 * e + 1 < D) ? __ldg(xs + fx + 2 * e + 1) : 0u; \
+                    w[e] = a | (b << 16);                                        \
+                }                                                                \
+                *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]); \
+            }                                                                    \
+        }                                                                        \
+        tc_cp_commit();                                                          \
+    }
+#pragma unroll
+    for (int s0 = 0; s0 < NS - 1; ++s0) {
+        TC_H_ROWS(s0)
+        TC_H_ISSUE(s0)
+    }
+    TC_H_ROWS(NS - 1)
+    uint2 mc[KS][2];  // this step's metadata: blocks t >> 1 and 2 + (t >> 1) of each k16 chunk
+#pragma unroll
+    for (int k = 0; k < KS; ++k)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int bi = u.y + 4 * k + 2 * h + (t >> 1);
+            mc[k][h] = bi < u.z ? meta[bi] : make_uint2(0u, 0u);
+        }
+    for (int step = 0; step < n_steps; ++step) {  // warp-uniform: mma.sync needs all lanes
+        TC_H_ISSUE(step + NS - 1)
+        TC_H_ROWS(step + NS)
+        unsigned bh[KS][2], bl[KS][2];
+        uint2 mn[KS][2];
+#pragma unroll
+        for (int k = 0; k < KS; ++k)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                tc_half_b<SPLIT>(values, mc[k][h], p0, bh[k][h], bl[k][h]);
+                const int bi = u.y + (step + 1) * U + 4 * k + 2 * h + (t >> 1);
+                mn[k][h] = bi < u.z ? meta[bi] : make_uint2(0u, 0u);
+            }
+        tc_cp_wait<NS - 1>();  // this lane's copies of this step have landed
+        __syncwarp();          // ... and every other lane's
+        const unsigned st = stages_addr + 2u * (unsigned)((step % NS) * STAGE);
+#pragma unroll
+        for (int k = 0; k < KS; ++k)
+#pragma unroll
+            for (int j = 0; j < 2 * FS; ++j) {
+                unsigned a[4];
+                tc_ldsm_x4_trans(a, st + 2u * (unsigned)((16 * k + lm_row) * RS + 16 * j + lm_col));
+                tc_mma16<TX>::run(acc[j], a, bh[k][0], bh[k][1]);
+                if (SPLIT) tc_mma16<TX>::run(acc[j], a, bl[k][0], bl[k][1]);
+            }
+#pragma unroll
+        for (int k = 0; k < KS; ++k)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) mc[k][h] = mn[k][h];
+        __syncwarp();  // the stage is refilled in the next step
+    }
+#undef TC_H_ROWS
+#undef TC_H_ISSUE
+    tc_cp_wait<0>();
+    __syncwarp();
+
+    // acc[j] = {D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1]}: feature 16 j + g (+8), window row 2t (+1).
+    float* tile = reinterpret_cast<float*>(stages);
+#pragma unroll
+    for (int j = 0; j < 2 * FS; ++j) {
+        tile[(2 * t) * TS + 16 * j + g] = acc[j][0] * unscale;
+        tile[(2 * t + 1) * TS + 16 * j + g] = acc[j][1] * unscale;
+        tile[(2 * t) * TS + 16 * j + g + 8] = acc[j][2] * unscale;
+        tile[(2 * t + 1) * TS + 16 * j + g + 8] = acc[j][3] * unscale;
+    }
+    __syncwarp();
+    const long long row0 = (long long)u.x * 8;
+    for (int i = lane; i < 8 * 8 * FS; i += 32) {
+        const int rr = i / (8 * FS), c = base + 4 * (i - rr * 8 * FS);
+        const float4 v = *reinterpret_cast<const float4*>(tile + rr * TS + (c - base));
+        if (u.w < 0) {
+            if (row0 + rr < M) tc_put4<AL>(Y + (size_t)(row0 + rr) * D, c, D, v);
+        } else {
+            tc_store4<AL>(partial + ((size_t)u.w * 8 + rr) * D, c, D, v);
+        }
+    }
+    if (COMBINE && u.w >= 0) tc_vec_combine<32 * FS>(u, unit, slice, lane, unit_k0, Y, partial, counters, M, D, n_slices);
+}
+"""
+
+
 def _b(v):
     return "true" if v else "false"
 
@@ -1017,8 +1294,10 @@ def sddmm_core_name(value_type, pos_type):
     return f"tcgnn_sddmm_core<{VALUE_TYPES[value_type]}, {TILE_POS_TYPES[pos_type]}>"
 
 
-def fixup_name(value_type):
-    return f"tcgnn_spmm_fixup<{VALUE_TYPES[value_type]}>"
+def fixup_name(value_type, out_type=None):
+    if out_type is None or out_type == value_type:
+        return f"tcgnn_spmm_fixup<{VALUE_TYPES[value_type]}>"
+    return f"tcgnn_spmm_fixup<{VALUE_TYPES[value_type]}, {HALF_TYPES[out_type]}>"
 
 
 #: Float4 column groups per lane (a warp covers ``32 * FS`` features) and blocks per step of the vector SpMM.
@@ -1051,6 +1330,37 @@ def sddmm_vec_name(vec):
     return f"tcgnn_sddmm_vec<{_b(vec)}>"
 
 
+#: NumPy name -> CUDA type of the 16-bit operand types.
+HALF_TYPES = {"float16": "tc_f16", "bfloat16": "tc_bf16"}
+#: (feature groups of 32, k16 chunks per step, stages) of the 16-bit vector SpMM compiled for every type
+#: combination and aligned rows; HALF_DEFAULT also for unaligned rows (D % 8 != 0).
+VEC_HALF = ((1, 1, 2), (1, 2, 2), (2, 1, 2), (2, 1, 3), (2, 2, 2))
+HALF_DEFAULT = (1, 1, 2)
+
+
+def spmm_vech_name(x_type, split, y_type, slices, ks, stages, combine=True, aligned=True):
+    ty = "float" if y_type == "float32" else HALF_TYPES[y_type]
+    return (f"tcgnn_spmm_vech<{HALF_TYPES[x_type]}, {_b(split)}, {ty}, {slices}, {ks}, {stages}, {_b(combine)}, "
+            f"{_b(aligned)}>")
+
+
+def vech_smem(nwarps, slices, ks, stages):
+    """Bytes of ``tcgnn_spmm_vech``: per warp ``stages`` x 16 ``ks`` rows of ``32 slices + 8`` halves."""
+    return nwarps * stages * 16 * ks * (32 * slices + 8) * 2
+
+
+def _half_names():
+    names = []
+    for x in HALF_TYPES:
+        for split in (True, False):
+            for y in ("float32", x):
+                for f, ks, ns in VEC_HALF:
+                    names += [spmm_vech_name(x, split, y, f, ks, ns, c) for c in (True, False)]
+                names += [spmm_vech_name(x, split, y, *HALF_DEFAULT, c, False) for c in (True, False)]
+        names.append(fixup_name("float32", x))
+    return names + [fixup_name("float32")]
+
+
 def _vec_names():
     names = [spmm_vec_name(f, u, v, c, pf) for f in VEC_SLICES for u in VEC_UNROLL for v in (True, False)
              for c in (True, False) for pf in (True, False)]
@@ -1078,5 +1388,6 @@ def _core_names():
 FAMILIES = {
     "tf32": (_COMMON + _TF32, tuple(_tf32_names())),
     "core": (_COMMON + _CORE, tuple(_core_names())),
-    "vec": (_COMMON + _VEC, tuple(_vec_names())),
+    "vec": (_COMMON + _VEC_COMMON + _VEC, tuple(_vec_names())),
+    "half": (_COMMON + _VEC_COMMON + _HALF, tuple(_half_names())),
 }

@@ -14,6 +14,7 @@ import numpy as np
 from .._device import DeviceMismatchError, get_cupy
 from .._ops import as_operand
 from .._tiled import TiledMatrix, sddmm, spmm
+from .._validation import is_half
 
 __all__ = ["TiledEdges", "CSREdges", "edges_of"]
 
@@ -38,13 +39,19 @@ class TiledEdges:
     def _with(self, values):
         return self.matrix if values is None else self.matrix.with_values(values, order="tiled")
 
+    def _out(self, X, rows):
+        # 16-bit activations stay 16-bit (mixed precision): the product is rounded once into X's type.
+        if not is_half(X.dtype) or X.ndim != 2:
+            return None
+        return self.xp.empty((rows, X.shape[1]), dtype=X.dtype)
+
     def spmm(self, X, values=None):
-        """``A_v @ X``."""
-        return spmm(self._with(values), X, precision=self.precision)
+        """``A_v @ X`` (of X's dtype when X is 16-bit)."""
+        return spmm(self._with(values), X, self._out(X, self.shape[0]), precision=self.precision)
 
     def spmm_t(self, X, values=None):
         """``A_vᵀ @ X`` (Aᵀ translated once per tiling; new values are gathered)."""
-        return spmm(self._with(values).T, X, precision=self.precision)
+        return spmm(self._with(values).T, X, self._out(X, self.shape[1]), precision=self.precision)
 
     def sddmm(self, Xa, Xb):
         """``<Xa[i], Xb[j]>`` on every stored ``(i, j)``, in the view's order."""

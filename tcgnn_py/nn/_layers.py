@@ -10,6 +10,7 @@ and CuPy on the GPU, and everything runs on the graph's device.
 import numpy as np
 
 from .._device import array_module
+from .._validation import is_half
 from ._edges import array_on, edges_of
 
 __all__ = [
@@ -52,7 +53,7 @@ def gcn_conv(A, H, W, b=None, *, precision=None):
     H : array, shape (n, d_in)
     W : array, shape (d_in, d_out)
     b : array, shape (d_out,), optional
-    precision : {None, "tf32", "fp32"}, optional
+    precision : {None, "tf32", "fp32", "fp16", "bf16"}, optional
         For the sparse products (see :func:`tcgnn_py.spmm`).
 
     Returns
@@ -151,7 +152,7 @@ def agnn_conv(A, H, beta, *, precision=None):
     H : array, shape (n, d)
     beta : array, shape (1,), or float
         The attention temperature (learnable).
-    precision : {None, "tf32", "fp32"}, optional
+    precision : {None, "tf32", "fp32", "fp16", "bf16"}, optional
         For the sparse products.
 
     Returns
@@ -174,18 +175,19 @@ def agnn_conv(A, H, beta, *, precision=None):
     _check_2d("H", H, E.shape[0])
     if E.shape[0] != E.shape[1]:
         raise ValueError(f"agnn_conv needs a square graph, got shape {E.shape}")
-    beta = xp.asarray(beta, dtype=H.dtype).reshape(-1)
+    fd = np.float32 if is_half(H.dtype) else H.dtype  # 16-bit features: the attention runs in float32
+    beta = xp.asarray(beta, dtype=fd).reshape(-1)
     if beta.shape != (1,):
         raise ValueError(f"beta must be a scalar or have shape (1,), got {beta.shape}")
     Hn, norm, inv = _normalize_rows(H, xp)
-    c = E.sddmm(Hn, Hn)
+    c = E.sddmm(Hn, Hn).astype(fd, copy=False)
     P = _edge_softmax(E, beta * c, xp)
     out = E.spmm(H, values=P)
 
     def vjp(g):
         g = array_on(E, g)
         dH = E.spmm_t(g, values=P)
-        dP = E.sddmm(g, H)
+        dP = E.sddmm(g, H).astype(fd, copy=False)
         rows = E.rows
         t = _row_sums(xp, rows, P * dP, E.shape[0])
         dz = P * (dP - t[rows])

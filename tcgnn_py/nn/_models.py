@@ -10,6 +10,7 @@ import numpy as np
 
 from .._device import array_module, get_cupy
 from .._tiled import TiledMatrix
+from .._validation import as_dtype, is_half
 from ._edges import array_on, edges_of
 from ._layers import agnn_conv, dropout, gcn_conv, linear, relu
 
@@ -75,7 +76,22 @@ def gcn_init(dims, rng, dtype=np.float32):
     return params
 
 
-def gcn_apply(params, A, X, *, rng=None, dropout_p=0.5, training=True, precision=None):
+def _mixed(params, dtype):
+    """``(compute dtype or None, params as used in the forward pass)``: 16-bit copies of fp32 master weights."""
+    if dtype is None:
+        return None, params
+    dtype = as_dtype(dtype)
+    if not is_half(dtype):
+        raise ValueError(f"dtype must be None, float16 or bfloat16 (mixed precision), got {dtype}")
+    return dtype, {k: v.astype(dtype) for k, v in params.items()}
+
+
+def _master_grads(grads, params):
+    """Gradients in the master weights' dtype (float32)."""
+    return {k: g.astype(params[k].dtype, copy=False) for k, g in grads.items()}
+
+
+def gcn_apply(params, A, X, *, rng=None, dropout_p=0.5, training=True, precision=None, dtype=None):
     """Kipf & Welling's GCN: ``[dropout -> gcn_conv -> relu] ... -> dropout -> gcn_conv``.
 
     Parameters
@@ -91,7 +107,14 @@ def gcn_apply(params, A, X, *, rng=None, dropout_p=0.5, training=True, precision
         ``training`` and ``dropout_p > 0``.
     dropout_p : float, default 0.5
     training : bool, default True
-    precision : {None, "tf32", "fp32"}, optional
+    precision : {None, "tf32", "fp32", "fp16", "bf16"}, optional
+    dtype : {None, "float16", "bfloat16"}, optional
+        Mixed precision (as PyTorch AMP users know it): features, activations
+        and the forward copies of the weights in this 16-bit type, sparse
+        products on 16-bit tensor cores (on a ``layout="vector"`` matrix) with
+        float32 accumulation; ``params`` stay the float32 master weights and
+        the gradients come back in float32.  The logits are 16-bit: compute
+        the loss in float32 (:func:`train` does).
 
     Returns
     -------
@@ -112,11 +135,14 @@ def gcn_apply(params, A, X, *, rng=None, dropout_p=0.5, training=True, precision
     """
     E = edges_of(A, precision)
     n_layers = len(params) // 2
+    cd, p = _mixed(params, dtype)
     H = array_on(E, X)
+    if cd is not None:
+        H = H.astype(cd, copy=False)
     back = []
     for i in range(n_layers):
         H, d_vjp = dropout(H, dropout_p, rng, training=training)
-        H, c_vjp = gcn_conv(E, H, params[f"W{i}"], params[f"b{i}"])
+        H, c_vjp = gcn_conv(E, H, p[f"W{i}"], p[f"b{i}"])
         r_vjp = None
         if i < n_layers - 1:
             H, r_vjp = relu(H)
@@ -124,6 +150,8 @@ def gcn_apply(params, A, X, *, rng=None, dropout_p=0.5, training=True, precision
 
     def vjp(g):
         grads = {}
+        if cd is not None:
+            g = array_on(E, g).astype(cd, copy=False)
         for i in reversed(range(n_layers)):
             d_vjp, c_vjp, r_vjp = back[i]
             if r_vjp is not None:
@@ -131,7 +159,7 @@ def gcn_apply(params, A, X, *, rng=None, dropout_p=0.5, training=True, precision
             g, grads[f"W{i}"], grads[f"b{i}"] = c_vjp(g, input_grad=i > 0)
             if i > 0:
                 g = d_vjp(g)
-        return grads
+        return _master_grads(grads, params)
 
     return H, vjp
 
@@ -164,11 +192,11 @@ def agnn_init(dims, rng, n_prop=2, dtype=np.float32):
     return params
 
 
-def agnn_apply(params, A, X, *, rng=None, dropout_p=0.5, training=True, precision=None):
+def agnn_apply(params, A, X, *, rng=None, dropout_p=0.5, training=True, precision=None, dtype=None):
     """AGNN: ``dropout -> linear -> relu -> agnn_conv x n_prop -> dropout -> linear``.
 
-    Parameters as in :func:`gcn_apply`; ``A`` is :func:`add_self_loops` of the
-    adjacency.
+    Parameters as in :func:`gcn_apply` (``dtype`` too: the attention softmax
+    runs in float32); ``A`` is :func:`add_self_loops` of the adjacency.
 
     Examples
     --------
@@ -183,19 +211,25 @@ def agnn_apply(params, A, X, *, rng=None, dropout_p=0.5, training=True, precisio
     """
     E = edges_of(A, precision)
     n_prop = 1 + sum(k.startswith("beta") for k in params)
-    H, d_in = dropout(array_on(E, X), dropout_p, rng, training=training)
-    H, l_in = linear(H, params["W_in"], params["b_in"])
+    cd, p = _mixed(params, dtype)
+    H = array_on(E, X)
+    if cd is not None:
+        H = H.astype(cd, copy=False)
+    H, d_in = dropout(H, dropout_p, rng, training=training)
+    H, l_in = linear(H, p["W_in"], p["b_in"])
     H, r_vjp = relu(H)
     props = []
     for k in range(n_prop):
-        beta = params[f"beta{k}"] if k else 1.0
+        beta = params[f"beta{k}"] if k else 1.0  # float32: the softmax's temperature
         H, p_vjp = agnn_conv(E, H, beta)
         props.append(p_vjp)
     H, d_out = dropout(H, dropout_p, rng, training=training)
-    H, l_out = linear(H, params["W_out"], params["b_out"])
+    H, l_out = linear(H, p["W_out"], p["b_out"])
 
     def vjp(g):
         grads = {}
+        if cd is not None:
+            g = array_on(E, g).astype(cd, copy=False)
         g, grads["W_out"], grads["b_out"] = l_out(g)
         g = d_out(g)
         for k in reversed(range(n_prop)):
@@ -204,6 +238,6 @@ def agnn_apply(params, A, X, *, rng=None, dropout_p=0.5, training=True, precisio
                 grads[f"beta{k}"] = dbeta
         g = r_vjp(g)
         _, grads["W_in"], grads["b_in"] = l_in(g, input_grad=False)
-        return grads
+        return _master_grads(grads, params)
 
     return H, vjp

@@ -6,6 +6,7 @@ import time
 import numpy as np
 
 from ._edges import array_on, edges_of
+from .._validation import is_half
 from ._layers import cross_entropy
 
 __all__ = ["TrainResult", "train"]
@@ -36,7 +37,7 @@ class TrainResult:
 
 
 def train(apply, params, A, X, labels, split, optimizer, *, epochs=200, rng=None, dropout_p=0.5,
-          precision=None, evaluate=True):
+          precision=None, evaluate=True, dtype=None, loss_scale=1.0):
     """Train ``apply`` (e.g. :func:`gcn_apply`) full-batch with ``optimizer``; return a :class:`TrainResult`.
 
     Parameters
@@ -55,6 +56,13 @@ def train(apply, params, A, X, labels, split, optimizer, *, epochs=200, rng=None
     evaluate : bool, default True
         Score the validation and test splits after every epoch (on the
         device, read once at the end); False times training alone.
+    dtype : {None, "float16", "bfloat16"}, optional
+        Mixed precision: ``apply(..., dtype=dtype)`` runs in 16 bits (see
+        :func:`gcn_apply`), the loss and the optimizer step in float32.
+    loss_scale : float, default 1.0
+        The loss gradient is multiplied by it before the backward pass and
+        the gradients divided by it in float32 (a static loss scale, for
+        float16 gradients that would underflow; not needed on Cora).
 
     Examples
     --------
@@ -72,6 +80,7 @@ def train(apply, params, A, X, labels, split, optimizer, *, epochs=200, rng=None
     E = edges_of(A, precision)
     xp = E.xp
     X = array_on(E, X)
+    amp = {} if dtype is None else {"dtype": dtype}  # apply functions without mixed precision keep working
     labels = xp.asarray(labels)
     train_idx, val_idx, test_idx = (xp.asarray(i) for i in split)
     on_device = xp is not np
@@ -87,15 +96,22 @@ def train(apply, params, A, X, labels, split, optimizer, *, epochs=200, rng=None
             events[epoch][0].record()
         else:
             t0 = time.perf_counter()
-        logits, vjp = apply(params, E, X, rng=rng, dropout_p=dropout_p, training=True)
+        logits, vjp = apply(params, E, X, rng=rng, dropout_p=dropout_p, training=True, **amp)
+        if is_half(logits.dtype):
+            logits = logits.astype(np.float32)  # the loss in float32, as AMP does
         loss, dlogits = cross_entropy(logits, labels, train_idx)
-        optimizer.step(vjp(dlogits))
+        if loss_scale != 1.0:
+            s = dlogits.dtype.type(loss_scale)
+            grads = {k: g / g.dtype.type(loss_scale) for k, g in vjp(dlogits * s).items()}
+        else:
+            grads = vjp(dlogits)
+        optimizer.step(grads)
         if on_device:
             events[epoch][1].record()
         else:
             host_times.append(time.perf_counter() - t0)
         if evaluate:
-            logits, _ = apply(params, E, X, training=False)
+            logits, _ = apply(params, E, X, training=False, **amp)
             pred = logits.argmax(axis=1)
             scores.append(xp.stack([(pred[i] == labels[i]).mean() for i in (val_idx, test_idx)]))
     if on_device:

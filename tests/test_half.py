@@ -1,0 +1,295 @@
+"""float16 / bfloat16 operands: dtype rules, errors, and exactness on every path.
+
+The module-level tests run wherever the suite runs (the NumPy reference on a
+machine without a GPU, the 16-bit tensor-core kernels on one); the ``gpu`` tests
+sweep the kernels' shapes against the float64 SciPy reference, through
+NaN-poisoned outputs.
+"""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from _env import GPU, host
+from _zoo import star, zoo
+
+import tcgnn_py as tg
+from tcgnn_py import _ops
+from tcgnn_py._validation import as_dtype, promote
+
+ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 tests need ml_dtypes (the [bf16] extra)")
+F16, BF16, F32, F64 = np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32), np.dtype(np.float64)
+HALVES = [F16, BF16]
+ZOO = zoo("full")
+
+#: Relative Frobenius error of a 16-bit product against the float64 product of the same
+#: (16-bit) X and the matrix's stored values: float32 accumulation only, per result dtype.
+TOL = {F32: 1e-5, F16: 2e-3, BF16: 1e-2}
+#: ... and of a matrix stored in 16 bits against its float32 values (one rounding of each value).
+TOL_VALUES = {F16: 1e-3, BF16: 8e-3}
+
+
+def ints(rng, shape, dtype):
+    return rng.integers(-8, 9, shape).astype(np.float32).astype(dtype)
+
+
+def int_matrix(rng, m, n, degree=12):
+    A = sp.random_array((m, n), density=min(1.0, degree / max(n, 1)), rng=rng, format="csr", dtype=np.float64)
+    A.data[:] = rng.integers(1, 5, A.nnz) * rng.choice([-1, 1], A.nnz)
+    return A
+
+
+def exact(A, X, dtype):
+    """The exact product, rounded once to ``dtype`` (what every path must return on small integers)."""
+    return (A.astype(np.float64) @ np.asarray(X, np.float64)).astype(np.float32).astype(dtype)
+
+
+@pytest.mark.parametrize(("m", "x", "want"), [
+    (F32, F16, F32), (F16, F16, F16), (BF16, BF16, BF16), (F32, BF16, F32), (BF16, F16, F32), (F16, BF16, F32),
+    (F64, F16, F64), (F16, np.int8, F32), (BF16, F64, F64),
+])
+def test_result_dtype_promotion(m, x, want):
+    assert _ops.result_dtype(np.dtype(m), np.dtype(x)) == want
+    T = tg.TiledMatrix(ZOO["n17"], dtype=m)
+    assert T.dtype == m
+    assert (T @ np.ones((17, 3), x)).dtype == want
+
+
+def test_promote_is_symmetric():
+    for a in (F16, BF16, F32, F64):
+        for b in (F16, BF16, F32, F64):
+            assert promote(a, b) == promote(b, a)
+
+
+@pytest.mark.parametrize("xt", HALVES)
+@pytest.mark.parametrize("layout", ["tcgnn", "vector"])
+@pytest.mark.parametrize("mt", ["float32", "same"])
+def test_spmm_half_exact_on_every_path(xt, layout, mt):
+    rng = np.random.default_rng()
+    A = ZOO["n17"] if layout == "tcgnn" else int_matrix(rng, 300, 300)
+    mdt = F32 if mt == "float32" else xt
+    T = tg.TiledMatrix(A, dtype=mdt, layout=layout)
+    X = ints(rng, (A.shape[1], 19), xt)
+    Y = T @ X
+    assert isinstance(Y, np.ndarray) and Y.dtype == _ops.result_dtype(mdt, xt)
+    np.testing.assert_array_equal(Y, exact(A, X, Y.dtype))
+
+
+@pytest.mark.parametrize("xt", HALVES)
+def test_spmm_half_out_rounds_once(xt):
+    rng = np.random.default_rng()
+    A = int_matrix(rng, 200, 200)
+    T = tg.TiledMatrix(A, dtype=np.float32, layout="vector")
+    X = ints(rng, (200, 24), xt)
+    out = np.full((200, 24), np.nan, dtype=xt)
+    assert tg.spmm(T, X, out=out) is out
+    np.testing.assert_array_equal(out, exact(A, X, xt))
+    out32 = np.empty((200, 24), np.float32)
+    np.testing.assert_array_equal(tg.spmm(T, X, out=out32), exact(A, X, F32))
+    # A float32 product may go to a 16-bit out, a float64 one may not, nor a float16 one to float32 ... of X's kind.
+    with pytest.raises(ValueError, match="expected float64"):
+        tg.spmm(T.astype(np.float64), X, out=np.empty((200, 24), xt))
+    with pytest.raises(ValueError, match="expected float16"):
+        tg.spmm(T.astype(np.float16), X.astype(np.float16), out=np.empty((200, 24), np.float64))
+
+
+def test_precision_errors():
+    T = tg.TiledMatrix(ZOO["n17"], dtype=np.float32, layout="vector")
+    X = np.ones((17, 4), np.float32)
+    with pytest.raises(TypeError, match="precision='fp16' needs float16 operands, got float32"):
+        tg.spmm(T, X, precision="fp16")
+    with pytest.raises(TypeError, match="needs bfloat16 operands, got float16"):
+        tg.spmm(T, X.astype(np.float16), precision="bf16")
+    with pytest.raises(ValueError, match="needs layout='vector'"):
+        tg.spmm(tg.TiledMatrix(ZOO["n17"], dtype=np.float32), X.astype(np.float16), precision="fp16")
+    with pytest.raises(TypeError, match="needs a float32 or 16-bit product, this one is float64"):
+        tg.spmm(T.astype(np.float64), X.astype(np.float16), precision="fp16")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        tg.spmm(T, X, precision="half")
+    # tf32 / fp32 with 16-bit operands widen them (exactly).
+    Xh = X.astype(np.float16)
+    for p in ("tf32", "fp32", "fp16", None):
+        np.testing.assert_array_equal(host(tg.spmm(T, Xh, precision=p)), ZOO["n17"] @ X)
+
+
+def test_bfloat16_without_ml_dtypes_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)  # import fails as if not installed
+    with pytest.raises(ImportError, match=r"tcgnn_py\[bf16\]"):
+        as_dtype("bfloat16")
+    with pytest.raises(ImportError, match=r"tcgnn_py\[bf16\]"):
+        tg.TiledMatrix(ZOO["n17"], dtype="bfloat16")
+
+
+@pytest.mark.parametrize("dt", HALVES)
+def test_half_matrix_storage(dt):
+    # Duplicates are summed in float32 and rounded once: 2049 + 1 + ... is not float16's 2048.
+    rows, cols = np.array([0, 0, 0, 1]), np.array([1, 1, 1, 0])
+    vals = np.array([1024.0, 1.0, 0.5, 3.0])
+    A = sp.coo_array((vals, (rows, cols)), shape=(2, 2))
+    T = tg.TiledMatrix(A, dtype=dt)
+    assert T.dtype == dt and T.values.dtype == dt
+    want = np.array([[0, 1025.5], [3, 0]], np.float32).astype(dt)
+    np.testing.assert_array_equal(T.toarray(), want)
+    assert T.toarray().dtype == dt
+    C = T.tocsr()  # scipy has no 16-bit floats: float32, exact
+    assert C.dtype == np.float32
+    np.testing.assert_array_equal(C.toarray(), want.astype(np.float32))
+    assert T.astype(np.float32).dtype == F32 and T.T.dtype == dt
+
+
+@pytest.mark.parametrize("xt", HALVES)
+@pytest.mark.parametrize("layout", ["tcgnn", "vector"])
+def test_sddmm_half(xt, layout):
+    rng = np.random.default_rng()
+    A = int_matrix(rng, 120, 120)
+    T = tg.TiledMatrix(A, dtype=np.float32, layout=layout)
+    X = ints(rng, (120, 20), xt)
+    S = tg.sddmm(T, X)
+    assert S.dtype == xt
+    C = A.tocoo()
+    want = (np.asarray(X, np.float64)[C.row] * np.asarray(X, np.float64)[C.col]).sum(axis=1)
+    got = S.toarray()[C.row, C.col]
+    np.testing.assert_array_equal(np.asarray(got, np.float64), want.astype(np.float32).astype(xt).astype(np.float64))
+    Sm = tg.sddmm(T, X, multiply_values=True)
+    assert Sm.dtype == F32
+
+
+@pytest.mark.parametrize("xt", HALVES)
+@pytest.mark.parametrize("mt", ["float32", "same"])
+def test_spmm_half_random_error(xt, mt):
+    rng = np.random.default_rng()
+    A = int_matrix(rng, 2000, 2000, degree=20)
+    A.data[:] = rng.standard_normal(A.nnz)
+    mdt = F32 if mt == "float32" else xt
+    T = tg.TiledMatrix(A, dtype=mdt, layout="vector")
+    X = rng.standard_normal((2000, 64)).astype(np.float32).astype(xt)
+    Y = T @ X
+    stored = T.tocsr().astype(np.float64)  # the values as the matrix holds them
+    want = stored @ np.asarray(X, np.float64)
+    err = np.linalg.norm(np.asarray(Y, np.float64) - want) / np.linalg.norm(want)
+    assert err <= TOL[Y.dtype], err
+    if mt == "same":  # one rounding of each value, against the float32 matrix
+        v = np.linalg.norm(stored.toarray() - A.toarray()) / np.linalg.norm(A.toarray())
+        assert 0 < v <= TOL_VALUES[xt]
+
+
+# --- the kernels (GPU) ------------------------------------------------------------
+
+DS = [1, 3, 8, 16, 17, 64, 130, 256]
+NS = [1, 15, 17, 1000, 16005]
+#: 16-bit SpMM variants: (slices, k16 chunks per step, stages) and units (2 blocks: every window split).
+HALF_VARIANTS = {
+    "default": {},
+    "g2": dict(vec_slices=2),
+    "k2": dict(half_ks=2),
+    "s3-g2": dict(vec_slices=2, half_stages=3),
+    "k2-g2": dict(vec_slices=2, half_ks=2),
+    "split": dict(vec_blocks_per_unit=2),
+    "fixup": dict(vec_blocks_per_unit=2, vec_combine=False),
+}
+
+
+@pytest.fixture(params=list(HALF_VARIANTS))
+def half_kernel(request):
+    tuning = HALF_VARIANTS[request.param]
+    before = {k: _ops.TUNING[k] for k in tuning}
+    _ops.set_tuning(**tuning)
+    yield request.param
+    _ops.set_tuning(**before)
+
+
+@pytest.fixture(scope="module")
+def cp():
+    if not GPU:
+        pytest.skip("needs a CUDA GPU")
+    import cupy
+
+    return cupy
+
+
+def poisoned(cp, T, X, dtype, precision=None):
+    out = cp.full((T.shape[0], X.shape[1]), cp.nan, dtype=dtype)
+    assert tg.spmm(T, X, out=out, precision=precision) is out
+    return np.asarray(out.get(), np.float64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", NS)
+@pytest.mark.parametrize("D", DS)
+def test_half_kernels_exact_integers(cp, half_kernel, N, D):
+    rng = np.random.default_rng()
+    A = int_matrix(rng, N, N)
+    for xt in HALVES:
+        X = cp.asarray(ints(rng, (N, D), xt))
+        Xh = X.get()
+        for mdt in (F32, xt):
+            T = tg.TiledMatrix(A, dtype=mdt, layout="vector")
+            for ydt in (F32, xt):
+                got = poisoned(cp, T, X, ydt, precision={F16: "fp16", BF16: "bf16"}[xt])
+                np.testing.assert_array_equal(got, exact(A, Xh, ydt).astype(np.float64),
+                                              err_msg=f"{xt} X, {mdt} matrix, {ydt} out")
+            assert any(k[0] == "half_launch" for k in T.tiling._cache if isinstance(k, tuple)), "16-bit kernel ran"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1000, 3000), (3000, 1000), (17, 40_000), (40_000, 17)])
+def test_half_kernels_rectangular(cp, half_kernel, shape):
+    rng = np.random.default_rng()
+    A = int_matrix(rng, *shape)
+    for xt in HALVES:
+        for D in (64, 130):
+            X = ints(rng, (shape[1], D), xt)
+            T = tg.TiledMatrix(A, dtype=np.float32, layout="vector")
+            np.testing.assert_array_equal(poisoned(cp, T, cp.asarray(X), F32), exact(A, X, F32).astype(np.float64))
+
+
+@pytest.mark.gpu
+def test_half_kernels_star_hub_200k(cp, half_kernel):
+    A = star(200_000)
+    rng = np.random.default_rng()
+    T = tg.TiledMatrix(A, dtype=np.float32, layout="vector")
+    for xt in HALVES:
+        for D in (17, 64, 128):
+            X = ints(rng, (A.shape[1], D), xt)
+            np.testing.assert_array_equal(poisoned(cp, T, cp.asarray(X), F32), exact(A, X, F32).astype(np.float64))
+        Xf = cp.asarray(rng.standard_normal((A.shape[1], 64)).astype(np.float32)).astype(xt)
+        np.testing.assert_array_equal(poisoned(cp, T, Xf, F32), poisoned(cp, T, Xf, F32))  # deterministic
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("xt", HALVES)
+def test_half_values_out_of_float16_range(cp, xt):
+    # |v| up to 1e6 and down to 1e-7: the scale keeps float16 parts in range; Inf values fall back to TF32.
+    rng = np.random.default_rng()
+    A = int_matrix(rng, 500, 500)
+    A.data[:] = rng.choice([1e6, -3e5, 1e-7, 2.5, -1e-3], A.nnz)
+    T = tg.TiledMatrix(A, dtype=np.float32, layout="vector")
+    X = ints(rng, (500, 32), xt)
+    want = A.astype(np.float64) @ np.asarray(X, np.float64)
+    got = poisoned(cp, T, cp.asarray(X), F32)
+    assert np.linalg.norm(got - want) <= 1e-6 * np.linalg.norm(want)
+    A.data[0] = np.inf
+    Ti = tg.TiledMatrix(A, dtype=np.float32, layout="vector")
+    with np.errstate(invalid="ignore"):
+        want = A.astype(np.float64) @ np.asarray(X, np.float64)
+    got = poisoned(cp, Ti, cp.asarray(X), F32)
+    np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
+
+
+@pytest.mark.gpu
+def test_bfloat16_through_dlpack_with_jax(cp):
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave the GPU's memory to CuPy
+    jnp = pytest.importorskip("jax.numpy", reason="JAX is not installed")
+    rng = np.random.default_rng()
+    A = int_matrix(rng, 300, 300)
+    X = ints(rng, (300, 16), BF16)
+    Xj = jnp.asarray(np.asarray(X, np.float32)).astype(jnp.bfloat16)
+    for mdt, ydt in ((F32, F32), (BF16, BF16)):
+        T = tg.TiledMatrix(A, dtype=mdt, layout="vector")
+        Y = T @ Xj  # a CUDA DLPack producer: a CuPy result
+        assert isinstance(Y, cp.ndarray) and Y.dtype == ydt
+        np.testing.assert_array_equal(Y.get(), exact(A, X, ydt))
+        back = jnp.from_dlpack(Y)
+        assert back.dtype == jnp.dtype(ydt)
