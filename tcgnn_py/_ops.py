@@ -120,7 +120,8 @@ def compute_dtype(dtype):
 def check_out(out, shape, dtype, xp, half_ok=False):
     """Validate an ``out=`` array: the right module, shape, dtype and C-contiguous.
 
-    ``half_ok``: a float32 product may also be rounded once into a 16-bit ``out``.
+    ``half_ok``: a product computed in float32 (float32 or 16-bit result) may
+    go to any of float32, float16, bfloat16 (rounded once).
     """
     if xp is np and not isinstance(out, np.ndarray):
         raise TypeError(f"out must be a numpy.ndarray here, got {type(out).__name__}")
@@ -128,8 +129,9 @@ def check_out(out, shape, dtype, xp, half_ok=False):
         raise TypeError(f"out must be a cupy.ndarray here, got {type(out).__name__}")
     if out.shape != shape:
         raise ValueError(f"out has shape {out.shape}, expected {shape}")
-    if out.dtype != dtype and not (half_ok and is_half(out.dtype) and compute_dtype(dtype) == np.float32):
-        extra = " (or float16 / bfloat16)" if half_ok and compute_dtype(dtype) == np.float32 else ""
+    f32_family = half_ok and compute_dtype(dtype) == np.float32
+    if out.dtype != dtype and not (f32_family and compute_dtype(out.dtype) == np.float32):
+        extra = " (or float32, float16, bfloat16)" if f32_family else ""
         raise ValueError(f"out has dtype {out.dtype}, expected {dtype}{extra}")
     if not out.flags.c_contiguous:
         raise ValueError("out must be C-contiguous")
@@ -239,8 +241,10 @@ TUNING = {
     "vec_async_stages": 2,  # cp.async vector kernel's steps in flight per warp (0: the register kernel)
     "vec_async_unroll": 4,  # blocks per cp.async step
     "vec_round_x": True,  # experiment: False feeds raw float bits of X to the MMA (truncation); sweeps only
+    "vec_prefetch_values": True,  # cp.async vector kernel: values loaded one step ahead (sweep: 2-4 % faster)
     "half_ks": 1,  # 16-bit vector SpMM: k16 chunks (4 blocks each) per cp.async step
     "half_stages": 2,  # 16-bit vector SpMM: steps in flight per warp
+    "half_prefetch": True,  # 16-bit vector SpMM: values loaded one step ahead (False: sweeps only)
 }
 _TUNING_VERSION = [0]
 
@@ -327,6 +331,7 @@ class VecSpmmLaunch(NamedTuple):
     counters: dict  # CUDA stream pointer -> its int32 counters (each call resets the ones it uses)
     fixup: Fixup = None
     n_slots: int = 0
+    sizes: tuple = ()  # (M, D, n_slices, n_work) as int32 scalars, made once (per-call cost on small graphs)
 
     def run(self, tiling, values, X, Y, partial, M, D, extra=()):
         counters = None
@@ -335,8 +340,9 @@ class VecSpmmLaunch(NamedTuple):
             counters = self.counters.get(stream)
             if counters is None:
                 counters = self.counters[stream] = get_cupy().zeros(self.n_counters, np.int32)
-        args = (self.units, self.unit_k0, tiling.block_cols, self.meta, values, X, Y, partial, counters,
-                np.int32(M), np.int32(D), np.int32(self.n_slices), np.int32(self.n_work)) + tuple(extra)
+        sizes = self.sizes or (np.int32(M), np.int32(D), np.int32(self.n_slices), np.int32(self.n_work))
+        args = (self.units, self.unit_k0, tiling.block_cols, self.meta, values, X, Y, partial, counters, *sizes,
+                *extra)
         self.kernel(self.grid, self.block, args, shared_mem=self.smem)
 
 
@@ -561,17 +567,20 @@ def _vec_launch(cp, tiling, dtype, D, vec, half=None):
         while nw > 1 and kp.vech_smem(nw, *cfg) > kp.SPMM_SMEM_LIMIT:
             nw //= 2
         smem = kp.vech_smem(nw, *cfg)
-        kernel = get_kernel("half", kp.spmm_vech_name(half[0], half[1], half[2], *cfg, combine, vec))
+        pv = TUNING["half_prefetch"] or not (vec and combine and cfg in kp.VEC_HALF[:3])  # compiled without it
+        kernel = get_kernel("half", kp.spmm_vech_name(half[0], half[1], half[2], *cfg, combine, vec, pv))
     elif vec and (slices, ua, ns) in kp.VEC_ASYNC:  # cp.async needs 16-byte aligned rows
         while nw > 1 and kp.vec_async_smem(nw, slices, ua, ns) > kp.SPMM_SMEM_LIMIT:
             nw //= 2
         smem = kp.vec_async_smem(nw, slices, ua, ns)
-        kernel = get_kernel("vec", kp.spmm_vec_async_name(slices, ua, ns, combine, TUNING["vec_round_x"]))
+        kernel = get_kernel("vec", kp.spmm_vec_async_name(slices, ua, ns, combine, TUNING["vec_round_x"],
+                                                          TUNING["vec_prefetch_values"] and TUNING["vec_round_x"]))
     else:
         kernel = get_kernel("vec", kp.spmm_vec_name(slices, TUNING["vec_unroll"], vec, combine, TUNING["vec_prefetch"]))
     launch = VecSpmmLaunch(kernel, (-(-n_work // nw),), (32 * nw,), smem, units, unit_k0, vec_meta(tiling),
                            n_slices, n_work, plan["n_slots"] * n_slices if combine else 0, {},
-                           n_slots=plan["n_slots"])
+                           n_slots=plan["n_slots"],
+                           sizes=tuple(np.int32(v) for v in (tiling.shape[0], D, n_slices, n_work)))
     if plan["n_slots"] and not combine:
         fix_grid = (plan["splits"].shape[0], min(-(-(8 * D) // kp.FIXUP_THREADS), 1024))
         fix = (get_kernel("vec", kp.fixup_name(dtype.name)) if half is None else

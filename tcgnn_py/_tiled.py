@@ -315,7 +315,7 @@ class TiledMatrix:
         xp = np if kind == "numpy" else get_cupy()
         if out is not None:
             check_out(out, out_shape, dtype, xp, half_ok=True)
-            dtype = out.dtype  # a 16-bit out: the float32 product is rounded once into it
+            dtype = out.dtype  # float32 / 16-bit: the float32-computed product is rounded once into it
         X2 = X.reshape(N, 1) if X.ndim == 1 else X
         # Device results go straight into a device ``out``; host ones are copied.
         direct = out is not None and kind == "cupy"
@@ -372,8 +372,9 @@ def spmm(T, X, out=None, *, precision=None):
         Any ``D >= 1``; X need not be contiguous (it is copied if not).
     out : ndarray, optional
         C-contiguous, of the result's shape and dtype, on the result's device;
-        a float32 result may also go to a float16 / bfloat16 ``out`` (rounded
-        once).  It may alias X (the product then goes through a temporary).
+        a float32 or 16-bit result may go to any of float32, float16 and
+        bfloat16 (computed in float32, rounded once).  It may alias X (the
+        product then goes through a temporary).
     precision : {None, "tf32", "fp32", "fp16", "bf16"}, optional
         ``None``: tensor cores where the tiles have kernels -- TF32 for float32
         data, float16 / bfloat16 MMAs for a 16-bit X on the vector layout --

@@ -6,6 +6,7 @@ translation too, unlike scipy: the GPU kernels index with these arrays, and an
 out-of-range id would write out of bounds instead of raising.
 """
 
+import functools
 import operator
 
 import numpy as np
@@ -74,6 +75,15 @@ def as_dtype(dtype):
 
 def is_half(dtype):
     """float16 or bfloat16 (the 16-bit floats the tensor-core kernels take)."""
+    try:
+        return _is_half(dtype)
+    except TypeError:  # unhashable dtype-like
+        return _is_half.__wrapped__(dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _is_half(dtype):
+    # Cached: dtype.name costs microseconds, and this runs on every product.
     return np.dtype(dtype).name in ("float16", "bfloat16")
 
 

@@ -127,6 +127,8 @@ def test_cli_rejects_unknown_ops():
 
     with pytest.raises(SystemExit):
         main(["cora", "--ops", "spmm,gemm"])
+    with pytest.raises(SystemExit):
+        main(["cora", "--dtypes", "float16,int8"])
 
 
 # --- asv suite -------------------------------------------------------------
@@ -191,6 +193,18 @@ def test_bench_graph_on_device():
         assert r["err"]["tcgnn_tf32"] < 5e-3 and r["err"]["tcgnn_vector_tf32"] < 5e-3 and r["err"]["tcgnn_fp32"] < 1e-5
         assert set(r["speedup"]) == ours
         assert r["best_baseline"] in r["baselines"]
+
+
+@pytest.mark.gpu
+def test_bench_graph_16bit_features_on_device():
+    g = bench_graph("powerlaw:3001:20000", ops=("spmm",), dims=(64,), repeat=3, n_inputs=2, seed=3,
+                    dtypes=("float32", "float16", "bfloat16"))
+    (r,) = g["results"]
+    for dt in ("float16", "bfloat16"):
+        assert {f"tcgnn_vector_{dt}", f"cusparse_{dt}"} <= set(r["us"])
+        assert r["err"][f"tcgnn_vector_{dt}"] < {"float16": 3e-3, "bfloat16": 2e-2}[dt]
+        assert f"tcgnn_vector_{dt}" in r["speedup"] and dt in r["speedup_vs_16bit"]
+    assert r["best_baseline"] in ("cusparse_alg2", "cusparse_alg3")  # speedups against cuSPARSE float32
 
 
 @pytest.mark.gpu

@@ -88,7 +88,10 @@ def test_spmm_half_out_rounds_once(xt):
     np.testing.assert_array_equal(out, exact(A, X, xt))
     out32 = np.empty((200, 24), np.float32)
     np.testing.assert_array_equal(tg.spmm(T, X, out=out32), exact(A, X, F32))
-    # A float32 product may go to a 16-bit out, a float64 one may not, nor a float16 one to float32 ... of X's kind.
+    # Products computed in float32 go to any of float32 / float16 / bfloat16; float64 ones only to float64.
+    Th = T.astype(xt)
+    out32 = np.empty((200, 24), np.float32)
+    np.testing.assert_array_equal(tg.spmm(Th, X, out=out32), exact(A, X, F32))
     with pytest.raises(ValueError, match="expected float64"):
         tg.spmm(T.astype(np.float64), X, out=np.empty((200, 24), xt))
     with pytest.raises(ValueError, match="expected float16"):

@@ -64,6 +64,13 @@ if [[ " $STEPS " == *" examples "* ]]; then
     python3 examples/$ex.py 2>&1 | tee "$OUT/$ex.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
   done
+  for ex in gcn_cora agnn_cora; do  # mixed precision: 16-bit activations, float32 master weights
+    for dt in float16 bfloat16; do
+      echo "== examples/$ex.py --dtype $dt (GPU) =="
+      python3 examples/$ex.py --dtype $dt 2>&1 | tee "$OUT/${ex}_$dt.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+    done
+  done
 fi
 if [[ " $STEPS " == *" gnn "* ]]; then
   echo "== epoch times: tools/gnn_epoch_table.py =="

@@ -34,10 +34,14 @@ def main(argv):
     quick = "--quick" in argv
     graphs = [a for a in argv if not a.startswith("--")]
     base = dict(_ops.TUNING)
-    shapes = [(None, 1, 2), (1, 1, 2), (2, 1, 2), (1, 2, 2), (2, 1, 3), (2, 2, 2)]
+    # (slices, k16 chunks per step, stages, values prefetched, target warps per SM)
+    shapes = [(None, 1, 2, True, 16), (None, 1, 2, False, 16), (None, 1, 2, True, 32), (None, 1, 2, True, 64),
+              (1, 2, 2, True, 16), (2, 1, 2, True, 16), (2, 1, 3, True, 16), (2, 2, 2, True, 16),
+              (None, 2, 2, True, 32)]
     if quick:
-        shapes = [(None, 1, 2)]
+        shapes = shapes[:1]
     summary = []
+    per_shape = {}
     for spec in graphs:
         name, A = resolve_graph(spec)
         A = A.astype(np.float32)
@@ -78,22 +82,28 @@ def main(argv):
                     T, Ti = mats[mtag], (TVi if mtag == "f32" else mats[mtag + "i"])
                     Yo = cp.empty((A.shape[0], D), dtype=_ops.result_dtype(T.dtype, xt))
                     times = []
-                    for s, ks, ns in shapes:
-                        _ops.set_tuning(**{**base, "vec_slices": s, "half_ks": ks, "half_stages": ns})
+                    for s, ks, ns, pv, tw in shapes:
+                        _ops.set_tuning(**{**base, "vec_slices": s, "half_ks": ks, "half_stages": ns,
+                                           "half_prefetch": pv, "vec_target_warps": tw})
                         got = Ti @ Xih
                         ok = bool((got.astype(cp.float64) == want_i).all()) if Yo.dtype == np.float32 else \
                             bool((got.astype(cp.float64) == want_i.astype(cp.float32).astype(xt).astype(cp.float64)).all())
                         if not ok:
-                            print(f"  NOT EXACT {xtag} matrix {mtag} shape {(s, ks, ns)}", flush=True)
+                            print(f"  NOT EXACT {xtag} matrix {mtag} shape {(s, ks, ns, pv, tw)}", flush=True)
                         t = 1e3 * time_rotating(lambda i: tg.spmm(T, Xh[i], out=Yo), 4, 20)
-                        times.append((t, (s, ks, ns)))
+                        times.append((t, (s, ks, ns, pv, tw)))
                     _ops.set_tuning(**base)
                     err = rel(T @ Xh[0], want_r)
                     t0 = times[0][0]
                     tb, sb = min(times, key=lambda r: r[0])
                     line.append(f"{xtag}/{mtag} {best / t0:5.2f}x (best {best / tb:5.2f}x {sb}) err {err:.1e}")
                     summary.append((name, D, xtag, mtag, best / t0, best / tb, sb))
+                    for t, sh in times:
+                        per_shape.setdefault((xtag, mtag, sh), []).append(best / t)
             print("  ".join(line), flush=True)
+    print("\n# geomean speedup over cuSPARSE fp32 per shape (slices, ks, stages, prefetch, target warps)")
+    for (xtag, mtag, sh), v in sorted(per_shape.items(), key=lambda kv: (kv[0][0], kv[0][1], str(kv[0][2]))):
+        print(f"{xtag} X, {mtag} matrix, {sh}: {np.exp(np.mean(np.log(v))):.3f}x over {len(v)}")
     print("\n# geomean speedup over cuSPARSE fp32 (default shape / best shape per point)")
     for xtag in ("f16", "bf16"):
         for mtag in ("f32", "half"):

@@ -30,7 +30,7 @@ def main(argv):
             for s, u, ns, tw in itertools.product((1, 2), (2, 4), (2, 3), (16, 64))]
     grid += [dict(vec_async_stages=0), dict(vec_async_stages=0, vec_unroll=8), dict(vec_combine=False)]
     if quick:
-        grid = [dict(vec_max_slices=s, vec_round_x=r) for s in (1, 2) for r in (True, False)]
+        grid = [dict(vec_max_slices=s, vec_prefetch_values=p) for s in (1, 2) for p in (False, True)]
     summary = []
     for spec in graphs:
         name, A = resolve_graph(spec)

@@ -890,7 +890,8 @@ tcgnn_spmm_vec(const int4* __restrict__ units, const int2* __restrict__ unit_k0,
 // RX: round X to TF32 (cvt.rna) before the MMA; false hands the raw float bits
 // over, which the tensor core truncates (twice the rounding error on X, one
 // instruction less per element) -- an experiment, not a public mode.
-template <int FS, int U, int NS, bool COMBINE, bool RX = true>
+// PV: each step's values are loaded one step ahead (the next step's metadata two ahead).
+template <int FS, int U, int NS, bool COMBINE, bool RX = true, bool PV = false>
 __global__ void __launch_bounds__(128, (FS >= 2 ? 6 : 8))
 tcgnn_spmm_vec_async(const int4* __restrict__ units, const int2* __restrict__ unit_k0,
                      const int* __restrict__ block_cols, const uint2* __restrict__ meta,
@@ -946,11 +947,20 @@ tcgnn_spmm_vec_async(const int4* __restrict__ units, const int2* __restrict__ un
         TC_VEC_ISSUE(s0)
     }
     TC_VEC_ROWS(NS - 1)
-    uint2 mc[U];
+    uint2 mc[U];  // PV: the next step's metadata; else this step's
+    float pv[U];  // PV: this step's values, loaded one step ahead
 #pragma unroll
     for (int i = 0; i < U; ++i) {
         const int bi = u.y + i;
         mc[i] = bi < u.z ? meta[bi] : make_uint2(0u, 0u);
+    }
+    if (PV) {
+#pragma unroll
+        for (int i = 0; i < U; ++i) {
+            pv[i] = (mc[i].x >> lane) & 1u ? __ldg(values + mc[i].y + __popc(mc[i].x & below)) : 0.f;
+            const int bi = u.y + U + i;
+            mc[i] = bi < u.z ? meta[bi] : make_uint2(0u, 0u);
+        }
     }
     for (int step = 0; step < n_steps; ++step) {  // warp-uniform: mma.sync needs all lanes
         TC_VEC_ISSUE(step + NS - 1)
@@ -959,8 +969,14 @@ tcgnn_spmm_vec_async(const int4* __restrict__ units, const int2* __restrict__ un
         uint2 mn[U];
 #pragma unroll
         for (int i = 0; i < U; ++i) {
-            v[i] = (mc[i].x >> lane) & 1u ? __ldg(values + mc[i].y + __popc(mc[i].x & below)) : 0.f;
-            const int bi = u.y + (step + 1) * U + i;
+            const float vi = (mc[i].x >> lane) & 1u ? __ldg(values + mc[i].y + __popc(mc[i].x & below)) : 0.f;
+            if (PV) {
+                v[i] = pv[i];
+                pv[i] = vi;
+            } else {
+                v[i] = vi;
+            }
+            const int bi = u.y + (step + (PV ? 2 : 1)) * U + i;
             mn[i] = bi < u.z ? meta[bi] : make_uint2(0u, 0u);
         }
         tc_cp_wait<NS - 1>();  // this lane's copies of this step have landed
@@ -1120,7 +1136,10 @@ __device__ __forceinline__ void tc_half_b(const void* __restrict__ values, uint2
     }
 }
 
-template <typename TX, bool SPLIT, typename TY, int FS, int KS, int NS, bool COMBINE, bool AL>
+// PV: load a step's values one step ahead (with the next step's metadata two steps ahead), so
+// the MMAs do not wait for their B operand's loads (Nsight Compute: the value loads issued in the
+// step they are used in were the top stall).
+template <typename TX, bool SPLIT, typename TY, int FS, int KS, int NS, bool COMBINE, bool AL, bool PV = true>
 __global__ void __launch_bounds__(128, (FS >= 4 ? 4 : 8))
 tcgnn_spmm_vech(const int4* __restrict__ units, const int2* __restrict__ unit_k0,
                 const int* __restrict__ block_cols, const uint2* __restrict__ meta, const void* __restrict__ values,
@@ -1192,27 +1211,39 @@ tcgnn_spmm_vech(const int4* __restrict__ units, const int2* __restrict__ unit_k0
         TC_H_ISSUE(s0)
     }
     TC_H_ROWS(NS - 1)
-    uint2 mc[KS][2];  // this step's metadata: blocks t >> 1 and 2 + (t >> 1) of each k16 chunk
-#pragma unroll
-    for (int k = 0; k < KS; ++k)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int bi = u.y + 4 * k + 2 * h + (t >> 1);
-            mc[k][h] = bi < u.z ? meta[bi] : make_uint2(0u, 0u);
+    // Metadata of blocks t >> 1 and 2 + (t >> 1) of each k16 chunk of a step.
+#define TC_H_META(m, step)                                                       \
+    _Pragma("unroll") for (int k = 0; k < KS; ++k)                               \
+        _Pragma("unroll") for (int h = 0; h < 2; ++h) {                          \
+            const int bi = u.y + (step) * U + 4 * k + 2 * h + (t >> 1);          \
+            m[k][h] = bi < u.z ? meta[bi] : make_uint2(0u, 0u);                  \
         }
+#define TC_H_VALUES(m, hi, lo)                                                   \
+    _Pragma("unroll") for (int k = 0; k < KS; ++k)                               \
+        _Pragma("unroll") for (int h = 0; h < 2; ++h) tc_half_b<SPLIT>(values, m[k][h], p0, hi[k][h], lo[k][h]);
+    uint2 mc[KS][2];  // PV: the next step's metadata; else this step's
+    unsigned ph[KS][2], pl[KS][2];  // PV: this step's B registers, loaded one step ahead
+    TC_H_META(mc, 0)
+    if (PV) {
+        TC_H_VALUES(mc, ph, pl)
+        TC_H_META(mc, 1)
+    }
     for (int step = 0; step < n_steps; ++step) {  // warp-uniform: mma.sync needs all lanes
         TC_H_ISSUE(step + NS - 1)
         TC_H_ROWS(step + NS)
         unsigned bh[KS][2], bl[KS][2];
         uint2 mn[KS][2];
+        if (PV) {
 #pragma unroll
-        for (int k = 0; k < KS; ++k)
+            for (int k = 0; k < KS; ++k)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                tc_half_b<SPLIT>(values, mc[k][h], p0, bh[k][h], bl[k][h]);
-                const int bi = u.y + (step + 1) * U + 4 * k + 2 * h + (t >> 1);
-                mn[k][h] = bi < u.z ? meta[bi] : make_uint2(0u, 0u);
-            }
+                for (int h = 0; h < 2; ++h) bh[k][h] = ph[k][h], bl[k][h] = pl[k][h];
+            TC_H_VALUES(mc, ph, pl)  // next step's values
+            TC_H_META(mn, step + 2)
+        } else {
+            TC_H_VALUES(mc, bh, bl)
+            TC_H_META(mn, step + 1)
+        }
         tc_cp_wait<NS - 1>();  // this lane's copies of this step have landed
         __syncwarp();          // ... and every other lane's
         const unsigned st = stages_addr + 2u * (unsigned)((step % NS) * STAGE);
@@ -1233,6 +1264,8 @@ tcgnn_spmm_vech(const int4* __restrict__ units, const int2* __restrict__ unit_k0
     }
 #undef TC_H_ROWS
 #undef TC_H_ISSUE
+#undef TC_H_META
+#undef TC_H_VALUES
     tc_cp_wait<0>();
     __syncwarp();
 
@@ -1317,7 +1350,9 @@ def spmm_vec_name(slices, unroll, vec, combine=True, prefetch=True):
 VEC_ASYNC = tuple((f, u, ns) for f in (1, 2) for u in (2, 4) for ns in (2, 3))
 
 
-def spmm_vec_async_name(slices, unroll, stages, combine=True, round_x=True):
+def spmm_vec_async_name(slices, unroll, stages, combine=True, round_x=True, prefetch=False):
+    if prefetch:
+        return f"tcgnn_spmm_vec_async<{slices}, {unroll}, {stages}, {_b(combine)}, {_b(round_x)}, true>"
     return f"tcgnn_spmm_vec_async<{slices}, {unroll}, {stages}, {_b(combine)}, {_b(round_x)}>"
 
 
@@ -1338,10 +1373,10 @@ VEC_HALF = ((1, 1, 2), (1, 2, 2), (2, 1, 2), (2, 1, 3), (2, 2, 2))
 HALF_DEFAULT = (1, 1, 2)
 
 
-def spmm_vech_name(x_type, split, y_type, slices, ks, stages, combine=True, aligned=True):
+def spmm_vech_name(x_type, split, y_type, slices, ks, stages, combine=True, aligned=True, prefetch=True):
     ty = "float" if y_type == "float32" else HALF_TYPES[y_type]
     return (f"tcgnn_spmm_vech<{HALF_TYPES[x_type]}, {_b(split)}, {ty}, {slices}, {ks}, {stages}, {_b(combine)}, "
-            f"{_b(aligned)}>")
+            f"{_b(aligned)}, {_b(prefetch)}>")
 
 
 def vech_smem(nwarps, slices, ks, stages):
@@ -1357,6 +1392,7 @@ def _half_names():
                 for f, ks, ns in VEC_HALF:
                     names += [spmm_vech_name(x, split, y, f, ks, ns, c) for c in (True, False)]
                 names += [spmm_vech_name(x, split, y, *HALF_DEFAULT, c, False) for c in (True, False)]
+                names += [spmm_vech_name(x, split, y, f, ks, ns, True, True, False) for f, ks, ns in VEC_HALF[:3]]
         names.append(fixup_name("float32", x))
     return names + [fixup_name("float32")]
 
@@ -1366,6 +1402,7 @@ def _vec_names():
              for c in (True, False) for pf in (True, False)]
     names += [spmm_vec_async_name(f, u, ns, c) for f, u, ns in VEC_ASYNC for c in (True, False)]
     names += [spmm_vec_async_name(f, 4, 2, c, False) for f in (1, 2) for c in (True, False)]  # truncation experiment
+    names += [spmm_vec_async_name(f, u, ns, c, True, True) for f, u, ns in VEC_ASYNC for c in (True, False)]
     return names + [sddmm_vec_name(v) for v in (True, False)] + [fixup_name("float32")]
 
 

@@ -131,9 +131,11 @@ def _row_sums(xp, rows, v, n):
 
 
 def _normalize_rows(H, xp):
-    norm = xp.sqrt((H * H).sum(axis=1))
+    # 16-bit H: the norms in float32 (a float16 eps of 1e-12 is 0, and sums of squares overflow).
+    Hf = H.astype(np.float32) if is_half(H.dtype) else H
+    norm = xp.sqrt((Hf * Hf).sum(axis=1))
     inv = 1 / xp.maximum(norm, _NORM_EPS)
-    return H * inv[:, None], norm, inv
+    return (Hf * inv[:, None]).astype(H.dtype, copy=False), norm, inv
 
 
 def agnn_conv(A, H, beta, *, precision=None):
@@ -196,6 +198,8 @@ def agnn_conv(A, H, beta, *, precision=None):
         dHn = E.spmm(Hn, values=dc) + E.spmm_t(Hn, values=dc)
         # d(h / max(|h|, eps)): project out the radial part where |h| > eps.
         radial = xp.where(norm > _NORM_EPS, (Hn * dHn).sum(axis=1), 0)
+        # In float32 for 16-bit H: rows of norm ~0 get 1 / eps-sized terms (a later relu mask zeroes them).
+        dH = dH.astype(fd, copy=False)
         dH += (dHn - Hn * radial[:, None]) * inv[:, None]
         return dH, dbeta
 
