@@ -23,7 +23,6 @@ data, rounded once) and ``precision`` only gets validated.
 """
 
 import functools
-import math
 from typing import NamedTuple
 
 import numpy as np
@@ -205,10 +204,9 @@ def spmm_raw(tiling, values, X, dtype, precision=None, out=None, casts=None):
         return out
     casts = {} if casts is None else casts
     if mode in HALF_PRECISIONS.values():
-        hv = _half_values(values, X.dtype, casts)
-        if hv is not None and dtype in (_F32, X.dtype):
-            return _spmm_half(tiling, hv, X, dtype, out)
-        mode = "tf32"  # values a 16-bit split cannot hold (Inf, NaN): the TF32 path on widened X
+        if dtype in (_F32, X.dtype):
+            return _spmm_half(tiling, _half_values(values, X.dtype, casts), X, dtype, out)
+        mode = "tf32"  # a 16-bit out of the other type: computed on widened X, rounded once
     cdt = compute_dtype(dtype)
     if cdt != dtype:
         Y = _spmm_gpu(tiling, values, X, cdt, mode, None, casts)
@@ -383,33 +381,44 @@ def _half_values(values, xdt, cache):
     type) become ``(hi, lo)`` pairs of ``xdt`` packed in a uint32 (hi in the low
     half): ``hi = xdt(v * scale)``, ``lo = xdt(v * scale - hi)``, the kernel
     sums both products and multiplies by ``unscale = 1 / scale``.  ``scale`` is
-    a power of two that keeps float16 parts below 2**14 (1 for bfloat16).
-    ``None`` when float16 parts cannot hold the values (an Inf or NaN; the
-    caller widens X instead): finding the scale costs one host read per matrix.
+    a power of two that keeps the largest finite float16 part below 2**14 (1 for
+    bfloat16); Inf and NaN values stay in ``hi`` (``lo = 0``), so they
+    propagate as in float32.  Everything stays on the device: ``unscale`` is a
+    one-element device array, found without a host read.
     """
     key = ("half_values", xdt.name)
-    if key in cache:
-        return cache[key]
+    hv = cache.get(key)
+    if hv is not None:
+        return hv
     cp = get_cupy()
     if values.dtype == xdt:
-        hv = (False, values, 1.0)
+        hv = (False, values, _device_one(cp))
     else:
         v = values.astype(np.float32)
-        scale = 1.0
-        if xdt.name == "float16":  # float16's range needs a scale (bfloat16 has float32's)
-            amax = float(cp.abs(v).max()) if v.size else 0.0  # synchronize!
-            if not math.isfinite(amax):
-                cache[key] = None
-                return None
-            if amax > 0:
-                scale = 2.0 ** min(max(14 - math.frexp(amax)[1], -100), 100)
-                v = v * np.float32(scale)  # a power of two: exact
+        unscale = _device_one(cp)
+        if xdt.name == "float16" and v.size:  # float16's range needs a scale (bfloat16 has float32's)
+            a = cp.abs(v)
+            amax = cp.where(cp.isfinite(a), a, np.float32(0)).max()
+            e = cp.frexp(amax)[1]  # amax < 2**e
+            scale = cp.where(amax > 0, cp.ldexp(np.float32(1), cp.clip(14 - e, -100, 100)), np.float32(1))
+            v = v * scale.astype(np.float32)  # a power of two: exact
+            unscale = (1 / scale).astype(np.float32).reshape(1)
         hi = _round16(cp, v, xdt)
         hf = _widen16(cp, hi, xdt)
         lo = _round16(cp, cp.where(cp.isfinite(hf), v - hf, np.float32(0)), xdt)  # Inf / NaN: all in hi
-        hv = (True, hi.astype(np.uint32) | (lo.astype(np.uint32) << 16), 1.0 / scale)
+        hv = (True, hi.astype(np.uint32) | (lo.astype(np.uint32) << 16), unscale)
     cache[key] = hv
     return hv
+
+
+@functools.lru_cache(maxsize=16)
+def _device_one_on(device_id):
+    return get_cupy().ones(1, np.float32)
+
+
+def _device_one(cp):
+    """A float32 1 on the current device (the unscale of unscaled values)."""
+    return _device_one_on(cp.cuda.runtime.getDevice())
 
 
 def _round16(cp, v, xdt):
@@ -446,7 +455,7 @@ def _spmm_half(tiling, hv, X, dtype, out):
         half = (X.dtype.name, split, dtype.name)
         launch = tiling.cached(key, lambda: _vec_launch(cp, tiling, dtype, D, aligned, half))
     partial = cp.empty((launch.n_slots, 8, D), dtype=np.float32) if launch.n_slots else Y
-    launch.run(tiling, vals, X, Y, partial, M, D, (np.float32(unscale),))
+    launch.run(tiling, vals, X, Y, partial, M, D, (unscale,))
     if launch.fixup is not None:
         launch.fixup.run(partial, Y, M, D, 8)
     if out_final is not None:

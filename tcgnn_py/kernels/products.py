@@ -1067,8 +1067,9 @@ _HALF = r"""
 // SPLIT: the matrix is float32 and its values come as (hi, lo) pairs of TX
 // (hi = TX(v * scale), lo = TX(v * scale - hi)), two MMAs each: about 2 x 11
 // (f16) or 2 x 8 (bf16) significant bits of every value, where a single TX
-// would round it to 11 or 8.  ``unscale`` (a power of two) undoes ``scale``,
-// which keeps float16 hi parts in range.  Without SPLIT the values are TX.
+// would round it to 11 or 8.  ``*unscale`` (a power of two, on the device: no
+// host read to find it) undoes ``scale``, which keeps float16 hi parts in range.
+// Without SPLIT the values are TX.
 // The tile goes back through shared memory as float (rows padded by 4: conflict
 // free both ways) and leaves as 16-byte (float) or 8-byte (16-bit) stores.
 // AL: D % 8 == 0 and 16-byte aligned X / Y (cp.async); else synchronous
@@ -1144,7 +1145,8 @@ __global__ void __launch_bounds__(128, (FS >= 4 ? 4 : 8))
 tcgnn_spmm_vech(const int4* __restrict__ units, const int2* __restrict__ unit_k0,
                 const int* __restrict__ block_cols, const uint2* __restrict__ meta, const void* __restrict__ values,
                 const TX* __restrict__ X, TY* __restrict__ Y, float* __restrict__ partial,
-                int* __restrict__ counters, int M, int D, int n_slices, int n_work, float unscale) {
+                int* __restrict__ counters, int M, int D, int n_slices, int n_work,
+                const float* __restrict__ unscale_p) {
     constexpr int U = 4 * KS;         // blocks per step (KS k16 chunks)
     constexpr int ROWS = 4 * U;       // staged X rows per step
     constexpr int RS = 32 * FS + 8;   // halves per staged row
@@ -1271,6 +1273,7 @@ tcgnn_spmm_vech(const int4* __restrict__ units, const int2* __restrict__ unit_k0
 
     // acc[j] = {D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1]}: feature 16 j + g (+8), window row 2t (+1).
     float* tile = reinterpret_cast<float*>(stages);
+    const float unscale = __ldg(unscale_p);
 #pragma unroll
     for (int j = 0; j < 2 * FS; ++j) {
         tile[(2 * t) * TS + 16 * j + g] = acc[j][0] * unscale;

@@ -6,7 +6,7 @@ import time
 import numpy as np
 
 from ._edges import array_on, edges_of
-from .._validation import is_half
+from .._validation import as_dtype, is_half
 from ._layers import cross_entropy
 
 __all__ = ["TrainResult", "train"]
@@ -81,6 +81,8 @@ def train(apply, params, A, X, labels, split, optimizer, *, epochs=200, rng=None
     xp = E.xp
     X = array_on(E, X)
     amp = {} if dtype is None else {"dtype": dtype}  # apply functions without mixed precision keep working
+    if dtype is not None:
+        X = X.astype(as_dtype(dtype), copy=False)  # once, not per epoch
     labels = xp.asarray(labels)
     train_idx, val_idx, test_idx = (xp.asarray(i) for i in split)
     on_device = xp is not np
