@@ -288,10 +288,11 @@ class TF32SpmmLaunch(NamedTuple):
     n_slabs: int  # CTAs per unit, side by side in the 1-D grid
     fixup: Fixup = None
     n_slots: int = 0  # partial tiles the launch writes (split windows)
+    sizes: tuple = ()  # (M, D, n_slabs) as int32 scalars, made once
 
     def run(self, tiling, values, X, Y, partial, M, D):
-        args = (self.units, tiling.block_ptr, tiling.block_cols, self.mask, values, X, Y, partial,
-                np.int32(M), np.int32(D), np.int32(self.n_slabs))
+        sizes = self.sizes or (np.int32(M), np.int32(D), np.int32(self.n_slabs))
+        args = (self.units, tiling.block_ptr, tiling.block_cols, self.mask, values, X, Y, partial, *sizes)
         self.kernel(self.grid, self.block, args, shared_mem=self.smem)
 
 
@@ -326,7 +327,8 @@ class VecSpmmLaunch(NamedTuple):
     n_slices: int
     n_work: int  # units x slices
     n_counters: int  # split windows are summed in the launch: one counter per (first slot, slice); 0: fixup launch
-    counters: dict  # CUDA stream pointer -> its int32 counters (each call resets the ones it uses)
+    counters: dict  # per-stream scratch: stream pointer -> int32 counters (each call resets the ones it uses),
+    #                 ("partial", stream pointer) -> partial-tile buffer
     fixup: Fixup = None
     n_slots: int = 0
     sizes: tuple = ()  # (M, D, n_slices, n_work) as int32 scalars, made once (per-call cost on small graphs)
@@ -342,6 +344,17 @@ class VecSpmmLaunch(NamedTuple):
         args = (self.units, self.unit_k0, tiling.block_cols, self.meta, values, X, Y, partial, counters, *sizes,
                 *extra)
         self.kernel(self.grid, self.block, args, shared_mem=self.smem)
+
+    def partial(self, dtype, D):
+        """This stream's buffer of partial tiles (reused: calls on one stream run in order), or None."""
+        if not self.n_slots:
+            return None
+        cp = get_cupy()
+        key = ("partial", cp.cuda.get_current_stream().ptr)
+        buf = self.counters.get(key)
+        if buf is None:
+            buf = self.counters[key] = cp.empty((self.n_slots, 8, D), dtype=dtype)
+        return buf
 
 
 def _spmm_gpu(tiling, values, X, dtype, mode, out, casts):
@@ -363,7 +376,10 @@ def _spmm_gpu(tiling, values, X, dtype, mode, out, casts):
     if launch is None:
         launch = tiling.cached(key, lambda: _spmm_launch(cp, tiling, mode, dtype, D, vec))
     partial = Y
-    if launch.n_slots:
+    if isinstance(launch, VecSpmmLaunch):
+        buf = launch.partial(dtype, D)
+        partial = Y if buf is None else buf
+    elif launch.n_slots:
         partial = cp.empty((launch.n_slots, tiling.layout.window, D), dtype=dtype)
     launch.run(tiling, values, X, Y, partial, M, D)
     if launch.fixup is not None:
@@ -447,14 +463,16 @@ def _spmm_half(tiling, hv, X, dtype, out):
     Y = cp.empty((M, D), dtype=dtype) if out is None else out
     if M == 0 or D == 0:
         return Y if out_final is None else out_final
-    X = cp.ascontiguousarray(X)
+    if not X.flags.c_contiguous:
+        X = cp.ascontiguousarray(X)
     aligned = D % 8 == 0 and X.data.ptr % 16 == 0 and Y.data.ptr % 16 == 0
     key = ("half_launch", X.dtype.name, split, dtype.name, D, aligned, _TUNING_VERSION[0])
     launch = tiling._cache.get(key)
     if launch is None:
         half = (X.dtype.name, split, dtype.name)
         launch = tiling.cached(key, lambda: _vec_launch(cp, tiling, dtype, D, aligned, half))
-    partial = cp.empty((launch.n_slots, 8, D), dtype=np.float32) if launch.n_slots else Y
+    buf = launch.partial(np.float32, D)
+    partial = Y if buf is None else buf
     launch.run(tiling, vals, X, Y, partial, M, D, (unscale,))
     if launch.fixup is not None:
         launch.fixup.run(partial, Y, M, D, 8)
@@ -500,7 +518,7 @@ def _spmm_launch(cp, tiling, mode, dtype, D, vec):
         launch = TF32SpmmLaunch(
             kernel, (plan["units"].shape[0] * n_slabs, 1), (32 * nwarps,), smem, plan["units"],
             tiling.cached("mask", lambda: block_mask(cp, tiling.block_ptr, tiling.tile_pos, tiling.n_blocks)),
-            n_slabs,
+            n_slabs, sizes=tuple(np.int32(v) for v in (tiling.shape[0], D, n_slabs)),
         )
     else:
         nwarps = TUNING["core_nwarps"]
