@@ -299,7 +299,10 @@ def test_vector_split_windows_on_concurrent_streams(cp, stages):
             for Y, w in zip(outs, want):
                 np.testing.assert_array_equal(Y.get(), w)
         launch = next(v for k, v in T.tiling._cache.items() if isinstance(k, tuple) and k[0] == "launch")
-        assert launch.n_counters > 0 and len(launch.counters) == 4  # one set per stream, summed in the launch
+        counters = [k for k in launch.counters if not isinstance(k, tuple)]
+        buffers = [k for k in launch.counters if isinstance(k, tuple) and k[0] == "partial"]
+        # One set of counters and one partial-tile buffer per stream, summed in the launch.
+        assert launch.n_counters > 0 and len(counters) == 4 and len(buffers) == 4
     finally:
         _ops.set_tuning(**before)
 
