@@ -54,6 +54,7 @@ MISMATCH = "matmul: dimension mismatch with signature"
 PRECISIONS = (None, "tf32", "fp32", "fp16", "bf16")
 #: The 16-bit precisions and the operand dtype each needs.
 HALF_PRECISIONS = {"fp16": "float16", "bf16": "bfloat16"}
+_HALF_MODES = frozenset(HALF_PRECISIONS.values())
 _F32 = np.dtype(np.float32)
 #: Tile shapes with TF32 tensor-core kernels: TC-GNN's 16x8 tiles and the vector layout's 8x4 blocks.
 TC_TILES = ((16, 8), (8, 4))
@@ -203,10 +204,15 @@ def spmm_raw(tiling, values, X, dtype, precision=None, out=None, casts=None):
         out[...] = Y
         return out
     casts = {} if casts is None else casts
-    if mode in HALF_PRECISIONS.values():
+    if mode in _HALF_MODES:
+        hv = _half_values(values, X.dtype, casts)
         if dtype in (_F32, X.dtype):
-            return _spmm_half(tiling, _half_values(values, X.dtype, casts), X, dtype, out)
-        mode = "tf32"  # a 16-bit out of the other type: computed on widened X, rounded once
+            return _spmm_half(tiling, hv, X, dtype, out)
+        Y = _spmm_half(tiling, hv, X, _F32, None)  # a 16-bit out of the other type: float32, rounded once
+        if out is None:
+            return Y.astype(dtype)
+        out[...] = Y
+        return out
     cdt = compute_dtype(dtype)
     if cdt != dtype:
         Y = _spmm_gpu(tiling, values, X, cdt, mode, None, casts)
@@ -770,7 +776,7 @@ def sddmm_raw(tiling, values, Xa, Xb, dtype, multiply_values=False, precision=No
     cdt = compute_dtype(dtype)
     operand = Xa.dtype if Xa.dtype == Xb.dtype else None
     mode = resolve_precision(precision, dtype, tiling.tile_shape, operand)
-    if mode in HALF_PRECISIONS.values():
+    if mode in _HALF_MODES:
         mode = "tf32"  # 16-bit inputs widen exactly to TF32: the same products, accumulated in float32
     if isinstance(Xa, np.ndarray):
         e = ref.sddmm(tiling.arrays(values), tiling.shape, tiling.layout.window, Xa, Xb, cdt, multiply_values)

@@ -237,6 +237,19 @@ def test_half_kernels_exact_integers(cp, half_kernel, N, D):
 
 
 @pytest.mark.gpu
+def test_half_kernel_into_the_other_16bit_type(cp):
+    """float16 X into a bfloat16 out (and back): the 16-bit MMA still runs, rounded once into out."""
+    rng = np.random.default_rng()
+    A = int_matrix(rng, 1000, 1000)
+    T = tg.TiledMatrix(A, dtype=np.float32, layout="vector")
+    for xt, yt in ((F16, BF16), (BF16, F16)):
+        X = ints(rng, (1000, 64), xt)
+        got = poisoned(cp, T, cp.asarray(X), yt, precision={F16: "fp16", BF16: "bf16"}[xt])
+        np.testing.assert_array_equal(got, exact(A, X, yt).astype(np.float64))
+    assert any(k[0] == "half_launch" for k in T.tiling._cache if isinstance(k, tuple))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(1000, 3000), (3000, 1000), (17, 40_000), (40_000, 17)])
 def test_half_kernels_rectangular(cp, half_kernel, shape):
     rng = np.random.default_rng()
