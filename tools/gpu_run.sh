@@ -2,7 +2,7 @@
 # One device call: GPU test suite, compute-sanitizer memcheck, benchmarks.
 # Run from the repo root on the GPU machine after ../shared/tools/prepare-gpu.sh staged .whl and .gpu.
 # STEPS picks what runs (default: "test memcheck examples bench gnn reorder asv"); PYTEST_ARGS, BENCH_GRAPHS,
-# BENCH_ARGS, GNN_GRAPHS, GNN_ARGS (e.g. --torch-path DIR), REORDER_GRAPHS, REORDER_ARGS and ASV_ARGS customise; COMMIT is the hash asv files results under (the
+# BENCH_ARGS, GNN_GRAPHS, GNN_ARGS (e.g. --baselines FILE.py --sys-path DIR), REORDER_GRAPHS, REORDER_ARGS and ASV_ARGS customise; COMMIT is the hash asv files results under (the
 # device's copy of .git may lag the checkout: run `git bundle create .gpu/head.bundle BASE..HEAD` here and
 # pass COMMIT=$(git rev-parse HEAD)).  .whl carries numpy 2.4.6 and asv with its dependencies.
 set -u

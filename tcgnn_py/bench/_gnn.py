@@ -4,7 +4,7 @@ Both run the layers of :mod:`tcgnn_py.nn`; they differ only in the sparse
 operations under them: the tiled tensor-core SpMM/SDDMM, or cupyx
 ``A @ X`` / ``A.T @ X`` and a CuPy gather-and-dot SDDMM (on the host: the
 reference path beside scipy).  ``extra`` adds implementations from outside the
-library (``tools/gnn_epoch_table.py`` adds PyTorch Geometric there).
+library (``tools/gnn_epoch_table.py --baselines FILE`` adds other frameworks' models there).
 
 An epoch is one full-batch training step: forward with dropout, cross-entropy
 on the training nodes, backward, Adam.  The clock is the host's around
