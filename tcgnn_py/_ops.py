@@ -204,23 +204,24 @@ def spmm_raw(tiling, values, X, dtype, precision=None, out=None, casts=None):
         out[...] = Y
         return out
     casts = {} if casts is None else casts
+    # The kernels write ``kdt``: the result's dtype, or float32 rounded once into it afterwards (a 16-bit
+    # result the kernel does not write, or one computed on widened X).
     if mode in _HALF_MODES:
         hv = _half_values(values, X.dtype, casts)
-        if dtype in (_F32, X.dtype):
-            return _spmm_half(tiling, hv, X, dtype, out)
-        Y = _spmm_half(tiling, hv, X, _F32, None)  # a 16-bit out of the other type: float32, rounded once
-        if out is None:
-            return Y.astype(dtype)
+        kdt = dtype if dtype in (_F32, X.dtype) else _F32
+    else:
+        hv, kdt = None, compute_dtype(dtype)
+    # An out the kernel can write directly, unless it overlaps X (read while writing): then a temporary.
+    direct = out if out is not None and kdt == dtype and not _overlap(out, X) else None
+    if hv is not None:
+        Y = _spmm_half(tiling, hv, X, kdt, direct)
+    else:
+        Y = _spmm_gpu(tiling, values, X, kdt, mode, direct, casts)
+    if out is None:
+        return Y if kdt == dtype else Y.astype(dtype)
+    if Y is not out:
         out[...] = Y
-        return out
-    cdt = compute_dtype(dtype)
-    if cdt != dtype:
-        Y = _spmm_gpu(tiling, values, X, cdt, mode, None, casts)
-        if out is None:
-            return Y.astype(dtype)
-        out[...] = Y
-        return out
-    return _spmm_gpu(tiling, values, X, dtype, mode, out, casts)
+    return out
 
 
 #: Launch shape of the SpMM kernels.  Change it through :func:`set_tuning` only
@@ -367,12 +368,9 @@ def _spmm_gpu(tiling, values, X, dtype, mode, out, casts):
     cp = get_cupy()
     M = tiling.shape[0]
     D = X.shape[1]
-    out_final = None
-    if out is not None and _overlap(out, X):
-        out_final, out = out, None  # the kernel reads X while writing: go through a temporary
     Y = cp.empty((M, D), dtype=dtype) if out is None else out
     if M == 0 or D == 0:
-        return Y if out_final is None else out_final
+        return Y
     if X.dtype != dtype or not X.flags.c_contiguous:
         X = cp.ascontiguousarray(X, dtype=dtype)
     values = _values_as(values, dtype, casts)
@@ -390,9 +388,6 @@ def _spmm_gpu(tiling, values, X, dtype, mode, out, casts):
     launch.run(tiling, values, X, Y, partial, M, D)
     if launch.fixup is not None:
         launch.fixup.run(partial, Y, M, D, tiling.layout.window)
-    if out_final is not None:
-        out_final[...] = Y
-        return out_final
     return Y
 
 
@@ -463,12 +458,9 @@ def _spmm_half(tiling, hv, X, dtype, out):
     cp = get_cupy()
     split, vals, unscale = hv
     M, D = tiling.shape[0], X.shape[1]
-    out_final = None
-    if out is not None and _overlap(out, X):
-        out_final, out = out, None
     Y = cp.empty((M, D), dtype=dtype) if out is None else out
     if M == 0 or D == 0:
-        return Y if out_final is None else out_final
+        return Y
     if not X.flags.c_contiguous:
         X = cp.ascontiguousarray(X)
     aligned = D % 8 == 0 and X.data.ptr % 16 == 0 and Y.data.ptr % 16 == 0
@@ -482,9 +474,6 @@ def _spmm_half(tiling, hv, X, dtype, out):
     launch.run(tiling, vals, X, Y, partial, M, D, (unscale,))
     if launch.fixup is not None:
         launch.fixup.run(partial, Y, M, D, 8)
-    if out_final is not None:
-        out_final[...] = Y
-        return out_final
     return Y
 
 

@@ -89,10 +89,8 @@ def _is_half(dtype):
 
 def check_real_dtype(dtype, what="value"):
     """Raise ``TypeError`` unless ``dtype`` is boolean, integer, floating or bfloat16 (the one real-dtype check)."""
-    if isinstance(dtype, np.dtype) and _real_ok(dtype):  # the per-product path: cached
-        return dtype
-    dtype = as_dtype(dtype)
-    if dtype.kind not in "biuf" and dtype.name != "bfloat16":
+    dtype = dtype if isinstance(dtype, np.dtype) else as_dtype(dtype)
+    if not _real_ok(dtype):  # cached: this runs on every product
         raise TypeError(f"{what} dtype {dtype} is not supported (tcgnn_py supports real numbers only)")
     return dtype
 

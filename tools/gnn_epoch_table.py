@@ -18,7 +18,6 @@ import pathlib
 import sys
 
 
-
 def load_baselines(path):
     """``(builders, versions)`` from a Python file outside this repository that defines ``builders()``.
 

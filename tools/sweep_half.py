@@ -19,7 +19,8 @@ import cupyx.scipy.sparse as csp
 import ml_dtypes
 import tcgnn_py as tg
 from tcgnn_py import _ops
-from tcgnn_py.bench import CSR_ALG2, CSR_ALG3, CusparseRowMajor, resolve_graph, time_rotating
+from tcgnn_py.bench import time_rotating
+from _sweep import cusparse_us, load_graph  # tools/, beside this script
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DIMS = (64, 128, 256)
@@ -43,13 +44,8 @@ def main(argv):
     summary = []
     per_shape = {}
     for spec in graphs:
-        name, A = resolve_graph(spec)
-        A = A.astype(np.float32)
-        A.sum_duplicates()
-        A.sort_indices()
         rng = np.random.default_rng()
-        Ai = A.copy()
-        Ai.data[:] = rng.integers(1, 5, Ai.nnz) * rng.choice([-1, 1], Ai.nnz)
+        name, A, Ai = load_graph(spec, rng)
         Ar = A.copy()
         Ar.data[:] = rng.uniform(0.05, 1.0, Ar.nnz).astype(np.float32)
         Ad = csp.csr_matrix(Ar)
@@ -63,12 +59,7 @@ def main(argv):
         for D in DIMS:
             Xs = [cp.random.standard_normal((A.shape[1], D), dtype=cp.float32) for _ in range(4)]
             Y = cp.empty((A.shape[0], D), cp.float32)
-            cus = []
-            for alg in (CSR_ALG2, CSR_ALG3):
-                c = CusparseRowMajor(Ad, Xs, Y, alg)
-                cus.append(1e3 * time_rotating(c, 4, 20))
-                c.close()
-            best = min(cus)
+            best = min(cusparse_us(Ad, Xs, Y).values())
             tv = 1e3 * time_rotating(lambda i: tg.spmm(TV, Xs[i], out=Y), 4, 20)
             Xi32 = rng.integers(-8, 9, (A.shape[1], D)).astype(np.float32)
             want_i = cp.asarray(Ai.astype(np.float64) @ Xi32.astype(np.float64))

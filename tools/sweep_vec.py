@@ -17,7 +17,8 @@ import cupy as cp
 import cupyx.scipy.sparse as csp
 import tcgnn_py as tg
 from tcgnn_py import _ops
-from tcgnn_py.bench import CSR_ALG2, CSR_ALG3, CusparseRowMajor, resolve_graph, time_rotating
+from tcgnn_py.bench import time_rotating
+from _sweep import cusparse_us, load_graph  # tools/, beside this script
 
 DIMS = (32, 64, 128, 256)
 
@@ -33,13 +34,8 @@ def main(argv):
         grid = [dict(vec_max_slices=s, vec_prefetch_values=p) for s in (1, 2) for p in (False, True)]
     summary = []
     for spec in graphs:
-        name, A = resolve_graph(spec)
-        A = A.astype(np.float32)
-        A.sum_duplicates()
-        A.sort_indices()
         rng = np.random.default_rng()
-        Ai = A.copy()
-        Ai.data[:] = rng.integers(1, 5, Ai.nnz) * rng.choice([-1, 1], Ai.nnz)
+        name, A, Ai = load_graph(spec, rng)
         Ad = csp.csr_matrix(A)
         T16 = tg.TiledMatrix(A, dtype=np.float32)
         TV = tg.TiledMatrix(A, dtype=np.float32, layout="vector")
@@ -48,11 +44,7 @@ def main(argv):
         for D in DIMS:
             Xs = [cp.random.standard_normal((A.shape[1], D), dtype=cp.float32) for _ in range(4)]
             Y = cp.empty((A.shape[0], D), cp.float32)
-            cus = {}
-            for alg, label in ((CSR_ALG2, "alg2"), (CSR_ALG3, "alg3")):
-                c = CusparseRowMajor(Ad, Xs, Y, alg)
-                cus[label] = 1e3 * time_rotating(c, 4, 20)
-                c.close()
+            cus = cusparse_us(Ad, Xs, Y)
             best = min(cus.values())
             t16 = 1e3 * time_rotating(lambda i: tg.spmm(T16, Xs[i], out=Y), 4, 20)
             Xi = cp.asarray(rng.integers(-8, 9, (A.shape[1], D)).astype(np.float32))
