@@ -5,8 +5,10 @@ import os
 import warnings
 
 
-def parse_args(description, *, training=False, default_min_acc=0.80, argv=None):
+def parse_args(description, *, training=False, default_min_acc=0.80, argv=None, extra=None):
     """Every example's arguments: ``--device``; training examples add epochs, seed and an accuracy floor.
+
+    ``extra(parser)`` adds an example's own arguments.
 
     Call it before importing tcgnn_py: ``--device cpu`` sets ``TCGNN_PY_DEVICE``,
     which tcgnn_py reads at its first device probe.
@@ -22,6 +24,8 @@ def parse_args(description, *, training=False, default_min_acc=0.80, argv=None):
         p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
                        help="float16 / bfloat16: mixed precision -- 16-bit activations and tensor cores on the "
                             "vector layout, float32 master weights (bfloat16 needs ml_dtypes)")
+    if extra is not None:
+        extra(p)
     args = p.parse_args(argv)
     if args.device == "cpu":
         os.environ["TCGNN_PY_DEVICE"] = "cpu"

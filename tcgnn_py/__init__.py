@@ -7,7 +7,16 @@ Public names live here; the implementation is in private modules by concern
 
 from ._device import DeviceMismatchError, NoGPUWarning, gpu_available
 from ._io import Graph, load_cora, load_graph
-from ._reorder import NMReport, Permutation, best_pattern, nm_report, reorder
+from ._reorder import (
+    LayoutLocality,
+    LocalityReport,
+    NMReport,
+    Permutation,
+    best_pattern,
+    locality_report,
+    nm_report,
+    reorder,
+)
 from ._synth import power_law_graph
 from ._tiled import TiledMatrix, sddmm, spmm
 from ._tiling import Layout, Tiling, TileStats
@@ -36,4 +45,7 @@ __all__ = [
     "NMReport",
     "nm_report",
     "best_pattern",
+    "locality_report",
+    "LocalityReport",
+    "LayoutLocality",
 ]

@@ -14,12 +14,12 @@ same permutation.
 
 import dataclasses
 import math
-import sys
 import time
 import types
 
 import numpy as np
 
+from . import _locality as loc
 from . import _nm_reference as ref
 from ._reference import edge_rows
 from ._device import array_module, to_host, use_gpu
@@ -27,7 +27,9 @@ from .kernels.launch import THREADS_PER_BLOCK as _TPB
 from .kernels.launch import grid as _grid
 from ._validation import Pattern, check_count, check_csr_arrays, check_pattern, coerce_csr
 
-__all__ = ["Permutation", "NMReport", "reorder", "nm_report", "best_pattern"]
+__all__ = ["Permutation", "NMReport", "reorder", "nm_report", "best_pattern", "locality_report", "LocalityReport", "LayoutLocality"]
+
+LocalityReport, LayoutLocality = loc.LocalityReport, loc.LayoutLocality
 
 _PRE_BYTES = 1 << 28  # cap of stage 2's precomputed gains
 
@@ -221,7 +223,7 @@ def _objective(st):
     return (st.mbscore, st.pscore)
 
 
-def _run(backend, max_iter, stage_iter, patience, log):
+def _run(backend, max_iter, stage_iter, patience, log, deadline=None):
     """Algorithm 1: alternate stage 1 and stage 2 until conforming, stalled or ``max_iter``.
 
     Returns ``(initial, best, iterations)`` states; ``best`` is the best order
@@ -231,6 +233,8 @@ def _run(backend, max_iter, stage_iter, patience, log):
     initial = best = st
     it = stall = 0
     while best.mbscore > 0 and it < max_iter and stall < patience:
+        if deadline is not None and time.perf_counter() > deadline:
+            break
         it += 1
         improved = False
         for _ in range(stage_iter):  # stage 1, while MBScore improves
@@ -486,49 +490,66 @@ def nm_report(A, pattern="2:4", perm=None, *, device=None):
 
 
 def _logger(verbose, t0):
-    last = [t0]
-
-    def log(it, st, best):
-        now = time.perf_counter()
-        if verbose is False or (verbose is None and (now - t0 < 2.0 or now - last[0] < 1.0)):
-            return
-        last[0] = now
-        print(
-            f"reorder: iteration {it}: PScore {st.pscore} (best {best.pscore}), "
-            f"MBScore {st.mbscore} (best {best.mbscore}), {now - t0:.1f} s",
-            file=sys.stderr,
-        )
-
-    return log
+    log = loc.progress_logger(verbose, t0)
+    return lambda it, st, best: log(
+        lambda: f"reorder: iteration {it}: PScore {st.pscore} (best {best.pscore}), "
+        f"MBScore {st.mbscore} (best {best.mbscore})"
+    )
 
 
-def reorder(A, pattern="2:4", *, max_iter=1000, stage_iter=10, patience=8, verbose=None, device=None):
-    """Renumber a graph's vertices so its adjacency meets an N:M / V:N:M pattern.
+#: ``reorder``'s method names besides N:M patterns.
+LOCALITY = "locality"
 
-    The two-stage algorithm of "N:M sparsity-oriented graph reordering"
-    (PPoPP'25): stage 1 sorts rows by their Hamming-distance position codes
-    (applied to rows and columns alike) while MBScore improves; stage 2 swaps
-    vertex pairs between the worst segments greedily; the two alternate until
-    no violation remains, ``patience`` iterations bring no improvement, or
-    ``max_iter``.  The search is deterministic: the GPU (Numba kernels) and the
-    NumPy reference return the same permutation.
+
+def reorder(
+    A, pattern="2:4", *, layout=None, max_iter=1000, stage_iter=10, patience=8, max_levels=64,
+    time_budget=None, verbose=None, device=None,
+):  # fmt: skip
+    """Renumber a graph's vertices: for an N:M / V:N:M pattern, or for locality.
+
+    **N:M patterns** (``"2:4"``, ``"V:N:M"``, ...): the two-stage algorithm of
+    "N:M sparsity-oriented graph reordering" (PPoPP'25): stage 1 sorts rows by
+    their Hamming-distance position codes (applied to rows and columns alike)
+    while MBScore improves; stage 2 swaps vertex pairs between the worst
+    segments greedily; the two alternate until no violation remains,
+    ``patience`` iterations bring no improvement, or ``max_iter``.
+
+    **"locality"**: an order whose row windows share columns, so tensor-core
+    tiles hold more entries and SpMM gathers fewer X rows: a hierarchy of
+    matchings (each level merges mutually best-linked clusters, then contracts
+    the graph; depth-first order of the cluster tree), degree order and the
+    input order are measured, and the one with the fewest distinct (window,
+    column) pairs for ``layout`` wins (see :func:`locality_report`).  A directed
+    graph is ordered by its undirected version (``A + A^T``); the matrix and its
+    values are not changed, only renumbered.
+
+    Both searches are deterministic: the GPU (Numba kernels) and the NumPy
+    reference return the same permutation.
 
     Parameters
     ----------
     A : sparse square matrix (scipy.sparse, cupyx.scipy.sparse, or
         ``(data, indices, indptr)``); its stored entries are the pattern.
-    pattern : ``"N:M"``, ``"V:N:M"``, ``(N, M)`` or ``(V, N, M)``; default 2:4.
-    max_iter, stage_iter, patience : bounds of the outer loop, of each stage's
-        inner loop, and of iterations without a new best.
-    verbose : True logs every iteration to stderr, False never; None (default)
-        logs once a second after the first two seconds.
+    pattern : ``"N:M"``, ``"V:N:M"``, ``(N, M)`` or ``(V, N, M)`` (default 2:4),
+        or ``"locality"``.
+    layout : locality only: the tiled layout to order for, ``"tcgnn"`` (16-row
+        windows, the default) or ``"vector"`` (8-row windows).
+    max_iter, stage_iter, patience : N:M only: bounds of the outer loop, of each
+        stage's inner loop, and of iterations without a new best.
+    max_levels : locality only: the most coarsening levels.
+    time_budget : seconds; the search stops at the first check past it and
+        returns the best order found so far (None: no limit).
+    verbose : True logs every iteration (level) to stderr, False never; None
+        (default) logs once a second after the first two seconds.
     device : None (GPU when usable), "cuda" or "cpu" (the NumPy reference).
 
     Returns
     -------
     Permutation
-        With ``.report`` (:class:`NMReport`: initial and final scores,
-        iterations, time) and ``.pattern``.
+        With ``.report``: :class:`NMReport` (initial and final scores,
+        iterations, time) and ``.pattern`` for N:M; :class:`LocalityReport`
+        (both layouts before and after, the candidates' ``U / nnz``, the
+        chosen one, levels, time) for ``"locality"``.
 
     Examples
     --------
@@ -540,16 +561,94 @@ def reorder(A, pattern="2:4", *, max_iter=1000, stage_iter=10, patience=8, verbo
     >>> B = p.apply(A)
     >>> B.nnz == A.nnz and (B != B.T).nnz == 0
     True
+    >>> q = tg.reorder(A, "locality", device="cpu")
+    >>> r = q.report
+    >>> r.method, round(r.initial["tcgnn"].pairs_per_nnz, 3), round(r["tcgnn"].pairs_per_nnz, 3)
+    ('clusters', 0.908, 0.574)
     """
     t0 = time.perf_counter()
+    if time_budget is not None and not (isinstance(time_budget, (int, float)) and time_budget >= 0):
+        raise ValueError(f"time_budget must be a number of seconds >= 0 or None, got {time_budget!r}")
+    if isinstance(pattern, str) and pattern == LOCALITY:
+        return _reorder_locality(A, layout, check_count("max_levels", max_levels, 0), time_budget, verbose, device, t0)
+    if layout is not None:
+        raise TypeError(f"layout= applies to the 'locality' reorder, not to the N:M pattern {pattern!r}")
     max_iter, stage_iter, patience = (
         check_count(name, v, 1) for name, v in (("max_iter", max_iter), ("stage_iter", stage_iter), ("patience", patience))
     )
     pattern, backend = _prepare(A, pattern, device)
-    initial, best, it = _run(backend, max_iter, stage_iter, patience, _logger(verbose, t0))
+    deadline = None if time_budget is None else t0 + time_budget
+    initial, best, it = _run(backend, max_iter, stage_iter, patience, _logger(verbose, t0), deadline)
     perm = backend.host(best.perm)
     rep = _report(best, backend.n, pattern, initial, it, time.perf_counter() - t0)
     return Permutation(perm, pattern=pattern, report=rep)
+
+
+def _structure(A, device, square=True):
+    """``(xp, indices, indptr, shape, gpu)``: validated structure arrays on the chosen backend's device."""
+    if square:
+        _, indices, indptr, shape = _square_csr(A)
+    else:
+        data, indices, indptr, shape = coerce_csr(A)
+        _, indices, indptr = check_csr_arrays(data, indices, indptr, shape)
+    gpu = use_gpu(device)
+    if gpu:
+        import cupy as xp
+    else:
+        xp = np
+    return xp, xp.asarray(indices), xp.asarray(indptr), shape, gpu
+
+
+def _locality_layouts(xp, indices, indptr, shape, inv=None):
+    rows = edge_rows(indptr, indices.shape[0]).astype(np.int64)
+    cols = indices.astype(np.int64)
+    return {name: loc.locality_stats(xp, rows, cols, shape, name, inv) for name in ("tcgnn", "vector")}
+
+
+def _reorder_locality(A, layout, max_levels, time_budget, verbose, device, t0):
+    xp, indices, indptr, shape, gpu = _structure(A, device)
+    n = shape[0]
+    perm, info = loc.locality_order(
+        xp, indices, indptr, n, "tcgnn" if layout is None else layout, kernel=gpu, max_levels=max_levels,
+        time_budget=time_budget, verbose=verbose, t0=t0,
+    )  # fmt: skip
+    initial = _locality_layouts(xp, indices, indptr, shape)
+    final = _locality_layouts(xp, indices, indptr, shape, loc.inverse(xp, perm))
+    rep = loc.LocalityReport(n, int(indices.shape[0]), final, initial, time_s=time.perf_counter() - t0, **info)
+    return Permutation(to_host(perm), report=rep)
+
+
+def locality_report(A, perm=None, *, device=None):
+    """How many columns the row windows of a sparse matrix share, per tensor-core layout.
+
+    For each layout (``"tcgnn"``: 16-row windows, 8 column slots per tile;
+    ``"vector"``: 8-row windows, 4 slots): ``U``, the distinct (window, column)
+    pairs -- the X rows an SpMM gathers -- and ``U / nnz``; the tiles after
+    condensing and their density; blocks per window (median, p90, p99, max).
+    The same counts as ``TiledMatrix(A, layout=...).tile_stats()``, without
+    building the tiles.
+
+    With ``perm`` (a :class:`Permutation` or an array, square A), the report is
+    for ``perm.apply(A)`` and ``.initial`` holds A's.
+
+    Examples
+    --------
+    >>> import tcgnn_py as tg
+    >>> r = tg.locality_report(tg.load_cora().adj, device="cpu")
+    >>> round(r["tcgnn"].pairs_per_nnz, 3), r["tcgnn"].blocks
+    (0.908, 1268)
+    """
+    xp, indices, indptr, shape, _ = _structure(A, device, square=perm is not None)
+    if perm is None:
+        return loc.LocalityReport(shape[0], int(indices.shape[0]), _locality_layouts(xp, indices, indptr, shape))
+    p = perm.perm if isinstance(perm, Permutation) else Permutation(perm).perm
+    if p.shape[0] != shape[0]:
+        raise ValueError(f"perm has {p.shape[0]} entries for {shape[0]} vertices")
+    inv = loc.inverse(xp, xp.asarray(p))
+    return loc.LocalityReport(
+        shape[0], int(indices.shape[0]), _locality_layouts(xp, indices, indptr, shape, inv),
+        _locality_layouts(xp, indices, indptr, shape),
+    )  # fmt: skip
 
 
 def best_pattern(A, *, max_M=32, max_V=32, device=None, **kwargs):

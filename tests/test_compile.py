@@ -23,9 +23,9 @@ def fake_device(monkeypatch):
 
 
 def _kernels():
-    from tcgnn_py.kernels import reorder, sgt
+    from tcgnn_py.kernels import locality, reorder, sgt
 
-    return {**sgt.KERNELS, **reorder.KERNELS}
+    return {**sgt.KERNELS, **reorder.KERNELS, **locality.KERNELS}
 
 
 #: Warp intrinsics each kernel must compile to: the reason it exists in this form.
@@ -37,10 +37,12 @@ INTRINSICS = {
     "count_meta_violations": ("vote.sync.ballot", "popc"),
     "stage2_round": ("vote.sync.ballot", "shfl.sync.idx", "popc"),
     "gains_batch": ("shfl.sync.idx", "popc"),
+    "best_partner": ("shfl.sync.bfly",),
 }
 NAMES = [
     "rank_edges", "condense_edges", "count_block_rows", "scatter_edges", "sum_runs",
     "pack_bits", "vector_codes", "count_meta_violations", "stage2_round", "gains_batch",
+    "best_partner",
 ]  # fmt: skip
 
 

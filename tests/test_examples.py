@@ -87,3 +87,18 @@ def test_device_cpu_is_honoured():
     assert "no GPU: reference path" in res.stdout
     res = run_example("dlpack_interop.py", "--device", "cpu")
     assert res.returncode == 0 and "skipped" in res.stdout, res.stderr
+
+
+def test_locality_example_on_cpu():
+    res = run_example("locality_gcn.py", "--device", "cpu", "--epochs", "30", "--min-accuracy", "0.6")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "locality reorder: clusters order" in res.stdout and "U/nnz 0.908 -> 0.574" in res.stdout
+
+
+@pytest.mark.gpu
+def test_locality_example_on_gpu():
+    """200 epochs in both orders on the GPU, >= 80 % in both (asserted by the example)."""
+    res = run_example("locality_gcn.py")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "GPU (CuPy, tensor cores), tcgnn layout, 200 epochs" in res.stdout
+    print(res.stdout)

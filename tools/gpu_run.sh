@@ -48,6 +48,10 @@ for pattern in ('2:4', (4, 2, 8), (1, 3, 32)):
     g, c = tg.reorder(A, pattern, device='cuda', max_iter=2), tg.reorder(A, pattern, device='cpu', max_iter=2)
     assert (g.perm == c.perm).all(), pattern
     print('memcheck reorder', g.report)
+for layout in ('tcgnn', 'vector'):
+    g, c = tg.reorder(A, 'locality', layout=layout, device='cuda'), tg.reorder(A, 'locality', layout=layout, device='cpu')
+    assert (g.perm == c.perm).all(), layout
+    print('memcheck reorder', g.report)
 " > "$OUT/memcheck_reorder.log" 2>&1 || rc=1
   tail -4 "$OUT/memcheck_reorder.log"
 fi
@@ -64,6 +68,12 @@ if [[ " $STEPS " == *" examples "* ]]; then
     python3 examples/$ex.py 2>&1 | tee "$OUT/$ex.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
   done
+  echo "== examples/locality_gcn.py (GPU): Cora, and facebook_pagepage (22k vertices, 342k entries) =="
+  python3 examples/locality_gcn.py 2>&1 | tee "$OUT/locality_gcn.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  python3 examples/locality_gcn.py --graph .gpu/data/facebook_pagepage --min-accuracy 0.5 2>&1 \
+    | tee "$OUT/locality_gcn_facebook_pagepage.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
   for ex in gcn_cora agnn_cora; do  # mixed precision: 16-bit activations, float32 master weights
     for dt in float16 bfloat16; do
       echo "== examples/$ex.py --dtype $dt (GPU) =="

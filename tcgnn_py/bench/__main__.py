@@ -12,7 +12,12 @@ warm-up, fresh random inputs rotated between calls):
 * SDDMM: tcgnn_py TF32 and fp32 beside cuSPARSE SDDMM (through ctypes) and a
   CuPy gather-and-dot kernel;
 * SGT and the ready-to-multiply build, the payback in calls, the tiled
-  format's memory against CSR; with ``reorder``, the N:M reorder;
+  format's memory against CSR, and how many columns the row windows share
+  (``U / nnz`` and tile density per layout); with ``reorder``, the reorder of
+  ``--pattern`` (an N:M pattern, or ``locality``);
+* with ``--order locality|rcm|degree``: the products on the renumbered graph,
+  beside cuSPARSE on the graph in its original order (``original_cusparse_*``,
+  ``speedup_vs_original``: the user's view);
 * with ``gcn`` / ``agnn``: milliseconds per training epoch of the model in
   :mod:`tcgnn_py.nn`, beside the same model on cupyx sparse ops
   (``--epochs`` steps per batch, median of three batches).
@@ -34,7 +39,7 @@ import subprocess
 import sys
 
 from ._report import markdown, plot_speedups, print_graph, print_reorder
-from ._run import DEFAULT_DIMS
+from ._run import DEFAULT_DIMS, ORDERS
 
 _OPS = ("spmm", "sddmm", "sgt", "reorder", "gcn", "agnn")
 
@@ -99,7 +104,9 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=20, help="timed calls per median (default 20)")
     ap.add_argument("--inputs", type=int, default=4, help="fresh random inputs rotated between calls")
     ap.add_argument("--epochs", type=int, default=20, help="training epochs per timed batch (gcn, agnn)")
-    ap.add_argument("--pattern", default="2:4", help="N:M or V:N:M pattern of the reorder")
+    ap.add_argument("--pattern", default="2:4", help="N:M or V:N:M pattern of the reorder, or 'locality'")
+    ap.add_argument("--order", choices=ORDERS, default=None,
+                    help="renumber each graph's vertices first and measure the renumbered graph")
     ap.add_argument("--device", choices=["cuda", "cpu"], default=None,
                     help="cpu: the NumPy reference path against SciPy (default: gpu when usable)")
     ap.add_argument("--json", metavar="FILE", help="write every measurement and the environment here")
@@ -128,7 +135,7 @@ def main(argv=None):
     for spec in args.graphs:
         if set(args.ops) - set(models):  # products, sgt, reorder: with the preprocessing figures
             g = bench_graph(spec, products, args.dims, args.repeat, args.inputs, "cuda" if gpu else "cpu",
-                            env["copy_bandwidth_gbps"] * 1e9, dtypes=args.dtypes)
+                            env["copy_bandwidth_gbps"] * 1e9, dtypes=args.dtypes, order=args.order)
             print_graph(g)
             graphs.append(g)
         if "reorder" in args.ops:

@@ -18,6 +18,15 @@ def print_graph(g, out=print):
         + (f" (CSR upload alone {p['csr_upload_ms']:.2f} ms)" if "csr_upload_ms" in p else ""))
     out(f"   memory: CSR {m['csr_bytes'] / 2**20:.2f} MiB, tiled {m['tiled_bytes'] / 2**20:.2f} MiB "
         f"+ plans {m['plan_bytes'] / 2**20:.2f} MiB = {m['ratio']:.2f}x CSR")
+    loc = g.get("locality")
+    if loc:
+        out("   locality: " + ", ".join(f"{k} U/nnz {v['pairs_per_nnz']:.3f} (density {100 * v['density']:.2f}%, "
+                                        "blocks/window p50/p99/max {0}/{2}/{3})".format(*v["blocks_per_window"])
+                                        for k, v in loc.items()))
+    if g.get("order"):
+        o = g["order"]
+        out(f"   vertex order: {o['order']} ({o['method']}), {o['time_s']:.3f} s; U/nnz before "
+            + ", ".join(f"{k} {v:.3f}" for k, v in o["pairs_per_nnz_before"].items()))
     for note in g["notes"]:
         out(f"   note: {note}")
     for r in g["results"]:
@@ -34,10 +43,23 @@ def print_graph(g, out=print):
             pr = _fmt(pct["reuse"][k]) if pct else "-"
             out(f"     {k:<18}{us:>10.1f}{best / us:>8.2f}{r['gflops'][k]:>9.1f}{gg:>10.1f}{pg:>7}{gr:>11.1f}"
                 f"{pr:>7}{r['err'][k]:>9.1e}{r['us_back_to_back'][k]:>9.1f}")
+        if r.get("speedup_vs_original"):
+            out("     over cuSPARSE on the original order: "
+                + ", ".join(f"{k} {v:.2f}x" for k, v in r["speedup_vs_original"].items()))
 
 
 def print_reorder(rows, out=print):
     """The reorder's quality and time, one line per graph."""
+    loc = [r for r in rows if r["pattern"] == "locality"]
+    rows = [r for r in rows if r["pattern"] != "locality"]
+    if loc:
+        out(f"\n{'graph':<26}{'nnz':>12}  locality: U/nnz 16x8 (8x4) before -> after{'chosen':>12}{'levels':>8}{'time s':>9}")
+        for r in loc:
+            b, a = r["pairs_per_nnz_before"], r["pairs_per_nnz"]
+            out(f"{r['graph']:<26}{r['nnz']:>12,}  {b['tcgnn']:>19.3f} ({b['vector']:.3f}) -> {a['tcgnn']:.3f} "
+                f"({a['vector']:.3f}){r['method']:>12}{r['levels']:>8}{r['time_s']:>9.3f}")
+    if not rows:
+        return
     out(f"\n{'graph':<26}{'nnz':>12}{'pattern':>9}{'PScore':>18}{'improved':>10}{'conforming':>11}{'time s':>9}")
     for r in rows:
         out(f"{r['graph']:<26}{r['nnz']:>12,}{r['pattern']:>9}{r['initial_pscore']:>9,} ->{r['pscore']:>6,}"
@@ -80,6 +102,15 @@ def markdown(graphs, reorders=(), dims=None):
             lines.append(f"| {g['graph']} | {g['nnz']:,} | {p['sgt_ms']:.3f} | {p['sgt_ns_per_edge']:.2f} | "
                          f"{p['build_ms']:.3f} | {p['from_host_ms']:.2f} | {g['blocks']:,} | "
                          f"{100 * g['density']:.1f}% | {g['memory']['ratio']:.2f}x |")
+    loc = [r for r in reorders if r["pattern"] == "locality"]
+    reorders = [r for r in reorders if r["pattern"] != "locality"]
+    if loc:
+        lines += ["\n### Locality reorder\n", "| graph | nnz | U/nnz 16x8 before -> after | U/nnz 8x4 before -> after "
+                  "| chosen | levels | time s |", "|---|---|---|---|---|---|---|"]
+        for r in loc:
+            b, a = r["pairs_per_nnz_before"], r["pairs_per_nnz"]
+            lines.append(f"| {r['graph']} | {r['nnz']:,} | {b['tcgnn']:.3f} -> {a['tcgnn']:.3f} | {b['vector']:.3f} -> "
+                         f"{a['vector']:.3f} | {r['method']} | {r['levels']} | {r['time_s']:.3f} |")
     if reorders:
         lines += ["\n### N:M reorder\n", "| graph | nnz | pattern | PScore before -> after | improvement | "
                   "conforming | time s |", "|---|---|---|---|---|---|---|"]

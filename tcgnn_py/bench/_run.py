@@ -13,14 +13,18 @@ import numpy as np
 
 from .. import _sgt
 from .._device import use_gpu
-from .._reorder import reorder
+from .._reorder import locality_report, reorder
 from .._tiled import TiledMatrix, sddmm, spmm
 from ._baselines import CSR_ALG2, CSR_ALG3, CusparseRowMajor, CusparseSDDMM, GatherDotSDDMM
 from ._graphs import resolve_graph
 from ._timing import time_back_to_back, time_events, time_host, time_rotating
 
-__all__ = ["bench_graph", "bench_reorder", "traffic_bytes", "distinct_window_columns", "DEFAULT_DIMS",
-           "TOLERANCE", "OURS"]
+__all__ = ["bench_graph", "bench_reorder", "traffic_bytes", "distinct_window_columns", "vertex_order", "DEFAULT_DIMS",
+           "TOLERANCE", "OURS", "ORDERS"]
+
+#: Vertex orders ``bench_graph(order=...)`` can measure: the library's locality reorder, and two
+#: classic cheap orders to compare it with (scipy's reverse Cuthill-McKee, decreasing degree; host).
+ORDERS = ("locality", "rcm", "degree")
 
 DEFAULT_DIMS = (32, 64, 128, 256)
 
@@ -90,6 +94,63 @@ def _prepare(A, Ad, xp, repeat, gpu):
     return out
 
 
+def _sym_pattern(A):
+    import scipy.sparse as sp
+
+    S = sp.csr_array(A, dtype=np.float32, copy=True)
+    S.data[:] = 1
+    S = sp.csr_array(S + S.T)
+    S.setdiag(0)
+    S.eliminate_zeros()
+    return S
+
+
+def vertex_order(A, order, device=None):
+    """``(Permutation, seconds)`` of one of :data:`ORDERS` for the square matrix A.
+
+    ``"locality"`` is :func:`tcgnn_py.reorder` (its kernels warmed up first, so
+    the time is the reorder's, on the GPU when usable); ``"rcm"`` and ``"degree"``
+    run on the host on the symmetrised pattern.
+    """
+    import time
+
+    from scipy.sparse.csgraph import reverse_cuthill_mckee
+
+    from .._reorder import Permutation
+
+    if order == "locality":
+        dev = "cuda" if use_gpu(device) else "cpu"
+        _warm_reorder("locality", dev)
+        p = reorder(A, "locality", device=dev, verbose=False)
+        return p, p.report.time_s
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    t0 = time.perf_counter()
+    S = _sym_pattern(A)
+    if order == "rcm":
+        perm = reverse_cuthill_mckee(S, symmetric_mode=True)
+    else:
+        perm = np.argsort(-np.diff(S.indptr), kind="stable")
+    return Permutation(perm), time.perf_counter() - t0
+
+
+def _original_impls(A0, p, Xs, gpu):
+    """cuSPARSE on the matrix before the reorder, on the same features in the old order (the user's alternative)."""
+    import cupy as cp
+    import cupyx.scipy.sparse as csp
+
+    Ad0 = csp.csr_matrix(A0)
+    X0 = [p.undo_rows(x) for x in Xs]
+    Y0 = cp.empty((A0.shape[0], Xs[0].shape[1]), cp.float32)
+    back = lambda: p.apply_rows(Y0)  # noqa: E731  (rows in the new order, to check against the others)
+    out, closers = {}, []
+    for alg, label in ((CSR_ALG2, "alg2"), (CSR_ALG3, "alg3")):
+        c = CusparseRowMajor(Ad0, X0, Y0, alg)
+        closers.append(c)
+        out[f"original_cusparse_{label}"] = (c, back)
+    return out, closers
+
+
 def _spmm_impls(A, Ad, T, Xs, gpu, TV=None, dtypes=()):
     """``name -> (fn(i), result getter)``; the first is the checking reference."""
     if not gpu:
@@ -153,6 +214,8 @@ def _result(ret, getter):
         return ret
     if isinstance(getter, str):
         return ret.tocsr().data
+    if callable(getter):
+        return getter()
     return getter
 
 
@@ -167,7 +230,7 @@ def _measure(op, impls, baselines, n_inputs, repeat, gpu, derive):
             row["err"][name] = 0.0
         else:
             row["err"][name] = _rel_err(got, ref)
-            if name.startswith("tcgnn") or name in baselines:
+            if name.startswith(("tcgnn", "original_")) or name in baselines:
                 _check(op, name, row["err"][name])
         row["us"][name] = 1e3 * time_rotating(fn, n_inputs, repeat, warmup=3, gpu=gpu)
         row["us_back_to_back"][name] = 1e3 * time_back_to_back(fn, n_inputs, repeat, gpu=gpu)
@@ -176,7 +239,7 @@ def _measure(op, impls, baselines, n_inputs, repeat, gpu, derive):
 
 
 def bench_graph(spec, ops=("spmm", "sddmm"), dims=DEFAULT_DIMS, repeat=20, n_inputs=4, device=None, copy_bw=None,
-                seed=None, dtypes=("float32",)):
+                seed=None, dtypes=("float32",), order=None):
     """Measure one graph: products at each width, preprocessing, memory, traffic bounds.
 
     Parameters
@@ -200,6 +263,13 @@ def bench_graph(spec, ops=("spmm", "sddmm"), dims=DEFAULT_DIMS, repeat=20, n_inp
         (16-bit X, float32 matrix and output) and ``cusparse_<dtype>`` (16-bit A, X
         and Y); speedups stay against cuSPARSE float32, the user's alternative, and
         ``speedup_vs_16bit`` is against cuSPARSE with the same 16-bit operands.
+    order : {None, "locality", "rcm", "degree"}
+        Renumber the vertices first (:func:`vertex_order`) and measure the
+        renumbered matrix; on the GPU the SpMM rows add cuSPARSE on the matrix
+        in its original order (``original_cusparse_*``, fed the same features
+        in the old order) and ``speedup_vs_original`` against it -- the user's
+        view -- beside ``speedup``, against cuSPARSE on the same renumbered
+        matrix (the kernel's view).
 
     Returns
     -------
@@ -217,6 +287,13 @@ def bench_graph(spec, ops=("spmm", "sddmm"), dims=DEFAULT_DIMS, repeat=20, n_inp
     A.sort_indices()
     A.indices, A.indptr = A.indices.astype(np.int32), A.indptr.astype(np.int32)  # what the kernels take
     rng = np.random.default_rng(seed)
+    A0, perm, order_info = A, None, None
+    if order is not None:
+        perm, order_s = vertex_order(A, order, device)
+        A = perm.apply(A)
+        A.indices, A.indptr = A.indices.astype(np.int32), A.indptr.astype(np.int32)
+        order_info = {"order": order, "time_s": order_s,
+                      "method": perm.report.method if perm.report is not None else order}
     if gpu:
         import cupy as cp
         import cupyx.scipy.sparse as csp
@@ -234,6 +311,13 @@ def bench_graph(spec, ops=("spmm", "sddmm"), dims=DEFAULT_DIMS, repeat=20, n_inp
         "density": stats.density, "density_before": stats.density_before, "device": "cuda" if gpu else "cpu",
         "notes": [],
     }
+    loc = locality_report(A, device="cuda" if gpu else "cpu")
+    g["locality"] = {k: {"pairs_per_nnz": v.pairs_per_nnz, "density": v.density, "blocks": v.blocks,
+                         "blocks_per_window": list(v.blocks_per_window)} for k, v in loc.layouts.items()}
+    if order_info is not None:
+        before = locality_report(A0, device="cuda" if gpu else "cpu")
+        order_info["pairs_per_nnz_before"] = {k: v.pairs_per_nnz for k, v in before.layouts.items()}
+        g["order"] = order_info
     g["prep"] = _prepare(A, Ad, xp, max(3, repeat // 2), gpu)
     spmm(T, xp.ones((A.shape[1], 1), np.float32))  # builds the plans, so memory counts them
     if TV is not None:
@@ -256,6 +340,10 @@ def bench_graph(spec, ops=("spmm", "sddmm"), dims=DEFAULT_DIMS, repeat=20, n_inp
             best_name = min(row["baselines"], key=lambda k: row["us"][k])
             row["best_baseline"], best = best_name, row["us"][best_name]
             row["speedup"] = {k: best / row["us"][k] for k in ours if k in row["us"]}
+            orig = [k for k in row["us"] if k.startswith("original_")]
+            if orig:
+                b0 = min(row["us"][k] for k in orig)
+                row["speedup_vs_original"] = {k: b0 / row["us"][k] for k in ours if k in row["us"]}
             row["speedup_vs_16bit"] = {dt: row["us"][f"cusparse_{dt}"] / row["us"][f"tcgnn_vector_{dt}"]
                                        for dt in half if f"cusparse_{dt}" in row["us"]}
             row["gflops"] = {k: 2 * A.nnz * D / (us * 1e3) for k, us in row["us"].items()}
@@ -274,6 +362,10 @@ def bench_graph(spec, ops=("spmm", "sddmm"), dims=DEFAULT_DIMS, repeat=20, n_inp
             maker = _spmm_impls if op == "spmm" else _sddmm_impls
             args = (A, Ad, T, Xs, gpu, TV) + ((g["notes"],) if op == "sddmm" else (half,))
             impls, baselines, closers = maker(*args)
+            if op == "spmm" and gpu and perm is not None:
+                extra, more = _original_impls(A0, perm, Xs, gpu)
+                impls.update(extra)
+                closers += more
             try:
                 g["results"].append(_measure(op, impls, baselines, n_inputs, repeat, gpu, derive))
             finally:
@@ -287,11 +379,12 @@ def bench_graph(spec, ops=("spmm", "sddmm"), dims=DEFAULT_DIMS, repeat=20, n_inp
 @functools.cache
 def _warm_reorder(pattern, dev):
     """One small reorder per process and pattern, so kernel loading stays out of the timed one."""
-    reorder(resolve_graph("powerlaw:256:2000")[1], pattern, device=dev, max_iter=2, verbose=False)
+    kw = {} if pattern == "locality" else {"max_iter": 2}
+    reorder(resolve_graph("powerlaw:256:2000")[1], pattern, device=dev, verbose=False, **kw)
 
 
 def bench_reorder(spec, pattern="2:4", device=None):
-    """Reorder one graph (square) for an N:M pattern: quality and time.
+    """Reorder one graph (square) for an N:M pattern or for locality: quality and time.
 
     >>> r = bench_reorder("banded:64:3", "2:4", device="cpu")
     >>> r["graph"], r["pattern"], r["conforming"]
@@ -305,6 +398,13 @@ def bench_reorder(spec, pattern="2:4", device=None):
     dev = "cuda" if gpu else "cpu"
     _warm_reorder(pattern, dev)
     rep = reorder(A, pattern, device=dev, verbose=False).report
+    if pattern == "locality":
+        return {
+            "graph": name, "nodes": A.shape[0], "nnz": int(A.nnz), "pattern": "locality", "method": rep.method,
+            "pairs_per_nnz_before": {k: v.pairs_per_nnz for k, v in rep.initial.items()},
+            "pairs_per_nnz": {k: v.pairs_per_nnz for k, v in rep.layouts.items()},
+            "candidates": rep.candidates, "levels": rep.levels, "time_s": rep.time_s, "device": dev,
+        }  # fmt: skip
     return {
         "graph": name, "nodes": A.shape[0], "nnz": int(A.nnz), "pattern": str(rep.pattern),
         "initial_pscore": rep.initial_pscore, "pscore": rep.pscore, "initial_mbscore": rep.initial_mbscore,
