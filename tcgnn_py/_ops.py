@@ -242,6 +242,7 @@ TUNING = {
     "vec_warps": 4,  # warps per CTA (independent: each takes its own unit x slice)
     "vec_sort_units": True,  # longest units first: the grid's tail is made of short ones
     "vec_combine": True,  # sum split windows inside the launch (else: a fixup launch)
+    "tf32_combine": True,  # 16x8 TF32: the same (else: a fixup launch)
     "vec_prefetch": True,  # load the next step's block metadata with this step's X rows
     "vec_async_stages": 2,  # cp.async vector kernel's steps in flight per warp (0: the register kernel)
     "vec_async_unroll": 4,  # blocks per cp.async step
@@ -283,6 +284,15 @@ class Fixup(NamedTuple):
         self.kernel(self.grid, (FIXUP_THREADS,), (self.splits, partial, Y, np.int32(M), np.int32(D), np.int32(H)))
 
 
+def _stream_scratch(store, kind, make):
+    """Per-stream scratch kept in a launch's ``store`` (calls on one stream run in order, so they can share it)."""
+    key = (kind, get_cupy().cuda.get_current_stream().ptr)
+    buf = store.get(key)
+    if buf is None:
+        buf = store[key] = make()
+    return buf
+
+
 class TF32SpmmLaunch(NamedTuple):
     """One configuration of ``tcgnn_spmm_tf32``: kernel, geometry and its plan arrays."""
 
@@ -296,11 +306,24 @@ class TF32SpmmLaunch(NamedTuple):
     fixup: Fixup = None
     n_slots: int = 0  # partial tiles the launch writes (split windows)
     sizes: tuple = ()  # (M, D, n_slabs) as int32 scalars, made once
+    unit_k0: object = None  # int2 rows (first slot of the unit's window, parts): split windows summed in the launch
+    scratch: dict = None  # per-stream counters (one per (first slot, slab)) and partial tiles
 
     def run(self, tiling, values, X, Y, partial, M, D):
         sizes = self.sizes or (np.int32(M), np.int32(D), np.int32(self.n_slabs))
-        args = (self.units, tiling.block_ptr, tiling.block_cols, self.mask, values, X, Y, partial, *sizes)
+        counters = None
+        if self.unit_k0 is not None:
+            n = self.n_slots * self.n_slabs
+            counters = _stream_scratch(self.scratch, "counters", lambda: get_cupy().zeros(n, np.int32))
+        args = (self.units, tiling.block_ptr, tiling.block_cols, self.mask, values, X, Y, partial, counters,
+                self.unit_k0, *sizes)
         self.kernel(self.grid, self.block, args, shared_mem=self.smem)
+
+    def partial(self, dtype, D):
+        """This stream's buffer of partial tiles, or None without split windows."""
+        if not self.n_slots:
+            return None
+        return _stream_scratch(self.scratch, "partial", lambda: get_cupy().empty((self.n_slots, 16, D), dtype=dtype))
 
 
 class CoreSpmmLaunch(NamedTuple):
@@ -343,10 +366,7 @@ class VecSpmmLaunch(NamedTuple):
     def run(self, tiling, values, X, Y, partial, M, D, extra=()):
         counters = None
         if self.n_counters:
-            stream = get_cupy().cuda.get_current_stream().ptr
-            counters = self.counters.get(stream)
-            if counters is None:
-                counters = self.counters[stream] = get_cupy().zeros(self.n_counters, np.int32)
+            counters = _stream_scratch(self.counters, "counters", lambda: get_cupy().zeros(self.n_counters, np.int32))
         sizes = self.sizes or (np.int32(M), np.int32(D), np.int32(self.n_slices), np.int32(self.n_work))
         args = (self.units, self.unit_k0, tiling.block_cols, self.meta, values, X, Y, partial, counters, *sizes,
                 *extra)
@@ -356,12 +376,7 @@ class VecSpmmLaunch(NamedTuple):
         """This stream's buffer of partial tiles (reused: calls on one stream run in order), or None."""
         if not self.n_slots:
             return None
-        cp = get_cupy()
-        key = ("partial", cp.cuda.get_current_stream().ptr)
-        buf = self.counters.get(key)
-        if buf is None:
-            buf = self.counters[key] = cp.empty((self.n_slots, 8, D), dtype=dtype)
-        return buf
+        return _stream_scratch(self.counters, "partial", lambda: get_cupy().empty((self.n_slots, 8, D), dtype=dtype))
 
 
 def _spmm_gpu(tiling, values, X, dtype, mode, out, casts):
@@ -380,7 +395,7 @@ def _spmm_gpu(tiling, values, X, dtype, mode, out, casts):
     if launch is None:
         launch = tiling.cached(key, lambda: _spmm_launch(cp, tiling, mode, dtype, D, vec))
     partial = Y
-    if isinstance(launch, VecSpmmLaunch):
+    if isinstance(launch, (VecSpmmLaunch, TF32SpmmLaunch)):
         buf = launch.partial(dtype, D)
         partial = Y if buf is None else buf
     elif launch.n_slots:
@@ -524,10 +539,12 @@ def _spmm_launch(cp, tiling, mode, dtype, D, vec):
             (plan["units"].shape[0], -(-D // 32)), (32 * nwarps,), kp.core_spmm_smem(nwarps, H, dtype.itemsize),
             plan["units"],
         )
-    if plan["n_slots"]:
+    if plan["n_slots"] and family == "tf32" and TUNING["tf32_combine"]:  # at most UNITS_PER_WINDOW_MAX parts
+        launch = launch._replace(n_slots=plan["n_slots"], unit_k0=plan["unit_k0"], scratch={})
+    elif plan["n_slots"]:
         fix_grid = (plan["splits"].shape[0], min(-(-(H * D) // kp.FIXUP_THREADS), 1024))
         fixup = Fixup(get_kernel(family, kp.fixup_name(dtype.name)), fix_grid, plan["splits"], plan["n_slots"])
-        launch = launch._replace(fixup=fixup, n_slots=plan["n_slots"])
+        launch = launch._replace(fixup=fixup, n_slots=plan["n_slots"], **({"scratch": {}} if family == "tf32" else {}))
     return launch
 
 

@@ -71,13 +71,20 @@ def poisoned_sddmm(cp, T, Xa, Xb, precision=None, multiply=False, dtype=np.float
 #: TF32 SpMM variants: (layout, tuning).  16x8: the register pipeline and cp.async with
 #: 2-4 stages; vector layout: the register kernel with 1, 2, 4 feature groups per lane,
 #: unroll 4 and 8, the cp.async kernel (default) with 2-3 stages, and units of 2 blocks
-#: (every window of more than 2 blocks split), summed in the launch or by the fixup launch.
+#: (every window of more than 2 blocks split), summed in the launch or by the fixup launch; 16x8 units
+#: of 4 blocks likewise.
 TF32_VARIANTS = {
     "registers": ("tcgnn", dict(tf32_async_stages=0, tf32_async_min_blocks=1)),
     "async2": ("tcgnn", dict(tf32_async_stages=2, tf32_async_min_blocks=1)),
     "async2-80reg": ("tcgnn", dict(tf32_async_stages=2, tf32_async_min_blocks=3)),
     "async3-80reg": ("tcgnn", dict(tf32_async_stages=3, tf32_async_min_blocks=3)),
     "async4-64reg": ("tcgnn", dict(tf32_async_stages=4, tf32_async_min_blocks=4)),
+    # units of 4 warps x 1 block: every window of more than 4 blocks split, summed in the launch / by the fixup
+    "async3-split": ("tcgnn", dict(tf32_async_stages=3, tf32_async_min_blocks=3, tf32_nwarps=(4, 4, 4),
+                                   blocks_per_warp=1)),
+    "registers-split": ("tcgnn", dict(tf32_async_stages=0, tf32_nwarps=(4, 4, 4), blocks_per_warp=1)),
+    "async3-fixup": ("tcgnn", dict(tf32_async_stages=3, tf32_async_min_blocks=3, tf32_nwarps=(4, 4, 4),
+                                   blocks_per_warp=1, tf32_combine=False)),
     "vector": ("vector", {}),
     "vector-g1u8": ("vector", dict(vec_max_slices=1, vec_unroll=8, vec_async_stages=0)),
     "vector-g4u4": ("vector", dict(vec_slices=4, vec_unroll=4, vec_async_stages=0)),
@@ -274,17 +281,26 @@ def test_tf32_fragments_place_every_tile_position(cp, tf32_kernel):
         np.testing.assert_array_equal(got, A.toarray()[:, :D])
 
 
-@pytest.mark.parametrize("stages", [0, 2])
-def test_vector_split_windows_on_concurrent_streams(cp, stages):
+SPLIT_TUNINGS = {
+    "vector-registers": ("vector", dict(vec_blocks_per_unit=2, vec_async_stages=0)),
+    "vector-async": ("vector", dict(vec_blocks_per_unit=2, vec_async_stages=2)),
+    "16x8-async": ("tcgnn", dict(tf32_nwarps=(4, 4, 4), blocks_per_warp=1)),
+    "16x8-registers": ("tcgnn", dict(tf32_nwarps=(4, 4, 4), blocks_per_warp=1, tf32_async_stages=0)),
+}
+
+
+@pytest.mark.parametrize("case", list(SPLIT_TUNINGS))
+def test_split_windows_on_concurrent_streams(cp, case):
     """Split windows are summed in the launch through per-stream counters: streams must not share them."""
-    before = {k: _ops.TUNING[k] for k in ("vec_blocks_per_unit", "vec_async_stages")}
-    _ops.set_tuning(vec_blocks_per_unit=2, vec_async_stages=stages)
+    layout, tuning = SPLIT_TUNINGS[case]
+    before = {k: _ops.TUNING[k] for k in tuning}
+    _ops.set_tuning(**tuning)
     try:
         rng = np.random.default_rng()
         hub = star(100)
         hub.resize((3001, 3001))
         A = sp.csr_array(int_graph(rng, 3001, 3001, degree=40) + hub)  # windows of 20-60 parts, all summed in the launch
-        T = tg.TiledMatrix(A, dtype=np.float32, layout="vector")
+        T = tg.TiledMatrix(A, dtype=np.float32, layout=layout)
         Xs = [ints(rng, 3001, 64) for _ in range(4)]
         want = [(A @ X.astype(np.float64)).astype(np.float32) for X in Xs]
         streams = [cp.cuda.Stream(non_blocking=True) for _ in range(4)]
@@ -299,10 +315,11 @@ def test_vector_split_windows_on_concurrent_streams(cp, stages):
             for Y, w in zip(outs, want):
                 np.testing.assert_array_equal(Y.get(), w)
         launch = next(v for k, v in T.tiling._cache.items() if isinstance(k, tuple) and k[0] == "launch")
-        counters = [k for k in launch.counters if not isinstance(k, tuple)]
-        buffers = [k for k in launch.counters if isinstance(k, tuple) and k[0] == "partial"]
+        store = launch.counters if layout == "vector" else launch.scratch
+        counters = [k for k in store if k[0] == "counters"]
+        buffers = [k for k in store if k[0] == "partial"]
         # One set of counters and one partial-tile buffer per stream, summed in the launch.
-        assert launch.n_counters > 0 and len(counters) == 4 and len(buffers) == 4
+        assert launch.fixup is None and launch.n_slots > 0 and len(counters) == 4 and len(buffers) == 4
     finally:
         _ops.set_tuning(**before)
 

@@ -2,7 +2,7 @@
 
 Usage: compute-sanitizer --tool memcheck python tools/memcheck_products.py
 Covers: TF32 SpMM with 1/2/4 column chunks, 16-byte and scalar loads, split
-(hub) windows and the fixup; the vector layout's SpMM (1/2/4 feature groups,
+(hub) windows summed in the launch or by the fixup; the vector layout's SpMM (1/2/4 feature groups,
 unroll 4/8, the cp.async kernel with 2/3 stages, units of 2 blocks and automatic
 units, split windows summed in the launch or by the fixup) and SDDMM; CUDA-core SpMM in float32/float64 on other tile
 shapes; TF32 and CUDA-core SDDMM; the 16-bit SpMM (both types, float32 and
@@ -41,6 +41,13 @@ VEC_TUNINGS = [dict(vec_slices=None, vec_max_slices=1, vec_unroll=4, vec_blocks_
 cases = [(A, (16, 8), np.float32, {}), (R, (16, 8), np.float32, {}), (A, (8, 8), np.float32, {}),
          (A, (32, 32), np.float64, {})]
 cases += [(M, (8, 4), np.float32, t) for t in VEC_TUNINGS for M in (A, R)]
+# 16x8 units of 4 warps x 1 block: every window of more than 4 blocks split, summed in the launch (cp.async and
+# register kernels) or by the fixup launch.
+TF32_TUNINGS = [dict(tf32_nwarps=(4, 4, 4), blocks_per_warp=1, tf32_combine=True, tf32_async_stages=3),
+                dict(tf32_nwarps=(4, 4, 4), blocks_per_warp=1, tf32_combine=True, tf32_async_stages=0),
+                dict(tf32_nwarps=(4, 4, 4), blocks_per_warp=1, tf32_combine=False, tf32_async_stages=3),
+                dict(tf32_nwarps=None, blocks_per_warp=None, tf32_combine=True, tf32_async_stages=2)]
+cases += [(M, (16, 8), np.float32, t) for t in TF32_TUNINGS for M in (A, R)]
 for M, tile_shape, dtype, tuning in cases:
     _ops.set_tuning(**{**{k: _ops.TUNING[k] for k in tuning}, **tuning})
     T = tg.TiledMatrix(M, dtype=dtype, tile_shape=tile_shape)

@@ -360,6 +360,45 @@ __device__ __forceinline__ void tc_cta_sum_store(const float (&acc)[CH][4][4], f
     }
 }
 
+// Split windows summed in the launch (counters != nullptr; else tcgnn_spmm_fixup
+// does it): this CTA stored its unit's partial tile for slab `slab`; count it,
+// and the CTA that stores a window's slab last sums all of the window's partial
+// tiles in unit order into Y -- the fixup's order, so the result does not depend
+// on which CTA came last.  unit_k0[unit] = (first slot of its window, parts).
+// The counter is reset by that CTA: ready for the next call on this stream.
+template <int CH>
+__device__ __forceinline__ void tc_cta_combine(int4 u, int unit, int slab, int col0, const int2* __restrict__ unit_k0,
+                                               float* __restrict__ Y, const float* __restrict__ partial,
+                                               int* __restrict__ counters, int M, int D, int n_slabs) {
+    __shared__ int last;
+    __threadfence();  // release: this thread's part of the partial tile
+    __syncthreads();
+    const int2 k0 = unit_k0[unit];
+    int* counter = counters + (size_t)k0.x * n_slabs + slab;
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1) == k0.y - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();  // acquire: the other parts' tiles are visible (read through L2 below)
+    constexpr int WID = 32 * CH;
+    const int width = min(WID, D - col0);
+    const long long row0 = (long long)u.x * 16;
+    for (int i = threadIdx.x; i < 16 * WID; i += blockDim.x) {
+        const int rr = i / WID, cc = i - rr * WID;
+        if (cc >= width || row0 + rr >= M) continue;
+        const float* p = partial + ((size_t)k0.x * 16 + rr) * D + col0 + cc;
+        float sum = 0.f;
+        for (int k = 0; k < k0.y; k += 8) {  // 8 loads in flight, then the adds in part order
+            float v[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) v[j] = k + j < k0.y ? __ldcg(p + (size_t)(k + j) * 16 * D) : 0.f;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) sum += v[j];
+        }
+        Y[(size_t)(row0 + rr) * D + col0 + cc] = sum;
+    }
+    if (threadIdx.x == 0) *counter = 0;
+}
+
 // The four A-fragment values lane (g, t) holds for a block (zeros where the mask has no entry).
 __device__ __forceinline__ float4 tc_frag_values(const float* __restrict__ values, const TcMeta& m, bool upper,
                                                  unsigned bit, unsigned below_t, unsigned below_t4) {
@@ -381,7 +420,8 @@ __global__ void __launch_bounds__(256)
 tcgnn_spmm_tf32(const int4* __restrict__ units, const int* __restrict__ block_ptr,
                 const int* __restrict__ block_cols, const uint4* __restrict__ block_mask,
                 const float* __restrict__ values, const float* __restrict__ X,
-                float* __restrict__ Y, float* __restrict__ partial, int M, int D, int n_slabs) {
+                float* __restrict__ Y, float* __restrict__ partial, int* __restrict__ counters,
+                const int2* __restrict__ unit_k0, int M, int D, int n_slabs) {
     extern __shared__ float4 tc_smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -433,6 +473,7 @@ tcgnn_spmm_tf32(const int4* __restrict__ units, const int* __restrict__ block_pt
     }
 
     tc_cta_sum_store<CH, VEC>(acc, tc_smem, u, col0, M, D, Y, partial);
+    if (counters != nullptr && u.w >= 0) tc_cta_combine<CH>(u, unit, slab, col0, unit_k0, Y, partial, counters, M, D, n_slabs);
 }
 
 // ---------------------------------------------------------------------------
@@ -496,7 +537,8 @@ __global__ void __launch_bounds__(256, MINB)
 tcgnn_spmm_tf32_async(const int4* __restrict__ units, const int* __restrict__ block_ptr,
                       const int* __restrict__ block_cols, const uint4* __restrict__ block_mask,
                       const float* __restrict__ values, const float* __restrict__ X,
-                      float* __restrict__ Y, float* __restrict__ partial, int M, int D, int n_slabs) {
+                      float* __restrict__ Y, float* __restrict__ partial, int* __restrict__ counters,
+                const int2* __restrict__ unit_k0, int M, int D, int n_slabs) {
     extern __shared__ float4 tc_smem[];
     constexpr int RS = 32 * CH + 8;  // floats per staged row
     constexpr int STAGE = 8 * RS;     // floats per stage (one block's 8 rows)
@@ -559,6 +601,7 @@ tcgnn_spmm_tf32_async(const int4* __restrict__ units, const int* __restrict__ bl
     tc_cp_wait<0>();
     __syncthreads();  // the stages' memory becomes the cross-warp sum's
     tc_cta_sum_store<CH, true>(acc, tc_smem, u, col0, M, D, Y, partial);
+    if (counters != nullptr && u.w >= 0) tc_cta_combine<CH>(u, unit, slab, col0, unit_k0, Y, partial, counters, M, D, n_slabs);
 }
 
 // ---------------------------------------------------------------------------
