@@ -29,7 +29,9 @@ Work decomposition (16x8 SpMM): the host builds *units* -- ``int4`` rows
 ``(window, first block, end block, partial slot)``.  A CTA takes one unit and
 its warps stride over the unit's blocks; warps meet in shared memory and the
 CTA writes the window's rows once, or, when a long (hub) window is split over
-several units, a partial tile that :func:`tcgnn_spmm_fixup` sums in unit order.
+several units, a partial tile; the CTA that stores a window's slab last sums
+the window's partial tiles in unit order (``tc_cta_combine``; without counters,
+:func:`tcgnn_spmm_fixup` does it in a second launch, in the same order).
 Every output element is written by exactly one thread and the summation order
 is fixed, so results are deterministic run to run.
 """
@@ -477,7 +479,7 @@ tcgnn_spmm_tf32(const int4* __restrict__ units, const int* __restrict__ block_pt
 }
 
 // ---------------------------------------------------------------------------
-// TF32 SpMM with cp.async gathers (same tiles, plan, outputs and fixup as
+// TF32 SpMM with cp.async gathers (same tiles, plan, outputs and split-window sum as
 // tcgnn_spmm_tf32; 16-byte aligned rows only, D % 4 == 0).
 // Nsight Compute on blogcatalog3 (D = 128) showed tcgnn_spmm_tf32 latency-bound:
 // 98 registers/thread, 23 % achieved occupancy, long-scoreboard stalls, L2 at
