@@ -283,6 +283,30 @@ __global__ void tcgnn_spmm_fixup(const int4* __restrict__ splits, const T* __res
         tc_put(Y + (size_t)row * D + col, acc);
     }
 }
+
+// The in-launch sum of a split window (the fixup's work, by the part that finished
+// last): rows row0 .. row0 + H - 1, features base .. base + width - 1 of Y are the
+// sums of the window's `parts` partial tiles (H rows of D floats each, from slot
+// `first`) in part order, 8 loads in flight.  Threads tid, tid + nthreads, ... .
+template <int WID, typename TY>
+__device__ __forceinline__ void tc_sum_parts(const float* __restrict__ partial, int first, int parts, int H,
+                                             long long row0, int base, int width, int M, int D,
+                                             TY* __restrict__ Y, int tid, int nthreads) {
+    for (int i = tid; i < H * WID; i += nthreads) {
+        const int rr = i / WID, cc = i - rr * WID;
+        if (cc >= width || row0 + rr >= M) continue;
+        const float* p = partial + ((size_t)first * H + rr) * D + base + cc;
+        float sum = 0.f;
+        for (int k = 0; k < parts; k += 8) {
+            float v[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) v[j] = k + j < parts ? __ldcg(p + (size_t)(k + j) * H * D) : 0.f;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) sum += v[j];
+        }
+        tc_put(Y + (size_t)(row0 + rr) * D + base + cc, sum);
+    }
+}
 """
 
 _TF32 = r"""
@@ -381,23 +405,8 @@ __device__ __forceinline__ void tc_cta_combine(int4 u, int unit, int slab, int c
     __syncthreads();
     if (!last) return;
     __threadfence();  // acquire: the other parts' tiles are visible (read through L2 below)
-    constexpr int WID = 32 * CH;
-    const int width = min(WID, D - col0);
-    const long long row0 = (long long)u.x * 16;
-    for (int i = threadIdx.x; i < 16 * WID; i += blockDim.x) {
-        const int rr = i / WID, cc = i - rr * WID;
-        if (cc >= width || row0 + rr >= M) continue;
-        const float* p = partial + ((size_t)k0.x * 16 + rr) * D + col0 + cc;
-        float sum = 0.f;
-        for (int k = 0; k < k0.y; k += 8) {  // 8 loads in flight, then the adds in part order
-            float v[8];
-#pragma unroll
-            for (int j = 0; j < 8; ++j) v[j] = k + j < k0.y ? __ldcg(p + (size_t)(k + j) * 16 * D) : 0.f;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) sum += v[j];
-        }
-        Y[(size_t)(row0 + rr) * D + col0 + cc] = sum;
-    }
+    tc_sum_parts<32 * CH>(partial, k0.x, k0.y, 16, (long long)u.x * 16, col0, min(32 * CH, D - col0), M, D, Y,
+                          threadIdx.x, blockDim.x);
     if (threadIdx.x == 0) *counter = 0;
 }
 
@@ -768,22 +777,7 @@ __device__ __forceinline__ void tc_vec_combine(int4 u, int unit, int slice, int 
     if (!__shfl_sync(TC_FULL, last, 0)) return;
     __threadfence();  // acquire: the other parts' tiles are visible (read through L2 below)
     const int base = slice * WID;
-    const int width = min(WID, D - base);
-    const long long row0 = (long long)u.x * 8;
-    for (int i = lane; i < 8 * WID; i += 32) {
-        const int rr = i / WID, cc = i - rr * WID;
-        if (cc >= width || row0 + rr >= M) continue;
-        const float* p = partial + ((size_t)k0.x * 8 + rr) * D + base + cc;
-        float sum = 0.f;
-        for (int k = 0; k < k0.y; k += 8) {  // 8 loads in flight, then the adds in part order
-            float v[8];
-#pragma unroll
-            for (int j = 0; j < 8; ++j) v[j] = k + j < k0.y ? __ldcg(p + (size_t)(k + j) * 8 * D) : 0.f;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) sum += v[j];
-        }
-        tc_put(Y + (size_t)(row0 + rr) * D + base + cc, sum);
-    }
+    tc_sum_parts<WID>(partial, k0.x, k0.y, 8, (long long)u.x * 8, base, min(WID, D - base), M, D, Y, lane, 32);
     if (lane == 0) *counter = 0;  // ready for the next call on this stream
 }
 """
