@@ -16,7 +16,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 python3 -c "import numpy, numba, numba_cuda, cupy, scipy; print('numpy', numpy.__version__, 'numba', numba.__version__, 'numba-cuda', numba_cuda.__version__, 'cupy', cupy.__version__, 'scipy', scipy.__version__)" | tee -a "$OUT/gpu.txt"
 if [[ " $STEPS " == *" test "* ]]; then
   echo "== pytest (GPU) =="
-  python3 -m pytest -q -n 4 -p no:cacheprovider -rs ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.log" | tail -30
+  python3 -m pytest -q -n 4 -p no:cacheprovider -rfEs ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.log" | tail -30
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
   echo "== examples/quickstart.py (GPU) =="
   python3 examples/quickstart.py 2>&1 | tee "$OUT/quickstart.log" | tail -4
