@@ -38,7 +38,7 @@ import time
 
 import numpy as np
 
-from ._device import to_host
+from ._device import array_module, to_host
 from ._reference import edge_rows
 from ._tiling import resolve_layout
 
@@ -94,20 +94,12 @@ def _best_partner_kernel(ptr, row, col, score):
     from .kernels.launch import grid
     from .kernels.locality import best_partner
 
-    xp = _xp(ptr)
+    xp = array_module(ptr)
     m = ptr.shape[0] - 1
     partner = xp.full(m, -1, dtype=np.int64)
     if m:
         best_partner[grid(32 * m), TPB](ptr, col, score, partner)
     return partner
-
-
-def _xp(a):
-    if isinstance(a, np.ndarray):
-        return np
-    import cupy
-
-    return cupy
 
 
 def coarsen(xp, row, col, n, best_partner, *, max_levels=64, deadline=None, log=None):

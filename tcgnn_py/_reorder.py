@@ -517,9 +517,10 @@ def reorder(
     **"locality"**: an order whose row windows share columns, so tensor-core
     tiles hold more entries and SpMM gathers fewer X rows: a hierarchy of
     matchings (each level merges mutually best-linked clusters, then contracts
-    the graph; depth-first order of the cluster tree), degree order and the
-    input order are measured, and the one with the fewest distinct (window,
-    column) pairs for ``layout`` wins (see :func:`locality_report`).  A directed
+    the graph; depth-first order of the cluster tree), degree order, degree
+    bands ordered by the hierarchy inside each band, and the input order are
+    measured, and the one with the fewest distinct (window, column) pairs for
+    ``layout`` wins (see :func:`locality_report`).  A directed
     graph is ordered by its undirected version (``A + A^T``); the matrix and its
     values are not changed, only renumbered.
 
@@ -570,9 +571,11 @@ def reorder(
     if time_budget is not None and not (isinstance(time_budget, (int, float)) and time_budget >= 0):
         raise ValueError(f"time_budget must be a number of seconds >= 0 or None, got {time_budget!r}")
     if isinstance(pattern, str) and pattern == LOCALITY:
+        if (max_iter, stage_iter, patience) != (1000, 10, 8):
+            raise TypeError("max_iter, stage_iter and patience apply to N:M patterns, not to the 'locality' reorder")
         return _reorder_locality(A, layout, check_count("max_levels", max_levels, 0), time_budget, verbose, device, t0)
-    if layout is not None:
-        raise TypeError(f"layout= applies to the 'locality' reorder, not to the N:M pattern {pattern!r}")
+    if layout is not None or max_levels != 64:
+        raise TypeError(f"layout= and max_levels= apply to the 'locality' reorder, not to the N:M pattern {pattern!r}")
     max_iter, stage_iter, patience = (
         check_count(name, v, 1) for name, v in (("max_iter", max_iter), ("stage_iter", stage_iter), ("patience", patience))
     )

@@ -89,8 +89,12 @@ def test_locality_directed_and_weighted_are_ordered_by_their_pattern():
 def test_locality_errors():
     with pytest.raises(ValueError, match="must be square"):
         tg.reorder(sp.csr_array((4, 5)), "locality", device="cpu")
-    with pytest.raises(TypeError, match="layout= applies to the 'locality' reorder"):
+    with pytest.raises(TypeError, match="apply to the 'locality' reorder"):
         tg.reorder(sym_graph(20, 0.2, 0), "2:4", layout="vector", device="cpu")
+    with pytest.raises(TypeError, match="apply to the 'locality' reorder"):
+        tg.reorder(sym_graph(20, 0.2, 0), "2:4", max_levels=3, device="cpu")
+    with pytest.raises(TypeError, match="apply to N:M patterns"):
+        tg.reorder(sym_graph(20, 0.2, 0), "locality", patience=2, device="cpu")
     with pytest.raises(ValueError, match="layout must be one of"):
         tg.reorder(sym_graph(20, 0.2, 0), "locality", layout="csr", device="cpu")
     for bad in (-1, "1", float("nan")):
