@@ -602,10 +602,12 @@ def _structure(A, device, square=True):
     return xp, xp.asarray(indices), xp.asarray(indptr), shape, gpu
 
 
-def _locality_layouts(xp, indices, indptr, shape, inv=None):
+def _locality_layouts(xp, indices, indptr, shape, *invs):
+    """Per renumbering ``inv`` (None: A's own order): ``{layout name: LayoutLocality}``; entry rows found once."""
     rows = edge_rows(indptr, indices.shape[0]).astype(np.int64)
     cols = indices.astype(np.int64)
-    return {name: loc.locality_stats(xp, rows, cols, shape, name, inv) for name in ("tcgnn", "vector")}
+    return [{name: loc.locality_stats(xp, rows, cols, shape, name, inv) for name in ("tcgnn", "vector")}
+            for inv in invs]
 
 
 def _reorder_locality(A, layout, max_levels, time_budget, verbose, device, t0):
@@ -615,8 +617,7 @@ def _reorder_locality(A, layout, max_levels, time_budget, verbose, device, t0):
         xp, indices, indptr, n, "tcgnn" if layout is None else layout, kernel=gpu, max_levels=max_levels,
         time_budget=time_budget, verbose=verbose, t0=t0,
     )  # fmt: skip
-    initial = _locality_layouts(xp, indices, indptr, shape)
-    final = _locality_layouts(xp, indices, indptr, shape, loc.inverse(xp, perm))
+    initial, final = _locality_layouts(xp, indices, indptr, shape, None, loc.inverse(xp, perm))
     rep = loc.LocalityReport(n, int(indices.shape[0]), final, initial, time_s=time.perf_counter() - t0, **info)
     return Permutation(to_host(perm), report=rep)
 
@@ -643,15 +644,13 @@ def locality_report(A, perm=None, *, device=None):
     """
     xp, indices, indptr, shape, _ = _structure(A, device, square=perm is not None)
     if perm is None:
-        return loc.LocalityReport(shape[0], int(indices.shape[0]), _locality_layouts(xp, indices, indptr, shape))
+        (layouts,) = _locality_layouts(xp, indices, indptr, shape, None)
+        return loc.LocalityReport(shape[0], int(indices.shape[0]), layouts)
     p = perm.perm if isinstance(perm, Permutation) else Permutation(perm).perm
     if p.shape[0] != shape[0]:
         raise ValueError(f"perm has {p.shape[0]} entries for {shape[0]} vertices")
-    inv = loc.inverse(xp, xp.asarray(p))
-    return loc.LocalityReport(
-        shape[0], int(indices.shape[0]), _locality_layouts(xp, indices, indptr, shape, inv),
-        _locality_layouts(xp, indices, indptr, shape),
-    )  # fmt: skip
+    final, initial = _locality_layouts(xp, indices, indptr, shape, loc.inverse(xp, xp.asarray(p)), None)
+    return loc.LocalityReport(shape[0], int(indices.shape[0]), final, initial)
 
 
 def best_pattern(A, *, max_M=32, max_V=32, device=None, **kwargs):

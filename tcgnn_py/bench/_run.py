@@ -94,17 +94,6 @@ def _prepare(A, Ad, xp, repeat, gpu):
     return out
 
 
-def _sym_pattern(A):
-    import scipy.sparse as sp
-
-    S = sp.csr_array(A, dtype=np.float32, copy=True)
-    S.data[:] = 1
-    S = sp.csr_array(S + S.T)
-    S.setdiag(0)
-    S.eliminate_zeros()
-    return S
-
-
 def vertex_order(A, order, device=None):
     """``(Permutation, seconds)`` of one of :data:`ORDERS` for the square matrix A.
 
@@ -114,8 +103,10 @@ def vertex_order(A, order, device=None):
     """
     import time
 
+    import scipy.sparse as sp
     from scipy.sparse.csgraph import reverse_cuthill_mckee
 
+    from .._locality import degree_order, symmetric_pattern
     from .._reorder import Permutation
 
     if order == "locality":
@@ -126,11 +117,13 @@ def vertex_order(A, order, device=None):
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     t0 = time.perf_counter()
-    S = _sym_pattern(A)
+    n = A.shape[0]
+    rows, cols = symmetric_pattern(np, np.asarray(A.indices), np.asarray(A.indptr), n)  # the locality order's graph
     if order == "rcm":
+        S = sp.csr_array((np.ones(rows.shape[0], np.float32), (rows, cols)), shape=(n, n))
         perm = reverse_cuthill_mckee(S, symmetric_mode=True)
     else:
-        perm = np.argsort(-np.diff(S.indptr), kind="stable")
+        perm = degree_order(np, np.bincount(rows, minlength=n))
     return Permutation(perm), time.perf_counter() - t0
 
 
