@@ -92,13 +92,14 @@ def _best_partner_reference(ptr, row, col, score):
 def _best_partner_kernel(ptr, row, col, score):
     from .kernels.launch import THREADS_PER_BLOCK as TPB
     from .kernels.launch import grid
+    from .kernels.launch import launch_numba as _launch
     from .kernels.locality import best_partner
 
     xp = array_module(ptr)
     m = ptr.shape[0] - 1
     partner = xp.full(m, -1, dtype=np.int64)
     if m:
-        best_partner[grid(32 * m), TPB](ptr, col, score, partner)
+        _launch(best_partner, grid(32 * m), TPB, ptr, col, score, partner)
     return partner
 
 

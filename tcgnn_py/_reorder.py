@@ -25,6 +25,7 @@ from ._reference import edge_rows
 from ._device import array_module, to_host, use_gpu
 from .kernels.launch import THREADS_PER_BLOCK as _TPB
 from .kernels.launch import grid as _grid
+from .kernels.launch import launch_numba as _launch
 from ._validation import Pattern, check_count, check_csr_arrays, check_pattern, coerce_csr
 
 __all__ = ["Permutation", "NMReport", "reorder", "nm_report", "best_pattern", "locality_report", "LocalityReport", "LayoutLocality"]
@@ -96,7 +97,7 @@ class _KernelBackend:
         starts = xp.flatnonzero(head)  # synchronize! (its size)
         out = xp.zeros(starts.shape[0], dtype=np.uint32)
         if keys.shape[0]:
-            self.k.pack_bits[_grid(keys.shape[0]), _TPB](ids, bits[order], M, out)
+            _launch(self.k.pack_bits, _grid(keys.shape[0]), _TPB, ids, bits[order], M, out)
         return keys[starts], out, order, ids
 
     def _row_ptr(self, st):
@@ -121,7 +122,7 @@ class _KernelBackend:
         seg_ps = xp.zeros(S, dtype=np.int32)
         seg_nnz = xp.zeros(S, dtype=np.int64)
         if nv:
-            k.vector_codes[_grid(nv), _TPB](
+            _launch(k.vector_codes, _grid(nv), _TPB,
                 vseg, vbits, S, N, M, ref.K_VERTICAL, tokens, flags, seg_ps, seg_nnz
             )
         counts = [(flags & 1) != 0, (flags & 5) != 0]
@@ -132,7 +133,7 @@ class _KernelBackend:
             hviol[mids[(flags[morder] & 1) != 0]] = 1
             cnt = xp.zeros(1, dtype=np.int32)
             if mkeys.shape[0]:
-                k.count_meta_violations[_grid(mkeys.shape[0]), _TPB](mbits, hviol, ref.K_VERTICAL, cnt)
+                _launch(k.count_meta_violations, _grid(mkeys.shape[0]), _TPB, mbits, hviol, ref.K_VERTICAL, cnt)
             counts[1] = cnt
             n_mb = mkeys.shape[0]
         pscore, mbscore = (int(v) for v in to_host(xp.stack([c.sum() for c in counts])))  # synchronize!
@@ -202,8 +203,8 @@ class _KernelBackend:
         W = max(0, min(M, L - 1, _PRE_BYTES // max(1, L * 12 * M * M)))
         pre = xp.empty((L * W, 3, M * M), dtype=np.int32)
         if W:
-            k.gains_batch[_grid(L * W * 32), _TPB](I, W, *tabs, N, M, pre)
-        k.stage2_round[1, 32](
+            _launch(k.gains_batch, _grid(L * W * 32), _TPB, I, W, *tabs, N, M, pre)
+        _launch(k.stage2_round, 1, 32,
             I, spare, ps, *tabs, N, M, used, xp.zeros(L, dtype=np.int8), pre, W, swaps, n_swaps
         )
         cnt = int(to_host(n_swaps)[0])  # synchronize!

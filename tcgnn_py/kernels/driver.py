@@ -1,0 +1,101 @@
+"""Layer 1: kernel launches straight through the CUDA driver, for the per-call hot paths.
+
+A launch from Python costs more in argument handling than in the driver:
+CuPy wraps every argument (about 0.3 µs each), and a Numba kernel takes seven
+parameters per array.  :func:`launch` passes ``cuLaunchKernel`` (through
+``ctypes``) a buffer with one 8-byte slot per parameter -- pointers, 64-bit
+integers, and 32-bit values in the low half of their slot (little-endian, so
+the driver reads them correctly) -- and :class:`BoundLaunch` keeps that buffer
+between calls, so a repeated product only writes its operands' addresses.
+
+The functions are the ones CuPy loaded (``Function.ptr``), launched on the
+stream the caller names (CuPy's current stream): stream order, the current
+device and CUDA-graph capture behave as for any CuPy launch.
+"""
+
+import ctypes
+import functools
+import threading
+
+import numpy as np
+
+__all__ = ["launch", "BoundLaunch", "slot_value"]
+
+_OFFSETS = np.arange(256, dtype=np.uint64) * np.uint64(8)
+
+
+@functools.cache
+def _cuda():
+    lib = ctypes.CDLL("libcuda.so.1")
+    u = ctypes.c_uint
+    lib.cuLaunchKernel.argtypes = [ctypes.c_void_p, u, u, u, u, u, u, u, ctypes.c_void_p, ctypes.c_void_p,
+                                   ctypes.c_void_p]
+    lib.cuLaunchKernel.restype = ctypes.c_int
+    return lib.cuLaunchKernel
+
+
+def slot_value(a):
+    """The 8-byte slot of one kernel argument: a device array's address, an integer, a float's bits, or 0 for None."""
+    if a is None:
+        return 0
+    data = getattr(a, "data", None)
+    if data is not None and hasattr(data, "ptr"):
+        return data.ptr
+    if isinstance(a, (np.floating, float)):
+        if isinstance(a, np.float32):
+            return int(a.view(np.uint32))
+        return int(np.float64(a).view(np.int64))
+    return int(a)
+
+
+def _dims(d):
+    return (d + (1, 1))[:3] if isinstance(d, tuple) else (d, 1, 1)
+
+
+def launch(function_ptr, grid, block, values, stream_ptr, shared_mem=0):
+    """Launch a loaded function with the parameter slots ``values`` (a sequence of ints)."""
+    buf = np.array(values, dtype=np.int64)
+    ptrs = _OFFSETS[: buf.shape[0]] + np.uint64(buf.ctypes.data)
+    g, b = _dims(grid), _dims(block)
+    err = _cuda()(function_ptr, *g, *b, shared_mem, stream_ptr, ptrs.ctypes.data, None)
+    if err:
+        raise RuntimeError(f"cuLaunchKernel failed with CUDA error {err}")
+
+
+class BoundLaunch:
+    """A launch whose parameters are fixed but for a few slots (the operands), set per call.
+
+    Parameters
+    ----------
+    function_ptr : int
+        A ``CUfunction`` (CuPy's ``Function.ptr``).
+    grid, block : int or tuple
+    args : sequence
+        The arguments; those at ``variable`` positions are placeholders.
+    variable : sequence of int or of tuples of int
+        For each array :meth:`__call__` takes, in order, the argument position
+        (or positions) that receive its address.
+    stream_ptr : int
+    shared_mem : int
+    """
+
+    def __init__(self, function_ptr, grid, block, args, variable, stream_ptr, shared_mem=0):
+        self._keep = tuple(args)  # the fixed arrays must outlive the addresses kept here
+        self._buf = np.array([slot_value(a) for a in args], dtype=np.int64)
+        self._ptrs = _OFFSETS[: self._buf.shape[0]] + np.uint64(self._buf.ctypes.data)
+        self._variable = tuple(v if isinstance(v, tuple) else (v,) for v in variable)
+        self._launch = _cuda()
+        self._args = (function_ptr, *_dims(grid), *_dims(block), shared_mem, stream_ptr, self._ptrs.ctypes.data,
+                      None)
+        self._lock = threading.Lock()  # the buffer is shared: one launch at a time
+
+    def __call__(self, *arrays):
+        buf = self._buf
+        with self._lock:
+            for slots, a in zip(self._variable, arrays):
+                p = a.data.ptr
+                for i in slots:
+                    buf[i] = p
+            err = self._launch(*self._args)
+        if err:
+            raise RuntimeError(f"cuLaunchKernel failed with CUDA error {err}")

@@ -1,0 +1,146 @@
+"""Layer 1: launch Numba kernels on CuPy's current stream, without Numba's per-call dispatch.
+
+A Numba launch (``kernel[grid, block](*args)``) types every argument, wraps
+each CuPy array in a Numba device array and looks the overload up: about
+60 µs of host time per launch, against about 5 µs for a CuPy RawKernel.  SGT
+runs a handful of launches, so on small graphs that was most of its time.
+
+:func:`launch` keeps Numba's kernels -- compiled by Numba, from the same
+Python source the simulator runs -- and launches them the way CuPy launches
+its own: the first call of an argument signature goes through Numba (which
+compiles, checks the types and launches); the module Numba built for it
+(its cubin) is then loaded once into CuPy, and later calls pass the
+arguments flattened as Numba's calling convention lays them out (an array is
+``meminfo, parent, size, itemsize, data, shape..., strides...``, see
+``numba.cuda.dispatcher._Kernel._prepare_args``) straight to the driver
+(:func:`.driver.launch`: one 8-byte slot per parameter).  An
+argument the fast path does not know (not a CuPy array, an int or a float)
+takes Numba's path every time, and so does every call in the simulator.
+
+Every launch goes to CuPy's current stream, so Numba and CuPy work stays in
+order, ``with cupy.cuda.Stream():`` covers both, and CUDA-graph capture sees
+the Numba kernels too.
+"""
+
+import numpy as np
+from numba import config, cuda
+
+from .driver import launch as driver_launch
+from .driver import slot_value
+
+__all__ = ["launch", "current_stream", "fast_path_count"]
+
+_SIM = bool(config.ENABLE_CUDASIM)
+_FAST = {}  # (dispatcher id, device, argument key) -> (dispatcher, CuPy function, packers)
+_STREAMS = {}  # CuPy stream pointer -> Numba stream object
+_NOT_FAST = object()
+_CALLS = [0]
+_ndarray = [None]  # cupy.ndarray, once CuPy is imported
+
+#: NumPy scalar types Numba and CuPy pass the same way (by value, in the type's own width).
+_SCALARS = frozenset(np.dtype(t) for t in (np.int32, np.int64, np.uint32, np.uint64, np.float32, np.float64))
+
+
+def current_stream():
+    """The Numba stream object of CuPy's current stream (cached per stream pointer)."""
+    import cupy
+
+    ptr = cupy.cuda.get_current_stream().ptr
+    s = _STREAMS.get(ptr)
+    if s is None:
+        # 0 is the legacy default stream in CuPy and in Numba; 2 is CUDA's per-thread default stream.
+        if ptr == 0:
+            s = cuda.default_stream()
+        elif ptr == 2:
+            s = cuda.per_thread_default_stream()
+        else:
+            s = cuda.external_stream(ptr)
+        _STREAMS[ptr] = s
+    return s
+
+
+def _arg_key(a):
+    """A cheap key that fixes Numba's type of ``a``, or ``_NOT_FAST``."""
+    t = type(a)
+    if t is _ndarray[0]:
+        return (a.dtype.char, a.ndim, a.flags.c_contiguous, a.flags.f_contiguous)
+    if t is int:
+        return int
+    if t is float:
+        return float
+    if isinstance(a, np.generic):
+        return a.dtype if a.dtype in _SCALARS else _NOT_FAST
+    return _NOT_FAST
+
+
+def _pack_array(a, out):
+    out += (0, 0, a.size, a.itemsize, a.data.ptr)  # meminfo, parent, size, itemsize, data
+    out += a.shape
+    out += a.strides
+
+
+def _packer(key):
+    if key is int:
+        return lambda a, out: out.append(a)
+    if key is float or isinstance(key, np.dtype):
+        return lambda a, out: out.append(slot_value(a))  # Python floats are doubles to Numba
+    return _pack_array
+
+
+def launch(kernel, grid, block, *args):
+    """``kernel[grid, block, stream](*args)`` on CuPy's current stream, dispatch cached per signature.
+
+    Parameters
+    ----------
+    kernel : numba.cuda dispatcher
+    grid, block : int or tuple
+    *args : CuPy arrays (any layout), Python / NumPy integers and floats;
+        NumPy arrays in the simulator.
+    """
+    if _SIM:
+        kernel[grid, block](*args)
+        return
+    import cupy
+
+    _ndarray[0] = cupy.ndarray
+    keys = tuple(_arg_key(a) for a in args)
+    entry = None if _NOT_FAST in keys else _FAST.get((id(kernel), cupy.cuda.runtime.getDevice(), keys))
+    if entry is None:
+        kernel[grid, block, current_stream()](*args)  # compiles if needed, types and checks the arguments
+        if _NOT_FAST not in keys:
+            _remember(kernel, keys, args)
+        return
+    _, function, packers = entry
+    flat = []
+    for pack, a in zip(packers, args):
+        pack(a, flat)
+    driver_launch(function.ptr, grid, block, flat, cupy.cuda.get_current_stream().ptr)
+    _CALLS[0] += 1
+
+
+def _remember(kernel, keys, args):
+    """Load the cubin Numba built for this signature into CuPy (when Numba's internals are as expected)."""
+    import cupy
+
+    try:
+        argtypes = tuple(kernel.typeof_pyval(a) for a in args)
+        overload = kernel.overloads.get(argtypes)
+        if overload is None or overload.debug or overload.cooperative or overload.extensions:
+            return
+        library = overload._codelibrary
+        if library._setup_functions or library.needs_cudadevrt:  # module state Numba would set up
+            return
+        image = library.get_cubin()
+        image = getattr(image, "code", image)  # numba-cuda 0.30: a cuda.core ObjectCode
+        module = cupy.cuda.function.Module()
+        module.load(bytes(image))
+        function = module.get_function(library._entry_name)
+    except Exception:  # noqa: BLE001  another numba-cuda: keep its own launch path (tests check this one)
+        return
+    # The dispatcher stays referenced by its entry: the key holds its id.
+    _FAST[(id(kernel), cupy.cuda.runtime.getDevice(), keys)] = (kernel, function, tuple(_packer(k) for k in keys))
+
+
+def fast_path_count():
+    """Launches that took the cached path so far (tests check it is used)."""
+    return _CALLS[0]
