@@ -23,6 +23,7 @@ data, rounded once) and ``precision`` only gets validated.
 """
 
 import functools
+import sys
 from typing import NamedTuple
 
 import numpy as np
@@ -293,6 +294,21 @@ def _stream_scratch(store, kind, make):
     return buf
 
 
+def _bound(kernel, grid, block, smem, head, partial, tail):
+    """``f(values, X, Y)``: ``kernel(head + (values, X, Y, partial or Y) + tail)`` through the driver.
+
+    The parameters are set once (:class:`.kernels.driver.BoundLaunch`); a call writes the three operands'
+    addresses and launches on the stream current now (hot-path entries are kept per stream).
+    """
+    from .kernels.driver import BoundLaunch
+
+    n = len(head)
+    args = head + (None, None, None, partial) + tail
+    variable = (n, n + 1, n + 2) if partial is not None else (n, n + 1, (n + 2, n + 3))  # Y is the partial too
+    return BoundLaunch(kernel.kernel.ptr, grid, block, args, variable, get_cupy().cuda.get_current_stream().ptr,
+                       smem)
+
+
 class TF32SpmmLaunch(NamedTuple):
     """One configuration of ``tcgnn_spmm_tf32``: kernel, geometry and its plan arrays."""
 
@@ -324,6 +340,17 @@ class TF32SpmmLaunch(NamedTuple):
         if not self.n_slots:
             return None
         return _stream_scratch(self.scratch, "partial", lambda: get_cupy().empty((self.n_slots, 16, D), dtype=dtype))
+
+    def bind(self, tiling, dtype, M, D):
+        """``f(values, X, Y)``: this launch with everything but the operands fixed (current stream's scratch)."""
+        counters = None
+        if self.unit_k0 is not None:
+            n = self.n_slots * self.n_slabs
+            counters = _stream_scratch(self.scratch, "counters", lambda: get_cupy().zeros(n, np.int32))
+        partial = self.partial(dtype, D)
+        head = (self.units, tiling.block_ptr, tiling.block_cols, self.mask)
+        tail = (counters, self.unit_k0, *(self.sizes or (np.int32(M), np.int32(D), np.int32(self.n_slabs))))
+        return _bound(self.kernel, self.grid, self.block, self.smem, head, partial, tail)
 
 
 class CoreSpmmLaunch(NamedTuple):
@@ -378,6 +405,16 @@ class VecSpmmLaunch(NamedTuple):
             return None
         return _stream_scratch(self.counters, "partial", lambda: get_cupy().empty((self.n_slots, 8, D), dtype=dtype))
 
+    def bind(self, tiling, dtype, M, D):
+        """``f(values, X, Y)``: this launch with everything but the operands fixed (current stream's scratch)."""
+        counters = None
+        if self.n_counters:
+            counters = _stream_scratch(self.counters, "counters", lambda: get_cupy().zeros(self.n_counters, np.int32))
+        partial = self.partial(dtype, D)
+        head = (self.units, self.unit_k0, tiling.block_cols, self.meta)
+        sizes = self.sizes or (np.int32(M), np.int32(D), np.int32(self.n_slices), np.int32(self.n_work))
+        return _bound(self.kernel, self.grid, self.block, self.smem, head, partial, (counters, *sizes))
+
 
 def _spmm_gpu(tiling, values, X, dtype, mode, out, casts):
     cp = get_cupy()
@@ -404,6 +441,101 @@ def _spmm_gpu(tiling, values, X, dtype, mode, out, casts):
     if launch.fixup is not None:
         launch.fixup.run(partial, Y, M, D, tiling.layout.window)
     return Y
+
+
+# --- hot paths: repeated products with operands of one signature -----------------------
+#
+# A product's slow path validates, resolves the precision, finds the launch and its scratch.  Its result
+# depends only on the operands' signatures (shapes, strides, dtypes, 16-byte alignment), the stream, the
+# device and the tuning, so the first call of a signature caches a closure that only allocates the result
+# and launches; later calls with the same signature go straight to it.  The cache lives on the tiling
+# (matrices from ``with_values`` share it: the values are an argument).
+
+
+def hot_key(values, X, out):
+    """The signature a cached product depends on (``out`` may be None)."""
+    cp = sys.modules["cupy"]
+    key = (values.dtype.char, X.shape, X.strides, X.dtype.char, X.data.ptr & 15,
+           cp.cuda.get_current_stream().ptr, cp.cuda.runtime.getDevice(), _TUNING_VERSION[0])
+    if out is None:
+        return key
+    return key + (out.shape, out.strides, out.dtype.char, out.data.ptr & 15)
+
+
+def spmm_bind(tiling, values, X, out):
+    """``f(values, X, out) -> Y`` for ``A @ X`` with operands like these, or None when not cacheable.
+
+    Cacheable: a float32 product on tensor cores (the default precision) with
+    a C-contiguous 2-D float32 X and values, through one launch (no fixup).
+    Call it after the slow path ran once (the launch is then cached).
+    """
+    if X.ndim != 2 or X.dtype != _F32 or values.dtype != _F32 or not X.flags.c_contiguous:
+        return None
+    if out is not None and (out.dtype != _F32 or not out.flags.c_contiguous or out.ndim != 2):
+        return None
+    M, D = tiling.shape[0], X.shape[1]
+    if M == 0 or D == 0 or resolve_precision(None, _F32, tiling.tile_shape, X.dtype) != "tf32":
+        return None
+    cp = get_cupy()
+    vec = D % 4 == 0 and X.data.ptr % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
+    launch = tiling._cache.get(("launch", "tf32", "f", D, vec, _TUNING_VERSION[0]))
+    if not isinstance(launch, (TF32SpmmLaunch, VecSpmmLaunch)) or launch.fixup is not None:
+        return None
+    run = launch.bind(tiling, _F32, M, D)
+    shape = (M, D)
+
+    def f(values, X, out):
+        Y = cp.empty(shape, _F32) if out is None else out
+        run(values, X, Y)
+        return Y
+
+    return f
+
+
+def sddmm_bind(tiling, values, Xa, Xb, multiply_values):
+    """``f(values, Xa, Xb) -> e`` for SDDMM with operands like these, or None (as :func:`spmm_bind`)."""
+    from .kernels import products as kp
+    from .kernels.registry import get_kernel
+
+    if values.dtype != _F32 or tiling.nnz == 0:
+        return None
+    for X in (Xa, Xb):
+        if X.ndim != 2 or X.dtype != _F32 or not X.flags.c_contiguous:
+            return None
+    D = Xa.shape[1]
+    if D == 0 or resolve_precision(None, _F32, tiling.tile_shape, _F32) != "tf32":
+        return None
+    cp = get_cupy()
+    nnz, aligned = tiling.nnz, _aligned16(D, Xa, Xb)
+    mv = np.int32(multiply_values)
+    if tiling.tile_shape == _VEC_TILE:
+        units = spmm_plan(tiling, kp.VEC_SDDMM_BLOCKS, np.iinfo(np.int32).max)["units"]
+        kernel = get_kernel("vec", kp.sddmm_vec_name(aligned))
+        grid, block, smem = (-(-units.shape[0] // kp.VEC_WARPS),), (32 * kp.VEC_WARPS,), 0
+        head = (units, np.int32(units.shape[0]), tiling.block_ptr, tiling.block_cols, tiling.tile_pos)
+        tail = (np.int32(tiling.shape[0]), np.int32(D), mv)
+    elif tiling.tile_shape == (16, 8):
+        bpw, warps = SDDMM_BLOCKS_PER_WARP, kp.SDDMM_WARPS
+        kernel = get_kernel("tf32", kp.sddmm_tf32_name(aligned))
+        grid, block = (-(-tiling.n_blocks // (bpw * warps)),), (32 * warps,)
+        smem = warps * kp.SDDMM_TF32_SMEM_PER_WARP
+        head = (tiling.win_ptr, np.int32(tiling.n_windows), tiling.block_ptr, tiling.block_cols, tiling.tile_pos)
+        tail = (np.int32(tiling.shape[0]), np.int32(tiling.n_blocks), np.int32(D), mv, np.int32(bpw))
+    else:
+        return None
+
+    from .kernels.driver import BoundLaunch
+
+    n = len(head)
+    run = BoundLaunch(kernel.kernel.ptr, grid, block, head + (None,) * 4 + tail, range(n, n + 4),
+                      cp.cuda.get_current_stream().ptr, smem)
+
+    def f(values, Xa, Xb):
+        out = cp.empty(nnz, _F32)
+        run(values, Xa, Xb, out)
+        return out
+
+    return f
 
 
 def _half_values(values, xdt, cache):

@@ -9,22 +9,33 @@ and CuPy scans; it produces arrays identical to the reference.
 import numpy as np
 
 from . import _reference as ref
-from ._device import array_module
+from ._device import array_module, to_host
 from ._validation import INDEX_MAX
 from .kernels.launch import THREADS_PER_BLOCK as _TPB
 from .kernels.launch import grid as _grid
+from .kernels.launch import launch_numba as _launch
 
 __all__ = ["tile", "translate", "translate_kernels", "canonicalize_kernels", "coo_to_csr", "coo_to_csr_order"]
 
 def tile(data, indices, indptr, shape, window=16, block=8):
-    """Canonicalize, then translate: the whole SGT of validated CSR arrays, on their device."""
+    """The whole SGT of CSR arrays on their device: O(nnz) checks, canonicalization, translation.
+
+    The caller has made the O(1) checks (``check_csr_arrays(..., full_check=False)``
+    on the GPU path, the full check on the host path).  On the GPU the O(nnz)
+    checks run inside the translation's first kernel and raise ``ValueError``
+    with scipy's messages after its one host read; non-canonical input (unsorted
+    or duplicate columns) is sorted and summed first, then translated again.
+    """
     if isinstance(indices, np.ndarray):
         csr = ref.canonicalize_csr(data, indices, indptr, shape)
         return ref.translate(*csr, shape, window, block)
     import cupy
 
-    *csr, rows = _canonical_with_rows(cupy, data, indices, indptr, shape)
-    return translate_kernels(cupy, *csr, shape, window, block, edge_row=rows)
+    out = translate_kernels(cupy, data, indices, indptr, shape, window, block, check=True)
+    if out is None:
+        *csr, rows = _canonical_with_rows(cupy, data, indices, indptr, shape)
+        out = translate_kernels(cupy, *csr, shape, window, block, edge_row=rows)
+    return out
 
 
 def canonicalize_kernels(xp, data, indices, indptr, shape):
@@ -53,7 +64,7 @@ def _canonical_with_rows(xp, data, indices, indptr, shape):
     cp.not_equal(key[1:], key[:-1], out=is_start[1:])
     starts = cp.flatnonzero(is_start).astype(np.int32)
     new_data = cp.empty(starts.shape[0], dtype=data.dtype)
-    k.sum_runs[_grid(starts.shape[0]), _TPB](starts, data[order], new_data)
+    _launch(k.sum_runs, _grid(starts.shape[0]), _TPB, starts, data[order], new_data)
     ukey = key[starts]
     new_rows = (ukey // n_cols).astype(np.int32)
     new_indices = (ukey % n_cols).astype(np.int32)
@@ -67,21 +78,41 @@ def translate(data, indices, indptr, shape, window=16, block=8):
         return ref.translate(data, indices, indptr, shape, window, block)
     import cupy
 
-    return translate_kernels(cupy, data, indices, indptr, shape, window, block)
+    out = translate_kernels(cupy, data, indices, indptr, shape, window, block, check=True)
+    if out is None:
+        raise ValueError("translate needs canonical CSR arrays (sorted, distinct column indices in each row)")
+    return out
 
 
-def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None):
+#: ``status`` bits of the check kernel -> scipy's message (in the order scipy checks).
+def _check_messages(n_cols):
+    from .kernels import sgt as k
+
+    return (
+        (k.BAD_INDPTR, "indptr must be a non-decreasing sequence"),
+        (k.INDEX_TOO_LARGE, f"indices must be < {n_cols}"),
+        (k.NEGATIVE_INDEX, "indices must be >= 0"),
+    )
+
+
+def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None, check=False):
     """:func:`translate` through the Numba kernels; ``xp`` is CuPy, or NumPy in the simulator.
 
-    ``edge_row`` (the row of each entry) is derived from ``indptr`` unless given.
+    Without ``edge_row`` (the row of each entry) the first kernel finds the
+    rows and checks the arrays: invalid arrays raise ``ValueError``; with
+    ``check``, non-canonical ones (unsorted or duplicate columns) return None,
+    and without it they raise too.  The host reads the device once, at the end
+    (the errors and the number of blocks).
     """
     from .kernels import sgt as k
 
     cp = xp
-    n_rows, _ = shape
+    n_rows, n_cols = shape
     nnz = indices.shape[0]
     n_windows = -(-n_rows // H)
     if nnz == 0:
+        if n_rows and bool(cp.any(indptr[1:] < indptr[:-1])):  # synchronize! (empty matrices only)
+            raise ValueError("indptr must be a non-decreasing sequence")
         return {
             "win_ptr": cp.zeros(n_windows + 1, np.int32),
             "block_cols": cp.zeros((0, W), np.int32),
@@ -95,45 +126,53 @@ def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None
         raise ValueError(
             f"{nnz} stored entries x window {H} exceed the {INDEX_MAX} threads one translation launches"
         )
+    # A window of m entries has at most ceil(m / W) blocks: buffers of this bound need no host read.
+    bound = nnz // W + n_windows
+    if bound * max(H, W) > INDEX_MAX:
+        raise ValueError(f"up to {bound} tensor-core blocks do not fit the int32 tiled format")
 
+    status = cp.zeros(2, np.int32)  # error bits, then the number of blocks
     if edge_row is None:
-        edge_row = ref.edge_rows(indptr, nnz)
+        edge_row = cp.empty(nnz, np.int32)
+        _launch(k.check_csr, _grid(max(nnz, n_rows)), _TPB, indptr, indices, n_cols, edge_row, status)
     kidx = cp.empty(nnz, np.int32)
     first_flag = cp.empty(nnz, np.int32)  # every merged position is written once
-    k.rank_edges[_grid(nnz * H), _TPB](indptr, indices, edge_row, n_rows, H, kidx, first_flag)
-
     scan = cp.empty(nnz + 1, np.int32)
-    scan[0] = 0
-    cp.cumsum(first_flag, dtype=np.int32, out=scan[1:])
-    bounds = indptr[cp.minimum(cp.arange(n_windows + 1, dtype=np.int64) * H, n_rows)]
-    distinct = scan[bounds[1:]] - scan[bounds[:-1]]
+    _launch(k.rank_edges, _grid(nnz * H), _TPB, indptr, indices, edge_row, n_rows, H, kidx, first_flag, status)
+    _scan(cp, k, first_flag, scan, status)
+    nblk = cp.empty(n_windows, np.int32)
     win_ptr = cp.empty(n_windows + 1, np.int32)
-    win_ptr[0] = 0
-    cp.cumsum((distinct + (W - 1)) // W, dtype=np.int32, out=win_ptr[1:])
-    n_blocks = int(win_ptr[-1])  # synchronize!
-    if n_blocks * max(H, W) > INDEX_MAX:
-        raise ValueError(f"{n_blocks} tensor-core blocks do not fit the int32 tiled format")
+    _launch(k.window_blocks, _grid(n_windows), _TPB, indptr, scan, n_rows, H, W, nblk, status)
+    _scan(cp, k, nblk, win_ptr, status)
 
-    block_cols = cp.full(n_blocks * W, -1, np.int32)
-    block_win = cp.empty(n_blocks, np.int32)
-    k.condense_edges[_grid(nnz), _TPB](
-        indptr, indices, edge_row, H, W, win_ptr, scan, first_flag, kidx, block_cols, block_win
-    )
-    row_off = cp.empty(n_blocks * H, np.int32)
-    block_ptr = cp.empty(n_blocks + 1, np.int32)
-    block_ptr[0] = 0
-    block_nnz = cp.empty(n_blocks, np.int32)
-    k.count_block_rows[_grid(n_blocks * H), _TPB](
-        indptr, indices, n_rows, H, W, block_cols, block_win, row_off, block_nnz
-    )
-    cp.cumsum(block_nnz, dtype=np.int32, out=block_ptr[1:])
+    block_cols = cp.empty(bound * W, np.int32)
+    block_win = cp.empty(bound, np.int32)
+    _launch(k.condense_edges, _grid(nnz), _TPB,
+            indptr, indices, edge_row, H, W, win_ptr, scan, first_flag, kidx, block_cols, block_win, status)
+    row_off = cp.empty(bound * H, np.int32)
+    block_ptr = cp.empty(bound + 1, np.int32)
+    block_nnz = cp.empty(bound, np.int32)
+    _launch(k.count_block_rows, _grid(bound * H), _TPB,
+            indptr, indices, n_rows, H, W, win_ptr, block_cols, block_win, row_off, block_nnz, status)
+    _scan(cp, k, block_nnz, block_ptr, status)
 
     tile_pos = cp.empty(nnz, ref.tile_pos_dtype(H, W))
     values = cp.empty(nnz, data.dtype)
     perm = cp.empty(nnz, np.int32)
-    k.scatter_edges[_grid(nnz), _TPB](
-        indptr, edge_row, data, H, W, win_ptr, kidx, block_ptr, row_off, tile_pos, values, perm
-    )
+    _launch(k.scatter_edges, _grid(nnz), _TPB,
+            indptr, edge_row, data, H, W, win_ptr, kidx, block_ptr, row_off, tile_pos, values, perm, status)
+    err, n_blocks = (int(v) for v in to_host(status))  # synchronize! (the translation's one host read)
+    for bit, message in _check_messages(n_cols):
+        if err & bit:
+            raise ValueError(message)
+    if err:
+        if check:
+            return None
+        raise ValueError("translate needs canonical CSR arrays (sorted, distinct column indices in each row)")
+    block_cols = block_cols[: n_blocks * W]
+    block_ptr = block_ptr[: n_blocks + 1]
+    if (bound - n_blocks) * W * 4 > _SLACK_BYTES:  # give the bound's spare room back
+        block_cols, block_ptr = block_cols.copy(), block_ptr.copy()
     return {
         "win_ptr": win_ptr,
         "block_cols": block_cols.reshape(n_blocks, W),
@@ -142,6 +181,21 @@ def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None
         "values": values,
         "perm": perm,
     }
+
+
+def _scan(cp, k, src, dst, status):
+    """``dst = [0, cumsum(src)]`` (int32): one Numba launch for small arrays, CuPy's scan for large ones."""
+    n = src.shape[0]
+    if n <= k.SCAN_SMALL_MAX:
+        threads = min(k.SCAN_THREADS, max(32, -(-n // 256) * 32))  # about 8+ elements per thread
+        _launch(k.scan_small, 1, threads, src, dst, status)
+    else:
+        dst[:1] = 0
+        cp.cumsum(src, dtype=np.int32, out=dst[1:])
+
+
+#: Unused bytes of the bound-sized block arrays that a translation keeps rather than copying them out.
+_SLACK_BYTES = 1 << 20
 
 
 def coo_to_csr(data, rows, cols, shape):

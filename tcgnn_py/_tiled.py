@@ -7,7 +7,7 @@ import numpy as np
 from . import _reference as ref
 from . import _sgt
 from ._device import DeviceMismatchError, array_module, get_cupy, is_cupy_array, to_host, use_gpu
-from ._ops import MISMATCH, as_operand, check_out, result_dtype, sddmm_raw, spmm_raw
+from ._ops import MISMATCH, _overlap, as_operand, check_out, hot_key, result_dtype, sddmm_bind, sddmm_raw, spmm_bind, spmm_raw
 from ._tiling import STRUCTURE, Tiling, TileStats, resolve_layout
 from ._validation import (
     check_csr_arrays,
@@ -89,14 +89,19 @@ class TiledMatrix:
             data, indices, indptr, shape = coerce_csr(A, shape, cast=lambda dt: _build_dtype(dt if dtype is None else dtype))
         vdtype = value_dtype(data.dtype if dtype is None else dtype)
         if on_device:
+            # O(1) checks where the arrays are (free on the host); SGT's first kernel makes the O(nnz) ones.
+            # Indices of another type are scanned before the int32 cast, which could wrap them into range.
+            data, indices, indptr = check_csr_arrays(data, indices, indptr, shape,
+                                                     full_check=indices.dtype != np.int32)
             cp = get_cupy()
             data, indices, indptr = (cp.asarray(v) for v in (data, indices, indptr))
-        elif array_module(indices) is not np:
-            if device == "cpu":
-                data, indices, indptr = (to_host(v) for v in (data, indices, indptr))
-            else:
-                raise DeviceMismatchError("device arrays given, but the GPU path is not usable")
-        data, indices, indptr = check_csr_arrays(data, indices, indptr, shape, full_check=True)
+        else:
+            if array_module(indices) is not np:
+                if device == "cpu":
+                    data, indices, indptr = (to_host(v) for v in (data, indices, indptr))
+                else:
+                    raise DeviceMismatchError("device arrays given, but the GPU path is not usable")
+            data, indices, indptr = check_csr_arrays(data, indices, indptr, shape, full_check=True)
         # Duplicates are summed in the build dtype (float32 for 16-bit values), then rounded once.
         data = data.astype(_build_dtype(vdtype), copy=False)
         tiling, values = Tiling.from_arrays(_sgt.tile(data, indices, indptr, shape, window, block), shape,
@@ -116,6 +121,9 @@ class TiledMatrix:
         self._casts = {}  # values cast to a product's dtype
         self._transpose = None  # Aᵀ, once built (strong: A keeps its transpose)
         self._transpose_of = None  # weak reference back: no A <-> Aᵀ cycle holding device memory
+        self._hot = tiling._cache.get("hot")  # cached products by operand signature (_ops.hot_key), shared
+        if self._hot is None:
+            self._hot = tiling._cache["hot"] = {}
 
     # --- array protocol -------------------------------------------------
     @property
@@ -281,7 +289,11 @@ class TiledMatrix:
 
     # --- matmul ---------------------------------------------------------
     def __matmul__(self, other):
-        if not is_cupy_array(other) and isscalarlike(other):
+        if is_cupy_array(other):
+            f = self._hot.get(hot_key(self._values, other, None))
+            if f is not None:  # a signature seen before: allocate and launch
+                return f(self._values, other, None)
+        elif isscalarlike(other):
             raise ValueError("Scalar operands are not allowed, use '*' instead")
         return self._matmul_dispatch(other)
 
@@ -323,6 +335,10 @@ class TiledMatrix:
             self._tiling, self._values, X2, dtype, precision,
             out=(out if out.ndim == 2 else out.reshape(M, 1)) if direct else None, casts=self._casts,
         )  # fmt: skip
+        if precision is None and X is other and kind == "cupy" and (out is None or direct and not _overlap(out, X)):
+            f = spmm_bind(self._tiling, self._values, X, out)
+            if f is not None:
+                self._hot[hot_key(self._values, X, out)] = f
         if direct:
             return out
         if Y.shape != out_shape:
@@ -423,7 +439,12 @@ def spmm(T, X, out=None, *, precision=None):
     """
     if not isinstance(T, TiledMatrix):
         raise TypeError(f"spmm expects a TiledMatrix, got {type(T).__name__}")
-    if not is_cupy_array(X) and isscalarlike(X):
+    if is_cupy_array(X):
+        if precision is None and (out is None or is_cupy_array(out) and not _overlap(out, X)):
+            f = T._hot.get(hot_key(T._values, X, out))
+            if f is not None:  # a signature seen before: allocate (or take out) and launch
+                return f(T._values, X, out)
+    elif isscalarlike(X):
         raise ValueError("Scalar operands are not allowed, use '*' instead")
     return T._matmul_dispatch(X, out=out, precision=precision)
 
@@ -462,6 +483,12 @@ def sddmm(T, Xa, Xb=None, *, multiply_values=False, precision=None):
     """
     if not isinstance(T, TiledMatrix):
         raise TypeError(f"sddmm expects a TiledMatrix, got {type(T).__name__}")
+    hot = None
+    if precision is None and is_cupy_array(Xa) and (Xb is None or is_cupy_array(Xb)):
+        hot = ("sddmm", bool(multiply_values), hot_key(T._values, Xa, Xb))
+        f = T._hot.get(hot)
+        if f is not None:  # a signature seen before: allocate and launch
+            return TiledMatrix._from_parts(T.tiling, f(T._values, Xa, Xa if Xb is None else Xb))
     on_device = T.device == "cuda"
     a, _ = as_operand(Xa, on_device)
     b = a if Xb is None else as_operand(Xb, on_device)[0]
@@ -479,4 +506,8 @@ def sddmm(T, Xa, Xb=None, *, multiply_values=False, precision=None):
     if multiply_values:
         dtype = promote(dtype, T.dtype)
     values = sddmm_raw(T.tiling, T.values, a, b, dtype, bool(multiply_values), precision, casts=T._casts)
+    if hot is not None and a is Xa and (Xb is None or b is Xb):
+        f = sddmm_bind(T.tiling, T.values, a, b, multiply_values)
+        if f is not None:
+            T._hot[hot] = f
     return TiledMatrix._from_parts(T.tiling, values)

@@ -32,6 +32,8 @@ def _kernels():
 INTRINSICS = {
     "rank_edges": ("vote.sync.ballot", "shfl.sync.bfly"),
     "count_block_rows": ("shfl.sync.up",),
+    "check_csr": ("atom.global.or",),
+    "scan_small": ("shfl.sync.up",),
     "pack_bits": ("match.any.sync", "vote.sync.ballot"),
     "vector_codes": ("popc",),
     "count_meta_violations": ("vote.sync.ballot", "popc"),
@@ -40,7 +42,7 @@ INTRINSICS = {
     "best_partner": ("shfl.sync.bfly",),
 }
 NAMES = [
-    "rank_edges", "condense_edges", "count_block_rows", "scatter_edges", "sum_runs",
+    "check_csr", "rank_edges", "window_blocks", "condense_edges", "count_block_rows", "scatter_edges", "sum_runs", "scan_small",
     "pack_bits", "vector_codes", "count_meta_violations", "stage2_round", "gains_batch",
     "best_partner",
 ]  # fmt: skip

@@ -61,6 +61,56 @@ def test_canonicalize_kernels(xp):
         assert host(g).dtype == w.dtype
 
 
+#: Invalid CSR arrays (shape 3 x 4) and scipy's message for each: the check kernel finds them.
+BAD_CSR = {
+    "decreasing indptr": ([0, 2, 1, 3], [0, 1, 2], "indptr must be a non-decreasing sequence"),
+    "index too large": ([0, 1, 2, 3], [0, 4, 1], "indices must be < 4"),
+    "negative index": ([0, 1, 2, 3], [0, -1, 1], "indices must be >= 0"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CSR))
+def test_check_kernel_rejects(xp, case):
+    indptr, indices, message = BAD_CSR[case]
+    arrays = (np.ones(3, np.float32), np.array(indices, np.int32), np.array(indptr, np.int32))
+    with pytest.raises(ValueError, match=message):
+        _sgt.translate_kernels(xp, *(xp.asarray(a) for a in arrays), (3, 4), check=True)
+
+
+def test_check_kernel_non_canonical(xp):
+    # Unsorted (row 0) and duplicate (row 1) columns: None with check=True, an error without.
+    arrays = (np.ones(4, np.float32), np.array([2, 1, 3, 3], np.int32), np.array([0, 2, 4, 4], np.int32))
+    dev = [xp.asarray(a) for a in arrays]
+    assert _sgt.translate_kernels(xp, *dev, (3, 4), check=True) is None
+    with pytest.raises(ValueError, match="canonical"):
+        _sgt.translate_kernels(xp, *dev, (3, 4))
+
+
+@pytest.mark.parametrize("n", [0, 1, 31, 32, 257, 2000])
+def test_scan_small(xp, n):
+    from tcgnn_py import _sgt
+    from tcgnn_py.kernels import sgt as k
+
+    src = np.random.default_rng(n).integers(0, 9, n).astype(np.int32)
+    dst = xp.full(n + 1, -1, np.int32)
+    _sgt._scan(xp, k, xp.asarray(src), dst, xp.zeros(2, np.int32))
+    np.testing.assert_array_equal(host(dst), np.r_[0, np.cumsum(src)])
+
+
+def test_check_kernel_rows(xp):
+    # Rows found by the check kernel's search, empty rows included, are those of the reference.
+    from tcgnn_py.kernels import sgt as k
+    from tcgnn_py.kernels.launch import grid, launch_numba, THREADS_PER_BLOCK
+
+    indptr = np.array([0, 0, 3, 3, 3, 5, 6, 6], np.int32)
+    indices = np.array([0, 2, 5, 1, 4, 3], np.int32)
+    rows = xp.zeros(6, np.int32)
+    status = xp.zeros(2, np.int32)
+    launch_numba(k.check_csr, grid(7), THREADS_PER_BLOCK, xp.asarray(indptr), xp.asarray(indices), 6, rows, status)
+    np.testing.assert_array_equal(host(rows), [1, 1, 1, 4, 4, 5])
+    assert host(status)[0] == 0
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["n16k1", "rect_1000x37", "rect_37x1000", "star_100k"])
 def test_translate_gpu_zoo(xp, name):

@@ -1,22 +1,36 @@
 """Layer 1: Numba CUDA kernels of Sparse Graph Translation (SGT).
 
-The translation is three passes over the edges and one over the blocks, each
-fully parallel (no per-window loop, so hub windows do not serialise):
+The translation is one check pass, three passes over the edges and one over
+the blocks, each fully parallel (no per-window loop, so hub windows do not
+serialise), with one host read at the end:
 
+0. :func:`check_csr` -- per entry: its row (binary search of ``indptr``), and
+   the O(nnz) checks of the CSR arrays (non-decreasing ``indptr``, columns in
+   range, sorted and distinct inside a row).  A failed check sets a bit of
+   ``status``; every later kernel returns at once when ``status[0] != 0``, so
+   invalid arrays are never indexed, and the host raises after its one read.
 1. :func:`rank_edges` -- a group of ``H`` lanes per edge; lane ``t`` binary-
    searches row ``t`` of the edge's window for the edge's column.  The sum of
    the counts (``shfl_xor`` tree) is the edge's rank in the window's
    (column, row)-sorted order -- a 16-way merge by search -- and a ``ballot``
    tells whether an earlier row of the window holds the same column, i.e.
    whether this edge is its column's first occurrence.
-2. (CuPy) an inclusive scan of the first-occurrence flags, in merged order,
-   numbers each window's distinct columns.
+2. :func:`scan_small` (one CTA, ``shfl_up``; CuPy's scan for arrays over
+   :data:`SCAN_SMALL_MAX`) scans the first-occurrence flags, in merged order,
+   which numbers each window's distinct columns; :func:`window_blocks` turns
+   them into blocks per window, and a second scan into ``win_ptr``.
 3. :func:`condense_edges` -- per edge: its condensed column id; first
-   occurrences write ``block_cols``.
+   occurrences write ``block_cols`` (and pad the window's last block with -1).
 4. :func:`count_block_rows` -- a group of ``H`` lanes per block; lane ``t``
    counts row ``t``'s entries in the block (two binary searches), and a
    ``shfl_up`` scan gives each row's offset inside the block.
-5. :func:`scatter_edges` -- per edge: its slot in the tiled arrays.
+5. A third scan gives ``block_ptr``; :func:`scatter_edges` -- per edge: its
+   slot in the tiled arrays.
+
+The number of blocks is known only on the device: buffers are sized by the
+bound ``nnz // W + windows`` (a window of ``m`` entries has at most
+``ceil(m / W)`` blocks), and kernels over blocks read the count from
+``win_ptr``.  The host reads ``status`` (errors, number of blocks) once.
 
 Kernels take ``window`` (``H``) and ``block`` (``W``) as arguments: powers of
 two, ``H <= 32``, so a lane group never straddles a warp.  Every lane of a
@@ -30,25 +44,67 @@ from numba import cuda
 from .warp import FULL_MASK, lower_bound
 
 __all__ = [
+    "check_csr",
     "rank_edges",
+    "window_blocks",
     "condense_edges",
     "count_block_rows",
     "scatter_edges",
     "sum_runs",
+    "scan_small",
     "KERNELS",
 ]
 
 
 
 
+#: ``status[0]`` bits set by :func:`check_csr`.
+BAD_INDPTR, NEGATIVE_INDEX, INDEX_TOO_LARGE, NOT_CANONICAL = 1, 2, 4, 8
+
+
 @cuda.jit(cache=True)
-def rank_edges(indptr, indices, edge_row, n_rows, window, rank, first_flag):
+def check_csr(indptr, indices, n_cols, edge_row, status):
+    """Row of every entry, and the O(nnz) checks of the CSR arrays (bits of ``status[0]``).
+
+    One thread per entry and per row.  The binary search stays inside
+    ``indptr`` whatever its contents, so checking reads nothing out of bounds;
+    ``indptr[0] == 0`` and ``indptr[-1] == nnz`` are checked on the host.
+    """
+    t = cuda.grid(1)
+    n_rows = indptr.shape[0] - 1
+    nnz = indices.shape[0]
+    if t < n_rows and indptr[t + 1] < indptr[t]:
+        cuda.atomic.or_(status, 0, BAD_INDPTR)
+    if t >= nnz:
+        return
+    lo = 0
+    hi = n_rows - 1
+    while lo < hi:  # last row whose start is <= t
+        mid = (lo + hi + 1) >> 1
+        if indptr[mid] <= t:
+            lo = mid
+        else:
+            hi = mid - 1
+    edge_row[t] = lo
+    c = indices[t]
+    if c < 0:
+        cuda.atomic.or_(status, 0, NEGATIVE_INDEX)
+    elif c >= n_cols:
+        cuda.atomic.or_(status, 0, INDEX_TOO_LARGE)
+    if t + 1 < nnz and t + 1 < indptr[lo + 1] and indices[t + 1] <= c:
+        cuda.atomic.or_(status, 0, NOT_CANONICAL)
+
+
+@cuda.jit(cache=True)
+def rank_edges(indptr, indices, edge_row, n_rows, window, rank, first_flag, status):
     """Rank of each edge in its window's merged order, and first-occurrence flags.
 
     ``rank[e]``: number of window entries before edge ``e`` in (column, row)
     order.  ``first_flag[indptr[w*H] + rank[e]]``: 1 when no earlier row of
     the window holds ``e``'s column.
     """
+    if status[0] != 0:
+        return
     tid = cuda.grid(1)
     e = tid // window
     lane = tid % window
@@ -85,15 +141,31 @@ def rank_edges(indptr, indices, edge_row, n_rows, window, rank, first_flag):
 
 
 @cuda.jit(cache=True)
+def window_blocks(indptr, scan, n_rows, window, block, nblk, status):
+    """Blocks of each window: its distinct columns over ``block``, rounded up."""
+    if status[0] != 0:
+        return
+    w = cuda.grid(1)
+    if w >= nblk.shape[0]:
+        return
+    lo = indptr[w * window]
+    hi = indptr[min((w + 1) * window, n_rows)]
+    nblk[w] = (scan[hi] - scan[lo] + block - 1) // block
+
+
+@cuda.jit(cache=True)
 def condense_edges(
-    indptr, indices, edge_row, window, block, win_ptr, scan, first_flag, kidx, block_cols, block_win
+    indptr, indices, edge_row, window, block, win_ptr, scan, first_flag, kidx, block_cols, block_win, status
 ):
     """Condensed column id of each edge; first occurrences fill ``block_cols``.
 
     ``scan`` is the inclusive scan of ``first_flag`` with a leading 0, so that
     ``scan[p + 1] - scan[window start]`` counts distinct columns up to merged
     position ``p``.  On entry ``kidx`` holds the ranks; on exit the condensed ids.
+    The window's last column also writes -1 into the unused slots of its block.
     """
+    if status[0] != 0:
+        return
     e = cuda.grid(1)
     if e >= indices.shape[0]:
         return
@@ -107,15 +179,25 @@ def condense_edges(
         block_cols[b * block + k % block] = indices[e]
         if k % block == 0:
             block_win[b] = w
+        n_rows = indptr.shape[0] - 1
+        distinct = scan[indptr[min((w + 1) * window, n_rows)]] - scan[ws]
+        if k == distinct - 1:
+            for s in range(k % block + 1, block):
+                block_cols[b * block + s] = -1
 
 
 @cuda.jit(cache=True)
-def count_block_rows(indptr, indices, n_rows, window, block, block_cols, block_win, row_off, block_nnz):
-    """Per block: each row's entry offset inside the block, and the block's entry count."""
+def count_block_rows(indptr, indices, n_rows, window, block, win_ptr, block_cols, block_win, row_off, block_nnz, status):
+    """Per block: each row's entry offset inside the block, and the block's entry count.
+
+    Launched over the buffers' bound: blocks past ``win_ptr[-1]`` count 0.
+    """
+    if status[0] != 0:
+        return
     tid = cuda.grid(1)
     b = tid // window
     lane = tid % window
-    valid = b < block_win.shape[0]
+    valid = b < win_ptr[win_ptr.shape[0] - 1]
     cnt = 0
     if valid:
         rr = block_win[b] * window + lane
@@ -142,14 +224,23 @@ def count_block_rows(indptr, indices, n_rows, window, block, block_cols, block_w
         row_off[b * window + lane] = incl - cnt
         if lane == window - 1:
             block_nnz[b] = incl
+    elif b < block_nnz.shape[0] and lane == window - 1:
+        block_nnz[b] = 0
 
 
 @cuda.jit(cache=True)
 def scatter_edges(
-    indptr, edge_row, data, window, block, win_ptr, kidx, block_ptr, row_off, tile_pos, values, perm
+    indptr, edge_row, data, window, block, win_ptr, kidx, block_ptr, row_off, tile_pos, values, perm, status
 ):
-    """Write each edge to its tiled slot: blocks in order, row-major inside a block."""
+    """Write each edge to its tiled slot: blocks in order, row-major inside a block.
+
+    Also copies the number of blocks to ``status[1]`` (for the host's one read).
+    """
+    if status[0] != 0:
+        return
     e = cuda.grid(1)
+    if e == 0:
+        status[1] = win_ptr[win_ptr.shape[0] - 1]
     if e >= edge_row.shape[0]:
         return
     r = edge_row[e]
@@ -172,6 +263,65 @@ def scatter_edges(
     perm[out] = e
 
 
+#: :func:`scan_small` runs one CTA: arrays up to this size (each thread sums a contiguous chunk).
+SCAN_SMALL_MAX = 1 << 18
+#: Threads of :func:`scan_small`'s CTA (the largest; smaller arrays take fewer warps).
+SCAN_THREADS = 1024
+
+
+@cuda.jit(cache=True)
+def scan_small(src, dst, status):
+    """``dst[0] = 0``, ``dst[i + 1] = src[0] + ... + src[i]``, in one CTA (one launch, no host work).
+
+    Each thread sums a contiguous chunk; the chunk totals are scanned across
+    the CTA with ``shfl_up`` inside warps and once more over the warp totals;
+    each thread then rewrites its chunk from its offset.  For the small arrays
+    of SGT's scans this replaces CuPy's multi-pass scan, whose host side cost
+    more than the work.
+    """
+    if status[0] != 0:
+        return
+    totals = cuda.shared.array(32, dtype=np.int32)
+    n = src.shape[0]
+    t = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    lane = t & 31
+    warp = t >> 5
+    chunk = (n + nt - 1) // nt
+    lo = min(t * chunk, n)
+    hi = min(lo + chunk, n)
+    s = 0
+    for i in range(lo, hi):
+        s += src[i]
+    incl = s
+    off = 1
+    while off < 32:
+        v = cuda.shfl_up_sync(FULL_MASK, incl, off)
+        if lane >= off:
+            incl += v
+        off <<= 1
+    if lane == 31:
+        totals[warp] = incl
+    cuda.syncthreads()
+    if warp == 0:
+        w = totals[lane] if lane < (nt >> 5) else 0
+        wi = w
+        off = 1
+        while off < 32:
+            v = cuda.shfl_up_sync(FULL_MASK, wi, off)
+            if lane >= off:
+                wi += v
+            off <<= 1
+        totals[lane] = wi - w  # exclusive: what the warps before hold
+    cuda.syncthreads()
+    run = totals[warp] + incl - s
+    if t == 0:
+        dst[0] = 0
+    for i in range(lo, hi):
+        run += src[i]
+        dst[i + 1] = run
+
+
 @cuda.jit(cache=True)
 def sum_runs(starts, data, out):
     """Sum ``data`` over each run ``starts[i]:starts[i+1]``, left to right."""
@@ -188,21 +338,23 @@ def sum_runs(starts, data, out):
 
 
 #: Every kernel with example argument types, for ``compile_ptx`` checks in CI.
+_I = "int32[::1]"
 KERNELS = {
-    "rank_edges": (rank_edges, "(int32[::1], int32[::1], int32[::1], int64, int64, int32[::1], int32[::1])"),
+    "check_csr": (check_csr, f"({_I}, {_I}, int64, {_I}, {_I})"),
+    "rank_edges": (rank_edges, f"({_I}, {_I}, {_I}, int64, int64, {_I}, {_I}, {_I})"),
+    "window_blocks": (window_blocks, f"({_I}, {_I}, int64, int64, int64, {_I}, {_I})"),
     "condense_edges": (
         condense_edges,
-        "(int32[::1], int32[::1], int32[::1], int64, int64, int32[::1], int32[::1], int32[::1],"
-        " int32[::1], int32[::1], int32[::1])",
+        f"({_I}, {_I}, {_I}, int64, int64, {_I}, {_I}, {_I}, {_I}, {_I}, {_I}, {_I})",
     ),
     "count_block_rows": (
         count_block_rows,
-        "(int32[::1], int32[::1], int64, int64, int64, int32[::1], int32[::1], int32[::1], int32[::1])",
+        f"({_I}, {_I}, int64, int64, int64, {_I}, {_I}, {_I}, {_I}, {_I}, {_I})",
     ),
     "scatter_edges": (
         scatter_edges,
-        "(int32[::1], int32[::1], float32[::1], int64, int64, int32[::1], int32[::1], int32[::1],"
-        " int32[::1], uint8[::1], float32[::1], int32[::1])",
+        f"({_I}, {_I}, float32[::1], int64, int64, {_I}, {_I}, {_I}, {_I}, uint8[::1], float32[::1], {_I}, {_I})",
     ),
     "sum_runs": (sum_runs, "(int32[::1], float32[::1], float32[::1])"),
+    "scan_small": (scan_small, f"({_I}, {_I}, {_I})"),
 }
