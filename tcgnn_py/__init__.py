@@ -5,6 +5,7 @@ Public names live here; the implementation is in private modules by concern
 3 TiledMatrix, 4 nn and bench).
 """
 
+from ._capture import CUDAGraph
 from ._device import DeviceMismatchError, NoGPUWarning, gpu_available
 from ._io import Graph, load_cora, load_graph
 from ._reorder import (
@@ -33,6 +34,7 @@ __all__ = [
     "Layout",
     "spmm",
     "sddmm",
+    "CUDAGraph",
     "gpu_available",
     "NoGPUWarning",
     "DeviceMismatchError",

@@ -67,8 +67,12 @@ def gnn_problem(spec, seed=0):
             "n_classes": int(labels.max()) + 1, "features": features}
 
 
-def train_step(problem, model, sparse, device=None, seed=0):
-    """One training step of ``model`` in tcgnn_py.nn over ``sparse`` ("tiled" or "csr"), on ``device``."""
+def train_step(problem, model, sparse, device=None, seed=0, cuda_graph=False):
+    """One training step of ``model`` in tcgnn_py.nn over ``sparse`` ("tiled" or "csr"), on ``device``.
+
+    ``cuda_graph``: the first call runs the step and captures the next one
+    (:class:`tcgnn_py.CUDAGraph`); every later call replays it.
+    """
     from .. import nn
     from .._device import get_cupy, use_gpu
     from ..nn._edges import CSREdges
@@ -98,7 +102,23 @@ def train_step(problem, model, sparse, device=None, seed=0):
         logits, vjp = apply(params, A, X, rng=rng, dropout_p=0.5)
         opt.step(vjp(nn.cross_entropy(logits, labels, idx)[1]))
 
-    return step
+    if not cuda_graph:
+        return step
+    from .._capture import CUDAGraph
+
+    graph = []
+
+    def replay():
+        if graph:
+            graph[0].replay()
+            return
+        step()  # warms every cache the capture needs
+        g = CUDAGraph()
+        with g.capture():
+            step()
+        graph.append(g)
+
+    return replay
 
 
 def _cupy_sync():
@@ -132,13 +152,17 @@ def bench_gnn(spec, models=MODELS, epochs=20, repeat=3, device=None, extra=None)
     gpu = use_gpu(device)
     problem = gnn_problem(spec)
     A = problem["adj"]
-    impls = {"tcgnn_py" if gpu else "tcgnn_ref": "tiled", "cupyx" if gpu else "scipy": "csr"}
+    if gpu:
+        impls = {"tcgnn_py": ("tiled", False), "tcgnn_py_graph": ("tiled", True), "cupyx": ("csr", False)}
+    else:
+        impls = {"tcgnn_ref": ("tiled", False), "scipy": ("csr", False)}
     sync = _cupy_sync if gpu else (lambda: None)
     rows = []
     for model in models:
         times = {}
-        for impl, sparse in impls.items():
-            times[impl] = time_epochs(train_step(problem, model, sparse, "cuda" if gpu else "cpu"), sync, epochs, repeat)
+        for impl, (sparse, graph) in impls.items():
+            step = train_step(problem, model, sparse, "cuda" if gpu else "cpu", cuda_graph=graph)
+            times[impl] = time_epochs(step, sync, epochs, repeat)
         for impl, build in (extra or {}).items():
             built = build(problem, model)
             if built is not None:  # None: that implementation has no such model
@@ -151,18 +175,27 @@ def bench_gnn(spec, models=MODELS, epochs=20, repeat=3, device=None, extra=None)
 
 
 def gnn_markdown(rows):
-    """Table: one line per graph and model, ms per epoch per implementation, speedups of tcgnn_py."""
+    """Table: one line per graph and model, ms per epoch per implementation, speedups of tcgnn_py.
+
+    With a ``tcgnn_py_graph`` column (CUDA-graph replay), each speedup cell is
+    ``eager / replayed``.
+    """
     impls = list(dict.fromkeys(r["impl"] for r in rows))
-    ours = impls[0]
+    ours = [i for i in impls if i.startswith("tcgnn_")]
+    others = [i for i in impls if i not in ours]
     head = ["graph", "nodes", "nnz", "features", "model"] + [f"{i} ms" for i in impls]
-    head += [f"speedup over {i}" for i in impls[1:]]
+    head += [f"speedup over {i}" + (" (eager / graph)" if len(ours) > 1 else "") for i in others]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     keys = list(dict.fromkeys((r["graph"], r["model"]) for r in rows))
     for graph, model in keys:
         sel = {r["impl"]: r for r in rows if r["graph"] == graph and r["model"] == model}
-        r0 = sel[ours]
+        r0 = sel[ours[0]]
         cells = [graph, f"{r0['nodes']:,}", f"{r0['nnz']:,}", f"{r0['in_features']} ({r0['features']})", model]
         cells += [f"{sel[i]['ms']:.2f}" if i in sel else "–" for i in impls]
-        cells += [f"{sel[i]['ms'] / r0['ms']:.2f}×" if i in sel else "–" for i in impls[1:]]
+        for i in others:
+            if i not in sel:
+                cells.append("–")
+                continue
+            cells.append(" / ".join(f"{sel[i]['ms'] / sel[o]['ms']:.2f}×" for o in ours if o in sel))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -57,6 +57,16 @@ class TiledEdges:
         """``<Xa[i], Xb[j]>`` on every stored ``(i, j)``, in the view's order."""
         return sddmm(self.matrix, Xa, Xb, precision=self.precision).values
 
+    def row_sums(self, v):
+        """``sum_j v_ij`` per row: an exact (CUDA-core) product with a column of ones.
+
+        Deterministic, unlike a scatter-add with float atomics, so training
+        steps repeat bit for bit (a replayed CUDA graph equals the eager step).
+        """
+        T = self.matrix
+        ones = T.tiling.cached(("ones", v.dtype.str), lambda: self.xp.ones((T.shape[1], 1), dtype=v.dtype))
+        return spmm(self._with(v), ones, precision="fp32")[:, 0]
+
 
 class CSREdges:
     """Edge view of a scipy or cupyx CSR matrix: the same layers on plain sparse ops.
@@ -97,6 +107,11 @@ class CSREdges:
 
     def sddmm(self, Xa, Xb):
         return (Xa[self.rows] * Xb[self.cols]).sum(axis=1)
+
+    def row_sums(self, v):
+        s = self.xp.zeros(self.shape[0], dtype=v.dtype)
+        self.xp.add.at(s, self.rows, v)  # unlike CuPy's bincount, no device-to-host sync
+        return s
 
 
 def edges_of(A, precision=None):

@@ -34,13 +34,22 @@ def _check_2d(name, X, rows=None):
         raise ValueError(f"{name} has {X.shape[0]} rows, the graph has {rows} nodes")
 
 
+def _mm(a, b):
+    """``a @ b``; on the GPU through :func:`tcgnn_py.kernels.blas.matmul` (cuBLAS that CUDA graphs can capture)."""
+    if array_module(a) is np:
+        return a @ b
+    from ..kernels.blas import matmul
+
+    return matmul(a, b)
+
+
 def _column_sums(g):
     """``g.sum(axis=0)``; on the GPU as ``1ᵀ g`` through cuBLAS, since CuPy reduces a tall,
     narrow array along its long axis with one block per column (milliseconds at a million rows)."""
     xp = array_module(g)
     if xp is np:
         return g.sum(axis=0)
-    return xp.ones(g.shape[0], dtype=g.dtype) @ g
+    return _mm(xp.ones((1, g.shape[0]), dtype=g.dtype), g).reshape(g.shape[1])
 
 
 def gcn_conv(A, H, W, b=None, *, precision=None):
@@ -89,10 +98,10 @@ def gcn_conv(A, H, W, b=None, *, precision=None):
         raise ValueError(f"gcn_conv: H has {H.shape[1]} features, W expects {W.shape[0]}")
     narrow_first = W.shape[1] <= W.shape[0]
     if narrow_first:
-        out = E.spmm(H @ W)
+        out = E.spmm(_mm(H, W))
     else:
         AH = E.spmm(H)
-        out = AH @ W
+        out = _mm(AH, W)
     if b is not None:
         b = array_on(E, b)
         out += b
@@ -101,11 +110,11 @@ def gcn_conv(A, H, W, b=None, *, precision=None):
         g = array_on(E, g)
         if narrow_first:
             dZ = E.spmm_t(g)
-            dW = H.T @ dZ
-            dH = dZ @ W.T if input_grad else None
+            dW = _mm(H.T, dZ)
+            dH = _mm(dZ, W.T) if input_grad else None
         else:
-            dW = AH.T @ g
-            dH = E.spmm_t(g @ W.T) if input_grad else None
+            dW = _mm(AH.T, g)
+            dH = E.spmm_t(_mm(g, W.T)) if input_grad else None
         db = _column_sums(g) if b is not None else None
         return dH, dW, db
 
@@ -117,17 +126,10 @@ def _edge_softmax(E, z, xp):
     rows = E.rows
     n = E.shape[0]
     m = xp.full(n, -np.inf, dtype=z.dtype)
-    xp.maximum.at(m, rows, z)
+    xp.maximum.at(m, rows, z)  # order-independent: deterministic
     ex = E.values.astype(z.dtype, copy=False) * xp.exp(z - m[rows])
-    s = _row_sums(xp, rows, ex, n)
+    s = E.row_sums(ex)
     return ex / xp.where(s > 0, s, 1)[rows]
-
-
-def _row_sums(xp, rows, v, n):
-    """Sum of ``v`` per row (``add.at``: unlike CuPy's bincount, no device-to-host sync)."""
-    s = xp.zeros(n, dtype=v.dtype)
-    xp.add.at(s, rows, v)
-    return s
 
 
 def _normalize_rows(H, xp):
@@ -191,7 +193,7 @@ def agnn_conv(A, H, beta, *, precision=None):
         dH = E.spmm_t(g, values=P)
         dP = E.sddmm(g, H).astype(fd, copy=False)
         rows = E.rows
-        t = _row_sums(xp, rows, P * dP, E.shape[0])
+        t = E.row_sums(P * dP)
         dz = P * (dP - t[rows])
         dbeta = (dz * c).sum().reshape(1)
         dc = beta * dz
@@ -217,13 +219,13 @@ def linear(H, W, b=None):
     [4.0, 4.0]
     """
     _check_2d("H", H)
-    out = H @ W
+    out = _mm(H, W)
     if b is not None:
         out += b
 
     def vjp(g, input_grad=True):
-        dH = g @ W.T if input_grad else None
-        return dH, H.T @ g, _column_sums(g) if b is not None else None
+        dH = _mm(g, W.T) if input_grad else None
+        return dH, _mm(H.T, g), _column_sums(g) if b is not None else None
 
     return out, vjp
 

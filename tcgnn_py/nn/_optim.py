@@ -53,34 +53,62 @@ class Adam:
             if p.dtype not in (np.float32, np.float64) or not p.flags.c_contiguous:
                 raise TypeError(f"parameter {k!r} must be a C-contiguous float32/float64 array")
         self.state = {k: (array_module(p).zeros_like(p), array_module(p).zeros_like(p)) for k, p in params.items()}
-        self.t = 0
+        self._t = 0  # host parameters: the step count
+        self._device_t = None  # device parameters: (step count, bias corrections) on the device
+
+    @property
+    def t(self):
+        """Steps taken.  For device parameters it lives on the device (a captured step advances it on
+        every replay), and reading it synchronises."""
+        if self._device_t is None:
+            return self._t
+        return int(self._device_t[0].get()[0])  # synchronize!
 
     def step(self, grads):
-        """Apply one update from ``grads`` (name -> array; None or missing names are skipped)."""
-        self.t += 1
+        """Apply one update from ``grads`` (name -> array; None or missing names are skipped).
+
+        On the device nothing is read back to the host, so a step can be captured in a CUDA graph.
+        """
         b1, b2 = self.betas
-        step = self.lr / (1 - b1**self.t)
-        bc2_sqrt = math.sqrt(1 - b2**self.t)
-        for k, g in grads.items():
-            if g is None:
-                continue
-            p = self.params[k]
-            if g.shape != p.shape:
-                raise ValueError(f"gradient of {k!r} has shape {g.shape}, the parameter {p.shape}")
-            m, v = self.state[k]
-            wd = self.weight_decay[k]
-            if array_module(p) is np:
+        items = [(k, g) for k, g in grads.items() if g is not None]
+        for k, g in items:
+            if g.shape != self.params[k].shape:
+                raise ValueError(f"gradient of {k!r} has shape {g.shape}, the parameter {self.params[k].shape}")
+        if not self.params or array_module(next(iter(self.params.values()))) is np:
+            self._t += 1
+            step = self.lr / (1 - b1**self._t)
+            bc2_sqrt = math.sqrt(1 - b2**self._t)
+            for k, g in items:
+                p = self.params[k]
+                m, v = self.state[k]
+                wd = self.weight_decay[k]
                 g = g + wd * p if wd else g
                 m *= b1
                 m += (1 - b1) * g
                 v *= b2
                 v += (1 - b2) * g * g
                 p -= step * m / (np.sqrt(v) / bc2_sqrt + self.eps)
-            else:
-                _adam_device(p, g, m, v, step, b1, b2, self.eps, wd, bc2_sqrt)
+            return
+        coef = self._tick()
+        for k, g in items:
+            m, v = self.state[k]
+            _adam_device(self.params[k], g, m, v, coef, b1, b2, self.eps, self.weight_decay[k])
+
+    def _tick(self):
+        """Advance the device step count; return the device bias corrections."""
+        import cupy
+
+        from ..kernels import nn as kn
+        from ..kernels.registry import get_kernel
+
+        if self._device_t is None:
+            self._device_t = (cupy.zeros(1, np.int64), cupy.zeros(2, np.float64))
+        t, coef = self._device_t
+        get_kernel("nn", kn.TICK)((1,), (1,), (t, coef, np.float64(self.lr), *map(np.float64, self.betas)))
+        return coef
 
 
-def _adam_device(p, g, m, v, *scalars):
+def _adam_device(p, g, m, v, coef, *scalars):
     import cupy
 
     from ..kernels import nn as kn
@@ -91,4 +119,4 @@ def _adam_device(p, g, m, v, *scalars):
     t = p.dtype.type
     blocks = min(max(1, -(-n // _THREADS)), 4096)
     kernel = get_kernel("nn", kn.adam_name(p.dtype.name))
-    kernel((blocks,), (_THREADS,), (p, g, m, v, np.int64(n), *(t(s) for s in scalars)))
+    kernel((blocks,), (_THREADS,), (p, g, m, v, np.int64(n), coef, *(t(s) for s in scalars)))

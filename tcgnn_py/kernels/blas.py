@@ -1,0 +1,127 @@
+"""Layer 1: dense matrix products through cuBLAS that a CUDA graph can capture.
+
+CuPy's cuBLAS binding refuses to run while the stream is capturing
+(``NotImplementedError: calling cuBLAS API during stream capture``): it cannot
+vouch for the workspace cuBLAS would allocate.  cuBLAS itself supports capture
+when it is given its workspace up front (``cublasSetWorkspace``, the cuBLAS
+guide's "CUDA Graphs Support").  This module does exactly that: one cuBLAS
+handle per device with a workspace owned here, and ``cublasGemmEx`` called
+through ``ctypes`` on CuPy's current stream.  The GNN layers use it for every
+dense product, eager or captured, so a replayed step computes what the eager
+step computes, bit for bit.
+
+Operands are 2-D CuPy arrays, C- or F-contiguous (so transposed views such as
+``H.T`` cost no copy); float32 and float64 accumulate in their own precision
+(``CUBLAS_COMPUTE_32F`` / ``_64F``, as CuPy's default), float16 and bfloat16 in
+float32.
+"""
+
+import ctypes
+import functools
+
+import numpy as np
+
+__all__ = ["matmul", "WORKSPACE_BYTES"]
+
+#: cuBLAS workspace per device (the guide's recommendation for Hopper is 32 MiB).
+WORKSPACE_BYTES = 32 << 20
+
+_CUDA_R = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 14}  # cudaDataType_t
+_COMPUTE = {"float32": 68, "float64": 70, "float16": 68, "bfloat16": 68}  # CUBLAS_COMPUTE_32F / _64F
+_OP_N, _OP_T = 0, 1
+_GEMM_DEFAULT = -1
+
+
+@functools.cache
+def _lib():
+    import importlib
+
+    importlib.import_module("cupy_backends.cuda.libs.cublas")  # loads libcublas into the process
+
+    for name in ("libcublas.so.13", "libcublas.so.12", "libcublas.so"):
+        try:
+            lib = ctypes.CDLL(name)
+            break
+        except OSError:
+            continue
+    else:  # not on the loader's path: take the copy CuPy loaded
+        with open("/proc/self/maps") as maps:
+            path = next(line.split()[-1] for line in maps if "libcublas.so" in line and "Lt" not in line)
+        lib = ctypes.CDLL(path)
+    vp, i32 = ctypes.c_void_p, ctypes.c_int
+    lib.cublasCreate_v2.argtypes = [ctypes.POINTER(vp)]
+    lib.cublasSetStream_v2.argtypes = [vp, vp]
+    lib.cublasSetWorkspace_v2.argtypes = [vp, vp, ctypes.c_size_t]
+    lib.cublasGemmEx.argtypes = [vp, i32, i32, i32, i32, i32, vp, vp, i32, i32, vp, i32, i32, vp, vp, i32, i32,
+                                 i32, i32]
+    for f in (lib.cublasCreate_v2, lib.cublasSetStream_v2, lib.cublasSetWorkspace_v2, lib.cublasGemmEx):
+        f.restype = i32
+    return lib
+
+
+def _check(status, what):
+    if status != 0:
+        raise RuntimeError(f"{what} failed with cuBLAS status {status}")
+
+
+@functools.cache
+def _handle(device_id):
+    """``(handle, workspace)`` of one device, made once (outside any capture: the first call warms it)."""
+    import cupy
+
+    lib = _lib()
+    with cupy.cuda.Device(device_id):
+        h = ctypes.c_void_p()
+        _check(lib.cublasCreate_v2(ctypes.byref(h)), "cublasCreate")
+        workspace = cupy.empty(WORKSPACE_BYTES, np.uint8)
+        _check(lib.cublasSetWorkspace_v2(h, workspace.data.ptr, WORKSPACE_BYTES), "cublasSetWorkspace")
+    return h, workspace
+
+
+_ONES = {"f": ctypes.c_float(1.0), "d": ctypes.c_double(1.0)}
+_ZEROS = {"f": ctypes.c_float(0.0), "d": ctypes.c_double(0.0)}
+
+
+def _operand(a):
+    """``(op, leading dimension, array)`` of a row-major operand, as the column-major call sees it."""
+    m, k = a.shape
+    if a.flags.c_contiguous:
+        return _OP_N, max(k, 1), a
+    if a.flags.f_contiguous:
+        return _OP_T, max(m, 1), a
+    a = a.copy(order="C")
+    return _OP_N, max(k, 1), a
+
+
+def matmul(a, b):
+    """``a @ b`` for 2-D CuPy arrays of one dtype, through cuBLAS on the current stream (capturable).
+
+    Other dtypes, mixed dtypes or non-2-D operands go to CuPy's ``@``.
+    """
+    import cupy
+
+    if a.ndim != 2 or b.ndim != 2 or a.dtype != b.dtype or a.dtype.name not in _CUDA_R:
+        return a @ b
+    m, k = a.shape
+    if b.shape[0] != k:
+        raise ValueError(f"matmul: dimension mismatch with signature (n,k={k}),(k={b.shape[0]},m)->(n,m)")
+    n = b.shape[1]
+    c = cupy.empty((m, n), a.dtype)
+    if m == 0 or n == 0:
+        return c
+    if k == 0:
+        c.fill(0)
+        return c
+    lib = _lib()
+    handle, _ = _handle(cupy.cuda.runtime.getDevice())
+    op_a, lda, a = _operand(a)
+    op_b, ldb, b = _operand(b)
+    name = a.dtype.name
+    t = _CUDA_R[name]
+    scalar = "d" if name == "float64" else "f"
+    _check(lib.cublasSetStream_v2(handle, cupy.cuda.get_current_stream().ptr), "cublasSetStream")
+    # Row-major C = A B is column-major Cᵀ = Bᵀ Aᵀ: B first, the m and n swapped.
+    _check(lib.cublasGemmEx(handle, op_b, op_a, n, m, k, ctypes.byref(_ONES[scalar]), b.data.ptr, t, ldb,
+                            a.data.ptr, t, lda, ctypes.byref(_ZEROS[scalar]), c.data.ptr, t, n, _COMPUTE[name],
+                            _GEMM_DEFAULT), "cublasGemmEx")
+    return c

@@ -1,0 +1,210 @@
+"""Launch-bound paths on the GPU: CUDA-graph capture and replay, streams, cached products, cheap Numba launches.
+
+Replays must be *correct*, not just fast: every test compares a replay with
+the eager computation (exact, small-integer data) or with N eager steps bit
+for bit, and checks that the graph holds the library's kernels.
+"""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import tcgnn_py as tg
+
+pytestmark = pytest.mark.gpu
+
+LAYOUTS = ["tcgnn", "vector"]
+
+
+@pytest.fixture(scope="module")
+def cp():
+    import cupy
+
+    return cupy
+
+
+def int_graph(rng, m, n, degree=10):
+    A = sp.random_array((m, n), density=min(1.0, degree / n), rng=rng, format="csr", dtype=np.float64)
+    A.data[:] = rng.integers(1, 5, A.nnz) * rng.choice([-1, 1], A.nnz)
+    return A.astype(np.float32)
+
+
+def ints(rng, *shape):
+    return rng.integers(-8, 9, shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_replayed_products_follow_new_inputs(cp, layout):
+    rng = np.random.default_rng()
+    A = int_graph(rng, 1003, 997)
+    T = tg.TiledMatrix(A, layout=layout)
+    X, Xt = cp.asarray(ints(rng, 997, 64)), cp.asarray(ints(rng, 1003, 64))
+    Y = cp.empty((1003, 64), np.float32)
+    # Warm-up: plans every launch (host reads), which capture cannot hold.
+    tg.spmm(T, X, out=Y), T @ X, T.T @ Xt, tg.sddmm(T, Xt, X)
+    g = tg.CUDAGraph()
+    with g.capture():
+        tg.spmm(T, X, out=Y)
+        Z = T @ X
+        Zt = T.T @ Xt
+        E = tg.sddmm(T, Xt, X, multiply_values=True)
+    for _ in range(3):
+        x, xt = ints(rng, 997, 64), ints(rng, 1003, 64)
+        X[...], Xt[...] = cp.asarray(x), cp.asarray(xt)
+        Y.fill(np.nan), Z.fill(np.nan), Zt.fill(np.nan)
+        g.replay()
+        np.testing.assert_array_equal(Y.get(), A @ x)
+        np.testing.assert_array_equal(Z.get(), A @ x)
+        np.testing.assert_array_equal(Zt.get(), A.T @ xt)
+        want = A.multiply(xt.astype(np.float64) @ x.T.astype(np.float64)).tocsr()
+        np.testing.assert_array_equal(E.tocsr().toarray(), want.toarray())
+    names = " ".join(g.kernel_names)
+    assert names.count("tcgnn_spmm") >= 3 and "sddmm" in names, g.kernel_names
+
+
+def test_capture_refuses_host_reads(cp):
+    # Building a TiledMatrix reads the device (and copies from the host): capture raises instead of skipping.
+    A = int_graph(np.random.default_rng(0), 100, 100)
+    g = tg.CUDAGraph()
+    with pytest.raises(RuntimeError):
+        with g.capture():
+            tg.TiledMatrix(A)
+    with pytest.raises(RuntimeError, match="nothing captured"):
+        g.replay()
+
+
+def test_replayed_dropout_draws_fresh_masks(cp):
+    H = cp.ones((64, 32), np.float32)
+    rng = cp.random.default_rng(5)
+    tg.nn.dropout(H, 0.5, rng)
+    g = tg.CUDAGraph()
+    with g.capture():
+        out, _ = tg.nn.dropout(H, 0.5, rng)
+    masks = []
+    for _ in range(3):
+        g.replay()
+        masks.append(out.get())
+    eager = cp.random.default_rng(5)
+    want = [tg.nn.dropout(H, 0.5, eager)[0].get() for _ in range(4)][1:]
+    assert not (masks[0] == masks[1]).all()
+    for got, w in zip(masks, want):
+        np.testing.assert_array_equal(got, w)
+
+
+def _setup(model, seed):
+    g = tg.load_cora()
+    X = g.features.toarray().astype(np.float32)
+    if model == "gcn":
+        A = tg.nn.gcn_norm(g.adj)
+        rng = tg.nn.default_rng(seed, like=A)
+        params = tg.nn.gcn_init((X.shape[1], 16, 7), rng)
+        apply = tg.nn.gcn_apply
+    else:
+        A = tg.nn.add_self_loops(g.adj)
+        rng = tg.nn.default_rng(seed, like=A)
+        params = tg.nn.agnn_init((X.shape[1], 16, 7), rng)
+        apply = tg.nn.agnn_apply
+    opt = tg.nn.Adam(params, lr=0.01, weight_decay=5e-4)
+    return apply, params, A, X, g, opt, rng
+
+
+@pytest.mark.parametrize("model", ["gcn", "agnn"])
+def test_graph_training_equals_eager_bit_for_bit(cp, model):
+    runs = []
+    for cuda_graph in (False, True):
+        apply, params, A, X, g, opt, rng = _setup(model, seed=3)
+        r = tg.nn.train(apply, params, A, X, g.labels, (g.train_idx, g.val_idx, g.test_idx), opt,
+                        epochs=7, rng=rng, cuda_graph=cuda_graph)
+        runs.append((r, {k: v.get() for k, v in params.items()}, opt.t))
+    (r0, p0, t0), (r1, p1, t1) = runs
+    assert t0 == t1 == 7
+    assert r0.final_loss == r1.final_loss
+    assert (r0.test_acc, r0.val_acc, r0.best_epoch) == (r1.test_acc, r1.val_acc, r1.best_epoch)
+    for k in p0:
+        np.testing.assert_array_equal(p0[k], p1[k], err_msg=k)
+
+
+def test_eager_training_repeats_bit_for_bit(cp):
+    # AGNN's row sums used float atomics; they are an exact product now, so two runs are identical.
+    out = []
+    for _ in range(2):
+        apply, params, A, X, g, opt, rng = _setup("agnn", seed=1)
+        tg.nn.train(apply, params, A, X, g.labels, (g.train_idx, g.val_idx, g.test_idx), opt, epochs=3,
+                    rng=rng, evaluate=False)
+        out.append({k: v.get() for k, v in params.items()})
+    for k in out[0]:
+        np.testing.assert_array_equal(out[0][k], out[1][k], err_msg=k)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_products_and_sgt_on_a_user_stream(cp, layout):
+    rng = np.random.default_rng()
+    A = int_graph(rng, 2000, 1500)
+    x = ints(rng, 1500, 32)
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        T = tg.TiledMatrix(A, layout=layout)  # Numba SGT kernels on s
+        X = cp.asarray(x)
+        Y = T @ X
+        Yt = T.T @ cp.asarray(A @ x, dtype=np.float32)
+        E = tg.sddmm(T, cp.asarray(ints(rng, 2000, 32)), X)
+    s.synchronize()
+    np.testing.assert_array_equal(Y.get(), A @ x)
+    np.testing.assert_array_equal(Yt.get(), A.T @ (A @ x))
+    assert E.nnz == A.nnz
+    ref = tg.TiledMatrix(A, layout=layout, device="cpu")
+    for k in ("win_ptr", "block_cols", "block_ptr", "tile_pos", "perm"):
+        np.testing.assert_array_equal(getattr(T.tiling, k).get(), getattr(ref.tiling, k), err_msg=k)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_cached_products_follow_signatures(cp, layout):
+    # The per-signature cache must never answer for a different signature, values or aliasing.
+    rng = np.random.default_rng()
+    A = int_graph(rng, 501, 499)
+    T = tg.TiledMatrix(A, layout=layout)
+    for D in (16, 16, 17, 16, 64):
+        x = ints(rng, 499, D)
+        for _ in range(2):  # the second call takes the cached path
+            np.testing.assert_array_equal((T @ cp.asarray(x)).get(), A @ x)
+    big = cp.asarray(ints(rng, 499, 65))
+    view = big[:, 1:]  # not 16-byte aligned, not contiguous
+    for _ in range(2):
+        np.testing.assert_array_equal((T @ view).get(), A @ view.get())
+    v = rng.integers(1, 5, A.nnz).astype(np.float32)
+    T2 = T.with_values(v)  # shares the tiling, and so the cache
+    A2 = A.copy()
+    A2.data[:] = v
+    x = ints(rng, 499, 16)
+    for M in (T, T2, T, T2):
+        want = (A if M is T else A2) @ x
+        np.testing.assert_array_equal((M @ cp.asarray(x)).get(), want)
+        np.testing.assert_array_equal(tg.spmm(M, cp.asarray(x)).get(), want)
+    # out= aliasing X (square matrix): a temporary, twice.
+    S = tg.TiledMatrix(int_graph(rng, 300, 300), layout=layout)
+    Sh = S.tocsr()
+    for _ in range(2):
+        x = ints(rng, 300, 16)
+        X = cp.asarray(x)
+        assert tg.spmm(S, X, out=X) is X
+        np.testing.assert_array_equal(X.get(), Sh @ x)
+    with pytest.raises(ValueError):
+        tg.spmm(T, cp.asarray(ints(rng, 499, 16)), out=cp.empty((501, 16), np.float64))
+    xa, xb = ints(rng, 501, 8), ints(rng, 499, 8)
+    for _ in range(2):
+        for mv in (False, True):
+            e = tg.sddmm(T, cp.asarray(xa), cp.asarray(xb), multiply_values=mv).tocsr().toarray()
+            d = (xa.astype(np.float64) @ xb.T.astype(np.float64))
+            want = A.multiply(d).toarray() if mv else (A != 0).multiply(d).toarray()
+            np.testing.assert_array_equal(e, want)
+
+
+def test_numba_kernels_take_the_cached_launch(cp):
+    from tcgnn_py.kernels import numba_launch
+
+    A = int_graph(np.random.default_rng(0), 700, 700)
+    tg.TiledMatrix(A)
+    before = numba_launch.fast_path_count()
+    T = tg.TiledMatrix(A)
+    assert numba_launch.fast_path_count() - before >= 5  # check, rank, window blocks, condense, count, scatter
+    assert (T.tocsr() != A).nnz == 0
