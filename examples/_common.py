@@ -24,6 +24,8 @@ def parse_args(description, *, training=False, default_min_acc=0.80, argv=None, 
         p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
                        help="float16 / bfloat16: mixed precision -- 16-bit activations and tensor cores on the "
                             "vector layout, float32 master weights (bfloat16 needs ml_dtypes)")
+        p.add_argument("--cuda-graph", action="store_true",
+                       help="capture one training step as a CUDA graph and replay it (GPU only; same results)")
     if extra is not None:
         extra(p)
     args = p.parse_args(argv)

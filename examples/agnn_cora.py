@@ -9,6 +9,7 @@ reports 83.1 %; this asserts >= 80 %.
     python examples/agnn_cora.py                       # GPU if usable
     python examples/agnn_cora.py --device cpu --epochs 50 --min-accuracy 0.7
     python examples/agnn_cora.py --dtype float16           # mixed precision (bfloat16 too)
+    python examples/agnn_cora.py --cuda-graph              # replay a captured step (launch-bound graphs)
 """
 
 from _common import device_name, load, parse_args, precision_args, report
@@ -25,5 +26,6 @@ rng = nn.default_rng(args.seed, like=A)  # parameters and dropout masks on A's d
 params = nn.agnn_init((X.shape[1], 16, int(g.labels.max()) + 1), rng, n_prop=2)
 opt = nn.Adam(params, lr=0.01, weight_decay=5e-4)
 result = nn.train(nn.agnn_apply, params, A, X, g.labels, (g.train_idx, g.val_idx, g.test_idx), opt,
-                  epochs=args.epochs, rng=rng, dropout_p=0.5, dtype=dtype)
+                  epochs=args.epochs, rng=rng, dropout_p=0.5, dtype=dtype,
+                  cuda_graph=args.cuda_graph)
 report("AGNN", result, args.epochs, device_name(A), args.min_accuracy, args.dtype)

@@ -7,6 +7,7 @@ training nodes).  The paper reports 81.5 % test accuracy; this asserts >= 80 %.
     python examples/gcn_cora.py                       # GPU if usable
     python examples/gcn_cora.py --device cpu --epochs 50 --min-accuracy 0.7
     python examples/gcn_cora.py --dtype float16           # mixed precision (bfloat16 too)
+    python examples/gcn_cora.py --cuda-graph              # replay a captured step (launch-bound graphs)
 """
 
 from _common import device_name, load, parse_args, precision_args, report
@@ -23,5 +24,6 @@ rng = nn.default_rng(args.seed, like=A)  # parameters and dropout masks on A's d
 params = nn.gcn_init((X.shape[1], 16, int(g.labels.max()) + 1), rng)
 opt = nn.Adam(params, lr=0.01, weight_decay={"W0": 5e-4, "b0": 5e-4})
 result = nn.train(nn.gcn_apply, params, A, X, g.labels, (g.train_idx, g.val_idx, g.test_idx), opt,
-                  epochs=args.epochs, rng=rng, dropout_p=0.5, dtype=dtype)
+                  epochs=args.epochs, rng=rng, dropout_p=0.5, dtype=dtype,
+                  cuda_graph=args.cuda_graph)
 report("GCN", result, args.epochs, device_name(A), args.min_accuracy, args.dtype)

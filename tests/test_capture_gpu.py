@@ -91,16 +91,30 @@ def test_replayed_dropout_draws_fresh_masks(cp):
         np.testing.assert_array_equal(got, w)
 
 
-def _setup(model, seed):
+def test_blas_matmul_matches_cupy(cp):
+    from tcgnn_py.kernels.blas import matmul
+
+    rng = np.random.default_rng()
+    for m, k, n in ((1, 1, 1), (7, 300, 16), (2708, 1433, 16), (16, 2708, 7), (5, 0, 3)):
+        a = cp.asarray(ints(rng, m, k))
+        b = cp.asarray(ints(rng, k, n))
+        want = a.get().astype(np.float64) @ b.get().astype(np.float64)
+        for x, y in ((a, b), (cp.asfortranarray(a), b), (a, cp.asfortranarray(b)), (a.T.copy().T, b.T.copy().T)):
+            np.testing.assert_array_equal(matmul(x, y).get(), want)
+        np.testing.assert_array_equal(matmul(a.astype(np.float16), b).get(), want)  # promoted, as CuPy's @
+        np.testing.assert_array_equal(matmul(a.astype(np.float64), b.astype(np.float64)).get(), want)
+
+
+def _setup(model, seed, layout=None):
     g = tg.load_cora()
     X = g.features.toarray().astype(np.float32)
     if model == "gcn":
-        A = tg.nn.gcn_norm(g.adj)
+        A = tg.nn.gcn_norm(g.adj, layout=layout)
         rng = tg.nn.default_rng(seed, like=A)
         params = tg.nn.gcn_init((X.shape[1], 16, 7), rng)
         apply = tg.nn.gcn_apply
     else:
-        A = tg.nn.add_self_loops(g.adj)
+        A = tg.nn.add_self_loops(g.adj, layout=layout)
         rng = tg.nn.default_rng(seed, like=A)
         params = tg.nn.agnn_init((X.shape[1], 16, 7), rng)
         apply = tg.nn.agnn_apply
@@ -108,13 +122,14 @@ def _setup(model, seed):
     return apply, params, A, X, g, opt, rng
 
 
+@pytest.mark.parametrize("dtype", [None, "float16"])
 @pytest.mark.parametrize("model", ["gcn", "agnn"])
-def test_graph_training_equals_eager_bit_for_bit(cp, model):
+def test_graph_training_equals_eager_bit_for_bit(cp, model, dtype):
     runs = []
     for cuda_graph in (False, True):
-        apply, params, A, X, g, opt, rng = _setup(model, seed=3)
+        apply, params, A, X, g, opt, rng = _setup(model, seed=3, layout="vector" if dtype else None)
         r = tg.nn.train(apply, params, A, X, g.labels, (g.train_idx, g.val_idx, g.test_idx), opt,
-                        epochs=7, rng=rng, cuda_graph=cuda_graph)
+                        epochs=7, rng=rng, cuda_graph=cuda_graph, dtype=dtype)
         runs.append((r, {k: v.get() for k, v in params.items()}, opt.t))
     (r0, p0, t0), (r1, p1, t1) = runs
     assert t0 == t1 == 7

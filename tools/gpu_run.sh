@@ -74,6 +74,13 @@ if [[ " $STEPS " == *" examples "* ]]; then
   python3 examples/locality_gcn.py --graph .gpu/data/facebook_pagepage --min-accuracy 0.5 2>&1 \
     | tee "$OUT/locality_gcn_facebook_pagepage.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  for ex in gcn_cora agnn_cora; do  # a captured step replayed (CUDA graph), in float32 and float16
+    for dt in float32 float16; do
+      echo "== examples/$ex.py --cuda-graph --dtype $dt (GPU) =="
+      python3 examples/$ex.py --cuda-graph --dtype $dt 2>&1 | tee "$OUT/${ex}_graph_$dt.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+    done
+  done
   for ex in gcn_cora agnn_cora; do  # mixed precision: 16-bit activations, float32 master weights
     for dt in float16 bfloat16; do
       echo "== examples/$ex.py --dtype $dt (GPU) =="

@@ -94,13 +94,19 @@ def _operand(a):
 
 
 def matmul(a, b):
-    """``a @ b`` for 2-D CuPy arrays of one dtype, through cuBLAS on the current stream (capturable).
+    """``a @ b`` for 2-D CuPy arrays, through cuBLAS on the current stream (capturable).
 
-    Other dtypes, mixed dtypes or non-2-D operands go to CuPy's ``@``.
+    Mixed dtypes are promoted first, as CuPy's ``@`` does; other dtypes (integers, complex) or
+    operands of other dimensions go to CuPy's ``@`` (which a capture refuses).
     """
     import cupy
 
-    if a.ndim != 2 or b.ndim != 2 or a.dtype != b.dtype or a.dtype.name not in _CUDA_R:
+    if a.ndim != 2 or b.ndim != 2:
+        return a @ b
+    if a.dtype != b.dtype:  # promote as CuPy's @ does (float16 activations with a float32 gradient)
+        dt = cupy.result_type(a.dtype, b.dtype)
+        a, b = a.astype(dt, copy=False), b.astype(dt, copy=False)
+    if a.dtype.name not in _CUDA_R:
         return a @ b
     m, k = a.shape
     if b.shape[0] != k:
