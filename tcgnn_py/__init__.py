@@ -1,7 +1,7 @@
 """tcgnn_py: sparse graph operations on NVIDIA tensor cores, in pure Python.
 
 Public names live here; the implementation is in private modules by concern
-(layers: 0 validation/device/reference/io, 1 kernels, 2 tiling/sgt/ops/reorder,
+(layers: 0 validation/device/reference/io/capture, 1 kernels, 2 tiling/sgt/ops/reorder,
 3 TiledMatrix, 4 nn and bench).
 """
 

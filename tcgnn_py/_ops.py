@@ -482,10 +482,10 @@ def spmm_bind(tiling, values, X, out):
     if not isinstance(launch, (TF32SpmmLaunch, VecSpmmLaunch)) or launch.fixup is not None:
         return None
     run = launch.bind(tiling, _F32, M, D)
-    shape = (M, D)
+    shape, ndarray = (M, D), cp.ndarray
 
     def f(values, X, out):
-        Y = cp.empty(shape, _F32) if out is None else out
+        Y = ndarray(shape, _F32) if out is None else out  # cupy.empty without its wrapper
         run(values, X, Y)
         return Y
 

@@ -183,15 +183,20 @@ def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None
     }
 
 
-def _scan(cp, k, src, dst, status):
-    """``dst = [0, cumsum(src)]`` (int32): one Numba launch for small arrays, CuPy's scan for large ones."""
+def _scan(cp, k, src, dst, status, threads=None):
+    """``dst = [0, cumsum(src)]`` (int32): Numba's tiled scan for small arrays (one launch for one tile,
+    two beyond), CuPy's for large ones.  ``threads``: per CTA (the simulator's tests use fewer)."""
     n = src.shape[0]
-    if n <= k.SCAN_SMALL_MAX:
-        threads = min(k.SCAN_THREADS, max(32, -(-n // 256) * 32))  # about 8+ elements per thread
-        _launch(k.scan_small, 1, threads, src, dst, status)
-    else:
+    if n > k.SCAN_SMALL_MAX:
         dst[:1] = 0
         cp.cumsum(src, dtype=np.int32, out=dst[1:])
+        return
+    threads = threads or min(k.SCAN_THREADS, max(32, -(-n // (32 * k.SCAN_ITEMS)) * 32))
+    tiles = max(1, -(-n // (threads * k.SCAN_ITEMS)))
+    tile_totals = cp.empty(tiles, np.int32)
+    if tiles > 1:
+        _launch(k.scan_tile_totals, tiles, threads, src, tile_totals, status)
+    _launch(k.scan_tiles, tiles, threads, src, tile_totals, dst, status)
 
 
 #: Unused bytes of the bound-sized block arrays that a translation keeps rather than copying them out.

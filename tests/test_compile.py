@@ -33,7 +33,8 @@ INTRINSICS = {
     "rank_edges": ("vote.sync.ballot", "shfl.sync.bfly"),
     "count_block_rows": ("shfl.sync.up",),
     "check_csr": ("atom.global.or",),
-    "scan_small": ("shfl.sync.up",),
+    "scan_tiles": ("shfl.sync.up",),
+    "scan_tile_totals": ("shfl.sync.up",),
     "pack_bits": ("match.any.sync", "vote.sync.ballot"),
     "vector_codes": ("popc",),
     "count_meta_violations": ("vote.sync.ballot", "popc"),
@@ -42,7 +43,7 @@ INTRINSICS = {
     "best_partner": ("shfl.sync.bfly",),
 }
 NAMES = [
-    "check_csr", "rank_edges", "window_blocks", "condense_edges", "count_block_rows", "scatter_edges", "sum_runs", "scan_small",
+    "check_csr", "rank_edges", "window_blocks", "condense_edges", "count_block_rows", "scatter_edges", "sum_runs", "scan_tile_totals", "scan_tiles",
     "pack_bits", "vector_codes", "count_meta_violations", "stage2_round", "gains_batch",
     "best_partner",
 ]  # fmt: skip

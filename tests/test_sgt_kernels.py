@@ -86,14 +86,16 @@ def test_check_kernel_non_canonical(xp):
         _sgt.translate_kernels(xp, *dev, (3, 4))
 
 
-@pytest.mark.parametrize("n", [0, 1, 31, 32, 257, 2000])
-def test_scan_small(xp, n):
-    from tcgnn_py import _sgt
+@pytest.mark.parametrize("n, threads", [(0, None), (1, None), (31, None), (300, 32), (2000, 64), (5000, None)])
+def test_scan_kernels(xp, n, threads):
+    # One tile (one launch) and several (tile totals first); 64 threads x 4 entries make 8 tiles of 2000.
     from tcgnn_py.kernels import sgt as k
 
+    if SIM and threads is None and n > 300:
+        pytest.skip("a 1024-thread CTA is too slow in the simulator")
     src = np.random.default_rng(n).integers(0, 9, n).astype(np.int32)
     dst = xp.full(n + 1, -1, np.int32)
-    _sgt._scan(xp, k, xp.asarray(src), dst, xp.zeros(2, np.int32))
+    _sgt._scan(xp, k, xp.asarray(src), dst, xp.zeros(2, np.int32), threads)
     np.testing.assert_array_equal(host(dst), np.r_[0, np.cumsum(src)])
 
 

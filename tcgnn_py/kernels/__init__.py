@@ -27,4 +27,16 @@ Packages above may register their own families (the benchmarks' baseline
 SDDMM does, from :mod:`tcgnn_py.bench`); :func:`registry.families` lists them
 all, and CI compiles every one through NVRTC.  :mod:`.launch` holds the launch
 geometry that needs no Numba (threads per block, grid sizes).
+
+Launch paths:
+
+``numba_launch``
+    Numba kernels on CuPy's current stream; after a signature's first call,
+    Numba's cubin is launched through the driver (no per-call dispatch).
+``driver``
+    ``cuLaunchKernel`` through ``ctypes`` with one 8-byte slot per parameter,
+    and launches bound to fixed parameters (the products' hot paths).
+``blas``
+    ``cublasGemmEx`` with a handle and workspace owned here: dense products
+    that a CUDA-graph capture can hold (CuPy's binding refuses to run there).
 """

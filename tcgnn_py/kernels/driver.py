@@ -21,17 +21,24 @@ import numpy as np
 
 __all__ = ["launch", "BoundLaunch", "slot_value"]
 
-_OFFSETS = np.arange(256, dtype=np.uint64) * np.uint64(8)
-
-
 @functools.cache
 def _cuda():
     lib = ctypes.CDLL("libcuda.so.1")
     u = ctypes.c_uint
-    lib.cuLaunchKernel.argtypes = [ctypes.c_void_p, u, u, u, u, u, u, u, ctypes.c_void_p, ctypes.c_void_p,
-                                   ctypes.c_void_p]
+    lib.cuLaunchKernel.argtypes = [ctypes.c_void_p, u, u, u, u, u, u, u, ctypes.c_void_p,
+                                   ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
     lib.cuLaunchKernel.restype = ctypes.c_int
     return lib.cuLaunchKernel
+
+
+def _slots(n):
+    """``(values, pointers)``: ``n`` 8-byte slots and the array of their addresses ``cuLaunchKernel`` takes."""
+    values = (ctypes.c_int64 * max(n, 1))()
+    base = ctypes.addressof(values)
+    return values, (ctypes.c_void_p * max(n, 1))(*(base + 8 * i for i in range(max(n, 1))))
+
+
+_local = threading.local()  # per thread: slots by parameter count (the driver copies them during the call)
 
 
 def slot_value(a):
@@ -43,7 +50,7 @@ def slot_value(a):
         return data.ptr
     if isinstance(a, (np.floating, float)):
         if isinstance(a, np.float32):
-            return int(a.view(np.uint32))
+            return int(a.view(np.int32))
         return int(np.float64(a).view(np.int64))
     return int(a)
 
@@ -52,14 +59,23 @@ def _dims(d):
     return (d + (1, 1))[:3] if isinstance(d, tuple) else (d, 1, 1)
 
 
-def launch(function_ptr, grid, block, values, stream_ptr, shared_mem=0):
-    """Launch a loaded function with the parameter slots ``values`` (a sequence of ints)."""
-    buf = np.array(values, dtype=np.int64)
-    ptrs = _OFFSETS[: buf.shape[0]] + np.uint64(buf.ctypes.data)
-    g, b = _dims(grid), _dims(block)
-    err = _cuda()(function_ptr, *g, *b, shared_mem, stream_ptr, ptrs.ctypes.data, None)
+def _check(err):
     if err:
         raise RuntimeError(f"cuLaunchKernel failed with CUDA error {err}")
+
+
+def launch(function_ptr, grid, block, values, stream_ptr, shared_mem=0):
+    """Launch a loaded function with the parameter slots ``values`` (a sequence of ints)."""
+    cache = getattr(_local, "slots", None)
+    if cache is None:
+        cache = _local.slots = {}
+    n = len(values)
+    slots = cache.get(n)
+    if slots is None:
+        slots = cache[n] = _slots(n)
+    buf, ptrs = slots
+    buf[:n] = values
+    _check(_cuda()(function_ptr, *_dims(grid), *_dims(block), shared_mem, stream_ptr, ptrs, None))
 
 
 class BoundLaunch:
@@ -81,13 +97,12 @@ class BoundLaunch:
 
     def __init__(self, function_ptr, grid, block, args, variable, stream_ptr, shared_mem=0):
         self._keep = tuple(args)  # the fixed arrays must outlive the addresses kept here
-        self._buf = np.array([slot_value(a) for a in args], dtype=np.int64)
-        self._ptrs = _OFFSETS[: self._buf.shape[0]] + np.uint64(self._buf.ctypes.data)
+        self._buf, ptrs = _slots(len(args))
+        self._buf[: len(args)] = [slot_value(a) for a in args]
         self._variable = tuple(v if isinstance(v, tuple) else (v,) for v in variable)
         self._launch = _cuda()
-        self._args = (function_ptr, *_dims(grid), *_dims(block), shared_mem, stream_ptr, self._ptrs.ctypes.data,
-                      None)
-        self._lock = threading.Lock()  # the buffer is shared: one launch at a time
+        self._args = (function_ptr, *_dims(grid), *_dims(block), shared_mem, stream_ptr, ptrs, None)
+        self._lock = threading.Lock()  # the slots are shared: one launch at a time
 
     def __call__(self, *arrays):
         buf = self._buf
@@ -97,5 +112,4 @@ class BoundLaunch:
                 for i in slots:
                     buf[i] = p
             err = self._launch(*self._args)
-        if err:
-            raise RuntimeError(f"cuLaunchKernel failed with CUDA error {err}")
+        _check(err)

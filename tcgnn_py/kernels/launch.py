@@ -1,4 +1,4 @@
-"""Layer 1: launch geometry of the Numba kernels (no Numba import here).
+"""Layer 1: launch geometry of the Numba kernels, and their launcher (Numba is imported on first launch only).
 
 ``THREADS_PER_BLOCK`` is a multiple of 32, so lane groups of up to 32 lanes stay
 inside warps; :func:`grid` covers ``n`` threads with such blocks.

@@ -15,8 +15,9 @@ serialise), with one host read at the end:
    (column, row)-sorted order -- a 16-way merge by search -- and a ``ballot``
    tells whether an earlier row of the window holds the same column, i.e.
    whether this edge is its column's first occurrence.
-2. :func:`scan_small` (one CTA, ``shfl_up``; CuPy's scan for arrays over
-   :data:`SCAN_SMALL_MAX`) scans the first-occurrence flags, in merged order,
+2. :func:`scan_tiles` (tiles of 4096 entries, ``shfl_up`` inside warps; one
+   launch for a single tile, CuPy's scan over :data:`SCAN_SMALL_MAX`) scans
+   the first-occurrence flags, in merged order,
    which numbers each window's distinct columns; :func:`window_blocks` turns
    them into blocks per window, and a second scan into ``win_ptr``.
 3. :func:`condense_edges` -- per edge: its condensed column id; first
@@ -51,7 +52,8 @@ __all__ = [
     "count_block_rows",
     "scatter_edges",
     "sum_runs",
-    "scan_small",
+    "scan_tile_totals",
+    "scan_tiles",
     "KERNELS",
 ]
 
@@ -263,37 +265,21 @@ def scatter_edges(
     perm[out] = e
 
 
-#: :func:`scan_small` runs one CTA: arrays up to this size (each thread sums a contiguous chunk).
-SCAN_SMALL_MAX = 1 << 18
-#: Threads of :func:`scan_small`'s CTA (the largest; smaller arrays take fewer warps).
+#: Entries per thread of the tiled scan (a CTA of ``t`` threads scans tiles of ``SCAN_ITEMS * t`` entries).
+SCAN_ITEMS = 4
+#: Threads per CTA of the tiled scan.
 SCAN_THREADS = 1024
+#: Arrays up to this size use the two-kernel tiled scan (each CTA sums the tile totals before its own, a
+#: quadratic term in the number of tiles); larger ones CuPy's scan.
+SCAN_SMALL_MAX = 1 << 20
 
 
-@cuda.jit(cache=True)
-def scan_small(src, dst, status):
-    """``dst[0] = 0``, ``dst[i + 1] = src[0] + ... + src[i]``, in one CTA (one launch, no host work).
-
-    Each thread sums a contiguous chunk; the chunk totals are scanned across
-    the CTA with ``shfl_up`` inside warps and once more over the warp totals;
-    each thread then rewrites its chunk from its offset.  For the small arrays
-    of SGT's scans this replaces CuPy's multi-pass scan, whose host side cost
-    more than the work.
-    """
-    if status[0] != 0:
-        return
-    totals = cuda.shared.array(32, dtype=np.int32)
-    n = src.shape[0]
-    t = cuda.threadIdx.x
-    nt = cuda.blockDim.x
-    lane = t & 31
-    warp = t >> 5
-    chunk = (n + nt - 1) // nt
-    lo = min(t * chunk, n)
-    hi = min(lo + chunk, n)
-    s = 0
-    for i in range(lo, hi):
-        s += src[i]
-    incl = s
+@cuda.jit(device=True, inline=True)
+def _block_exclusive(x, totals):
+    """Exclusive scan of one value per thread across the CTA, and the CTA's total (``shfl_up`` in warps)."""
+    lane = cuda.threadIdx.x & 31
+    warp = cuda.threadIdx.x >> 5
+    incl = x
     off = 1
     while off < 32:
         v = cuda.shfl_up_sync(FULL_MASK, incl, off)
@@ -304,7 +290,7 @@ def scan_small(src, dst, status):
         totals[warp] = incl
     cuda.syncthreads()
     if warp == 0:
-        w = totals[lane] if lane < (nt >> 5) else 0
+        w = totals[lane] if lane < (cuda.blockDim.x >> 5) else 0
         wi = w
         off = 1
         while off < 32:
@@ -312,14 +298,66 @@ def scan_small(src, dst, status):
             if lane >= off:
                 wi += v
             off <<= 1
-        totals[lane] = wi - w  # exclusive: what the warps before hold
+        totals[lane] = wi - w
+        if lane == 31:
+            totals[32] = wi
     cuda.syncthreads()
-    run = totals[warp] + incl - s
-    if t == 0:
+    out = totals[warp] + incl - x
+    total = totals[32]
+    cuda.syncthreads()  # totals is reused by the caller
+    return out, total
+
+
+@cuda.jit(cache=True)
+def scan_tile_totals(src, tile_totals, status):
+    """Sum of each tile of ``SCAN_ITEMS * blockDim`` entries (the first pass of the tiled scan)."""
+    if status[0] != 0:
+        return
+    totals = cuda.shared.array(33, dtype=np.int32)
+    n = src.shape[0]
+    base = (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) * SCAN_ITEMS
+    s = 0
+    for j in range(SCAN_ITEMS):
+        if base + j < n:
+            s += src[base + j]
+    _, total = _block_exclusive(s, totals)
+    if cuda.threadIdx.x == 0:
+        tile_totals[cuda.blockIdx.x] = total
+
+
+@cuda.jit(cache=True)
+def scan_tiles(src, tile_totals, dst, status):
+    """``dst[0] = 0``, ``dst[i + 1] = src[0] + ... + src[i]``: one tile per CTA, after the tiles before it.
+
+    Each CTA first sums the totals of the tiles before its own (read by all
+    its threads, reduced with the same CTA scan), then scans its tile: each
+    thread's ``SCAN_ITEMS`` consecutive entries, offsets across the CTA with
+    ``shfl_up``.  Loads are coalesced; a single tile needs no first pass.
+    """
+    if status[0] != 0:
+        return
+    totals = cuda.shared.array(33, dtype=np.int32)
+    t = cuda.threadIdx.x
+    before = 0
+    i = t
+    while i < cuda.blockIdx.x:
+        before += tile_totals[i]
+        i += cuda.blockDim.x
+    _, before = _block_exclusive(before, totals)
+    n = src.shape[0]
+    base = (cuda.blockIdx.x * cuda.blockDim.x + t) * SCAN_ITEMS
+    s = 0
+    for j in range(SCAN_ITEMS):
+        if base + j < n:
+            s += src[base + j]
+    off, _ = _block_exclusive(s, totals)
+    run = before + off
+    if cuda.blockIdx.x == 0 and t == 0:
         dst[0] = 0
-    for i in range(lo, hi):
-        run += src[i]
-        dst[i + 1] = run
+    for j in range(SCAN_ITEMS):
+        if base + j < n:
+            run += src[base + j]
+            dst[base + j + 1] = run
 
 
 @cuda.jit(cache=True)
@@ -356,5 +394,6 @@ KERNELS = {
         f"({_I}, {_I}, float32[::1], int64, int64, {_I}, {_I}, {_I}, {_I}, uint8[::1], float32[::1], {_I}, {_I})",
     ),
     "sum_runs": (sum_runs, "(int32[::1], float32[::1], float32[::1])"),
-    "scan_small": (scan_small, f"({_I}, {_I}, {_I})"),
+    "scan_tile_totals": (scan_tile_totals, f"({_I}, {_I}, {_I})"),
+    "scan_tiles": (scan_tiles, f"({_I}, {_I}, {_I}, {_I})"),
 }

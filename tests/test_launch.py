@@ -1,0 +1,40 @@
+"""Host-side pieces of the launch paths (no GPU needed): parameter slots, and what a capture refuses."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import tcgnn_py as tg
+from tcgnn_py.kernels.driver import slot_value
+
+
+def test_slot_values_are_what_the_driver_reads():
+    # One 8-byte little-endian slot per parameter: 32-bit values in the low half, floats as their bits.
+    assert slot_value(None) == 0
+    assert slot_value(np.int32(-3)) == -3 and np.int64(slot_value(np.int32(-3))).astype("<i8").tobytes()[:4] == \
+        np.int32(-3).tobytes()
+    assert np.int64(slot_value(np.float32(1.5))).tobytes()[:4] == np.float32(1.5).tobytes()
+    assert np.int64(slot_value(2.25)).tobytes() == np.float64(2.25).tobytes()
+    assert np.int64(slot_value(np.float64(-0.5))).tobytes() == np.float64(-0.5).tobytes()
+    assert slot_value(7) == 7 and slot_value(np.uint32(2**31)) == 2**31
+
+
+def test_cuda_graph_training_needs_the_gpu():
+    g = tg.load_cora()
+    A = tg.TiledMatrix(sp.csr_array(g.adj[:50, :50]), device="cpu")
+    rng = np.random.default_rng(0)
+    params = tg.nn.gcn_init((8, 4, 3), rng)
+    X = rng.standard_normal((50, 8)).astype(np.float32)
+    labels = rng.integers(0, 3, 50)
+    opt = tg.nn.Adam(params)
+    with pytest.raises(ValueError, match="cuda_graph=True needs the graph on the GPU"):
+        tg.nn.train(tg.nn.gcn_apply, params, A, X, labels, (np.arange(10), np.arange(10, 20), np.arange(20, 30)),
+                    opt, epochs=2, rng=rng, cuda_graph=True)
+
+
+def test_adam_counts_steps_on_the_host():
+    params = {"w": np.array([1.0, -1.0])}
+    opt = tg.nn.Adam(params, lr=0.1)
+    for _ in range(3):
+        opt.step({"w": np.array([2.0, -3.0])})
+    assert opt.t == 3
