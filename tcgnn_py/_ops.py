@@ -325,13 +325,16 @@ class TF32SpmmLaunch(NamedTuple):
     unit_k0: object = None  # int2 rows (first slot of the unit's window, parts): split windows summed in the launch
     scratch: dict = None  # per-stream counters (one per (first slot, slab)) and partial tiles
 
+    def _counters(self):
+        """This stream's counters of split windows (each call resets the ones it uses), or None."""
+        if self.unit_k0 is None:
+            return None
+        n = self.n_slots * self.n_slabs
+        return _stream_scratch(self.scratch, "counters", lambda: get_cupy().zeros(n, np.int32))
+
     def run(self, tiling, values, X, Y, partial, M, D):
         sizes = self.sizes or (np.int32(M), np.int32(D), np.int32(self.n_slabs))
-        counters = None
-        if self.unit_k0 is not None:
-            n = self.n_slots * self.n_slabs
-            counters = _stream_scratch(self.scratch, "counters", lambda: get_cupy().zeros(n, np.int32))
-        args = (self.units, tiling.block_ptr, tiling.block_cols, self.mask, values, X, Y, partial, counters,
+        args = (self.units, tiling.block_ptr, tiling.block_cols, self.mask, values, X, Y, partial, self._counters(),
                 self.unit_k0, *sizes)
         self.kernel(self.grid, self.block, args, shared_mem=self.smem)
 
@@ -343,13 +346,9 @@ class TF32SpmmLaunch(NamedTuple):
 
     def bind(self, tiling, dtype, M, D):
         """``f(values, X, Y)``: this launch with everything but the operands fixed (current stream's scratch)."""
-        counters = None
-        if self.unit_k0 is not None:
-            n = self.n_slots * self.n_slabs
-            counters = _stream_scratch(self.scratch, "counters", lambda: get_cupy().zeros(n, np.int32))
-        partial = self.partial(dtype, D)
         head = (self.units, tiling.block_ptr, tiling.block_cols, self.mask)
-        tail = (counters, self.unit_k0, *(self.sizes or (np.int32(M), np.int32(D), np.int32(self.n_slabs))))
+        tail = (self._counters(), self.unit_k0, *(self.sizes or (np.int32(M), np.int32(D), np.int32(self.n_slabs))))
+        partial = self.partial(dtype, D)
         return _bound(self.kernel, self.grid, self.block, self.smem, head, partial, tail)
 
 
@@ -390,13 +389,16 @@ class VecSpmmLaunch(NamedTuple):
     n_slots: int = 0
     sizes: tuple = ()  # (M, D, n_slices, n_work) as int32 scalars, made once (per-call cost on small graphs)
 
+    def _counters_now(self):
+        """This stream's counters of split windows summed in the launch, or None."""
+        if not self.n_counters:
+            return None
+        return _stream_scratch(self.counters, "counters", lambda: get_cupy().zeros(self.n_counters, np.int32))
+
     def run(self, tiling, values, X, Y, partial, M, D, extra=()):
-        counters = None
-        if self.n_counters:
-            counters = _stream_scratch(self.counters, "counters", lambda: get_cupy().zeros(self.n_counters, np.int32))
         sizes = self.sizes or (np.int32(M), np.int32(D), np.int32(self.n_slices), np.int32(self.n_work))
-        args = (self.units, self.unit_k0, tiling.block_cols, self.meta, values, X, Y, partial, counters, *sizes,
-                *extra)
+        args = (self.units, self.unit_k0, tiling.block_cols, self.meta, values, X, Y, partial, self._counters_now(),
+                *sizes, *extra)
         self.kernel(self.grid, self.block, args, shared_mem=self.smem)
 
     def partial(self, dtype, D):
@@ -407,13 +409,10 @@ class VecSpmmLaunch(NamedTuple):
 
     def bind(self, tiling, dtype, M, D):
         """``f(values, X, Y)``: this launch with everything but the operands fixed (current stream's scratch)."""
-        counters = None
-        if self.n_counters:
-            counters = _stream_scratch(self.counters, "counters", lambda: get_cupy().zeros(self.n_counters, np.int32))
-        partial = self.partial(dtype, D)
         head = (self.units, self.unit_k0, tiling.block_cols, self.meta)
         sizes = self.sizes or (np.int32(M), np.int32(D), np.int32(self.n_slices), np.int32(self.n_work))
-        return _bound(self.kernel, self.grid, self.block, self.smem, head, partial, (counters, *sizes))
+        return _bound(self.kernel, self.grid, self.block, self.smem, head, self.partial(dtype, D),
+                      (self._counters_now(), *sizes))
 
 
 def _spmm_gpu(tiling, values, X, dtype, mode, out, casts):

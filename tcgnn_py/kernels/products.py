@@ -759,6 +759,27 @@ tcgnn_sddmm_core(const int* __restrict__ win_ptr, int n_windows, const int* __re
 """
 
 _VEC_COMMON = r"""
+// The work item of one warp of the vector-layout SpMMs: unit x feature slice of WID features.
+struct tc_vec_work {
+    int lane, wib, g, t, unit, slice, base;
+    int4 u;
+};
+
+__device__ __forceinline__ bool tc_vec_work_of(const int4* __restrict__ units, int n_slices, int n_work, int wid,
+                                               tc_vec_work& w) {
+    w.lane = threadIdx.x & 31;
+    w.wib = threadIdx.x >> 5;
+    const int work = blockIdx.x * (blockDim.x >> 5) + w.wib;
+    if (work >= n_work) return false;
+    w.g = w.lane >> 2;
+    w.t = w.lane & 3;
+    w.unit = work / n_slices;
+    w.slice = work - w.unit * n_slices;
+    w.u = units[w.unit];
+    w.base = w.slice * wid;
+    return true;
+}
+
 // COMBINE tail of the vector-layout SpMMs: this warp has stored its part (partial
 // slot u.w >= 0) of a split window's slice of WID features; count the part, and
 // the window's last part sums all partial tiles (float) in unit order into Y.
@@ -941,13 +962,10 @@ tcgnn_spmm_vec_async(const int4* __restrict__ units, const int2* __restrict__ un
     extern __shared__ float4 tc_smem[];
     constexpr int RS = 32 * FS + 8;    // floats per staged row
     constexpr int STAGE = U * 4 * RS;  // floats per stage
-    const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
-    const int work = blockIdx.x * (blockDim.x >> 5) + wib;
-    if (work >= n_work) return;  // whole warp
-    const int g = lane >> 2, t = lane & 3;
-    const int unit = work / n_slices, slice = work - unit * n_slices;
-    const int4 u = units[unit];
-    const int base = slice * (32 * FS);
+    tc_vec_work w;
+    if (!tc_vec_work_of(units, n_slices, n_work, 32 * FS, w)) return;  // whole warp
+    const int lane = w.lane, wib = w.wib, g = w.g, t = w.t, unit = w.unit, slice = w.slice, base = w.base;
+    const int4 u = w.u;
     const int col = base + 4 * g;
     const unsigned below = (1u << lane) - 1u;
     const int cr = lane >> 3, coff = 4 * (lane & 7);  // this lane copies row cr of each block at feature coff
@@ -1196,13 +1214,10 @@ tcgnn_spmm_vech(const int4* __restrict__ units, const int2* __restrict__ unit_k0
     constexpr int TS = 32 * FS + 4;   // floats per row of the output tile
     static_assert(NS * STAGE * 2 >= 8 * TS * 4, "the output tile reuses the stages");
     extern __shared__ uint4 tc_smem[];
-    const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
-    const int work = blockIdx.x * (blockDim.x >> 5) + wib;
-    if (work >= n_work) return;  // whole warp
-    const int g = lane >> 2, t = lane & 3;
-    const int unit = work / n_slices, slice = work - unit * n_slices;
-    const int4 u = units[unit];
-    const int base = slice * (32 * FS);
+    tc_vec_work w;
+    if (!tc_vec_work_of(units, n_slices, n_work, 32 * FS, w)) return;  // whole warp
+    const int lane = w.lane, wib = w.wib, g = w.g, t = w.t, unit = w.unit, slice = w.slice, base = w.base;
+    const int4 u = w.u;
     const int cr = lane / CPR, cf = 8 * (lane % CPR);  // this lane copies rows cr + RP * pass at feature cf
     unsigned short* stages = reinterpret_cast<unsigned short*>(tc_smem) + wib * NS * STAGE;
     const unsigned stages_addr = tc_smem_addr(stages);

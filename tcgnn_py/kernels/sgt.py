@@ -42,7 +42,7 @@ is what ``FULL_MASK`` promises.
 import numpy as np
 from numba import cuda
 
-from .warp import FULL_MASK, lower_bound
+from .warp import FULL_MASK, inclusive_scan, lower_bound
 
 __all__ = [
     "check_csr",
@@ -214,14 +214,7 @@ def count_block_rows(indptr, indices, n_rows, window, block, win_ptr, block_cols
             re = indptr[rr + 1]
             a = lower_bound(indices, rs, re, lo)
             cnt = lower_bound(indices, a, re, hi + 1) - a
-    # Inclusive scan over the group with shfl_up (Hillis-Steele).
-    incl = cnt
-    off = 1
-    while off < window:
-        v = cuda.shfl_up_sync(FULL_MASK, incl, off)
-        if lane >= off:
-            incl += v
-        off <<= 1
+    incl = inclusive_scan(cnt, lane, window)  # over the block's lane group
     if valid:
         row_off[b * window + lane] = incl - cnt
         if lane == window - 1:
@@ -279,25 +272,13 @@ def _block_exclusive(x, totals):
     """Exclusive scan of one value per thread across the CTA, and the CTA's total (``shfl_up`` in warps)."""
     lane = cuda.threadIdx.x & 31
     warp = cuda.threadIdx.x >> 5
-    incl = x
-    off = 1
-    while off < 32:
-        v = cuda.shfl_up_sync(FULL_MASK, incl, off)
-        if lane >= off:
-            incl += v
-        off <<= 1
+    incl = inclusive_scan(x, lane, 32)
     if lane == 31:
         totals[warp] = incl
     cuda.syncthreads()
     if warp == 0:
         w = totals[lane] if lane < (cuda.blockDim.x >> 5) else 0
-        wi = w
-        off = 1
-        while off < 32:
-            v = cuda.shfl_up_sync(FULL_MASK, wi, off)
-            if lane >= off:
-                wi += v
-            off <<= 1
+        wi = inclusive_scan(w, lane, 32)
         totals[lane] = wi - w
         if lane == 31:
             totals[32] = wi
