@@ -7,7 +7,18 @@ import numpy as np
 from . import _reference as ref
 from . import _sgt
 from ._device import DeviceMismatchError, array_module, get_cupy, is_cupy_array, to_host, use_gpu
-from ._ops import MISMATCH, _overlap, as_operand, check_out, hot_key, result_dtype, sddmm_bind, sddmm_raw, spmm_bind, spmm_raw
+from ._ops import (
+    MISMATCH,
+    _overlap,
+    as_operand,
+    check_out,
+    hot_key,
+    result_dtype,
+    sddmm_bind,
+    sddmm_raw,
+    spmm_bind,
+    spmm_raw,
+)
 from ._tiling import STRUCTURE, Tiling, TileStats, resolve_layout
 from ._validation import (
     check_csr_arrays,
