@@ -451,20 +451,24 @@ def _spmm_gpu(tiling, values, X, dtype, mode, out, casts):
 # (matrices from ``with_values`` share it: the values are an argument).
 
 
-def hot_key(values, X, out):
+#: Precisions the hot paths serve: the default and an explicit "tf32" resolve to the same launch.
+HOT_PRECISIONS = (None, "tf32")
+
+
+def hot_key(values, X, out, precision=None):
     """The signature a cached product depends on (``out`` may be None)."""
     cp = sys.modules["cupy"]
     key = (values.dtype.char, X.shape, X.strides, X.dtype.char, X.data.ptr & 15,
-           cp.cuda.get_current_stream().ptr, cp.cuda.runtime.getDevice(), _TUNING_VERSION[0])
+           cp.cuda.get_current_stream().ptr, cp.cuda.runtime.getDevice(), _TUNING_VERSION[0], precision)
     if out is None:
         return key
     return key + (out.shape, out.strides, out.dtype.char, out.data.ptr & 15)
 
 
-def spmm_bind(tiling, values, X, out):
+def spmm_bind(tiling, values, X, out, precision=None):
     """``f(values, X, out) -> Y`` for ``A @ X`` with operands like these, or None when not cacheable.
 
-    Cacheable: a float32 product on tensor cores (the default precision) with
+    Cacheable: a float32 product on tensor cores (``precision`` None or "tf32") with
     a C-contiguous 2-D float32 X and values, through one launch (no fixup).
     Call it after the slow path ran once (the launch is then cached).
     """
@@ -473,7 +477,7 @@ def spmm_bind(tiling, values, X, out):
     if out is not None and (out.dtype != _F32 or not out.flags.c_contiguous or out.ndim != 2):
         return None
     M, D = tiling.shape[0], X.shape[1]
-    if M == 0 or D == 0 or resolve_precision(None, _F32, tiling.tile_shape, X.dtype) != "tf32":
+    if M == 0 or D == 0 or resolve_precision(precision, _F32, tiling.tile_shape, X.dtype) != "tf32":
         return None
     cp = get_cupy()
     vec = D % 4 == 0 and X.data.ptr % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
@@ -491,7 +495,7 @@ def spmm_bind(tiling, values, X, out):
     return f
 
 
-def sddmm_bind(tiling, values, Xa, Xb, multiply_values):
+def sddmm_bind(tiling, values, Xa, Xb, multiply_values, precision=None):
     """``f(values, Xa, Xb) -> e`` for SDDMM with operands like these, or None (as :func:`spmm_bind`)."""
     from .kernels import products as kp
     from .kernels.registry import get_kernel
@@ -502,7 +506,7 @@ def sddmm_bind(tiling, values, Xa, Xb, multiply_values):
         if X.ndim != 2 or X.dtype != _F32 or not X.flags.c_contiguous:
             return None
     D = Xa.shape[1]
-    if D == 0 or resolve_precision(None, _F32, tiling.tile_shape, _F32) != "tf32":
+    if D == 0 or resolve_precision(precision, _F32, tiling.tile_shape, _F32) != "tf32":
         return None
     cp = get_cupy()
     nnz, aligned = tiling.nnz, _aligned16(D, Xa, Xb)

@@ -8,6 +8,7 @@ from . import _reference as ref
 from . import _sgt
 from ._device import DeviceMismatchError, array_module, get_cupy, is_cupy_array, to_host, use_gpu
 from ._ops import (
+    HOT_PRECISIONS,
     MISMATCH,
     _overlap,
     as_operand,
@@ -346,10 +347,11 @@ class TiledMatrix:
             self._tiling, self._values, X2, dtype, precision,
             out=(out if out.ndim == 2 else out.reshape(M, 1)) if direct else None, casts=self._casts,
         )  # fmt: skip
-        if precision is None and X is other and kind == "cupy" and (out is None or direct and not _overlap(out, X)):
-            f = spmm_bind(self._tiling, self._values, X, out)
+        if precision in HOT_PRECISIONS and X is other and kind == "cupy" and (
+                out is None or direct and not _overlap(out, X)):
+            f = spmm_bind(self._tiling, self._values, X, out, precision)
             if f is not None:
-                self._hot[hot_key(self._values, X, out)] = f
+                self._hot[hot_key(self._values, X, out, precision)] = f
         if direct:
             return out
         if Y.shape != out_shape:
@@ -451,8 +453,8 @@ def spmm(T, X, out=None, *, precision=None):
     if not isinstance(T, TiledMatrix):
         raise TypeError(f"spmm expects a TiledMatrix, got {type(T).__name__}")
     if is_cupy_array(X):
-        if precision is None and (out is None or is_cupy_array(out) and not _overlap(out, X)):
-            f = T._hot.get(hot_key(T._values, X, out))
+        if precision in HOT_PRECISIONS and (out is None or is_cupy_array(out) and not _overlap(out, X)):
+            f = T._hot.get(hot_key(T._values, X, out, precision))
             if f is not None:  # a signature seen before: allocate (or take out) and launch
                 return f(T._values, X, out)
     elif isscalarlike(X):
@@ -495,8 +497,8 @@ def sddmm(T, Xa, Xb=None, *, multiply_values=False, precision=None):
     if not isinstance(T, TiledMatrix):
         raise TypeError(f"sddmm expects a TiledMatrix, got {type(T).__name__}")
     hot = None
-    if precision is None and is_cupy_array(Xa) and (Xb is None or is_cupy_array(Xb)):
-        hot = ("sddmm", bool(multiply_values), hot_key(T._values, Xa, Xb))
+    if precision in HOT_PRECISIONS and is_cupy_array(Xa) and (Xb is None or is_cupy_array(Xb)):
+        hot = ("sddmm", bool(multiply_values), hot_key(T._values, Xa, Xb, precision))
         f = T._hot.get(hot)
         if f is not None:  # a signature seen before: allocate and launch
             return TiledMatrix._from_parts(T.tiling, f(T._values, Xa, Xa if Xb is None else Xb))
@@ -518,7 +520,7 @@ def sddmm(T, Xa, Xb=None, *, multiply_values=False, precision=None):
         dtype = promote(dtype, T.dtype)
     values = sddmm_raw(T.tiling, T.values, a, b, dtype, bool(multiply_values), precision, casts=T._casts)
     if hot is not None and a is Xa and (Xb is None or b is Xb):
-        f = sddmm_bind(T.tiling, T.values, a, b, multiply_values)
+        f = sddmm_bind(T.tiling, T.values, a, b, multiply_values, precision)
         if f is not None:
             T._hot[hot] = f
     return TiledMatrix._from_parts(T.tiling, values)

@@ -195,6 +195,8 @@ def test_cached_products_follow_signatures(cp, layout):
         want = (A if M is T else A2) @ x
         np.testing.assert_array_equal((M @ cp.asarray(x)).get(), want)
         np.testing.assert_array_equal(tg.spmm(M, cp.asarray(x)).get(), want)
+        np.testing.assert_array_equal(tg.spmm(M, cp.asarray(x), precision="tf32").get(), want)
+        np.testing.assert_array_equal(tg.spmm(M, cp.asarray(x), precision="fp32").get(), want)
     # out= aliasing X (square matrix): a temporary, twice.
     S = tg.TiledMatrix(int_graph(rng, 300, 300), layout=layout)
     Sh = S.tocsr()
