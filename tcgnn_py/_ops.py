@@ -294,7 +294,7 @@ def _stream_scratch(store, kind, make):
     return buf
 
 
-def _bound(kernel, grid, block, smem, head, partial, tail):
+def _bound(kernel, grid, block, smem, head, tail, partial):
     """``f(values, X, Y)``: ``kernel(head + (values, X, Y, partial or Y) + tail)`` through the driver.
 
     The parameters are set once (:class:`.kernels.driver.BoundLaunch`); a call writes the three operands'
@@ -332,11 +332,15 @@ class TF32SpmmLaunch(NamedTuple):
         n = self.n_slots * self.n_slabs
         return _stream_scratch(self.scratch, "counters", lambda: get_cupy().zeros(n, np.int32))
 
-    def run(self, tiling, values, X, Y, partial, M, D):
+    def _fixed(self, tiling, M, D):
+        """The arguments around ``(values, X, Y, partial)``: everything but the operands (one place for the order)."""
+        head = (self.units, tiling.block_ptr, tiling.block_cols, self.mask)
         sizes = self.sizes or (np.int32(M), np.int32(D), np.int32(self.n_slabs))
-        args = (self.units, tiling.block_ptr, tiling.block_cols, self.mask, values, X, Y, partial, self._counters(),
-                self.unit_k0, *sizes)
-        self.kernel(self.grid, self.block, args, shared_mem=self.smem)
+        return head, (self._counters(), self.unit_k0, *sizes)
+
+    def run(self, tiling, values, X, Y, partial, M, D):
+        head, tail = self._fixed(tiling, M, D)
+        self.kernel(self.grid, self.block, head + (values, X, Y, partial) + tail, shared_mem=self.smem)
 
     def partial(self, dtype, D):
         """This stream's buffer of partial tiles, or None without split windows."""
@@ -346,10 +350,7 @@ class TF32SpmmLaunch(NamedTuple):
 
     def bind(self, tiling, dtype, M, D):
         """``f(values, X, Y)``: this launch with everything but the operands fixed (current stream's scratch)."""
-        head = (self.units, tiling.block_ptr, tiling.block_cols, self.mask)
-        tail = (self._counters(), self.unit_k0, *(self.sizes or (np.int32(M), np.int32(D), np.int32(self.n_slabs))))
-        partial = self.partial(dtype, D)
-        return _bound(self.kernel, self.grid, self.block, self.smem, head, partial, tail)
+        return _bound(self.kernel, self.grid, self.block, self.smem, *self._fixed(tiling, M, D), self.partial(dtype, D))
 
 
 class CoreSpmmLaunch(NamedTuple):
@@ -395,11 +396,14 @@ class VecSpmmLaunch(NamedTuple):
             return None
         return _stream_scratch(self.counters, "counters", lambda: get_cupy().zeros(self.n_counters, np.int32))
 
-    def run(self, tiling, values, X, Y, partial, M, D, extra=()):
+    def _fixed(self, tiling, M, D):
+        """The arguments around ``(values, X, Y, partial)``: everything but the operands (one place for the order)."""
         sizes = self.sizes or (np.int32(M), np.int32(D), np.int32(self.n_slices), np.int32(self.n_work))
-        args = (self.units, self.unit_k0, tiling.block_cols, self.meta, values, X, Y, partial, self._counters_now(),
-                *sizes, *extra)
-        self.kernel(self.grid, self.block, args, shared_mem=self.smem)
+        return (self.units, self.unit_k0, tiling.block_cols, self.meta), (self._counters_now(), *sizes)
+
+    def run(self, tiling, values, X, Y, partial, M, D, extra=()):
+        head, tail = self._fixed(tiling, M, D)
+        self.kernel(self.grid, self.block, head + (values, X, Y, partial) + tail + tuple(extra), shared_mem=self.smem)
 
     def partial(self, dtype, D):
         """This stream's buffer of partial tiles (reused: calls on one stream run in order), or None."""
@@ -409,10 +413,7 @@ class VecSpmmLaunch(NamedTuple):
 
     def bind(self, tiling, dtype, M, D):
         """``f(values, X, Y)``: this launch with everything but the operands fixed (current stream's scratch)."""
-        head = (self.units, self.unit_k0, tiling.block_cols, self.meta)
-        sizes = self.sizes or (np.int32(M), np.int32(D), np.int32(self.n_slices), np.int32(self.n_work))
-        return _bound(self.kernel, self.grid, self.block, self.smem, head, self.partial(dtype, D),
-                      (self._counters_now(), *sizes))
+        return _bound(self.kernel, self.grid, self.block, self.smem, *self._fixed(tiling, M, D), self.partial(dtype, D))
 
 
 def _spmm_gpu(tiling, values, X, dtype, mode, out, casts):

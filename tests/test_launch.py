@@ -38,3 +38,20 @@ def test_adam_counts_steps_on_the_host():
     for _ in range(3):
         opt.step({"w": np.array([2.0, -3.0])})
     assert opt.t == 3
+
+
+def test_spmm_launch_argument_order():
+    # run() and the hot path's bind() share _fixed(): the order of the kernels' parameters is written once.
+    import types
+
+    from tcgnn_py import _ops
+
+    calls = []
+    kernel = lambda grid, block, args, shared_mem=0: calls.append(args)  # noqa: E731
+    tiling = types.SimpleNamespace(block_ptr="bp", block_cols="bc")
+    t = _ops.TF32SpmmLaunch(kernel, (1,), (32,), 0, "units", "mask", 2, sizes=("M", "D", "S"))
+    t.run(tiling, "v", "X", "Y", "P", 5, 6)
+    assert calls[-1] == ("units", "bp", "bc", "mask", "v", "X", "Y", "P", None, None, "M", "D", "S")
+    v = _ops.VecSpmmLaunch(kernel, (1,), (32,), 0, "units", "k0", "meta", 1, 4, 0, {}, sizes=("M", "D", "NS", "NW"))
+    v.run(tiling, "v", "X", "Y", "P", 5, 6, ("u",))
+    assert calls[-1] == ("units", "k0", "bc", "meta", "v", "X", "Y", "P", None, "M", "D", "NS", "NW", "u")

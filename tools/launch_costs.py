@@ -14,7 +14,6 @@
 """
 
 import argparse
-import statistics
 import time
 
 import numpy as np
@@ -36,16 +35,13 @@ def back_to_back(fn, calls):
 def wall_ms(fn, repeat=20):
     import cupy as cp
 
-    for _ in range(3):
-        fn()
-    cp.cuda.Device().synchronize()
-    out = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
+    from tcgnn_py.bench._timing import time_host
+
+    def synced():
         fn()
         cp.cuda.Device().synchronize()
-        out.append(1e3 * (time.perf_counter() - t0))
-    return statistics.median(out)
+
+    return time_host(synced, repeat, warmup=3)[0]
 
 
 def main():

@@ -144,7 +144,7 @@ def train(apply, params, A, X, labels, split, optimizer, *, epochs=200, rng=None
                 scores.append(graph_score.copy())
         if cuda_graph and graphs is None and epoch + 1 < epochs:
             # The first epoch warmed every cache (launch plans, transposes): capture the next step.
-            graphs = (CUDAGraph(), CUDAGraph())
+            graphs = (CUDAGraph(), CUDAGraph() if evaluate else None)
             with graphs[0].capture():
                 loss = step()
             if evaluate:
