@@ -243,6 +243,7 @@ TUNING = {
     "vec_warps": 4,  # warps per CTA (independent: each takes its own unit x slice)
     "vec_sort_units": True,  # longest units first: the grid's tail is made of short ones
     "vec_combine": True,  # sum split windows inside the launch (else: a fixup launch)
+    "vec_combine_parts_max": 64,  # ... when no window has more parts than this (else: the fixup launch)
     "tf32_combine": True,  # 16x8 TF32: the same (else: a fixup launch)
     "vec_prefetch": True,  # load the next step's block metadata with this step's X rows
     "vec_async_stages": 2,  # cp.async vector kernel's steps in flight per warp (0: the register kernel)
@@ -283,6 +284,15 @@ class Fixup(NamedTuple):
         from .kernels.products import FIXUP_THREADS
 
         self.kernel(self.grid, (FIXUP_THREADS,), (self.splits, partial, Y, np.int32(M), np.int32(D), np.int32(H)))
+
+    def bind(self, partial, M, D, H):
+        """``f(Y)``: this launch with the split rows, partial tiles and sizes fixed (hot paths)."""
+        from .kernels.driver import BoundLaunch
+        from .kernels.products import FIXUP_THREADS
+
+        args = (self.splits, partial, None, np.int32(M), np.int32(D), np.int32(H))
+        return BoundLaunch(self.kernel.kernel.ptr, self.grid, (FIXUP_THREADS,), args, (2,),
+                           get_cupy().cuda.get_current_stream().ptr)
 
 
 def _stream_scratch(store, kind, make):
@@ -470,7 +480,7 @@ def spmm_bind(tiling, values, X, out, precision=None):
     """``f(values, X, out) -> Y`` for ``A @ X`` with operands like these, or None when not cacheable.
 
     Cacheable: a float32 product on tensor cores (``precision`` None or "tf32") with
-    a C-contiguous 2-D float32 X and values, through one launch (no fixup).
+    a C-contiguous 2-D float32 X and values (one launch, or two with a fixup).
     Call it after the slow path ran once (the launch is then cached).
     """
     if X.ndim != 2 or X.dtype != _F32 or values.dtype != _F32 or not X.flags.c_contiguous:
@@ -483,17 +493,26 @@ def spmm_bind(tiling, values, X, out, precision=None):
     cp = get_cupy()
     vec = D % 4 == 0 and X.data.ptr % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
     launch = tiling._cache.get(("launch", "tf32", "f", D, vec, _TUNING_VERSION[0]))
-    if not isinstance(launch, (TF32SpmmLaunch, VecSpmmLaunch)) or launch.fixup is not None:
+    if not isinstance(launch, (TF32SpmmLaunch, VecSpmmLaunch)):
         return None
     run = launch.bind(tiling, _F32, M, D)
     shape, ndarray = (M, D), cp.ndarray
+    if launch.fixup is None:
+        def f(values, X, out):
+            Y = ndarray(shape, _F32) if out is None else out  # cupy.empty without its wrapper
+            run(values, X, Y)
+            return Y
 
-    def f(values, X, out):
-        Y = ndarray(shape, _F32) if out is None else out  # cupy.empty without its wrapper
+        return f
+    fixup = launch.fixup.bind(launch.partial(_F32, D), M, D, tiling.layout.window)
+
+    def f2(values, X, out):
+        Y = ndarray(shape, _F32) if out is None else out
         run(values, X, Y)
+        fixup(Y)
         return Y
 
-    return f
+    return f2
 
 
 def sddmm_bind(tiling, values, Xa, Xb, multiply_values, precision=None):
@@ -686,9 +705,6 @@ def _spmm_launch(cp, tiling, mode, dtype, D, vec):
 
 #: A window of the vector layout is cut into at most this many units (their partial tiles are summed in order).
 VEC_UNITS_PER_WINDOW_MAX = 1024
-#: Split windows of at most this many parts are summed inside the SpMM launch (the last part's warp reads
-#: them all); longer ones go to the fixup launch, which spreads each window's sum over many threads.
-VEC_COMBINE_PARTS_MAX = 64
 #: A tiling whose longest window has this many times the mean blocks aims for 4x the warps (shorter units):
 #: as_22july06 went from 56-98 us to 33-39 us at D = 64-128, pubmed (ratio 6) lost with it (sweep6.log).
 VEC_HUB_RATIO = 16
@@ -731,7 +747,9 @@ def _vec_launch(cp, tiling, dtype, D, vec, half=None):
     if TUNING["vec_sort_units"]:
         units, unit_k0 = tiling.cached(("vec_sorted", bpu), lambda: _longest_first(tiling.xp, units, unit_k0))
     n_work = units.shape[0] * n_slices
-    combine = 0 < plan["max_parts"] <= VEC_COMBINE_PARTS_MAX and TUNING["vec_combine"]
+    # Split windows of at most TUNING["vec_combine_parts_max"] parts are summed inside the SpMM launch (the
+    # last part's warp reads them all); longer ones go to the fixup launch, which spreads each sum over threads.
+    combine = 0 < plan["max_parts"] <= TUNING["vec_combine_parts_max"] and TUNING["vec_combine"]
     nw = TUNING["vec_warps"]
     ns, ua = TUNING["vec_async_stages"], TUNING["vec_async_unroll"]
     smem = 0

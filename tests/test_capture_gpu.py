@@ -172,9 +172,30 @@ def test_products_and_sgt_on_a_user_stream(cp, layout):
         np.testing.assert_array_equal(getattr(T.tiling, k).get(), getattr(ref.tiling, k), err_msg=k)
 
 
+#: Split windows summed by a second (fixup) launch, which the cached path binds too.
+FIXUP_TUNING = {"tcgnn": dict(tf32_nwarps=(4, 4, 4), blocks_per_warp=1, tf32_combine=False),
+                "vector": dict(vec_blocks_per_unit=2, vec_combine=False)}
+
+
+@pytest.fixture(params=["in-launch sums", "fixup launch"])
+def split_sums(request):
+    from tcgnn_py import _ops
+
+    if request.param == "in-launch sums":
+        yield {}
+        return
+    before = dict(_ops.TUNING)
+    yield FIXUP_TUNING
+    _ops.set_tuning(**before)
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_cached_products_follow_signatures(cp, layout):
+def test_cached_products_follow_signatures(cp, layout, split_sums):
     # The per-signature cache must never answer for a different signature, values or aliasing.
+    from tcgnn_py import _ops
+
+    if split_sums:
+        _ops.set_tuning(**split_sums[layout])
     rng = np.random.default_rng()
     A = int_graph(rng, 501, 499)
     T = tg.TiledMatrix(A, layout=layout)
@@ -182,6 +203,9 @@ def test_cached_products_follow_signatures(cp, layout):
         x = ints(rng, 499, D)
         for _ in range(2):  # the second call takes the cached path
             np.testing.assert_array_equal((T @ cp.asarray(x)).get(), A @ x)
+    if split_sums:
+        launches = [v for k, v in T.tiling._cache.items() if isinstance(k, tuple) and k[0] == "launch"]
+        assert launches and all(launch.fixup is not None for launch in launches)
     big = cp.asarray(ints(rng, 499, 65))
     view = big[:, 1:]  # not 16-byte aligned, not contiguous
     for _ in range(2):

@@ -278,8 +278,19 @@ __global__ void tcgnn_spmm_fixup(const int4* __restrict__ splits, const T* __res
         const int r = (int)(i / D), col = (int)(i % D);
         const long long row = (long long)s.x * H + r;
         if (row >= M) break;  // rows only grow with i
+        // Eight loads in flight (a hub window has up to 1024 parts), summed in part order.
+        const T* p = partial + ((size_t)s.y * H + r) * D + col;
+        const size_t step = (size_t)H * D;
         T acc = T(0);
-        for (int k = 0; k < s.z; ++k) acc += partial[((size_t)(s.y + k) * H + r) * D + col];
+        int k = 0;
+        for (; k + 8 <= s.z; k += 8) {
+            T v[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) v[j] = __ldcg(p + (size_t)(k + j) * step);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) acc += v[j];
+        }
+        for (; k < s.z; ++k) acc += __ldcg(p + (size_t)k * step);
         tc_put(Y + (size_t)row * D + col, acc);
     }
 }
@@ -305,6 +316,48 @@ __device__ __forceinline__ void tc_sum_parts(const float* __restrict__ partial, 
             for (int j = 0; j < 8; ++j) sum += v[j];
         }
         tc_put(Y + (size_t)(row0 + rr) * D + base + cc, sum);
+    }
+}
+
+// tc_sum_parts on float4 (rows of D % 4 == 0 floats, 16-byte aligned Y, base % 4 == 0): each thread keeps
+// two float4 outputs x four parts = eight 16-byte loads in flight, a quarter of the scalar form's round
+// trips; the same sums in the same order.
+template <int WID>
+__device__ __forceinline__ void tc_sum_parts4(const float* __restrict__ partial, int first, int parts, int H,
+                                              long long row0, int base, int width, int M, int D,
+                                              float* __restrict__ Y, int tid, int nthreads) {
+    constexpr int Q = WID / 4;  // float4 per row of the tile
+    const size_t step = (size_t)H * D / 4;  // float4 from one part's tile to the next
+    const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int i0 = tid; i0 < H * Q; i0 += 2 * nthreads) {
+        const float4* p[2];
+        bool ok[2];
+        long long row[2];
+        int cc[2];
+        float4 s[2];
+#pragma unroll
+        for (int o = 0; o < 2; ++o) {
+            const int i = i0 + o * nthreads, rr = i / Q;
+            cc[o] = 4 * (i - rr * Q);
+            row[o] = row0 + rr;
+            ok[o] = i < H * Q && cc[o] < width && row[o] < M;
+            p[o] = reinterpret_cast<const float4*>(partial + ((size_t)first * H + rr) * D + base + cc[o]);
+            s[o] = zero;
+        }
+        for (int k = 0; k < parts; k += 4) {
+            float4 v[2][4];
+#pragma unroll
+            for (int o = 0; o < 2; ++o)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) v[o][j] = ok[o] && k + j < parts ? __ldcg(p[o] + (size_t)(k + j) * step) : zero;
+#pragma unroll
+            for (int o = 0; o < 2; ++o)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) s[o] = tc_add4(s[o], v[o][j]);
+        }
+#pragma unroll
+        for (int o = 0; o < 2; ++o)
+            if (ok[o]) *reinterpret_cast<float4*>(Y + (size_t)row[o] * D + base + cc[o]) = s[o];
     }
 }
 """
@@ -783,7 +836,8 @@ __device__ __forceinline__ bool tc_vec_work_of(const int4* __restrict__ units, i
 // COMBINE tail of the vector-layout SpMMs: this warp has stored its part (partial
 // slot u.w >= 0) of a split window's slice of WID features; count the part, and
 // the window's last part sums all partial tiles (float) in unit order into Y.
-template <int WID, typename TY>
+// V4: Y rows 16-byte aligned with D % 4 == 0 (the aligned float kernels): the float4 sum.
+template <int WID, typename TY, bool V4 = false>
 __device__ __forceinline__ void tc_vec_combine(int4 u, int unit, int slice, int lane,
                                                const int2* __restrict__ unit_k0, TY* __restrict__ Y,
                                                const float* __restrict__ partial, int* __restrict__ counters, int M,
@@ -798,7 +852,10 @@ __device__ __forceinline__ void tc_vec_combine(int4 u, int unit, int slice, int 
     if (!__shfl_sync(TC_FULL, last, 0)) return;
     __threadfence();  // acquire: the other parts' tiles are visible (read through L2 below)
     const int base = slice * WID;
-    tc_sum_parts<WID>(partial, k0.x, k0.y, 8, (long long)u.x * 8, base, min(WID, D - base), M, D, Y, lane, 32);
+    if constexpr (V4)
+        tc_sum_parts4<WID>(partial, k0.x, k0.y, 8, (long long)u.x * 8, base, min(WID, D - base), M, D, Y, lane, 32);
+    else
+        tc_sum_parts<WID>(partial, k0.x, k0.y, 8, (long long)u.x * 8, base, min(WID, D - base), M, D, Y, lane, 32);
     if (lane == 0) *counter = 0;  // ready for the next call on this stream
 }
 """
@@ -849,7 +906,8 @@ __device__ __forceinline__ void tc_vec_finish(const float (&acc)[FS][2][4], int4
         if (rows_left > 1)
             tc_store4<VEC>(out + D, cj, D, make_float4(acc[j][0][1], acc[j][0][3], acc[j][1][1], acc[j][1][3]));
     }
-    if (COMBINE && u.w >= 0) tc_vec_combine<32 * FS>(u, unit, slice, lane, unit_k0, Y, partial, counters, M, D, n_slices);
+    if (COMBINE && u.w >= 0)
+        tc_vec_combine<32 * FS, float, VEC>(u, unit, slice, lane, unit_k0, Y, partial, counters, M, D, n_slices);
 }
 
 // COMBINE: split windows are summed in this launch -- each part stores its partial
