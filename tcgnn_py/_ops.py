@@ -240,6 +240,7 @@ TUNING = {
     "vec_unroll": 4,  # vector layout: blocks whose loads a warp issues together
     "vec_blocks_per_unit": None,  # vector layout: blocks per balanced unit; None: from the tiling (below)
     "vec_target_warps": 16,  # auto units: aim for this many warps per SM in the grid
+    "vec_tail_factor": 4,  # auto units: longest unit <= this x the blocks per resident warp (None: no cap)
     "vec_warps": 4,  # warps per CTA (independent: each takes its own unit x slice)
     "vec_sort_units": True,  # longest units first: the grid's tail is made of short ones
     "vec_combine": True,  # sum split windows inside the launch (else: a fixup launch)
@@ -716,6 +717,8 @@ VEC_WIDE_WARPS = 32
 #: Cutting windows of fewer than 16 blocks lost in every sweep (tools/profiles): a part's partial tile,
 #: fence and counter cost more than the parallelism gained.
 VEC_UNIT_SIZES = (16, 32, 64, 128, 256)
+#: Warps of the vector SpMM resident per SM (8 CTAs of 4 warps at 64 registers).
+VEC_RESIDENT_WARPS = 32
 
 
 def _vec_launch(cp, tiling, dtype, D, vec, half=None):
@@ -800,7 +803,10 @@ def _vec_unit_size(tiling, n_slices):
     ``TUNING["vec_target_warps"]`` warps per SM (4x that on hub-heavy tilings,
     :data:`VEC_HUB_RATIO`): long windows are cut into balanced parts only as far
     as the GPU needs parallelism (each cut costs a partial tile written and read
-    again).
+    again), and no further than keeps the longest unit within
+    ``TUNING["vec_tail_factor"]`` times the blocks each resident warp gets on
+    average: on small grids that longest unit is the kernel's critical path
+    (as_22july06 at D = 256: 66 -> 38 us; wiki_vote at D = 128: 35 -> 24 us).
     """
     def build():
         return np.diff(to_host(tiling.win_ptr)).astype(np.int64)  # synchronize!
@@ -810,10 +816,14 @@ def _vec_unit_size(tiling, n_slices):
     if nb.shape[0] and nb.max() > VEC_HUB_RATIO * max(nb.mean(), 1.0):
         target *= 4  # hub windows: shorter units, or the longest unit is the kernel's tail
     floor = -(-int(nb.max(initial=0)) // VEC_UNITS_PER_WINDOW_MAX)
+    longest = int(nb.max(initial=0))
+    factor = TUNING["vec_tail_factor"]
+    # The grid's critical path is its longest unit: keep it within `factor` x the mean work of a resident warp.
+    cap = np.inf if factor is None else factor * int(nb.sum()) * n_slices / (VEC_RESIDENT_WARPS * sms)
     best = VEC_UNIT_SIZES[0]
     for size in VEC_UNIT_SIZES:
         units = int(np.maximum(-(-nb // size), 1).sum())
-        if units * n_slices >= target:
+        if units * n_slices >= target and min(size, longest) <= max(cap, VEC_UNIT_SIZES[0]):
             best = size
     return max(best, floor)
 
