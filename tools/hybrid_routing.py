@@ -1,9 +1,23 @@
-"""Issue 15 experiment (python tools/hybrid_routing.py GRAPHS DIMS, e.g. blogcatalog3,pubmed 32,128): hybrid routing.  Entries of multi-entry column vectors on tensor cores (vector
-layout), single-entry vectors on CUDA cores (cuSPARSE ALG2 with beta = 1 into the same Y), against the
-whole matrix on either."""
-import sys, numpy as np, scipy.sparse as sp, cupy as cp, cupyx.scipy.sparse as cps, tcgnn_py as tg
-from tcgnn_py.bench._timing import time_rotating, time_back_to_back
-from tcgnn_py.bench._baselines import CusparseRowMajor
+"""Issue 15 experiment: hybrid routing of the vector layout's entries.
+
+Entries of multi-entry column vectors run on tensor cores (vector layout), single-entry vectors on CUDA
+cores (cuSPARSE CSR ALG2 with beta = 1 into the same Y), against the whole matrix on the vector layout.
+
+    python tools/hybrid_routing.py blogcatalog3,pubmed 32,128
+
+Results: tools/profiles/spmm15/hybrid_routing.md.
+"""
+import sys
+
+import cupy as cp
+import cupyx.scipy.sparse as cps
+import numpy as np
+import scipy.sparse as sp
+
+import tcgnn_py as tg
+from tcgnn_py.bench._baselines import CSR_ALG2, CusparseRowMajor
+from tcgnn_py.bench._timing import time_back_to_back, time_rotating
+
 graphs, dims = sys.argv[1].split(","), [int(d) for d in sys.argv[2].split(",")]
 rng = np.random.default_rng(1)
 print("graph | D | single-entry share of nnz | cuSPARSE | vector | TC multi + cuSPARSE single (sequential) | best hybrid / vector")
@@ -27,8 +41,8 @@ for g in graphs:
     for D in dims:
         Xs = [cp.asarray(rng.integers(-4, 5, (A.shape[1], D)).astype(np.float32)) for _ in range(4)]
         Y = cp.empty((A.shape[0], D), np.float32)
-        full = CusparseRowMajor(cps.csr_matrix(A), Xs, Y, 6)
-        single = CusparseRowMajor(cps.csr_matrix(As), Xs, Y, 6)
+        full = CusparseRowMajor(cps.csr_matrix(A), Xs, Y, CSR_ALG2)
+        single = CusparseRowMajor(cps.csr_matrix(As), Xs, Y, CSR_ALG2)
         single.beta = np.array(1, np.float32)
         def hyb(i):
             tg.spmm(Tm, Xs[i], out=Y, precision="tf32")
