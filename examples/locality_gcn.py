@@ -21,7 +21,7 @@ from _common import device_name, parse_args
 
 args = parse_args(__doc__.splitlines()[0], training=True, extra=lambda p: (
     p.add_argument("--graph", default=None, help="a graph folder (adj_csr.npz, labels.npy, ...); default: Cora"),
-    p.add_argument("--layout", choices=("tcgnn", "vector"), default="tcgnn", help="tensor-core layout to order for"),
+    p.add_argument("--layout", choices=("tcgnn", "vector"), default="vector", help="tensor-core layout to order for"),
 ))
 
 import tcgnn_py as tg  # noqa: E402  (after --device has set TCGNN_PY_DEVICE)

@@ -22,6 +22,7 @@ import numpy as np
 from . import _locality as loc
 from . import _nm_reference as ref
 from ._reference import edge_rows
+from ._tiling import DEFAULT_LAYOUT
 from ._device import array_module, to_host, use_gpu
 from .kernels.launch import THREADS_PER_BLOCK as _TPB
 from .kernels.launch import grid as _grid
@@ -534,8 +535,9 @@ def reorder(
         ``(data, indices, indptr)``); its stored entries are the pattern.
     pattern : ``"N:M"``, ``"V:N:M"``, ``(N, M)`` or ``(V, N, M)`` (default 2:4),
         or ``"locality"``.
-    layout : locality only: the tiled layout to order for, ``"tcgnn"`` (16-row
-        windows, the default) or ``"vector"`` (8-row windows).
+    layout : locality only: the tiled layout to order for, ``"vector"`` (8-row
+        windows; the default, as for :class:`TiledMatrix`) or ``"tcgnn"``
+        (16-row windows).
     max_iter, stage_iter, patience : N:M only: bounds of the outer loop, of each
         stage's inner loop, and of iterations without a new best.
     max_levels : locality only: the most coarsening levels.
@@ -563,7 +565,7 @@ def reorder(
     >>> B = p.apply(A)
     >>> B.nnz == A.nnz and (B != B.T).nnz == 0
     True
-    >>> q = tg.reorder(A, "locality", device="cpu")
+    >>> q = tg.reorder(A, "locality", layout="tcgnn", device="cpu")
     >>> r = q.report
     >>> r.method, round(r.initial["tcgnn"].pairs_per_nnz, 3), round(r["tcgnn"].pairs_per_nnz, 3)
     ('clusters', 0.908, 0.574)
@@ -615,7 +617,7 @@ def _reorder_locality(A, layout, max_levels, time_budget, verbose, device, t0):
     xp, indices, indptr, shape, gpu = _structure(A, device)
     n = shape[0]
     perm, info = loc.locality_order(
-        xp, indices, indptr, n, "tcgnn" if layout is None else layout, kernel=gpu, max_levels=max_levels,
+        xp, indices, indptr, n, DEFAULT_LAYOUT if layout is None else layout, kernel=gpu, max_levels=max_levels,
         time_budget=time_budget, verbose=verbose, t0=t0,
     )  # fmt: skip
     initial, final = _locality_layouts(xp, indices, indptr, shape, None, loc.inverse(xp, perm))

@@ -62,9 +62,10 @@ class TiledMatrix:
         kept: 16-bit values halve the value bytes the products read.  scipy has
         no 16-bit floats, so :meth:`tocsr` of such a matrix is float32 (exact).
     layout : {"tcgnn", "vector"} or Layout, optional
-        How the matrix is tiled (see :class:`Layout`): ``"tcgnn"``, TC-GNN's
-        16 x 8 tiles (the default), or ``"vector"``, 8-row windows of condensed
-        column vectors with the swapped-operand TF32 kernels.
+        How the matrix is tiled (see :class:`Layout`): ``"vector"`` (the
+        default), 8-row windows of condensed column vectors with the
+        swapped-operand tensor-core kernels (TF32 and 16-bit), or ``"tcgnn"``,
+        TC-GNN's 16 x 8 tiles (the paper's format).
     tile_shape : (int, int), optional
         Any row-window height and block width (powers of two up to 32); shapes
         other than the two layouts' run on CUDA cores.  Must agree with

@@ -37,7 +37,7 @@ def test_distinct_window_columns_brute_force(spec):
     _, A = resolve_graph(spec)
     rows, cols = A.nonzero()
     want = len(set(zip((rows // 16).tolist(), cols.tolist())))
-    assert distinct_window_columns(TiledMatrix(A)) == want
+    assert distinct_window_columns(TiledMatrix(A, layout="tcgnn")) == want
 
 
 @pytest.mark.parametrize("spec,shape,nnz", [("banded:10:1", (10, 10), 28), ("uniform:50:300", (50, 50), 300)])

@@ -92,6 +92,10 @@ def test_device_cpu_is_honoured():
 def test_locality_example_on_cpu():
     res = run_example("locality_gcn.py", "--device", "cpu", "--epochs", "30", "--min-accuracy", "0.6")
     assert res.returncode == 0, res.stdout + res.stderr
+    assert "vector layout" in res.stdout, res.stdout  # the default layout
+    assert "locality reorder: bands16 order" in res.stdout and "U/nnz 0.925 -> 0.660" in res.stdout
+    res = run_example("locality_gcn.py", "--device", "cpu", "--epochs", "30", "--min-accuracy", "0.6", "--layout", "tcgnn")
+    assert res.returncode == 0, res.stdout + res.stderr
     assert "locality reorder: clusters order" in res.stdout and "U/nnz 0.908 -> 0.574" in res.stdout
 
 

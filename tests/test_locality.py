@@ -106,9 +106,10 @@ def test_locality_errors():
 
 def test_locality_budgets_and_levels():
     A = clustered(8, 16, seed=4)
-    assert tg.reorder(A, "locality", max_levels=0, device="cpu").report.candidates["clusters"] == pytest.approx(
-        tg.locality_report(A, device="cpu")["tcgnn"].pairs_per_nnz
-    )
+    for layout in ("tcgnn", "vector"):
+        r = tg.reorder(A, "locality", layout=layout, max_levels=0, device="cpu").report
+        assert r.candidates["clusters"] == pytest.approx(tg.locality_report(A, device="cpu")[layout].pairs_per_nnz)
+    assert tg.reorder(A, "locality", device="cpu").report.chosen_for == "vector"  # TiledMatrix's default
     full = tg.reorder(A, "locality", device="cpu").report.levels
     assert tg.reorder(A, "locality", max_levels=2, device="cpu").report.levels == min(2, full)
     assert tg.reorder(A, "locality", time_budget=0, device="cpu").report.levels <= 1  # checked after each level

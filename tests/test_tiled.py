@@ -68,7 +68,7 @@ def test_tile_shapes_and_stats(tile_shape):
 
 def test_star_hub_translates_without_rescans():
     A = star(100_000)
-    T = tg.TiledMatrix(A)
+    T = tg.TiledMatrix(A, layout="tcgnn")
     s = T.tile_stats()
     # The hub's window holds columns 0..100000: 12,501 blocks of 8.
     assert s.max_blocks_per_window == -(-100_001 // 8)
@@ -93,7 +93,7 @@ def test_raw_arrays_duplicates_unsorted_explicit_zeros():
 def test_shared_graphs(name):
     g = tg.load_graph(graph_dir(name))
     A = g.adj
-    T = tg.TiledMatrix(A)
+    T = tg.TiledMatrix(A, layout="tcgnn")  # the paper's format (Fig. 7a counts 16 x 8 tiles)
     T.check_format(full_check=True)
     assert (T.tocsr() != A).nnz == 0
     X = np.random.default_rng(1).integers(-8, 9, (A.shape[1], 16)).astype(np.float32)
@@ -311,7 +311,8 @@ def test_layout_argument():
     A.data[:] = np.random.default_rng().integers(1, 5, A.nnz)
     V = tg.TiledMatrix(A, layout="vector", device="cpu")
     assert V.layout == tg.Layout(8, 4) and V.layout.name == "vector" and V.tile_shape == (8, 4)
-    assert tg.TiledMatrix(A, device="cpu").layout.name == "tcgnn"
+    assert tg.TiledMatrix(A, device="cpu").layout.name == "vector"  # the default
+    assert tg.TiledMatrix(A, layout="tcgnn", device="cpu").tile_shape == (16, 8)
     assert tg.TiledMatrix(A, layout=tg.Layout(8, 4), tile_shape=(8, 4), device="cpu").tile_shape == (8, 4)
     assert tg.TiledMatrix(A, tile_shape=(32, 4), device="cpu").layout.name is None
     X = np.random.default_rng().integers(-8, 9, (29, 5)).astype(np.float64)
