@@ -22,6 +22,7 @@ __all__ = [
     "get_cupy",
     "array_module",
     "is_device_array",
+    "publish",
     "to_host",
 ]
 
@@ -139,6 +140,21 @@ def get_cupy():
     import cupy
 
     return cupy
+
+
+def publish(value=None):
+    """Finish the current stream's work before ``value`` (device data it just computed) is shared.
+
+    Derived arrays cached on a matrix (work plans, masks, value casts,
+    transposes) serve later calls on any stream, and a stream does not wait
+    for another: the stream that computed them finishes first, once per cache
+    entry.  Under CUDA-graph capture nothing may synchronize; the graph orders
+    its own work.
+    """
+    stream = get_cupy().cuda.get_current_stream()
+    if not stream.is_capturing():
+        stream.synchronize()  # synchronize!
+    return value
 
 
 def is_device_array(x):

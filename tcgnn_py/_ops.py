@@ -29,7 +29,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _reference as ref
-from ._device import DeviceMismatchError, get_cupy, is_cupy_array, is_device_array, to_host
+from ._device import DeviceMismatchError, get_cupy, is_cupy_array, is_device_array, publish, to_host
 from ._validation import check_real_dtype, is_half, promote, value_dtype
 
 __all__ = [
@@ -595,7 +595,7 @@ def _half_values(values, xdt, cache):
         hf = _widen16(cp, hi, xdt)
         lo = _round16(cp, cp.where(cp.isfinite(hf), v - hf, np.float32(0)), xdt)  # Inf / NaN: all in hi
         hv = (True, hi.astype(np.uint32) | (lo.astype(np.uint32) << 16), unscale)
-    cache[key] = hv
+    cache[key] = publish(hv)  # complete before another stream uses it
     return hv
 
 
@@ -877,7 +877,10 @@ def _values_as(values, dtype, cache):
         return values
     key = ("values", dtype.str)
     if key not in cache:
-        cache[key] = values.astype(dtype)
+        cast = values.astype(dtype)
+        if not isinstance(cast, np.ndarray):
+            publish()  # complete before another stream uses it
+        cache[key] = cast
     return cache[key]
 
 

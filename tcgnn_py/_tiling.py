@@ -13,7 +13,7 @@ import dataclasses
 import numpy as np
 
 from . import _reference as ref
-from ._device import array_module, to_host
+from ._device import array_module, publish, to_host
 from ._validation import check_tile_shape
 
 __all__ = ["Tiling", "TileStats", "Layout", "LAYOUTS", "DEFAULT_LAYOUT", "resolve_layout", "STRUCTURE"]
@@ -221,12 +221,16 @@ class Tiling:
         """``build()`` once per key; derived data that depends on the structure only.
 
         Kernel launchers keep their work plans here, so matrices sharing the
-        tiling share them.
+        tiling share them.  Device data is complete before it is cached
+        (:func:`publish`): a call on another stream may use it next.
         """
         try:
             return self._cache[key]
         except KeyError:
-            value = self._cache[key] = build()
+            value = build()
+            if self.device == "cuda":
+                publish()
+            self._cache[key] = value
             return value
 
     def cache_nbytes(self):
@@ -276,6 +280,8 @@ class Tiling:
         src = order[tiling_t.perm].astype(np.int32)  # tiled entry of Aᵀ -> tiled entry of A
         inv = xp.empty_like(src)
         inv[src] = xp.arange(src.shape[0], dtype=np.int32)
+        if xp is not np:
+            publish()  # complete before another stream uses it
         # A tiling <-> transpose cycle: both are long-lived structure, freed together.
         tiling_t._cache["transpose"] = (self, inv)
         self._cache["transpose"] = (tiling_t, src)

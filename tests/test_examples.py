@@ -104,5 +104,5 @@ def test_locality_example_on_gpu():
     """200 epochs in both orders on the GPU, >= 80 % in both (asserted by the example)."""
     res = run_example("locality_gcn.py")
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "GPU (CuPy, tensor cores), tcgnn layout, 200 epochs" in res.stdout
+    assert "GPU (CuPy, tensor cores), vector layout, 200 epochs" in res.stdout
     print(res.stdout)

@@ -306,6 +306,8 @@ def test_split_windows_on_concurrent_streams(cp, case):
         streams = [cp.cuda.Stream(non_blocking=True) for _ in range(4)]
         outs = [cp.full((3001, 64), cp.nan, cp.float32) for _ in range(4)]
         Xd = [cp.asarray(X) for X in Xs]
+        # The inputs were written on the legacy default stream, which non-blocking streams do not wait for.
+        cp.cuda.Device().synchronize()
         for _ in range(5):  # the counters reset themselves: repeated calls stay exact
             for s, X, Y in zip(streams, Xd, outs):
                 with s:
