@@ -15,6 +15,7 @@ import numpy as np
 import scipy.sparse as sp
 
 import tcgnn_py as tg
+from tcgnn_py.bench import resolve_graph
 from tcgnn_py.bench._baselines import CSR_ALG2, CusparseRowMajor
 from tcgnn_py.bench._timing import time_back_to_back, time_rotating
 
@@ -22,7 +23,7 @@ graphs, dims = sys.argv[1].split(","), [int(d) for d in sys.argv[2].split(",")]
 rng = np.random.default_rng(1)
 print("graph | D | single-entry share of nnz | cuSPARSE | vector | TC multi + cuSPARSE single (sequential) | best hybrid / vector")
 for g in graphs:
-    A = tg.load_graph(g).adj.astype(np.float32).tocsr()
+    A = resolve_graph(g)[1].astype(np.float32).tocsr()
     A.sort_indices()
     T0 = tg.TiledMatrix(A, layout="vector", device="cpu")
     t = T0.tiling
