@@ -23,9 +23,9 @@ def fake_device(monkeypatch):
 
 
 def _kernels():
-    from tcgnn_py.kernels import locality, reorder, sgt
+    from tcgnn_py.kernels import locality, nm_windows, reorder, sgt
 
-    return {**sgt.KERNELS, **reorder.KERNELS, **locality.KERNELS}
+    return {**sgt.KERNELS, **reorder.KERNELS, **locality.KERNELS, **nm_windows.KERNELS}
 
 
 #: Warp intrinsics each kernel must compile to: the reason it exists in this form.
@@ -41,11 +41,12 @@ INTRINSICS = {
     "stage2_round": ("vote.sync.ballot", "shfl.sync.idx", "popc"),
     "gains_batch": ("shfl.sync.idx", "popc"),
     "best_partner": ("shfl.sync.bfly",),
+    "group_windows": ("shfl.sync.bfly", "vote.sync.ballot", "shfl.sync.idx"),
 }
 NAMES = [
     "check_csr", "rank_edges", "window_blocks", "condense_edges", "count_block_rows", "scatter_edges", "sum_runs", "scan_tile_totals", "scan_tiles",
     "pack_bits", "vector_codes", "count_meta_violations", "stage2_round", "gains_batch",
-    "best_partner",
+    "best_partner", "group_windows",
 ]  # fmt: skip
 
 
