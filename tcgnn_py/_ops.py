@@ -815,8 +815,8 @@ def _vec_unit_size(tiling, n_slices):
     target = TUNING["vec_target_warps"] * sms
     if nb.shape[0] and nb.max() > VEC_HUB_RATIO * max(nb.mean(), 1.0):
         target *= 4  # hub windows: shorter units, or the longest unit is the kernel's tail
-    floor = -(-int(nb.max(initial=0)) // VEC_UNITS_PER_WINDOW_MAX)
     longest = int(nb.max(initial=0))
+    floor = -(-longest // VEC_UNITS_PER_WINDOW_MAX)
     factor = TUNING["vec_tail_factor"]
     # The grid's critical path is its longest unit: keep it within `factor` x the mean work of a resident warp.
     cap = np.inf if factor is None else factor * int(nb.sum()) * n_slices / (VEC_RESIDENT_WARPS * sms)
