@@ -41,15 +41,15 @@ def window_columns(rows, cols, n_cols, window):
     rows = np.asarray(rows, np.int64)
     cols = np.asarray(cols, np.int64)
     n_windows = -(-(int(rows.max()) + 1) // window) if rows.size else 0
-    key = (rows // window) * max(int(n_cols), 1) + cols
+    width = max(int(n_cols), 1)
+    key = (rows // window) * width + cols
     order = np.argsort(key, kind="stable")
     key, bit = key[order], (np.uint64(1) << (rows[order] % window).astype(np.uint64))
     starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if key.size else np.zeros(0, np.int64)
     masks = np.bitwise_or.reduceat(bit, starts).astype(np.uint32) if key.size else np.zeros(0, np.uint32)
     ukey = key[starts]
-    win = ukey // max(int(n_cols), 1)
-    win_ptr = np.searchsorted(win, np.arange(n_windows + 1)).astype(np.int64)
-    return win_ptr, (ukey % max(int(n_cols), 1)).astype(np.int64), masks
+    win_ptr = np.searchsorted(ukey // width, np.arange(n_windows + 1)).astype(np.int64)
+    return win_ptr, (ukey % width).astype(np.int64), masks
 
 
 def group_columns(masks, n, m, max_open=MAX_OPEN):

@@ -67,7 +67,9 @@ def plan(A, parts=None, bounds=None):
     n = A.shape[0]
     if A.shape[1] != n:
         raise ValueError(f"a row partition of a graph needs a square matrix, got shape {A.shape}")
-    A.sum_duplicates()
+    if not A.has_canonical_format:
+        A = A.copy()  # the caller's arrays stay as they were
+        A.sum_duplicates()
     if bounds is None:
         bounds = balanced_bounds(A.indptr, 1 if parts is None else parts)
     bounds = np.asarray(bounds, np.int64)

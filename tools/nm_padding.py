@@ -37,7 +37,7 @@ def folded_row(A, pattern, window, piece=32):
     Returns the padding share of all stored slots, the share of the entries moved, and the pieces.
     """
     n, m = pattern
-    A = A.tocsr()
+    A = A.tocsr(copy=True)  # sum_duplicates below must not reorder the caller's arrays
     A.sum_duplicates()
     r, c = A.nonzero()
     deg = np.diff(A.indptr)
