@@ -20,7 +20,7 @@ from ._reorder import (
 )
 from ._synth import power_law_graph
 from ._tiled import TiledMatrix, sddmm, spmm
-from ._tiling import Layout, Tiling, TileStats
+from ._tiling import LAYOUTS, Layout, Tiling, TileStats
 
 from . import nn  # noqa: E402  (layer 4: imports the names above)
 
@@ -32,6 +32,7 @@ __all__ = [
     "TileStats",
     "Tiling",
     "Layout",
+    "LAYOUTS",
     "spmm",
     "sddmm",
     "CUDAGraph",

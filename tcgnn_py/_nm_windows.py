@@ -23,7 +23,7 @@ metadata; it depends only on NumPy.
 
 import numpy as np
 
-__all__ = ["MAX_OPEN", "window_columns", "group_columns", "nm_groups", "check_groups"]
+__all__ = ["MAX_OPEN", "window_columns", "group_columns", "nm_groups", "check_groups", "sp_dense_blocks"]
 
 #: Open groups a window keeps while it places its columns (one warp's lanes on the GPU).
 MAX_OPEN = 32
@@ -158,3 +158,39 @@ def check_groups(groups, rows, cols, shape):
         sm = sm.reshape(-1, m)
         counts = ((sm[:, :, None] >> np.arange(window)) & 1).sum(axis=1)  # (groups, rows)
         assert counts.max(initial=0) <= n, f"window {w}: a row holds more than {n} entries in a group of {m}"
+
+
+def sp_dense_blocks(comp, meta, pattern):
+    """The dense ``(n_blocks, 16, 4 M)`` A operands that ``mma.sp`` reads from packed blocks.
+
+    ``comp``: compressed values ``(n_blocks, 32 lanes, 2 registers, N)`` (floats);
+    ``meta``: metadata words ``(n_blocks, 8)``.  Reads them as the instruction does
+    (PTX ISA, checked on the H200; selector 0): lane ``(g, t)`` holds row ``g``
+    (register 0) and ``g + 8`` (register 1) of group ``t``; metadata word ``g`` holds
+    row ``g``'s groups in bits ``4t ..`` and row ``g + 8``'s from bit 16.  Raises
+    ``ValueError`` on metadata ``::ordered_metadata`` forbids (2:4: positions not
+    ascending; 1:2: a nibble other than ``0x4`` / ``0xE``).
+    """
+    n, m = pattern
+    comp = np.asarray(comp, np.float64)
+    meta = np.asarray(meta, np.int64)
+    nb = meta.shape[0]
+    out = np.zeros((nb, 16, 4 * m))
+    lanes = np.arange(32)
+    g, t = lanes // 4, lanes % 4
+    bidx = np.arange(nb)[:, None]
+    for reg in (0, 1):
+        word = meta[:, g] >> (16 * reg)  # (n_blocks, 32)
+        nibble = (word >> (4 * t)) & 0xF
+        if (n, m) == (2, 4):
+            lo, hi = nibble & 3, nibble >> 2
+            if np.any(lo >= hi):
+                raise ValueError("2:4 metadata positions must ascend in each group")
+            cols = [4 * t + lo, 4 * t + hi]
+        else:
+            if np.any((nibble != 0x4) & (nibble != 0xE)):
+                raise ValueError("1:2 metadata nibbles must be 0x4 or 0xE")
+            cols = [2 * t + (nibble == 0xE)]
+        for h in range(n):
+            np.add.at(out, (bidx, g + 8 * reg, cols[h]), comp[:, :, reg, h])
+    return out

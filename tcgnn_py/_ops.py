@@ -138,22 +138,24 @@ def check_out(out, shape, dtype, xp, half_ok=False):
         raise ValueError("out must be C-contiguous")
 
 
-def resolve_precision(precision, dtype, tile_shape, operand=None):
+def resolve_precision(precision, dtype, tile_shape, operand=None, pattern=None):
     """How a product runs: ``"tf32"``, ``"exact"`` (CUDA cores) or ``"float16"`` / ``"bfloat16"`` (16-bit MMA).
 
     ``dtype`` is the result's dtype, ``operand`` the dtype of the gathered
-    operand X (16-bit MMAs need a 16-bit X on the vector layout).
+    operand X (16-bit MMAs need a 16-bit X on the vector or 2:4 layout);
+    ``pattern`` is the layout's N:M pattern, if any.
     """
     if not (precision is None or isinstance(precision, str)) or precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     op = None if operand is None else np.dtype(operand)
-    return _resolve(precision, np.dtype(dtype), tuple(tile_shape), op)
+    return _resolve(precision, np.dtype(dtype), tuple(tile_shape), op, pattern)
 
 
 @functools.lru_cache(maxsize=64)
-def _resolve(precision, dtype, tile_shape, operand):
+def _resolve(precision, dtype, tile_shape, operand, pattern=None):
     cdt = compute_dtype(dtype)
     tc_ok = cdt == np.float32 and tile_shape in TC_TILES
+    half_tile = tile_shape == _VEC_TILE or pattern == (2, 4)  # layouts with 16-bit MMA kernels
     half_op = operand is not None and is_half(operand) and cdt == np.float32
     if precision in HALF_PRECISIONS:
         want = HALF_PRECISIONS[precision]
@@ -167,8 +169,8 @@ def _resolve(precision, dtype, tile_shape, operand):
                 f"precision={precision!r} needs {want} operands, got {operand}: "
                 f"cast them with .astype({want!r}), or leave precision=None"
             )
-        if tile_shape != _VEC_TILE:
-            raise ValueError(f"precision={precision!r} needs layout='vector' (8 x 4 tiles), got tile_shape {tile_shape}")
+        if not half_tile:
+            raise ValueError(f"precision={precision!r} needs layout='vector' or '2:4', got tile_shape {tile_shape}")
         return want
     if precision == "tf32" and not tc_ok:
         if cdt != np.float32:
@@ -177,7 +179,7 @@ def _resolve(precision, dtype, tile_shape, operand):
                 "cast the matrix and the operands with .astype(numpy.float32), or leave precision=None"
             )
         raise ValueError(f"precision='tf32' needs tile_shape=(16, 8) or (8, 4), got {tile_shape}")
-    if precision is None and half_op and tile_shape == _VEC_TILE:
+    if precision is None and half_op and half_tile:
         return operand.name
     if precision == "fp32" or not tc_ok:
         return "exact"
@@ -196,7 +198,7 @@ def spmm_raw(tiling, values, X, dtype, precision=None, out=None, casts=None):
     product's dtype (per matrix).
     """
     dtype = np.dtype(dtype)
-    mode = resolve_precision(precision, dtype, tiling.tile_shape, X.dtype)
+    mode = resolve_precision(precision, dtype, tiling.tile_shape, X.dtype, tiling.layout.pattern)
     if isinstance(X, np.ndarray):
         Y = ref.spmm(tiling.arrays(values), tiling.shape, tiling.layout.window, X, compute_dtype(dtype))
         Y = Y.astype(dtype, copy=False)
@@ -208,13 +210,18 @@ def spmm_raw(tiling, values, X, dtype, precision=None, out=None, casts=None):
     # The kernels write ``kdt``: the result's dtype, or float32 rounded once into it afterwards (a 16-bit
     # result the kernel does not write, or one computed on widened X).
     if mode in _HALF_MODES:
-        hv = _half_values(values, X.dtype, casts)
+        hv = _half_values(values, X.dtype, casts) if tiling.layout.pattern is None else True
         kdt = dtype if dtype in (_F32, X.dtype) else _F32
     else:
         hv, kdt = None, compute_dtype(dtype)
     # An out the kernel can write directly, unless it overlaps X (read while writing): then a temporary.
     direct = out if out is not None and kdt == dtype and not _overlap(out, X) else None
-    if hv is not None:
+    if tiling.layout.pattern is not None and mode != "exact":
+        from . import _sparse_tc  # sparse tensor cores: 16-bit X on "2:4", TF32 on "1:2"
+
+        Y = _sparse_tc.spmm_sp(tiling, values, X if hv is not None else X.astype(_F32, copy=False), kdt, direct,
+                               casts)
+    elif hv is not None:
         Y = _spmm_half(tiling, hv, X, kdt, direct)
     else:
         Y = _spmm_gpu(tiling, values, X, kdt, mode, direct, casts)
@@ -254,6 +261,12 @@ TUNING = {
     "half_ks": 1,  # 16-bit vector SpMM: k16 chunks (4 blocks each) per cp.async step
     "half_stages": 2,  # 16-bit vector SpMM: steps in flight per warp
     "half_prefetch": True,  # 16-bit vector SpMM: values loaded one step ahead (False: sweeps only)
+    # N:M SpMM (sweeps of 2026-11-24, GPU time, 8 graphs x D = 32-256: 32 blocks per unit with the fixup launch;
+    # 4 n-tiles; 2 blocks per step for 16-bit X, 4 for TF32; a register cap of 6 CTAs/SM spilled: 25-55 % slower).
+    "sp_blocks_per_unit": 32,  # N:M SpMM: blocks per balanced unit (a hub window is split into units)
+    "sp_combine": False,  # N:M SpMM: sum split windows inside the launch (else: the fixup launch)
+    "sp_nt": 4,  # N:M SpMM: n-tiles of 8 features per warp, 4 or 8 (8: half the warps, 1.5x the registers)
+    "sp_unroll": None,  # N:M SpMM: blocks per step, 2 or 4, their data loaded one step ahead; None: 2 (16-bit), 4 (TF32)
 }
 _TUNING_VERSION = [0]
 
@@ -948,9 +961,10 @@ def sddmm_raw(tiling, values, Xa, Xb, dtype, multiply_values=False, precision=No
     dtype = np.dtype(dtype)
     cdt = compute_dtype(dtype)
     operand = Xa.dtype if Xa.dtype == Xb.dtype else None
-    mode = resolve_precision(precision, dtype, tiling.tile_shape, operand)
+    mode = resolve_precision(precision, dtype, tiling.tile_shape, operand, tiling.layout.pattern)
     if mode in _HALF_MODES:
-        mode = "tf32"  # 16-bit inputs widen exactly to TF32: the same products, accumulated in float32
+        # 16-bit inputs widen exactly to TF32: the same products, accumulated in float32 (CUDA cores on 2:4 tiles).
+        mode = "tf32" if tiling.tile_shape in TC_TILES else "exact"
     if isinstance(Xa, np.ndarray):
         e = ref.sddmm(tiling.arrays(values), tiling.shape, tiling.layout.window, Xa, Xb, cdt, multiply_values)
         return e.astype(dtype, copy=False)

@@ -4,8 +4,8 @@ import weakref
 
 import numpy as np
 
+from . import _nm_group, _sgt
 from . import _reference as ref
-from . import _sgt
 from ._device import DeviceMismatchError, array_module, get_cupy, is_cupy_array, to_host, use_gpu
 from ._ops import (
     HOT_PRECISIONS,
@@ -93,7 +93,8 @@ class TiledMatrix:
     __array_ufunc__ = None
 
     def __init__(self, A, shape=None, *, dtype=None, layout=None, tile_shape=None, device=None):
-        window, block = resolve_layout(layout, tile_shape).tile_shape
+        layout = resolve_layout(layout, tile_shape)
+        window, block = layout.tile_shape
         on_device = use_gpu(device)
         if isinstance(A, TiledMatrix):
             data, indices, indptr = A.csr_arrays()
@@ -117,8 +118,10 @@ class TiledMatrix:
             data, indices, indptr = check_csr_arrays(data, indices, indptr, shape, full_check=True)
         # Duplicates are summed in the build dtype (float32 for 16-bit values), then rounded once.
         data = data.astype(_build_dtype(vdtype), copy=False)
-        tiling, values = Tiling.from_arrays(_sgt.tile(data, indices, indptr, shape, window, block), shape,
-                                            (window, block))
+        arrays = _sgt.tile(data, indices, indptr, shape, window, block)
+        if layout.pattern is not None:
+            arrays = _nm_group.regroup(arrays, shape, layout)
+        tiling, values = Tiling.from_arrays(arrays, shape, (window, block), layout)
         self._init(tiling, values.astype(vdtype, copy=False))
 
     @classmethod

@@ -27,8 +27,10 @@ class Layout:
     """How a tiling cuts a matrix: ``window`` rows per window, ``block`` column slots per block.
 
     ``orientation`` is ``"rows"``: windows are row windows and blocks hold
-    condensed columns.  Two layouts have TF32 tensor-core kernels
-    (:data:`LAYOUTS`):
+    condensed columns.  ``pattern`` ``(N, M)``, when set, groups each window's
+    column slots so that every row holds at most N entries in each M
+    consecutive slots (padding slots where needed: lossless for any matrix).
+    The named layouts (:data:`LAYOUTS`):
 
     ``"tcgnn"`` (16 x 8)
         TC-GNN's format: each block is one ``16 x 8`` tile, the A operand of
@@ -38,17 +40,26 @@ class Layout:
         SpMM swaps operands (X is the MMA's A operand, two blocks of vectors its
         B operand, FlashSparse-style) and splits long windows into balanced
         parts.  Half the window height means fewer zeros per gathered X row.
+    ``"2:4"`` (16 x 16, pattern 2:4)
+        Sparse tensor cores: each block is the A operand of
+        ``mma.sp.m16n8k16`` (float16 / bfloat16 X), stored compressed with its
+        metadata.  float32 X runs on CUDA cores.
+    ``"1:2"`` (16 x 8, pattern 1:2)
+        Sparse tensor cores for float32 X: ``mma.sp.m16n8k8`` with TF32.
 
     Examples
     --------
     >>> import tcgnn_py as tg
     >>> tg.Layout(8, 4).name, tg.Layout(16, 8).name, tg.Layout(32, 4).name
     ('vector', 'tcgnn', None)
+    >>> tg.LAYOUTS["2:4"]
+    Layout(window=16, block=16, orientation='rows', pattern=(2, 4))
     """
 
     window: int = 16
     block: int = 8
     orientation: str = "rows"
+    pattern: tuple = None
 
     @property
     def tile_shape(self):
@@ -60,11 +71,17 @@ class Layout:
         return next((k for k, v in LAYOUTS.items() if v == self), None)
 
     def __str__(self):
-        return f"{self.window}x{self.block} {self.orientation}"
+        nm = f" {self.pattern[0]}:{self.pattern[1]}" if self.pattern else ""
+        return f"{self.window}x{self.block} {self.orientation}{nm}"
 
 
-#: The named layouts, each with TF32 tensor-core SpMM and SDDMM kernels.
-LAYOUTS = {"tcgnn": Layout(16, 8), "vector": Layout(8, 4)}
+#: The named layouts, each with tensor-core SpMM kernels.
+LAYOUTS = {
+    "tcgnn": Layout(16, 8),
+    "vector": Layout(8, 4),
+    "2:4": Layout(16, 16, pattern=(2, 4)),
+    "1:2": Layout(16, 8, pattern=(1, 2)),
+}
 #: What ``TiledMatrix(A)`` uses when neither ``layout`` nor ``tile_shape`` is given: the vector layout, faster
 #: than the 16x8 one for SpMM at 54 of 60 real-graph points and for SDDMM at 59 of 60 (BENCHMARKS.md).
 DEFAULT_LAYOUT = "vector"
@@ -84,6 +101,8 @@ def resolve_layout(layout=None, tile_shape=None):
         check_tile_shape(layout.tile_shape)
         if layout.orientation != "rows":
             raise ValueError(f"only row windows are supported, got orientation {layout.orientation!r}")
+        if layout.pattern is not None and layout not in LAYOUTS.values():
+            raise ValueError(f"N:M patterns come with the named layouts '2:4' and '1:2', got {layout!r}")
         out = layout
     else:
         raise TypeError(f"layout must be a str or a tcgnn_py.Layout, got {type(layout).__name__}")
@@ -108,6 +127,12 @@ class TileStats:
     blocks: int
     blocks_before: int
     max_blocks_per_window: int
+    #: Stored column slots holding no column (each window's last block, and N:M grouping padding).
+    padding_slots: int = 0
+    #: Non-empty windows stored in the fewest blocks their columns need (no padding beyond the last block's).
+    windows_unpadded: int = 0
+    #: ``(N, M)`` of an N:M layout, else None.
+    pattern: tuple = None
 
     @property
     def block_reduction(self):
@@ -135,7 +160,16 @@ class TileStats:
             f"({100 * self.block_reduction:.1f}% fewer), "
             f"density {100 * self.density_before:.2f}% -> {100 * self.density:.2f}%, "
             f"max {self.max_blocks_per_window} blocks/window"
+            + (f", {self.pattern[0]}:{self.pattern[1]} padding {self.padding_slots} slots "
+               f"({100 * self.padding_fraction:.1f}%), {self.windows_unpadded}/{self.nonempty_windows} windows "
+               f"unpadded" if self.pattern else "")
         )
+
+    @property
+    def padding_fraction(self):
+        """Padding slots per stored column slot."""
+        H, W = self.tile_shape
+        return self.padding_slots / (self.blocks * W) if self.blocks else 0.0
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -167,12 +201,12 @@ class Tiling:
     _cache: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
 
     @classmethod
-    def from_arrays(cls, arrays, shape, tile_shape=(16, 8)):
+    def from_arrays(cls, arrays, shape, tile_shape=(16, 8), layout=None):
         """``(tiling, values)`` from a dict of trusted tiled arrays (SGT's output); no copies."""
         tiling = cls(
             *(arrays[k] for k in STRUCTURE),
             shape=(int(shape[0]), int(shape[1])),
-            layout=Layout(int(tile_shape[0]), int(tile_shape[1])),
+            layout=Layout(int(tile_shape[0]), int(tile_shape[1])) if layout is None else layout,
         )
         return tiling, arrays["values"]
 
@@ -276,7 +310,11 @@ class Tiling:
         xp = self.xp
         # Structure only: float32 zeros stand in for the values (the SGT kernels are compiled for them).
         arrays_t = _sgt.translate(xp.zeros(self.nnz, np.float32), indices, indptr, shape_t, *self.tile_shape)
-        tiling_t, _ = Tiling.from_arrays(arrays_t, shape_t, self.tile_shape)
+        if self.layout.pattern is not None:
+            from . import _nm_group
+
+            arrays_t = _nm_group.regroup(arrays_t, shape_t, self.layout)
+        tiling_t, _ = Tiling.from_arrays(arrays_t, shape_t, self.tile_shape, self.layout)
         src = order[tiling_t.perm].astype(np.int32)  # tiled entry of Aᵀ -> tiled entry of A
         inv = xp.empty_like(src)
         inv[src] = xp.arange(src.shape[0], dtype=np.int32)
@@ -302,7 +340,15 @@ class Tiling:
         slot_win = (xp.searchsorted(self.win_ptr, xp.arange(n_blocks), side="right") - 1).repeat(W)
         keep = flat >= 0
         key = slot_win[keep].astype(np.int64) * (self.shape[1] // W + 1) + flat[keep] // W
+        if self.layout.pattern is not None:
+            key = xp.sort(key)  # N:M slots are grouped, not ascending
         before = int((key[1:] != key[:-1]).sum()) + 1 if key.shape[0] else 0  # synchronize!
+        # Column slots per window and how many blocks they need: windows with more hold padding slots.
+        cols_w = xp.zeros(n_windows, np.int64)
+        if n_blocks:
+            cols_w = xp.bincount(slot_win[keep], minlength=n_windows)[:n_windows]
+        nonempty = per_win > 0
+        unpadded = nonempty & (per_win == -(-cols_w // W))
         return TileStats(
             shape=self.shape,
             nnz=self.nnz,
@@ -312,6 +358,9 @@ class Tiling:
             blocks=n_blocks,
             blocks_before=before,
             max_blocks_per_window=int(per_win.max()) if n_windows else 0,  # synchronize!
+            padding_slots=int(n_blocks * W - int(keep.sum())),  # synchronize!
+            windows_unpadded=int(unpadded.sum()),  # synchronize!
+            pattern=self.layout.pattern,
         )
 
     def check(self, full_check=False):
@@ -351,6 +400,12 @@ class Tiling:
         same = entry_block[1:] == entry_block[:-1]
         if np.any(same & (h["tile_pos"][1:] <= h["tile_pos"][:-1])):
             raise ValueError("tile_pos must increase strictly within each block")
+        if self.layout.pattern is not None:
+            n, m = self.layout.pattern
+            # Entries per (block, row, group of m slots): at most n.
+            key = (entry_block.astype(np.int64) * H + h["tile_pos"] // W) * (W // m) + (h["tile_pos"] % W) // m
+            if key.size and np.bincount(key).max() > n:
+                raise ValueError(f"a row holds more than {n} entries in a group of {m} slots ({n}:{m} layout)")
 
     def copy(self):
         """A tiling with copies of the structure arrays (empty caches)."""

@@ -105,7 +105,7 @@ def test_precision_errors():
         tg.spmm(T, X, precision="fp16")
     with pytest.raises(TypeError, match="needs bfloat16 operands, got float16"):
         tg.spmm(T, X.astype(np.float16), precision="bf16")
-    with pytest.raises(ValueError, match="needs layout='vector'"):
+    with pytest.raises(ValueError, match="needs layout='vector' or '2:4'"):
         tg.spmm(tg.TiledMatrix(ZOO["n17"], dtype=np.float32, layout="tcgnn"), X.astype(np.float16), precision="fp16")
     with pytest.raises(TypeError, match="needs a float32 or 16-bit product, this one is float64"):
         tg.spmm(T.astype(np.float64), X.astype(np.float16), precision="fp16")

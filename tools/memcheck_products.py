@@ -6,7 +6,8 @@ Covers: TF32 SpMM with 1/2/4 column chunks, 16-byte and scalar loads, split
 unroll 4/8, the cp.async kernel with 2/3 stages, units of 2 blocks and automatic
 units, split windows summed in the launch or by the fixup) and SDDMM; CUDA-core SpMM in float32/float64 on other tile
 shapes; TF32 and CUDA-core SDDMM; the 16-bit SpMM (both types, float32 and
-16-bit matrices and outputs, its compiled shapes, aligned and unaligned rows).  Sizes are not multiples of 16.  Every
+16-bit matrices and outputs, its compiled shapes, aligned and unaligned rows); the N:M layouts' mma.sp SpMM
+(2:4 16-bit, 1:2 TF32, both n-tile widths, split windows).  Sizes are not multiples of 16.  Every
 result is checked against SciPy, so a wrong index shows up even when it stays
 inside an allocation.
 """
@@ -87,6 +88,31 @@ for tuning in HALF_TUNINGS:
                         tg.spmm(T, cp.asarray(X).astype(xt), out=out)
                         assert np.array_equal(out.get().astype(np.float32), want.astype(ydt).astype(np.float32)), \
                             (tuning, xt, mdt, D, ydt)
+                        checked += 1
+# The N:M layouts' mma.sp SpMM: 2:4 with 16-bit X (float32 and 16-bit matrices and outputs), 1:2 with TF32;
+# 4 and 8 n-tiles per warp, 2 and 4 blocks per step, units of 8, 2 and 1 blocks: split windows summed in the
+# launch and by the fixup.
+for tuning in (dict(sp_nt=4, sp_blocks_per_unit=8, sp_combine=True, sp_unroll=2),
+               dict(sp_nt=8, sp_blocks_per_unit=1, sp_combine=False, sp_unroll=4),
+               dict(sp_nt=4, sp_blocks_per_unit=2, sp_combine=True, sp_unroll=4)):
+    _ops.set_tuning(**tuning)
+    for M in (A, R):
+        for D in (1, 3, 17, 64, 100, 136):
+            X = rng.integers(-8, 9, (M.shape[1], D)).astype(np.float32)
+            want = (M @ X.astype(np.float64)).astype(np.float32)
+            T = tg.TiledMatrix(M, dtype=np.float32, layout="1:2")
+            out = cp.full((M.shape[0], D), cp.nan, np.float32)
+            tg.spmm(T, cp.asarray(X), out=out)
+            assert np.array_equal(out.get(), want), (tuning, "1:2", D)
+            checked += 1
+            for xt in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
+                for mdt in (np.float32, xt):
+                    T = tg.TiledMatrix(M, dtype=mdt, layout="2:4")
+                    for ydt in (np.float32, xt):
+                        out = cp.full((M.shape[0], D), cp.nan, ydt)
+                        tg.spmm(T, cp.asarray(X).astype(xt), out=out)
+                        assert np.array_equal(out.get().astype(np.float32), want.astype(ydt).astype(np.float32)), \
+                            (tuning, "2:4", xt, mdt, D, ydt)
                         checked += 1
 # The benchmarks' gather-and-dot SDDMM baseline (every lane-group size).
 import cupyx.scipy.sparse as csp  # noqa: E402

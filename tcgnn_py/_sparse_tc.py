@@ -1,0 +1,223 @@
+"""Layer 2: SpMM on the N:M layouts through sparse tensor cores (``mma.sp``, issue 19).
+
+The ``"2:4"`` and ``"1:2"`` layouts (:data:`tcgnn_py.LAYOUTS`) group each
+16-row window's column slots so that every row holds at most N entries in each
+M consecutive slots.  A block is then the sparse A operand of one ``mma.sp``:
+``m16n8k16`` with float16 / bfloat16 X on ``"2:4"`` (16-slot blocks),
+``m16n8k8`` with TF32 on ``"1:2"`` (8-slot blocks).  This module packs each
+block's values in compressed fragment order (N of every M, per lane) with the
+metadata the instruction needs, and launches ``tcgnn_spmm_sp``
+(:mod:`tcgnn_py.kernels.products`, family ``"sparse"``).
+
+Packing, for entry ``(row r, slot s)`` of block ``b`` (``q = s // M``, ``i = s % M``):
+
+* metadata word ``meta[b, g]`` (``g < 8``): bits ``4q .. 4q+3`` describe row
+  ``g``'s group ``q``, bits ``16 + 4q ..`` row ``g + 8``'s.  2:4: two ascending
+  2-bit positions (an entry alone at ``i`` pairs with ``i + 1``, or with 2 when
+  ``i = 3``; an empty group is ``(0, 1)``); 1:2 (TF32 counts as two 16-bit
+  halves): ``0x4`` keeps the first element of the pair, ``0xE`` the second.
+* values: lane ``(r % 8) * 4 + q``, register ``r // 8``, and (2:4) the
+  entry's place among the two kept positions.
+
+:func:`tcgnn_py._nm_windows.sp_dense_blocks` reads the packing back the way the
+instruction does (checked on the H200 with every sparsity selector): the CI
+oracle of this module.
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+
+from . import _reference as ref
+from ._device import get_cupy, publish
+from ._ops import (
+    _TUNING_VERSION,
+    TUNING,
+    VEC_UNITS_PER_WINDOW_MAX,
+    Fixup,
+    _half_values,
+    _stream_scratch,
+    _values_as,
+    spmm_plan,
+)
+
+__all__ = ["sp_meta", "sp_values", "spmm_sp", "pack_structure", "pack_values"]
+
+_F32 = np.dtype(np.float32)
+
+
+def _luts(n, m):
+    """``(nibble, where)``: metadata nibble of a group's occupancy mask, and each position's kept slot (-1: none)."""
+    nib = np.zeros(1 << m, np.int64)
+    where = np.full((1 << m, m), -1, np.int64)
+    for mask in range(1 << m):
+        bits = [i for i in range(m) if mask >> i & 1]
+        if len(bits) > n:
+            continue  # cannot occur in a conforming layout
+        if (n, m) == (2, 4):
+            if len(bits) == 2:
+                idx = bits
+            elif len(bits) == 1:
+                idx = [bits[0], bits[0] + 1] if bits[0] < 3 else [2, 3]
+            else:
+                idx = [0, 1]
+            nib[mask] = idx[0] | idx[1] << 2
+            for k, i in enumerate(idx):
+                if i in bits:
+                    where[mask, i] = k
+        elif (n, m) == (1, 2):
+            i = bits[0] if bits else 0
+            nib[mask] = (2 * i) | (2 * i + 1) << 2  # a TF32 element is two 16-bit halves
+            if bits:
+                where[mask, i] = 0
+        else:
+            raise ValueError(f"no mma.sp packing for {n}:{m}")
+    return nib, where
+
+
+def pack_structure(xp, block_ptr, tile_pos, n_blocks, layout):
+    """``(meta, dest)``: the metadata words ``(n_blocks, 8)`` (uint32) and each entry's compressed index.
+
+    ``dest`` indexes a ``(n_blocks, 32 lanes, 2 registers, N)`` array of values.
+    """
+    H, W = layout.tile_shape
+    n, m = layout.pattern
+    G = W // m
+    nnz = tile_pos.shape[0]
+    eb = ref.entry_blocks(block_ptr, nnz).astype(np.int64)
+    p = tile_pos.astype(np.int64)
+    r, s = p // W, p % W
+    q, i = s // m, s % m
+    key = (eb * H + r) * G + q
+    second = xp.zeros(nnz, bool)
+    if nnz > 1:
+        second[1:] = key[1:] == key[:-1]  # tiled order: a (block, row, group)'s entries are adjacent
+    bit = xp.left_shift(xp.int64(1), i)
+    mask = xp.zeros(max(n_blocks * H * G, 1), np.int64)
+    first = ~second
+    mask[key[first]] = bit[first]
+    mask[key[second]] += bit[second]  # at most one second entry per group (N <= 2)
+    nib_t, where_t = (xp.asarray(a) for a in _luts(n, m))
+    nib = nib_t[mask[: n_blocks * H * G]].reshape(n_blocks, H, G)
+    row_meta = (nib << (4 * xp.arange(G, dtype=np.int64))).sum(axis=2)
+    meta = (row_meta[:, :8] | (row_meta[:, 8:] << 16)).astype(np.uint32)
+    where = where_t[mask[key], i]
+    lane = (r % 8) * 4 + q
+    dest = ((eb * 32 + lane) * 2 + r // 8) * n + where
+    return xp.ascontiguousarray(meta), dest
+
+
+def pack_values(xp, dest, n_blocks, layout, values, split=False):
+    """The compressed A fragments of every block (zeros where no entry is).
+
+    ``values``: float32 (``"1:2"``), or 16-bit bits (uint16; ``"2:4"``), or, with
+    ``split``, uint32 ``hi | lo << 16`` pairs, stored per lane as hi registers then lo registers.
+    """
+    n = layout.pattern[0]
+    if not split:
+        comp = xp.zeros(n_blocks * 32 * 2 * n, values.dtype)
+        comp[dest] = values
+        return comp
+    comp = xp.zeros(n_blocks * 32 * 8, np.uint16)
+    hi = (dest // 4) * 8 + dest % 4
+    comp[hi] = (values & 0xFFFF).astype(np.uint16)
+    comp[hi + 4] = (values >> 16).astype(np.uint16)
+    return comp
+
+
+def sp_meta(tiling):
+    """``(meta, dest)`` of :func:`pack_structure` for a tiling (structure only: cached on it)."""
+    return tiling.cached("sp_meta", lambda: pack_structure(tiling.xp, tiling.block_ptr, tiling.tile_pos,
+                                                           tiling.n_blocks, tiling.layout))
+
+
+def sp_values(tiling, values, xdt, casts):
+    """``(split, compressed values, unscale)`` for X of type ``xdt``, cached per matrix in ``casts``."""
+    key = ("sp_values", np.dtype(xdt).name)
+    hit = casts.get(key)
+    if hit is not None:
+        return hit
+    cp = get_cupy()
+    _, dest = sp_meta(tiling)
+    nb, layout = tiling.n_blocks, tiling.layout
+    if layout.pattern == (1, 2):
+        v = _values_as(values, _F32, casts)
+        out = (False, pack_values(cp, dest, nb, layout, v), None)
+    else:
+        split, vals, unscale = _half_values(values, np.dtype(xdt), casts)
+        bits = vals if split else vals.view(np.uint16)
+        out = (split, pack_values(cp, dest, nb, layout, bits, split), unscale)
+    casts[key] = publish(out)
+    return out
+
+
+class SpLaunch(NamedTuple):
+    """One configuration of ``tcgnn_spmm_sp``: kernel, geometry, plan arrays, and how split windows are summed."""
+
+    kernel: object
+    grid: tuple
+    units: object  # int4 rows (window, first block, end block, partial slot or -1)
+    unit_k0: object  # int2 rows (first slot of the unit's window, its number of parts)
+    n_slices: int
+    n_work: int
+    n_slots: int
+    n_counters: int  # split windows summed in the launch: one counter per (first slot, slice); 0: fixup launch
+    fixup: object  # Fixup launch, or None
+    scratch: dict  # per-stream counters (each call resets the ones it uses)
+
+    def counters(self):
+        if not self.n_counters:
+            return None
+        return _stream_scratch(self.scratch, "counters", lambda: get_cupy().zeros(self.n_counters, np.int32))
+
+
+def _sp_launch(tiling, xname, split, yname, D, aligned):
+    from .kernels import products as kp
+    from .kernels.registry import get_kernel
+
+    nt = TUNING["sp_nt"]
+    unroll = TUNING["sp_unroll"] or (4 if xname == "float32" else 2)
+    n_slices = -(-D // (8 * nt))
+    plan = spmm_plan(tiling, TUNING["sp_blocks_per_unit"], VEC_UNITS_PER_WINDOW_MAX)
+    units = plan["units"]
+    n_work = units.shape[0] * n_slices
+    # As the vector layout: windows of at most vec_combine_parts_max parts are summed by their last part.
+    combine = TUNING["sp_combine"] and 0 < plan["max_parts"] <= TUNING["vec_combine_parts_max"]
+    kernel = get_kernel("sparse", kp.spmm_sp_name(xname, split, yname, nt, aligned, combine, unroll))
+    fixup = None
+    if plan["n_slots"] and not combine:
+        grid = (plan["splits"].shape[0], min(-(-(16 * D) // kp.FIXUP_THREADS), 1024))
+        fixup = Fixup(get_kernel("sparse", kp.fixup_name("float32", yname)), grid, plan["splits"], plan["n_slots"])
+    return SpLaunch(kernel, (-(-n_work // 4),), units, plan["unit_k0"], n_slices, n_work, plan["n_slots"],
+                    plan["n_slots"] * n_slices if combine else 0, fixup, {})
+
+
+def spmm_sp(tiling, values, X, dtype, out, casts):
+    """``A @ X`` on an N:M layout through ``mma.sp``: 16-bit X on ``"2:4"``, float32 X (TF32) on ``"1:2"``.
+
+    ``dtype`` is the type the kernel writes: float32, or X's 16-bit type.
+    """
+    cp = get_cupy()
+    dtype = np.dtype(dtype)
+    M, D = tiling.shape[0], X.shape[1]
+    Y = cp.empty((M, D), dtype=dtype) if out is None else out
+    if M == 0 or D == 0:
+        return Y
+    if not X.flags.c_contiguous:
+        X = cp.ascontiguousarray(X)
+    split, comp, unscale = sp_values(tiling, values, X.dtype, casts)
+    meta, _ = sp_meta(tiling)
+    aligned = D % 8 == 0 and X.data.ptr % 16 == 0 and Y.data.ptr % 16 == 0
+    key = ("sp_launch", X.dtype.name, split, dtype.name, D, aligned, _TUNING_VERSION[0])
+    launch = tiling._cache.get(key)
+    if launch is None:
+        launch = tiling.cached(key, lambda: _sp_launch(tiling, X.dtype.name, split, dtype.name, D, aligned))
+    partial = cp.empty((launch.n_slots, 16, D), _F32) if launch.n_slots else Y
+    counters = launch.counters()
+    launch.kernel(launch.grid, (128,), (launch.units, launch.unit_k0, tiling.block_cols, meta, comp, X, Y, partial,
+                                        counters if counters is not None else launch.unit_k0, np.int32(M),
+                                        np.int32(D), np.int32(launch.n_slices), np.int32(launch.n_work),
+                                        unscale if unscale is not None else comp))
+    if launch.fixup is not None:
+        launch.fixup.run(partial, Y, M, D, 16)
+    return Y

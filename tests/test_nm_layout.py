@@ -1,0 +1,284 @@
+"""The N:M layouts ("2:4", "1:2") and their sparse tensor-core SpMM (issue 19).
+
+Module-level tests run wherever the suite runs: the layout is lossless and
+conforms on every matrix of the zoo, the compressed fragments and metadata read
+back (as ``mma.sp`` reads them, :func:`tcgnn_py._nm_windows.sp_dense_blocks`)
+to the blocks' entries, products match the reference.  The ``gpu`` tests sweep
+the ``tcgnn_spmm_sp`` kernels against exact integer products through
+NaN-poisoned outputs.
+"""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from _env import GPU, host
+from _zoo import star, zoo
+
+import tcgnn_py as tg
+from tcgnn_py import _nm_windows as nw
+from tcgnn_py import _ops
+from tcgnn_py import _reference as ref
+from tcgnn_py import _sparse_tc
+
+ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 tests need ml_dtypes (the [bf16] extra)")
+F16, BF16, F32 = np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32)
+HALVES = [F16, BF16]
+NM = ["2:4", "1:2"]
+TINY = zoo("tiny")
+
+
+def int_matrix(rng, m, n, degree=12):
+    A = sp.random_array((m, n), density=min(1.0, degree / max(n, 1)), rng=rng, format="csr", dtype=np.float64)
+    A.data[:] = rng.integers(1, 5, A.nnz) * rng.choice([-1, 1], A.nnz)
+    return A
+
+
+def ints(rng, shape, dtype):
+    return rng.integers(-8, 9, shape).astype(np.float32).astype(dtype)
+
+
+def exact(A, X, dtype):
+    return (A.astype(np.float64) @ np.asarray(X, np.float64)).astype(np.float32).astype(dtype)
+
+
+def dense_blocks(T):
+    t = T.tiling
+    H, W = t.tile_shape
+    out = np.zeros((t.n_blocks, H * W))
+    out[host(ref.entry_blocks(t.block_ptr, t.nnz)), host(t.tile_pos)] = np.asarray(host(T.values), np.float64)
+    return out.reshape(t.n_blocks, H, W)
+
+
+def test_named_layouts():
+    assert tg.LAYOUTS["2:4"].tile_shape == (16, 16) and tg.LAYOUTS["2:4"].pattern == (2, 4)
+    assert tg.LAYOUTS["1:2"].tile_shape == (16, 8) and tg.LAYOUTS["1:2"].name == "1:2"
+    assert tg.Layout(16, 8).name == "tcgnn"  # the pattern tells 1:2 from TC-GNN's 16 x 8
+    with pytest.raises(ValueError, match="named layouts '2:4' and '1:2'"):
+        tg.TiledMatrix(TINY["n17"], layout=tg.Layout(16, 8, pattern=(2, 4)))
+
+
+@pytest.mark.parametrize("layout", NM)
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_lossless_and_conforming(layout, name):
+    A = TINY[name]
+    T = tg.TiledMatrix(A, layout=layout)
+    T.check_format(full_check=True)  # every group of M slots holds <= N entries of each row
+    assert T.layout == tg.LAYOUTS[layout]
+    assert (host_csr(T) != A).nnz == 0
+    Tt = T.T
+    assert Tt.layout == T.layout
+    Tt.check_format(full_check=True)
+    assert (host_csr(Tt) != A.T).nnz == 0
+    rng = np.random.default_rng()
+    X = ints(rng, (A.shape[1], 5), F32)
+    np.testing.assert_array_equal(host(T @ X), exact(A, X, F32))
+
+
+def host_csr(T):
+    C = T.tocsr()
+    return sp.csr_array((host(C.data), host(C.indices), host(C.indptr)), shape=C.shape)
+
+
+def test_full_check_rejects_a_nonconforming_block():
+    T = tg.TiledMatrix(sp.csr_array(np.ones((1, 4), np.float32)), layout="2:4", device="cpu")
+    t = T.tiling
+    assert t.n_blocks == 1 and t.stats().padding_slots == 12  # two groups of two slots each, one block
+    bad = tg.Tiling(t.win_ptr, t.block_cols.copy(), t.block_ptr, t.tile_pos.copy(), t.perm, t.shape, t.layout)
+    bad.block_cols[0, :4] = np.arange(4)
+    bad.tile_pos[:] = np.arange(4)  # one row, four entries in the first group of four
+    with pytest.raises(ValueError, match="more than 2 entries in a group of 4"):
+        bad.check(full_check=True)
+
+
+@pytest.mark.parametrize("layout", NM)
+def test_packing_reads_back_as_mma_sp_reads_it(layout):
+    rng = np.random.default_rng()
+    A = tg.power_law_graph(400, 6000, seed=int(rng.integers(1 << 30)))
+    A.data = rng.integers(1, 9, A.nnz).astype(np.float32)
+    T = tg.TiledMatrix(A, layout=layout, device="cpu")
+    t = T.tiling
+    n = t.layout.pattern[0]
+    meta, dest = _sparse_tc.pack_structure(np, t.block_ptr, t.tile_pos, t.n_blocks, t.layout)
+    assert meta.dtype == np.uint32 and meta.shape == (t.n_blocks, 8)
+    assert np.unique(dest).size == t.nnz  # one compressed place per entry
+    comp = _sparse_tc.pack_values(np, dest, t.n_blocks, t.layout, T.values.astype(np.float32))
+    got = nw.sp_dense_blocks(comp.reshape(t.n_blocks, 32, 2, n), meta, t.layout.pattern)
+    np.testing.assert_array_equal(got, dense_blocks(T))
+    if layout == "2:4":  # (hi, lo) pairs: hi registers then lo registers per lane
+        bits = (np.arange(t.nnz, dtype=np.uint32) + 1) | ((np.arange(t.nnz, dtype=np.uint32) + 7) << 16)
+        comp = _sparse_tc.pack_values(np, dest, t.n_blocks, t.layout, bits, split=True).reshape(t.n_blocks, 32, 2, 2, 2)
+        for part, want in ((0, bits & 0xFFFF), (1, bits >> 16)):
+            got = nw.sp_dense_blocks(comp[:, :, part].astype(np.float64), meta, t.layout.pattern)
+            blocks = np.zeros((t.n_blocks, 256))
+            blocks[ref.entry_blocks(t.block_ptr, t.nnz), t.tile_pos] = want
+            np.testing.assert_array_equal(got.reshape(t.n_blocks, -1), blocks)
+
+
+def test_emulator_rejects_unordered_metadata():
+    comp = np.zeros((1, 32, 2, 2))
+    with pytest.raises(ValueError, match="ascend"):
+        nw.sp_dense_blocks(comp, np.full((1, 8), 0x1111_1111, np.uint32), (2, 4))  # positions (1, 0)
+    with pytest.raises(ValueError, match="0x4 or 0xE"):
+        nw.sp_dense_blocks(comp[..., :1], np.zeros((1, 8), np.uint32), (1, 2))
+
+
+@pytest.mark.parametrize("layout", NM)
+def test_tile_stats_count_padding(layout):
+    rng = np.random.default_rng()
+    A = int_matrix(rng, 300, 300)
+    T = tg.TiledMatrix(A, layout=layout, device="cpu")
+    s = T.tile_stats()
+    t = T.tiling
+    H, W = t.tile_shape
+    rows, cols = A.tocoo().coords
+    distinct = np.unique((rows // H) * A.shape[1] + cols).size
+    assert s.padding_slots == t.n_blocks * W - distinct
+    assert s.pattern == t.layout.pattern and 0 <= s.windows_unpadded <= s.nonempty_windows
+    assert f"{s.pattern[0]}:{s.pattern[1]} padding" in str(s)
+    D = tg.TiledMatrix(sp.eye_array(64, format="csr", dtype=np.float32), layout=layout, device="cpu").tile_stats()
+    assert D.windows_unpadded == D.nonempty_windows  # one entry per row: nothing to pad
+
+
+def test_reorder_feeds_the_2_4_layout():
+    A = tg.power_law_graph(2000, 20000, seed=5)
+    A = ((A + A.T) > 0).astype(np.float32)
+    p = tg.reorder(A, "2:4")
+    before = tg.TiledMatrix(A, layout="2:4").tile_stats()
+    after = tg.TiledMatrix(p.apply(A), layout="2:4").tile_stats()
+    assert after.padding_slots < before.padding_slots
+
+
+def test_half_x_on_2_4_and_float32_x_on_1_2_match_the_reference():
+    rng = np.random.default_rng()
+    A = int_matrix(rng, 200, 150)
+    for xt in HALVES:
+        X = ints(rng, (150, 24), xt)
+        T = tg.TiledMatrix(A, dtype=np.float32, layout="2:4")
+        np.testing.assert_array_equal(host(T @ X), exact(A, X, F32))
+        np.testing.assert_array_equal(host(tg.spmm(T, X, precision={F16: "fp16", BF16: "bf16"}[xt])), exact(A, X, F32))
+    T = tg.TiledMatrix(A, dtype=np.float32, layout="1:2")
+    X = ints(rng, (150, 24), F32)
+    for p in (None, "tf32", "fp32"):
+        np.testing.assert_array_equal(host(tg.spmm(T, X, precision=p)), exact(A, X, F32))
+    Xa = ints(rng, (200, 24), F32)
+    mask = (A != 0).toarray().astype(np.float64)
+    for t in (T, tg.TiledMatrix(A, dtype=np.float32, layout="2:4")):  # SDDMM runs on the N:M layouts too
+        for xt in (F32, F16):
+            E = host_csr(tg.sddmm(t, Xa.astype(xt), X.astype(xt)))
+            np.testing.assert_array_equal(E.toarray(), mask * (Xa.astype(np.float64) @ X.T.astype(np.float64)))
+
+
+# --- the mma.sp kernels on the GPU ----------------------------------------------------------------
+
+DS = [1, 3, 8, 16, 17, 64, 130, 256]
+NS = [1, 15, 17, 1000, 16005]
+#: N:M SpMM variants: n-tiles per warp, one block per unit (every multi-block window split), summed in the
+#: launch or by the fixup launch.
+SP_VARIANTS = {"default": {}, "nt8-ub4": dict(sp_nt=8, sp_unroll=4), "nt4-ub2": dict(sp_nt=4, sp_unroll=2),
+               "combine": dict(sp_blocks_per_unit=1, sp_combine=True), "fixup": dict(sp_blocks_per_unit=1, sp_combine=False)}
+
+
+@pytest.fixture(params=list(SP_VARIANTS))
+def sp_kernel(request):
+    tuning = SP_VARIANTS[request.param]
+    before = {k: _ops.TUNING[k] for k in tuning}
+    _ops.set_tuning(**tuning)
+    yield request.param
+    _ops.set_tuning(**before)
+
+
+@pytest.fixture(scope="module")
+def cp():
+    if not GPU:
+        pytest.skip("needs a CUDA GPU")
+    import cupy
+
+    return cupy
+
+
+def poisoned(cp, T, X, dtype, precision=None):
+    out = cp.full((T.shape[0], X.shape[1]), cp.nan, dtype=dtype)
+    assert tg.spmm(T, X, out=out, precision=precision) is out
+    return np.asarray(out.get(), np.float64)
+
+
+def ran_sp(T):
+    return any(k[0] == "sp_launch" for k in T.tiling._cache if isinstance(k, tuple))
+
+
+def check_all(cp, A, D, rng, xts=(F16, BF16, F32)):
+    """Every (X type, matrix type, out type) of both N:M layouts on A, exact."""
+    for xt in xts:
+        X = ints(rng, (A.shape[1], D), xt)
+        Xd = cp.asarray(X)
+        if xt == F32:
+            T = tg.TiledMatrix(A, dtype=F32, layout="1:2")
+            got = poisoned(cp, T, Xd, F32)
+            np.testing.assert_array_equal(got, exact(A, X, F32).astype(np.float64), err_msg="1:2 TF32")
+            assert ran_sp(T), "mma.sp TF32 kernel ran"
+            continue
+        for mdt in (F32, xt):
+            T = tg.TiledMatrix(A, dtype=mdt, layout="2:4")
+            for ydt in (F32, xt):
+                got = poisoned(cp, T, Xd, ydt, precision={F16: "fp16", BF16: "bf16"}[xt])
+                np.testing.assert_array_equal(got, exact(A, X, ydt).astype(np.float64),
+                                              err_msg=f"2:4 {xt} X, {mdt} matrix, {ydt} out")
+            assert ran_sp(T), "mma.sp 16-bit kernel ran"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", NS)
+@pytest.mark.parametrize("D", DS)
+def test_sp_kernels_exact_integers(cp, sp_kernel, N, D):
+    rng = np.random.default_rng()
+    check_all(cp, int_matrix(rng, N, N), D, rng)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1000, 3000), (3000, 1000), (17, 40_000), (40_000, 17)])
+def test_sp_kernels_rectangular(cp, sp_kernel, shape):
+    rng = np.random.default_rng()
+    A = int_matrix(rng, *shape)
+    for D in (64, 130):
+        check_all(cp, A, D, rng)
+
+
+@pytest.mark.gpu
+def test_sp_kernels_star_hub_200k(cp, sp_kernel):
+    A = star(200_000)
+    rng = np.random.default_rng()
+    for D in (17, 64, 128):
+        check_all(cp, A, D, rng, xts=(F16, F32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", NM)
+def test_sp_kernels_bit_identical_repeats_and_random_error(cp, sp_kernel, layout):
+    rng = np.random.default_rng()
+    A = tg.power_law_graph(20_000, 300_000, seed=int(rng.integers(1 << 30)))
+    A.data = rng.standard_normal(A.nnz).astype(np.float32)
+    xt = F16 if layout == "2:4" else F32
+    X = cp.asarray(rng.standard_normal((A.shape[1], 96)).astype(np.float32)).astype(xt)
+    T = tg.TiledMatrix(A, layout=layout)
+    first = poisoned(cp, T, X, F32)
+    np.testing.assert_array_equal(first, poisoned(cp, T, X, F32))
+    want = A.astype(np.float64) @ np.asarray(X.get(), np.float64)
+    tol = 2e-5 if layout == "2:4" else 1e-3  # float32 values in (hi, lo) float16 pairs; TF32 rounds X and A
+    assert np.linalg.norm(first - want) <= tol * np.linalg.norm(want)
+    assert ran_sp(T)
+
+
+@pytest.mark.parametrize("layout", NM)
+def test_gcn_layer_takes_an_nm_matrix(layout):
+    """The GNN layers take an N:M TiledMatrix unchanged: forward and backward (through Aᵀ) exact on integers."""
+    rng = np.random.default_rng()
+    A = int_matrix(rng, 300, 300)
+    H = ints(rng, (300, 16), F32)
+    W = ints(rng, (16, 8), F32)
+    T = tg.TiledMatrix(A, dtype=np.float32, layout=layout)
+    xp = np if T.device == "cpu" else __import__("cupy")
+    out, vjp = tg.nn.gcn_conv(T, xp.asarray(H), xp.asarray(W))
+    np.testing.assert_array_equal(host(out), exact(A, H @ W, F32))
+    g = ints(rng, (300, 8), F32)
+    dH, dW, _ = vjp(xp.asarray(g))
+    np.testing.assert_array_equal(host(dH), (A.T.astype(np.float64) @ g) @ W.T)

@@ -1,0 +1,123 @@
+"""Issue 19 figures: sparse tensor cores (mma.sp) on the N:M layouts against dense tensor cores and cuSPARSE.
+
+Usage (GPU machine): python tools/nm_bench.py [GRAPH ...] [--dims 32,64,128,256] [--repeat 20]
+
+Per graph and vertex order (original, and after ``tg.reorder(A, "2:4")``), per width D, one process, one
+run (ratios within a row come from the same run):
+
+* padding of the "2:4" and "1:2" layouts (stored slots holding no column), and windows needing none;
+* float16 X (float32 matrix, float32 out): "2:4" mma.sp against the vector layout's dense m16n8k16 kernel;
+* float32 X (TF32): "1:2" mma.sp against the vector layout's and the 16x8 layout's dense m16n8k8 kernels;
+* cuSPARSE float32, CSR, row-major X and Y, best of ALG2 / ALG3 (ALG_DEFAULT is within 2 % of ALG2 here),
+  on the same (reordered or original) matrix.
+
+Two clocks, both medians over 5 batches, calls cycling through 4 fresh random inputs:
+
+* ``call``: one call from an idle GPU between CUDA events (what a user's single call costs, host work included;
+  the 16-bit and N:M paths have no cached hot path yet, so small graphs measure Python here);
+* ``gpu``: the GPU time per call of ``repeat`` calls queued behind a 2 ms busy kernel (the host has issued them
+  all before the GPU reaches them): the kernels' time without the host's.  Ratios use this clock.
+"""
+
+import argparse
+import sys
+
+import numpy as np
+
+import cupy as cp
+import tcgnn_py as tg
+from tcgnn_py.bench import resolve_graph
+from tcgnn_py.bench._baselines import CSR_ALG2, CSR_ALG3, CusparseRowMajor
+from tcgnn_py.bench._timing import time_rotating
+
+_SPIN = cp.RawKernel(r"""
+extern "C" __global__ void spin(long long cycles) {
+    const long long t0 = clock64();
+    while (clock64() - t0 < cycles) {}
+}""", "spin")
+
+
+def gpu_time(fn, n_inputs=4, calls=20, batches=5):
+    """Milliseconds of GPU time per call: ``calls`` calls queued behind a busy kernel, median of batches."""
+    samples = []
+    for b in range(batches + 1):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        _SPIN((1,), (1,), (np.int64(4_000_000),))  # about 2 ms at 1.98 GHz
+        start.record()
+        for i in range(calls):
+            fn(i % n_inputs)
+        stop.record()
+        stop.synchronize()
+        if b:  # the first batch warms up
+            samples.append(cp.cuda.get_elapsed_time(start, stop) / calls)
+    return float(np.median(samples))
+
+DEFAULT = ["cora", "pubmed", "citeseer", "ppi_homo_sapiens", "wiki_vote", "as_22july06", "facebook", "astro_ph",
+           "blogcatalog3", "wikipedia_pos", "deezer_europe", "facebook_pagepage", "proteins_full", "wing",
+           "fe_4elt2", "lastfm_asia", "ss_bcsstk13", "email_eu_core"]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("graphs", nargs="*", default=DEFAULT)
+    ap.add_argument("--dims", default="32,64,128,256")
+    ap.add_argument("--repeat", type=int, default=20, help="calls per batch")
+    ap.add_argument("--no-reorder", action="store_true")
+    a = ap.parse_args(argv)
+    dims = [int(d) for d in a.dims.split(",")]
+    import cupyx.scipy.sparse as csp
+
+    print("| graph | order | nnz | pad 2:4 | pad 1:2 | D | cuSPARSE fp32 µs | vector f16 µs | 2:4 sp f16 µs | "
+          "sp/dense f16 | sp f16 vs cuSPARSE | vector tf32 µs | 16x8 tf32 µs | 1:2 sp tf32 µs | sp/dense tf32 | "
+          "sp tf32 vs cuSPARSE | call µs: vec f16 / sp f16 / vec tf32 / sp tf32 |")
+    print("|" + "---|" * 17)
+    rng = np.random.default_rng(0)
+    for name in a.graphs:
+        _, A0 = resolve_graph(name)
+        A0 = A0.astype(np.float32)
+        orders = [("original", A0)]
+        if not a.no_reorder:
+            p = tg.reorder(A0, "2:4")
+            orders.append(("2:4 reorder", p.apply(A0).astype(np.float32)))
+        for order, A in orders:
+            A.data[:] = rng.uniform(0.5, 1.5, A.nnz).astype(np.float32)
+            T24 = tg.TiledMatrix(A, layout="2:4")
+            T12 = tg.TiledMatrix(A, layout="1:2")
+            TV = tg.TiledMatrix(A, layout="vector")
+            TC = tg.TiledMatrix(A, layout="tcgnn")
+            s24, s12 = T24.tile_stats(), T12.tile_stats()
+            Ad = csp.csr_matrix(A)
+            for D in dims:
+                Xs = [cp.asarray(rng.standard_normal((A.shape[1], D)).astype(np.float32)) for _ in range(4)]
+                Xh = [x.astype(cp.float16) for x in Xs]
+                Y = cp.empty((A.shape[0], D), cp.float32)
+                cs = [CusparseRowMajor(Ad, Xs, Y, alg) for alg in (CSR_ALG2, CSR_ALG3)]
+                t, call = {}, {}
+                t["cusparse"] = min(gpu_time(c, calls=a.repeat) for c in cs)
+                want = (Ad @ Xs[0]).get()
+                for key, T, X, prec in (("vec16", TV, Xh, "fp16"), ("sp16", T24, Xh, "fp16"),
+                                        ("vec32", TV, Xs, "tf32"), ("tc32", TC, Xs, "tf32"), ("sp32", T12, Xs, None)):
+                    f = (lambda i, T=T, X=X, prec=prec: tg.spmm(T, X[i], out=Y, precision=prec))
+                    f(0)
+                    ref = (Ad @ X[0].astype(cp.float32)).get()
+                    err = np.linalg.norm(Y.get() - ref) / max(np.linalg.norm(ref), 1e-30)
+                    assert err < 2e-3, (name, order, D, key, err)
+                    t[key] = gpu_time(f, calls=a.repeat)
+                    call[key] = time_rotating(f, 4, a.repeat)
+                for c in cs:
+                    c.close()
+                del want
+                us = {k: 1e3 * v for k, v in t.items()}
+                print(f"| {name} | {order} | {A.nnz} | {100 * s24.padding_fraction:.1f}% | "
+                      f"{100 * s12.padding_fraction:.1f}% | {D} | {us['cusparse']:.1f} | {us['vec16']:.1f} | "
+                      f"{us['sp16']:.1f} | {t['vec16'] / t['sp16']:.2f}× | {t['cusparse'] / t['sp16']:.2f}× | "
+                      f"{us['vec32']:.1f} | {us['tc32']:.1f} | {us['sp32']:.1f} | "
+                      f"{min(t['vec32'], t['tc32']) / t['sp32']:.2f}× | {t['cusparse'] / t['sp32']:.2f}× | "
+                      f"{1e3 * call['vec16']:.0f} / {1e3 * call['sp16']:.0f} / {1e3 * call['vec32']:.0f} / "
+                      f"{1e3 * call['sp32']:.0f} |", flush=True)
+            print(f"<!-- {name} {order}: 2:4 {s24} | 1:2 {s12} -->", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
