@@ -129,6 +129,9 @@ class TileStats:
     max_blocks_per_window: int
     #: Stored column slots holding no column (each window's last block, and N:M grouping padding).
     padding_slots: int = 0
+    #: N:M layouts: the padding slots inside groups of M that hold a column (conflicts, and each window's column
+    #: count rounded up to M); the others fill whole groups up to the block width (the MMA's K).
+    group_padding_slots: int = 0
     #: Non-empty windows stored in the fewest blocks their columns need (no padding beyond the last block's).
     windows_unpadded: int = 0
     #: ``(N, M)`` of an N:M layout, else None.
@@ -161,7 +164,8 @@ class TileStats:
             f"density {100 * self.density_before:.2f}% -> {100 * self.density:.2f}%, "
             f"max {self.max_blocks_per_window} blocks/window"
             + (f", {self.pattern[0]}:{self.pattern[1]} padding {self.padding_slots} slots "
-               f"({100 * self.padding_fraction:.1f}%), {self.windows_unpadded}/{self.nonempty_windows} windows "
+               f"({100 * self.padding_fraction:.1f}%; in groups {self.group_padding_slots}, "
+               f"{100 * self.group_padding_fraction:.1f}%), {self.windows_unpadded}/{self.nonempty_windows} windows "
                f"unpadded" if self.pattern else "")
         )
 
@@ -170,6 +174,13 @@ class TileStats:
         """Padding slots per stored column slot."""
         H, W = self.tile_shape
         return self.padding_slots / (self.blocks * W) if self.blocks else 0.0
+
+    @property
+    def group_padding_fraction(self):
+        """N:M layouts: padding slots inside groups per slot of the groups that hold a column."""
+        H, W = self.tile_shape
+        grouped = self.blocks * W - (self.padding_slots - self.group_padding_slots)
+        return self.group_padding_slots / grouped if grouped else 0.0
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -349,6 +360,13 @@ class Tiling:
             cols_w = xp.bincount(slot_win[keep], minlength=n_windows)[:n_windows]
         nonempty = per_win > 0
         unpadded = nonempty & (per_win == -(-cols_w // W))
+        group_padding = 0
+        if self.layout.pattern is not None and n_blocks:
+            # Padding inside groups of M slots that hold a column (conflicts, and each window's columns rounded up
+            # to M); the rest fills whole groups up to the block width.
+            m = self.layout.pattern[1]
+            g = self.block_cols.reshape(-1, m) >= 0
+            group_padding = int((m - g.sum(axis=1))[g.any(axis=1)].sum())  # synchronize!
         return TileStats(
             shape=self.shape,
             nnz=self.nnz,
@@ -359,6 +377,7 @@ class Tiling:
             blocks_before=before,
             max_blocks_per_window=int(per_win.max()) if n_windows else 0,  # synchronize!
             padding_slots=int(n_blocks * W - int(keep.sum())),  # synchronize!
+            group_padding_slots=group_padding,
             windows_unpadded=int(unpadded.sum()),  # synchronize!
             pattern=self.layout.pattern,
         )

@@ -133,6 +133,10 @@ def test_tile_stats_count_padding(layout):
     rows, cols = A.tocoo().coords
     distinct = np.unique((rows // H) * A.shape[1] + cols).size
     assert s.padding_slots == t.n_blocks * W - distinct
+    # Padding inside groups, counted from the reference grouping (the layout's slot order is the grouping's).
+    g = nw.nm_groups(rows, cols, A.shape, H, t.layout.pattern)
+    assert s.group_padding_slots == g["padding"]
+    assert s.group_padding_fraction == pytest.approx(g["padding"] / g["slots"])
     assert s.pattern == t.layout.pattern and 0 <= s.windows_unpadded <= s.nonempty_windows
     assert f"{s.pattern[0]}:{s.pattern[1]} padding" in str(s)
     D = tg.TiledMatrix(sp.eye_array(64, format="csr", dtype=np.float32), layout=layout, device="cpu").tile_stats()

@@ -1,6 +1,6 @@
 """Issue 19 figures: sparse tensor cores (mma.sp) on the N:M layouts against dense tensor cores and cuSPARSE.
 
-Usage (GPU machine): python tools/nm_bench.py [GRAPH ...] [--dims 32,64,128,256] [--repeat 20]
+Usage (GPU machine): python tools/nm_bench.py [GRAPH ...] [--dims 32,64,128,256] [--repeat 20] [--padding]
 
 Per graph and vertex order (original, and after ``tg.reorder(A, "2:4")``), per width D, one process, one
 run (ratios within a row come from the same run):
@@ -57,13 +57,41 @@ DEFAULT = ["cora", "pubmed", "citeseer", "ppi_homo_sapiens", "wiki_vote", "as_22
            "fe_4elt2", "lastfm_asia", "ss_bcsstk13", "email_eu_core"]
 
 
+def padding_table(graphs):
+    """Padding of the N:M layouts before and after ``tg.reorder(A, "2:4")``: all padding slots / inside groups."""
+    import time
+
+    print("| graph | nnz | 2:4 original: all / in groups / windows unpadded | reorder s | 2:4 reordered: all / in "
+          "groups / windows unpadded | 1:2 original: all / in groups | 1:2 reordered: all / in groups |")
+    print("|" + "---|" * 7)
+    for name in graphs:
+        _, A = resolve_graph(name)
+        A = A.astype(np.float32)
+        t0 = time.perf_counter()
+        p = tg.reorder(A, "2:4", verbose=False)
+        secs = time.perf_counter() - t0
+        cells = {}
+        for order, M in (("orig", A), ("re", p.apply(A))):
+            for lay in ("2:4", "1:2"):
+                s = tg.TiledMatrix(M, layout=lay).tile_stats()
+                cells[order, lay] = (f"{100 * s.padding_fraction:.1f} % / {100 * s.group_padding_fraction:.1f} %",
+                                     f"{100 * s.windows_unpadded / max(s.nonempty_windows, 1):.0f} %")
+        print(f"| {name} | {A.nnz:,} | {cells['orig', '2:4'][0]} / {cells['orig', '2:4'][1]} | {secs:.2f} | "
+              f"{cells['re', '2:4'][0]} / {cells['re', '2:4'][1]} | {cells['orig', '1:2'][0]} | {cells['re', '1:2'][0]} |",
+              flush=True)
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("graphs", nargs="*", default=DEFAULT)
     ap.add_argument("--dims", default="32,64,128,256")
     ap.add_argument("--repeat", type=int, default=20, help="calls per batch")
     ap.add_argument("--no-reorder", action="store_true")
+    ap.add_argument("--padding", action="store_true", help="only the padding table (no timing)")
     a = ap.parse_args(argv)
+    if a.padding:
+        return padding_table(a.graphs)
     dims = [int(d) for d in a.dims.split(",")]
     import cupyx.scipy.sparse as csp
 
