@@ -637,16 +637,23 @@ def _widen16(cp, bits, xdt):
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
+def result_and_operand(cp, tiling, X, dtype, out):
+    """``(Y, X)``: the result (``out``, or a new array) and X C-contiguous; ``X`` None when there is nothing to do."""
+    M, D = tiling.shape[0], X.shape[1]
+    Y = cp.empty((M, D), dtype=dtype) if out is None else out
+    if M == 0 or D == 0:
+        return Y, None
+    return Y, X if X.flags.c_contiguous else cp.ascontiguousarray(X)
+
+
 def _spmm_half(tiling, hv, X, dtype, out):
     """``A @ X`` for a 16-bit X on the vector layout: m16n8k16 MMAs, float32 accumulation, one rounding."""
     cp = get_cupy()
     split, vals, unscale = hv
     M, D = tiling.shape[0], X.shape[1]
-    Y = cp.empty((M, D), dtype=dtype) if out is None else out
-    if M == 0 or D == 0:
+    Y, X = result_and_operand(cp, tiling, X, dtype, out)
+    if X is None:
         return Y
-    if not X.flags.c_contiguous:
-        X = cp.ascontiguousarray(X)
     aligned = D % 8 == 0 and X.data.ptr % 16 == 0 and Y.data.ptr % 16 == 0
     key = ("half_launch", X.dtype.name, split, dtype.name, D, aligned, _TUNING_VERSION[0])
     launch = tiling._cache.get(key)

@@ -38,6 +38,7 @@ from ._ops import (
     _half_values,
     _stream_scratch,
     _values_as,
+    result_and_operand,
     spmm_plan,
 )
 
@@ -200,11 +201,9 @@ def spmm_sp(tiling, values, X, dtype, out, casts):
     cp = get_cupy()
     dtype = np.dtype(dtype)
     M, D = tiling.shape[0], X.shape[1]
-    Y = cp.empty((M, D), dtype=dtype) if out is None else out
-    if M == 0 or D == 0:
+    Y, X = result_and_operand(cp, tiling, X, dtype, out)
+    if X is None:
         return Y
-    if not X.flags.c_contiguous:
-        X = cp.ascontiguousarray(X)
     split, comp, unscale = sp_values(tiling, values, X.dtype, casts)
     meta, _ = sp_meta(tiling)
     aligned = D % 8 == 0 and X.data.ptr % 16 == 0 and Y.data.ptr % 16 == 0

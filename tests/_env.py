@@ -59,3 +59,44 @@ def graph_dir(name):
     if name in BUNDLED:
         return BUNDLED[name]
     pytest.skip(f"graph {name!r} not found in {[str(d) for d in DATA_DIRS]}; {DATA_HINT}")
+
+
+def tuning_fixture(variants):
+    """A fixture parametrized over ``variants`` (name -> ``set_tuning`` keywords), restoring the tuning after each."""
+    import pytest
+
+    from tcgnn_py import _ops
+
+    @pytest.fixture(params=list(variants))
+    def fixture(request):
+        tuning = variants[request.param]
+        before = {k: _ops.TUNING[k] for k in tuning}
+        _ops.set_tuning(**tuning)
+        yield request.param
+        _ops.set_tuning(**before)
+
+    return fixture
+
+
+def poisoned(cp, T, X, dtype, precision=None):
+    """``tg.spmm(T, X, out=...)`` into a NaN-filled out (every element must be written), as float64 on the host."""
+    out = cp.full((T.shape[0], X.shape[1]), cp.nan, dtype=dtype)
+    assert tcgnn_py.spmm(T, X, out=out, precision=precision) is out
+    return np.asarray(out.get(), np.float64)
+
+
+def _cp():
+    if not GPU:
+        import pytest
+
+        pytest.skip("needs a CUDA GPU")
+    import cupy
+
+    return cupy
+
+
+def cupy_fixture():
+    """A module-scoped fixture returning CuPy, or skipping the test with the reason when there is no GPU."""
+    import pytest
+
+    return pytest.fixture(scope="module", name="cp")(_cp)

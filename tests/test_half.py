@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from _env import GPU, host
+from _env import cupy_fixture, host, poisoned, tuning_fixture
 from _zoo import star, zoo
 
 import tcgnn_py as tg
@@ -194,28 +194,10 @@ HALF_VARIANTS = {
 }
 
 
-@pytest.fixture(params=list(HALF_VARIANTS))
-def half_kernel(request):
-    tuning = HALF_VARIANTS[request.param]
-    before = {k: _ops.TUNING[k] for k in tuning}
-    _ops.set_tuning(**tuning)
-    yield request.param
-    _ops.set_tuning(**before)
+half_kernel = tuning_fixture(HALF_VARIANTS)
 
 
-@pytest.fixture(scope="module")
-def cp():
-    if not GPU:
-        pytest.skip("needs a CUDA GPU")
-    import cupy
-
-    return cupy
-
-
-def poisoned(cp, T, X, dtype, precision=None):
-    out = cp.full((T.shape[0], X.shape[1]), cp.nan, dtype=dtype)
-    assert tg.spmm(T, X, out=out, precision=precision) is out
-    return np.asarray(out.get(), np.float64)
+cp = cupy_fixture()
 
 
 @pytest.mark.gpu

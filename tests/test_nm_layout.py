@@ -11,12 +11,11 @@ NaN-poisoned outputs.
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from _env import GPU, host
+from _env import cupy_fixture, host, poisoned, tuning_fixture
 from _zoo import star, zoo
 
 import tcgnn_py as tg
 from tcgnn_py import _nm_windows as nw
-from tcgnn_py import _ops
 from tcgnn_py import _reference as ref
 from tcgnn_py import _sparse_tc
 
@@ -182,28 +181,10 @@ SP_VARIANTS = {"default": {}, "nt8-ub4": dict(sp_nt=8, sp_unroll=4), "nt4-ub2": 
                "combine": dict(sp_blocks_per_unit=1, sp_combine=True), "fixup": dict(sp_blocks_per_unit=1, sp_combine=False)}
 
 
-@pytest.fixture(params=list(SP_VARIANTS))
-def sp_kernel(request):
-    tuning = SP_VARIANTS[request.param]
-    before = {k: _ops.TUNING[k] for k in tuning}
-    _ops.set_tuning(**tuning)
-    yield request.param
-    _ops.set_tuning(**before)
+sp_kernel = tuning_fixture(SP_VARIANTS)
 
 
-@pytest.fixture(scope="module")
-def cp():
-    if not GPU:
-        pytest.skip("needs a CUDA GPU")
-    import cupy
-
-    return cupy
-
-
-def poisoned(cp, T, X, dtype, precision=None):
-    out = cp.full((T.shape[0], X.shape[1]), cp.nan, dtype=dtype)
-    assert tg.spmm(T, X, out=out, precision=precision) is out
-    return np.asarray(out.get(), np.float64)
+cp = cupy_fixture()
 
 
 def ran_sp(T):
