@@ -209,18 +209,19 @@ def spmm_raw(tiling, values, X, dtype, precision=None, out=None, casts=None):
     casts = {} if casts is None else casts
     # The kernels write ``kdt``: the result's dtype, or float32 rounded once into it afterwards (a 16-bit
     # result the kernel does not write, or one computed on widened X).
+    sp = tiling.layout.pattern is not None and mode != "exact"  # sparse tensor cores (N:M layouts)
     if mode in _HALF_MODES:
-        hv = _half_values(values, X.dtype, casts) if tiling.layout.pattern is None else True
+        hv = None if sp else _half_values(values, X.dtype, casts)
         kdt = dtype if dtype in (_F32, X.dtype) else _F32
     else:
         hv, kdt = None, compute_dtype(dtype)
     # An out the kernel can write directly, unless it overlaps X (read while writing): then a temporary.
     direct = out if out is not None and kdt == dtype and not _overlap(out, X) else None
-    if tiling.layout.pattern is not None and mode != "exact":
-        from . import _sparse_tc  # sparse tensor cores: 16-bit X on "2:4", TF32 on "1:2"
+    if sp:
+        from . import _sparse_tc  # 16-bit X on "2:4", TF32 on "1:2"
 
-        Y = _sparse_tc.spmm_sp(tiling, values, X if hv is not None else X.astype(_F32, copy=False), kdt, direct,
-                               casts)
+        Xs = X if mode in _HALF_MODES else X.astype(_F32, copy=False)
+        Y = _sparse_tc.spmm_sp(tiling, values, Xs, kdt, direct, casts)
     elif hv is not None:
         Y = _spmm_half(tiling, hv, X, kdt, direct)
     else:

@@ -164,12 +164,18 @@ class SpLaunch(NamedTuple):
     n_slots: int
     n_counters: int  # split windows summed in the launch: one counter per (first slot, slice); 0: fixup launch
     fixup: object  # Fixup launch, or None
-    scratch: dict  # per-stream counters (each call resets the ones it uses)
+    scratch: dict  # per-stream counters (each call resets the ones it uses) and partial rows
 
     def counters(self):
         if not self.n_counters:
             return None
         return _stream_scratch(self.scratch, "counters", lambda: get_cupy().zeros(self.n_counters, np.int32))
+
+    def partial(self, D):
+        """This stream's partial rows of split windows (float32), or None."""
+        if not self.n_slots:
+            return None
+        return _stream_scratch(self.scratch, "partial", lambda: get_cupy().empty((self.n_slots, 16, D), _F32))
 
 
 def _sp_launch(tiling, xname, split, yname, D, aligned):
@@ -211,7 +217,8 @@ def spmm_sp(tiling, values, X, dtype, out, casts):
     launch = tiling._cache.get(key)
     if launch is None:
         launch = tiling.cached(key, lambda: _sp_launch(tiling, X.dtype.name, split, dtype.name, D, aligned))
-    partial = cp.empty((launch.n_slots, 16, D), _F32) if launch.n_slots else Y
+    partial = launch.partial(D)
+    partial = Y if partial is None else partial
     counters = launch.counters()
     launch.kernel(launch.grid, (128,), (launch.units, launch.unit_k0, tiling.block_cols, meta, comp, X, Y, partial,
                                         counters if counters is not None else launch.unit_k0, np.int32(M),

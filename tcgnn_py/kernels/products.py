@@ -1546,7 +1546,7 @@ tcgnn_spmm_sp(const int4* __restrict__ units, const int2* __restrict__ unit_k0, 
     if constexpr (TF) {
         kr[0] = t, kr[1] = t + 4;
     } else {
-        kr[0] = 2 * t, kr[1] = 2 * t + 1, kr[KR > 2 ? 2 : 0] = 2 * t + 8, kr[KR > 3 ? 3 : 0] = 2 * t + 9;
+        kr[0] = 2 * t, kr[1] = 2 * t + 1, kr[2] = 2 * t + 8, kr[3] = 2 * t + 9;  // discarded for TF32
     }
 
     float acc[NT][4];
@@ -1584,7 +1584,7 @@ tcgnn_spmm_sp(const int4* __restrict__ units, const int2* __restrict__ unit_k0, 
                 for (int j = 0; j < NT; ++j) {
                     const unsigned sel = (j & 1) ? 0x7632u : 0x5410u;  // (row lo, row hi) halves of feature j
                     const unsigned bb0 = __byte_perm(w[s][0][j >> 1], w[s][1][j >> 1], sel);
-                    const unsigned bb1 = __byte_perm(w[s][KR > 2 ? 2 : 0][j >> 1], w[s][KR > 3 ? 3 : 0][j >> 1], sel);
+                    const unsigned bb1 = __byte_perm(w[s][2][j >> 1], w[s][3][j >> 1], sel);
                     tc_mmasp<TX>::run(acc[j], make_uint2(a[s].x, a[s].y), bb0, bb1, m[s]);
                     if (SPLIT) tc_mmasp<TX>::run(acc[j], make_uint2(a[s].z, a[s].w), bb0, bb1, m[s]);
                 }
