@@ -9,8 +9,9 @@ owner]``, so the part multiplies a local matrix of ``rows x (own + halo)``
 with ``concat(X_own, X_halo)``; ``sends[q][p]`` lists the local rows of part
 ``q`` that part ``p`` needs, in the order ``p`` stores them.
 
-This module is the plan and its NumPy oracle (:func:`spmm_reference`); moving
-the halo rows between GPUs (NCCL) is the job of the layer that will use it.
+This module is the plan and its NumPy oracle (:func:`spmm_reference`);
+:func:`compact_columns` is the one step a part runs for itself (NumPy or CuPy),
+and :mod:`tcgnn_py.distributed` moves the halo rows between GPUs with NCCL.
 """
 
 import dataclasses
@@ -18,7 +19,7 @@ import dataclasses
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["RowPartition", "balanced_bounds", "plan", "spmm_reference"]
+__all__ = ["RowPartition", "balanced_bounds", "compact_columns", "plan", "spmm_reference"]
 
 
 def balanced_bounds(indptr, parts):
@@ -33,6 +34,22 @@ def balanced_bounds(indptr, parts):
     targets = (np.arange(1, parts, dtype=np.int64) * nnz) // parts
     cuts = np.searchsorted(indptr, targets, side="left")
     return np.concatenate(([0], np.minimum(cuts, n), [n])).astype(np.int64)
+
+
+def compact_columns(cols, lo, hi, bounds, xp=np):
+    """One part's columns compacted to ``[own rows | halo rows, grouped by owner]``.
+
+    ``cols``: the column of each entry in rows ``lo:hi``; ``bounds``: every part's row bounds (on
+    the host).  Returns ``(mapped, halo, halo_ptr)``: the entries' local columns, the halo's global
+    rows (ascending, so grouped by owner) and where owner ``q``'s group starts (``parts + 1``).
+    ``xp`` is NumPy or CuPy (one sort of the part's off-part columns; CuPy reads the halo's size
+    back to the host).
+    """
+    own = (cols >= lo) & (cols < hi)
+    halo = xp.unique(cols[~own])
+    halo_ptr = xp.searchsorted(halo, xp.asarray(bounds, dtype=halo.dtype))
+    mapped = xp.where(own, cols - lo, (hi - lo) + xp.searchsorted(halo, cols))
+    return mapped, halo, halo_ptr.astype(np.int64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,11 +98,7 @@ def plan(A, parts=None, bounds=None):
     for p in range(P):
         lo, hi = int(bounds[p]), int(bounds[p + 1])
         rows = A[lo:hi]
-        cols = rows.indices.astype(np.int64)
-        own = (cols >= lo) & (cols < hi)
-        h = np.unique(cols[~own])  # ascending global row = grouped by owner, ascending within
-        hp = np.searchsorted(h, bounds).astype(np.int64)  # owner q's group: h[hp[q]:hp[q + 1]]
-        mapped = np.where(own, cols - lo, (hi - lo) + np.searchsorted(h, cols))
+        mapped, h, hp = compact_columns(rows.indices.astype(np.int64), lo, hi, bounds)
         local.append(sp.csr_array((rows.data, mapped, rows.indptr), shape=(hi - lo, (hi - lo) + h.shape[0])))
         halo.append(h)
         halo_ptr.append(hp)

@@ -1,0 +1,482 @@
+"""Layer 4: one rank's view of a group of GPUs -- NCCL collectives, and a NumPy stand-in for tests.
+
+Code written for one rank (SPMD) runs in two ways:
+
+- :func:`spmd` -- one process drives several GPUs, one thread per GPU (NCCL
+  communicators from ``ncclCommInitAll``), or several simulated ranks on the
+  host (``backend="reference"``: NumPy arrays, the same calls, exact).
+- :func:`init` -- one process per GPU, from the environment variables torchrun
+  and MPI users know (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
+  ``MASTER_PORT``); rank 0 hands out the NCCL id over TCP (:mod:`._rendezvous`).
+  ``python -m tcgnn_py.distributed`` launches such processes.
+
+Every collective a rank issues is watched: one that has not finished after
+``timeout`` seconds (a peer died or stalled) aborts the communicator and
+raises :class:`DistributedTimeoutError` in the rank's thread, instead of a
+hang.
+"""
+
+import ctypes
+import os
+import threading
+import time
+
+import numpy as np
+
+__all__ = [
+    "Context",
+    "DistributedError",
+    "DistributedTimeoutError",
+    "spmd",
+    "init",
+    "DEFAULT_TIMEOUT",
+]
+
+#: Seconds a collective may take before the group is aborted (``TCGNN_PY_DIST_TIMEOUT`` overrides).
+DEFAULT_TIMEOUT = float(os.environ.get("TCGNN_PY_DIST_TIMEOUT", 600))
+
+
+class DistributedError(RuntimeError):
+    """A rank of the group failed, so the collective this rank was in cannot finish."""
+
+
+class DistributedTimeoutError(DistributedError, TimeoutError):
+    """A collective did not finish in time: a peer died, stalled, or issued different collectives."""
+
+
+def _raise_in_thread(thread_id, error):
+    """Raise ``error`` in another thread at its next bytecode (how a watchdog wakes a blocked rank).
+
+    Python raises an asynchronous exception by calling its class with no arguments: a subclass
+    of the error's own class carries the message.
+    """
+    base = type(error)
+    cls = type(base.__name__, (base,), {"__init__": lambda self, *a: base.__init__(self, *(a or error.args)),
+                                        "__module__": base.__module__})
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(cls))
+
+
+class Context:
+    """One rank of a group: its rank, the group's size, its device, and the collectives.
+
+    Not built directly: :func:`spmd` hands one to each rank, :func:`init` returns this process's.
+
+    Attributes
+    ----------
+    rank, world_size : int
+    device : int or None
+        The CUDA device of this rank (None on the reference backend).
+    xp : module
+        ``cupy`` or ``numpy``: the arrays the collectives take.
+
+    Notes
+    -----
+    Every rank must issue the same collectives in the same order.  Arrays are
+    C-contiguous and on the rank's device.  ``sendrecv`` pairs are matched by
+    peer: what rank ``p`` sends to ``q`` must have the size ``q`` expects from ``p``.
+    """
+
+    xp = np
+    device = None
+
+    def __init__(self, rank, world_size, timeout):
+        self.rank, self.world_size, self.timeout = int(rank), int(world_size), float(timeout)
+        self.failed = None  # the error that stopped the group, once one has
+
+    def __repr__(self):
+        return f"<{type(self).__name__} rank {self.rank} of {self.world_size}, device {self.device}>"
+
+    def _check(self):
+        if self.failed is not None:
+            raise self.failed
+
+    # --- the collectives (NCCL semantics) ------------------------------------
+    def allreduce(self, x):
+        """Sum ``x`` over the ranks, in place; returns ``x``.  Every rank gets the same bits."""
+        raise NotImplementedError
+
+    def allgather(self, x):
+        """``(world_size,) + x.shape``: every rank's ``x``, in rank order."""
+        raise NotImplementedError
+
+    def sendrecv(self, send, recv):
+        """Send ``send[peer]`` to each peer and fill ``recv[peer]`` from each, all at once (one NCCL group).
+
+        ``send`` and ``recv`` map peer ranks to C-contiguous arrays; empty arrays are skipped (both
+        ends know the sizes).
+        """
+        raise NotImplementedError
+
+    def barrier(self):
+        """Wait until every rank has reached this point (an all-reduce of one number)."""
+        self.allreduce(self.xp.zeros(1, np.float32))
+        self.synchronize()
+
+    def synchronize(self):
+        """Wait for this rank's queued work, under the watchdog."""
+
+    def abort(self, error=None):
+        """Stop the group: every rank's pending and later collectives raise ``error``."""
+        raise NotImplementedError
+
+
+# --- the reference backend: ranks are host threads -----------------------------------------
+
+
+class _Hub:
+    """What the simulated ranks share: a mailbox and a barrier (abort breaks it for every rank)."""
+
+    def __init__(self, world_size, timeout):
+        self.barrier = threading.Barrier(world_size, timeout=timeout)
+        self.box = {}
+        self.error = None
+
+
+class _ReferenceContext(Context):
+    """A rank on the host: NumPy arrays, collectives through shared memory, results exact and in rank order."""
+
+    def __init__(self, rank, hub, world_size, timeout):
+        super().__init__(rank, world_size, timeout)
+        self._hub = hub
+
+    def _wait(self):
+        try:
+            self._hub.barrier.wait()
+        except threading.BrokenBarrierError:
+            err = self._hub.error
+            if err is None:
+                err = self._hub.error = DistributedTimeoutError(
+                    f"rank {self.rank}: a collective did not finish within {self.timeout:g} s "
+                    "(a peer rank stalled or issued different collectives)"
+                )
+            raise err from None
+
+    def _post(self, key, value):
+        self._hub.box[key] = value
+
+    def allreduce(self, x):
+        self._post(("ar", self.rank), np.array(x, copy=True))
+        self._wait()
+        total = self._hub.box[("ar", 0)].copy()
+        for r in range(1, self.world_size):  # rank order: every rank the same sum
+            total += self._hub.box[("ar", r)]
+        self._wait()
+        x[...] = total
+        return x
+
+    def allgather(self, x):
+        self._post(("ag", self.rank), np.array(x, copy=True))
+        self._wait()
+        out = np.stack([self._hub.box[("ag", r)] for r in range(self.world_size)])
+        self._wait()
+        return out
+
+    def sendrecv(self, send, recv):
+        for peer, a in send.items():
+            self._post(("p2p", self.rank, peer), np.array(a, copy=True))
+        self._wait()
+        for peer, buf in recv.items():
+            got = self._hub.box.get(("p2p", peer, self.rank))
+            if got is None or got.size != buf.size:
+                size = 0 if got is None else got.size
+                raise DistributedError(f"rank {self.rank} expected {buf.size} values from rank {peer}, got {size}")
+            buf[...] = got.reshape(buf.shape)
+        self._wait()
+        for peer in send:
+            self._hub.box.pop(("p2p", self.rank, peer), None)
+
+    def abort(self, error=None):
+        if self._hub.error is None:
+            self._hub.error = error or DistributedError("the group was aborted")
+        self._hub.barrier.abort()
+
+
+# --- the NCCL backend --------------------------------------------------------------------------
+
+
+def _nccl():
+    from cupy.cuda import nccl
+
+    return nccl
+
+
+def _nccl_type(dtype):
+    nccl = _nccl()
+    table = {
+        np.dtype(np.float32): nccl.NCCL_FLOAT32,
+        np.dtype(np.float64): nccl.NCCL_FLOAT64,
+        np.dtype(np.float16): nccl.NCCL_FLOAT16,
+        np.dtype(np.int32): nccl.NCCL_INT32,
+        np.dtype(np.int64): nccl.NCCL_INT64,
+    }
+    try:
+        return table[np.dtype(dtype)]
+    except KeyError:
+        raise TypeError(f"no NCCL reduction for dtype {np.dtype(dtype)}") from None
+
+
+class _NcclContext(Context):
+    """A rank on a GPU: NCCL on the current stream, each collective watched by a timer thread."""
+
+    def __init__(self, rank, world_size, device, comm, timeout):
+        super().__init__(rank, world_size, timeout)
+        import cupy
+
+        self.xp = cupy
+        self.device = int(device)
+        self.comm = comm
+        self._thread = threading.get_ident()  # the rank's thread, woken by the watchdog
+        self._wake = True  # False once that thread has left the rank's program
+        self._pending = None  # (event after the last collective, when it was issued)
+        self._stop = threading.Event()
+        self._watchdog = threading.Thread(target=self._watch, name=f"tcgnn-nccl-watchdog-{rank}", daemon=True)
+        self._watchdog.start()
+
+    # The watchdog: abort the communicator when a collective outlives the timeout, then wake the rank.
+    def _watch(self):
+        import cupy
+
+        with cupy.cuda.Device(self.device):
+            while not self._stop.wait(0.2):
+                pending = self._pending
+                if self.failed is not None or pending is None:
+                    continue
+                event, t0 = pending
+                if event.done:
+                    self._pending = None
+                elif time.monotonic() - t0 > self.timeout:
+                    self.abort(DistributedTimeoutError(
+                        f"rank {self.rank}: an NCCL collective did not finish within {self.timeout:g} s "
+                        "(a peer rank died, stalled or issued different collectives); the communicator "
+                        "was aborted"))
+
+    def _issued(self):
+        import cupy
+
+        ev = cupy.cuda.Event(block=False, disable_timing=True)
+        ev.record()
+        if self._pending is None or self._pending[0].done:
+            self._pending = (ev, time.monotonic())
+        else:
+            self._pending = (ev, self._pending[1])  # the clock runs from the oldest unfinished one
+
+    def _stream(self):
+        import cupy
+
+        return cupy.cuda.get_current_stream().ptr
+
+    def allreduce(self, x):
+        self._check()
+        if x.size:
+            self.comm.allReduce(x.data.ptr, x.data.ptr, x.size, _nccl_type(x.dtype), _nccl().NCCL_SUM,
+                                self._stream())
+            self._issued()
+        return x
+
+    def allgather(self, x):
+        self._check()
+        x = self.xp.ascontiguousarray(x)
+        out = self.xp.empty((self.world_size,) + x.shape, dtype=x.dtype)
+        if x.size:
+            nccl = _nccl()
+            self.comm.allGather(x.data.ptr, out.data.ptr, x.nbytes, nccl.NCCL_UINT8, self._stream())
+            self._issued()
+        return out
+
+    def sendrecv(self, send, recv):
+        self._check()
+        nccl = _nccl()
+        stream = self._stream()
+        nccl.groupStart()
+        try:
+            for peer in sorted(set(send) | set(recv)):
+                a = send.get(peer)
+                if a is not None and a.size:
+                    if not a.flags.c_contiguous:
+                        raise ValueError("sendrecv takes C-contiguous arrays")
+                    self.comm.send(a.data.ptr, a.nbytes, nccl.NCCL_UINT8, peer, stream)
+                b = recv.get(peer)
+                if b is not None and b.size:
+                    if not b.flags.c_contiguous:
+                        raise ValueError("sendrecv takes C-contiguous arrays")
+                    self.comm.recv(b.data.ptr, b.nbytes, nccl.NCCL_UINT8, peer, stream)
+        finally:
+            nccl.groupEnd()
+        self._issued()
+
+    def synchronize(self):
+        import cupy
+
+        self._check()
+        cupy.cuda.get_current_stream().synchronize()  # synchronize! (the watchdog wakes it on a timeout)
+        self._check()
+
+    def abort(self, error=None):
+        if self.failed is None:
+            self.failed = error or DistributedError(f"rank {self.rank}: the group was aborted")
+            try:
+                self.comm.abort()  # NCCL kernels waiting on a dead peer exit; the rank's stream moves on
+            except Exception:  # noqa: BLE001 -- already torn down
+                pass
+            if self._wake and threading.get_ident() != self._thread:
+                _raise_in_thread(self._thread, self.failed)
+
+    def close(self):
+        """Stop the watchdog and free the communicator (after the rank's last collective)."""
+        self._stop.set()
+        if self.failed is None:
+            try:
+                self.comm.destroy()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+# --- entry points ---------------------------------------------------------------------------
+
+
+def spmd(fn, devices=None, *, backend="nccl", timeout=None, args=(), kwargs=None):
+    """Run ``fn(ctx, *args, **kwargs)`` once per rank, in one process; return the results in rank order.
+
+    Parameters
+    ----------
+    fn : callable
+        The rank's program (SPMD): it gets its :class:`Context` first.
+    devices : int or sequence of int, optional
+        The CUDA devices, one rank each (an int ``n`` means devices ``0..n-1``); all visible
+        devices by default.  With ``backend="reference"``, the number of simulated ranks.
+    backend : {"nccl", "reference"}
+        ``"nccl"``: one thread per GPU, NCCL communicators from one ``ncclCommInitAll``.
+        ``"reference"``: ranks are host threads with NumPy arrays (no GPU needed): the
+        test oracle of every distributed operation.
+    timeout : float, optional
+        Seconds a collective may take (default :data:`DEFAULT_TIMEOUT`).
+
+    Raises
+    ------
+    Exception
+        The first error any rank raised; the other ranks' collectives are aborted, so
+        they stop instead of waiting for the failed rank.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from tcgnn_py import distributed as dist
+    >>> dist.spmd(lambda ctx: ctx.allreduce(np.array([ctx.rank + 1.0])), 3, backend="reference")
+    [array([6.]), array([6.]), array([6.])]
+    """
+    kwargs = kwargs or {}
+    timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
+    if backend == "reference":
+        n = int(devices if devices is not None else 1)
+        if n < 1:
+            raise ValueError(f"need at least one rank, got {n}")
+        hub = _Hub(n, timeout)
+        contexts = [_ReferenceContext(r, hub, n, timeout) for r in range(n)]
+        return _run_threads(fn, contexts, args, kwargs, None)
+    if backend != "nccl":
+        raise ValueError(f"backend must be 'nccl' or 'reference', got {backend!r}")
+    import cupy
+
+    if devices is None:
+        devices = cupy.cuda.runtime.getDeviceCount()
+    if isinstance(devices, (int, np.integer)):
+        devices = list(range(int(devices)))
+    devices = [int(d) for d in devices]
+    if len(set(devices)) != len(devices) or not devices:
+        raise ValueError(f"devices must be distinct CUDA device numbers, got {devices}")
+    comms = _nccl().NcclCommunicator.initAll(devices)
+    return _run_threads(fn, comms, args, kwargs, devices, timeout)
+
+
+def _run_threads(fn, contexts_or_comms, args, kwargs, devices, timeout=None):
+    n = len(contexts_or_comms)
+    results, errors, contexts = [None] * n, [None] * n, [None] * n
+    ready = threading.Barrier(n, timeout=timeout)
+
+    def rank_main(r):
+        try:
+            if devices is None:
+                ctx = contexts_or_comms[r]
+            else:
+                import cupy
+
+                cupy.cuda.Device(devices[r]).use()
+                # A non-blocking stream per rank: NCCL kernels waiting for a peer must not hold up the
+                # legacy default stream, which another rank's thread uses to read this device's arrays.
+                stream = cupy.cuda.Stream(non_blocking=True)
+                stream.use()
+                ctx = _NcclContext(r, n, devices[r], contexts_or_comms[r], timeout)
+                ctx._stream_obj = stream
+            contexts[r] = ctx
+            ready.wait()
+            results[r] = fn(ctx, *args, **kwargs)
+            if devices is not None:
+                ctx.synchronize()
+        except BaseException as e:  # noqa: BLE001 -- reported below, first failure first
+            errors[r] = (time.monotonic(), e)
+            ready.abort()
+            for c in contexts:  # stop the others: their collectives wait for this rank otherwise
+                if c is not None and c is not contexts[r]:
+                    c.abort(DistributedError(f"rank {r} failed: {type(e).__name__}: {e}"))
+        finally:
+            if contexts[r] is not None:
+                contexts[r]._wake = False
+
+    threads = [threading.Thread(target=rank_main, args=(r,), name=f"tcgnn-rank-{r}") for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if any(e is not None for e in errors):
+        for c in contexts:  # a failed group's communicators are aborted, not destroyed (that could wait)
+            if c is not None:
+                c.abort(DistributedError("the group was aborted"))
+    for c in contexts:
+        if c is not None and hasattr(c, "close"):
+            c.close()
+    failed = [(t, r, e) for r, (t, e) in ((r, x) for r, x in enumerate(errors) if x is not None)]
+    if failed:
+        # The root cause is the first failure that is not a consequence of another rank's.
+        own = [f for f in failed if not isinstance(f[2], DistributedError)] or failed
+        _, r, e = min(own, key=lambda f: f[0])
+        raise e
+    return results
+
+
+def init(*, timeout=None, rendezvous_timeout=None):
+    """This process's :class:`Context`, one process per GPU, from the environment.
+
+    Reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` (the CUDA device; default ``RANK``),
+    ``MASTER_ADDR`` (default ``127.0.0.1``) and ``MASTER_PORT`` (default ``29500``), as
+    ``torchrun`` and ``python -m tcgnn_py.distributed`` set them.  Rank 0 creates the NCCL id
+    and serves it to the others over TCP; every rank then joins the NCCL communicator.
+
+    Parameters
+    ----------
+    timeout : float, optional
+        Seconds a collective may take (default :data:`DEFAULT_TIMEOUT`).
+    rendezvous_timeout : float, optional
+        Seconds to wait for rank 0 (or, on rank 0, for the others); default ``timeout``.
+
+    Raises
+    ------
+    DistributedTimeoutError
+        A rank did not show up in time.
+    """
+    from ._rendezvous import exchange_id, env_int
+
+    timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
+    rendezvous_timeout = timeout if rendezvous_timeout is None else float(rendezvous_timeout)
+    rank, world = env_int("RANK"), env_int("WORLD_SIZE")
+    if not 0 <= rank < world:
+        raise ValueError(f"RANK={rank} must be in [0, WORLD_SIZE={world})")
+    local = env_int("LOCAL_RANK", rank)
+    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = env_int("MASTER_PORT", 29500)
+    import cupy
+
+    nccl = _nccl()
+    cupy.cuda.Device(local).use()
+    uid = exchange_id(rank, world, addr, port, nccl.get_unique_id if rank == 0 else None, rendezvous_timeout)
+    comm = nccl.NcclCommunicator(world, uid, rank)
+    return _NcclContext(rank, world, local, comm, timeout)

@@ -1,0 +1,171 @@
+"""Layer 4: the GNN layers of :mod:`tcgnn_py.nn` on a row-partitioned graph, and full-batch training.
+
+A :class:`DistributedEdges` is an edge view (see :mod:`tcgnn_py.nn._edges`)
+whose products exchange halo rows, so ``gcn_apply`` and ``agnn_apply`` run on
+one rank's rows unchanged.  Their weight gradients come out as this rank's
+partial sums; :func:`train` all-reduces them (one NCCL call per step, loss
+included), so every rank applies the same update and the parameters stay
+replicated.
+"""
+
+import dataclasses
+import time
+
+import numpy as np
+
+from ..nn._edges import TiledEdges
+from ..nn._layers import cross_entropy
+from ._matrix import DistributedMatrix
+
+__all__ = ["DistributedEdges", "train", "DistTrainResult", "allreduce_grads"]
+
+
+class DistributedEdges(TiledEdges):
+    """Edge view of a :class:`DistributedMatrix`: local values and rows, products that exchange halos."""
+
+    def __init__(self, D, precision=None):
+        if not isinstance(D, DistributedMatrix):
+            raise TypeError(f"expected a DistributedMatrix, got {type(D).__name__}")
+        super().__init__(D.local, precision)
+        self.dist = D
+        self.shape = (D.n_own, D.n_own)  # the layers see this rank's square block of the graph
+
+    def spmm(self, X, values=None):
+        return self.dist.matmul(X, values=values, precision=self.precision, out=self._out(X, self.dist.n_own))
+
+    def spmm_t(self, X, values=None):
+        return self.dist.rmatmul_t(X, values=values, precision=self.precision)
+
+    def sddmm(self, Xa, Xb):
+        return self.dist.sddmm(Xa, Xb, precision=self.precision)
+
+
+def allreduce_grads(ctx, grads, *extra):
+    """Sum ``grads`` (a dict of arrays) and the scalars ``extra`` over the ranks in one all-reduce.
+
+    Returns ``(grads, extra_sums)``; the gradients are replaced by the sums (same dtypes).
+    """
+    xp = ctx.xp
+    keys = sorted(grads)
+    dtype = np.result_type(*[grads[k].dtype for k in keys]) if keys else np.float32
+    flat = xp.concatenate([grads[k].astype(dtype, copy=False).ravel() for k in keys]
+                          + [xp.asarray(e, dtype=dtype).reshape(1) for e in extra])
+    ctx.allreduce(flat)
+    out, at = {}, 0
+    for k in keys:
+        g = grads[k]
+        out[k] = flat[at:at + g.size].reshape(g.shape).astype(g.dtype, copy=False)
+        at += g.size
+    return out, flat[at:]
+
+
+@dataclasses.dataclass
+class DistTrainResult:
+    """What :func:`train` measured, the same on every rank: accuracies over all ranks' nodes.
+
+    ``epoch_times``: seconds per training step on this rank (CUDA events on the GPU, host clock on
+    the reference backend); a step ends with the gradients' all-reduce, so it includes the slowest rank.
+    """
+
+    test_acc: float
+    val_acc: float
+    best_epoch: int
+    final_loss: float
+    epoch_times: list
+
+    @property
+    def epoch_time(self):
+        """Median seconds per training epoch."""
+        return float(np.median(self.epoch_times)) if self.epoch_times else float("nan")
+
+
+def train(ctx, apply, params, A, X, labels, split, optimizer, *, epochs=200, rng=None, dropout_p=0.5,
+          precision=None, evaluate=True):
+    """Full-batch training of ``apply`` (e.g. :func:`tcgnn_py.nn.gcn_apply`) on a row-partitioned graph.
+
+    Each rank passes its own rows: ``A`` a :class:`DistributedMatrix` (or its :class:`DistributedEdges`),
+    ``X`` and ``labels`` its rows of the features and labels, ``split`` its
+    ``(train, val, test)`` node indices in local numbering.  ``params`` start equal on every rank
+    (same seed) and stay equal: the loss is the mean over all ranks' training nodes, and the
+    gradients are all-reduced before ``optimizer.step``.
+
+    Returns a :class:`DistTrainResult` (the same accuracies on every rank).
+
+    Examples
+    --------
+    >>> import numpy as np, tcgnn_py as tg
+    >>> from tcgnn_py import distributed as dist
+    >>> g = tg.load_cora()
+    >>> S = tg.nn.gcn_norm(g.adj).tocsr()
+    >>> X = g.features.toarray().astype(np.float32)
+    >>> def rank(ctx):
+    ...     D = dist.DistributedMatrix(S, ctx)
+    ...     rows = D.row_slice
+    ...     local = [i[(i >= rows.start) & (i < rows.stop)] - rows.start
+    ...              for i in (g.train_idx, g.val_idx, g.test_idx)]
+    ...     params = tg.nn.gcn_init((X.shape[1], 16, 7), np.random.default_rng(0))
+    ...     opt = tg.nn.Adam(params, lr=0.01, weight_decay={"W0": 5e-4, "b0": 5e-4})
+    ...     return dist.train(ctx, tg.nn.gcn_apply, params, D, X[rows], g.labels[rows], local, opt,
+    ...                       epochs=30, rng=np.random.default_rng(ctx.rank))
+    >>> r = dist.spmd(rank, 2, backend="reference")
+    >>> r[0].test_acc == r[1].test_acc and 0.6 < r[0].test_acc <= 1
+    True
+    """
+    E = A if isinstance(A, DistributedEdges) else DistributedEdges(A, precision)
+    xp = ctx.xp
+    X = xp.asarray(X)
+    labels = xp.asarray(labels)
+    train_idx, val_idx, test_idx = (xp.asarray(i, dtype=np.int64) for i in split)
+    sizes = np.asarray([int(i.shape[0]) for i in (train_idx, val_idx, test_idx)], np.int64)
+    totals = ctx.allgather(xp.asarray(sizes)).sum(axis=0)
+    totals = totals.get() if hasattr(totals, "get") else totals  # synchronize!
+    n_train = int(totals[0])
+    if n_train == 0:
+        raise ValueError("no rank has training nodes")
+    share = sizes[0] / n_train  # this rank's weight in the global mean
+
+    def step():
+        logits, vjp = apply(params, E, X, rng=rng, dropout_p=dropout_p, training=True)
+        if sizes[0]:
+            loss, dlogits = cross_entropy(logits, labels, train_idx)
+            dlogits *= dlogits.dtype.type(share)
+            loss = loss * share
+        else:
+            loss, dlogits = xp.zeros((), logits.dtype), xp.zeros_like(logits)
+        grads, (total_loss,) = allreduce_grads(ctx, vjp(dlogits), loss)
+        optimizer.step(grads)
+        return total_loss
+
+    def score():
+        logits, _ = apply(params, E, X, training=False)
+        pred = logits.argmax(axis=1)
+        hits = xp.stack([(pred[i] == labels[i]).sum() for i in (val_idx, test_idx)]).astype(np.int64)
+        return ctx.allreduce(hits)
+
+    on_device = xp is not np
+    times, scores, loss = [], [], None
+    for _ in range(epochs):
+        if on_device:
+            t0, t1 = xp.cuda.Event(), xp.cuda.Event()
+            t0.record()
+        else:
+            h0 = time.perf_counter()
+        loss = step()
+        if on_device:
+            t1.record()
+            times.append((t0, t1))
+        else:
+            times.append(time.perf_counter() - h0)
+        if evaluate:
+            scores.append(score())
+    ctx.synchronize()
+    if on_device:
+        times = [xp.cuda.get_elapsed_time(a, b) / 1e3 for a, b in times]
+    final_loss = float(loss) if loss is not None else float("nan")  # synchronize!
+    if not scores:
+        return DistTrainResult(float("nan"), float("nan"), -1, final_loss, times)
+    s = xp.stack(scores)
+    s = (s.get() if on_device else s).astype(np.float64)  # synchronize!
+    acc = s / np.maximum(totals[1:], 1)
+    best = int(np.argmax(acc[:, 0]))
+    return DistTrainResult(float(acc[best, 1]), float(acc[best, 0]), best, final_loss, times)

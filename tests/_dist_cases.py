@@ -1,0 +1,108 @@
+"""Rank programs for the distributed tests: the same code on simulated host ranks and on GPUs."""
+
+import numpy as np
+import scipy.sparse as sp
+
+import tcgnn_py as tg
+from tcgnn_py import distributed as dist
+from tcgnn_py._device import to_host
+from _zoo import star
+
+
+def int_graph(n, density, seed, directed=True):
+    rng = np.random.default_rng(seed)
+    A = sp.random_array((n, n), density=density, rng=rng, format="csr")
+    A.data[:] = rng.integers(1, 5, A.nnz)
+    A = sp.csr_array(A)
+    return A if directed else sp.csr_array(A + A.T)
+
+
+GRAPHS = {  # float32 values: the TF32 and CUDA-core float32 paths, exact on small integers
+    "uniform_n1001": lambda: int_graph(1001, 0.01, 1).astype(np.float32),
+    "power_law": lambda: tg.power_law_graph(2000, 16000, seed=3),
+    "star_300": lambda: star(300).astype(np.float32),
+    "isolated_rows": lambda: sp.csr_array(sp.block_diag([int_graph(40, 0.2, 4), sp.csr_array((37, 37))]),
+                                          dtype=np.float32),
+}
+
+
+def host_csr(T):
+    """A TiledMatrix's CSR form as a scipy array, wherever the matrix lives."""
+    data, indices, indptr = (to_host(v) for v in T.csr_arrays())
+    return sp.csr_array((data, indices, indptr), shape=T.shape)
+
+
+def int_features(n, d, seed):
+    return np.random.default_rng(seed).integers(-8, 9, (n, d)).astype(np.float32)
+
+
+def products(A, X, G, halo="sendrecv", repeats=1):
+    """A rank program: its rows of ``A @ X``, ``Aᵀ @ G`` and SDDMM(X, X), each ``repeats`` times."""
+
+    def rank(ctx):
+        D = dist.DistributedMatrix(A, ctx, halo=halo)
+        rows = D.row_slice
+        xp = ctx.xp
+        Xr, Gr = xp.asarray(X[rows]), xp.asarray(G[rows])
+        outs = []
+        for _ in range(repeats):
+            e = D.sddmm(Xr, precision="fp32")
+            # SDDMM values come in the local tiled order: back to global (row, col) through the local CSR.
+            vals = to_host(D.local.with_values(e, order="tiled").tocsr().toarray())
+            outs.append((to_host(D.matmul(Xr)), to_host(D.rmatmul_t(Gr)), vals, D.n_halo))
+        return outs
+
+    return rank
+
+
+def expected_sddmm_rows(A, X, bounds, p):
+    """Rank ``p``'s SDDMM as a dense ``rows x (own + halo)`` block (the local matrix's columns)."""
+    lo, hi = bounds[p], bounds[p + 1]
+    rows = sp.csr_array(A[lo:hi])
+    cols = rows.indices
+    own = (cols >= lo) & (cols < hi)
+    halo = np.unique(cols[~own])
+    mapped = np.where(own, cols - lo, (hi - lo) + np.searchsorted(halo, cols))
+    r = np.repeat(np.arange(hi - lo), np.diff(rows.indptr))
+    out = np.zeros((hi - lo, (hi - lo) + halo.shape[0]), np.float32)
+    np.add.at(out, (r, mapped), np.einsum("ij,ij->i", X[lo + r], X[cols]))
+    return out
+
+
+def check_products(results, A, X, G, bounds):
+    A = sp.csr_array(A)
+    for rep in range(len(results[0])):
+        Y = np.concatenate([r[rep][0] for r in results])
+        np.testing.assert_array_equal(Y, (A @ X).astype(np.float32))
+        Z = np.concatenate([r[rep][1] for r in results])
+        np.testing.assert_array_equal(Z, (A.T @ G).astype(np.float32))
+        for p, r in enumerate(results):
+            np.testing.assert_array_equal(r[rep][2], expected_sddmm_rows(A, X, bounds, p))
+    for r in results:  # repeat runs are bit-identical
+        for rep in r[1:]:
+            for a, b in zip(rep[:3], r[0][:3]):
+                assert np.array_equal(a, b)
+
+
+def gcn_grads(S, X, params):
+    """A rank program: its rows of the GCN logits and the all-reduced gradients (no dropout)."""
+
+    def rank(ctx):
+        D = dist.DistributedMatrix(S, ctx)
+        xp = ctx.xp
+        p = {k: xp.asarray(v) for k, v in params.items()}
+        # CUDA cores: the second layer's inputs outgrow TF32's exact integers.
+        E = dist.DistributedEdges(D, precision="fp32")
+        logits, vjp = tg.nn.gcn_apply(p, E, xp.asarray(X[D.row_slice]), dropout_p=0.0)
+        g = xp.ones_like(logits)
+        grads, _ = dist.allreduce_grads(ctx, vjp(g))
+        return to_host(logits), {k: to_host(v) for k, v in grads.items()}
+
+    return rank
+
+
+def single_gcn_grads(S, X, params):
+    """The same on the whole graph, one device (CPU reference, exact)."""
+    T = tg.TiledMatrix(S, device="cpu")
+    logits, vjp = tg.nn.gcn_apply(params, T, X, dropout_p=0.0)
+    return logits, vjp(np.ones_like(logits))

@@ -1,0 +1,253 @@
+"""tcgnn_py.distributed on the reference backend: simulated ranks in threads, NumPy, exact on integers."""
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import tcgnn_py as tg
+from tcgnn_py import distributed as dist
+from tcgnn_py._partition import balanced_bounds
+from tcgnn_py.distributed import _rendezvous
+from tcgnn_py.distributed._launch import launch
+import _dist_cases as cases
+
+
+@pytest.mark.parametrize("halo", dist.HALO_MODES)
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
+@pytest.mark.parametrize("graph", sorted(cases.GRAPHS))
+def test_products_by_ranks_equal_whole(graph, ranks, halo):
+    A = cases.GRAPHS[graph]()
+    n = A.shape[0]
+    X, G = cases.int_features(n, 5, 1), cases.int_features(n, 3, 2)
+    res = dist.spmd(cases.products(A, X, G, halo=halo, repeats=2), ranks, backend="reference")
+    cases.check_products(res, A, X, G, balanced_bounds(A.indptr, ranks))
+    if ranks > 1 and graph != "isolated_rows":
+        assert sum(r[0][3] for r in res) > 0  # a halo was exchanged at all
+
+
+def test_vector_operand_and_explicit_bounds():
+    A = cases.GRAPHS["uniform_n1001"]()
+    x = cases.int_features(A.shape[0], 1, 3)[:, 0]
+    bounds = np.array([0, 10, 10, 600, A.shape[0]])  # an empty rank, uneven parts
+
+    def rank(ctx):
+        D = dist.DistributedMatrix(A, ctx, bounds=bounds)
+        return D.matmul(x[D.row_slice]), D.rmatmul_t(x[D.row_slice])
+
+    res = dist.spmd(rank, 4, backend="reference")
+    np.testing.assert_array_equal(np.concatenate([r[0] for r in res]), A @ x)
+    np.testing.assert_array_equal(np.concatenate([r[1] for r in res]), A.T @ x)
+    assert res[1][0].shape == (0,)
+
+
+def test_bad_inputs_raise_clear_errors():
+    A = cases.GRAPHS["uniform_n1001"]()
+
+    def rank(ctx, **kw):
+        return dist.DistributedMatrix(A, ctx, **kw)
+
+    with pytest.raises(ValueError, match="bounds must rise"):
+        dist.spmd(rank, 2, backend="reference", kwargs={"bounds": [0, 5]})
+    with pytest.raises(ValueError, match="halo must be one of"):
+        dist.spmd(rank, 2, backend="reference", kwargs={"halo": "ring"})
+    with pytest.raises(ValueError, match="square"):
+        dist.spmd(lambda ctx: dist.DistributedMatrix(sp.csr_array((3, 4)), ctx), 2, backend="reference")
+    bad = sp.csr_array(A, copy=True)
+    bad.indices[-1] = A.shape[0] + 3  # past the last column: would read no one's row
+    with pytest.raises(ValueError, match="column index out of bounds"):
+        dist.spmd(lambda ctx: dist.DistributedMatrix((bad.data, bad.indices, bad.indptr), ctx), 2,
+                  backend="reference")
+
+    def wrong_rows(ctx):
+        D = dist.DistributedMatrix(A, ctx)
+        return D.matmul(np.ones((A.shape[0], 2), np.float32))  # the whole X, not this rank's rows
+
+    with pytest.raises(ValueError, match=r"matmul: dimension mismatch with signature \(n,k=\d+\),\(k=1001,m\)"):
+        dist.spmd(wrong_rows, 2, backend="reference")
+
+
+def test_collectives_reference():
+    def rank(ctx):
+        s = ctx.allreduce(np.array([ctx.rank, 1.0]))
+        g = ctx.allgather(np.array([ctx.rank * 10]))
+        recv = {q: np.empty(q + 1) for q in range(ctx.world_size) if q != ctx.rank}
+        ctx.sendrecv({q: np.full(ctx.rank + 1, ctx.rank, float) for q in range(ctx.world_size) if q != ctx.rank},
+                     recv)
+        ctx.barrier()
+        return s, g, recv
+
+    res = dist.spmd(rank, 3, backend="reference")
+    for r, (s, g, recv) in enumerate(res):
+        assert s.tolist() == [3.0, 3.0] and g.ravel().tolist() == [0, 10, 20]
+        assert {q: v.tolist() for q, v in recv.items()} == {q: [float(q)] * (q + 1) for q in range(3) if q != r}
+
+
+def test_a_failing_rank_stops_the_others():
+    def rank(ctx):
+        if ctx.rank == 1:
+            raise ZeroDivisionError("rank 1's own bug")
+        ctx.allreduce(np.ones(1))  # would wait for rank 1 forever
+        return "unreachable"
+
+    t0 = time.monotonic()
+    with pytest.raises(ZeroDivisionError, match="rank 1's own bug"):
+        dist.spmd(rank, 3, backend="reference", timeout=60)
+    assert time.monotonic() - t0 < 10  # aborted, not timed out
+
+
+def test_a_stalled_rank_times_out():
+    def rank(ctx):
+        if ctx.rank == 0:
+            ctx.allreduce(np.ones(1))  # rank 1 never joins
+        else:
+            time.sleep(3)
+
+    with pytest.raises(dist.DistributedTimeoutError, match="did not finish within 0.5 s"):
+        dist.spmd(rank, 2, backend="reference", timeout=0.5)
+
+
+def test_gcn_gradients_by_ranks_equal_whole():
+    A = cases.int_graph(300, 0.03, 5, directed=True)  # directed: the backward pass needs Aᵀ
+    S = sp.csr_array(A.astype(np.float64))
+    X = cases.int_features(300, 6, 7).astype(np.float64)
+    rng = np.random.default_rng(0)
+    params = {"W0": rng.integers(-2, 3, (6, 4)).astype(np.float64), "b0": np.arange(4.0),
+              "W1": rng.integers(-2, 3, (4, 3)).astype(np.float64), "b1": np.ones(3)}
+    want_logits, want = cases.single_gcn_grads(S, X, params)
+    res = dist.spmd(cases.gcn_grads(S, X, params), 3, backend="reference")
+    np.testing.assert_array_equal(np.concatenate([r[0] for r in res]), want_logits)
+    for _, grads in res:
+        for k in want:
+            np.testing.assert_array_equal(grads[k], want[k])
+
+
+def test_agnn_runs_on_ranks():
+    g = tg.load_cora()
+    A = cases.host_csr(tg.nn.add_self_loops(g.adj, dtype=np.float64))
+    X = g.features.toarray()[:, :32].astype(np.float64)
+    params = tg.nn.agnn_init((32, 8, 7), np.random.default_rng(0), dtype=np.float64)
+    T = tg.TiledMatrix(A, device="cpu")
+    want_logits, vjp = tg.nn.agnn_apply(params, T, X, dropout_p=0.0)
+    want = vjp(np.ones_like(want_logits))
+
+    def rank(ctx):
+        D = dist.DistributedMatrix(A, ctx)
+        logits, vjp = tg.nn.agnn_apply(params, dist.DistributedEdges(D), X[D.row_slice], dropout_p=0.0)
+        grads, _ = dist.allreduce_grads(ctx, vjp(np.ones_like(logits)))
+        return logits, grads
+
+    res = dist.spmd(rank, 3, backend="reference")
+    np.testing.assert_allclose(np.concatenate([r[0] for r in res]), want_logits, rtol=1e-12, atol=1e-12)
+    for k in want:
+        np.testing.assert_allclose(res[0][1][k], want[k], rtol=1e-10, atol=1e-12)
+
+
+def test_training_matches_one_device():
+    g = tg.load_cora()
+    S = cases.host_csr(tg.nn.gcn_norm(g.adj, dtype=np.float64))
+    X = g.features.toarray().astype(np.float64)
+    split = (g.train_idx, g.val_idx, g.test_idx)
+
+    def fresh():
+        params = tg.nn.gcn_init((X.shape[1], 16, 7), np.random.default_rng(0), dtype=np.float64)
+        return params, tg.nn.Adam(params, lr=0.01, weight_decay={"W0": 5e-4, "b0": 5e-4})
+
+    params, opt = fresh()
+    one = tg.nn.train(tg.nn.gcn_apply, params, tg.TiledMatrix(S, device="cpu"), X, g.labels, split, opt,
+                      epochs=15, dropout_p=0.0)
+
+    def rank(ctx):
+        D = dist.DistributedMatrix(S, ctx)
+        rows = D.row_slice
+        local = [i[(i >= rows.start) & (i < rows.stop)] - rows.start for i in split]
+        p, o = fresh()
+        r = dist.train(ctx, tg.nn.gcn_apply, p, D, X[rows], g.labels[rows], local, o, epochs=15, dropout_p=0.0)
+        return r, p
+
+    res = dist.spmd(rank, 3, backend="reference")
+    for r, p in res:
+        assert r.test_acc == one.test_acc and r.best_epoch == one.best_epoch
+        assert abs(r.final_loss - one.final_loss) < 1e-9
+        for k in params:
+            np.testing.assert_allclose(p[k], params[k], rtol=1e-9, atol=1e-12)
+            np.testing.assert_array_equal(p[k], res[0][1][k])  # replicas stay bit-identical
+
+
+# --- rendezvous and launcher (no GPU needed) -------------------------------------------
+
+
+def _port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_rendezvous_hands_every_rank_the_same_id():
+    port, out = _port(), {}
+
+    def run(r):
+        out[r] = _rendezvous.exchange_id(r, 3, "127.0.0.1", port, (lambda: tuple(range(-64, 64))) if r == 0 else None,
+                                         timeout=20)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in (1, 2, 0)]  # clients first: they retry
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert out[0] == out[1] == out[2] == tuple(range(-64, 64))
+
+
+def test_rendezvous_times_out_with_a_clear_error():
+    with pytest.raises(dist.DistributedTimeoutError, match="rank 0 did not answer"):
+        _rendezvous.exchange_id(1, 2, "127.0.0.1", _port(), None, timeout=0.5)
+    with pytest.raises(dist.DistributedTimeoutError, match=r"ranks \[1\] did not connect"):
+        _rendezvous.exchange_id(0, 2, "127.0.0.1", _port(), lambda: (1, 2), timeout=0.5)
+
+
+def test_init_without_the_environment_says_how_to_launch(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(KeyError, match="python -m tcgnn_py.distributed"):
+        _rendezvous.env_int("RANK")
+
+
+def _script(tmp_path, body):
+    p = tmp_path / "prog.py"
+    p.write_text(textwrap.dedent(body))
+    return p
+
+
+def test_launcher_sets_the_rank_variables(tmp_path):
+    prog = _script(tmp_path, """
+        import os, sys
+        keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+        open(os.path.join(sys.argv[1], "r" + os.environ["RANK"]), "w").write(" ".join(os.environ[k] for k in keys))
+    """)
+    rc = subprocess.run([sys.executable, "-m", "tcgnn_py.distributed", "--nproc-per-node", "3", "--master-port",
+                         "0", str(prog), str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert rc.returncode == 0, rc.stderr
+    seen = [(tmp_path / f"r{r}").read_text().split() for r in range(3)]
+    assert [s[:3] for s in seen] == [[str(r), str(r), "3"] for r in range(3)]
+    assert len({s[4] for s in seen}) == 1 and seen[0][3] == "127.0.0.1"
+
+
+def test_launcher_stops_the_others_when_a_rank_fails(tmp_path):
+    prog = _script(tmp_path, """
+        import os, sys, time
+        if os.environ["RANK"] == "1":
+            sys.exit(3)
+        time.sleep(120)  # a rank that would wait for rank 1 forever
+    """)
+    t0 = time.monotonic()
+    log = tmp_path / "log"
+    with open(log, "w") as f:
+        rc = launch([sys.executable, str(prog)], 3, master_port=0, grace=2, log=f)
+    assert rc == 3 and time.monotonic() - t0 < 30
+    assert "rank 1 exited with code 3; stopping the other ranks" in log.read_text()
