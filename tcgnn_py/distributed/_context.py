@@ -16,6 +16,7 @@ raises :class:`DistributedTimeoutError` in the rank's thread, instead of a
 hang.
 """
 
+import contextlib
 import ctypes
 import os
 import threading
@@ -218,8 +219,12 @@ def _nccl_type(dtype):
 class _NcclContext(Context):
     """A rank on a GPU: NCCL on the current stream, each collective watched by a timer thread."""
 
-    def __init__(self, rank, world_size, device, comm, timeout):
+    def __init__(self, rank, world_size, device, comm, timeout, host_barrier=None):
         super().__init__(rank, world_size, timeout)
+        # Ranks that are threads of one process meet on the host before each collective: an NCCL
+        # kernel then never waits on a peer whose thread is still loading a module or allocating
+        # (device-wide synchronizing calls), which deadlocked the two (seen on 2 H200s).
+        self._host_barrier = host_barrier
         import cupy
 
         self.xp = cupy
@@ -242,7 +247,7 @@ class _NcclContext(Context):
                 if self.failed is not None or pending is None:
                     continue
                 event, t0 = pending
-                if event.done:
+                if event is not None and event.done:
                     self._pending = None
                 elif time.monotonic() - t0 > self.timeout:
                     self.abort(DistributedTimeoutError(
@@ -255,21 +260,40 @@ class _NcclContext(Context):
 
         ev = cupy.cuda.Event(block=False, disable_timing=True)
         ev.record()
-        if self._pending is None or self._pending[0].done:
-            self._pending = (ev, time.monotonic())
-        else:
-            self._pending = (ev, self._pending[1])  # the clock runs from the oldest unfinished one
+        self._pending = (ev, self._pending[1])  # the clock runs from the oldest unfinished one
+
+    @contextlib.contextmanager
+    def _aborted_as_error(self):
+        """An NCCL call that fails because the watchdog aborted the communicator raises the watchdog's error."""
+        try:
+            yield
+        except Exception as e:
+            if self.failed is not None and e is not self.failed:
+                raise self.failed from e
+            raise
 
     def _stream(self):
         import cupy
 
+        # The clock starts before the NCCL call: its first use of a peer connects on the host, and
+        # blocks there until the peer joins (the watchdog must be able to end that wait too).
+        if self._pending is None or (self._pending[0] is not None and self._pending[0].done):
+            self._pending = (None, time.monotonic())
+        b = self._host_barrier
+        if b is not None:
+            try:
+                b.wait()
+            except threading.BrokenBarrierError:
+                self._check()
+                raise DistributedError(f"rank {self.rank}: another rank of the group failed") from None
         return cupy.cuda.get_current_stream().ptr
 
     def allreduce(self, x):
         self._check()
         if x.size:
-            self.comm.allReduce(x.data.ptr, x.data.ptr, x.size, _nccl_type(x.dtype), _nccl().NCCL_SUM,
-                                self._stream())
+            with self._aborted_as_error():
+                self.comm.allReduce(x.data.ptr, x.data.ptr, x.size, _nccl_type(x.dtype), _nccl().NCCL_SUM,
+                                    self._stream())
             self._issued()
         return x
 
@@ -279,7 +303,8 @@ class _NcclContext(Context):
         out = self.xp.empty((self.world_size,) + x.shape, dtype=x.dtype)
         if x.size:
             nccl = _nccl()
-            self.comm.allGather(x.data.ptr, out.data.ptr, x.nbytes, nccl.NCCL_UINT8, self._stream())
+            with self._aborted_as_error():
+                self.comm.allGather(x.data.ptr, out.data.ptr, x.nbytes, nccl.NCCL_UINT8, self._stream())
             self._issued()
         return out
 
@@ -301,19 +326,43 @@ class _NcclContext(Context):
                         raise ValueError("sendrecv takes C-contiguous arrays")
                     self.comm.recv(b.data.ptr, b.nbytes, nccl.NCCL_UINT8, peer, stream)
         finally:
-            nccl.groupEnd()
+            with self._aborted_as_error():
+                nccl.groupEnd()
         self._issued()
 
     def synchronize(self):
+        """Wait for this rank's queued work, polling, so that a stalled collective ends in a timeout."""
         import cupy
 
         self._check()
-        cupy.cuda.get_current_stream().synchronize()  # synchronize! (the watchdog wakes it on a timeout)
+        ev = cupy.cuda.Event(block=False, disable_timing=True)
+        ev.record()
+        t0 = time.monotonic()
+        while not ev.done:  # synchronize! (polled: a blocking wait could not be interrupted)
+            if self.failed is None and time.monotonic() - t0 > self.timeout:
+                err = DistributedTimeoutError(
+                    f"rank {self.rank}: an NCCL collective did not finish within {self.timeout:g} s "
+                    "(a peer rank died, stalled or issued different collectives); the communicator was aborted")
+                self.failed = err
+                # Abort off this thread: the caller gets the error even if the abort itself lingers.
+                t = threading.Thread(target=self._abort_comm, daemon=True)
+                t.start()
+                t.join(10)
+            self._check()
+            time.sleep(0.0005)
         self._check()
+
+    def _abort_comm(self):
+        try:
+            self.comm.abort()
+        except Exception:  # noqa: BLE001 -- already torn down
+            pass
 
     def abort(self, error=None):
         if self.failed is None:
             self.failed = error or DistributedError(f"rank {self.rank}: the group was aborted")
+            if self._host_barrier is not None:
+                self._host_barrier.abort()
             try:
                 self.comm.abort()  # NCCL kernels waiting on a dead peer exit; the rank's stream moves on
             except Exception:  # noqa: BLE001 -- already torn down
@@ -392,6 +441,7 @@ def _run_threads(fn, contexts_or_comms, args, kwargs, devices, timeout=None):
     n = len(contexts_or_comms)
     results, errors, contexts = [None] * n, [None] * n, [None] * n
     ready = threading.Barrier(n, timeout=timeout)
+    meet = threading.Barrier(n, timeout=timeout)
 
     def rank_main(r):
         try:
@@ -405,7 +455,7 @@ def _run_threads(fn, contexts_or_comms, args, kwargs, devices, timeout=None):
                 # legacy default stream, which another rank's thread uses to read this device's arrays.
                 stream = cupy.cuda.Stream(non_blocking=True)
                 stream.use()
-                ctx = _NcclContext(r, n, devices[r], contexts_or_comms[r], timeout)
+                ctx = _NcclContext(r, n, devices[r], contexts_or_comms[r], timeout, meet)
                 ctx._stream_obj = stream
             contexts[r] = ctx
             ready.wait()

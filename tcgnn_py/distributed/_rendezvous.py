@@ -40,7 +40,8 @@ def exchange_id(rank, world_size, addr, port, make_id, timeout):
     deadline = time.monotonic() + timeout
     if rank == 0:
         uid = make_id()
-        payload = json.dumps({"world_size": world_size, "id": list(uid)}).encode()
+        # CuPy's NCCL id is 128 bytes; tuples of ints (tests) travel as they are.
+        payload = json.dumps({"world_size": world_size, "id": list(uid), "bytes": isinstance(uid, bytes)}).encode()
         with socket.create_server((addr, port), reuse_port=False) as srv:
             srv.settimeout(0.5)
             served = set()
@@ -76,7 +77,7 @@ def exchange_id(rank, world_size, addr, port, make_id, timeout):
             if msg["world_size"] != world_size:
                 raise ValueError(f"rank 0 runs a group of {msg['world_size']} ranks, this rank was told "
                                  f"WORLD_SIZE={world_size}")
-            return tuple(msg["id"])
+            return bytes(msg["id"]) if msg.get("bytes") else tuple(msg["id"])
         except (ConnectionRefusedError, ConnectionResetError, socket.timeout, json.JSONDecodeError):
             if time.monotonic() > deadline:
                 raise _timeout_error(f"rendezvous: rank 0 did not answer on {addr}:{port} within {timeout:g} s")
