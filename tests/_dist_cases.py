@@ -106,3 +106,16 @@ def single_gcn_grads(S, X, params):
     T = tg.TiledMatrix(S, device="cpu")
     logits, vjp = tg.nn.gcn_apply(params, T, X, dropout_p=0.0)
     return logits, vjp(np.ones_like(logits))
+
+
+def check_gcn_grads(A, X, rng, dtype, run):
+    """A two-layer GCN's logits and all-reduced gradients over ranks (``run(rank_program)``) equal the whole
+    graph's, exactly (small-integer data)."""
+    params = {"W0": rng.integers(-2, 3, (6, 4)).astype(dtype), "b0": np.arange(4, dtype=dtype),
+              "W1": rng.integers(-2, 3, (4, 3)).astype(dtype), "b1": np.ones(3, dtype)}
+    want_logits, want = single_gcn_grads(A, X, params)
+    res = run(gcn_grads(A, X, params))
+    np.testing.assert_array_equal(np.concatenate([r[0] for r in res]), want_logits)
+    for _, grads in res:
+        for k in want:
+            np.testing.assert_array_equal(grads[k], want[k])

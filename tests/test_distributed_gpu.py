@@ -59,14 +59,7 @@ def test_nccl_gcn_gradients_equal_whole():
     A = cases.int_graph(3000, 0.003, 5)
     X = cases.int_features(3000, 6, 7)
     rng = np.random.default_rng(0)
-    params = {"W0": rng.integers(-2, 3, (6, 4)).astype(np.float32), "b0": np.arange(4, dtype=np.float32),
-              "W1": rng.integers(-2, 3, (4, 3)).astype(np.float32), "b1": np.ones(3, np.float32)}
-    want_logits, want = cases.single_gcn_grads(A, X, params)
-    res = dist.spmd(cases.gcn_grads(A, X, params), N_GPUS)
-    np.testing.assert_array_equal(np.concatenate([r[0] for r in res]), want_logits)
-    for _, grads in res:
-        for k in want:
-            np.testing.assert_array_equal(grads[k], want[k])
+    cases.check_gcn_grads(A, X, rng, np.float32, lambda rank: dist.spmd(rank, N_GPUS))
 
 
 def test_nccl_training_agrees_with_one_gpu():
