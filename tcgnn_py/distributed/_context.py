@@ -260,7 +260,8 @@ class _NcclContext(Context):
 
         ev = cupy.cuda.Event(block=False, disable_timing=True)
         ev.record()
-        self._pending = (ev, self._pending[1])  # the clock runs from the oldest unfinished one
+        p = self._pending  # the watchdog may have cleared it meanwhile (everything before had finished)
+        self._pending = (ev, time.monotonic() if p is None else p[1])  # timed from the oldest unfinished one
 
     @contextlib.contextmanager
     def _aborted_as_error(self):
