@@ -119,3 +119,20 @@ def check_gcn_grads(A, X, rng, dtype, run):
     for _, grads in res:
         for k in want:
             np.testing.assert_array_equal(grads[k], want[k])
+
+
+def train_by_ranks(S, X, labels, split, fresh, epochs, to_host_params=False):
+    """A rank program: :func:`tcgnn_py.distributed.train` of a GCN (no dropout) on this rank's rows.
+
+    ``fresh()`` gives equal ``(params, optimizer)`` on every rank; returns ``(result, params)``.
+    """
+
+    def rank(ctx):
+        D = dist.DistributedMatrix(S, ctx)
+        rows = D.row_slice
+        local = [i[(i >= rows.start) & (i < rows.stop)] - rows.start for i in split]
+        p, o = fresh()
+        r = dist.train(ctx, tg.nn.gcn_apply, p, D, X[rows], labels[rows], local, o, epochs=epochs, dropout_p=0.0)
+        return r, ({k: to_host(v) for k, v in p.items()} if to_host_params else p)
+
+    return rank

@@ -155,15 +155,8 @@ def test_training_matches_one_device():
     one = tg.nn.train(tg.nn.gcn_apply, params, tg.TiledMatrix(S, device="cpu"), X, g.labels, split, opt,
                       epochs=15, dropout_p=0.0)
 
-    def rank(ctx):
-        D = dist.DistributedMatrix(S, ctx)
-        rows = D.row_slice
-        local = [i[(i >= rows.start) & (i < rows.stop)] - rows.start for i in split]
-        p, o = fresh()
-        r = dist.train(ctx, tg.nn.gcn_apply, p, D, X[rows], g.labels[rows], local, o, epochs=15, dropout_p=0.0)
-        return r, p
 
-    res = dist.spmd(rank, 3, backend="reference")
+    res = dist.spmd(cases.train_by_ranks(S, X, g.labels, split, fresh, 15), 3, backend="reference")
     for r, p in res:
         assert r.test_acc == one.test_acc and r.best_epoch == one.best_epoch
         assert abs(r.final_loss - one.final_loss) < 1e-9

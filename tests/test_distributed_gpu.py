@@ -76,15 +76,8 @@ def test_nccl_training_agrees_with_one_gpu():
     params, opt = fresh()
     one = tg.nn.train(tg.nn.gcn_apply, params, tg.TiledMatrix(S), X, g.labels, split, opt, epochs=50, dropout_p=0.0)
 
-    def rank(ctx):
-        D = dist.DistributedMatrix(S, ctx)
-        rows = D.row_slice
-        local = [i[(i >= rows.start) & (i < rows.stop)] - rows.start for i in split]
-        p, o = fresh()
-        r = dist.train(ctx, tg.nn.gcn_apply, p, D, X[rows], g.labels[rows], local, o, epochs=50, dropout_p=0.0)
-        return r, {k: v.get() for k, v in p.items()}
 
-    res = dist.spmd(rank, N_GPUS)
+    res = dist.spmd(cases.train_by_ranks(S, X, g.labels, split, fresh, 50, to_host_params=True), N_GPUS)
     for r, p in res:
         assert abs(r.final_loss - one.final_loss) < 1e-3 * abs(one.final_loss)  # TF32, another sum order
         assert abs(r.test_acc - one.test_acc) <= 0.01

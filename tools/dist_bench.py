@@ -48,18 +48,11 @@ def gcn_normalize(cp, data, indices, indptr):
     return vals.astype(cp.float32), A.indices, A.indptr
 
 
-def timed(cp, fn, reps):
-    fn()
-    cp.cuda.get_current_stream().synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(cp.cuda.get_elapsed_time(a, b) / 1e3)
-    return float(np.median(times))
+def timed(fn, reps):
+    """Median seconds of ``fn()`` between CUDA events, after one warm-up call."""
+    from tcgnn_py.bench._timing import time_events
+
+    return time_events(fn, reps, warmup=1)[0] / 1e3
 
 
 def spmm_rank(csr, d, reps, halo):
@@ -72,11 +65,11 @@ def spmm_rank(csr, d, reps, halo):
         ctx.synchronize()
         build = time.perf_counter() - t0
         X = cp.random.default_rng(ctx.rank).standard_normal((D.n_own, d), dtype=cp.float32)
-        t_total = timed(cp, lambda: D.matmul(X), reps)
+        t_total = timed(lambda: D.matmul(X), reps)
         buf = D.operand(X)
-        t_exchange = timed(cp, lambda: D._exchange(buf), reps)
-        t_local = timed(cp, lambda: D.local @ buf, reps)
-        t_back = timed(cp, lambda: D.rmatmul_t(X), reps)
+        t_exchange = timed(lambda: D._exchange(buf), reps)
+        t_local = timed(lambda: D.local @ buf, reps)
+        t_back = timed(lambda: D.rmatmul_t(X), reps)
         return dict(rank=ctx.rank, rows=D.n_own, nnz=D.local.nnz, halo=D.n_halo, build_s=build,
                     spmm_s=t_total, exchange_s=t_exchange, local_s=t_local, spmm_t_s=t_back)
 

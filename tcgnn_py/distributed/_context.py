@@ -485,12 +485,11 @@ def _run_threads(fn, contexts_or_comms, args, kwargs, devices, timeout=None):
     for c in contexts:
         if c is not None and hasattr(c, "close"):
             c.close()
-    failed = [(t, r, e) for r, (t, e) in ((r, x) for r, x in enumerate(errors) if x is not None)]
+    failed = [x for x in errors if x is not None]  # (when, error)
     if failed:
         # The root cause is the first failure that is not a consequence of another rank's.
-        own = [f for f in failed if not isinstance(f[2], DistributedError)] or failed
-        _, r, e = min(own, key=lambda f: f[0])
-        raise e
+        own = [f for f in failed if not isinstance(f[1], DistributedError)] or failed
+        raise min(own, key=lambda f: f[0])[1]
     return results
 
 

@@ -115,10 +115,6 @@ class DistributedMatrix:
         r = self.ctx.rank
         return slice(int(self.bounds[r]), int(self.bounds[r + 1]))
 
-    def halo_bytes(self, d, itemsize=4):
-        """Bytes of X this rank receives per product of width ``d``."""
-        return self.n_halo * d * itemsize
-
     # --- the halo exchange -------------------------------------------------------------
     def _plan_allgather(self, asks):
         """Boundary rows (sent once to all) and where this rank's halo sits in the gathered block."""
