@@ -19,7 +19,9 @@ import scipy.sparse as sp
 from _env import GPU
 from tcgnn_py import TiledMatrix
 from tcgnn_py.bench import bench_graph, distinct_window_columns, resolve_graph, traffic_bytes
+from tcgnn_py.bench._report import summary
 from tcgnn_py.bench._run import _measure
+from tcgnn_py.bench._timing import time_queued
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -80,6 +82,17 @@ def test_bench_graph_reference_mode():
         assert b == traffic_bytes(A.nnz, 300, g["U"], r["D"]) and b["reuse"] <= b["gather"]
         assert r["pct_of_copy"]["gather"]["tcgnn_ref"] == pytest.approx(
             100 * b["gather"] / (r["us"]["tcgnn_ref"] * 1e-6) / 1e10)
+
+
+def test_summary_geomeans_per_clock():
+    # Two points of ``tcgnn_a`` at 2x and 0.5x from idle: geomean 1x, one below 1x (the worst named).
+    rows = [{"op": "spmm", "D": d, "us": {"tcgnn_a": 1.0, "base": 1.0}, "speedup": {"tcgnn_a": v},
+             "speedup_gpu": {"tcgnn_a": 2 * v}} for d, v in ((8, 2.0), (16, 0.5))]
+    lines = summary([{"graph": "g", "nnz": 10, "results": rows}])
+    assert lines[0] == ("spmm tcgnn_a, one call from idle: geomean 1.00x over the best baseline at 2 points, "
+                        "1 below 1.0x, worst 0.50x (g, D = 16)")
+    assert lines[1].startswith("spmm tcgnn_a, GPU-only (queued): geomean 2.00x") and " 0 below 1.0x" in lines[1]
+    assert summary([{"graph": "g", "nnz": 10, "results": rows}], min_nnz=11) == []
 
 
 def test_cli_reference_mode(tmp_path):
@@ -193,6 +206,31 @@ def test_bench_graph_on_device():
         assert r["err"]["tcgnn_tf32"] < 5e-3 and r["err"]["tcgnn_vector_tf32"] < 5e-3 and r["err"]["tcgnn_fp32"] < 1e-5
         assert set(r["speedup"]) == ours
         assert r["best_baseline"] in r["baselines"]
+        # Three clocks, each implementation on each; the GPU-only one leaves the host's issue time out.
+        assert set(r["us_gpu"]) == set(r["us_back_to_back"]) == set(r["us"])
+        assert set(r["speedup_gpu"]) == set(r["speedup_back_to_back"]) == ours
+        best_gpu = min(r["us_gpu"][b] for b in r["baselines"])
+        assert r["speedup_gpu"]["tcgnn_vector_tf32"] == pytest.approx(best_gpu / r["us_gpu"]["tcgnn_vector_tf32"])
+    lines = summary([g])
+    assert any("GPU-only (queued)" in line for line in lines) and any("from idle" in line for line in lines)
+
+
+@pytest.mark.gpu
+def test_queued_clock_times_the_kernels_not_the_host():
+    """``time_queued`` of a kernel that runs 50 µs reads about 50 µs per call, whatever the host spends issuing."""
+    import time
+
+    from tcgnn_py.bench._kernels import SPIN
+    from tcgnn_py.kernels.registry import get_kernel
+
+    spin = get_kernel("baseline", SPIN)
+
+    def call(i):
+        time.sleep(20e-6)  # host time per call, hidden behind the spin kernel
+        spin((1,), (1,), (np.int64(50_000),))
+
+    ms = time_queued(call, 2, calls=10, repeat=3)
+    assert 0.045 <= ms <= 0.2, ms
 
 
 @pytest.mark.gpu

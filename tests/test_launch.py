@@ -55,3 +55,22 @@ def test_spmm_launch_argument_order():
     v = _ops.VecSpmmLaunch(kernel, (1,), (32,), 0, "units", "k0", "meta", 1, 4, 0, {}, sizes=("M", "D", "NS", "NW"))
     v.run(tiling, "v", "X", "Y", "P", 5, 6, ("u",))
     assert calls[-1] == ("units", "k0", "bc", "meta", "v", "X", "Y", "P", None, "M", "D", "NS", "NW", "u")
+
+
+@pytest.mark.gpu
+def test_a_failed_driver_launch_raises():
+    """The hot paths' launch reports the driver's error instead of returning as if it had run."""
+    import cupy as cp
+
+    from tcgnn_py.kernels.driver import BoundLaunch, launch
+
+    k = cp.RawKernel(r'extern "C" __global__ void tc_empty(float* p) { if (p) p[0] = 1.f; }', "tc_empty")
+    k((1,), (1,), (None,))  # loads the module
+    stream = cp.cuda.get_current_stream().ptr
+    with pytest.raises(Exception, match="INVALID_VALUE|invalid"):
+        launch(k.kernel.ptr, 1, 4096, [0], stream)  # 4096 threads per block: more than any GPU takes
+    y = cp.zeros(1, cp.float32)
+    BoundLaunch(k.kernel.ptr, 1, 1, [None], (0,), stream)(y)
+    assert float(y[0]) == 1.0  # synchronize!
+    with pytest.raises(Exception, match="INVALID_VALUE|invalid"):
+        BoundLaunch(k.kernel.ptr, 1, 4096, [None], (0,), stream)(y)

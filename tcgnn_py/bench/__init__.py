@@ -17,7 +17,7 @@ from ._baselines import CSR_ALG2, CSR_ALG3, CusparseRowMajor, CusparseSDDMM, Gat
 from ._gnn import HIDDEN, bench_gnn, gnn_markdown, gnn_problem, train_step
 from ._graphs import SYNTHETIC, resolve_graph
 from ._run import bench_graph, bench_reorder, distinct_window_columns, traffic_bytes
-from ._timing import copy_bandwidth, time_events, time_host, time_rotating
+from ._timing import copy_bandwidth, time_events, time_host, time_queued, time_rotating
 
 __all__ = [
     "bench_graph",
@@ -40,5 +40,6 @@ __all__ = [
     "time_events",
     "time_host",
     "time_rotating",
+    "time_queued",
     "copy_bandwidth",
 ]

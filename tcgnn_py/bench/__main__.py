@@ -5,7 +5,9 @@ paths to a graph folder / ``.npz`` / ``.mtx``, or synthetic ``powerlaw:N:NNZ``,
 ``uniform:N:NNZ``, ``banded:N:HALF_WIDTH``.
 
 For each graph and width it checks, then times (CUDA-event medians after
-warm-up, fresh random inputs rotated between calls):
+warm-up, fresh random inputs rotated between calls) on three clocks: one call
+from idle (the host's issue time inside), calls back to back, and GPU-only
+(calls queued behind a spin kernel, so the host's time is outside):
 
 * SpMM: tcgnn_py TF32 and fp32 beside cuSPARSE CSR ALG2 and ALG3 with a
   row-major X (the faster is "best"), and cupyx ``A @ X`` (column-major ALG1);
@@ -38,7 +40,7 @@ import platform
 import subprocess
 import sys
 
-from ._report import markdown, plot_speedups, print_graph, print_reorder
+from ._report import markdown, plot_speedups, print_graph, print_reorder, summary
 from ._run import DEFAULT_DIMS, ORDERS
 
 _OPS = ("spmm", "sddmm", "sgt", "reorder", "gcn", "agnn")
@@ -142,6 +144,8 @@ def main(argv=None):
             reorders.append(bench_reorder(spec, args.pattern, "cuda" if gpu else "cpu"))
         if models:
             gnn += bench_gnn(spec, models, args.epochs, device="cuda" if gpu else "cpu")
+    for line in summary(graphs):
+        print(line)
     if reorders:
         print_reorder(reorders)
     if gnn:

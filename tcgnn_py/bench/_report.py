@@ -1,6 +1,12 @@
 """Layer 4 (bench): Tables (terminal and markdown) and the speedup plot of benchmark results."""
 
-__all__ = ["print_graph", "print_reorder", "markdown", "plot_speedups"]
+import math
+
+__all__ = ["print_graph", "print_reorder", "markdown", "plot_speedups", "summary"]
+
+#: Clocks a result row may carry: its speedup key and what it means.
+CLOCKS = (("speedup", "one call from idle"), ("speedup_back_to_back", "back to back"),
+          ("speedup_gpu", "GPU-only (queued)"))
 
 
 def _fmt(v, spec=".1f"):
@@ -35,14 +41,14 @@ def print_graph(g, out=print):
             f"reuse {r['bytes']['reuse'] / 1e6:.1f} MB; best baseline {r['best_baseline']}; "
             + (f"build paid back after {r['payback_calls']} calls)" if r["payback_calls"] else "build never paid back)"))
         out(f"     {'implementation':<18}{'us':>10}{'x best':>8}{'GFLOP/s':>9}{'GB/s gath':>10}{'%copy':>7}"
-            f"{'GB/s reuse':>11}{'%copy':>7}{'rel err':>9}{'b2b us':>9}")
+            f"{'GB/s reuse':>11}{'%copy':>7}{'rel err':>9}{'b2b us':>9}{'GPU us':>9}")
         best = r["us"][r["best_baseline"]]
         for k, us in r["us"].items():
             gg, gr = r["gbps"]["gather"][k], r["gbps"]["reuse"][k]
             pg = _fmt(pct["gather"][k]) if pct else "-"
             pr = _fmt(pct["reuse"][k]) if pct else "-"
             out(f"     {k:<18}{us:>10.1f}{best / us:>8.2f}{r['gflops'][k]:>9.1f}{gg:>10.1f}{pg:>7}{gr:>11.1f}"
-                f"{pr:>7}{r['err'][k]:>9.1e}{r['us_back_to_back'][k]:>9.1f}")
+                f"{pr:>7}{r['err'][k]:>9.1e}{r['us_back_to_back'][k]:>9.1f}{_fmt(r.get('us_gpu', {}).get(k)):>9}")
         if r.get("speedup_vs_original"):
             out("     over cuSPARSE on the original order: "
                 + ", ".join(f"{k} {v:.2f}x" for k, v in r["speedup_vs_original"].items()))
@@ -66,6 +72,30 @@ def print_reorder(rows, out=print):
             f"{_fmt(100 * r['improvement_rate'], '.2f'):>9}%{'yes' if r['conforming'] else 'no':>11}{r['time_s']:>9.3f}")
 
 
+def summary(graphs, min_nnz=0):
+    """Lines: per op and clock, the geomean speedup of the first tcgnn implementation over the best baseline.
+
+    Over the graphs with at least ``min_nnz`` stored entries; with the count of
+    points below 1.0x and the worst point.
+    """
+    lines = []
+    for op in ("spmm", "sddmm"):
+        rows = [(g, r) for g in graphs for r in g["results"] if r["op"] == op and g["nnz"] >= min_nnz]
+        if not rows:
+            continue
+        main = next(k for k in rows[0][1]["us"] if k.startswith("tcgnn"))
+        for key, label in CLOCKS:
+            pts = [(r[key][main], g["graph"], r["D"]) for g, r in rows if main in r.get(key, {})]
+            if not pts:
+                continue
+            gm = math.exp(sum(math.log(v) for v, _, _ in pts) / len(pts))
+            worst = min(pts)
+            lines.append(f"{op} {main}, {label}: geomean {gm:.2f}x over the best baseline at {len(pts)} points, "
+                         f"{sum(v < 1 for v, _, _ in pts)} below 1.0x, worst {worst[0]:.2f}x "
+                         f"({worst[1]}, D = {worst[2]})")
+    return lines
+
+
 def markdown(graphs, reorders=(), dims=None):
     """BENCHMARKS.md tables: per op, a row per graph and width (times in us, speedups over the best baseline)."""
     lines = []
@@ -77,9 +107,10 @@ def markdown(graphs, reorders=(), dims=None):
         others = [k for k in rows[0][1]["us"] if not k.startswith("tcgnn")]
         extra = [k for k in ours[1:] if k.endswith(("tf32", "float16", "bfloat16"))]  # other layouts, 16-bit X
         head = ["graph", "nnz", "D", *ours, *others, "speedup " + ours[0], *("speedup " + k for k in extra),
-                "back-to-back us (ours / best)", "GFLOP/s",
+                "back-to-back us (ours / best)", "GPU-only us (ours / best)", "speedup GPU-only", "GFLOP/s",
                 "% copy BW (gather / reuse)", "payback calls"]
-        lines += [f"\n### {op.upper()} (us, CUDA-event medians)\n", "| " + " | ".join(head) + " |",
+        lines += [f"\n### {op.upper()} (us, CUDA-event medians: one call from idle; back to back; GPU-only, queued "
+                  "behind a spin kernel)\n", "| " + " | ".join(head) + " |",
                   "|" + "---|" * len(head)]
         for g, r in rows:
             k = ours[0]
@@ -87,12 +118,16 @@ def markdown(graphs, reorders=(), dims=None):
             bw = f"{pct['gather'][k]:.0f} / {pct['reuse'][k]:.0f}" if pct else "-"
             cells = [g["graph"], f"{g['nnz']:,}", str(r["D"])]
             cells += [f"{r['us'][c]:.1f}" if c in r["us"] else "-" for c in ours + others]
-            b2b = r["us_back_to_back"]
+            b2b, gpu = r["us_back_to_back"], r.get("us_gpu")
+            gpu_cells = ([f"{gpu[k]:.1f} / {min(gpu[b] for b in r['baselines']):.1f}",
+                          f"{r['speedup_gpu'][k]:.2f}x"] if gpu else ["-", "-"])
             cells += [f"**{r['speedup'][k]:.2f}x** vs {r['best_baseline']}",
                       *(f"{r['speedup'][e]:.2f}x" if e in r["speedup"] else "-" for e in extra),
-                      f"{b2b[k]:.1f} / {b2b[r['best_baseline']]:.1f}", f"{r['gflops'][k]:.0f}", bw,
+                      f"{b2b[k]:.1f} / {b2b[r['best_baseline']]:.1f}", *gpu_cells, f"{r['gflops'][k]:.0f}", bw,
                       str(r["payback_calls"]) if r["payback_calls"] else "never"]
             lines.append("| " + " | ".join(cells) + " |")
+    if graphs and summary(graphs):
+        lines += ["\n### Geomean speedups\n", *(f"- {line}" for line in summary(graphs))]
     if graphs:
         lines += ["\n### Preprocessing and memory\n",
                   "| graph | nnz | SGT ms | SGT ns/edge | CSR -> ready ms | scipy -> TiledMatrix ms | blocks | density "

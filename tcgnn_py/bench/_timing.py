@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-__all__ = ["time_events", "time_host", "time_rotating", "time_back_to_back", "copy_bandwidth"]
+__all__ = ["time_events", "time_host", "time_rotating", "time_back_to_back", "time_queued", "copy_bandwidth"]
 
 
 def time_events(fn, repeat=20, warmup=3):
@@ -63,6 +63,45 @@ def time_back_to_back(fn, n_inputs, calls=20, batches=3, gpu=True):
 
     clock = time_events if gpu else time_host
     return clock(batch, batches, 1)[0] / calls
+
+
+def time_queued(fn, n_inputs, calls=20, repeat=11, spin_ms=2.0):
+    """GPU milliseconds per call of ``calls`` calls queued behind a spin kernel (median of ``repeat`` batches).
+
+    A one-thread kernel holds the stream while the host issues the batch, so
+    the events around it time the kernels alone: no host issue cost, no launch
+    gaps of a host-bound loop (the clock a replayed CUDA graph or a pipelined
+    training loop sees).  The spin lasts ``spin_ms``, or twice the host time
+    of the warm-up batch if that is longer; a warning says when a batch still
+    outlasted it (its figure then holds some host time).
+    """
+    import warnings
+
+    import cupy as cp
+
+    from ..kernels.registry import get_kernel
+    from ._kernels import SPIN
+
+    spin = get_kernel("baseline", SPIN)
+    it = itertools.cycle(range(n_inputs))
+    samples = []
+    for r in range(repeat + 1):  # the first batch warms up and measures the host's time
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        spin((1,), (1,), (np.int64(spin_ms * 1e6),))
+        t0 = time.perf_counter()
+        start.record()
+        for _ in range(calls):
+            fn(next(it))
+        stop.record()
+        host_ms = 1e3 * (time.perf_counter() - t0)
+        stop.synchronize()
+        if r == 0:
+            spin_ms = max(spin_ms, 2 * host_ms)
+            continue
+        if host_ms > spin_ms:
+            warnings.warn(f"time_queued: issuing a batch took {host_ms:.2f} ms, longer than the spin", stacklevel=2)
+        samples.append(cp.cuda.get_elapsed_time(start, stop) / calls)
+    return statistics.median(samples)
 
 
 def copy_bandwidth(gpu=True, nbytes=1 << 30, repeat=10):

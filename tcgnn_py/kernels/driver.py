@@ -2,11 +2,17 @@
 
 A launch from Python costs more in argument handling than in the driver:
 CuPy wraps every argument (about 0.3 µs each), and a Numba kernel takes seven
-parameters per array.  :func:`launch` passes ``cuLaunchKernel`` (through
-``ctypes``) a buffer with one 8-byte slot per parameter -- pointers, 64-bit
-integers, and 32-bit values in the low half of their slot (little-endian, so
-the driver reads them correctly) -- and :class:`BoundLaunch` keeps that buffer
-between calls, so a repeated product only writes its operands' addresses.
+parameters per array.  :func:`launch` passes ``cuLaunchKernel`` a buffer with
+one 8-byte slot per parameter -- pointers, 64-bit integers, and 32-bit values
+in the low half of their slot (little-endian, so the driver reads them
+correctly) -- and :class:`BoundLaunch` keeps that buffer between calls, so a
+repeated product only writes its operands' addresses.
+
+The call itself goes through CuPy's Cython binding of ``cuLaunchKernel``
+(``cupy.cuda.driver.launchKernel``, which releases the GIL around the driver
+call as ``ctypes`` does): measured on the H200, 3.8 µs per empty launch
+against 7.1 µs through ``ctypes`` and 4.5 µs for a CuPy ``RawKernel``.
+``ctypes`` stays as the fallback where the binding is missing.
 
 The functions are the ones CuPy loaded (``Function.ptr``), launched on the
 stream the caller names (CuPy's current stream): stream order, the current
@@ -21,14 +27,28 @@ import numpy as np
 
 __all__ = ["launch", "BoundLaunch", "slot_value"]
 
+
 @functools.cache
 def _cuda():
+    """``f(function, gx, gy, gz, bx, by, bz, shared, stream, params_address, 0)``; raises on a failed launch."""
+    try:
+        from cupy_backends.cuda.api import driver
+
+        return driver.launchKernel  # raises CUDADriverError
+    except (ImportError, AttributeError):
+        pass
     lib = ctypes.CDLL("libcuda.so.1")
-    u = ctypes.c_uint
-    lib.cuLaunchKernel.argtypes = [ctypes.c_void_p, u, u, u, u, u, u, u, ctypes.c_void_p,
-                                   ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
-    lib.cuLaunchKernel.restype = ctypes.c_int
-    return lib.cuLaunchKernel
+    u, vp = ctypes.c_uint, ctypes.c_void_p
+    f = lib.cuLaunchKernel
+    f.argtypes = [vp, u, u, u, u, u, u, u, vp, vp, vp]
+    f.restype = ctypes.c_int
+
+    def ctypes_launch(*args):
+        err = f(*args)
+        if err:
+            raise RuntimeError(f"cuLaunchKernel failed with CUDA error {err}")
+
+    return ctypes_launch
 
 
 def _slots(n):
@@ -59,11 +79,6 @@ def _dims(d):
     return (d + (1, 1))[:3] if isinstance(d, tuple) else (d, 1, 1)
 
 
-def _check(err):
-    if err:
-        raise RuntimeError(f"cuLaunchKernel failed with CUDA error {err}")
-
-
 def launch(function_ptr, grid, block, values, stream_ptr, shared_mem=0):
     """Launch a loaded function with the parameter slots ``values`` (a sequence of ints)."""
     cache = getattr(_local, "slots", None)
@@ -75,7 +90,7 @@ def launch(function_ptr, grid, block, values, stream_ptr, shared_mem=0):
         slots = cache[n] = _slots(n)
     buf, ptrs = slots
     buf[:n] = values
-    _check(_cuda()(function_ptr, *_dims(grid), *_dims(block), shared_mem, stream_ptr, ptrs, None))
+    _cuda()(function_ptr, *_dims(grid), *_dims(block), shared_mem, stream_ptr, ctypes.addressof(ptrs), 0)
 
 
 class BoundLaunch:
@@ -101,7 +116,8 @@ class BoundLaunch:
         self._buf[: len(args)] = [slot_value(a) for a in args]
         self._variable = tuple(v if isinstance(v, tuple) else (v,) for v in variable)
         self._launch = _cuda()
-        self._args = (function_ptr, *_dims(grid), *_dims(block), shared_mem, stream_ptr, ptrs, None)
+        self._ptrs = ptrs
+        self._args = (function_ptr, *_dims(grid), *_dims(block), shared_mem, stream_ptr, ctypes.addressof(ptrs), 0)
         self._lock = threading.Lock()  # the slots are shared: one launch at a time
 
     def __call__(self, *arrays):
@@ -111,5 +127,4 @@ class BoundLaunch:
                 p = a.data.ptr
                 for i in slots:
                     buf[i] = p
-            err = self._launch(*self._args)
-        _check(err)
+            self._launch(*self._args)
