@@ -69,6 +69,7 @@ def test_bench_graph_reference_mode():
     A = resolve_graph("powerlaw:300:2500")[1]
     assert (g["rows"], g["nnz"]) == (300, A.nnz)
     assert g["device"] == "cpu"
+    assert g["blocks"] == TiledMatrix(A, layout="tcgnn", device="cpu").tile_stats().blocks  # "tcgnn_*": 16x8 tiles
     assert g["memory"]["csr_bytes"] == A.data.nbytes + A.indices.nbytes + A.indptr.nbytes
     assert [(r["op"], r["D"]) for r in g["results"]] == [("spmm", 5), ("sddmm", 5), ("spmm", 16), ("sddmm", 16)]
     for r in g["results"]:

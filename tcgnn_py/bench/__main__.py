@@ -113,6 +113,8 @@ def main(argv=None):
                     help="cpu: the NumPy reference path against SciPy (default: gpu when usable)")
     ap.add_argument("--json", metavar="FILE", help="write every measurement and the environment here")
     ap.add_argument("--markdown", metavar="FILE", help="write BENCHMARKS.md-style tables here")
+    ap.add_argument("--summary-min-nnz", type=int, default=0, metavar="N",
+                    help="geomean speedup lines over the graphs with at least N stored entries (default all)")
     ap.add_argument("--plot", metavar="PNG", help="draw speedup bars per graph (needs matplotlib)")
     args = ap.parse_args(argv)
     if args.device == "cpu":
@@ -144,7 +146,7 @@ def main(argv=None):
             reorders.append(bench_reorder(spec, args.pattern, "cuda" if gpu else "cpu"))
         if models:
             gnn += bench_gnn(spec, models, args.epochs, device="cuda" if gpu else "cpu")
-    for line in summary(graphs):
+    for line in summary(graphs, args.summary_min_nnz):
         print(line)
     if reorders:
         print_reorder(reorders)
@@ -154,7 +156,7 @@ def main(argv=None):
         pathlib.Path(args.json).write_text(
             json.dumps({"env": env, "graphs": graphs, "reorder": reorders, "gnn": gnn}, indent=1))
     if args.markdown:
-        pathlib.Path(args.markdown).write_text(markdown(graphs, reorders) + (gnn_markdown(gnn) if gnn else ""))
+        pathlib.Path(args.markdown).write_text(markdown(graphs, reorders, summary_min_nnz=args.summary_min_nnz) + (gnn_markdown(gnn) if gnn else ""))
     if args.plot:
         plot_speedups(graphs, args.plot)
         print(f"plot: {args.plot}")

@@ -69,8 +69,9 @@ def _check(op, impl, err):
 
 
 def _tiled(A, gpu):
-    """A float32 TiledMatrix on the GPU, or on the host (reference path) even where a GPU is usable."""
-    return TiledMatrix(A, dtype=np.float32, device="cuda" if gpu else "cpu")
+    """A float32 TiledMatrix of TC-GNN's 16x8 tiles (``tcgnn_tf32``; the default layout is the vector one)
+    on the GPU, or on the host (reference path) even where a GPU is usable."""
+    return TiledMatrix(A, dtype=np.float32, layout="tcgnn", device="cuda" if gpu else "cpu")
 
 
 def _prepare(A, Ad, xp, repeat, gpu):
