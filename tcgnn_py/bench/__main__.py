@@ -156,7 +156,8 @@ def main(argv=None):
         pathlib.Path(args.json).write_text(
             json.dumps({"env": env, "graphs": graphs, "reorder": reorders, "gnn": gnn}, indent=1))
     if args.markdown:
-        pathlib.Path(args.markdown).write_text(markdown(graphs, reorders, summary_min_nnz=args.summary_min_nnz) + (gnn_markdown(gnn) if gnn else ""))
+        tables = markdown(graphs, reorders, summary_min_nnz=args.summary_min_nnz)
+        pathlib.Path(args.markdown).write_text(tables + (gnn_markdown(gnn) if gnn else ""))
     if args.plot:
         plot_speedups(graphs, args.plot)
         print(f"plot: {args.plot}")
