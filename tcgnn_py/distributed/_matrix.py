@@ -97,9 +97,8 @@ class DistributedMatrix:
                                  (self.n_own, self.n_own + self.n_halo), dtype=dtype, layout=layout,
                                  device="cpu" if xp is np else "cuda")
         # Requests: rank p tells each owner q which of q's rows it needs (q's local numbering).
-        counts = xp.asarray(np.diff(self.halo_ptr))
-        self.recv_counts = self.halo_ptr[1:] - self.halo_ptr[:-1]  # rows this rank receives from each q
-        self.send_counts = _host(ctx.allgather(counts))[:, r]  # rows each p asks of this rank
+        self.recv_counts = np.diff(self.halo_ptr)  # rows this rank receives from each q
+        self.send_counts = _host(ctx.allgather(xp.asarray(self.recv_counts)))[:, r]  # rows each p asks of this rank
         asks = {q: xp.ascontiguousarray(halo_rows[self.halo_ptr[q]:self.halo_ptr[q + 1]] - int(bounds[q]))
                 for q in range(P) if q != r and self.recv_counts[q]}
         self.sends = {p: xp.empty(int(self.send_counts[p]), np.int64) for p in range(P)
@@ -130,16 +129,19 @@ class DistributedMatrix:
         idx = [q * self.boundary_max + got[q] for q in range(P) if q in got]
         self.gather_index = xp.concatenate(idx) if idx else xp.zeros(0, np.int64)
 
+    def _halo_blocks(self, Z):
+        """``{q: rows of Z holding the halo rows q owns}`` (views), for each peer with any."""
+        own = self.n_own
+        return {q: Z[own + int(self.halo_ptr[q]):own + int(self.halo_ptr[q + 1])]
+                for q in range(self.ctx.world_size) if q != self.ctx.rank and self.recv_counts[q]}
+
     def _exchange(self, buf):
         """Fill ``buf[n_own:]`` (the halo rows) from the owners of those rows."""
         ctx, own = self.ctx, self.n_own
         if ctx.world_size == 1:
             return
         if self.halo_mode == "sendrecv":
-            send = {p: buf[idx] for p, idx in self.sends.items()}
-            recv = {q: buf[own + int(self.halo_ptr[q]):own + int(self.halo_ptr[q + 1])]
-                    for q in range(ctx.world_size) if q != ctx.rank and self.recv_counts[q]}
-            ctx.sendrecv(send, recv)
+            ctx.sendrecv({p: buf[idx] for p, idx in self.sends.items()}, self._halo_blocks(buf))
             return
         xp = ctx.xp
         block = xp.zeros((self.boundary_max,) + buf.shape[1:], dtype=buf.dtype)
@@ -197,17 +199,12 @@ class DistributedMatrix:
         T = self.local if values is None else self.local.with_values(values, order="tiled")
         out = xp.empty((self.shape_local[1], G2.shape[1]), G2.dtype) if is_half(G2.dtype) else None
         Z = spmm(T.T, G2, out, precision=precision)
-        own = self.n_own
+        Y = Z[:self.n_own]
         if ctx.world_size > 1:
-            send = {q: Z[own + int(self.halo_ptr[q]):own + int(self.halo_ptr[q + 1])]
-                    for q in range(ctx.world_size) if q != ctx.rank and self.recv_counts[q]}
             recv = {p: xp.empty((idx.shape[0], Z.shape[1]), Z.dtype) for p, idx in self.sends.items()}
-            ctx.sendrecv(send, recv)
-            Y = Z[:own]
+            ctx.sendrecv(self._halo_blocks(Z), recv)
             for p in sorted(recv):  # rows are distinct within one peer's block: no collisions
                 Y[self.sends[p]] += recv[p]
-        else:
-            Y = Z[:own]
         return Y.reshape(-1) if vec else Y
 
     @property
