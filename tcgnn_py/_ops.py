@@ -259,6 +259,7 @@ TUNING = {
     "vec_async_unroll": 4,  # blocks per cp.async step
     "vec_round_x": True,  # experiment: False feeds raw float bits of X to the MMA (truncation); sweeps only
     "vec_prefetch_values": True,  # cp.async vector kernel: values loaded one step ahead (sweep: 2-4 % faster)
+    "vec_timed_choice": True,  # float32 vector SpMM: time the bit-identical launches once, keep the fastest
     "half_ks": 1,  # 16-bit vector SpMM: k16 chunks (4 blocks each) per cp.async step
     "half_stages": 2,  # 16-bit vector SpMM: steps in flight per warp
     "half_prefetch": True,  # 16-bit vector SpMM: values loaded one step ahead (False: sweeps only)
@@ -455,7 +456,14 @@ def _spmm_gpu(tiling, values, X, dtype, mode, out, casts):
     key = ("launch", mode, dtype.char, D, vec, _TUNING_VERSION[0])
     launch = tiling._cache.get(key)  # hot path: no closure per call
     if launch is None:
-        launch = tiling.cached(key, lambda: _spmm_launch(cp, tiling, mode, dtype, D, vec))
+        launch = tiling.cached(key, lambda: _spmm_launch(cp, tiling, mode, dtype, D, vec, (values, X, Y)))
+    _run_spmm(cp, launch, tiling, values, X, Y, dtype)
+    return Y
+
+
+def _run_spmm(cp, launch, tiling, values, X, Y, dtype):
+    """One call of a planned SpMM launch (and its fixup) into Y."""
+    M, D = Y.shape
     partial = Y
     if isinstance(launch, (VecSpmmLaunch, TF32SpmmLaunch)):
         buf = launch.partial(dtype, D)
@@ -465,7 +473,6 @@ def _spmm_gpu(tiling, values, X, dtype, mode, out, casts):
     launch.run(tiling, values, X, Y, partial, M, D)
     if launch.fixup is not None:
         launch.fixup.run(partial, Y, M, D, tiling.layout.window)
-    return Y
 
 
 # --- hot paths: repeated products with operands of one signature -----------------------
@@ -669,13 +676,19 @@ def _spmm_half(tiling, hv, X, dtype, out):
     return Y
 
 
-def _spmm_launch(cp, tiling, mode, dtype, D, vec):
-    """The launch (kernel, geometry, plan arrays, fixup) of one SpMM configuration."""
+def _spmm_launch(cp, tiling, mode, dtype, D, vec, operands=None):
+    """The launch (kernel, geometry, plan arrays, fixup) of one SpMM configuration.
+
+    ``operands``: ``(values, X, Y)`` of the call being planned; the vector layout's launch is then
+    chosen by timing (:func:`_vec_timed`).
+    """
     from .kernels import products as kp
     from .kernels.registry import get_kernel
 
     H, W = tiling.tile_shape
     if mode == "tf32" and (H, W) == _VEC_TILE:
+        if operands is not None and TUNING["vec_timed_choice"] and dtype == _F32:
+            return _vec_timed(cp, tiling, dtype, D, vec, *operands)
         return _vec_launch(cp, tiling, dtype, D, vec)
     if mode == "tf32":
         chunks = min(TUNING["tf32_max_chunks"], 1 if D <= 32 else 2 if D <= 64 else 4)
@@ -742,38 +755,128 @@ VEC_UNIT_SIZES = (16, 32, 64, 128, 256)
 VEC_RESIDENT_WARPS = 32
 
 
-def _vec_launch(cp, tiling, dtype, D, vec, half=None):
+class VecChoice(NamedTuple):
+    """One launch of the vector SpMM: the knobs the timed choice varies and the partition it keeps."""
+
+    slices: int  # float4 groups per lane: a warp covers 32 * slices features
+    bpu: int  # blocks per unit: fixes the partition of each window, hence the order of every sum
+    cp_async: bool  # X rows through the cp.async pipeline (16-byte aligned rows), else straight to registers
+    combine: bool  # split windows summed inside the launch, else by the fixup launch
+
+
+def _vec_plan(tiling, bpu):
+    return spmm_plan(tiling, bpu, VEC_UNITS_PER_WINDOW_MAX)
+
+
+def _vec_choice(tiling, D, vec, half=None):
+    """The vector SpMM's launch from the tiling's statistics and the SM count (no timing)."""
+    from .kernels import products as kp
+
+    def shape(slices):
+        n_slices = -(-D // (32 * slices))
+        return n_slices, TUNING["vec_blocks_per_unit"] or _vec_unit_size(tiling, n_slices)
+
+    if half is not None and not vec:
+        slices = kp.HALF_DEFAULT[0]  # unaligned rows: one configuration
+    elif TUNING["vec_slices"]:
+        slices = 1 << (TUNING["vec_slices"] - 1).bit_length()
+    else:
+        # Wider slices (64 features per warp) read each block's metadata half as often, but halve the warps:
+        # keep them only while the grid still holds VEC_WIDE_WARPS warps per SM.
+        slices = 1
+        if D > 32 and TUNING["vec_max_slices"] >= 2:
+            n2, bpu2 = shape(2)
+            if _vec_plan(tiling, bpu2)["units"].shape[0] * n2 >= VEC_WIDE_WARPS * _sm_count(tiling):
+                slices = 2
+    bpu = shape(slices)[1]
+    # Split windows of at most TUNING["vec_combine_parts_max"] parts are summed inside the SpMM launch (the
+    # last part's warp reads them all); longer ones go to the fixup launch, which spreads each sum over threads.
+    max_parts = _vec_plan(tiling, bpu)["max_parts"]
+    combine = 0 < max_parts <= TUNING["vec_combine_parts_max"] and TUNING["vec_combine"]
+    cp_async = half is None and vec and (slices, TUNING["vec_async_unroll"], TUNING["vec_async_stages"]) in kp.VEC_ASYNC
+    return VecChoice(slices, bpu, cp_async, combine)
+
+
+def _vec_candidates(tiling, D, vec):
+    """The float32 vector SpMM launches the timed choice compares: the default first.
+
+    Every candidate keeps the default's partition (blocks per unit), so each
+    output is the same MMAs over the same blocks in the same order, and split
+    windows are summed in part order by either the launch or the fixup: the
+    results are bit-identical whichever wins (a GPU test checks it).
+    """
+    from .kernels import products as kp
+
+    default = _vec_choice(tiling, D, vec)
+    has_splits = _vec_plan(tiling, default.bpu)["n_slots"] > 0
+    ua, ns = TUNING["vec_async_unroll"], TUNING["vec_async_stages"]
+    out = [default]
+    for slices in (1, 2) if D > 32 else (1,):
+        for cp_async in (True, False) if vec else (False,):
+            if cp_async and (slices, ua, ns) not in kp.VEC_ASYNC:
+                continue
+            for combine in (True, False) if has_splits else (False,):
+                c = VecChoice(slices, default.bpu, cp_async, combine)
+                if c not in out:
+                    out.append(c)
+    return out
+
+
+#: The timed choice replaces the default launch only with one at least this much faster: timing noise
+#: must not flip a product between launches from one process to the next.
+VEC_TIMED_MARGIN = 0.03
+#: Timed calls of each candidate (after a warm-up round); the least counts.
+VEC_TIMED_ROUNDS = 3
+
+
+def pick_fastest(ms, margin=VEC_TIMED_MARGIN):
+    """Index of the fastest of ``ms``, or 0 (the default) unless that one is ``margin`` faster.
+
+    >>> pick_fastest([10.0, 9.8, 12.0]), pick_fastest([10.0, 9.0, 12.0])
+    (0, 1)
+    """
+    best = min(range(len(ms)), key=ms.__getitem__)
+    return best if ms[best] < (1.0 - margin) * ms[0] else 0
+
+
+def _vec_timed(cp, tiling, dtype, D, vec, values, X, Y):
+    """The fastest launch of :func:`_vec_candidates` on the operands of the call being planned.
+
+    Timed once per (tiling, D, alignment, tuning), GPU time only (the calls are
+    queued behind a spin kernel): one warm-up and :data:`VEC_TIMED_ROUNDS` calls
+    of each candidate, which write Y (the planned call then writes it again).
+    The candidates give bit-identical results, so the choice changes speed only.
+    Under CUDA-graph capture nothing can be timed: the default is kept.  The
+    times are kept on the tiling, under ``("vec_timed", D, vec, tuning version)``.
+    """
+    from .kernels.timing import time_round_robin
+
+    choices = _vec_candidates(tiling, D, vec)
+    launches = [_vec_launch(cp, tiling, dtype, D, vec, choice=c) for c in choices]
+    if len(launches) == 1 or cp.cuda.get_current_stream().is_capturing():
+        return launches[0]
+    ms = time_round_robin([functools.partial(_run_spmm, cp, launch, tiling, values, X, Y, dtype)
+                           for launch in launches], VEC_TIMED_ROUNDS)
+    tiling._cache[("vec_timed", D, vec, _TUNING_VERSION[0])] = dict(zip(choices, ms))
+    return launches[pick_fastest(ms)]
+
+
+def _vec_launch(cp, tiling, dtype, D, vec, half=None, choice=None):
     """The launch of the vector-layout SpMM; split windows summed in it, or by a fixup launch for hubs.
 
     ``half``: ``(X type, split values, Y type)`` of the 16-bit kernel (``vec``: rows aligned for cp.async).
+    ``choice``: a :class:`VecChoice` (default: :func:`_vec_choice`).
     """
     from .kernels import products as kp
     from .kernels.registry import get_kernel
 
-    def shape(slices):
-        n_slices = -(-D // (32 * slices))
-        bpu = TUNING["vec_blocks_per_unit"] or _vec_unit_size(tiling, n_slices)
-        return slices, n_slices, bpu, spmm_plan(tiling, bpu, VEC_UNITS_PER_WINDOW_MAX)
-
-    if half is not None and not vec:
-        slices, n_slices, bpu, plan = shape(kp.HALF_DEFAULT[0])  # unaligned rows: one configuration
-    elif TUNING["vec_slices"]:
-        slices, n_slices, bpu, plan = shape(1 << (TUNING["vec_slices"] - 1).bit_length())
-    else:
-        # Wider slices (64 features per warp) read each block's metadata half as often, but halve the warps:
-        # keep them only while the grid still holds VEC_WIDE_WARPS warps per SM.
-        slices, n_slices, bpu, plan = shape(1)
-        if D > 32 and TUNING["vec_max_slices"] >= 2:
-            wide = shape(2)
-            if wide[3]["units"].shape[0] * wide[1] >= VEC_WIDE_WARPS * _sm_count(tiling):
-                slices, n_slices, bpu, plan = wide
+    slices, bpu, cp_async, combine = choice or _vec_choice(tiling, D, vec, half)
+    n_slices = -(-D // (32 * slices))
+    plan = _vec_plan(tiling, bpu)
     units, unit_k0 = plan["units"], plan["unit_k0"]
     if TUNING["vec_sort_units"]:
         units, unit_k0 = tiling.cached(("vec_sorted", bpu), lambda: _longest_first(tiling.xp, units, unit_k0))
     n_work = units.shape[0] * n_slices
-    # Split windows of at most TUNING["vec_combine_parts_max"] parts are summed inside the SpMM launch (the
-    # last part's warp reads them all); longer ones go to the fixup launch, which spreads each sum over threads.
-    combine = 0 < plan["max_parts"] <= TUNING["vec_combine_parts_max"] and TUNING["vec_combine"]
     nw = TUNING["vec_warps"]
     ns, ua = TUNING["vec_async_stages"], TUNING["vec_async_unroll"]
     smem = 0
@@ -786,7 +889,7 @@ def _vec_launch(cp, tiling, dtype, D, vec, half=None):
         smem = kp.vech_smem(nw, *cfg)
         pv = TUNING["half_prefetch"] or not (vec and combine and cfg in kp.VEC_HALF[:3])  # compiled without it
         kernel = get_kernel("half", kp.spmm_vech_name(half[0], half[1], half[2], *cfg, combine, vec, pv))
-    elif vec and (slices, ua, ns) in kp.VEC_ASYNC:  # cp.async needs 16-byte aligned rows
+    elif cp_async:
         while nw > 1 and kp.vec_async_smem(nw, slices, ua, ns) > kp.SPMM_SMEM_LIMIT:
             nw //= 2
         smem = kp.vec_async_smem(nw, slices, ua, ns)

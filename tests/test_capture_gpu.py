@@ -174,7 +174,7 @@ def test_products_and_sgt_on_a_user_stream(cp, layout):
 
 #: Split windows summed by a second (fixup) launch, which the cached path binds too.
 FIXUP_TUNING = {"tcgnn": dict(tf32_nwarps=(4, 4, 4), blocks_per_warp=1, tf32_combine=False),
-                "vector": dict(vec_blocks_per_unit=2, vec_combine=False)}
+                "vector": dict(vec_blocks_per_unit=2, vec_combine=False, vec_timed_choice=False)}
 
 
 @pytest.fixture(params=["in-launch sums", "fixup launch"])

@@ -130,3 +130,13 @@ def test_work_plan_covers_every_block_once():
     assert units[:, 0].max() == len(win_ptr) - 2
     assert len(units[units[:, 0] == 5]) == UNITS_PER_WINDOW_MAX  # hub: capped, bigger units
     assert plan["n_slots"] == int((units[:, 3] >= 0).sum())
+
+
+def test_pick_fastest_keeps_the_default_within_the_margin():
+    from tcgnn_py._ops import VEC_TIMED_MARGIN, pick_fastest
+
+    assert pick_fastest([5.0]) == 0
+    assert pick_fastest([10.0, 10.0 * (1 - VEC_TIMED_MARGIN / 2), 11.0]) == 0  # within noise: the default
+    assert pick_fastest([10.0, 9.0, 8.0, 8.5]) == 2
+    assert pick_fastest([10.0, 8.0, 8.0]) == 1  # ties: the first listed
+    assert pick_fastest([10.0, 12.0, 11.0]) == 0

@@ -68,7 +68,10 @@ def poisoned_sddmm(cp, T, Xa, Xb, precision=None, multiply=False, dtype=np.float
 # --- SpMM --------------------------------------------------------------------
 
 
-#: TF32 SpMM variants: (layout, tuning).  16x8: the register pipeline and cp.async with
+#: Tuning that keeps the vector layout's launch as configured (no timed choice among candidates).
+PIN = dict(vec_timed_choice=False)
+#: TF32 SpMM variants: (layout, tuning).  "vector" is the default, its launch chosen by timing;
+#: the other vector variants pin theirs.  16x8: the register pipeline and cp.async with
 #: 2-4 stages; vector layout: the register kernel with 1, 2, 4 feature groups per lane,
 #: unroll 4 and 8, the cp.async kernel (default) with 2-3 stages, and units of 2 blocks
 #: (every window of more than 2 blocks split), summed in the launch or by the fixup launch; 16x8 units
@@ -86,14 +89,14 @@ TF32_VARIANTS = {
     "async3-fixup": ("tcgnn", dict(tf32_async_stages=3, tf32_async_min_blocks=3, tf32_nwarps=(4, 4, 4),
                                    blocks_per_warp=1, tf32_combine=False)),
     "vector": ("vector", {}),
-    "vector-g1u8": ("vector", dict(vec_max_slices=1, vec_unroll=8, vec_async_stages=0)),
-    "vector-g4u4": ("vector", dict(vec_slices=4, vec_unroll=4, vec_async_stages=0)),
-    "vector-split": ("vector", dict(vec_blocks_per_unit=2, vec_unroll=4, vec_async_stages=0)),
-    "vector-fixup": ("vector", dict(vec_blocks_per_unit=2, vec_combine=False, vec_unroll=8, vec_async_stages=0)),
-    "vector-async-g2u2s3-split": ("vector", dict(vec_slices=2, vec_async_unroll=2, vec_async_stages=3,
+    "vector-g1u8": ("vector", dict(PIN, vec_max_slices=1, vec_unroll=8, vec_async_stages=0)),
+    "vector-g4u4": ("vector", dict(PIN, vec_slices=4, vec_unroll=4, vec_async_stages=0)),
+    "vector-split": ("vector", dict(PIN, vec_blocks_per_unit=2, vec_unroll=4, vec_async_stages=0)),
+    "vector-fixup": ("vector", dict(PIN, vec_blocks_per_unit=2, vec_combine=False, vec_unroll=8, vec_async_stages=0)),
+    "vector-async-g2u2s3-split": ("vector", dict(PIN, vec_slices=2, vec_async_unroll=2, vec_async_stages=3,
                                                  vec_blocks_per_unit=2)),
-    "vector-async-fixup": ("vector", dict(vec_async_stages=2, vec_blocks_per_unit=2, vec_combine=False)),
-    "vector-async-truncate-x": ("vector", dict(vec_async_stages=2, vec_round_x=False)),
+    "vector-async-fixup": ("vector", dict(PIN, vec_async_stages=2, vec_blocks_per_unit=2, vec_combine=False)),
+    "vector-async-truncate-x": ("vector", dict(PIN, vec_async_stages=2, vec_round_x=False)),
 }
 
 
@@ -282,8 +285,8 @@ def test_tf32_fragments_place_every_tile_position(cp, tf32_kernel):
 
 
 SPLIT_TUNINGS = {
-    "vector-registers": ("vector", dict(vec_blocks_per_unit=2, vec_async_stages=0)),
-    "vector-async": ("vector", dict(vec_blocks_per_unit=2, vec_async_stages=2)),
+    "vector-registers": ("vector", dict(PIN, vec_blocks_per_unit=2, vec_async_stages=0)),
+    "vector-async": ("vector", dict(PIN, vec_blocks_per_unit=2, vec_async_stages=2)),
     "16x8-async": ("tcgnn", dict(tf32_nwarps=(4, 4, 4), blocks_per_warp=1)),
     "16x8-registers": ("tcgnn", dict(tf32_nwarps=(4, 4, 4), blocks_per_warp=1, tf32_async_stages=0)),
 }
@@ -299,7 +302,8 @@ def test_split_windows_on_concurrent_streams(cp, case):
         rng = np.random.default_rng()
         hub = star(100)
         hub.resize((3001, 3001))
-        A = sp.csr_array(int_graph(rng, 3001, 3001, degree=40) + hub)  # windows of 20-60 parts, all summed in the launch
+        # windows of 20-60 parts, all summed in the launch
+        A = sp.csr_array(int_graph(rng, 3001, 3001, degree=40) + hub)
         T = tg.TiledMatrix(A, dtype=np.float32, layout=layout)
         Xs = [ints(rng, 3001, 64) for _ in range(4)]
         want = [(A @ X.astype(np.float64)).astype(np.float32) for X in Xs]
@@ -326,16 +330,90 @@ def test_split_windows_on_concurrent_streams(cp, case):
         _ops.set_tuning(**before)
 
 
+def _timed_cases(rng):
+    """Graphs whose candidates differ: hub windows (split, so in-launch sums against the fixup), rectangular."""
+    hub = star(3000)
+    hub.resize((4001, 4001))
+    yield "hub", sp.csr_array(int_graph(rng, 4001, 4001, degree=30) + hub)
+    yield "rectangular", sp.csr_array(int_graph(rng, 1003, 5000, degree=60))
+
+
+@pytest.mark.parametrize("D", [17, 64, 130])
+def test_timed_choice_candidates_are_bit_identical(cp, D):
+    """Every launch the timed choice may pick gives the same bits, so timing noise never changes a result."""
+    rng = np.random.default_rng()
+    for name, A in _timed_cases(rng):
+        A.data[:] = rng.uniform(0.5, 1.5, A.nnz)
+        T = tg.TiledMatrix(A, dtype=np.float32)
+        X = cp.asarray(rng.standard_normal((A.shape[1], D), dtype=np.float32))
+        aligned = D % 4 == 0
+        choices = _ops._vec_candidates(T.tiling, D, aligned)
+        kinds = {(c.slices, c.cp_async, c.combine) for c in choices}
+        assert len(kinds) == len(choices) and len({c.bpu for c in choices}) == 1
+        if name == "hub":  # split windows: both ways of summing them are candidates
+            assert {c.combine for c in choices} == {True, False}
+        assert {c.cp_async for c in choices} == ({True, False} if aligned else {False})
+        assert {c.slices for c in choices} == ({1, 2} if D > 32 else {1})
+        first = None
+        for c in choices:
+            launch = _ops._vec_launch(cp, T.tiling, np.dtype(np.float32), D, aligned, choice=c)
+            Y = cp.full((A.shape[0], D), cp.nan, cp.float32)
+            _ops._run_spmm(cp, launch, T.tiling, T.values, X, Y, np.dtype(np.float32))
+            got = Y.get()
+            if first is None:
+                first = got
+                assert rel_err(got, A @ X.get().astype(np.float64)) < TOL["tf32"], (name, c)
+            else:
+                np.testing.assert_array_equal(got.view(np.uint32), first.view(np.uint32), err_msg=f"{name} {c}")
+
+
+def test_timed_choice_runs_once_and_keeps_the_fastest(cp, monkeypatch):
+    from tcgnn_py.kernels import timing
+
+    rng = np.random.default_rng()
+    _, A = next(_timed_cases(rng))
+    T = tg.TiledMatrix(A, dtype=np.float32)
+    X = cp.asarray(ints(rng, A.shape[1], 64))
+    calls = []
+    real = timing.time_round_robin
+
+    def counted(fns, rounds):
+        calls.append(len(fns))
+        return real(fns, rounds)
+
+    monkeypatch.setattr(timing, "time_round_robin", counted)
+    for _ in range(3):  # slow path, then the cached one
+        np.testing.assert_array_equal((T @ X).get(), A @ X.get())
+    assert len(calls) == 1
+    (key,) = [k for k in T.tiling._cache if isinstance(k, tuple) and k[0] == "vec_timed"]
+    ms = T.tiling._cache[key]
+    assert len(ms) == calls[0] > 1 and all(0 < t < 1e3 for t in ms.values())
+    (launch,) = [v for k, v in T.tiling._cache.items() if isinstance(k, tuple) and k[0] == "launch"]
+    choices = list(ms)
+    best = choices[_ops.pick_fastest(list(ms.values()))]
+    assert launch.n_slices == -(-64 // (32 * best.slices)) and (launch.fixup is None) == best.combine
+    # Pinned: no timing, the statistics' choice.
+    before = _ops.TUNING["vec_timed_choice"]
+    _ops.set_tuning(vec_timed_choice=False)
+    try:
+        np.testing.assert_array_equal((T @ X).get(), A @ X.get())
+        assert len(calls) == 1
+    finally:
+        _ops.set_tuning(vec_timed_choice=before)
+
+
 def test_kernels_compile_once(cp):
     from tcgnn_py.kernels import products as kp
     from tcgnn_py.kernels import registry
 
     name = kp.spmm_tf32_name(2, True)
     assert registry.get_kernel("tf32", name) is registry.get_kernel("tf32", name)
-    before = registry.compile_count()
     T = tg.TiledMatrix(star(100), dtype=np.float32)
+    T @ cp.ones((101, 64), cp.float32)  # compiles what this product needs (its family, the timing kernel)
+    before = registry.compile_count()
     for _ in range(3):
         T @ cp.ones((101, 64), cp.float32)
+        tg.TiledMatrix(star(50), dtype=np.float32) @ cp.ones((51, 32), cp.float32)  # new launches, same modules
     assert registry.compile_count() == before
 
 

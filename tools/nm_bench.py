@@ -28,29 +28,12 @@ import cupy as cp
 import tcgnn_py as tg
 from tcgnn_py.bench import resolve_graph
 from tcgnn_py.bench._baselines import CSR_ALG2, CSR_ALG3, CusparseRowMajor
-from tcgnn_py.bench._timing import time_rotating
-
-_SPIN = cp.RawKernel(r"""
-extern "C" __global__ void spin(long long cycles) {
-    const long long t0 = clock64();
-    while (clock64() - t0 < cycles) {}
-}""", "spin")
-
+from tcgnn_py.bench._timing import time_queued, time_rotating
 
 def gpu_time(fn, n_inputs=4, calls=20, batches=5):
-    """Milliseconds of GPU time per call: ``calls`` calls queued behind a busy kernel, median of batches."""
-    samples = []
-    for b in range(batches + 1):
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        _SPIN((1,), (1,), (np.int64(4_000_000),))  # about 2 ms at 1.98 GHz
-        start.record()
-        for i in range(calls):
-            fn(i % n_inputs)
-        stop.record()
-        stop.synchronize()
-        if b:  # the first batch warms up
-            samples.append(cp.cuda.get_elapsed_time(start, stop) / calls)
-    return float(np.median(samples))
+    """Milliseconds of GPU time per call: ``calls`` calls queued behind a spin kernel, median of batches."""
+    return time_queued(fn, n_inputs, calls=calls, repeat=batches)
+
 
 DEFAULT = ["cora", "pubmed", "citeseer", "ppi_homo_sapiens", "wiki_vote", "as_22july06", "facebook", "astro_ph",
            "blogcatalog3", "wikipedia_pos", "deezer_europe", "facebook_pagepage", "proteins_full", "wing",

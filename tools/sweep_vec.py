@@ -26,7 +26,7 @@ DIMS = (32, 64, 128, 256)
 def main(argv):
     quick = "--quick" in argv
     graphs = [a for a in argv if not a.startswith("--")]
-    base = dict(_ops.TUNING)
+    base = dict(_ops.TUNING, vec_timed_choice=False)  # each setting pins its launch
     grid = [dict(vec_max_slices=s, vec_async_unroll=u, vec_async_stages=ns, vec_target_warps=tw)
             for s, u, ns, tw in itertools.product((1, 2), (2, 4), (2, 3), (16, 64))]
     grid += [dict(vec_async_stages=0), dict(vec_async_stages=0, vec_unroll=8), dict(vec_combine=False)]

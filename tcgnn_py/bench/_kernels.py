@@ -1,14 +1,13 @@
 """Layer 4: the benchmarks' own CUDA kernel family, ``"baseline"`` (not the library's product).
 
 A gather-and-dot CSR SDDMM that benchmarks compare against where cuSPARSE
-SDDMM is not reachable, and the spin kernel of the queued GPU clock
-(:func:`._timing.time_queued`).  Registered with :mod:`tcgnn_py.kernels.registry`, so it
+SDDMM is not reachable.  Registered with :mod:`tcgnn_py.kernels.registry`, so it
 compiles through the same cached path and CI's NVRTC check.
 """
 
 from ..kernels import registry
 
-__all__ = ["BASELINE_GROUPS", "baseline_sddmm_name", "BASELINE_THREADS", "SPIN"]
+__all__ = ["BASELINE_GROUPS", "baseline_sddmm_name", "BASELINE_THREADS"]
 
 #: Lanes per edge of the baseline SDDMM (one sub-warp group per edge).
 BASELINE_GROUPS = (4, 8, 16, 32)
@@ -36,20 +35,7 @@ __global__ void tcgnn_baseline_sddmm_coo(const int* __restrict__ rows, const int
     for (int o = G / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o, G);
     if (valid && l == 0) out[e] = acc;
 }
-
-// One thread waits ns nanoseconds of the GPU's global timer: work queued behind
-// it starts only when the host has issued all of it (the queued GPU clock).
-extern "C" __global__ void tcgnn_bench_spin(long long ns) {
-    long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    do {
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    } while (t - t0 < ns);
-}
 """
-
-#: The spin kernel's name.
-SPIN = "tcgnn_bench_spin"
 
 #: Threads per CTA of the baseline launch.
 BASELINE_THREADS = 256
@@ -59,4 +45,4 @@ def baseline_sddmm_name(group):
     return f"tcgnn_baseline_sddmm_coo<{group}>"
 
 
-registry.register("baseline", _BASELINE, tuple(baseline_sddmm_name(g) for g in BASELINE_GROUPS) + (SPIN,))
+registry.register("baseline", _BASELINE, tuple(baseline_sddmm_name(g) for g in BASELINE_GROUPS))

@@ -79,15 +79,13 @@ def time_queued(fn, n_inputs, calls=20, repeat=11, spin_ms=2.0):
 
     import cupy as cp
 
-    from ..kernels.registry import get_kernel
-    from ._kernels import SPIN
+    from ..kernels.timing import spin
 
-    spin = get_kernel("baseline", SPIN)
     it = itertools.cycle(range(n_inputs))
     samples = []
     for r in range(repeat + 1):  # the first batch warms up and measures the host's time
         start, stop = cp.cuda.Event(), cp.cuda.Event()
-        spin((1,), (1,), (np.int64(spin_ms * 1e6),))
+        spin(spin_ms)
         t0 = time.perf_counter()
         start.record()
         for _ in range(calls):

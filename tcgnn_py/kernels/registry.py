@@ -2,8 +2,8 @@
 
 One RawModule per family, compiled once per process and device (CuPy also
 caches the binary on disk), with name expressions generated from one table of
-template arguments.  The library's families live in :mod:`.products` and
-:mod:`.nn`; packages above may :func:`register` their own (the benchmarks'
+template arguments.  The library's families live in :mod:`.products`,
+:mod:`.nn` and :mod:`.timing`; packages above may :func:`register` their own (the benchmarks'
 baseline SDDMM does).  CI compiles every family of :func:`families` through
 NVRTC directly, without a GPU (``tests/test_nvrtc.py``).
 """
@@ -31,9 +31,9 @@ def register(family, source, names):
 
 @functools.cache
 def _library_families():
-    from . import nn, products
+    from . import nn, products, timing
 
-    return {**products.FAMILIES, **nn.FAMILIES}
+    return {**products.FAMILIES, **nn.FAMILIES, **timing.FAMILIES}
 
 
 def families():
