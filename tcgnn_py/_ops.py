@@ -762,6 +762,7 @@ class VecChoice(NamedTuple):
     bpu: int  # blocks per unit: fixes the partition of each window, hence the order of every sum
     cp_async: bool  # X rows through the cp.async pipeline (16-byte aligned rows), else straight to registers
     combine: bool  # split windows summed inside the launch, else by the fixup launch
+    unroll: int = 4  # blocks per step (their loads issued together; the MMAs pair the same blocks whatever it is)
 
 
 def _vec_plan(tiling, bpu):
@@ -794,29 +795,34 @@ def _vec_choice(tiling, D, vec, half=None):
     max_parts = _vec_plan(tiling, bpu)["max_parts"]
     combine = 0 < max_parts <= TUNING["vec_combine_parts_max"] and TUNING["vec_combine"]
     cp_async = half is None and vec and (slices, TUNING["vec_async_unroll"], TUNING["vec_async_stages"]) in kp.VEC_ASYNC
-    return VecChoice(slices, bpu, cp_async, combine)
+    return VecChoice(slices, bpu, cp_async, combine, TUNING["vec_async_unroll" if cp_async else "vec_unroll"])
 
 
 def _vec_candidates(tiling, D, vec):
     """The float32 vector SpMM launches the timed choice compares: the default first.
 
     Every candidate keeps the default's partition (blocks per unit), so each
-    output is the same MMAs over the same blocks in the same order, and split
-    windows are summed in part order by either the launch or the fixup: the
-    results are bit-identical whichever wins (a GPU test checks it).
+    output is the same MMAs over the same block pairs in the same order, and
+    split windows are summed in part order by either the launch or the fixup:
+    the results are bit-identical whichever wins (a GPU test checks it).
+    Candidates: 32 or 64 features per warp; cp.async gathers of 4 or 2 blocks
+    per step, or register gathers; in-launch sums or the fixup launch.
     """
     from .kernels import products as kp
 
     default = _vec_choice(tiling, D, vec)
     has_splits = _vec_plan(tiling, default.bpu)["n_slots"] > 0
-    ua, ns = TUNING["vec_async_unroll"], TUNING["vec_async_stages"]
+    ns = TUNING["vec_async_stages"]
+    gathers = [(False, TUNING["vec_unroll"])]
+    if vec:
+        gathers = [(True, u) for u in dict.fromkeys((TUNING["vec_async_unroll"], 2))] + gathers
     out = [default]
     for slices in (1, 2) if D > 32 else (1,):
-        for cp_async in (True, False) if vec else (False,):
-            if cp_async and (slices, ua, ns) not in kp.VEC_ASYNC:
+        for cp_async, unroll in gathers:
+            if cp_async and (slices, unroll, ns) not in kp.VEC_ASYNC:
                 continue
             for combine in (True, False) if has_splits else (False,):
-                c = VecChoice(slices, default.bpu, cp_async, combine)
+                c = VecChoice(slices, default.bpu, cp_async, combine, unroll)
                 if c not in out:
                     out.append(c)
     return out
@@ -870,7 +876,7 @@ def _vec_launch(cp, tiling, dtype, D, vec, half=None, choice=None):
     from .kernels import products as kp
     from .kernels.registry import get_kernel
 
-    slices, bpu, cp_async, combine = choice or _vec_choice(tiling, D, vec, half)
+    slices, bpu, cp_async, combine, unroll = choice or _vec_choice(tiling, D, vec, half)
     n_slices = -(-D // (32 * slices))
     plan = _vec_plan(tiling, bpu)
     units, unit_k0 = plan["units"], plan["unit_k0"]
@@ -878,7 +884,7 @@ def _vec_launch(cp, tiling, dtype, D, vec, half=None, choice=None):
         units, unit_k0 = tiling.cached(("vec_sorted", bpu), lambda: _longest_first(tiling.xp, units, unit_k0))
     n_work = units.shape[0] * n_slices
     nw = TUNING["vec_warps"]
-    ns, ua = TUNING["vec_async_stages"], TUNING["vec_async_unroll"]
+    ns = TUNING["vec_async_stages"]
     smem = 0
     if half is not None:
         cfg = (slices, TUNING["half_ks"], TUNING["half_stages"]) if vec else kp.HALF_DEFAULT
@@ -890,13 +896,13 @@ def _vec_launch(cp, tiling, dtype, D, vec, half=None, choice=None):
         pv = TUNING["half_prefetch"] or not (vec and combine and cfg in kp.VEC_HALF[:3])  # compiled without it
         kernel = get_kernel("half", kp.spmm_vech_name(half[0], half[1], half[2], *cfg, combine, vec, pv))
     elif cp_async:
-        while nw > 1 and kp.vec_async_smem(nw, slices, ua, ns) > kp.SPMM_SMEM_LIMIT:
+        while nw > 1 and kp.vec_async_smem(nw, slices, unroll, ns) > kp.SPMM_SMEM_LIMIT:
             nw //= 2
-        smem = kp.vec_async_smem(nw, slices, ua, ns)
-        kernel = get_kernel("vec", kp.spmm_vec_async_name(slices, ua, ns, combine, TUNING["vec_round_x"],
+        smem = kp.vec_async_smem(nw, slices, unroll, ns)
+        kernel = get_kernel("vec", kp.spmm_vec_async_name(slices, unroll, ns, combine, TUNING["vec_round_x"],
                                                           TUNING["vec_prefetch_values"] and TUNING["vec_round_x"]))
     else:
-        kernel = get_kernel("vec", kp.spmm_vec_name(slices, TUNING["vec_unroll"], vec, combine, TUNING["vec_prefetch"]))
+        kernel = get_kernel("vec", kp.spmm_vec_name(slices, unroll, vec, combine, TUNING["vec_prefetch"]))
     launch = VecSpmmLaunch(kernel, (-(-n_work // nw),), (32 * nw,), smem, units, unit_k0, vec_meta(tiling),
                            n_slices, n_work, plan["n_slots"] * n_slices if combine else 0, {},
                            n_slots=plan["n_slots"],

@@ -348,11 +348,11 @@ def test_timed_choice_candidates_are_bit_identical(cp, D):
         X = cp.asarray(rng.standard_normal((A.shape[1], D), dtype=np.float32))
         aligned = D % 4 == 0
         choices = _ops._vec_candidates(T.tiling, D, aligned)
-        kinds = {(c.slices, c.cp_async, c.combine) for c in choices}
-        assert len(kinds) == len(choices) and len({c.bpu for c in choices}) == 1
+        assert len(set(choices)) == len(choices) and len({c.bpu for c in choices}) == 1
         if name == "hub":  # split windows: both ways of summing them are candidates
             assert {c.combine for c in choices} == {True, False}
-        assert {c.cp_async for c in choices} == ({True, False} if aligned else {False})
+        gathers = {(c.cp_async, c.unroll) for c in choices}
+        assert gathers == ({(True, 4), (True, 2), (False, 4)} if aligned else {(False, 4)})
         assert {c.slices for c in choices} == ({1, 2} if D > 32 else {1})
         first = None
         for c in choices:
