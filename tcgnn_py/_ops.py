@@ -769,6 +769,11 @@ def _vec_plan(tiling, bpu):
     return spmm_plan(tiling, bpu, VEC_UNITS_PER_WINDOW_MAX)
 
 
+def _async_rows(D, vec):
+    """Whether the cp.async vector SpMM can gather X's rows: 16-byte aligned, and 4 D bytes fit an int."""
+    return vec and D < 1 << 29
+
+
 def _vec_choice(tiling, D, vec, half=None):
     """The vector SpMM's launch from the tiling's statistics and the SM count (no timing)."""
     from .kernels import products as kp
@@ -794,7 +799,8 @@ def _vec_choice(tiling, D, vec, half=None):
     # last part's warp reads them all); longer ones go to the fixup launch, which spreads each sum over threads.
     max_parts = _vec_plan(tiling, bpu)["max_parts"]
     combine = 0 < max_parts <= TUNING["vec_combine_parts_max"] and TUNING["vec_combine"]
-    cp_async = half is None and vec and (slices, TUNING["vec_async_unroll"], TUNING["vec_async_stages"]) in kp.VEC_ASYNC
+    cp_async = (half is None and _async_rows(D, vec)
+                and (slices, TUNING["vec_async_unroll"], TUNING["vec_async_stages"]) in kp.VEC_ASYNC)
     return VecChoice(slices, bpu, cp_async, combine, TUNING["vec_async_unroll" if cp_async else "vec_unroll"])
 
 
@@ -814,7 +820,7 @@ def _vec_candidates(tiling, D, vec):
     has_splits = _vec_plan(tiling, default.bpu)["n_slots"] > 0
     ns = TUNING["vec_async_stages"]
     gathers = [(False, TUNING["vec_unroll"])]
-    if vec:
+    if _async_rows(D, vec):
         gathers = [(True, u) for u in dict.fromkeys((TUNING["vec_async_unroll"], 2))] + gathers
     out = [default]
     for slices in (1, 2) if D > 32 else (1,):

@@ -1033,10 +1033,22 @@ tcgnn_spmm_vec_async(const int4* __restrict__ units, const int2* __restrict__ un
     const int lane = w.lane, wib = w.wib, g = w.g, t = w.t, unit = w.unit, slice = w.slice, base = w.base;
     const int4 u = w.u;
     const int col = base + 4 * g;
-    const unsigned below = (1u << lane) - 1u;
+    const unsigned bit = 1u << lane, below = bit - 1u;
     const int cr = lane >> 3, coff = 4 * (lane & 7);  // this lane copies row cr of each block at feature coff
     float* stages = reinterpret_cast<float*>(tc_smem) + wib * NS * STAGE;
     const int n_steps = (u.z - u.y + U - 1) / U;
+    // Per-lane constants of the copies, so that a copy costs one multiply-add and the cp.async: the shared
+    // address of this lane's slot in stage 0 (block i, chunk c of stage s sit at fixed offsets from it), and
+    // per chunk the source in X's row 0 -- X itself where the chunk lies past D (then nothing is read).
+    const unsigned cp_dst = tc_smem_addr(stages + cr * RS + coff);
+    const char* cp_src[FS];
+    bool cp_ok[FS];
+#pragma unroll
+    for (int c = 0; c < FS; ++c) {
+        cp_ok[c] = base + 32 * c + coff < D;
+        cp_src[c] = reinterpret_cast<const char*>(cp_ok[c] ? X + base + 32 * c + coff : X);
+    }
+    const int row_bytes = 4 * D;  // X's rows: one multiply-add from row 0 (D < 2**29)
 
     float acc[FS][2][4];
 #pragma unroll
@@ -1046,24 +1058,29 @@ tcgnn_spmm_vec_async(const int4* __restrict__ units, const int2* __restrict__ un
 #pragma unroll
             for (int q = 0; q < 4; ++q) acc[j][h][q] = 0.f;
 
-    int rq[U];  // X rows this lane copies for the next step to issue
+    int rq[U];  // X rows this lane copies for the next step to issue (-1: a padding slot, zeros)
 #define TC_VEC_ROWS(step)                                                        \
     _Pragma("unroll") for (int i = 0; i < U; ++i) {                              \
         const int bi = u.y + (step) * U + i;                                     \
-        rq[i] = bi < u.z ? block_cols[bi * 4 + cr] : -1;                         \
+        rq[i] = bi < u.z ? __ldg(block_cols + bi * 4 + cr) : -1;                 \
     }
 #define TC_VEC_ISSUE(step)                                                       \
     {                                                                            \
-        float* st = stages + ((step) % NS) * STAGE;                              \
-        _Pragma("unroll") for (int i = 0; i < U; ++i)                            \
-            _Pragma("unroll") for (int c = 0; c < FS; ++c) {                     \
-                const int fx = base + 32 * c + coff;                             \
-                const int bytes = (rq[i] >= 0 && fx < D) ? 16 : 0;               \
-                const float* src = bytes ? X + (size_t)rq[i] * D + fx : X;       \
-                tc_cp_async16(tc_smem_addr(st + (i * 4 + cr) * RS + 32 * c + coff), src, bytes); \
-            }                                                                    \
+        const unsigned dst = cp_dst + ((step) % NS) * (STAGE * 4);               \
+        _Pragma("unroll") for (int i = 0; i < U; ++i) {                          \
+            const long long off = (long long)max(rq[i], 0) * row_bytes;          \
+            _Pragma("unroll") for (int c = 0; c < FS; ++c)                       \
+                tc_cp_async16(dst + (i * 4 * RS + 32 * c) * 4, cp_src[c] + off,  \
+                              rq[i] >= 0 && cp_ok[c] ? 16 : 0);                  \
+        }                                                                        \
         tc_cp_commit();                                                          \
     }
+#define TC_VEC_META(dst, step)                                                   \
+    _Pragma("unroll") for (int i = 0; i < U; ++i) {                              \
+        const int bi = u.y + (step) * U + i;                                     \
+        dst[i] = bi < u.z ? meta[bi] : make_uint2(0u, 0u);                       \
+    }
+#define TC_VEC_VALUE(m) ((m).x & bit ? __ldg(values + ((m).y + __popc((m).x & below))) : 0.f)
 #pragma unroll
     for (int s0 = 0; s0 < NS - 1; ++s0) {
         TC_VEC_ROWS(s0)
@@ -1072,18 +1089,11 @@ tcgnn_spmm_vec_async(const int4* __restrict__ units, const int2* __restrict__ un
     TC_VEC_ROWS(NS - 1)
     uint2 mc[U];  // PV: the next step's metadata; else this step's
     float pv[U];  // PV: this step's values, loaded one step ahead
-#pragma unroll
-    for (int i = 0; i < U; ++i) {
-        const int bi = u.y + i;
-        mc[i] = bi < u.z ? meta[bi] : make_uint2(0u, 0u);
-    }
+    TC_VEC_META(mc, 0)
     if (PV) {
 #pragma unroll
-        for (int i = 0; i < U; ++i) {
-            pv[i] = (mc[i].x >> lane) & 1u ? __ldg(values + mc[i].y + __popc(mc[i].x & below)) : 0.f;
-            const int bi = u.y + U + i;
-            mc[i] = bi < u.z ? meta[bi] : make_uint2(0u, 0u);
-        }
+        for (int i = 0; i < U; ++i) pv[i] = TC_VEC_VALUE(mc[i]);
+        TC_VEC_META(mc, 1)
     }
     for (int step = 0; step < n_steps; ++step) {  // warp-uniform: mma.sync needs all lanes
         TC_VEC_ISSUE(step + NS - 1)
@@ -1092,16 +1102,15 @@ tcgnn_spmm_vec_async(const int4* __restrict__ units, const int2* __restrict__ un
         uint2 mn[U];
 #pragma unroll
         for (int i = 0; i < U; ++i) {
-            const float vi = (mc[i].x >> lane) & 1u ? __ldg(values + mc[i].y + __popc(mc[i].x & below)) : 0.f;
+            const float vi = TC_VEC_VALUE(mc[i]);
             if (PV) {
                 v[i] = pv[i];
                 pv[i] = vi;
             } else {
                 v[i] = vi;
             }
-            const int bi = u.y + (step + (PV ? 2 : 1)) * U + i;
-            mn[i] = bi < u.z ? meta[bi] : make_uint2(0u, 0u);
         }
+        TC_VEC_META(mn, step + (PV ? 2 : 1))
         tc_cp_wait<NS - 1>();  // this lane's copies of this step have landed
         __syncwarp();          // ... and every other lane's
         const float* st = stages + (step % NS) * STAGE;
@@ -1122,8 +1131,10 @@ tcgnn_spmm_vec_async(const int4* __restrict__ units, const int2* __restrict__ un
         for (int i = 0; i < U; ++i) mc[i] = mn[i];
         __syncwarp();  // the stage is refilled in the next step
     }
+#undef TC_VEC_VALUE
 #undef TC_VEC_ROWS
 #undef TC_VEC_ISSUE
+#undef TC_VEC_META
     tc_cp_wait<0>();
     tc_vec_finish<FS, true, COMBINE>(acc, u, unit, slice, col, lane, unit_k0, Y, partial, counters, M, D, n_slices);
 }
