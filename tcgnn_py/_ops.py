@@ -260,6 +260,7 @@ TUNING = {
     "vec_round_x": True,  # experiment: False feeds raw float bits of X to the MMA (truncation); sweeps only
     "vec_prefetch_values": True,  # cp.async vector kernel: values loaded one step ahead (sweep: 2-4 % faster)
     "vec_timed_choice": True,  # float32 vector SpMM: time the bit-identical launches once, keep the fastest
+    "vec_dense_values": False,  # the statistics' launch reads dense values (vec_dense_values); a timed candidate
     "half_ks": 1,  # 16-bit vector SpMM: k16 chunks (4 blocks each) per cp.async step
     "half_stages": 2,  # 16-bit vector SpMM: steps in flight per warp
     "half_prefetch": True,  # 16-bit vector SpMM: values loaded one step ahead (False: sweeps only)
@@ -415,6 +416,7 @@ class VecSpmmLaunch(NamedTuple):
     fixup: Fixup = None
     n_slots: int = 0
     sizes: tuple = ()  # (M, D, n_slices, n_work) as int32 scalars, made once (per-call cost on small graphs)
+    dense: bool = False  # takes vec_dense_values(tiling, values) in place of the values
 
     def _counters_now(self):
         """This stream's counters of split windows summed in the launch, or None."""
@@ -465,6 +467,8 @@ def _run_spmm(cp, launch, tiling, values, X, Y, dtype):
     """One call of a planned SpMM launch (and its fixup) into Y."""
     M, D = Y.shape
     partial = Y
+    if isinstance(launch, VecSpmmLaunch) and launch.dense:
+        values = vec_dense_values(tiling, values)
     if isinstance(launch, (VecSpmmLaunch, TF32SpmmLaunch)):
         buf = launch.partial(dtype, D)
         partial = Y if buf is None else buf
@@ -518,6 +522,12 @@ def spmm_bind(tiling, values, X, out, precision=None):
     if not isinstance(launch, (TF32SpmmLaunch, VecSpmmLaunch)):
         return None
     run = launch.bind(tiling, _F32, M, D)
+    if isinstance(launch, VecSpmmLaunch) and launch.dense:
+        bound = run
+
+        def run(values, X, Y):
+            bound(vec_dense_values(tiling, values), X, Y)
+
     shape, ndarray = (M, D), cp.ndarray
     if launch.fixup is None:
         def f(values, X, out):
@@ -763,6 +773,7 @@ class VecChoice(NamedTuple):
     cp_async: bool  # X rows through the cp.async pipeline (16-byte aligned rows), else straight to registers
     combine: bool  # split windows summed inside the launch, else by the fixup launch
     unroll: int = 4  # blocks per step (their loads issued together; the MMAs pair the same blocks whatever it is)
+    dense: bool = False  # values read dense, 32 per block (vec_dense_values): no metadata, one load per block
 
 
 def _vec_plan(tiling, bpu):
@@ -801,7 +812,8 @@ def _vec_choice(tiling, D, vec, half=None):
     combine = 0 < max_parts <= TUNING["vec_combine_parts_max"] and TUNING["vec_combine"]
     cp_async = (half is None and _async_rows(D, vec)
                 and (slices, TUNING["vec_async_unroll"], TUNING["vec_async_stages"]) in kp.VEC_ASYNC)
-    return VecChoice(slices, bpu, cp_async, combine, TUNING["vec_async_unroll" if cp_async else "vec_unroll"])
+    return VecChoice(slices, bpu, cp_async, combine, TUNING["vec_async_unroll" if cp_async else "vec_unroll"],
+                     cp_async and TUNING["vec_dense_values"])
 
 
 def _vec_candidates(tiling, D, vec):
@@ -819,19 +831,56 @@ def _vec_candidates(tiling, D, vec):
     default = _vec_choice(tiling, D, vec)
     has_splits = _vec_plan(tiling, default.bpu)["n_slots"] > 0
     ns = TUNING["vec_async_stages"]
-    gathers = [(False, TUNING["vec_unroll"])]
+    gathers = [(False, TUNING["vec_unroll"], False)]
     if _async_rows(D, vec):
-        gathers = [(True, u) for u in dict.fromkeys((TUNING["vec_async_unroll"], 2))] + gathers
+        ua = TUNING["vec_async_unroll"]
+        gathers = [(True, u, False) for u in dict.fromkeys((ua, 2))] + gathers
+        if tiling.n_blocks * 32 * 4 <= VEC_DENSE_BYTES_MAX:
+            gathers.insert(1, (True, ua, True))
     out = [default]
     for slices in (1, 2) if D > 32 else (1,):
-        for cp_async, unroll in gathers:
+        for cp_async, unroll, dense in gathers:
             if cp_async and (slices, unroll, ns) not in kp.VEC_ASYNC:
                 continue
             for combine in (True, False) if has_splits else (False,):
-                c = VecChoice(slices, default.bpu, cp_async, combine, unroll)
+                c = VecChoice(slices, default.bpu, cp_async, combine, unroll, dense)
                 if c not in out:
                     out.append(c)
     return out
+
+
+#: The dense values of a vector tiling (32 floats per block) are a candidate while they take at most this much.
+VEC_DENSE_BYTES_MAX = 1 << 30
+#: Dense values kept per tiling, for the latest distinct value arrays (matrices sharing the tiling).
+VEC_DENSE_KEEP = 4
+
+
+def vec_dense_values(tiling, values):
+    """``(n_blocks * 32,)`` float32: ``values`` at ``32 * block + tile position``, zeros elsewhere.
+
+    Built on first use for a values array and kept on the tiling for the last
+    :data:`VEC_DENSE_KEEP` arrays, each held with its values (so that the memory
+    of an array in use is never another's; values are read-only by contract).
+    """
+    lru = tiling._cache.get("vec_dense")
+    if lru is None:
+        lru = tiling._cache["vec_dense"] = {}
+    hit = lru.get(id(values))
+    if hit is not None and hit[0] is values:
+        return hit[1]
+    xp = tiling.xp
+    dense = xp.zeros(tiling.n_blocks * 32, np.float32)
+    eb = lru.get("entry_blocks")
+    if eb is None:
+        eb = ref.entry_blocks(tiling.block_ptr, tiling.nnz).astype(np.int64)
+    dense[eb * 32 + tiling.tile_pos.astype(np.int64)] = values
+    if xp.cuda.get_current_stream().is_capturing():
+        return dense  # the graph holds the scatter; its arrays must not outlive it in a cache
+    lru["entry_blocks"] = eb
+    if len(lru) > VEC_DENSE_KEEP:  # the oldest array's (entry_blocks stays first)
+        del lru[next(k for k in lru if k != "entry_blocks")]
+    lru[id(values)] = (values, dense)
+    return dense
 
 
 #: The timed choice replaces the default launch only with one at least this much faster: timing noise
@@ -882,7 +931,7 @@ def _vec_launch(cp, tiling, dtype, D, vec, half=None, choice=None):
     from .kernels import products as kp
     from .kernels.registry import get_kernel
 
-    slices, bpu, cp_async, combine, unroll = choice or _vec_choice(tiling, D, vec, half)
+    slices, bpu, cp_async, combine, unroll, dense = choice or _vec_choice(tiling, D, vec, half)
     n_slices = -(-D // (32 * slices))
     plan = _vec_plan(tiling, bpu)
     units, unit_k0 = plan["units"], plan["unit_k0"]
@@ -906,13 +955,15 @@ def _vec_launch(cp, tiling, dtype, D, vec, half=None, choice=None):
             nw //= 2
         smem = kp.vec_async_smem(nw, slices, unroll, ns)
         kernel = get_kernel("vec", kp.spmm_vec_async_name(slices, unroll, ns, combine, TUNING["vec_round_x"],
-                                                          TUNING["vec_prefetch_values"] and TUNING["vec_round_x"]))
+                                                          TUNING["vec_prefetch_values"] and TUNING["vec_round_x"],
+                                                          dense))
     else:
         kernel = get_kernel("vec", kp.spmm_vec_name(slices, unroll, vec, combine, TUNING["vec_prefetch"]))
     launch = VecSpmmLaunch(kernel, (-(-n_work // nw),), (32 * nw,), smem, units, unit_k0, vec_meta(tiling),
                            n_slices, n_work, plan["n_slots"] * n_slices if combine else 0, {},
                            n_slots=plan["n_slots"],
-                           sizes=tuple(np.int32(v) for v in (tiling.shape[0], D, n_slices, n_work)))
+                           sizes=tuple(np.int32(v) for v in (tiling.shape[0], D, n_slices, n_work)),
+                           dense=bool(dense and cp_async))
     if plan["n_slots"] and not combine:
         fix_grid = (plan["splits"].shape[0], min(-(-(8 * D) // kp.FIXUP_THREADS), 1024))
         fix = (get_kernel("vec", kp.fixup_name(dtype.name)) if half is None else

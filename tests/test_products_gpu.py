@@ -351,8 +351,9 @@ def test_timed_choice_candidates_are_bit_identical(cp, D):
         assert len(set(choices)) == len(choices) and len({c.bpu for c in choices}) == 1
         if name == "hub":  # split windows: both ways of summing them are candidates
             assert {c.combine for c in choices} == {True, False}
-        gathers = {(c.cp_async, c.unroll) for c in choices}
-        assert gathers == ({(True, 4), (True, 2), (False, 4)} if aligned else {(False, 4)})
+        gathers = {(c.cp_async, c.unroll, c.dense) for c in choices}
+        assert gathers == ({(True, 4, False), (True, 4, True), (True, 2, False), (False, 4, False)} if aligned
+                           else {(False, 4, False)})
         assert {c.slices for c in choices} == ({1, 2} if D > 32 else {1})
         first = None
         for c in choices:
@@ -400,6 +401,31 @@ def test_timed_choice_runs_once_and_keeps_the_fastest(cp, monkeypatch):
         assert len(calls) == 1
     finally:
         _ops.set_tuning(vec_timed_choice=before)
+
+
+def test_dense_values_follow_each_matrix(cp):
+    """The dense-values launch reads each matrix's own values, on the slow and the cached path, for more
+    matrices sharing one tiling than the dense copies it keeps."""
+    rng = np.random.default_rng()
+    _, A = next(_timed_cases(rng))
+    before = {k: _ops.TUNING[k] for k in ("vec_timed_choice", "vec_dense_values")}
+    _ops.set_tuning(vec_timed_choice=False, vec_dense_values=True)
+    try:
+        T = tg.TiledMatrix(A, dtype=np.float32)
+        X = cp.asarray(ints(rng, A.shape[1], 64))
+        mats = []
+        for k in range(_ops.VEC_DENSE_KEEP + 2):
+            Ak = A.copy()
+            Ak.data[:] = rng.integers(-4, 5, A.nnz)
+            mats.append((Ak, T.with_values(cp.asarray(Ak.data, dtype=cp.float32), order="csr")))
+        for _ in range(3):  # slow path, then the cached one; every matrix evicts another's dense copy
+            for Ak, Tk in mats:
+                np.testing.assert_array_equal((Tk @ X).get(), Ak @ X.get())
+        (launch,) = [v for k, v in T.tiling._cache.items() if isinstance(k, tuple) and k[0] == "launch"]
+        assert isinstance(launch, _ops.VecSpmmLaunch) and launch.dense
+        assert len(T.tiling._cache["vec_dense"]) == _ops.VEC_DENSE_KEEP + 1  # and the entries' blocks
+    finally:
+        _ops.set_tuning(**before)
 
 
 def test_kernels_compile_once(cp):

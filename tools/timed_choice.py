@@ -52,7 +52,7 @@ def main():
 
     head = ("| graph | D | cuSPARSE GPU-only µs | statistics µs | timed µs | cuSPARSE from idle µs | statistics µs |"
             " timed µs | GPU-only ratio: statistics / timed | from idle: statistics / timed | first call ms:"
-            " statistics / timed | timed launch (slices, cp.async, in-launch sums, blocks per step) |\n" + "|---" * 12 + "|")
+            " statistics / timed | timed launch (slices, cp.async, in-launch sums, blocks per step, dense values) |\n" + "|---" * 12 + "|")
     print(head, flush=True)
     rows, lines = [], []
     rng = np.random.default_rng(0)
@@ -83,7 +83,7 @@ def main():
                 if timed:
                     ms = next(v for k, v in T.tiling._cache.items() if isinstance(k, tuple) and k[0] == "vec_timed")
                     won = list(ms)[_ops.pick_fastest(list(ms.values()))]
-                    row["timed"]["won"] = [won.slices, won.cp_async, won.combine, won.unroll]
+                    row["timed"]["won"] = [won.slices, won.cp_async, won.combine, won.unroll, won.dense]
                     row["timed"]["candidates_us"] = {str(tuple(k)): 1e3 * v for k, v in ms.items()}
             _ops.set_tuning(vec_timed_choice=True)
             c, s, t = row["cusparse"], row["statistics"], row["timed"]

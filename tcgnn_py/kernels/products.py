@@ -1017,7 +1017,8 @@ tcgnn_spmm_vec(const int4* __restrict__ units, const int2* __restrict__ unit_k0,
 // over, which the tensor core truncates (twice the rounding error on X, one
 // instruction less per element) -- an experiment, not a public mode.
 // PV: each step's values are loaded one step ahead (the next step's metadata two ahead).
-template <int FS, int U, int NS, bool COMBINE, bool RX = true, bool PV = false>
+// DV: values are dense, 32 per block in tile-position order (see _ops.vec_dense_values): no metadata.
+template <int FS, int U, int NS, bool COMBINE, bool RX = true, bool PV = false, bool DV = false>
 __global__ void __launch_bounds__(128, (FS >= 2 ? 6 : 8))
 tcgnn_spmm_vec_async(const int4* __restrict__ units, const int2* __restrict__ unit_k0,
                      const int* __restrict__ block_cols, const uint2* __restrict__ meta,
@@ -1087,30 +1088,47 @@ tcgnn_spmm_vec_async(const int4* __restrict__ units, const int2* __restrict__ un
         TC_VEC_ISSUE(s0)
     }
     TC_VEC_ROWS(NS - 1)
+    // DV: values holds 32 floats per block in position order (zeros where no entry): lane L's B value is
+    // entry L, one coalesced load per block and no metadata; loaded one step ahead, in pv.
+#define TC_VEC_DENSE(dst, step)                                                  \
+    _Pragma("unroll") for (int i = 0; i < U; ++i) {                              \
+        const int bi = u.y + (step) * U + i;                                     \
+        dst[i] = bi < u.z ? __ldg(values + (size_t)bi * 32 + lane) : 0.f;        \
+    }
     uint2 mc[U];  // PV: the next step's metadata; else this step's
-    float pv[U];  // PV: this step's values, loaded one step ahead
-    TC_VEC_META(mc, 0)
-    if (PV) {
+    float pv[U];  // PV (and DV): this step's values, loaded one step ahead
+    if (DV) {
+        TC_VEC_DENSE(pv, 0)
+    } else {
+        TC_VEC_META(mc, 0)
+        if (PV) {
 #pragma unroll
-        for (int i = 0; i < U; ++i) pv[i] = TC_VEC_VALUE(mc[i]);
-        TC_VEC_META(mc, 1)
+            for (int i = 0; i < U; ++i) pv[i] = TC_VEC_VALUE(mc[i]);
+            TC_VEC_META(mc, 1)
+        }
     }
     for (int step = 0; step < n_steps; ++step) {  // warp-uniform: mma.sync needs all lanes
         TC_VEC_ISSUE(step + NS - 1)
         TC_VEC_ROWS(step + NS)
         float v[U];
         uint2 mn[U];
+        if (DV) {
 #pragma unroll
-        for (int i = 0; i < U; ++i) {
-            const float vi = TC_VEC_VALUE(mc[i]);
-            if (PV) {
-                v[i] = pv[i];
-                pv[i] = vi;
-            } else {
-                v[i] = vi;
+            for (int i = 0; i < U; ++i) v[i] = pv[i];
+            TC_VEC_DENSE(pv, step + 1)
+        } else {
+#pragma unroll
+            for (int i = 0; i < U; ++i) {
+                const float vi = TC_VEC_VALUE(mc[i]);
+                if (PV) {
+                    v[i] = pv[i];
+                    pv[i] = vi;
+                } else {
+                    v[i] = vi;
+                }
             }
+            TC_VEC_META(mn, step + (PV ? 2 : 1))
         }
-        TC_VEC_META(mn, step + (PV ? 2 : 1))
         tc_cp_wait<NS - 1>();  // this lane's copies of this step have landed
         __syncwarp();          // ... and every other lane's
         const float* st = stages + (step % NS) * STAGE;
@@ -1127,10 +1145,13 @@ tcgnn_spmm_vec_async(const int4* __restrict__ units, const int2* __restrict__ un
                 tc_mma(acc[j][1], a1, b0, b1);
             }
         }
+        if (!DV) {
 #pragma unroll
-        for (int i = 0; i < U; ++i) mc[i] = mn[i];
+            for (int i = 0; i < U; ++i) mc[i] = mn[i];
+        }
         __syncwarp();  // the stage is refilled in the next step
     }
+#undef TC_VEC_DENSE
 #undef TC_VEC_VALUE
 #undef TC_VEC_ROWS
 #undef TC_VEC_ISSUE
@@ -1692,7 +1713,9 @@ def spmm_vec_name(slices, unroll, vec, combine=True, prefetch=True):
 VEC_ASYNC = tuple((f, u, ns) for f in (1, 2) for u in (2, 4) for ns in (2, 3))
 
 
-def spmm_vec_async_name(slices, unroll, stages, combine=True, round_x=True, prefetch=False):
+def spmm_vec_async_name(slices, unroll, stages, combine=True, round_x=True, prefetch=False, dense=False):
+    if dense:  # dense values: one step ahead by construction
+        return f"tcgnn_spmm_vec_async<{slices}, {unroll}, {stages}, {_b(combine)}, {_b(round_x)}, true, true>"
     if prefetch:
         return f"tcgnn_spmm_vec_async<{slices}, {unroll}, {stages}, {_b(combine)}, {_b(round_x)}, true>"
     return f"tcgnn_spmm_vec_async<{slices}, {unroll}, {stages}, {_b(combine)}, {_b(round_x)}>"
@@ -1771,6 +1794,7 @@ def _vec_names():
     names += [spmm_vec_async_name(f, u, ns, c) for f, u, ns in VEC_ASYNC for c in (True, False)]
     names += [spmm_vec_async_name(f, 4, 2, c, False) for f in (1, 2) for c in (True, False)]  # truncation experiment
     names += [spmm_vec_async_name(f, u, ns, c, True, True) for f, u, ns in VEC_ASYNC for c in (True, False)]
+    names += [spmm_vec_async_name(f, u, ns, c, True, True, True) for f, u, ns in VEC_ASYNC for c in (True, False)]
     return names + [sddmm_vec_name(v) for v in (True, False)] + [fixup_name("float32")]
 
 
