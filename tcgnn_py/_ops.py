@@ -422,7 +422,9 @@ class VecSpmmLaunch(NamedTuple):
         """This stream's counters of split windows summed in the launch, or None."""
         if not self.n_counters:
             return None
-        return _stream_scratch(self.counters, "counters", lambda: get_cupy().zeros(self.n_counters, np.int32))
+        # keyed by size: launches that share a store (the timed choice's candidates) each get their own
+        return _stream_scratch(self.counters, ("counters", self.n_counters),
+                               lambda: get_cupy().zeros(self.n_counters, np.int32))
 
     def _fixed(self, tiling, M, D):
         """The arguments around ``(values, X, Y, partial)``: everything but the operands (one place for the order)."""
@@ -437,7 +439,8 @@ class VecSpmmLaunch(NamedTuple):
         """This stream's buffer of partial tiles (reused: calls on one stream run in order), or None."""
         if not self.n_slots:
             return None
-        return _stream_scratch(self.counters, "partial", lambda: get_cupy().empty((self.n_slots, 8, D), dtype=dtype))
+        return _stream_scratch(self.counters, ("partial", np.dtype(dtype).char, D),
+                               lambda: get_cupy().empty((self.n_slots, 8, D), dtype=dtype))
 
     def bind(self, tiling, dtype, M, D):
         """``f(values, X, Y)``: this launch with everything but the operands fixed (current stream's scratch)."""
@@ -888,6 +891,9 @@ def vec_dense_values(tiling, values):
 VEC_TIMED_MARGIN = 0.03
 #: Timed calls of each candidate (after a warm-up round); the least counts.
 VEC_TIMED_ROUNDS = 3
+#: Products of more blocks x features than this keep the statistics' launch untimed: calls of ~0.3 ms and more,
+#: where timing 16 candidates costs ~100 ms and picked the statistics' launch on the 1M-node graphs anyway.
+VEC_TIMED_MAX_WORK = 10**8
 
 
 def pick_fastest(ms, margin=VEC_TIMED_MARGIN):
@@ -907,14 +913,17 @@ def _vec_timed(cp, tiling, dtype, D, vec, values, X, Y):
     queued behind a spin kernel): one warm-up and :data:`VEC_TIMED_ROUNDS` calls
     of each candidate, which write Y (the planned call then writes it again).
     The candidates give bit-identical results, so the choice changes speed only.
-    Under CUDA-graph capture nothing can be timed: the default is kept.  The
+    Under CUDA-graph capture nothing can be timed, and large products
+    (:data:`VEC_TIMED_MAX_WORK`) are not: the default is kept.  The
     times are kept on the tiling, under ``("vec_timed", D, vec, tuning version)``.
     """
     from .kernels.timing import time_round_robin
 
     choices = _vec_candidates(tiling, D, vec)
-    launches = [_vec_launch(cp, tiling, dtype, D, vec, choice=c) for c in choices]
-    if len(launches) == 1 or cp.cuda.get_current_stream().is_capturing():
+    scratch = {}  # one set of partial tiles for all candidates (same partition), not one each
+    launches = [_vec_launch(cp, tiling, dtype, D, vec, choice=c, scratch=scratch) for c in choices]
+    if (len(launches) == 1 or tiling.n_blocks * D > VEC_TIMED_MAX_WORK
+            or cp.cuda.get_current_stream().is_capturing()):
         return launches[0]
     ms = time_round_robin([functools.partial(_run_spmm, cp, launch, tiling, values, X, Y, dtype)
                            for launch in launches], VEC_TIMED_ROUNDS)
@@ -922,11 +931,12 @@ def _vec_timed(cp, tiling, dtype, D, vec, values, X, Y):
     return launches[pick_fastest(ms)]
 
 
-def _vec_launch(cp, tiling, dtype, D, vec, half=None, choice=None):
+def _vec_launch(cp, tiling, dtype, D, vec, half=None, choice=None, scratch=None):
     """The launch of the vector-layout SpMM; split windows summed in it, or by a fixup launch for hubs.
 
     ``half``: ``(X type, split values, Y type)`` of the 16-bit kernel (``vec``: rows aligned for cp.async).
-    ``choice``: a :class:`VecChoice` (default: :func:`_vec_choice`).
+    ``choice``: a :class:`VecChoice` (default: :func:`_vec_choice`).  ``scratch``: the per-stream scratch
+    store, shared by launches of one partition (the timed choice's candidates: one set of partial tiles).
     """
     from .kernels import products as kp
     from .kernels.registry import get_kernel
@@ -960,7 +970,8 @@ def _vec_launch(cp, tiling, dtype, D, vec, half=None, choice=None):
     else:
         kernel = get_kernel("vec", kp.spmm_vec_name(slices, unroll, vec, combine, TUNING["vec_prefetch"]))
     launch = VecSpmmLaunch(kernel, (-(-n_work // nw),), (32 * nw,), smem, units, unit_k0, vec_meta(tiling),
-                           n_slices, n_work, plan["n_slots"] * n_slices if combine else 0, {},
+                           n_slices, n_work, plan["n_slots"] * n_slices if combine else 0,
+                           {} if scratch is None else scratch,
                            n_slots=plan["n_slots"],
                            sizes=tuple(np.int32(v) for v in (tiling.shape[0], D, n_slices, n_work)),
                            dense=bool(dense and cp_async))

@@ -322,8 +322,9 @@ def test_split_windows_on_concurrent_streams(cp, case):
                 np.testing.assert_array_equal(Y.get(), w)
         launch = next(v for k, v in T.tiling._cache.items() if isinstance(k, tuple) and k[0] == "launch")
         store = launch.counters if layout == "vector" else launch.scratch
-        counters = [k for k in store if k[0] == "counters"]
-        buffers = [k for k in store if k[0] == "partial"]
+        kinds = [k[0] if isinstance(k[0], str) else k[0][0] for k in store]  # vector: (kind, size) per stream
+        counters = [k for k in kinds if k == "counters"]
+        buffers = [k for k in kinds if k == "partial"]
         # One set of counters and one partial-tile buffer per stream, summed in the launch.
         assert launch.fixup is None and launch.n_slots > 0 and len(counters) == 4 and len(buffers) == 4
     finally:
@@ -393,6 +394,13 @@ def test_timed_choice_runs_once_and_keeps_the_fastest(cp, monkeypatch):
     choices = list(ms)
     best = choices[_ops.pick_fastest(list(ms.values()))]
     assert launch.n_slices == -(-64 // (32 * best.slices)) and (launch.fixup is None) == best.combine
+    # The candidates shared one set of partial tiles (the hub's windows are split), not one each.
+    assert len([k for k in launch.counters if k[0][0] == "partial"]) == 1
+    # A large product keeps the statistics' launch untimed.
+    monkeypatch.setattr(_ops, "VEC_TIMED_MAX_WORK", 0)
+    X40 = ints(rng, A.shape[1], 40)
+    np.testing.assert_array_equal((T @ cp.asarray(X40)).get(), A @ X40)
+    assert len(calls) == 1  # a new width, planned untimed
     # Pinned: no timing, the statistics' choice.
     before = _ops.TUNING["vec_timed_choice"]
     _ops.set_tuning(vec_timed_choice=False)
