@@ -1,4 +1,4 @@
-"""What the launch-shape sweeps (``sweep_vec.py``, ``sweep_half.py``) share: graphs, integer twins, cuSPARSE times."""
+"""What the launch-shape sweeps and A/B tools share: graphs, integer twins and operands, cuSPARSE and our clocks."""
 
 import numpy as np
 
@@ -24,3 +24,93 @@ def cusparse_us(Ad, Xs, Y, repeat=20):
         out[label] = 1e3 * time_rotating(c, len(Xs), repeat)
         c.close()
     return out
+
+
+def int_graph(spec, rng):
+    """``(name, A, Ad)``: canonical float32 CSR with values in [1, 3] (products exact in TF32), and its CuPy copy."""
+    import cupyx.scipy.sparse as csp
+
+    name, A = resolve_graph(spec)
+    A = A.astype(np.float32)
+    A.sum_duplicates()
+    A.data[:] = rng.integers(1, 4, A.nnz)
+    return name, A, csp.csr_matrix(A)
+
+
+def int_operands(A, Ad, D, rng, n_inputs=4):
+    """``(Xs, Y, ref)``: ``n_inputs`` small-integer X of width D, an output, and ``A @ Xs[0]`` by cuSPARSE."""
+    import cupy as cp
+
+    Xs = [cp.asarray(rng.integers(-4, 5, (A.shape[1], D)).astype(np.float32)) for _ in range(n_inputs)]
+    return Xs, cp.empty((A.shape[0], D), cp.float32), Ad @ Xs[0]
+
+
+def cusparse_clocks(Ad, Xs, Y):
+    """µs of the best of cuSPARSE ALG2 / ALG3: ``{"gpu": queued behind a spin, "idle": one call at a time}``."""
+    from tcgnn_py.bench._timing import time_queued
+
+    cs = [CusparseRowMajor(Ad, Xs, Y, alg) for alg in (CSR_ALG2, CSR_ALG3)]
+    out = {"gpu": min(1e3 * time_queued(c, len(Xs)) for c in cs),
+           "idle": min(1e3 * time_rotating(c, len(Xs), 20, 3) for c in cs)}
+    for c in cs:
+        c.close()
+    return out
+
+
+def ours_clocks(call, n_inputs=4):
+    """µs of ``call(i)`` on the same two clocks as :func:`cusparse_clocks`."""
+    from tcgnn_py.bench._timing import time_queued
+
+    return {"gpu": 1e3 * time_queued(call, n_inputs), "idle": 1e3 * time_rotating(call, n_inputs, 20, 3)}
+
+
+def geomean_summary(rows, labels, clocks=(("gpu", "GPU-only"), ("idle", "from idle"))):
+    """One line per clock and label: geomean of ``row["cusparse"][clock] / row[label][clock]``, points below 1."""
+    import math
+
+    out = []
+    for clock, name in clocks:
+        for label in labels:
+            r = [x["cusparse"][clock] / x[label][clock] for x in rows]
+            gm = math.exp(sum(map(math.log, r)) / len(r))
+            out.append(f"{name}, {label}: geomean {gm:.3f}x over the best cuSPARSE call, {sum(v < 1 for v in r)}"
+                       f" of {len(r)} below 1.0x, worst {min(r):.2f}x")
+    return out
+
+
+def int_points(specs, dims, rng):
+    """Per graph and width: ``(name, A, Ad, T, D, Xs, Y, ref)`` (see :func:`int_graph`, :func:`int_operands`;
+    T is the default TiledMatrix of A, built once per graph)."""
+    import tcgnn_py as tg
+
+    for spec in specs:
+        name, A, Ad = int_graph(spec, rng)
+        T = tg.TiledMatrix(A)
+        for D in dims:
+            yield (name, A, Ad, T, D) + int_operands(A, Ad, D, rng)
+
+
+def write_outputs(args, head, lines, rows, summary):
+    """``--json`` (rows and summary lines) and ``--markdown`` (the table, then the summary as a list)."""
+    import json
+
+    if getattr(args, "json", None):
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows, "summary": summary}, f, indent=1)
+    if getattr(args, "markdown", None):
+        with open(args.markdown, "w") as f:
+            f.write(head + "\n" + "\n".join(lines) + "\n\n" + "\n".join(f"- {s}" for s in summary) + "\n")
+
+
+def graph_args(doc, add=None):
+    """The tools' command line: GRAPH ..., ``--dims``, ``--json``, ``--markdown``; ``add(parser)`` adds more."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("graphs", nargs="+")
+    ap.add_argument("--dims", default="32,64,128,256")
+    ap.add_argument("--json")
+    ap.add_argument("--markdown")
+    if add is not None:
+        add(ap)
+    return ap.parse_args()

@@ -17,8 +17,6 @@ The GPU clock says how fast the kernels are; the other two say what a caller
 sees.  A ratio that moves between the clocks is the host's share.
 """
 
-import argparse
-import json
 import math
 import time
 
@@ -40,12 +38,9 @@ def _host_us(call, n_inputs, calls=200):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("graphs", nargs="+")
-    ap.add_argument("--dims", default="32,64,128,256")
-    ap.add_argument("--json")
-    ap.add_argument("--markdown")
-    args = ap.parse_args()
+    from _sweep import graph_args  # tools/
+
+    args = graph_args(__doc__)
 
     import cupy as cp
     import cupyx.scipy.sparse as csp
@@ -53,6 +48,7 @@ def main():
     import tcgnn_py as tg
     from tcgnn_py.bench import CSR_ALG2, CSR_ALG3, CusparseRowMajor, resolve_graph
     from tcgnn_py.bench._timing import time_back_to_back, time_queued, time_rotating
+    from _sweep import write_outputs  # tools/
 
     rows, lines = [], []
     head = ("| graph | D | clock | ours µs | ALG2 µs | ALG3 µs | best cuSPARSE / ours |\n"
@@ -95,12 +91,7 @@ def main():
         gm = math.exp(sum(map(math.log, r)) / len(r))
         summary.append(f"{clock}: geomean {gm:.3f}×, {sum(v < 1 for v in r)} of {len(r)} below 1.0×, worst {min(r):.2f}×")
     print("\n".join(summary))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"rows": rows, "summary": summary}, f, indent=1)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(head + "\n" + "\n".join(lines) + "\n\n" + "\n".join(f"- {s}" for s in summary) + "\n")
+    write_outputs(args, head, lines, rows, summary)
 
 
 if __name__ == "__main__":

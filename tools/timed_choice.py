@@ -12,9 +12,6 @@ of a call that plans its launch: statistics only, then with the timing) and
 the launch that won.  Every launch is checked exact on small-integer data first.
 """
 
-import argparse
-import json
-import math
 import time
 
 import numpy as np
@@ -30,56 +27,34 @@ def _first_call_ms(call):
     return 1e3 * (time.perf_counter() - t0)
 
 
-def _geomean(r):
-    return math.exp(sum(map(math.log, r)) / len(r))
-
-
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("graphs", nargs="+")
-    ap.add_argument("--dims", default="32,64,128,256")
-    ap.add_argument("--json")
-    ap.add_argument("--markdown")
-    args = ap.parse_args()
+    from _sweep import graph_args  # tools/
 
-    import cupy as cp
-    import cupyx.scipy.sparse as csp
+    args = graph_args(__doc__)
 
     import tcgnn_py as tg
     from tcgnn_py import _ops
-    from tcgnn_py.bench import CSR_ALG2, CSR_ALG3, CusparseRowMajor, resolve_graph
-    from tcgnn_py.bench._timing import time_queued, time_rotating
+    from _sweep import cusparse_clocks, geomean_summary, int_graph, int_operands, ours_clocks, write_outputs  # tools/
 
     head = ("| graph | D | cuSPARSE GPU-only µs | statistics µs | timed µs | cuSPARSE from idle µs | statistics µs |"
             " timed µs | GPU-only ratio: statistics / timed | from idle: statistics / timed | first call ms:"
-            " statistics / timed | timed launch (slices, cp.async, in-launch sums, blocks per step, dense values) |\n" + "|---" * 12 + "|")
+            " statistics / timed | timed launch (slices, cp.async, in-launch sums, blocks per step,"
+            " dense values) |\n"
+            + "|---" * 12 + "|")
     print(head, flush=True)
     rows, lines = [], []
     rng = np.random.default_rng(0)
     for spec in args.graphs:
-        name, A = resolve_graph(spec)
-        A = A.astype(np.float32)
-        A.sum_duplicates()
-        A.data[:] = rng.integers(1, 4, A.nnz)
-        Ad = csp.csr_matrix(A)
+        name, A, Ad = int_graph(spec, rng)
         for D in (int(d) for d in args.dims.split(",")):
-            Xs = [cp.asarray(rng.integers(-4, 5, (A.shape[1], D)).astype(np.float32)) for _ in range(4)]
-            Y = cp.empty((A.shape[0], D), cp.float32)
-            ref = Ad @ Xs[0]
-            cs = [CusparseRowMajor(Ad, Xs, Y, alg) for alg in (CSR_ALG2, CSR_ALG3)]
-            row = {"graph": name, "nnz": int(A.nnz), "D": D,
-                   "cusparse": {"gpu": min(1e3 * time_queued(c, 4) for c in cs),
-                                "idle": min(1e3 * time_rotating(c, 4, 20, 3) for c in cs)}}
-            for c in cs:
-                c.close()
+            Xs, Y, ref = int_operands(A, Ad, D, rng)
+            row = {"graph": name, "nnz": int(A.nnz), "D": D, "cusparse": cusparse_clocks(Ad, Xs, Y)}
             for mode, timed in (("statistics", False), ("timed", True)):
                 _ops.set_tuning(vec_timed_choice=timed)
                 T = tg.TiledMatrix(A)  # a fresh tiling: nothing planned yet
                 first = _first_call_ms(lambda: tg.spmm(T, Xs[0], out=Y))
                 assert bool((Y == ref).all()), (name, D, mode)  # synchronize!
-                call = lambda i: tg.spmm(T, Xs[i], out=Y)  # noqa: E731
-                row[mode] = {"gpu": 1e3 * time_queued(call, 4), "idle": 1e3 * time_rotating(call, 4, 20, 3),
-                             "first_ms": first}
+                row[mode] = dict(ours_clocks(lambda i: tg.spmm(T, Xs[i], out=Y)), first_ms=first)
                 if timed:
                     ms = next(v for k, v in T.tiling._cache.items() if isinstance(k, tuple) and k[0] == "vec_timed")
                     won = list(ms)[_ops.pick_fastest(list(ms.values()))]
@@ -94,19 +69,9 @@ def main():
             print(line, flush=True)
             rows.append(row)
             lines.append(line)
-    summary = []
-    for clock, label in (("gpu", "GPU-only"), ("idle", "from idle")):
-        for mode in ("statistics", "timed"):
-            r = [x["cusparse"][clock] / x[mode][clock] for x in rows]
-            summary.append(f"{label}, {mode}: geomean {_geomean(r):.3f}× over the best cuSPARSE call,"
-                           f" {sum(v < 1 for v in r)} of {len(r)} below 1.0×, worst {min(r):.2f}×")
+    summary = geomean_summary(rows, ("statistics", "timed"))
     print("\n".join(summary))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"rows": rows, "summary": summary}, f, indent=1)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(head + "\n" + "\n".join(lines) + "\n\n" + "\n".join(f"- {s}" for s in summary) + "\n")
+    write_outputs(args, head, lines, rows, summary)
 
 
 if __name__ == "__main__":
