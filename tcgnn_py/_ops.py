@@ -259,7 +259,9 @@ TUNING = {
     "vec_async_unroll": 4,  # blocks per cp.async step
     "vec_round_x": True,  # experiment: False feeds raw float bits of X to the MMA (truncation); sweeps only
     "vec_prefetch_values": True,  # cp.async vector kernel: values loaded one step ahead (sweep: 2-4 % faster)
-    "vec_timed_choice": True,  # float32 vector SpMM: time the bit-identical launches once, keep the fastest
+    # float32 vector SpMM: time the bit-identical launches once and keep the fastest; this overrides the slices,
+    # gathers and combine settings above (False pins them: sweeps, tests)
+    "vec_timed_choice": True,
     "vec_dense_values": False,  # the statistics' launch reads dense values (vec_dense_values); a timed candidate
     "half_ks": 1,  # 16-bit vector SpMM: k16 chunks (4 blocks each) per cp.async step
     "half_stages": 2,  # 16-bit vector SpMM: steps in flight per warp
@@ -827,7 +829,8 @@ def _vec_candidates(tiling, D, vec):
     split windows are summed in part order by either the launch or the fixup:
     the results are bit-identical whichever wins (a GPU test checks it).
     Candidates: 32 or 64 features per warp; cp.async gathers of 4 or 2 blocks
-    per step, or register gathers; in-launch sums or the fixup launch.
+    per step (values through the block's mask, or dense with 4), or register
+    gathers; in-launch sums or the fixup launch.
     """
     from .kernels import products as kp
 
@@ -838,7 +841,7 @@ def _vec_candidates(tiling, D, vec):
     if _async_rows(D, vec):
         ua = TUNING["vec_async_unroll"]
         gathers = [(True, u, False) for u in dict.fromkeys((ua, 2))] + gathers
-        if tiling.n_blocks * 32 * 4 <= VEC_DENSE_BYTES_MAX:
+        if tiling.n_blocks * 32 * 4 <= VEC_DENSE_BYTES_MAX and TUNING["vec_round_x"]:  # compiled rounding X
             gathers.insert(1, (True, ua, True))
     out = [default]
     for slices in (1, 2) if D > 32 else (1,):
@@ -919,11 +922,12 @@ def _vec_timed(cp, tiling, dtype, D, vec, values, X, Y):
     """
     from .kernels.timing import time_round_robin
 
+    if tiling.n_blocks * D > VEC_TIMED_MAX_WORK or cp.cuda.get_current_stream().is_capturing():
+        return _vec_launch(cp, tiling, dtype, D, vec)
     choices = _vec_candidates(tiling, D, vec)
     scratch = {}  # one set of partial tiles for all candidates (same partition), not one each
     launches = [_vec_launch(cp, tiling, dtype, D, vec, choice=c, scratch=scratch) for c in choices]
-    if (len(launches) == 1 or tiling.n_blocks * D > VEC_TIMED_MAX_WORK
-            or cp.cuda.get_current_stream().is_capturing()):
+    if len(launches) == 1:
         return launches[0]
     ms = time_round_robin([functools.partial(_run_spmm, cp, launch, tiling, values, X, Y, dtype)
                            for launch in launches], VEC_TIMED_ROUNDS)

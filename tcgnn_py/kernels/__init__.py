@@ -22,6 +22,9 @@ once per process and device through :func:`registry.get_kernel`:
     CUDA-core SpMM and SDDMM in the data's own precision, any tile shape.
 ``"nn"`` (:mod:`.nn`)
     Training helpers of :mod:`tcgnn_py.nn` (a fused Adam step).
+``"timing"`` (:mod:`.timing`)
+    A spin kernel that holds a stream while the host queues launches to time
+    (the products' timed launch choice, the benchmarks' GPU-only clock).
 
 Packages above may register their own families (the benchmarks' baseline
 SDDMM does, from :mod:`tcgnn_py.bench`); :func:`registry.families` lists them
