@@ -237,3 +237,38 @@ def test_launcher_stops_the_others_when_a_rank_fails(tmp_path):
         rc = launch([sys.executable, str(prog)], 3, master_port=0, grace=2, log=f)
     assert rc == 3 and time.monotonic() - t0 < 30
     assert "rank 1 exited with code 3; stopping the other ranks" in log.read_text()
+
+
+def test_nccl_communicator_is_torn_down_once():
+    """The rank's thread, the watchdog, a failing peer and the group's teardown may all abort one rank at once.
+
+    CuPy's abort / destroy release the GIL in the NCCL call and forget the handle after it: two concurrent
+    calls freed it twice (heap corruption at exit on 2 H200s). Here the NCCL call takes time, and only one
+    call must reach the communicator, whatever the mix."""
+    from tcgnn_py.distributed._context import _NcclContext
+
+    class SlowComm:
+        def __init__(self):
+            self.calls = []
+
+        def abort(self):
+            self.calls.append("abort")
+            time.sleep(0.05)  # the GIL is free meanwhile, as in CuPy
+
+        def destroy(self):
+            self.calls.append("destroy")
+
+    ctx = _NcclContext.__new__(_NcclContext)  # no GPU: the teardown state only
+    dist.Context.__init__(ctx, 0, 2, 1.0)
+    ctx.comm, ctx._host_barrier, ctx._wake, ctx._stop = SlowComm(), None, False, threading.Event()
+    ctx._init_teardown()
+    threads = [threading.Thread(target=ctx.abort, args=(dist.DistributedError(f"from {i}"),)) for i in range(4)]
+    threads += [threading.Thread(target=ctx._abort_comm) for _ in range(2)]
+    for t in threads:
+        t.start()
+    ctx.close()
+    for t in threads:
+        t.join()
+    ctx.close()
+    assert len(ctx.comm.calls) == 1  # abort, or destroy where close() came first
+    assert str(ctx.failed).startswith("from ")  # the first error recorded stays

@@ -230,6 +230,7 @@ class _NcclContext(Context):
         self.xp = cupy
         self.device = int(device)
         self.comm = comm
+        self._init_teardown()
         self._thread = threading.get_ident()  # the rank's thread, woken by the watchdog
         self._wake = True  # False once that thread has left the rank's program
         self._pending = None  # (event after the last collective, when it was issued)
@@ -340,11 +341,9 @@ class _NcclContext(Context):
         ev.record()
         t0 = time.monotonic()
         while not ev.done:  # synchronize! (polled: a blocking wait could not be interrupted)
-            if self.failed is None and time.monotonic() - t0 > self.timeout:
-                err = DistributedTimeoutError(
+            if self.failed is None and time.monotonic() - t0 > self.timeout and self._fail(DistributedTimeoutError(
                     f"rank {self.rank}: an NCCL collective did not finish within {self.timeout:g} s "
-                    "(a peer rank died, stalled or issued different collectives); the communicator was aborted")
-                self.failed = err
+                    "(a peer rank died, stalled or issued different collectives); the communicator was aborted")):
                 # Abort off this thread: the caller gets the error even if the abort itself lingers.
                 t = threading.Thread(target=self._abort_comm, daemon=True)
                 t.start()
@@ -353,21 +352,41 @@ class _NcclContext(Context):
             time.sleep(0.0005)
         self._check()
 
+    # The communicator is torn down once, by whichever of the rank's thread, the watchdog, a failing peer
+    # rank or the group's teardown gets there first. CuPy's abort / destroy release the GIL around the NCCL
+    # call and forget the handle only after it returns: two concurrent calls would free it twice.
+    def _init_teardown(self):
+        self._teardown_lock = threading.Lock()
+        self._torn_down = False
+        self._failed_lock = threading.Lock()
+
+    def _teardown(self, how):
+        """``comm.abort()`` or ``comm.destroy()``, the first time only (later calls wait for it, then return)."""
+        with self._teardown_lock:
+            if self._torn_down:
+                return
+            self._torn_down = True
+            try:
+                getattr(self.comm, how)()
+            except Exception:  # noqa: BLE001 -- the peer is gone; nothing is left to free
+                pass
+
+    def _fail(self, error):
+        """Record the group's first error; True for the caller that recorded it."""
+        with self._failed_lock:
+            if self.failed is not None:
+                return False
+            self.failed = error
+            return True
+
     def _abort_comm(self):
-        try:
-            self.comm.abort()
-        except Exception:  # noqa: BLE001 -- already torn down
-            pass
+        self._teardown("abort")
 
     def abort(self, error=None):
-        if self.failed is None:
-            self.failed = error or DistributedError(f"rank {self.rank}: the group was aborted")
+        if self._fail(error or DistributedError(f"rank {self.rank}: the group was aborted")):
             if self._host_barrier is not None:
                 self._host_barrier.abort()
-            try:
-                self.comm.abort()  # NCCL kernels waiting on a dead peer exit; the rank's stream moves on
-            except Exception:  # noqa: BLE001 -- already torn down
-                pass
+            self._teardown("abort")  # NCCL kernels waiting on a dead peer exit; the rank's stream moves on
             if self._wake and threading.get_ident() != self._thread:
                 _raise_in_thread(self._thread, self.failed)
 
@@ -375,10 +394,7 @@ class _NcclContext(Context):
         """Stop the watchdog and free the communicator (after the rank's last collective)."""
         self._stop.set()
         if self.failed is None:
-            try:
-                self.comm.destroy()
-            except Exception:  # noqa: BLE001
-                pass
+            self._teardown("destroy")
 
 
 # --- entry points ---------------------------------------------------------------------------
