@@ -5,12 +5,18 @@ import numpy as np
 from tcgnn_py.bench import CSR_ALG2, CSR_ALG3, CusparseRowMajor, resolve_graph, time_rotating
 
 
-def load_graph(spec, rng):
-    """``(name, A, Ai)``: A as canonical float32 CSR, and Ai with its pattern and values in +-[1, 4] (exact tests)."""
+def _canonical(spec):
+    """``(name, A)``: the graph as canonical float32 CSR (duplicates summed, indices sorted)."""
     name, A = resolve_graph(spec)
     A = A.astype(np.float32)
     A.sum_duplicates()
     A.sort_indices()
+    return name, A
+
+
+def load_graph(spec, rng):
+    """``(name, A, Ai)``: A as canonical float32 CSR, and Ai with its pattern and values in +-[1, 4] (exact tests)."""
+    name, A = _canonical(spec)
     Ai = A.copy()
     Ai.data[:] = rng.integers(1, 5, Ai.nnz) * rng.choice([-1, 1], Ai.nnz)
     return name, A, Ai
@@ -30,9 +36,7 @@ def int_graph(spec, rng):
     """``(name, A, Ad)``: canonical float32 CSR with values in [1, 3] (products exact in TF32), and its CuPy copy."""
     import cupyx.scipy.sparse as csp
 
-    name, A = resolve_graph(spec)
-    A = A.astype(np.float32)
-    A.sum_duplicates()
+    name, A = _canonical(spec)
     A.data[:] = rng.integers(1, 4, A.nnz)
     return name, A, csp.csr_matrix(A)
 

@@ -30,11 +30,6 @@ from tcgnn_py.bench import resolve_graph
 from tcgnn_py.bench._baselines import CSR_ALG2, CSR_ALG3, CusparseRowMajor
 from tcgnn_py.bench._timing import time_queued, time_rotating
 
-def gpu_time(fn, n_inputs=4, calls=20, batches=5):
-    """Milliseconds of GPU time per call: ``calls`` calls queued behind a spin kernel, median of batches."""
-    return time_queued(fn, n_inputs, calls=calls, repeat=batches)
-
-
 DEFAULT = ["cora", "pubmed", "citeseer", "ppi_homo_sapiens", "wiki_vote", "as_22july06", "facebook", "astro_ph",
            "blogcatalog3", "wikipedia_pos", "deezer_europe", "facebook_pagepage", "proteins_full", "wing",
            "fe_4elt2", "lastfm_asia", "ss_bcsstk13", "email_eu_core"]
@@ -104,7 +99,7 @@ def main(argv=None):
                 Y = cp.empty((A.shape[0], D), cp.float32)
                 cs = [CusparseRowMajor(Ad, Xs, Y, alg) for alg in (CSR_ALG2, CSR_ALG3)]
                 t, call = {}, {}
-                t["cusparse"] = min(gpu_time(c, calls=a.repeat) for c in cs)
+                t["cusparse"] = min(time_queued(c, 4, calls=a.repeat, repeat=5) for c in cs)
                 want = (Ad @ Xs[0]).get()
                 for key, T, X, prec in (("vec16", TV, Xh, "fp16"), ("sp16", T24, Xh, "fp16"),
                                         ("vec32", TV, Xs, "tf32"), ("tc32", TC, Xs, "tf32"), ("sp32", T12, Xs, None)):
@@ -113,7 +108,7 @@ def main(argv=None):
                     ref = (Ad @ X[0].astype(cp.float32)).get()
                     err = np.linalg.norm(Y.get() - ref) / max(np.linalg.norm(ref), 1e-30)
                     assert err < 2e-3, (name, order, D, key, err)
-                    t[key] = gpu_time(f, calls=a.repeat)
+                    t[key] = time_queued(f, 4, calls=a.repeat, repeat=5)
                     call[key] = time_rotating(f, 4, a.repeat)
                 for c in cs:
                     c.close()
