@@ -323,17 +323,19 @@ def _stream_scratch(store, kind, make):
     return buf
 
 
-def _bound(kernel, grid, block, smem, head, tail, partial):
-    """``f(values, X, Y)``: ``kernel(head + (values, X, Y, partial or Y) + tail)`` through the driver.
+def _bound(kernel, grid, block, smem, head, tail, partial, n_extra=0):
+    """``f(values, X, Y, *extra)``: ``kernel(head + (values, X, Y, partial or Y) + tail + extra)`` through the driver.
 
-    The parameters are set once (:class:`.kernels.driver.BoundLaunch`); a call writes the three operands'
-    addresses and launches on the stream current now (hot-path entries are kept per stream).
+    The parameters are set once (:class:`.kernels.driver.BoundLaunch`); a call writes the operands'
+    addresses (``n_extra`` device arrays after the tail) and launches on the stream current now (hot-path
+    entries are kept per stream).
     """
     from .kernels.driver import BoundLaunch
 
     n = len(head)
-    args = head + (None, None, None, partial) + tail
+    args = head + (None, None, None, partial) + tail + (None,) * n_extra
     variable = (n, n + 1, n + 2) if partial is not None else (n, n + 1, (n + 2, n + 3))  # Y is the partial too
+    variable += tuple(range(len(args) - n_extra, len(args)))
     return BoundLaunch(kernel.kernel.ptr, grid, block, args, variable, get_cupy().cuda.get_current_stream().ptr,
                        smem)
 
@@ -444,9 +446,11 @@ class VecSpmmLaunch(NamedTuple):
         return _stream_scratch(self.counters, ("partial", np.dtype(dtype).char, D),
                                lambda: get_cupy().empty((self.n_slots, 8, D), dtype=dtype))
 
-    def bind(self, tiling, dtype, M, D):
-        """``f(values, X, Y)``: this launch with everything but the operands fixed (current stream's scratch)."""
-        return _bound(self.kernel, self.grid, self.block, self.smem, *self._fixed(tiling, M, D), self.partial(dtype, D))
+    def bind(self, tiling, dtype, M, D, n_extra=0):
+        """``f(values, X, Y, *extra)``: this launch with everything but the operands fixed (current stream's
+        scratch); ``n_extra`` device arrays follow the sizes (the 16-bit kernel's unscale)."""
+        return _bound(self.kernel, self.grid, self.block, self.smem, *self._fixed(tiling, M, D),
+                      self.partial(dtype, D), n_extra)
 
 
 def _spmm_gpu(tiling, values, X, dtype, mode, out, casts):
@@ -490,11 +494,14 @@ def _run_spmm(cp, launch, tiling, values, X, Y, dtype):
 # depends only on the operands' signatures (shapes, strides, dtypes, 16-byte alignment), the stream, the
 # device and the tuning, so the first call of a signature caches a closure that only allocates the result
 # and launches; later calls with the same signature go straight to it.  The cache lives on the tiling
-# (matrices from ``with_values`` share it: the values are an argument).
+# (matrices from ``with_values`` share it: a product's closure takes the matrix, for its values and casts).
 
 
-#: Precisions the hot paths serve: the default and an explicit "tf32" resolve to the same launch.
-HOT_PRECISIONS = (None, "tf32")
+#: Precisions the SpMM hot paths serve: the default, and the explicit precision the default resolves to for
+#: the operands ("tf32" for float32 X, "fp16" / "bf16" for 16-bit X on the vector layout).
+HOT_PRECISIONS = (None, "tf32", "fp16", "bf16")
+#: Precisions the SDDMM hot path serves (float32 operands).
+HOT_SDDMM_PRECISIONS = (None, "tf32")
 
 
 def hot_key(values, X, out, precision=None):
@@ -508,15 +515,21 @@ def hot_key(values, X, out, precision=None):
 
 
 def spmm_bind(tiling, values, X, out, precision=None):
-    """``f(values, X, out) -> Y`` for ``A @ X`` with operands like these, or None when not cacheable.
+    """``f(T, X, out) -> Y`` for ``T @ X`` with operands like these, or None when not cacheable.
 
-    Cacheable: a float32 product on tensor cores (``precision`` None or "tf32") with
-    a C-contiguous 2-D float32 X and values (one launch, or two with a fixup).
+    ``T`` is a matrix on ``tiling`` whose values have ``values``' dtype (its values and casts are read
+    per call).  Cacheable, with a C-contiguous 2-D X and ``out`` and one launch (or two with a fixup):
+    a float32 product on TF32 tensor cores (float32 X and values), and a 16-bit X on the vector layout's
+    16-bit MMAs whose result the kernel writes itself (see :func:`_half_bind`).
     Call it after the slow path ran once (the launch is then cached).
     """
-    if X.ndim != 2 or X.dtype != _F32 or values.dtype != _F32 or not X.flags.c_contiguous:
+    if X.ndim != 2 or not X.flags.c_contiguous:
         return None
-    if out is not None and (out.dtype != _F32 or not out.flags.c_contiguous or out.ndim != 2):
+    if out is not None and (not out.flags.c_contiguous or out.ndim != 2):
+        return None
+    if is_half(X.dtype):
+        return _half_bind(tiling, values, X, out, precision)
+    if X.dtype != _F32 or values.dtype != _F32 or (out is not None and out.dtype != _F32):
         return None
     M, D = tiling.shape[0], X.shape[1]
     if M == 0 or D == 0 or resolve_precision(precision, _F32, tiling.tile_shape, X.dtype) != "tf32":
@@ -535,21 +548,60 @@ def spmm_bind(tiling, values, X, out, precision=None):
 
     shape, ndarray = (M, D), cp.ndarray
     if launch.fixup is None:
-        def f(values, X, out):
+        def f(T, X, out):
             Y = ndarray(shape, _F32) if out is None else out  # cupy.empty without its wrapper
-            run(values, X, Y)
+            run(T._values, X, Y)
             return Y
 
         return f
     fixup = launch.fixup.bind(launch.partial(_F32, D), M, D, tiling.layout.window)
 
-    def f2(values, X, out):
+    def f2(T, X, out):
         Y = ndarray(shape, _F32) if out is None else out
-        run(values, X, Y)
+        run(T._values, X, Y)
         fixup(Y)
         return Y
 
     return f2
+
+
+def _half_bind(tiling, values, X, out, precision):
+    """:func:`spmm_bind` for a 16-bit X: the vector layout's 16-bit SpMM, or None.
+
+    Cacheable where the slow path makes no copy: the product runs on the 16-bit MMAs
+    (not the N:M layouts', nor TF32 on widened X) and its kernel writes the result's dtype
+    (float32, or X's type).  Per call the closure takes the matrix's 16-bit values
+    (:func:`_half_values`, cached on the matrix) and launches.
+    """
+    xdt = X.dtype
+    dtype = result_dtype(values.dtype, xdt) if out is None else out.dtype
+    M, D = tiling.shape[0], X.shape[1]
+    if M == 0 or D == 0 or tiling.tile_shape != _VEC_TILE or tiling.layout.pattern is not None:
+        return None
+    if resolve_precision(precision, dtype, tiling.tile_shape, xdt) not in _HALF_MODES:
+        return None
+    if dtype not in (_F32, xdt):  # the slow path computes in float32 and rounds into a copy
+        return None
+    cp = get_cupy()
+    # A new result comes from the memory pool, 256-byte aligned, as the slow path's did.
+    aligned = D % 8 == 0 and X.data.ptr % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
+    launch = tiling._cache.get(("half_launch", xdt.name, values.dtype != xdt, dtype.name, D, aligned,
+                                _TUNING_VERSION[0]))
+    if not isinstance(launch, VecSpmmLaunch):
+        return None
+    run = launch.bind(tiling, _F32, M, D, n_extra=1)  # float32 partial tiles; the values' unscale per call
+    fixup = launch.fixup.bind(launch.partial(_F32, D), M, D, tiling.layout.window) if launch.fixup else None
+    shape, ndarray, key = (M, D), cp.ndarray, ("half_values", xdt.name)
+
+    def f(T, X, out):
+        hv = T._casts.get(key) or _half_values(T._values, xdt, T._casts)  # (split, values, unscale)
+        Y = ndarray(shape, dtype) if out is None else out
+        run(hv[1], X, Y, hv[2])
+        if fixup is not None:
+            fixup(Y)
+        return Y
+
+    return f
 
 
 def sddmm_bind(tiling, values, Xa, Xb, multiply_values, precision=None):

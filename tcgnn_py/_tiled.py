@@ -9,6 +9,7 @@ from . import _reference as ref
 from ._device import DeviceMismatchError, array_module, get_cupy, is_cupy_array, to_host, use_gpu
 from ._ops import (
     HOT_PRECISIONS,
+    HOT_SDDMM_PRECISIONS,
     MISMATCH,
     _overlap,
     as_operand,
@@ -308,7 +309,7 @@ class TiledMatrix:
         if is_cupy_array(other):
             f = self._hot.get(hot_key(self._values, other, None))
             if f is not None:  # a signature seen before: allocate and launch
-                return f(self._values, other, None)
+                return f(self, other, None)
         elif isscalarlike(other):
             raise ValueError("Scalar operands are not allowed, use '*' instead")
         return self._matmul_dispatch(other)
@@ -460,7 +461,7 @@ def spmm(T, X, out=None, *, precision=None):
         if precision in HOT_PRECISIONS and (out is None or is_cupy_array(out) and not _overlap(out, X)):
             f = T._hot.get(hot_key(T._values, X, out, precision))
             if f is not None:  # a signature seen before: allocate (or take out) and launch
-                return f(T._values, X, out)
+                return f(T, X, out)
     elif isscalarlike(X):
         raise ValueError("Scalar operands are not allowed, use '*' instead")
     return T._matmul_dispatch(X, out=out, precision=precision)
@@ -501,7 +502,7 @@ def sddmm(T, Xa, Xb=None, *, multiply_values=False, precision=None):
     if not isinstance(T, TiledMatrix):
         raise TypeError(f"sddmm expects a TiledMatrix, got {type(T).__name__}")
     hot = None
-    if precision in HOT_PRECISIONS and is_cupy_array(Xa) and (Xb is None or is_cupy_array(Xb)):
+    if precision in HOT_SDDMM_PRECISIONS and is_cupy_array(Xa) and (Xb is None or is_cupy_array(Xb)):
         hot = ("sddmm", bool(multiply_values), hot_key(T._values, Xa, Xb, precision))
         f = T._hot.get(hot)
         if f is not None:  # a signature seen before: allocate and launch

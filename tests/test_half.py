@@ -291,3 +291,41 @@ def test_bfloat16_through_dlpack_with_jax(cp):
         np.testing.assert_array_equal(Y.get(), exact(A, X, ydt))
         back = jnp.from_dlpack(Y)
         assert back.dtype == jnp.dtype(ydt)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("xt", HALVES)
+def test_half_hot_path_matches_the_first_call(cp, half_kernel, xt):
+    """The second call of a signature takes the cached launch (allocate, launch): the same bits as the first.
+
+    Covers ``T @ X``, ``spmm(out=)`` into float32 and X's type, the explicit precision, a
+    float32 and a 16-bit matrix, split windows (hub row), and a matrix made by ``with_values``
+    on the same tiling: the cached launch reads the matrix it is called on, not the first one.
+    """
+    rng = np.random.default_rng()
+    A = int_matrix(rng, 1000, 1000)
+    A = sp.csr_array(sp.vstack([sp.csr_array(np.ones((1, 1000))), A[1:]]))  # a hub row: split windows
+    A.sum_duplicates()  # canonical: with_values below takes values in this order
+    prec = {F16: "fp16", BF16: "bf16"}[xt]
+    for mdt in (F32, xt):
+        T = tg.TiledMatrix(A, dtype=mdt, layout="vector")
+        for D in (17, 64):
+            X = cp.asarray(ints(rng, (1000, D), xt))
+            Xh = X.get()
+            n = len(T._hot)
+            first, second = T @ X, T @ X
+            assert len(T._hot) == n + 1, "the first call cached its launch"
+            want = exact(A, Xh, first.dtype)
+            np.testing.assert_array_equal(first.get(), want)
+            np.testing.assert_array_equal(second.get(), want)
+            for ydt in (F32, xt):
+                for precision in (None, prec):
+                    a, b = poisoned(cp, T, X, ydt, precision), poisoned(cp, T, X, ydt, precision)
+                    np.testing.assert_array_equal(a, exact(A, Xh, ydt).astype(np.float64))
+                    np.testing.assert_array_equal(b, a)
+            # A matrix sharing the tiling, with other values of the same type: its own values are read.
+            B = A.copy()
+            B.data = rng.integers(-4, 5, B.nnz).astype(np.float64)
+            T2 = T.with_values(cp.asarray(B.data.astype(mdt)))
+            np.testing.assert_array_equal((T2 @ X).get(), exact(B, Xh, first.dtype))
+            np.testing.assert_array_equal(poisoned(cp, T2, X, F32), exact(B, Xh, F32).astype(np.float64))

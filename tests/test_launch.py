@@ -74,3 +74,32 @@ def test_a_failed_driver_launch_raises():
     assert float(y[0]) == 1.0  # synchronize!
     with pytest.raises(Exception, match="INVALID_VALUE|invalid"):
         BoundLaunch(k.kernel.ptr, 1, 4096, [None], (0,), stream)(y)
+
+
+def test_bound_launch_extra_slots(monkeypatch):
+    """The hot paths' bound launch writes each operand's address, the 16-bit kernel's unscale last."""
+    import types
+
+    from tcgnn_py import _ops
+    from tcgnn_py.kernels import driver
+
+    seen = []
+
+    def fake_launch(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        import ctypes
+
+        ptrs = (ctypes.c_void_p * n_args).from_address(params)
+        seen.append([ctypes.c_int64.from_address(p).value for p in ptrs])
+
+    monkeypatch.setattr(driver, "_cuda", lambda: fake_launch)
+    monkeypatch.setattr(_ops, "get_cupy", lambda: types.SimpleNamespace(
+        cuda=types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=99))))
+    arr = lambda p: types.SimpleNamespace(data=types.SimpleNamespace(ptr=p))  # noqa: E731
+    kernel = types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=7))
+    head, tail = (arr(1), arr(2)), (np.int32(5), np.int32(6))
+    n_args = len(head) + 4 + len(tail) + 1
+    _ops._bound(kernel, (3,), (128,), 0, head, tail, arr(40), n_extra=1)(arr(10), arr(20), arr(30), arr(50))
+    assert seen[-1] == [1, 2, 10, 20, 30, 40, 5, 6, 50]
+    # Without partial tiles Y is the partial too.
+    _ops._bound(kernel, (3,), (128,), 0, head, tail, None, n_extra=1)(arr(10), arr(20), arr(30), arr(50))
+    assert seen[-1] == [1, 2, 10, 20, 30, 30, 5, 6, 50]
