@@ -519,14 +519,19 @@ def spmm_bind(tiling, values, X, out, precision=None):
 
     ``T`` is a matrix on ``tiling`` whose values have ``values``' dtype (its values and casts are read
     per call).  Cacheable, with a C-contiguous 2-D X and ``out`` and one launch (or two with a fixup):
-    a float32 product on TF32 tensor cores (float32 X and values), and a 16-bit X on the vector layout's
-    16-bit MMAs whose result the kernel writes itself (see :func:`_half_bind`).
+    a float32 product on TF32 tensor cores (float32 X and values), a 16-bit X on the vector layout's
+    16-bit MMAs whose result the kernel writes itself (see :func:`_half_bind`), and the N:M layouts'
+    ``mma.sp`` products (``_sparse_tc.sp_bind``).
     Call it after the slow path ran once (the launch is then cached).
     """
     if X.ndim != 2 or not X.flags.c_contiguous:
         return None
     if out is not None and (not out.flags.c_contiguous or out.ndim != 2):
         return None
+    if tiling.layout.pattern is not None:  # the N:M layouts' mma.sp kernels
+        from ._sparse_tc import sp_bind
+
+        return sp_bind(tiling, values, X, out, precision)
     if is_half(X.dtype):
         return _half_bind(tiling, values, X, out, precision)
     if X.dtype != _F32 or values.dtype != _F32 or (out is not None and out.dtype != _F32):

@@ -34,15 +34,19 @@ from ._ops import (
     _TUNING_VERSION,
     TUNING,
     VEC_UNITS_PER_WINDOW_MAX,
+    _HALF_MODES,
     Fixup,
+    _bound,
     _half_values,
     _stream_scratch,
     _values_as,
+    resolve_precision,
     result_and_operand,
+    result_dtype,
     spmm_plan,
 )
 
-__all__ = ["sp_meta", "sp_values", "spmm_sp", "pack_structure", "pack_values"]
+__all__ = ["sp_meta", "sp_values", "spmm_sp", "sp_bind", "pack_structure", "pack_values"]
 
 _F32 = np.dtype(np.float32)
 
@@ -227,3 +231,45 @@ def spmm_sp(tiling, values, X, dtype, out, casts):
     if launch.fixup is not None:
         launch.fixup.run(partial, Y, M, D, 16)
     return Y
+
+
+def sp_bind(tiling, values, X, out, precision=None):
+    """The hot path of :func:`spmm_sp` (see ``_ops.spmm_bind``): ``f(T, X, out) -> Y``, or None.
+
+    Cacheable where the slow path passes X as it is and its kernel writes the result: 16-bit X
+    on ``"2:4"`` into float32 or X's type, float32 X on ``"1:2"`` into float32.  Per call the
+    closure takes the matrix's compressed values (:func:`sp_values`, cached on the matrix).
+    """
+    xdt = X.dtype
+    dtype = result_dtype(values.dtype, xdt) if out is None else out.dtype
+    M, D = tiling.shape[0], X.shape[1]
+    if M == 0 or D == 0:
+        return None
+    mode = resolve_precision(precision, dtype, tiling.tile_shape, xdt, tiling.layout.pattern)
+    if not (mode in _HALF_MODES and dtype in (_F32, xdt) or mode == "tf32" and xdt == _F32 and dtype == _F32):
+        return None  # the slow path widens X or rounds the result into a copy
+    split = tiling.layout.pattern != (1, 2) and values.dtype != xdt  # as sp_values: (hi, lo) pairs or not
+    # A new result comes from the memory pool, 256-byte aligned, as the slow path's did.
+    aligned = D % 8 == 0 and X.data.ptr % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
+    launch = tiling._cache.get(("sp_launch", xdt.name, split, dtype.name, D, aligned, _TUNING_VERSION[0]))
+    if not isinstance(launch, SpLaunch):
+        return None
+    cp, key = get_cupy(), ("sp_values", xdt.name)
+    meta, _ = sp_meta(tiling)
+    counters = launch.counters()
+    partial = launch.partial(D)
+    sizes = (np.int32(M), np.int32(D), np.int32(launch.n_slices), np.int32(launch.n_work))
+    run = _bound(launch.kernel, launch.grid, (128,), 0, (launch.units, launch.unit_k0, tiling.block_cols, meta),
+                 (counters if counters is not None else launch.unit_k0,) + sizes, partial, n_extra=1)
+    fixup = launch.fixup.bind(partial, M, D, 16) if launch.fixup is not None else None
+    shape, ndarray = (M, D), cp.ndarray
+
+    def f(T, X, out):
+        _, comp, unscale = T._casts.get(key) or sp_values(tiling, T._values, xdt, T._casts)
+        Y = ndarray(shape, dtype) if out is None else out
+        run(comp, X, Y, comp if unscale is None else unscale)
+        if fixup is not None:
+            fixup(Y)
+        return Y
+
+    return f
