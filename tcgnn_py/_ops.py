@@ -259,8 +259,8 @@ TUNING = {
     "vec_async_unroll": 4,  # blocks per cp.async step
     "vec_round_x": True,  # experiment: False feeds raw float bits of X to the MMA (truncation); sweeps only
     "vec_prefetch_values": True,  # cp.async vector kernel: values loaded one step ahead (sweep: 2-4 % faster)
-    # float32 vector SpMM: time the bit-identical launches once and keep the fastest; this overrides the slices,
-    # gathers and combine settings above (False pins them: sweeps, tests)
+    # vector SpMM (float32 and 16-bit X): time the bit-identical launches once and keep the fastest; this overrides
+    # the slices, gathers, combine and half_ks / half_stages settings (False pins them: sweeps, tests)
     "vec_timed_choice": True,
     "vec_dense_values": False,  # the statistics' launch reads dense values (vec_dense_values); a timed candidate
     "half_ks": 1,  # 16-bit vector SpMM: k16 chunks (4 blocks each) per cp.async step
@@ -730,7 +730,7 @@ def _spmm_half(tiling, hv, X, dtype, out):
     """``A @ X`` for a 16-bit X on the vector layout: m16n8k16 MMAs, float32 accumulation, one rounding."""
     cp = get_cupy()
     split, vals, unscale = hv
-    M, D = tiling.shape[0], X.shape[1]
+    D = X.shape[1]
     Y, X = result_and_operand(cp, tiling, X, dtype, out)
     if X is None:
         return Y
@@ -739,13 +739,23 @@ def _spmm_half(tiling, hv, X, dtype, out):
     launch = tiling._cache.get(key)
     if launch is None:
         half = (X.dtype.name, split, dtype.name)
-        launch = tiling.cached(key, lambda: _vec_launch(cp, tiling, dtype, D, aligned, half))
+        if TUNING["vec_timed_choice"]:
+            plan = lambda: _vec_timed(cp, tiling, dtype, D, aligned, vals, X, Y, half, unscale)  # noqa: E731
+        else:
+            plan = lambda: _vec_launch(cp, tiling, dtype, D, aligned, half)  # noqa: E731
+        launch = tiling.cached(key, plan)
+    _run_half(launch, tiling, vals, X, Y, unscale)
+    return Y
+
+
+def _run_half(launch, tiling, vals, X, Y, unscale):
+    """One call of a planned 16-bit SpMM launch (and its fixup) into Y."""
+    M, D = Y.shape
     buf = launch.partial(np.float32, D)
     partial = Y if buf is None else buf
     launch.run(tiling, vals, X, Y, partial, M, D, (unscale,))
     if launch.fixup is not None:
         launch.fixup.run(partial, Y, M, D, 8)
-    return Y
 
 
 def _spmm_launch(cp, tiling, mode, dtype, D, vec, operands=None):
@@ -836,6 +846,8 @@ class VecChoice(NamedTuple):
     combine: bool  # split windows summed inside the launch, else by the fixup launch
     unroll: int = 4  # blocks per step (their loads issued together; the MMAs pair the same blocks whatever it is)
     dense: bool = False  # values read dense, 32 per block (vec_dense_values): no metadata, one load per block
+    ks: int = 0  # 16-bit kernel: k16 chunks (4 blocks each) per step (0: TUNING["half_ks"])
+    stages: int = 0  # 16-bit kernel: steps in flight per warp (0: TUNING["half_stages"])
 
 
 def _vec_plan(tiling, bpu):
@@ -912,6 +924,34 @@ def _vec_candidates(tiling, D, vec):
     return out
 
 
+def _half_candidates(tiling, D, vec, half):
+    """The 16-bit vector SpMM launches the timed choice compares: the default first.
+
+    As :func:`_vec_candidates`, every candidate keeps the default's partition, and
+    the 16-bit kernel's compiled shapes (:data:`.kernels.products.VEC_HALF`: 32 or
+    64 features per warp, 1 or 2 k16 chunks per step, 2 or 3 steps in flight) only
+    change which warp computes an output and how far its loads run ahead: each
+    output is the same MMAs in the same order, and split windows are summed in part
+    order by the launch or by the fixup.  Unaligned rows have one compiled shape.
+    """
+    from .kernels import products as kp
+
+    default = _vec_choice(tiling, D, vec, half)
+    if not vec:
+        return [default]
+    default = default._replace(ks=TUNING["half_ks"], stages=TUNING["half_stages"])
+    has_splits = _vec_plan(tiling, default.bpu)["n_slots"] > 0
+    out = [default]
+    for slices, ks, stages in kp.VEC_HALF:
+        if slices > 1 and not (16 * slices < D and slices <= TUNING["vec_max_slices"]):
+            continue
+        for combine in (True, False) if has_splits else (False,):
+            c = default._replace(slices=slices, ks=ks, stages=stages, combine=combine)
+            if c not in out:
+                out.append(c)
+    return out
+
+
 #: The dense values of a vector tiling (32 floats per block) are a candidate while they take at most this much.
 VEC_DENSE_BYTES_MAX = 1 << 30
 #: Dense values kept per tiling, for the latest distinct value arrays (matrices sharing the tiling).
@@ -966,7 +1006,7 @@ def pick_fastest(ms, margin=VEC_TIMED_MARGIN):
     return best if ms[best] < (1.0 - margin) * ms[0] else 0
 
 
-def _vec_timed(cp, tiling, dtype, D, vec, values, X, Y):
+def _vec_timed(cp, tiling, dtype, D, vec, values, X, Y, half=None, unscale=None):
     """The fastest launch of :func:`_vec_candidates` on the operands of the call being planned.
 
     Timed once per (tiling, D, alignment, tuning), GPU time only (the calls are
@@ -976,19 +1016,27 @@ def _vec_timed(cp, tiling, dtype, D, vec, values, X, Y):
     Under CUDA-graph capture nothing can be timed, and large products
     (:data:`VEC_TIMED_MAX_WORK`) are not: the default is kept.  The
     times are kept on the tiling, under ``("vec_timed", D, vec, tuning version)``.
+    ``half``: ``(X type, split values, Y type)`` of the 16-bit kernel, whose candidates are
+    :func:`_half_candidates` (``values`` its 16-bit values, ``unscale`` theirs; times under
+    ``("half_timed", half, D, vec, tuning version)``).
     """
     from .kernels.timing import time_round_robin
 
     if tiling.n_blocks * D > VEC_TIMED_MAX_WORK or cp.cuda.get_current_stream().is_capturing():
-        return _vec_launch(cp, tiling, dtype, D, vec)
-    choices = _vec_candidates(tiling, D, vec)
+        return _vec_launch(cp, tiling, dtype, D, vec, half)
+    choices = _vec_candidates(tiling, D, vec) if half is None else _half_candidates(tiling, D, vec, half)
     scratch = {}  # one set of partial tiles for all candidates (same partition), not one each
-    launches = [_vec_launch(cp, tiling, dtype, D, vec, choice=c, scratch=scratch) for c in choices]
+    launches = [_vec_launch(cp, tiling, dtype, D, vec, half, choice=c, scratch=scratch) for c in choices]
     if len(launches) == 1:
         return launches[0]
-    ms = time_round_robin([functools.partial(_run_spmm, cp, launch, tiling, values, X, Y, dtype)
-                           for launch in launches], VEC_TIMED_ROUNDS)
-    tiling._cache[("vec_timed", D, vec, _TUNING_VERSION[0])] = dict(zip(choices, ms))
+    if half is None:
+        calls = [functools.partial(_run_spmm, cp, launch, tiling, values, X, Y, dtype) for launch in launches]
+        key = ("vec_timed", D, vec, _TUNING_VERSION[0])
+    else:
+        calls = [functools.partial(_run_half, launch, tiling, values, X, Y, unscale) for launch in launches]
+        key = ("half_timed", half, D, vec, _TUNING_VERSION[0])
+    ms = time_round_robin(calls, VEC_TIMED_ROUNDS)
+    tiling._cache[key] = dict(zip(choices, ms))
     return launches[pick_fastest(ms)]
 
 
@@ -1002,7 +1050,7 @@ def _vec_launch(cp, tiling, dtype, D, vec, half=None, choice=None, scratch=None)
     from .kernels import products as kp
     from .kernels.registry import get_kernel
 
-    slices, bpu, cp_async, combine, unroll, dense = choice or _vec_choice(tiling, D, vec, half)
+    slices, bpu, cp_async, combine, unroll, dense, ks, stages = choice or _vec_choice(tiling, D, vec, half)
     n_slices = -(-D // (32 * slices))
     plan = _vec_plan(tiling, bpu)
     units, unit_k0 = plan["units"], plan["unit_k0"]
@@ -1013,7 +1061,7 @@ def _vec_launch(cp, tiling, dtype, D, vec, half=None, choice=None, scratch=None)
     ns = TUNING["vec_async_stages"]
     smem = 0
     if half is not None:
-        cfg = (slices, TUNING["half_ks"], TUNING["half_stages"]) if vec else kp.HALF_DEFAULT
+        cfg = (slices, ks or TUNING["half_ks"], stages or TUNING["half_stages"]) if vec else kp.HALF_DEFAULT
         if cfg not in kp.VEC_HALF:
             raise ValueError(f"no 16-bit SpMM compiled for (slices, ks, stages) = {cfg}: see kernels.products.VEC_HALF")
         while nw > 1 and kp.vech_smem(nw, *cfg) > kp.SPMM_SMEM_LIMIT:

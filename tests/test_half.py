@@ -182,15 +182,17 @@ def test_spmm_half_random_error(xt, mt):
 
 DS = [1, 3, 8, 16, 17, 64, 130, 256]
 NS = [1, 15, 17, 1000, 16005]
-#: 16-bit SpMM variants: (slices, k16 chunks per step, stages) and units (2 blocks: every window split).
+#: 16-bit SpMM variants: (slices, k16 chunks per step, stages) and units (2 blocks: every window split);
+#: "default" is the launch the timed choice keeps, the others pin theirs.
+PIN = dict(vec_timed_choice=False)
 HALF_VARIANTS = {
     "default": {},
-    "g2": dict(vec_slices=2),
-    "k2": dict(half_ks=2),
-    "s3-g2": dict(vec_slices=2, half_stages=3),
-    "k2-g2": dict(vec_slices=2, half_ks=2),
-    "split": dict(vec_blocks_per_unit=2),
-    "fixup": dict(vec_blocks_per_unit=2, vec_combine=False),
+    "g2": dict(PIN, vec_slices=2),
+    "k2": dict(PIN, half_ks=2),
+    "s3-g2": dict(PIN, vec_slices=2, half_stages=3),
+    "k2-g2": dict(PIN, vec_slices=2, half_ks=2),
+    "split": dict(PIN, vec_blocks_per_unit=2),
+    "fixup": dict(PIN, vec_blocks_per_unit=2, vec_combine=False),
 }
 
 
@@ -329,3 +331,71 @@ def test_half_hot_path_matches_the_first_call(cp, half_kernel, xt):
             T2 = T.with_values(cp.asarray(B.data.astype(mdt)))
             np.testing.assert_array_equal((T2 @ X).get(), exact(B, Xh, first.dtype))
             np.testing.assert_array_equal(poisoned(cp, T2, X, F32), exact(B, Xh, F32).astype(np.float64))
+
+
+def _hub_graph(rng):
+    """Hub windows (split: in-launch sums against the fixup) among ordinary rows, values in [0.5, 1.5)."""
+    hub = star(3000)
+    hub.resize((4001, 4001))
+    A = sp.csr_array(int_matrix(rng, 4001, 4001, degree=30) + hub)
+    A.data[:] = rng.uniform(0.5, 1.5, A.nnz)
+    return A
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [17, 64, 256])
+def test_half_timed_choice_candidates_are_bit_identical(cp, D):
+    """Every 16-bit launch the timed choice may pick gives the same bits (random floats, split windows)."""
+    rng = np.random.default_rng()
+    A = _hub_graph(rng)
+    aligned = D % 8 == 0
+    for xt in HALVES:
+        T = tg.TiledMatrix(A, dtype=np.float32, layout="vector")
+        X = cp.asarray(rng.standard_normal((A.shape[1], D)).astype(np.float32)).astype(xt)
+        split, vals, unscale = _ops._half_values(T.values, xt, T._casts)
+        half = (xt.name, split, "float32")
+        choices = _ops._half_candidates(T.tiling, D, aligned, half)
+        assert len(set(choices)) == len(choices) and len({c.bpu for c in choices}) == 1
+        if aligned:
+            from tcgnn_py.kernels.products import VEC_HALF
+
+            assert {c.combine for c in choices} == {True, False}
+            assert {(c.slices, c.ks, c.stages) for c in choices} == set(VEC_HALF)
+        else:
+            assert len(choices) == 1
+        first = None
+        for c in choices:
+            launch = _ops._vec_launch(cp, T.tiling, F32, D, aligned, half, choice=c)
+            Y = cp.full((A.shape[0], D), cp.nan, cp.float32)
+            _ops._run_half(launch, T.tiling, vals, X, Y, unscale)
+            got = Y.get()
+            if first is None:
+                first = got
+                want = A.astype(np.float64) @ np.asarray(X.get(), np.float64)
+                assert np.linalg.norm(got - want) <= TOL[F32] * np.linalg.norm(want), c
+            else:
+                np.testing.assert_array_equal(got.view(np.uint32), first.view(np.uint32), err_msg=f"{xt} {c}")
+
+
+@pytest.mark.gpu
+def test_half_timed_choice_runs_once(cp, monkeypatch):
+    from tcgnn_py.kernels import timing
+
+    rng = np.random.default_rng()
+    A = _hub_graph(rng)
+    A.data[:] = rng.integers(1, 4, A.nnz)
+    calls = []
+    real = timing.time_round_robin
+
+    def counted(fns, rounds):
+        calls.append(len(fns))
+        return real(fns, rounds)
+
+    monkeypatch.setattr(timing, "time_round_robin", counted)
+    T = tg.TiledMatrix(A, dtype=np.float32, layout="vector")
+    X = ints(rng, (A.shape[1], 64), F16)
+    for _ in range(3):  # slow path (timed), then the cached launch
+        np.testing.assert_array_equal((T @ cp.asarray(X)).get(), exact(A, X, F32))
+    assert len(calls) == 1 and calls[0] > 1
+    (key,) = [k for k in T.tiling._cache if isinstance(k, tuple) and k[0] == "half_timed"]
+    assert len(T.tiling._cache[key]) == calls[0]

@@ -74,10 +74,12 @@ for M, tile_shape, dtype, tuning in cases:
 # every compiled shape, split windows summed in the launch or by the fixup, aligned (cp.async) and unaligned rows.
 import ml_dtypes  # noqa: E402
 
-HALF_TUNINGS = [dict(vec_slices=None, half_ks=1, half_stages=2, vec_blocks_per_unit=None, vec_combine=True),
-                dict(vec_slices=2, half_ks=2, half_stages=2, vec_blocks_per_unit=2, vec_combine=True),
-                dict(vec_slices=2, half_ks=1, half_stages=3, vec_blocks_per_unit=2, vec_combine=False),
-                dict(vec_slices=1, half_ks=2, half_stages=2, vec_blocks_per_unit=None, vec_combine=True)]
+HALF_TUNINGS = [dict(PIN, vec_slices=None, half_ks=1, half_stages=2, vec_blocks_per_unit=None, vec_combine=True),
+                dict(PIN, vec_slices=2, half_ks=2, half_stages=2, vec_blocks_per_unit=2, vec_combine=True),
+                dict(PIN, vec_slices=2, half_ks=1, half_stages=3, vec_blocks_per_unit=2, vec_combine=False),
+                dict(PIN, vec_slices=1, half_ks=2, half_stages=2, vec_blocks_per_unit=None, vec_combine=True),
+                # the default: every candidate of the timed choice runs
+                dict(vec_timed_choice=True, vec_slices=None, half_ks=1, half_stages=2, vec_blocks_per_unit=None)]
 for tuning in HALF_TUNINGS:
     _ops.set_tuning(**tuning)
     for M in (A, R):

@@ -75,7 +75,7 @@ def main(argv):
                     times = []
                     for s, ks, ns, pv, tw in shapes:
                         _ops.set_tuning(**{**base, "vec_slices": s, "half_ks": ks, "half_stages": ns,
-                                           "half_prefetch": pv, "vec_target_warps": tw})
+                                           "half_prefetch": pv, "vec_target_warps": tw, "vec_timed_choice": False})
                         got = Ti @ Xih
                         ok = bool((got.astype(cp.float64) == want_i).all()) if Yo.dtype == np.float32 else \
                             bool((got.astype(cp.float64) == want_i.astype(cp.float32).astype(xt).astype(cp.float64)).all())
