@@ -1,6 +1,6 @@
 """The vector SpMM's launch chosen by timing against the statistics' choice, in one process.
 
-    python tools/timed_choice.py GRAPH ... [--dims 32,64,128,256] [--json FILE] [--markdown FILE]
+    python tools/timed_choice.py GRAPH ... [--dims 32,64,128,256] [--x-dtype float32] [--json FILE] [--markdown FILE]
 
 For each graph and width, ``tg.spmm(T, X, out=Y)`` on the default (vector)
 layout with the launch the tiling's statistics pick (``vec_timed_choice=False``)
@@ -10,6 +10,7 @@ behind a spin kernel, median of 11 batches) and from idle (one call at a time,
 4 rotating inputs, median of 20).  Also the first call's cost (host wall time
 of a call that plans its launch: statistics only, then with the timing) and
 the launch that won.  Every launch is checked exact on small-integer data first.
+``--x-dtype float16`` / ``bfloat16``: X of that type (the 16-bit kernel's shapes are the candidates).
 """
 
 import time
@@ -30,16 +31,24 @@ def _first_call_ms(call):
 def main():
     from _sweep import graph_args  # tools/
 
-    args = graph_args(__doc__)
+    def more(ap):
+        ap.add_argument("--x-dtype", default="float32", choices=("float32", "float16", "bfloat16"))
+
+    args = graph_args(__doc__, more)
 
     import tcgnn_py as tg
     from tcgnn_py import _ops
     from _sweep import cusparse_clocks, geomean_summary, int_graph, int_operands, ours_clocks, write_outputs  # tools/
 
+    half = args.x_dtype != "float32"
+    if half:
+        import ml_dtypes
+
+        xdt = np.dtype(ml_dtypes.bfloat16) if args.x_dtype == "bfloat16" else np.dtype(np.float16)
+    won_fields = ("slices", "combine", "ks", "stages") if half else ("slices", "cp_async", "combine", "unroll", "dense")
     head = ("| graph | D | cuSPARSE GPU-only µs | statistics µs | timed µs | cuSPARSE from idle µs | statistics µs |"
             " timed µs | GPU-only ratio: statistics / timed | from idle: statistics / timed | first call ms:"
-            " statistics / timed | timed launch (slices, cp.async, in-launch sums, blocks per step,"
-            " dense values) |\n"
+            f" statistics / timed | timed launch ({', '.join(won_fields)}) |\n"
             + "|---" * 12 + "|")
     print(head, flush=True)
     rows, lines = [], []
@@ -48,6 +57,8 @@ def main():
         name, A, Ad = int_graph(spec, rng)
         for D in (int(d) for d in args.dims.split(",")):
             Xs, Y, ref = int_operands(A, Ad, D, rng)
+            if half:
+                Xs = [X.astype(xdt) for X in Xs]  # small integers: exact in 16 bits
             row = {"graph": name, "nnz": int(A.nnz), "D": D, "cusparse": cusparse_clocks(Ad, Xs, Y)}
             for mode, timed in (("statistics", False), ("timed", True)):
                 _ops.set_tuning(vec_timed_choice=timed)
@@ -56,9 +67,10 @@ def main():
                 assert bool((Y == ref).all()), (name, D, mode)  # synchronize!
                 row[mode] = dict(ours_clocks(lambda i: tg.spmm(T, Xs[i], out=Y)), first_ms=first)
                 if timed:
-                    ms = next(v for k, v in T.tiling._cache.items() if isinstance(k, tuple) and k[0] == "vec_timed")
+                    key = "half_timed" if half else "vec_timed"
+                    ms = next(v for k, v in T.tiling._cache.items() if isinstance(k, tuple) and k[0] == key)
                     won = list(ms)[_ops.pick_fastest(list(ms.values()))]
-                    row["timed"]["won"] = [won.slices, won.cp_async, won.combine, won.unroll, won.dense]
+                    row["timed"]["won"] = [getattr(won, f) for f in won_fields]
                     row["timed"]["candidates_us"] = {str(tuple(k)): 1e3 * v for k, v in ms.items()}
             _ops.set_tuning(vec_timed_choice=True)
             c, s, t = row["cusparse"], row["statistics"], row["timed"]
