@@ -996,24 +996,6 @@ VEC_TIMED_ROUNDS = 3
 VEC_TIMED_MAX_WORK = 10**8
 
 
-#: Host milliseconds a candidate's second launch (the fixup of split windows) costs per call on the cached
-#: path, added to its GPU time when the timed choice compares: on the H200 a cached call with one launch
-#: takes 7.7 µs of host time, with a fixup 12.8 µs (``tools/host_costs.py``).  A loop of small products is
-#: bound by that host time (and one call from idle waits for it), which the GPU-only times leave out.
-VEC_TIMED_LAUNCH_MS = 0.005
-
-
-def timed_pick(choices, ms):
-    """Index of the candidate the timed choice keeps, from their GPU milliseconds ``ms``.
-
-    :func:`pick_fastest` over GPU time plus :data:`VEC_TIMED_LAUNCH_MS` for a candidate that
-    needs the fixup launch (it sums split windows outside the launch, where there are any:
-    then some candidate sums them inside).
-    """
-    splits = any(c.combine for c in choices)
-    return pick_fastest([t + VEC_TIMED_LAUNCH_MS * (splits and not c.combine) for c, t in zip(choices, ms)])
-
-
 def pick_fastest(ms, margin=VEC_TIMED_MARGIN):
     """Index of the fastest of ``ms``, or 0 (the default) unless that one is ``margin`` faster.
 
@@ -1029,8 +1011,7 @@ def _vec_timed(cp, tiling, dtype, D, vec, values, X, Y, half=None, unscale=None)
 
     Timed once per (tiling, D, alignment, tuning), GPU time only (the calls are
     queued behind a spin kernel): one warm-up and :data:`VEC_TIMED_ROUNDS` calls
-    of each candidate, which write Y (the planned call then writes it again); a
-    candidate's fixup launch counts its host cost too (:func:`timed_pick`).
+    of each candidate, which write Y (the planned call then writes it again).
     The candidates give bit-identical results, so the choice changes speed only.
     Under CUDA-graph capture nothing can be timed, and large products
     (:data:`VEC_TIMED_MAX_WORK`) are not: the default is kept.  The
@@ -1056,7 +1037,7 @@ def _vec_timed(cp, tiling, dtype, D, vec, values, X, Y, half=None, unscale=None)
         key = ("half_timed", half, D, vec, _TUNING_VERSION[0])
     ms = time_round_robin(calls, VEC_TIMED_ROUNDS)
     tiling._cache[key] = dict(zip(choices, ms))
-    return launches[timed_pick(choices, ms)]
+    return launches[pick_fastest(ms)]
 
 
 def _vec_launch(cp, tiling, dtype, D, vec, half=None, choice=None, scratch=None):

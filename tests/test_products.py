@@ -132,17 +132,6 @@ def test_work_plan_covers_every_block_once():
     assert plan["n_slots"] == int((units[:, 3] >= 0).sum())
 
 
-def test_timed_pick_charges_the_fixup_launch():
-    """A candidate that needs the fixup launch pays its host cost; without split windows nobody does."""
-    from tcgnn_py._ops import VEC_TIMED_LAUNCH_MS as L
-    from tcgnn_py._ops import VecChoice, timed_pick
-
-    inl, fix = VecChoice(1, 8, True, True), VecChoice(1, 8, True, False)
-    assert timed_pick([inl, fix], [0.010, 0.009]) == 0  # 1 µs faster on the GPU, 5 µs more host time
-    assert timed_pick([inl, fix], [0.010 + 2 * L, 0.010]) == 1  # faster by more than a launch
-    assert timed_pick([fix, fix._replace(slices=2)], [0.010, 0.009]) == 1  # no split windows: GPU time only
-
-
 def test_pick_fastest_keeps_the_default_within_the_margin():
     from tcgnn_py._ops import VEC_TIMED_MARGIN, pick_fastest
 

@@ -392,7 +392,7 @@ def test_timed_choice_runs_once_and_keeps_the_fastest(cp, monkeypatch):
     assert len(ms) == calls[0] > 1 and all(0 < t < 1e3 for t in ms.values())
     (launch,) = [v for k, v in T.tiling._cache.items() if isinstance(k, tuple) and k[0] == "launch"]
     choices = list(ms)
-    best = choices[_ops.timed_pick(choices, list(ms.values()))]
+    best = choices[_ops.pick_fastest(list(ms.values()))]
     assert launch.n_slices == -(-64 // (32 * best.slices)) and (launch.fixup is None) == best.combine
     # The candidates shared one set of partial tiles (the hub's windows are split), not one each.
     assert len([k for k in launch.counters if k[0][0] == "partial"]) == 1

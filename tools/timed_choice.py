@@ -69,7 +69,7 @@ def main():
                 if timed:
                     key = "half_timed" if half else "vec_timed"
                     ms = next(v for k, v in T.tiling._cache.items() if isinstance(k, tuple) and k[0] == key)
-                    won = list(ms)[_ops.timed_pick(list(ms), list(ms.values()))]
+                    won = list(ms)[_ops.pick_fastest(list(ms.values()))]
                     row["timed"]["won"] = [getattr(won, f) for f in won_fields]
                     row["timed"]["candidates_us"] = {str(tuple(k)): 1e3 * v for k, v in ms.items()}
             _ops.set_tuning(vec_timed_choice=True)
