@@ -50,25 +50,28 @@ def int_operands(A, Ad, D, rng, n_inputs=4):
 
 
 def cusparse_clocks(Ad, Xs, Y):
-    """µs of the best of cuSPARSE ALG2 / ALG3: ``{"gpu": queued behind a spin, "idle": one call at a time}``."""
-    from tcgnn_py.bench._timing import time_queued
+    """µs of the best of cuSPARSE ALG2 / ALG3: ``{"gpu": queued behind a spin, "idle": one call at a time,
+    "b2b": calls back to back}``."""
+    from tcgnn_py.bench._timing import time_back_to_back, time_queued
 
     cs = [CusparseRowMajor(Ad, Xs, Y, alg) for alg in (CSR_ALG2, CSR_ALG3)]
     out = {"gpu": min(1e3 * time_queued(c, len(Xs)) for c in cs),
-           "idle": min(1e3 * time_rotating(c, len(Xs), 20, 3) for c in cs)}
+           "idle": min(1e3 * time_rotating(c, len(Xs), 20, 3) for c in cs),
+           "b2b": min(1e3 * time_back_to_back(c, len(Xs)) for c in cs)}
     for c in cs:
         c.close()
     return out
 
 
 def ours_clocks(call, n_inputs=4):
-    """µs of ``call(i)`` on the same two clocks as :func:`cusparse_clocks`."""
-    from tcgnn_py.bench._timing import time_queued
+    """µs of ``call(i)`` on the same clocks as :func:`cusparse_clocks`."""
+    from tcgnn_py.bench._timing import time_back_to_back, time_queued
 
-    return {"gpu": 1e3 * time_queued(call, n_inputs), "idle": 1e3 * time_rotating(call, n_inputs, 20, 3)}
+    return {"gpu": 1e3 * time_queued(call, n_inputs), "idle": 1e3 * time_rotating(call, n_inputs, 20, 3),
+            "b2b": 1e3 * time_back_to_back(call, n_inputs)}
 
 
-def geomean_summary(rows, labels, clocks=(("gpu", "GPU-only"), ("idle", "from idle"))):
+def geomean_summary(rows, labels, clocks=(("gpu", "GPU-only"), ("b2b", "back to back"), ("idle", "from idle"))):
     """One line per clock and label: geomean of ``row["cusparse"][clock] / row[label][clock]``, points below 1."""
     import math
 

@@ -1,14 +1,14 @@
 """A/B of a kernel family's CUDA source in one process: the working tree's against an older one.
 
     git show REV:tcgnn_py/kernels/products.py > old_products.py
-    python tools/ab_kernels.py --old old_products.py [--family vec] [--dims 32,64,128,256] [--json F] GRAPH ...
+    python tools/ab_kernels.py --old old_products.py [--family vec] [--x-dtype float32] [--dims 32,64,128,256] [--json F] GRAPH ...
 
 The older file's ``FAMILIES[family]`` is compiled as a family of its own, and
 ``get_kernel`` is pointed at it for the "old" side; everything else (plans,
 launches, the timed launch choice) is the working tree's.  Per graph and width:
 both sides checked exact on small-integer data, then timed on the GPU-only clock
-(20 calls queued behind a spin kernel, median of 11 batches) and from idle
-(4 rotating inputs, median of 20), against the best of cuSPARSE ALG2 / ALG3.
+(20 calls queued behind a spin kernel, median of 11 batches), back to back and from idle
+(4 rotating inputs, median of 20), against the best of cuSPARSE ALG2 / ALG3 (float32 X).
 The older file must name every kernel the working tree's launches ask for (the dense-values candidates of the
 timed choice exist since `3543727`).
 """
@@ -23,6 +23,8 @@ def main():
     def more(ap):
         ap.add_argument("--old", required=True)
         ap.add_argument("--family", default="vec")
+        ap.add_argument("--x-dtype", default="float32", choices=("float32", "float16", "bfloat16"),
+                        help="X's type (16-bit X runs the 'half' family)")
 
     args = graph_args(__doc__, more)
 
@@ -44,8 +46,14 @@ def main():
     base = dict(_ops.TUNING)
     rows = []
     dims = [int(d) for d in args.dims.split(",")]
+    xdt = np.dtype(np.float32)
+    if args.x_dtype != "float32":
+        import ml_dtypes
+
+        xdt = np.dtype(ml_dtypes.bfloat16 if args.x_dtype == "bfloat16" else np.float16)
     for name, A, Ad, T, D, Xs, Y, ref in int_points(args.graphs, dims, np.random.default_rng(0)):
-        row = {"graph": name, "D": D, "cusparse": cusparse_clocks(Ad, Xs, Y)}
+        row = {"graph": name, "D": D, "cusparse": cusparse_clocks(Ad, Xs, Y)}  # float32 X: the user's alternative
+        Xs = [X.astype(xdt) for X in Xs]  # small integers: exact in 16 bits
         for label in ("old", "new"):
             side["old"] = label == "old"
             _ops.set_tuning(**base)  # a new tuning version: planned (and timed) again with this side's kernels

@@ -1447,7 +1447,10 @@ tcgnn_spmm_vech(const int4* __restrict__ units, const int2* __restrict__ unit_k0
             tc_store4<AL>(partial + ((size_t)u.w * 8 + rr) * D, c, D, v);
         }
     }
-    if (COMBINE && u.w >= 0) tc_vec_combine<32 * FS>(u, unit, slice, lane, unit_k0, Y, partial, counters, M, D, n_slices);
+    // A float32 Y with aligned rows (AL: D % 8 == 0, 16-byte rows) takes the float4 sum: same order, 4 outputs a lane.
+    if (COMBINE && u.w >= 0)
+        tc_vec_combine<32 * FS, TY, AL && sizeof(TY) == 4>(u, unit, slice, lane, unit_k0, Y, partial, counters, M, D,
+                                                          n_slices);
 }
 """
 
