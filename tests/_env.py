@@ -85,6 +85,51 @@ def poisoned(cp, T, X, dtype, precision=None):
     return np.asarray(out.get(), np.float64)
 
 
+def count_timing(monkeypatch):
+    """Count the timed launch choice's timings: a list that gets each timing's number of candidates."""
+    from tcgnn_py.kernels import timing
+
+    calls, real = [], timing.time_round_robin
+
+    def counted(fns, rounds):
+        calls.append(len(fns))
+        return real(fns, rounds)
+
+    monkeypatch.setattr(timing, "time_round_robin", counted)
+    return calls
+
+
+def exact_product(A, X, dtype):
+    """``A @ X`` in float64, rounded once to ``dtype`` (what every path returns on small integers)."""
+    return (A.astype(np.float64) @ np.asarray(X, np.float64)).astype(np.float32).astype(dtype)
+
+
+def check_cached_launch(cp, A, T, X, types, precision, rng):
+    """The second call of a signature takes the cached launch and gives the first call's bits (small integers).
+
+    ``T @ X`` twice (the first call caches one launch); ``spmm(out=)`` into each of ``types``, with and without
+    ``precision``; then a matrix made by ``with_values`` on the same tiling: the cached launch reads the matrix
+    it is called on.  Returns nothing; asserts.
+    """
+    Xh = X.get()
+    n = len(T._hot)
+    first, second = T @ X, T @ X
+    assert len(T._hot) == n + 1, "the first call cached its launch"
+    want = exact_product(A, Xh, first.dtype)
+    np.testing.assert_array_equal(first.get(), want)
+    np.testing.assert_array_equal(second.get(), want)
+    for ydt in types:
+        for p in (None, precision):
+            a, b = poisoned(cp, T, X, ydt, p), poisoned(cp, T, X, ydt, p)
+            np.testing.assert_array_equal(a, exact_product(A, Xh, ydt).astype(np.float64))
+            np.testing.assert_array_equal(b, a)
+    B = A.copy()
+    B.data = rng.integers(-4, 5, B.nnz).astype(np.float64)
+    T2 = T.with_values(cp.asarray(B.data.astype(T.dtype)))
+    np.testing.assert_array_equal((T2 @ X).get(), exact_product(B, Xh, first.dtype))
+    np.testing.assert_array_equal(poisoned(cp, T2, X, types[0]), exact_product(B, Xh, types[0]).astype(np.float64))
+
+
 def _cp():
     if not GPU:
         import pytest

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from _env import cupy_fixture, host, poisoned, tuning_fixture
+from _env import check_cached_launch, count_timing, cupy_fixture, host, poisoned, tuning_fixture
 from _zoo import star, zoo
 
 import tcgnn_py as tg
@@ -307,30 +307,12 @@ def test_half_hot_path_matches_the_first_call(cp, half_kernel, xt):
     rng = np.random.default_rng()
     A = int_matrix(rng, 1000, 1000)
     A = sp.csr_array(sp.vstack([sp.csr_array(np.ones((1, 1000))), A[1:]]))  # a hub row: split windows
-    A.sum_duplicates()  # canonical: with_values below takes values in this order
-    prec = {F16: "fp16", BF16: "bf16"}[xt]
+    A.sum_duplicates()  # canonical: with_values takes values in this order
     for mdt in (F32, xt):
         T = tg.TiledMatrix(A, dtype=mdt, layout="vector")
         for D in (17, 64):
             X = cp.asarray(ints(rng, (1000, D), xt))
-            Xh = X.get()
-            n = len(T._hot)
-            first, second = T @ X, T @ X
-            assert len(T._hot) == n + 1, "the first call cached its launch"
-            want = exact(A, Xh, first.dtype)
-            np.testing.assert_array_equal(first.get(), want)
-            np.testing.assert_array_equal(second.get(), want)
-            for ydt in (F32, xt):
-                for precision in (None, prec):
-                    a, b = poisoned(cp, T, X, ydt, precision), poisoned(cp, T, X, ydt, precision)
-                    np.testing.assert_array_equal(a, exact(A, Xh, ydt).astype(np.float64))
-                    np.testing.assert_array_equal(b, a)
-            # A matrix sharing the tiling, with other values of the same type: its own values are read.
-            B = A.copy()
-            B.data = rng.integers(-4, 5, B.nnz).astype(np.float64)
-            T2 = T.with_values(cp.asarray(B.data.astype(mdt)))
-            np.testing.assert_array_equal((T2 @ X).get(), exact(B, Xh, first.dtype))
-            np.testing.assert_array_equal(poisoned(cp, T2, X, F32), exact(B, Xh, F32).astype(np.float64))
+            check_cached_launch(cp, A, T, X, (F32, xt), {F16: "fp16", BF16: "bf16"}[xt], rng)
 
 
 def _hub_graph(rng):
@@ -379,19 +361,10 @@ def test_half_timed_choice_candidates_are_bit_identical(cp, D):
 
 @pytest.mark.gpu
 def test_half_timed_choice_runs_once(cp, monkeypatch):
-    from tcgnn_py.kernels import timing
-
     rng = np.random.default_rng()
     A = _hub_graph(rng)
     A.data[:] = rng.integers(1, 4, A.nnz)
-    calls = []
-    real = timing.time_round_robin
-
-    def counted(fns, rounds):
-        calls.append(len(fns))
-        return real(fns, rounds)
-
-    monkeypatch.setattr(timing, "time_round_robin", counted)
+    calls = count_timing(monkeypatch)
     T = tg.TiledMatrix(A, dtype=np.float32, layout="vector")
     X = ints(rng, (A.shape[1], 64), F16)
     for _ in range(3):  # slow path (timed), then the cached launch

@@ -11,7 +11,7 @@ NaN-poisoned outputs.
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from _env import cupy_fixture, host, poisoned, tuning_fixture
+from _env import check_cached_launch, cupy_fixture, host, poisoned, tuning_fixture
 from _zoo import star, zoo
 
 import tcgnn_py as tg
@@ -261,31 +261,14 @@ def test_sp_hot_path_matches_the_first_call(cp, sp_kernel, layout):
     rng = np.random.default_rng()
     A = int_matrix(rng, 1000, 1000)
     A = sp.csr_array(sp.vstack([sp.csr_array(np.ones((1, 1000))), A[1:]]))  # a hub row: split windows
-    A.sum_duplicates()  # canonical: with_values below takes values in this order
+    A.sum_duplicates()  # canonical: with_values takes values in this order
     for xt in ((F16, BF16) if layout == "2:4" else (F32,)):
         types = (F32,) if xt == F32 else (F32, xt)
-        prec = {F16: "fp16", BF16: "bf16", F32: "tf32"}[xt]
         for mdt in types:
             T = tg.TiledMatrix(A, dtype=mdt, layout=layout)
             for D in (17, 64):
                 X = cp.asarray(ints(rng, (1000, D), xt))
-                Xh = X.get()
-                n = len(T._hot)
-                first, second = T @ X, T @ X
-                assert len(T._hot) == n + 1, "the first call cached its launch"
-                want = exact(A, Xh, first.dtype)
-                np.testing.assert_array_equal(first.get(), want)
-                np.testing.assert_array_equal(second.get(), want)
-                for ydt in types:
-                    for precision in (None, prec):
-                        a, b = poisoned(cp, T, X, ydt, precision), poisoned(cp, T, X, ydt, precision)
-                        np.testing.assert_array_equal(a, exact(A, Xh, ydt).astype(np.float64))
-                        np.testing.assert_array_equal(b, a)
-                B = A.copy()
-                B.data = rng.integers(-4, 5, B.nnz).astype(np.float64)
-                T2 = T.with_values(cp.asarray(B.data.astype(mdt)))
-                np.testing.assert_array_equal((T2 @ X).get(), exact(B, Xh, first.dtype))
-                np.testing.assert_array_equal(poisoned(cp, T2, X, F32), exact(B, Xh, F32).astype(np.float64))
+                check_cached_launch(cp, A, T, X, types, {F16: "fp16", BF16: "bf16", F32: "tf32"}[xt], rng)
             assert ran_sp(T)
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from _zoo import sddmm_expected, star
-from _env import graph_dir
+from _env import count_timing, graph_dir
 
 import tcgnn_py as tg
 from tcgnn_py import _ops
@@ -370,20 +370,11 @@ def test_timed_choice_candidates_are_bit_identical(cp, D):
 
 
 def test_timed_choice_runs_once_and_keeps_the_fastest(cp, monkeypatch):
-    from tcgnn_py.kernels import timing
-
     rng = np.random.default_rng()
     _, A = next(_timed_cases(rng))
     T = tg.TiledMatrix(A, dtype=np.float32)
     X = cp.asarray(ints(rng, A.shape[1], 64))
-    calls = []
-    real = timing.time_round_robin
-
-    def counted(fns, rounds):
-        calls.append(len(fns))
-        return real(fns, rounds)
-
-    monkeypatch.setattr(timing, "time_round_robin", counted)
+    calls = count_timing(monkeypatch)
     for _ in range(3):  # slow path, then the cached one
         np.testing.assert_array_equal((T @ X).get(), A @ X.get())
     assert len(calls) == 1
