@@ -22,7 +22,7 @@ import numpy as np
 from . import _locality as loc
 from . import _nm_reference as ref
 from ._reference import edge_rows
-from ._tiling import DEFAULT_LAYOUT
+from ._tiling import DEFAULT_LAYOUT, LAYOUTS, resolve_layout
 from ._device import array_module, to_host, use_gpu
 from .kernels.launch import THREADS_PER_BLOCK as _TPB
 from .kernels.launch import grid as _grid
@@ -283,6 +283,14 @@ class NMReport:
     initial_mbscore: int = None
     iterations: int = 0
     time_s: float = 0.0
+    #: ``reorder(..., layout=)`` only: the N:M layout ordered for, and the padding share of its
+    #: grouping's stored slots (:func:`window_padding`) for the input, after the two stages, and final.
+    layout: str = None
+    initial_padding: float = None
+    reorder_padding: float = None
+    padding: float = None
+    #: Vertices whose number the window stage changed (0: it kept the two stages' order).
+    renumbered: int = 0
 
     @property
     def conforming(self):
@@ -315,7 +323,11 @@ class NMReport:
                 f"{self.mbscore} ({self.improvement_rate:.2%} of {self.objective.replace('score', 'Score').replace('pS', 'PS').replace('mbS', 'MBS')} removed), "
                 f"{self.iterations} iterations, {self.time_s:.3f} s"
             )
-        return s + (", conforming" if self.conforming else ", not conforming")
+        s += ", conforming" if self.conforming else ", not conforming"
+        if self.layout is not None:
+            s += (f"; {self.layout} windows: padding {self.initial_padding:.2%} -> {self.reorder_padding:.2%} "
+                  f"(two stages) -> {self.padding:.2%} ({self.renumbered} vertices renumbered)")
+        return s
 
 
 class Permutation:
@@ -456,14 +468,120 @@ def _prepare(A, pattern, device):
     return pattern, _RefBackend(to_host(indices), to_host(edge_row), n, pattern)
 
 
-def _report(st, n, pattern, initial=None, iterations=0, time_s=0.0):
-    extra = {}
+def _report(st, n, pattern, initial=None, iterations=0, time_s=0.0, **window):
+    extra = dict(window)
     if initial is not None:
-        extra = {"initial_pscore": initial.pscore, "initial_mbscore": initial.mbscore}
+        extra.update(initial_pscore=initial.pscore, initial_mbscore=initial.mbscore)
     return NMReport(
         pattern, n, st.pscore, st.mbscore, st.n_vectors, st.n_meta_blocks,
         iterations=iterations, time_s=time_s, **extra,
     )  # fmt: skip
+
+
+#: Window stage: a row "forces padding" when its entries x M exceed alpha x N x its window's columns; each alpha
+#: gives a candidate order, and the one whose grouping pads least wins (the two stages' order among them).
+_STACK_ALPHAS = (1.0, 0.75, 0.5, 0.35)
+#: Stacking rounds per alpha: moving rows changes the windows, so rows that force padding are found again.
+_STACK_ROUNDS = 4
+
+
+def _entries(xp, indices, edge_row, n):
+    """Distinct ``(rows, cols)`` of the pattern (int64), row-major."""
+    key = xp.unique(edge_row.astype(np.int64) * max(n, 1) + indices.astype(np.int64))
+    return key // max(n, 1), key % max(n, 1)
+
+
+def _window_excess(xp, rows, cols, inv, deg_new, n, window, pattern):
+    """``(columns per window, slots the grouping's lower bound adds to them)`` in the order ``inv`` (old -> new)."""
+    nn, mm = pattern
+    n_win = -(-n // window)
+    key = xp.unique((inv[rows] // window) * max(n, 1) + cols)  # distinct (window, column): relabelling keeps them
+    C = xp.bincount(key // max(n, 1), minlength=n_win)[:n_win]
+    dmax = xp.zeros(n_win * window, np.int64)
+    dmax[:n] = deg_new
+    dmax = dmax.reshape(n_win, window).max(axis=1)
+    bound = mm * xp.maximum(-(-C // mm), -(-dmax // nn))
+    return C, int((bound - C).sum())  # synchronize!
+
+
+def window_padding(xp, rows, cols, inv, n, layout):
+    """``(padding slots, stored slots)`` of ``layout``'s N:M grouping of the pattern renumbered by ``inv``.
+
+    Host arrays: the reference grouping (:func:`tcgnn_py._nm_windows.nm_groups`); device arrays: the grouping
+    kernel, which gives the same slots.
+    """
+    from . import _nm_windows as nw
+
+    r, c = to_host(inv[rows]), to_host(inv[cols])  # synchronize!
+    if xp is np:
+        g = nw.nm_groups(r, c, (n, n), layout.window, layout.pattern)
+        return g["padding"], g["slots"]
+    from . import _nm_group
+
+    _, slot_cols = _nm_group.group(r, c, (n, n), layout.window, layout.pattern, xp)
+    return int((slot_cols < 0).sum()), int(slot_cols.shape[0])  # synchronize!
+
+
+def _stack_candidates(xp, rows, cols, deg, perm, n, layout):
+    """Orders that move the rows forcing padding in their window into windows of their own, densest first.
+
+    A row of ``d`` entries needs ``d / N`` groups of its window however the window's columns are ordered, so a
+    hub whose window mates bring few other columns leaves slots empty; stacked with other hubs (whose columns
+    differ) its groups fill.  Per alpha of :data:`_STACK_ALPHAS`, up to :data:`_STACK_ROUNDS` rounds, each kept
+    while the grouping's lower bound falls.  Stable and tie-free (integer keys), so every backend agrees.
+    """
+    window, (nn, mm) = layout.window, layout.pattern
+    pos = xp.arange(n, dtype=np.int64)
+    big = int(deg.max()) + 1 if n else 1  # synchronize!
+    out = []
+    for alpha in _STACK_ALPHAS:
+        p = perm
+        inv = xp.empty(n, np.int64)
+        inv[p] = pos
+        C, best = _window_excess(xp, rows, cols, inv, deg[p], n, window, (nn, mm))
+        for _ in range(_STACK_ROUNDS):
+            d = deg[p]
+            hub = d * mm > alpha * nn * C[pos // window]
+            # Hubs first by decreasing entries, then every other row; positions break ties.
+            key = xp.where(hub, (big - d) * n + pos, (big + 1) * n + pos)
+            q = p[xp.argsort(key)]
+            inv_q = xp.empty(n, np.int64)
+            inv_q[q] = pos
+            C_q, excess = _window_excess(xp, rows, cols, inv_q, deg[q], n, window, (nn, mm))
+            if excess >= best:
+                break
+            p, C, best = q, C_q, excess
+        out.append(p)
+    return out
+
+
+def _stack_hubs(xp, indices, edge_row, n, perm, layout):
+    """The window stage: ``(perm, rows moved, padding shares of the input, of perm, of the result)``."""
+    rows, cols = _entries(xp, indices, edge_row, n)
+    deg = xp.bincount(rows, minlength=n)[:n].astype(np.int64)
+    perm = xp.asarray(perm).astype(np.int64)
+    pos = xp.arange(n, dtype=np.int64)
+
+    def share(p):
+        inv = xp.empty(n, np.int64)
+        inv[p] = pos
+        pad, slots = window_padding(xp, rows, cols, inv, n, layout)
+        return pad / max(slots, 1)
+
+    initial = share(pos)
+    best_p, best = perm, share(perm)
+    reorder_padding = best
+    seen = [to_host(perm)]  # synchronize!
+    for p in _stack_candidates(xp, rows, cols, deg, perm, n, layout):
+        hp = to_host(p)  # synchronize!
+        if any(np.array_equal(hp, q) for q in seen):
+            continue
+        seen.append(hp)
+        f = share(p)
+        if f < best:
+            best_p, best = p, f
+    moved = int((to_host(best_p) != seen[0]).sum())  # synchronize!
+    return best_p, moved, initial, reorder_padding, best
 
 
 def nm_report(A, pattern="2:4", perm=None, *, device=None):
@@ -535,9 +653,17 @@ def reorder(
         ``(data, indices, indptr)``); its stored entries are the pattern.
     pattern : ``"N:M"``, ``"V:N:M"``, ``(N, M)`` or ``(V, N, M)`` (default 2:4),
         or ``"locality"``.
-    layout : locality only: the tiled layout to order for, ``"vector"`` (8-row
+    layout : the tiled layout to order for.  Locality: ``"vector"`` (8-row
         windows; the default, as for :class:`TiledMatrix`) or ``"tcgnn"``
-        (16-row windows).
+        (16-row windows).  N:M: None (default; the paper's whole-matrix
+        pattern), or an N:M layout, ``"2:4"`` or ``"1:2"``: after the two
+        stages, a **window stage** stacks the rows that force padding in
+        their row window (a row of d entries needs d / N groups of M slots
+        however its window's columns are ordered) into windows of their own,
+        densest first, if that lowers the padding of the layout's grouping;
+        ``report.padding`` says by how much.  Column order does not matter
+        to these layouts (each window's columns are only a gather list), so
+        the stage may raise PScore.
     max_iter, stage_iter, patience : N:M only: bounds of the outer loop, of each
         stage's inner loop, and of iterations without a new best.
     max_levels : locality only: the most coarsening levels.
@@ -577,17 +703,33 @@ def reorder(
         if (max_iter, stage_iter, patience) != (1000, 10, 8):
             raise TypeError("max_iter, stage_iter and patience apply to N:M patterns, not to the 'locality' reorder")
         return _reorder_locality(A, layout, check_count("max_levels", max_levels, 0), time_budget, verbose, device, t0)
-    if layout is not None or max_levels != 64:
-        raise TypeError(f"layout= and max_levels= apply to the 'locality' reorder, not to the N:M pattern {pattern!r}")
+    if max_levels != 64:
+        raise TypeError(f"max_levels= applies to the 'locality' reorder, not to the N:M pattern {pattern!r}")
+    if layout is not None:
+        layout_name, layout = layout, resolve_layout(layout)
+        if layout.pattern is None:
+            raise ValueError(f"an N:M reorder orders for an N:M layout ('2:4' or '1:2'), got layout={layout_name!r}")
     max_iter, stage_iter, patience = (
         check_count(name, v, 1) for name, v in (("max_iter", max_iter), ("stage_iter", stage_iter), ("patience", patience))
     )
     pattern, backend = _prepare(A, pattern, device)
     deadline = None if time_budget is None else t0 + time_budget
     initial, best, it = _run(backend, max_iter, stage_iter, patience, _logger(verbose, t0), deadline)
+    window = {}
+    if layout is not None:
+        xp = getattr(backend, "xp", np)
+        p, moved, *shares = _stack_hubs(xp, backend.indices, backend.edge_row, backend.n, best.perm, layout)
+        if moved:
+            best = backend.evaluate(p.astype(best.perm.dtype))
+        window = dict(zip(("initial_padding", "reorder_padding", "padding"), shares), renumbered=moved,
+                      layout=_layout_name(layout))
     perm = backend.host(best.perm)
-    rep = _report(best, backend.n, pattern, initial, it, time.perf_counter() - t0)
+    rep = _report(best, backend.n, pattern, initial, it, time.perf_counter() - t0, **window)
     return Permutation(perm, pattern=pattern, report=rep)
+
+
+def _layout_name(layout):
+    return next(name for name, lay in LAYOUTS.items() if lay == layout)
 
 
 def _structure(A, device, square=True):

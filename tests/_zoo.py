@@ -20,6 +20,11 @@ def star(n_leaves):
     return sp.csr_array((np.ones(2 * n_leaves), (rows, cols)), shape=(n, n))
 
 
+def stars(n_hubs, n_leaves):
+    """``n_hubs`` disjoint stars, each hub followed by its leaves."""
+    return sp.csr_array(sp.block_diag([star(n_leaves)] * n_hubs, format="csr"))
+
+
 def raw_with_duplicates(rng):
     """(data, indices, indptr), shape: unsorted indices, duplicates, explicit zeros."""
     n = 23

@@ -89,9 +89,11 @@ def test_locality_directed_and_weighted_are_ordered_by_their_pattern():
 def test_locality_errors():
     with pytest.raises(ValueError, match="must be square"):
         tg.reorder(sp.csr_array((4, 5)), "locality", device="cpu")
-    with pytest.raises(TypeError, match="apply to the 'locality' reorder"):
+    with pytest.raises(ValueError, match="orders for an N:M layout"):
         tg.reorder(sym_graph(20, 0.2, 0), "2:4", layout="vector", device="cpu")
-    with pytest.raises(TypeError, match="apply to the 'locality' reorder"):
+    with pytest.raises(ValueError, match="layout must be one of"):
+        tg.reorder(sym_graph(20, 0.2, 0), "2:4", layout="4:8", device="cpu")
+    with pytest.raises(TypeError, match="applies to the 'locality' reorder"):
         tg.reorder(sym_graph(20, 0.2, 0), "2:4", max_levels=3, device="cpu")
     with pytest.raises(TypeError, match="apply to N:M patterns"):
         tg.reorder(sym_graph(20, 0.2, 0), "locality", patience=2, device="cpu")

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from _zoo import star
+from _zoo import star, stars
 
 import tcgnn_py as tg
 from tcgnn_py import _nm_reference as ref
@@ -391,3 +391,49 @@ def test_improvement_rate_follows_the_objective():
 def test_reorder_device_vocabulary():
     with pytest.raises(ValueError, match="device must be None, 'cuda' or 'cpu'"):
         tg.reorder(sp.eye_array(8, format="csr"), device="gpu")
+
+
+# -- the window stage (reorder(..., layout=)) ----------------------------------
+
+
+def grouping_padding(A, perm, layout):
+    """Padding share of ``layout``'s N:M grouping of ``perm.apply(A)``, from the reference grouping."""
+    from tcgnn_py import _nm_windows as nw
+
+    B = sp.csr_array(A if perm is None else perm.apply(A))
+    B.sum_duplicates()
+    r, c = B.nonzero()
+    lay = tg.LAYOUTS[layout]
+    g = nw.nm_groups(r, c, B.shape, lay.window, lay.pattern)
+    nw.check_groups(g, r, c, B.shape)
+    return g["padding"] / max(g["slots"], 1)
+
+
+@pytest.mark.parametrize("layout", ["2:4", "1:2"])
+def test_window_stage_stacks_hubs(layout):
+    # Hubs whose leaves bring no other column: each forces padding in its window whatever its columns' order.
+    A = stars(6, 40)
+    p = tg.reorder(A, "2:4", layout=layout, device="cpu")
+    rep = p.report
+    np.testing.assert_array_equal(np.sort(p.perm), np.arange(A.shape[0]))
+    assert rep.layout == layout and rep.renumbered > 0
+    assert rep.initial_padding == grouping_padding(A, None, layout)
+    assert rep.reorder_padding == grouping_padding(A, tg.reorder(A, "2:4", device="cpu"), layout)
+    assert rep.padding == grouping_padding(A, p, layout) < 0.5 * rep.reorder_padding
+    again = tg.nm_report(A, "2:4", p, device="cpu")  # the scores are those of the final order
+    assert (again.pscore, again.mbscore) == (rep.pscore, rep.mbscore)
+    assert f"{layout} windows: padding" in str(rep) and "vertices renumbered" in str(rep)
+
+
+def test_window_stage_keeps_an_order_it_cannot_improve(cora, cora_24):
+    # A ring: no row forces padding, so the two stages' order stands.
+    n = 50
+    ring = sp.csr_array((np.ones(2 * n), (np.r_[np.arange(n), (np.arange(n) + 1) % n],
+                                          np.r_[(np.arange(n) + 1) % n, np.arange(n)])), shape=(n, n))
+    p = tg.reorder(ring, "2:4", layout="2:4", device="cpu")
+    np.testing.assert_array_equal(p.perm, tg.reorder(ring, "2:4", device="cpu").perm)
+    assert p.report.renumbered == 0 and p.report.padding == p.report.reorder_padding
+    q = tg.reorder(cora, "2:4", layout="2:4", device="cpu")
+    assert q.report.padding == grouping_padding(cora, q, "2:4") <= q.report.reorder_padding
+    assert q.report.reorder_padding == grouping_padding(cora, cora_24, "2:4")
+    assert cora_24.report.layout is None and cora_24.report.padding is None

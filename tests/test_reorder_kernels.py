@@ -107,6 +107,24 @@ def test_reorder_gpu_equals_reference(name, pattern):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("name,layout", [("cora", "2:4"), ("ppi_homo_sapiens", "2:4"), ("polblogs", "1:2"),
+                                         ("powerlaw", "2:4"), ("powerlaw", "1:2")], ids=str)
+def test_window_stage_gpu_equals_reference(name, layout):
+    # The window stage scores its candidates with the grouping kernel on the GPU, the reference on the host.
+    if name == "powerlaw":
+        A = tg.power_law_graph(3001, 12000, seed=5, symmetric=True)
+    else:
+        A = sp.load_npz(graph_dir(name) / "adj_csr.npz")
+    p_gpu = tg.reorder(A, "2:4", layout=layout, device="cuda")
+    p_ref = tg.reorder(A, "2:4", layout=layout, device="cpu")
+    np.testing.assert_array_equal(p_gpu.perm, p_ref.perm)
+    r, q = p_gpu.report, p_ref.report
+    fields = ("pscore", "mbscore", "initial_padding", "reorder_padding", "padding", "renumbered")
+    assert [getattr(r, f) for f in fields] == [getattr(q, f) for f in fields]
+    assert r.padding <= r.reorder_padding
+
+
+@pytest.mark.gpu
 def test_evaluate_gpu_large(xp):
     A = tg.power_law_graph(20000, 200000, seed=2, symmetric=True)
     for pattern in (Pattern(1, 2, 4), Pattern(16, 2, 16), Pattern(1, 3, 32)):

@@ -2,8 +2,9 @@
 
 Usage (GPU machine): python tools/nm_bench.py [GRAPH ...] [--dims 32,64,128,256] [--repeat 20] [--padding]
 
-Per graph and vertex order (original, and after ``tg.reorder(A, "2:4")``), per width D, one process, one
-run (ratios within a row come from the same run):
+Per graph and vertex order (original, after ``tg.reorder(A, "2:4")``, and after
+``tg.reorder(A, "2:4", layout="2:4")`` where its window stage renumbers), per width D, one process, one run
+(ratios within a row come from the same run):
 
 * padding of the "2:4" and "1:2" layouts (stored slots holding no column), and windows needing none;
 * float16 X (float32 matrix, float32 out): "2:4" mma.sp against the vector layout's dense m16n8k16 kernel;
@@ -85,6 +86,9 @@ def main(argv=None):
         if not a.no_reorder:
             p = tg.reorder(A0, "2:4")
             orders.append(("2:4 reorder", p.apply(A0).astype(np.float32)))
+            q = tg.reorder(A0, "2:4", layout="2:4")  # with the window stage for the 2:4 layout
+            if q.report.renumbered:
+                orders.append(("2:4 reorder + window stage", q.apply(A0).astype(np.float32)))
         for order, A in orders:
             A.data[:] = rng.uniform(0.5, 1.5, A.nnz).astype(np.float32)
             T24 = tg.TiledMatrix(A, layout="2:4")
