@@ -1,0 +1,84 @@
+"""One tuning knob, two values, each with its own timed launch choice, in one process.
+
+    python tools/ab_tuning.py --knob NAME --values A B GRAPH ... [--dims 32,64,128,256] [--x-dtype float32]
+        [--json FILE] [--markdown FILE]
+
+``A`` and ``B`` are Python literals, e.g. ``--knob half_shapes --values None "((1, 1, 2), (2, 1, 2))"``.
+
+For each graph and width: the best of cuSPARSE ALG2 / ALG3 (row-major) and ``tg.spmm(T, X, out=Y)`` on the
+default layout under each value of ``_ops.TUNING[knob]`` (a fresh ``TiledMatrix`` per value, so each plans
+and times its own launch), on the GPU-only, back-to-back and from-idle clocks of ``tools/_sweep.py``.
+Every product is checked exact on small-integer data first.  The geomean summary has one line per clock
+and value; the last column is the launch each value's timed choice kept.
+"""
+
+import ast
+
+import numpy as np
+
+
+def main():
+    from _sweep import graph_args  # tools/
+
+    def more(ap):
+        ap.add_argument("--knob", required=True, help="a key of tcgnn_py._ops.TUNING")
+        ap.add_argument("--values", nargs=2, required=True, help="two Python literals")
+        ap.add_argument("--x-dtype", default="float32", choices=("float32", "float16", "bfloat16"))
+
+    args = graph_args(__doc__, more)
+
+    import tcgnn_py as tg
+    from tcgnn_py import _ops
+    from _sweep import cusparse_clocks, geomean_summary, int_graph, int_operands, ours_clocks, write_outputs
+
+    knob, values = args.knob, [ast.literal_eval(v) for v in args.values]
+    if knob not in _ops.TUNING:
+        raise SystemExit(f"--knob must be a key of tcgnn_py._ops.TUNING, got {knob!r}")
+    labels = [f"{knob}={v!r}" for v in values]
+    original = _ops.TUNING[knob]
+    half = args.x_dtype != "float32"
+    if half:
+        import ml_dtypes
+
+        xdt = np.dtype(ml_dtypes.bfloat16) if args.x_dtype == "bfloat16" else np.dtype(np.float16)
+    head = (f"| graph | D | cuSPARSE GPU-only µs | {labels[0]} µs | {labels[1]} µs | GPU-only ratios | back to back"
+            f" ratios | from idle ratios | launches kept |\n" + "|---" * 9 + "|")
+    print(head, flush=True)
+    rows, lines = [], []
+    rng = np.random.default_rng(0)
+    try:
+        for spec in args.graphs:
+            name, A, Ad = int_graph(spec, rng)
+            for D in (int(d) for d in args.dims.split(",")):
+                Xs, Y, ref = int_operands(A, Ad, D, rng)
+                # cuSPARSE on float32 X (the user's alternative, and the type its descriptors say) before X is cast
+                row = {"graph": name, "nnz": int(A.nnz), "D": D, "cusparse": cusparse_clocks(Ad, Xs, Y)}
+                if half:
+                    Xs = [X.astype(xdt) for X in Xs]  # small integers: exact in 16 bits
+                kept = []
+                for label, v in zip(labels, values):
+                    _ops.set_tuning(**{knob: v})
+                    T = tg.TiledMatrix(A)
+                    tg.spmm(T, Xs[0], out=Y)
+                    assert bool((Y == ref).all()), (name, D, label)  # synchronize!
+                    row[label] = ours_clocks(lambda i: tg.spmm(T, Xs[i], out=Y))
+                    key = "half_timed" if half else "vec_timed"
+                    ms = next((v for k, v in T.tiling._cache.items() if isinstance(k, tuple) and k[0] == key), None)
+                    kept.append(str(list(ms)[_ops.pick_fastest(list(ms.values()))]) if ms else "untimed")
+                row["kept"] = kept
+                c, a, b = row["cusparse"], row[labels[0]], row[labels[1]]
+                ratios = [" / ".join(f"{c[k] / x[k]:.2f}×" for x in (a, b)) for k in ("gpu", "b2b", "idle")]
+                line = (f"| {name} | {D} | {c['gpu']:.1f} | {a['gpu']:.1f} | {b['gpu']:.1f} | {ratios[0]} | "
+                        f"{ratios[1]} | {ratios[2]} | {' ; '.join(kept)} |")
+                print(line, flush=True)
+                rows.append(row)
+                lines.append(line)
+    finally:
+        _ops.set_tuning(**{knob: original})
+    summary = geomean_summary(rows, labels)
+    print("\n".join(summary))
+    write_outputs(args, head, lines, rows, summary)
+
+
+if __name__ == "__main__":
+    main()
