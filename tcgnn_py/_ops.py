@@ -587,7 +587,6 @@ def _half_bind(tiling, values, X, out, precision):
         return None
     if dtype not in (_F32, xdt):  # the slow path computes in float32 and rounds into a copy
         return None
-    cp = get_cupy()
     # A new result comes from the memory pool, 256-byte aligned, as the slow path's did.
     aligned = D % 8 == 0 and X.data.ptr % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
     launch = tiling._cache.get(("half_launch", xdt.name, values.dtype != xdt, dtype.name, D, aligned,
@@ -596,12 +595,23 @@ def _half_bind(tiling, values, X, out, precision):
         return None
     run = launch.bind(tiling, _F32, M, D, n_extra=1)  # float32 partial tiles; the values' unscale per call
     fixup = launch.fixup.bind(launch.partial(_F32, D), M, D, tiling.layout.window) if launch.fixup else None
-    shape, ndarray, key = (M, D), cp.ndarray, ("half_values", xdt.name)
+    return cast_closure(run, fixup, (M, D), dtype, ("half_values", xdt.name),
+                        lambda T: _half_values(T._values, xdt, T._casts))
+
+
+def cast_closure(run, fixup, shape, dtype, key, make):
+    """``f(T, X, out) -> Y``: a bound launch fed, per call, the matrix's cast values.
+
+    ``T._casts[key]`` (made by ``make(T)`` on a miss, cached on the matrix) is ``(split, values, unscale)``;
+    ``run(values, X, Y, unscale or values)`` launches, then the bound ``fixup(Y)`` if any.  The 16-bit and N:M
+    hot paths: matrices sharing a tiling (``with_values``) each bring their own values.
+    """
+    ndarray = get_cupy().ndarray
 
     def f(T, X, out):
-        hv = T._casts.get(key) or _half_values(T._values, xdt, T._casts)  # (split, values, unscale)
+        _, vals, unscale = T._casts.get(key) or make(T)
         Y = ndarray(shape, dtype) if out is None else out
-        run(hv[1], X, Y, hv[2])
+        run(vals, X, Y, vals if unscale is None else unscale)
         if fixup is not None:
             fixup(Y)
         return Y

@@ -40,6 +40,7 @@ from ._ops import (
     _half_values,
     _stream_scratch,
     _values_as,
+    cast_closure,
     resolve_precision,
     result_and_operand,
     result_dtype,
@@ -254,7 +255,7 @@ def sp_bind(tiling, values, X, out, precision=None):
     launch = tiling._cache.get(("sp_launch", xdt.name, split, dtype.name, D, aligned, _TUNING_VERSION[0]))
     if not isinstance(launch, SpLaunch):
         return None
-    cp, key = get_cupy(), ("sp_values", xdt.name)
+    key = ("sp_values", xdt.name)
     meta, _ = sp_meta(tiling)
     counters = launch.counters()
     partial = launch.partial(D)
@@ -262,14 +263,4 @@ def sp_bind(tiling, values, X, out, precision=None):
     run = _bound(launch.kernel, launch.grid, (128,), 0, (launch.units, launch.unit_k0, tiling.block_cols, meta),
                  (counters if counters is not None else launch.unit_k0,) + sizes, partial, n_extra=1)
     fixup = launch.fixup.bind(partial, M, D, 16) if launch.fixup is not None else None
-    shape, ndarray = (M, D), cp.ndarray
-
-    def f(T, X, out):
-        _, comp, unscale = T._casts.get(key) or sp_values(tiling, T._values, xdt, T._casts)
-        Y = ndarray(shape, dtype) if out is None else out
-        run(comp, X, Y, comp if unscale is None else unscale)
-        if fixup is not None:
-            fixup(Y)
-        return Y
-
-    return f
+    return cast_closure(run, fixup, (M, D), dtype, key, lambda T: sp_values(tiling, T._values, xdt, T._casts))

@@ -49,6 +49,20 @@ def int_operands(A, Ad, D, rng, n_inputs=4):
     return Xs, cp.empty((A.shape[0], D), cp.float32), Ad @ Xs[0]
 
 
+def cusparse_points(specs, dims, rng, xdt=None):
+    """Per graph and width: ``(name, A, D, Xs, Y, ref, row)`` of small-integer operands (:func:`int_graph`,
+    :func:`int_operands`), ``row`` holding ``cusparse`` (:func:`cusparse_clocks` on float32 X, the user's
+    alternative and the type its descriptors say), then Xs cast to ``xdt`` (exact in 16 bits) if given."""
+    for spec in specs:
+        name, A, Ad = int_graph(spec, rng)
+        for D in dims:
+            Xs, Y, ref = int_operands(A, Ad, D, rng)
+            row = {"graph": name, "nnz": int(A.nnz), "D": D, "cusparse": cusparse_clocks(Ad, Xs, Y)}
+            if xdt is not None:
+                Xs = [X.astype(xdt) for X in Xs]
+            yield name, A, D, Xs, Y, ref, row
+
+
 def cusparse_clocks(Ad, Xs, Y):
     """µs of the best of cuSPARSE ALG2 / ALG3: ``{"gpu": queued behind a spin, "idle": one call at a time,
     "b2b": calls back to back}``."""

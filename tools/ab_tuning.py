@@ -29,7 +29,7 @@ def main():
 
     import tcgnn_py as tg
     from tcgnn_py import _ops
-    from _sweep import cusparse_clocks, geomean_summary, int_graph, int_operands, ours_clocks, write_outputs
+    from _sweep import cusparse_points, geomean_summary, ours_clocks, write_outputs
 
     knob, values = args.knob, [ast.literal_eval(v) for v in args.values]
     if knob not in _ops.TUNING:
@@ -46,33 +46,27 @@ def main():
     print(head, flush=True)
     rows, lines = [], []
     rng = np.random.default_rng(0)
+    dims = [int(d) for d in args.dims.split(",")]
     try:
-        for spec in args.graphs:
-            name, A, Ad = int_graph(spec, rng)
-            for D in (int(d) for d in args.dims.split(",")):
-                Xs, Y, ref = int_operands(A, Ad, D, rng)
-                # cuSPARSE on float32 X (the user's alternative, and the type its descriptors say) before X is cast
-                row = {"graph": name, "nnz": int(A.nnz), "D": D, "cusparse": cusparse_clocks(Ad, Xs, Y)}
-                if half:
-                    Xs = [X.astype(xdt) for X in Xs]  # small integers: exact in 16 bits
-                kept = []
-                for label, v in zip(labels, values):
-                    _ops.set_tuning(**{knob: v})
-                    T = tg.TiledMatrix(A)
-                    tg.spmm(T, Xs[0], out=Y)
-                    assert bool((Y == ref).all()), (name, D, label)  # synchronize!
-                    row[label] = ours_clocks(lambda i: tg.spmm(T, Xs[i], out=Y))
-                    key = "half_timed" if half else "vec_timed"
-                    ms = next((v for k, v in T.tiling._cache.items() if isinstance(k, tuple) and k[0] == key), None)
-                    kept.append(str(list(ms)[_ops.pick_fastest(list(ms.values()))]) if ms else "untimed")
-                row["kept"] = kept
-                c, a, b = row["cusparse"], row[labels[0]], row[labels[1]]
-                ratios = [" / ".join(f"{c[k] / x[k]:.2f}×" for x in (a, b)) for k in ("gpu", "b2b", "idle")]
-                line = (f"| {name} | {D} | {c['gpu']:.1f} | {a['gpu']:.1f} | {b['gpu']:.1f} | {ratios[0]} | "
-                        f"{ratios[1]} | {ratios[2]} | {' ; '.join(kept)} |")
-                print(line, flush=True)
-                rows.append(row)
-                lines.append(line)
+        for name, A, D, Xs, Y, ref, row in cusparse_points(args.graphs, dims, rng, xdt if half else None):
+            kept = []
+            for label, value in zip(labels, values):
+                _ops.set_tuning(**{knob: value})
+                T = tg.TiledMatrix(A)
+                tg.spmm(T, Xs[0], out=Y)
+                assert bool((Y == ref).all()), (name, D, label)  # synchronize!
+                row[label] = ours_clocks(lambda i: tg.spmm(T, Xs[i], out=Y))
+                key = "half_timed" if half else "vec_timed"
+                ms = next((v for k, v in T.tiling._cache.items() if isinstance(k, tuple) and k[0] == key), None)
+                kept.append(str(list(ms)[_ops.pick_fastest(list(ms.values()))]) if ms else "untimed")
+            row["kept"] = kept
+            c, a, b = row["cusparse"], row[labels[0]], row[labels[1]]
+            ratios = [" / ".join(f"{c[k] / x[k]:.2f}×" for x in (a, b)) for k in ("gpu", "b2b", "idle")]
+            line = (f"| {name} | {D} | {c['gpu']:.1f} | {a['gpu']:.1f} | {b['gpu']:.1f} | {ratios[0]} | "
+                    f"{ratios[1]} | {ratios[2]} | {' ; '.join(kept)} |")
+            print(line, flush=True)
+            rows.append(row)
+            lines.append(line)
     finally:
         _ops.set_tuning(**{knob: original})
     summary = geomean_summary(rows, labels)

@@ -38,7 +38,7 @@ def main():
 
     import tcgnn_py as tg
     from tcgnn_py import _ops
-    from _sweep import cusparse_clocks, geomean_summary, int_graph, int_operands, ours_clocks, write_outputs  # tools/
+    from _sweep import cusparse_points, geomean_summary, ours_clocks, write_outputs  # tools/
 
     half = args.x_dtype != "float32"
     if half:
@@ -53,35 +53,29 @@ def main():
     print(head, flush=True)
     rows, lines = [], []
     rng = np.random.default_rng(0)
-    for spec in args.graphs:
-        name, A, Ad = int_graph(spec, rng)
-        for D in (int(d) for d in args.dims.split(",")):
-            Xs, Y, ref = int_operands(A, Ad, D, rng)
-            # cuSPARSE on float32 X (the user's alternative, and the type its descriptors say) before X is cast
-            row = {"graph": name, "nnz": int(A.nnz), "D": D, "cusparse": cusparse_clocks(Ad, Xs, Y)}
-            if half:
-                Xs = [X.astype(xdt) for X in Xs]  # small integers: exact in 16 bits
-            for mode, timed in (("statistics", False), ("timed", True)):
-                _ops.set_tuning(vec_timed_choice=timed)
-                T = tg.TiledMatrix(A)  # a fresh tiling: nothing planned yet
-                first = _first_call_ms(lambda: tg.spmm(T, Xs[0], out=Y))
-                assert bool((Y == ref).all()), (name, D, mode)  # synchronize!
-                row[mode] = dict(ours_clocks(lambda i: tg.spmm(T, Xs[i], out=Y)), first_ms=first)
-                if timed:
-                    key = "half_timed" if half else "vec_timed"
-                    ms = next(v for k, v in T.tiling._cache.items() if isinstance(k, tuple) and k[0] == key)
-                    won = list(ms)[_ops.pick_fastest(list(ms.values()))]
-                    row["timed"]["won"] = [getattr(won, f) for f in won_fields]
-                    row["timed"]["candidates_us"] = {str(tuple(k)): 1e3 * v for k, v in ms.items()}
-            _ops.set_tuning(vec_timed_choice=True)
-            c, s, t = row["cusparse"], row["statistics"], row["timed"]
-            line = (f"| {name} | {D} | {c['gpu']:.1f} | {s['gpu']:.1f} | {t['gpu']:.1f} | {c['idle']:.1f} |"
-                    f" {s['idle']:.1f} | {t['idle']:.1f} | {c['gpu'] / s['gpu']:.2f}× / {c['gpu'] / t['gpu']:.2f}× |"
-                    f" {c['idle'] / s['idle']:.2f}× / {c['idle'] / t['idle']:.2f}× |"
-                    f" {s['first_ms']:.1f} / {t['first_ms']:.1f} | {tuple(t['won'])} |")
-            print(line, flush=True)
-            rows.append(row)
-            lines.append(line)
+    dims = [int(d) for d in args.dims.split(",")]
+    for name, A, D, Xs, Y, ref, row in cusparse_points(args.graphs, dims, rng, xdt if half else None):
+        for mode, timed in (("statistics", False), ("timed", True)):
+            _ops.set_tuning(vec_timed_choice=timed)
+            T = tg.TiledMatrix(A)  # a fresh tiling: nothing planned yet
+            first = _first_call_ms(lambda: tg.spmm(T, Xs[0], out=Y))
+            assert bool((Y == ref).all()), (name, D, mode)  # synchronize!
+            row[mode] = dict(ours_clocks(lambda i: tg.spmm(T, Xs[i], out=Y)), first_ms=first)
+            if timed:
+                key = "half_timed" if half else "vec_timed"
+                ms = next(v for k, v in T.tiling._cache.items() if isinstance(k, tuple) and k[0] == key)
+                won = list(ms)[_ops.pick_fastest(list(ms.values()))]
+                row["timed"]["won"] = [getattr(won, f) for f in won_fields]
+                row["timed"]["candidates_us"] = {str(tuple(k)): 1e3 * v for k, v in ms.items()}
+        _ops.set_tuning(vec_timed_choice=True)
+        c, s, t = row["cusparse"], row["statistics"], row["timed"]
+        line = (f"| {name} | {D} | {c['gpu']:.1f} | {s['gpu']:.1f} | {t['gpu']:.1f} | {c['idle']:.1f} |"
+                f" {s['idle']:.1f} | {t['idle']:.1f} | {c['gpu'] / s['gpu']:.2f}× / {c['gpu'] / t['gpu']:.2f}× |"
+                f" {c['idle'] / s['idle']:.2f}× / {c['idle'] / t['idle']:.2f}× |"
+                f" {s['first_ms']:.1f} / {t['first_ms']:.1f} | {tuple(t['won'])} |")
+        print(line, flush=True)
+        rows.append(row)
+        lines.append(line)
     summary = geomean_summary(rows, ("statistics", "timed"))
     print("\n".join(summary))
     write_outputs(args, head, lines, rows, summary)
