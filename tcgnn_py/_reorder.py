@@ -478,10 +478,16 @@ def _report(st, n, pattern, initial=None, iterations=0, time_s=0.0, **window):
     )  # fmt: skip
 
 
-#: Window stage: a row "forces padding" when its entries x M exceed alpha x N x its window's columns; each alpha
-#: gives a candidate order, and the one whose grouping pads least wins (the two stages' order among them).
+#: Window stage: a row "forces padding" when its entries x M exceed alpha x N x its window's columns.  Each
+#: (alpha, hubs per window) gives a candidate order; the one whose grouping pads least wins, among those that
+#: split no more windows into several SpMM units, nor make the longest unit much longer, than the two stages'
+#: order (which is a candidate too).
 _STACK_ALPHAS = (1.0, 0.75, 0.5, 0.35)
-#: Stacking rounds per alpha: moving rows changes the windows, so rows that force padding are found again.
+#: Hubs per 16-row window: 2 fill each other's groups when their columns differ; more when they share columns.
+_STACK_HUBS_PER_WINDOW = (2, 4, 16)
+#: A candidate's longest unit may be this fraction (1 / slack) longer than the two stages' order's.
+_STACK_LONGEST_SLACK = 8
+#: Stacking rounds per candidate: moving rows changes the windows, so rows that force padding are found again.
 _STACK_ROUNDS = 4
 
 
@@ -504,8 +510,9 @@ def _window_excess(xp, rows, cols, inv, deg_new, n, window, pattern):
     return C, int((bound - C).sum())  # synchronize!
 
 
-def window_padding(xp, rows, cols, inv, n, layout):
-    """``(padding slots, stored slots)`` of ``layout``'s N:M grouping of the pattern renumbered by ``inv``.
+def window_grouping(xp, rows, cols, inv, n, layout, unit_blocks):
+    """``(padding slots, stored slots, windows of more than unit_blocks blocks, blocks of the longest window)`` of
+    ``layout``'s N:M grouping of the pattern renumbered by ``inv``.
 
     Host arrays: the reference grouping (:func:`tcgnn_py._nm_windows.nm_groups`); device arrays: the grouping
     kernel, which gives the same slots.
@@ -515,70 +522,101 @@ def window_padding(xp, rows, cols, inv, n, layout):
     r, c = to_host(inv[rows]), to_host(inv[cols])  # synchronize!
     if xp is np:
         g = nw.nm_groups(r, c, (n, n), layout.window, layout.pattern)
-        return g["padding"], g["slots"]
-    from . import _nm_group
+        slot_ptr, pad, slots = g["slot_ptr"], g["padding"], g["slots"]
+    else:
+        from . import _nm_group
 
-    _, slot_cols = _nm_group.group(r, c, (n, n), layout.window, layout.pattern, xp)
-    return int((slot_cols < 0).sum()), int(slot_cols.shape[0])  # synchronize!
+        slot_ptr, slot_cols = _nm_group.group(r, c, (n, n), layout.window, layout.pattern, xp)
+        pad, slots = int((slot_cols < 0).sum()), int(slot_cols.shape[0])  # synchronize!
+    blocks = -(-xp.diff(slot_ptr) // layout.block)
+    return pad, slots, int((blocks > unit_blocks).sum()), int(blocks.max(initial=0))  # synchronize!
+
+
+def _stacked_order(xp, hub, deg, n, window, k):
+    """The new order (current positions): hubs (densest first) ``k`` to a window with ``window - k`` other rows
+    each, while both last; then the rest in their order.  Integer sort keys, no ties: every backend agrees."""
+    pos = xp.arange(n, dtype=np.int64)
+    big = int(deg.max()) + 1 if n else 1  # synchronize!
+    h = pos[hub][xp.argsort((big - deg[hub]) * n + pos[hub])]
+    rest = pos[~hub]
+    i = xp.arange(h.shape[0], dtype=np.int64)
+    j = xp.arange(rest.shape[0], dtype=np.int64)
+    n_hub_windows = -(-h.shape[0] // k)
+    key_h = (i // k) * window + i % k
+    if k < window:
+        fill = window - k
+        key_r = xp.where(j < fill * n_hub_windows, (j // fill) * window + k + j % fill, n_hub_windows * window + j)
+    else:
+        key_r = n_hub_windows * window + j
+    return xp.concatenate((h, rest))[xp.argsort(xp.concatenate((key_h, key_r)))]
 
 
 def _stack_candidates(xp, rows, cols, deg, perm, n, layout):
-    """Orders that move the rows forcing padding in their window into windows of their own, densest first.
+    """Orders that move the rows forcing padding in their window into windows shared with other such rows.
 
     A row of ``d`` entries needs ``d / N`` groups of its window however the window's columns are ordered, so a
-    hub whose window mates bring few other columns leaves slots empty; stacked with other hubs (whose columns
-    differ) its groups fill.  Per alpha of :data:`_STACK_ALPHAS`, up to :data:`_STACK_ROUNDS` rounds, each kept
-    while the grouping's lower bound falls.  Stable and tie-free (integer keys), so every backend agrees.
+    hub whose window mates bring few other columns leaves slots empty; sharing a window with other hubs (whose
+    columns differ) fills its groups.  Per alpha of :data:`_STACK_ALPHAS` and hubs per window of
+    :data:`_STACK_HUBS_PER_WINDOW`, up to :data:`_STACK_ROUNDS` rounds, each kept while the grouping's lower
+    bound falls.
     """
     window, (nn, mm) = layout.window, layout.pattern
     pos = xp.arange(n, dtype=np.int64)
-    big = int(deg.max()) + 1 if n else 1  # synchronize!
     out = []
-    for alpha in _STACK_ALPHAS:
-        p = perm
-        inv = xp.empty(n, np.int64)
-        inv[p] = pos
-        C, best = _window_excess(xp, rows, cols, inv, deg[p], n, window, (nn, mm))
-        for _ in range(_STACK_ROUNDS):
-            d = deg[p]
-            hub = d * mm > alpha * nn * C[pos // window]
-            # Hubs first by decreasing entries, then every other row; positions break ties.
-            key = xp.where(hub, (big - d) * n + pos, (big + 1) * n + pos)
-            q = p[xp.argsort(key)]
-            inv_q = xp.empty(n, np.int64)
-            inv_q[q] = pos
-            C_q, excess = _window_excess(xp, rows, cols, inv_q, deg[q], n, window, (nn, mm))
-            if excess >= best:
-                break
-            p, C, best = q, C_q, excess
-        out.append(p)
+    for k in _STACK_HUBS_PER_WINDOW:
+        for alpha in _STACK_ALPHAS:
+            p = perm
+            inv = xp.empty(n, np.int64)
+            inv[p] = pos
+            C, best = _window_excess(xp, rows, cols, inv, deg[p], n, window, (nn, mm))
+            for _ in range(_STACK_ROUNDS):
+                d = deg[p]
+                hub = d * mm > alpha * nn * C[pos // window]
+                q = p[_stacked_order(xp, hub, d, n, window, min(k, window))]
+                inv_q = xp.empty(n, np.int64)
+                inv_q[q] = pos
+                C_q, excess = _window_excess(xp, rows, cols, inv_q, deg[q], n, window, (nn, mm))
+                if excess >= best:
+                    break
+                p, C, best = q, C_q, excess
+            out.append(p)
     return out
 
 
 def _stack_hubs(xp, indices, edge_row, n, perm, layout):
-    """The window stage: ``(perm, rows moved, padding shares of the input, of perm, of the result)``."""
+    """The window stage: ``(perm, vertices renumbered, padding shares of the input, of perm, of the result)``.
+
+    A candidate may not make more windows longer than one SpMM unit (``TUNING["sp_blocks_per_unit"]`` blocks)
+    than ``perm`` has, nor its longest unit more than 1 / :data:`_STACK_LONGEST_SLACK` longer: split windows
+    are summed by a second launch, and the longest unit is the critical path of small grids (without these
+    rules, stacking 16 hubs per window made pubmed's 2:4 SpMM 1.3x slower for 1.5 points less padding, and a
+    longest window of 27 blocks instead of 21 made cora's 1.2x slower).
+    """
+    from ._ops import TUNING
+
+    unit = TUNING["sp_blocks_per_unit"]
     rows, cols = _entries(xp, indices, edge_row, n)
     deg = xp.bincount(rows, minlength=n)[:n].astype(np.int64)
     perm = xp.asarray(perm).astype(np.int64)
     pos = xp.arange(n, dtype=np.int64)
 
-    def share(p):
+    def grouping(p):
         inv = xp.empty(n, np.int64)
         inv[p] = pos
-        pad, slots = window_padding(xp, rows, cols, inv, n, layout)
-        return pad / max(slots, 1)
+        pad, slots, long_windows, longest = window_grouping(xp, rows, cols, inv, n, layout, unit)
+        return pad / max(slots, 1), (long_windows, min(longest, unit))
 
-    initial = share(pos)
-    best_p, best = perm, share(perm)
-    reorder_padding = best
+    initial, _ = grouping(pos)
+    best, (long_base, unit_base) = grouping(perm)
+    best_p, reorder_padding = perm, best
     seen = [to_host(perm)]  # synchronize!
     for p in _stack_candidates(xp, rows, cols, deg, perm, n, layout):
         hp = to_host(p)  # synchronize!
         if any(np.array_equal(hp, q) for q in seen):
             continue
         seen.append(hp)
-        f = share(p)
-        if f < best:
+        f, (long_windows, longest_unit) = grouping(p)
+        if f < best and long_windows <= long_base and longest_unit <= unit_base + unit_base // _STACK_LONGEST_SLACK:
             best_p, best = p, f
     moved = int((to_host(best_p) != seen[0]).sum())  # synchronize!
     return best_p, moved, initial, reorder_padding, best

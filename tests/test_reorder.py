@@ -411,8 +411,9 @@ def grouping_padding(A, perm, layout):
 
 @pytest.mark.parametrize("layout", ["2:4", "1:2"])
 def test_window_stage_stacks_hubs(layout):
-    # Hubs whose leaves bring no other column: each forces padding in its window whatever its columns' order.
-    A = stars(6, 40)
+    # Hubs whose leaves bring no other column: each forces padding in its window whatever its columns' order
+    # (300 leaves: each hub's window is longer than one SpMM unit already, so pairing hubs lengthens no unit).
+    A = stars(6, 300)
     p = tg.reorder(A, "2:4", layout=layout, device="cpu")
     rep = p.report
     np.testing.assert_array_equal(np.sort(p.perm), np.arange(A.shape[0]))
@@ -437,3 +438,51 @@ def test_window_stage_keeps_an_order_it_cannot_improve(cora, cora_24):
     assert q.report.padding == grouping_padding(cora, q, "2:4") <= q.report.reorder_padding
     assert q.report.reorder_padding == grouping_padding(cora, cora_24, "2:4")
     assert cora_24.report.layout is None and cora_24.report.padding is None
+
+
+def test_stacked_order_puts_k_hubs_in_each_window():
+    from tcgnn_py import _reorder as R
+
+    n, W = 40, 16
+    deg = np.arange(n, dtype=np.int64) % 7
+    hub = np.zeros(n, bool)
+    hub[[3, 10, 11, 20, 33]] = True
+    deg[[3, 10, 11, 20, 33]] = [50, 90, 70, 90, 60]
+    for k in (2, 4, 16):
+        order = R._stacked_order(np, hub, deg, n, W, k)
+        np.testing.assert_array_equal(np.sort(order), np.arange(n))
+        hubs = [10, 20, 11, 33, 3]  # densest first, ties by position
+        rest = [i for i in range(n) if not hub[i]]
+        want, ri = [], 0
+        for hi in range(0, len(hubs), k):  # k hubs, then W - k other rows, per window
+            want += hubs[hi:hi + k] + rest[ri:ri + W - k]
+            ri += W - k
+        np.testing.assert_array_equal(order, want + rest[ri:], err_msg=f"k={k}")
+
+
+def test_window_stage_splits_no_more_windows():
+    """Candidates that split more windows into SpMM units, or lengthen the longest unit by more than 1/8, lose."""
+    from tcgnn_py import _reorder as R
+    from tcgnn_py._ops import TUNING
+
+    unit = TUNING["sp_blocks_per_unit"]
+
+    def long_windows(A, perm):
+        n = A.shape[0]
+        rows, cols = (a.astype(np.int64) for a in sp.csr_array(A).nonzero())
+        inv = np.empty(n, np.int64)
+        inv[perm] = np.arange(n)
+        _, _, n_long, longest = R.window_grouping(np, rows, cols, inv, n, tg.LAYOUTS["2:4"], unit)
+        return n_long, min(longest, unit)
+
+    # 40 leaves: hubs stacked 2-16 to a window make its longest unit 1.2-8x the two stages' (5 blocks), so the
+    # two stages' order stays; 300 leaves: every hub window is past one unit already, and pairing them pays.
+    for leaves in (40, 300):
+        A = stars(16, leaves)
+        p, base = (tg.reorder(A, "2:4", layout=lay, device="cpu") for lay in ("2:4", None))
+        (long_p, longest_p), (long_b, longest_b) = long_windows(A, p.perm), long_windows(A, base.perm)
+        assert long_p <= long_b and longest_p <= longest_b + longest_b // 8
+        if leaves == 40:
+            assert p.report.renumbered == 0 and p.report.padding == p.report.reorder_padding
+        else:
+            assert p.report.padding < 0.5 * p.report.reorder_padding
