@@ -529,7 +529,8 @@ def window_grouping(xp, rows, cols, inv, n, layout, unit_blocks):
         slot_ptr, slot_cols = _nm_group.group(r, c, (n, n), layout.window, layout.pattern, xp)
         pad, slots = int((slot_cols < 0).sum()), int(slot_cols.shape[0])  # synchronize!
     blocks = -(-xp.diff(slot_ptr) // layout.block)
-    return pad, slots, int((blocks > unit_blocks).sum()), int(blocks.max(initial=0))  # synchronize!
+    longest = int(blocks.max()) if blocks.shape[0] else 0  # synchronize! (CuPy's max takes no initial=)
+    return pad, slots, int((blocks > unit_blocks).sum()), longest  # synchronize!
 
 
 def _stacked_order(xp, hub, deg, n, window, k):
