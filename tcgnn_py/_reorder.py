@@ -696,13 +696,15 @@ def reorder(
         windows; the default, as for :class:`TiledMatrix`) or ``"tcgnn"``
         (16-row windows).  N:M: None (default; the paper's whole-matrix
         pattern), or an N:M layout, ``"2:4"`` or ``"1:2"``: after the two
-        stages, a **window stage** stacks the rows that force padding in
+        stages, a **window stage** moves the rows that force padding in
         their row window (a row of d entries needs d / N groups of M slots
-        however its window's columns are ordered) into windows of their own,
-        densest first, if that lowers the padding of the layout's grouping;
-        ``report.padding`` says by how much.  Column order does not matter
-        to these layouts (each window's columns are only a gather list), so
-        the stage may raise PScore.
+        however its window's columns are ordered) into windows shared with
+        other such rows, densest first, if that lowers the padding of the
+        layout's grouping without splitting more windows into SpMM units or
+        lengthening the longest one by more than 1/8; ``report.padding``
+        says by how much.  Column order does not matter to these layouts
+        (each window's columns are only a gather list), so the stage may
+        raise PScore.
     max_iter, stage_iter, patience : N:M only: bounds of the outer loop, of each
         stage's inner loop, and of iterations without a new best.
     max_levels : locality only: the most coarsening levels.
