@@ -284,7 +284,7 @@ class NMReport:
     iterations: int = 0
     time_s: float = 0.0
     #: ``reorder(..., layout=)`` only: the N:M layout ordered for, and the padding share of its
-    #: grouping's stored slots (:func:`window_padding`) for the input, after the two stages, and final.
+    #: grouping's stored slots (:func:`window_grouping`) for the input, after the two stages, and final.
     layout: str = None
     initial_padding: float = None
     reorder_padding: float = None
