@@ -440,6 +440,15 @@ def test_window_stage_keeps_an_order_it_cannot_improve(cora, cora_24):
     assert cora_24.report.layout is None and cora_24.report.padding is None
 
 
+@pytest.mark.parametrize("n,dense", [(0, False), (5, False), (1, True), (20, True)])
+def test_window_stage_edge_cases(n, dense):
+    A = sp.csr_array(np.ones((n, n), np.float32) if dense else (n, n), dtype=np.float32)
+    for layout in ("2:4", "1:2"):
+        p = tg.reorder(A, "2:4", layout=layout, device="cpu")
+        assert len(p.perm) == n and p.report.renumbered == 0 and p.report.layout == layout
+        assert p.report.padding == grouping_padding(A, p, layout)
+
+
 def test_stacked_order_puts_k_hubs_in_each_window():
     from tcgnn_py import _reorder as R
 
