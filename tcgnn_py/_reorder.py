@@ -563,13 +563,13 @@ def _stack_candidates(xp, rows, cols, deg, perm, n, layout):
     """
     window, (nn, mm) = layout.window, layout.pattern
     pos = xp.arange(n, dtype=np.int64)
+    inv = xp.empty(n, np.int64)
+    inv[perm] = pos
+    C0, best0 = _window_excess(xp, rows, cols, inv, deg[perm], n, window, (nn, mm))  # every candidate starts here
     out = []
     for k in _STACK_HUBS_PER_WINDOW:
         for alpha in _STACK_ALPHAS:
-            p = perm
-            inv = xp.empty(n, np.int64)
-            inv[p] = pos
-            C, best = _window_excess(xp, rows, cols, inv, deg[p], n, window, (nn, mm))
+            p, C, best = perm, C0, best0
             for _ in range(_STACK_ROUNDS):
                 d = deg[p]
                 hub = d * mm > alpha * nn * C[pos // window]

@@ -12,7 +12,6 @@ clocks; 4 rotating small-integer inputs).
 """
 
 import argparse
-import time
 
 import numpy as np
 
@@ -20,17 +19,9 @@ LAYOUTS = (("vector", ("float32", "float16", "bfloat16")), ("2:4", ("float16", "
 
 
 def host_us(call, n=1000):
-    import cupy as cp
+    from tcgnn_py.bench._timing import time_per_call
 
-    for _ in range(30):
-        call()
-    cp.cuda.Device().synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        call()
-    t1 = time.perf_counter()
-    cp.cuda.Device().synchronize()
-    return 1e6 * (t1 - t0) / n
+    return 1e6 * time_per_call(call, n, warmup=30)[0]
 
 
 def main():

@@ -14,22 +14,14 @@
 """
 
 import argparse
-import time
 
 import numpy as np
 
 
 def back_to_back(fn, calls):
-    import cupy as cp
+    from tcgnn_py.bench._timing import time_per_call
 
-    for _ in range(50):
-        fn()
-    cp.cuda.Device().synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    cp.cuda.Device().synchronize()
-    return 1e6 * (time.perf_counter() - t0) / calls
+    return 1e6 * time_per_call(fn, calls, warmup=50)[1]
 
 
 def wall_ms(fn, repeat=20):

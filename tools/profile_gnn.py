@@ -9,25 +9,17 @@ at D = 16 (the hidden width), back to back.
 """
 
 import sys
-import time
 
 import cupy as cp
 import cupyx.scipy.sparse as csp
 
 import tcgnn_py as tg
 from tcgnn_py.bench import gnn_problem, train_step
+from tcgnn_py.bench._timing import time_per_call
 
 
 def per_call(fn, n):
-    for _ in range(10):
-        fn()
-    cp.cuda.Device().synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    cp.cuda.Device().synchronize()
-    return (t1 - t0) / n, (time.perf_counter() - t0) / n
+    return time_per_call(fn, n, warmup=10)
 
 
 def main(graph="cora"):

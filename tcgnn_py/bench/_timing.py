@@ -6,7 +6,8 @@ import time
 
 import numpy as np
 
-__all__ = ["time_events", "time_host", "time_rotating", "time_back_to_back", "time_queued", "copy_bandwidth"]
+__all__ = ["time_events", "time_host", "time_per_call", "time_rotating", "time_back_to_back", "time_queued",
+           "copy_bandwidth"]
 
 
 def time_events(fn, repeat=20, warmup=3):
@@ -36,6 +37,25 @@ def time_host(fn, repeat=20, warmup=1):
         fn()
         samples.append(1e3 * (time.perf_counter() - t0))
     return statistics.median(samples), samples
+
+
+def time_per_call(fn, calls, warmup=10):
+    """``(host, wall)`` seconds per call of ``calls`` calls of ``fn()`` issued back to back.
+
+    ``host``: until the last call returns (what the host spends issuing one); ``wall``: until the
+    device has finished them all.
+    """
+    import cupy as cp
+
+    for _ in range(warmup):
+        fn()
+    cp.cuda.Device().synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    cp.cuda.Device().synchronize()
+    return (t1 - t0) / calls, (time.perf_counter() - t0) / calls
 
 
 def time_rotating(fn, n_inputs, repeat=20, warmup=3, gpu=True):
