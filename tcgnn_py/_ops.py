@@ -249,6 +249,7 @@ TUNING = {
     "vec_blocks_per_unit": None,  # vector layout: blocks per balanced unit; None: from the tiling (below)
     "vec_target_warps": 16,  # auto units: aim for this many warps per SM in the grid
     "vec_tail_factor": 4,  # auto units: longest unit <= this x the blocks per resident warp (None: no cap)
+    "vec_tail_floor": 128,  # auto units: and <= max(the blocks per resident warp, this) (None: no such cap)
     "vec_warps": 4,  # warps per CTA (independent: each takes its own unit x slice)
     "vec_sort_units": True,  # longest units first: the grid's tail is made of short ones
     "vec_combine": True,  # sum split windows inside the launch (else: a fixup launch)
@@ -1124,6 +1125,11 @@ def _vec_unit_size(tiling, n_slices):
     ``TUNING["vec_tail_factor"]`` times the blocks each resident warp gets on
     average: on small grids that longest unit is the kernel's critical path
     (as_22july06 at D = 256: 66 -> 38 us; wiki_vote at D = 128: 35 -> 24 us).
+    Nor beyond ``max(that mean, TUNING["vec_tail_floor"])`` blocks: long windows on a
+    large grid (blogcatalog3's 108 blocks per window on average, 1,034 at most) would
+    otherwise make units of up to 256 blocks, twice what a resident warp gets, and
+    leave SMs idle while the last of them run (Nsight Compute: SMs active 71 % of the
+    kernel at D = 128); the floor leaves grids of little work per warp to the factor.
     """
     def build():
         return np.diff(to_host(tiling.win_ptr)).astype(np.int64)  # synchronize!
@@ -1136,7 +1142,10 @@ def _vec_unit_size(tiling, n_slices):
     floor = -(-longest // VEC_UNITS_PER_WINDOW_MAX)
     factor = TUNING["vec_tail_factor"]
     # The grid's critical path is its longest unit: keep it within `factor` x the mean work of a resident warp.
-    cap = np.inf if factor is None else factor * int(nb.sum()) * n_slices / (VEC_RESIDENT_WARPS * sms)
+    per_warp = int(nb.sum()) * n_slices / (VEC_RESIDENT_WARPS * sms)
+    cap = np.inf if factor is None else factor * per_warp
+    if TUNING["vec_tail_floor"]:
+        cap = min(cap, max(per_warp, TUNING["vec_tail_floor"]))
     best = VEC_UNIT_SIZES[0]
     for size in VEC_UNIT_SIZES:
         units = int(np.maximum(-(-nb // size), 1).sum())

@@ -132,6 +132,36 @@ def test_work_plan_covers_every_block_once():
     assert plan["n_slots"] == int((units[:, 3] >= 0).sum())
 
 
+class _Histogram:
+    """A tiling as the unit-size rule sees it: its blocks-per-window histogram and an SM count."""
+
+    def __init__(self, blocks_per_window, sms=132):
+        self._cache = {"vec_hist": np.asarray(blocks_per_window, np.int64), "sm_count": sms}
+
+    def cached(self, key, build):
+        return self._cache[key]
+
+
+@pytest.mark.parametrize("floor, want", [(None, 256), (128, 128)])
+def test_unit_size_caps_long_windows_on_large_grids(monkeypatch, floor, want):
+    """Windows of 200 blocks, 114 blocks per resident warp: one unit each (the factor's cap, 454) or two (the floor's)."""
+    from tcgnn_py import _ops
+
+    monkeypatch.setitem(_ops.TUNING, "vec_tail_floor", floor)
+    assert _ops._vec_unit_size(_Histogram(np.full(600, 200)), n_slices=4) == want
+
+
+@pytest.mark.parametrize("floor", [None, 128])
+def test_unit_size_floor_leaves_small_grids_to_the_factor(monkeypatch, floor):
+    """5 blocks per resident warp: the tail factor (4x) caps units at 16 blocks whatever the floor."""
+    from tcgnn_py import _ops
+
+    monkeypatch.setitem(_ops.TUNING, "vec_tail_floor", floor)
+    assert _ops._vec_unit_size(_Histogram(np.full(100, 200)), n_slices=1) == 16
+    # A hub window (more than VEC_HUB_RATIO x the mean) asks for 4x the warps: shorter units still.
+    assert _ops._vec_unit_size(_Histogram([4000] + [10] * 2000), n_slices=1) == 16
+
+
 def test_pick_fastest_keeps_the_default_within_the_margin():
     from tcgnn_py._ops import VEC_TIMED_MARGIN, pick_fastest
 
