@@ -833,9 +833,6 @@ def _spmm_launch(cp, tiling, mode, dtype, D, vec, operands=None):
 
 #: A window of the vector layout is cut into at most this many units (their partial tiles are summed in order).
 VEC_UNITS_PER_WINDOW_MAX = 1024
-#: A tiling whose longest window has this many times the mean blocks aims for 4x the warps (shorter units):
-#: as_22july06 went from 56-98 us to 33-39 us at D = 64-128, pubmed (ratio 6) lost with it (sweep6.log).
-VEC_HUB_RATIO = 16
 #: 64 features per warp (instead of 32) while units x slices still give this many warps per SM: wing,
 #: proteins_full, pubmed and the 1M-node graphs gained 2-10 % at D >= 128, blogcatalog3 and facebook (few,
 #: long windows) lost up to 12 % with fewer warps (tools/profiles/vector/sweep7.log).
@@ -1118,8 +1115,7 @@ def _vec_unit_size(tiling, n_slices):
     """Blocks per unit of the vector SpMM, from the tiling's blocks-per-window histogram.
 
     The largest size in :data:`VEC_UNIT_SIZES` whose units x slices still give
-    ``TUNING["vec_target_warps"]`` warps per SM (4x that on hub-heavy tilings,
-    :data:`VEC_HUB_RATIO`): long windows are cut into balanced parts only as far
+    ``TUNING["vec_target_warps"]`` warps per SM: long windows are cut into balanced parts only as far
     as the GPU needs parallelism (each cut costs a partial tile written and read
     again), and no further than keeps the longest unit within
     ``TUNING["vec_tail_factor"]`` times the blocks each resident warp gets on
@@ -1130,14 +1126,15 @@ def _vec_unit_size(tiling, n_slices):
     otherwise make units of up to 256 blocks, twice what a resident warp gets, and
     leave SMs idle while the last of them run (Nsight Compute: SMs active 71 % of the
     kernel at D = 128); the floor leaves grids of little work per warp to the factor.
+    (Until 2026-11-24 a tiling whose longest window held 16x the mean blocks also
+    aimed for 4x the warps; with these caps that cut wikipedia_pos into 16-block
+    units: 30.5 us at D = 256 against 23.8 us without it, tools/profiles/stall16.)
     """
     def build():
         return np.diff(to_host(tiling.win_ptr)).astype(np.int64)  # synchronize!
 
     nb, sms = tiling.cached("vec_hist", build), _sm_count(tiling)
     target = TUNING["vec_target_warps"] * sms
-    if nb.shape[0] and nb.max() > VEC_HUB_RATIO * max(nb.mean(), 1.0):
-        target *= 4  # hub windows: shorter units, or the longest unit is the kernel's tail
     longest = int(nb.max(initial=0))
     floor = -(-longest // VEC_UNITS_PER_WINDOW_MAX)
     factor = TUNING["vec_tail_factor"]
