@@ -331,3 +331,28 @@ def test_bench_graph_locality_order_on_device():
     assert {"original_cusparse_alg2", "original_cusparse_alg3"} <= set(r["us"])
     assert r["err"]["original_cusparse_alg2"] < 1e-5  # the same product, rows mapped back to the new order
     assert set(r["speedup_vs_original"]) == {"tcgnn_tf32", "tcgnn_vector_tf32", "tcgnn_fp32"}
+
+
+def test_bench_geomeans_table_per_width():
+    """tools/bench_geomeans.py: per-D geomeans of the harness's speedups, the count and list of points below 1.0x."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "tools" / "bench_geomeans.py"
+    spec = importlib.util.spec_from_file_location("bench_geomeans", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def result(D, s):
+        return {"op": "spmm", "D": D, "speedup": {"ours": s}, "speedup_back_to_back": {"ours": s},
+                "speedup_gpu": {"ours": 2 * s}}
+
+    graphs = [{"graph": "a", "nnz": 10**6, "results": [result(32, 2.0), result(64, 0.5)]},
+              {"graph": "b", "nnz": 10**6, "results": [result(32, 8.0), result(64, 2.0)]},
+              {"graph": "small", "nnz": 10, "results": [result(32, 0.1)]}]
+    lines = mod.table(graphs, "spmm", 1000, ["ours"])
+    assert lines[2] == "| 32 | 4.00x | 4.00x | 8.00x |"
+    assert lines[3] == "| 64 | 1.00x | 1.00x | 2.00x |"
+    assert lines[4] == "| all 4 | 2.00x | 2.00x | 4.00x |"
+    assert lines[5] == "| below 1.0x | 1 | 1 | 0 |"
+    assert lines[6:] == ["- ours, one call from idle: a D = 64 (0.50x)", "- ours, back to back: a D = 64 (0.50x)"]
