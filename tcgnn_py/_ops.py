@@ -1121,14 +1121,12 @@ def _vec_unit_size(tiling, n_slices):
     ``TUNING["vec_tail_factor"]`` times the blocks each resident warp gets on
     average: on small grids that longest unit is the kernel's critical path
     (as_22july06 at D = 256: 66 -> 38 us; wiki_vote at D = 128: 35 -> 24 us).
-    Nor beyond ``max(that mean, TUNING["vec_tail_floor"])`` blocks: long windows on a
-    large grid (blogcatalog3's 108 blocks per window on average, 1,034 at most) would
-    otherwise make units of up to 256 blocks, twice what a resident warp gets, and
-    leave SMs idle while the last of them run (Nsight Compute: SMs active 71 % of the
-    kernel at D = 128); the floor leaves grids of little work per warp to the factor.
-    (Until 2026-11-24 a tiling whose longest window held 16x the mean blocks also
-    aimed for 4x the warps; with these caps that cut wikipedia_pos into 16-block
-    units: 30.5 us at D = 256 against 23.8 us without it, tools/profiles/stall16.)
+    Nor beyond ``max(that mean, TUNING["vec_tail_floor"])`` blocks: on large grids
+    units twice a resident warp's share leave SMs idle while the last of them run
+    (blogcatalog3, D = 128: SMs active 71 % of the kernel; float16 48.6 -> 41.3 us
+    with the cap). No separate rule for hub windows: the caps bound their units
+    (a 4x-warps hub rule cut wikipedia_pos too finely: 30.5 against 23.8 us at
+    D = 256; tools/profiles/stall16).
     """
     def build():
         return np.diff(to_host(tiling.win_ptr)).astype(np.int64)  # synchronize!

@@ -144,7 +144,7 @@ class _Histogram:
 
 @pytest.mark.parametrize("floor, want", [(None, 256), (128, 128)])
 def test_unit_size_caps_long_windows_on_large_grids(monkeypatch, floor, want):
-    """Windows of 200 blocks, 114 blocks per resident warp: one unit each (the factor's cap, 454) or two (the floor's)."""
+    """Windows of 200 blocks, 114 per resident warp: one unit each (the factor's cap, 454) or two (the floor's, 128)."""
     from tcgnn_py import _ops
 
     monkeypatch.setitem(_ops.TUNING, "vec_tail_floor", floor)
