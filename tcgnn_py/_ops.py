@@ -252,6 +252,7 @@ TUNING = {
     "vec_tail_floor": 128,  # auto units: and <= max(the blocks per resident warp, this) (None: no such cap)
     "vec_warps": 4,  # warps per CTA (independent: each takes its own unit x slice)
     "vec_sort_units": True,  # longest units first: the grid's tail is made of short ones
+    "vec_coop": None,  # float32 vector SpMM: one CTA per window x slice (_vec_coop_units); None: by the grid
     "vec_combine": True,  # sum split windows inside the launch (else: a fixup launch)
     "vec_combine_parts_max": 64,  # ... when no window has more parts than this (else: the fixup launch)
     "tf32_combine": True,  # 16x8 TF32: the same (else: a fixup launch)
@@ -856,6 +857,7 @@ class VecChoice(NamedTuple):
     dense: bool = False  # values read dense, 32 per block (vec_dense_values): no metadata, one load per block
     ks: int = 0  # 16-bit kernel: k16 chunks (4 blocks each) per step (0: TUNING["half_ks"])
     stages: int = 0  # 16-bit kernel: steps in flight per warp (0: TUNING["half_stages"])
+    coop: bool = False  # one CTA per window x slice, its 4 parts summed in shared memory (_vec_coop_units)
 
 
 def _vec_plan(tiling, bpu):
@@ -894,6 +896,8 @@ def _vec_choice(tiling, D, vec, half=None):
     combine = 0 < max_parts <= TUNING["vec_combine_parts_max"] and TUNING["vec_combine"]
     cp_async = (half is None and _async_rows(D, vec)
                 and (slices, TUNING["vec_async_unroll"], TUNING["vec_async_stages"]) in kp.VEC_ASYNC)
+    if half is None and _async_rows(D, vec) and _vec_coop(tiling, D):
+        return VecChoice(slices, bpu, True, False, TUNING["vec_async_unroll"], coop=True)
     return VecChoice(slices, bpu, cp_async, combine, TUNING["vec_async_unroll" if cp_async else "vec_unroll"],
                      cp_async and TUNING["vec_dense_values"])
 
@@ -912,6 +916,9 @@ def _vec_candidates(tiling, D, vec):
     from .kernels import products as kp
 
     default = _vec_choice(tiling, D, vec)
+    if default.coop:  # its own partition (4 parts per window): candidates among its own shapes
+        return list(dict.fromkeys([default] + [default._replace(slices=f, unroll=u) for f in ((1, 2) if D > 32 else (1,))
+                                               for u in (4, 2)]))
     has_splits = _vec_plan(tiling, default.bpu)["n_slots"] > 0
     ns = TUNING["vec_async_stages"]
     gathers = [(False, TUNING["vec_unroll"], False)]
@@ -1058,7 +1065,10 @@ def _vec_launch(cp, tiling, dtype, D, vec, half=None, choice=None, scratch=None)
     from .kernels import products as kp
     from .kernels.registry import get_kernel
 
-    slices, bpu, cp_async, combine, unroll, dense, ks, stages = choice or _vec_choice(tiling, D, vec, half)
+    choice = choice or _vec_choice(tiling, D, vec, half)
+    if choice.coop:
+        return _vec_coop_launch(tiling, D, choice)
+    slices, bpu, cp_async, combine, unroll, dense, ks, stages, _ = choice
     n_slices = -(-D // (32 * slices))
     plan = _vec_plan(tiling, bpu)
     units, unit_k0 = plan["units"], plan["unit_k0"]
@@ -1100,6 +1110,63 @@ def _vec_launch(cp, tiling, dtype, D, vec, half=None, choice=None, scratch=None)
     return launch
 
 
+#: vec_coop=None: one CTA per window x 32-feature slice while there are at most this many such CTAs per SM ...
+VEC_COOP_CTAS = 16
+#: ... and a quarter of the longest window is at most this many times the usual launch's units.
+VEC_COOP_CHAIN = 2
+
+
+def _vec_coop(tiling, D):
+    """Whether the float32 vector SpMM takes one CTA per window x slice (:func:`_vec_coop_units`).
+
+    ``TUNING["vec_coop"]`` True / False, or None: by the grid, where it pays (one process, H200,
+    ``tools/profiles/stall16/ab_coop*.md``): at most :data:`VEC_COOP_CTAS` CTAs per SM (a small grid,
+    whose time is a warp's chain of steps), a window the usual units split (its parts summed through
+    global partial tiles: a fence, a counter and a second read), and none so long that a warp's quarter
+    of it exceeds :data:`VEC_COOP_CHAIN` usual units (a CTA's 4 warps take a long window alone).
+    ss_bcsstk13 at D = 32: 5.7 -> 4.2 us; cora at D = 64: 6.0 -> 4.1 us.  Grids of short unsplit windows
+    (fe_4elt2, pubmed) lose, and so do long windows (wiki_vote and facebook at D = 32: +8-11 %).
+    """
+    mode = TUNING["vec_coop"]
+    if mode is not None:
+        return bool(mode)
+    n_slices = -(-D // 32)
+    if tiling.n_windows * n_slices > VEC_COOP_CTAS * _sm_count(tiling):
+        return False
+    longest = int(_vec_hist(tiling).max(initial=0))
+    bpu = TUNING["vec_blocks_per_unit"] or _vec_unit_size(tiling, n_slices)
+    return bpu < longest <= 4 * VEC_COOP_CHAIN * bpu
+
+
+def _vec_coop_units(tiling):
+    """``(4 * windows, 4)`` int32 rows ``(window, first block, end block, -1)``: each window's blocks in 4 balanced
+    parts (possibly empty), the units of the COOP launch, whose CTA sums a window's parts in shared memory."""
+    def build():
+        xp = tiling.xp
+        wp = tiling.win_ptr.astype(np.int64)
+        start, nb = wp[:-1], wp[1:] - wp[:-1]
+        j = xp.arange(4, dtype=np.int64)
+        lo = start[:, None] + j * nb[:, None] // 4
+        hi = start[:, None] + (j + 1) * nb[:, None] // 4
+        w = xp.broadcast_to(xp.arange(nb.shape[0], dtype=np.int64)[:, None], lo.shape)
+        units = xp.stack([w, lo, hi, xp.full(lo.shape, -1, np.int64)], axis=-1).reshape(-1, 4)
+        return xp.ascontiguousarray(units.astype(np.int32))
+    return tiling.cached("vec_coop_units", build)
+
+
+def _vec_coop_launch(tiling, D, choice):
+    from .kernels import products as kp
+    from .kernels.registry import get_kernel
+
+    n_slices = -(-D // (32 * choice.slices))
+    units = _vec_coop_units(tiling)
+    n_windows = units.shape[0] // 4
+    kernel = get_kernel("vec", kp.spmm_vec_async_name(choice.slices, choice.unroll, 2, coop=True))
+    return VecSpmmLaunch(kernel, (n_windows * n_slices,), (128,), kp.vec_async_smem(4, choice.slices, choice.unroll, 2),
+                         units, units, vec_meta(tiling), n_slices, units.shape[0] * n_slices, 0, {},
+                         sizes=tuple(np.int32(v) for v in (tiling.shape[0], D, n_slices, units.shape[0] * n_slices)))
+
+
 def _sm_count(tiling):
     """Multiprocessors of the device the tiling lives on (cached on it)."""
     return tiling.cached("sm_count", lambda: get_cupy().cuda.Device().attributes["MultiProcessorCount"])
@@ -1109,6 +1176,11 @@ def _longest_first(xp, units, unit_k0):
     """Units (and their split rows) sorted by decreasing block count, stable."""
     order = xp.argsort(-(units[:, 2] - units[:, 1]).astype(np.int64), kind="stable")
     return xp.ascontiguousarray(units[order]), xp.ascontiguousarray(unit_k0[order])
+
+
+def _vec_hist(tiling):
+    """Blocks per window on the host (cached on the tiling)."""
+    return tiling.cached("vec_hist", lambda: np.diff(to_host(tiling.win_ptr)).astype(np.int64))  # synchronize!
 
 
 def _vec_unit_size(tiling, n_slices):
@@ -1128,10 +1200,7 @@ def _vec_unit_size(tiling, n_slices):
     (a 4x-warps hub rule cut wikipedia_pos too finely: 30.5 against 23.8 us at
     D = 256; tools/profiles/stall16).
     """
-    def build():
-        return np.diff(to_host(tiling.win_ptr)).astype(np.int64)  # synchronize!
-
-    nb, sms = tiling.cached("vec_hist", build), _sm_count(tiling)
+    nb, sms = _vec_hist(tiling), _sm_count(tiling)
     target = TUNING["vec_target_warps"] * sms
     longest = int(nb.max(initial=0))
     floor = -(-longest // VEC_UNITS_PER_WINDOW_MAX)

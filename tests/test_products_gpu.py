@@ -97,6 +97,10 @@ TF32_VARIANTS = {
                                                  vec_blocks_per_unit=2)),
     "vector-async-fixup": ("vector", dict(PIN, vec_async_stages=2, vec_blocks_per_unit=2, vec_combine=False)),
     "vector-async-truncate-x": ("vector", dict(PIN, vec_async_stages=2, vec_round_x=False)),
+    # one CTA per window x slice, its 4 parts summed in shared memory (unaligned D: the usual launch)
+    "vector-coop": ("vector", dict(PIN, vec_coop=True)),
+    "vector-coop-g2u2": ("vector", dict(PIN, vec_coop=True, vec_slices=2, vec_async_unroll=2)),
+    "vector-coop-timed": ("vector", dict(vec_coop=True)),
 }
 
 
@@ -339,10 +343,23 @@ def _timed_cases(rng):
     yield "rectangular", sp.csr_array(int_graph(rng, 1003, 5000, degree=60))
 
 
+@pytest.mark.parametrize("coop", [False, True])
 @pytest.mark.parametrize("D", [17, 64, 130])
-def test_timed_choice_candidates_are_bit_identical(cp, D):
-    """Every launch the timed choice may pick gives the same bits, so timing noise never changes a result."""
+def test_timed_choice_candidates_are_bit_identical(cp, D, coop):
+    """Every launch the timed choice may pick gives the same bits, so timing noise never changes a result.
+
+    ``coop``: one CTA per window x slice (aligned rows), whose candidates are its own shapes.
+    """
     rng = np.random.default_rng()
+    before = _ops.TUNING["vec_coop"]
+    _ops.set_tuning(vec_coop=coop)
+    try:
+        _check_timed_candidates(cp, rng, D, coop)
+    finally:
+        _ops.set_tuning(vec_coop=before)
+
+
+def _check_timed_candidates(cp, rng, D, coop):
     for name, A in _timed_cases(rng):
         A.data[:] = rng.uniform(0.5, 1.5, A.nnz)
         T = tg.TiledMatrix(A, dtype=np.float32)
@@ -350,11 +367,15 @@ def test_timed_choice_candidates_are_bit_identical(cp, D):
         aligned = D % 4 == 0
         choices = _ops._vec_candidates(T.tiling, D, aligned)
         assert len(set(choices)) == len(choices) and len({c.bpu for c in choices}) == 1
-        if name == "hub":  # split windows: both ways of summing them are candidates
-            assert {c.combine for c in choices} == {True, False}
+        assert {c.coop for c in choices} == {coop and aligned}
         gathers = {(c.cp_async, c.unroll, c.dense) for c in choices}
-        assert gathers == ({(True, 4, False), (True, 4, True), (True, 2, False), (False, 4, False)} if aligned
-                           else {(False, 4, False)})
+        if coop and aligned:
+            assert gathers == {(True, 4, False), (True, 2, False)} and not any(c.combine for c in choices)
+        else:
+            if name == "hub":  # split windows: both ways of summing them are candidates
+                assert {c.combine for c in choices} == {True, False}
+            assert gathers == ({(True, 4, False), (True, 4, True), (True, 2, False), (False, 4, False)} if aligned
+                               else {(False, 4, False)})
         assert {c.slices for c in choices} == ({1, 2} if D > 32 else {1})
         first = None
         for c in choices:

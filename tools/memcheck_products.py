@@ -4,7 +4,8 @@ Usage: compute-sanitizer --tool memcheck python tools/memcheck_products.py
 Covers: TF32 SpMM with 1/2/4 column chunks, 16-byte and scalar loads, split
 (hub) windows summed in the launch or by the fixup; the vector layout's SpMM (1/2/4 feature groups,
 unroll 4/8, the cp.async kernel with 2/3 stages, units of 2 blocks and automatic
-units, split windows summed in the launch or by the fixup) and SDDMM; CUDA-core SpMM in float32/float64 on other tile
+units, split windows summed in the launch or by the fixup, one CTA per window summing its parts in shared
+memory) and SDDMM; CUDA-core SpMM in float32/float64 on other tile
 shapes; TF32 and CUDA-core SDDMM; the 16-bit SpMM (both types, float32 and
 16-bit matrices and outputs, its compiled shapes, aligned and unaligned rows); the N:M layouts' mma.sp SpMM
 (2:4 16-bit, 1:2 TF32, both n-tile widths, split windows).  Sizes are not multiples of 16.  Every
@@ -40,9 +41,12 @@ VEC_TUNINGS = [dict(PIN, vec_slices=None, vec_max_slices=1, vec_unroll=4, vec_bl
                dict(PIN, vec_slices=2, vec_unroll=8, vec_blocks_per_unit=2, vec_combine=False, vec_async_stages=0),
                dict(PIN, vec_slices=4, vec_unroll=4, vec_blocks_per_unit=None, vec_combine=True, vec_async_stages=0),
                dict(PIN, vec_slices=2, vec_async_unroll=2, vec_async_stages=3, vec_blocks_per_unit=2),
+               # one CTA per window x slice, parts summed in shared memory
+               dict(PIN, vec_coop=True, vec_slices=None, vec_async_unroll=4, vec_async_stages=2),
+               dict(PIN, vec_coop=True, vec_slices=2, vec_async_unroll=2, vec_async_stages=2),
                # the default: every candidate of the timed choice runs
                dict(vec_timed_choice=True, vec_slices=None, vec_max_slices=2, vec_async_unroll=4, vec_async_stages=2,
-                    vec_blocks_per_unit=None)]
+                    vec_blocks_per_unit=None, vec_coop=_ops.TUNING["vec_coop"])]
 cases = [(A, (16, 8), np.float32, {}), (R, (16, 8), np.float32, {}), (A, (8, 8), np.float32, {}),
          (A, (32, 32), np.float64, {})]
 cases += [(M, (8, 4), np.float32, t) for t in VEC_TUNINGS for M in (A, R)]

@@ -841,6 +841,53 @@ __device__ __forceinline__ bool tc_vec_work_of(const int4* __restrict__ units, i
     return true;
 }
 
+// COOP: a CTA of 4 warps is one window's feature slice, its warps the window's 4 parts (units
+// 4 * window + warp, balanced; a part may be empty): grid = windows x slices.  Small grids, where
+// parts summed through global partial tiles (a fence, a counter, a second read) make the chain.
+__device__ __forceinline__ void tc_vec_coop_work_of(const int4* __restrict__ units, int n_slices, int wid,
+                                                    tc_vec_work& w) {
+    w.lane = threadIdx.x & 31;
+    w.wib = threadIdx.x >> 5;
+    w.g = w.lane >> 2;
+    w.t = w.lane & 3;
+    w.slice = blockIdx.x % n_slices;
+    w.unit = (blockIdx.x / n_slices) * 4 + w.wib;
+    w.u = units[w.unit];
+    w.base = w.slice * wid;
+}
+
+// COOP tail: each warp puts its 8 rows x 32 * FS features (MMA accumulator layout, as tc_vec_finish
+// stores them) into its own shared memory at `tiles + wib * stride`, then the CTA sums the 4 tiles in
+// warp order (one fixed order: deterministic) into Y (16-byte rows, D % 4 == 0).
+template <int FS>
+__device__ __forceinline__ void tc_vec_coop_finish(const float (&acc)[FS][2][4], int window, int lane, int wib,
+                                                   float* tiles, int stride, float* __restrict__ Y, int M, int D,
+                                                   int base) {
+    constexpr int TS = 32 * FS + 4;  // floats per tile row
+    const int g = lane >> 2, t = lane & 3;
+    float* mine = tiles + wib * stride;
+    __syncwarp();  // this warp's last reads of its stages are done
+#pragma unroll
+    for (int j = 0; j < FS; ++j) {
+        *reinterpret_cast<float4*>(mine + (2 * t) * TS + 32 * j + 4 * g) =
+            make_float4(acc[j][0][0], acc[j][0][2], acc[j][1][0], acc[j][1][2]);
+        *reinterpret_cast<float4*>(mine + (2 * t + 1) * TS + 32 * j + 4 * g) =
+            make_float4(acc[j][0][1], acc[j][0][3], acc[j][1][1], acc[j][1][3]);
+    }
+    __syncthreads();
+    const long long row0 = (long long)window * 8;
+    for (int q = threadIdx.x; q < 64 * FS; q += blockDim.x) {
+        const int r = q / (8 * FS), c = 4 * (q - r * 8 * FS);
+        float4 s = *reinterpret_cast<const float4*>(tiles + r * TS + c);
+#pragma unroll
+        for (int p = 1; p < 4; ++p) {
+            const float4 o = *reinterpret_cast<const float4*>(tiles + p * stride + r * TS + c);
+            s.x += o.x, s.y += o.y, s.z += o.z, s.w += o.w;
+        }
+        if (row0 + r < M) tc_store4<true>(Y + (size_t)(row0 + r) * D, base + c, D, s);
+    }
+}
+
 // COMBINE tail of the vector-layout SpMMs: this warp has stored its part (partial
 // slot u.w >= 0) of a split window's slice of WID features; count the part, and
 // the window's last part sums all partial tiles (float) in unit order into Y.
@@ -1018,7 +1065,7 @@ tcgnn_spmm_vec(const int4* __restrict__ units, const int2* __restrict__ unit_k0,
 // instruction less per element) -- an experiment, not a public mode.
 // PV: each step's values are loaded one step ahead (the next step's metadata two ahead).
 // DV: values are dense, 32 per block in tile-position order (see _ops.vec_dense_values): no metadata.
-template <int FS, int U, int NS, bool COMBINE, bool RX = true, bool PV = false, bool DV = false>
+template <int FS, int U, int NS, bool COMBINE, bool RX = true, bool PV = false, bool DV = false, bool COOP = false>
 __global__ void __launch_bounds__(128, (FS >= 2 ? 6 : 8))
 tcgnn_spmm_vec_async(const int4* __restrict__ units, const int2* __restrict__ unit_k0,
                      const int* __restrict__ block_cols, const uint2* __restrict__ meta,
@@ -1030,7 +1077,10 @@ tcgnn_spmm_vec_async(const int4* __restrict__ units, const int2* __restrict__ un
     constexpr int RS = 32 * FS + 8;    // floats per staged row
     constexpr int STAGE = U * 4 * RS;  // floats per stage
     tc_vec_work w;
-    if (!tc_vec_work_of(units, n_slices, n_work, 32 * FS, w)) return;  // whole warp
+    if (COOP)
+        tc_vec_coop_work_of(units, n_slices, 32 * FS, w);  // every warp of the grid has a part
+    else if (!tc_vec_work_of(units, n_slices, n_work, 32 * FS, w))
+        return;  // whole warp
     const int lane = w.lane, wib = w.wib, g = w.g, t = w.t, unit = w.unit, slice = w.slice, base = w.base;
     const int4 u = w.u;
     const int col = base + 4 * g;
@@ -1157,6 +1207,11 @@ tcgnn_spmm_vec_async(const int4* __restrict__ units, const int2* __restrict__ un
 #undef TC_VEC_ISSUE
 #undef TC_VEC_META
     tc_cp_wait<0>();
+    if (COOP) {
+        static_assert(!COOP || 8 * (32 * FS + 4) <= NS * STAGE, "a warp's tile fits in its stages");
+        tc_vec_coop_finish<FS>(acc, u.x, lane, wib, reinterpret_cast<float*>(tc_smem), NS * STAGE, Y, M, D, base);
+        return;
+    }
     tc_vec_finish<FS, true, COMBINE>(acc, u, unit, slice, col, lane, unit_k0, Y, partial, counters, M, D, n_slices);
 }
 
@@ -1716,7 +1771,9 @@ def spmm_vec_name(slices, unroll, vec, combine=True, prefetch=True):
 VEC_ASYNC = tuple((f, u, ns) for f in (1, 2) for u in (2, 4) for ns in (2, 3))
 
 
-def spmm_vec_async_name(slices, unroll, stages, combine=True, round_x=True, prefetch=False, dense=False):
+def spmm_vec_async_name(slices, unroll, stages, combine=True, round_x=True, prefetch=False, dense=False, coop=False):
+    if coop:  # one CTA per window x slice, its parts summed in shared memory: values one step ahead, no dense
+        return f"tcgnn_spmm_vec_async<{slices}, {unroll}, {stages}, false, true, true, false, true>"
     if dense:  # dense values: one step ahead by construction
         return f"tcgnn_spmm_vec_async<{slices}, {unroll}, {stages}, {_b(combine)}, {_b(round_x)}, true, true>"
     if prefetch:
@@ -1798,6 +1855,7 @@ def _vec_names():
     names += [spmm_vec_async_name(f, 4, 2, c, False) for f in (1, 2) for c in (True, False)]  # truncation experiment
     names += [spmm_vec_async_name(f, u, ns, c, True, True) for f, u, ns in VEC_ASYNC for c in (True, False)]
     names += [spmm_vec_async_name(f, u, ns, c, True, True, True) for f, u, ns in VEC_ASYNC for c in (True, False)]
+    names += [spmm_vec_async_name(f, u, 2, coop=True) for f in (1, 2) for u in (2, 4)]
     return names + [sddmm_vec_name(v) for v in (True, False)] + [fixup_name("float32")]
 
 
