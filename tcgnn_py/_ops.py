@@ -896,7 +896,7 @@ def _vec_choice(tiling, D, vec, half=None):
     combine = 0 < max_parts <= TUNING["vec_combine_parts_max"] and TUNING["vec_combine"]
     cp_async = (half is None and _async_rows(D, vec)
                 and (slices, TUNING["vec_async_unroll"], TUNING["vec_async_stages"]) in kp.VEC_ASYNC)
-    if half is None and _async_rows(D, vec) and _vec_coop(tiling, D):
+    if cp_async and (slices, TUNING["vec_async_unroll"]) in kp.VEC_COOP and _vec_coop(tiling, D):
         return VecChoice(slices, bpu, True, False, TUNING["vec_async_unroll"], coop=True)
     return VecChoice(slices, bpu, cp_async, combine, TUNING["vec_async_unroll" if cp_async else "vec_unroll"],
                      cp_async and TUNING["vec_dense_values"])

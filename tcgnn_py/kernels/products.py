@@ -68,6 +68,7 @@ __all__ = [
     "VEC_SDDMM_BLOCKS",
     "spmm_vec_name",
     "VEC_ASYNC",
+    "VEC_COOP",
     "spmm_vec_async_name",
     "vec_async_smem",
     "sddmm_vec_name",
@@ -1771,6 +1772,10 @@ def spmm_vec_name(slices, unroll, vec, combine=True, prefetch=True):
 VEC_ASYNC = tuple((f, u, ns) for f in (1, 2) for u in (2, 4) for ns in (2, 3))
 
 
+#: (feature groups, blocks per step) of the vector SpMM's COOP launch (one CTA per window x slice; 2 stages).
+VEC_COOP = tuple((f, u) for f in (1, 2) for u in (2, 4))
+
+
 def spmm_vec_async_name(slices, unroll, stages, combine=True, round_x=True, prefetch=False, dense=False, coop=False):
     if coop:  # one CTA per window x slice, its parts summed in shared memory: values one step ahead, no dense
         return f"tcgnn_spmm_vec_async<{slices}, {unroll}, {stages}, false, true, true, false, true>"
@@ -1855,7 +1860,7 @@ def _vec_names():
     names += [spmm_vec_async_name(f, 4, 2, c, False) for f in (1, 2) for c in (True, False)]  # truncation experiment
     names += [spmm_vec_async_name(f, u, ns, c, True, True) for f, u, ns in VEC_ASYNC for c in (True, False)]
     names += [spmm_vec_async_name(f, u, ns, c, True, True, True) for f, u, ns in VEC_ASYNC for c in (True, False)]
-    names += [spmm_vec_async_name(f, u, 2, coop=True) for f in (1, 2) for u in (2, 4)]
+    names += [spmm_vec_async_name(f, u, 2, coop=True) for f, u in VEC_COOP]
     return names + [sddmm_vec_name(v) for v in (True, False)] + [fixup_name("float32")]
 
 
