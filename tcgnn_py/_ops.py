@@ -917,8 +917,8 @@ def _vec_candidates(tiling, D, vec):
 
     default = _vec_choice(tiling, D, vec)
     if default.coop:  # its own partition (4 parts per window): candidates among its own shapes
-        return list(dict.fromkeys([default] + [default._replace(slices=f, unroll=u) for f in ((1, 2) if D > 32 else (1,))
-                                               for u in (4, 2)]))
+        shapes = [(f, u) for f in ((1, 2) if D > 32 else (1,)) for u in (4, 2)]
+        return list(dict.fromkeys([default] + [default._replace(slices=f, unroll=u) for f, u in shapes]))
     has_splits = _vec_plan(tiling, default.bpu)["n_slots"] > 0
     ns = TUNING["vec_async_stages"]
     gathers = [(False, TUNING["vec_unroll"], False)]
@@ -1110,9 +1110,9 @@ def _vec_launch(cp, tiling, dtype, D, vec, half=None, choice=None, scratch=None)
     return launch
 
 
-#: vec_coop=None: one CTA per window x 32-feature slice while there are at most this many such CTAs per SM ...
+#: The automatic choice of the one-CTA-per-window launch (:func:`_vec_coop`): at most this many CTAs of a window
+#: x 32 features per SM, and a warp's quarter of the longest window at most VEC_COOP_CHAIN usual units.
 VEC_COOP_CTAS = 16
-#: ... and a quarter of the longest window is at most this many times the usual launch's units.
 VEC_COOP_CHAIN = 2
 
 
@@ -1155,6 +1155,7 @@ def _vec_coop_units(tiling):
 
 
 def _vec_coop_launch(tiling, D, choice):
+    """The one-CTA-per-window launch of ``choice`` (2 stages; no partial tiles, counters or fixup)."""
     from .kernels import products as kp
     from .kernels.registry import get_kernel
 
@@ -1163,7 +1164,7 @@ def _vec_coop_launch(tiling, D, choice):
     n_windows = units.shape[0] // 4
     kernel = get_kernel("vec", kp.spmm_vec_async_name(choice.slices, choice.unroll, 2, coop=True))
     return VecSpmmLaunch(kernel, (n_windows * n_slices,), (128,), kp.vec_async_smem(4, choice.slices, choice.unroll, 2),
-                         units, units, vec_meta(tiling), n_slices, units.shape[0] * n_slices, 0, {},
+                         units, units, vec_meta(tiling), n_slices, units.shape[0] * n_slices, 0, {},  # unit_k0: unread
                          sizes=tuple(np.int32(v) for v in (tiling.shape[0], D, n_slices, units.shape[0] * n_slices)))
 
 

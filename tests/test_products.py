@@ -162,6 +162,47 @@ def test_unit_size_floor_leaves_small_grids_to_the_factor(monkeypatch, floor):
     assert _ops._vec_unit_size(_Histogram([20000] + [10] * 2000), n_slices=1) == 32
 
 
+class _Windows(_Histogram):
+    """A host tiling as the one-CTA-per-window rule and plan see it."""
+
+    xp = np
+
+    def __init__(self, win_ptr, sms=132):
+        self.win_ptr = np.asarray(win_ptr, np.int32)
+        super().__init__(np.diff(self.win_ptr), sms)
+        self.n_windows = len(win_ptr) - 1
+
+    def cached(self, key, build):
+        if key not in self._cache:
+            self._cache[key] = build()
+        return self._cache[key]
+
+
+def test_coop_units_split_each_window_in_four_balanced_parts():
+    from tcgnn_py import _ops
+
+    units = _ops._vec_coop_units(_Windows([0, 0, 3, 10]))
+    assert units.dtype == np.int32 and units.shape == (12, 4)
+    np.testing.assert_array_equal(units[:, 0], np.repeat([0, 1, 2], 4))
+    np.testing.assert_array_equal(units[:, 1:3], [[0, 0]] * 4 + [[0, 0], [0, 1], [1, 2], [2, 3]]
+                                  + [[3, 4], [4, 6], [6, 8], [8, 10]])
+    assert np.all(units[:, 3] == -1)
+
+
+@pytest.mark.parametrize("blocks, D, want", [
+    ([25] * 200 + [51] * 51, 32, True),  # a small grid whose usual units (16 blocks) split windows: ss_bcsstk13-like
+    ([25] * 200 + [51] * 51, 256, True),  # 251 x 8 CTAs of a window x 32 features: still <= 16 per SM
+    ([8] * 1393, 32, False),  # no window split by the usual units (fe_4elt2-like)
+    ([8] * 250 + [1145], 32, False),  # a hub window: a quarter of it is far more than 2 usual units
+    ([25] * 3000 + [51], 32, False),  # a larger grid: 3001 CTAs > 16 per SM
+])
+def test_coop_rule(monkeypatch, blocks, D, want):
+    from tcgnn_py import _ops
+
+    monkeypatch.setitem(_ops.TUNING, "vec_coop", None)
+    assert _ops._vec_coop(_Windows(np.concatenate([[0], np.cumsum(blocks)])), D) is want
+
+
 def test_pick_fastest_keeps_the_default_within_the_margin():
     from tcgnn_py._ops import VEC_TIMED_MARGIN, pick_fastest
 
