@@ -252,7 +252,8 @@ TUNING = {
     "vec_tail_floor": 128,  # auto units: and <= max(the blocks per resident warp, this) (None: no such cap)
     "vec_warps": 4,  # warps per CTA (independent: each takes its own unit x slice)
     "vec_sort_units": True,  # longest units first: the grid's tail is made of short ones
-    "vec_coop": None,  # float32 vector SpMM: one CTA per window x slice (_vec_coop_units); None: by the grid
+    "vec_coop": None,  # vector SpMM: one CTA per window x slice (_vec_coop_units); None: by the grid
+    "vec_coop_chain": 1,  # ... by the grid only where a quarter of the longest window is <= this many usual units
     "vec_combine": True,  # sum split windows inside the launch (else: a fixup launch)
     "vec_combine_parts_max": 64,  # ... when no window has more parts than this (else: the fixup launch)
     "tf32_combine": True,  # 16x8 TF32: the same (else: a fixup launch)
@@ -898,6 +899,8 @@ def _vec_choice(tiling, D, vec, half=None):
                 and (slices, TUNING["vec_async_unroll"], TUNING["vec_async_stages"]) in kp.VEC_ASYNC)
     if cp_async and (slices, TUNING["vec_async_unroll"]) in kp.VEC_COOP and _vec_coop(tiling, D):
         return VecChoice(slices, bpu, True, False, TUNING["vec_async_unroll"], coop=True)
+    if half is not None and vec and (slices, 1, 2) in kp.VEC_HALF_COOP and _vec_coop(tiling, D):
+        return VecChoice(slices, bpu, False, False, ks=1, stages=2, coop=True)
     return VecChoice(slices, bpu, cp_async, combine, TUNING["vec_async_unroll" if cp_async else "vec_unroll"],
                      cp_async and TUNING["vec_dense_values"])
 
@@ -954,6 +957,10 @@ def _half_candidates(tiling, D, vec, half):
     default = _vec_choice(tiling, D, vec, half)
     if not vec:
         return [default]
+    if default.coop:  # its own partition (4 parts per window): candidates among its own shapes
+        return [default] + [default._replace(slices=f, ks=ks, stages=ns) for f, ks, ns in kp.VEC_HALF_COOP
+                            if (f, ks, ns) != (default.slices, default.ks, default.stages)
+                            and (f == 1 or (16 * f < D and f <= TUNING["vec_max_slices"]))]
     default = default._replace(ks=TUNING["half_ks"], stages=TUNING["half_stages"])
     has_splits = _vec_plan(tiling, default.bpu)["n_slots"] > 0
     out = [default]
@@ -1067,7 +1074,7 @@ def _vec_launch(cp, tiling, dtype, D, vec, half=None, choice=None, scratch=None)
 
     choice = choice or _vec_choice(tiling, D, vec, half)
     if choice.coop:
-        return _vec_coop_launch(tiling, D, choice)
+        return _vec_coop_launch(tiling, D, choice, half)
     slices, bpu, cp_async, combine, unroll, dense, ks, stages, _ = choice
     n_slices = -(-D // (32 * slices))
     plan = _vec_plan(tiling, bpu)
@@ -1111,21 +1118,22 @@ def _vec_launch(cp, tiling, dtype, D, vec, half=None, choice=None, scratch=None)
 
 
 #: The automatic choice of the one-CTA-per-window launch (:func:`_vec_coop`): at most this many CTAs of a window
-#: x 32 features per SM, and a warp's quarter of the longest window at most VEC_COOP_CHAIN usual units.
+#: x 32 features per SM (and a warp's quarter of the longest window at most TUNING["vec_coop_chain"] usual units).
 VEC_COOP_CTAS = 16
-VEC_COOP_CHAIN = 2
 
 
 def _vec_coop(tiling, D):
-    """Whether the float32 vector SpMM takes one CTA per window x slice (:func:`_vec_coop_units`).
+    """Whether the vector SpMM (float32 or 16-bit X) takes one CTA per window x slice (:func:`_vec_coop_units`).
 
     ``TUNING["vec_coop"]`` True / False, or None: by the grid, where it pays (one process, H200,
-    ``tools/profiles/stall16/ab_coop*.md``): at most :data:`VEC_COOP_CTAS` CTAs per SM (a small grid,
-    whose time is a warp's chain of steps), a window the usual units split (its parts summed through
-    global partial tiles: a fence, a counter and a second read), and none so long that a warp's quarter
-    of it exceeds :data:`VEC_COOP_CHAIN` usual units (a CTA's 4 warps take a long window alone).
-    ss_bcsstk13 at D = 32: 5.7 -> 4.2 us; cora at D = 64: 6.0 -> 4.1 us.  Grids of short unsplit windows
-    (fe_4elt2, pubmed) lose, and so do long windows (wiki_vote and facebook at D = 32: +8-11 %).
+    ``tools/profiles/stall16/ab_coop*.md``, ``tools/profiles/coop17/``): at most :data:`VEC_COOP_CTAS` CTAs
+    per SM (a small grid, whose time is a warp's chain of steps), a window the usual units split (its parts
+    summed through global partial tiles: a fence, a counter and a second read), and none so long that a
+    warp's quarter of it exceeds ``TUNING["vec_coop_chain"]`` usual units (a CTA's 4 warps take a long
+    window alone).  ss_bcsstk13 at D = 32: 5.7 -> 4.2 us (TF32), 6.2 -> 4.6 us (float16); cora at D = 64:
+    6.0 -> 4.1 us.  Grids of short unsplit windows (fe_4elt2, pubmed) lose, and so do long windows
+    (wiki_vote at D = 64: 9.5 -> 10.1 us TF32, 9.9 -> 10.9 us float16, where a quarter of its longest window
+    is 1.8 units).
     """
     mode = TUNING["vec_coop"]
     if mode is not None:
@@ -1135,7 +1143,7 @@ def _vec_coop(tiling, D):
         return False
     longest = int(_vec_hist(tiling).max(initial=0))
     bpu = TUNING["vec_blocks_per_unit"] or _vec_unit_size(tiling, n_slices)
-    return bpu < longest <= 4 * VEC_COOP_CHAIN * bpu
+    return bpu < longest <= 4 * TUNING["vec_coop_chain"] * bpu
 
 
 def _vec_coop_units(tiling):
@@ -1154,16 +1162,25 @@ def _vec_coop_units(tiling):
     return tiling.cached("vec_coop_units", build)
 
 
-def _vec_coop_launch(tiling, D, choice):
-    """The one-CTA-per-window launch of ``choice`` (2 stages; no partial tiles, counters or fixup)."""
+def _vec_coop_launch(tiling, D, choice, half=None):
+    """The one-CTA-per-window launch of ``choice`` (2 stages; no partial tiles, counters or fixup).
+
+    ``half``: ``(X type, split values, Y type)`` of the 16-bit kernel (aligned rows), as :func:`_vec_launch`.
+    """
     from .kernels import products as kp
     from .kernels.registry import get_kernel
 
     n_slices = -(-D // (32 * choice.slices))
     units = _vec_coop_units(tiling)
     n_windows = units.shape[0] // 4
-    kernel = get_kernel("vec", kp.spmm_vec_async_name(choice.slices, choice.unroll, 2, coop=True))
-    return VecSpmmLaunch(kernel, (n_windows * n_slices,), (128,), kp.vec_async_smem(4, choice.slices, choice.unroll, 2),
+    if half is None:
+        kernel = get_kernel("vec", kp.spmm_vec_async_name(choice.slices, choice.unroll, 2, coop=True))
+        smem = kp.vec_async_smem(4, choice.slices, choice.unroll, 2)
+    else:
+        cfg = (choice.slices, choice.ks, choice.stages)
+        kernel = get_kernel("half", kp.spmm_vech_name(*half, *cfg, coop=True))
+        smem = kp.vech_smem(4, *cfg)
+    return VecSpmmLaunch(kernel, (n_windows * n_slices,), (128,), smem,
                          units, units, vec_meta(tiling), n_slices, units.shape[0] * n_slices, 0, {},  # unit_k0: unread
                          sizes=tuple(np.int32(v) for v in (tiling.shape[0], D, n_slices, units.shape[0] * n_slices)))
 

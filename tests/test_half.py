@@ -193,6 +193,10 @@ HALF_VARIANTS = {
     "k2-g2": dict(PIN, vec_slices=2, half_ks=2),
     "split": dict(PIN, vec_blocks_per_unit=2),
     "fixup": dict(PIN, vec_blocks_per_unit=2, vec_combine=False),
+    # one CTA per window x slice, its 4 parts summed in shared memory (unaligned rows: the usual launch)
+    "coop": dict(PIN, vec_coop=True),
+    "coop-g2": dict(PIN, vec_coop=True, vec_slices=2),
+    "coop-timed": dict(vec_coop=True),
 }
 
 
@@ -325,9 +329,16 @@ def _hub_graph(rng):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("coop", [False, True])
 @pytest.mark.parametrize("D", [17, 64, 256])
-def test_half_timed_choice_candidates_are_bit_identical(cp, D):
-    """Every 16-bit launch the timed choice may pick gives the same bits (random floats, split windows)."""
+def test_half_timed_choice_candidates_are_bit_identical(cp, D, coop, monkeypatch):
+    """Every 16-bit launch the timed choice may pick gives the same bits (random floats, split windows).
+
+    ``coop``: one CTA per window x slice (aligned rows), whose candidates are its own shapes.
+    """
+    from tcgnn_py.kernels.products import VEC_HALF, VEC_HALF_COOP
+
+    monkeypatch.setitem(_ops.TUNING, "vec_coop", coop)
     rng = np.random.default_rng()
     A = _hub_graph(rng)
     aligned = D % 8 == 0
@@ -338,9 +349,11 @@ def test_half_timed_choice_candidates_are_bit_identical(cp, D):
         half = (xt.name, split, "float32")
         choices = _ops._half_candidates(T.tiling, D, aligned, half)
         assert len(set(choices)) == len(choices) and len({c.bpu for c in choices}) == 1
-        if aligned:
-            from tcgnn_py.kernels.products import VEC_HALF
-
+        assert {c.coop for c in choices} == {coop and aligned}
+        if aligned and coop:
+            assert {(c.slices, c.ks, c.stages) for c in choices} == set(VEC_HALF_COOP)
+            assert not any(c.combine for c in choices)
+        elif aligned:
             assert {c.combine for c in choices} == {True, False}
             assert {(c.slices, c.ks, c.stages) for c in choices} == set(VEC_HALF)
         else:

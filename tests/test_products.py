@@ -1,6 +1,7 @@
 """SpMM / SDDMM semantics that hold on every path (host reference here, the kernels on a GPU)."""
 
 import numpy as np
+import scipy.sparse as sp
 import pytest
 from _env import host
 from _zoo import sddmm_expected, zoo
@@ -193,7 +194,8 @@ def test_coop_units_split_each_window_in_four_balanced_parts():
     ([25] * 200 + [51] * 51, 32, True),  # a small grid whose usual units (16 blocks) split windows: ss_bcsstk13-like
     ([25] * 200 + [51] * 51, 256, True),  # 251 x 8 CTAs of a window x 32 features: still <= 16 per SM
     ([8] * 1393, 32, False),  # no window split by the usual units (fe_4elt2-like)
-    ([8] * 250 + [1145], 32, False),  # a hub window: a quarter of it is far more than 2 usual units
+    ([8] * 250 + [1145], 32, False),  # a hub window: a quarter of it is far more than 1 usual unit
+    ([25] * 200 + [100], 32, False),  # a quarter of the longest window (25 blocks) exceeds 1 unit (16)
     ([25] * 3000 + [51], 32, False),  # a larger grid: 3001 CTAs > 16 per SM
 ])
 def test_coop_rule(monkeypatch, blocks, D, want):
@@ -201,6 +203,28 @@ def test_coop_rule(monkeypatch, blocks, D, want):
 
     monkeypatch.setitem(_ops.TUNING, "vec_coop", None)
     assert _ops._vec_coop(_Windows(np.concatenate([[0], np.cumsum(blocks)])), D) is want
+
+
+@pytest.mark.filterwarnings("ignore::tcgnn_py.NoGPUWarning")
+def test_coop_choice_of_the_16bit_kernel(monkeypatch):
+    """The 16-bit kernel takes the one-CTA launch by the same rule, on aligned rows only, and its timed
+    choice compares the compiled COOP shapes (4 parts a window whatever the shape: the same sums)."""
+    from tcgnn_py import _ops
+    from tcgnn_py.kernels import products as kp
+
+    T = tg.TiledMatrix(sp.random(300, 300, density=0.05, format="csr", random_state=0), layout="vector")
+    T.tiling._cache["sm_count"] = 132
+    monkeypatch.setitem(_ops.TUNING, "vec_coop", True)
+    half = ("float16", True, "float32")
+    default = _ops._vec_choice(T.tiling, 64, True, half)
+    assert default.coop and (default.slices, default.ks, default.stages) == kp.VEC_HALF_COOP[0]
+    assert not _ops._vec_choice(T.tiling, 64, False, half).coop  # unaligned rows: the usual launch
+    wide = _ops._half_candidates(T.tiling, 64, True, half)
+    assert wide[0] == default and {(c.slices, c.ks, c.stages) for c in wide} == set(kp.VEC_HALF_COOP)
+    assert all(c.coop and not c.combine for c in wide)
+    assert _ops._half_candidates(T.tiling, 17, True, half) == [_ops._vec_choice(T.tiling, 17, True, half)]
+    monkeypatch.setitem(_ops.TUNING, "vec_coop", False)
+    assert not any(c.coop for c in _ops._half_candidates(T.tiling, 64, True, half))
 
 
 def test_pick_fastest_keeps_the_default_within_the_margin():

@@ -69,6 +69,7 @@ __all__ = [
     "spmm_vec_name",
     "VEC_ASYNC",
     "VEC_COOP",
+    "VEC_HALF_COOP",
     "spmm_vec_async_name",
     "vec_async_smem",
     "sddmm_vec_name",
@@ -857,38 +858,6 @@ __device__ __forceinline__ void tc_vec_coop_work_of(const int4* __restrict__ uni
     w.base = w.slice * wid;
 }
 
-// COOP tail: each warp puts its 8 rows x 32 * FS features (MMA accumulator layout, as tc_vec_finish
-// stores them) into its own shared memory at `tiles + wib * stride`, then the CTA sums the 4 tiles in
-// warp order (one fixed order: deterministic) into Y (16-byte rows, D % 4 == 0).
-template <int FS>
-__device__ __forceinline__ void tc_vec_coop_finish(const float (&acc)[FS][2][4], int window, int lane, int wib,
-                                                   float* tiles, int stride, float* __restrict__ Y, int M, int D,
-                                                   int base) {
-    constexpr int TS = 32 * FS + 4;  // floats per tile row
-    const int g = lane >> 2, t = lane & 3;
-    float* mine = tiles + wib * stride;
-    __syncwarp();  // this warp's last reads of its stages are done
-#pragma unroll
-    for (int j = 0; j < FS; ++j) {
-        *reinterpret_cast<float4*>(mine + (2 * t) * TS + 32 * j + 4 * g) =
-            make_float4(acc[j][0][0], acc[j][0][2], acc[j][1][0], acc[j][1][2]);
-        *reinterpret_cast<float4*>(mine + (2 * t + 1) * TS + 32 * j + 4 * g) =
-            make_float4(acc[j][0][1], acc[j][0][3], acc[j][1][1], acc[j][1][3]);
-    }
-    __syncthreads();
-    const long long row0 = (long long)window * 8;
-    for (int q = threadIdx.x; q < 64 * FS; q += blockDim.x) {
-        const int r = q / (8 * FS), c = 4 * (q - r * 8 * FS);
-        float4 s = *reinterpret_cast<const float4*>(tiles + r * TS + c);
-#pragma unroll
-        for (int p = 1; p < 4; ++p) {
-            const float4 o = *reinterpret_cast<const float4*>(tiles + p * stride + r * TS + c);
-            s.x += o.x, s.y += o.y, s.z += o.z, s.w += o.w;
-        }
-        if (row0 + r < M) tc_store4<true>(Y + (size_t)(row0 + r) * D, base + c, D, s);
-    }
-}
-
 // COMBINE tail of the vector-layout SpMMs: this warp has stored its part (partial
 // slot u.w >= 0) of a split window's slice of WID features; count the part, and
 // the window's last part sums all partial tiles (float) in unit order into Y.
@@ -935,6 +904,26 @@ _VEC = r"""
 // of a window (int4: window, first block, end block, partial slot or -1), and a
 // split window's parts are summed in unit order by tcgnn_spmm_fixup (H = 8).
 // grid = ceil(units * slices / warps) CTAs of 1-4 independent warps.
+// COOP tail of the TF32 kernel: each warp puts its 8 rows x 32 * FS features (MMA accumulator layout,
+// as tc_vec_finish stores them) into its own tile at `tiles + wib * stride`; tc_vec_coop_sum adds the 4.
+template <int FS>
+__device__ __forceinline__ void tc_vec_coop_finish(const float (&acc)[FS][2][4], int window, int lane, int wib,
+                                                   float* tiles, int stride, float* __restrict__ Y, int M, int D,
+                                                   int base) {
+    constexpr int TS = 32 * FS + 4;  // floats per tile row
+    const int g = lane >> 2, t = lane & 3;
+    float* mine = tiles + wib * stride;
+    __syncwarp();  // this warp's last reads of its stages are done
+#pragma unroll
+    for (int j = 0; j < FS; ++j) {
+        *reinterpret_cast<float4*>(mine + (2 * t) * TS + 32 * j + 4 * g) =
+            make_float4(acc[j][0][0], acc[j][0][2], acc[j][1][0], acc[j][1][2]);
+        *reinterpret_cast<float4*>(mine + (2 * t + 1) * TS + 32 * j + 4 * g) =
+            make_float4(acc[j][0][1], acc[j][0][3], acc[j][1][1], acc[j][1][3]);
+    }
+    tc_vec_coop_sum<FS, true>(tiles, stride, window, Y, M, D, base);
+}
+
 // Store a warp's 8 rows x 32 * FS features (Y, or its partial tile), then, with
 // COMBINE, count the part and let the window's last part sum all partial tiles.
 template <int FS, bool VEC, bool COMBINE>
@@ -1280,6 +1269,28 @@ __device__ __forceinline__ void tc_put4(TY* p, int col, int D, float4 v) {
     }
 }
 
+// COOP tail: the CTA's 4 warps have each put their part's 8 window rows x 32 * FS features, as float
+// rows of 32 * FS + 4, at `tiles + warp * stride`; sum the 4 tiles in warp order (one fixed order:
+// deterministic) into Y's rows of the window at features base .. (16-byte float / 8-byte 16-bit stores:
+// D % 4 == 0, D % 8 == 0 for 16-bit).
+template <int FS, bool VEC, typename TY>
+__device__ __forceinline__ void tc_vec_coop_sum(const float* tiles, int stride, int window, TY* __restrict__ Y, int M,
+                                                int D, int base) {
+    constexpr int TS = 32 * FS + 4;
+    __syncthreads();
+    const long long row0 = (long long)window * 8;
+    for (int q = threadIdx.x; q < 64 * FS; q += blockDim.x) {
+        const int r = q / (8 * FS), c = 4 * (q - r * 8 * FS);
+        float4 s = *reinterpret_cast<const float4*>(tiles + r * TS + c);
+#pragma unroll
+        for (int p = 1; p < 4; ++p) {
+            const float4 o = *reinterpret_cast<const float4*>(tiles + p * stride + r * TS + c);
+            s.x += o.x, s.y += o.y, s.z += o.z, s.w += o.w;
+        }
+        if (row0 + r < M) tc_put4<VEC>(Y + (size_t)(row0 + r) * D, base + c, D, s);
+    }
+}
+
 """
 
 _HALF = r"""
@@ -1354,7 +1365,10 @@ __device__ __forceinline__ void tc_half_b(const void* __restrict__ values, uint2
 // PV: load a step's values one step ahead (with the next step's metadata two steps ahead), so
 // the MMAs do not wait for their B operand's loads (Nsight Compute: the value loads issued in the
 // step they are used in were the top stall).
-template <typename TX, bool SPLIT, typename TY, int FS, int KS, int NS, bool COMBINE, bool AL, bool PV = true>
+// COOP: one CTA of 4 warps per window x feature slice (tc_vec_coop_work_of), its 4 tiles summed by
+// tc_vec_coop_sum (AL only).
+template <typename TX, bool SPLIT, typename TY, int FS, int KS, int NS, bool COMBINE, bool AL, bool PV = true,
+          bool COOP = false>
 __global__ void __launch_bounds__(128, (FS >= 4 ? 4 : 8))
 tcgnn_spmm_vech(const int4* __restrict__ units, const int2* __restrict__ unit_k0,
                 const int* __restrict__ block_cols, const uint2* __restrict__ meta, const void* __restrict__ values,
@@ -1371,8 +1385,12 @@ tcgnn_spmm_vech(const int4* __restrict__ units, const int2* __restrict__ unit_k0
     constexpr int TS = 32 * FS + 4;   // floats per row of the output tile
     static_assert(NS * STAGE * 2 >= 8 * TS * 4, "the output tile reuses the stages");
     extern __shared__ uint4 tc_smem[];
+    static_assert(!COOP || (AL && !COMBINE), "COOP: aligned rows, no partial tiles");
     tc_vec_work w;
-    if (!tc_vec_work_of(units, n_slices, n_work, 32 * FS, w)) return;  // whole warp
+    if (COOP)
+        tc_vec_coop_work_of(units, n_slices, 32 * FS, w);  // every warp of the grid has a part
+    else if (!tc_vec_work_of(units, n_slices, n_work, 32 * FS, w))
+        return;  // whole warp
     const int lane = w.lane, wib = w.wib, g = w.g, t = w.t, unit = w.unit, slice = w.slice, base = w.base;
     const int4 u = w.u;
     const int cr = lane / CPR, cf = 8 * (lane % CPR);  // this lane copies rows cr + RP * pass at feature cf
@@ -1491,6 +1509,10 @@ tcgnn_spmm_vech(const int4* __restrict__ units, const int2* __restrict__ unit_k0
         tile[(2 * t + 1) * TS + 16 * j + g] = acc[j][1] * unscale;
         tile[(2 * t) * TS + 16 * j + g + 8] = acc[j][2] * unscale;
         tile[(2 * t + 1) * TS + 16 * j + g + 8] = acc[j][3] * unscale;
+    }
+    if (COOP) {
+        tc_vec_coop_sum<FS, true>(reinterpret_cast<const float*>(tc_smem), NS * STAGE / 2, u.x, Y, M, D, base);
+        return;
     }
     __syncwarp();
     const long long row0 = (long long)u.x * 8;
@@ -1803,8 +1825,15 @@ VEC_HALF = ((1, 1, 2), (1, 2, 2), (2, 1, 2), (2, 1, 3), (2, 2, 2))
 HALF_DEFAULT = (1, 1, 2)
 
 
-def spmm_vech_name(x_type, split, y_type, slices, ks, stages, combine=True, aligned=True, prefetch=True):
+#: (feature groups, k16 chunks per step, stages) of the 16-bit vector SpMM's COOP launch (aligned rows).
+VEC_HALF_COOP = ((1, 1, 2), (2, 1, 2))
+
+
+def spmm_vech_name(x_type, split, y_type, slices, ks, stages, combine=True, aligned=True, prefetch=True, coop=False):
     ty = "float" if y_type == "float32" else HALF_TYPES[y_type]
+    if coop:  # one CTA per window x slice: aligned rows, values one step ahead, no partial tiles
+        return (f"tcgnn_spmm_vech<{HALF_TYPES[x_type]}, {_b(split)}, {ty}, {slices}, {ks}, {stages}, false, true, "
+                "true, true>")
     return (f"tcgnn_spmm_vech<{HALF_TYPES[x_type]}, {_b(split)}, {ty}, {slices}, {ks}, {stages}, {_b(combine)}, "
             f"{_b(aligned)}, {_b(prefetch)}>")
 
@@ -1823,6 +1852,7 @@ def _half_names():
                     names += [spmm_vech_name(x, split, y, f, ks, ns, c) for c in (True, False)]
                 names += [spmm_vech_name(x, split, y, *HALF_DEFAULT, c, False) for c in (True, False)]
                 names += [spmm_vech_name(x, split, y, f, ks, ns, True, True, False) for f, ks, ns in VEC_HALF[:3]]
+                names += [spmm_vech_name(x, split, y, *cfg, coop=True) for cfg in VEC_HALF_COOP]
         names.append(fixup_name("float32", x))
     return names + [fixup_name("float32")]
 
@@ -1883,7 +1913,7 @@ def _core_names():
 FAMILIES = {
     "tf32": (_COMMON + _TF32, tuple(_tf32_names())),
     "core": (_COMMON + _CORE, tuple(_core_names())),
-    "vec": (_COMMON + _VEC_COMMON + _VEC, tuple(_vec_names())),
+    "vec": (_COMMON + _VEC_COMMON + _PUT4 + _VEC, tuple(_vec_names())),
     "half": (_COMMON + _VEC_COMMON + _PUT4 + _HALF, tuple(_half_names())),
     "sparse": (_COMMON + _VEC_COMMON + _PUT4 + _SPARSE, tuple(_sp_names())),
 }
