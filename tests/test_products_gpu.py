@@ -68,8 +68,9 @@ def poisoned_sddmm(cp, T, Xa, Xb, precision=None, multiply=False, dtype=np.float
 # --- SpMM --------------------------------------------------------------------
 
 
-#: Tuning that keeps the vector layout's launch as configured (no timed choice among candidates).
-PIN = dict(vec_timed_choice=False)
+#: Tuning that keeps the vector layout's launch as configured (no timed choice among candidates, and not the
+#: one-CTA-per-window launch, which the rule picks for small grids: the coop variants ask for it).
+PIN = dict(vec_timed_choice=False, vec_coop=False)
 #: TF32 SpMM variants: (layout, tuning).  "vector" is the default, its launch chosen by timing;
 #: the other vector variants pin theirs.  16x8: the register pipeline and cp.async with
 #: 2-4 stages; vector layout: the register kernel with 1, 2, 4 feature groups per lane,

@@ -1,13 +1,16 @@
 """A small workload that runs every SpMM/SDDMM kernel variant once, for compute-sanitizer.
 
-Usage: compute-sanitizer --tool memcheck python tools/memcheck_products.py
+Usage: compute-sanitizer --tool memcheck python tools/memcheck_products.py [PART ...]
+PART: ``float32`` (TF32 / CUDA-core SpMM and SDDMM), ``half`` (16-bit SpMM), ``sparse`` (mma.sp),
+``baseline`` (the benchmarks' SDDMM baseline); all by default.  Under the sanitizer the whole workload
+takes longer than one device call allows: run the parts in separate calls.
 Covers: TF32 SpMM with 1/2/4 column chunks, 16-byte and scalar loads, split
 (hub) windows summed in the launch or by the fixup; the vector layout's SpMM (1/2/4 feature groups,
 unroll 4/8, the cp.async kernel with 2/3 stages, units of 2 blocks and automatic
 units, split windows summed in the launch or by the fixup, one CTA per window summing its parts in shared
 memory) and SDDMM; CUDA-core SpMM in float32/float64 on other tile
 shapes; TF32 and CUDA-core SDDMM; the 16-bit SpMM (both types, float32 and
-16-bit matrices and outputs, its compiled shapes, aligned and unaligned rows); the N:M layouts' mma.sp SpMM
+16-bit matrices and outputs, its compiled shapes, aligned and unaligned rows, one CTA per window); the N:M layouts' mma.sp SpMM
 (2:4 16-bit, 1:2 TF32, both n-tile widths, split windows).  Sizes are not multiples of 16.  Every
 result is checked against SciPy, so a wrong index shows up even when it stays
 inside an allocation.
@@ -32,10 +35,11 @@ A.data[:] = rng.integers(1, 5, A.nnz)
 A = sp.csr_array(A + star(n - 1))  # window 0 has ~125 blocks: split over several CTAs
 R = sp.random_array((n, 517), density=0.02, rng=rng, format="csr")
 R.data[:] = rng.integers(1, 5, R.nnz)
-checked = 0
 from tcgnn_py import _ops  # noqa: E402
 
-PIN = dict(vec_timed_choice=False)  # this launch, not the fastest of the candidates
+DEFAULT_COOP = _ops.TUNING["vec_coop"]
+
+PIN = dict(vec_timed_choice=False, vec_coop=False)  # this launch: not the fastest candidate, nor the coop one
 VEC_TUNINGS = [dict(PIN, vec_slices=None, vec_max_slices=1, vec_unroll=4, vec_blocks_per_unit=2, vec_combine=True,
                     vec_async_stages=0),
                dict(PIN, vec_slices=2, vec_unroll=8, vec_blocks_per_unit=2, vec_combine=False, vec_async_stages=0),
@@ -46,7 +50,7 @@ VEC_TUNINGS = [dict(PIN, vec_slices=None, vec_max_slices=1, vec_unroll=4, vec_bl
                dict(PIN, vec_coop=True, vec_slices=2, vec_async_unroll=2, vec_async_stages=2),
                # the default: every candidate of the timed choice runs
                dict(vec_timed_choice=True, vec_slices=None, vec_max_slices=2, vec_async_unroll=4, vec_async_stages=2,
-                    vec_blocks_per_unit=None, vec_coop=_ops.TUNING["vec_coop"])]
+                    vec_blocks_per_unit=None, vec_coop=DEFAULT_COOP)]
 cases = [(A, (16, 8), np.float32, {}), (R, (16, 8), np.float32, {}), (A, (8, 8), np.float32, {}),
          (A, (32, 32), np.float64, {})]
 cases += [(M, (8, 4), np.float32, t) for t in VEC_TUNINGS for M in (A, R)]
@@ -57,23 +61,30 @@ TF32_TUNINGS = [dict(tf32_nwarps=(4, 4, 4), blocks_per_warp=1, tf32_combine=True
                 dict(tf32_nwarps=(4, 4, 4), blocks_per_warp=1, tf32_combine=False, tf32_async_stages=3),
                 dict(tf32_nwarps=None, blocks_per_warp=None, tf32_combine=True, tf32_async_stages=2)]
 cases += [(M, (16, 8), np.float32, t) for t in TF32_TUNINGS for M in (A, R)]
-for M, tile_shape, dtype, tuning in cases:
-    _ops.set_tuning(**{**{k: _ops.TUNING[k] for k in tuning}, **tuning})
-    T = tg.TiledMatrix(M, dtype=dtype, tile_shape=tile_shape)
-    for D in (1, 3, 17, 64, 100, 130):
-        X = rng.integers(-8, 9, (M.shape[1], D)).astype(dtype)
-        want = M @ X.astype(np.float64)
-        # None twice: the second call takes the cached launch (with its fixup launch where there is one).
-        for precision in ((None, None, "fp32") if dtype == np.float32 else (None,)):
-            Y = tg.spmm(T, cp.asarray(X), precision=precision)
-            assert np.array_equal(Y.get(), want.astype(dtype)), (tile_shape, D, precision)
-            checked += 1
-        if M.shape[0] == M.shape[1]:
-            for precision in ((None, "fp32") if dtype == np.float32 else (None,)):
-                S = tg.sddmm(T, cp.asarray(X), multiply_values=True, precision=precision)
-                e = sddmm_expected(M, X, X, multiply=True)
-                assert np.array_equal(S.tocsr().data, e.astype(dtype)), (tile_shape, D, precision)
+
+
+def part_float32():
+    checked = 0
+    for M, tile_shape, dtype, tuning in cases:
+        _ops.set_tuning(**{**{k: _ops.TUNING[k] for k in tuning}, **tuning})
+        T = tg.TiledMatrix(M, dtype=dtype, tile_shape=tile_shape)
+        for D in (1, 3, 17, 64, 100, 130):
+            X = rng.integers(-8, 9, (M.shape[1], D)).astype(dtype)
+            want = M @ X.astype(np.float64)
+            # None twice: the second call takes the cached launch (with its fixup launch where there is one).
+            for precision in ((None, None, "fp32") if dtype == np.float32 else (None,)):
+                Y = tg.spmm(T, cp.asarray(X), precision=precision)
+                assert np.array_equal(Y.get(), want.astype(dtype)), (tile_shape, D, precision)
                 checked += 1
+            if M.shape[0] == M.shape[1]:
+                for precision in ((None, "fp32") if dtype == np.float32 else (None,)):
+                    S = tg.sddmm(T, cp.asarray(X), multiply_values=True, precision=precision)
+                    e = sddmm_expected(M, X, X, multiply=True)
+                    assert np.array_equal(S.tocsr().data, e.astype(dtype)), (tile_shape, D, precision)
+                    checked += 1
+    return checked
+
+
 # 16-bit SpMM (vector layout): float16 / bfloat16 X, float32 (split) or 16-bit matrix, float32 or 16-bit out,
 # every compiled shape, split windows summed in the launch or by the fixup, aligned (cp.async) and unaligned rows.
 import ml_dtypes  # noqa: E402
@@ -82,61 +93,88 @@ HALF_TUNINGS = [dict(PIN, vec_slices=None, half_ks=1, half_stages=2, vec_blocks_
                 dict(PIN, vec_slices=2, half_ks=2, half_stages=2, vec_blocks_per_unit=2, vec_combine=True),
                 dict(PIN, vec_slices=2, half_ks=1, half_stages=3, vec_blocks_per_unit=2, vec_combine=False),
                 dict(PIN, vec_slices=1, half_ks=2, half_stages=2, vec_blocks_per_unit=None, vec_combine=True),
+                # one CTA per window x slice, parts summed in shared memory
+                dict(PIN, vec_coop=True, vec_slices=None, half_ks=1, half_stages=2, vec_blocks_per_unit=None),
+                dict(PIN, vec_coop=True, vec_slices=2, half_ks=1, half_stages=2, vec_blocks_per_unit=None),
                 # the default: every candidate of the timed choice runs
-                dict(vec_timed_choice=True, vec_slices=None, half_ks=1, half_stages=2, vec_blocks_per_unit=None)]
-for tuning in HALF_TUNINGS:
-    _ops.set_tuning(**tuning)
-    for M in (A, R):
-        for xt in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
-            for mdt in (np.float32, xt):
-                T = tg.TiledMatrix(M, dtype=mdt, layout="vector")
-                for D in (1, 3, 17, 64, 100, 136):
-                    X = rng.integers(-8, 9, (M.shape[1], D)).astype(np.float32)
-                    want = (M @ X.astype(np.float64)).astype(np.float32)
-                    for ydt in (np.float32, xt):
-                        out = cp.full((M.shape[0], D), cp.nan, ydt)
-                        tg.spmm(T, cp.asarray(X).astype(xt), out=out)
-                        assert np.array_equal(out.get().astype(np.float32), want.astype(ydt).astype(np.float32)), \
-                            (tuning, xt, mdt, D, ydt)
-                        checked += 1
+                dict(vec_timed_choice=True, vec_slices=None, half_ks=1, half_stages=2, vec_blocks_per_unit=None,
+                     vec_coop=DEFAULT_COOP)]
+
+
+def part_half():
+    checked = 0
+    for tuning in HALF_TUNINGS:
+        _ops.set_tuning(**tuning)
+        for M in (A, R):
+            for xt in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
+                for mdt in (np.float32, xt):
+                    T = tg.TiledMatrix(M, dtype=mdt, layout="vector")
+                    for D in (1, 3, 17, 64, 100, 136):
+                        X = rng.integers(-8, 9, (M.shape[1], D)).astype(np.float32)
+                        want = (M @ X.astype(np.float64)).astype(np.float32)
+                        for ydt in (np.float32, xt):
+                            out = cp.full((M.shape[0], D), cp.nan, ydt)
+                            tg.spmm(T, cp.asarray(X).astype(xt), out=out)
+                            assert np.array_equal(out.get().astype(np.float32), want.astype(ydt).astype(np.float32)), \
+                                (tuning, xt, mdt, D, ydt)
+                            checked += 1
+    return checked
+
+
 # The N:M layouts' mma.sp SpMM: 2:4 with 16-bit X (float32 and 16-bit matrices and outputs), 1:2 with TF32;
 # 4 and 8 n-tiles per warp, 2 and 4 blocks per step, units of 8, 2 and 1 blocks: split windows summed in the
 # launch and by the fixup.
-for tuning in (dict(sp_nt=4, sp_blocks_per_unit=8, sp_combine=True, sp_unroll=2),
-               dict(sp_nt=8, sp_blocks_per_unit=1, sp_combine=False, sp_unroll=4),
-               dict(sp_nt=4, sp_blocks_per_unit=2, sp_combine=True, sp_unroll=4)):
-    _ops.set_tuning(**tuning)
-    for M in (A, R):
-        for D in (1, 3, 17, 64, 100, 136):
-            X = rng.integers(-8, 9, (M.shape[1], D)).astype(np.float32)
-            want = (M @ X.astype(np.float64)).astype(np.float32)
-            T = tg.TiledMatrix(M, dtype=np.float32, layout="1:2")
-            out = cp.full((M.shape[0], D), cp.nan, np.float32)
-            tg.spmm(T, cp.asarray(X), out=out)
-            assert np.array_equal(out.get(), want), (tuning, "1:2", D)
-            checked += 1
-            for xt in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
-                for mdt in (np.float32, xt):
-                    T = tg.TiledMatrix(M, dtype=mdt, layout="2:4")
-                    for ydt in (np.float32, xt):
-                        out = cp.full((M.shape[0], D), cp.nan, ydt)
-                        tg.spmm(T, cp.asarray(X).astype(xt), out=out)
-                        assert np.array_equal(out.get().astype(np.float32), want.astype(ydt).astype(np.float32)), \
-                            (tuning, "2:4", xt, mdt, D, ydt)
-                        checked += 1
+def part_sparse():
+    checked = 0
+    for tuning in (dict(sp_nt=4, sp_blocks_per_unit=8, sp_combine=True, sp_unroll=2),
+                   dict(sp_nt=8, sp_blocks_per_unit=1, sp_combine=False, sp_unroll=4),
+                   dict(sp_nt=4, sp_blocks_per_unit=2, sp_combine=True, sp_unroll=4)):
+        _ops.set_tuning(**tuning)
+        for M in (A, R):
+            for D in (1, 3, 17, 64, 100, 136):
+                X = rng.integers(-8, 9, (M.shape[1], D)).astype(np.float32)
+                want = (M @ X.astype(np.float64)).astype(np.float32)
+                T = tg.TiledMatrix(M, dtype=np.float32, layout="1:2")
+                out = cp.full((M.shape[0], D), cp.nan, np.float32)
+                tg.spmm(T, cp.asarray(X), out=out)
+                assert np.array_equal(out.get(), want), (tuning, "1:2", D)
+                checked += 1
+                for xt in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
+                    for mdt in (np.float32, xt):
+                        T = tg.TiledMatrix(M, dtype=mdt, layout="2:4")
+                        for ydt in (np.float32, xt):
+                            out = cp.full((M.shape[0], D), cp.nan, ydt)
+                            tg.spmm(T, cp.asarray(X).astype(xt), out=out)
+                            assert np.array_equal(out.get().astype(np.float32), want.astype(ydt).astype(np.float32)), \
+                                (tuning, "2:4", xt, mdt, D, ydt)
+                            checked += 1
+    return checked
+
+
 # The benchmarks' gather-and-dot SDDMM baseline (every lane-group size).
 import cupyx.scipy.sparse as csp  # noqa: E402
 
 from tcgnn_py.bench import GatherDotSDDMM  # noqa: E402
 
-rows = np.repeat(np.arange(n), np.diff(A.indptr))
-for D in (1, 3, 8, 17, 64, 130):
-    X = rng.integers(-8, 9, (n, D)).astype(np.float32)
-    out = cp.full(A.nnz, cp.nan, cp.float32)
-    GatherDotSDDMM(csp.csr_matrix(A.astype(np.float32)), [cp.asarray(X)], out)(0)
-    got, want = out.get(), np.einsum("ij,ij->i", X[rows], X[A.indices])
-    bad = np.flatnonzero(got != want)
-    assert bad.size == 0, (D, bad.size, A.nnz, A.indices.dtype, bad[:5], got[bad[:5]], want[bad[:5]], rows[bad[:5]])
-    checked += 1
-cp.cuda.Device().synchronize()
-print(f"memcheck products workload ok: {checked} products checked")
+
+
+def part_baseline():
+    checked = 0
+    rows = np.repeat(np.arange(n), np.diff(A.indptr))
+    for D in (1, 3, 8, 17, 64, 130):
+        X = rng.integers(-8, 9, (n, D)).astype(np.float32)
+        out = cp.full(A.nnz, cp.nan, cp.float32)
+        GatherDotSDDMM(csp.csr_matrix(A.astype(np.float32)), [cp.asarray(X)], out)(0)
+        got, want = out.get(), np.einsum("ij,ij->i", X[rows], X[A.indices])
+        bad = np.flatnonzero(got != want)
+        assert bad.size == 0, (D, bad.size, A.nnz, A.indices.dtype, bad[:5], got[bad[:5]], want[bad[:5]], rows[bad[:5]])
+        checked += 1
+    return checked
+
+
+PARTS = {"float32": part_float32, "half": part_half, "sparse": part_sparse, "baseline": part_baseline}
+if __name__ == "__main__":
+    names = sys.argv[1:] or list(PARTS)
+    checked = sum(PARTS[name]() for name in names)
+    cp.cuda.Device().synchronize()
+    print(f"memcheck products workload ok ({', '.join(names)}): {checked} products checked")
