@@ -250,6 +250,7 @@ TUNING = {
     "vec_target_warps": 16,  # auto units: aim for this many warps per SM in the grid
     "vec_tail_factor": 4,  # auto units: longest unit <= this x the blocks per resident warp (None: no cap)
     "vec_tail_floor": 128,  # auto units: and <= max(the blocks per resident warp, this) (None: no such cap)
+    "half_tail_floor": 64,  # ... the same for the 16-bit kernel (half the bytes a block: shorter units pay)
     "vec_warps": 4,  # warps per CTA (independent: each takes its own unit x slice)
     "vec_sort_units": True,  # longest units first: the grid's tail is made of short ones
     "vec_coop": None,  # vector SpMM: one CTA per window x slice (_vec_coop_units); None: by the grid
@@ -876,7 +877,7 @@ def _vec_choice(tiling, D, vec, half=None):
 
     def shape(slices):
         n_slices = -(-D // (32 * slices))
-        return n_slices, TUNING["vec_blocks_per_unit"] or _vec_unit_size(tiling, n_slices)
+        return n_slices, TUNING["vec_blocks_per_unit"] or _vec_unit_size(tiling, n_slices, half is not None)
 
     if half is not None and not vec:
         slices = kp.HALF_DEFAULT[0]  # unaligned rows: one configuration
@@ -899,7 +900,7 @@ def _vec_choice(tiling, D, vec, half=None):
                 and (slices, TUNING["vec_async_unroll"], TUNING["vec_async_stages"]) in kp.VEC_ASYNC)
     if cp_async and (slices, TUNING["vec_async_unroll"]) in kp.VEC_COOP and _vec_coop(tiling, D):
         return VecChoice(slices, bpu, True, False, TUNING["vec_async_unroll"], coop=True)
-    if half is not None and vec and (slices, 1, 2) in kp.VEC_HALF_COOP and _vec_coop(tiling, D):
+    if half is not None and vec and (slices, 1, 2) in kp.VEC_HALF_COOP and _vec_coop(tiling, D, True):
         return VecChoice(slices, bpu, False, False, ks=1, stages=2, coop=True)
     return VecChoice(slices, bpu, cp_async, combine, TUNING["vec_async_unroll" if cp_async else "vec_unroll"],
                      cp_async and TUNING["vec_dense_values"])
@@ -1122,7 +1123,7 @@ def _vec_launch(cp, tiling, dtype, D, vec, half=None, choice=None, scratch=None)
 VEC_COOP_CTAS = 16
 
 
-def _vec_coop(tiling, D):
+def _vec_coop(tiling, D, half=False):
     """Whether the vector SpMM (float32 or 16-bit X) takes one CTA per window x slice (:func:`_vec_coop_units`).
 
     ``TUNING["vec_coop"]`` True / False, or None: by the grid, where it pays (one process, H200,
@@ -1142,7 +1143,7 @@ def _vec_coop(tiling, D):
     if tiling.n_windows * n_slices > VEC_COOP_CTAS * _sm_count(tiling):
         return False
     longest = int(_vec_hist(tiling).max(initial=0))
-    bpu = TUNING["vec_blocks_per_unit"] or _vec_unit_size(tiling, n_slices)
+    bpu = TUNING["vec_blocks_per_unit"] or _vec_unit_size(tiling, n_slices, half)
     return bpu < longest <= 4 * TUNING["vec_coop_chain"] * bpu
 
 
@@ -1201,7 +1202,7 @@ def _vec_hist(tiling):
     return tiling.cached("vec_hist", lambda: np.diff(to_host(tiling.win_ptr)).astype(np.int64))  # synchronize!
 
 
-def _vec_unit_size(tiling, n_slices):
+def _vec_unit_size(tiling, n_slices, half=False):
     """Blocks per unit of the vector SpMM, from the tiling's blocks-per-window histogram.
 
     The largest size in :data:`VEC_UNIT_SIZES` whose units x slices still give
@@ -1214,7 +1215,11 @@ def _vec_unit_size(tiling, n_slices):
     Nor beyond ``max(that mean, TUNING["vec_tail_floor"])`` blocks: on large grids
     units twice a resident warp's share leave SMs idle while the last of them run
     (blogcatalog3, D = 128: SMs active 71 % of the kernel; float16 48.6 -> 41.3 us
-    with the cap). No separate rule for hub windows: the caps bound their units
+    with the cap). ``half``: the 16-bit kernel's units, capped by ``TUNING["half_tail_floor"]``
+    instead: it moves half the bytes a block, so its grids run short of warps sooner
+    (blogcatalog3, D = 128: 0.84 waves, 31 % achieved occupancy; facebook_pagepage at
+    D = 128 28.8 -> 24.0 us with 64 in place of 128; tools/profiles/coop17).
+    No separate rule for hub windows: the caps bound their units
     (a 4x-warps hub rule cut wikipedia_pos too finely: 30.5 against 23.8 us at
     D = 256; tools/profiles/stall16).
     """
@@ -1226,8 +1231,9 @@ def _vec_unit_size(tiling, n_slices):
     # The grid's critical path is its longest unit: keep it within `factor` x the mean work of a resident warp.
     per_warp = int(nb.sum()) * n_slices / (VEC_RESIDENT_WARPS * sms)
     cap = np.inf if factor is None else factor * per_warp
-    if TUNING["vec_tail_floor"]:
-        cap = min(cap, max(per_warp, TUNING["vec_tail_floor"]))
+    tail_floor = TUNING["half_tail_floor" if half else "vec_tail_floor"]
+    if tail_floor:
+        cap = min(cap, max(per_warp, tail_floor))
     best = VEC_UNIT_SIZES[0]
     for size in VEC_UNIT_SIZES:
         units = int(np.maximum(-(-nb // size), 1).sum())

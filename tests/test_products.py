@@ -152,6 +152,19 @@ def test_unit_size_caps_long_windows_on_large_grids(monkeypatch, floor, want):
     assert _ops._vec_unit_size(_Histogram(np.full(600, 200)), n_slices=4) == want
 
 
+def test_unit_size_of_the_16bit_kernel_takes_its_own_floor(monkeypatch):
+    """The 600 windows of 200 blocks above, 114 per resident warp: the 16-bit kernel's floor (64) cuts them in 4."""
+    from tcgnn_py import _ops
+
+    monkeypatch.setitem(_ops.TUNING, "vec_tail_floor", 128)
+    monkeypatch.setitem(_ops.TUNING, "half_tail_floor", 64)
+    hist = _Histogram(np.full(600, 200))
+    assert _ops._vec_unit_size(hist, n_slices=4) == 128
+    assert _ops._vec_unit_size(hist, n_slices=4, half=True) == 64
+    monkeypatch.setitem(_ops.TUNING, "half_tail_floor", None)  # the factor's cap alone
+    assert _ops._vec_unit_size(hist, n_slices=4, half=True) == 256
+
+
 @pytest.mark.parametrize("floor", [None, 128])
 def test_unit_size_floor_leaves_small_grids_to_the_factor(monkeypatch, floor):
     """5 blocks per resident warp: the tail factor (4x) caps units at 16 blocks whatever the floor."""
