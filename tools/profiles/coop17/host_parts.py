@@ -1,5 +1,5 @@
 # Host cost of the pieces of a cached tg.spmm call (no synchronisation inside the loops: the GPU keeps up).
-import time, sys, numpy as np, cupy as cp, tcgnn_py as tg
+import time, numpy as np, cupy as cp, tcgnn_py as tg
 from tcgnn_py import _ops
 
 from tcgnn_py.bench import resolve_graph
