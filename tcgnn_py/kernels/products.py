@@ -904,26 +904,6 @@ _VEC = r"""
 // of a window (int4: window, first block, end block, partial slot or -1), and a
 // split window's parts are summed in unit order by tcgnn_spmm_fixup (H = 8).
 // grid = ceil(units * slices / warps) CTAs of 1-4 independent warps.
-// COOP tail of the TF32 kernel: each warp puts its 8 rows x 32 * FS features (MMA accumulator layout,
-// as tc_vec_finish stores them) into its own tile at `tiles + wib * stride`; tc_vec_coop_sum adds the 4.
-template <int FS>
-__device__ __forceinline__ void tc_vec_coop_finish(const float (&acc)[FS][2][4], int window, int lane, int wib,
-                                                   float* tiles, int stride, float* __restrict__ Y, int M, int D,
-                                                   int base) {
-    constexpr int TS = 32 * FS + 4;  // floats per tile row
-    const int g = lane >> 2, t = lane & 3;
-    float* mine = tiles + wib * stride;
-    __syncwarp();  // this warp's last reads of its stages are done
-#pragma unroll
-    for (int j = 0; j < FS; ++j) {
-        *reinterpret_cast<float4*>(mine + (2 * t) * TS + 32 * j + 4 * g) =
-            make_float4(acc[j][0][0], acc[j][0][2], acc[j][1][0], acc[j][1][2]);
-        *reinterpret_cast<float4*>(mine + (2 * t + 1) * TS + 32 * j + 4 * g) =
-            make_float4(acc[j][0][1], acc[j][0][3], acc[j][1][1], acc[j][1][3]);
-    }
-    tc_vec_coop_sum<FS, true>(tiles, stride, window, Y, M, D, base);
-}
-
 // Store a warp's 8 rows x 32 * FS features (Y, or its partial tile), then, with
 // COMBINE, count the part and let the window's last part sum all partial tiles.
 template <int FS, bool VEC, bool COMBINE>
@@ -1038,6 +1018,26 @@ tcgnn_spmm_vec(const int4* __restrict__ units, const int2* __restrict__ unit_k0,
     }
 
     tc_vec_finish<FS, VEC, COMBINE>(acc, u, unit, slice, col, lane, unit_k0, Y, partial, counters, M, D, n_slices);
+}
+
+// COOP tail of the TF32 kernel: each warp puts its 8 rows x 32 * FS features (MMA accumulator layout,
+// as tc_vec_finish stores them) into its own tile at `tiles + wib * stride`; tc_vec_coop_sum adds the 4.
+template <int FS>
+__device__ __forceinline__ void tc_vec_coop_finish(const float (&acc)[FS][2][4], int window, int lane, int wib,
+                                                   float* tiles, int stride, float* __restrict__ Y, int M, int D,
+                                                   int base) {
+    constexpr int TS = 32 * FS + 4;  // floats per tile row
+    const int g = lane >> 2, t = lane & 3;
+    float* mine = tiles + wib * stride;
+    __syncwarp();  // this warp's last reads of its stages are done
+#pragma unroll
+    for (int j = 0; j < FS; ++j) {
+        *reinterpret_cast<float4*>(mine + (2 * t) * TS + 32 * j + 4 * g) =
+            make_float4(acc[j][0][0], acc[j][0][2], acc[j][1][0], acc[j][1][2]);
+        *reinterpret_cast<float4*>(mine + (2 * t + 1) * TS + 32 * j + 4 * g) =
+            make_float4(acc[j][0][1], acc[j][0][3], acc[j][1][1], acc[j][1][3]);
+    }
+    tc_vec_coop_sum<FS, true>(tiles, stride, window, Y, M, D, base);
 }
 
 // ---------------------------------------------------------------------------
