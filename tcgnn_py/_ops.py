@@ -955,18 +955,20 @@ def _half_candidates(tiling, D, vec, half):
     """
     from .kernels import products as kp
 
+    def fits(slices):  # 64 features per warp only for D > 32, and within the cap
+        return slices == 1 or (16 * slices < D and slices <= TUNING["vec_max_slices"])
+
     default = _vec_choice(tiling, D, vec, half)
     if not vec:
         return [default]
     if default.coop:  # its own partition (4 parts per window): candidates among its own shapes
-        return [default] + [default._replace(slices=f, ks=ks, stages=ns) for f, ks, ns in kp.VEC_HALF_COOP
-                            if (f, ks, ns) != (default.slices, default.ks, default.stages)
-                            and (f == 1 or (16 * f < D and f <= TUNING["vec_max_slices"]))]
+        return list(dict.fromkeys([default] + [default._replace(slices=f, ks=ks, stages=ns)
+                                               for f, ks, ns in kp.VEC_HALF_COOP if fits(f)]))
     default = default._replace(ks=TUNING["half_ks"], stages=TUNING["half_stages"])
     has_splits = _vec_plan(tiling, default.bpu)["n_slots"] > 0
     out = [default]
     for slices, ks, stages in kp.VEC_HALF:
-        if slices > 1 and not (16 * slices < D and slices <= TUNING["vec_max_slices"]):
+        if not fits(slices):
             continue
         for combine in (True, False) if has_splits else (False,):
             c = default._replace(slices=slices, ks=ks, stages=stages, combine=combine)

@@ -1,8 +1,9 @@
 # Host cost of the pieces of a cached tg.spmm call (no synchronisation inside the loops: the GPU keeps up).
-import time, numpy as np, cupy as cp, tcgnn_py as tg
+import numpy as np, cupy as cp, tcgnn_py as tg
 from tcgnn_py import _ops
 
 from tcgnn_py.bench import resolve_graph
+from tcgnn_py.bench._timing import time_per_call
 _, A = resolve_graph("cora"); A = A.astype(np.float32)
 T = tg.TiledMatrix(A)
 X = cp.asarray(np.random.default_rng(0).standard_normal((A.shape[1], 32)).astype(np.float32))
@@ -17,13 +18,8 @@ from tcgnn_py.kernels.driver import BoundLaunch
 bl = next((c.cell_contents for c in f.__closure__ if isinstance(c.cell_contents, BoundLaunch)), None)
 from cupy_backends.cuda.api import driver
 def timeit(name, fn, n=20000):
-    for _ in range(200): fn()
-    cp.cuda.Device().synchronize()
-    t = time.perf_counter()
-    for _ in range(n): fn()
-    dt = (time.perf_counter() - t) / n * 1e6
-    cp.cuda.Device().synchronize()
-    print(f"{name:40s} {dt:6.2f} us", flush=True)
+    host, _ = time_per_call(fn, n, warmup=200)
+    print(f"{name:40s} {1e6 * host:6.2f} us", flush=True)
 vals = T._values
 stream = cp.cuda.get_current_stream()
 timeit("tg.spmm(T, X, out=Y)", lambda: tg.spmm(T, X, out=Y))
