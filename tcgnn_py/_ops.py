@@ -267,6 +267,9 @@ TUNING = {
     # the slices, gathers, combine and half_ks / half_stages settings (False pins them: sweeps, tests)
     "vec_timed_choice": True,
     "vec_dense_values": False,  # the statistics' launch reads dense values (vec_dense_values); a timed candidate
+    # TF32 cp.async vector SpMM, X rows copied through L1 (VEC_ASYNC_L1 shapes): True in the statistics' launch,
+    # None a timed candidate only, False never
+    "vec_async_l1": None,
     "half_ks": 1,  # 16-bit vector SpMM: k16 chunks (4 blocks each) per cp.async step
     "half_stages": 2,  # 16-bit vector SpMM: steps in flight per warp
     "half_prefetch": True,  # 16-bit vector SpMM: values loaded one step ahead (False: sweeps only)
@@ -860,6 +863,7 @@ class VecChoice(NamedTuple):
     ks: int = 0  # 16-bit kernel: k16 chunks (4 blocks each) per step (0: TUNING["half_ks"])
     stages: int = 0  # 16-bit kernel: steps in flight per warp (0: TUNING["half_stages"])
     coop: bool = False  # one CTA per window x slice, its 4 parts summed in shared memory (_vec_coop_units)
+    l1: bool = False  # cp.async copies of X rows through L1 (TF32: kernels.products.VEC_ASYNC_L1 shapes)
 
 
 def _vec_plan(tiling, bpu):
@@ -902,8 +906,18 @@ def _vec_choice(tiling, D, vec, half=None):
         return VecChoice(slices, bpu, True, False, TUNING["vec_async_unroll"], coop=True)
     if half is not None and vec and (slices, 1, 2) in kp.VEC_HALF_COOP and _vec_coop(tiling, D, True):
         return VecChoice(slices, bpu, False, False, ks=1, stages=2, coop=True)
-    return VecChoice(slices, bpu, cp_async, combine, TUNING["vec_async_unroll" if cp_async else "vec_unroll"],
-                     cp_async and TUNING["vec_dense_values"])
+    unroll = TUNING["vec_async_unroll" if cp_async else "vec_unroll"]
+    dense = cp_async and TUNING["vec_dense_values"]
+    l1 = cp_async and not dense and TUNING["vec_async_l1"] is True and _l1_compiled(slices, unroll)
+    return VecChoice(slices, bpu, cp_async, combine, unroll, dense, l1=l1)
+
+
+def _l1_compiled(slices, unroll):
+    """Whether the TF32 cp.async vector SpMM is compiled with copies through L1 for this shape and tuning."""
+    from .kernels import products as kp
+
+    return ((slices, unroll, TUNING["vec_async_stages"]) in kp.VEC_ASYNC_L1 and TUNING["vec_prefetch_values"]
+            and TUNING["vec_round_x"] and TUNING["vec_async_l1"] is not False)
 
 
 def _vec_candidates(tiling, D, vec):
@@ -914,8 +928,10 @@ def _vec_candidates(tiling, D, vec):
     split windows are summed in part order by either the launch or the fixup:
     the results are bit-identical whichever wins (a GPU test checks it).
     Candidates: 32 or 64 features per warp; cp.async gathers of 4 or 2 blocks
-    per step (values through the block's mask, or dense with 4), or register
-    gathers; in-launch sums or the fixup launch.
+    per step (values through the block's mask, or dense with 4), each also
+    through L1 (the L1 copies win where an SM's warps gather the same X rows
+    again, e.g. blogcatalog3, and lose elsewhere), or register gathers; in-launch
+    sums or the fixup launch.
     """
     from .kernels import products as kp
 
@@ -925,19 +941,19 @@ def _vec_candidates(tiling, D, vec):
         return list(dict.fromkeys([default] + [default._replace(slices=f, unroll=u) for f, u in shapes]))
     has_splits = _vec_plan(tiling, default.bpu)["n_slots"] > 0
     ns = TUNING["vec_async_stages"]
-    gathers = [(False, TUNING["vec_unroll"], False)]
+    gathers = [(False, TUNING["vec_unroll"], False, False)]
     if _async_rows(D, vec):
         ua = TUNING["vec_async_unroll"]
-        gathers = [(True, u, False) for u in dict.fromkeys((ua, 2))] + gathers
+        gathers = [(True, u, False, l1) for u in dict.fromkeys((ua, 2)) for l1 in (False, True)] + gathers
         if tiling.n_blocks * 32 * 4 <= VEC_DENSE_BYTES_MAX and TUNING["vec_round_x"]:  # compiled rounding X
-            gathers.insert(1, (True, ua, True))
+            gathers.insert(2, (True, ua, True, False))
     out = [default]
     for slices in (1, 2) if D > 32 else (1,):
-        for cp_async, unroll, dense in gathers:
-            if cp_async and (slices, unroll, ns) not in kp.VEC_ASYNC:
+        for cp_async, unroll, dense, l1 in gathers:
+            if cp_async and (slices, unroll, ns) not in kp.VEC_ASYNC or l1 and not _l1_compiled(slices, unroll):
                 continue
             for combine in (True, False) if has_splits else (False,):
-                c = VecChoice(slices, default.bpu, cp_async, combine, unroll, dense)
+                c = VecChoice(slices, default.bpu, cp_async, combine, unroll, dense, l1=l1)
                 if c not in out:
                     out.append(c)
     return out
@@ -1078,7 +1094,7 @@ def _vec_launch(cp, tiling, dtype, D, vec, half=None, choice=None, scratch=None)
     choice = choice or _vec_choice(tiling, D, vec, half)
     if choice.coop:
         return _vec_coop_launch(tiling, D, choice, half)
-    slices, bpu, cp_async, combine, unroll, dense, ks, stages, _ = choice
+    slices, bpu, cp_async, combine, unroll, dense, ks, stages, _, l1 = choice
     n_slices = -(-D // (32 * slices))
     plan = _vec_plan(tiling, bpu)
     units, unit_k0 = plan["units"], plan["unit_k0"]
@@ -1103,7 +1119,7 @@ def _vec_launch(cp, tiling, dtype, D, vec, half=None, choice=None, scratch=None)
         smem = kp.vec_async_smem(nw, slices, unroll, ns)
         kernel = get_kernel("vec", kp.spmm_vec_async_name(slices, unroll, ns, combine, TUNING["vec_round_x"],
                                                           TUNING["vec_prefetch_values"] and TUNING["vec_round_x"],
-                                                          dense))
+                                                          dense, l1=l1))
     else:
         kernel = get_kernel("vec", kp.spmm_vec_name(slices, unroll, vec, combine, TUNING["vec_prefetch"]))
     launch = VecSpmmLaunch(kernel, (-(-n_work // nw),), (32 * nw,), smem, units, unit_k0, vec_meta(tiling),

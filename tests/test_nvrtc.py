@@ -65,7 +65,9 @@ def test_family_compiles(family, arch):
         for t in ("f16", "bf16"):
             assert f"mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32" in ptx
         assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
-        assert "cp.async.cg.shared.global" in ptx
+        assert "cp.async.ca.shared.global" in ptx  # X rows through L1
+    if family == "vec":  # the TF32 cp.async copies through L2, and through L1 in the VEC_ASYNC_L1 shapes
+        assert "cp.async.cg.shared.global" in ptx and "cp.async.ca.shared.global" in ptx
 
 
 def test_every_family_is_listed():

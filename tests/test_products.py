@@ -240,6 +240,35 @@ def test_coop_choice_of_the_16bit_kernel(monkeypatch):
     assert not any(c.coop for c in _ops._half_candidates(T.tiling, 64, True, half))
 
 
+@pytest.mark.filterwarnings("ignore::tcgnn_py.NoGPUWarning")
+def test_l1_copies_are_timed_candidates_of_the_tf32_kernel(monkeypatch):
+    """The TF32 cp.async shapes compiled with copies through L1 are candidates beside the same shapes through L2
+    (the same partition, so the same sums); the statistics' launch takes them only when asked, and False
+    turns them off."""
+    from tcgnn_py import _ops
+    from tcgnn_py.kernels import products as kp
+
+    T = tg.TiledMatrix(sp.random(300, 300, density=0.05, format="csr", random_state=0), layout="vector")
+    T.tiling._cache["sm_count"] = 132
+    monkeypatch.setitem(_ops.TUNING, "vec_coop", False)
+    cands = _ops._vec_candidates(T.tiling, 64, True)
+    l1 = [c for c in cands if c.l1]
+    assert not cands[0].l1 and l1 and all(c.cp_async and not c.dense for c in l1)
+    assert {(c.slices, c.unroll, 2) for c in l1} == set(kp.VEC_ASYNC_L1)
+    assert {c._replace(l1=False) for c in l1} <= set(cands)  # each beside its L2 twin
+    assert not any(c.l1 for c in _ops._vec_candidates(T.tiling, 64, False))  # unaligned rows: no cp.async
+    monkeypatch.setitem(_ops.TUNING, "vec_async_l1", False)  # never
+    assert not any(c.l1 for c in _ops._vec_candidates(T.tiling, 64, True))
+    monkeypatch.setitem(_ops.TUNING, "vec_async_l1", True)
+    assert _ops._vec_choice(T.tiling, 64, True).l1
+    monkeypatch.setitem(_ops.TUNING, "vec_async_stages", 3)  # not compiled with L1 copies: neither chosen nor a candidate
+    assert not _ops._vec_choice(T.tiling, 64, True).l1
+    assert not any(c.l1 for c in _ops._vec_candidates(T.tiling, 64, True))
+    monkeypatch.setitem(_ops.TUNING, "vec_async_stages", 2)
+    assert "true>" in kp.spmm_vec_async_name(1, 4, 2, l1=True)
+    assert kp.spmm_vec_async_name(1, 4, 2, l1=True) in kp.FAMILIES["vec"][1]
+
+
 def test_pick_fastest_keeps_the_default_within_the_margin():
     from tcgnn_py._ops import VEC_TIMED_MARGIN, pick_fastest
 

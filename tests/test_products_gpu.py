@@ -98,6 +98,10 @@ TF32_VARIANTS = {
                                                  vec_blocks_per_unit=2)),
     "vector-async-fixup": ("vector", dict(PIN, vec_async_stages=2, vec_blocks_per_unit=2, vec_combine=False)),
     "vector-async-truncate-x": ("vector", dict(PIN, vec_async_stages=2, vec_round_x=False)),
+    # X rows copied through L1 (a timed candidate): split windows summed in the launch / by the fixup
+    "vector-async-l1-split": ("vector", dict(PIN, vec_async_l1=True, vec_blocks_per_unit=2)),
+    "vector-async-l1-g2u2-fixup": ("vector", dict(PIN, vec_async_l1=True, vec_slices=2, vec_async_unroll=2,
+                                                  vec_blocks_per_unit=2, vec_combine=False)),
     # one CTA per window x slice, its 4 parts summed in shared memory (unaligned D: the usual launch)
     "vector-coop": ("vector", dict(PIN, vec_coop=True)),
     "vector-coop-g2u2": ("vector", dict(PIN, vec_coop=True, vec_slices=2, vec_async_unroll=2)),
@@ -369,14 +373,17 @@ def _check_timed_candidates(cp, rng, D, coop):
         choices = _ops._vec_candidates(T.tiling, D, aligned)
         assert len(set(choices)) == len(choices) and len({c.bpu for c in choices}) == 1
         assert {c.coop for c in choices} == {coop and aligned}
-        gathers = {(c.cp_async, c.unroll, c.dense) for c in choices}
+        gathers = {(c.cp_async, c.unroll, c.dense, c.l1) for c in choices}
         if coop and aligned:
-            assert gathers == {(True, 4, False), (True, 2, False)} and not any(c.combine for c in choices)
+            assert gathers == {(True, 4, False, False), (True, 2, False, False)}
+            assert not any(c.combine for c in choices)
         else:
             if name == "hub":  # split windows: both ways of summing them are candidates
                 assert {c.combine for c in choices} == {True, False}
-            assert gathers == ({(True, 4, False), (True, 4, True), (True, 2, False), (False, 4, False)} if aligned
-                               else {(False, 4, False)})
+            # cp.async of 4 or 2 blocks a step, through L2 or L1, dense values, or register gathers
+            assert gathers == ({(True, 4, False, False), (True, 4, False, True), (True, 4, True, False),
+                                (True, 2, False, False), (True, 2, False, True), (False, 4, False, False)}
+                               if aligned else {(False, 4, False, False)})
         assert {c.slices for c in choices} == ({1, 2} if D > 32 else {1})
         first = None
         for c in choices:

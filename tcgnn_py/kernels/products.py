@@ -68,6 +68,7 @@ __all__ = [
     "VEC_SDDMM_BLOCKS",
     "spmm_vec_name",
     "VEC_ASYNC",
+    "VEC_ASYNC_L1",
     "VEC_COOP",
     "VEC_HALF_COOP",
     "spmm_vec_async_name",
@@ -269,6 +270,17 @@ __device__ __forceinline__ unsigned tc_smem_addr(const void* p) {
 // 16 bytes global -> shared; src_bytes == 0 writes zeros without reading.
 __device__ __forceinline__ void tc_cp_async16(unsigned dst, const void* src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+// The same, through L1 when L1 (.ca, else .cg): an X row gathered again by a warp of the same SM then hits in
+// L1 and not L2.  The 16-bit SpMM always does (a win on every graph measured); the TF32 vector SpMM only
+// where the timed choice finds it faster (its staged rows leave less L1).
+template <bool L1>
+__device__ __forceinline__ void tc_cp_async16_via(unsigned dst, const void* src, int src_bytes) {
+    if (L1)
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+    else
+        tc_cp_async16(dst, src, src_bytes);
 }
 
 __device__ __forceinline__ void tc_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
@@ -1055,7 +1067,9 @@ __device__ __forceinline__ void tc_vec_coop_finish(const float (&acc)[FS][2][4],
 // instruction less per element) -- an experiment, not a public mode.
 // PV: each step's values are loaded one step ahead (the next step's metadata two ahead).
 // DV: values are dense, 32 per block in tile-position order (see _ops.vec_dense_values): no metadata.
-template <int FS, int U, int NS, bool COMBINE, bool RX = true, bool PV = false, bool DV = false, bool COOP = false>
+// L1: the copies go through L1 (tc_cp_async16_via).
+template <int FS, int U, int NS, bool COMBINE, bool RX = true, bool PV = false, bool DV = false, bool COOP = false,
+          bool L1 = false>
 __global__ void __launch_bounds__(128, (FS >= 2 ? 6 : 8))
 tcgnn_spmm_vec_async(const int4* __restrict__ units, const int2* __restrict__ unit_k0,
                      const int* __restrict__ block_cols, const uint2* __restrict__ meta,
@@ -1111,8 +1125,8 @@ tcgnn_spmm_vec_async(const int4* __restrict__ units, const int2* __restrict__ un
         _Pragma("unroll") for (int i = 0; i < U; ++i) {                          \
             const long long off = (long long)max(rq[i], 0) * row_bytes;          \
             _Pragma("unroll") for (int c = 0; c < FS; ++c)                       \
-                tc_cp_async16(dst + (i * 4 * RS + 32 * c) * 4, cp_src[c] + off,  \
-                              rq[i] >= 0 && cp_ok[c] ? 16 : 0);                  \
+                tc_cp_async16_via<L1>(dst + (i * 4 * RS + 32 * c) * 4,               \
+                                      cp_src[c] + off, rq[i] >= 0 && cp_ok[c] ? 16 : 0); \
         }                                                                        \
         tc_cp_commit();                                                          \
     }
@@ -1422,7 +1436,7 @@ tcgnn_spmm_vech(const int4* __restrict__ units, const int2* __restrict__ unit_k0
             if (AL) {                                                            \
                 const int bytes = (rq[p] >= 0 && fx < D) ? 16 : 0;               \
                 const TX* src = bytes ? X + (size_t)rq[p] * D + fx : X;          \
-                tc_cp_async16(tc_smem_addr(dst), src, bytes);                    \
+                tc_cp_async16_via<true>(tc_smem_addr(dst), src, bytes);          \
             } else {                                                             \
                 const unsigned short* xs = reinterpret_cast<const unsigned short*>(X) + (size_t)max(rq[p], 0) * D; \
                 unsigned w[4];                                                   \
@@ -1798,7 +1812,15 @@ VEC_ASYNC = tuple((f, u, ns) for f in (1, 2) for u in (2, 4) for ns in (2, 3))
 VEC_COOP = tuple((f, u) for f in (1, 2) for u in (2, 4))
 
 
-def spmm_vec_async_name(slices, unroll, stages, combine=True, round_x=True, prefetch=False, dense=False, coop=False):
+#: (feature groups, blocks per step, stages) of the cp.async vector SpMM also compiled with its copies through L1
+#: (values one step ahead, not dense): candidates of the timed choice.
+VEC_ASYNC_L1 = tuple((f, u, 2) for f in (1, 2) for u in (2, 4))
+
+
+def spmm_vec_async_name(slices, unroll, stages, combine=True, round_x=True, prefetch=False, dense=False, coop=False,
+                        l1=False):
+    if l1:  # X rows through L1 (VEC_ASYNC_L1): values one step ahead
+        return f"tcgnn_spmm_vec_async<{slices}, {unroll}, {stages}, {_b(combine)}, true, true, false, false, true>"
     if coop:  # one CTA per window x slice, its parts summed in shared memory: values one step ahead, no dense
         return f"tcgnn_spmm_vec_async<{slices}, {unroll}, {stages}, false, true, true, false, true>"
     if dense:  # dense values: one step ahead by construction
@@ -1891,6 +1913,7 @@ def _vec_names():
     names += [spmm_vec_async_name(f, u, ns, c, True, True) for f, u, ns in VEC_ASYNC for c in (True, False)]
     names += [spmm_vec_async_name(f, u, ns, c, True, True, True) for f, u, ns in VEC_ASYNC for c in (True, False)]
     names += [spmm_vec_async_name(f, u, 2, coop=True) for f, u in VEC_COOP]
+    names += [spmm_vec_async_name(f, u, ns, c, l1=True) for f, u, ns in VEC_ASYNC_L1 for c in (True, False)]
     return names + [sddmm_vec_name(v) for v in (True, False)] + [fixup_name("float32")]
 
 
