@@ -273,6 +273,9 @@ TUNING = {
     "half_ks": 1,  # 16-bit vector SpMM: k16 chunks (4 blocks each) per cp.async step
     "half_stages": 2,  # 16-bit vector SpMM: steps in flight per warp
     "half_prefetch": True,  # 16-bit vector SpMM: values loaded one step ahead (False: sweeps only)
+    # 16-bit X, float32 (or other 16-bit) matrix whose values X's type holds exactly (unweighted, small
+    # integers): one MMA on those values, not two on (hi, lo) pairs (False: always the pairs; A/B only)
+    "half_exact_values": True,
     # N:M SpMM (sweeps of 2026-11-24, GPU time, 8 graphs x D = 32-256: 32 blocks per unit with the fixup launch;
     # 4 n-tiles; 2 blocks per step for 16-bit X, 4 for TF32; a register cap of 6 CTAs/SM spilled: 25-55 % slower).
     "sp_blocks_per_unit": 32,  # N:M SpMM: blocks per balanced unit (a hub window is split into units)
@@ -521,7 +524,7 @@ def hot_key(values, X, out, precision=None):
     return key + (out.shape, out.strides, out.dtype.char, out.data.ptr & 15)
 
 
-def spmm_bind(tiling, values, X, out, precision=None):
+def spmm_bind(tiling, values, X, out, precision=None, casts=None):
     """``f(T, X, out) -> Y`` for ``T @ X`` with operands like these, or None when not cacheable.
 
     ``T`` is a matrix on ``tiling`` whose values have ``values``' dtype (its values and casts are read
@@ -529,7 +532,8 @@ def spmm_bind(tiling, values, X, out, precision=None):
     a float32 product on TF32 tensor cores (float32 X and values), a 16-bit X on the vector layout's
     16-bit MMAs whose result the kernel writes itself (see :func:`_half_bind`), and the N:M layouts'
     ``mma.sp`` products (``_sparse_tc.sp_bind``).
-    Call it after the slow path ran once (the launch is then cached).
+    Call it after the slow path ran once (the launch is then cached); ``casts`` is the matrix's cache of
+    cast values that call filled (the 16-bit and N:M products launch for the values' form found there).
     """
     if X.ndim != 2 or not X.flags.c_contiguous:
         return None
@@ -538,9 +542,9 @@ def spmm_bind(tiling, values, X, out, precision=None):
     if tiling.layout.pattern is not None:  # the N:M layouts' mma.sp kernels
         from ._sparse_tc import sp_bind
 
-        return sp_bind(tiling, values, X, out, precision)
+        return sp_bind(tiling, values, X, out, precision, casts)
     if is_half(X.dtype):
-        return _half_bind(tiling, values, X, out, precision)
+        return _half_bind(tiling, values, X, out, precision, casts)
     if X.dtype != _F32 or values.dtype != _F32 or (out is not None and out.dtype != _F32):
         return None
     M, D = tiling.shape[0], X.shape[1]
@@ -577,7 +581,7 @@ def spmm_bind(tiling, values, X, out, precision=None):
     return f2
 
 
-def _half_bind(tiling, values, X, out, precision):
+def _half_bind(tiling, values, X, out, precision, casts=None):
     """:func:`spmm_bind` for a 16-bit X: the vector layout's 16-bit SpMM, or None.
 
     Cacheable where the slow path makes no copy: the product runs on the 16-bit MMAs
@@ -596,27 +600,33 @@ def _half_bind(tiling, values, X, out, precision):
         return None
     # A new result comes from the memory pool, 256-byte aligned, as the slow path's did.
     aligned = D % 8 == 0 and X.data.ptr % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
-    launch = tiling._cache.get(("half_launch", xdt.name, values.dtype != xdt, dtype.name, D, aligned,
-                                _TUNING_VERSION[0]))
+    hv = (casts or {}).get(_half_key(xdt))
+    if hv is None:
+        return None
+    split = hv[0]
+    launch = tiling._cache.get(("half_launch", xdt.name, split, dtype.name, D, aligned, _TUNING_VERSION[0]))
     if not isinstance(launch, VecSpmmLaunch):
         return None
     run = launch.bind(tiling, _F32, M, D, n_extra=1)  # float32 partial tiles; the values' unscale per call
     fixup = launch.fixup.bind(launch.partial(_F32, D), M, D, tiling.layout.window) if launch.fixup else None
-    return cast_closure(run, fixup, (M, D), dtype, ("half_values", xdt.name),
-                        lambda T: _half_values(T._values, xdt, T._casts))
+    return cast_closure(run, fixup, (M, D), dtype, _half_key(xdt), lambda T: _half_values(T._values, xdt, T._casts),
+                        split, precision)
 
 
-def cast_closure(run, fixup, shape, dtype, key, make):
+def cast_closure(run, fixup, shape, dtype, key, make, split, precision):
     """``f(T, X, out) -> Y``: a bound launch fed, per call, the matrix's cast values.
 
     ``T._casts[key]`` (made by ``make(T)`` on a miss, cached on the matrix) is ``(split, values, unscale)``;
     ``run(values, X, Y, unscale or values)`` launches, then the bound ``fixup(Y)`` if any.  The 16-bit and N:M
-    hot paths: matrices sharing a tiling (``with_values``) each bring their own values.
+    hot paths: matrices sharing a tiling (``with_values``) each bring their own values, and one whose values
+    take the other form than ``split`` (the launch bound) goes the slow way (:func:`spmm_raw`).
     """
     ndarray = get_cupy().ndarray
 
     def f(T, X, out):
-        _, vals, unscale = T._casts.get(key) or make(T)
+        form, vals, unscale = T._casts.get(key) or make(T)
+        if form != split:  # (hi, lo) pairs against values exact in X's type: another kernel
+            return spmm_raw(T._tiling, T._values, X, dtype, precision, out=out, casts=T._casts)
         Y = ndarray(shape, dtype) if out is None else out
         run(vals, X, Y, vals if unscale is None else unscale)
         if fixup is not None:
@@ -672,25 +682,43 @@ def sddmm_bind(tiling, values, Xa, Xb, multiply_values, precision=None):
     return f
 
 
+def _half_key(xdt):
+    """The key of :func:`_half_values`' result in a matrix's cache of casts."""
+    return ("half_values", xdt.name, TUNING["half_exact_values"])
+
+
 def _half_values(values, xdt, cache):
     """``(split, values, unscale)`` for the 16-bit SpMM with operands of ``xdt``, cached per matrix.
 
-    Values of X's type go as they are.  Others (float32, or the other 16-bit
-    type) become ``(hi, lo)`` pairs of ``xdt`` packed in a uint32 (hi in the low
-    half): ``hi = xdt(v * scale)``, ``lo = xdt(v * scale - hi)``, the kernel
-    sums both products and multiplies by ``unscale = 1 / scale``.  ``scale`` is
-    a power of two that keeps the largest finite float16 part below 2**14 (1 for
-    bfloat16); Inf and NaN values stay in ``hi`` (``lo = 0``), so they
-    propagate as in float32.  Everything stays on the device: ``unscale`` is a
-    one-element device array, found without a host read.
+    Values of X's type go as they are, and so do values that X's type holds
+    exactly (``TUNING["half_exact_values"]``; unweighted graphs, small
+    integers): one MMA per block pair, the same sums as the pairs below, whose
+    ``lo`` parts would all be zero.  Finding that out reads one flag back from
+    the device, once per matrix and type.  Other values (float32, or the other
+    16-bit type) become ``(hi, lo)`` pairs of ``xdt`` packed in a uint32 (hi in
+    the low half): ``hi = xdt(v * scale)``, ``lo = xdt(v * scale - hi)``, the
+    kernel sums both products and multiplies by ``unscale = 1 / scale``.
+    ``scale`` is a power of two that keeps the largest finite float16 part below
+    2**14 (1 for bfloat16); Inf and NaN values stay in ``hi`` (``lo = 0``), so
+    they propagate as in float32.  ``unscale`` is a one-element device array,
+    found without a host read.
     """
-    key = ("half_values", xdt.name)
+    key = _half_key(xdt)
     hv = cache.get(key)
     if hv is not None:
         return hv
     cp = get_cupy()
+    exact = None
+    if values.dtype != xdt and TUNING["half_exact_values"]:
+        v = values.astype(np.float32)
+        exact = _round16(cp, v, xdt)
+        # synchronize! once per matrix and type; NaN compares unequal: NaN values keep the pairs
+        if not bool(cp.all(_widen16(cp, exact, xdt) == v)):
+            exact = None
     if values.dtype == xdt:
         hv = (False, values, _device_one(cp))
+    elif exact is not None:
+        hv = (False, exact, _device_one(cp))
     else:
         v = values.astype(np.float32)
         unscale = _device_one(cp)

@@ -139,7 +139,7 @@ def sp_meta(tiling):
 
 def sp_values(tiling, values, xdt, casts):
     """``(split, compressed values, unscale)`` for X of type ``xdt``, cached per matrix in ``casts``."""
-    key = ("sp_values", np.dtype(xdt).name)
+    key = _sp_key(xdt)
     hit = casts.get(key)
     if hit is not None:
         return hit
@@ -155,6 +155,11 @@ def sp_values(tiling, values, xdt, casts):
         out = (split, pack_values(cp, dest, nb, layout, bits, split), unscale)
     casts[key] = publish(out)
     return out
+
+
+def _sp_key(xdt):
+    """The key of :func:`sp_values`' result in a matrix's cache of casts (it follows ``_half_values``)."""
+    return ("sp_values", np.dtype(xdt).name, TUNING["half_exact_values"])
 
 
 class SpLaunch(NamedTuple):
@@ -234,7 +239,7 @@ def spmm_sp(tiling, values, X, dtype, out, casts):
     return Y
 
 
-def sp_bind(tiling, values, X, out, precision=None):
+def sp_bind(tiling, values, X, out, precision=None, casts=None):
     """The hot path of :func:`spmm_sp` (see ``_ops.spmm_bind``): ``f(T, X, out) -> Y``, or None.
 
     Cacheable where the slow path passes X as it is and its kernel writes the result: 16-bit X
@@ -249,13 +254,16 @@ def sp_bind(tiling, values, X, out, precision=None):
     mode = resolve_precision(precision, dtype, tiling.tile_shape, xdt, tiling.layout.pattern)
     if not (mode in _HALF_MODES and dtype in (_F32, xdt) or mode == "tf32" and xdt == _F32 and dtype == _F32):
         return None  # the slow path widens X or rounds the result into a copy
-    split = tiling.layout.pattern != (1, 2) and values.dtype != xdt  # as sp_values: (hi, lo) pairs or not
+    hit = (casts or {}).get(_sp_key(xdt))  # filled by the slow path's call: (hi, lo) pairs or not
+    if hit is None:
+        return None
+    split = hit[0]
     # A new result comes from the memory pool, 256-byte aligned, as the slow path's did.
     aligned = D % 8 == 0 and X.data.ptr % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
     launch = tiling._cache.get(("sp_launch", xdt.name, split, dtype.name, D, aligned, _TUNING_VERSION[0]))
     if not isinstance(launch, SpLaunch):
         return None
-    key = ("sp_values", xdt.name)
+    key = _sp_key(xdt)
     meta, _ = sp_meta(tiling)
     counters = launch.counters()
     partial = launch.partial(D)
@@ -263,4 +271,5 @@ def sp_bind(tiling, values, X, out, precision=None):
     run = _bound(launch.kernel, launch.grid, (128,), 0, (launch.units, launch.unit_k0, tiling.block_cols, meta),
                  (counters if counters is not None else launch.unit_k0,) + sizes, partial, n_extra=1)
     fixup = launch.fixup.bind(partial, M, D, 16) if launch.fixup is not None else None
-    return cast_closure(run, fixup, (M, D), dtype, key, lambda T: sp_values(tiling, T._values, xdt, T._casts))
+    return cast_closure(run, fixup, (M, D), dtype, key, lambda T: sp_values(tiling, T._values, xdt, T._casts), split,
+                        precision)

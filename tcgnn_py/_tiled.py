@@ -354,7 +354,7 @@ class TiledMatrix:
         )  # fmt: skip
         if precision in HOT_PRECISIONS and X is other and kind == "cupy" and (
                 out is None or direct and not _overlap(out, X)):
-            f = spmm_bind(self._tiling, self._values, X, out, precision)
+            f = spmm_bind(self._tiling, self._values, X, out, precision, self._casts)
             if f is not None:
                 self._hot[hot_key(self._values, X, out, precision)] = f
         if direct:

@@ -198,6 +198,10 @@ HALF_VARIANTS = {
     "coop": dict(PIN, vec_coop=True),
     "coop-g2": dict(PIN, vec_coop=True, vec_slices=2),
     "coop-timed": dict(vec_coop=True),
+    # a float32 matrix of small integers as (hi, lo) pairs (two MMAs), not as the 16-bit values it holds exactly
+    "pairs": dict(half_exact_values=False),
+    "pairs-split": dict(PIN, vec_blocks_per_unit=2, half_exact_values=False),
+    "pairs-coop": dict(PIN, vec_coop=True, half_exact_values=False),
 }
 
 
@@ -281,6 +285,38 @@ def test_half_values_out_of_float16_range(cp, xt):
         want = A.astype(np.float64) @ np.asarray(X, np.float64)
     got = poisoned(cp, Ti, cp.asarray(X), F32)
     np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("xt", HALVES)
+def test_float32_values_exact_in_16_bits_take_one_mma(cp, xt, monkeypatch):
+    """A float32 matrix whose values X's type holds (unweighted, small integers, out-of-range powers of two for
+    bfloat16) runs on those values, one MMA, with the bits of the (hi, lo) pairs; values it does not hold, and
+    NaN, keep the pairs.  Matrices of both kinds on one tiling share the cached launch safely (hot path)."""
+    rng = np.random.default_rng()
+    A = _hub_graph(rng)
+    A.data[:] = rng.integers(-4, 5, A.nnz)
+    A.data[A.data == 0] = 1
+    X = cp.asarray(rng.standard_normal((A.shape[1], 64)).astype(np.float32)).astype(xt)
+    T = tg.TiledMatrix(A, dtype=np.float32, layout="vector")
+    got = {}
+    for exact_values in (True, False):
+        monkeypatch.setitem(_ops.TUNING, "half_exact_values", exact_values)
+        split = _ops._half_values(T.values, xt, T._casts)[0]
+        assert split is not exact_values
+        got[exact_values] = poisoned(cp, T, X, F32)
+    np.testing.assert_array_equal(got[True].view(np.uint64), got[False].view(np.uint64))
+    monkeypatch.setitem(_ops.TUNING, "half_exact_values", True)
+    for data in (rng.uniform(0.5, 1.5, A.nnz), np.where(np.arange(A.nnz) == 7, np.nan, A.data)):
+        assert _ops._half_values(cp.asarray(data.astype(np.float32)), xt, {})[0], "pairs"
+    # the hot path: the cached launch of one form, called with a matrix of the other, goes the slow way
+    weighted = T.with_values(cp.asarray(rng.uniform(0.5, 1.5, A.nnz).astype(np.float32)))
+    Xh = np.asarray(X.get(), np.float64)
+    for M in (T, weighted, T, weighted):
+        for _ in range(2):
+            want = M.tocsr().astype(np.float64) @ Xh
+            Y = (M @ X).get()
+            assert np.linalg.norm(Y - want) <= TOL[F32] * np.linalg.norm(want)
 
 
 @pytest.mark.gpu
