@@ -11,7 +11,8 @@ units, split windows summed in the launch or by the fixup, one CTA per window su
 memory) and SDDMM; CUDA-core SpMM in float32/float64 on other tile
 shapes; TF32 and CUDA-core SDDMM; the 16-bit SpMM (both types, float32 and
 16-bit matrices and outputs, its compiled shapes, aligned and unaligned rows, one CTA per window); the N:M layouts' mma.sp SpMM
-(2:4 16-bit, 1:2 TF32, both n-tile widths, split windows).  Sizes are not multiples of 16.  Every
+(2:4 16-bit, 1:2 TF32, both n-tile widths, split windows); X rows through L1 (TF32 candidates) and float32
+matrices as 16-bit values or (hi, lo) pairs.  Sizes are not multiples of 16.  Every
 result is checked against SciPy, so a wrong index shows up even when it stays
 inside an allocation.
 """
@@ -45,12 +46,17 @@ VEC_TUNINGS = [dict(PIN, vec_slices=None, vec_max_slices=1, vec_unroll=4, vec_bl
                dict(PIN, vec_slices=2, vec_unroll=8, vec_blocks_per_unit=2, vec_combine=False, vec_async_stages=0),
                dict(PIN, vec_slices=4, vec_unroll=4, vec_blocks_per_unit=None, vec_combine=True, vec_async_stages=0),
                dict(PIN, vec_slices=2, vec_async_unroll=2, vec_async_stages=3, vec_blocks_per_unit=2),
+               # X rows copied through L1 (cp.async.ca), split windows summed in the launch / by the fixup
+               dict(PIN, vec_slices=None, vec_async_unroll=4, vec_async_stages=2, vec_blocks_per_unit=2,
+                    vec_async_l1=True, vec_combine=True),
+               dict(PIN, vec_slices=2, vec_async_unroll=2, vec_async_stages=2, vec_blocks_per_unit=2,
+                    vec_async_l1=True, vec_combine=False),
                # one CTA per window x slice, parts summed in shared memory
                dict(PIN, vec_coop=True, vec_slices=None, vec_async_unroll=4, vec_async_stages=2),
                dict(PIN, vec_coop=True, vec_slices=2, vec_async_unroll=2, vec_async_stages=2),
                # the default: every candidate of the timed choice runs
                dict(vec_timed_choice=True, vec_slices=None, vec_max_slices=2, vec_async_unroll=4, vec_async_stages=2,
-                    vec_blocks_per_unit=None, vec_coop=DEFAULT_COOP)]
+                    vec_blocks_per_unit=None, vec_coop=DEFAULT_COOP, vec_async_l1=None, vec_combine=True)]
 cases = [(A, (16, 8), np.float32, {}), (R, (16, 8), np.float32, {}), (A, (8, 8), np.float32, {}),
          (A, (32, 32), np.float64, {})]
 cases += [(M, (8, 4), np.float32, t) for t in VEC_TUNINGS for M in (A, R)]
@@ -89,7 +95,11 @@ def part_float32():
 # every compiled shape, split windows summed in the launch or by the fixup, aligned (cp.async) and unaligned rows.
 import ml_dtypes  # noqa: E402
 
-HALF_TUNINGS = [dict(PIN, vec_slices=None, half_ks=1, half_stages=2, vec_blocks_per_unit=None, vec_combine=True),
+# The float32 matrices hold small integers: the single-MMA kernels on their 16-bit values, and (first) the pairs.
+HALF_TUNINGS = [dict(PIN, vec_slices=None, half_ks=1, half_stages=2, vec_blocks_per_unit=2, vec_combine=True,
+                     half_exact_values=False),
+                dict(PIN, vec_slices=None, half_ks=1, half_stages=2, vec_blocks_per_unit=None, vec_combine=True,
+                     half_exact_values=True),
                 dict(PIN, vec_slices=2, half_ks=2, half_stages=2, vec_blocks_per_unit=2, vec_combine=True),
                 dict(PIN, vec_slices=2, half_ks=1, half_stages=3, vec_blocks_per_unit=2, vec_combine=False),
                 dict(PIN, vec_slices=1, half_ks=2, half_stages=2, vec_blocks_per_unit=None, vec_combine=True),
@@ -132,7 +142,8 @@ def part_sparse():
         mats = {("1:2", np.float32): tg.TiledMatrix(M, dtype=np.float32, layout="1:2")}
         mats.update({("2:4", mdt): tg.TiledMatrix(M, dtype=mdt, layout="2:4")
                      for mdt in (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))})
-        for tuning in (dict(sp_nt=4, sp_blocks_per_unit=8, sp_combine=True, sp_unroll=2),
+        for tuning in (dict(sp_nt=4, sp_blocks_per_unit=8, sp_combine=True, sp_unroll=2, half_exact_values=False),
+                       dict(sp_nt=4, sp_blocks_per_unit=8, sp_combine=True, sp_unroll=2, half_exact_values=True),
                        dict(sp_nt=8, sp_blocks_per_unit=1, sp_combine=False, sp_unroll=4),
                        dict(sp_nt=4, sp_blocks_per_unit=2, sp_combine=True, sp_unroll=4)):
             _ops.set_tuning(**tuning)
