@@ -682,6 +682,11 @@ def sddmm_bind(tiling, values, Xa, Xb, multiply_values, precision=None):
     return f
 
 
+#: Marks a matrix's cache of casts when its values were made on the device (``with_values`` of a device array, as
+#: in training steps): the 16-bit products then skip the exactness check of :func:`_half_values` (a host read).
+DEVICE_VALUES = "device_values"
+
+
 def _half_key(xdt):
     """The key of :func:`_half_values`' result in a matrix's cache of casts."""
     return ("half_values", xdt.name, TUNING["half_exact_values"])
@@ -694,7 +699,9 @@ def _half_values(values, xdt, cache):
     exactly (``TUNING["half_exact_values"]``; unweighted graphs, small
     integers): one MMA per block pair, the same sums as the pairs below, whose
     ``lo`` parts would all be zero.  Finding that out reads one flag back from
-    the device, once per matrix and type.  Other values (float32, or the other
+    the device, once per matrix and type; it is skipped (pairs) under CUDA-graph
+    capture and for values made on the device (:data:`DEVICE_VALUES`: new
+    values each training step would each cost a host read).  Other values (float32, or the other
     16-bit type) become ``(hi, lo)`` pairs of ``xdt`` packed in a uint32 (hi in
     the low half): ``hi = xdt(v * scale)``, ``lo = xdt(v * scale - hi)``, the
     kernel sums both products and multiplies by ``unscale = 1 / scale``.
@@ -709,7 +716,8 @@ def _half_values(values, xdt, cache):
         return hv
     cp = get_cupy()
     exact = None
-    if values.dtype != xdt and TUNING["half_exact_values"]:
+    if (values.dtype != xdt and TUNING["half_exact_values"] and not cache.get(DEVICE_VALUES)
+            and not cp.cuda.get_current_stream().is_capturing()):
         v = values.astype(np.float32)
         exact = _round16(cp, v, xdt)
         # synchronize! once per matrix and type; NaN compares unequal: NaN values keep the pairs

@@ -8,6 +8,7 @@ from . import _nm_group, _sgt
 from . import _reference as ref
 from ._device import DeviceMismatchError, array_module, get_cupy, is_cupy_array, to_host, use_gpu
 from ._ops import (
+    DEVICE_VALUES,
     HOT_PRECISIONS,
     HOT_SDDMM_PRECISIONS,
     MISMATCH,
@@ -258,13 +259,17 @@ class TiledMatrix:
         xp = self._tiling.xp
         if xp is np and array_module(values) is not np:
             raise DeviceMismatchError("device values given for a matrix on the CPU")
+        made_on_device = xp is not np and array_module(values) is not np
         values = xp.asarray(values)
         if values.shape != (self.nnz,):
             raise ValueError(f"values must have shape ({self.nnz},), got {values.shape}")
         values = values.astype(value_dtype(values.dtype), copy=False)
         if order == "csr":
             values = values[self._tiling.perm]
-        return TiledMatrix._from_parts(self._tiling, values)
+        t = TiledMatrix._from_parts(self._tiling, values)
+        if made_on_device:  # e.g. a training step's: the 16-bit products take them without a host read
+            t._casts[DEVICE_VALUES] = True
+        return t
 
     # --- transpose -----------------------------------------------------------
     def transpose(self, axes=None, copy=False):
@@ -282,6 +287,8 @@ class TiledMatrix:
             return back
         tiling_t, src = self._tiling.transpose()
         t = TiledMatrix._from_parts(tiling_t, self._values[src])
+        if self._casts.get(DEVICE_VALUES):
+            t._casts[DEVICE_VALUES] = True
         t._transpose_of = weakref.ref(self)
         self._transpose = t
         return t

@@ -290,9 +290,9 @@ def test_half_values_out_of_float16_range(cp, xt):
 @pytest.mark.gpu
 @pytest.mark.parametrize("xt", HALVES)
 def test_float32_values_exact_in_16_bits_take_one_mma(cp, xt, monkeypatch):
-    """A float32 matrix whose values X's type holds (unweighted, small integers, out-of-range powers of two for
-    bfloat16) runs on those values, one MMA, with the bits of the (hi, lo) pairs; values it does not hold, and
-    NaN, keep the pairs.  Matrices of both kinds on one tiling share the cached launch safely (hot path)."""
+    """A float32 matrix whose values X's type holds (unweighted, small integers) runs on those values, one MMA,
+    with the bits of the (hi, lo) pairs; values it does not hold, NaN, and values made on the device keep the
+    pairs.  Matrices of both kinds on one tiling share the cached launch safely (hot path)."""
     rng = np.random.default_rng()
     A = _hub_graph(rng)
     A.data[:] = rng.integers(-4, 5, A.nnz)
@@ -309,6 +309,13 @@ def test_float32_values_exact_in_16_bits_take_one_mma(cp, xt, monkeypatch):
     monkeypatch.setitem(_ops.TUNING, "half_exact_values", True)
     for data in (rng.uniform(0.5, 1.5, A.nnz), np.where(np.arange(A.nnz) == 7, np.nan, A.data)):
         assert _ops._half_values(cp.asarray(data.astype(np.float32)), xt, {})[0], "pairs"
+    # values made on the device (a training step's) are not checked (no host read): pairs, also on the transpose
+    ints_on_device = T.with_values(cp.asarray(A.tocsr().data.astype(np.float32)))
+    for M in (ints_on_device, ints_on_device.T):
+        assert _ops._half_values(M.values, xt, M._casts)[0]
+    assert not _ops._half_values(T.T.values, xt, T.T._casts)[0]
+    from_host = T.with_values(A.tocsr().data.astype(np.float32))  # host values: checked, one MMA
+    assert not _ops._half_values(from_host.values, xt, from_host._casts)[0]
     # the hot path: the cached launch of one form, called with a matrix of the other, goes the slow way
     weighted = T.with_values(cp.asarray(rng.uniform(0.5, 1.5, A.nnz).astype(np.float32)))
     Xh = np.asarray(X.get(), np.float64)
