@@ -700,9 +700,9 @@ def _half_values(values, xdt, cache):
     integers): one MMA per block pair, the same sums as the pairs below, whose
     ``lo`` parts would all be zero.  Finding that out reads one flag back from
     the device, once per matrix and type; it is skipped (pairs) under CUDA-graph
-    capture and for values made on the device (:data:`DEVICE_VALUES`: new
-    values each training step would each cost a host read).  Other values (float32, or the other
-    16-bit type) become ``(hi, lo)`` pairs of ``xdt`` packed in a uint32 (hi in
+    capture and for values made on the device (:data:`DEVICE_VALUES`: a training
+    step's new values would each cost a host read).  Other values (float32, or
+    the other 16-bit type) become ``(hi, lo)`` pairs of ``xdt`` packed in a uint32 (hi in
     the low half): ``hi = xdt(v * scale)``, ``lo = xdt(v * scale - hi)``, the
     kernel sums both products and multiplies by ``unscale = 1 / scale``.
     ``scale`` is a power of two that keeps the largest finite float16 part below
@@ -715,20 +715,18 @@ def _half_values(values, xdt, cache):
     if hv is not None:
         return hv
     cp = get_cupy()
-    exact = None
-    if (values.dtype != xdt and TUNING["half_exact_values"] and not cache.get(DEVICE_VALUES)
-            and not cp.cuda.get_current_stream().is_capturing()):
-        v = values.astype(np.float32)
-        exact = _round16(cp, v, xdt)
-        # synchronize! once per matrix and type; NaN compares unequal: NaN values keep the pairs
-        if not bool(cp.all(_widen16(cp, exact, xdt) == v)):
-            exact = None
-    if values.dtype == xdt:
+    check = (TUNING["half_exact_values"] and not cache.get(DEVICE_VALUES)
+             and not cp.cuda.get_current_stream().is_capturing())  # no host read under capture
+    v = None if values.dtype == xdt else values.astype(np.float32)
+    bits = _round16(cp, v, xdt) if check and v is not None else None
+    # synchronize! once per matrix and type; NaN compares unequal, so NaN values keep the pairs
+    if bits is not None and not bool(cp.all(_widen16(cp, bits, xdt) == v)):
+        bits = None
+    if v is None:
         hv = (False, values, _device_one(cp))
-    elif exact is not None:
-        hv = (False, exact, _device_one(cp))
+    elif bits is not None:  # exact in xdt: one MMA on these values
+        hv = (False, bits, _device_one(cp))
     else:
-        v = values.astype(np.float32)
         unscale = _device_one(cp)
         if xdt.name == "float16" and v.size:  # float16's range needs a scale (bfloat16 has float32's)
             a = cp.abs(v)
