@@ -45,7 +45,7 @@ def main():
         import ml_dtypes
 
         xdt = np.dtype(ml_dtypes.bfloat16) if args.x_dtype == "bfloat16" else np.dtype(np.float16)
-    won_fields = ("slices", "combine", "ks", "stages") if half else ("slices", "cp_async", "combine", "unroll", "dense")
+    won_fields = ("slices", "combine", "ks", "stages") if half else ("slices", "cp_async", "combine", "unroll", "dense", "l1")
     head = ("| graph | D | cuSPARSE GPU-only µs | statistics µs | timed µs | cuSPARSE from idle µs | statistics µs |"
             " timed µs | GPU-only ratio: statistics / timed | from idle: statistics / timed | first call ms:"
             f" statistics / timed | timed launch ({', '.join(won_fields)}) |\n"
