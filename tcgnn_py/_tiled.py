@@ -259,7 +259,7 @@ class TiledMatrix:
         xp = self._tiling.xp
         if xp is np and array_module(values) is not np:
             raise DeviceMismatchError("device values given for a matrix on the CPU")
-        made_on_device = xp is not np and array_module(values) is not np
+        made_on_device = array_module(values) is not np  # (device values for a host matrix raised above)
         values = xp.asarray(values)
         if values.shape != (self.nnz,):
             raise ValueError(f"values must have shape ({self.nnz},), got {values.shape}")
