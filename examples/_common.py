@@ -29,14 +29,27 @@ def parse_args(description, *, training=False, default_min_acc=0.80, argv=None, 
     if extra is not None:
         extra(p)
     args = p.parse_args(argv)
+    if training:
+        if args.epochs < 1:
+            p.error(f"--epochs must be at least 1, got {args.epochs}")
+        if not 0 <= args.min_accuracy <= 1:
+            p.error(f"--min-accuracy is a fraction in [0, 1], got {args.min_accuracy}")
+        if args.dtype == "bfloat16":
+            try:
+                import ml_dtypes  # noqa: F401
+            except ImportError:
+                p.error("--dtype bfloat16 needs the optional ml_dtypes package: pip install 'tcgnn_py[bf16]'")
     if args.device == "cpu":
         os.environ["TCGNN_PY_DEVICE"] = "cpu"
         warnings.filterwarnings("ignore", message="tcgnn_py: no usable GPU")  # asked for
-    elif args.device == "cuda":
+    if args.device != "cpu" or getattr(args, "cuda_graph", False):
         import tcgnn_py as tg
 
-        if not tg.gpu_available():
+        gpu = args.device != "cpu" and tg.gpu_available()
+        if args.device == "cuda" and not gpu:
             p.error("--device cuda: no usable GPU here")
+        if getattr(args, "cuda_graph", False) and not gpu:
+            p.error("--cuda-graph captures GPU work: it needs a usable GPU (not --device cpu)")
     return args
 
 

@@ -180,6 +180,6 @@ def to_host(x):
     """Copy a device array to a NumPy array (no-op for NumPy)."""
     if isinstance(x, np.ndarray):
         return x
-    if hasattr(x, "get"):
+    if is_device_array(x) and hasattr(x, "get"):
         return x.get()  # synchronize!
     return np.asarray(x)

@@ -6,6 +6,8 @@ from importlib import resources
 
 import numpy as np
 
+from ._permutation import Permutation
+
 __all__ = ["Graph", "load_cora", "load_graph"]
 
 
@@ -27,7 +29,8 @@ class Graph:
         """The same graph with its vertices renumbered: every per-vertex field moves together.
 
         ``perm`` is a :class:`~tcgnn_py.Permutation` (e.g. from
-        ``tg.reorder(g.adj, "locality")``): the adjacency becomes
+        ``tg.reorder(g.adj, "locality")``) or an array-like ``perm[new] = old``
+        (made into one): the adjacency becomes
         ``perm.apply(adj)``, feature rows and labels follow their vertices, and
         the split indices name the same vertices by their new ids (sorted).
         Reorder once, train in the new order, and map per-vertex results back
@@ -44,6 +47,8 @@ class Graph:
         >>> sorted(p.perm[h.train_idx]) == sorted(g.train_idx)
         True
         """
+        if not (hasattr(perm, "inverse_perm") and hasattr(perm, "apply")):
+            perm = Permutation(perm)
         if len(perm) != self.adj.shape[0]:
             raise ValueError(f"permute: perm has {len(perm)} entries for {self.adj.shape[0]} vertices")
         if self.permutation is not None:
@@ -117,12 +122,15 @@ def load_graph(path):
     >>> tg.load_graph("no/such/graph")
     Traceback (most recent call last):
     ...
-    FileNotFoundError: no graph at 'no/such/graph'
+    FileNotFoundError: no graph at 'no/such/graph': expected a folder holding adj_csr.npz, an .npz or an .mtx file (only cora ships with the package: tg.load_cora())
     """
     import scipy.io
     import scipy.sparse as sp
 
-    path = os.fspath(path)
+    try:
+        path = os.fspath(path)
+    except TypeError:
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}") from None
     name = os.path.basename(os.path.normpath(path))
     if os.path.isdir(path):
         return _load_folder(name, lambda f: open(os.path.join(path, f), "rb"))
@@ -130,4 +138,7 @@ def load_graph(path):
         return Graph(name=name[:-4], adj=sp.csr_array(sp.load_npz(path)))
     if path.endswith(".mtx") and os.path.exists(path):
         return Graph(name=name[:-4], adj=sp.csr_array(scipy.io.mmread(path)))
-    raise FileNotFoundError(f"no graph at {path!r}")
+    raise FileNotFoundError(
+        f"no graph at {path!r}: expected a folder holding adj_csr.npz, an .npz or an .mtx file "
+        "(only cora ships with the package: tg.load_cora())"
+    )

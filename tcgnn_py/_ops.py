@@ -30,7 +30,7 @@ import numpy as np
 
 from . import _reference as ref
 from ._device import DeviceMismatchError, get_cupy, is_cupy_array, is_device_array, publish, to_host
-from ._validation import check_real_dtype, is_half, promote, value_dtype
+from ._validation import check_exact, check_real_dtype, is_half, promote, value_dtype
 
 __all__ = [
     "as_operand",
@@ -78,7 +78,7 @@ def as_operand(X, on_device):
     elif is_cupy_array(X):
         if on_device:
             check_real_dtype(X.dtype, "operand")
-            return X, "cupy"
+            return check_exact(X, "X"), "cupy"
         kind = "cupy"
     elif is_device_array(X) or _is_cuda_dlpack(X):
         kind = "cupy"
@@ -94,7 +94,7 @@ def as_operand(X, on_device):
             X = cp.asarray(X)
     elif kind == "cupy":
         raise DeviceMismatchError("a device operand needs a matrix on the GPU, but this one lives on the CPU")
-    return X, kind
+    return check_exact(X, "X"), kind
 
 
 def _is_cuda_dlpack(X):

@@ -27,7 +27,8 @@ from ._device import array_module, to_host, use_gpu
 from .kernels.launch import THREADS_PER_BLOCK as _TPB
 from .kernels.launch import grid as _grid
 from .kernels.launch import launch_numba as _launch
-from ._validation import Pattern, check_count, check_csr_arrays, check_pattern, coerce_csr
+from ._permutation import Permutation
+from ._validation import Pattern, check_count, check_csr_arrays, check_pattern, coerce_csr, distinct_entries
 
 __all__ = ["Permutation", "NMReport", "reorder", "nm_report", "best_pattern", "locality_report", "LocalityReport", "LayoutLocality"]
 
@@ -330,113 +331,6 @@ class NMReport:
         return s
 
 
-class Permutation:
-    """A vertex renumbering: ``perm[new] = old``.
-
-    ``apply(A)`` is ``P A P^T`` (``B[i, j] = A[perm[i], perm[j]]``): the same
-    graph with renumbered vertices, so a symmetric matrix stays symmetric.
-    ``apply_rows(X)`` renumbers node features, ``undo_rows(Y)`` brings results
-    back: ``undo_rows(apply(A) @ apply_rows(X)) == A @ X``.
-
-    Examples
-    --------
-    >>> import numpy as np, scipy.sparse as sp, tcgnn_py as tg
-    >>> p = tg.Permutation([2, 0, 1])
-    >>> A = sp.csr_array(np.array([[0, 1, 0], [1, 0, 1], [0, 1, 0]]))
-    >>> p.apply(A).toarray()
-    array([[0, 0, 1],
-           [0, 0, 1],
-           [1, 1, 0]])
-    >>> X = np.arange(3.0)
-    >>> p.undo_rows(p.apply(A) @ p.apply_rows(X)).tolist() == (A @ X).tolist()
-    True
-    """
-
-    def __init__(self, perm, *, pattern=None, report=None):
-        perm = np.asarray(to_host(perm))
-        if perm.ndim != 1 or perm.dtype.kind not in "iu":
-            raise ValueError("a permutation is a 1-D array of integers")
-        perm = perm.astype(np.int64)
-        n = perm.shape[0]
-        seen = np.zeros(n, bool)
-        if n and (perm.min() < 0 or perm.max() >= n):
-            raise ValueError(f"permutation entries must be in [0, {n})")
-        seen[perm] = True
-        if not seen.all():
-            raise ValueError("not a permutation: some vertex occurs twice")
-        perm.flags.writeable = False
-        self.perm = perm
-        self.pattern = pattern
-        self.report = report
-        self._inv = None
-        self._device = {}
-
-    def __len__(self):
-        return self.perm.shape[0]
-
-    def __repr__(self):
-        return f"<Permutation of {len(self)} vertices" + (f", {self.report}>" if self.report else ">")
-
-    @property
-    def inverse_perm(self):
-        if self._inv is None:
-            inv = np.empty_like(self.perm)
-            inv[self.perm] = np.arange(len(self))
-            inv.flags.writeable = False
-            self._inv = inv
-        return self._inv
-
-    def inverse(self):
-        """The permutation that undoes this one."""
-        return Permutation(self.inverse_perm)
-
-    def _index(self, x, inverse=False):
-        arr = self.inverse_perm if inverse else self.perm
-        if array_module(x) is np:
-            return arr
-        key = (inverse, x.device.id)
-        if key not in self._device:
-            self._device[key] = array_module(x).asarray(arr)
-        return self._device[key]
-
-    def _check_rows(self, X, what):
-        if not (hasattr(X, "shape") and hasattr(X, "ndim")):
-            X = np.asarray(X)  # any array-like: a list becomes a NumPy array
-        if X.ndim < 1 or X.shape[0] != len(self):
-            raise ValueError(f"{what}: expected {len(self)} rows, got shape {X.shape}")
-        return X
-
-    def apply_rows(self, X):
-        """``X[perm]``: rows (node features) in the new order; NumPy, CuPy or any array-like."""
-        X = self._check_rows(X, "apply_rows")
-        return X[self._index(X)]
-
-    def undo_rows(self, Y):
-        """``Y[inverse_perm]``: rows of a result back in the original order."""
-        Y = self._check_rows(Y, "undo_rows")
-        return Y[self._index(Y, inverse=True)]
-
-    def apply(self, A):
-        """``P A P^T`` of a square sparse matrix, in A's format and class.
-
-        Every stored entry keeps its value (explicit zeros included); only the
-        vertex ids change.  scipy and cupyx sparse inputs are accepted.
-        """
-        data, indices, indptr, shape = coerce_csr(A, (len(self),) * 2 if isinstance(A, tuple) else None)
-        if shape != (len(self), len(self)):
-            raise ValueError(f"apply: expected a {len(self)}x{len(self)} matrix, got {shape}")
-        # The same checks and wording as TiledMatrix: a negative index would wrap around silently.
-        data, indices, indptr = check_csr_arrays(data, indices, indptr, shape, full_check=True)
-        perm = self._index(indices)
-        if array_module(indices) is not np:
-            perm = perm.astype(indices.dtype)
-        arrays = ref.permute_csr(data, indices, indptr, perm)
-        if isinstance(A, tuple):
-            return arrays
-        out = A.tocsr().__class__(arrays, shape=shape)
-        return out if A.format == "csr" else out.asformat(A.format)
-
-
 def _square_csr(A, n=None):
     """Validated CSR arrays of a square matrix; a ``(data, indices, indptr)`` tuple is ``n x n``
     with ``n = len(indptr) - 1`` unless ``n`` is given.  Indices are checked before the shape."""
@@ -448,7 +342,7 @@ def _square_csr(A, n=None):
     if shape[0] != shape[1]:
         raise ValueError(f"the reorder renumbers the vertices of a graph: A must be square, got {shape}")
     data, indices, indptr = check_csr_arrays(data, indices, indptr, shape)
-    return data, indices, indptr, shape
+    return data, *distinct_entries(indices, indptr, shape[1]), shape
 
 
 def _prepare(A, pattern, device):
@@ -780,6 +674,7 @@ def _structure(A, device, square=True):
     else:
         data, indices, indptr, shape = coerce_csr(A)
         _, indices, indptr = check_csr_arrays(data, indices, indptr, shape)
+        indices, indptr = distinct_entries(indices, indptr, shape[1])
     gpu = use_gpu(device)
     if gpu:
         import cupy as xp
@@ -848,6 +743,7 @@ def best_pattern(A, *, max_M=32, max_V=32, device=None, **kwargs):
     pattern (that of 2:4 when none conforms); its ``search`` attribute lists
     every ``(pattern, report)`` tried.
     """
+    max_M, max_V = check_count("max_M", max_M, 4), check_count("max_V", max_V, 1)
     tried = []
 
     def attempt(V, M):

@@ -25,6 +25,9 @@ from ._ops import (
 from ._tiling import STRUCTURE, Tiling, TileStats, resolve_layout
 from ._validation import (
     check_csr_arrays,
+    check_bool,
+    check_exact,
+    check_real_dtype,
     coerce_csr,
     isscalarlike,
     value_dtype,
@@ -102,8 +105,10 @@ class TiledMatrix:
             data, indices, indptr = A.csr_arrays()
             shape = A.shape
         else:
-            data, indices, indptr, shape = coerce_csr(A, shape, cast=lambda dt: _build_dtype(dt if dtype is None else dtype))
+            data, indices, indptr, shape = coerce_csr(A, shape)
         vdtype = value_dtype(data.dtype if dtype is None else dtype)
+        if dtype is None:  # the library picks the float type, and promises it holds the values exactly
+            check_exact(data, "A")
         if on_device:
             # O(1) checks where the arrays are (free on the host); SGT's first kernel makes the O(nnz) ones.
             # Indices of another type are scanned before the int32 cast, which could wrap them into range.
@@ -235,39 +240,61 @@ class TiledMatrix:
             return self
         return TiledMatrix._from_parts(self._tiling, self._values.astype(dtype))
 
-    def with_values(self, values, *, order="csr"):
+    def with_values(self, values, *, order="csr", dtype=None):
         """Same tiling with new entry values.  No re-translation.
 
         Parameters
         ----------
         values : array_like, shape (nnz,)
             On the matrix's device (NumPy on the host; CuPy or NumPy on the GPU).
+            Copied: the new matrix owns its values, whatever ``order``.
         order : {"csr", "tiled"}, default "csr"
             ``"csr"``: ``values[i]`` replaces ``T.tocsr().data[i]``.
             ``"tiled"``: ``values[i]`` replaces ``T.values[i]`` (no gather: what
             edge-wise code that keeps the tiled order wants).
+        dtype : dtype, optional
+            The new matrix's value dtype; by default the matrix's own, as in
+            scipy's ``_with_data``, so a float32 matrix stays on the TF32 tensor
+            cores whatever type the new values come in.
 
         Examples
         --------
         >>> import numpy as np, scipy.sparse as sp, tcgnn_py as tg
         >>> T = tg.TiledMatrix(sp.csr_array(np.eye(3, dtype=np.float32)))
-        >>> print(T.with_values(np.array([1.0, 2.0, 3.0])).toarray().diagonal().tolist())
-        [1.0, 2.0, 3.0]
+        >>> V = T.with_values(np.array([1.0, 2.0, 3.0]))
+        >>> print(V.dtype, V.toarray().diagonal().tolist())
+        float32 [1.0, 2.0, 3.0]
         """
-        if order not in ("csr", "tiled"):
-            raise ValueError(f"order must be 'csr' or 'tiled', got {order!r}")
+        if not isinstance(order, str) or order not in ("csr", "tiled"):
+            raise ValueError(f"order must be 'csr' or 'tiled', got {order!r:.60}")
         xp = self._tiling.xp
         if xp is np and array_module(values) is not np:
             raise DeviceMismatchError("device values given for a matrix on the CPU")
         made_on_device = array_module(values) is not np  # (device values for a host matrix raised above)
-        values = xp.asarray(values)
+        if not (hasattr(values, "shape") and hasattr(values, "dtype")):
+            values = np.asarray(values)
+        check_real_dtype(values.dtype, "values")
         if values.shape != (self.nnz,):
             raise ValueError(f"values must have shape ({self.nnz},), got {values.shape}")
-        values = values.astype(value_dtype(values.dtype), copy=False)
-        if order == "csr":
-            values = values[self._tiling.perm]
-        t = TiledMatrix._from_parts(self._tiling, values)
+        if dtype is None:
+            dtype = self.dtype
+            check_exact(values, "values")
+        else:
+            dtype = value_dtype(dtype)
+        values = xp.asarray(values)
+        values = values[self._tiling.perm] if order == "csr" else values.copy()
+        t = TiledMatrix._from_parts(self._tiling, values.astype(dtype, copy=False))
         if made_on_device:  # e.g. a training step's: the 16-bit products take them without a host read
+            t._casts[DEVICE_VALUES] = True
+        return t
+
+    def _with_data(self, values):
+        """Same tiling with trusted values in tiled order, their dtype kept (no checks, no copy).
+
+        The edge-wise code of the layers uses it: its values are made on the device in tiled order.
+        """
+        t = TiledMatrix._from_parts(self._tiling, values)
+        if array_module(values) is not np:
             t._casts[DEVICE_VALUES] = True
         return t
 
@@ -278,7 +305,7 @@ class TiledMatrix:
         Matrices that share a tiling (from :meth:`with_values` or :func:`sddmm`)
         share the translation of Aᵀ too: theirs costs one gather of the values.
         """
-        if axes is not None and tuple(axes) != (1, 0):
+        if axes is not None and (not isinstance(axes, (tuple, list)) or tuple(axes) != (1, 0)):
             raise ValueError("Sparse arrays do not support an 'axes' parameter other than (1, 0)")
         if self._transpose is not None:
             return self._transpose
@@ -307,6 +334,7 @@ class TiledMatrix:
 
         Raises ``ValueError`` with what is wrong.
         """
+        full_check = check_bool("full_check", full_check)
         if self._values.shape != (self._tiling.nnz,):
             raise ValueError("tile_pos and values should have the same size")
         self._tiling.check(full_check)
@@ -317,11 +345,15 @@ class TiledMatrix:
             f = self._hot.get(hot_key(self._values, other, None))
             if f is not None:  # a signature seen before: allocate and launch
                 return f(self, other, None)
+        elif isinstance(other, (str, bytes)):
+            return NotImplemented  # Python then raises "unsupported operand type(s) for @"
         elif isscalarlike(other):
             raise ValueError("Scalar operands are not allowed, use '*' instead")
         return self._matmul_dispatch(other)
 
     def __rmatmul__(self, other):
+        if isinstance(other, (str, bytes)):
+            return NotImplemented
         if isscalarlike(other):
             raise ValueError("Scalar operands are not allowed, use '*' instead")
         return self._rmatmul_dispatch(other)
@@ -333,6 +365,10 @@ class TiledMatrix:
     def _matmul_dispatch(self, other, out=None, precision=None):
         M, N = self.shape
         if not is_cupy_array(other) and _is_sparse(other):
+            if out is not None:
+                raise TypeError(
+                    f"out= needs a dense operand: a sparse X ({type(other).__name__}) gives a sparse product"
+                )
             if other.shape[0] != N:
                 raise ValueError(f"{MISMATCH} (n,k={N}),(k={other.shape[0]},m)->(n,m)")
             return self.tocsr() @ (other.tocsr() if isinstance(other, TiledMatrix) else other)
@@ -346,7 +382,7 @@ class TiledMatrix:
                 raise ValueError(f"{MISMATCH} (n,k={N}),(k={X.shape[0]},m)->(n,m)")
             out_shape = (M, X.shape[1])
         else:
-            raise ValueError("could not interpret dimensions")
+            raise ValueError(f"matmul: X must be 1-D or 2-D, got {X.ndim}-D with shape {X.shape}")
         dtype = result_dtype(self.dtype, X.dtype)
         xp = np if kind == "numpy" else get_cupy()
         if out is not None:
@@ -383,7 +419,10 @@ class TiledMatrix:
         tr = other.transpose() if hasattr(other, "transpose") else np.asarray(other).transpose()
         # Check before translating Aᵀ, with the message scipy gives for (Aᵀ @ Xᵀ)ᵀ.
         M = self.shape[0]
-        k = tr.shape[0] if tr.ndim >= 1 else None
+        if tr.ndim not in (1, 2):
+            raise ValueError(f"matmul: the left operand must be 1-D or 2-D, got {tr.ndim}-D with shape "
+                             f"{tuple(reversed(tr.shape))}")
+        k = tr.shape[0]
         if tr.ndim in (1, 2) and k != M:
             sig = "1?)->(n,1?)" if tr.ndim == 1 or tr.shape[1] == 1 else "m)->(n,m)"
             raise ValueError(f"{MISMATCH} (n,k={M}),(k={k},{sig}")
@@ -464,6 +503,8 @@ def spmm(T, X, out=None, *, precision=None):
     """
     if not isinstance(T, TiledMatrix):
         raise TypeError(f"spmm expects a TiledMatrix, got {type(T).__name__}")
+    if isinstance(X, (str, bytes)):
+        raise TypeError(f"spmm: X must be an array of numbers, got {type(X).__name__}")
     if is_cupy_array(X):
         if precision in HOT_PRECISIONS and (out is None or is_cupy_array(out) and not _overlap(out, X)):
             f = T._hot.get(hot_key(T._values, X, out, precision))
@@ -508,6 +549,10 @@ def sddmm(T, Xa, Xb=None, *, multiply_values=False, precision=None):
     """
     if not isinstance(T, TiledMatrix):
         raise TypeError(f"sddmm expects a TiledMatrix, got {type(T).__name__}")
+    multiply_values = check_bool("multiply_values", multiply_values)
+    for name, x in (("Xa", Xa), ("Xb", Xb)):
+        if isinstance(x, (str, bytes)) or (x is not None and _is_sparse(x)):
+            raise TypeError(f"sddmm: {name} must be a dense array of numbers, got {type(x).__name__}")
     hot = None
     if precision in HOT_SDDMM_PRECISIONS and is_cupy_array(Xa) and (Xb is None or is_cupy_array(Xb)):
         hot = ("sddmm", bool(multiply_values), hot_key(T._values, Xa, Xb, precision))
@@ -520,8 +565,9 @@ def sddmm(T, Xa, Xb=None, *, multiply_values=False, precision=None):
     a = a.reshape(-1, 1) if a.ndim == 1 else a
     b = b.reshape(-1, 1) if b.ndim == 1 else b
     M, N = T.shape
-    if a.ndim != 2 or b.ndim != 2:
-        raise ValueError("could not interpret dimensions")
+    for name, x in (("Xa", a), ("Xb", b)):
+        if x.ndim != 2:
+            raise ValueError(f"sddmm: {name} must be 1-D or 2-D, got {x.ndim}-D with shape {x.shape}")
     if a.shape[0] != M or b.shape[0] != N or a.shape[1] != b.shape[1]:
         raise ValueError(
             f"sddmm: dimension mismatch with signature (n={M},k={N}),(n={a.shape[0]},d={a.shape[1]}),"

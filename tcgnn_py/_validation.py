@@ -25,10 +25,13 @@ __all__ = [
     "promote",
     "BF16_EXTRA",
     "check_count",
+    "check_bool",
     "check_tile_shape",
     "isscalarlike",
     "Pattern",
     "check_pattern",
+    "check_exact",
+    "distinct_entries",
 ]
 
 #: Largest index the int32 tiled format can hold.
@@ -38,6 +41,13 @@ INDEX_MAX = np.iinfo(np.int32).max
 def isscalarlike(x):
     """scipy's test: a Python/NumPy scalar or a 0-d array."""
     return np.isscalar(x) or (getattr(x, "ndim", None) == 0 and getattr(x, "shape", None) == ())
+
+
+def check_bool(name, value):
+    """A bool argument (``numpy.bool_`` too), with its name in the error."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return bool(value)
 
 
 def check_count(name, value, minimum=0):
@@ -66,11 +76,21 @@ def bfloat16():
     return np.dtype(ml_dtypes.bfloat16)
 
 
-def as_dtype(dtype):
-    """``np.dtype(dtype)``, with the name ``"bfloat16"`` resolved through ml_dtypes."""
+def as_dtype(dtype, what="dtype"):
+    """``np.dtype(dtype)``, with the name ``"bfloat16"`` resolved through ml_dtypes.
+
+    Anything NumPy cannot read as a dtype raises ``TypeError`` naming ``what``.
+    """
     if isinstance(dtype, str) and dtype == "bfloat16":
         return bfloat16()
-    return np.dtype(dtype)
+    if dtype is None or isinstance(dtype, (bool, int, float, np.ndarray)):
+        raise TypeError(f"{what} must be a dtype or its name (numpy.float32, 'float16', 'bfloat16', ...), "
+                        f"got {dtype!r:.60}")
+    try:
+        return np.dtype(dtype)
+    except (TypeError, ValueError):
+        raise TypeError(f"{what} must be a dtype or its name (numpy.float32, 'float16', 'bfloat16', ...), "
+                        f"got {dtype!r:.60}") from None
 
 
 def is_half(dtype):
@@ -191,41 +211,120 @@ def _is_cupyx_sparse(A):
 
 
 def _shape2(shape):
+    if isinstance(shape, (str, bytes)):
+        raise TypeError(f"shape must be a pair of ints (n_rows, n_cols), got {shape!r}")
     try:
         m, n = (operator.index(v) for v in shape)
     except (TypeError, ValueError):
-        raise ValueError("invalid shape") from None
+        raise TypeError(f"shape must be a pair of ints (n_rows, n_cols), got {shape!r}") from None
     if m < 0 or n < 0:
         raise ValueError("'shape' elements cannot be negative")
     return m, n
 
 
-def coerce_csr(A, shape=None, cast=None):
+def _check_index_range(shape):
+    """The int32 limit, checked from the shape alone (before any conversion allocates per row)."""
+    if max(shape) > INDEX_MAX:
+        raise ValueError(
+            f"shape {tuple(shape)} does not fit the int32 indices of the tiled format (max {INDEX_MAX})"
+        )
+
+
+#: Largest integer magnitude float64 holds exactly.
+EXACT_INT_MAX = 2**53
+
+
+def check_exact(arr, what):
+    """Refuse 64-bit integers that the float64 they become would round (``|v| > 2**53``).
+
+    Integers become floats in every product; float64 holds integers exactly
+    only up to ``2**53``, and rounding them silently would be a wrong answer.
+    Narrower integers always fit.  Scans the array (a device read for CuPy).
+    """
+    dt = arr.dtype
+    if dt.kind not in "iu" or dt.itemsize < 8 or arr.size == 0:
+        return arr
+    xp = array_module(arr)
+    hi = arr.max()
+    lo = arr.min() if dt.kind == "i" else hi
+    hi, lo = _read_ints(xp, hi, lo)  # synchronize!
+    if hi > EXACT_INT_MAX or lo < -EXACT_INT_MAX:
+        bad = hi if hi > EXACT_INT_MAX else lo
+        raise ValueError(
+            f"{what} holds the {dt.name} value {bad}, which float64 cannot hold exactly (|v| > 2**53); "
+            "tcgnn_py computes in floating point: pass float64 values if rounding them is acceptable"
+        )
+    return arr
+
+
+def _csr_keeping_duplicates(A, xp):
+    """CSR arrays of a sparse input with every stored entry kept (duplicates are not summed here).
+
+    scipy's ``tocsr()`` sums duplicates in the input dtype (an int8 or bool sum
+    overflows or saturates); the library sums them once, after the values are
+    cast to the value dtype, whatever the input format.
+    """
+    if A.format == "csr":
+        return A.data, A.indices, A.indptr
+    coo = A.tocoo()
+    row, col, data = coo.row, coo.col, coo.data
+    n_rows = A.shape[0]
+    if row.shape[0] > 1 and not bool(xp.all(row[1:] >= row[:-1])):  # synchronize!
+        order = xp.argsort(row, kind="stable") if xp is np else xp.argsort(row)  # CuPy's sort is stable
+        row, col, data = row[order], col[order], data[order]
+    indptr = xp.zeros(n_rows + 1, dtype=np.int64)
+    if row.shape[0]:
+        xp.cumsum(xp.bincount(row, minlength=n_rows), out=indptr[1:])
+    return data, col, indptr
+
+
+def distinct_entries(indices, indptr, n_cols):
+    """``(indices, indptr)`` with each (row, column) position once: the pattern a matrix's entries form.
+
+    Structure-only consumers (the reorders, :func:`~tcgnn_py.locality_report`)
+    count positions, as ``TiledMatrix`` (which sums duplicates) does.  Returns
+    the arrays unchanged when every row's columns strictly increase already.
+    """
+    xp = array_module(indices)
+    nnz = int(indices.shape[0])
+    if nnz < 2:
+        return indices, indptr
+    n_rows = indptr.shape[0] - 1
+    rows = xp.repeat(xp.arange(n_rows, dtype=np.int64), xp.diff(indptr.astype(np.int64)).astype(np.int64))
+    rows = rows[:nnz]
+    if bool(xp.all((indices[1:] > indices[:-1]) | (rows[1:] != rows[:-1]))):  # synchronize!
+        return indices, indptr
+    key = xp.unique(rows * max(int(n_cols), 1) + indices.astype(np.int64))
+    rows_u = key // max(int(n_cols), 1)
+    new_ptr = xp.zeros(n_rows + 1, dtype=indptr.dtype)
+    xp.cumsum(xp.bincount(rows_u, minlength=n_rows), out=new_ptr[1:])
+    return (key - rows_u * max(int(n_cols), 1)).astype(indices.dtype), new_ptr
+
+
+def coerce_csr(A, shape=None):
     """Return ``(data, indices, indptr, shape)`` from any supported sparse input.
 
     Arrays stay where they are: NumPy for scipy input, CuPy for cupyx input or a
-    tuple of device arrays.  ``cast`` (input dtype -> value dtype) is applied to
-    a non-CSR input *before* converting it, so duplicates are summed in the value
-    dtype whatever the format (CSR input and tuples keep their duplicates here and
-    are cast by the caller before summing).  Without ``cast`` values keep their dtype.
+    tuple of device arrays.  Every stored entry is kept, duplicates included,
+    whatever the input format: the one rule is that duplicates are summed after
+    the values are cast to the value dtype (``TiledMatrix``), and a renumbering
+    keeps them as they are (``Permutation.apply``).  Values keep their dtype.
     """
     import scipy.sparse as sp
 
     if sp.issparse(A):
         if A.ndim != 2:
             raise ValueError(f"expected a 2-D sparse array, got {A.ndim}-D")
-        if cast is not None and A.format != "csr":
-            A = A.astype(cast(A.dtype))
-        csr = A.tocsr()
-        out_shape = csr.shape if shape is None else _shape2(shape)
-        if out_shape != csr.shape:
-            raise ValueError(f"shape {out_shape} does not match the sparse input's {csr.shape}")
-        return csr.data, csr.indices, csr.indptr, out_shape
+        out_shape = tuple(A.shape) if shape is None else _shape2(shape)
+        if out_shape != tuple(A.shape):
+            raise ValueError(f"shape {out_shape} does not match the sparse input's {tuple(A.shape)}")
+        _check_index_range(out_shape)
+        data, indices, indptr = _csr_keeping_duplicates(A, np)
+        return data, indices, indptr, out_shape
     if _is_cupyx_sparse(A):
-        if cast is not None and A.format != "csr":
-            A = A.astype(cast(A.dtype))
-        csr = A.tocsr()
-        return csr.data, csr.indices, csr.indptr, tuple(csr.shape)
+        _check_index_range(tuple(A.shape))
+        data, indices, indptr = _csr_keeping_duplicates(A, array_module(A.data))
+        return data, indices, indptr, tuple(A.shape)
     if isinstance(A, tuple) and len(A) == 3:
         data, indices, indptr = A
         xp = array_module(indices)
@@ -240,10 +339,13 @@ def coerce_csr(A, shape=None, cast=None):
         return data, indices, indptr, _shape2(shape)
     if isinstance(A, (np.ndarray, list)) or is_device_array(A):
         raise TypeError(
-            "TiledMatrix needs a sparse input (scipy.sparse, cupyx.scipy.sparse or "
-            "(data, indices, indptr)); for a dense array use scipy.sparse.csr_array(A) first"
+            "A must be a sparse matrix (scipy.sparse, cupyx.scipy.sparse or (data, indices, indptr)); "
+            "for a dense array use scipy.sparse.csr_array(A) first"
         )
-    raise TypeError(f"TiledMatrix cannot be built from {type(A).__name__}")
+    raise TypeError(
+        "A must be a sparse matrix (scipy.sparse, cupyx.scipy.sparse or (data, indices, indptr)), "
+        f"got {type(A).__name__}"
+    )
 
 
 def check_csr_arrays(data, indices, indptr, shape, full_check=True):

@@ -156,8 +156,8 @@ def _scipy_error(fn):
 
 @pytest.mark.parametrize(
     "operand",
-    [np.ones((4, 2)), np.ones(4), np.ones((4, 1)), 3, np.float32(2.0), np.ones((3, 3, 3))],
-    ids=["2d", "1d", "col", "int", "npscalar", "3d"],
+    [np.ones((4, 2)), np.ones(4), np.ones((4, 1)), 3, np.float32(2.0)],
+    ids=["2d", "1d", "col", "int", "npscalar"],
 )
 def test_matmul_errors_match_scipy(operand):
     A = sp.csr_array(np.eye(3))
@@ -190,9 +190,9 @@ def test_malformed_arrays_match_scipy(case):
 
 
 def test_type_errors():
-    with pytest.raises(TypeError, match="sparse input"):
+    with pytest.raises(TypeError, match="for a dense array use scipy.sparse.csr_array"):
         tg.TiledMatrix(np.eye(3))
-    with pytest.raises(TypeError, match="cannot be built"):
+    with pytest.raises(TypeError, match="A must be a sparse matrix"):
         tg.TiledMatrix("A")
     with pytest.raises(TypeError, match="real numbers only"):
         tg.TiledMatrix(sp.csr_array(np.eye(3, dtype=np.complex64)))

@@ -47,7 +47,13 @@ _OPS = ("spmm", "sddmm", "sgt", "reorder", "gcn", "agnn")
 
 
 def _ints(text):
-    return tuple(int(v) for v in text.split(",") if v)
+    try:
+        dims = tuple(int(v) for v in text.split(",") if v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not dims or min(dims) < 1:
+        raise argparse.ArgumentTypeError(f"feature widths must be integers >= 1, got {text!r}")
+    return dims
 
 
 def _dtypes(text):
@@ -127,8 +133,17 @@ def main(argv=None):
     gpu = gpu_available()
     if args.device == "cuda" and not gpu:
         ap.error("--device cuda: no usable GPU here")
-    if args.repeat < 1 or args.inputs < 1:
-        ap.error("--repeat and --inputs must be at least 1")
+    if args.repeat < 1 or args.inputs < 1 or args.epochs < 1:
+        ap.error("--repeat, --inputs and --epochs must be at least 1")
+    if args.summary_min_nnz < 0:
+        ap.error("--summary-min-nnz must be >= 0")
+    from ._graphs import locate_graph
+
+    for spec in args.graphs:  # a wrong name or spec is an argument error, before any measurement
+        try:
+            locate_graph(spec)
+        except (FileNotFoundError, ValueError) as e:
+            ap.error(f"graph {spec!r}: {e}")
     env = environment(gpu)
     env["copy_bandwidth_gbps"] = copy_bandwidth(gpu) / 1e9
     print(f"{env.get('gpu', 'host (reference path)')}; device-to-device copy {env['copy_bandwidth_gbps']:.0f} GB/s "

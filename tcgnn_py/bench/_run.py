@@ -110,7 +110,7 @@ def vertex_order(A, order, device=None):
     from scipy.sparse.csgraph import reverse_cuthill_mckee
 
     from .._locality import degree_order, symmetric_pattern
-    from .._reorder import Permutation
+    from .._permutation import Permutation
 
     if order == "locality":
         dev = "cuda" if use_gpu(device) else "cpu"

@@ -24,6 +24,8 @@ import time
 
 import numpy as np
 
+from .._device import gpu_unusable_reason
+
 __all__ = [
     "Context",
     "DistributedError",
@@ -400,6 +402,24 @@ class _NcclContext(Context):
 # --- entry points ---------------------------------------------------------------------------
 
 
+def _seconds(name, value, default):
+    """A time limit in seconds: ``None`` for ``default``, else a finite number > 0."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
+    if not (np.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive, finite number of seconds, got {value!r}")
+    return float(value)
+
+
+def _need_gpu(what, instead):
+    """Raise ``RuntimeError`` saying why ``what`` cannot run here and what runs instead."""
+    reason = gpu_unusable_reason()
+    if reason:
+        raise RuntimeError(f"{what} needs CUDA GPUs, and none is usable here ({reason}); {instead}")
+
+
 def spmd(fn, devices=None, *, backend="nccl", timeout=None, args=(), kwargs=None):
     """Run ``fn(ctx, *args, **kwargs)`` once per rank, in one process; return the results in rank order.
 
@@ -431,7 +451,7 @@ def spmd(fn, devices=None, *, backend="nccl", timeout=None, args=(), kwargs=None
     [array([6.]), array([6.]), array([6.])]
     """
     kwargs = kwargs or {}
-    timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
+    timeout = _seconds("timeout", timeout, DEFAULT_TIMEOUT)
     if backend == "reference":
         n = int(devices if devices is not None else 1)
         if n < 1:
@@ -441,6 +461,7 @@ def spmd(fn, devices=None, *, backend="nccl", timeout=None, args=(), kwargs=None
         return _run_threads(fn, contexts, args, kwargs, None)
     if backend != "nccl":
         raise ValueError(f"backend must be 'nccl' or 'reference', got {backend!r}")
+    _need_gpu("spmd(backend='nccl')", "backend='reference' runs the same program on host threads without one")
     import cupy
 
     if devices is None:
@@ -531,8 +552,9 @@ def init(*, timeout=None, rendezvous_timeout=None):
     """
     from ._rendezvous import exchange_id, env_int
 
-    timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
-    rendezvous_timeout = timeout if rendezvous_timeout is None else float(rendezvous_timeout)
+    timeout = _seconds("timeout", timeout, DEFAULT_TIMEOUT)
+    rendezvous_timeout = _seconds("rendezvous_timeout", rendezvous_timeout, timeout)
+    _need_gpu("distributed.init()", "spmd(fn, n, backend='reference') runs a program on n host ranks without one")
     rank, world = env_int("RANK"), env_int("WORLD_SIZE")
     if not 0 <= rank < world:
         raise ValueError(f"RANK={rank} must be in [0, WORLD_SIZE={world})")

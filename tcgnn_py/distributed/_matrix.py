@@ -178,7 +178,7 @@ class DistributedMatrix:
         ``values``: new values in the local matrix's tiled order (edge weights), as the GNN layers pass.
         """
         buf = self.operand(X)
-        T = self.local if values is None else self.local.with_values(values, order="tiled")
+        T = self.local if values is None else self.local.with_values(values, order="tiled", dtype=getattr(values, "dtype", None))
         Y = spmm(T, buf, out, precision=precision)
         return Y.reshape(-1) if np.ndim(X) == 1 and out is None else Y
 
@@ -196,7 +196,7 @@ class DistributedMatrix:
         G2 = G.reshape(-1, 1) if vec else G
         if G2.ndim != 2 or G2.shape[0] != self.n_own:
             raise ValueError(f"rmatmul_t: G has {G2.shape[0]} rows, this rank owns {self.n_own}")
-        T = self.local if values is None else self.local.with_values(values, order="tiled")
+        T = self.local if values is None else self.local.with_values(values, order="tiled", dtype=getattr(values, "dtype", None))
         out = xp.empty((self.shape_local[1], G2.shape[1]), G2.dtype) if is_half(G2.dtype) else None
         Z = spmm(T.T, G2, out, precision=precision)
         Y = Z[:self.n_own]

@@ -37,7 +37,7 @@ class TiledEdges:
         return self.matrix.tiling.entry_rows()
 
     def _with(self, values):
-        return self.matrix if values is None else self.matrix.with_values(values, order="tiled")
+        return self.matrix if values is None else self.matrix._with_data(values)
 
     def _out(self, X, rows):
         # 16-bit activations stay 16-bit (mixed precision): the product is rounded once into X's type.

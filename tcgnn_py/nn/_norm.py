@@ -74,7 +74,13 @@ def add_self_loops(A, *, fill_value=1.0, dtype=np.float32, layout=None, tile_sha
     [[1.0, 1.0], [1.0, 1.0]]
     """
     data, indices, indptr, n, xp = _square_csr(A)
-    return _tiled(_plus_identity(data, indices, indptr, n, xp, float(fill_value)), dtype, layout, tile_shape)
+    if isinstance(fill_value, (bool, str, bytes)) or not np.isscalar(fill_value) and np.ndim(fill_value) != 0:
+        raise TypeError(f"fill_value must be a real number, got {type(fill_value).__name__}")
+    try:
+        fill_value = float(fill_value)
+    except (TypeError, ValueError):
+        raise TypeError(f"fill_value must be a real number, got {type(fill_value).__name__}") from None
+    return _tiled(_plus_identity(data, indices, indptr, n, xp, fill_value), dtype, layout, tile_shape)
 
 
 def gcn_norm(A, *, add_self_loops=True, dtype=np.float32, layout=None, tile_shape=None):
