@@ -221,9 +221,10 @@ def test_load_graph_says_what_it_takes():
     (["--dims", "a"], "expected comma-separated integers"),
     (["--epochs", "0"], "--epochs must be at least 1"),
 ])
-def test_bench_cli_ranges(args, message, capsys):
+def test_bench_cli_ranges(args, message, capsys, monkeypatch):
     from tcgnn_py.bench.__main__ import main
 
+    monkeypatch.setenv("TCGNN_PY_DEVICE", "cpu")  # main sets it for --device cpu: restored after the test
     with pytest.raises(SystemExit) as e:
         main(["cora", "--device", "cpu", *args])
     assert e.value.code == 2 and message in capsys.readouterr().err
@@ -234,9 +235,10 @@ def test_bench_cli_ranges(args, message, capsys):
     ("powerlaw:0:5", "N >= 1 and K >= 0"),
     ("no_such_graph_here", "looked up as NAME/adj_csr.npz under $TCGNN_PY_DATA"),
 ])
-def test_bench_cli_graph_specs(spec, message, capsys):
+def test_bench_cli_graph_specs(spec, message, capsys, monkeypatch):
     from tcgnn_py.bench.__main__ import main
 
+    monkeypatch.setenv("TCGNN_PY_DEVICE", "cpu")  # main sets it for --device cpu: restored after the test
     with pytest.raises(SystemExit) as e:
         main([spec, "--device", "cpu"])
     err = capsys.readouterr().err
