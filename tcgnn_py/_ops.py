@@ -477,9 +477,37 @@ def _spmm_gpu(tiling, values, X, dtype, mode, out, casts):
     key = ("launch", mode, dtype.char, D, vec, _TUNING_VERSION[0])
     launch = tiling._cache.get(key)  # hot path: no closure per call
     if launch is None:
-        launch = tiling.cached(key, lambda: _spmm_launch(cp, tiling, mode, dtype, D, vec, (values, X, Y)))
+        launch = _planned(tiling, key, lambda: _spmm_launch(cp, tiling, mode, dtype, D, vec, (values, X, Y)))
     _run_spmm(cp, launch, tiling, values, X, Y, dtype)
     return Y
+
+
+class Provisional(NamedTuple):
+    """A launch chosen while some of the timed choice's candidates were still compiling in the background."""
+
+    launch: object
+    futures: list  # the background compiles it waits for
+
+
+def _planned(tiling, key, plan):
+    """The launch of ``plan()``, cached on the tiling under ``key`` once it is final.
+
+    A :class:`Provisional` launch (the timed choice ran while some candidates were
+    compiling) is kept aside and used until those compiles finish; the next call then
+    plans again, timing every candidate, and that launch is the one cached (and bound
+    by the hot paths).  Every candidate gives the same bits, so only speed changes.
+    """
+    aside = ("provisional", key)
+    prov = tiling._cache.get(aside)
+    if prov is not None:
+        if not all(f.done() for f in prov.futures):
+            return prov.launch
+        del tiling._cache[aside]
+    launch = plan()
+    if isinstance(launch, Provisional):
+        tiling._cache[aside] = launch
+        return launch.launch
+    return tiling.cached(key, lambda: launch)
 
 
 def _run_spmm(cp, launch, tiling, values, X, Y, dtype):
@@ -717,29 +745,40 @@ def _half_values(values, xdt, cache):
     cp = get_cupy()
     check = (TUNING["half_exact_values"] and not cache.get(DEVICE_VALUES)
              and not cp.cuda.get_current_stream().is_capturing())  # no host read under capture
-    v = None if values.dtype == xdt else values.astype(np.float32)
-    bits = _round16(cp, v, xdt) if check and v is not None else None
+    # The check reads the device anyway: small matrices are converted on the host, with NumPy (the same IEEE
+    # roundings), so that a fresh process does not compile CuPy's kernels for each step below.
+    xp = np if check and values.size <= HOST_PLAN_MAX else cp
+    src = to_host(values) if xp is np else values  # synchronize!
+    with np.errstate(over="ignore", invalid="ignore"):  # NumPy warns where CuPy is silent: out of range, Inf - Inf
+        hv = _half_parts(cp, xp, values, src, xdt, check)
+    cache[key] = publish(hv)  # complete before another stream uses it
+    return hv
+
+
+def _half_parts(cp, xp, values, src, xdt, check):
+    """The ``(split, values, unscale)`` of :func:`_half_values`, computed with ``xp`` from ``src`` (values there)."""
+    v = None if values.dtype == xdt else src.astype(np.float32)
+    bits = _round16(xp, v, xdt) if check and v is not None else None
     # synchronize! once per matrix and type; NaN compares unequal, so NaN values keep the pairs
-    if bits is not None and not bool(cp.all(_widen16(cp, bits, xdt) == v)):
+    if bits is not None and not bool(xp.all(_widen16(xp, bits, xdt) == v)):
         bits = None
     if v is None:
         hv = (False, values, _device_one(cp))
     elif bits is not None:  # exact in xdt: one MMA on these values
-        hv = (False, bits, _device_one(cp))
+        hv = (False, cp.asarray(bits), _device_one(cp))
     else:
         unscale = _device_one(cp)
         if xdt.name == "float16" and v.size:  # float16's range needs a scale (bfloat16 has float32's)
-            a = cp.abs(v)
-            amax = cp.where(cp.isfinite(a), a, np.float32(0)).max()
-            e = cp.frexp(amax)[1]  # amax < 2**e
-            scale = cp.where(amax > 0, cp.ldexp(np.float32(1), cp.clip(14 - e, -100, 100)), np.float32(1))
+            a = xp.abs(v)
+            amax = xp.where(xp.isfinite(a), a, np.float32(0)).max()
+            e = xp.frexp(amax)[1]  # amax < 2**e
+            scale = xp.where(amax > 0, xp.ldexp(np.float32(1), xp.clip(14 - e, -100, 100)), np.float32(1))
             v = v * scale.astype(np.float32)  # a power of two: exact
-            unscale = (1 / scale).astype(np.float32).reshape(1)
-        hi = _round16(cp, v, xdt)
-        hf = _widen16(cp, hi, xdt)
-        lo = _round16(cp, cp.where(cp.isfinite(hf), v - hf, np.float32(0)), xdt)  # Inf / NaN: all in hi
-        hv = (True, hi.astype(np.uint32) | (lo.astype(np.uint32) << 16), unscale)
-    cache[key] = publish(hv)  # complete before another stream uses it
+            unscale = cp.asarray((1 / scale).astype(np.float32).reshape(1))
+        hi = _round16(xp, v, xdt)
+        hf = _widen16(xp, hi, xdt)
+        lo = _round16(xp, xp.where(xp.isfinite(hf), v - hf, np.float32(0)), xdt)  # Inf / NaN: all in hi
+        hv = (True, cp.asarray(hi.astype(np.uint32) | (lo.astype(np.uint32) << 16)), unscale)
     return hv
 
 
@@ -794,7 +833,7 @@ def _spmm_half(tiling, hv, X, dtype, out):
             plan = lambda: _vec_timed(cp, tiling, dtype, D, aligned, vals, X, Y, half, unscale)  # noqa: E731
         else:
             plan = lambda: _vec_launch(cp, tiling, dtype, D, aligned, half)  # noqa: E731
-        launch = tiling.cached(key, plan)
+        launch = _planned(tiling, key, plan)
     _run_half(launch, tiling, vals, X, Y, unscale)
     return Y
 
@@ -850,7 +889,7 @@ def _spmm_launch(cp, tiling, mode, dtype, D, vec, operands=None):
         smem = smem_of(nwarps)
         launch = TF32SpmmLaunch(
             kernel, (plan["units"].shape[0] * n_slabs, 1), (32 * nwarps,), smem, plan["units"],
-            tiling.cached("mask", lambda: block_mask(cp, tiling.block_ptr, tiling.tile_pos, tiling.n_blocks)),
+            tile_mask(tiling),
             n_slabs, sizes=tuple(np.int32(v) for v in (tiling.shape[0], D, n_slabs)),
         )
     else:
@@ -1095,15 +1134,26 @@ def _vec_timed(cp, tiling, dtype, D, vec, values, X, Y, half=None, unscale=None)
     :func:`_half_candidates` (``values`` its 16-bit values, ``unscale`` theirs; times under
     ``("half_timed", half, D, vec, tuning version)``).
     """
+    from .kernels.registry import compile_in_background, is_compiled
     from .kernels.timing import time_round_robin
 
     if tiling.n_blocks * D > VEC_TIMED_MAX_WORK or cp.cuda.get_current_stream().is_capturing():
         return _vec_launch(cp, tiling, dtype, D, vec, half)
     choices = _vec_candidates(tiling, D, vec) if half is None else _half_candidates(tiling, D, vec, half)
+    # A first product must not wait for a family's worth of compiles: the default (compiled now) and the
+    # candidates compiled already are timed; the others compile in the background, and the launch stays
+    # provisional until they are done (_planned).
+    needs = [_choice_kernels(cp, tiling, dtype, D, vec, half, c) for c in choices]
+    missing = {k for ks in needs[1:] for k in ks if not is_compiled(*k)} - set(needs[0])
+    futures = []
+    if missing:
+        for family in sorted({f for f, _ in missing}):
+            futures += compile_in_background(family, sorted(n for f, n in missing if f == family))
+        choices = [c for i, c in enumerate(choices) if i == 0 or not missing.intersection(needs[i])]
     scratch = {}  # one set of partial tiles for all candidates (same partition), not one each
     launches = [_vec_launch(cp, tiling, dtype, D, vec, half, choice=c, scratch=scratch) for c in choices]
     if len(launches) == 1:
-        return launches[0]
+        return Provisional(launches[0], futures) if futures else launches[0]
     if half is None:
         calls = [functools.partial(_run_spmm, cp, launch, tiling, values, X, Y, dtype) for launch in launches]
         key = ("vec_timed", D, vec, _TUNING_VERSION[0])
@@ -1112,28 +1162,42 @@ def _vec_timed(cp, tiling, dtype, D, vec, values, X, Y, half=None, unscale=None)
         key = ("half_timed", half, D, vec, _TUNING_VERSION[0])
     ms = time_round_robin(calls, VEC_TIMED_ROUNDS)
     tiling._cache[key] = dict(zip(choices, ms))
-    return launches[pick_fastest(ms)]
+    best = launches[pick_fastest(ms)]
+    return Provisional(best, futures) if futures else best
 
 
-def _vec_launch(cp, tiling, dtype, D, vec, half=None, choice=None, scratch=None):
+def _choice_kernels(cp, tiling, dtype, D, vec, half, choice):
+    """``(family, name)`` of every kernel the launch of ``choice`` needs (nothing is compiled to find out)."""
+    names = []
+
+    def record(family, name):
+        names.append((family, name))
+
+    _vec_launch(cp, tiling, dtype, D, vec, half, choice=choice, scratch={}, get=record)
+    return tuple(names)
+
+
+def _vec_launch(cp, tiling, dtype, D, vec, half=None, choice=None, scratch=None, get=None):
     """The launch of the vector-layout SpMM; split windows summed in it, or by a fixup launch for hubs.
 
     ``half``: ``(X type, split values, Y type)`` of the 16-bit kernel (``vec``: rows aligned for cp.async).
     ``choice``: a :class:`VecChoice` (default: :func:`_vec_choice`).  ``scratch``: the per-stream scratch
     store, shared by launches of one partition (the timed choice's candidates: one set of partial tiles).
+    ``get(family, name)``: where kernels come from (default: compiled on first use).
     """
     from .kernels import products as kp
     from .kernels.registry import get_kernel
 
+    get_kernel = get or get_kernel
     choice = choice or _vec_choice(tiling, D, vec, half)
     if choice.coop:
-        return _vec_coop_launch(tiling, D, choice, half)
+        return _vec_coop_launch(tiling, D, choice, half, get_kernel)
     slices, bpu, cp_async, combine, unroll, dense, ks, stages, _, l1 = choice
     n_slices = -(-D // (32 * slices))
     plan = _vec_plan(tiling, bpu)
     units, unit_k0 = plan["units"], plan["unit_k0"]
     if TUNING["vec_sort_units"]:
-        units, unit_k0 = tiling.cached(("vec_sorted", bpu), lambda: _longest_first(tiling.xp, units, unit_k0))
+        units, unit_k0 = tiling.cached(("vec_sorted", bpu), lambda: _sorted_units(tiling, units, unit_k0))
     n_work = units.shape[0] * n_slices
     nw = TUNING["vec_warps"]
     ns = TUNING["vec_async_stages"]
@@ -1203,19 +1267,19 @@ def _vec_coop_units(tiling):
     """``(4 * windows, 4)`` int32 rows ``(window, first block, end block, -1)``: each window's blocks in 4 balanced
     parts (possibly empty), the units of the COOP launch, whose CTA sums a window's parts in shared memory."""
     def build():
-        xp = tiling.xp
-        wp = tiling.win_ptr.astype(np.int64)
+        xp, arrays = _planner(tiling)
+        wp = arrays("win_ptr").astype(np.int64)
         start, nb = wp[:-1], wp[1:] - wp[:-1]
         j = xp.arange(4, dtype=np.int64)
         lo = start[:, None] + j * nb[:, None] // 4
         hi = start[:, None] + (j + 1) * nb[:, None] // 4
         w = xp.broadcast_to(xp.arange(nb.shape[0], dtype=np.int64)[:, None], lo.shape)
         units = xp.stack([w, lo, hi, xp.full(lo.shape, -1, np.int64)], axis=-1).reshape(-1, 4)
-        return xp.ascontiguousarray(units.astype(np.int32))
+        return _uploaded(tiling, xp.ascontiguousarray(units.astype(np.int32)))
     return tiling.cached("vec_coop_units", build)
 
 
-def _vec_coop_launch(tiling, D, choice, half=None):
+def _vec_coop_launch(tiling, D, choice, half=None, get=None):
     """The one-CTA-per-window launch of ``choice`` (2 stages; no partial tiles, counters or fixup).
 
     ``half``: ``(X type, split values, Y type)`` of the 16-bit kernel (aligned rows), as :func:`_vec_launch`.
@@ -1223,6 +1287,7 @@ def _vec_coop_launch(tiling, D, choice, half=None):
     from .kernels import products as kp
     from .kernels.registry import get_kernel
 
+    get_kernel = get or get_kernel
     n_slices = -(-D // (32 * choice.slices))
     units = _vec_coop_units(tiling)
     n_windows = units.shape[0] // 4
@@ -1241,6 +1306,14 @@ def _vec_coop_launch(tiling, D, choice, half=None):
 def _sm_count(tiling):
     """Multiprocessors of the device the tiling lives on (cached on it)."""
     return tiling.cached("sm_count", lambda: get_cupy().cuda.Device().attributes["MultiProcessorCount"])
+
+
+def _sorted_units(tiling, units, unit_k0):
+    """:func:`_longest_first` where :func:`_planner` computes, on the tiling's device."""
+    xp, _ = _planner(tiling)
+    if xp is np:
+        units, unit_k0 = to_host(units), to_host(unit_k0)  # synchronize!
+    return _uploaded(tiling, _longest_first(xp, units, unit_k0))
 
 
 def _longest_first(xp, units, unit_k0):
@@ -1297,11 +1370,21 @@ def _vec_unit_size(tiling, n_slices, half=False):
 def vec_meta(tiling):
     """``(n_blocks, 2)`` uint32 of an 8x4 tiling: occupancy mask (bit ``4 * row + slot``) and first entry."""
     def build():
-        xp = tiling.xp
-        mask = block_mask(xp, tiling.block_ptr, tiling.tile_pos, tiling.n_blocks)[:, 0]
-        return xp.ascontiguousarray(xp.stack([mask, tiling.block_ptr[:-1].astype(np.uint32)], axis=1))
+        xp, arrays = _planner(tiling)
+        block_ptr = arrays("block_ptr")
+        mask = block_mask(xp, block_ptr, arrays("tile_pos"), tiling.n_blocks)[:, 0]
+        return _uploaded(tiling, xp.ascontiguousarray(xp.stack([mask, block_ptr[:-1].astype(np.uint32)], axis=1)))
 
     return tiling.cached("vec_meta", build)
+
+
+def tile_mask(tiling):
+    """:func:`block_mask` of the tiling (cached on it)."""
+    def build():
+        xp, arrays = _planner(tiling)
+        return _uploaded(tiling, block_mask(xp, arrays("block_ptr"), arrays("tile_pos"), tiling.n_blocks))
+
+    return tiling.cached("mask", build)
 
 
 #: Windows of at most this many blocks stay whole (one unit each, no partial tiles, no fixup).
@@ -1350,6 +1433,32 @@ def _values_as(values, dtype, cache):
     return cache[key]
 
 
+#: Tilings of at most this many stored entries build their launch plans on the host, with NumPy, and upload them:
+#: on the device, a fresh process would first compile some 45 of CuPy's own kernels (about 0.3 s each, with empty
+#: caches) for plans that take microseconds to compute.  Larger ones build them where they live.
+HOST_PLAN_MAX = 1 << 22
+
+
+def _planner(tiling):
+    """``(xp, arrays)``: where the tiling's plans are computed, and its structure arrays there (cached)."""
+    if tiling.xp is np or tiling.nnz > HOST_PLAN_MAX:
+        return tiling.xp, lambda name: getattr(tiling, name)
+    return np, lambda name: tiling.cached(("host", name), lambda: to_host(getattr(tiling, name)))  # synchronize!
+
+
+def _uploaded(tiling, value):
+    """A plan built by :func:`_planner`, with its arrays on the tiling's device."""
+    if tiling.xp is np:
+        return value
+    if isinstance(value, np.ndarray):
+        return tiling.xp.asarray(value)
+    if isinstance(value, dict):
+        return {k: _uploaded(tiling, v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_uploaded(tiling, v) for v in value)
+    return value
+
+
 def spmm_plan(tiling, blocks_per_unit, max_units=None):
     """Work plan of the SpMM kernels for one unit size, cached on the tiling.
 
@@ -1360,8 +1469,11 @@ def spmm_plan(tiling, blocks_per_unit, max_units=None):
     consecutive slots; ``splits`` rows are ``(window, first slot, k, 0)``.
     """
     max_units = UNITS_PER_WINDOW_MAX if max_units is None else max_units
-    return tiling.cached(("plan", blocks_per_unit, max_units),
-                         lambda: build_plan(tiling.xp, tiling.win_ptr, blocks_per_unit, max_units))
+    def build():
+        xp, arrays = _planner(tiling)
+        return _uploaded(tiling, build_plan(xp, arrays("win_ptr"), blocks_per_unit, max_units))
+
+    return tiling.cached(("plan", blocks_per_unit, max_units), build)
 
 
 def build_plan(xp, win_ptr, blocks_per_unit, max_units=UNITS_PER_WINDOW_MAX):

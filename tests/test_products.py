@@ -277,3 +277,29 @@ def test_pick_fastest_keeps_the_default_within_the_margin():
     assert pick_fastest([10.0, 9.0, 8.0, 8.5]) == 2
     assert pick_fastest([10.0, 8.0, 8.0]) == 1  # ties: the first listed
     assert pick_fastest([10.0, 12.0, 11.0]) == 0
+
+
+class _Done:
+    """A finished (or unfinished) background compile, as :func:`tcgnn_py._ops._planned` sees one."""
+
+    def __init__(self, done):
+        self._done = done
+
+    def done(self):
+        return self._done
+
+
+def test_provisional_launch_is_replanned_once_its_compiles_finish():
+    from tcgnn_py import _ops
+
+    t = _Windows([0, 4])
+    pending = _Done(False)
+    plans = iter([_ops.Provisional("first", [pending]), "final", "never"])
+    plan = lambda: next(plans)  # noqa: E731
+    key = ("launch", "tf32", "f", 64, True, 0)
+    assert _ops._planned(t, key, plan) == "first" and key not in t._cache  # not cached: no hot path binds it
+    assert _ops._planned(t, key, plan) == "first"  # still compiling: the same launch, no new plan
+    pending._done = True
+    assert _ops._planned(t, key, plan) == "final" and t._cache[key] == "final"
+    assert ("provisional", key) not in t._cache
+    assert _ops._planned(t, key, plan) == "final"  # cached from now on

@@ -1,16 +1,37 @@
 """Layer 1: the compile registry of the CuPy RawModule kernel families.
 
-One RawModule per family, compiled once per process and device (CuPy also
-caches the binary on disk), with name expressions generated from one table of
-template arguments.  The library's families live in :mod:`.products`,
-:mod:`.nn` and :mod:`.timing`; packages above may :func:`register` their own (the benchmarks'
-baseline SDDMM does).  CI compiles every family of :func:`families` through
-NVRTC directly, without a GPU (``tests/test_nvrtc.py``).
+A family is one CUDA source with its name expressions, generated from one table
+of template arguments.  The library's families live in :mod:`.products`,
+:mod:`.nn` and :mod:`.timing`; packages above may :func:`register` their own (the
+benchmarks' baseline SDDMM does).  CI compiles every family of :func:`families`
+through NVRTC directly, without a GPU (``tests/test_nvrtc.py``).
+
+Compiled means asked for: each kernel is its own RawModule (the family's source
+with one name expression), compiled the first time a call needs it, once per
+process and device; CuPy keeps the binary in its disk cache, keyed by source,
+options and name.  A whole family compiles in tens of seconds, one kernel in a
+fraction of one, so a first product waits for its own kernel only.  The timed
+choice's other candidates compile on one background thread
+(:func:`compile_in_background`) while the product runs with the default.
 """
 
+import atexit
+import concurrent.futures
 import functools
+import queue
+import threading
 
-__all__ = ["OPTIONS", "VALUE_TYPES", "families", "register", "get_kernel"]
+__all__ = [
+    "OPTIONS",
+    "VALUE_TYPES",
+    "families",
+    "register",
+    "get_kernel",
+    "is_compiled",
+    "compile_in_background",
+    "wait_for_compiles",
+    "compile_count",
+]
 
 #: NVRTC options shared by every family (CuPy adds the target architecture).
 OPTIONS = ("--std=c++17",)
@@ -19,6 +40,12 @@ OPTIONS = ("--std=c++17",)
 VALUE_TYPES = {"float32": "float", "float64": "double"}
 
 _EXTRA = {}
+_lock = threading.Lock()
+_modules = {}  # (family, name, device) -> compiled RawModule
+_pending = {}  # (family, name, device) -> Future of a background compile
+_work = queue.Queue()  # (key, Future) for the background worker; None stops it
+_worker = []  # the one background thread, started on first use
+_compiled = [0]
 
 
 def register(family, source, names):
@@ -41,27 +68,147 @@ def families():
     return {**_library_families(), **_EXTRA}
 
 
-@functools.cache
-def _module(family, device_id):
+def _compile(family, name, device_id):
+    """One kernel's RawModule, compiled and loaded (on any thread)."""
     import cupy
 
     code, names = families()[family]
+    if name not in names:
+        raise KeyError(f"{name!r} is not a compiled variant of the kernel family {family!r}")
     with cupy.cuda.Device(device_id):
-        return cupy.RawModule(code=code, options=OPTIONS, name_expressions=names)
+        mod = cupy.RawModule(code=code, options=OPTIONS, name_expressions=(name,))
+        mod.compile()
+    return mod
+
+
+def _module(family, name, device_id):
+    key = (family, name, device_id)
+    mod = _modules.get(key)
+    if mod is not None:
+        return mod
+    with _lock:
+        fut = _pending.get(key)
+        if fut is not None and fut.cancel():  # queued, not started: compile it here, now, not behind the queue
+            del _pending[key]
+            fut = None
+    if fut is not None:
+        mod = fut.result()  # its background compile is under way: wait for that one
+    else:
+        mod = _compile(family, name, device_id)
+    with _lock:
+        if key not in _modules:
+            _modules[key] = mod
+            _compiled[0] += 1
+        _pending.pop(key, None)
+        return _modules[key]
 
 
 @functools.cache
 def _kernel(family, name, device_id):
-    return _module(family, device_id).get_function(name)
+    return _module(family, name, device_id).get_function(name)
 
 
 def get_kernel(family, name):
-    """The compiled kernel ``name`` of ``family`` on the current device (compiled once)."""
+    """The compiled kernel ``name`` of ``family`` on the current device (compiled on first use)."""
     import cupy
 
     return _kernel(family, name, cupy.cuda.runtime.getDevice())
 
 
+def is_compiled(family, name):
+    """Whether ``name`` of ``family`` is ready on the current device (asking costs no compile)."""
+    import cupy
+
+    return (family, name, cupy.cuda.runtime.getDevice()) in _modules
+
+
+def _background(key):
+    try:
+        mod = _compile(*key)
+    except BaseException:
+        with _lock:
+            _pending.pop(key, None)  # a later get_kernel compiles it again, on the caller's thread, and raises there
+        raise
+    with _lock:
+        if key not in _modules:
+            _modules[key] = mod
+            _compiled[0] += 1
+        _pending.pop(key, None)
+    return mod
+
+
+def _serve():
+    while True:
+        item = _work.get()
+        if item is None:
+            return
+        key, fut = item
+        if not fut.set_running_or_notify_cancel():
+            continue
+        try:
+            fut.set_result(_background(key))
+        except BaseException as e:  # noqa: BLE001  handed to whoever waits for it
+            fut.set_exception(e)
+
+
+@atexit.register
+def _stop():
+    """At exit, drop the compiles nobody waited for: the worker finishes the one it is in, then stops."""
+    if not _worker:
+        return
+    with _lock:
+        for key, fut in list(_pending.items()):
+            if fut.cancel():
+                del _pending[key]
+    _work.put(None)
+    _worker[0].join(timeout=60)
+
+
+def compile_in_background(family, names):
+    """Start compiling ``names`` of ``family`` for the current device on the background worker.
+
+    Returns the futures of those not compiled yet.  Kernels compile one after
+    another on one daemon thread, so a product on the main thread keeps a core,
+    and a process that ends drops the compiles it never needed.
+    """
+    import cupy
+
+    dev = cupy.cuda.runtime.getDevice()
+    futures = []
+    with _lock:
+        if not _worker:
+            _worker.append(threading.Thread(target=_serve, name="tcgnn-compile", daemon=True))
+            _worker[0].start()
+        for name in names:
+            key = (family, name, dev)
+            if key in _modules:
+                continue
+            fut = _pending.get(key)
+            if fut is None:
+                fut = _pending[key] = concurrent.futures.Future()
+                _work.put((key, fut))
+            futures.append(fut)
+    return futures
+
+
+def wait_for_compiles():
+    """Block until every background compile has finished (benchmarks call it before timing).
+
+    Re-raises the first error a background compile met.
+    """
+    while True:
+        with _lock:
+            futures = list(_pending.values())
+        if not futures:
+            return
+        for fut in futures:
+            if not fut.cancelled():
+                fut.result()
+        with _lock:  # a cancelled future's key was taken over by a caller, who removed it
+            for key in [k for k, f in _pending.items() if f.done()]:
+                del _pending[key]
+
+
 def compile_count():
-    """How many modules were compiled so far in this process (tests check the cache)."""
-    return _module.cache_info().misses
+    """How many kernels were compiled (or loaded from CuPy's disk cache) so far in this process."""
+    return _compiled[0]
