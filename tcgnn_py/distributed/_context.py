@@ -464,6 +464,10 @@ def spmd(fn, devices=None, *, backend="nccl", timeout=None, args=(), kwargs=None
     _need_gpu("spmd(backend='nccl')", "backend='reference' runs the same program on host threads without one")
     import cupy
 
+    from ..kernels.registry import stop_background_compiles
+
+    stop_background_compiles()  # a module loaded while an NCCL kernel waits for a peer can deadlock
+
     if devices is None:
         devices = cupy.cuda.runtime.getDeviceCount()
     if isinstance(devices, (int, np.integer)):
@@ -563,6 +567,9 @@ def init(*, timeout=None, rendezvous_timeout=None):
     port = env_int("MASTER_PORT", 29500)
     import cupy
 
+    from ..kernels.registry import stop_background_compiles
+
+    stop_background_compiles()  # a module loaded while an NCCL kernel waits for a peer can deadlock
     nccl = _nccl()
     cupy.cuda.Device(local).use()
     uid = exchange_id(rank, world, addr, port, nccl.get_unique_id if rank == 0 else None, rendezvous_timeout)

@@ -29,6 +29,8 @@ __all__ = [
     "get_kernel",
     "is_compiled",
     "compile_in_background",
+    "background_compiles",
+    "stop_background_compiles",
     "wait_for_compiles",
     "compile_count",
 ]
@@ -46,6 +48,7 @@ _pending = {}  # (family, name, device) -> Future of a background compile
 _work = queue.Queue()  # (key, Future) for the background worker; None stops it
 _worker = []  # the one background thread, started on first use
 _compiled = [0]
+_background_on = [True]
 
 
 def register(family, source, names):
@@ -162,6 +165,21 @@ def _stop():
                 del _pending[key]
     _work.put(None)
     _worker[0].join(timeout=60)
+
+
+def background_compiles():
+    """Whether :func:`compile_in_background` is in use in this process (see :func:`stop_background_compiles`)."""
+    return _background_on[0]
+
+
+def stop_background_compiles():
+    """From now on, compile on the calling thread only (the timed choice then compiles its candidates itself).
+
+    Processes that run NCCL collectives call it: a module loaded by another
+    thread while an NCCL kernel waits for a peer can deadlock the two.
+    """
+    _background_on[0] = False
+    wait_for_compiles()
 
 
 def compile_in_background(family, names):
