@@ -912,13 +912,13 @@ def _spmm_launch(cp, tiling, mode, dtype, D, vec, operands=None):
 
 #: A window of the vector layout is cut into at most this many units (their partial tiles are summed in order).
 VEC_UNITS_PER_WINDOW_MAX = 1024
-#: 64 features per warp (instead of 32) while units x slices still give this many warps per SM: wing,
-#: proteins_full, pubmed and the 1M-node graphs gained 2-10 % at D >= 128, blogcatalog3 and facebook (few,
-#: long windows) lost up to 12 % with fewer warps (tools/profiles/vector/sweep7.log).
+#: 64 features per warp (instead of 32) while units x slices still give this many warps per SM: a warp then
+#: reads each block's metadata once for twice the features, which pays only while enough warps remain to hide
+#: the gathers' latency (graphs of few, long windows lose with fewer warps).
 VEC_WIDE_WARPS = 32
 #: Blocks per unit the automatic choice of the vector layout considers (4 blocks = 16 column vectors).
-#: Cutting windows of fewer than 16 blocks lost in every sweep (tools/profiles): a part's partial tile,
-#: fence and counter cost more than the parallelism gained.
+#: Windows of fewer than 16 blocks are never cut: a part's partial tile, fence and counter cost more than
+#: the parallelism gained.
 VEC_UNIT_SIZES = (16, 32, 64, 128, 256)
 #: Warps of the vector SpMM resident per SM (8 CTAs of 4 warps at 64 registers).
 VEC_RESIDENT_WARPS = 32
@@ -1134,7 +1134,7 @@ def _vec_timed(cp, tiling, dtype, D, vec, values, X, Y, half=None, unscale=None)
     :func:`_half_candidates` (``values`` its 16-bit values, ``unscale`` theirs; times under
     ``("half_timed", half, D, vec, tuning version)``).
     """
-    from .kernels.registry import compile_in_background, is_compiled
+    from .kernels.registry import background_compiles, compile_in_background, is_compiled
     from .kernels.timing import time_round_robin
 
     if tiling.n_blocks * D > VEC_TIMED_MAX_WORK or cp.cuda.get_current_stream().is_capturing():
@@ -1145,6 +1145,8 @@ def _vec_timed(cp, tiling, dtype, D, vec, values, X, Y, half=None, unscale=None)
     # provisional until they are done (_planned).
     needs = [_choice_kernels(cp, tiling, dtype, D, vec, half, c) for c in choices]
     missing = {k for ks in needs[1:] for k in ks if not is_compiled(*k)} - set(needs[0])
+    if not background_compiles():
+        missing = set()  # compiled here, by _vec_launch, before the timing
     futures = []
     if missing:
         for family in sorted({f for f, _ in missing}):
@@ -1242,15 +1244,12 @@ VEC_COOP_CTAS = 16
 def _vec_coop(tiling, D, half=False):
     """Whether the vector SpMM (float32 or 16-bit X) takes one CTA per window x slice (:func:`_vec_coop_units`).
 
-    ``TUNING["vec_coop"]`` True / False, or None: by the grid, where it pays (one process, H200,
-    ``tools/profiles/stall16/ab_coop*.md``, ``tools/profiles/coop17/``): at most :data:`VEC_COOP_CTAS` CTAs
-    per SM (a small grid, whose time is a warp's chain of steps), a window the usual units split (its parts
-    summed through global partial tiles: a fence, a counter and a second read), and none so long that a
-    warp's quarter of it exceeds ``TUNING["vec_coop_chain"]`` usual units (a CTA's 4 warps take a long
-    window alone).  ss_bcsstk13 at D = 32: 5.7 -> 4.2 us (TF32), 6.2 -> 4.6 us (float16); cora at D = 64:
-    6.0 -> 4.1 us.  Grids of short unsplit windows (fe_4elt2, pubmed) lose, and so do long windows
-    (wiki_vote at D = 64: 9.5 -> 10.1 us TF32, 9.9 -> 10.9 us float16, where a quarter of its longest window
-    is 1.8 units).
+    ``TUNING["vec_coop"]`` True / False, or None: by the grid, where it pays: at most
+    :data:`VEC_COOP_CTAS` CTAs per SM (a small grid, whose time is a warp's chain of steps), a window the
+    usual units split (its parts summed through global partial tiles: a fence, a counter and a second read),
+    and none so long that a warp's quarter of it exceeds ``TUNING["vec_coop_chain"]`` usual units (a CTA's
+    4 warps take a long window alone).  Grids of short unsplit windows gain nothing from it, and long
+    windows lose, so neither takes it.
     """
     mode = TUNING["vec_coop"]
     if mode is not None:
@@ -1335,18 +1334,13 @@ def _vec_unit_size(tiling, n_slices, half=False):
     as the GPU needs parallelism (each cut costs a partial tile written and read
     again), and no further than keeps the longest unit within
     ``TUNING["vec_tail_factor"]`` times the blocks each resident warp gets on
-    average: on small grids that longest unit is the kernel's critical path
-    (as_22july06 at D = 256: 66 -> 38 us; wiki_vote at D = 128: 35 -> 24 us).
+    average: on small grids that longest unit is the kernel's critical path.
     Nor beyond ``max(that mean, TUNING["vec_tail_floor"])`` blocks: on large grids
-    units twice a resident warp's share leave SMs idle while the last of them run
-    (blogcatalog3, D = 128: SMs active 71 % of the kernel; float16 48.6 -> 41.3 us
-    with the cap). ``half``: the 16-bit kernel's units, capped by ``TUNING["half_tail_floor"]``
-    instead: it moves half the bytes a block, so its grids run short of warps sooner
-    (blogcatalog3, D = 128: 0.84 waves, 31 % achieved occupancy; facebook_pagepage at
-    D = 128 28.8 -> 24.0 us with 64 in place of 128; tools/profiles/coop17).
-    No separate rule for hub windows: the caps bound their units
-    (a 4x-warps hub rule cut wikipedia_pos too finely: 30.5 against 23.8 us at
-    D = 256; tools/profiles/stall16).
+    units twice a resident warp's share leave SMs idle while the last of them run.
+    ``half``: the 16-bit kernel's units, capped by ``TUNING["half_tail_floor"]``
+    instead: it moves half the bytes a block, so its grids run short of warps sooner.
+    No separate rule for hub windows: the caps bound their units, and a rule of its
+    own cut them too finely.
     """
     nb, sms = _vec_hist(tiling), _sm_count(tiling)
     target = TUNING["vec_target_warps"] * sms
@@ -1396,7 +1390,7 @@ FEW_CTAS = 2048
 def _tf32_work_shape(tiling, n_slabs):
     """``(warps per CTA, blocks per warp)`` of the TF32 SpMM, from the tiling's statistics.
 
-    Chosen from the launch sweeps and harness runs in ``tools/profiles`` (H200):
+    Chosen from launch sweeps on real graphs:
 
     * no window holds more than :data:`WHOLE_WINDOW_BLOCKS` blocks: every window
       is one unit, so no window is split -- no partial tiles, no fixup launch.

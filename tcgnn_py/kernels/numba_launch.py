@@ -1,9 +1,9 @@
 """Layer 1: launch Numba kernels on CuPy's current stream, without Numba's per-call dispatch.
 
 A Numba launch (``kernel[grid, block](*args)``) types every argument, wraps
-each CuPy array in a Numba device array and looks the overload up: about
-60 µs of host time per launch, against about 5 µs for a CuPy RawKernel.  SGT
-runs a handful of launches, so on small graphs that was most of its time.
+each CuPy array in a Numba device array and looks the overload up: about ten
+times the host time of a CuPy RawKernel launch.  SGT runs a handful of
+launches, so on small graphs that was most of its time.
 
 :func:`launch` keeps Numba's kernels -- compiled by Numba, from the same
 Python source the simulator runs -- and launches them the way CuPy launches
