@@ -77,7 +77,7 @@ def _probe():
     try:
         import cupy
     except ImportError:
-        return False, "CuPy is not installed (pip install 'tcgnn_py[cuda13]')"
+        return False, "CuPy is not installed (on a machine with an NVIDIA GPU: pip install 'tcgnn_py[cuda13]')"
     try:
         if not cupy.cuda.is_available():
             return False, "no CUDA device is visible to CuPy"
@@ -87,7 +87,7 @@ def _probe():
         patch_numpy_for_numba()
         from numba import cuda
     except ImportError:
-        return False, "Numba is not installed (pip install 'tcgnn_py[cuda13]')"
+        return False, "Numba is not installed (on a machine with an NVIDIA GPU: pip install 'tcgnn_py[cuda13]')"
     if not cuda.is_available():
         return False, "Numba cannot see a CUDA device"
     return True, ""

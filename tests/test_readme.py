@@ -1,4 +1,7 @@
-"""Every ``python`` code block of README.md runs as written (each block on its own, in a fresh namespace)."""
+"""Every ``python`` code block of README.md and of the documentation's pages runs as written.
+
+Each block runs on its own, in a fresh namespace, from the repository's root.
+"""
 
 import pathlib
 import re
@@ -7,16 +10,19 @@ import warnings
 import pytest
 from _env import ROOT
 
-BLOCKS = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+BLOCKS = [(page.relative_to(ROOT), block) for page in PAGES
+          for block in re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)]
 
 
 def test_readme_has_blocks():
-    assert len(BLOCKS) >= 3
+    assert sum(page.name == "README.md" for page, _ in BLOCKS) >= 1 and len(BLOCKS) >= 10
 
 
-@pytest.mark.parametrize("i", range(len(BLOCKS)))
+@pytest.mark.parametrize("i", range(len(BLOCKS)), ids=[f"{page}-{i}" for i, (page, _) in enumerate(BLOCKS)])
 def test_readme_block_runs(i, monkeypatch):
     monkeypatch.chdir(pathlib.Path(ROOT))
+    page, block = BLOCKS[i]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        exec(compile(BLOCKS[i], f"README.md block {i}", "exec"), {"__name__": "__readme__"})
+        exec(compile(block, f"{page} block {i}", "exec"), {"__name__": "__readme__"})

@@ -1,34 +1,36 @@
-"""Layer 4 (bench): ``python -m tcgnn_py.bench GRAPH ... [--ops spmm,sddmm,sgt,reorder,gcn,agnn] [--dims 32,64,128,256]``.
+"""Benchmark harness: ``python -m tcgnn_py.bench GRAPH ... [--ops ...] [--dims ...]`` (layer 4).
 
-Graphs are names under ``$TCGNN_PY_DATA``, ``.gpu/data`` or ``../shared/data``,
-paths to a graph folder / ``.npz`` / ``.mtx``, or synthetic ``powerlaw:N:NNZ``,
-``uniform:N:NNZ``, ``banded:N:HALF_WIDTH``.
+The text below is the command's ``--help``.
+"""
 
-For each graph and width it checks, then times (CUDA-event medians after
-warm-up, fresh random inputs rotated between calls) on three clocks: one call
-from idle (the host's issue time inside), calls back to back, and GPU-only
-(calls queued behind a spin kernel, so the host's time is outside):
+HELP = """\
+Time tcgnn_py's products, translation and reorders against cuSPARSE, cupyx and SciPy.
+
+Graphs are names of folders holding adj_csr.npz under $TCGNN_PY_DATA (only cora
+ships with the package), paths to a graph folder, .npz or .mtx, or synthetic
+powerlaw:N:NNZ, uniform:N:NNZ, banded:N:HALF_WIDTH.
+
+For each graph and width every product is checked against a baseline, then timed
+(CUDA-event medians after warm-up, fresh random inputs rotated between calls) on
+three clocks: one call from idle (the host's issue time inside), calls back to
+back, and GPU-only (calls queued behind a spin kernel, the host's time outside):
 
 * SpMM: tcgnn_py TF32 and fp32 beside cuSPARSE CSR ALG2 and ALG3 with a
-  row-major X (the faster is "best"), and cupyx ``A @ X`` (column-major ALG1);
-* SDDMM: tcgnn_py TF32 and fp32 beside cuSPARSE SDDMM (through ctypes) and a
-  CuPy gather-and-dot kernel;
-* SGT and the ready-to-multiply build, the payback in calls, the tiled
-  format's memory against CSR, and how many columns the row windows share
-  (``U / nnz`` and tile density per layout); with ``reorder``, the reorder of
-  ``--pattern`` (an N:M pattern, or ``locality``);
-* with ``--order locality|rcm|degree``: the products on the renumbered graph,
-  beside cuSPARSE on the graph in its original order (``original_cusparse_*``,
-  ``speedup_vs_original``: the user's view);
-* with ``gcn`` / ``agnn``: milliseconds per training epoch of the model in
-  :mod:`tcgnn_py.nn`, beside the same model on cupyx sparse ops
-  (``--epochs`` steps per batch, median of three batches).
+  row-major X (the faster is "best"), and cupyx A @ X;
+* SDDMM: tcgnn_py TF32 and fp32 beside cuSPARSE SDDMM and a CuPy
+  gather-and-dot kernel;
+* the translation (SGT) and the ready-to-multiply build, the calls that repay it,
+  the tiled format's memory against CSR, and how many columns the row windows
+  share (U / nnz and tile density per layout); with the reorder op, the reorder
+  of --pattern (an N:M pattern, or locality);
+* with --order locality|rcm|degree: the products on the renumbered graph, beside
+  cuSPARSE on the graph in its original order;
+* with gcn / agnn: milliseconds per training epoch of the models in
+  tcgnn_py.nn, beside the same models on cupyx sparse ops.
 
-Bandwidths are given under two traffic bounds -- per-edge gather
-``nnz*(4+4) + 4*nnz*D + 4*N*D`` and window reuse ``nnz*(4+4) + 4*U*D + 4*N*D``
-(U distinct (window, column) pairs) -- as GB/s and as a percentage of the
-measured device-to-device copy bandwidth.  ``--device cpu`` runs the NumPy
-reference path against SciPy with the host clock (what CI runs).
+Bandwidths are given under two traffic bounds (per-edge gather and window reuse)
+as GB/s and as a share of the measured copy bandwidth. --device cpu runs the
+NumPy reference path against SciPy with the host clock.
 """
 
 import argparse
@@ -99,7 +101,7 @@ def environment(gpu):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m tcgnn_py.bench", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m tcgnn_py.bench", description=HELP,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("graphs", nargs="+", metavar="GRAPH")
     ap.add_argument("--ops", type=_ops, default=("spmm", "sddmm"),
@@ -146,8 +148,12 @@ def main(argv=None):
             ap.error(f"graph {spec!r}: {e}")
     env = environment(gpu)
     env["copy_bandwidth_gbps"] = copy_bandwidth(gpu) / 1e9
-    print(f"{env.get('gpu', 'host (reference path)')}; device-to-device copy {env['copy_bandwidth_gbps']:.0f} GB/s "
+    where = "device-to-device" if gpu else "host memory"
+    print(f"{env.get('gpu', 'host (reference path)')}; {where} copy {env['copy_bandwidth_gbps']:.0f} GB/s "
           f"(read + write); {args.repeat} timed calls per median")
+    if not gpu and set(args.dtypes) - {"float32"}:
+        print(f"--dtypes {','.join(d for d in args.dtypes if d != 'float32')}: not run on the host "
+              "(the 16-bit products are measured on the GPU's 16-bit tensor cores only)")
     products = tuple(op for op in args.ops if op in ("spmm", "sddmm"))
     models = tuple(op for op in args.ops if op in ("gcn", "agnn"))
     graphs, reorders, gnn = [], [], []

@@ -92,7 +92,7 @@ def _master_grads(grads, params):
 
 
 def gcn_apply(params, A, X, *, rng=None, dropout_p=0.5, training=True, precision=None, dtype=None):
-    """Kipf & Welling's GCN: ``[dropout -> gcn_conv -> relu] ... -> dropout -> gcn_conv``.
+    """Kipf & Welling's GCN: dropout, ``gcn_conv`` and relu per hidden layer, then dropout and ``gcn_conv``.
 
     Parameters
     ----------
@@ -165,7 +165,7 @@ def gcn_apply(params, A, X, *, rng=None, dropout_p=0.5, training=True, precision
 
 
 def agnn_init(dims, rng, n_prop=2, dtype=np.float32):
-    """Parameters of an AGNN: ``W_in, b_in``, ``beta1 .. beta{n_prop-1}`` (1.0), ``W_out, b_out``.
+    """Parameters of an AGNN: ``W_in, b_in``, ``beta1`` to ``beta{n_prop-1}`` (1.0), ``W_out, b_out``.
 
     ``dims = (features, hidden, classes)``.  The first propagation layer keeps
     ``beta = 1`` fixed, as in PyTorch Geometric's AGNN example.
