@@ -218,17 +218,22 @@ def test_bench_graph_on_device():
 
 @pytest.mark.gpu
 def test_queued_clock_times_the_kernels_not_the_host():
-    """``time_queued`` of a kernel that runs 50 µs reads about 50 µs per call, whatever the host spends issuing."""
+    """``time_queued`` of a kernel that runs 50 µs reads about 50 µs per call, whatever the host spends issuing.
+
+    The host spends 1 ms per call, twenty times the kernel: a clock that counted it would read over 1 ms.
+    The upper bound leaves room for other processes sharing the GPU (parallel test workers), which stretch
+    the kernels themselves.
+    """
     import time
 
     from tcgnn_py.kernels.timing import spin
 
     def call(i):
-        time.sleep(20e-6)  # host time per call, hidden behind the spin kernel
+        time.sleep(1e-3)  # host time per call, hidden behind the spin kernel
         spin(0.05)
 
     ms = time_queued(call, 2, calls=10, repeat=3)
-    assert 0.045 <= ms <= 0.2, ms
+    assert 0.045 <= ms <= 0.5, ms
 
 
 @pytest.mark.gpu
