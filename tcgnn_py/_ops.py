@@ -55,7 +55,7 @@ MISMATCH = "matmul: dimension mismatch with signature"
 PRECISIONS = (None, "tf32", "fp32", "fp16", "bf16")
 #: The 16-bit precisions and the operand dtype each needs.
 HALF_PRECISIONS = {"fp16": "float16", "bf16": "bfloat16"}
-_HALF_MODES = frozenset(HALF_PRECISIONS.values())
+HALF_MODES = frozenset(HALF_PRECISIONS.values())
 _F32 = np.dtype(np.float32)
 #: Tile shapes with TF32 tensor-core kernels: TC-GNN's 16x8 tiles and the vector layout's 8x4 blocks.
 TC_TILES = ((16, 8), (8, 4))
@@ -188,6 +188,19 @@ def _resolve(precision, dtype, tile_shape, operand, pattern=None):
 
 # --- SpMM ------------------------------------------------------------------
 
+_NM_PRODUCTS = []  # (spmm, bind) of the N:M layouts, registered by _sparse_tc (which builds on this module)
+
+
+def register_nm_products(spmm, bind):
+    """Install the N:M layouts' SpMM and its hot-path binder (``_sparse_tc`` calls it when imported)."""
+    _NM_PRODUCTS[:] = [(spmm, bind)]
+
+
+def _nm_products():
+    if not _NM_PRODUCTS:
+        raise RuntimeError("the N:M layouts' products are not registered: import tcgnn_py._sparse_tc first")
+    return _NM_PRODUCTS[0]
+
 
 def spmm_raw(tiling, values, X, dtype, precision=None, out=None, casts=None):
     """``A @ X`` for a 2-D X of shape ``(tiling.shape[1], D)`` already on the tiling's device.
@@ -210,18 +223,16 @@ def spmm_raw(tiling, values, X, dtype, precision=None, out=None, casts=None):
     # The kernels write ``kdt``: the result's dtype, or float32 rounded once into it afterwards (a 16-bit
     # result the kernel does not write, or one computed on widened X).
     sp = tiling.layout.pattern is not None and mode != "exact"  # sparse tensor cores (N:M layouts)
-    if mode in _HALF_MODES:
-        hv = None if sp else _half_values(values, X.dtype, casts)
+    if mode in HALF_MODES:
+        hv = None if sp else half_values(values, X.dtype, casts)
         kdt = dtype if dtype in (_F32, X.dtype) else _F32
     else:
         hv, kdt = None, compute_dtype(dtype)
     # An out the kernel can write directly, unless it overlaps X (read while writing): then a temporary.
-    direct = out if out is not None and kdt == dtype and not _overlap(out, X) else None
-    if sp:
-        from . import _sparse_tc  # 16-bit X on "2:4", TF32 on "1:2"
-
-        Xs = X if mode in _HALF_MODES else X.astype(_F32, copy=False)
-        Y = _sparse_tc.spmm_sp(tiling, values, Xs, kdt, direct, casts)
+    direct = out if out is not None and kdt == dtype and not overlaps(out, X) else None
+    if sp:  # 16-bit X on "2:4", TF32 on "1:2"
+        Xs = X if mode in HALF_MODES else X.astype(_F32, copy=False)
+        Y = _nm_products()[0](tiling, values, Xs, kdt, direct, casts)
     elif hv is not None:
         Y = _spmm_half(tiling, hv, X, kdt, direct)
     else:
@@ -278,12 +289,12 @@ TUNING = {
     "half_exact_values": True,
     # N:M SpMM (sweeps of 2026-11-24, GPU time, 8 graphs x D = 32-256: 32 blocks per unit with the fixup launch;
     # 4 n-tiles; 2 blocks per step for 16-bit X, 4 for TF32; a register cap of 6 CTAs/SM spilled: 25-55 % slower).
-    "sp_blocks_per_unit": 32,  # N:M SpMM: blocks per balanced unit (a hub window is split into units)
+    "sp_blocks_per_unit": 32,  # N:M SpMM: blocks per balanced unit (_reorder.NM_BLOCKS_PER_UNIT, its default)
     "sp_combine": False,  # N:M SpMM: sum split windows inside the launch (else: the fixup launch)
     "sp_nt": 4,  # N:M SpMM: n-tiles of 8 features per warp, 4 or 8 (8: half the warps, 1.5x the registers)
     "sp_unroll": None,  # N:M SpMM: blocks per step, 2 or 4, their data loaded one step ahead; None: 2 (16-bit), 4 (TF32)
 }
-_TUNING_VERSION = [0]
+TUNING_VERSION = [0]
 
 
 def set_tuning(**kw):
@@ -292,10 +303,10 @@ def set_tuning(**kw):
     if unknown:
         raise KeyError(f"unknown tuning keys {sorted(unknown)}")
     TUNING.update(kw)
-    _TUNING_VERSION[0] += 1
+    TUNING_VERSION[0] += 1
 
 
-def _overlap(a, b):
+def overlaps(a, b):
     """Whether two device arrays' byte ranges intersect (O(1), conservative)."""
     a0, b0 = a.data.ptr, b.data.ptr
     return a.nbytes > 0 and b.nbytes > 0 and a0 < b0 + b.nbytes and b0 < a0 + a.nbytes
@@ -324,7 +335,7 @@ class Fixup(NamedTuple):
                            get_cupy().cuda.get_current_stream().ptr)
 
 
-def _stream_scratch(store, kind, make):
+def stream_scratch(store, kind, make):
     """Per-stream scratch kept in a launch's ``store`` (calls on one stream run in order, so they can share it)."""
     key = (kind, get_cupy().cuda.get_current_stream().ptr)
     buf = store.get(key)
@@ -333,7 +344,7 @@ def _stream_scratch(store, kind, make):
     return buf
 
 
-def _bound(kernel, grid, block, smem, head, tail, partial, n_extra=0):
+def bound_launch(kernel, grid, block, smem, head, tail, partial, n_extra=0):
     """``f(values, X, Y, *extra)``: ``kernel(head + (values, X, Y, partial or Y) + tail + extra)`` through the driver.
 
     The parameters are set once (:class:`.kernels.driver.BoundLaunch`); a call writes the operands'
@@ -371,7 +382,7 @@ class TF32SpmmLaunch(NamedTuple):
         if self.unit_k0 is None:
             return None
         n = self.n_slots * self.n_slabs
-        return _stream_scratch(self.scratch, "counters", lambda: get_cupy().zeros(n, np.int32))
+        return stream_scratch(self.scratch, "counters", lambda: get_cupy().zeros(n, np.int32))
 
     def _fixed(self, tiling, M, D):
         """The arguments around ``(values, X, Y, partial)``: everything but the operands (one place for the order)."""
@@ -387,11 +398,11 @@ class TF32SpmmLaunch(NamedTuple):
         """This stream's buffer of partial tiles, or None without split windows."""
         if not self.n_slots:
             return None
-        return _stream_scratch(self.scratch, "partial", lambda: get_cupy().empty((self.n_slots, 16, D), dtype=dtype))
+        return stream_scratch(self.scratch, "partial", lambda: get_cupy().empty((self.n_slots, 16, D), dtype=dtype))
 
     def bind(self, tiling, dtype, M, D):
         """``f(values, X, Y)``: this launch with everything but the operands fixed (current stream's scratch)."""
-        return _bound(self.kernel, self.grid, self.block, self.smem, *self._fixed(tiling, M, D), self.partial(dtype, D))
+        return bound_launch(self.kernel, self.grid, self.block, self.smem, *self._fixed(tiling, M, D), self.partial(dtype, D))
 
 
 class CoreSpmmLaunch(NamedTuple):
@@ -437,7 +448,7 @@ class VecSpmmLaunch(NamedTuple):
         if not self.n_counters:
             return None
         # keyed by size: launches that share a store (the timed choice's candidates) each get their own
-        return _stream_scratch(self.counters, ("counters", self.n_counters),
+        return stream_scratch(self.counters, ("counters", self.n_counters),
                                lambda: get_cupy().zeros(self.n_counters, np.int32))
 
     def _fixed(self, tiling, M, D):
@@ -453,13 +464,13 @@ class VecSpmmLaunch(NamedTuple):
         """This stream's buffer of partial tiles (reused: calls on one stream run in order), or None."""
         if not self.n_slots:
             return None
-        return _stream_scratch(self.counters, ("partial", np.dtype(dtype).char, D),
+        return stream_scratch(self.counters, ("partial", np.dtype(dtype).char, D),
                                lambda: get_cupy().empty((self.n_slots, 8, D), dtype=dtype))
 
     def bind(self, tiling, dtype, M, D, n_extra=0):
         """``f(values, X, Y, *extra)``: this launch with everything but the operands fixed (current stream's
         scratch); ``n_extra`` device arrays follow the sizes (the 16-bit kernel's unscale)."""
-        return _bound(self.kernel, self.grid, self.block, self.smem, *self._fixed(tiling, M, D),
+        return bound_launch(self.kernel, self.grid, self.block, self.smem, *self._fixed(tiling, M, D),
                       self.partial(dtype, D), n_extra)
 
 
@@ -472,9 +483,9 @@ def _spmm_gpu(tiling, values, X, dtype, mode, out, casts):
         return Y
     if X.dtype != dtype or not X.flags.c_contiguous:
         X = cp.ascontiguousarray(X, dtype=dtype)
-    values = _values_as(values, dtype, casts)
+    values = values_as(values, dtype, casts)
     vec = mode == "tf32" and _aligned16(D, X, Y)
-    key = ("launch", mode, dtype.char, D, vec, _TUNING_VERSION[0])
+    key = ("launch", mode, dtype.char, D, vec, TUNING_VERSION[0])
     launch = tiling._cache.get(key)  # hot path: no closure per call
     if launch is None:
         launch = _planned(tiling, key, lambda: _spmm_launch(cp, tiling, mode, dtype, D, vec, (values, X, Y)))
@@ -546,7 +557,7 @@ def hot_key(values, X, out, precision=None):
     """The signature a cached product depends on (``out`` may be None)."""
     cp = sys.modules["cupy"]
     key = (values.dtype.char, X.shape, X.strides, X.dtype.char, X.data.ptr & 15,
-           cp.cuda.get_current_stream().ptr, cp.cuda.runtime.getDevice(), _TUNING_VERSION[0], precision)
+           cp.cuda.get_current_stream().ptr, cp.cuda.runtime.getDevice(), TUNING_VERSION[0], precision)
     if out is None:
         return key
     return key + (out.shape, out.strides, out.dtype.char, out.data.ptr & 15)
@@ -568,9 +579,7 @@ def spmm_bind(tiling, values, X, out, precision=None, casts=None):
     if out is not None and (not out.flags.c_contiguous or out.ndim != 2):
         return None
     if tiling.layout.pattern is not None:  # the N:M layouts' mma.sp kernels
-        from ._sparse_tc import sp_bind
-
-        return sp_bind(tiling, values, X, out, precision, casts)
+        return _nm_products()[1](tiling, values, X, out, precision, casts)
     if is_half(X.dtype):
         return _half_bind(tiling, values, X, out, precision, casts)
     if X.dtype != _F32 or values.dtype != _F32 or (out is not None and out.dtype != _F32):
@@ -580,7 +589,7 @@ def spmm_bind(tiling, values, X, out, precision=None, casts=None):
         return None
     cp = get_cupy()
     vec = D % 4 == 0 and X.data.ptr % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
-    launch = tiling._cache.get(("launch", "tf32", "f", D, vec, _TUNING_VERSION[0]))
+    launch = tiling._cache.get(("launch", "tf32", "f", D, vec, TUNING_VERSION[0]))
     if not isinstance(launch, (TF32SpmmLaunch, VecSpmmLaunch)):
         return None
     run = launch.bind(tiling, _F32, M, D)
@@ -615,14 +624,14 @@ def _half_bind(tiling, values, X, out, precision, casts=None):
     Cacheable where the slow path makes no copy: the product runs on the 16-bit MMAs
     (not the N:M layouts', nor TF32 on widened X) and its kernel writes the result's dtype
     (float32, or X's type).  Per call the closure takes the matrix's 16-bit values
-    (:func:`_half_values`, cached on the matrix) and launches.
+    (:func:`half_values`, cached on the matrix) and launches.
     """
     xdt = X.dtype
     dtype = result_dtype(values.dtype, xdt) if out is None else out.dtype
     M, D = tiling.shape[0], X.shape[1]
     if M == 0 or D == 0 or tiling.tile_shape != _VEC_TILE or tiling.layout.pattern is not None:
         return None
-    if resolve_precision(precision, dtype, tiling.tile_shape, xdt) not in _HALF_MODES:
+    if resolve_precision(precision, dtype, tiling.tile_shape, xdt) not in HALF_MODES:
         return None
     if dtype not in (_F32, xdt):  # the slow path computes in float32 and rounds into a copy
         return None
@@ -632,12 +641,12 @@ def _half_bind(tiling, values, X, out, precision, casts=None):
     if hv is None:
         return None
     split = hv[0]
-    launch = tiling._cache.get(("half_launch", xdt.name, split, dtype.name, D, aligned, _TUNING_VERSION[0]))
+    launch = tiling._cache.get(("half_launch", xdt.name, split, dtype.name, D, aligned, TUNING_VERSION[0]))
     if not isinstance(launch, VecSpmmLaunch):
         return None
     run = launch.bind(tiling, _F32, M, D, n_extra=1)  # float32 partial tiles; the values' unscale per call
     fixup = launch.fixup.bind(launch.partial(_F32, D), M, D, tiling.layout.window) if launch.fixup else None
-    return cast_closure(run, fixup, (M, D), dtype, _half_key(xdt), lambda T: _half_values(T._values, xdt, T._casts),
+    return cast_closure(run, fixup, (M, D), dtype, _half_key(xdt), lambda T: half_values(T._values, xdt, T._casts),
                         split, precision)
 
 
@@ -711,16 +720,16 @@ def sddmm_bind(tiling, values, Xa, Xb, multiply_values, precision=None):
 
 
 #: Marks a matrix's cache of casts when its values were made on the device (``with_values`` of a device array, as
-#: in training steps): the 16-bit products then skip the exactness check of :func:`_half_values` (a host read).
+#: in training steps): the 16-bit products then skip the exactness check of :func:`half_values` (a host read).
 DEVICE_VALUES = "device_values"
 
 
 def _half_key(xdt):
-    """The key of :func:`_half_values`' result in a matrix's cache of casts."""
+    """The key of :func:`half_values`' result in a matrix's cache of casts."""
     return ("half_values", xdt.name, TUNING["half_exact_values"])
 
 
-def _half_values(values, xdt, cache):
+def half_values(values, xdt, cache):
     """``(split, values, unscale)`` for the 16-bit SpMM with operands of ``xdt``, cached per matrix.
 
     Values of X's type go as they are, and so do values that X's type holds
@@ -756,7 +765,7 @@ def _half_values(values, xdt, cache):
 
 
 def _half_parts(cp, xp, values, src, xdt, check):
-    """The ``(split, values, unscale)`` of :func:`_half_values`, computed with ``xp`` from ``src`` (values there)."""
+    """The ``(split, values, unscale)`` of :func:`half_values`, computed with ``xp`` from ``src`` (values there)."""
     v = None if values.dtype == xdt else src.astype(np.float32)
     bits = _round16(xp, v, xdt) if check and v is not None else None
     # synchronize! once per matrix and type; NaN compares unequal, so NaN values keep the pairs
@@ -825,7 +834,7 @@ def _spmm_half(tiling, hv, X, dtype, out):
     if X is None:
         return Y
     aligned = D % 8 == 0 and X.data.ptr % 16 == 0 and Y.data.ptr % 16 == 0
-    key = ("half_launch", X.dtype.name, split, dtype.name, D, aligned, _TUNING_VERSION[0])
+    key = ("half_launch", X.dtype.name, split, dtype.name, D, aligned, TUNING_VERSION[0])
     launch = tiling._cache.get(key)
     if launch is None:
         half = (X.dtype.name, split, dtype.name)
@@ -1158,10 +1167,10 @@ def _vec_timed(cp, tiling, dtype, D, vec, values, X, Y, half=None, unscale=None)
         return Provisional(launches[0], futures) if futures else launches[0]
     if half is None:
         calls = [functools.partial(_run_spmm, cp, launch, tiling, values, X, Y, dtype) for launch in launches]
-        key = ("vec_timed", D, vec, _TUNING_VERSION[0])
+        key = ("vec_timed", D, vec, TUNING_VERSION[0])
     else:
         calls = [functools.partial(_run_half, launch, tiling, values, X, Y, unscale) for launch in launches]
-        key = ("half_timed", half, D, vec, _TUNING_VERSION[0])
+        key = ("half_timed", half, D, vec, TUNING_VERSION[0])
     ms = time_round_robin(calls, VEC_TIMED_ROUNDS)
     tiling._cache[key] = dict(zip(choices, ms))
     best = launches[pick_fastest(ms)]
@@ -1415,7 +1424,7 @@ def _aligned16(D, *arrays):
     return D % 4 == 0 and all(a.data.ptr % 16 == 0 for a in arrays)
 
 
-def _values_as(values, dtype, cache):
+def values_as(values, dtype, cache):
     if values.dtype == dtype:
         return values
     key = ("values", dtype.str)
@@ -1521,7 +1530,7 @@ def sddmm_raw(tiling, values, Xa, Xb, dtype, multiply_values=False, precision=No
     cdt = compute_dtype(dtype)
     operand = Xa.dtype if Xa.dtype == Xb.dtype else None
     mode = resolve_precision(precision, dtype, tiling.tile_shape, operand, tiling.layout.pattern)
-    if mode in _HALF_MODES:
+    if mode in HALF_MODES:
         # 16-bit inputs widen exactly to TF32: the same products, accumulated in float32 (CUDA cores on 2:4 tiles).
         mode = "tf32" if tiling.tile_shape in TC_TILES else "exact"
     if isinstance(Xa, np.ndarray):
@@ -1551,7 +1560,7 @@ def sddmm_raw(tiling, values, Xa, Xb, dtype, multiply_values=False, precision=No
     H, W = tiling.tile_shape
     Xa = cp.ascontiguousarray(Xa, dtype=dtype)
     Xb = cp.ascontiguousarray(Xb, dtype=dtype)
-    values = _values_as(values, dtype, {} if casts is None else casts)
+    values = values_as(values, dtype, {} if casts is None else casts)
     bpw = SDDMM_BLOCKS_PER_WARP
     warps = kp.SDDMM_WARPS
     grid = (-(-n_blocks // (bpw * warps)),)

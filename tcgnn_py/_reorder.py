@@ -36,6 +36,10 @@ LocalityReport, LayoutLocality = loc.LocalityReport, loc.LayoutLocality
 
 _PRE_BYTES = 1 << 28  # cap of stage 2's precomputed gains
 
+#: Blocks per SpMM unit of the N:M layouts (the unit a long window is split into); the window stage keeps the
+#: number of split windows and the longest unit in check against it.  The N:M SpMM's default uses the same.
+NM_BLOCKS_PER_UNIT = 32
+
 
 def _argsort(xp, a):
     # CuPy's argsort is always stable; NumPy's only when asked.
@@ -481,15 +485,13 @@ def _stack_candidates(xp, rows, cols, deg, perm, n, layout):
 def _stack_hubs(xp, indices, edge_row, n, perm, layout):
     """The window stage: ``(perm, vertices renumbered, padding shares of the input, of perm, of the result)``.
 
-    A candidate may not make more windows longer than one SpMM unit (``TUNING["sp_blocks_per_unit"]`` blocks)
+    A candidate may not make more windows longer than one SpMM unit (:data:`NM_BLOCKS_PER_UNIT` blocks)
     than ``perm`` has, nor its longest unit more than 1 / :data:`_STACK_LONGEST_SLACK` longer: split windows
     are summed by a second launch, and the longest unit is the critical path of small grids (without these
     rules, stacking 16 hubs per window made pubmed's 2:4 SpMM 1.3x slower for 1.5 points less padding, and a
     longest window of 27 blocks instead of 21 made cora's 1.2x slower).
     """
-    from ._ops import TUNING
-
-    unit = TUNING["sp_blocks_per_unit"]
+    unit = NM_BLOCKS_PER_UNIT
     rows, cols = _entries(xp, indices, edge_row, n)
     deg = xp.bincount(rows, minlength=n)[:n].astype(np.int64)
     perm = xp.asarray(perm).astype(np.int64)

@@ -31,16 +31,17 @@ import numpy as np
 from . import _reference as ref
 from ._device import get_cupy, publish
 from ._ops import (
-    _TUNING_VERSION,
+    TUNING_VERSION,
     TUNING,
     VEC_UNITS_PER_WINDOW_MAX,
-    _HALF_MODES,
+    HALF_MODES,
     Fixup,
-    _bound,
-    _half_values,
-    _stream_scratch,
-    _values_as,
+    bound_launch,
+    half_values,
+    stream_scratch,
+    values_as,
     cast_closure,
+    register_nm_products,
     resolve_precision,
     result_and_operand,
     result_dtype,
@@ -147,10 +148,10 @@ def sp_values(tiling, values, xdt, casts):
     _, dest = sp_meta(tiling)
     nb, layout = tiling.n_blocks, tiling.layout
     if layout.pattern == (1, 2):
-        v = _values_as(values, _F32, casts)
+        v = values_as(values, _F32, casts)
         out = (False, pack_values(cp, dest, nb, layout, v), None)
     else:
-        split, vals, unscale = _half_values(values, np.dtype(xdt), casts)
+        split, vals, unscale = half_values(values, np.dtype(xdt), casts)
         bits = vals if split else vals.view(np.uint16)
         out = (split, pack_values(cp, dest, nb, layout, bits, split), unscale)
     casts[key] = publish(out)
@@ -158,7 +159,7 @@ def sp_values(tiling, values, xdt, casts):
 
 
 def _sp_key(xdt):
-    """The key of :func:`sp_values`' result in a matrix's cache of casts (it follows ``_half_values``)."""
+    """The key of :func:`sp_values`' result in a matrix's cache of casts (it follows ``half_values``)."""
     return ("sp_values", np.dtype(xdt).name, TUNING["half_exact_values"])
 
 
@@ -179,13 +180,13 @@ class SpLaunch(NamedTuple):
     def counters(self):
         if not self.n_counters:
             return None
-        return _stream_scratch(self.scratch, "counters", lambda: get_cupy().zeros(self.n_counters, np.int32))
+        return stream_scratch(self.scratch, "counters", lambda: get_cupy().zeros(self.n_counters, np.int32))
 
     def partial(self, D):
         """This stream's partial rows of split windows (float32), or None."""
         if not self.n_slots:
             return None
-        return _stream_scratch(self.scratch, "partial", lambda: get_cupy().empty((self.n_slots, 16, D), _F32))
+        return stream_scratch(self.scratch, "partial", lambda: get_cupy().empty((self.n_slots, 16, D), _F32))
 
 
 def _sp_launch(tiling, xname, split, yname, D, aligned):
@@ -223,7 +224,7 @@ def spmm_sp(tiling, values, X, dtype, out, casts):
     split, comp, unscale = sp_values(tiling, values, X.dtype, casts)
     meta, _ = sp_meta(tiling)
     aligned = D % 8 == 0 and X.data.ptr % 16 == 0 and Y.data.ptr % 16 == 0
-    key = ("sp_launch", X.dtype.name, split, dtype.name, D, aligned, _TUNING_VERSION[0])
+    key = ("sp_launch", X.dtype.name, split, dtype.name, D, aligned, TUNING_VERSION[0])
     launch = tiling._cache.get(key)
     if launch is None:
         launch = tiling.cached(key, lambda: _sp_launch(tiling, X.dtype.name, split, dtype.name, D, aligned))
@@ -252,7 +253,7 @@ def sp_bind(tiling, values, X, out, precision=None, casts=None):
     if M == 0 or D == 0:
         return None
     mode = resolve_precision(precision, dtype, tiling.tile_shape, xdt, tiling.layout.pattern)
-    if not (mode in _HALF_MODES and dtype in (_F32, xdt) or mode == "tf32" and xdt == _F32 and dtype == _F32):
+    if not (mode in HALF_MODES and dtype in (_F32, xdt) or mode == "tf32" and xdt == _F32 and dtype == _F32):
         return None  # the slow path widens X or rounds the result into a copy
     hit = (casts or {}).get(_sp_key(xdt))  # filled by the slow path's call: (hi, lo) pairs or not
     if hit is None:
@@ -260,7 +261,7 @@ def sp_bind(tiling, values, X, out, precision=None, casts=None):
     split = hit[0]
     # A new result comes from the memory pool, 256-byte aligned, as the slow path's did.
     aligned = D % 8 == 0 and X.data.ptr % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
-    launch = tiling._cache.get(("sp_launch", xdt.name, split, dtype.name, D, aligned, _TUNING_VERSION[0]))
+    launch = tiling._cache.get(("sp_launch", xdt.name, split, dtype.name, D, aligned, TUNING_VERSION[0]))
     if not isinstance(launch, SpLaunch):
         return None
     key = _sp_key(xdt)
@@ -268,8 +269,11 @@ def sp_bind(tiling, values, X, out, precision=None, casts=None):
     counters = launch.counters()
     partial = launch.partial(D)
     sizes = (np.int32(M), np.int32(D), np.int32(launch.n_slices), np.int32(launch.n_work))
-    run = _bound(launch.kernel, launch.grid, (128,), 0, (launch.units, launch.unit_k0, tiling.block_cols, meta),
+    run = bound_launch(launch.kernel, launch.grid, (128,), 0, (launch.units, launch.unit_k0, tiling.block_cols, meta),
                  (counters if counters is not None else launch.unit_k0,) + sizes, partial, n_extra=1)
     fixup = launch.fixup.bind(partial, M, D, 16) if launch.fixup is not None else None
     return cast_closure(run, fixup, (M, D), dtype, key, lambda T: sp_values(tiling, T._values, xdt, T._casts), split,
                         precision)
+
+
+register_nm_products(spmm_sp, sp_bind)

@@ -5,6 +5,7 @@ import weakref
 import numpy as np
 
 from . import _nm_group, _sgt
+from . import _sparse_tc  # noqa: F401  (registers the N:M layouts' products with _ops)
 from . import _reference as ref
 from ._device import DeviceMismatchError, array_module, get_cupy, is_cupy_array, to_host, use_gpu
 from ._ops import (
@@ -12,7 +13,7 @@ from ._ops import (
     HOT_PRECISIONS,
     HOT_SDDMM_PRECISIONS,
     MISMATCH,
-    _overlap,
+    overlaps,
     as_operand,
     check_out,
     hot_key,
@@ -396,7 +397,7 @@ class TiledMatrix:
             out=(out if out.ndim == 2 else out.reshape(M, 1)) if direct else None, casts=self._casts,
         )  # fmt: skip
         if precision in HOT_PRECISIONS and X is other and kind == "cupy" and (
-                out is None or direct and not _overlap(out, X)):
+                out is None or direct and not overlaps(out, X)):
             f = spmm_bind(self._tiling, self._values, X, out, precision, self._casts)
             if f is not None:
                 self._hot[hot_key(self._values, X, out, precision)] = f
@@ -506,7 +507,7 @@ def spmm(T, X, out=None, *, precision=None):
     if isinstance(X, (str, bytes)):
         raise TypeError(f"spmm: X must be an array of numbers, got {type(X).__name__}")
     if is_cupy_array(X):
-        if precision in HOT_PRECISIONS and (out is None or is_cupy_array(out) and not _overlap(out, X)):
+        if precision in HOT_PRECISIONS and (out is None or is_cupy_array(out) and not overlaps(out, X)):
             f = T._hot.get(hot_key(T._values, X, out, precision))
             if f is not None:  # a signature seen before: allocate (or take out) and launch
                 return f(T, X, out)

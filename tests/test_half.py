@@ -308,20 +308,20 @@ def test_float32_values_exact_in_16_bits_take_one_mma(cp, xt, monkeypatch):
     got = {}
     for exact_values in (True, False):
         monkeypatch.setitem(_ops.TUNING, "half_exact_values", exact_values)
-        split = _ops._half_values(T.values, xt, T._casts)[0]
+        split = _ops.half_values(T.values, xt, T._casts)[0]
         assert split is not exact_values
         got[exact_values] = poisoned(cp, T, X, F32)
     np.testing.assert_array_equal(got[True].view(np.uint64), got[False].view(np.uint64))
     monkeypatch.setitem(_ops.TUNING, "half_exact_values", True)
     for data in (rng.uniform(0.5, 1.5, A.nnz), np.where(np.arange(A.nnz) == 7, np.nan, A.data)):
-        assert _ops._half_values(cp.asarray(data.astype(np.float32)), xt, {})[0], "pairs"
+        assert _ops.half_values(cp.asarray(data.astype(np.float32)), xt, {})[0], "pairs"
     # values made on the device (a training step's) are not checked (no host read): pairs, also on the transpose
     ints_on_device = T.with_values(cp.asarray(A.tocsr().data.astype(np.float32)))
     for M in (ints_on_device, ints_on_device.T):
-        assert _ops._half_values(M.values, xt, M._casts)[0]
-    assert not _ops._half_values(T.T.values, xt, T.T._casts)[0]
+        assert _ops.half_values(M.values, xt, M._casts)[0]
+    assert not _ops.half_values(T.T.values, xt, T.T._casts)[0]
     from_host = T.with_values(A.tocsr().data.astype(np.float32))  # host values: checked, one MMA
-    assert not _ops._half_values(from_host.values, xt, from_host._casts)[0]
+    assert not _ops.half_values(from_host.values, xt, from_host._casts)[0]
     # the hot path: the cached launch of one form, called with a matrix of the other, goes the slow way
     weighted = T.with_values(cp.asarray(rng.uniform(0.5, 1.5, A.nnz).astype(np.float32)))
     Xh = np.asarray(X.get(), np.float64)
@@ -395,7 +395,7 @@ def test_half_timed_choice_candidates_are_bit_identical(cp, D, coop, monkeypatch
     for xt in HALVES:
         T = tg.TiledMatrix(A, dtype=np.float32, layout="vector")
         X = cp.asarray(rng.standard_normal((A.shape[1], D)).astype(np.float32)).astype(xt)
-        split, vals, unscale = _ops._half_values(T.values, xt, T._casts)
+        split, vals, unscale = _ops.half_values(T.values, xt, T._casts)
         half = (xt.name, split, "float32")
         choices = _ops._half_candidates(T.tiling, D, aligned, half)
         assert len(set(choices)) == len(choices) and len({c.bpu for c in choices}) == 1

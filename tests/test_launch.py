@@ -98,8 +98,8 @@ def test_bound_launch_extra_slots(monkeypatch):
     kernel = types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=7))
     head, tail = (arr(1), arr(2)), (np.int32(5), np.int32(6))
     n_args = len(head) + 4 + len(tail) + 1
-    _ops._bound(kernel, (3,), (128,), 0, head, tail, arr(40), n_extra=1)(arr(10), arr(20), arr(30), arr(50))
+    _ops.bound_launch(kernel, (3,), (128,), 0, head, tail, arr(40), n_extra=1)(arr(10), arr(20), arr(30), arr(50))
     assert seen[-1] == [1, 2, 10, 20, 30, 40, 5, 6, 50]
     # Without partial tiles Y is the partial too.
-    _ops._bound(kernel, (3,), (128,), 0, head, tail, None, n_extra=1)(arr(10), arr(20), arr(30), arr(50))
+    _ops.bound_launch(kernel, (3,), (128,), 0, head, tail, None, n_extra=1)(arr(10), arr(20), arr(30), arr(50))
     assert seen[-1] == [1, 2, 10, 20, 30, 30, 5, 6, 50]

@@ -472,9 +472,8 @@ def test_stacked_order_puts_k_hubs_in_each_window():
 def test_window_stage_splits_no_more_windows():
     """Candidates that split more windows into SpMM units, or lengthen the longest unit by more than 1/8, lose."""
     from tcgnn_py import _reorder as R
-    from tcgnn_py._ops import TUNING
 
-    unit = TUNING["sp_blocks_per_unit"]
+    unit = R.NM_BLOCKS_PER_UNIT
 
     def long_windows(A, perm):
         n = A.shape[0]

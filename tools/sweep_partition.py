@@ -49,7 +49,7 @@ def main():
             t = dict(ours_clocks(lambda i: tg.spmm(T, Xs[i], out=Y)), exact=exact)
             launch = next(v for k, v in T.tiling._cache.items()
                           if isinstance(k, tuple) and k[0] == "launch" and k[3] == D
-                          and k[-1] == _ops._TUNING_VERSION[0])
+                          and k[-1] == _ops.TUNING_VERSION[0])
             t["units"], t["n_slices"] = int(launch.units.shape[0]), launch.n_slices
             row[label] = t
             line.append(f"{label} {c['gpu'] / t['gpu']:.2f}/{c['idle'] / t['idle']:.2f}"

@@ -1,4 +1,4 @@
-"""Benchmarks of tcgnn_py against what a user would run instead (layer 4).
+"""Layer 4: benchmarks of tcgnn_py against what a user would run instead.
 
 ``python -m tcgnn_py.bench --help`` runs them from the command line; the asv
 suite in ``asv_bench/`` and the tools reuse the pieces below.

@@ -1,4 +1,4 @@
-"""Row-partitioned graphs over several GPUs: SpMM, SDDMM and full-batch GNN training with NCCL.
+"""Layer 4: row-partitioned graphs over several GPUs: SpMM, SDDMM and full-batch GNN training with NCCL.
 
 A graph is split by rows over the ranks of a group (balanced by nonzeros);
 each rank holds its rows of the matrix (a :class:`~tcgnn_py.TiledMatrix` over

@@ -25,6 +25,7 @@ import time
 import numpy as np
 
 from .._device import gpu_unusable_reason
+from ._errors import DistributedError, DistributedTimeoutError
 
 __all__ = [
     "Context",
@@ -37,14 +38,6 @@ __all__ = [
 
 #: Seconds a collective may take before the group is aborted (``TCGNN_PY_DIST_TIMEOUT`` overrides).
 DEFAULT_TIMEOUT = float(os.environ.get("TCGNN_PY_DIST_TIMEOUT", 600))
-
-
-class DistributedError(RuntimeError):
-    """A rank of the group failed, so the collective this rank was in cannot finish."""
-
-
-class DistributedTimeoutError(DistributedError, TimeoutError):
-    """A collective did not finish in time: a peer died, stalled, or issued different collectives."""
 
 
 def _raise_in_thread(thread_id, error):

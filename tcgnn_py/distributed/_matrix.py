@@ -6,20 +6,21 @@ from .._partition import balanced_bounds, compact_columns
 from .._tiled import TiledMatrix, sddmm, spmm
 from .._validation import coerce_csr, is_half
 
-__all__ = ["DistributedMatrix", "HALO_MODES"]
+__all__ = ["DistributedMatrix", "HALO_MODES", "host_array"]
 
 #: How halo rows of X travel: grouped point-to-point, or one all-gather of every rank's boundary rows.
 HALO_MODES = ("sendrecv", "allgather")
 
 
-def _host(x):
+def host_array(x):
+    """``x`` as a NumPy array (a device array is copied to the host)."""
     return x.get() if hasattr(x, "get") else np.asarray(x)  # synchronize! (device arrays)
 
 
 def _to(xp, a):
     """``a`` on this rank's device (NumPy for the reference backend), copied peer to peer if elsewhere."""
     if xp is np:
-        return _host(a)
+        return host_array(a)
     if isinstance(a, xp.ndarray) and a.device.id != xp.cuda.Device().id:
         out = xp.empty(a.shape, a.dtype)
         out.data.copy_from_device(xp.ascontiguousarray(a).data, a.nbytes)
@@ -78,7 +79,7 @@ class DistributedMatrix:
         if shape[0] != shape[1]:
             raise ValueError(f"a row-partitioned graph needs a square matrix, got shape {shape}")
         P, r, xp = ctx.world_size, ctx.rank, ctx.xp
-        host_indptr = _host(indptr).astype(np.int64)
+        host_indptr = host_array(indptr).astype(np.int64)
         bounds = balanced_bounds(host_indptr, P) if bounds is None else np.asarray(bounds, np.int64)
         if bounds.shape != (P + 1,) or bounds[0] != 0 or bounds[-1] != shape[0] or np.any(np.diff(bounds) < 0):
             raise ValueError(f"bounds must rise from 0 to {shape[0]} in {P + 1} steps, got {bounds.tolist()}")
@@ -92,13 +93,13 @@ class DistributedMatrix:
             raise ValueError(f"column index out of bounds for {shape[1]} columns (rank {r}'s rows)")
         self.ctx, self.bounds, self.shape, self.halo_mode = ctx, bounds, shape, halo
         self.n_own, self.n_halo = hi - lo, int(halo_rows.shape[0])
-        self.halo_ptr = _host(halo_ptr)
+        self.halo_ptr = host_array(halo_ptr)
         self.local = TiledMatrix((vals, mapped.astype(np.int32), rptr.astype(np.int32)),
                                  (self.n_own, self.n_own + self.n_halo), dtype=dtype, layout=layout,
                                  device="cpu" if xp is np else "cuda")
         # Requests: rank p tells each owner q which of q's rows it needs (q's local numbering).
         self.recv_counts = np.diff(self.halo_ptr)  # rows this rank receives from each q
-        self.send_counts = _host(ctx.allgather(xp.asarray(self.recv_counts)))[:, r]  # rows each p asks of this rank
+        self.send_counts = host_array(ctx.allgather(xp.asarray(self.recv_counts)))[:, r]  # rows each p asks of this rank
         asks = {q: xp.ascontiguousarray(halo_rows[self.halo_ptr[q]:self.halo_ptr[q + 1]] - int(bounds[q]))
                 for q in range(P) if q != r and self.recv_counts[q]}
         self.sends = {p: xp.empty(int(self.send_counts[p]), np.int64) for p in range(P)
@@ -120,7 +121,7 @@ class DistributedMatrix:
         ctx, xp, P = self.ctx, self.ctx.xp, self.ctx.world_size
         parts = [self.sends[p] for p in sorted(self.sends)]
         self.boundary = xp.unique(xp.concatenate(parts)) if parts else xp.zeros(0, np.int64)
-        sizes = _host(ctx.allgather(xp.asarray([self.boundary.shape[0]], np.int64)))[:, 0]
+        sizes = host_array(ctx.allgather(xp.asarray([self.boundary.shape[0]], np.int64)))[:, 0]
         self.boundary_max = int(sizes.max())
         # Where each requested row sits in its owner's boundary: owners answer the askers.
         pos = {p: xp.searchsorted(self.boundary, self.sends[p]) for p in self.sends}

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..nn._edges import TiledEdges
 from ..nn._layers import cross_entropy
-from ._matrix import DistributedMatrix, _host
+from ._matrix import DistributedMatrix, host_array
 
 __all__ = ["DistributedEdges", "train", "DistTrainResult", "allreduce_grads"]
 
@@ -117,7 +117,7 @@ def train(ctx, apply, params, A, X, labels, split, optimizer, *, epochs=200, rng
     labels = xp.asarray(labels)
     train_idx, val_idx, test_idx = (xp.asarray(i, dtype=np.int64) for i in split)
     sizes = np.asarray([int(i.shape[0]) for i in (train_idx, val_idx, test_idx)], np.int64)
-    totals = _host(ctx.allgather(xp.asarray(sizes)).sum(axis=0))  # synchronize!
+    totals = host_array(ctx.allgather(xp.asarray(sizes)).sum(axis=0))  # synchronize!
     n_train = int(totals[0])
     if n_train == 0:
         raise ValueError("no rank has training nodes")
@@ -163,7 +163,7 @@ def train(ctx, apply, params, A, X, labels, split, optimizer, *, epochs=200, rng
     final_loss = float(loss) if loss is not None else float("nan")  # synchronize!
     if not scores:
         return DistTrainResult(float("nan"), float("nan"), -1, final_loss, times)
-    s = _host(xp.stack(scores)).astype(np.float64)  # synchronize!
+    s = host_array(xp.stack(scores)).astype(np.float64)  # synchronize!
     acc = s / np.maximum(totals[1:], 1)
     best = int(np.argmax(acc[:, 0]))
     return DistTrainResult(float(acc[best, 1]), float(acc[best, 0]), best, final_loss, times)

@@ -10,6 +10,8 @@ import os
 import socket
 import time
 
+from ._errors import DistributedTimeoutError
+
 __all__ = ["exchange_id", "env_int"]
 
 
@@ -30,7 +32,6 @@ def env_int(name, default=None):
 
 
 def _timeout_error(msg):
-    from ._context import DistributedTimeoutError
 
     return DistributedTimeoutError(msg)
 

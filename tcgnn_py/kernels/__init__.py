@@ -43,3 +43,5 @@ Launch paths:
     ``cublasGemmEx`` with a handle and workspace owned here: dense products
     that a CUDA-graph capture can hold (CuPy's binding refuses to run there).
 """
+
+from . import nn, products, timing  # noqa: E402,F401  (each registers its kernel families)

@@ -4,7 +4,7 @@ Listed in :func:`tcgnn_py.kernels.registry.families`, so it compiles through
 the same cached path and the same NVRTC check in CI.
 """
 
-from .registry import VALUE_TYPES
+from .registry import VALUE_TYPES, register
 
 __all__ = ["SOURCE", "NAMES", "FAMILIES", "TICK", "adam_name"]
 
@@ -49,3 +49,4 @@ def adam_name(dtype_name):
 TICK = "tcgnn_adam_tick"
 NAMES = (TICK, *(adam_name(t) for t in VALUE_TYPES))
 FAMILIES = {"nn": (SOURCE, NAMES)}
+register("nn", SOURCE, NAMES)

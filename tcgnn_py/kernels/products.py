@@ -40,7 +40,7 @@ Every output element is written by exactly one thread and the summation order
 is fixed, so results are deterministic run to run.
 """
 
-from .registry import VALUE_TYPES
+from .registry import VALUE_TYPES, register
 
 __all__ = [
     "FAMILIES",
@@ -1940,3 +1940,5 @@ FAMILIES = {
     "half": (_COMMON + _VEC_COMMON + _PUT4 + _HALF, tuple(_half_names())),
     "sparse": (_COMMON + _VEC_COMMON + _PUT4 + _SPARSE, tuple(_sp_names())),
 }
+for _family, (_source, _names) in FAMILIES.items():
+    register(_family, _source, _names)

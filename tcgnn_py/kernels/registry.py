@@ -1,9 +1,10 @@
 """Layer 1: the compile registry of the CuPy RawModule kernel families.
 
 A family is one CUDA source with its name expressions, generated from one table
-of template arguments.  The library's families live in :mod:`.products`,
-:mod:`.nn` and :mod:`.timing`; packages above may :func:`register` their own (the
-benchmarks' baseline SDDMM does).  CI compiles every family of :func:`families`
+of template arguments.  Each family module registers its families (:func:`register`) when it is
+imported (:mod:`.products`, :mod:`.nn` and :mod:`.timing`, which the ``kernels``
+package imports; the benchmarks' baseline SDDMM from :mod:`tcgnn_py.bench`), so
+this module knows no family and imports none.  CI compiles every family of :func:`families`
 through NVRTC directly, without a GPU (``tests/test_nvrtc.py``).
 
 Compiled means asked for: each kernel is its own RawModule (the family's source
@@ -41,7 +42,7 @@ OPTIONS = ("--std=c++17",)
 #: NumPy value type name -> CUDA C++ type, for every family's template arguments.
 VALUE_TYPES = {"float32": "float", "float64": "double"}
 
-_EXTRA = {}
+_FAMILIES = {}  # family -> (CUDA source, name expressions), as registered
 _lock = threading.Lock()
 _modules = {}  # (family, name, device) -> compiled RawModule
 _pending = {}  # (family, name, device) -> Future of a background compile
@@ -52,30 +53,30 @@ _background_on = [True]
 
 
 def register(family, source, names):
-    """Add a family from a package above layer 1 (same compile path and CI check)."""
-    known = _library_families()
-    if family in known or _EXTRA.get(family, (source, tuple(names))) != (source, tuple(names)):
-        raise ValueError(f"kernel family {family!r} is already registered")
-    _EXTRA[family] = (source, tuple(names))
+    """Add a kernel family: its CUDA source and the name expressions it is compiled for.
 
-
-@functools.cache
-def _library_families():
-    from . import nn, products, timing
-
-    return {**products.FAMILIES, **nn.FAMILIES, **timing.FAMILIES}
+    Registering the same family again with the same source and names does nothing; another
+    source or name list under a registered name raises ``ValueError``.
+    """
+    names = tuple(names)
+    with _lock:
+        if _FAMILIES.get(family, (source, names)) != (source, names):
+            raise ValueError(f"kernel family {family!r} is already registered")
+        _FAMILIES[family] = (source, names)
 
 
 def families():
     """``family -> (CUDA source, name expressions)`` of every registered family."""
-    return {**_library_families(), **_EXTRA}
+    return dict(_FAMILIES)
 
 
 def _compile(family, name, device_id):
     """One kernel's RawModule, compiled and loaded (on any thread)."""
     import cupy
 
-    code, names = families()[family]
+    if family not in _FAMILIES:
+        raise KeyError(f"no kernel family {family!r} is registered (registered: {sorted(_FAMILIES)})")
+    code, names = _FAMILIES[family]
     if name not in names:
         raise KeyError(f"{name!r} is not a compiled variant of the kernel family {family!r}")
     with cupy.cuda.Device(device_id):

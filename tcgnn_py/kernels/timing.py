@@ -9,6 +9,8 @@ clock (:func:`tcgnn_py.bench.time_queued`) use it.
 
 import numpy as np
 
+from .registry import get_kernel, register
+
 __all__ = ["SOURCE", "NAMES", "FAMILIES", "SPIN", "spin", "time_round_robin"]
 
 SOURCE = r"""
@@ -27,12 +29,11 @@ extern "C" __global__ void tcgnn_spin(long long ns) {
 SPIN = "tcgnn_spin"
 NAMES = (SPIN,)
 FAMILIES = {"timing": (SOURCE, NAMES)}
+register("timing", SOURCE, NAMES)
 
 
 def spin(ms):
     """Hold the current stream for ``ms`` milliseconds of GPU time (one thread)."""
-    from .registry import get_kernel
-
     get_kernel("timing", SPIN)((1,), (1,), (np.int64(ms * 1e6),))
 
 

@@ -1,4 +1,4 @@
-"""GNN layers on :class:`~tcgnn_py.TiledMatrix`, with explicit backward passes (no PyTorch).
+"""Layer 4: GNN layers on :class:`~tcgnn_py.TiledMatrix`, with explicit backward passes (no PyTorch).
 
 Functional layers return ``(out, vjp)``, where ``vjp`` maps the gradient of the
 output to the gradients of the inputs.  Arrays are NumPy on the CPU (the
