@@ -16,9 +16,12 @@ def _fmt(v, spec=".1f"):
 def print_graph(g, out=print):
     """One table per graph and width: time, speedup, GFLOP/s and bandwidth of every implementation."""
     p, m = g["prep"], g["memory"]
+    vec = (g.get("locality") or {}).get("vector")
+    default = (f"{vec['blocks']:,} blocks of 8x4 (the default layout), density {100 * vec['density']:.2f}%; "
+               if vec else "")
     out(f"\n== {g['graph']}: {g['rows']:,} x {g['cols']:,}, nnz {g['nnz']:,}, U {g['U']:,} "
-        f"(window-distinct columns), {g['blocks']:,} blocks of 16x8, density {100 * g['density']:.2f}% "
-        f"[{g['device']}]")
+        f"(window-distinct columns of 16-row windows), {default}16x8: {g['blocks']:,} blocks, "
+        f"density {100 * g['density']:.2f}% [{g['device']}]")
     out(f"   preprocessing: SGT {p['sgt_ms']:.3f} ms ({p['sgt_ns_per_edge']:.2f} ns/edge), CSR -> ready "
         f"TiledMatrix {p['build_ms']:.3f} ms, scipy -> TiledMatrix {p['from_host_ms']:.2f} ms"
         + (f" (CSR upload alone {p['csr_upload_ms']:.2f} ms)" if "csr_upload_ms" in p else ""))
