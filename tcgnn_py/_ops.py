@@ -272,7 +272,6 @@ TUNING = {
     "vec_prefetch": True,  # load the next step's block metadata with this step's X rows
     "vec_async_stages": 2,  # cp.async vector kernel's steps in flight per warp (0: the register kernel)
     "vec_async_unroll": 4,  # blocks per cp.async step
-    "vec_round_x": True,  # experiment: False feeds raw float bits of X to the MMA (truncation); sweeps only
     "vec_prefetch_values": True,  # cp.async vector kernel: values loaded one step ahead (sweep: 2-4 % faster)
     # vector SpMM (float32 and 16-bit X): time the bit-identical launches once and keep the fastest; this overrides
     # the slices, gathers, combine and half_ks / half_stages settings (False pins them: sweeps, tests)
@@ -999,7 +998,7 @@ def _l1_compiled(slices, unroll):
     from .kernels import products as kp
 
     return ((slices, unroll, TUNING["vec_async_stages"]) in kp.VEC_ASYNC_L1 and TUNING["vec_prefetch_values"]
-            and TUNING["vec_round_x"] and TUNING["vec_async_l1"] is not False)
+            and TUNING["vec_async_l1"] is not False)
 
 
 def _vec_candidates(tiling, D, vec):
@@ -1027,7 +1026,7 @@ def _vec_candidates(tiling, D, vec):
     if _async_rows(D, vec):
         ua = TUNING["vec_async_unroll"]
         gathers = [(True, u, False, l1) for u in dict.fromkeys((ua, 2)) for l1 in (False, True)] + gathers
-        if tiling.n_blocks * 32 * 4 <= VEC_DENSE_BYTES_MAX and TUNING["vec_round_x"]:  # compiled rounding X
+        if tiling.n_blocks * 32 * 4 <= VEC_DENSE_BYTES_MAX:
             gathers.insert(2, (True, ua, True, False))
     out = [default]
     for slices in (1, 2) if D > 32 else (1,):
@@ -1226,8 +1225,8 @@ def _vec_launch(cp, tiling, dtype, D, vec, half=None, choice=None, scratch=None,
         while nw > 1 and kp.vec_async_smem(nw, slices, unroll, ns) > kp.SPMM_SMEM_LIMIT:
             nw //= 2
         smem = kp.vec_async_smem(nw, slices, unroll, ns)
-        kernel = get_kernel("vec", kp.spmm_vec_async_name(slices, unroll, ns, combine, TUNING["vec_round_x"],
-                                                          TUNING["vec_prefetch_values"] and TUNING["vec_round_x"],
+        kernel = get_kernel("vec", kp.spmm_vec_async_name(slices, unroll, ns, combine, True,
+                                                          TUNING["vec_prefetch_values"],
                                                           dense, l1=l1))
     else:
         kernel = get_kernel("vec", kp.spmm_vec_name(slices, unroll, vec, combine, TUNING["vec_prefetch"]))

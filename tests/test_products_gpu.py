@@ -97,7 +97,6 @@ TF32_VARIANTS = {
     "vector-async-g2u2s3-split": ("vector", dict(PIN, vec_slices=2, vec_async_unroll=2, vec_async_stages=3,
                                                  vec_blocks_per_unit=2)),
     "vector-async-fixup": ("vector", dict(PIN, vec_async_stages=2, vec_blocks_per_unit=2, vec_combine=False)),
-    "vector-async-truncate-x": ("vector", dict(PIN, vec_async_stages=2, vec_round_x=False)),
     # X rows copied through L1 (a timed candidate): split windows summed in the launch / by the fixup
     "vector-async-l1-split": ("vector", dict(PIN, vec_async_l1=True, vec_blocks_per_unit=2)),
     "vector-async-l1-g2u2-fixup": ("vector", dict(PIN, vec_async_l1=True, vec_slices=2, vec_async_unroll=2,
