@@ -37,7 +37,17 @@ import contextlib
 
 from ._device import get_cupy
 
-__all__ = ["CUDAGraph"]
+__all__ = ["CUDAGraph", "before_capture"]
+
+_BEFORE_CAPTURE = []
+
+
+def before_capture(fn):
+    """Call ``fn()`` before every capture starts (the kernel registry finishes its background compiles there:
+    a module loaded by another thread during a capture could invalidate it)."""
+    if fn not in _BEFORE_CAPTURE:
+        _BEFORE_CAPTURE.append(fn)
+    return fn
 
 
 class CUDAGraph:
@@ -79,6 +89,8 @@ class CUDAGraph:
         cp = get_cupy()
         if self._graph is not None:
             raise RuntimeError("this CUDAGraph holds a capture already; make a new one")
+        for fn in _BEFORE_CAPTURE:
+            fn()
         caller = cp.cuda.get_current_stream()
         self.stream.wait_event(caller.record())  # after what the caller queued
         with self.stream, cp.cuda.using_allocator(self._pool.malloc):

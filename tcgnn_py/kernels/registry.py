@@ -22,6 +22,8 @@ import functools
 import queue
 import threading
 
+from .._capture import before_capture
+
 __all__ = [
     "OPTIONS",
     "VALUE_TYPES",
@@ -231,3 +233,6 @@ def wait_for_compiles():
 def compile_count():
     """How many kernels were compiled (or loaded from CuPy's disk cache) so far in this process."""
     return _compiled[0]
+
+
+before_capture(wait_for_compiles)  # no module loads by the worker while a CUDAGraph captures
