@@ -19,6 +19,7 @@ choice's other candidates compile on one background thread
 import atexit
 import concurrent.futures
 import functools
+import os
 import queue
 import threading
 
@@ -155,6 +156,18 @@ def _serve():
             fut.set_result(_background(key))
         except BaseException as e:  # noqa: BLE001  handed to whoever waits for it
             fut.set_exception(e)
+
+
+def _forget_worker():
+    """In a forked child: the worker thread did not come along, so its queue and futures are dropped."""
+    global _lock, _work
+    _lock, _work = threading.Lock(), queue.Queue()
+    _worker.clear()
+    _pending.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_worker)
 
 
 @atexit.register

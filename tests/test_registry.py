@@ -1,0 +1,47 @@
+"""The compile registry's bookkeeping, without a GPU: families, registration, the background worker's state."""
+
+import concurrent.futures
+import os
+import warnings
+
+import pytest
+
+from tcgnn_py.kernels import registry
+
+
+def test_library_families_register_themselves():
+    fams = registry.families()
+    assert {"tf32", "core", "vec", "half", "sparse", "nn", "timing"} <= set(fams)
+    code, names = fams["vec"]
+    assert "tcgnn_spmm_vec_async" in code and all(n.startswith("tcgnn_") for n in names)
+
+
+def test_register_is_idempotent_and_refuses_another_source():
+    code, names = registry.families()["timing"]
+    registry.register("timing", code, names)  # the same family again: nothing happens
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register("timing", code + "\n// changed", names)
+    assert registry.families()["timing"] == (code, names)
+
+
+def test_wait_for_compiles_returns_when_nothing_is_pending():
+    assert not registry._pending
+    registry.wait_for_compiles()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_forked_child_forgets_the_worker():
+    """A child forked while compiles were queued gets no worker thread: it must not wait on them."""
+    registry._worker.append(object())
+    registry._pending[("vec", "x", 0)] = concurrent.futures.Future()
+    try:
+        with warnings.catch_warnings():  # Python 3.12 warns when a process with threads forks
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # the child: reset by the at-fork hook, so waiting returns at once
+            registry.wait_for_compiles()
+            os._exit(0 if not registry._worker and not registry._pending else 1)
+        assert os.waitpid(pid, 0)[1] == 0
+    finally:
+        registry._worker.clear()
+        registry._pending.clear()
