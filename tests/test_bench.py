@@ -361,3 +361,29 @@ def test_bench_geomeans_table_per_width():
     assert lines[4] == "| all 4 | 2.00x | 2.00x | 4.00x |"
     assert lines[5] == "| below 1.0x | 1 | 1 | 0 |"
     assert lines[6:] == ["- ours, one call from idle: a D = 64 (0.50x)", "- ours, back to back: a D = 64 (0.50x)"]
+
+
+def test_results_page_from_one_run(tmp_path, monkeypatch, capsys):
+    """``--page`` writes the whole page of one run: where, when, the version, the command, tables, epochs."""
+    from tcgnn_py.bench.__main__ import main
+
+    monkeypatch.setenv("TCGNN_PY_DEVICE", "cpu")  # main sets it for --device cpu: restored after the test
+    page = tmp_path / "results.md"
+    assert main(["banded:64:2", "--device", "cpu", "--dims", "4", "--repeat", "1", "--inputs", "1",
+                 "--ops", "spmm,gcn", "--epochs", "1", "--page", str(page)]) == 0
+    text = page.read_text()
+    assert text.startswith("# Results\n") and "tcgnn_py 0.1.0" in text and "NumPy reference path" in text
+    assert "python -m tcgnn_py.bench banded:64:2 --device cpu" in text and "--page" in text
+    assert "### SPMM" in text and "| banded:64:2 |" in text and "## Training epochs (ms)" in text
+    assert "Time to the first product" not in text  # not asked for
+
+
+def test_first_product_needs_a_gpu(monkeypatch, capsys):
+    from tcgnn_py.bench.__main__ import main
+
+    if GPU:
+        pytest.skip("checks the message given where no GPU is usable")
+    monkeypatch.setenv("TCGNN_PY_DEVICE", "cpu")
+    with pytest.raises(SystemExit) as e:
+        main(["cora", "--device", "cpu", "--first-product", "1"])
+    assert e.value.code == 2 and "--first-product" in capsys.readouterr().err

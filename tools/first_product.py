@@ -2,129 +2,14 @@
 
     python tools/first_product.py [--runs 3] [--json FILE]
 
-Each run is a new Python process with its own empty ``CUPY_CACHE_DIR`` and
-``NUMBA_CACHE_DIR`` ("cold"), then a second process on the same folders
-("warm disk caches").  A process reports, from its own clock: ``import tcgnn_py``,
-``TiledMatrix(cora)``, the first float32 ``T @ X`` (D = 64), the first float16
-product after it, a new width (D = 128) and a new graph (a 20k-node power-law
-graph) in the same process, first call against the median of later ones; a
-separate process times its first ``reorder(cora, "2:4")``.  The table gives
-medians over the runs.  Run it on a GPU machine.
+The measurement is :func:`tcgnn_py.bench.first_product_times` (see its module for the steps); the
+table is the results page's.  Run it on a GPU machine.
 """
 
 import argparse
 import json
-import os
-import statistics
-import subprocess
-import sys
-import tempfile
-import time
 
-_PRODUCTS = r"""
-import json, statistics, time
-t0 = time.perf_counter()
-import numpy as np, cupy as cp
-import tcgnn_py as tg
-t_import = time.perf_counter() - t0
-
-def timed(fn):
-    cp.cuda.Device().synchronize()
-    t = time.perf_counter()
-    out = fn()
-    cp.cuda.Device().synchronize()
-    return out, time.perf_counter() - t
-
-def first_and_later(fn):
-    _, first = timed(fn)
-    later = statistics.median(timed(fn)[1] for _ in range(20))
-    return first, later
-
-rng = np.random.default_rng(0)
-A = tg.load_cora().adj
-T, t_tiled = timed(lambda: tg.TiledMatrix(A))
-X = cp.asarray(rng.standard_normal((A.shape[1], 64)).astype(np.float32))
-_, t_f32 = timed(lambda: T @ X)
-Xh = X.astype(cp.float16)
-_, t_f16 = timed(lambda: T @ Xh)
-X128 = cp.asarray(rng.standard_normal((A.shape[1], 128)).astype(np.float32))
-width = first_and_later(lambda: T @ X128)
-B = tg.power_law_graph(20000, 200000, seed=1)
-TB = tg.TiledMatrix(B)
-XB = cp.asarray(rng.standard_normal((B.shape[1], 64)).astype(np.float32))
-graph = first_and_later(lambda: TB @ XB)
-print(json.dumps({"import": t_import, "tiled": t_tiled, "f32": t_f32, "f16": t_f16,
-                  "width_first": width[0], "width_later": width[1], "graph_first": graph[0], "graph_later": graph[1]}))
-"""
-
-_REORDER = r"""
-import json, time
-import numpy as np, cupy as cp
-import tcgnn_py as tg
-A = tg.load_cora().adj
-cp.cuda.Device().synchronize()
-t = time.perf_counter()
-p = tg.reorder(A, "2:4")
-print(json.dumps({"reorder": time.perf_counter() - t}))
-"""
-
-
-def _child(code, caches):
-    env = dict(os.environ, CUPY_CACHE_DIR=caches[0], NUMBA_CACHE_DIR=caches[1], PYTHONUNBUFFERED="1")
-    t = time.perf_counter()
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600,
-                         cwd=caches[0])  # not the checkout: the package comes from PYTHONPATH or site-packages
-    wall = time.perf_counter() - t
-    if res.returncode != 0:
-        raise RuntimeError(res.stderr[-3000:])
-    out = json.loads(res.stdout.strip().splitlines()[-1])
-    out["wall"] = wall
-    return out
-
-
-def run_once():
-    """One cold and one warm process of each kind, with fresh cache folders."""
-    with tempfile.TemporaryDirectory() as c1, tempfile.TemporaryDirectory() as c2:
-        cold = _child(_PRODUCTS, (c1, c2))
-        warm = _child(_PRODUCTS, (c1, c2))
-    with tempfile.TemporaryDirectory() as c1, tempfile.TemporaryDirectory() as c2:
-        for out in (cold, warm):
-            r = _child(_REORDER, (c1, c2))
-            out.update(reorder=r["reorder"], reorder_wall=r["wall"])
-    return {"cold": cold, "warm": warm}
-
-
-ROWS = [
-    ("import tcgnn_py", "import"),
-    ("TiledMatrix(cora)", "tiled"),
-    ("first float32 T @ X (D = 64)", "f32"),
-    ("import + TiledMatrix + first product", None),
-    ("first float16 product after it", "f16"),
-    ("process wall clock (products)", "wall"),
-    ("new width D = 128: first call / later", ("width_first", "width_later")),
-    ("new graph (20k nodes): first call / later", ("graph_first", "graph_later")),
-    ("first reorder(cora, '2:4')", "reorder"),
-    ("process wall clock (reorder)", "reorder_wall"),
-]
-
-
-def table(runs):
-    def med(kind, key):
-        return statistics.median(r[kind][key] for r in runs)
-
-    lines = [f"| step ({len(runs)} runs, median) | empty caches | warm disk caches |", "|---|---|---|"]
-    for label, key in ROWS:
-        cells = []
-        for kind in ("cold", "warm"):
-            if key is None:
-                v = med(kind, "import") + med(kind, "tiled") + med(kind, "f32")
-                cells.append(f"{v:.2f} s")
-            elif isinstance(key, tuple):
-                cells.append(f"{1e3 * med(kind, key[0]):.1f} ms / {1e3 * med(kind, key[1]):.2f} ms")
-            else:
-                cells.append(f"{med(kind, key):.2f} s")
-        lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
-    return "\n".join(lines)
+from tcgnn_py.bench import first_product_markdown, first_product_times
 
 
 def main(argv=None):
@@ -132,8 +17,8 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args(argv)
-    runs = [run_once() for _ in range(args.runs)]
-    print(table(runs))
+    runs = first_product_times(args.runs)
+    print(first_product_markdown(runs))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(runs, f, indent=1)

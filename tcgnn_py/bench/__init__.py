@@ -14,6 +14,7 @@ Examples
 from .._sgt import translate as sgt_translate  # SGT alone (canonical CSR in), what the SGT timings time
 from . import _kernels  # noqa: F401  (registers the "baseline" kernel family)
 from ._baselines import CSR_ALG2, CSR_ALG3, CusparseRowMajor, CusparseSDDMM, GatherDotSDDMM
+from ._first import first_product_markdown, first_product_times
 from ._gnn import HIDDEN, bench_gnn, gnn_markdown, gnn_problem, train_step
 from ._graphs import SYNTHETIC, resolve_graph
 from ._run import bench_graph, bench_reorder, distinct_window_columns, traffic_bytes
@@ -21,6 +22,8 @@ from ._timing import copy_bandwidth, time_events, time_host, time_queued, time_r
 
 __all__ = [
     "bench_graph",
+    "first_product_times",
+    "first_product_markdown",
     "sgt_translate",
     "bench_reorder",
     "resolve_graph",

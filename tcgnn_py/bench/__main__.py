@@ -74,7 +74,7 @@ def _ops(text):
     return ops
 
 
-def environment(gpu):
+def environment(gpu, argv=None):
     """Date, machine, versions and commit of a run."""
     import numpy
     import scipy
@@ -83,7 +83,7 @@ def environment(gpu):
 
     env = {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
            "python": platform.python_version(), "numpy": numpy.__version__, "scipy": scipy.__version__,
-           "tcgnn_py": __version__, "command": "python -m tcgnn_py.bench " + " ".join(sys.argv[1:])}
+           "tcgnn_py": __version__, "command": "python -m tcgnn_py.bench " + " ".join(sys.argv[1:] if argv is None else argv)}
     try:
         env["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                        cwd=pathlib.Path(__file__).parent, check=True).stdout.strip()
@@ -124,6 +124,11 @@ def main(argv=None):
     ap.add_argument("--summary-min-nnz", type=int, default=0, metavar="N",
                     help="geomean speedup lines over the graphs with at least N stored entries (default all)")
     ap.add_argument("--plot", metavar="PNG", help="draw speedup bars per graph (needs matplotlib)")
+    ap.add_argument("--page", metavar="FILE",
+                    help="write the whole results page (Markdown): the run's card, date, version and command, the "
+                         "geomeans, every table, the plot and, with --first-product, the time to the first product")
+    ap.add_argument("--first-product", type=int, default=0, metavar="RUNS",
+                    help="also time the first product in RUNS fresh processes, empty and warm caches (GPU only)")
     args = ap.parse_args(argv)
     if args.device == "cpu":
         os.environ["TCGNN_PY_DEVICE"] = "cpu"  # before anything probes the GPU
@@ -139,6 +144,10 @@ def main(argv=None):
         ap.error("--repeat, --inputs and --epochs must be at least 1")
     if args.summary_min_nnz < 0:
         ap.error("--summary-min-nnz must be >= 0")
+    if args.first_product < 0:
+        ap.error("--first-product must be >= 0")
+    if args.first_product and not gpu:
+        ap.error("--first-product measures GPU kernels' compile and launch: it needs a usable GPU")
     from ._graphs import locate_graph
 
     for spec in args.graphs:  # a wrong name or spec is an argument error, before any measurement
@@ -146,7 +155,7 @@ def main(argv=None):
             locate_graph(spec)
         except (FileNotFoundError, ValueError) as e:
             ap.error(f"graph {spec!r}: {e}")
-    env = environment(gpu)
+    env = environment(gpu, argv)
     env["copy_bandwidth_gbps"] = copy_bandwidth(gpu) / 1e9
     where = "device-to-device" if gpu else "host memory"
     print(f"{env.get('gpu', 'host (reference path)')}; {where} copy {env['copy_bandwidth_gbps']:.0f} GB/s "
@@ -182,7 +191,45 @@ def main(argv=None):
     if args.plot:
         plot_speedups(graphs, args.plot)
         print(f"plot: {args.plot}")
+    first = None
+    if args.first_product:
+        from ._first import first_product_markdown, first_product_times
+
+        first = first_product_markdown(first_product_times(args.first_product))
+        print("\ntime to the first product\n" + first)
+    if args.page:
+        pathlib.Path(args.page).write_text(results_page(env, graphs, reorders, gnn, args, first))
+        print(f"page: {args.page}")
     return 0
+
+
+def results_page(env, graphs, reorders, gnn, args, first=None):
+    """The results page of one run: where and what ran, the geomeans, every table, the plot, the first product."""
+    from ._gnn import gnn_markdown
+
+    where = env.get("gpu", "the host (NumPy reference path)")
+    lines = ["# Results", "",
+             f"One run of the harness on {where}, {env['date']}: tcgnn_py {env['tcgnn_py']}"
+             + (f" (commit `{env['commit']}`)" if env.get("commit") else "")
+             + (f", CuPy {env['cupy']}, numba-cuda {env['numba_cuda']}" if "cupy" in env else "")
+             + f", NumPy {env['numpy']}, SciPy {env['scipy']}, Python {env['python']}. Regenerate it with:", "",
+             "```bash", env["command"], "```", ""]
+    if "gpu" in env:
+        lines += ["Timings are medians of CUDA events in one process, on three clocks: one call from idle (the host's "
+                  "issue time inside), calls back to back, and GPU-only (calls queued behind a spin kernel, the "
+                  "host's time outside). Speedups are against the best baseline on the same card in the same "
+                  "process; the geomeans follow each table.", ""]
+    else:
+        lines += ["Timings are host-clock medians of the NumPy reference path against SciPy (no GPU in this run).", ""]
+    if args.plot:
+        lines += ["## Speedups per graph and width", "", f"![speedups]({pathlib.Path(args.plot).name})", ""]
+    if graphs or reorders:
+        lines += ["## Tables", markdown(graphs, reorders, summary_min_nnz=args.summary_min_nnz), ""]
+    if gnn:
+        lines += ["## Training epochs (ms)", "", gnn_markdown(gnn), ""]
+    if first:
+        lines += ["## Time to the first product", "", first, ""]
+    return "\n".join(lines).rstrip() + "\n"
 
 
 if __name__ == "__main__":
