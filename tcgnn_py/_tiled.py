@@ -282,8 +282,12 @@ class TiledMatrix:
             check_exact(values, "values")
         else:
             dtype = value_dtype(dtype)
+        given = values
         values = xp.asarray(values)
-        values = values[self._tiling.perm] if order == "csr" else values.copy()
+        if order == "csr":
+            values = values[self._tiling.perm]  # a gather: a new array
+        elif values is given or values.dtype != dtype:
+            values = values.astype(dtype, copy=True)  # never the caller's array
         t = TiledMatrix._from_parts(self._tiling, values.astype(dtype, copy=False))
         if made_on_device:  # e.g. a training step's: the 16-bit products take them without a host read
             t._casts[DEVICE_VALUES] = True
