@@ -1207,7 +1207,7 @@ def _vec_launch(cp, tiling, dtype, D, vec, half=None, choice=None, scratch=None,
     plan = _vec_plan(tiling, bpu)
     units, unit_k0 = plan["units"], plan["unit_k0"]
     if TUNING["vec_sort_units"]:
-        units, unit_k0 = tiling.cached(("vec_sorted", bpu), lambda: _sorted_units(tiling, units, unit_k0))
+        units, unit_k0 = tiling.cached(("vec_sorted", bpu), lambda: _sorted_units(tiling, bpu))
     n_work = units.shape[0] * n_slices
     nw = TUNING["vec_warps"]
     ns = TUNING["vec_async_stages"]
@@ -1315,12 +1315,12 @@ def _sm_count(tiling):
     return tiling.cached("sm_count", lambda: get_cupy().cuda.Device().attributes["MultiProcessorCount"])
 
 
-def _sorted_units(tiling, units, unit_k0):
-    """:func:`_longest_first` where :func:`_planner` computes, on the tiling's device."""
+def _sorted_units(tiling, bpu):
+    """The vector plan's units and split rows, longest first, computed where :func:`_planner` computes."""
     xp, _ = _planner(tiling)
-    if xp is np:
-        units, unit_k0 = to_host(units), to_host(unit_k0)  # synchronize!
-    return _uploaded(tiling, _longest_first(xp, units, unit_k0))
+    on_host = xp is not tiling.xp
+    plan = _plan_where_planned(tiling, bpu, VEC_UNITS_PER_WINDOW_MAX) if on_host else _vec_plan(tiling, bpu)
+    return _uploaded(tiling, _longest_first(xp, plan["units"], plan["unit_k0"]))
 
 
 def _longest_first(xp, units, unit_k0):
@@ -1471,11 +1471,17 @@ def spmm_plan(tiling, blocks_per_unit, max_units=None):
     consecutive slots; ``splits`` rows are ``(window, first slot, k, 0)``.
     """
     max_units = UNITS_PER_WINDOW_MAX if max_units is None else max_units
-    def build():
-        xp, arrays = _planner(tiling)
-        return _uploaded(tiling, build_plan(xp, arrays("win_ptr"), blocks_per_unit, max_units))
+    return tiling.cached(("plan", blocks_per_unit, max_units),
+                         lambda: _uploaded(tiling, _plan_where_planned(tiling, blocks_per_unit, max_units)))
 
-    return tiling.cached(("plan", blocks_per_unit, max_units), build)
+
+def _plan_where_planned(tiling, blocks_per_unit, max_units):
+    """:func:`spmm_plan` on the side :func:`_planner` computes on (the host copy is kept for derived plans)."""
+    xp, arrays = _planner(tiling)
+    if xp is tiling.xp:
+        return build_plan(xp, tiling.win_ptr, blocks_per_unit, max_units)
+    return tiling.cached(("host_plan", blocks_per_unit, max_units),
+                         lambda: build_plan(xp, arrays("win_ptr"), blocks_per_unit, max_units))
 
 
 def build_plan(xp, win_ptr, blocks_per_unit, max_units=UNITS_PER_WINDOW_MAX):

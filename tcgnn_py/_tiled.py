@@ -286,9 +286,8 @@ class TiledMatrix:
         values = xp.asarray(values)
         if order == "csr":
             values = values[self._tiling.perm]  # a gather: a new array
-        elif values is given or values.dtype != dtype:
-            values = values.astype(dtype, copy=True)  # never the caller's array
-        t = TiledMatrix._from_parts(self._tiling, values.astype(dtype, copy=False))
+        # Never the caller's array (an upload or a gather is a new one already).
+        t = TiledMatrix._from_parts(self._tiling, values.astype(dtype, copy=values is given))
         if made_on_device:  # e.g. a training step's: the 16-bit products take them without a host read
             t._casts[DEVICE_VALUES] = True
         return t

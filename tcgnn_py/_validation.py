@@ -12,6 +12,7 @@ import operator
 import numpy as np
 
 from ._device import array_module, is_device_array
+from ._reference import edge_rows
 
 __all__ = [
     "INDEX_MAX",
@@ -289,16 +290,15 @@ def distinct_entries(indices, indptr, n_cols):
     nnz = int(indices.shape[0])
     if nnz < 2:
         return indices, indptr
-    n_rows = indptr.shape[0] - 1
-    rows = xp.repeat(xp.arange(n_rows, dtype=np.int64), xp.diff(indptr.astype(np.int64)).astype(np.int64))
-    rows = rows[:nnz]
+    n_rows, width = indptr.shape[0] - 1, max(int(n_cols), 1)
+    rows = edge_rows(indptr, nnz).astype(np.int64)
     if bool(xp.all((indices[1:] > indices[:-1]) | (rows[1:] != rows[:-1]))):  # synchronize!
         return indices, indptr
-    key = xp.unique(rows * max(int(n_cols), 1) + indices.astype(np.int64))
-    rows_u = key // max(int(n_cols), 1)
+    key = xp.unique(rows * width + indices.astype(np.int64))
+    rows_u = key // width
     new_ptr = xp.zeros(n_rows + 1, dtype=indptr.dtype)
     xp.cumsum(xp.bincount(rows_u, minlength=n_rows), out=new_ptr[1:])
-    return (key - rows_u * max(int(n_cols), 1)).astype(indices.dtype), new_ptr
+    return (key - rows_u * width).astype(indices.dtype), new_ptr
 
 
 def coerce_csr(A, shape=None):

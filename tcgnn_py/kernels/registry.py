@@ -99,9 +99,12 @@ def _module(family, name, device_id):
             del _pending[key]
             fut = None
     if fut is not None:
-        mod = fut.result()  # its background compile is under way: wait for that one
-    else:
-        mod = _compile(family, name, device_id)
+        return fut.result()  # its background compile is under way: wait for that one
+    return _store(key, _compile(family, name, device_id))
+
+
+def _store(key, mod):
+    """Keep a compiled module (the first one stored wins) and drop its pending entry."""
     with _lock:
         if key not in _modules:
             _modules[key] = mod
@@ -136,12 +139,7 @@ def _background(key):
         with _lock:
             _pending.pop(key, None)  # a later get_kernel compiles it again, on the caller's thread, and raises there
         raise
-    with _lock:
-        if key not in _modules:
-            _modules[key] = mod
-            _compiled[0] += 1
-        _pending.pop(key, None)
-    return mod
+    return _store(key, mod)
 
 
 def _serve():
