@@ -21,6 +21,7 @@ from ._reorder import (
 from ._synth import power_law_graph
 from ._tiled import TiledMatrix, sddmm, spmm
 from ._tiling import LAYOUTS, Layout, Tiling, TileStats
+from ._tuning import options as tuning_options, tuning
 
 from . import nn  # noqa: E402  (layer 4: imports the names above)
 
@@ -35,6 +36,8 @@ __all__ = [
     "LAYOUTS",
     "spmm",
     "sddmm",
+    "tuning",
+    "tuning_options",
     "CUDAGraph",
     "gpu_available",
     "NoGPUWarning",

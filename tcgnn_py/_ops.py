@@ -30,6 +30,7 @@ import numpy as np
 
 from . import _reference as ref
 from ._device import DeviceMismatchError, get_cupy, is_cupy_array, is_device_array, publish, to_host
+from ._tuning import options, overrides_key
 from ._validation import check_exact, check_real_dtype, is_half, promote, value_dtype
 
 __all__ = [
@@ -47,8 +48,6 @@ __all__ = [
     "build_plan",
     "spmm_plan",
     "block_mask",
-    "TUNING",
-    "set_tuning",
 ]
 
 MISMATCH = "matmul: dimension mismatch with signature"
@@ -244,67 +243,6 @@ def spmm_raw(tiling, values, X, dtype, precision=None, out=None, casts=None):
     return out
 
 
-#: Launch shape of the SpMM kernels.  Change it through :func:`set_tuning` only
-#: (launch parameters are cached per tiling under the tuning's version).
-TUNING = {
-    "tf32_max_chunks": 2,  # column chunks of 32 per CTA (registers grow with it)
-    "tf32_nwarps": None,  # warps per CTA for 1, 2, 4 chunks, e.g. (4, 4, 4); None: from the tiling (below)
-    "core_nwarps": 4,
-    "blocks_per_warp": None,  # a unit holds up to nwarps * this many blocks; None: from the tiling (below)
-    "prefetch_values": True,  # TF32 register kernel: load the next block's values with its X rows
-    "tf32_async_stages": 2,  # cp.async kernel's blocks in flight per warp (0: the register kernel)
-    "tf32_async_min_blocks": 3,  # __launch_bounds__ minimum CTAs of 256 threads: 3 caps registers at 80
-    "vec_slices": None,  # vector layout: float4 groups per lane (a warp covers 32 * this many features); None: auto
-    "vec_max_slices": 2,  # the auto choice's cap (registers: 8 accumulators per group); see VEC_WIDE_WARPS
-    "vec_unroll": 4,  # vector layout: blocks whose loads a warp issues together
-    "vec_blocks_per_unit": None,  # vector layout: blocks per balanced unit; None: from the tiling (below)
-    "vec_target_warps": 16,  # auto units: aim for this many warps per SM in the grid
-    "vec_tail_factor": 4,  # auto units: longest unit <= this x the blocks per resident warp (None: no cap)
-    "vec_tail_floor": 128,  # auto units: and <= max(the blocks per resident warp, this) (None: no such cap)
-    "half_tail_floor": 64,  # ... the same for the 16-bit kernel (half the bytes a block: shorter units pay)
-    "vec_warps": 4,  # warps per CTA (independent: each takes its own unit x slice)
-    "vec_sort_units": True,  # longest units first: the grid's tail is made of short ones
-    "vec_coop": None,  # vector SpMM: one CTA per window x slice (_vec_coop_units); None: by the grid
-    "vec_coop_chain": 1,  # ... by the grid only where a quarter of the longest window is <= this many usual units
-    "vec_combine": True,  # sum split windows inside the launch (else: a fixup launch)
-    "vec_combine_parts_max": 64,  # ... when no window has more parts than this (else: the fixup launch)
-    "tf32_combine": True,  # 16x8 TF32: the same (else: a fixup launch)
-    "vec_prefetch": True,  # load the next step's block metadata with this step's X rows
-    "vec_async_stages": 2,  # cp.async vector kernel's steps in flight per warp (0: the register kernel)
-    "vec_async_unroll": 4,  # blocks per cp.async step
-    "vec_prefetch_values": True,  # cp.async vector kernel: values loaded one step ahead (sweep: 2-4 % faster)
-    # vector SpMM (float32 and 16-bit X): time the bit-identical launches once and keep the fastest; this overrides
-    # the slices, gathers, combine and half_ks / half_stages settings (False pins them: sweeps, tests)
-    "vec_timed_choice": True,
-    "vec_dense_values": False,  # the statistics' launch reads dense values (vec_dense_values); a timed candidate
-    # TF32 cp.async vector SpMM, X rows copied through L1 (VEC_ASYNC_L1 shapes): True in the statistics' launch,
-    # None a timed candidate only, False never
-    "vec_async_l1": None,
-    "half_ks": 1,  # 16-bit vector SpMM: k16 chunks (4 blocks each) per cp.async step
-    "half_stages": 2,  # 16-bit vector SpMM: steps in flight per warp
-    "half_prefetch": True,  # 16-bit vector SpMM: values loaded one step ahead (False: sweeps only)
-    # 16-bit X, float32 (or other 16-bit) matrix whose values X's type holds exactly (unweighted, small
-    # integers): one MMA on those values, not two on (hi, lo) pairs (False: always the pairs; A/B only)
-    "half_exact_values": True,
-    # N:M SpMM (sweeps of 2026-11-24, GPU time, 8 graphs x D = 32-256: 32 blocks per unit with the fixup launch;
-    # 4 n-tiles; 2 blocks per step for 16-bit X, 4 for TF32; a register cap of 6 CTAs/SM spilled: 25-55 % slower).
-    "sp_blocks_per_unit": 32,  # N:M SpMM: blocks per balanced unit (_reorder.NM_BLOCKS_PER_UNIT, its default)
-    "sp_combine": False,  # N:M SpMM: sum split windows inside the launch (else: the fixup launch)
-    "sp_nt": 4,  # N:M SpMM: n-tiles of 8 features per warp, 4 or 8 (8: half the warps, 1.5x the registers)
-    "sp_unroll": None,  # N:M SpMM: blocks per step, 2 or 4, their data loaded one step ahead; None: 2 (16-bit), 4 (TF32)
-}
-TUNING_VERSION = [0]
-
-
-def set_tuning(**kw):
-    """Change :data:`TUNING` (benchmark sweeps); unknown keys raise."""
-    unknown = set(kw) - set(TUNING)
-    if unknown:
-        raise KeyError(f"unknown tuning keys {sorted(unknown)}")
-    TUNING.update(kw)
-    TUNING_VERSION[0] += 1
-
-
 def overlaps(a, b):
     """Whether two device arrays' byte ranges intersect (O(1), conservative)."""
     a0, b0 = a.data.ptr, b.data.ptr
@@ -473,6 +411,16 @@ class VecSpmmLaunch(NamedTuple):
                       self.partial(dtype, D), n_extra)
 
 
+def launch_key(mode, dtype, D, vec):
+    """The one key under which a tiling caches its SpMM launch for ``mode``, the result's dtype, D and alignment."""
+    return ("launch", mode, np.dtype(dtype).char, D, vec, overrides_key())
+
+
+def half_launch_key(x_dtype, split, dtype, D, aligned):
+    """The one key of a 16-bit X's vector SpMM launch (X's type, value pairs or not, result's dtype, D, alignment)."""
+    return ("half_launch", np.dtype(x_dtype).name, split, np.dtype(dtype).name, D, aligned, overrides_key())
+
+
 def _spmm_gpu(tiling, values, X, dtype, mode, out, casts):
     cp = get_cupy()
     M = tiling.shape[0]
@@ -484,8 +432,8 @@ def _spmm_gpu(tiling, values, X, dtype, mode, out, casts):
         X = cp.ascontiguousarray(X, dtype=dtype)
     values = values_as(values, dtype, casts)
     vec = mode == "tf32" and _aligned16(D, X, Y)
-    key = ("launch", mode, dtype.char, D, vec, TUNING_VERSION[0])
-    launch = tiling._cache.get(key)  # hot path: no closure per call
+    key = launch_key(mode, dtype, D, vec)
+    launch = tiling.peek(key)  # hot path: no closure per call
     if launch is None:
         launch = _planned(tiling, key, lambda: _spmm_launch(cp, tiling, mode, dtype, D, vec, (values, X, Y)))
     _run_spmm(cp, launch, tiling, values, X, Y, dtype)
@@ -508,14 +456,14 @@ def _planned(tiling, key, plan):
     by the hot paths).  Every candidate gives the same bits, so only speed changes.
     """
     aside = ("provisional", key)
-    prov = tiling._cache.get(aside)
+    prov = tiling.peek(aside)
     if prov is not None:
         if not all(f.done() for f in prov.futures):
             return prov.launch
-        del tiling._cache[aside]
+        tiling.drop(aside)
     launch = plan()
     if isinstance(launch, Provisional):
-        tiling._cache[aside] = launch
+        tiling.put(aside, launch)
         return launch.launch
     return tiling.cached(key, lambda: launch)
 
@@ -556,7 +504,7 @@ def hot_key(values, X, out, precision=None):
     """The signature a cached product depends on (``out`` may be None)."""
     cp = sys.modules["cupy"]
     key = (values.dtype.char, X.shape, X.strides, X.dtype.char, X.data.ptr & 15,
-           cp.cuda.get_current_stream().ptr, cp.cuda.runtime.getDevice(), TUNING_VERSION[0], precision)
+           cp.cuda.get_current_stream().ptr, cp.cuda.runtime.getDevice(), overrides_key(), precision)
     if out is None:
         return key
     return key + (out.shape, out.strides, out.dtype.char, out.data.ptr & 15)
@@ -588,7 +536,7 @@ def spmm_bind(tiling, values, X, out, precision=None, casts=None):
         return None
     cp = get_cupy()
     vec = D % 4 == 0 and X.data.ptr % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
-    launch = tiling._cache.get(("launch", "tf32", "f", D, vec, TUNING_VERSION[0]))
+    launch = tiling.peek(launch_key("tf32", _F32, D, vec))
     if not isinstance(launch, (TF32SpmmLaunch, VecSpmmLaunch)):
         return None
     run = launch.bind(tiling, _F32, M, D)
@@ -640,7 +588,7 @@ def _half_bind(tiling, values, X, out, precision, casts=None):
     if hv is None:
         return None
     split = hv[0]
-    launch = tiling._cache.get(("half_launch", xdt.name, split, dtype.name, D, aligned, TUNING_VERSION[0]))
+    launch = tiling.peek(half_launch_key(xdt, split, dtype, D, aligned))
     if not isinstance(launch, VecSpmmLaunch):
         return None
     run = launch.bind(tiling, _F32, M, D, n_extra=1)  # float32 partial tiles; the values' unscale per call
@@ -725,14 +673,14 @@ DEVICE_VALUES = "device_values"
 
 def _half_key(xdt):
     """The key of :func:`half_values`' result in a matrix's cache of casts."""
-    return ("half_values", xdt.name, TUNING["half_exact_values"])
+    return ("half_values", xdt.name, options()["half_exact_values"])
 
 
 def half_values(values, xdt, cache):
     """``(split, values, unscale)`` for the 16-bit SpMM with operands of ``xdt``, cached per matrix.
 
     Values of X's type go as they are, and so do values that X's type holds
-    exactly (``TUNING["half_exact_values"]``; unweighted graphs, small
+    exactly (``options()["half_exact_values"]``; unweighted graphs, small
     integers): one MMA per block pair, the same sums as the pairs below, whose
     ``lo`` parts would all be zero.  Finding that out reads one flag back from
     the device, once per matrix and type; it is skipped (pairs) under CUDA-graph
@@ -751,7 +699,7 @@ def half_values(values, xdt, cache):
     if hv is not None:
         return hv
     cp = get_cupy()
-    check = (TUNING["half_exact_values"] and not cache.get(DEVICE_VALUES)
+    check = (options()["half_exact_values"] and not cache.get(DEVICE_VALUES)
              and not cp.cuda.get_current_stream().is_capturing())  # no host read under capture
     # The check reads the device anyway: small matrices are converted on the host, with NumPy (the same IEEE
     # roundings), so that a fresh process does not compile CuPy's kernels for each step below.
@@ -833,11 +781,11 @@ def _spmm_half(tiling, hv, X, dtype, out):
     if X is None:
         return Y
     aligned = D % 8 == 0 and X.data.ptr % 16 == 0 and Y.data.ptr % 16 == 0
-    key = ("half_launch", X.dtype.name, split, dtype.name, D, aligned, TUNING_VERSION[0])
-    launch = tiling._cache.get(key)
+    key = half_launch_key(X.dtype, split, dtype, D, aligned)
+    launch = tiling.peek(key)
     if launch is None:
         half = (X.dtype.name, split, dtype.name)
-        if TUNING["vec_timed_choice"]:
+        if options()["vec_timed_choice"]:
             plan = lambda: _vec_timed(cp, tiling, dtype, D, aligned, vals, X, Y, half, unscale)  # noqa: E731
         else:
             plan = lambda: _vec_launch(cp, tiling, dtype, D, aligned, half)  # noqa: E731
@@ -867,19 +815,19 @@ def _spmm_launch(cp, tiling, mode, dtype, D, vec, operands=None):
 
     H, W = tiling.tile_shape
     if mode == "tf32" and (H, W) == _VEC_TILE:
-        if operands is not None and TUNING["vec_timed_choice"] and dtype == _F32:
+        if operands is not None and options()["vec_timed_choice"] and dtype == _F32:
             return _vec_timed(cp, tiling, dtype, D, vec, *operands)
         return _vec_launch(cp, tiling, dtype, D, vec)
     if mode == "tf32":
-        chunks = min(TUNING["tf32_max_chunks"], 1 if D <= 32 else 2 if D <= 64 else 4)
+        chunks = min(options()["tf32_max_chunks"], 1 if D <= 32 else 2 if D <= 64 else 4)
         n_slabs = -(-D // (32 * chunks))
         nwarps, bpw = _tf32_work_shape(tiling, n_slabs)
-        if TUNING["tf32_nwarps"] is not None:
-            nwarps = TUNING["tf32_nwarps"][{1: 0, 2: 1, 4: 2}[chunks]]
-        if TUNING["blocks_per_warp"] is not None:
-            bpw = TUNING["blocks_per_warp"]
-        stages = TUNING["tf32_async_stages"]
-        min_blocks = TUNING["tf32_async_min_blocks"]
+        if options()["tf32_nwarps"] is not None:
+            nwarps = options()["tf32_nwarps"][{1: 0, 2: 1, 4: 2}[chunks]]
+        if options()["blocks_per_warp"] is not None:
+            bpw = options()["blocks_per_warp"]
+        stages = options()["tf32_async_stages"]
+        min_blocks = options()["tf32_async_min_blocks"]
         use_async = vec and (chunks, stages, min_blocks) in kp.TF32_ASYNC  # cp.async needs 16-byte aligned rows
 
         def smem_of(nw):
@@ -893,7 +841,7 @@ def _spmm_launch(cp, tiling, mode, dtype, D, vec, operands=None):
         if use_async:
             kernel = get_kernel(family, kp.spmm_tf32_async_name(chunks, stages, min_blocks))
         else:
-            kernel = get_kernel(family, kp.spmm_tf32_name(chunks, vec, TUNING["prefetch_values"]))
+            kernel = get_kernel(family, kp.spmm_tf32_name(chunks, vec, options()["prefetch_values"]))
         smem = smem_of(nwarps)
         launch = TF32SpmmLaunch(
             kernel, (plan["units"].shape[0] * n_slabs, 1), (32 * nwarps,), smem, plan["units"],
@@ -901,15 +849,15 @@ def _spmm_launch(cp, tiling, mode, dtype, D, vec, operands=None):
             n_slabs, sizes=tuple(np.int32(v) for v in (tiling.shape[0], D, n_slabs)),
         )
     else:
-        nwarps = TUNING["core_nwarps"]
+        nwarps = options()["core_nwarps"]
         family = "core"
-        plan = spmm_plan(tiling, nwarps * (TUNING["blocks_per_warp"] or 16))
+        plan = spmm_plan(tiling, nwarps * (options()["blocks_per_warp"] or 16))
         launch = CoreSpmmLaunch(
             get_kernel(family, kp.spmm_core_name(dtype.name, H, tiling.tile_pos.dtype.name)),
             (plan["units"].shape[0], -(-D // 32)), (32 * nwarps,), kp.core_spmm_smem(nwarps, H, dtype.itemsize),
             plan["units"],
         )
-    if plan["n_slots"] and family == "tf32" and TUNING["tf32_combine"]:  # at most UNITS_PER_WINDOW_MAX parts
+    if plan["n_slots"] and family == "tf32" and options()["tf32_combine"]:  # at most UNITS_PER_WINDOW_MAX parts
         launch = launch._replace(n_slots=plan["n_slots"], unit_k0=plan["unit_k0"], scratch={})
     elif plan["n_slots"]:
         fix_grid = (plan["splits"].shape[0], min(-(-(H * D) // kp.FIXUP_THREADS), 1024))
@@ -941,8 +889,8 @@ class VecChoice(NamedTuple):
     combine: bool  # split windows summed inside the launch, else by the fixup launch
     unroll: int = 4  # blocks per step (their loads issued together; the MMAs pair the same blocks whatever it is)
     dense: bool = False  # values read dense, 32 per block (vec_dense_values): no metadata, one load per block
-    ks: int = 0  # 16-bit kernel: k16 chunks (4 blocks each) per step (0: TUNING["half_ks"])
-    stages: int = 0  # 16-bit kernel: steps in flight per warp (0: TUNING["half_stages"])
+    ks: int = 0  # 16-bit kernel: k16 chunks (4 blocks each) per step (0: options()["half_ks"])
+    stages: int = 0  # 16-bit kernel: steps in flight per warp (0: options()["half_stages"])
     coop: bool = False  # one CTA per window x slice, its 4 parts summed in shared memory (_vec_coop_units)
     l1: bool = False  # cp.async copies of X rows through L1 (TF32: kernels.products.VEC_ASYNC_L1 shapes)
 
@@ -962,34 +910,34 @@ def _vec_choice(tiling, D, vec, half=None):
 
     def shape(slices):
         n_slices = -(-D // (32 * slices))
-        return n_slices, TUNING["vec_blocks_per_unit"] or _vec_unit_size(tiling, n_slices, half is not None)
+        return n_slices, options()["vec_blocks_per_unit"] or _vec_unit_size(tiling, n_slices, half is not None)
 
     if half is not None and not vec:
         slices = kp.HALF_DEFAULT[0]  # unaligned rows: one configuration
-    elif TUNING["vec_slices"]:
-        slices = 1 << (TUNING["vec_slices"] - 1).bit_length()
+    elif options()["vec_slices"]:
+        slices = 1 << (options()["vec_slices"] - 1).bit_length()
     else:
         # Wider slices (64 features per warp) read each block's metadata half as often, but halve the warps:
         # keep them only while the grid still holds VEC_WIDE_WARPS warps per SM.
         slices = 1
-        if D > 32 and TUNING["vec_max_slices"] >= 2:
+        if D > 32 and options()["vec_max_slices"] >= 2:
             n2, bpu2 = shape(2)
             if _vec_plan(tiling, bpu2)["units"].shape[0] * n2 >= VEC_WIDE_WARPS * _sm_count(tiling):
                 slices = 2
     bpu = shape(slices)[1]
-    # Split windows of at most TUNING["vec_combine_parts_max"] parts are summed inside the SpMM launch (the
+    # Split windows of at most options()["vec_combine_parts_max"] parts are summed inside the SpMM launch (the
     # last part's warp reads them all); longer ones go to the fixup launch, which spreads each sum over threads.
     max_parts = _vec_plan(tiling, bpu)["max_parts"]
-    combine = 0 < max_parts <= TUNING["vec_combine_parts_max"] and TUNING["vec_combine"]
+    combine = 0 < max_parts <= options()["vec_combine_parts_max"] and options()["vec_combine"]
     cp_async = (half is None and _async_rows(D, vec)
-                and (slices, TUNING["vec_async_unroll"], TUNING["vec_async_stages"]) in kp.VEC_ASYNC)
-    if cp_async and (slices, TUNING["vec_async_unroll"]) in kp.VEC_COOP and _vec_coop(tiling, D):
-        return VecChoice(slices, bpu, True, False, TUNING["vec_async_unroll"], coop=True)
+                and (slices, options()["vec_async_unroll"], options()["vec_async_stages"]) in kp.VEC_ASYNC)
+    if cp_async and (slices, options()["vec_async_unroll"]) in kp.VEC_COOP and _vec_coop(tiling, D):
+        return VecChoice(slices, bpu, True, False, options()["vec_async_unroll"], coop=True)
     if half is not None and vec and (slices, 1, 2) in kp.VEC_HALF_COOP and _vec_coop(tiling, D, True):
         return VecChoice(slices, bpu, False, False, ks=1, stages=2, coop=True)
-    unroll = TUNING["vec_async_unroll" if cp_async else "vec_unroll"]
-    dense = cp_async and TUNING["vec_dense_values"]
-    l1 = cp_async and not dense and TUNING["vec_async_l1"] is True and _l1_compiled(slices, unroll)
+    unroll = options()["vec_async_unroll" if cp_async else "vec_unroll"]
+    dense = cp_async and options()["vec_dense_values"]
+    l1 = cp_async and not dense and options()["vec_async_l1"] is True and _l1_compiled(slices, unroll)
     return VecChoice(slices, bpu, cp_async, combine, unroll, dense, l1=l1)
 
 
@@ -997,8 +945,8 @@ def _l1_compiled(slices, unroll):
     """Whether the TF32 cp.async vector SpMM is compiled with copies through L1 for this shape and tuning."""
     from .kernels import products as kp
 
-    return ((slices, unroll, TUNING["vec_async_stages"]) in kp.VEC_ASYNC_L1 and TUNING["vec_prefetch_values"]
-            and TUNING["vec_async_l1"] is not False)
+    return ((slices, unroll, options()["vec_async_stages"]) in kp.VEC_ASYNC_L1 and options()["vec_prefetch_values"]
+            and options()["vec_async_l1"] is not False)
 
 
 def _vec_candidates(tiling, D, vec):
@@ -1021,10 +969,10 @@ def _vec_candidates(tiling, D, vec):
         shapes = [(f, u) for f in ((1, 2) if D > 32 else (1,)) for u in (4, 2)]
         return list(dict.fromkeys([default] + [default._replace(slices=f, unroll=u) for f, u in shapes]))
     has_splits = _vec_plan(tiling, default.bpu)["n_slots"] > 0
-    ns = TUNING["vec_async_stages"]
-    gathers = [(False, TUNING["vec_unroll"], False, False)]
+    ns = options()["vec_async_stages"]
+    gathers = [(False, options()["vec_unroll"], False, False)]
     if _async_rows(D, vec):
-        ua = TUNING["vec_async_unroll"]
+        ua = options()["vec_async_unroll"]
         gathers = [(True, u, False, l1) for u in dict.fromkeys((ua, 2)) for l1 in (False, True)] + gathers
         if tiling.n_blocks * 32 * 4 <= VEC_DENSE_BYTES_MAX:
             gathers.insert(2, (True, ua, True, False))
@@ -1053,7 +1001,7 @@ def _half_candidates(tiling, D, vec, half):
     from .kernels import products as kp
 
     def fits(slices):  # 64 features per warp only for D > 32, and within the cap
-        return slices == 1 or (16 * slices < D and slices <= TUNING["vec_max_slices"])
+        return slices == 1 or (16 * slices < D and slices <= options()["vec_max_slices"])
 
     default = _vec_choice(tiling, D, vec, half)
     if not vec:
@@ -1061,7 +1009,7 @@ def _half_candidates(tiling, D, vec, half):
     if default.coop:  # its own partition (4 parts per window): candidates among its own shapes
         return list(dict.fromkeys([default] + [default._replace(slices=f, ks=ks, stages=ns)
                                                for f, ks, ns in kp.VEC_HALF_COOP if fits(f)]))
-    default = default._replace(ks=TUNING["half_ks"], stages=TUNING["half_stages"])
+    default = default._replace(ks=options()["half_ks"], stages=options()["half_stages"])
     has_splits = _vec_plan(tiling, default.bpu)["n_slots"] > 0
     out = [default]
     for slices, ks, stages in kp.VEC_HALF:
@@ -1087,9 +1035,9 @@ def vec_dense_values(tiling, values):
     :data:`VEC_DENSE_KEEP` arrays, each held with its values (so that the memory
     of an array in use is never another's; values are read-only by contract).
     """
-    lru = tiling._cache.get("vec_dense")
+    lru = tiling.peek("vec_dense")
     if lru is None:
-        lru = tiling._cache["vec_dense"] = {}
+        lru = tiling.put("vec_dense", {})
     hit = lru.get(id(values))
     if hit is not None and hit[0] is values:
         return hit[1]
@@ -1166,14 +1114,32 @@ def _vec_timed(cp, tiling, dtype, D, vec, values, X, Y, half=None, unscale=None)
         return Provisional(launches[0], futures) if futures else launches[0]
     if half is None:
         calls = [functools.partial(_run_spmm, cp, launch, tiling, values, X, Y, dtype) for launch in launches]
-        key = ("vec_timed", D, vec, TUNING_VERSION[0])
+        key = ("vec_timed", D, vec, overrides_key())
     else:
         calls = [functools.partial(_run_half, launch, tiling, values, X, Y, unscale) for launch in launches]
-        key = ("half_timed", half, D, vec, TUNING_VERSION[0])
+        key = ("half_timed", half, D, vec, overrides_key())
     ms = time_round_robin(calls, VEC_TIMED_ROUNDS)
-    tiling._cache[key] = dict(zip(choices, ms))
+    tiling.put(key, dict(zip(choices, ms)))
     best = launches[pick_fastest(ms)]
     return Provisional(best, futures) if futures else best
+
+
+def timed_choices(tiling):
+    """What the timed choices on ``tiling`` measured: one dict per product signature timed (oldest first).
+
+    Each has ``"x_dtype"``, ``"D"``, ``"aligned"``, ``"tuning"`` (the overrides in effect), ``"ms"``
+    (each candidate's :class:`VecChoice` as a dict -> milliseconds, the default first) and ``"kept"``
+    (the index of the launch kept, :func:`pick_fastest`).
+    """
+    out = []
+    for kind in ("vec_timed", "half_timed"):
+        for key, ms in tiling.cached_items(kind):
+            xdt = "float32" if kind == "vec_timed" else key[1][0]
+            D, aligned, tuned = key[-3:]
+            times = list(ms.values())
+            out.append({"x_dtype": xdt, "D": D, "aligned": aligned, "tuning": dict(tuned),
+                        "ms": [(c._asdict(), t) for c, t in ms.items()], "kept": pick_fastest(times)})
+    return out
 
 
 def _choice_kernels(cp, tiling, dtype, D, vec, half, choice):
@@ -1206,30 +1172,30 @@ def _vec_launch(cp, tiling, dtype, D, vec, half=None, choice=None, scratch=None,
     n_slices = -(-D // (32 * slices))
     plan = _vec_plan(tiling, bpu)
     units, unit_k0 = plan["units"], plan["unit_k0"]
-    if TUNING["vec_sort_units"]:
+    if options()["vec_sort_units"]:
         units, unit_k0 = tiling.cached(("vec_sorted", bpu), lambda: _sorted_units(tiling, bpu))
     n_work = units.shape[0] * n_slices
-    nw = TUNING["vec_warps"]
-    ns = TUNING["vec_async_stages"]
+    nw = options()["vec_warps"]
+    ns = options()["vec_async_stages"]
     smem = 0
     if half is not None:
-        cfg = (slices, ks or TUNING["half_ks"], stages or TUNING["half_stages"]) if vec else kp.HALF_DEFAULT
+        cfg = (slices, ks or options()["half_ks"], stages or options()["half_stages"]) if vec else kp.HALF_DEFAULT
         if cfg not in kp.VEC_HALF:
             raise ValueError(f"no 16-bit SpMM compiled for (slices, ks, stages) = {cfg}: see kernels.products.VEC_HALF")
         while nw > 1 and kp.vech_smem(nw, *cfg) > kp.SPMM_SMEM_LIMIT:
             nw //= 2
         smem = kp.vech_smem(nw, *cfg)
-        pv = TUNING["half_prefetch"] or not (vec and combine and cfg in kp.VEC_HALF[:3])  # compiled without it
+        pv = options()["half_prefetch"] or not (vec and combine and cfg in kp.VEC_HALF[:3])  # compiled without it
         kernel = get_kernel("half", kp.spmm_vech_name(half[0], half[1], half[2], *cfg, combine, vec, pv))
     elif cp_async:
         while nw > 1 and kp.vec_async_smem(nw, slices, unroll, ns) > kp.SPMM_SMEM_LIMIT:
             nw //= 2
         smem = kp.vec_async_smem(nw, slices, unroll, ns)
         kernel = get_kernel("vec", kp.spmm_vec_async_name(slices, unroll, ns, combine, True,
-                                                          TUNING["vec_prefetch_values"],
+                                                          options()["vec_prefetch_values"],
                                                           dense, l1=l1))
     else:
-        kernel = get_kernel("vec", kp.spmm_vec_name(slices, unroll, vec, combine, TUNING["vec_prefetch"]))
+        kernel = get_kernel("vec", kp.spmm_vec_name(slices, unroll, vec, combine, options()["vec_prefetch"]))
     launch = VecSpmmLaunch(kernel, (-(-n_work // nw),), (32 * nw,), smem, units, unit_k0, vec_meta(tiling),
                            n_slices, n_work, plan["n_slots"] * n_slices if combine else 0,
                            {} if scratch is None else scratch,
@@ -1245,29 +1211,29 @@ def _vec_launch(cp, tiling, dtype, D, vec, half=None, choice=None, scratch=None,
 
 
 #: The automatic choice of the one-CTA-per-window launch (:func:`_vec_coop`): at most this many CTAs of a window
-#: x 32 features per SM (and a warp's quarter of the longest window at most TUNING["vec_coop_chain"] usual units).
+#: x 32 features per SM (and a warp's quarter of the longest window at most options()["vec_coop_chain"] usual units).
 VEC_COOP_CTAS = 16
 
 
 def _vec_coop(tiling, D, half=False):
     """Whether the vector SpMM (float32 or 16-bit X) takes one CTA per window x slice (:func:`_vec_coop_units`).
 
-    ``TUNING["vec_coop"]`` True / False, or None: by the grid, where it pays: at most
+    ``options()["vec_coop"]`` True / False, or None: by the grid, where it pays: at most
     :data:`VEC_COOP_CTAS` CTAs per SM (a small grid, whose time is a warp's chain of steps), a window the
     usual units split (its parts summed through global partial tiles: a fence, a counter and a second read),
-    and none so long that a warp's quarter of it exceeds ``TUNING["vec_coop_chain"]`` usual units (a CTA's
+    and none so long that a warp's quarter of it exceeds ``options()["vec_coop_chain"]`` usual units (a CTA's
     4 warps take a long window alone).  Grids of short unsplit windows gain nothing from it, and long
     windows lose, so neither takes it.
     """
-    mode = TUNING["vec_coop"]
+    mode = options()["vec_coop"]
     if mode is not None:
         return bool(mode)
     n_slices = -(-D // 32)
     if tiling.n_windows * n_slices > VEC_COOP_CTAS * _sm_count(tiling):
         return False
     longest = int(_vec_hist(tiling).max(initial=0))
-    bpu = TUNING["vec_blocks_per_unit"] or _vec_unit_size(tiling, n_slices, half)
-    return bpu < longest <= 4 * TUNING["vec_coop_chain"] * bpu
+    bpu = options()["vec_blocks_per_unit"] or _vec_unit_size(tiling, n_slices, half)
+    return bpu < longest <= 4 * options()["vec_coop_chain"] * bpu
 
 
 def _vec_coop_units(tiling):
@@ -1338,27 +1304,27 @@ def _vec_unit_size(tiling, n_slices, half=False):
     """Blocks per unit of the vector SpMM, from the tiling's blocks-per-window histogram.
 
     The largest size in :data:`VEC_UNIT_SIZES` whose units x slices still give
-    ``TUNING["vec_target_warps"]`` warps per SM: long windows are cut into balanced parts only as far
+    ``options()["vec_target_warps"]`` warps per SM: long windows are cut into balanced parts only as far
     as the GPU needs parallelism (each cut costs a partial tile written and read
     again), and no further than keeps the longest unit within
-    ``TUNING["vec_tail_factor"]`` times the blocks each resident warp gets on
+    ``options()["vec_tail_factor"]`` times the blocks each resident warp gets on
     average: on small grids that longest unit is the kernel's critical path.
-    Nor beyond ``max(that mean, TUNING["vec_tail_floor"])`` blocks: on large grids
+    Nor beyond ``max(that mean, options()["vec_tail_floor"])`` blocks: on large grids
     units twice a resident warp's share leave SMs idle while the last of them run.
-    ``half``: the 16-bit kernel's units, capped by ``TUNING["half_tail_floor"]``
+    ``half``: the 16-bit kernel's units, capped by ``options()["half_tail_floor"]``
     instead: it moves half the bytes a block, so its grids run short of warps sooner.
     No separate rule for hub windows: the caps bound their units, and a rule of its
     own cut them too finely.
     """
     nb, sms = _vec_hist(tiling), _sm_count(tiling)
-    target = TUNING["vec_target_warps"] * sms
+    target = options()["vec_target_warps"] * sms
     longest = int(nb.max(initial=0))
     floor = -(-longest // VEC_UNITS_PER_WINDOW_MAX)
-    factor = TUNING["vec_tail_factor"]
+    factor = options()["vec_tail_factor"]
     # The grid's critical path is its longest unit: keep it within `factor` x the mean work of a resident warp.
     per_warp = int(nb.sum()) * n_slices / (VEC_RESIDENT_WARPS * sms)
     cap = np.inf if factor is None else factor * per_warp
-    tail_floor = TUNING["half_tail_floor" if half else "vec_tail_floor"]
+    tail_floor = options()["half_tail_floor" if half else "vec_tail_floor"]
     if tail_floor:
         cap = min(cap, max(per_warp, tail_floor))
     best = VEC_UNIT_SIZES[0]

@@ -23,7 +23,7 @@ from . import _locality as loc
 from . import _nm_reference as ref
 from ._reference import edge_rows
 from ._tiling import DEFAULT_LAYOUT, LAYOUTS, resolve_layout
-from ._device import array_module, to_host, use_gpu
+from ._device import to_host, use_gpu
 from .kernels.launch import THREADS_PER_BLOCK as _TPB
 from .kernels.launch import grid as _grid
 from .kernels.launch import launch_numba as _launch

@@ -30,9 +30,8 @@ import numpy as np
 
 from . import _reference as ref
 from ._device import get_cupy, publish
+from ._tuning import options, overrides_key
 from ._ops import (
-    TUNING_VERSION,
-    TUNING,
     VEC_UNITS_PER_WINDOW_MAX,
     HALF_MODES,
     Fixup,
@@ -160,7 +159,7 @@ def sp_values(tiling, values, xdt, casts):
 
 def _sp_key(xdt):
     """The key of :func:`sp_values`' result in a matrix's cache of casts (it follows ``half_values``)."""
-    return ("sp_values", np.dtype(xdt).name, TUNING["half_exact_values"])
+    return ("sp_values", np.dtype(xdt).name, options()["half_exact_values"])
 
 
 class SpLaunch(NamedTuple):
@@ -193,14 +192,14 @@ def _sp_launch(tiling, xname, split, yname, D, aligned):
     from .kernels import products as kp
     from .kernels.registry import get_kernel
 
-    nt = TUNING["sp_nt"]
-    unroll = TUNING["sp_unroll"] or (4 if xname == "float32" else 2)
+    nt = options()["sp_nt"]
+    unroll = options()["sp_unroll"] or (4 if xname == "float32" else 2)
     n_slices = -(-D // (8 * nt))
-    plan = spmm_plan(tiling, TUNING["sp_blocks_per_unit"], VEC_UNITS_PER_WINDOW_MAX)
+    plan = spmm_plan(tiling, options()["sp_blocks_per_unit"], VEC_UNITS_PER_WINDOW_MAX)
     units = plan["units"]
     n_work = units.shape[0] * n_slices
     # As the vector layout: windows of at most vec_combine_parts_max parts are summed by their last part.
-    combine = TUNING["sp_combine"] and 0 < plan["max_parts"] <= TUNING["vec_combine_parts_max"]
+    combine = options()["sp_combine"] and 0 < plan["max_parts"] <= options()["vec_combine_parts_max"]
     kernel = get_kernel("sparse", kp.spmm_sp_name(xname, split, yname, nt, aligned, combine, unroll))
     fixup = None
     if plan["n_slots"] and not combine:
@@ -208,6 +207,11 @@ def _sp_launch(tiling, xname, split, yname, D, aligned):
         fixup = Fixup(get_kernel("sparse", kp.fixup_name("float32", yname)), grid, plan["splits"], plan["n_slots"])
     return SpLaunch(kernel, (-(-n_work // 4),), units, plan["unit_k0"], n_slices, n_work, plan["n_slots"],
                     plan["n_slots"] * n_slices if combine else 0, fixup, {})
+
+
+def sp_launch_key(x_dtype, split, dtype, D, aligned):
+    """The one key of an N:M SpMM launch (X's type, value pairs or not, result's dtype, D, alignment)."""
+    return ("sp_launch", np.dtype(x_dtype).name, split, np.dtype(dtype).name, D, aligned, overrides_key())
 
 
 def spmm_sp(tiling, values, X, dtype, out, casts):
@@ -224,8 +228,8 @@ def spmm_sp(tiling, values, X, dtype, out, casts):
     split, comp, unscale = sp_values(tiling, values, X.dtype, casts)
     meta, _ = sp_meta(tiling)
     aligned = D % 8 == 0 and X.data.ptr % 16 == 0 and Y.data.ptr % 16 == 0
-    key = ("sp_launch", X.dtype.name, split, dtype.name, D, aligned, TUNING_VERSION[0])
-    launch = tiling._cache.get(key)
+    key = sp_launch_key(X.dtype, split, dtype, D, aligned)
+    launch = tiling.peek(key)
     if launch is None:
         launch = tiling.cached(key, lambda: _sp_launch(tiling, X.dtype.name, split, dtype.name, D, aligned))
     partial = launch.partial(D)
@@ -261,7 +265,7 @@ def sp_bind(tiling, values, X, out, precision=None, casts=None):
     split = hit[0]
     # A new result comes from the memory pool, 256-byte aligned, as the slow path's did.
     aligned = D % 8 == 0 and X.data.ptr % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
-    launch = tiling._cache.get(("sp_launch", xdt.name, split, dtype.name, D, aligned, TUNING_VERSION[0]))
+    launch = tiling.peek(sp_launch_key(xdt, split, dtype, D, aligned))
     if not isinstance(launch, SpLaunch):
         return None
     key = _sp_key(xdt)

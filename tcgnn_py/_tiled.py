@@ -22,6 +22,7 @@ from ._ops import (
     sddmm_raw,
     spmm_bind,
     spmm_raw,
+    timed_choices,
 )
 from ._tiling import STRUCTURE, Tiling, TileStats, resolve_layout
 from ._validation import (
@@ -145,9 +146,9 @@ class TiledMatrix:
         self._casts = {}  # values cast to a product's dtype
         self._transpose = None  # Aᵀ, once built (strong: A keeps its transpose)
         self._transpose_of = None  # weak reference back: no A <-> Aᵀ cycle holding device memory
-        self._hot = tiling._cache.get("hot")  # cached products by operand signature (_ops.hot_key), shared
+        self._hot = tiling.peek("hot")  # cached products by operand signature (_ops.hot_key), shared
         if self._hot is None:
-            self._hot = tiling._cache["hot"] = {}
+            self._hot = tiling.put("hot", {})
 
     # --- array protocol -------------------------------------------------
     @property
@@ -332,6 +333,16 @@ class TiledMatrix:
     def tile_stats(self):
         """:class:`TileStats` of the translation (computed once per tiling)."""
         return self._tiling.stats()
+
+    def launch_choices(self):
+        """What the timed launch choices measured on this matrix's tiling (shared with ``with_values`` copies).
+
+        A list with one dict per product signature whose launch was chosen by timing: ``x_dtype``,
+        ``D``, ``aligned``, ``tuning`` (the :func:`tcgnn_py.tuning` overrides in effect), ``ms`` (each
+        candidate's configuration and its milliseconds, the statistics' default first) and ``kept``
+        (the index in ``ms`` of the launch used from then on).  Empty until a product is timed.
+        """
+        return timed_choices(self._tiling)
 
     def check_format(self, full_check=False):
         """Check the tiled arrays' invariants; ``full_check`` scans every entry.

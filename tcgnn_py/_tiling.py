@@ -279,6 +279,23 @@ class Tiling:
             self._cache[key] = value
             return value
 
+    def peek(self, key, default=None):
+        """The derived data cached under ``key``, or ``default`` (never builds: the hot paths' lookup)."""
+        return self._cache.get(key, default)
+
+    def put(self, key, value):
+        """Cache ``value`` under ``key`` (replacing any), as :meth:`cached` would have built it."""
+        self._cache[key] = value
+        return value
+
+    def drop(self, key):
+        """Forget what is cached under ``key`` (nothing if absent)."""
+        self._cache.pop(key, None)
+
+    def cached_items(self, kind):
+        """``(key, value)`` of what is cached under tuple keys starting with ``kind`` (e.g. ``"launch"``), oldest first."""
+        return [(k, v) for k, v in self._cache.items() if isinstance(k, tuple) and k and k[0] == kind]
+
     def cache_nbytes(self):
         """Bytes of the arrays held by cached derived data (work plans, masks, entry rows, ...), each once."""
         seen = {}

@@ -62,18 +62,13 @@ def graph_dir(name):
 
 
 def tuning_fixture(variants):
-    """A fixture parametrized over ``variants`` (name -> ``set_tuning`` keywords), restoring the tuning after each."""
+    """A fixture parametrized over ``variants`` (name -> ``tcgnn_py.tuning`` keywords): each test runs inside the block."""
     import pytest
-
-    from tcgnn_py import _ops
 
     @pytest.fixture(params=list(variants))
     def fixture(request):
-        tuning = variants[request.param]
-        before = {k: _ops.TUNING[k] for k in tuning}
-        _ops.set_tuning(**tuning)
-        yield request.param
-        _ops.set_tuning(**before)
+        with tcgnn_py.tuning(**variants[request.param]):
+            yield request.param
 
     return fixture
 

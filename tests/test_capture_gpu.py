@@ -179,23 +179,17 @@ FIXUP_TUNING = {"tcgnn": dict(tf32_nwarps=(4, 4, 4), blocks_per_warp=1, tf32_com
 
 @pytest.fixture(params=["in-launch sums", "fixup launch"])
 def split_sums(request):
-    from tcgnn_py import _ops
-
-    if request.param == "in-launch sums":
-        yield {}
-        return
-    before = dict(_ops.TUNING)
-    yield FIXUP_TUNING
-    _ops.set_tuning(**before)
+    return {} if request.param == "in-launch sums" else FIXUP_TUNING
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_cached_products_follow_signatures(cp, layout, split_sums):
     # The per-signature cache must never answer for a different signature, values or aliasing.
-    from tcgnn_py import _ops
+    with tg.tuning(**(split_sums[layout] if split_sums else {})):
+        _check_cached_products(cp, layout, split_sums)
 
-    if split_sums:
-        _ops.set_tuning(**split_sums[layout])
+
+def _check_cached_products(cp, layout, split_sums):
     rng = np.random.default_rng()
     A = int_graph(rng, 501, 499)
     T = tg.TiledMatrix(A, layout=layout)
@@ -204,7 +198,7 @@ def test_cached_products_follow_signatures(cp, layout, split_sums):
         for _ in range(2):  # the second call takes the cached path
             np.testing.assert_array_equal((T @ cp.asarray(x)).get(), A @ x)
     if split_sums:
-        launches = [v for k, v in T.tiling._cache.items() if isinstance(k, tuple) and k[0] == "launch"]
+        launches = [v for _, v in T.tiling.cached_items("launch")]
         assert launches and all(launch.fixup is not None for launch in launches)
     big = cp.asarray(ints(rng, 499, 65))
     view = big[:, 1:]  # not 16-byte aligned, not contiguous

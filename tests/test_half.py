@@ -210,8 +210,7 @@ half_kernel = tuning_fixture(HALF_VARIANTS)
 
 def _planned(T, kind):
     """Whether a launch of ``kind`` was planned on T's tiling (final, or provisional while candidates compile)."""
-    keys = [k for k in T.tiling._cache if isinstance(k, tuple)]
-    return any(k[0] == kind or (k[0] == "provisional" and k[1][0] == kind) for k in keys)
+    return bool(T.tiling.cached_items(kind)) or any(k[1][0] == kind for k, _ in T.tiling.cached_items("provisional"))
 
 
 cp = cupy_fixture()
@@ -295,7 +294,7 @@ def test_half_values_out_of_float16_range(cp, xt):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("xt", HALVES)
-def test_float32_values_exact_in_16_bits_take_one_mma(cp, xt, monkeypatch):
+def test_float32_values_exact_in_16_bits_take_one_mma(cp, xt):
     """A float32 matrix whose values X's type holds (unweighted, small integers) runs on those values, one MMA,
     with the bits of the (hi, lo) pairs; values it does not hold, NaN, and values made on the device keep the
     pairs.  Matrices of both kinds on one tiling share the cached launch safely (hot path)."""
@@ -307,12 +306,11 @@ def test_float32_values_exact_in_16_bits_take_one_mma(cp, xt, monkeypatch):
     T = tg.TiledMatrix(A, dtype=np.float32, layout="vector")
     got = {}
     for exact_values in (True, False):
-        monkeypatch.setitem(_ops.TUNING, "half_exact_values", exact_values)
-        split = _ops.half_values(T.values, xt, T._casts)[0]
-        assert split is not exact_values
-        got[exact_values] = poisoned(cp, T, X, F32)
+        with tg.tuning(half_exact_values=exact_values):
+            split = _ops.half_values(T.values, xt, T._casts)[0]
+            assert split is not exact_values
+            got[exact_values] = poisoned(cp, T, X, F32)
     np.testing.assert_array_equal(got[True].view(np.uint64), got[False].view(np.uint64))
-    monkeypatch.setitem(_ops.TUNING, "half_exact_values", True)
     for data in (rng.uniform(0.5, 1.5, A.nnz), np.where(np.arange(A.nnz) == 7, np.nan, A.data)):
         assert _ops.half_values(cp.asarray(data.astype(np.float32)), xt, {})[0], "pairs"
     # values made on the device (a training step's) are not checked (no host read): pairs, also on the transpose
@@ -381,14 +379,18 @@ def _hub_graph(rng):
 @pytest.mark.gpu
 @pytest.mark.parametrize("coop", [False, True])
 @pytest.mark.parametrize("D", [17, 64, 256])
-def test_half_timed_choice_candidates_are_bit_identical(cp, D, coop, monkeypatch):
+def test_half_timed_choice_candidates_are_bit_identical(cp, D, coop):
     """Every 16-bit launch the timed choice may pick gives the same bits (random floats, split windows).
 
     ``coop``: one CTA per window x slice (aligned rows), whose candidates are its own shapes.
     """
+    with tg.tuning(vec_coop=coop):
+        _check_half_candidates(cp, D, coop)
+
+
+def _check_half_candidates(cp, D, coop):
     from tcgnn_py.kernels.products import VEC_HALF, VEC_HALF_COOP
 
-    monkeypatch.setitem(_ops.TUNING, "vec_coop", coop)
     rng = np.random.default_rng()
     A = _hub_graph(rng)
     aligned = D % 8 == 0
@@ -437,5 +439,5 @@ def test_half_timed_choice_runs_once(cp, monkeypatch):
     for _ in range(3):  # slow path (timed), then the cached launch
         np.testing.assert_array_equal((T @ cp.asarray(X)).get(), exact(A, X, F32))
     assert len(calls) == 1 and calls[0] > 1
-    (key,) = [k for k in T.tiling._cache if isinstance(k, tuple) and k[0] == "half_timed"]
-    assert len(T.tiling._cache[key]) == calls[0]
+    ((_, ms),) = T.tiling.cached_items("half_timed")
+    assert len(ms) == calls[0]

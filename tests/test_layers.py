@@ -126,3 +126,24 @@ def test_the_walk_sees_function_level_imports():
     assert "tcgnn_py._sparse_tc" in _edges("tcgnn_py._tiled")
     assert ("tcgnn_py.kernels.registry", "stop_background_compiles") in {  # inside spmd() and init()
         (t, a) for t, a, _ in _imports("tcgnn_py.distributed._context")}
+
+
+SCRIPTS = sorted(p for d in ("tools", "asv_bench", "examples") for p in (ROOT.parent / d).rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: str(p.relative_to(ROOT.parent)))
+def test_scripts_use_public_names_only(path):
+    """Tools, benchmarks and examples reach the package through public names, so a refactor cannot break them."""
+    bad = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tcgnn_py"):
+            parts = node.module.split(".") + [a.name for a in node.names]
+            bad += [f"line {node.lineno}: from {node.module} import {a.name}" for a in node.names
+                    if any(p.startswith("_") and not p.startswith("__") for p in parts)]
+        elif isinstance(node, ast.Import):
+            bad += [f"line {node.lineno}: import {a.name}" for a in node.names
+                    if a.name.startswith("tcgnn_py") and any(p.startswith("_") for p in a.name.split("."))]
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                bad.append(f"line {node.lineno}: .{node.attr}")
+    assert bad == []

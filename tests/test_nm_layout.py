@@ -191,7 +191,7 @@ cp = cupy_fixture()
 
 
 def ran_sp(T):
-    return any(k[0] == "sp_launch" for k in T.tiling._cache if isinstance(k, tuple))
+    return bool(T.tiling.cached_items("sp_launch"))
 
 
 def check_all(cp, A, D, rng, xts=(F16, BF16, F32)):

@@ -137,43 +137,52 @@ class _Histogram:
     """A tiling as the unit-size rule sees it: its blocks-per-window histogram and an SM count."""
 
     def __init__(self, blocks_per_window, sms=132):
-        self._cache = {"vec_hist": np.asarray(blocks_per_window, np.int64), "sm_count": sms}
+        self.store = {"vec_hist": np.asarray(blocks_per_window, np.int64), "sm_count": sms}
 
     def cached(self, key, build):
-        return self._cache[key]
+        return self.store[key]
+
+    def peek(self, key, default=None):
+        return self.store.get(key, default)
+
+    def put(self, key, value):
+        self.store[key] = value
+        return value
+
+    def drop(self, key):
+        self.store.pop(key, None)
 
 
 @pytest.mark.parametrize("floor, want", [(None, 256), (128, 128)])
-def test_unit_size_caps_long_windows_on_large_grids(monkeypatch, floor, want):
+def test_unit_size_caps_long_windows_on_large_grids(floor, want):
     """Windows of 200 blocks, 114 per resident warp: one unit each (the factor's cap, 454) or two (the floor's, 128)."""
     from tcgnn_py import _ops
 
-    monkeypatch.setitem(_ops.TUNING, "vec_tail_floor", floor)
-    assert _ops._vec_unit_size(_Histogram(np.full(600, 200)), n_slices=4) == want
+    with tg.tuning(vec_tail_floor=floor):
+        assert _ops._vec_unit_size(_Histogram(np.full(600, 200)), n_slices=4) == want
 
 
-def test_unit_size_of_the_16bit_kernel_takes_its_own_floor(monkeypatch):
+def test_unit_size_of_the_16bit_kernel_takes_its_own_floor():
     """The 600 windows of 200 blocks above, 114 per resident warp: the 16-bit kernel's floor (64) cuts them in 4."""
     from tcgnn_py import _ops
 
-    monkeypatch.setitem(_ops.TUNING, "vec_tail_floor", 128)
-    monkeypatch.setitem(_ops.TUNING, "half_tail_floor", 64)
     hist = _Histogram(np.full(600, 200))
-    assert _ops._vec_unit_size(hist, n_slices=4) == 128
-    assert _ops._vec_unit_size(hist, n_slices=4, half=True) == 64
-    monkeypatch.setitem(_ops.TUNING, "half_tail_floor", None)  # the factor's cap alone
-    assert _ops._vec_unit_size(hist, n_slices=4, half=True) == 256
+    with tg.tuning(vec_tail_floor=128, half_tail_floor=64):
+        assert _ops._vec_unit_size(hist, n_slices=4) == 128
+        assert _ops._vec_unit_size(hist, n_slices=4, half=True) == 64
+        with tg.tuning(half_tail_floor=None):  # the factor's cap alone
+            assert _ops._vec_unit_size(hist, n_slices=4, half=True) == 256
 
 
 @pytest.mark.parametrize("floor", [None, 128])
-def test_unit_size_floor_leaves_small_grids_to_the_factor(monkeypatch, floor):
+def test_unit_size_floor_leaves_small_grids_to_the_factor(floor):
     """5 blocks per resident warp: the tail factor (4x) caps units at 16 blocks whatever the floor."""
     from tcgnn_py import _ops
 
-    monkeypatch.setitem(_ops.TUNING, "vec_tail_floor", floor)
-    assert _ops._vec_unit_size(_Histogram(np.full(100, 200)), n_slices=1) == 16
-    # One hub window among short ones: its units stay within 4x the 10 blocks of a resident warp.
-    assert _ops._vec_unit_size(_Histogram([20000] + [10] * 2000), n_slices=1) == 32
+    with tg.tuning(vec_tail_floor=floor):
+        assert _ops._vec_unit_size(_Histogram(np.full(100, 200)), n_slices=1) == 16
+        # One hub window among short ones: its units stay within 4x the 10 blocks of a resident warp.
+        assert _ops._vec_unit_size(_Histogram([20000] + [10] * 2000), n_slices=1) == 32
 
 
 class _Windows(_Histogram):
@@ -187,9 +196,9 @@ class _Windows(_Histogram):
         self.n_windows = len(win_ptr) - 1
 
     def cached(self, key, build):
-        if key not in self._cache:
-            self._cache[key] = build()
-        return self._cache[key]
+        if key not in self.store:
+            self.store[key] = build()
+        return self.store[key]
 
 
 def test_coop_units_split_each_window_in_four_balanced_parts():
@@ -211,37 +220,37 @@ def test_coop_units_split_each_window_in_four_balanced_parts():
     ([25] * 200 + [100], 32, False),  # a quarter of the longest window (25 blocks) exceeds 1 unit (16)
     ([25] * 3000 + [51], 32, False),  # a larger grid: 3001 CTAs > 16 per SM
 ])
-def test_coop_rule(monkeypatch, blocks, D, want):
+def test_coop_rule(blocks, D, want):
     from tcgnn_py import _ops
 
-    monkeypatch.setitem(_ops.TUNING, "vec_coop", None)
-    assert _ops._vec_coop(_Windows(np.concatenate([[0], np.cumsum(blocks)])), D) is want
+    with tg.tuning(vec_coop=None):
+        assert _ops._vec_coop(_Windows(np.concatenate([[0], np.cumsum(blocks)])), D) is want
 
 
 @pytest.mark.filterwarnings("ignore::tcgnn_py.NoGPUWarning")
-def test_coop_choice_of_the_16bit_kernel(monkeypatch):
+def test_coop_choice_of_the_16bit_kernel():
     """The 16-bit kernel takes the one-CTA launch by the same rule, on aligned rows only, and its timed
     choice compares the compiled COOP shapes (4 parts a window whatever the shape: the same sums)."""
     from tcgnn_py import _ops
     from tcgnn_py.kernels import products as kp
 
     T = tg.TiledMatrix(sp.random(300, 300, density=0.05, format="csr", random_state=0), layout="vector")
-    T.tiling._cache["sm_count"] = 132
-    monkeypatch.setitem(_ops.TUNING, "vec_coop", True)
+    T.tiling.put("sm_count", 132)
     half = ("float16", True, "float32")
-    default = _ops._vec_choice(T.tiling, 64, True, half)
-    assert default.coop and (default.slices, default.ks, default.stages) == kp.VEC_HALF_COOP[0]
-    assert not _ops._vec_choice(T.tiling, 64, False, half).coop  # unaligned rows: the usual launch
-    wide = _ops._half_candidates(T.tiling, 64, True, half)
-    assert wide[0] == default and {(c.slices, c.ks, c.stages) for c in wide} == set(kp.VEC_HALF_COOP)
-    assert all(c.coop and not c.combine for c in wide)
-    assert _ops._half_candidates(T.tiling, 17, True, half) == [_ops._vec_choice(T.tiling, 17, True, half)]
-    monkeypatch.setitem(_ops.TUNING, "vec_coop", False)
-    assert not any(c.coop for c in _ops._half_candidates(T.tiling, 64, True, half))
+    with tg.tuning(vec_coop=True):
+        default = _ops._vec_choice(T.tiling, 64, True, half)
+        assert default.coop and (default.slices, default.ks, default.stages) == kp.VEC_HALF_COOP[0]
+        assert not _ops._vec_choice(T.tiling, 64, False, half).coop  # unaligned rows: the usual launch
+        wide = _ops._half_candidates(T.tiling, 64, True, half)
+        assert wide[0] == default and {(c.slices, c.ks, c.stages) for c in wide} == set(kp.VEC_HALF_COOP)
+        assert all(c.coop and not c.combine for c in wide)
+        assert _ops._half_candidates(T.tiling, 17, True, half) == [_ops._vec_choice(T.tiling, 17, True, half)]
+    with tg.tuning(vec_coop=False):
+        assert not any(c.coop for c in _ops._half_candidates(T.tiling, 64, True, half))
 
 
 @pytest.mark.filterwarnings("ignore::tcgnn_py.NoGPUWarning")
-def test_l1_copies_are_timed_candidates_of_the_tf32_kernel(monkeypatch):
+def test_l1_copies_are_timed_candidates_of_the_tf32_kernel():
     """The TF32 cp.async shapes compiled with copies through L1 are candidates beside the same shapes through L2
     (the same partition, so the same sums); the statistics' launch takes them only when asked, and False
     turns them off."""
@@ -249,22 +258,21 @@ def test_l1_copies_are_timed_candidates_of_the_tf32_kernel(monkeypatch):
     from tcgnn_py.kernels import products as kp
 
     T = tg.TiledMatrix(sp.random(300, 300, density=0.05, format="csr", random_state=0), layout="vector")
-    T.tiling._cache["sm_count"] = 132
-    monkeypatch.setitem(_ops.TUNING, "vec_coop", False)
-    cands = _ops._vec_candidates(T.tiling, 64, True)
-    l1 = [c for c in cands if c.l1]
-    assert not cands[0].l1 and l1 and all(c.cp_async and not c.dense for c in l1)
-    assert {(c.slices, c.unroll, 2) for c in l1} == set(kp.VEC_ASYNC_L1)
-    assert {c._replace(l1=False) for c in l1} <= set(cands)  # each beside its L2 twin
-    assert not any(c.l1 for c in _ops._vec_candidates(T.tiling, 64, False))  # unaligned rows: no cp.async
-    monkeypatch.setitem(_ops.TUNING, "vec_async_l1", False)  # never
-    assert not any(c.l1 for c in _ops._vec_candidates(T.tiling, 64, True))
-    monkeypatch.setitem(_ops.TUNING, "vec_async_l1", True)
-    assert _ops._vec_choice(T.tiling, 64, True).l1
-    monkeypatch.setitem(_ops.TUNING, "vec_async_stages", 3)  # not compiled with L1 copies: neither chosen nor a candidate
-    assert not _ops._vec_choice(T.tiling, 64, True).l1
-    assert not any(c.l1 for c in _ops._vec_candidates(T.tiling, 64, True))
-    monkeypatch.setitem(_ops.TUNING, "vec_async_stages", 2)
+    T.tiling.put("sm_count", 132)
+    with tg.tuning(vec_coop=False):
+        cands = _ops._vec_candidates(T.tiling, 64, True)
+        l1 = [c for c in cands if c.l1]
+        assert not cands[0].l1 and l1 and all(c.cp_async and not c.dense for c in l1)
+        assert {(c.slices, c.unroll, 2) for c in l1} == set(kp.VEC_ASYNC_L1)
+        assert {c._replace(l1=False) for c in l1} <= set(cands)  # each beside its L2 twin
+        assert not any(c.l1 for c in _ops._vec_candidates(T.tiling, 64, False))  # unaligned rows: no cp.async
+        with tg.tuning(vec_async_l1=False):  # never
+            assert not any(c.l1 for c in _ops._vec_candidates(T.tiling, 64, True))
+        with tg.tuning(vec_async_l1=True):
+            assert _ops._vec_choice(T.tiling, 64, True).l1
+            with tg.tuning(vec_async_stages=3):  # not compiled with L1 copies: neither chosen nor a candidate
+                assert not _ops._vec_choice(T.tiling, 64, True).l1
+                assert not any(c.l1 for c in _ops._vec_candidates(T.tiling, 64, True))
     assert "true>" in kp.spmm_vec_async_name(1, 4, 2, l1=True)
     assert kp.spmm_vec_async_name(1, 4, 2, l1=True) in kp.FAMILIES["vec"][1]
 
@@ -296,10 +304,10 @@ def test_provisional_launch_is_replanned_once_its_compiles_finish():
     pending = _Done(False)
     plans = iter([_ops.Provisional("first", [pending]), "final", "never"])
     plan = lambda: next(plans)  # noqa: E731
-    key = ("launch", "tf32", "f", 64, True, 0)
-    assert _ops._planned(t, key, plan) == "first" and key not in t._cache  # not cached: no hot path binds it
+    key = _ops.launch_key("tf32", np.float32, 64, True)
+    assert _ops._planned(t, key, plan) == "first" and key not in t.store  # not cached: no hot path binds it
     assert _ops._planned(t, key, plan) == "first"  # still compiling: the same launch, no new plan
     pending._done = True
-    assert _ops._planned(t, key, plan) == "final" and t._cache[key] == "final"
-    assert ("provisional", key) not in t._cache
+    assert _ops._planned(t, key, plan) == "final" and t.store[key] == "final"
+    assert ("provisional", key) not in t.store
     assert _ops._planned(t, key, plan) == "final"  # cached from now on

@@ -112,10 +112,8 @@ TF32_VARIANTS = {
 def tf32_kernel(request):
     """Run a test with each TF32 SpMM variant; yields the TiledMatrix keywords of its layout."""
     layout, tuning = TF32_VARIANTS[request.param]
-    before = {k: _ops.TUNING[k] for k in tuning}
-    _ops.set_tuning(**tuning)
-    yield {"layout": layout}
-    _ops.set_tuning(**before)
+    with tg.tuning(**tuning):
+        yield {"layout": layout}
 
 
 @pytest.mark.parametrize("N", NS)
@@ -304,9 +302,7 @@ SPLIT_TUNINGS = {
 def test_split_windows_on_concurrent_streams(cp, case):
     """Split windows are summed in the launch through per-stream counters: streams must not share them."""
     layout, tuning = SPLIT_TUNINGS[case]
-    before = {k: _ops.TUNING[k] for k in tuning}
-    _ops.set_tuning(**tuning)
-    try:
+    with tg.tuning(**tuning):
         rng = np.random.default_rng()
         hub = star(100)
         hub.resize((3001, 3001))
@@ -328,15 +324,13 @@ def test_split_windows_on_concurrent_streams(cp, case):
                 s.synchronize()
             for Y, w in zip(outs, want):
                 np.testing.assert_array_equal(Y.get(), w)
-        launch = next(v for k, v in T.tiling._cache.items() if isinstance(k, tuple) and k[0] == "launch")
+        _, launch = T.tiling.cached_items("launch")[0]
         store = launch.counters if layout == "vector" else launch.scratch
         kinds = [k[0] if isinstance(k[0], str) else k[0][0] for k in store]  # vector: (kind, size) per stream
         counters = [k for k in kinds if k == "counters"]
         buffers = [k for k in kinds if k == "partial"]
         # One set of counters and one partial-tile buffer per stream, summed in the launch.
         assert launch.fixup is None and launch.n_slots > 0 and len(counters) == 4 and len(buffers) == 4
-    finally:
-        _ops.set_tuning(**before)
 
 
 def _timed_cases(rng):
@@ -355,12 +349,8 @@ def test_timed_choice_candidates_are_bit_identical(cp, D, coop):
     ``coop``: one CTA per window x slice (aligned rows), whose candidates are its own shapes.
     """
     rng = np.random.default_rng()
-    before = _ops.TUNING["vec_coop"]
-    _ops.set_tuning(vec_coop=coop)
-    try:
+    with tg.tuning(vec_coop=coop):
         _check_timed_candidates(cp, rng, D, coop)
-    finally:
-        _ops.set_tuning(vec_coop=before)
 
 
 def _check_timed_candidates(cp, rng, D, coop):
@@ -417,14 +407,14 @@ from tcgnn_py.kernels import registry
 A = tg.power_law_graph(3000, 30000, seed=1)
 T = tg.TiledMatrix(A, dtype=np.float32)
 X = cp.asarray(np.random.default_rng(0).integers(-8, 9, (A.shape[1], 64)).astype(np.float32))
-keys = lambda kind: [k for k in T.tiling._cache if isinstance(k, tuple) and k[0] == kind]
+n = lambda kind: len(T.tiling.cached_items(kind))
 Y1 = T @ X
-n1 = len(keys("provisional"))
+n1 = n("provisional")
 registry.wait_for_compiles()
 Y2 = T @ X
 Y3 = T @ X
-(timed,) = keys("vec_timed")
-print(n1, len(keys("provisional")), len(keys("launch")), len(T.tiling._cache[timed]), bool((Y1 == Y2).all() and (Y2 == Y3).all()))
+((_, timed),) = T.tiling.cached_items("vec_timed")
+print(n1, n("provisional"), n("launch"), len(timed), bool((Y1 == Y2).all() and (Y2 == Y3).all()))
 """
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
@@ -442,10 +432,9 @@ def test_timed_choice_runs_once_and_keeps_the_fastest(cp, monkeypatch):
     for _ in range(3):  # slow path, then the cached one
         np.testing.assert_array_equal((T @ X).get(), A @ X.get())
     assert len(calls) == 1
-    (key,) = [k for k in T.tiling._cache if isinstance(k, tuple) and k[0] == "vec_timed"]
-    ms = T.tiling._cache[key]
+    ((_, ms),) = T.tiling.cached_items("vec_timed")
     assert len(ms) == calls[0] > 1 and all(0 < t < 1e3 for t in ms.values())
-    (launch,) = [v for k, v in T.tiling._cache.items() if isinstance(k, tuple) and k[0] == "launch"]
+    ((_, launch),) = T.tiling.cached_items("launch")
     choices = list(ms)
     best = choices[_ops.pick_fastest(list(ms.values()))]
     assert launch.n_slices == -(-64 // (32 * best.slices)) and (launch.fixup is None) == best.combine
@@ -457,13 +446,9 @@ def test_timed_choice_runs_once_and_keeps_the_fastest(cp, monkeypatch):
     np.testing.assert_array_equal((T @ cp.asarray(X40)).get(), A @ X40)
     assert len(calls) == 1  # a new width, planned untimed
     # Pinned: no timing, the statistics' choice.
-    before = _ops.TUNING["vec_timed_choice"]
-    _ops.set_tuning(vec_timed_choice=False)
-    try:
+    with tg.tuning(vec_timed_choice=False):
         np.testing.assert_array_equal((T @ X).get(), A @ X.get())
         assert len(calls) == 1
-    finally:
-        _ops.set_tuning(vec_timed_choice=before)
 
 
 def test_dense_values_follow_each_matrix(cp):
@@ -471,9 +456,7 @@ def test_dense_values_follow_each_matrix(cp):
     matrices sharing one tiling than the dense copies it keeps."""
     rng = np.random.default_rng()
     _, A = next(_timed_cases(rng))
-    before = {k: _ops.TUNING[k] for k in ("vec_timed_choice", "vec_dense_values")}
-    _ops.set_tuning(vec_timed_choice=False, vec_dense_values=True)
-    try:
+    with tg.tuning(vec_timed_choice=False, vec_dense_values=True):
         T = tg.TiledMatrix(A, dtype=np.float32)
         X = cp.asarray(ints(rng, A.shape[1], 64))
         mats = []
@@ -484,11 +467,9 @@ def test_dense_values_follow_each_matrix(cp):
         for _ in range(3):  # slow path, then the cached one; every matrix evicts another's dense copy
             for Ak, Tk in mats:
                 np.testing.assert_array_equal((Tk @ X).get(), Ak @ X.get())
-        (launch,) = [v for k, v in T.tiling._cache.items() if isinstance(k, tuple) and k[0] == "launch"]
+        ((_, launch),) = T.tiling.cached_items("launch")
         assert isinstance(launch, _ops.VecSpmmLaunch) and launch.dense
-        assert len(T.tiling._cache["vec_dense"]) == _ops.VEC_DENSE_KEEP + 1  # and the entries' blocks
-    finally:
-        _ops.set_tuning(**before)
+        assert len(T.tiling.peek("vec_dense")) == _ops.VEC_DENSE_KEEP + 1  # and the entries' blocks
 
 
 def test_kernels_compile_once(cp):

@@ -66,7 +66,7 @@ def cusparse_points(specs, dims, rng, xdt=None):
 def cusparse_clocks(Ad, Xs, Y):
     """µs of the best of cuSPARSE ALG2 / ALG3: ``{"gpu": queued behind a spin, "idle": one call at a time,
     "b2b": calls back to back}``."""
-    from tcgnn_py.bench._timing import time_back_to_back, time_queued
+    from tcgnn_py.bench import time_back_to_back, time_queued
 
     cs = [CusparseRowMajor(Ad, Xs, Y, alg) for alg in (CSR_ALG2, CSR_ALG3)]
     out = {"gpu": min(1e3 * time_queued(c, len(Xs)) for c in cs),
@@ -79,7 +79,7 @@ def cusparse_clocks(Ad, Xs, Y):
 
 def ours_clocks(call, n_inputs=4):
     """µs of ``call(i)`` on the same clocks as :func:`cusparse_clocks`."""
-    from tcgnn_py.bench._timing import time_back_to_back, time_queued
+    from tcgnn_py.bench import time_back_to_back, time_queued
 
     return {"gpu": 1e3 * time_queued(call, n_inputs), "idle": 1e3 * time_rotating(call, n_inputs, 20, 3),
             "b2b": 1e3 * time_back_to_back(call, n_inputs)}

@@ -6,7 +6,7 @@
 ``A`` and ``B`` are Python literals, e.g. ``--knob half_shapes --values None "((1, 1, 2), (2, 1, 2))"``.
 
 For each graph and width: the best of cuSPARSE ALG2 / ALG3 (row-major) and ``tg.spmm(T, X, out=Y)`` on the
-default layout under each value of ``_ops.TUNING[knob]`` (a fresh ``TiledMatrix`` per value, so each plans
+default layout inside ``with tcgnn_py.tuning(knob=value)`` (a fresh ``TiledMatrix`` per value, so each plans
 and times its own launch), on the GPU-only, back-to-back and from-idle clocks of ``tools/_sweep.py``.
 Every product is checked exact on small-integer data first.  The geomean summary has one line per clock
 and value; the last column is the launch each value's timed choice kept.
@@ -21,21 +21,19 @@ def main():
     from _sweep import graph_args  # tools/
 
     def more(ap):
-        ap.add_argument("--knob", required=True, help="a key of tcgnn_py._ops.TUNING")
+        ap.add_argument("--knob", required=True, help="an option of tcgnn_py.tuning (tcgnn_py.tuning_options())")
         ap.add_argument("--values", nargs=2, required=True, help="two Python literals")
         ap.add_argument("--x-dtype", default="float32", choices=("float32", "float16", "bfloat16"))
 
     args = graph_args(__doc__, more)
 
     import tcgnn_py as tg
-    from tcgnn_py import _ops
     from _sweep import cusparse_points, geomean_summary, ours_clocks, write_outputs
 
     knob, values = args.knob, [ast.literal_eval(v) for v in args.values]
-    if knob not in _ops.TUNING:
-        raise SystemExit(f"--knob must be a key of tcgnn_py._ops.TUNING, got {knob!r}")
+    if knob not in tg.tuning_options():
+        raise SystemExit(f"--knob must be an option of tcgnn_py.tuning, got {knob!r}")
     labels = [f"{knob}={v!r}" for v in values]
-    original = _ops.TUNING[knob]
     half = args.x_dtype != "float32"
     if half:
         import ml_dtypes
@@ -47,28 +45,24 @@ def main():
     rows, lines = [], []
     rng = np.random.default_rng(0)
     dims = [int(d) for d in args.dims.split(",")]
-    try:
-        for name, A, D, Xs, Y, ref, row in cusparse_points(args.graphs, dims, rng, xdt if half else None):
-            kept = []
-            for label, value in zip(labels, values):
-                _ops.set_tuning(**{knob: value})
+    for name, A, D, Xs, Y, ref, row in cusparse_points(args.graphs, dims, rng, xdt if half else None):
+        kept = []
+        for label, value in zip(labels, values):
+            with tg.tuning(**{knob: value}):
                 T = tg.TiledMatrix(A)
                 tg.spmm(T, Xs[0], out=Y)
                 assert bool((Y == ref).all()), (name, D, label)  # synchronize!
                 row[label] = ours_clocks(lambda i: tg.spmm(T, Xs[i], out=Y))
-                key = "half_timed" if half else "vec_timed"
-                ms = next((v for k, v in T.tiling._cache.items() if isinstance(k, tuple) and k[0] == key), None)
-                kept.append(str(list(ms)[_ops.pick_fastest(list(ms.values()))]) if ms else "untimed")
-            row["kept"] = kept
-            c, a, b = row["cusparse"], row[labels[0]], row[labels[1]]
-            ratios = [" / ".join(f"{c[k] / x[k]:.2f}×" for x in (a, b)) for k in ("gpu", "b2b", "idle")]
-            line = (f"| {name} | {D} | {c['gpu']:.1f} | {a['gpu']:.1f} | {b['gpu']:.1f} | {ratios[0]} | "
-                    f"{ratios[1]} | {ratios[2]} | {' ; '.join(kept)} |")
-            print(line, flush=True)
-            rows.append(row)
-            lines.append(line)
-    finally:
-        _ops.set_tuning(**{knob: original})
+            choices = T.launch_choices()
+            kept.append(str(choices[-1]["ms"][choices[-1]["kept"]][0]) if choices else "untimed")
+        row["kept"] = kept
+        c, a, b = row["cusparse"], row[labels[0]], row[labels[1]]
+        ratios = [" / ".join(f"{c[k] / x[k]:.2f}×" for x in (a, b)) for k in ("gpu", "b2b", "idle")]
+        line = (f"| {name} | {D} | {c['gpu']:.1f} | {a['gpu']:.1f} | {b['gpu']:.1f} | {ratios[0]} | "
+                f"{ratios[1]} | {ratios[2]} | {' ; '.join(kept)} |")
+        print(line, flush=True)
+        rows.append(row)
+        lines.append(line)
     summary = geomean_summary(rows, labels)
     print("\n".join(summary))
     write_outputs(args, head, lines, rows, summary)

@@ -12,7 +12,7 @@ import argparse
 import json
 import math
 
-from tcgnn_py.bench._report import CLOCKS
+from tcgnn_py.bench import CLOCKS
 
 DEFAULT_IMPLS = "tcgnn_vector_tf32,tcgnn_vector_float16,tcgnn_vector_bfloat16"
 

@@ -36,9 +36,8 @@ A.data[:] = rng.integers(1, 5, A.nnz)
 A = sp.csr_array(A + star(n - 1))  # window 0 has ~125 blocks: split over several CTAs
 R = sp.random_array((n, 517), density=0.02, rng=rng, format="csr")
 R.data[:] = rng.integers(1, 5, R.nnz)
-from tcgnn_py import _ops  # noqa: E402
 
-DEFAULT_COOP = _ops.TUNING["vec_coop"]
+DEFAULT_COOP = tg.tuning_options()["vec_coop"]
 
 PIN = dict(vec_timed_choice=False, vec_coop=False)  # this launch: not the fastest candidate, nor the coop one
 VEC_TUNINGS = [dict(PIN, vec_slices=None, vec_max_slices=1, vec_unroll=4, vec_blocks_per_unit=2, vec_combine=True,
@@ -72,22 +71,22 @@ cases += [(M, (16, 8), np.float32, t) for t in TF32_TUNINGS for M in (A, R)]
 def part_float32():
     checked = 0
     for M, tile_shape, dtype, tuning in cases:
-        _ops.set_tuning(**{**{k: _ops.TUNING[k] for k in tuning}, **tuning})
-        T = tg.TiledMatrix(M, dtype=dtype, tile_shape=tile_shape)
-        for D in (1, 3, 17, 64, 100, 130):
-            X = rng.integers(-8, 9, (M.shape[1], D)).astype(dtype)
-            want = M @ X.astype(np.float64)
-            # None twice: the second call takes the cached launch (with its fixup launch where there is one).
-            for precision in ((None, None, "fp32") if dtype == np.float32 else (None,)):
-                Y = tg.spmm(T, cp.asarray(X), precision=precision)
-                assert np.array_equal(Y.get(), want.astype(dtype)), (tile_shape, D, precision)
-                checked += 1
-            if M.shape[0] == M.shape[1]:
-                for precision in ((None, "fp32") if dtype == np.float32 else (None,)):
-                    S = tg.sddmm(T, cp.asarray(X), multiply_values=True, precision=precision)
-                    e = sddmm_expected(M, X, X, multiply=True)
-                    assert np.array_equal(S.tocsr().data, e.astype(dtype)), (tile_shape, D, precision)
+        with tg.tuning(**tuning):
+            T = tg.TiledMatrix(M, dtype=dtype, tile_shape=tile_shape)
+            for D in (1, 3, 17, 64, 100, 130):
+                X = rng.integers(-8, 9, (M.shape[1], D)).astype(dtype)
+                want = M @ X.astype(np.float64)
+                # None twice: the second call takes the cached launch (with its fixup launch where there is one).
+                for precision in ((None, None, "fp32") if dtype == np.float32 else (None,)):
+                    Y = tg.spmm(T, cp.asarray(X), precision=precision)
+                    assert np.array_equal(Y.get(), want.astype(dtype)), (tile_shape, D, precision)
                     checked += 1
+                if M.shape[0] == M.shape[1]:
+                    for precision in ((None, "fp32") if dtype == np.float32 else (None,)):
+                        S = tg.sddmm(T, cp.asarray(X), multiply_values=True, precision=precision)
+                        e = sddmm_expected(M, X, X, multiply=True)
+                        assert np.array_equal(S.tocsr().data, e.astype(dtype)), (tile_shape, D, precision)
+                        checked += 1
     return checked
 
 
@@ -114,20 +113,20 @@ HALF_TUNINGS = [dict(PIN, vec_slices=None, half_ks=1, half_stages=2, vec_blocks_
 def part_half():
     checked = 0
     for tuning in HALF_TUNINGS:
-        _ops.set_tuning(**tuning)
-        for M in (A, R):
-            for xt in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
-                for mdt in (np.float32, xt):
-                    T = tg.TiledMatrix(M, dtype=mdt, layout="vector")
-                    for D in (1, 3, 17, 64, 100, 136):
-                        X = rng.integers(-8, 9, (M.shape[1], D)).astype(np.float32)
-                        want = (M @ X.astype(np.float64)).astype(np.float32)
-                        for ydt in (np.float32, xt):
-                            out = cp.full((M.shape[0], D), cp.nan, ydt)
-                            tg.spmm(T, cp.asarray(X).astype(xt), out=out)
-                            assert np.array_equal(out.get().astype(np.float32), want.astype(ydt).astype(np.float32)), \
-                                (tuning, xt, mdt, D, ydt)
-                            checked += 1
+        with tg.tuning(**tuning):
+            for M in (A, R):
+                for xt in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
+                    for mdt in (np.float32, xt):
+                        T = tg.TiledMatrix(M, dtype=mdt, layout="vector")
+                        for D in (1, 3, 17, 64, 100, 136):
+                            X = rng.integers(-8, 9, (M.shape[1], D)).astype(np.float32)
+                            want = (M @ X.astype(np.float64)).astype(np.float32)
+                            for ydt in (np.float32, xt):
+                                out = cp.full((M.shape[0], D), cp.nan, ydt)
+                                tg.spmm(T, cp.asarray(X).astype(xt), out=out)
+                                assert np.array_equal(out.get().astype(np.float32), want.astype(ydt).astype(np.float32)), \
+                                    (tuning, xt, mdt, D, ydt)
+                                checked += 1
     return checked
 
 
@@ -146,22 +145,22 @@ def part_sparse():
                        dict(sp_nt=4, sp_blocks_per_unit=8, sp_combine=True, sp_unroll=2, half_exact_values=True),
                        dict(sp_nt=8, sp_blocks_per_unit=1, sp_combine=False, sp_unroll=4),
                        dict(sp_nt=4, sp_blocks_per_unit=2, sp_combine=True, sp_unroll=4)):
-            _ops.set_tuning(**tuning)
-            for D in (1, 3, 17, 64, 100, 136):
-                X = rng.integers(-8, 9, (M.shape[1], D)).astype(np.float32)
-                want = (M @ X.astype(np.float64)).astype(np.float32)
-                out = cp.full((M.shape[0], D), cp.nan, np.float32)
-                tg.spmm(mats["1:2", np.float32], cp.asarray(X), out=out)
-                assert np.array_equal(out.get(), want), (tuning, "1:2", D)
-                checked += 1
-                for xt in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
-                    for mdt in (np.dtype(np.float32), xt):
-                        for ydt in (np.float32, xt):
-                            out = cp.full((M.shape[0], D), cp.nan, ydt)
-                            tg.spmm(mats["2:4", mdt], cp.asarray(X).astype(xt), out=out)
-                            assert np.array_equal(out.get().astype(np.float32), want.astype(ydt).astype(np.float32)), \
-                                (tuning, "2:4", xt, mdt, D, ydt)
-                            checked += 1
+            with tg.tuning(**tuning):
+                for D in (1, 3, 17, 64, 100, 136):
+                    X = rng.integers(-8, 9, (M.shape[1], D)).astype(np.float32)
+                    want = (M @ X.astype(np.float64)).astype(np.float32)
+                    out = cp.full((M.shape[0], D), cp.nan, np.float32)
+                    tg.spmm(mats["1:2", np.float32], cp.asarray(X), out=out)
+                    assert np.array_equal(out.get(), want), (tuning, "1:2", D)
+                    checked += 1
+                    for xt in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
+                        for mdt in (np.dtype(np.float32), xt):
+                            for ydt in (np.float32, xt):
+                                out = cp.full((M.shape[0], D), cp.nan, ydt)
+                                tg.spmm(mats["2:4", mdt], cp.asarray(X).astype(xt), out=out)
+                                assert np.array_equal(out.get().astype(np.float32), want.astype(ydt).astype(np.float32)), \
+                                    (tuning, "2:4", xt, mdt, D, ydt)
+                                checked += 1
     return checked
 
 

@@ -28,8 +28,8 @@ import numpy as np
 import cupy as cp
 import tcgnn_py as tg
 from tcgnn_py.bench import resolve_graph
-from tcgnn_py.bench._baselines import CSR_ALG2, CSR_ALG3, CusparseRowMajor
-from tcgnn_py.bench._timing import time_queued, time_rotating
+from tcgnn_py.bench import CSR_ALG2, CSR_ALG3, CusparseRowMajor
+from tcgnn_py.bench import time_queued, time_rotating
 
 DEFAULT = ["cora", "pubmed", "citeseer", "ppi_homo_sapiens", "wiki_vote", "as_22july06", "facebook", "astro_ph",
            "blogcatalog3", "wikipedia_pos", "deezer_europe", "facebook_pagepage", "proteins_full", "wing",

@@ -15,7 +15,7 @@ import cupyx.scipy.sparse as csp
 
 import tcgnn_py as tg
 from tcgnn_py.bench import gnn_problem, train_step
-from tcgnn_py.bench._timing import time_per_call
+from tcgnn_py.bench import time_per_call
 
 
 def per_call(fn, n):

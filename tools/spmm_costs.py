@@ -47,7 +47,7 @@ def main():
 
     import tcgnn_py as tg
     from tcgnn_py.bench import CSR_ALG2, CSR_ALG3, CusparseRowMajor, resolve_graph
-    from tcgnn_py.bench._timing import time_back_to_back, time_queued, time_rotating
+    from tcgnn_py.bench import time_back_to_back, time_queued, time_rotating
     from _sweep import write_outputs  # tools/
 
     rows, lines = [], []

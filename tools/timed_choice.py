@@ -37,7 +37,6 @@ def main():
     args = graph_args(__doc__, more)
 
     import tcgnn_py as tg
-    from tcgnn_py import _ops
     from _sweep import cusparse_points, geomean_summary, ours_clocks, write_outputs  # tools/
 
     half = args.x_dtype != "float32"
@@ -56,18 +55,16 @@ def main():
     dims = [int(d) for d in args.dims.split(",")]
     for name, A, D, Xs, Y, ref, row in cusparse_points(args.graphs, dims, rng, xdt if half else None):
         for mode, timed in (("statistics", False), ("timed", True)):
-            _ops.set_tuning(vec_timed_choice=timed)
-            T = tg.TiledMatrix(A)  # a fresh tiling: nothing planned yet
-            first = _first_call_ms(lambda: tg.spmm(T, Xs[0], out=Y))
-            assert bool((Y == ref).all()), (name, D, mode)  # synchronize!
-            row[mode] = dict(ours_clocks(lambda i: tg.spmm(T, Xs[i], out=Y)), first_ms=first)
+            with tg.tuning(vec_timed_choice=timed):
+                T = tg.TiledMatrix(A)  # a fresh tiling: nothing planned yet
+                first = _first_call_ms(lambda: tg.spmm(T, Xs[0], out=Y))
+                assert bool((Y == ref).all()), (name, D, mode)  # synchronize!
+                row[mode] = dict(ours_clocks(lambda i: tg.spmm(T, Xs[i], out=Y)), first_ms=first)
             if timed:
-                key = "half_timed" if half else "vec_timed"
-                ms = next(v for k, v in T.tiling._cache.items() if isinstance(k, tuple) and k[0] == key)
-                won = list(ms)[_ops.pick_fastest(list(ms.values()))]
-                row["timed"]["won"] = [getattr(won, f) for f in won_fields]
-                row["timed"]["candidates_us"] = {str(tuple(k)): 1e3 * v for k, v in ms.items()}
-        _ops.set_tuning(vec_timed_choice=True)
+                (choice,) = T.launch_choices()
+                won = choice["ms"][choice["kept"]][0]
+                row["timed"]["won"] = [won[f] for f in won_fields]
+                row["timed"]["candidates_us"] = {str(tuple(c.values())): 1e3 * t for c, t in choice["ms"]}
         c, s, t = row["cusparse"], row["statistics"], row["timed"]
         line = (f"| {name} | {D} | {c['gpu']:.1f} | {s['gpu']:.1f} | {t['gpu']:.1f} | {c['idle']:.1f} |"
                 f" {s['idle']:.1f} | {t['idle']:.1f} | {c['gpu'] / s['gpu']:.2f}× / {c['gpu'] / t['gpu']:.2f}× |"

@@ -18,7 +18,8 @@ from ._first import first_product_markdown, first_product_times
 from ._gnn import HIDDEN, bench_gnn, gnn_markdown, gnn_problem, train_step
 from ._graphs import SYNTHETIC, resolve_graph
 from ._run import bench_graph, bench_reorder, distinct_window_columns, traffic_bytes
-from ._timing import copy_bandwidth, time_events, time_host, time_queued, time_rotating
+from ._report import CLOCKS
+from ._timing import copy_bandwidth, time_back_to_back, time_events, time_host, time_per_call, time_queued, time_rotating
 
 __all__ = [
     "bench_graph",
@@ -44,5 +45,8 @@ __all__ = [
     "time_host",
     "time_rotating",
     "time_queued",
+    "time_back_to_back",
+    "time_per_call",
     "copy_bandwidth",
+    "CLOCKS",
 ]

@@ -1,0 +1,137 @@
+"""Layer 0: launch options of the product kernels, each family's defaults, overridden only inside ``with tuning(...)``.
+
+The options choose among launches that all give the same bits (the partition of the work, the
+launch shape, which compiled variant runs), so they change speed only.  There is no global
+setting to mutate: :func:`tuning` overrides options for the code inside its ``with`` block, in
+this thread (and asyncio task) only, and a launch planned under overrides is cached under them,
+so the default launches are never replaced by an experiment's.
+"""
+
+import contextlib
+import contextvars
+from types import MappingProxyType
+
+__all__ = ["tuning", "options", "overrides_key", "FAMILY_DEFAULTS", "DEFAULTS"]
+
+#: Each kernel family's launch options and their defaults (the rule behind a default is in the
+#: code that reads it; ``None`` means "from the tiling's statistics").
+FAMILY_DEFAULTS = MappingProxyType({
+    # 16x8 TF32 SpMM (tcgnn_spmm_tf32 / its cp.async form)
+    "tf32": MappingProxyType({
+        "tf32_max_chunks": 2,  # column chunks of 32 per CTA (registers grow with it)
+        "tf32_nwarps": None,  # warps per CTA for 1, 2, 4 chunks, e.g. (4, 4, 4)
+        "blocks_per_warp": None,  # a unit holds up to nwarps * this many blocks
+        "prefetch_values": True,  # register kernel: load the next block's values with its X rows
+        "tf32_async_stages": 2,  # cp.async kernel's blocks in flight per warp (0: the register kernel)
+        "tf32_async_min_blocks": 3,  # __launch_bounds__ minimum CTAs of 256 threads (3 caps registers at 80)
+        "tf32_combine": True,  # sum split windows inside the launch (else: the fixup launch)
+    }),
+    # CUDA-core SpMM (any tile shape, exact float64)
+    "core": MappingProxyType({
+        "core_nwarps": 4,
+    }),
+    # vector layout, TF32 and 16-bit: the balanced units and the grid
+    "vec": MappingProxyType({
+        "vec_slices": None,  # float4 groups per lane (a warp covers 32 * this many features)
+        "vec_max_slices": 2,  # the statistics' cap (registers: 8 accumulators per group)
+        "vec_unroll": 4,  # blocks whose loads a warp issues together
+        "vec_blocks_per_unit": None,  # blocks per balanced unit
+        "vec_target_warps": 16,  # aim for this many warps per SM in the grid
+        "vec_tail_factor": 4,  # longest unit <= this x the blocks per resident warp (None: no cap)
+        "vec_tail_floor": 128,  # and <= max(the blocks per resident warp, this) (None: no such cap)
+        "vec_warps": 4,  # warps per CTA (independent: each takes its own unit x slice)
+        "vec_sort_units": True,  # longest units first: the grid's tail is made of short ones
+        "vec_coop": None,  # one CTA per window x slice; None: by the grid
+        "vec_coop_chain": 1,  # by the grid only where a quarter of the longest window is <= this many units
+        "vec_combine": True,  # sum split windows inside the launch (else: the fixup launch)
+        "vec_combine_parts_max": 64,  # ... when no window has more parts than this
+        "vec_prefetch": True,  # load the next step's block metadata with this step's X rows
+        "vec_async_stages": 2,  # cp.async kernel's steps in flight per warp (0: the register kernel)
+        "vec_async_unroll": 4,  # blocks per cp.async step
+        "vec_prefetch_values": True,  # cp.async kernel: values loaded one step ahead
+        # time the bit-identical launches once and keep the fastest; it overrides the slices, combine,
+        # half_ks and half_stages options (False pins them)
+        "vec_timed_choice": True,
+        "vec_dense_values": False,  # the statistics' launch reads dense values (a timed candidate otherwise)
+        "vec_async_l1": None,  # X rows copied through L1: True always, None a timed candidate, False never
+    }),
+    # vector layout, 16-bit X
+    "half": MappingProxyType({
+        "half_tail_floor": 64,  # vec_tail_floor for 16-bit blocks (half the bytes: shorter units pay)
+        "half_ks": 1,  # k16 chunks (4 blocks each) per cp.async step
+        "half_stages": 2,  # steps in flight per warp
+        "half_prefetch": True,  # values loaded one step ahead
+        # values X's type holds exactly (unweighted, small integers): one MMA, not two on (hi, lo) pairs
+        "half_exact_values": True,
+    }),
+    # N:M layouts, mma.sp
+    "sparse": MappingProxyType({
+        "sp_blocks_per_unit": 32,  # blocks per balanced unit (the reorder's NM_BLOCKS_PER_UNIT)
+        "sp_combine": False,  # sum split windows inside the launch (else: the fixup launch)
+        "sp_nt": 4,  # n-tiles of 8 features per warp, 4 or 8
+        "sp_unroll": None,  # blocks per step, 2 or 4; None: 2 for 16-bit X, 4 for TF32
+    }),
+})
+
+#: Every option and its default, all families together (option names are unique across families).
+DEFAULTS = MappingProxyType({k: v for fam in FAMILY_DEFAULTS.values() for k, v in fam.items()})
+
+_CURRENT = contextvars.ContextVar("tcgnn_py_tuning", default=(DEFAULTS, ()))
+
+
+def options():
+    """The launch options in effect here: the defaults, or the innermost :func:`tuning` block's."""
+    return _CURRENT.get()[0]
+
+
+def overrides_key():
+    """The overrides in effect, as a hashable key (``()`` under the defaults): launch caches include it."""
+    return _CURRENT.get()[1]
+
+
+@contextlib.contextmanager
+def tuning(**overrides):
+    """Override launch options for the code inside the ``with`` block (this thread or task only).
+
+    Every option selects among launches that give the same result, so an override changes
+    speed, never values; benchmarks, tests and tools use it to pin or sweep a launch.  Blocks
+    nest, the inner one winning.  Launches planned inside the block are cached under its
+    overrides, apart from the default ones.
+
+    Parameters
+    ----------
+    **overrides
+        Option names and values; the names are those of ``DEFAULTS`` (grouped by kernel
+        family in ``FAMILY_DEFAULTS``).
+
+    Yields
+    ------
+    mapping
+        The options in effect inside the block (read-only).
+
+    Raises
+    ------
+    TypeError
+        For a name that is not an option.
+
+    Examples
+    --------
+    >>> import tcgnn_py as tg
+    >>> with tg.tuning(vec_timed_choice=False) as opts:
+    ...     opts["vec_timed_choice"]
+    False
+    >>> tg.tuning_options()["vec_timed_choice"]
+    True
+    """
+    unknown = sorted(set(overrides) - set(DEFAULTS))
+    if unknown:
+        raise TypeError(f"tuning() got unknown option(s) {unknown}; the options are {sorted(DEFAULTS)}")
+    merged = dict(_CURRENT.get()[0])
+    merged.update(overrides)
+    key = tuple(sorted((k, v) for k, v in merged.items() if v != DEFAULTS[k] or type(v) is not type(DEFAULTS[k])))
+    view = MappingProxyType(merged)
+    token = _CURRENT.set((view, key))
+    try:
+        yield view
+    finally:
+        _CURRENT.reset(token)
