@@ -378,6 +378,37 @@ def test_results_page_from_one_run(tmp_path, monkeypatch, capsys):
     assert "Time to the first product" not in text  # not asked for
 
 
+FAKE_BASELINES = """
+def builders():
+    def build(problem, model):
+        if model != "gcn":
+            return None  # this framework has no such model
+        return (lambda: None), (lambda: None)
+    return {"otherlib": build}, {"otherlib": "9.9"}
+"""
+
+
+def test_baselines_file_adds_columns_to_the_epoch_table(tmp_path, monkeypatch):
+    from tcgnn_py.bench.__main__ import main
+
+    monkeypatch.setenv("TCGNN_PY_DEVICE", "cpu")
+    (tmp_path / "other.py").write_text(FAKE_BASELINES)
+    page = tmp_path / "results.md"
+    assert main(["banded:64:2", "--device", "cpu", "--ops", "gcn,agnn", "--epochs", "1",
+                 "--baselines", str(tmp_path / "other.py"), "--page", str(page)]) == 0
+    text = page.read_text()
+    assert "otherlib 9.9" in text and "otherlib" in text.split("## Training epochs (ms)")[1]
+
+
+def test_baselines_file_that_is_missing_is_an_argument_error(tmp_path, monkeypatch, capsys):
+    from tcgnn_py.bench.__main__ import main
+
+    monkeypatch.setenv("TCGNN_PY_DEVICE", "cpu")
+    with pytest.raises(SystemExit) as e:
+        main(["banded:64:2", "--device", "cpu", "--ops", "gcn", "--baselines", str(tmp_path / "none.py")])
+    assert e.value.code == 2 and "--baselines" in capsys.readouterr().err
+
+
 def test_first_product_needs_a_gpu(monkeypatch, capsys):
     from tcgnn_py.bench.__main__ import main
 

@@ -18,21 +18,6 @@ import pathlib
 import sys
 
 
-def load_baselines(path):
-    """``(builders, versions)`` from a Python file outside this repository that defines ``builders()``.
-
-    ``builders()`` returns ``({name: build(problem, model) -> (step, sync) or None}, {package: version})``,
-    the ``extra`` that :func:`tcgnn_py.bench.bench_gnn` takes.  Other frameworks' models live in such a file,
-    so nothing here imports them.
-    """
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gnn_baselines", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.builders()
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("graphs", nargs="+")
@@ -46,7 +31,7 @@ def main():
     if args.sys_path:
         sys.path.append(args.sys_path)
 
-    from tcgnn_py.bench import bench_gnn, gnn_markdown
+    from tcgnn_py.bench import bench_gnn, gnn_markdown, load_baselines
 
     builders, versions = {}, {}
     if args.baselines:

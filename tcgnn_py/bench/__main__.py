@@ -127,13 +127,16 @@ def main(argv=None):
     ap.add_argument("--page", metavar="FILE",
                     help="write the whole results page (Markdown): the run's card, date, version and command, the "
                          "geomeans, every table, the plot and, with --first-product, the time to the first product")
+    ap.add_argument("--baselines", metavar="FILE.py",
+                    help="gcn, agnn: a file (kept outside this package) whose builders() adds other frameworks' "
+                         "models to the epoch table, e.g. PyTorch Geometric's")
     ap.add_argument("--first-product", type=int, default=0, metavar="RUNS",
                     help="also time the first product in RUNS fresh processes, empty and warm caches (GPU only)")
     args = ap.parse_args(argv)
     if args.device == "cpu":
         os.environ["TCGNN_PY_DEVICE"] = "cpu"  # before anything probes the GPU
     from .._device import gpu_available
-    from ._gnn import bench_gnn, gnn_markdown
+    from ._gnn import bench_gnn, gnn_markdown, load_baselines
     from ._run import bench_graph, bench_reorder
     from ._timing import copy_bandwidth
 
@@ -155,7 +158,15 @@ def main(argv=None):
             locate_graph(spec)
         except (FileNotFoundError, ValueError) as e:
             ap.error(f"graph {spec!r}: {e}")
+    extra = {}
+    if args.baselines:
+        try:
+            extra, versions = load_baselines(args.baselines)
+        except (OSError, ValueError, ImportError, AttributeError) as e:
+            ap.error(f"--baselines {args.baselines}: {e}")
     env = environment(gpu, argv)
+    if args.baselines:
+        env["baselines"] = versions
     env["copy_bandwidth_gbps"] = copy_bandwidth(gpu) / 1e9
     where = "device-to-device" if gpu else "host memory"
     print(f"{env.get('gpu', 'host (reference path)')}; {where} copy {env['copy_bandwidth_gbps']:.0f} GB/s "
@@ -175,7 +186,7 @@ def main(argv=None):
         if "reorder" in args.ops:
             reorders.append(bench_reorder(spec, args.pattern, "cuda" if gpu else "cpu"))
         if models:
-            gnn += bench_gnn(spec, models, args.epochs, device="cuda" if gpu else "cpu")
+            gnn += bench_gnn(spec, models, args.epochs, device="cuda" if gpu else "cpu", extra=extra)
     for line in summary(graphs, args.summary_min_nnz):
         print(line)
     if reorders:
@@ -214,6 +225,9 @@ def results_page(env, graphs, reorders, gnn, args, first=None):
              + (f", CuPy {env['cupy']}, numba-cuda {env['numba_cuda']}" if "cupy" in env else "")
              + f", NumPy {env['numpy']}, SciPy {env['scipy']}, Python {env['python']}. Regenerate it with:", "",
              "```bash", env["command"], "```", ""]
+    if env.get("baselines"):
+        lines += ["Other frameworks' models come from the `--baselines` file (kept outside this package): "
+                  + ", ".join(f"{k} {v}" for k, v in env["baselines"].items()) + ".", ""]
     if "gpu" in env:
         lines += ["Timings are medians of CUDA events in one process, on three clocks: one call from idle (the host's "
                   "issue time inside), calls back to back, and GPU-only (calls queued behind a spin kernel, the "

@@ -142,6 +142,23 @@ def time_epochs(step, sync, epochs=20, repeat=3, warmup=3):
     return statistics.median(samples)
 
 
+def load_baselines(path):
+    """``(builders, versions)`` from a Python file (kept outside this package) that defines ``builders()``.
+
+    ``builders()`` returns ``({name: build(problem, model) -> (step, sync) or None}, {package: version})``:
+    the ``extra`` that :func:`bench_gnn` takes.  Other frameworks' models live in such a file, so this
+    package imports none of them.
+    """
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gnn_baselines", path)
+    if spec is None:
+        raise ValueError(f"baselines: {path!r} is not a Python file")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.builders()
+
+
 def bench_gnn(spec, models=MODELS, epochs=20, repeat=3, device=None, extra=None):
     """Rows ``{graph, model, impl, ms, nodes, nnz, features, ...}`` of time per training epoch.
 
