@@ -85,8 +85,12 @@ def environment(gpu, argv=None):
            "python": platform.python_version(), "numpy": numpy.__version__, "scipy": scipy.__version__,
            "tcgnn_py": __version__, "command": "python -m tcgnn_py.bench " + " ".join(sys.argv[1:] if argv is None else argv)}
     try:
-        env["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                       cwd=pathlib.Path(__file__).parent, check=True).stdout.strip()
+        here = pathlib.Path(__file__).parent
+        git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True, cwd=here,  # noqa: E731
+                                        check=True).stdout.strip()
+        # a tree that differs from its commit is not that commit: say so rather than name it
+        env["commit"] = git("rev-parse", "--short", "HEAD") + ("+changes" if git("status", "--porcelain",
+                                                                                 "--untracked-files=no", ":/") else "")
     except Exception:
         env["commit"] = None
     if gpu:
@@ -140,7 +144,7 @@ def main(argv=None):
     from ._run import bench_graph, bench_reorder
     from ._timing import copy_bandwidth
 
-    gpu = gpu_available()
+    gpu = args.device != "cpu" and gpu_available()  # --device cpu: the host path even where a GPU is usable
     if args.device == "cuda" and not gpu:
         ap.error("--device cuda: no usable GPU here")
     if args.repeat < 1 or args.inputs < 1 or args.epochs < 1:
