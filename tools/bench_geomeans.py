@@ -2,7 +2,7 @@
 
 Usage: python tools/bench_geomeans.py RESULTS.json [--op spmm] [--min-nnz 50000] [--impls A,B,...]
 
-Reads ``python -m tcgnn_py.bench ... --json RESULTS.json`` and prints the markdown rows that BENCHMARKS.md
+Reads ``python -m tcgnn_py.bench ... --json RESULTS.json`` and prints the markdown rows that the results page
 quotes: the geomean of the harness's own speedups (``speedup``, ``speedup_back_to_back``, ``speedup_gpu``:
 ours against the best baseline call) per D and over all points of the graphs with at least ``--min-nnz``
 stored entries, the count of points below 1.0x, then those points.  No GPU needed.

@@ -4,9 +4,9 @@
         [--baselines FILE.py [--sys-path DIR]] [--epochs 20] [--json FILE] [--markdown FILE]
 
 This repository imports no deep-learning framework.  Other frameworks' models
-(the PyTorch Geometric columns of BENCHMARKS.md) come from ``--baselines``, a
+(the PyTorch Geometric columns of docs/benchmarks.md) come from ``--baselines``, a
 file kept outside it whose ``builders()`` returns them; the PyG models used for
-BENCHMARKS.md (PyG's gcn.py and agnn.py examples, and GCNConv on a
+the results page (PyG's gcn.py and agnn.py examples, and GCNConv on a
 ``torch.sparse_csr`` adjacency) were last in this file at commit 968cbab
 (``git show 968cbab:tools/gnn_epoch_table.py``).  Without ``--baselines`` only
 the tcgnn_py and cupyx columns are filled.

@@ -124,7 +124,7 @@ def main(argv=None):
     ap.add_argument("--device", choices=["cuda", "cpu"], default=None,
                     help="cpu: the NumPy reference path against SciPy (default: gpu when usable)")
     ap.add_argument("--json", metavar="FILE", help="write every measurement and the environment here")
-    ap.add_argument("--markdown", metavar="FILE", help="write BENCHMARKS.md-style tables here")
+    ap.add_argument("--markdown", metavar="FILE", help="write the results page's tables here (Markdown)")
     ap.add_argument("--summary-min-nnz", type=int, default=0, metavar="N",
                     help="geomean speedup lines over the graphs with at least N stored entries (default all)")
     ap.add_argument("--plot", metavar="PNG", help="draw speedup bars per graph (needs matplotlib)")

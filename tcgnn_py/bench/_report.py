@@ -100,7 +100,7 @@ def summary(graphs, min_nnz=0):
 
 
 def markdown(graphs, reorders=(), dims=None, summary_min_nnz=0):
-    """BENCHMARKS.md tables: per op, a row per graph and width (times in us, speedups over the best baseline).
+    """Results-page tables: per op, a row per graph and width (times in us, speedups over the best baseline).
 
     The geomean lines cover the graphs with at least ``summary_min_nnz`` stored entries.
     """
@@ -188,7 +188,7 @@ def plot_speedups(graphs, path):
         ax.set_ylabel("x best baseline")
         ax.set_title(f"{op.upper()} D={D}: speedup over the best of {', '.join(rows[0][1]['baselines'])}",
                      fontsize=9)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, never over them
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
