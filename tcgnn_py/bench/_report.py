@@ -161,6 +161,9 @@ def markdown(graphs, reorders=(), dims=None, summary_min_nnz=0):
             lines.append(f"| {r['graph']} | {r['nnz']:,} | {r['pattern']} | {r['initial_pscore']:,} -> {r['pscore']:,} "
                          f"| {_fmt(100 * r['improvement_rate'], '.2f')}% | {'yes' if r['conforming'] else 'no'} | "
                          f"{r['time_s']:.3f} |")
+        lines += ["", "PScore counts the row segments that break the pattern (the paper's ω); the improvement is its "
+                  "relative reduction. The paper (PPoPP'25, Table 7) reports 98.9–100 % for the 1:2:4 pattern over "
+                  "1,356 SuiteSparse graphs, in 0.01–30.55 s per graph on its machine."]
     return "\n".join(lines) + "\n"
 
 
