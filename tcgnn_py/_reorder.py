@@ -24,6 +24,7 @@ from . import _nm_reference as ref
 from ._reference import edge_rows
 from ._tiling import DEFAULT_LAYOUT, LAYOUTS, resolve_layout
 from ._device import to_host, use_gpu
+from ._tuning import options
 from .kernels.launch import THREADS_PER_BLOCK as _TPB
 from .kernels.launch import grid as _grid
 from .kernels.launch import launch_numba as _launch
@@ -354,12 +355,14 @@ def _prepare(A, pattern, device):
     pattern = check_pattern(pattern)
     data, indices, indptr, shape = _square_csr(A)
     n = shape[0]
-    gpu = use_gpu(device)
+    # device=None: a small graph is reordered on the host (the same permutation, no kernel compile)
+    gpu = use_gpu(device) and not (device is None and indices.shape[0] <= options()["reorder_host_max"])
     if gpu:
         import cupy as xp
     else:
         xp = np
-    indices, indptr = xp.asarray(indices), xp.asarray(indptr)
+    convert = xp.asarray if gpu else to_host
+    indices, indptr = convert(indices), convert(indptr)
     edge_row = edge_rows(indptr, indices.shape[0])
     if gpu:
         return pattern, _KernelBackend(xp, indices, edge_row, n, pattern)
@@ -677,12 +680,13 @@ def _structure(A, device, square=True):
         data, indices, indptr, shape = coerce_csr(A)
         _, indices, indptr = check_csr_arrays(data, indices, indptr, shape)
         indices, indptr = distinct_entries(indices, indptr, shape[1])
-    gpu = use_gpu(device)
+    gpu = use_gpu(device) and not (device is None and indices.shape[0] <= options()["locality_host_max"])
     if gpu:
         import cupy as xp
     else:
         xp = np
-    return xp, xp.asarray(indices), xp.asarray(indptr), shape, gpu
+    convert = xp.asarray if gpu else to_host
+    return xp, convert(indices), convert(indptr), shape, gpu
 
 
 def _locality_layouts(xp, indices, indptr, shape, *invs):

@@ -25,6 +25,7 @@ from ._ops import (
     timed_choices,
 )
 from ._tiling import STRUCTURE, Tiling, TileStats, resolve_layout
+from ._tuning import options
 from ._validation import (
     check_csr_arrays,
     check_bool,
@@ -38,6 +39,12 @@ from ._validation import (
 )
 
 __all__ = ["TiledMatrix", "TileStats", "Tiling", "spmm", "sddmm"]
+
+
+def _upload(arrays):
+    """The tiled arrays copied to the GPU (one copy each, on the current stream)."""
+    cp = get_cupy()
+    return {k: cp.asarray(v) for k, v in arrays.items()}
 
 
 class TiledMatrix:
@@ -111,7 +118,11 @@ class TiledMatrix:
         vdtype = value_dtype(data.dtype if dtype is None else dtype)
         if dtype is None:  # the library picks the float type, and promises it holds the values exactly
             check_exact(data, "A")
-        if on_device:
+        opts = options()
+        # A small host input is translated on the host and uploaded once: the same arrays as the kernels'
+        # (tests compare them), without their first compile in this process.
+        host_build = on_device and array_module(indices) is np and data.shape[0] <= opts["sgt_host_max"]
+        if on_device and not host_build:
             # O(1) checks where the arrays are (free on the host); SGT's first kernel makes the O(nnz) ones.
             # Indices of another type are scanned before the int32 cast, which could wrap them into range.
             data, indices, indptr = check_csr_arrays(data, indices, indptr, shape,
@@ -128,8 +139,12 @@ class TiledMatrix:
         # Duplicates are summed in the build dtype (float32 for 16-bit values), then rounded once.
         data = data.astype(_build_dtype(vdtype), copy=False)
         arrays = _sgt.tile(data, indices, indptr, shape, window, block)
+        if host_build and (layout.pattern is None or data.shape[0] > opts["nm_group_host_max"]):
+            arrays = _upload(arrays)  # the N:M grouping of a larger matrix runs on the GPU
         if layout.pattern is not None:
             arrays = _nm_group.regroup(arrays, shape, layout)
+        if host_build and array_module(arrays["tile_pos"]) is np:
+            arrays = _upload(arrays)
         tiling, values = Tiling.from_arrays(arrays, shape, (window, block), layout)
         self._init(tiling, values.astype(vdtype, copy=False))
 

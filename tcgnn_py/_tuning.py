@@ -64,6 +64,14 @@ FAMILY_DEFAULTS = MappingProxyType({
         # values X's type holds exactly (unweighted, small integers): one MMA, not two on (hi, lo) pairs
         "half_exact_values": True,
     }),
+    # building and reordering: small inputs take the NumPy path (same arrays, same permutation) instead of
+    # Numba kernels, whose first compile in a process costs seconds while a small input's NumPy pass costs ms
+    "build": MappingProxyType({
+        "sgt_host_max": 1 << 18,  # host input of up to this many entries: SGT on the host, then one upload
+        "nm_group_host_max": 1 << 16,  # ... and the N:M layouts' grouping too, up to this many
+        "reorder_host_max": 1 << 14,  # reorder(A, N:M pattern) with device=None: on the host up to this many
+        "locality_host_max": 1 << 16,  # reorder(A, "locality") / locality_report with device=None: the same
+    }),
     # N:M layouts, mma.sp
     "sparse": MappingProxyType({
         "sp_blocks_per_unit": 32,  # blocks per balanced unit (the reorder's NM_BLOCKS_PER_UNIT)

@@ -1,0 +1,88 @@
+"""Small host inputs are translated (and reordered) on the host: the same arrays and permutations as the kernels'.
+
+The GPU path of ``TiledMatrix`` translates a host input of up to ``sgt_host_max`` entries with the NumPy
+reference and uploads the result once, and ``reorder`` with ``device=None`` runs small graphs on the host:
+both skip the Numba kernels' first compile.  These tests pin the kernels with ``tg.tuning`` and compare.
+"""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import tcgnn_py as tg
+from _env import cupy_fixture
+from _zoo import zoo
+
+cp = cupy_fixture()
+KERNELS = dict(sgt_host_max=-1, nm_group_host_max=-1)  # every size goes to the kernels
+GRAPHS = dict(zoo(), cora=tg.load_cora().adj, power_law=tg.power_law_graph(3000, 30000, seed=3))
+
+
+def ints(rng, *shape):
+    return rng.integers(-8, 9, shape).astype(np.float32)
+
+
+def _arrays(T):
+    return {k: getattr(T.tiling, k) for k in ("win_ptr", "block_cols", "block_ptr", "tile_pos", "perm")} | {
+        "values": T.values}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["vector", "tcgnn", "2:4", "1:2"])
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+def test_host_build_equals_the_kernels(cp, name, layout):
+    A = GRAPHS[name]
+    T = tg.TiledMatrix(A, layout=layout)
+    with tg.tuning(**KERNELS):
+        K = tg.TiledMatrix(A, layout=layout)
+    assert T.device == K.device == "cuda"
+    for (k, a), b in zip(_arrays(T).items(), _arrays(K).values()):
+        assert isinstance(a, cp.ndarray) and a.dtype == b.dtype and a.shape == b.shape, k
+        np.testing.assert_array_equal(a.get(), b.get(), err_msg=k)
+    if A.shape[1]:
+        X = cp.asarray(ints(np.random.default_rng(0), A.shape[1], 16))
+        np.testing.assert_array_equal((T @ X).get(), (K @ X).get())
+        np.testing.assert_array_equal((T.T.T @ X).get(), (A @ X.get().astype(np.float64)).astype(np.float32))
+
+
+@pytest.mark.gpu
+def test_nm_grouping_of_a_larger_host_build_runs_on_the_gpu(cp):
+    """Between the two limits, SGT runs on the host and the N:M grouping on the GPU: the same arrays again."""
+    A = GRAPHS["power_law"]
+    with tg.tuning(nm_group_host_max=A.nnz - 1):
+        T = tg.TiledMatrix(A, layout="2:4")
+    with tg.tuning(**KERNELS):
+        K = tg.TiledMatrix(A, layout="2:4")
+    for (k, a), b in zip(_arrays(T).items(), _arrays(K).values()):
+        np.testing.assert_array_equal(a.get(), b.get(), err_msg=k)
+
+
+@pytest.mark.gpu
+def test_device_input_keeps_the_kernels(cp):
+    """CuPy input is translated where it is (no download), whatever its size."""
+    import cupyx.scipy.sparse as csp
+
+    A = GRAPHS["cora"]
+    T = tg.TiledMatrix(csp.csr_matrix(A.astype(np.float32)))
+    np.testing.assert_array_equal(T.tocsr().toarray(), A.toarray())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern", ["2:4", (4, 2, 8), "locality"])
+def test_small_reorder_on_the_host_equals_the_kernels(cp, pattern):
+    A = tg.power_law_graph(1001, 6000, seed=4, symmetric=True)
+    auto = tg.reorder(A, pattern, max_iter=3) if pattern != "locality" else tg.reorder(A, pattern)
+    kern = tg.reorder(A, pattern, max_iter=3, device="cuda") if pattern != "locality" else \
+        tg.reorder(A, pattern, device="cuda")
+    np.testing.assert_array_equal(auto.perm, kern.perm)
+    with tg.tuning(reorder_host_max=-1, locality_host_max=-1):  # device=None on the kernels
+        again = tg.reorder(A, pattern, max_iter=3) if pattern != "locality" else tg.reorder(A, pattern)
+    np.testing.assert_array_equal(again.perm, kern.perm)
+
+
+@pytest.mark.gpu
+def test_locality_report_on_the_host_equals_the_kernels(cp):
+    A = sp.csr_array(GRAPHS["cora"])
+    auto = tg.locality_report(A)
+    kern = tg.locality_report(A, device="cuda")
+    assert auto == kern
