@@ -78,7 +78,8 @@ def train_step(problem, model, sparse, device=None, seed=0, cuda_graph=False):
     from ..nn._edges import CSREdges
 
     gpu = use_gpu(device)
-    A = nn.gcn_norm(problem["adj"]) if model == "gcn" else nn.add_self_loops(problem["adj"])
+    where = "cuda" if gpu else "cpu"
+    A = nn.gcn_norm(problem["adj"], device=where) if model == "gcn" else nn.add_self_loops(problem["adj"], device=where)
     rng = nn.default_rng(seed, like=A)
     xp = get_cupy() if gpu else np
     if sparse == "csr":

@@ -2,15 +2,20 @@
 
 import numpy as np
 
-from .._device import array_module, get_cupy, gpu_available
+from .._device import array_module, get_cupy, use_gpu
+from .._tuning import options
 from .._tiled import TiledMatrix
 from .._validation import coerce_csr
 
 __all__ = ["add_self_loops", "gcn_norm"]
 
 
-def _square_csr(A):
-    """``(data, indices, indptr, n, xp)``: A's CSR arrays, on the GPU when one is usable."""
+def _square_csr(A, device=None):
+    """``(data, indices, indptr, n, xp)``: A's CSR arrays, moved to the GPU for ``device`` when large.
+
+    A host input small enough for the host translation (``sgt_host_max``) is normalised on the host
+    too, so the TiledMatrix built from it needs no kernel compile.
+    """
     if isinstance(A, TiledMatrix):
         data, indices, indptr = A.csr_arrays()
         shape = A.shape
@@ -23,7 +28,7 @@ def _square_csr(A):
     if data.dtype.kind not in "biuf":
         raise TypeError(f"adjacency values must be real, got {data.dtype}")
     xp = array_module(indices)
-    if xp is np and gpu_available():
+    if xp is np and data.shape[0] > options()["sgt_host_max"] and use_gpu(device):
         xp = get_cupy()
         data, indices, indptr = (xp.asarray(v) for v in (data, indices, indptr))
     return data, indices, indptr, shape[0], xp
@@ -48,11 +53,12 @@ def _plus_identity(data, indices, indptr, n, xp, fill_value):
     return S
 
 
-def _tiled(S, dtype, layout, tile_shape):
-    return TiledMatrix((S.data, S.indices, S.indptr), S.shape, dtype=dtype, layout=layout, tile_shape=tile_shape)
+def _tiled(S, dtype, layout, tile_shape, device):
+    return TiledMatrix((S.data, S.indices, S.indptr), S.shape, dtype=dtype, layout=layout, tile_shape=tile_shape,
+                       device=device)
 
 
-def add_self_loops(A, *, fill_value=1.0, dtype=np.float32, layout=None, tile_shape=None):
+def add_self_loops(A, *, fill_value=1.0, dtype=np.float32, layout=None, tile_shape=None, device=None):
     """``A + fill_value * I`` as a :class:`~tcgnn_py.TiledMatrix` (the graph AGNN attends over).
 
     Parameters
@@ -63,7 +69,7 @@ def add_self_loops(A, *, fill_value=1.0, dtype=np.float32, layout=None, tile_sha
         Added to every diagonal entry (existing self loops included).
     dtype : dtype, default float32
         float32 for the tensor cores, float64 for exact checks.
-    layout, tile_shape : optional
+    layout, tile_shape, device : optional
         As for :class:`~tcgnn_py.TiledMatrix`.
 
     Examples
@@ -73,17 +79,17 @@ def add_self_loops(A, *, fill_value=1.0, dtype=np.float32, layout=None, tile_sha
     >>> print(tg.nn.add_self_loops(A).toarray().tolist())
     [[1.0, 1.0], [1.0, 1.0]]
     """
-    data, indices, indptr, n, xp = _square_csr(A)
+    data, indices, indptr, n, xp = _square_csr(A, device)
     if isinstance(fill_value, (bool, str, bytes)) or not np.isscalar(fill_value) and np.ndim(fill_value) != 0:
         raise TypeError(f"fill_value must be a real number, got {type(fill_value).__name__}")
     try:
         fill_value = float(fill_value)
     except (TypeError, ValueError):
         raise TypeError(f"fill_value must be a real number, got {type(fill_value).__name__}") from None
-    return _tiled(_plus_identity(data, indices, indptr, n, xp, fill_value), dtype, layout, tile_shape)
+    return _tiled(_plus_identity(data, indices, indptr, n, xp, fill_value), dtype, layout, tile_shape, device)
 
 
-def gcn_norm(A, *, add_self_loops=True, dtype=np.float32, layout=None, tile_shape=None):
+def gcn_norm(A, *, add_self_loops=True, dtype=np.float32, layout=None, tile_shape=None, device=None):
     """Kipf & Welling's propagation matrix ``Â = D^-1/2 (A + I) D^-1/2`` as a TiledMatrix.
 
     ``D`` holds the row sums of ``A + I``, edge weights included (for a
@@ -99,13 +105,13 @@ def gcn_norm(A, *, add_self_loops=True, dtype=np.float32, layout=None, tile_shap
         Use ``A + I`` (the renormalisation trick); False normalises A itself.
     dtype : dtype, default float32
         float32 for the tensor cores, float64 for exact checks.
-    layout, tile_shape : optional
+    layout, tile_shape, device : optional
         As for :class:`~tcgnn_py.TiledMatrix`.
 
     Returns
     -------
     TiledMatrix
-        On the GPU when one is usable.  The normalisation runs in float64.
+        On the GPU when one is usable (``device=None``).  The normalisation runs in float64.
 
     Examples
     --------
@@ -114,7 +120,7 @@ def gcn_norm(A, *, add_self_loops=True, dtype=np.float32, layout=None, tile_shap
     >>> print(tg.nn.gcn_norm(A).toarray().round(6).tolist())
     [[0.5, 0.5], [0.5, 0.5]]
     """
-    data, indices, indptr, n, xp = _square_csr(A)
+    data, indices, indptr, n, xp = _square_csr(A, device)
     S = _plus_identity(data, indices, indptr, n, xp, 1.0 if add_self_loops else None)
     deg = xp.asarray(S.sum(axis=1)).reshape(-1)
     if bool((deg < 0).any()):  # synchronize!
@@ -122,4 +128,4 @@ def gcn_norm(A, *, add_self_loops=True, dtype=np.float32, layout=None, tile_shap
     dinv = xp.where(deg > 0, 1.0 / xp.sqrt(xp.where(deg > 0, deg, 1.0)), 0.0)
     rows = xp.searchsorted(S.indptr, xp.arange(S.nnz), side="right") - 1
     S.data = S.data * dinv[rows] * dinv[S.indices]
-    return _tiled(S, dtype, layout, tile_shape)
+    return _tiled(S, dtype, layout, tile_shape, device)
