@@ -23,9 +23,13 @@ the Numba kernels too.
 """
 
 import numpy as np
-from numba import config, cuda
 
-from .driver import launch as driver_launch
+from .._device import patch_numpy_for_numba
+
+patch_numpy_for_numba()  # before Numba compiles anything (numba-cuda 0.30 calls numpy.row_stack)
+from numba import config, cuda  # noqa: E402
+
+from .driver import launch as driver_launch  # noqa: E402
 from .driver import slot_value
 
 __all__ = ["launch", "current_stream", "fast_path_count"]
