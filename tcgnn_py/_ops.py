@@ -60,7 +60,7 @@ _F32 = np.dtype(np.float32)
 TC_TILES = ((16, 8), (8, 4))
 _VEC_TILE = (8, 4)
 
-# Work decomposition of the SpMM kernels (see kernels/products.py).
+# Work decomposition of the SpMM kernels (see the kernels.products package).
 UNITS_PER_WINDOW_MAX = 64  # a hub window is split over at most this many CTAs
 SDDMM_BLOCKS_PER_WARP = 4
 
