@@ -31,25 +31,15 @@ import numpy as np
 from . import _reference as ref
 from ._device import get_cupy, publish
 from ._tuning import options, overrides_key
-from ._ops import (
-    VEC_UNITS_PER_WINDOW_MAX,
-    HALF_MODES,
-    Fixup,
-    bound_launch,
-    half_values,
-    stream_scratch,
-    values_as,
-    cast_closure,
-    register_nm_products,
-    resolve_precision,
-    result_and_operand,
-    result_dtype,
-    spmm_plan,
-)
+from ._plans import VEC_UNITS_PER_WINDOW_MAX, spmm_plan, values_as
+from ._launches import Fixup, bound_launch, stream_scratch
+from ._half import half_values, result_and_operand
+from ._ops import HALF_MODES, register_nm_products, resolve_precision, result_dtype
+from ._hot import cast_closure
 
 __all__ = ["sp_meta", "sp_values", "spmm_sp", "sp_bind", "pack_structure", "pack_values"]
 
-_F32 = np.dtype(np.float32)
+F32 = np.dtype(np.float32)
 
 
 def _luts(n, m):
@@ -147,7 +137,7 @@ def sp_values(tiling, values, xdt, casts):
     _, dest = sp_meta(tiling)
     nb, layout = tiling.n_blocks, tiling.layout
     if layout.pattern == (1, 2):
-        v = values_as(values, _F32, casts)
+        v = values_as(values, F32, casts)
         out = (False, pack_values(cp, dest, nb, layout, v), None)
     else:
         split, vals, unscale = half_values(values, np.dtype(xdt), casts)
@@ -185,7 +175,7 @@ class SpLaunch(NamedTuple):
         """This stream's partial rows of split windows (float32), or None."""
         if not self.n_slots:
             return None
-        return stream_scratch(self.scratch, "partial", lambda: get_cupy().empty((self.n_slots, 16, D), _F32))
+        return stream_scratch(self.scratch, "partial", lambda: get_cupy().empty((self.n_slots, 16, D), F32))
 
 
 def _sp_launch(tiling, xname, split, yname, D, aligned):
@@ -257,7 +247,7 @@ def sp_bind(tiling, values, X, out, precision=None, casts=None):
     if M == 0 or D == 0:
         return None
     mode = resolve_precision(precision, dtype, tiling.tile_shape, xdt, tiling.layout.pattern)
-    if not (mode in HALF_MODES and dtype in (_F32, xdt) or mode == "tf32" and xdt == _F32 and dtype == _F32):
+    if not (mode in HALF_MODES and dtype in (F32, xdt) or mode == "tf32" and xdt == F32 and dtype == F32):
         return None  # the slow path widens X or rounds the result into a copy
     hit = (casts or {}).get(_sp_key(xdt))  # filled by the slow path's call: (hi, lo) pairs or not
     if hit is None:

@@ -8,22 +8,11 @@ from . import _nm_group, _sgt
 from . import _sparse_tc  # noqa: F401  (registers the N:M layouts' products with _ops)
 from . import _reference as ref
 from ._device import DeviceMismatchError, array_module, get_cupy, is_cupy_array, to_host, use_gpu
-from ._ops import (
-    DEVICE_VALUES,
-    HOT_PRECISIONS,
-    HOT_SDDMM_PRECISIONS,
-    MISMATCH,
-    overlaps,
-    as_operand,
-    check_out,
-    hot_key,
-    result_dtype,
-    sddmm_bind,
-    sddmm_raw,
-    spmm_bind,
-    spmm_raw,
-    timed_choices,
-)
+from ._launches import overlaps
+from ._vec_choice import timed_choices
+from ._half import DEVICE_VALUES
+from ._ops import MISMATCH, as_operand, check_out, result_dtype, sddmm_raw, spmm_raw
+from ._hot import HOT_PRECISIONS, HOT_SDDMM_PRECISIONS, hot_key, sddmm_bind, spmm_bind
 from ._tiling import STRUCTURE, Tiling, TileStats, resolve_layout
 from ._tuning import options
 from ._validation import (

@@ -44,15 +44,15 @@ def test_spmm_launch_argument_order():
     # run() and the hot path's bind() share _fixed(): the order of the kernels' parameters is written once.
     import types
 
-    from tcgnn_py import _ops
+    from tcgnn_py import _launches
 
     calls = []
     kernel = lambda grid, block, args, shared_mem=0: calls.append(args)  # noqa: E731
     tiling = types.SimpleNamespace(block_ptr="bp", block_cols="bc")
-    t = _ops.TF32SpmmLaunch(kernel, (1,), (32,), 0, "units", "mask", 2, sizes=("M", "D", "S"))
+    t = _launches.TF32SpmmLaunch(kernel, (1,), (32,), 0, "units", "mask", 2, sizes=("M", "D", "S"))
     t.run(tiling, "v", "X", "Y", "P", 5, 6)
     assert calls[-1] == ("units", "bp", "bc", "mask", "v", "X", "Y", "P", None, None, "M", "D", "S")
-    v = _ops.VecSpmmLaunch(kernel, (1,), (32,), 0, "units", "k0", "meta", 1, 4, 0, {}, sizes=("M", "D", "NS", "NW"))
+    v = _launches.VecSpmmLaunch(kernel, (1,), (32,), 0, "units", "k0", "meta", 1, 4, 0, {}, sizes=("M", "D", "NS", "NW"))
     v.run(tiling, "v", "X", "Y", "P", 5, 6, ("u",))
     assert calls[-1] == ("units", "k0", "bc", "meta", "v", "X", "Y", "P", None, "M", "D", "NS", "NW", "u")
 
@@ -80,7 +80,8 @@ def test_bound_launch_extra_slots(monkeypatch):
     """The hot paths' bound launch writes each operand's address, the 16-bit kernel's unscale last."""
     import types
 
-    from tcgnn_py import _ops
+    from tcgnn_py import _launches
+
     from tcgnn_py.kernels import driver
 
     seen = []
@@ -92,14 +93,14 @@ def test_bound_launch_extra_slots(monkeypatch):
         seen.append([ctypes.c_int64.from_address(p).value for p in ptrs])
 
     monkeypatch.setattr(driver, "_cuda", lambda: fake_launch)
-    monkeypatch.setattr(_ops, "get_cupy", lambda: types.SimpleNamespace(
+    monkeypatch.setattr(_launches, "get_cupy", lambda: types.SimpleNamespace(
         cuda=types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=99))))
     arr = lambda p: types.SimpleNamespace(data=types.SimpleNamespace(ptr=p))  # noqa: E731
     kernel = types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=7))
     head, tail = (arr(1), arr(2)), (np.int32(5), np.int32(6))
     n_args = len(head) + 4 + len(tail) + 1
-    _ops.bound_launch(kernel, (3,), (128,), 0, head, tail, arr(40), n_extra=1)(arr(10), arr(20), arr(30), arr(50))
+    _launches.bound_launch(kernel, (3,), (128,), 0, head, tail, arr(40), n_extra=1)(arr(10), arr(20), arr(30), arr(50))
     assert seen[-1] == [1, 2, 10, 20, 30, 40, 5, 6, 50]
     # Without partial tiles Y is the partial too.
-    _ops.bound_launch(kernel, (3,), (128,), 0, head, tail, None, n_extra=1)(arr(10), arr(20), arr(30), arr(50))
+    _launches.bound_launch(kernel, (3,), (128,), 0, head, tail, None, n_extra=1)(arr(10), arr(20), arr(30), arr(50))
     assert seen[-1] == [1, 2, 10, 20, 30, 30, 5, 6, 50]

@@ -112,7 +112,7 @@ def test_sddmm_zero_width():
 
 def test_work_plan_covers_every_block_once():
     """The SpMM units partition each window's blocks; split windows own consecutive slots."""
-    from tcgnn_py._ops import UNITS_PER_WINDOW_MAX, build_plan
+    from tcgnn_py._plans import UNITS_PER_WINDOW_MAX, build_plan
 
     win_ptr = np.array([0, 0, 3, 3, 100, 101, 101 + 40 * UNITS_PER_WINDOW_MAX], np.int32)
     plan = build_plan(np, win_ptr, 16)
@@ -156,33 +156,33 @@ class _Histogram:
 @pytest.mark.parametrize("floor, want", [(None, 256), (128, 128)])
 def test_unit_size_caps_long_windows_on_large_grids(floor, want):
     """Windows of 200 blocks, 114 per resident warp: one unit each (the factor's cap, 454) or two (the floor's, 128)."""
-    from tcgnn_py import _ops
+    from tcgnn_py import _vec_choice
 
     with tg.tuning(vec_tail_floor=floor):
-        assert _ops._vec_unit_size(_Histogram(np.full(600, 200)), n_slices=4) == want
+        assert _vec_choice.vec_unit_size(_Histogram(np.full(600, 200)), n_slices=4) == want
 
 
 def test_unit_size_of_the_16bit_kernel_takes_its_own_floor():
     """The 600 windows of 200 blocks above, 114 per resident warp: the 16-bit kernel's floor (64) cuts them in 4."""
-    from tcgnn_py import _ops
+    from tcgnn_py import _vec_choice
 
     hist = _Histogram(np.full(600, 200))
     with tg.tuning(vec_tail_floor=128, half_tail_floor=64):
-        assert _ops._vec_unit_size(hist, n_slices=4) == 128
-        assert _ops._vec_unit_size(hist, n_slices=4, half=True) == 64
+        assert _vec_choice.vec_unit_size(hist, n_slices=4) == 128
+        assert _vec_choice.vec_unit_size(hist, n_slices=4, half=True) == 64
         with tg.tuning(half_tail_floor=None):  # the factor's cap alone
-            assert _ops._vec_unit_size(hist, n_slices=4, half=True) == 256
+            assert _vec_choice.vec_unit_size(hist, n_slices=4, half=True) == 256
 
 
 @pytest.mark.parametrize("floor", [None, 128])
 def test_unit_size_floor_leaves_small_grids_to_the_factor(floor):
     """5 blocks per resident warp: the tail factor (4x) caps units at 16 blocks whatever the floor."""
-    from tcgnn_py import _ops
+    from tcgnn_py import _vec_choice
 
     with tg.tuning(vec_tail_floor=floor):
-        assert _ops._vec_unit_size(_Histogram(np.full(100, 200)), n_slices=1) == 16
+        assert _vec_choice.vec_unit_size(_Histogram(np.full(100, 200)), n_slices=1) == 16
         # One hub window among short ones: its units stay within 4x the 10 blocks of a resident warp.
-        assert _ops._vec_unit_size(_Histogram([20000] + [10] * 2000), n_slices=1) == 32
+        assert _vec_choice.vec_unit_size(_Histogram([20000] + [10] * 2000), n_slices=1) == 32
 
 
 class _Windows(_Histogram):
@@ -202,9 +202,9 @@ class _Windows(_Histogram):
 
 
 def test_coop_units_split_each_window_in_four_balanced_parts():
-    from tcgnn_py import _ops
+    from tcgnn_py import _plans
 
-    units = _ops._vec_coop_units(_Windows([0, 0, 3, 10]))
+    units = _plans.vec_coop_units(_Windows([0, 0, 3, 10]))
     assert units.dtype == np.int32 and units.shape == (12, 4)
     np.testing.assert_array_equal(units[:, 0], np.repeat([0, 1, 2], 4))
     np.testing.assert_array_equal(units[:, 1:3], [[0, 0]] * 4 + [[0, 0], [0, 1], [1, 2], [2, 3]]
@@ -221,32 +221,32 @@ def test_coop_units_split_each_window_in_four_balanced_parts():
     ([25] * 3000 + [51], 32, False),  # a larger grid: 3001 CTAs > 16 per SM
 ])
 def test_coop_rule(blocks, D, want):
-    from tcgnn_py import _ops
+    from tcgnn_py import _vec_choice
 
     with tg.tuning(vec_coop=None):
-        assert _ops._vec_coop(_Windows(np.concatenate([[0], np.cumsum(blocks)])), D) is want
+        assert _vec_choice.vec_coop(_Windows(np.concatenate([[0], np.cumsum(blocks)])), D) is want
 
 
 @pytest.mark.filterwarnings("ignore::tcgnn_py.NoGPUWarning")
 def test_coop_choice_of_the_16bit_kernel():
     """The 16-bit kernel takes the one-CTA launch by the same rule, on aligned rows only, and its timed
     choice compares the compiled COOP shapes (4 parts a window whatever the shape: the same sums)."""
-    from tcgnn_py import _ops
+    from tcgnn_py import _vec_choice
     from tcgnn_py.kernels import products as kp
 
     T = tg.TiledMatrix(sp.random(300, 300, density=0.05, format="csr", random_state=0), layout="vector")
     T.tiling.put("sm_count", 132)
     half = ("float16", True, "float32")
     with tg.tuning(vec_coop=True):
-        default = _ops._vec_choice(T.tiling, 64, True, half)
+        default = _vec_choice.vec_choice(T.tiling, 64, True, half)
         assert default.coop and (default.slices, default.ks, default.stages) == kp.VEC_HALF_COOP[0]
-        assert not _ops._vec_choice(T.tiling, 64, False, half).coop  # unaligned rows: the usual launch
-        wide = _ops._half_candidates(T.tiling, 64, True, half)
+        assert not _vec_choice.vec_choice(T.tiling, 64, False, half).coop  # unaligned rows: the usual launch
+        wide = _vec_choice.half_candidates(T.tiling, 64, True, half)
         assert wide[0] == default and {(c.slices, c.ks, c.stages) for c in wide} == set(kp.VEC_HALF_COOP)
         assert all(c.coop and not c.combine for c in wide)
-        assert _ops._half_candidates(T.tiling, 17, True, half) == [_ops._vec_choice(T.tiling, 17, True, half)]
+        assert _vec_choice.half_candidates(T.tiling, 17, True, half) == [_vec_choice.vec_choice(T.tiling, 17, True, half)]
     with tg.tuning(vec_coop=False):
-        assert not any(c.coop for c in _ops._half_candidates(T.tiling, 64, True, half))
+        assert not any(c.coop for c in _vec_choice.half_candidates(T.tiling, 64, True, half))
 
 
 @pytest.mark.filterwarnings("ignore::tcgnn_py.NoGPUWarning")
@@ -254,31 +254,31 @@ def test_l1_copies_are_timed_candidates_of_the_tf32_kernel():
     """The TF32 cp.async shapes compiled with copies through L1 are candidates beside the same shapes through L2
     (the same partition, so the same sums); the statistics' launch takes them only when asked, and False
     turns them off."""
-    from tcgnn_py import _ops
+    from tcgnn_py import _vec_choice
     from tcgnn_py.kernels import products as kp
 
     T = tg.TiledMatrix(sp.random(300, 300, density=0.05, format="csr", random_state=0), layout="vector")
     T.tiling.put("sm_count", 132)
     with tg.tuning(vec_coop=False):
-        cands = _ops._vec_candidates(T.tiling, 64, True)
+        cands = _vec_choice.vec_candidates(T.tiling, 64, True)
         l1 = [c for c in cands if c.l1]
         assert not cands[0].l1 and l1 and all(c.cp_async and not c.dense for c in l1)
         assert {(c.slices, c.unroll, 2) for c in l1} == set(kp.VEC_ASYNC_L1)
         assert {c._replace(l1=False) for c in l1} <= set(cands)  # each beside its L2 twin
-        assert not any(c.l1 for c in _ops._vec_candidates(T.tiling, 64, False))  # unaligned rows: no cp.async
+        assert not any(c.l1 for c in _vec_choice.vec_candidates(T.tiling, 64, False))  # unaligned rows: no cp.async
         with tg.tuning(vec_async_l1=False):  # never
-            assert not any(c.l1 for c in _ops._vec_candidates(T.tiling, 64, True))
+            assert not any(c.l1 for c in _vec_choice.vec_candidates(T.tiling, 64, True))
         with tg.tuning(vec_async_l1=True):
-            assert _ops._vec_choice(T.tiling, 64, True).l1
+            assert _vec_choice.vec_choice(T.tiling, 64, True).l1
             with tg.tuning(vec_async_stages=3):  # not compiled with L1 copies: neither chosen nor a candidate
-                assert not _ops._vec_choice(T.tiling, 64, True).l1
-                assert not any(c.l1 for c in _ops._vec_candidates(T.tiling, 64, True))
+                assert not _vec_choice.vec_choice(T.tiling, 64, True).l1
+                assert not any(c.l1 for c in _vec_choice.vec_candidates(T.tiling, 64, True))
     assert "true>" in kp.spmm_vec_async_name(1, 4, 2, l1=True)
     assert kp.spmm_vec_async_name(1, 4, 2, l1=True) in kp.FAMILIES["vec"][1]
 
 
 def test_pick_fastest_keeps_the_default_within_the_margin():
-    from tcgnn_py._ops import VEC_TIMED_MARGIN, pick_fastest
+    from tcgnn_py._vec_choice import VEC_TIMED_MARGIN, pick_fastest
 
     assert pick_fastest([5.0]) == 0
     assert pick_fastest([10.0, 10.0 * (1 - VEC_TIMED_MARGIN / 2), 11.0]) == 0  # within noise: the default
@@ -288,7 +288,7 @@ def test_pick_fastest_keeps_the_default_within_the_margin():
 
 
 class _Done:
-    """A finished (or unfinished) background compile, as :func:`tcgnn_py._ops._planned` sees one."""
+    """A finished (or unfinished) background compile, as :func:`tcgnn_py._launches.planned` sees one."""
 
     def __init__(self, done):
         self._done = done
@@ -298,16 +298,16 @@ class _Done:
 
 
 def test_provisional_launch_is_replanned_once_its_compiles_finish():
-    from tcgnn_py import _ops
+    from tcgnn_py import _launches
 
     t = _Windows([0, 4])
     pending = _Done(False)
-    plans = iter([_ops.Provisional("first", [pending]), "final", "never"])
+    plans = iter([_launches.Provisional("first", [pending]), "final", "never"])
     plan = lambda: next(plans)  # noqa: E731
-    key = _ops.launch_key("tf32", np.float32, 64, True)
-    assert _ops._planned(t, key, plan) == "first" and key not in t.store  # not cached: no hot path binds it
-    assert _ops._planned(t, key, plan) == "first"  # still compiling: the same launch, no new plan
+    key = _launches.launch_key("tf32", np.float32, 64, True)
+    assert _launches.planned(t, key, plan) == "first" and key not in t.store  # not cached: no hot path binds it
+    assert _launches.planned(t, key, plan) == "first"  # still compiling: the same launch, no new plan
     pending._done = True
-    assert _ops._planned(t, key, plan) == "final" and t.store[key] == "final"
+    assert _launches.planned(t, key, plan) == "final" and t.store[key] == "final"
     assert ("provisional", key) not in t.store
-    assert _ops._planned(t, key, plan) == "final"  # cached from now on
+    assert _launches.planned(t, key, plan) == "final"  # cached from now on

@@ -13,7 +13,10 @@ from _zoo import sddmm_expected, star
 from _env import count_timing, graph_dir
 
 import tcgnn_py as tg
+from tcgnn_py import _launches
 from tcgnn_py import _ops
+from tcgnn_py import _plans
+from tcgnn_py import _vec_choice
 
 pytestmark = pytest.mark.gpu
 
@@ -359,7 +362,7 @@ def _check_timed_candidates(cp, rng, D, coop):
         T = tg.TiledMatrix(A, dtype=np.float32)
         X = cp.asarray(rng.standard_normal((A.shape[1], D), dtype=np.float32))
         aligned = D % 4 == 0
-        choices = _ops._vec_candidates(T.tiling, D, aligned)
+        choices = _vec_choice.vec_candidates(T.tiling, D, aligned)
         assert len(set(choices)) == len(choices) and len({c.bpu for c in choices}) == 1
         assert {c.coop for c in choices} == {coop and aligned}
         gathers = {(c.cp_async, c.unroll, c.dense, c.l1) for c in choices}
@@ -376,9 +379,9 @@ def _check_timed_candidates(cp, rng, D, coop):
         assert {c.slices for c in choices} == ({1, 2} if D > 32 else {1})
         first = None
         for c in choices:
-            launch = _ops._vec_launch(cp, T.tiling, np.dtype(np.float32), D, aligned, choice=c)
+            launch = _vec_choice.vec_launch(cp, T.tiling, np.dtype(np.float32), D, aligned, choice=c)
             Y = cp.full((A.shape[0], D), cp.nan, cp.float32)
-            _ops._run_spmm(cp, launch, T.tiling, T.values, X, Y, np.dtype(np.float32))
+            _launches.run_spmm(cp, launch, T.tiling, T.values, X, Y, np.dtype(np.float32))
             got = Y.get()
             if first is None:
                 first = got
@@ -436,12 +439,12 @@ def test_timed_choice_runs_once_and_keeps_the_fastest(cp, monkeypatch):
     assert len(ms) == calls[0] > 1 and all(0 < t < 1e3 for t in ms.values())
     ((_, launch),) = T.tiling.cached_items("launch")
     choices = list(ms)
-    best = choices[_ops.pick_fastest(list(ms.values()))]
+    best = choices[_vec_choice.pick_fastest(list(ms.values()))]
     assert launch.n_slices == -(-64 // (32 * best.slices)) and (launch.fixup is None) == best.combine
     # The candidates shared one set of partial tiles (the hub's windows are split), not one each.
     assert len([k for k in launch.counters if k[0][0] == "partial"]) == 1
     # A large product keeps the statistics' launch untimed.
-    monkeypatch.setattr(_ops, "VEC_TIMED_MAX_WORK", 0)
+    monkeypatch.setattr(_vec_choice, "VEC_TIMED_MAX_WORK", 0)
     X40 = ints(rng, A.shape[1], 40)
     np.testing.assert_array_equal((T @ cp.asarray(X40)).get(), A @ X40)
     assert len(calls) == 1  # a new width, planned untimed
@@ -460,7 +463,7 @@ def test_dense_values_follow_each_matrix(cp):
         T = tg.TiledMatrix(A, dtype=np.float32)
         X = cp.asarray(ints(rng, A.shape[1], 64))
         mats = []
-        for k in range(_ops.VEC_DENSE_KEEP + 2):
+        for k in range(_plans.VEC_DENSE_KEEP + 2):
             Ak = A.copy()
             Ak.data[:] = rng.integers(-4, 5, A.nnz)
             mats.append((Ak, T.with_values(cp.asarray(Ak.data, dtype=cp.float32), order="csr")))
@@ -468,8 +471,8 @@ def test_dense_values_follow_each_matrix(cp):
             for Ak, Tk in mats:
                 np.testing.assert_array_equal((Tk @ X).get(), Ak @ X.get())
         ((_, launch),) = T.tiling.cached_items("launch")
-        assert isinstance(launch, _ops.VecSpmmLaunch) and launch.dense
-        assert len(T.tiling.peek("vec_dense")) == _ops.VEC_DENSE_KEEP + 1  # and the entries' blocks
+        assert isinstance(launch, _launches.VecSpmmLaunch) and launch.dense
+        assert len(T.tiling.peek("vec_dense")) == _plans.VEC_DENSE_KEEP + 1  # and the entries' blocks
 
 
 def test_kernels_compile_once(cp):

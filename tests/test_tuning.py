@@ -62,9 +62,9 @@ def test_every_option_belongs_to_one_family():
 
 
 def test_launch_keys_follow_the_overrides():
-    from tcgnn_py import _ops
+    from tcgnn_py import _launches
 
-    plain = _ops.launch_key("tf32", "float32", 64, True)
+    plain = _launches.launch_key("tf32", "float32", 64, True)
     with tg.tuning(vec_unroll=8):
-        assert _ops.launch_key("tf32", "float32", 64, True) != plain
-    assert _ops.launch_key("tf32", "float32", 64, True) == plain
+        assert _launches.launch_key("tf32", "float32", 64, True) != plain
+    assert _launches.launch_key("tf32", "float32", 64, True) == plain

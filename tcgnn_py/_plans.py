@@ -1,0 +1,243 @@
+"""Layer 2: work plans and tiling-derived data of the product launches (units, masks, histograms, dense values).
+
+Each is computed once per tiling and cached on it (:meth:`Tiling.cached`); small tilings are planned on the
+host with NumPy and uploaded, larger ones with CuPy where they live.
+"""
+
+
+import numpy as np
+
+from . import _reference as ref
+from ._device import get_cupy, publish, to_host
+
+
+__all__ = [
+    "HOST_PLAN_MAX",
+    "UNITS_PER_WINDOW_MAX",
+    "VEC_DENSE_BYTES_MAX",
+    "VEC_DENSE_KEEP",
+    "VEC_UNITS_PER_WINDOW_MAX",
+    "aligned16",
+    "block_mask",
+    "build_plan",
+    "sm_count",
+    "sorted_units",
+    "spmm_plan",
+    "tile_mask",
+    "values_as",
+    "vec_coop_units",
+    "vec_dense_values",
+    "vec_hist",
+    "vec_meta",
+    "vec_plan",
+]
+
+
+# Work decomposition of the SpMM kernels (see the kernels.products package).
+UNITS_PER_WINDOW_MAX = 64  # a hub window is split over at most this many CTAs
+
+
+#: A window of the vector layout is cut into at most this many units (their partial tiles are summed in order).
+VEC_UNITS_PER_WINDOW_MAX = 1024
+
+
+def vec_plan(tiling, bpu):
+    return spmm_plan(tiling, bpu, VEC_UNITS_PER_WINDOW_MAX)
+
+
+#: The dense values of a vector tiling (32 floats per block) are a candidate while they take at most this much.
+VEC_DENSE_BYTES_MAX = 1 << 30
+#: Dense values kept per tiling, for the latest distinct value arrays (matrices sharing the tiling).
+VEC_DENSE_KEEP = 4
+
+
+def vec_dense_values(tiling, values):
+    """``(n_blocks * 32,)`` float32: ``values`` at ``32 * block + tile position``, zeros elsewhere.
+
+    Built on first use for a values array and kept on the tiling for the last
+    :data:`VEC_DENSE_KEEP` arrays, each held with its values (so that the memory
+    of an array in use is never another's; values are read-only by contract).
+    """
+    lru = tiling.peek("vec_dense")
+    if lru is None:
+        lru = tiling.put("vec_dense", {})
+    hit = lru.get(id(values))
+    if hit is not None and hit[0] is values:
+        return hit[1]
+    xp = tiling.xp
+    dense = xp.zeros(tiling.n_blocks * 32, np.float32)
+    eb = lru.get("entry_blocks")
+    if eb is None:
+        eb = ref.entry_blocks(tiling.block_ptr, tiling.nnz).astype(np.int64)
+    dense[eb * 32 + tiling.tile_pos.astype(np.int64)] = values
+    if xp.cuda.get_current_stream().is_capturing():
+        return dense  # the graph holds the scatter; its arrays must not outlive it in a cache
+    lru["entry_blocks"] = eb
+    if len(lru) > VEC_DENSE_KEEP:  # the oldest array's (entry_blocks stays first)
+        del lru[next(k for k in lru if k != "entry_blocks")]
+    lru[id(values)] = (values, dense)
+    return dense
+
+
+def vec_coop_units(tiling):
+    """``(4 * windows, 4)`` int32 rows ``(window, first block, end block, -1)``: each window's blocks in 4 balanced
+    parts (possibly empty), the units of the COOP launch, whose CTA sums a window's parts in shared memory."""
+    def build():
+        xp, arrays = _planner(tiling)
+        wp = arrays("win_ptr").astype(np.int64)
+        start, nb = wp[:-1], wp[1:] - wp[:-1]
+        j = xp.arange(4, dtype=np.int64)
+        lo = start[:, None] + j * nb[:, None] // 4
+        hi = start[:, None] + (j + 1) * nb[:, None] // 4
+        w = xp.broadcast_to(xp.arange(nb.shape[0], dtype=np.int64)[:, None], lo.shape)
+        units = xp.stack([w, lo, hi, xp.full(lo.shape, -1, np.int64)], axis=-1).reshape(-1, 4)
+        return _uploaded(tiling, xp.ascontiguousarray(units.astype(np.int32)))
+    return tiling.cached("vec_coop_units", build)
+
+
+def sm_count(tiling):
+    """Multiprocessors of the device the tiling lives on (cached on it)."""
+    return tiling.cached("sm_count", lambda: get_cupy().cuda.Device().attributes["MultiProcessorCount"])
+
+
+def sorted_units(tiling, bpu):
+    """The vector plan's units and split rows, longest first, computed where :func:`_planner` computes."""
+    xp, _ = _planner(tiling)
+    on_host = xp is not tiling.xp
+    plan = _plan_where_planned(tiling, bpu, VEC_UNITS_PER_WINDOW_MAX) if on_host else vec_plan(tiling, bpu)
+    return _uploaded(tiling, _longest_first(xp, plan["units"], plan["unit_k0"]))
+
+
+def _longest_first(xp, units, unit_k0):
+    """Units (and their split rows) sorted by decreasing block count, stable."""
+    order = xp.argsort(-(units[:, 2] - units[:, 1]).astype(np.int64), kind="stable")
+    return xp.ascontiguousarray(units[order]), xp.ascontiguousarray(unit_k0[order])
+
+
+def vec_hist(tiling):
+    """Blocks per window on the host (cached on the tiling)."""
+    return tiling.cached("vec_hist", lambda: np.diff(to_host(tiling.win_ptr)).astype(np.int64))  # synchronize!
+
+
+def vec_meta(tiling):
+    """``(n_blocks, 2)`` uint32 of an 8x4 tiling: occupancy mask (bit ``4 * row + slot``) and first entry."""
+    def build():
+        xp, arrays = _planner(tiling)
+        block_ptr = arrays("block_ptr")
+        mask = block_mask(xp, block_ptr, arrays("tile_pos"), tiling.n_blocks)[:, 0]
+        return _uploaded(tiling, xp.ascontiguousarray(xp.stack([mask, block_ptr[:-1].astype(np.uint32)], axis=1)))
+
+    return tiling.cached("vec_meta", build)
+
+
+def tile_mask(tiling):
+    """:func:`block_mask` of the tiling (cached on it)."""
+    def build():
+        xp, arrays = _planner(tiling)
+        return _uploaded(tiling, block_mask(xp, arrays("block_ptr"), arrays("tile_pos"), tiling.n_blocks))
+
+    return tiling.cached("mask", build)
+
+
+def aligned16(D, *arrays):
+    """16-byte loads/stores need rows of a multiple of 4 floats and 16-byte aligned bases."""
+    return D % 4 == 0 and all(a.data.ptr % 16 == 0 for a in arrays)
+
+
+def values_as(values, dtype, cache):
+    if values.dtype == dtype:
+        return values
+    key = ("values", dtype.str)
+    if key not in cache:
+        cast = values.astype(dtype)
+        if not isinstance(cast, np.ndarray):
+            publish()  # complete before another stream uses it
+        cache[key] = cast
+    return cache[key]
+
+
+#: Tilings of at most this many stored entries build their launch plans on the host, with NumPy, and upload them:
+#: on the device, a fresh process would first compile some 45 of CuPy's own kernels (about 0.3 s each, with empty
+#: caches) for plans that take microseconds to compute.  Larger ones build them where they live.
+HOST_PLAN_MAX = 1 << 22
+
+
+def _planner(tiling):
+    """``(xp, arrays)``: where the tiling's plans are computed, and its structure arrays there (cached)."""
+    if tiling.xp is np or tiling.nnz > HOST_PLAN_MAX:
+        return tiling.xp, lambda name: getattr(tiling, name)
+    return np, lambda name: tiling.cached(("host", name), lambda: to_host(getattr(tiling, name)))  # synchronize!
+
+
+def _uploaded(tiling, value):
+    """A plan built by :func:`_planner`, with its arrays on the tiling's device."""
+    if tiling.xp is np:
+        return value
+    if isinstance(value, np.ndarray):
+        return tiling.xp.asarray(value)
+    if isinstance(value, dict):
+        return {k: _uploaded(tiling, v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_uploaded(tiling, v) for v in value)
+    return value
+
+
+def spmm_plan(tiling, blocks_per_unit, max_units=None):
+    """Work plan of the SpMM kernels for one unit size, cached on the tiling.
+
+    ``units`` rows are ``(window, first block, end block, slot)``: a window of
+    ``nb`` blocks becomes ``k = ceil(nb / blocks_per_unit)`` units (at most
+    ``max_units``, default ``UNITS_PER_WINDOW_MAX``; an empty window keeps one unit, which writes its
+    zero rows).  Units of a split window (``k > 1``) write partial tiles to
+    consecutive slots; ``splits`` rows are ``(window, first slot, k, 0)``.
+    """
+    max_units = UNITS_PER_WINDOW_MAX if max_units is None else max_units
+    return tiling.cached(("plan", blocks_per_unit, max_units),
+                         lambda: _uploaded(tiling, _plan_where_planned(tiling, blocks_per_unit, max_units)))
+
+
+def _plan_where_planned(tiling, blocks_per_unit, max_units):
+    """:func:`spmm_plan` on the side :func:`_planner` computes on (the host copy is kept for derived plans)."""
+    xp, arrays = _planner(tiling)
+    if xp is tiling.xp:
+        return build_plan(xp, tiling.win_ptr, blocks_per_unit, max_units)
+    return tiling.cached(("host_plan", blocks_per_unit, max_units),
+                         lambda: build_plan(xp, arrays("win_ptr"), blocks_per_unit, max_units))
+
+
+def build_plan(xp, win_ptr, blocks_per_unit, max_units=UNITS_PER_WINDOW_MAX):
+    """The plan of :func:`spmm_plan` from ``win_ptr`` (any device)."""
+    nb = xp.diff(win_ptr).astype(np.int64)
+    k = xp.clip(-(-nb // blocks_per_unit), 1, max_units)
+    unit_ptr = xp.concatenate((xp.zeros(1, np.int64), xp.cumsum(k)))
+    n_units = int(unit_ptr[-1])  # synchronize!
+    uid = xp.arange(n_units, dtype=np.int64)
+    uw = xp.searchsorted(unit_ptr, uid, side="right") - 1
+    j = uid - unit_ptr[uw]
+    kw, nbw, start = k[uw], nb[uw], win_ptr[uw].astype(np.int64)
+    split = kw > 1
+    slot = xp.where(split, xp.cumsum(split) - 1, -1)
+    units = xp.stack([uw, start + j * nbw // kw, start + (j + 1) * nbw // kw, slot], axis=1)
+    sw = xp.flatnonzero(k > 1)
+    splits = xp.stack([sw, slot[unit_ptr[sw]], k[sw], xp.zeros_like(sw)], axis=1)
+    unit_k0 = xp.stack([slot[unit_ptr[uw]], kw], axis=1)
+    return {
+        "units": xp.ascontiguousarray(units.astype(np.int32)),
+        "unit_k0": xp.ascontiguousarray(unit_k0.astype(np.int32)),
+        "splits": xp.ascontiguousarray(splits.astype(np.int32)),
+        "n_slots": int(split.sum()),  # synchronize!
+        "max_parts": int(k.max()) if k.shape[0] else 0,  # synchronize!
+    }
+
+
+def block_mask(xp, block_ptr, tile_pos, n_blocks):
+    """``(n_blocks, 4)`` uint32: bit ``p`` of block ``b`` set when tile position ``p`` is stored.
+
+    Positions within a block are distinct, so summing ``1 << bit`` per word is
+    an OR; float64 holds those sums (< 2**32) exactly.
+    """
+    entry_block = ref.entry_blocks(block_ptr, tile_pos.shape[0])
+    pos = tile_pos.astype(np.int64)
+    words = xp.bincount(entry_block.astype(np.int64) * 4 + (pos >> 5), weights=(1 << (pos & 31)).astype(np.float64),
+                        minlength=4 * n_blocks)
+    return xp.ascontiguousarray(words.astype(np.uint32).reshape(n_blocks, 4))
