@@ -60,7 +60,6 @@ FAMILY_DEFAULTS = MappingProxyType({
         "half_tail_floor": 64,  # vec_tail_floor for 16-bit blocks (half the bytes: shorter units pay)
         "half_ks": 1,  # k16 chunks (4 blocks each) per cp.async step
         "half_stages": 2,  # steps in flight per warp
-        "half_prefetch": True,  # values loaded one step ahead
         # values X's type holds exactly (unweighted, small integers): one MMA, not two on (hi, lo) pairs
         "half_exact_values": True,
     }),

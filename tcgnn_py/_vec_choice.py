@@ -313,8 +313,7 @@ def vec_launch(cp, tiling, dtype, D, vec, half=None, choice=None, scratch=None, 
         while nw > 1 and kp.vech_smem(nw, *cfg) > kp.SPMM_SMEM_LIMIT:
             nw //= 2
         smem = kp.vech_smem(nw, *cfg)
-        pv = options()["half_prefetch"] or not (vec and combine and cfg in kp.VEC_HALF[:3])  # compiled without it
-        kernel = get_kernel("half", kp.spmm_vech_name(half[0], half[1], half[2], *cfg, combine, vec, pv))
+        kernel = get_kernel("half", kp.spmm_vech_name(half[0], half[1], half[2], *cfg, combine, vec))
     elif cp_async:
         while nw > 1 and kp.vec_async_smem(nw, slices, unroll, ns) > kp.SPMM_SMEM_LIMIT:
             nw //= 2

@@ -192,9 +192,8 @@ PIN = dict(vec_timed_choice=False, vec_coop=False)
 HALF_VARIANTS = {
     "default": {},
     "g2": dict(PIN, vec_slices=2),
-    "k2": dict(PIN, half_ks=2),
     "s3-g2": dict(PIN, vec_slices=2, half_stages=3),
-    "k2-g2": dict(PIN, vec_slices=2, half_ks=2),
+    "s3-g2-fixup": dict(PIN, vec_slices=2, half_stages=3, vec_blocks_per_unit=2, vec_combine=False),
     "split": dict(PIN, vec_blocks_per_unit=2),
     "fixup": dict(PIN, vec_blocks_per_unit=2, vec_combine=False),
     # one CTA per window x slice, its 4 parts summed in shared memory (unaligned rows: the usual launch)

@@ -99,9 +99,9 @@ HALF_TUNINGS = [dict(PIN, vec_slices=None, half_ks=1, half_stages=2, vec_blocks_
                      half_exact_values=False),
                 dict(PIN, vec_slices=None, half_ks=1, half_stages=2, vec_blocks_per_unit=None, vec_combine=True,
                      half_exact_values=True),
-                dict(PIN, vec_slices=2, half_ks=2, half_stages=2, vec_blocks_per_unit=2, vec_combine=True),
+                dict(PIN, vec_slices=2, half_ks=1, half_stages=2, vec_blocks_per_unit=2, vec_combine=True),
                 dict(PIN, vec_slices=2, half_ks=1, half_stages=3, vec_blocks_per_unit=2, vec_combine=False),
-                dict(PIN, vec_slices=1, half_ks=2, half_stages=2, vec_blocks_per_unit=None, vec_combine=True),
+                dict(PIN, vec_slices=2, half_ks=1, half_stages=3, vec_blocks_per_unit=None, vec_combine=True),
                 # one CTA per window x slice, parts summed in shared memory
                 dict(PIN, vec_coop=True, vec_slices=None, half_ks=1, half_stages=2, vec_blocks_per_unit=None),
                 dict(PIN, vec_coop=True, vec_slices=2, half_ks=1, half_stages=2, vec_blocks_per_unit=None),
