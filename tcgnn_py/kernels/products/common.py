@@ -13,6 +13,7 @@ from ..registry import VALUE_TYPES
 __all__ = [
     "KernelConfig",
     "cuda_arg",
+    "cuda_type",
     "SpmmFixup",
     "fixup_name",
     "COMMON_SOURCE",
@@ -48,6 +49,11 @@ def cuda_arg(value):
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+def cuda_type(name):
+    """The CUDA type of an operand or result dtype name: ``float`` for float32, ``tc_f16`` / ``tc_bf16`` for 16 bits."""
+    return "float" if name == "float32" else HALF_TYPES[name]
 
 
 class KernelConfig:

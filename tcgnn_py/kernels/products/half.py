@@ -9,7 +9,7 @@ import dataclasses
 from typing import ClassVar
 
 from ..registry import register
-from .common import COMMON_SOURCE, HALF_TYPES, PUT4_SOURCE, VEC_COMMON_SOURCE, KernelConfig, fixup_name
+from .common import COMMON_SOURCE, HALF_TYPES, PUT4_SOURCE, VEC_COMMON_SOURCE, KernelConfig, cuda_type, fixup_name
 
 __all__ = ["SpmmVech", "VEC_HALF", "HALF_DEFAULT", "VEC_HALF_COOP", "spmm_vech_name", "vech_smem"]
 
@@ -41,7 +41,7 @@ class SpmmVech(KernelConfig):
 
 def spmm_vech_name(x_type, split, y_type, slices, ks, stages, combine=True, aligned=True, prefetch=True, coop=False):
     """``coop``: one CTA per window x slice (aligned rows, values one step ahead, no partial tiles)."""
-    ty = "float" if y_type == "float32" else HALF_TYPES[y_type]
+    ty = cuda_type(y_type)
     if coop:
         return SpmmVech(HALF_TYPES[x_type], split, ty, slices, ks, stages, False, True, True, True).name
     return SpmmVech(HALF_TYPES[x_type], split, ty, slices, ks, stages, combine, aligned, prefetch).name

@@ -8,7 +8,7 @@ import dataclasses
 from typing import ClassVar
 
 from ..registry import register
-from .common import COMMON_SOURCE, HALF_TYPES, PUT4_SOURCE, VEC_COMMON_SOURCE, KernelConfig, fixup_name
+from .common import COMMON_SOURCE, PUT4_SOURCE, VEC_COMMON_SOURCE, KernelConfig, cuda_type, fixup_name
 
 __all__ = ["SpmmSp", "SP_NT", "SP_UNROLL", "SP_TYPES", "spmm_sp_name"]
 
@@ -34,12 +34,8 @@ class SpmmSp(KernelConfig):
     UB: int = 2
 
 
-def _cuda_type(name):
-    return "float" if name == "float32" else HALF_TYPES[name]
-
-
 def spmm_sp_name(x_type, split, y_type, nt, aligned, combine=True, unroll=2):
-    return SpmmSp(_cuda_type(x_type), split, _cuda_type(y_type), nt, aligned, combine, unroll).name
+    return SpmmSp(cuda_type(x_type), split, cuda_type(y_type), nt, aligned, combine, unroll).name
 
 
 def _names():
