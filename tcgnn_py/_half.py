@@ -1,4 +1,5 @@
-"""Layer 2: 16-bit X products on the vector layout: the matrix's 16-bit values (one MMA, or (hi, lo) pairs) and the launch.
+"""Layer 2: 16-bit X products on the vector layout: the matrix's 16-bit values (one MMA, or (hi, lo) pairs),
+the launch, and its binding for repeated calls.
 """
 
 import functools
@@ -8,11 +9,12 @@ import numpy as np
 from ._device import get_cupy, publish, to_host
 from ._tuning import options
 from ._plans import HOST_PLAN_MAX
-from ._launches import half_launch_key, planned, run_half
+from ._launches import VecSpmmLaunch, cast_closure, half_launch_key, planned, run_half
 from ._vec_choice import vec_launch, vec_timed
 
 __all__ = [
     "DEVICE_VALUES",
+    "bind_half",
     "half_key",
     "half_values",
     "result_and_operand",
@@ -146,3 +148,31 @@ def spmm_half(tiling, hv, X, dtype, out):
         launch = planned(tiling, key, plan)
     run_half(launch, tiling, vals, X, Y, unscale)
     return Y
+
+
+def bind_half(tiling, xdt, dtype):
+    """The binder of a 16-bit X's product on the vector layout whose kernel writes ``dtype`` (float32 or X's type).
+
+    ``binder(values, casts, X, out, general)`` returns ``f(values, casts, X, out) -> Y`` once the launch for
+    the form of the matrix's 16-bit values (:func:`half_values`, which the first call cached in ``casts``) is
+    final, else None.  Per call ``f`` takes the matrix's 16-bit values and launches.
+    """
+    M = tiling.shape[0]
+
+    def binder(values, casts, X, out, general):
+        D = X.shape[1]
+        key = half_key(xdt)
+        hv = casts.get(key)
+        if hv is None:
+            return None
+        split = hv[0]
+        # A new result comes from the memory pool, 256-byte aligned, as the general path's did.
+        aligned = D % 8 == 0 and X.data.ptr % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
+        launch = tiling.peek(half_launch_key(xdt, split, dtype, D, aligned))
+        if not isinstance(launch, VecSpmmLaunch):
+            return None
+        run = launch.bind(tiling, np.float32, M, D, n_extra=1)  # float32 partial tiles; the values' unscale per call
+        fixup = launch.fixup.bind(launch.partial(np.float32, D), M, D, 8) if launch.fixup else None
+        return cast_closure(run, fixup, (M, D), dtype, key, lambda v, c: half_values(v, xdt, c), split, general)
+
+    return binder

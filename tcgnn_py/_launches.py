@@ -20,6 +20,7 @@ __all__ = [
     "TF32SpmmLaunch",
     "VecSpmmLaunch",
     "bound_launch",
+    "cast_closure",
     "half_launch_key",
     "launch_key",
     "overlaps",
@@ -260,3 +261,26 @@ def run_half(launch, tiling, vals, X, Y, unscale):
     launch.run(tiling, vals, X, Y, partial, M, D, (unscale,))
     if launch.fixup is not None:
         launch.fixup.run(partial, Y, M, D, 8)
+
+
+def cast_closure(run, fixup, shape, dtype, key, make, split, general):
+    """``f(values, casts, X, out) -> Y``: a bound launch fed, per call, the matrix's cast values.
+
+    ``casts[key]`` (made by ``make(values, casts)`` on a miss, cached on the matrix) is ``(split, values,
+    unscale)``; ``run(values, X, Y, unscale or values)`` launches, then the bound ``fixup(Y)`` if any.  The
+    16-bit and N:M bound plans: matrices sharing a tiling (``with_values``) each bring their own values, and
+    one whose values take the other form than ``split`` (the launch bound) goes the ``general`` way.
+    """
+    ndarray = get_cupy().ndarray
+
+    def f(values, casts, X, out):
+        form, vals, unscale = casts.get(key) or make(values, casts)
+        if form != split:  # (hi, lo) pairs against values exact in X's type: another kernel
+            return general(values, casts, X, out)
+        Y = ndarray(shape, dtype) if out is None else out
+        run(vals, X, Y, vals if unscale is None else unscale)
+        if fixup is not None:
+            fixup(Y)
+        return Y
+
+    return f

@@ -1,10 +1,9 @@
-"""Layer 2: products over the tiled format -- operand handling, precision, dispatch.
+"""Layer 2: operands, precision, and the float32 products' launches (TF32 tensor cores, CUDA cores, SDDMM).
 
-``spmm_raw`` and ``sddmm_raw`` are the private raw-buffer entry points: the
-public :func:`tcgnn_py.spmm` / :func:`tcgnn_py.sddmm` and
-``TiledMatrix.__matmul__`` check shapes with scipy's wording, then land here.
-On the GPU they launch the RawModule kernels of :mod:`tcgnn_py.kernels.products`;
-on the host they run the NumPy/SciPy reference.
+:func:`as_operand` decides an operand's kind once; :func:`resolve_precision` maps the user's precision
+words to one internal mode in one place.  ``_dispatch`` builds a product's plan from these; the
+functions here run the float32 and CUDA-core SpMM (:func:`spmm_f32`) and the SDDMM on the GPU, and bind
+their launches for repeated calls (:func:`bind_f32`, :func:`bind_sddmm`).
 
 Precision
 ---------
@@ -26,17 +25,18 @@ import functools
 
 import numpy as np
 
-from . import _reference as ref
 from ._device import DeviceMismatchError, get_cupy, is_cupy_array, is_device_array
 from ._tuning import options
 from ._validation import check_exact, check_real_dtype, is_half, promote, value_dtype
-from ._plans import aligned16, spmm_plan, tile_mask, values_as
-from ._launches import CoreSpmmLaunch, Fixup, TF32SpmmLaunch, launch_key, overlaps, planned, run_spmm
+from ._plans import aligned16, spmm_plan, tile_mask, values_as, vec_dense_values
+from ._launches import CoreSpmmLaunch, Fixup, TF32SpmmLaunch, VecSpmmLaunch, launch_key, planned, run_spmm
 from ._vec_choice import vec_launch, vec_timed
-from ._half import half_values, spmm_half
 
 __all__ = [
     "F32",
+    "bind_f32",
+    "bind_sddmm",
+    "sddmm_launch",
     "FEW_CTAS",
     "HALF_MODES",
     "HALF_PRECISIONS",
@@ -49,12 +49,10 @@ __all__ = [
     "as_operand",
     "check_out",
     "compute_dtype",
-    "nm_products",
-    "register_nm_products",
     "resolve_precision",
     "result_dtype",
-    "sddmm_raw",
-    "spmm_raw",
+    "sddmm_gpu",
+    "spmm_f32",
 ]
 
 
@@ -190,65 +188,11 @@ def _resolve(precision, dtype, tile_shape, operand, pattern=None):
     return "tf32"
 
 
-# --- SpMM ------------------------------------------------------------------
-
-_NM_PRODUCTS = []  # (spmm, bind) of the N:M layouts, registered by _sparse_tc (which builds on this module)
+# --- SpMM on TF32 tensor cores and CUDA cores -------------------------------
 
 
-def register_nm_products(spmm, bind):
-    """Install the N:M layouts' SpMM and its hot-path binder (``_sparse_tc`` calls it when imported)."""
-    _NM_PRODUCTS[:] = [(spmm, bind)]
-
-
-def nm_products():
-    if not _NM_PRODUCTS:
-        raise RuntimeError("the N:M layouts' products are not registered: import tcgnn_py._sparse_tc first")
-    return _NM_PRODUCTS[0]
-
-
-def spmm_raw(tiling, values, X, dtype, precision=None, out=None, casts=None):
-    """``A @ X`` for a 2-D X of shape ``(tiling.shape[1], D)`` already on the tiling's device.
-
-    ``out`` (optional) is a validated C-contiguous array of the result's shape
-    and dtype on the same device.  Work plans are cached on the tiling (they
-    depend on the structure only); ``casts`` caches ``values`` cast to the
-    product's dtype (per matrix).
-    """
-    dtype = np.dtype(dtype)
-    mode = resolve_precision(precision, dtype, tiling.tile_shape, X.dtype, tiling.layout.pattern)
-    if isinstance(X, np.ndarray):
-        Y = ref.spmm(tiling.arrays(values), tiling.shape, tiling.layout.window, X, compute_dtype(dtype))
-        Y = Y.astype(dtype, copy=False)
-        if out is None:
-            return Y
-        out[...] = Y
-        return out
-    casts = {} if casts is None else casts
-    # The kernels write ``kdt``: the result's dtype, or float32 rounded once into it afterwards (a 16-bit
-    # result the kernel does not write, or one computed on widened X).
-    sp = tiling.layout.pattern is not None and mode != "exact"  # sparse tensor cores (N:M layouts)
-    if mode in HALF_MODES:
-        hv = None if sp else half_values(values, X.dtype, casts)
-        kdt = dtype if dtype in (F32, X.dtype) else F32
-    else:
-        hv, kdt = None, compute_dtype(dtype)
-    # An out the kernel can write directly, unless it overlaps X (read while writing): then a temporary.
-    direct = out if out is not None and kdt == dtype and not overlaps(out, X) else None
-    if sp:  # 16-bit X on "2:4", TF32 on "1:2"
-        Xs = X if mode in HALF_MODES else X.astype(F32, copy=False)
-        Y = nm_products()[0](tiling, values, Xs, kdt, direct, casts)
-    elif hv is not None:
-        Y = spmm_half(tiling, hv, X, kdt, direct)
-    else:
-        Y = _spmm_gpu(tiling, values, X, kdt, mode, direct, casts)
-    if out is None:
-        return Y if kdt == dtype else Y.astype(dtype)
-    if Y is not out:
-        out[...] = Y
-    return out
-
-
-def _spmm_gpu(tiling, values, X, dtype, mode, out, casts):
+def spmm_f32(tiling, values, X, dtype, mode, out, casts):
+    """``A @ X`` into ``out`` (or a new array) of ``dtype``: TF32 tensor cores (``mode="tf32"``) or CUDA cores."""
     cp = get_cupy()
     M = tiling.shape[0]
     D = X.shape[1]
@@ -260,7 +204,7 @@ def _spmm_gpu(tiling, values, X, dtype, mode, out, casts):
     values = values_as(values, dtype, casts)
     vec = mode == "tf32" and aligned16(D, X, Y)
     key = launch_key(mode, dtype, D, vec)
-    launch = tiling.peek(key)  # hot path: no closure per call
+    launch = tiling.peek(key)  # planned once: no closure per call
     if launch is None:
         launch = planned(tiling, key, lambda: _spmm_launch(cp, tiling, mode, dtype, D, vec, (values, X, Y)))
     run_spmm(cp, launch, tiling, values, X, Y, dtype)
@@ -282,29 +226,29 @@ def _spmm_launch(cp, tiling, mode, dtype, D, vec, operands=None):
             return vec_timed(cp, tiling, dtype, D, vec, *operands)
         return vec_launch(cp, tiling, dtype, D, vec)
     if mode == "tf32":
-        chunks = min(options()["tf32_max_chunks"], 1 if D <= 32 else 2 if D <= 64 else 4)
+        cfg = options()["tf32_kernel"] or kp.tf32_spmm_config(1 if D <= 32 else 2, vec)
+        if cfg not in kp.TF32_SPMM_CONFIGS:
+            raise ValueError(f"tf32_kernel={cfg!r} is not compiled: see kernels.products.TF32_SPMM_CONFIGS")
+        if isinstance(cfg, kp.SpmmTF32Async) and not vec:  # cp.async copies 16-byte aligned rows only
+            cfg = kp.tf32_spmm_config(cfg.CH, False)
+        use_async = isinstance(cfg, kp.SpmmTF32Async)
+        chunks = cfg.CH
         n_slabs = -(-D // (32 * chunks))
         nwarps, bpw = _tf32_work_shape(tiling, n_slabs)
         if options()["tf32_nwarps"] is not None:
-            nwarps = options()["tf32_nwarps"][{1: 0, 2: 1, 4: 2}[chunks]]
+            nwarps = options()["tf32_nwarps"][chunks - 1]
         if options()["blocks_per_warp"] is not None:
             bpw = options()["blocks_per_warp"]
-        stages = options()["tf32_async_stages"]
-        min_blocks = options()["tf32_async_min_blocks"]
-        use_async = vec and (chunks, stages, min_blocks) in kp.TF32_ASYNC  # cp.async needs 16-byte aligned rows
 
         def smem_of(nw):
-            return kp.tf32_async_smem(nw, chunks, stages) if use_async else kp.tf32_spmm_smem(nw, chunks)
+            return kp.tf32_async_smem(nw, chunks, cfg.NS) if use_async else kp.tf32_spmm_smem(nw, chunks)
 
         while nwarps > 1 and smem_of(nwarps) > kp.SPMM_SMEM_LIMIT:
             nwarps //= 2
         family = "tf32"
         plan = spmm_plan(tiling, max(nwarps * bpw, 1))
         # Slabs of one unit side by side (1-D grid): they share its metadata in L2.
-        if use_async:
-            kernel = get_kernel(family, kp.spmm_tf32_async_name(chunks, stages, min_blocks))
-        else:
-            kernel = get_kernel(family, kp.spmm_tf32_name(chunks, vec, options()["prefetch_values"]))
+        kernel = get_kernel(family, cfg.name)
         smem = smem_of(nwarps)
         launch = TF32SpmmLaunch(
             kernel, (plan["units"].shape[0] * n_slabs, 1), (32 * nwarps,), smem, plan["units"],
@@ -320,13 +264,46 @@ def _spmm_launch(cp, tiling, mode, dtype, D, vec, operands=None):
             (plan["units"].shape[0], -(-D // 32)), (32 * nwarps,), kp.core_spmm_smem(nwarps, H, dtype.itemsize),
             plan["units"],
         )
-    if plan["n_slots"] and family == "tf32" and options()["tf32_combine"]:  # at most UNITS_PER_WINDOW_MAX parts
+    if plan["n_slots"] and family == "tf32":  # split windows (at most UNITS_PER_WINDOW_MAX parts) summed in the launch
         launch = launch._replace(n_slots=plan["n_slots"], unit_k0=plan["unit_k0"], scratch={})
     elif plan["n_slots"]:
         fix_grid = (plan["splits"].shape[0], min(-(-(H * D) // kp.FIXUP_THREADS), 1024))
         fixup = Fixup(get_kernel(family, kp.fixup_name(dtype.name)), fix_grid, plan["splits"], plan["n_slots"])
         launch = launch._replace(fixup=fixup, n_slots=plan["n_slots"], **({"scratch": {}} if family == "tf32" else {}))
     return launch
+
+
+def bind_f32(tiling):
+    """The binder of a float32 product on TF32 tensor cores (float32 X and values, result written directly).
+
+    ``binder(values, casts, X, out, general)`` returns ``f(values, casts, X, out) -> Y`` with the
+    tiling's final launch for X's width and alignment bound (one launch, or two with a fixup), or
+    None while the launch is not final.
+    """
+    M = tiling.shape[0]
+
+    def binder(values, casts, X, out, general):
+        D = X.shape[1]
+        # A new result comes from the memory pool, 256-byte aligned, as the general path's did.
+        vec = D % 4 == 0 and X.data.ptr % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
+        launch = tiling.peek(launch_key("tf32", F32, D, vec))
+        if not isinstance(launch, (TF32SpmmLaunch, VecSpmmLaunch)):
+            return None
+        run = launch.bind(tiling, F32, M, D)
+        dense = isinstance(launch, VecSpmmLaunch) and launch.dense
+        fixup = launch.fixup.bind(launch.partial(F32, D), M, D, tiling.layout.window) if launch.fixup else None
+        shape, ndarray = (M, D), get_cupy().ndarray
+
+        def f(values, casts, X, out):
+            Y = ndarray(shape, F32) if out is None else out  # cupy.empty without its wrapper
+            run(vec_dense_values(tiling, values) if dense else values, X, Y)
+            if fixup is not None:
+                fixup(Y)
+            return Y
+
+        return f
+
+    return binder
 
 
 #: Windows of at most this many blocks stay whole (one unit each, no partial tiles, no fixup).
@@ -361,12 +338,8 @@ def _tf32_work_shape(tiling, n_slabs):
 # --- SDDMM -----------------------------------------------------------------
 
 
-def sddmm_raw(tiling, values, Xa, Xb, dtype, multiply_values=False, precision=None, casts=None, out=None):
-    """Values ``<Xa[i], Xb[j]>`` (times the entry's value if ``multiply_values``) in tiled order.
-
-    ``Xa`` is ``(shape[0], D)`` and ``Xb`` ``(shape[1], D)``, on the tiling's device;
-    ``out`` (device only) is a C-contiguous ``(nnz,)`` array of ``dtype`` to write.
-    """
+def sddmm_gpu(tiling, values, Xa, Xb, dtype, multiply_values=False, precision=None, casts=None, out=None):
+    """SDDMM values in tiled order on the GPU (see ``_dispatch.sddmm_raw``)."""
     dtype = np.dtype(dtype)
     cdt = compute_dtype(dtype)
     operand = Xa.dtype if Xa.dtype == Xb.dtype else None
@@ -374,54 +347,77 @@ def sddmm_raw(tiling, values, Xa, Xb, dtype, multiply_values=False, precision=No
     if mode in HALF_MODES:
         # 16-bit inputs widen exactly to TF32: the same products, accumulated in float32 (CUDA cores on 2:4 tiles).
         mode = "tf32" if tiling.tile_shape in TC_TILES else "exact"
-    if isinstance(Xa, np.ndarray):
-        e = ref.sddmm(tiling.arrays(values), tiling.shape, tiling.layout.window, Xa, Xb, cdt, multiply_values)
-        return e.astype(dtype, copy=False)
     if cdt != dtype:
-        e = sddmm_raw(tiling, values, Xa, Xb, cdt, multiply_values, "tf32" if mode == "tf32" else "fp32", casts)
+        e = sddmm_gpu(tiling, values, Xa, Xb, cdt, multiply_values, "tf32" if mode == "tf32" else "fp32", casts)
         if out is None:
             return e.astype(dtype)
         out[...] = e
         return out
-    from .kernels import products as kp
-    from .kernels.registry import get_kernel
-
     cp = get_cupy()
-    dtype = np.dtype(dtype)
     nnz = tiling.nnz
     if out is None:
         out = cp.empty(nnz, dtype=dtype)
-    n_blocks = tiling.n_blocks
     D = Xa.shape[1]
     if nnz == 0:
         return out
     if D == 0:
         out.fill(0)
         return out
-    H, W = tiling.tile_shape
     Xa = cp.ascontiguousarray(Xa, dtype=dtype)
     Xb = cp.ascontiguousarray(Xb, dtype=dtype)
     values = values_as(values, dtype, {} if casts is None else casts)
-    bpw = SDDMM_BLOCKS_PER_WARP
-    warps = kp.SDDMM_WARPS
-    grid = (-(-n_blocks // (bpw * warps)),)
-    common = (tiling.win_ptr, np.int32(tiling.n_windows), tiling.block_ptr, tiling.block_cols, tiling.tile_pos,
-              values, Xa, Xb, out)
+    kernel, grid, block, smem, head, tail = sddmm_launch(tiling, mode, dtype, D, aligned16(D, Xa, Xb),
+                                                         multiply_values)
+    kernel(grid, block, head + (values, Xa, Xb, out) + tail, shared_mem=smem)
+    return out
+
+
+def sddmm_launch(tiling, mode, dtype, D, aligned, multiply_values):
+    """``(kernel, grid, block, smem, head, tail)`` of the SDDMM: its arguments are ``head + (values, Xa, Xb, out)
+    + tail`` (the one place their order is written)."""
+    from .kernels import products as kp
+    from .kernels.registry import get_kernel
+
+    H, W = tiling.tile_shape
+    mv = np.int32(multiply_values)
     if mode == "tf32" and (H, W) == VEC_TILE:
         units = spmm_plan(tiling, kp.VEC_SDDMM_BLOCKS, np.iinfo(np.int32).max)["units"]
-        n_units = units.shape[0]
-        kernel = get_kernel("vec", kp.sddmm_vec_name(aligned16(D, Xa, Xb)))
-        args = (units, np.int32(n_units), tiling.block_ptr, tiling.block_cols, tiling.tile_pos, values, Xa, Xb, out,
-                np.int32(tiling.shape[0]), np.int32(D), np.int32(multiply_values))
-        kernel((-(-n_units // kp.VEC_WARPS),), (32 * kp.VEC_WARPS,), args)
-    elif mode == "tf32":
-        kernel = get_kernel("tf32", kp.sddmm_tf32_name(aligned16(D, Xa, Xb)))
-        args = common + (np.int32(tiling.shape[0]), np.int32(n_blocks), np.int32(D), np.int32(multiply_values),
-                         np.int32(bpw))
-        kernel(grid, (32 * warps,), args, shared_mem=warps * kp.SDDMM_TF32_SMEM_PER_WARP)
-    else:
-        kernel = get_kernel("core", kp.sddmm_core_name(dtype.name, tiling.tile_pos.dtype.name))
-        args = common + (np.int32(n_blocks), np.int32(D), np.int32(H), np.int32(W), np.int32(W.bit_length() - 1),
-                         np.int32(multiply_values), np.int32(bpw))
-        kernel(grid, (32 * warps,), args)
-    return out
+        head = (units, np.int32(units.shape[0]), tiling.block_ptr, tiling.block_cols, tiling.tile_pos)
+        return (get_kernel("vec", kp.sddmm_vec_name(aligned)), (-(-units.shape[0] // kp.VEC_WARPS),),
+                (32 * kp.VEC_WARPS,), 0, head, (np.int32(tiling.shape[0]), np.int32(D), mv))
+    bpw, warps, n_blocks = SDDMM_BLOCKS_PER_WARP, kp.SDDMM_WARPS, tiling.n_blocks
+    grid, block = (-(-n_blocks // (bpw * warps)),), (32 * warps,)
+    head = (tiling.win_ptr, np.int32(tiling.n_windows), tiling.block_ptr, tiling.block_cols, tiling.tile_pos)
+    if mode == "tf32":
+        tail = (np.int32(tiling.shape[0]), np.int32(n_blocks), np.int32(D), mv, np.int32(bpw))
+        return (get_kernel("tf32", kp.sddmm_tf32_name(aligned)), grid, block, warps * kp.SDDMM_TF32_SMEM_PER_WARP,
+                head, tail)
+    tail = (np.int32(n_blocks), np.int32(D), np.int32(H), np.int32(W), np.int32(W.bit_length() - 1), mv,
+            np.int32(bpw))
+    return get_kernel("core", kp.sddmm_core_name(np.dtype(dtype).name, tiling.tile_pos.dtype.name)), grid, block, 0, \
+        head, tail
+
+
+def bind_sddmm(tiling, multiply_values):
+    """The binder of a float32 SDDMM on TF32 tensor cores: ``binder(values, casts, Xa, Xb, out, general)``
+    returns ``f(values, casts, Xa, Xb, out) -> e`` (``out`` None) with the launch bound."""
+    from .kernels.driver import BoundLaunch
+
+    def binder(values, casts, Xa, Xb, out, general):
+        cp = get_cupy()
+        D = Xa.shape[1]
+        kernel, grid, block, smem, head, tail = sddmm_launch(tiling, "tf32", F32, D, aligned16(D, Xa, Xb),
+                                                             multiply_values)
+        n, nnz = len(head), tiling.nnz
+        run = BoundLaunch(kernel.kernel.ptr, grid, block, head + (None,) * 4 + tail, range(n, n + 4),
+                          cp.cuda.get_current_stream().ptr, smem)
+        empty = cp.empty
+
+        def f(values, casts, Xa, Xb, out):
+            e = empty(nnz, F32)
+            run(values, Xa, Xb, e)
+            return e
+
+        return f
+
+    return binder

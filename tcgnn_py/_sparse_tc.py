@@ -32,12 +32,10 @@ from . import _reference as ref
 from ._device import get_cupy, publish
 from ._tuning import options, overrides_key
 from ._plans import VEC_UNITS_PER_WINDOW_MAX, spmm_plan, values_as
-from ._launches import Fixup, bound_launch, stream_scratch
+from ._launches import Fixup, bound_launch, cast_closure, stream_scratch
 from ._half import half_values, result_and_operand
-from ._ops import HALF_MODES, register_nm_products, resolve_precision, result_dtype
-from ._hot import cast_closure
 
-__all__ = ["sp_meta", "sp_values", "spmm_sp", "sp_bind", "pack_structure", "pack_values"]
+__all__ = ["bind_sp", "pack_structure", "pack_values", "sp_launch_key", "sp_meta", "sp_values", "spmm_sp"]
 
 F32 = np.dtype(np.float32)
 
@@ -162,14 +160,8 @@ class SpLaunch(NamedTuple):
     n_slices: int
     n_work: int
     n_slots: int
-    n_counters: int  # split windows summed in the launch: one counter per (first slot, slice); 0: fixup launch
-    fixup: object  # Fixup launch, or None
-    scratch: dict  # per-stream counters (each call resets the ones it uses) and partial rows
-
-    def counters(self):
-        if not self.n_counters:
-            return None
-        return stream_scratch(self.scratch, "counters", lambda: get_cupy().zeros(self.n_counters, np.int32))
+    fixup: object  # Fixup launch of split windows, or None
+    scratch: dict  # per-stream partial rows
 
     def partial(self, D):
         """This stream's partial rows of split windows (float32), or None."""
@@ -177,26 +169,30 @@ class SpLaunch(NamedTuple):
             return None
         return stream_scratch(self.scratch, "partial", lambda: get_cupy().empty((self.n_slots, 16, D), F32))
 
+    def fixed(self, tiling, M, D):
+        """``(head, tail)``: the arguments around ``(values, X, Y, partial)`` and before the unscale (one place
+        for their order; the general launch and the bound one use it)."""
+        head = (self.units, self.unit_k0, tiling.block_cols, sp_meta(tiling)[0])
+        # the counters of in-launch sums: unread (the compiled shapes sum split windows by the fixup)
+        tail = (self.unit_k0, np.int32(M), np.int32(D), np.int32(self.n_slices), np.int32(self.n_work))
+        return head, tail
+
 
 def _sp_launch(tiling, xname, split, yname, D, aligned):
     from .kernels import products as kp
     from .kernels.registry import get_kernel
 
-    nt = options()["sp_nt"]
-    unroll = options()["sp_unroll"] or (4 if xname == "float32" else 2)
-    n_slices = -(-D // (8 * nt))
+    cfg = kp.sp_spmm_config(xname, split, yname, aligned)
+    n_slices = -(-D // (8 * cfg.NT))
     plan = spmm_plan(tiling, options()["sp_blocks_per_unit"], VEC_UNITS_PER_WINDOW_MAX)
     units = plan["units"]
     n_work = units.shape[0] * n_slices
-    # As the vector layout: windows of at most vec_combine_parts_max parts are summed by their last part.
-    combine = options()["sp_combine"] and 0 < plan["max_parts"] <= options()["vec_combine_parts_max"]
-    kernel = get_kernel("sparse", kp.spmm_sp_name(xname, split, yname, nt, aligned, combine, unroll))
     fixup = None
-    if plan["n_slots"] and not combine:
+    if plan["n_slots"]:  # split windows: their parts' partial rows summed by the fixup launch
         grid = (plan["splits"].shape[0], min(-(-(16 * D) // kp.FIXUP_THREADS), 1024))
         fixup = Fixup(get_kernel("sparse", kp.fixup_name("float32", yname)), grid, plan["splits"], plan["n_slots"])
-    return SpLaunch(kernel, (-(-n_work // 4),), units, plan["unit_k0"], n_slices, n_work, plan["n_slots"],
-                    plan["n_slots"] * n_slices if combine else 0, fixup, {})
+    return SpLaunch(get_kernel("sparse", cfg.name), (-(-n_work // 4),), units, plan["unit_k0"], n_slices, n_work,
+                    plan["n_slots"], fixup, {})
 
 
 def sp_launch_key(x_dtype, split, dtype, D, aligned):
@@ -216,7 +212,6 @@ def spmm_sp(tiling, values, X, dtype, out, casts):
     if X is None:
         return Y
     split, comp, unscale = sp_values(tiling, values, X.dtype, casts)
-    meta, _ = sp_meta(tiling)
     aligned = D % 8 == 0 and X.data.ptr % 16 == 0 and Y.data.ptr % 16 == 0
     key = sp_launch_key(X.dtype, split, dtype, D, aligned)
     launch = tiling.peek(key)
@@ -224,50 +219,37 @@ def spmm_sp(tiling, values, X, dtype, out, casts):
         launch = tiling.cached(key, lambda: _sp_launch(tiling, X.dtype.name, split, dtype.name, D, aligned))
     partial = launch.partial(D)
     partial = Y if partial is None else partial
-    counters = launch.counters()
-    launch.kernel(launch.grid, (128,), (launch.units, launch.unit_k0, tiling.block_cols, meta, comp, X, Y, partial,
-                                        counters if counters is not None else launch.unit_k0, np.int32(M),
-                                        np.int32(D), np.int32(launch.n_slices), np.int32(launch.n_work),
-                                        unscale if unscale is not None else comp))
+    head, tail = launch.fixed(tiling, M, D)
+    launch.kernel(launch.grid, (128,), head + (comp, X, Y, partial) + tail + (unscale if unscale is not None else comp,))
     if launch.fixup is not None:
         launch.fixup.run(partial, Y, M, D, 16)
     return Y
 
 
-def sp_bind(tiling, values, X, out, precision=None, casts=None):
-    """The hot path of :func:`spmm_sp` (see ``_ops.spmm_bind``): ``f(T, X, out) -> Y``, or None.
+def bind_sp(tiling, xdt, dtype):
+    """The binder of :func:`spmm_sp` for X of ``xdt`` passed as it is, the kernel writing ``dtype``.
 
-    Cacheable where the slow path passes X as it is and its kernel writes the result: 16-bit X
-    on ``"2:4"`` into float32 or X's type, float32 X on ``"1:2"`` into float32.  Per call the
-    closure takes the matrix's compressed values (:func:`sp_values`, cached on the matrix).
+    ``binder(values, casts, X, out, general)`` returns ``f(values, casts, X, out) -> Y`` once the launch for the
+    form of the matrix's compressed values (:func:`sp_values`, which the first call cached in ``casts``) is
+    final, else None.  Per call ``f`` takes the matrix's compressed values and launches.
     """
-    xdt = X.dtype
-    dtype = result_dtype(values.dtype, xdt) if out is None else out.dtype
-    M, D = tiling.shape[0], X.shape[1]
-    if M == 0 or D == 0:
-        return None
-    mode = resolve_precision(precision, dtype, tiling.tile_shape, xdt, tiling.layout.pattern)
-    if not (mode in HALF_MODES and dtype in (F32, xdt) or mode == "tf32" and xdt == F32 and dtype == F32):
-        return None  # the slow path widens X or rounds the result into a copy
-    hit = (casts or {}).get(_sp_key(xdt))  # filled by the slow path's call: (hi, lo) pairs or not
-    if hit is None:
-        return None
-    split = hit[0]
-    # A new result comes from the memory pool, 256-byte aligned, as the slow path's did.
-    aligned = D % 8 == 0 and X.data.ptr % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
-    launch = tiling.peek(sp_launch_key(xdt, split, dtype, D, aligned))
-    if not isinstance(launch, SpLaunch):
-        return None
+    M = tiling.shape[0]
     key = _sp_key(xdt)
-    meta, _ = sp_meta(tiling)
-    counters = launch.counters()
-    partial = launch.partial(D)
-    sizes = (np.int32(M), np.int32(D), np.int32(launch.n_slices), np.int32(launch.n_work))
-    run = bound_launch(launch.kernel, launch.grid, (128,), 0, (launch.units, launch.unit_k0, tiling.block_cols, meta),
-                 (counters if counters is not None else launch.unit_k0,) + sizes, partial, n_extra=1)
-    fixup = launch.fixup.bind(partial, M, D, 16) if launch.fixup is not None else None
-    return cast_closure(run, fixup, (M, D), dtype, key, lambda T: sp_values(tiling, T._values, xdt, T._casts), split,
-                        precision)
 
+    def binder(values, casts, X, out, general):
+        D = X.shape[1]
+        hit = casts.get(key)  # filled by the general path's call: (hi, lo) pairs or not
+        if hit is None:
+            return None
+        split = hit[0]
+        # A new result comes from the memory pool, 256-byte aligned, as the general path's did.
+        aligned = D % 8 == 0 and X.data.ptr % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
+        launch = tiling.peek(sp_launch_key(xdt, split, dtype, D, aligned))
+        if not isinstance(launch, SpLaunch):
+            return None
+        partial = launch.partial(D)
+        run = bound_launch(launch.kernel, launch.grid, (128,), 0, *launch.fixed(tiling, M, D), partial, n_extra=1)
+        fixup = launch.fixup.bind(partial, M, D, 16) if launch.fixup is not None else None
+        return cast_closure(run, fixup, (M, D), dtype, key, lambda v, c: sp_values(tiling, v, xdt, c), split, general)
 
-register_nm_products(spmm_sp, sp_bind)
+    return binder

@@ -5,14 +5,12 @@ import weakref
 import numpy as np
 
 from . import _nm_group, _sgt
-from . import _sparse_tc  # noqa: F401  (registers the N:M layouts' products with _ops)
 from . import _reference as ref
 from ._device import DeviceMismatchError, array_module, get_cupy, is_cupy_array, to_host, use_gpu
-from ._launches import overlaps
 from ._vec_choice import timed_choices
 from ._half import DEVICE_VALUES
-from ._ops import MISMATCH, as_operand, check_out, result_dtype, sddmm_raw, spmm_raw
-from ._hot import HOT_PRECISIONS, HOT_SDDMM_PRECISIONS, hot_key, sddmm_bind, spmm_bind
+from ._ops import MISMATCH, as_operand, check_out, result_dtype
+from ._dispatch import sddmm_raw, signature, spmm_raw
 from ._tiling import STRUCTURE, Tiling, TileStats, resolve_layout
 from ._tuning import options
 from ._validation import (
@@ -150,9 +148,7 @@ class TiledMatrix:
         self._casts = {}  # values cast to a product's dtype
         self._transpose = None  # Aᵀ, once built (strong: A keeps its transpose)
         self._transpose_of = None  # weak reference back: no A <-> Aᵀ cycle holding device memory
-        self._hot = tiling.peek("hot")  # cached products by operand signature (_ops.hot_key), shared
-        if self._hot is None:
-            self._hot = tiling.put("hot", {})
+        self._plans = tiling.plans()  # products' plans by operand signature, shared with the tiling's matrices
 
     # --- array protocol -------------------------------------------------
     @property
@@ -361,9 +357,9 @@ class TiledMatrix:
     # --- matmul ---------------------------------------------------------
     def __matmul__(self, other):
         if is_cupy_array(other):
-            f = self._hot.get(hot_key(self._values, other, None))
-            if f is not None:  # a signature seen before: allocate and launch
-                return f(self, other, None)
+            plan = self._plans.get(signature(self._values, other))
+            if plan is not None and plan.bound is not None:  # a signature seen before: allocate and launch
+                return plan.bound(self._values, self._casts, other, None)
         elif isinstance(other, (str, bytes)):
             return NotImplemented  # Python then raises "unsupported operand type(s) for @"
         elif isscalarlike(other):
@@ -414,11 +410,6 @@ class TiledMatrix:
             self._tiling, self._values, X2, dtype, precision,
             out=(out if out.ndim == 2 else out.reshape(M, 1)) if direct else None, casts=self._casts,
         )  # fmt: skip
-        if precision in HOT_PRECISIONS and X is other and kind == "cupy" and (
-                out is None or direct and not overlaps(out, X)):
-            f = spmm_bind(self._tiling, self._values, X, out, precision, self._casts)
-            if f is not None:
-                self._hot[hot_key(self._values, X, out, precision)] = f
         if direct:
             return out
         if Y.shape != out_shape:
@@ -525,10 +516,10 @@ def spmm(T, X, out=None, *, precision=None):
     if isinstance(X, (str, bytes)):
         raise TypeError(f"spmm: X must be an array of numbers, got {type(X).__name__}")
     if is_cupy_array(X):
-        if precision in HOT_PRECISIONS and (out is None or is_cupy_array(out) and not overlaps(out, X)):
-            f = T._hot.get(hot_key(T._values, X, out, precision))
-            if f is not None:  # a signature seen before: allocate (or take out) and launch
-                return f(T, X, out)
+        if (precision is None or type(precision) is str) and (out is None or is_cupy_array(out)):
+            plan = T._plans.get(signature(T._values, X, out, precision))
+            if plan is not None and plan.bound is not None:  # a signature seen before: allocate (or take out), launch
+                return plan.bound(T._values, T._casts, X, out)
     elif isscalarlike(X):
         raise ValueError("Scalar operands are not allowed, use '*' instead")
     return T._matmul_dispatch(X, out=out, precision=precision)
@@ -572,12 +563,11 @@ def sddmm(T, Xa, Xb=None, *, multiply_values=False, precision=None):
     for name, x in (("Xa", Xa), ("Xb", Xb)):
         if isinstance(x, (str, bytes)) or (x is not None and _is_sparse(x)):
             raise TypeError(f"sddmm: {name} must be a dense array of numbers, got {type(x).__name__}")
-    hot = None
-    if precision in HOT_SDDMM_PRECISIONS and is_cupy_array(Xa) and (Xb is None or is_cupy_array(Xb)):
-        hot = ("sddmm", bool(multiply_values), hot_key(T._values, Xa, Xb, precision))
-        f = T._hot.get(hot)
-        if f is not None:  # a signature seen before: allocate and launch
-            return TiledMatrix._from_parts(T.tiling, f(T._values, Xa, Xa if Xb is None else Xb))
+    if (precision is None or type(precision) is str) and is_cupy_array(Xa) and (Xb is None or is_cupy_array(Xb)):
+        Xb_ = Xa if Xb is None else Xb
+        plan = T._plans.get(signature(T._values, Xa, Xb_, precision, ("sddmm", multiply_values, False)))
+        if plan is not None and plan.bound is not None:  # a signature seen before: allocate and launch
+            return TiledMatrix._from_parts(T.tiling, plan.bound(T._values, T._casts, Xa, Xb_, None))
     on_device = T.device == "cuda"
     a, _ = as_operand(Xa, on_device)
     b = a if Xb is None else as_operand(Xb, on_device)[0]
@@ -595,9 +585,5 @@ def sddmm(T, Xa, Xb=None, *, multiply_values=False, precision=None):
     dtype = promote(value_dtype(a.dtype), value_dtype(b.dtype))
     if multiply_values:
         dtype = promote(dtype, T.dtype)
-    values = sddmm_raw(T.tiling, T.values, a, b, dtype, bool(multiply_values), precision, casts=T._casts)
-    if hot is not None and a is Xa and (Xb is None or b is Xb):
-        f = sddmm_bind(T.tiling, T.values, a, b, multiply_values, precision)
-        if f is not None:
-            T._hot[hot] = f
+    values = sddmm_raw(T.tiling, T.values, a, b, dtype, multiply_values, precision, casts=T._casts)
     return TiledMatrix._from_parts(T.tiling, values)

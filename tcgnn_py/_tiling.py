@@ -280,8 +280,16 @@ class Tiling:
             return value
 
     def peek(self, key, default=None):
-        """The derived data cached under ``key``, or ``default`` (never builds: the hot paths' lookup)."""
+        """The derived data cached under ``key``, or ``default`` (never builds: a planned launch's lookup)."""
         return self._cache.get(key, default)
+
+    def plans(self):
+        """The products' plans on this tiling by operand signature (``_dispatch.signature``), shared by the
+        matrices on it (``with_values``): one dict, made once."""
+        plans = self._cache.get("plans")
+        if plans is None:
+            plans = self._cache["plans"] = {}
+        return plans
 
     def put(self, key, value):
         """Cache ``value`` under ``key`` (replacing any), as :meth:`cached` would have built it."""

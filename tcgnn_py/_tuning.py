@@ -18,13 +18,10 @@ __all__ = ["tuning", "options", "overrides_key", "FAMILY_DEFAULTS", "DEFAULTS"]
 FAMILY_DEFAULTS = MappingProxyType({
     # 16x8 TF32 SpMM (tcgnn_spmm_tf32 / its cp.async form)
     "tf32": MappingProxyType({
-        "tf32_max_chunks": 2,  # column chunks of 32 per CTA (registers grow with it)
-        "tf32_nwarps": None,  # warps per CTA for 1, 2, 4 chunks, e.g. (4, 4, 4)
+        # the kernel: a config of kernels.products.TF32_SPMM_CONFIGS; None: tf32_spmm_config by width and alignment
+        "tf32_kernel": None,
+        "tf32_nwarps": None,  # warps per CTA for 1, 2 chunks, e.g. (4, 4)
         "blocks_per_warp": None,  # a unit holds up to nwarps * this many blocks
-        "prefetch_values": True,  # register kernel: load the next block's values with its X rows
-        "tf32_async_stages": 2,  # cp.async kernel's blocks in flight per warp (0: the register kernel)
-        "tf32_async_min_blocks": 3,  # __launch_bounds__ minimum CTAs of 256 threads (3 caps registers at 80)
-        "tf32_combine": True,  # sum split windows inside the launch (else: the fixup launch)
     }),
     # CUDA-core SpMM (any tile shape, exact float64)
     "core": MappingProxyType({
@@ -32,9 +29,10 @@ FAMILY_DEFAULTS = MappingProxyType({
     }),
     # vector layout, TF32 and 16-bit: the balanced units and the grid
     "vec": MappingProxyType({
-        "vec_slices": None,  # float4 groups per lane (a warp covers 32 * this many features)
-        "vec_max_slices": 2,  # the statistics' cap (registers: 8 accumulators per group)
-        "vec_unroll": 4,  # blocks whose loads a warp issues together
+        # the kernel: a config of kernels.products.VEC_SPMM_CONFIGS (no timed choice then; cp.async configs fall
+        # back to the rule's on rows cp.async cannot copy); None: the statistics' rule and the timed choice
+        "vec_kernel": None,
+        "vec_max_slices": 2,  # the statistics' cap on float4 groups per lane (a warp covers 32 * this many features)
         "vec_blocks_per_unit": None,  # blocks per balanced unit
         "vec_target_warps": 16,  # aim for this many warps per SM in the grid
         "vec_tail_factor": 4,  # longest unit <= this x the blocks per resident warp (None: no cap)
@@ -45,21 +43,16 @@ FAMILY_DEFAULTS = MappingProxyType({
         "vec_coop_chain": 1,  # by the grid only where a quarter of the longest window is <= this many units
         "vec_combine": True,  # sum split windows inside the launch (else: the fixup launch)
         "vec_combine_parts_max": 64,  # ... when no window has more parts than this
-        "vec_prefetch": True,  # load the next step's block metadata with this step's X rows
-        "vec_async_stages": 2,  # cp.async kernel's steps in flight per warp (0: the register kernel)
-        "vec_async_unroll": 4,  # blocks per cp.async step
-        "vec_prefetch_values": True,  # cp.async kernel: values loaded one step ahead
-        # time the bit-identical launches once and keep the fastest; it overrides the slices, combine,
-        # half_ks and half_stages options (False pins them)
+        # time the bit-identical launches once and keep the fastest; it overrides the combine option (False
+        # pins it)
         "vec_timed_choice": True,
-        "vec_dense_values": False,  # the statistics' launch reads dense values (a timed candidate otherwise)
-        "vec_async_l1": None,  # X rows copied through L1: True always, None a timed candidate, False never
     }),
     # vector layout, 16-bit X
     "half": MappingProxyType({
         "half_tail_floor": 64,  # vec_tail_floor for 16-bit blocks (half the bytes: shorter units pay)
-        "half_ks": 1,  # k16 chunks (4 blocks each) per cp.async step
-        "half_stages": 2,  # steps in flight per warp
+        # the kernel's shape: a kernels.products.SpmmVech whose (FS, KS, NS, COMBINE, COOP) are compiled (its
+        # types and alignment come from the operands; no timed choice then); None: the rule and the timed choice
+        "half_kernel": None,
         # values X's type holds exactly (unweighted, small integers): one MMA, not two on (hi, lo) pairs
         "half_exact_values": True,
     }),
@@ -74,9 +67,6 @@ FAMILY_DEFAULTS = MappingProxyType({
     # N:M layouts, mma.sp
     "sparse": MappingProxyType({
         "sp_blocks_per_unit": 32,  # blocks per balanced unit (the reorder's NM_BLOCKS_PER_UNIT)
-        "sp_combine": False,  # sum split windows inside the launch (else: the fixup launch)
-        "sp_nt": 4,  # n-tiles of 8 features per warp, 4 or 8
-        "sp_unroll": None,  # blocks per step, 2 or 4; None: 2 for 16-bit X, 4 for TF32
     }),
 })
 

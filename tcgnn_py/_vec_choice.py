@@ -55,10 +55,10 @@ class VecChoice(NamedTuple):
     combine: bool  # split windows summed inside the launch, else by the fixup launch
     unroll: int = 4  # blocks per step (their loads issued together; the MMAs pair the same blocks whatever it is)
     dense: bool = False  # values read dense, 32 per block (vec_dense_values): no metadata, one load per block
-    ks: int = 0  # 16-bit kernel: k16 chunks (4 blocks each) per step (0: options()["half_ks"])
-    stages: int = 0  # 16-bit kernel: steps in flight per warp (0: options()["half_stages"])
+    ks: int = 0  # 16-bit kernel: k16 chunks (4 blocks each) per step (0: 1)
+    stages: int = 0  # 16-bit kernel: steps in flight per warp (0: 2)
     coop: bool = False  # one CTA per window x slice, its 4 parts summed in shared memory (vec_coop_units)
-    l1: bool = False  # cp.async copies of X rows through L1 (TF32: kernels.products.VEC_ASYNC_L1 shapes)
+    l1: bool = False  # cp.async copies of X rows through L1 (TF32)
 
 
 def _async_rows(D, vec):
@@ -67,17 +67,29 @@ def _async_rows(D, vec):
 
 
 def vec_choice(tiling, D, vec, half=None):
-    """The vector SpMM's launch from the tiling's statistics and the SM count (no timing)."""
+    """The vector SpMM's launch from the tiling's statistics and the SM count (no timing).
+
+    ``options()["vec_kernel"]`` (a config of :data:`.kernels.products.VEC_SPMM_CONFIGS`) fixes the
+    float32 kernel instead; the partition (blocks per unit) is the statistics' all the same.
+    """
     from .kernels import products as kp
 
     def shape(slices):
         n_slices = -(-D // (32 * slices))
         return n_slices, options()["vec_blocks_per_unit"] or vec_unit_size(tiling, n_slices, half is not None)
 
-    if half is not None and not vec:
+    forced = options()["vec_kernel" if half is None else "half_kernel"]
+    if forced is not None and half is not None:
+        if (forced.FS, forced.KS, forced.NS) not in (kp.VEC_HALF_COOP if forced.COOP else kp.VEC_HALF):
+            raise ValueError(f"half_kernel={forced!r} has no compiled shape: see kernels.products.VEC_HALF")
+        if not vec:
+            forced = None  # unaligned rows: one configuration
+    elif forced is not None and forced not in kp.VEC_SPMM_CONFIGS:
+        raise ValueError(f"vec_kernel={forced!r} is not compiled: see kernels.products.VEC_SPMM_CONFIGS")
+    if forced is not None:
+        slices = forced.FS
+    elif half is not None and not vec:
         slices = kp.HALF_DEFAULT[0]  # unaligned rows: one configuration
-    elif options()["vec_slices"]:
-        slices = 1 << (options()["vec_slices"] - 1).bit_length()
     else:
         # Wider slices (64 features per warp) read each block's metadata half as often, but halve the warps:
         # keep them only while the grid still holds VEC_WIDE_WARPS warps per SM.
@@ -91,24 +103,21 @@ def vec_choice(tiling, D, vec, half=None):
     # last part's warp reads them all); longer ones go to the fixup launch, which spreads each sum over threads.
     max_parts = vec_plan(tiling, bpu)["max_parts"]
     combine = 0 < max_parts <= options()["vec_combine_parts_max"] and options()["vec_combine"]
-    cp_async = (half is None and _async_rows(D, vec)
-                and (slices, options()["vec_async_unroll"], options()["vec_async_stages"]) in kp.VEC_ASYNC)
-    if cp_async and (slices, options()["vec_async_unroll"]) in kp.VEC_COOP and vec_coop(tiling, D):
-        return VecChoice(slices, bpu, True, False, options()["vec_async_unroll"], coop=True)
+    cp_async = half is None and _async_rows(D, vec)
+    if isinstance(forced, kp.SpmmVech):
+        return VecChoice(slices, bpu, False, forced.COMBINE and not forced.COOP, ks=forced.KS, stages=forced.NS,
+                         coop=forced.COOP)
+    if isinstance(forced, kp.SpmmVec):
+        return VecChoice(slices, bpu, False, forced.COMBINE, forced.U)
+    if forced is not None and cp_async:  # (rows cp.async cannot copy take the rule's launch)
+        if forced.COOP:
+            return VecChoice(slices, bpu, True, False, forced.U, coop=True)
+        return VecChoice(slices, bpu, True, forced.COMBINE, forced.U, forced.DV, l1=forced.L1)
+    if cp_async and vec_coop(tiling, D):
+        return VecChoice(slices, bpu, True, False, kp.VEC_UNROLL, coop=True)
     if half is not None and vec and (slices, 1, 2) in kp.VEC_HALF_COOP and vec_coop(tiling, D, True):
         return VecChoice(slices, bpu, False, False, ks=1, stages=2, coop=True)
-    unroll = options()["vec_async_unroll" if cp_async else "vec_unroll"]
-    dense = cp_async and options()["vec_dense_values"]
-    l1 = cp_async and not dense and options()["vec_async_l1"] is True and _l1_compiled(slices, unroll)
-    return VecChoice(slices, bpu, cp_async, combine, unroll, dense, l1=l1)
-
-
-def _l1_compiled(slices, unroll):
-    """Whether the TF32 cp.async vector SpMM is compiled with copies through L1 for this shape and tuning."""
-    from .kernels import products as kp
-
-    return ((slices, unroll, options()["vec_async_stages"]) in kp.VEC_ASYNC_L1 and options()["vec_prefetch_values"]
-            and options()["vec_async_l1"] is not False)
+    return VecChoice(slices, bpu, cp_async, combine, kp.VEC_UNROLL)
 
 
 def vec_candidates(tiling, D, vec):
@@ -118,33 +127,29 @@ def vec_candidates(tiling, D, vec):
     output is the same MMAs over the same block pairs in the same order, and
     split windows are summed in part order by either the launch or the fixup:
     the results are bit-identical whichever wins (a GPU test checks it).
-    Candidates: 32 or 64 features per warp; cp.async gathers of 4 or 2 blocks
-    per step (values through the block's mask, or dense with 4), each also
-    through L1 (the L1 copies win where an SM's warps gather the same X rows
-    again, e.g. blogcatalog3, and lose elsewhere), or register gathers; in-launch
-    sums or the fixup launch.
+    Candidates, on rows cp.async can copy: 32 or 64 features per warp; cp.async
+    gathers of 4 or 2 blocks per step (values through the block's mask, or dense
+    with 4), each also through L1 (the L1 copies win where an SM's warps gather
+    the same X rows again, e.g. blogcatalog3, and lose elsewhere); in-launch sums
+    or the fixup launch.  Other rows have one launch, the register gathers.
     """
     from .kernels import products as kp
 
     default = vec_choice(tiling, D, vec)
+    if options()["vec_kernel"] is not None or not _async_rows(D, vec):
+        return [default]
     if default.coop:  # its own partition (4 parts per window): candidates among its own shapes
-        shapes = [(f, u) for f in ((1, 2) if D > 32 else (1,)) for u in (4, 2)]
+        shapes = [(f, u) for f in ((1, 2) if D > 32 else (1,)) for u in kp.VEC_ASYNC_UNROLL]
         return list(dict.fromkeys([default] + [default._replace(slices=f, unroll=u) for f, u in shapes]))
     has_splits = vec_plan(tiling, default.bpu)["n_slots"] > 0
-    ns = options()["vec_async_stages"]
-    gathers = [(False, options()["vec_unroll"], False, False)]
-    if _async_rows(D, vec):
-        ua = options()["vec_async_unroll"]
-        gathers = [(True, u, False, l1) for u in dict.fromkeys((ua, 2)) for l1 in (False, True)] + gathers
-        if tiling.n_blocks * 32 * 4 <= VEC_DENSE_BYTES_MAX:
-            gathers.insert(2, (True, ua, True, False))
+    gathers = [(u, False, l1) for u in kp.VEC_ASYNC_UNROLL for l1 in (False, True)]
+    if tiling.n_blocks * 32 * 4 <= VEC_DENSE_BYTES_MAX:
+        gathers.insert(2, (kp.VEC_UNROLL, True, False))
     out = [default]
     for slices in (1, 2) if D > 32 else (1,):
-        for cp_async, unroll, dense, l1 in gathers:
-            if cp_async and (slices, unroll, ns) not in kp.VEC_ASYNC or l1 and not _l1_compiled(slices, unroll):
-                continue
+        for unroll, dense, l1 in gathers:
             for combine in (True, False) if has_splits else (False,):
-                c = VecChoice(slices, default.bpu, cp_async, combine, unroll, dense, l1=l1)
+                c = VecChoice(slices, default.bpu, True, combine, unroll, dense, l1=l1)
                 if c not in out:
                     out.append(c)
     return out
@@ -166,12 +171,12 @@ def half_candidates(tiling, D, vec, half):
         return slices == 1 or (16 * slices < D and slices <= options()["vec_max_slices"])
 
     default = vec_choice(tiling, D, vec, half)
-    if not vec:
+    if not vec or options()["half_kernel"] is not None:
         return [default]
     if default.coop:  # its own partition (4 parts per window): candidates among its own shapes
         return list(dict.fromkeys([default] + [default._replace(slices=f, ks=ks, stages=ns)
                                                for f, ks, ns in kp.VEC_HALF_COOP if fits(f)]))
-    default = default._replace(ks=options()["half_ks"], stages=options()["half_stages"])
+    default = default._replace(ks=1, stages=2)
     has_splits = vec_plan(tiling, default.bpu)["n_slots"] > 0
     out = [default]
     for slices, ks, stages in kp.VEC_HALF:
@@ -304,10 +309,9 @@ def vec_launch(cp, tiling, dtype, D, vec, half=None, choice=None, scratch=None, 
         units, unit_k0 = tiling.cached(("vec_sorted", bpu), lambda: sorted_units(tiling, bpu))
     n_work = units.shape[0] * n_slices
     nw = options()["vec_warps"]
-    ns = options()["vec_async_stages"]
     smem = 0
     if half is not None:
-        cfg = (slices, ks or options()["half_ks"], stages or options()["half_stages"]) if vec else kp.HALF_DEFAULT
+        cfg = (slices, ks or 1, stages or 2) if vec else kp.HALF_DEFAULT
         if cfg not in kp.VEC_HALF:
             raise ValueError(f"no 16-bit SpMM compiled for (slices, ks, stages) = {cfg}: see kernels.products.VEC_HALF")
         while nw > 1 and kp.vech_smem(nw, *cfg) > kp.SPMM_SMEM_LIMIT:
@@ -315,14 +319,12 @@ def vec_launch(cp, tiling, dtype, D, vec, half=None, choice=None, scratch=None, 
         smem = kp.vech_smem(nw, *cfg)
         kernel = get_kernel("half", kp.spmm_vech_name(half[0], half[1], half[2], *cfg, combine, vec))
     elif cp_async:
-        while nw > 1 and kp.vec_async_smem(nw, slices, unroll, ns) > kp.SPMM_SMEM_LIMIT:
+        while nw > 1 and kp.vec_async_smem(nw, slices, unroll, kp.VEC_STAGES) > kp.SPMM_SMEM_LIMIT:
             nw //= 2
-        smem = kp.vec_async_smem(nw, slices, unroll, ns)
-        kernel = get_kernel("vec", kp.spmm_vec_async_name(slices, unroll, ns, combine, True,
-                                                          options()["vec_prefetch_values"],
-                                                          dense, l1=l1))
+        smem = kp.vec_async_smem(nw, slices, unroll, kp.VEC_STAGES)
+        kernel = get_kernel("vec", kp.vec_spmm_config(slices, unroll, True, combine, dense, l1=l1).name)
     else:
-        kernel = get_kernel("vec", kp.spmm_vec_name(slices, unroll, vec, combine, options()["vec_prefetch"]))
+        kernel = get_kernel("vec", kp.vec_spmm_config(slices, unroll, False, combine).name)
     launch = VecSpmmLaunch(kernel, (-(-n_work // nw),), (32 * nw,), smem, units, unit_k0, vec_meta(tiling),
                            n_slices, n_work, plan["n_slots"] * n_slices if combine else 0,
                            {} if scratch is None else scratch,
@@ -376,8 +378,8 @@ def _vec_coop_launch(tiling, D, choice, half=None, get=None):
     units = vec_coop_units(tiling)
     n_windows = units.shape[0] // 4
     if half is None:
-        kernel = get_kernel("vec", kp.spmm_vec_async_name(choice.slices, choice.unroll, 2, coop=True))
-        smem = kp.vec_async_smem(4, choice.slices, choice.unroll, 2)
+        kernel = get_kernel("vec", kp.vec_spmm_config(choice.slices, choice.unroll, True, False, coop=True).name)
+        smem = kp.vec_async_smem(4, choice.slices, choice.unroll, kp.VEC_STAGES)
     else:
         cfg = (choice.slices, choice.ks, choice.stages)
         kernel = get_kernel("half", kp.spmm_vech_name(*half, *cfg, coop=True))

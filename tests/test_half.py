@@ -20,6 +20,7 @@ from tcgnn_py import _half
 from tcgnn_py import _launches
 from tcgnn_py import _ops
 from tcgnn_py import _vec_choice
+from tcgnn_py.kernels import products as kp
 from tcgnn_py._validation import as_dtype, promote
 
 ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 tests need ml_dtypes (the [bf16] extra)")
@@ -185,25 +186,27 @@ def test_spmm_half_random_error(xt, mt):
 
 DS = [1, 3, 8, 16, 17, 64, 130, 256]
 NS = [1, 15, 17, 1000, 16005]
-#: 16-bit SpMM variants: (slices, k16 chunks per step, stages) and units (2 blocks: every window split);
-#: "default" is the launch the timed choice keeps, the others pin theirs (and not the one-CTA-per-window
-#: launch, which the rule picks for small grids: the coop variants ask for it).
+#: 16-bit SpMM variants, selected by the kernel's shape (kernels.products.SpmmVech: FS, KS, NS, COMBINE, COOP;
+#: the types come from the operands) and units of 2 blocks (every window split); "default" is the launch the
+#: timed choice keeps, "pairs" a float32 matrix of small integers as (hi, lo) pairs (two MMAs), not as the 16-bit
+#: values it holds exactly.  Unaligned rows have one shape: those cases run it whatever the variant.
 PIN = dict(vec_timed_choice=False, vec_coop=False)
+
+
+def _shape(fs, ks, ns, combine=True, coop=False):
+    return kp.SpmmVech("tc_f16", False, "float", fs, ks, ns, combine, True, True, coop)
+
+
 HALF_VARIANTS = {
     "default": {},
-    "g2": dict(PIN, vec_slices=2),
-    "s3-g2": dict(PIN, vec_slices=2, half_stages=3),
-    "s3-g2-fixup": dict(PIN, vec_slices=2, half_stages=3, vec_blocks_per_unit=2, vec_combine=False),
-    "split": dict(PIN, vec_blocks_per_unit=2),
-    "fixup": dict(PIN, vec_blocks_per_unit=2, vec_combine=False),
-    # one CTA per window x slice, its 4 parts summed in shared memory (unaligned rows: the usual launch)
-    "coop": dict(PIN, vec_coop=True),
-    "coop-g2": dict(PIN, vec_coop=True, vec_slices=2),
+    **{"fs{}-ks{}-ns{}-{}".format(*s, "combine" if c else "fixup"): dict(half_kernel=_shape(*s, c),
+                                                                       vec_blocks_per_unit=2)
+       for s in kp.VEC_HALF for c in (True, False)},
+    **{"coop-fs{}-ks{}-ns{}".format(*s): dict(half_kernel=_shape(*s, False, True)) for s in kp.VEC_HALF_COOP},
     "coop-timed": dict(vec_coop=True),
-    # a float32 matrix of small integers as (hi, lo) pairs (two MMAs), not as the 16-bit values it holds exactly
     "pairs": dict(half_exact_values=False),
     "pairs-split": dict(PIN, vec_blocks_per_unit=2, half_exact_values=False),
-    "pairs-coop": dict(PIN, vec_coop=True, half_exact_values=False),
+    "pairs-coop": dict(half_kernel=_shape(1, 1, 2, False, True), half_exact_values=False),
 }
 
 

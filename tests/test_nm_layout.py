@@ -175,13 +175,12 @@ def test_half_x_on_2_4_and_float32_x_on_1_2_match_the_reference():
 
 DS = [1, 3, 8, 16, 17, 64, 130, 256]
 NS = [1, 15, 17, 1000, 16005]
-#: N:M SpMM variants: n-tiles per warp, one block per unit (every multi-block window split), summed in the
-#: launch or by the fixup launch; the split-values kernels on float32 matrices of small integers.
-SP_VARIANTS = {"default": {}, "nt8-ub4": dict(sp_nt=8, sp_unroll=4), "nt4-ub2": dict(sp_nt=4, sp_unroll=2),
-               "combine": dict(sp_blocks_per_unit=1, sp_combine=True), "fixup": dict(sp_blocks_per_unit=1, sp_combine=False),
+#: N:M SpMM variants (one compiled shape per types and alignment, kernels.products.SP_SPMM_CONFIGS): the default
+#: units, and one block per unit (every multi-block window split, summed by the fixup launch); the split-values
+#: kernels on float32 matrices of small integers.
+SP_VARIANTS = {"default": {}, "fixup": dict(sp_blocks_per_unit=1),
                # a float32 matrix of small integers as (hi, lo) pairs, not as the 16-bit values it holds exactly
-               "pairs": dict(half_exact_values=False), "pairs-fixup": dict(half_exact_values=False,
-                                                                           sp_blocks_per_unit=1, sp_combine=False)}
+               "pairs": dict(half_exact_values=False), "pairs-fixup": dict(half_exact_values=False, sp_blocks_per_unit=1)}
 
 
 sp_kernel = tuning_fixture(SP_VARIANTS)

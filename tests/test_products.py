@@ -250,31 +250,35 @@ def test_coop_choice_of_the_16bit_kernel():
 
 
 @pytest.mark.filterwarnings("ignore::tcgnn_py.NoGPUWarning")
-def test_l1_copies_are_timed_candidates_of_the_tf32_kernel():
-    """The TF32 cp.async shapes compiled with copies through L1 are candidates beside the same shapes through L2
-    (the same partition, so the same sums); the statistics' launch takes them only when asked, and False
-    turns them off."""
+def test_the_timed_candidates_are_the_compiled_configs():
+    """On aligned rows the TF32 candidates are cp.async configs (through L2 and, beside each, through L1; dense
+    values), all with the default's partition; each maps to a compiled config, and together with the register
+    kernel of unaligned rows and the coop shapes they are every compiled SpMM config (compiled means supported)."""
     from tcgnn_py import _vec_choice
     from tcgnn_py.kernels import products as kp
 
     T = tg.TiledMatrix(sp.random(300, 300, density=0.05, format="csr", random_state=0), layout="vector")
     T.tiling.put("sm_count", 132)
-    with tg.tuning(vec_coop=False):
+    with tg.tuning(vec_coop=False, vec_blocks_per_unit=2):
         cands = _vec_choice.vec_candidates(T.tiling, 64, True)
+        assert all(c.cp_async and c.bpu == cands[0].bpu for c in cands)
         l1 = [c for c in cands if c.l1]
-        assert not cands[0].l1 and l1 and all(c.cp_async and not c.dense for c in l1)
-        assert {(c.slices, c.unroll, 2) for c in l1} == set(kp.VEC_ASYNC_L1)
-        assert {c._replace(l1=False) for c in l1} <= set(cands)  # each beside its L2 twin
-        assert not any(c.l1 for c in _vec_choice.vec_candidates(T.tiling, 64, False))  # unaligned rows: no cp.async
-        with tg.tuning(vec_async_l1=False):  # never
-            assert not any(c.l1 for c in _vec_choice.vec_candidates(T.tiling, 64, True))
-        with tg.tuning(vec_async_l1=True):
-            assert _vec_choice.vec_choice(T.tiling, 64, True).l1
-            with tg.tuning(vec_async_stages=3):  # not compiled with L1 copies: neither chosen nor a candidate
-                assert not _vec_choice.vec_choice(T.tiling, 64, True).l1
-                assert not any(c.l1 for c in _vec_choice.vec_candidates(T.tiling, 64, True))
-    assert "true>" in kp.spmm_vec_async_name(1, 4, 2, l1=True)
-    assert kp.spmm_vec_async_name(1, 4, 2, l1=True) in kp.FAMILIES["vec"][1]
+        assert l1 and {c._replace(l1=False) for c in l1} <= set(cands)  # each beside its L2 twin
+        assert _vec_choice.vec_candidates(T.tiling, 64, False) == [_vec_choice.vec_choice(T.tiling, 64, False)]
+        assert not _vec_choice.vec_choice(T.tiling, 64, False).cp_async  # unaligned rows: register gathers
+        reached = {kp.vec_spmm_config(c.slices, c.unroll, c.cp_async, c.combine, c.dense, c.coop, c.l1) for c in cands}
+        reached |= {kp.vec_spmm_config(f, 4, False, c) for f in (1, 2) for c in (True, False)}
+    with tg.tuning(vec_coop=True):
+        reached |= {kp.vec_spmm_config(c.slices, c.unroll, True, False, coop=True)
+                    for c in _vec_choice.vec_candidates(T.tiling, 64, True)}
+    assert reached == set(kp.VEC_SPMM_CONFIGS)
+    with pytest.raises(ValueError, match="not compiled"):
+        kp.vec_spmm_config(4, 4, True, True)
+    with tg.tuning(vec_kernel=kp.SpmmVec(1, 8, True, True)), pytest.raises(ValueError, match="not compiled"):
+        _vec_choice.vec_choice(T.tiling, 64, True)
+    with tg.tuning(vec_kernel=kp.VEC_SPMM_CONFIGS[-1]):  # a coop config: that launch, and no other candidate
+        (only,) = _vec_choice.vec_candidates(T.tiling, 64, True)
+        assert only.coop and only.slices == kp.VEC_SPMM_CONFIGS[-1].FS
 
 
 def test_pick_fastest_keeps_the_default_within_the_margin():

@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from _zoo import sddmm_expected, star
-from _env import count_timing, graph_dir
+from _env import config_id, count_timing, graph_dir
 
 import tcgnn_py as tg
 from tcgnn_py import _launches
-from tcgnn_py import _ops
+from tcgnn_py import _dispatch
 from tcgnn_py import _plans
 from tcgnn_py import _vec_choice
+from tcgnn_py.kernels import products as kp
 
 pytestmark = pytest.mark.gpu
 
@@ -64,7 +65,7 @@ def poisoned_sddmm(cp, T, Xa, Xb, precision=None, multiply=False, dtype=np.float
     """SDDMM values in canonical (tocsr) order, through a NaN-poisoned output."""
     out = cp.full(T.nnz, cp.nan, dtype=dtype)
     mode_dtype = np.dtype(dtype)
-    _ops.sddmm_raw(T.tiling, T.values, cp.asarray(Xa), cp.asarray(Xb), mode_dtype, multiply, precision, out=out)
+    _dispatch.sddmm_raw(T.tiling, T.values, cp.asarray(Xa), cp.asarray(Xb), mode_dtype, multiply, precision, out=out)
     return T.with_values(out, order="tiled").tocsr().data
 
 
@@ -72,42 +73,19 @@ def poisoned_sddmm(cp, T, Xa, Xb, precision=None, multiply=False, dtype=np.float
 
 
 #: Tuning that keeps the vector layout's launch as configured (no timed choice among candidates, and not the
-#: one-CTA-per-window launch, which the rule picks for small grids: the coop variants ask for it).
+#: one-CTA-per-window launch, which the rule picks for small grids).
 PIN = dict(vec_timed_choice=False, vec_coop=False)
-#: TF32 SpMM variants: (layout, tuning).  "vector" is the default, its launch chosen by timing;
-#: the other vector variants pin theirs.  16x8: the register pipeline and cp.async with
-#: 2-4 stages; vector layout: the register kernel with 1, 2, 4 feature groups per lane,
-#: unroll 4 and 8, the cp.async kernel (default) with 2-3 stages, and units of 2 blocks
-#: (every window of more than 2 blocks split), summed in the launch or by the fixup launch; 16x8 units
-#: of 4 blocks likewise.
+#: TF32 SpMM variants: (layout, tuning), selected by config: "vector" and "tcgnn" are the defaults (the vector
+#: launch chosen by timing); then every compiled SpMM config of both families (kernels.products.TF32_SPMM_CONFIGS,
+#: VEC_SPMM_CONFIGS; cp.async configs take the register kernel on rows cp.async cannot copy).  16x8 configs run
+#: units of 4 warps x 1 block, vector ones units of 2 blocks: every window of more than that split, its parts
+#: summed in the launch or by the fixup launch as the config says (the coop configs keep their own partition).
 TF32_VARIANTS = {
-    "registers": ("tcgnn", dict(tf32_async_stages=0, tf32_async_min_blocks=1)),
-    "async2": ("tcgnn", dict(tf32_async_stages=2, tf32_async_min_blocks=1)),
-    "async2-80reg": ("tcgnn", dict(tf32_async_stages=2, tf32_async_min_blocks=3)),
-    "async3-80reg": ("tcgnn", dict(tf32_async_stages=3, tf32_async_min_blocks=3)),
-    "async4-64reg": ("tcgnn", dict(tf32_async_stages=4, tf32_async_min_blocks=4)),
-    # units of 4 warps x 1 block: every window of more than 4 blocks split, summed in the launch / by the fixup
-    "async3-split": ("tcgnn", dict(tf32_async_stages=3, tf32_async_min_blocks=3, tf32_nwarps=(4, 4, 4),
-                                   blocks_per_warp=1)),
-    "registers-split": ("tcgnn", dict(tf32_async_stages=0, tf32_nwarps=(4, 4, 4), blocks_per_warp=1)),
-    "async3-fixup": ("tcgnn", dict(tf32_async_stages=3, tf32_async_min_blocks=3, tf32_nwarps=(4, 4, 4),
-                                   blocks_per_warp=1, tf32_combine=False)),
+    "tcgnn": ("tcgnn", {}),
     "vector": ("vector", {}),
-    "vector-g1u8": ("vector", dict(PIN, vec_max_slices=1, vec_unroll=8, vec_async_stages=0)),
-    "vector-g4u4": ("vector", dict(PIN, vec_slices=4, vec_unroll=4, vec_async_stages=0)),
-    "vector-split": ("vector", dict(PIN, vec_blocks_per_unit=2, vec_unroll=4, vec_async_stages=0)),
-    "vector-fixup": ("vector", dict(PIN, vec_blocks_per_unit=2, vec_combine=False, vec_unroll=8, vec_async_stages=0)),
-    "vector-async-g2u2s3-split": ("vector", dict(PIN, vec_slices=2, vec_async_unroll=2, vec_async_stages=3,
-                                                 vec_blocks_per_unit=2)),
-    "vector-async-fixup": ("vector", dict(PIN, vec_async_stages=2, vec_blocks_per_unit=2, vec_combine=False)),
-    # X rows copied through L1 (a timed candidate): split windows summed in the launch / by the fixup
-    "vector-async-l1-split": ("vector", dict(PIN, vec_async_l1=True, vec_blocks_per_unit=2)),
-    "vector-async-l1-g2u2-fixup": ("vector", dict(PIN, vec_async_l1=True, vec_slices=2, vec_async_unroll=2,
-                                                  vec_blocks_per_unit=2, vec_combine=False)),
-    # one CTA per window x slice, its 4 parts summed in shared memory (unaligned D: the usual launch)
-    "vector-coop": ("vector", dict(PIN, vec_coop=True)),
-    "vector-coop-g2u2": ("vector", dict(PIN, vec_coop=True, vec_slices=2, vec_async_unroll=2)),
-    "vector-coop-timed": ("vector", dict(vec_coop=True)),
+    **{config_id(c): ("tcgnn", dict(tf32_kernel=c, tf32_nwarps=(4, 4), blocks_per_warp=1))
+       for c in kp.TF32_SPMM_CONFIGS},
+    **{config_id(c): ("vector", dict(vec_kernel=c, vec_blocks_per_unit=2)) for c in kp.VEC_SPMM_CONFIGS},
 }
 
 
@@ -294,10 +272,11 @@ def test_tf32_fragments_place_every_tile_position(cp, tf32_kernel):
 
 
 SPLIT_TUNINGS = {
-    "vector-registers": ("vector", dict(PIN, vec_blocks_per_unit=2, vec_async_stages=0)),
-    "vector-async": ("vector", dict(PIN, vec_blocks_per_unit=2, vec_async_stages=2)),
-    "16x8-async": ("tcgnn", dict(tf32_nwarps=(4, 4, 4), blocks_per_warp=1)),
-    "16x8-registers": ("tcgnn", dict(tf32_nwarps=(4, 4, 4), blocks_per_warp=1, tf32_async_stages=0)),
+    "vector-registers": ("vector", dict(vec_kernel=kp.SpmmVec(1, 4, False, True), vec_blocks_per_unit=2)),
+    "vector-async": ("vector", dict(vec_kernel=kp.vec_spmm_config(1, 4, True, True), vec_blocks_per_unit=2)),
+    "16x8-async": ("tcgnn", dict(tf32_nwarps=(4, 4), blocks_per_warp=1)),
+    "16x8-registers": ("tcgnn", dict(tf32_kernel=kp.tf32_spmm_config(2, False), tf32_nwarps=(4, 4),
+                                     blocks_per_warp=1)),
 }
 
 
@@ -459,7 +438,7 @@ def test_dense_values_follow_each_matrix(cp):
     matrices sharing one tiling than the dense copies it keeps."""
     rng = np.random.default_rng()
     _, A = next(_timed_cases(rng))
-    with tg.tuning(vec_timed_choice=False, vec_dense_values=True):
+    with tg.tuning(vec_kernel=kp.vec_spmm_config(1, 4, True, True, dense=True)):
         T = tg.TiledMatrix(A, dtype=np.float32)
         X = cp.asarray(ints(rng, A.shape[1], 64))
         mats = []
@@ -479,7 +458,7 @@ def test_kernels_compile_once(cp):
     from tcgnn_py.kernels import products as kp
     from tcgnn_py.kernels import registry
 
-    name = kp.spmm_tf32_name(2, True)
+    name = kp.tf32_spmm_config(2, True).name
     assert registry.get_kernel("tf32", name) is registry.get_kernel("tf32", name)
     T = tg.TiledMatrix(star(100), dtype=np.float32)
     T @ cp.ones((101, 64), cp.float32)  # compiles what this product needs (its kernels, the timing kernel)

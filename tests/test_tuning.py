@@ -14,12 +14,12 @@ def test_defaults_outside_any_block():
 
 
 def test_block_overrides_then_restores():
-    with tg.tuning(vec_coop=True, half_ks=2) as opts:
-        assert opts["vec_coop"] is True and tg.tuning_options()["half_ks"] == 2
-        assert dict(_tuning.overrides_key()) == {"vec_coop": True, "half_ks": 2}
-        with tg.tuning(half_ks=1):  # inner block wins, back to the default: not an override
+    with tg.tuning(vec_coop=True, vec_max_slices=1) as opts:
+        assert opts["vec_coop"] is True and tg.tuning_options()["vec_max_slices"] == 1
+        assert dict(_tuning.overrides_key()) == {"vec_coop": True, "vec_max_slices": 1}
+        with tg.tuning(vec_max_slices=2):  # inner block wins, back to the default: not an override
             assert dict(_tuning.overrides_key()) == {"vec_coop": True}
-        assert tg.tuning_options()["half_ks"] == 2
+        assert tg.tuning_options()["vec_max_slices"] == 1
     assert tg.tuning_options()["vec_coop"] is None and _tuning.overrides_key() == ()
 
 
@@ -65,6 +65,6 @@ def test_launch_keys_follow_the_overrides():
     from tcgnn_py import _launches
 
     plain = _launches.launch_key("tf32", "float32", 64, True)
-    with tg.tuning(vec_unroll=8):
+    with tg.tuning(vec_max_slices=1):
         assert _launches.launch_key("tf32", "float32", 64, True) != plain
     assert _launches.launch_key("tf32", "float32", 64, True) == plain

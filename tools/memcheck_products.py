@@ -4,15 +4,14 @@ Usage: compute-sanitizer --tool memcheck python tools/memcheck_products.py [PART
 PART: ``float32`` (TF32 / CUDA-core SpMM and SDDMM), ``half`` (16-bit SpMM), ``sparse`` (mma.sp),
 ``baseline`` (the benchmarks' SDDMM baseline); all by default.  Under the sanitizer the whole workload
 takes longer than one device call allows: run the parts in separate calls.
-Covers: TF32 SpMM with 1/2/4 column chunks, 16-byte and scalar loads, split
-(hub) windows summed in the launch or by the fixup; the vector layout's SpMM (1/2/4 feature groups,
-unroll 4/8, the cp.async kernel with 2/3 stages, units of 2 blocks and automatic
-units, split windows summed in the launch or by the fixup, one CTA per window summing its parts in shared
-memory) and SDDMM; CUDA-core SpMM in float32/float64 on other tile
-shapes; TF32 and CUDA-core SDDMM; the 16-bit SpMM (both types, float32 and
-16-bit matrices and outputs, its compiled shapes, aligned and unaligned rows, one CTA per window); the N:M layouts' mma.sp SpMM
-(2:4 16-bit, 1:2 TF32, both n-tile widths, split windows); X rows through L1 (TF32 candidates) and float32
-matrices as 16-bit values or (hi, lo) pairs.  Sizes are not multiples of 16.  Every
+Covers every compiled SpMM config, selected by config (``tcgnn_py.tuning(tf32_kernel=..., vec_kernel=...,
+half_kernel=...)``): the TF32 SpMM's (1/2 column chunks, cp.async and register gathers) with split (hub)
+windows summed in the launch; the vector layout's (register and cp.async gathers, through L2 or L1, dense
+values, one CTA per window summing its parts in shared memory) with units of 2 blocks, split windows summed in
+the launch or by the fixup, and the default with every timed candidate; the vector and TF32 SDDMM; CUDA-core
+SpMM in float32/float64 on other tile shapes and the CUDA-core SDDMM; the 16-bit SpMM's shapes (both types,
+float32 and 16-bit matrices and outputs, aligned and unaligned rows); the N:M layouts' mma.sp SpMM (2:4
+16-bit, 1:2 TF32, split windows); float32 matrices as 16-bit values or (hi, lo) pairs.  Sizes are not multiples of 16.  Every
 result is checked against SciPy, so a wrong index shows up even when it stays
 inside an allocation.
 """
@@ -25,6 +24,7 @@ import scipy.sparse as sp
 
 import cupy as cp
 import tcgnn_py as tg
+from tcgnn_py.kernels import products as kp
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 from _zoo import sddmm_expected, star  # noqa: E402  (the test suite's references)
@@ -37,43 +37,27 @@ A = sp.csr_array(A + star(n - 1))  # window 0 has ~125 blocks: split over severa
 R = sp.random_array((n, 517), density=0.02, rng=rng, format="csr")
 R.data[:] = rng.integers(1, 5, R.nnz)
 
-DEFAULT_COOP = tg.tuning_options()["vec_coop"]
 
-PIN = dict(vec_timed_choice=False, vec_coop=False)  # this launch: not the fastest candidate, nor the coop one
-VEC_TUNINGS = [dict(PIN, vec_slices=None, vec_max_slices=1, vec_unroll=4, vec_blocks_per_unit=2, vec_combine=True,
-                    vec_async_stages=0),
-               dict(PIN, vec_slices=2, vec_unroll=8, vec_blocks_per_unit=2, vec_combine=False, vec_async_stages=0),
-               dict(PIN, vec_slices=4, vec_unroll=4, vec_blocks_per_unit=None, vec_combine=True, vec_async_stages=0),
-               dict(PIN, vec_slices=2, vec_async_unroll=2, vec_async_stages=3, vec_blocks_per_unit=2),
-               # X rows copied through L1 (cp.async.ca), split windows summed in the launch / by the fixup
-               dict(PIN, vec_slices=None, vec_async_unroll=4, vec_async_stages=2, vec_blocks_per_unit=2,
-                    vec_async_l1=True, vec_combine=True),
-               dict(PIN, vec_slices=2, vec_async_unroll=2, vec_async_stages=2, vec_blocks_per_unit=2,
-                    vec_async_l1=True, vec_combine=False),
-               # one CTA per window x slice, parts summed in shared memory
-               dict(PIN, vec_coop=True, vec_slices=None, vec_async_unroll=4, vec_async_stages=2),
-               dict(PIN, vec_coop=True, vec_slices=2, vec_async_unroll=2, vec_async_stages=2),
-               # the default: every candidate of the timed choice runs
-               dict(vec_timed_choice=True, vec_slices=None, vec_max_slices=2, vec_async_unroll=4, vec_async_stages=2,
-                    vec_blocks_per_unit=None, vec_coop=DEFAULT_COOP, vec_async_l1=None, vec_combine=True)]
-cases = [(A, (16, 8), np.float32, {}), (R, (16, 8), np.float32, {}), (A, (8, 8), np.float32, {}),
-         (A, (32, 32), np.float64, {})]
-cases += [(M, (8, 4), np.float32, t) for t in VEC_TUNINGS for M in (A, R)]
-# 16x8 units of 4 warps x 1 block: every window of more than 4 blocks split, summed in the launch (cp.async and
-# register kernels) or by the fixup launch.
-TF32_TUNINGS = [dict(tf32_nwarps=(4, 4, 4), blocks_per_warp=1, tf32_combine=True, tf32_async_stages=3),
-                dict(tf32_nwarps=(4, 4, 4), blocks_per_warp=1, tf32_combine=True, tf32_async_stages=0),
-                dict(tf32_nwarps=(4, 4, 4), blocks_per_warp=1, tf32_combine=False, tf32_async_stages=3),
-                dict(tf32_nwarps=None, blocks_per_warp=None, tf32_combine=True, tf32_async_stages=2)]
-cases += [(M, (16, 8), np.float32, t) for t in TF32_TUNINGS for M in (A, R)]
+ALL_D = (1, 3, 17, 64, 100, 130)
+ALIGNED_D = (64, 100, 130)  # cp.async configs: other widths take the register kernel, which its own cases run
+#: (matrix, tile shape, dtype, tuning, widths)
+cases = [(A, (16, 8), np.float32, {}, ALL_D), (R, (16, 8), np.float32, {}, ALL_D), (A, (8, 8), np.float32, {}, ALL_D),
+         (A, (32, 32), np.float64, {}, ALL_D)]
+# the vector layout: each config with units of 2 blocks, and the default (every candidate of the timed choice runs)
+cases += [(M, (8, 4), np.float32, dict(vec_kernel=c, vec_blocks_per_unit=2),
+           ALL_D if isinstance(c, kp.SpmmVec) else ALIGNED_D) for c in kp.VEC_SPMM_CONFIGS for M in (A, R)]
+cases += [(M, (8, 4), np.float32, {}, ALL_D) for M in (A, R)]
+# 16x8: each config with units of 4 warps x 1 block (every window of more than 4 blocks split), and the default
+cases += [(M, (16, 8), np.float32, dict(tf32_kernel=c, tf32_nwarps=(4, 4), blocks_per_warp=1),
+           ALIGNED_D if isinstance(c, kp.SpmmTF32Async) else ALL_D) for c in kp.TF32_SPMM_CONFIGS for M in (A, R)]
 
 
 def part_float32():
     checked = 0
-    for M, tile_shape, dtype, tuning in cases:
+    for M, tile_shape, dtype, tuning, widths in cases:
         with tg.tuning(**tuning):
             T = tg.TiledMatrix(M, dtype=dtype, tile_shape=tile_shape)
-            for D in (1, 3, 17, 64, 100, 130):
+            for D in widths:
                 X = rng.integers(-8, 9, (M.shape[1], D)).astype(dtype)
                 want = M @ X.astype(np.float64)
                 # None twice: the second call takes the cached launch (with its fixup launch where there is one).
@@ -95,19 +79,16 @@ def part_float32():
 import ml_dtypes  # noqa: E402
 
 # The float32 matrices hold small integers: the single-MMA kernels on their 16-bit values, and (first) the pairs.
-HALF_TUNINGS = [dict(PIN, vec_slices=None, half_ks=1, half_stages=2, vec_blocks_per_unit=2, vec_combine=True,
-                     half_exact_values=False),
-                dict(PIN, vec_slices=None, half_ks=1, half_stages=2, vec_blocks_per_unit=None, vec_combine=True,
-                     half_exact_values=True),
-                dict(PIN, vec_slices=2, half_ks=1, half_stages=2, vec_blocks_per_unit=2, vec_combine=True),
-                dict(PIN, vec_slices=2, half_ks=1, half_stages=3, vec_blocks_per_unit=2, vec_combine=False),
-                dict(PIN, vec_slices=2, half_ks=1, half_stages=3, vec_blocks_per_unit=None, vec_combine=True),
-                # one CTA per window x slice, parts summed in shared memory
-                dict(PIN, vec_coop=True, vec_slices=None, half_ks=1, half_stages=2, vec_blocks_per_unit=None),
-                dict(PIN, vec_coop=True, vec_slices=2, half_ks=1, half_stages=2, vec_blocks_per_unit=None),
+def _half_shape(fs, ks, ns, combine=True, coop=False):
+    """A 16-bit kernel shape for ``half_kernel`` (its types come from the operands)."""
+    return kp.SpmmVech("tc_f16", False, "float", fs, ks, ns, combine, True, True, coop)
+
+
+HALF_TUNINGS = ([dict(half_kernel=_half_shape(*shape, c), vec_blocks_per_unit=2, half_exact_values=exact)
+                 for shape in kp.VEC_HALF for c, exact in ((True, False), (False, True))]
+                + [dict(half_kernel=_half_shape(*shape, False, True)) for shape in kp.VEC_HALF_COOP]
                 # the default: every candidate of the timed choice runs
-                dict(vec_timed_choice=True, vec_slices=None, half_ks=1, half_stages=2, vec_blocks_per_unit=None,
-                     vec_coop=DEFAULT_COOP)]
+                + [{}])
 
 
 def part_half():
@@ -131,8 +112,7 @@ def part_half():
 
 
 # The N:M layouts' mma.sp SpMM: 2:4 with 16-bit X (float32 and 16-bit matrices and outputs), 1:2 with TF32;
-# 4 and 8 n-tiles per warp, 2 and 4 blocks per step, units of 8, 2 and 1 blocks: split windows summed in the
-# launch and by the fixup.
+# units of 8, 2 and 1 blocks: split windows summed by the fixup.
 def part_sparse():
     checked = 0
     # Each layout's matrix is built once (the N:M grouping kernels are slow under the sanitizer); a tuning
@@ -141,10 +121,8 @@ def part_sparse():
         mats = {("1:2", np.float32): tg.TiledMatrix(M, dtype=np.float32, layout="1:2")}
         mats.update({("2:4", mdt): tg.TiledMatrix(M, dtype=mdt, layout="2:4")
                      for mdt in (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))})
-        for tuning in (dict(sp_nt=4, sp_blocks_per_unit=8, sp_combine=True, sp_unroll=2, half_exact_values=False),
-                       dict(sp_nt=4, sp_blocks_per_unit=8, sp_combine=True, sp_unroll=2, half_exact_values=True),
-                       dict(sp_nt=8, sp_blocks_per_unit=1, sp_combine=False, sp_unroll=4),
-                       dict(sp_nt=4, sp_blocks_per_unit=2, sp_combine=True, sp_unroll=4)):
+        for tuning in (dict(sp_blocks_per_unit=8, half_exact_values=False), dict(sp_blocks_per_unit=8),
+                       dict(sp_blocks_per_unit=1), dict(sp_blocks_per_unit=2)):
             with tg.tuning(**tuning):
                 for D in (1, 3, 17, 64, 100, 136):
                     X = rng.integers(-8, 9, (M.shape[1], D)).astype(np.float32)

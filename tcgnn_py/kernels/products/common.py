@@ -17,6 +17,7 @@ __all__ = [
     "SpmmFixup",
     "fixup_name",
     "COMMON_SOURCE",
+    "FIXUP_SOURCE",
     "VEC_COMMON_SOURCE",
     "PUT4_SOURCE",
     "VALUE_TYPES",
@@ -258,35 +259,6 @@ __device__ __forceinline__ void tc_cp_commit() { asm volatile("cp.async.commit_g
 template <int N>
 __device__ __forceinline__ void tc_cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
-// Sum the partial tiles of each split window, in unit order (deterministic).
-// splits[i] = (window, first partial slot, number of slots, unused).
-template <typename T, typename TY = T>
-__global__ void tcgnn_spmm_fixup(const int4* __restrict__ splits, const T* __restrict__ partial,
-                                 TY* __restrict__ Y, int M, int D, int H) {
-    const int4 s = splits[blockIdx.x];
-    const long long n = (long long)H * D;
-    for (long long i = (long long)blockIdx.y * blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.y * blockDim.x) {
-        const int r = (int)(i / D), col = (int)(i % D);
-        const long long row = (long long)s.x * H + r;
-        if (row >= M) break;  // rows only grow with i
-        // Eight loads in flight (a hub window has up to 1024 parts), summed in part order.
-        const T* p = partial + ((size_t)s.y * H + r) * D + col;
-        const size_t step = (size_t)H * D;
-        T acc = T(0);
-        int k = 0;
-        for (; k + 8 <= s.z; k += 8) {
-            T v[8];
-#pragma unroll
-            for (int j = 0; j < 8; ++j) v[j] = __ldcg(p + (size_t)(k + j) * step);
-#pragma unroll
-            for (int j = 0; j < 8; ++j) acc += v[j];
-        }
-        for (; k < s.z; ++k) acc += __ldcg(p + (size_t)k * step);
-        tc_put(Y + (size_t)row * D + col, acc);
-    }
-}
-
 // The in-launch sum of a split window (the fixup's work, by the part that finished
 // last): rows row0 .. row0 + H - 1, features base .. base + width - 1 of Y are the
 // sums of the window's `parts` partial tiles (H rows of D floats each, from slot
@@ -350,6 +322,38 @@ __device__ __forceinline__ void tc_sum_parts4(const float* __restrict__ partial,
 #pragma unroll
         for (int o = 0; o < 2; ++o)
             if (ok[o]) *reinterpret_cast<float4*>(Y + (size_t)row[o] * D + base + cc[o]) = s[o];
+    }
+}
+"""
+
+#: The fixup kernel, in the families whose launches sum split windows by a second launch.
+FIXUP_SOURCE = r"""
+// Sum the partial tiles of each split window, in unit order (deterministic).
+// splits[i] = (window, first partial slot, number of slots, unused).
+template <typename T, typename TY = T>
+__global__ void tcgnn_spmm_fixup(const int4* __restrict__ splits, const T* __restrict__ partial,
+                                 TY* __restrict__ Y, int M, int D, int H) {
+    const int4 s = splits[blockIdx.x];
+    const long long n = (long long)H * D;
+    for (long long i = (long long)blockIdx.y * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.y * blockDim.x) {
+        const int r = (int)(i / D), col = (int)(i % D);
+        const long long row = (long long)s.x * H + r;
+        if (row >= M) break;  // rows only grow with i
+        // Eight loads in flight (a hub window has up to 1024 parts), summed in part order.
+        const T* p = partial + ((size_t)s.y * H + r) * D + col;
+        const size_t step = (size_t)H * D;
+        T acc = T(0);
+        int k = 0;
+        for (; k + 8 <= s.z; k += 8) {
+            T v[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) v[j] = __ldcg(p + (size_t)(k + j) * step);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) acc += v[j];
+        }
+        for (; k < s.z; ++k) acc += __ldcg(p + (size_t)k * step);
+        tc_put(Y + (size_t)row * D + col, acc);
     }
 }
 """

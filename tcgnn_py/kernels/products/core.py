@@ -8,7 +8,7 @@ import dataclasses
 from typing import ClassVar
 
 from ..registry import VALUE_TYPES, register
-from .common import COMMON_SOURCE, TILE_POS_TYPES, KernelConfig, fixup_name
+from .common import COMMON_SOURCE, FIXUP_SOURCE, TILE_POS_TYPES, KernelConfig, fixup_name
 
 __all__ = ["SpmmCore", "SddmmCore", "CORE_HEIGHTS", "spmm_core_name", "sddmm_core_name", "core_spmm_smem"]
 
@@ -145,7 +145,7 @@ tcgnn_sddmm_core(const int* __restrict__ win_ptr, int n_windows, const int* __re
 }
 """
 
-SOURCE = COMMON_SOURCE + _CORE
+SOURCE = COMMON_SOURCE + FIXUP_SOURCE + _CORE
 #: Every compiled variant: each value type, window height and tile_pos type; the fixups.
 NAMES = tuple(
     [spmm_core_name(t, h, p) for t in VALUE_TYPES for h in CORE_HEIGHTS for p in TILE_POS_TYPES]

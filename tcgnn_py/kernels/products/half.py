@@ -9,7 +9,8 @@ import dataclasses
 from typing import ClassVar
 
 from ..registry import register
-from .common import COMMON_SOURCE, HALF_TYPES, PUT4_SOURCE, VEC_COMMON_SOURCE, KernelConfig, cuda_type, fixup_name
+from .common import (COMMON_SOURCE, FIXUP_SOURCE, HALF_TYPES, PUT4_SOURCE, VEC_COMMON_SOURCE, KernelConfig,
+                     cuda_type, fixup_name)
 
 __all__ = ["SpmmVech", "VEC_HALF", "HALF_DEFAULT", "VEC_HALF_COOP", "spmm_vech_name", "vech_smem"]
 
@@ -304,7 +305,7 @@ tcgnn_spmm_vech(const int4* __restrict__ units, const int2* __restrict__ unit_k0
 }
 """
 
-SOURCE = COMMON_SOURCE + VEC_COMMON_SOURCE + PUT4_SOURCE + _HALF
+SOURCE = COMMON_SOURCE + FIXUP_SOURCE + VEC_COMMON_SOURCE + PUT4_SOURCE + _HALF
 #: Every compiled variant: each X / matrix / result type combination's shapes, COOP shapes, the fixups.
 NAMES = tuple(_names())
 register("half", SOURCE, NAMES)

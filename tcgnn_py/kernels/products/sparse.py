@@ -8,14 +8,12 @@ import dataclasses
 from typing import ClassVar
 
 from ..registry import register
-from .common import COMMON_SOURCE, PUT4_SOURCE, VEC_COMMON_SOURCE, KernelConfig, cuda_type, fixup_name
+from .common import COMMON_SOURCE, FIXUP_SOURCE, PUT4_SOURCE, VEC_COMMON_SOURCE, KernelConfig, cuda_type, fixup_name
 
-__all__ = ["SpmmSp", "SP_NT", "SP_UNROLL", "SP_TYPES", "spmm_sp_name"]
+__all__ = ["SpmmSp", "SP_NT", "SP_TYPES", "SP_SPMM_CONFIGS", "sp_spmm_config"]
 
-#: Feature slices of the N:M SpMM: NT n-tiles of 8 per warp (32 or 64 features).
-SP_NT = (4, 8)
-#: Blocks per step of the N:M SpMM (their loads are issued together).
-SP_UNROLL = (2, 4)
+#: N-tiles of 8 features per warp of the N:M SpMM (32 features).
+SP_NT = 4
 #: X type of the N:M SpMM -> its layout: 16-bit X on "2:4", float32 (TF32) on "1:2".
 SP_TYPES = {"float16": "2:4", "bfloat16": "2:4", "float32": "1:2"}
 
@@ -34,19 +32,22 @@ class SpmmSp(KernelConfig):
     UB: int = 2
 
 
-def spmm_sp_name(x_type, split, y_type, nt, aligned, combine=True, unroll=2):
-    return SpmmSp(cuda_type(x_type), split, cuda_type(y_type), nt, aligned, combine, unroll).name
+def sp_spmm_config(x_type, split, y_type, aligned):
+    """The N:M SpMM for X of ``x_type`` and a result of ``y_type``: :data:`SP_NT` n-tiles per warp, 4 blocks per
+    step for TF32 and 2 for 16-bit X (whose blocks hold twice the columns), split windows summed by the fixup."""
+    return SpmmSp(cuda_type(x_type), split, cuda_type(y_type), SP_NT, aligned, False, 4 if x_type == "float32" else 2)
 
 
-def _names():
-    names = []
+def _configs():
+    out = []
     for x in SP_TYPES:
         for split in ((False,) if x == "float32" else (True, False)):
-            for y in dict.fromkeys(("float32", x)):
-                names += [spmm_sp_name(x, split, y, nt, al, c, ub) for nt in SP_NT for al in (True, False)
-                          for c in (True, False) for ub in SP_UNROLL]
-                names.append(fixup_name("float32", y))
-    return list(dict.fromkeys(names))
+            out += [sp_spmm_config(x, split, y, al) for y in dict.fromkeys(("float32", x)) for al in (True, False)]
+    return tuple(out)
+
+
+#: Every SpMM config compiled: each type combination and row alignment, one shape each.
+SP_SPMM_CONFIGS = _configs()
 
 
 _SPARSE = r"""
@@ -253,7 +254,7 @@ tcgnn_spmm_sp(const int4* __restrict__ units, const int2* __restrict__ unit_k0, 
 }
 """
 
-SOURCE = COMMON_SOURCE + VEC_COMMON_SOURCE + PUT4_SOURCE + _SPARSE
-#: Every compiled variant: each type combination, n-tiles, alignment, summation and unroll; the fixups.
-NAMES = tuple(_names())
+SOURCE = COMMON_SOURCE + FIXUP_SOURCE + VEC_COMMON_SOURCE + PUT4_SOURCE + _SPARSE
+#: Every compiled variant: the SpMM configs and the fixups into each result type.
+NAMES = tuple([c.name for c in SP_SPMM_CONFIGS] + [fixup_name("float32", y) for y in ("float32", "float16", "bfloat16")])
 register("sparse", SOURCE, NAMES)

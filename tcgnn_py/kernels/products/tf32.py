@@ -9,15 +9,13 @@ import dataclasses
 from typing import ClassVar
 
 from ..registry import register
-from .common import COMMON_SOURCE, KernelConfig, fixup_name
+from .common import COMMON_SOURCE, KernelConfig
 
-__all__ = ["SpmmTF32", "SpmmTF32Async", "SddmmTF32", "TF32_CHUNKS", "TF32_ASYNC", "SDDMM_TF32_SMEM_PER_WARP",
-           "spmm_tf32_name", "spmm_tf32_async_name", "sddmm_tf32_name", "tf32_spmm_smem", "tf32_async_smem"]
+__all__ = ["SpmmTF32", "SpmmTF32Async", "SddmmTF32", "TF32_CHUNKS", "TF32_SPMM_CONFIGS", "SDDMM_TF32_SMEM_PER_WARP",
+           "tf32_spmm_config", "sddmm_tf32_name", "tf32_spmm_smem", "tf32_async_smem"]
 
-#: Column chunks of 32 per CTA in the TF32 SpMM (a CTA covers ``32 * CH`` columns).
-TF32_CHUNKS = (1, 2, 4)
-#: (chunks, stages, min CTAs per SM) of the cp.async TF32 SpMM.
-TF32_ASYNC = tuple((c, ns, mb) for c in (1, 2) for ns in (2, 3, 4) for mb in (1, 3, 4))
+#: Column chunks of 32 per CTA in the TF32 SpMM (a CTA covers ``32 * CH`` columns): 1 up to 32 features, else 2.
+TF32_CHUNKS = (1, 2)
 #: Shared memory of ``tcgnn_sddmm_tf32`` per warp: one 16x8 float tile.
 SDDMM_TF32_SMEM_PER_WARP = 16 * 8 * 4
 
@@ -50,12 +48,10 @@ class SddmmTF32(KernelConfig):
     VEC: bool
 
 
-def spmm_tf32_name(chunks, vec, prefetch_values=True):
-    return SpmmTF32(chunks, vec, prefetch_values).name
-
-
-def spmm_tf32_async_name(chunks, stages, min_blocks=1):
-    return SpmmTF32Async(chunks, stages, min_blocks).name
+def tf32_spmm_config(chunks, aligned):
+    """The TF32 SpMM for ``chunks`` of 32 columns: cp.async gathers of 16-byte aligned rows (2 blocks in flight,
+    80 registers so that 3 CTAs of 256 threads fit an SM), else register gathers, which read any row."""
+    return SpmmTF32Async(chunks, 2, 3) if aligned else SpmmTF32(chunks, False)
 
 
 def sddmm_tf32_name(vec):
@@ -425,11 +421,8 @@ tcgnn_sddmm_tf32(const int* __restrict__ win_ptr, int n_windows, const int* __re
 """
 
 SOURCE = COMMON_SOURCE + _TF32
-#: Every compiled variant: register and cp.async SpMM shapes, both SDDMMs, the fixup.
-NAMES = tuple(
-    [SpmmTF32(c, v, pv).name for c in TF32_CHUNKS for v in (True, False) for pv in (True, False)]
-    + [SpmmTF32Async(c, ns, mb).name for c, ns, mb in TF32_ASYNC]
-    + [SddmmTF32(v).name for v in (True, False)]
-    + [fixup_name("float32")]
-)
+#: Every SpMM config compiled: each one :func:`tf32_spmm_config` gives.
+TF32_SPMM_CONFIGS = tuple(tf32_spmm_config(c, a) for c in TF32_CHUNKS for a in (True, False))
+#: Every compiled variant: the SpMM configs and both SDDMMs (split windows are summed inside the SpMM launch).
+NAMES = tuple([c.name for c in TF32_SPMM_CONFIGS] + [SddmmTF32(v).name for v in (True, False)])
 register("tf32", SOURCE, NAMES)

@@ -10,26 +10,23 @@ import dataclasses
 from typing import ClassVar
 
 from ..registry import register
-from .common import COMMON_SOURCE, PUT4_SOURCE, VEC_COMMON_SOURCE, KernelConfig, fixup_name
+from .common import COMMON_SOURCE, FIXUP_SOURCE, PUT4_SOURCE, VEC_COMMON_SOURCE, KernelConfig, fixup_name
 
-__all__ = ["SpmmVec", "SpmmVecAsync", "SddmmVec", "VEC_SLICES", "VEC_UNROLL", "VEC_WARPS", "VEC_SDDMM_BLOCKS",
-           "VEC_ASYNC", "VEC_COOP", "VEC_ASYNC_L1", "spmm_vec_name", "spmm_vec_async_name", "vec_async_smem",
+__all__ = ["SpmmVec", "SpmmVecAsync", "SddmmVec", "VEC_SLICES", "VEC_UNROLL", "VEC_ASYNC_UNROLL", "VEC_STAGES",
+           "VEC_WARPS", "VEC_SDDMM_BLOCKS", "VEC_SPMM_CONFIGS", "vec_spmm_config", "vec_async_smem",
            "sddmm_vec_name"]
 
-#: Float4 column groups per lane (a warp covers ``32 * FS`` features) and blocks per step of the vector SpMM.
-VEC_SLICES = (1, 2, 4)
-VEC_UNROLL = (4, 8)
+#: Float4 column groups per lane: a warp covers ``32 * FS`` features (the statistics' rule picks 1 or 2).
+VEC_SLICES = (1, 2)
+#: Blocks per step of the vector SpMM: the statistics' default, and the timed choice's other shape.
+VEC_UNROLL = 4
+VEC_ASYNC_UNROLL = (4, 2)
+#: Steps in flight per warp of the cp.async vector SpMM.
+VEC_STAGES = 2
 #: Warps per CTA of the vector SDDMM, and the most of the vector SpMM (``__launch_bounds__(128)``).
 VEC_WARPS = 4
 #: Blocks per unit of the vector SDDMM: one 16 x 8 MMA tile holds 4 blocks' columns.
 VEC_SDDMM_BLOCKS = 4
-#: (feature groups, blocks per step, stages) of the cp.async vector SpMM.
-VEC_ASYNC = tuple((f, u, ns) for f in (1, 2) for u in (2, 4) for ns in (2, 3))
-#: (feature groups, blocks per step) of the COOP launch (one CTA per window x slice; 2 stages).
-VEC_COOP = tuple((f, u) for f in (1, 2) for u in (2, 4))
-#: (feature groups, blocks per step, stages) also compiled with X copied through L1 (values one step ahead):
-#: candidates of the timed choice.
-VEC_ASYNC_L1 = tuple((f, u, 2) for f in (1, 2) for u in (2, 4))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,19 +69,22 @@ class SddmmVec(KernelConfig):
     VEC: bool
 
 
-def spmm_vec_name(slices, unroll, vec, combine=True, prefetch=True):
-    return SpmmVec(slices, unroll, vec, combine, prefetch).name
+def vec_spmm_config(slices, unroll, cp_async, combine, dense=False, coop=False, l1=False):
+    """The SpMM config of a launch choice: register gathers (any row alignment) or cp.async gathers.
 
-
-def spmm_vec_async_name(slices, unroll, stages, combine=True, round_x=True, prefetch=False, dense=False, coop=False,
-                        l1=False):
-    """The cp.async kernel: ``l1`` and ``coop`` imply values one step ahead, ``coop`` no in-launch partial sums,
-    ``dense`` values one step ahead by construction."""
-    if l1:
-        return SpmmVecAsync(slices, unroll, stages, combine, True, True, False, False, True).name
-    if coop:
-        return SpmmVecAsync(slices, unroll, stages, False, True, True, False, True).name
-    return SpmmVecAsync(slices, unroll, stages, combine, round_x, prefetch or dense, dense).name
+    The cp.async kernel always rounds X in registers and loads values one step ahead; ``coop`` sums a
+    window's 4 parts in shared memory (no in-launch partial sums), ``l1`` copies X rows through L1, ``dense``
+    reads 32 values per block.  Raises ``ValueError`` for a choice that is not compiled.
+    """
+    if not cp_async:
+        cfg = SpmmVec(slices, unroll, False, combine)
+    elif coop:
+        cfg = SpmmVecAsync(slices, unroll, VEC_STAGES, False, True, True, False, True)
+    else:
+        cfg = SpmmVecAsync(slices, unroll, VEC_STAGES, combine, True, True, dense, False, l1)
+    if cfg not in VEC_SPMM_CONFIGS:
+        raise ValueError(f"{cfg.name} is not compiled: see kernels.products.VEC_SPMM_CONFIGS")
+    return cfg
 
 
 def vec_async_smem(nwarps, slices, unroll, stages):
@@ -265,7 +265,7 @@ __device__ __forceinline__ void tc_vec_coop_finish(const float (&acc)[FS][2][4],
 // over, which the tensor core truncates (twice the rounding error on X, one
 // instruction less per element) -- an experiment, not a public mode.
 // PV: each step's values are loaded one step ahead (the next step's metadata two ahead).
-// DV: values are dense, 32 per block in tile-position order (see _ops.vec_dense_values): no metadata.
+// DV: values are dense, 32 per block in tile-position order (see _plans.vec_dense_values): no metadata.
 // L1: the copies go through L1 (tc_cp_async16_via).
 template <int FS, int U, int NS, bool COMBINE, bool RX = true, bool PV = false, bool DV = false, bool COOP = false,
           bool L1 = false>
@@ -462,17 +462,19 @@ tcgnn_sddmm_vec(const int4* __restrict__ units, int n_units, const int* __restri
 }
 """
 
-SOURCE = COMMON_SOURCE + VEC_COMMON_SOURCE + PUT4_SOURCE + _VEC
-#: Every compiled variant: the statistics' shapes, the timed choice's candidates, both SDDMMs, the fixup.
-NAMES = tuple(
-    [spmm_vec_name(f, u, v, c, pf) for f in VEC_SLICES for u in VEC_UNROLL for v in (True, False)
-     for c in (True, False) for pf in (True, False)]
-    + [spmm_vec_async_name(f, u, ns, c) for f, u, ns in VEC_ASYNC for c in (True, False)]
-    + [spmm_vec_async_name(f, u, ns, c, True, True) for f, u, ns in VEC_ASYNC for c in (True, False)]
-    + [spmm_vec_async_name(f, u, ns, c, True, True, True) for f, u, ns in VEC_ASYNC for c in (True, False)]
-    + [spmm_vec_async_name(f, u, 2, coop=True) for f, u in VEC_COOP]
-    + [spmm_vec_async_name(f, u, ns, c, l1=True) for f, u, ns in VEC_ASYNC_L1 for c in (True, False)]
-    + [sddmm_vec_name(v) for v in (True, False)]
-    + [fixup_name("float32")]
+SOURCE = COMMON_SOURCE + FIXUP_SOURCE + VEC_COMMON_SOURCE + PUT4_SOURCE + _VEC
+#: Every SpMM config compiled: each one the statistics' rule or the timed choice picks.  Register gathers serve
+#: rows cp.async cannot copy (not 16-byte aligned); on aligned rows they never won the timed choice (0 of 60
+#: points: 15 real graphs, D = 32-256, H100), so they are not candidates there.  Every cp.async shape here won
+#: at least one of those points.
+VEC_SPMM_CONFIGS = tuple(
+    [SpmmVec(f, VEC_UNROLL, False, c) for f in VEC_SLICES for c in (True, False)]
+    + [SpmmVecAsync(f, u, VEC_STAGES, c, True, True) for f in VEC_SLICES for u in VEC_ASYNC_UNROLL for c in (True, False)]
+    + [SpmmVecAsync(f, VEC_UNROLL, VEC_STAGES, c, True, True, True) for f in VEC_SLICES for c in (True, False)]
+    + [SpmmVecAsync(f, u, VEC_STAGES, c, True, True, False, False, True) for f in VEC_SLICES for u in VEC_ASYNC_UNROLL
+       for c in (True, False)]
+    + [SpmmVecAsync(f, u, VEC_STAGES, False, True, True, False, True) for f in VEC_SLICES for u in VEC_ASYNC_UNROLL]
 )
+#: Every compiled variant: the SpMM configs, both SDDMMs, the fixup.
+NAMES = tuple([c.name for c in VEC_SPMM_CONFIGS] + [sddmm_vec_name(v) for v in (True, False)] + [fixup_name("float32")])
 register("vec", SOURCE, NAMES)

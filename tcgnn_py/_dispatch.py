@@ -1,0 +1,204 @@
+"""Layer 2 (the engine's top): one :class:`Plan` per operand signature, and the raw-buffer products that run them.
+
+``spmm_raw`` and ``sddmm_raw`` are the private raw-buffer entry points: the public
+:func:`tcgnn_py.spmm` / :func:`tcgnn_py.sddmm` and ``TiledMatrix.__matmul__`` check shapes with
+scipy's wording, then land here.  On the host they run the NumPy/SciPy reference.  On the GPU a
+product's result depends only on its operands' signature (:func:`signature`: shapes, strides,
+dtypes, 16-byte alignment, the stream, the device, the tuning overrides and the precision asked
+for), so the first call of a signature builds a :class:`Plan` -- precision resolved, kernel family
+and result type fixed -- and the tiling keeps it under that signature.  Every call of the signature
+runs that plan: its general form converts operands and plans its launch; once the launch is final
+the plan binds it, and from then on a call allocates the result and launches.  The public entry
+points look the signature up first and call a bound plan directly (:meth:`Plan.bound`), so a
+repeated product skips validation that the signature already proves.
+"""
+
+import sys
+
+import numpy as np
+
+from . import _reference as ref
+from ._tuning import overrides_key
+from ._launches import overlaps
+from ._half import half_values, spmm_half, bind_half
+from ._ops import (F32, HALF_MODES, PRECISIONS, bind_f32, bind_sddmm, compute_dtype, resolve_precision,
+                   sddmm_gpu, spmm_f32)
+from ._sparse_tc import bind_sp, spmm_sp
+
+__all__ = ["Plan", "sddmm_raw", "signature", "spmm_raw"]
+
+
+def signature(values, X, out=None, precision=None, op=None):
+    """The one key of a product's plan: what its result and its launch depend on (``out`` may be None).
+
+    ``op`` tells products apart that share operand shapes (SDDMM's ``("sddmm", multiply_values)``);
+    for SDDMM ``out`` is ``Xb``.
+    """
+    cp = sys.modules["cupy"]
+    key = (op, values.dtype.char, X.shape, X.strides, X.dtype.char, X.data.ptr & 15,
+           cp.cuda.get_current_stream().ptr, cp.cuda.runtime.getDevice(), overrides_key(), precision)
+    if out is None:
+        return key
+    return key + (out.shape, out.strides, out.dtype.char, out.data.ptr & 15)
+
+
+class Plan:
+    """How every product of one signature runs.
+
+    ``general(values, casts, *operands)`` is always right for the signature: it converts what
+    needs converting and plans (or finds) its launch on the tiling.  ``binder`` (None where the
+    signature can never take a bound launch: CUDA cores, a copy of X or of the result) returns,
+    once the launch is final, ``f(values, casts, *operands)`` that only allocates and launches --
+    None while it is not (the timed choice's candidates still compile): the next call tries again.
+    """
+
+    __slots__ = ("general", "binder", "bound")
+
+    def __init__(self, general, binder=None):
+        self.general = general
+        self.binder = binder
+        self.bound = None
+
+    def __call__(self, values, casts, *operands):
+        bound = self.bound
+        if bound is not None:
+            return bound(values, casts, *operands)
+        Y = self.general(values, casts, *operands)
+        if self.binder is not None:
+            self.bound = self.binder(values, casts, *operands, general=self.general)
+        return Y
+
+
+def _plan(tiling, key, build):
+    plans = tiling.plans()
+    plan = plans.get(key)
+    if plan is None:
+        plan = plans[key] = build()
+    return plan
+
+
+# --- SpMM ------------------------------------------------------------------
+
+
+def spmm_raw(tiling, values, X, dtype, precision=None, out=None, casts=None):
+    """``A @ X`` for a 2-D X of shape ``(tiling.shape[1], D)`` already on the tiling's device.
+
+    ``dtype`` is the result's: the promotion of the values' and X's types, or ``out``'s (a function
+    of the signature, which the plan fixes).  ``out`` (optional) is a validated C-contiguous array
+    of the result's shape and dtype on the same device; ``casts`` caches ``values`` cast to the
+    product's dtype (per matrix).
+    """
+    dtype = np.dtype(dtype)
+    if isinstance(X, np.ndarray):
+        # Validated only: the host computes exactly in its dtype.
+        resolve_precision(precision, dtype, tiling.tile_shape, X.dtype, tiling.layout.pattern)
+        Y = ref.spmm(tiling.arrays(values), tiling.shape, tiling.layout.window, X, compute_dtype(dtype))
+        Y = Y.astype(dtype, copy=False)
+        if out is None:
+            return Y
+        out[...] = Y
+        return out
+    if precision not in PRECISIONS:  # unhashable or unknown: the error names it
+        resolve_precision(precision, dtype, tiling.tile_shape, X.dtype)
+    plan = _plan(tiling, signature(values, X, out, precision),
+                 lambda: spmm_plan(tiling, values, X, dtype, precision, out))
+    return plan(values, {} if casts is None else casts, X, out)
+
+
+def spmm_plan(tiling, values, X, dtype, precision, out):
+    """The :class:`Plan` of ``A @ X`` for operands of this signature (device arrays)."""
+    mode = resolve_precision(precision, dtype, tiling.tile_shape, X.dtype, tiling.layout.pattern)
+    sp = tiling.layout.pattern is not None and mode != "exact"  # sparse tensor cores (N:M layouts)
+    # The kernels write ``kdt``: the result's dtype, or float32 rounded once into it afterwards (a 16-bit
+    # result the kernel does not write, or one computed on widened X).
+    if mode in HALF_MODES:
+        kdt = dtype if dtype in (F32, X.dtype) else F32
+    else:
+        kdt = compute_dtype(dtype)
+
+    def general(values, casts, X, out):
+        # An out the kernel can write directly, unless it overlaps X (read while writing): then a temporary.
+        direct = out if out is not None and kdt == dtype and not overlaps(out, X) else None
+        if sp:  # 16-bit X on "2:4", TF32 on "1:2"
+            Xs = X if mode in HALF_MODES else X.astype(F32, copy=False)
+            Y = spmm_sp(tiling, values, Xs, kdt, direct, casts)
+        elif mode in HALF_MODES:
+            Y = spmm_half(tiling, half_values(values, X.dtype, casts), X, kdt, direct)
+        else:
+            Y = spmm_f32(tiling, values, X, kdt, mode, direct, casts)
+        if out is None:
+            return Y if kdt == dtype else Y.astype(dtype)
+        if Y is not out:
+            out[...] = Y
+        return out
+
+    M, D = tiling.shape[0], X.shape[1]
+    # A bound launch takes X as it is and writes the result itself.
+    bindable = (kdt == dtype and M and D and X.ndim == 2 and X.flags.c_contiguous
+                and (out is None or out.ndim == 2 and out.flags.c_contiguous))
+    binder = None
+    if bindable and sp and (mode in HALF_MODES or X.dtype == F32):
+        binder = bind_sp(tiling, X.dtype, dtype)
+    elif bindable and not sp and mode in HALF_MODES:
+        binder = bind_half(tiling, X.dtype, dtype)
+    elif bindable and not sp and mode == "tf32" and X.dtype == F32 and values.dtype == F32:
+        binder = bind_f32(tiling)
+    if binder is not None and out is not None:
+        binder = _guard_overlap(binder)
+    return Plan(general, binder)
+
+
+def _guard_overlap(binder):
+    """A binder whose launch goes the general way for an ``out`` that overlaps X (read while written)."""
+    def bind(values, casts, X, out, general):
+        f = binder(values, casts, X, out, general=general)
+        if f is None:
+            return None
+
+        def guarded(values, casts, X, out):
+            if overlaps(out, X):
+                return general(values, casts, X, out)
+            return f(values, casts, X, out)
+
+        return guarded
+
+    return bind
+
+
+# --- SDDMM -----------------------------------------------------------------
+
+
+def sddmm_raw(tiling, values, Xa, Xb, dtype, multiply_values=False, precision=None, casts=None, out=None):
+    """Values ``<Xa[i], Xb[j]>`` (times the entry's value if ``multiply_values``) in tiled order.
+
+    ``Xa`` is ``(shape[0], D)`` and ``Xb`` ``(shape[1], D)``, on the tiling's device; ``dtype``
+    is the promotion of theirs (and the values' if ``multiply_values``); ``out`` (device only) is a
+    C-contiguous ``(nnz,)`` array of ``dtype`` to write.
+    """
+    dtype = np.dtype(dtype)
+    if isinstance(Xa, np.ndarray):
+        operand = Xa.dtype if Xa.dtype == Xb.dtype else None
+        resolve_precision(precision, dtype, tiling.tile_shape, operand, tiling.layout.pattern)
+        e = ref.sddmm(tiling.arrays(values), tiling.shape, tiling.layout.window, Xa, Xb, compute_dtype(dtype),
+                      multiply_values)
+        return e.astype(dtype, copy=False)
+    if precision not in PRECISIONS:
+        resolve_precision(precision, dtype, tiling.tile_shape)
+    mv = bool(multiply_values)
+    plan = _plan(tiling, signature(values, Xa, Xb, precision, ("sddmm", mv, out is not None)),
+                 lambda: sddmm_plan(tiling, values, Xa, Xb, dtype, mv, precision, out))
+    return plan(values, {} if casts is None else casts, Xa, Xb, out)
+
+
+def sddmm_plan(tiling, values, Xa, Xb, dtype, multiply_values, precision, out):
+    """The :class:`Plan` of an SDDMM for operands of this signature (device arrays)."""
+    operand = Xa.dtype if Xa.dtype == Xb.dtype else None
+    resolve_precision(precision, dtype, tiling.tile_shape, operand, tiling.layout.pattern)  # errors at once
+
+    def general(values, casts, Xa, Xb, out):
+        return sddmm_gpu(tiling, values, Xa, Xb, dtype, multiply_values, precision, casts, out)
+
+    bindable = (out is None and values.dtype == F32 and dtype == F32 and tiling.nnz and Xa.shape[1]
+                and all(x.ndim == 2 and x.dtype == F32 and x.flags.c_contiguous for x in (Xa, Xb))
+                and resolve_precision(precision, F32, tiling.tile_shape, F32) == "tf32")
+    return Plan(general, bind_sddmm(tiling, multiply_values) if bindable else None)
