@@ -172,10 +172,9 @@ def test_products_and_sgt_on_a_user_stream(cp, layout):
         np.testing.assert_array_equal(getattr(T.tiling, k).get(), getattr(ref.tiling, k), err_msg=k)
 
 
-#: Split windows summed by a second (fixup) launch, which the cached path binds too (the vector layout; 16x8 tiles
-#: sum them in the launch always: units of 1 block test those sums twice).
-FIXUP_TUNING = {"tcgnn": dict(tf32_nwarps=(4, 4), blocks_per_warp=1),
-                "vector": dict(vec_blocks_per_unit=2, vec_combine=False, vec_timed_choice=False)}
+#: Split windows summed by a second (fixup) launch, which the cached path binds too (the vector layout: 16x8
+#: tiles sum them in the launch always).
+FIXUP_TUNING = {"vector": dict(vec_blocks_per_unit=2, vec_combine=False, vec_timed_choice=False)}
 
 
 @pytest.fixture(params=["in-launch sums", "fixup launch"])
@@ -186,6 +185,8 @@ def split_sums(request):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_cached_products_follow_signatures(cp, layout, split_sums):
     # The per-signature cache must never answer for a different signature, values or aliasing.
+    if split_sums and layout not in split_sums:
+        pytest.skip("16x8 tiles sum split windows inside the launch: no fixup launch to bind")
     with tg.tuning(**(split_sums[layout] if split_sums else {})):
         _check_cached_products(cp, layout, split_sums)
 
