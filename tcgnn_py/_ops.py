@@ -290,18 +290,29 @@ def bind_f32(tiling):
         if not isinstance(launch, (TF32SpmmLaunch, VecSpmmLaunch)):
             return None
         run = launch.bind(tiling, F32, M, D)
-        dense = isinstance(launch, VecSpmmLaunch) and launch.dense
-        fixup = launch.fixup.bind(launch.partial(F32, D), M, D, tiling.layout.window) if launch.fixup else None
-        shape, ndarray = (M, D), get_cupy().ndarray
+        if isinstance(launch, VecSpmmLaunch) and launch.dense:
+            bound = run
 
-        def f(values, casts, X, out):
-            Y = ndarray(shape, F32) if out is None else out  # cupy.empty without its wrapper
-            run(vec_dense_values(tiling, values) if dense else values, X, Y)
-            if fixup is not None:
-                fixup(Y)
+            def run(values, X, Y):
+                bound(vec_dense_values(tiling, values), X, Y)
+
+        shape, ndarray = (M, D), get_cupy().ndarray
+        if launch.fixup is None:
+            def f(values, casts, X, out):
+                Y = ndarray(shape, F32) if out is None else out  # cupy.empty without its wrapper
+                run(values, X, Y)
+                return Y
+
+            return f
+        fixup = launch.fixup.bind(launch.partial(F32, D), M, D, tiling.layout.window)
+
+        def f2(values, casts, X, out):
+            Y = ndarray(shape, F32) if out is None else out
+            run(values, X, Y)
+            fixup(Y)
             return Y
 
-        return f
+        return f2
 
     return binder
 
