@@ -45,19 +45,22 @@ class Fixup(NamedTuple):
     splits: object  # int4 rows (window, first slot, number of slots, 0)
     n_slots: int
 
+    def _args(self, partial, Y, M, D, H):
+        """The kernel's arguments (one place for their order; ``Y`` None where a bound launch writes it)."""
+        return (self.splits, partial, Y, np.int32(M), np.int32(D), np.int32(H))
+
     def run(self, partial, Y, M, D, H):
         from .kernels.products import FIXUP_THREADS
 
-        self.kernel(self.grid, (FIXUP_THREADS,), (self.splits, partial, Y, np.int32(M), np.int32(D), np.int32(H)))
+        self.kernel(self.grid, (FIXUP_THREADS,), self._args(partial, Y, M, D, H))
 
     def bind(self, partial, M, D, H):
-        """``f(Y)``: this launch with the split rows, partial tiles and sizes fixed (hot paths)."""
+        """``f(Y)``: this launch with the split rows, partial tiles and sizes fixed (bound plans)."""
         from .kernels.driver import BoundLaunch
         from .kernels.products import FIXUP_THREADS
 
-        args = (self.splits, partial, None, np.int32(M), np.int32(D), np.int32(H))
-        return BoundLaunch(self.kernel.kernel.ptr, self.grid, (FIXUP_THREADS,), args, (2,),
-                           get_cupy().cuda.get_current_stream().ptr)
+        return BoundLaunch(self.kernel.kernel.ptr, self.grid, (FIXUP_THREADS,), self._args(partial, None, M, D, H),
+                           (2,), get_cupy().cuda.get_current_stream().ptr)
 
 
 def stream_scratch(store, kind, make):
@@ -73,8 +76,8 @@ def bound_launch(kernel, grid, block, smem, head, tail, partial, n_extra=0):
     """``f(values, X, Y, *extra)``: ``kernel(head + (values, X, Y, partial or Y) + tail + extra)`` through the driver.
 
     The parameters are set once (:class:`.kernels.driver.BoundLaunch`); a call writes the operands'
-    addresses (``n_extra`` device arrays after the tail) and launches on the stream current now (hot-path
-    entries are kept per stream).
+    addresses (``n_extra`` device arrays after the tail) and launches on the stream current now (plans are
+    kept per stream).
     """
     from .kernels.driver import BoundLaunch
 
@@ -222,7 +225,7 @@ def planned(tiling, key, plan):
     A :class:`Provisional` launch (the timed choice ran while some candidates were
     compiling) is kept aside and used until those compiles finish; the next call then
     plans again, timing every candidate, and that launch is the one cached (and bound
-    by the hot paths).  Every candidate gives the same bits, so only speed changes.
+    by the plans).  Every candidate gives the same bits, so only speed changes.
     """
     aside = ("provisional", key)
     prov = tiling.peek(aside)

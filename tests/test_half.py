@@ -302,7 +302,7 @@ def test_half_values_out_of_float16_range(cp, xt):
 def test_float32_values_exact_in_16_bits_take_one_mma(cp, xt):
     """A float32 matrix whose values X's type holds (unweighted, small integers) runs on those values, one MMA,
     with the bits of the (hi, lo) pairs; values it does not hold, NaN, and values made on the device keep the
-    pairs.  Matrices of both kinds on one tiling share the cached launch safely (hot path)."""
+    pairs.  Matrices of both kinds on one tiling share the cached launch safely (bound plan)."""
     rng = np.random.default_rng()
     A = _hub_graph(rng)
     A.data[:] = rng.integers(-4, 5, A.nnz)
@@ -325,7 +325,7 @@ def test_float32_values_exact_in_16_bits_take_one_mma(cp, xt):
     assert not _half.half_values(T.T.values, xt, T.T._casts)[0]
     from_host = T.with_values(A.tocsr().data.astype(np.float32))  # host values: checked, one MMA
     assert not _half.half_values(from_host.values, xt, from_host._casts)[0]
-    # the hot path: the cached launch of one form, called with a matrix of the other, goes the slow way
+    # the bound plan: the cached launch of one form, called with a matrix of the other, goes the general way
     weighted = T.with_values(cp.asarray(rng.uniform(0.5, 1.5, A.nnz).astype(np.float32)))
     Xh = np.asarray(X.get(), np.float64)
     for M in (T, weighted, T, weighted):
@@ -354,7 +354,7 @@ def test_bfloat16_through_dlpack_with_jax(cp):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("xt", HALVES)
-def test_half_hot_path_matches_the_first_call(cp, half_kernel, xt):
+def test_half_bound_plan_matches_the_first_call(cp, half_kernel, xt):
     """The second call of a signature takes the cached launch (allocate, launch): the same bits as the first.
 
     Covers ``T @ X``, ``spmm(out=)`` into float32 and X's type, the explicit precision, a

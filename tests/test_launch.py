@@ -41,7 +41,7 @@ def test_adam_counts_steps_on_the_host():
 
 
 def test_spmm_launch_argument_order():
-    # run() and the hot path's bind() share _fixed(): the order of the kernels' parameters is written once.
+    # run() and the bound plan's bind() share _fixed(): the order of the kernels' parameters is written once.
     import types
 
     from tcgnn_py import _launches
@@ -55,11 +55,14 @@ def test_spmm_launch_argument_order():
     v = _launches.VecSpmmLaunch(kernel, (1,), (32,), 0, "units", "k0", "meta", 1, 4, 0, {}, sizes=("M", "D", "NS", "NW"))
     v.run(tiling, "v", "X", "Y", "P", 5, 6, ("u",))
     assert calls[-1] == ("units", "k0", "bc", "meta", "v", "X", "Y", "P", None, "M", "D", "NS", "NW", "u")
+    f = _launches.Fixup(kernel, (1,), "splits", 3)
+    f.run("P", "Y", 5, 6, 8)
+    assert calls[-1] == ("splits", "P", "Y", 5, 6, 8)
 
 
 @pytest.mark.gpu
 def test_a_failed_driver_launch_raises():
-    """The hot paths' launch reports the driver's error instead of returning as if it had run."""
+    """The bound plans' launch reports the driver's error instead of returning as if it had run."""
     import cupy as cp
 
     from tcgnn_py.kernels.driver import BoundLaunch, launch
@@ -77,7 +80,7 @@ def test_a_failed_driver_launch_raises():
 
 
 def test_bound_launch_extra_slots(monkeypatch):
-    """The hot paths' bound launch writes each operand's address, the 16-bit kernel's unscale last."""
+    """The bound plans' launch writes each operand's address, the 16-bit kernel's unscale last."""
     import types
 
     from tcgnn_py import _launches

@@ -257,9 +257,9 @@ def test_sp_kernels_bit_identical_repeats_and_random_error(cp, sp_kernel, layout
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", NM)
-def test_sp_hot_path_matches_the_first_call(cp, sp_kernel, layout):
+def test_sp_bound_plan_matches_the_first_call(cp, sp_kernel, layout):
     """The second call of a signature takes the cached launch: the same bits as the first (as the vector
-    layout's hot path; ``T @ X``, ``spmm(out=)``, explicit precision, split windows, ``with_values``)."""
+    layout's bound plan; ``T @ X``, ``spmm(out=)``, explicit precision, split windows, ``with_values``)."""
     rng = np.random.default_rng()
     A = int_matrix(rng, 1000, 1000)
     A = sp.csr_array(sp.vstack([sp.csr_array(np.ones((1, 1000))), A[1:]]))  # a hub row: split windows

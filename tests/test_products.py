@@ -309,7 +309,7 @@ def test_provisional_launch_is_replanned_once_its_compiles_finish():
     plans = iter([_launches.Provisional("first", [pending]), "final", "never"])
     plan = lambda: next(plans)  # noqa: E731
     key = _launches.launch_key("tf32", np.float32, 64, True)
-    assert _launches.planned(t, key, plan) == "first" and key not in t.store  # not cached: no hot path binds it
+    assert _launches.planned(t, key, plan) == "first" and key not in t.store  # not cached: no plan binds it
     assert _launches.planned(t, key, plan) == "first"  # still compiling: the same launch, no new plan
     pending._done = True
     assert _launches.planned(t, key, plan) == "final" and t.store[key] == "final"

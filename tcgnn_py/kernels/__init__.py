@@ -38,7 +38,7 @@ Launch paths:
     Numba's cubin is launched through the driver (no per-call dispatch).
 ``driver``
     ``cuLaunchKernel`` through ``ctypes`` with one 8-byte slot per parameter,
-    and launches bound to fixed parameters (the products' hot paths).
+    and launches bound to fixed parameters (the products' bound plans).
 ``blas``
     ``cublasGemmEx`` with a handle and workspace owned here: dense products
     that a CUDA-graph capture can hold (CuPy's binding refuses to run there).

@@ -1,4 +1,4 @@
-"""Layer 1: kernel launches straight through the CUDA driver, for the per-call hot paths.
+"""Layer 1: kernel launches straight through the CUDA driver, for the products' bound plans.
 
 A launch from Python costs more in argument handling than in the driver:
 CuPy wraps every argument, and a Numba kernel takes seven parameters per array.  :func:`launch` passes ``cuLaunchKernel`` a buffer with
