@@ -34,6 +34,7 @@ import numpy as np
 from ._device import array_module
 
 __all__ = [
+    "attention",
     "canonicalize_csr",
     "sum_runs",
     "translate",
@@ -194,3 +195,66 @@ def sddmm(tiles, shape, window, Xa, Xb, out_dtype, multiply_values):
     if multiply_values:
         e = e * tiles["values"].astype(out_dtype, copy=False)
     return e.astype(out_dtype, copy=False)
+
+
+def attention_scores(rows, cols, heads, kind, s_src=None, s_dst=None, Q=None, K=None, beta=None, slope=0.2):
+    """``(z, pre)``: each entry's score per head, ``(nnz, heads)``, and (additive) the score before the LeakyReLU.
+
+    ``"additive"`` (GAT): ``LeakyReLU(s_dst[i, h] + s_src[j, h])``; ``"cosine"`` (AGNN, one head):
+    ``beta * <Q[i], K[j]>``.  Any device.
+    """
+    xp = array_module(rows)
+    if kind == "additive":
+        pre = s_dst[rows] + s_src[cols]
+        return xp.where(pre > 0, pre, pre * slope), pre
+    c = (Q[rows] * K[cols]).sum(axis=1)
+    return (beta.reshape(()) * c)[:, None], c[:, None]
+
+
+def attention_keep(entries, heads, seed, p):
+    """``(len(entries), heads)`` float32 factors of attention dropout: ``1 / (1 - p)`` where entry e (CSR order)
+    of head h is kept, else 0; a hash of ``(e * heads + h, seed)`` (``seed`` a one-element uint32 array), the
+    same bits as :mod:`tcgnn_py.kernels.attention`'s.  Any device."""
+    xp = array_module(entries)
+    x = entries.astype(np.uint32)[:, None] * np.uint32(heads) + xp.arange(heads, dtype=np.uint32)[None, :]
+    x = x ^ (seed.astype(np.uint32).reshape(()) * np.uint32(0x9E3779B9))
+    x = x ^ (x >> np.uint32(16))
+    x = x * np.uint32(0x85EBCA6B)
+    x = x ^ (x >> np.uint32(13))
+    x = x * np.uint32(0xC2B2AE35)
+    x = x ^ (x >> np.uint32(16))
+    keep = (x >> np.uint32(8)).astype(np.float32) * np.float32(2.0 ** -24) >= np.float32(p)
+    return keep.astype(np.float32) * np.float32(1 / np.float32(1 - np.float32(p)))
+
+
+def attention(indptr, indices, weights, V, heads, kind, *, s_src=None, s_dst=None, Q=None, K=None, beta=None,
+              slope=0.2, dtype=np.float32, dropout=0.0, seed=None):
+    """``(out, lse)`` of graph attention over a CSR graph, unfused: scores, softmax and aggregation in turn.
+
+    ``out[i, h] = sum_j P_ij,h V[j, h]``, ``P_ij,h = w_ij exp(z_ij,h) / sum_k w_ik exp(z_ik,h)`` over row i's
+    entries (``weights`` non-negative, or None for all 1), ``lse[i, h] = log sum_j w_ij exp(z_ij,h)``: the
+    oracle of :mod:`tcgnn_py.kernels.attention` and its no-GPU path, computed in ``dtype``.  ``V`` is
+    ``(n_cols, heads * D)``; scores as :func:`attention_scores`.  Rows whose weights are all 0 (or empty)
+    give 0 and ``-inf``; a NaN score makes its row's head NaN.  ``dropout`` > 0 drops attention entries after
+    the softmax (:func:`attention_keep` with ``seed``).  Any device.
+    """
+    xp = array_module(V)
+    n, nnz = indptr.shape[0] - 1, indices.shape[0]
+    rows, cols = edge_rows(indptr, nnz), indices
+    f = lambda a: None if a is None else a.astype(dtype)  # noqa: E731
+    z, _ = attention_scores(rows, cols, heads, kind, f(s_src), f(s_dst), f(Q), f(K), f(beta), float(slope))
+    w = xp.ones(nnz, dtype) if weights is None else weights.astype(dtype)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = xp.where((w != 0)[:, None], z + xp.log(w)[:, None], -np.inf)
+        m = xp.full((n, heads), -np.inf, dtype)
+        xp.maximum.at(m, rows, z)  # NaN propagates: its row's head becomes NaN
+        ex = xp.where(z == -np.inf, 0, xp.exp(z - m[rows]))
+        l = xp.zeros((n, heads), dtype)
+        xp.add.at(l, rows, ex)
+        D = V.shape[1] // heads
+        acc = xp.zeros((n, heads, D), dtype)
+        exd = ex if not dropout else ex * attention_keep(xp.arange(nnz), heads, seed, dropout).astype(dtype)
+        xp.add.at(acc, rows, exd[:, :, None] * V.astype(dtype).reshape(-1, heads, D)[cols])
+        out = xp.where((l != 0)[:, :, None], acc / l[:, :, None], 0).reshape(n, heads * D)
+        lse = xp.where(l != 0, m + xp.log(l), -np.inf)
+    return out.astype(dtype), lse.astype(dtype)

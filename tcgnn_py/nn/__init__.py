@@ -5,15 +5,18 @@ output to the gradients of the inputs.  Arrays are NumPy on the CPU (the
 reference path) and CuPy on the GPU; everything runs on the graph's device.
 
 - Graph preprocessing: :func:`gcn_norm`, :func:`add_self_loops`.
-- Layers: :func:`gcn_conv`, :func:`agnn_conv`, :func:`linear`, :func:`relu`,
+- Layers: :func:`gcn_conv`, :func:`agnn_conv`, :func:`gat_conv`, :func:`graph_attention` (fused),
+  :func:`linear`, :func:`relu`, :func:`elu`,
   :func:`dropout`; loss :func:`cross_entropy`; metric :func:`accuracy`.
-- Models: :func:`gcn_init` / :func:`gcn_apply`, :func:`agnn_init` / :func:`agnn_apply`.
+- Models: :func:`gcn_init` / :func:`gcn_apply`, :func:`agnn_init` / :func:`agnn_apply`,
+  :func:`gat_init` / :func:`gat_apply`.
 - Training: :class:`Adam`, :func:`glorot`, :func:`default_rng`, :func:`train` (full-batch, with model
   selection on the validation split).
 """
 
-from ._layers import accuracy, agnn_conv, cross_entropy, dropout, gcn_conv, linear, relu
-from ._models import agnn_apply, agnn_init, default_rng, gcn_apply, gcn_init, glorot
+from ._attention import agnn_conv, gat_conv, graph_attention
+from ._layers import accuracy, cross_entropy, dropout, elu, gcn_conv, linear, relu
+from ._models import agnn_apply, agnn_init, default_rng, gat_apply, gat_init, gcn_apply, gcn_init, glorot
 from ._norm import add_self_loops, gcn_norm
 from ._optim import Adam
 from ._train import TrainResult, train
@@ -23,8 +26,11 @@ __all__ = [
     "add_self_loops",
     "gcn_conv",
     "agnn_conv",
+    "gat_conv",
+    "graph_attention",
     "linear",
     "relu",
+    "elu",
     "dropout",
     "cross_entropy",
     "accuracy",
@@ -34,6 +40,8 @@ __all__ = [
     "gcn_apply",
     "agnn_init",
     "agnn_apply",
+    "gat_init",
+    "gat_apply",
     "Adam",
     "train",
     "TrainResult",

@@ -67,6 +67,12 @@ class TiledEdges:
         ones = T.tiling.cached(("ones", v.dtype.str), lambda: self.xp.ones((T.shape[1], 1), dtype=v.dtype))
         return spmm(self._with(v), ones, precision="fp32")[:, 0]
 
+    def col_sums(self, v):
+        """``sum_i v_ij`` per column: an exact product of ``A_vᵀ`` with a column of ones (deterministic)."""
+        T = self.matrix
+        ones = T.tiling.cached(("ones_t", v.dtype.str), lambda: self.xp.ones((T.shape[0], 1), dtype=v.dtype))
+        return spmm(self._with(v).T, ones, precision="fp32")[:, 0]
+
 
 class CSREdges:
     """Edge view of a scipy or cupyx CSR matrix: the same layers on plain sparse ops.
@@ -111,6 +117,11 @@ class CSREdges:
     def row_sums(self, v):
         s = self.xp.zeros(self.shape[0], dtype=v.dtype)
         self.xp.add.at(s, self.rows, v)  # unlike CuPy's bincount, no device-to-host sync
+        return s
+
+    def col_sums(self, v):
+        s = self.xp.zeros(self.shape[1], dtype=v.dtype)
+        self.xp.add.at(s, self.cols, v)
         return s
 
 

@@ -10,31 +10,26 @@ and CuPy on the GPU, and everything runs on the graph's device.
 import numpy as np
 
 from .._device import array_module
-from .._validation import is_half
 from ._edges import array_on, edges_of
 
 __all__ = [
     "gcn_conv",
-    "agnn_conv",
     "linear",
     "relu",
+    "elu",
     "dropout",
     "cross_entropy",
     "accuracy",
 ]
 
-#: ``normalize`` divides by ``max(||h||, _NORM_EPS)`` (PyTorch's F.normalize rule).
-_NORM_EPS = 1e-12
-
-
-def _check_2d(name, X, rows=None):
+def check_2d(name, X, rows=None):
     if X.ndim != 2:
         raise ValueError(f"{name} must be 2-D, got shape {X.shape}")
     if rows is not None and X.shape[0] != rows:
         raise ValueError(f"{name} has {X.shape[0]} rows, the graph has {rows} nodes")
 
 
-def _mm(a, b):
+def mm(a, b):
     """``a @ b``; on the GPU through :func:`tcgnn_py.kernels.blas.matmul` (cuBLAS that CUDA graphs can capture)."""
     if array_module(a) is np:
         return a @ b
@@ -43,13 +38,13 @@ def _mm(a, b):
     return matmul(a, b)
 
 
-def _column_sums(g):
+def column_sums(g):
     """``g.sum(axis=0)``; on the GPU as ``1ᵀ g`` through cuBLAS, since CuPy reduces a tall,
     narrow array along its long axis with one block per column (milliseconds at a million rows)."""
     xp = array_module(g)
     if xp is np:
         return g.sum(axis=0)
-    return _mm(xp.ones((1, g.shape[0]), dtype=g.dtype), g).reshape(g.shape[1])
+    return mm(xp.ones((1, g.shape[0]), dtype=g.dtype), g).reshape(g.shape[1])
 
 
 def gcn_conv(A, H, W, b=None, *, precision=None):
@@ -92,16 +87,16 @@ def gcn_conv(A, H, W, b=None, *, precision=None):
     """
     E = edges_of(A, precision)
     H, W = array_on(E, H), array_on(E, W)
-    _check_2d("H", H, E.shape[1])
-    _check_2d("W", W)
+    check_2d("H", H, E.shape[1])
+    check_2d("W", W)
     if W.shape[0] != H.shape[1]:
         raise ValueError(f"gcn_conv: H has {H.shape[1]} features, W expects {W.shape[0]}")
     narrow_first = W.shape[1] <= W.shape[0]
     if narrow_first:
-        out = E.spmm(_mm(H, W))
+        out = E.spmm(mm(H, W))
     else:
         AH = E.spmm(H)
-        out = _mm(AH, W)
+        out = mm(AH, W)
     if b is not None:
         b = array_on(E, b)
         out += b
@@ -110,100 +105,13 @@ def gcn_conv(A, H, W, b=None, *, precision=None):
         g = array_on(E, g)
         if narrow_first:
             dZ = E.spmm_t(g)
-            dW = _mm(H.T, dZ)
-            dH = _mm(dZ, W.T) if input_grad else None
+            dW = mm(H.T, dZ)
+            dH = mm(dZ, W.T) if input_grad else None
         else:
-            dW = _mm(AH.T, g)
-            dH = E.spmm_t(_mm(g, W.T)) if input_grad else None
-        db = _column_sums(g) if b is not None else None
+            dW = mm(AH.T, g)
+            dH = E.spmm_t(mm(g, W.T)) if input_grad else None
+        db = column_sums(g) if b is not None else None
         return dH, dW, db
-
-    return out, vjp
-
-
-def _edge_softmax(E, z, xp):
-    """``P_ij = a_ij exp(z_ij) / sum_k a_ik exp(z_ik)`` per row, stable (row max subtracted)."""
-    rows = E.rows
-    n = E.shape[0]
-    m = xp.full(n, -np.inf, dtype=z.dtype)
-    xp.maximum.at(m, rows, z)  # order-independent: deterministic
-    ex = E.values.astype(z.dtype, copy=False) * xp.exp(z - m[rows])
-    s = E.row_sums(ex)
-    return ex / xp.where(s > 0, s, 1)[rows]
-
-
-def _normalize_rows(H, xp):
-    # 16-bit H: the norms in float32 (a float16 eps of 1e-12 is 0, and sums of squares overflow).
-    Hf = H.astype(np.float32) if is_half(H.dtype) else H
-    norm = xp.sqrt((Hf * Hf).sum(axis=1))
-    inv = 1 / xp.maximum(norm, _NORM_EPS)
-    return (Hf * inv[:, None]).astype(H.dtype, copy=False), norm, inv
-
-
-def agnn_conv(A, H, beta, *, precision=None):
-    """Attention-based propagation (AGNN, Thekumparampil et al. 2018).
-
-    ``out_i = sum_j P_ij h_j`` with ``P_ij = softmax_j(beta * cos(h_i, h_j))``
-    over the stored entries of row i; A's values weight the softmax
-    (``P_ij ∝ a_ij exp(...)``, the usual AGNN for a binary A).  Cosines come
-    from SDDMM on row-normalised features, the aggregation from SpMM with the
-    attention values; the backward pass uses SDDMM and SpMM too.
-
-    Parameters
-    ----------
-    A : TiledMatrix, shape (n, n)
-        Non-negative weights; usually :func:`add_self_loops` of the adjacency.
-    H : array, shape (n, d)
-    beta : array, shape (1,), or float
-        The attention temperature (learnable).
-    precision : {None, "tf32", "fp32", "fp16", "bf16"}, optional
-        For the sparse products.
-
-    Returns
-    -------
-    out : array, shape (n, d)
-    vjp : callable
-        ``vjp(g) -> (dH, dbeta)``, ``dbeta`` of shape (1,).
-
-    Examples
-    --------
-    >>> import numpy as np, scipy.sparse as sp, tcgnn_py as tg
-    >>> A = tg.nn.add_self_loops(sp.csr_array(np.array([[0, 1], [1, 0]])), dtype=np.float64)
-    >>> out, vjp = tg.nn.agnn_conv(A, np.array([[1.0, 0.0], [0.0, 1.0]]), np.array([0.0]))
-    >>> print(out.tolist())
-    [[0.5, 0.5], [0.5, 0.5]]
-    """
-    E = edges_of(A, precision)
-    xp = E.xp
-    H = array_on(E, H)
-    _check_2d("H", H, E.shape[0])
-    if E.shape[0] != E.shape[1]:
-        raise ValueError(f"agnn_conv needs a square graph, got shape {E.shape}")
-    fd = np.float32 if is_half(H.dtype) else H.dtype  # 16-bit features: the attention runs in float32
-    beta = xp.asarray(beta, dtype=fd).reshape(-1)
-    if beta.shape != (1,):
-        raise ValueError(f"beta must be a scalar or have shape (1,), got {beta.shape}")
-    Hn, norm, inv = _normalize_rows(H, xp)
-    c = E.sddmm(Hn, Hn).astype(fd, copy=False)
-    P = _edge_softmax(E, beta * c, xp)
-    out = E.spmm(H, values=P)
-
-    def vjp(g):
-        g = array_on(E, g)
-        dH = E.spmm_t(g, values=P)
-        dP = E.sddmm(g, H).astype(fd, copy=False)
-        rows = E.rows
-        t = E.row_sums(P * dP)
-        dz = P * (dP - t[rows])
-        dbeta = (dz * c).sum().reshape(1)
-        dc = beta * dz
-        dHn = E.spmm(Hn, values=dc) + E.spmm_t(Hn, values=dc)
-        # d(h / max(|h|, eps)): project out the radial part where |h| > eps.
-        radial = xp.where(norm > _NORM_EPS, (Hn * dHn).sum(axis=1), 0)
-        # In float32 for 16-bit H: rows of norm ~0 get 1 / eps-sized terms (a later relu mask zeroes them).
-        dH = dH.astype(fd, copy=False)
-        dH += (dHn - Hn * radial[:, None]) * inv[:, None]
-        return dH, dbeta
 
     return out, vjp
 
@@ -218,14 +126,14 @@ def linear(H, W, b=None):
     >>> print(out.ravel().tolist())
     [4.0, 4.0]
     """
-    _check_2d("H", H)
-    out = _mm(H, W)
+    check_2d("H", H)
+    out = mm(H, W)
     if b is not None:
         out += b
 
     def vjp(g, input_grad=True):
-        dH = _mm(g, W.T) if input_grad else None
-        return dH, _mm(H.T, g), _column_sums(g) if b is not None else None
+        dH = mm(g, W.T) if input_grad else None
+        return dH, mm(H.T, g), column_sums(g) if b is not None else None
 
     return out, vjp
 
@@ -243,6 +151,22 @@ def relu(H):
     xp = array_module(H)
     keep = H > 0
     return xp.where(keep, H, 0).astype(H.dtype, copy=False), lambda g: g * keep
+
+
+def elu(H):
+    """``H`` where positive, ``exp(H) - 1`` elsewhere (GAT's activation); ``vjp(g) -> g * (1 or exp(H))``.
+
+    Examples
+    --------
+    >>> import numpy as np, tcgnn_py as tg
+    >>> out, vjp = tg.nn.elu(np.array([0.0, 2.0]))
+    >>> print(out.tolist(), vjp(np.array([5.0, 5.0])).tolist())
+    [0.0, 2.0] [5.0, 5.0]
+    """
+    xp = array_module(H)
+    keep = H > 0
+    e = xp.exp(xp.minimum(H, 0))
+    return xp.where(keep, H, e - 1).astype(H.dtype, copy=False), lambda g: g * xp.where(keep, 1, e).astype(g.dtype)
 
 
 def dropout(H, p, rng, *, training=True):
@@ -311,7 +235,7 @@ def cross_entropy(logits, labels, index=None):
     (True, [-0.375, 0.125, 0.125, 0.125])
     """
     xp = array_module(logits)
-    _check_2d("logits", logits)
+    check_2d("logits", logits)
     n, k = logits.shape
     labels = xp.asarray(labels).reshape(n, 1)
     if xp is np:

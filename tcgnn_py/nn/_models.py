@@ -12,7 +12,8 @@ from .._device import array_module, get_cupy
 from .._tiled import TiledMatrix
 from .._validation import as_dtype, is_half
 from ._edges import array_on, edges_of
-from ._layers import agnn_conv, dropout, gcn_conv, linear, relu
+from ._attention import agnn_conv, gat_conv
+from ._layers import dropout, elu, gcn_conv, linear, relu
 
 __all__ = ["default_rng", "glorot", "gcn_init", "gcn_apply", "agnn_init", "agnn_apply"]
 
@@ -238,6 +239,76 @@ def agnn_apply(params, A, X, *, rng=None, dropout_p=0.5, training=True, precisio
                 grads[f"beta{k}"] = dbeta
         g = r_vjp(g)
         _, grads["W_in"], grads["b_in"] = l_in(g, input_grad=False)
+        return _master_grads(grads, params)
+
+    return H, vjp
+
+
+def gat_init(dims, rng, heads=8, dtype=np.float32):
+    """Parameters of a two-layer GAT: ``W1, a_src1, a_dst1, b1`` (``heads`` heads of ``hidden``), ``W2, a_src2,
+    a_dst2, b2`` (one head of ``classes``, as the GAT paper's Cora model).
+
+    ``dims = (features, hidden, classes)``; Glorot weights and attention vectors, zero biases.
+
+    Examples
+    --------
+    >>> import numpy as np, tcgnn_py as tg
+    >>> sorted(tg.nn.gat_init((1433, 8, 7), np.random.default_rng(0)))
+    ['W1', 'W2', 'a_dst1', 'a_dst2', 'a_src1', 'a_src2', 'b1', 'b2']
+    """
+    if len(dims) != 3:
+        raise ValueError(f"dims must be (features, hidden, classes), got {dims}")
+    xp = _xp_of(rng)
+    f, hid, c = dims
+    return {
+        "W1": glorot((f, heads * hid), rng, dtype),
+        "a_src1": glorot((heads, hid), rng, dtype),
+        "a_dst1": glorot((heads, hid), rng, dtype),
+        "b1": xp.zeros(heads * hid, dtype=dtype),
+        "W2": glorot((heads * hid, c), rng, dtype),
+        "a_src2": glorot((1, c), rng, dtype),
+        "a_dst2": glorot((1, c), rng, dtype),
+        "b2": xp.zeros(c, dtype=dtype),
+    }
+
+
+def gat_apply(params, A, X, *, rng=None, dropout_p=0.6, training=True, precision=None, dtype=None):
+    """GAT: ``dropout -> gat_conv (heads, concat) -> elu -> dropout -> gat_conv (one head)``.
+
+    Parameters as in :func:`gcn_apply`; ``A`` is :func:`add_self_loops` of the adjacency.  The attention
+    runs fused (:func:`graph_attention`); ``dropout_p`` drops features and attention entries, as the GAT paper.
+
+    Examples
+    --------
+    >>> import numpy as np, tcgnn_py as tg
+    >>> g = tg.load_cora()
+    >>> A = tg.nn.add_self_loops(g.adj)
+    >>> rng = tg.nn.default_rng(0, like=A)
+    >>> params = tg.nn.gat_init((g.features.shape[1], 8, 7), rng)
+    >>> logits, vjp = tg.nn.gat_apply(params, A, g.features.toarray().astype(np.float32), rng=rng)
+    >>> logits.shape, len(vjp(logits))
+    ((2708, 7), 8)
+    """
+    E = edges_of(A, precision)
+    cd, p = _mixed(params, dtype)
+    heads = p["a_src1"].shape[0]
+    H = array_on(E, X)
+    if cd is not None:
+        H = H.astype(cd, copy=False)
+    H, d_in = dropout(H, dropout_p, rng, training=training)
+    att = dict(dropout=dropout_p, rng=rng, training=training)
+    H, c1 = gat_conv(E, H, p["W1"], p["a_src1"], p["a_dst1"], p["b1"], heads=heads, **att)
+    H, e_vjp = elu(H)
+    H, d_mid = dropout(H, dropout_p, rng, training=training)
+    H, c2 = gat_conv(E, H, p["W2"], p["a_src2"], p["a_dst2"], p["b2"], heads=1, concat=False, **att)
+
+    def vjp(g):
+        grads = {}
+        if cd is not None:
+            g = array_on(E, g).astype(cd, copy=False)
+        g, grads["W2"], grads["a_src2"], grads["a_dst2"], grads["b2"] = c2(g)
+        g = e_vjp(d_mid(g))
+        _, grads["W1"], grads["a_src1"], grads["a_dst1"], grads["b1"] = c1(g)
         return _master_grads(grads, params)
 
     return H, vjp

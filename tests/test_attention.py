@@ -1,0 +1,221 @@
+"""Fused graph attention (``tcgnn_py.nn.graph_attention``, ``gat_conv``, ``agnn_conv``): against a dense
+float64 computation, gradients against finite differences, edge cases; the GPU kernel against the reference."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from _env import GPU, cupy_fixture
+
+import tcgnn_py as tg
+from tcgnn_py import _reference as ref
+
+nn = tg.nn
+cp = cupy_fixture()
+
+
+def _graph(rng, n, k=None, density=0.2, loops=True):
+    k = n if k is None else k
+    A = sp.random(n, k, density=density, format="csr", random_state=rng.integers(1 << 30))
+    A.data[:] = rng.uniform(0.5, 2, A.nnz)
+    if loops and n == k:
+        A = A + sp.eye(n)
+    return sp.csr_array(A)
+
+
+def _dense_attention(A, V, heads, z_of, keep=None):
+    """``out`` by dense float64 arithmetic: P = a exp(z) / sum, dropped entries then scaled."""
+    Ad = A.toarray()
+    n, D = A.shape[0], V.shape[1] // heads
+    out = np.zeros((n, heads, D))
+    for h in range(heads):
+        z = z_of(h)
+        P = np.where(Ad != 0, Ad * np.exp(z - np.where(Ad != 0, z, -np.inf).max(1, keepdims=True, initial=-np.inf)), 0)
+        s = P.sum(1, keepdims=True)
+        P = np.where(s > 0, P / np.where(s > 0, s, 1), 0)
+        if keep is not None:
+            P = P * keep[h]
+        out[:, h] = P @ V.reshape(-1, heads, D)[:, h]
+    return out.reshape(n, heads * D)
+
+
+def _additive(A, ss, sd, slope=0.2):
+    def z_of(h):
+        z = sd[:, h][:, None] + ss[:, h][None, :]
+        return np.where(z > 0, z, slope * z)
+    return z_of
+
+
+@pytest.mark.parametrize("heads,D,rect", [(1, 5, False), (3, 7, False), (8, 8, False), (2, 4, True)])
+def test_additive_matches_dense_float64(heads, D, rect):
+    rng = np.random.default_rng()
+    A = _graph(rng, 31, 23 if rect else None)
+    n, k = A.shape
+    T = tg.TiledMatrix(A, dtype=np.float64, device="cpu")
+    V, ss, sd = rng.standard_normal((k, heads * D)), rng.standard_normal((k, heads)), rng.standard_normal((n, heads))
+    out, _ = nn.graph_attention(T, V, heads=heads, s_src=ss, s_dst=sd)
+    np.testing.assert_allclose(out, _dense_attention(A, V, heads, _additive(A, ss, sd)), rtol=1e-12, atol=1e-12)
+
+
+def _numeric_grad(f, arrays, i, eps=1e-6):
+    arr = arrays[i]
+    num = np.zeros_like(arr)
+    for idx in np.ndindex(arr.shape):
+        x = [a.copy() for a in arrays]
+        x[i][idx] += eps
+        fp = f(*x)
+        x[i][idx] -= 2 * eps
+        num[idx] = (fp - f(*x)) / (2 * eps)
+    return num
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.5])
+def test_gat_conv_gradients(dropout):
+    rng = np.random.default_rng()
+    A = _graph(rng, 12)
+    T = tg.TiledMatrix(A, dtype=np.float64, device="cpu")
+    heads, D = 2, 3
+    arrays = [rng.standard_normal(s) for s in ((12, 4), (4, heads * D), (heads, D), (heads, D), (heads * D,))]
+    seed = 12345
+
+    def run(*a):
+        return nn.gat_conv(T, *a, heads=heads, dropout=dropout, rng=np.random.default_rng(seed))
+
+    out, vjp = run(*arrays)
+    g = rng.standard_normal(out.shape)
+    grads = vjp(g)
+    for i in range(len(arrays)):
+        num = _numeric_grad(lambda *a: (run(*a)[0] * g).sum(), arrays, i)
+        np.testing.assert_allclose(grads[i], num, rtol=1e-5, atol=1e-6, err_msg=str(i))
+
+
+def test_agnn_fused_matches_unfused_with_gradients():
+    rng = np.random.default_rng()
+    A = _graph(rng, 20)
+    T = tg.TiledMatrix(A, dtype=np.float64, device="cpu")
+    H, beta = rng.standard_normal((20, 6)), np.array([0.8])
+    (o1, v1), (o2, v2) = nn.agnn_conv(T, H, beta), nn.agnn_conv(T, H, beta, fused=False)
+    np.testing.assert_allclose(o1, o2, rtol=1e-12, atol=1e-12)
+    g = rng.standard_normal(o1.shape)
+    for a, b in zip(v1(g), v2(g)):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_dropout_mask_is_the_kernels_hash():
+    """The reference's mask: about the asked fraction kept, scaled by 1 / (1 - p), fixed by the seed."""
+    seed = np.array([7], np.uint32)
+    m = ref.attention_keep(np.arange(100000), 2, seed, 0.6)
+    kept = np.float32(1) / (np.float32(1) - np.float32(0.6))  # in float32, as the kernel
+    assert set(np.unique(m).tolist()) == {0.0, float(kept)}
+    assert abs((m > 0).mean() - 0.4) < 0.01
+    np.testing.assert_array_equal(m, ref.attention_keep(np.arange(100000), 2, seed, 0.6))
+    assert not np.array_equal(m, ref.attention_keep(np.arange(100000), 2, seed + 1, 0.6))
+
+
+def test_empty_rows_zero_weights_and_nan():
+    # rows 0 and 2 empty; row 1 holds (1, 0) of weight 1 and (1, 1) of weight 0
+    A = sp.csr_array((np.array([1.0, 0.0]), np.array([0, 1]), np.array([0, 0, 2, 2])), shape=(3, 3))
+    T = tg.TiledMatrix(A, dtype=np.float64, device="cpu")
+    V = np.arange(6.0).reshape(3, 2)
+    s = np.zeros((3, 1))
+    out, vjp = nn.graph_attention(T, V, s_src=s, s_dst=s)
+    np.testing.assert_array_equal(out, [[0, 0], [0, 1], [0, 0]])  # the weight-0 entry takes no part
+    s_nan = s.copy()
+    s_nan[0] = np.nan
+    out, _ = nn.graph_attention(T, V, s_src=s_nan, s_dst=s)
+    assert np.isnan(out[1]).all() and not np.isnan(out[[0, 2]]).any()
+    very_negative = np.full((3, 1), -1e30)
+    out, _ = nn.graph_attention(T, V, s_src=very_negative, s_dst=s)  # exp underflows everywhere: still finite
+    np.testing.assert_array_equal(out[1], [0, 1])
+
+
+def test_errors_name_the_argument():
+    T = tg.TiledMatrix(sp.csr_array(np.eye(3)), device="cpu")
+    V, s = np.ones((3, 4)), np.zeros((3, 2))
+    with pytest.raises(ValueError, match="score"):
+        nn.graph_attention(T, V, heads=2, score="dot", s_src=s, s_dst=s)
+    with pytest.raises(ValueError, match="heads"):
+        nn.graph_attention(T, V, heads=3, s_src=s, s_dst=s)
+    with pytest.raises(ValueError, match="s_src"):
+        nn.graph_attention(T, V, heads=2, s_src=np.zeros((3, 1)), s_dst=s)
+    with pytest.raises(TypeError, match="seed"):
+        nn.graph_attention(T, V, heads=2, s_src=s, s_dst=s, dropout=0.5)
+    with pytest.raises(ValueError, match="dropout"):
+        nn.graph_attention(T, V, heads=2, s_src=s, s_dst=s, dropout=1.0, seed=np.zeros(1, np.uint32))
+
+
+# --- GPU: the fused kernel against the reference ------------------------------------------------------------
+
+TOL = {"float32": 2e-6, "float16": 2e-3, "bfloat16": 1.5e-2}
+
+
+def _rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("heads,D", [(1, 16), (1, 3), (4, 17), (8, 8), (8, 32), (2, 128)])
+@pytest.mark.parametrize("dropout", [0.0, 0.6])
+def test_fused_additive_matches_reference(cp, dtype, heads, D, dropout):
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes", reason="bfloat16 needs ml_dtypes")
+    rng = np.random.default_rng()
+    A = _graph(rng, 1003, density=0.01)
+    A = sp.csr_array(sp.vstack([A, sp.csr_array(np.ones((1, 1003)))]).tocsr()[:, :1003])  # a 1003-neighbour row
+    n, k = A.shape
+    T = tg.TiledMatrix(A)
+    V = rng.standard_normal((k, heads * D)).astype(np.float32)
+    ss, sd = rng.standard_normal((k, heads)).astype(np.float32), rng.standard_normal((n, heads)).astype(np.float32)
+    Vd = cp.asarray(V).astype(dtype)
+    seed = cp.asarray(np.array([99], np.uint32))
+    out, _ = nn.graph_attention(T, Vd, heads=heads, s_src=cp.asarray(ss), s_dst=cp.asarray(sd), dropout=dropout,
+                                seed=seed)
+    assert out.dtype == Vd.dtype
+    want, _ = ref.attention(A.indptr, A.indices, A.data.astype(np.float64), Vd.astype(cp.float32).get(), heads,
+                            "additive", s_src=ss, s_dst=sd, dtype=np.float64, dropout=dropout, seed=np.array([99]))
+    assert _rel(out.astype(cp.float32).get(), want) < TOL[dtype]
+
+
+def test_fused_gradients_match_the_cpu(cp):
+    rng = np.random.default_rng()
+    A = _graph(rng, 500, density=0.02)
+    heads, D = 4, 8
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in ((500, 12), (12, heads * D), (heads, D), (heads, D),
+                                                                   (heads * D,))]
+    g = rng.standard_normal((500, heads * D)).astype(np.float32)
+    res = []
+    for device, xp in (("cpu", np), ("cuda", cp)):
+        T = tg.TiledMatrix(A, device=device)
+        out, vjp = nn.gat_conv(T, *[xp.asarray(a) for a in arrays], heads=heads, precision="fp32")
+        res.append([out] + list(vjp(xp.asarray(g))))
+    for i, (a, b) in enumerate(zip(*res)):
+        assert _rel(cp.asnumpy(b), a) < 1e-5, i
+
+
+def test_fused_cosine_and_agnn(cp):
+    rng = np.random.default_rng()
+    A = _graph(rng, 800, density=0.01)
+    H = rng.standard_normal((800, 16)).astype(np.float32)
+    beta = np.array([1.3], np.float32)
+    T = tg.TiledMatrix(A)
+    o1, v1 = nn.agnn_conv(T, cp.asarray(H), cp.asarray(beta), precision="fp32")
+    o2, v2 = nn.agnn_conv(T, cp.asarray(H), cp.asarray(beta), precision="fp32", fused=False)
+    assert _rel(o1.get(), o2.get()) < 1e-5
+    g = cp.asarray(rng.standard_normal(o1.shape).astype(np.float32))
+    for a, b in zip(v1(g), v2(g)):
+        assert _rel(a.get(), b.get()) < 1e-4
+
+
+def test_fused_nan_and_empty_rows(cp):
+    A = sp.csr_array((np.ones(3, np.float32), np.array([0, 1, 2]), np.array([0, 0, 3, 3])), shape=(3, 3))
+    T = tg.TiledMatrix(A)
+    V = cp.arange(6, dtype=cp.float32).reshape(3, 2)
+    s = cp.zeros((3, 1), cp.float32)
+    out, _ = nn.graph_attention(T, V, s_src=s, s_dst=s)
+    np.testing.assert_allclose(out.get(), [[0, 0], [2, 3], [0, 0]], rtol=1e-6)
+    s_nan = s.copy()
+    s_nan[1] = cp.nan
+    out, _ = nn.graph_attention(T, V, s_src=s_nan, s_dst=s)
+    assert np.isnan(out.get()[1]).all() and not np.isnan(out.get()[[0, 2]]).any()
+    out, _ = nn.graph_attention(T, V, s_src=cp.full((3, 1), -1e30, cp.float32), s_dst=s)
+    assert np.isfinite(out.get()).all()
