@@ -2,6 +2,7 @@
 
 Usage: compute-sanitizer --tool memcheck python tools/memcheck_products.py [PART ...]
 PART: ``float32`` (TF32 / CUDA-core SpMM and SDDMM), ``half`` (16-bit SpMM), ``sparse`` (mma.sp),
+``attention`` (the fused graph attention),
 ``baseline`` (the benchmarks' SDDMM baseline); all by default.  Under the sanitizer the whole workload
 takes longer than one device call allows: run the parts in separate calls.
 Covers every compiled SpMM config, selected by config (``tcgnn_py.tuning(tf32_kernel=..., vec_kernel=...,
@@ -163,7 +164,38 @@ def part_baseline():
     return checked
 
 
-PARTS = {"float32": part_float32, "half": part_half, "sparse": part_sparse, "baseline": part_baseline}
+def part_attention():
+    """The fused attention (tcgnn_py.nn.graph_attention): both scores, 1-8 heads, widths that leave lanes idle,
+    16-bit values, attention dropout; a hub row (A's window 0) and a rectangular graph."""
+    from tcgnn_py import _reference as ref
+
+    checked = 0
+    for M in (A, R):
+        T = tg.TiledMatrix(M.astype(np.float32))
+        n, k = M.shape
+        for heads, D in ((1, 3), (1, 64), (4, 17), (8, 8), (2, 128)):
+            V = rng.integers(-4, 5, (k, heads * D)).astype(np.float32)
+            ss, sd = rng.standard_normal((k, heads)).astype(np.float32), rng.standard_normal((n, heads)).astype(np.float32)
+            for xt in ("float32", "float16", "bfloat16"):
+                for p in (0.0, 0.5):
+                    out, _ = tg.nn.graph_attention(T, cp.asarray(V).astype(xt), heads=heads, s_src=cp.asarray(ss),
+                                                   s_dst=cp.asarray(sd), dropout=p, seed=cp.asarray([3], cp.uint32))
+                    want, _ = ref.attention(M.indptr, M.indices, M.data, V, heads, "additive", s_src=ss, s_dst=sd,
+                                            dtype=np.float64, dropout=p, seed=np.array([3]))
+                    err = np.linalg.norm(out.astype(cp.float32).get() - want) / max(np.linalg.norm(want), 1)
+                    assert err < 2e-2, (heads, D, xt, p, err)
+                    checked += 1
+        if n == k:
+            H = cp.asarray(rng.standard_normal((n, 48)).astype(np.float32))
+            out, vjp = tg.nn.agnn_conv(T, H, cp.asarray([1.5], cp.float32))
+            want, _ = tg.nn.agnn_conv(T, H, cp.asarray([1.5], cp.float32), fused=False)
+            assert float(cp.abs(out - want).max()) < 1e-3
+            vjp(cp.ones_like(out))
+            checked += 1
+    return checked
+
+
+PARTS = {"float32": part_float32, "attention": part_attention, "half": part_half, "sparse": part_sparse, "baseline": part_baseline}
 if __name__ == "__main__":
     names = sys.argv[1:] or list(PARTS)
     checked = sum(PARTS[name]() for name in names)

@@ -20,6 +20,8 @@ once per process and device through :func:`registry.get_kernel`:
     data on the vector layout's ``8 x 4`` blocks, operands swapped.
 ``"core"`` (:mod:`.products`)
     CUDA-core SpMM and SDDMM in the data's own precision, any tile shape.
+``"attention"`` (:mod:`.attention`)
+    Graph attention fused into one pass per row (scores, online softmax, aggregation).
 ``"nn"`` (:mod:`.nn`)
     Training helpers of :mod:`tcgnn_py.nn` (a fused Adam step).
 ``"timing"`` (:mod:`.timing`)
@@ -44,4 +46,4 @@ Launch paths:
     that a CUDA-graph capture can hold (CuPy's binding refuses to run there).
 """
 
-from . import nn, products, timing  # noqa: E402,F401  (each registers its kernel families)
+from . import attention, nn, products, timing  # noqa: E402,F401  (each registers its kernel families)

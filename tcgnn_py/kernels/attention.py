@@ -53,6 +53,7 @@ def attention_config(dtype_name, kind, features):
 
 
 SOURCE = r"""
+#define TC_NEG_INF __int_as_float(0xff800000)
 typedef unsigned short tc_bits16;
 struct tc_f16 { tc_bits16 x; };
 struct tc_bf16 { tc_bits16 x; };
@@ -105,7 +106,7 @@ tcgnn_attention_fwd(const int* __restrict__ indptr, const int* __restrict__ indi
 #pragma unroll
     for (int c = 0; c < C; ++c) {
         acc[c] = 0.f;
-        m[c] = -INFINITY;
+        m[c] = TC_NEG_INF;
         l[c] = 0.f;
         const int f = lane + 32 * c;
         sd[c] = (KIND == 0 && f < HD) ? s_dst[row * heads + f / D] : 0.f;
@@ -145,7 +146,7 @@ tcgnn_attention_fwd(const int* __restrict__ indptr, const int* __restrict__ indi
             }
             z += lw;  // a exp(z) = exp(z + log a): the weight joins the running maximum
             const float mn = z > m[c] ? z : m[c];  // a NaN z leaves the maximum; its p poisons the sums
-            if (mn == -INFINITY) continue;         // nothing yet but -inf scores: they add 0
+            if (mn == TC_NEG_INF) continue;         // nothing yet but -inf scores: they add 0
             const float scale = expf(m[c] - mn);
             const float p = expf(z - mn);
             const float pv = drop_p > 0.f ? (tc_keep((unsigned)e * heads + f / D, sv, drop_p) ? p * kept : 0.f) : p;
@@ -159,7 +160,7 @@ tcgnn_attention_fwd(const int* __restrict__ indptr, const int* __restrict__ indi
         const int f = lane + 32 * c;
         if (f >= HD) continue;
         tc_store(out + row * HD + f, l[c] != 0.f ? acc[c] / l[c] : 0.f);
-        if (f % D == 0) lse[row * heads + f / D] = l[c] != 0.f ? m[c] + logf(l[c]) : -INFINITY;
+        if (f % D == 0) lse[row * heads + f / D] = l[c] != 0.f ? m[c] + logf(l[c]) : TC_NEG_INF;
     }
 }
 """
