@@ -34,9 +34,27 @@ def _structure(T):
     return T.tiling.cached("attention_structure", build)
 
 
+#: CSR-order weights kept per tiling, for the latest distinct value arrays (matrices sharing the tiling).
+_WEIGHTS_KEEP = 4
+
+
 def _weights_csr(T, dtype):
-    """The entries' values in CSR order, as ``dtype`` (the softmax weights)."""
-    return T.csr_arrays()[0].astype(dtype)
+    """The entries' values in CSR order, as ``dtype`` (the softmax weights): made once per values array and
+    dtype, and kept on the tiling with the values (a training step does not rebuild them)."""
+    values, dtype = T.values, np.dtype(dtype)
+    kept = T.tiling.cached("attention_weights", dict)
+    hit = kept.get((id(values), dtype.char))
+    if hit is not None and hit[0] is values:
+        return hit[1]
+    xp = np if T.device == "cpu" else get_cupy()
+    w = xp.empty(values.shape[0], dtype)
+    w[T.tiling.perm] = values  # tiled entry e is CSR entry perm[e]
+    if xp is not np and xp.cuda.get_current_stream().is_capturing():
+        return w  # the graph holds the scatter; its arrays must not outlive it in a cache
+    if len(kept) >= _WEIGHTS_KEEP:
+        del kept[next(iter(kept))]
+    kept[(id(values), dtype.char)] = (values, w)
+    return w
 
 
 def _fused(T, V, heads, kind, s_src, s_dst, Q, K, beta, slope, dropout, seed):
