@@ -14,8 +14,9 @@ Scores (``KIND``):
 ``COSINE`` (AGNN, one head)
     ``z_ij = beta * <Q[i], K[j]>`` of given (row-normalised) Q and K: one warp-wide dot per entry.
 
-Lanes cover the ``heads * D`` features of a row, ``C`` per lane (``32 * C`` at most); CUDA cores, float32
-accumulation (exact in float32 where the reference is).  Rows whose entries all weigh 0, and empty rows,
+Lanes cover the ``heads * D`` features of a row, ``C`` per lane (``32 * C`` at most), ``heads <= 8``;
+a warp takes its row's entries 32 at a time (one score per lane and head, one rescale per chunk); CUDA
+cores, float32 accumulation.  Rows whose entries all weigh 0, and empty rows,
 give 0 and a log-sum-exp of -inf.  A NaN score makes its row's head NaN, as the unfused softmax does.
 """
 
@@ -25,10 +26,14 @@ from typing import ClassVar
 from .products.common import KernelConfig, cuda_type
 from .registry import register
 
-__all__ = ["ATTENTION_CHUNKS", "ATTENTION_CONFIGS", "ADDITIVE", "COSINE", "AttentionFwd", "attention_config",
+__all__ = ["ATTENTION_MAX_HEADS", "ATTENTION_WARPS", "ATTENTION_CHUNKS", "ATTENTION_CONFIGS", "ADDITIVE", "COSINE", "AttentionFwd", "attention_config",
            "SOURCE", "NAMES"]
 
 ADDITIVE, COSINE = 0, 1
+#: Heads of one fused pass (the kernel keeps each head's running maximum and sum in registers).
+ATTENTION_MAX_HEADS = 8
+#: Warps (rows) per CTA.
+ATTENTION_WARPS = 8
 #: Features per lane: a row's ``heads * D`` features are covered by ``32 * C`` lanes' slots.
 ATTENTION_CHUNKS = (1, 2, 4, 8)
 
@@ -87,80 +92,143 @@ __device__ __forceinline__ bool tc_keep(unsigned e, unsigned seed, float p) {
     return (float)(x >> 8) * 5.9604644775390625e-8f >= p;
 }
 
-// One warp per row; lane `lane` holds features f = lane + 32 c (c < C) of the row's heads * D.
+// One warp per row, its entries 32 at a time: lane t scores entry t of the chunk (every head), the warp takes
+// the chunk's maximum and sum per head (online softmax: the running sums rescale once per chunk), and then
+// accumulates the chunk's V rows, 4 at a time, with the entries' weights from shared memory.  Lane `lane`
+// holds features f = lane + 32 c (c < C) of the row's heads * D; heads <= TC_ATT_MAXH.
 // weights: the entries' values (nullptr: all 1).  ADDITIVE reads s_src / s_dst ((n, heads) float);
 // COSINE reads Q / K ((n, D) of T, one head) and beta (one float).
+#define TC_ATT_WARPS 8
+#define TC_ATT_MAXH 8
 template <typename T, int KIND, int C>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(32 * TC_ATT_WARPS)
 tcgnn_attention_fwd(const int* __restrict__ indptr, const int* __restrict__ indices,
                     const float* __restrict__ weights, const T* __restrict__ V,
                     const float* __restrict__ s_src, const float* __restrict__ s_dst,
                     const T* __restrict__ Q, const T* __restrict__ K, const float* __restrict__ beta,
                     T* __restrict__ out, float* __restrict__ lse, int n_rows, int heads, int D, float slope,
                     float drop_p, const unsigned* __restrict__ seed) {
-    const int lane = threadIdx.x & 31;
-    const long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    if (row >= n_rows) return;
+    __shared__ float s_p[TC_ATT_WARPS][32 * TC_ATT_MAXH];  // the chunk's weights P (dropped ones 0), (t, head)
+    __shared__ int s_j[TC_ATT_WARPS][32];                  // the chunk's columns
+    __shared__ float s_h[TC_ATT_WARPS][2 * TC_ATT_MAXH];   // per head: the chunk's rescale; at the end l, m
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long long row = (long long)blockIdx.x * TC_ATT_WARPS + warp;
+    if (row >= n_rows) return;  // a whole warp: no block-wide barrier follows
     const int HD = heads * D;
-    float acc[C], m[C], l[C], sd[C], q[C];
+    float acc[C], q[C];
+    int hc[C];
 #pragma unroll
     for (int c = 0; c < C; ++c) {
-        acc[c] = 0.f;
-        m[c] = TC_NEG_INF;
-        l[c] = 0.f;
         const int f = lane + 32 * c;
-        sd[c] = (KIND == 0 && f < HD) ? s_dst[row * heads + f / D] : 0.f;
+        acc[c] = 0.f;
+        hc[c] = f < HD ? f / D : 0;
         q[c] = (KIND == 1 && f < D) ? tc_load(Q + row * D + f) : 0.f;
+    }
+    float m[TC_ATT_MAXH], l[TC_ATT_MAXH], sd[TC_ATT_MAXH];  // warp-uniform
+#pragma unroll
+    for (int h = 0; h < TC_ATT_MAXH; ++h) {
+        m[h] = TC_NEG_INF;
+        l[h] = 0.f;
+        sd[h] = (KIND == 0 && h < heads) ? s_dst[row * heads + h] : 0.f;
     }
     const float b = KIND == 1 ? beta[0] : 0.f;
     const unsigned sv = drop_p > 0.f ? seed[0] : 0u;
     const float kept = drop_p > 0.f ? 1.f / (1.f - drop_p) : 1.f;
     const int e0 = indptr[row], e1 = indptr[row + 1];
-    for (int e = e0; e < e1; ++e) {
-        const long long j = indices[e];
-        const float w = weights ? weights[e] : 1.f;
-        if (w == 0.f) continue;      // an entry of weight 0 takes no part
-        const float lw = logf(w);  // weights are non-negative (a negative or NaN one poisons its row)
+    for (int base = e0; base < e1; base += 32) {
+        const int e = base + lane, cnt = min(32, e1 - base);
+        const bool valid = e < e1;
+        const long long j = valid ? indices[e] : 0;
+        const float w = valid ? (weights ? weights[e] : 1.f) : 0.f;
+        s_j[warp][lane] = (int)j;
         float zc = 0.f;
-        if (KIND == 1) {
-            float part = 0.f;
+        if (KIND == 1) {  // the chunk's cosines: one warp-wide dot per entry, kept by the entry's lane
+            __syncwarp();
+            for (int t = 0; t < cnt; ++t) {
+                const long long jt = s_j[warp][t];
+                float part = 0.f;
 #pragma unroll
-            for (int c = 0; c < C; ++c) {
-                const int f = lane + 32 * c;
-                if (f < D) part += q[c] * tc_load(K + j * D + f);
+                for (int c = 0; c < C; ++c) {
+                    const int f = lane + 32 * c;
+                    if (f < D) part += q[c] * tc_load(K + jt * D + f);
+                }
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+                if (lane == t) zc = b * part;
             }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
-            zc = b * part;
         }
+        const float lw = w != 0.f ? logf(w) : 0.f;  // a exp(z) = exp(z + log a); weights are non-negative
 #pragma unroll
-        for (int c = 0; c < C; ++c) {
-            const int f = lane + 32 * c;
-            if (f >= HD) continue;
+        for (int h = 0; h < TC_ATT_MAXH; ++h) {
+            if (h >= heads) break;
             float z;
             if (KIND == 0) {
-                z = sd[c] + s_src[j * heads + f / D];
+                z = sd[h] + (valid ? s_src[j * heads + h] : 0.f);
                 z = z > 0.f ? z : z * slope;
             } else {
                 z = zc;
             }
-            z += lw;  // a exp(z) = exp(z + log a): the weight joins the running maximum
-            const float mn = z > m[c] ? z : m[c];  // a NaN z leaves the maximum; its p poisons the sums
-            if (mn == TC_NEG_INF) continue;         // nothing yet but -inf scores: they add 0
-            const float scale = expf(m[c] - mn);
-            const float p = expf(z - mn);
-            const float pv = drop_p > 0.f ? (tc_keep((unsigned)e * heads + f / D, sv, drop_p) ? p * kept : 0.f) : p;
-            acc[c] = acc[c] * scale + pv * tc_load(V + j * HD + f);
-            l[c] = l[c] * scale + p;
-            m[c] = mn;
+            z = w != 0.f ? z + lw : TC_NEG_INF;  // an entry of weight 0 (or past the row) takes no part
+            float mc = z;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                const float other = __shfl_xor_sync(0xffffffffu, mc, o);
+                mc = other > mc ? other : mc;
+            }
+            const float mn = m[h] > mc ? m[h] : mc;  // a NaN score poisons its head's sums below
+            const float p = mn == TC_NEG_INF ? 0.f : expf(z - mn);
+            const float scale = mn == TC_NEG_INF ? 1.f : expf(m[h] - mn);
+            float ps = p;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+            l[h] = l[h] * scale + ps;
+            m[h] = mn;
+            float pv = p;
+            if (drop_p > 0.f) pv = (valid && tc_keep((unsigned)e * heads + h, sv, drop_p)) ? p * kept : 0.f;
+            s_p[warp][lane * TC_ATT_MAXH + h] = pv;
+            if (lane == 0) s_h[warp][h] = scale;
+        }
+        __syncwarp();
+#pragma unroll
+        for (int c = 0; c < C; ++c) acc[c] *= s_h[warp][hc[c]];
+        int t = 0;
+        for (; t + 4 <= cnt; t += 4) {
+            const long long j0 = s_j[warp][t], j1 = s_j[warp][t + 1], j2 = s_j[warp][t + 2], j3 = s_j[warp][t + 3];
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                const int f = lane + 32 * c;
+                if (f >= HD) continue;
+                const float v0 = tc_load(V + j0 * HD + f), v1 = tc_load(V + j1 * HD + f);
+                const float v2 = tc_load(V + j2 * HD + f), v3 = tc_load(V + j3 * HD + f);
+                const float* p = &s_p[warp][t * TC_ATT_MAXH + hc[c]];
+                acc[c] += p[0] * v0 + p[TC_ATT_MAXH] * v1 + p[2 * TC_ATT_MAXH] * v2 + p[3 * TC_ATT_MAXH] * v3;
+            }
+        }
+        for (; t < cnt; ++t) {
+            const long long jt = s_j[warp][t];
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                const int f = lane + 32 * c;
+                if (f < HD) acc[c] += s_p[warp][t * TC_ATT_MAXH + hc[c]] * tc_load(V + jt * HD + f);
+            }
+        }
+        __syncwarp();  // the next chunk overwrites s_j, s_p and s_h
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int h = 0; h < TC_ATT_MAXH; ++h) {
+            s_h[warp][h] = l[h];
+            s_h[warp][TC_ATT_MAXH + h] = m[h];
         }
     }
+    __syncwarp();
 #pragma unroll
     for (int c = 0; c < C; ++c) {
         const int f = lane + 32 * c;
         if (f >= HD) continue;
-        tc_store(out + row * HD + f, l[c] != 0.f ? acc[c] / l[c] : 0.f);
-        if (f % D == 0) lse[row * heads + f / D] = l[c] != 0.f ? m[c] + logf(l[c]) : TC_NEG_INF;
+        const float lh = s_h[warp][hc[c]], mh = s_h[warp][TC_ATT_MAXH + hc[c]];
+        tc_store(out + row * HD + f, lh != 0.f ? acc[c] / lh : 0.f);
+        if (f % D == 0) lse[row * heads + hc[c]] = lh != 0.f ? mh + logf(lh) : TC_NEG_INF;
     }
 }
 """

@@ -80,7 +80,7 @@ def _fused(T, V, heads, kind, s_src, s_dst, Q, K, beta, slope, dropout, seed):
         args = (dummy, dummy, cp.ascontiguousarray(Q, V.dtype), cp.ascontiguousarray(K, V.dtype),
                 cp.ascontiguousarray(beta, f32))
     kernel = get_kernel("attention", cfg.name)
-    kernel((-(-n * 32 // 256),), (256,), (indptr, indices, _weights_csr(T, f32), V) + args
+    kernel((-(-n // ka.ATTENTION_WARPS),), (32 * ka.ATTENTION_WARPS,), (indptr, indices, _weights_csr(T, f32), V) + args
            + (out, lse, np.int32(n), np.int32(heads), np.int32(HD // heads), f32(slope), f32(dropout),
               cp.empty(1, np.uint32) if seed is None else cp.ascontiguousarray(seed, np.uint32)))
     return out, lse
@@ -99,8 +99,8 @@ def graph_attention(A, V, *, heads=1, score="additive", s_src=None, s_dst=None, 
     ----------
     A : TiledMatrix, shape (n, k)
     V : array, shape (k, heads * D)
-        Values, head by head (D features each); float32, float16 or bfloat16 on the GPU
-        (``heads * D <= 256``), any float on the CPU.
+        Values, head by head (D features each).  The fused kernel takes float32, float16 and bfloat16 with
+        ``heads <= 8`` and ``heads * D <= 256``; other products run the unfused reference on their device.
     heads : int
     score : {"additive", "cosine"}
         ``"additive"`` (GAT): ``z_ij,h = LeakyReLU(s_dst[i, h] + s_src[j, h])``, with ``s_src`` of shape
@@ -180,8 +180,12 @@ def graph_attention(A, V, *, heads=1, score="additive", s_src=None, s_dst=None, 
         seed = array_on(E, seed).astype(np.uint32, copy=False).reshape(-1)
         if seed.shape != (1,):
             raise ValueError(f"seed must have one element, got shape {seed.shape}")
-    gpu = xp is not np and V.dtype.name in ("float32", "float16", "bfloat16") and (
-        score == "additive" or Q.dtype == V.dtype)
+    from ..kernels.attention import ATTENTION_CHUNKS, ATTENTION_MAX_HEADS
+
+    # The kernel's reach; beyond it (float64, more heads or features) the reference runs on the device, unfused.
+    gpu = (xp is not np and V.dtype.name in ("float32", "float16", "bfloat16") and heads <= ATTENTION_MAX_HEADS
+           and max(V.shape[1], 0 if Q is None else Q.shape[1]) <= 32 * ATTENTION_CHUNKS[-1]
+           and (score == "additive" or Q.dtype == V.dtype))
     if gpu:
         out, lse = _fused(T, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed)
     else:  # the reference: on the CPU, and for float64 on the GPU
