@@ -26,7 +26,8 @@ from typing import ClassVar
 from .products.common import KernelConfig, cuda_type
 from .registry import register
 
-__all__ = ["ATTENTION_MAX_HEADS", "ATTENTION_WARPS", "ATTENTION_CHUNKS", "ATTENTION_CONFIGS", "ADDITIVE", "COSINE", "AttentionFwd", "attention_config",
+__all__ = ["ATTENTION_MAX_HEADS", "ATTENTION_WARPS", "ATTENTION_CHUNKS", "ATTENTION_CONFIGS", "ADDITIVE", "COSINE", "AttentionFwd", "AttentionBwd", "attention_config",
+           "attention_bwd_config",
            "SOURCE", "NAMES"]
 
 ADDITIVE, COSINE = 0, 1
@@ -46,6 +47,21 @@ class AttentionFwd(KernelConfig):
     T: str
     KIND: int
     C: int
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionBwd(KernelConfig):
+    """``tcgnn_attention_bwd<T, MODE, C>``: the additive scores' backward, by rows (MODE 0) or columns (1)."""
+
+    KERNEL: ClassVar[str] = "tcgnn_attention_bwd"
+    T: str
+    MODE: int
+    C: int
+
+
+def attention_bwd_config(dtype_name, mode, features):
+    """The backward kernel by rows (``mode`` 0) or columns (1) for ``features = heads * D``."""
+    return AttentionBwd(cuda_type(dtype_name), mode, attention_config(dtype_name, ADDITIVE, features).C)
 
 
 def attention_config(dtype_name, kind, features):
@@ -231,10 +247,126 @@ tcgnn_attention_fwd(const int* __restrict__ indptr, const int* __restrict__ indi
         if (f % D == 0) lse[row * heads + hc[c]] = lh != 0.f ? mh + logf(lh) : TC_NEG_INF;
     }
 }
+
+// The backward pass of ADDITIVE attention, recomputed from the forward's log-sum-exp, no E-sized array:
+// for entry (i, j) of CSR id e and head h, pre = s_dst[i, h] + s_src[j, h], P = a exp(LeakyReLU(pre) - lse[i, h]),
+// m = the dropout factor, dP = m <g_i, V_j>_h, dpre = P (dP - tdot[i, h]) LeakyReLU'(pre) with
+// tdot[i, h] = <g_i, out_i>_h.  MODE 0 (one warp per row i over A's CSR): ds[i, h] = sum_j dpre (s_dst's
+// gradient).  MODE 1 (one warp per column j over Aᵀ's CSR, `eids` the entries' CSR ids in A): dV[j] =
+// sum_i P m g_i and ds[j, h] = sum_i dpre (s_src's gradient).  Sums in entry order: deterministic.
+template <typename T, int MODE, int C>
+__global__ void __launch_bounds__(32 * TC_ATT_WARPS)
+tcgnn_attention_bwd(const int* __restrict__ ptr, const int* __restrict__ partners, const int* __restrict__ eids,
+                    const float* __restrict__ weights, const T* __restrict__ V, const T* __restrict__ G,
+                    const float* __restrict__ s_src, const float* __restrict__ s_dst, const float* __restrict__ lse,
+                    const float* __restrict__ tdot, float* __restrict__ dV, float* __restrict__ ds, int n_owners,
+                    int heads, int D, float slope, float drop_p, const unsigned* __restrict__ seed) {
+    __shared__ int s_q[TC_ATT_WARPS][32];
+    __shared__ int s_e[TC_ATT_WARPS][32];
+    __shared__ float s_lw[TC_ATT_WARPS][32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long long owner = (long long)blockIdx.x * TC_ATT_WARPS + warp;
+    if (owner >= n_owners) return;
+    const int HD = heads * D;
+    float own[C], acc[C];
+    int hc[C];
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+        const int f = lane + 32 * c;
+        hc[c] = f < HD ? f / D : 0;
+        own[c] = f < HD ? tc_load((MODE == 0 ? G : V) + owner * HD + f) : 0.f;
+        acc[c] = 0.f;
+    }
+    float dsum[TC_ATT_MAXH];
+#pragma unroll
+    for (int h = 0; h < TC_ATT_MAXH; ++h) dsum[h] = 0.f;
+    const unsigned sv = drop_p > 0.f ? seed[0] : 0u;
+    const float kept = drop_p > 0.f ? 1.f / (1.f - drop_p) : 1.f;
+    const int e0 = ptr[owner], e1 = ptr[owner + 1];
+    for (int base = e0; base < e1; base += 32) {
+        const int k = base + lane, cnt = min(32, e1 - base);
+        const bool valid = k < e1;
+        const int q = valid ? partners[k] : 0;
+        const int e = valid ? (eids ? eids[k] : k) : 0;
+        const float w = valid ? (weights ? weights[e] : 1.f) : 0.f;
+        s_q[warp][lane] = q;
+        s_e[warp][lane] = e;
+        s_lw[warp][lane] = w != 0.f ? logf(w) : TC_NEG_INF;
+        __syncwarp();
+        float mydot[TC_ATT_MAXH];
+#pragma unroll
+        for (int h = 0; h < TC_ATT_MAXH; ++h) mydot[h] = 0.f;
+        for (int t = 0; t < cnt; ++t) {
+            const long long qt = s_q[warp][t];
+            const float lwt = s_lw[warp][t];
+            float prod[C];
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                const int f = lane + 32 * c;
+                prod[c] = 0.f;
+                if (f >= HD) continue;
+                const float x = tc_load((MODE == 0 ? V : G) + qt * HD + f);
+                prod[c] = own[c] * x;
+                if (MODE == 1 && lwt != TC_NEG_INF) {  // P m g_i into dV[j]
+                    const int h = hc[c];
+                    float z = s_dst[qt * heads + h] + s_src[owner * heads + h];
+                    z = (z > 0.f ? z : z * slope) + lwt;
+                    float pm = expf(z - lse[qt * heads + h]);
+                    if (drop_p > 0.f) pm = tc_keep((unsigned)s_e[warp][t] * heads + h, sv, drop_p) ? pm * kept : 0.f;
+                    acc[c] += pm * x;
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < TC_ATT_MAXH; ++h) {
+                if (h >= heads) break;
+                float v = 0.f;
+#pragma unroll
+                for (int c = 0; c < C; ++c) v += hc[c] == h ? prod[c] : 0.f;
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+                if (lane == t) mydot[h] = v;
+            }
+        }
+        if (valid && w != 0.f) {  // this lane's entry: its dpre per head
+            const long long i = MODE == 0 ? owner : q, j = MODE == 0 ? q : owner;
+            const float lw = logf(w);
+#pragma unroll
+            for (int h = 0; h < TC_ATT_MAXH; ++h) {
+                if (h >= heads) break;
+                const float pre = s_dst[i * heads + h] + s_src[j * heads + h];
+                const float P = expf((pre > 0.f ? pre : pre * slope) + lw - lse[i * heads + h]);
+                float m = 1.f;
+                if (drop_p > 0.f) m = tc_keep((unsigned)e * heads + h, sv, drop_p) ? kept : 0.f;
+                const float dz = P * (m * mydot[h] - tdot[i * heads + h]);
+                dsum[h] += dz * (pre > 0.f ? 1.f : slope);
+            }
+        }
+        __syncwarp();  // the next chunk overwrites s_q, s_e and s_lw
+    }
+#pragma unroll
+    for (int h = 0; h < TC_ATT_MAXH; ++h) {
+        if (h >= heads) break;
+        float v = dsum[h];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) ds[owner * heads + h] = v;
+    }
+    if (MODE == 1) {
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            const int f = lane + 32 * c;
+            if (f < HD) dV[owner * HD + f] = acc[c];
+        }
+    }
+}
 """
 
-#: Every compiled forward: float32 and 16-bit features, both score kinds, each chunk count.
-ATTENTION_CONFIGS = tuple(AttentionFwd(cuda_type(t), k, c) for t in ("float32", "float16", "bfloat16")
-                          for k in (ADDITIVE, COSINE) for c in ATTENTION_CHUNKS)
+#: Every compiled kernel: the forward for float32 and 16-bit features, both score kinds, each chunk count; the
+#: additive scores' backward by rows and by columns likewise.
+ATTENTION_CONFIGS = tuple(
+    [AttentionFwd(cuda_type(t), k, c) for t in ("float32", "float16", "bfloat16") for k in (ADDITIVE, COSINE)
+     for c in ATTENTION_CHUNKS]
+    + [AttentionBwd(cuda_type(t), m, c) for t in ("float32", "float16", "bfloat16") for m in (0, 1)
+       for c in ATTENTION_CHUNKS])
 NAMES = tuple(c.name for c in ATTENTION_CONFIGS)
 register("attention", SOURCE, NAMES)

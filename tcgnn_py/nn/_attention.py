@@ -34,6 +34,56 @@ def _structure(T):
     return T.tiling.cached("attention_structure", build)
 
 
+def _transpose_structure(T):
+    """``(indptr, rows, eids)`` of Aᵀ's CSR: per column j its entries' rows in ascending order, and each entry's
+    CSR id in A (per tiling, made once; the fused backward's column pass)."""
+    def build():
+        xp = np if T.device == "cpu" else get_cupy()
+        indices, indptr, _, _ = _structure(T)
+        n, k = T.shape
+        rows = ref.edge_rows(indptr, indices.shape[0]).astype(np.int64)
+        order = xp.argsort(indices.astype(np.int64) * max(n, 1) + rows)  # unique keys: one order
+        t_indptr = xp.zeros(k + 1, np.int32)
+        t_indptr[1:] = xp.cumsum(xp.bincount(indices, minlength=k))
+        return t_indptr, rows[order].astype(np.int32), order.astype(np.int32)
+
+    return T.tiling.cached("attention_transpose", build)
+
+
+def _fused_backward(T, V, g, out, lse, heads, s_src, s_dst, slope, dropout, seed):
+    """``(dV, ds_src, ds_dst)`` of the additive scores on the GPU: a pass over the rows, one over the columns."""
+    from ..kernels import attention as ka
+    from ..kernels.registry import get_kernel
+
+    cp = get_cupy()
+    n, k = T.shape
+    HD = V.shape[1]
+    D = HD // heads
+    f32 = np.float32
+    G = cp.ascontiguousarray(g, V.dtype)
+    tdot = (G.astype(f32).reshape(n, heads, D) * out.astype(f32).reshape(n, heads, D)).sum(axis=2)
+    indices, indptr, _, _ = _structure(T)
+    t_indptr, t_rows, t_eids = _transpose_structure(T)
+    w = _weights_csr(T, f32)
+    V = cp.ascontiguousarray(V)
+    ss, sd = cp.ascontiguousarray(s_src, f32), cp.ascontiguousarray(s_dst, f32)
+    seed = cp.empty(1, np.uint32) if seed is None else cp.ascontiguousarray(seed, np.uint32)
+    ds_dst, ds_src = cp.empty((n, heads), f32), cp.empty((k, heads), f32)
+    dV = cp.empty((k, HD), f32)
+    tail = (np.int32(heads), np.int32(D), f32(slope), f32(dropout), seed)
+    block = (32 * ka.ATTENTION_WARPS,)
+    common = (w, V, G, ss, sd, lse, tdot)
+    if n:
+        get_kernel("attention", ka.attention_bwd_config(V.dtype.name, 0, HD).name)(
+            (-(-n // ka.ATTENTION_WARPS),), block, (indptr, indices, np.uint64(0)) + common
+            + (dV, ds_dst, np.int32(n)) + tail)
+    if k:
+        get_kernel("attention", ka.attention_bwd_config(V.dtype.name, 1, HD).name)(
+            (-(-k // ka.ATTENTION_WARPS),), block, (t_indptr, t_rows, t_eids) + common
+            + (dV, ds_src, np.int32(k)) + tail)
+    return dV.astype(V.dtype, copy=False), ds_src, ds_dst
+
+
 #: CSR-order weights kept per tiling, for the latest distinct value arrays (matrices sharing the tiling).
 _WEIGHTS_KEEP = 4
 
@@ -198,11 +248,15 @@ def graph_attention(A, V, *, heads=1, score="additive", s_src=None, s_dst=None, 
     def vjp(g):
         g = array_on(E, g)
         check_2d("g", g, n)
+        if gpu and score == "additive":  # fused: recomputed per entry, no E-sized array
+            return _fused_backward(T, V, g, out, lse, heads, s_src, s_dst, slope, dropout, seed)
         _, _, rows, cols = _structure(T)
         D = V.shape[1] // heads
-        z, pre = ref.attention_scores(rows, cols, heads, score, s_src, s_dst,
-                                      None if Q is None else Q.astype(fd), None if K is None else K.astype(fd),
-                                      beta, slope)
+        if score == "additive":
+            z, pre = ref.attention_scores(rows, cols, heads, score, s_src, s_dst, slope=slope)
+        else:  # the cosines by SDDMM (as the unfused pass computes them), not by gathering E x d features
+            pre = E.sddmm(Q, K).astype(fd, copy=False)[:, None]
+            z = beta * pre
         w = T.values.astype(fd)
         with np.errstate(divide="ignore", invalid="ignore"):
             P = xp.where((w != 0)[:, None], xp.exp(z + xp.log(w)[:, None] - lse[rows]), 0).astype(fd)
