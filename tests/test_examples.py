@@ -20,7 +20,7 @@ def run_example(name, *args, device_env=None):
                           text=True, env=env, timeout=600)
 
 
-@pytest.mark.parametrize("name", ["gcn_cora.py", "agnn_cora.py"])
+@pytest.mark.parametrize("name", ["gcn_cora.py", "agnn_cora.py", "gat_cora.py"])
 def test_training_example_on_cpu(name):
     """CI's run: 60 epochs on the reference path; the full 200-epoch, >= 80 % run is the GPU suite's."""
     res = run_example(name, "--device", "cpu", "--epochs", "60", "--min-accuracy", "0.75")
@@ -34,7 +34,7 @@ def test_training_example_fails_below_its_threshold():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["gcn_cora.py", "agnn_cora.py"])
+@pytest.mark.parametrize("name", ["gcn_cora.py", "agnn_cora.py", "gat_cora.py"])
 def test_training_example_on_gpu(name):
     """The issue's run: 200 epochs on the GPU, >= 80 % test accuracy (asserted by the example)."""
     res = run_example(name)
@@ -45,7 +45,7 @@ def test_training_example_on_gpu(name):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("name", ["gcn_cora.py", "agnn_cora.py"])
+@pytest.mark.parametrize("name", ["gcn_cora.py", "agnn_cora.py", "gat_cora.py"])
 def test_training_example_mixed_precision_on_gpu(name, dtype):
     """Mixed precision (16-bit activations and tensor cores, float32 master weights): >= 80 % on Cora."""
     res = run_example(name, "--dtype", dtype)
@@ -75,7 +75,7 @@ def test_dlpack_example_skips_cleanly_without_a_gpu():
     assert res.returncode == 0 and res.stdout.startswith("skipped"), res.stdout + res.stderr
 
 
-@pytest.mark.parametrize("name", ["quickstart.py", "dlpack_interop.py", "gcn_cora.py", "agnn_cora.py"])
+@pytest.mark.parametrize("name", ["quickstart.py", "dlpack_interop.py", "gcn_cora.py", "agnn_cora.py", "gat_cora.py"])
 def test_every_example_takes_the_same_device_flag(name):
     res = run_example(name, "--help")
     assert res.returncode == 0 and "--device {auto,cuda,cpu}" in res.stdout, res.stdout
