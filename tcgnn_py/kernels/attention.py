@@ -160,17 +160,24 @@ tcgnn_attention_fwd(const int* __restrict__ indptr, const int* __restrict__ indi
         float zc = 0.f;
         if (KIND == 1) {  // the chunk's cosines: one warp-wide dot per entry, kept by the entry's lane
             __syncwarp();
-            for (int t = 0; t < cnt; ++t) {
-                const long long jt = s_j[warp][t];
-                float part = 0.f;
+            for (int t0 = 0; t0 < cnt; t0 += 4) {  // 4 entries at a time: their K rows' loads overlap
+                float part[4];
 #pragma unroll
-                for (int c = 0; c < C; ++c) {
-                    const int f = lane + 32 * c;
-                    if (f < D) part += q[c] * tc_load(K + jt * D + f);
+                for (int u = 0; u < 4; ++u) {
+                    const long long jt = t0 + u < cnt ? s_j[warp][t0 + u] : -1;
+                    part[u] = 0.f;
+#pragma unroll
+                    for (int c = 0; c < C; ++c) {
+                        const int f = lane + 32 * c;
+                        if (jt >= 0 && f < D) part[u] += q[c] * tc_load(K + jt * D + f);
+                    }
                 }
 #pragma unroll
-                for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
-                if (lane == t) zc = b * part;
+                for (int u = 0; u < 4; ++u) {
+#pragma unroll
+                    for (int o = 16; o > 0; o >>= 1) part[u] += __shfl_xor_sync(0xffffffffu, part[u], o);
+                    if (lane == t0 + u) zc = b * part[u];
+                }
             }
         }
         const float lw = w != 0.f ? logf(w) : 0.f;  // a exp(z) = exp(z + log a); weights are non-negative
@@ -296,35 +303,49 @@ tcgnn_attention_bwd(const int* __restrict__ ptr, const int* __restrict__ partner
         float mydot[TC_ATT_MAXH];
 #pragma unroll
         for (int h = 0; h < TC_ATT_MAXH; ++h) mydot[h] = 0.f;
-        for (int t = 0; t < cnt; ++t) {
-            const long long qt = s_q[warp][t];
-            const float lwt = s_lw[warp][t];
-            float prod[C];
+        for (int t0 = 0; t0 < cnt; t0 += 4) {  // 4 entries' partner rows loaded together (their latency overlaps)
+            float x[4][C];
+            long long qs[4];
 #pragma unroll
-            for (int c = 0; c < C; ++c) {
-                const int f = lane + 32 * c;
-                prod[c] = 0.f;
-                if (f >= HD) continue;
-                const float x = tc_load((MODE == 0 ? V : G) + qt * HD + f);
-                prod[c] = own[c] * x;
-                if (MODE == 1 && lwt != TC_NEG_INF) {  // P m g_i into dV[j]
-                    const int h = hc[c];
-                    float z = s_dst[qt * heads + h] + s_src[owner * heads + h];
-                    z = (z > 0.f ? z : z * slope) + lwt;
-                    float pm = expf(z - lse[qt * heads + h]);
-                    if (drop_p > 0.f) pm = tc_keep((unsigned)s_e[warp][t] * heads + h, sv, drop_p) ? pm * kept : 0.f;
-                    acc[c] += pm * x;
+            for (int u = 0; u < 4; ++u) {
+                qs[u] = t0 + u < cnt ? s_q[warp][t0 + u] : -1;
+#pragma unroll
+                for (int c = 0; c < C; ++c) {
+                    const int f = lane + 32 * c;
+                    x[u][c] = (qs[u] >= 0 && f < HD) ? tc_load((MODE == 0 ? V : G) + qs[u] * HD + f) : 0.f;
                 }
             }
 #pragma unroll
-            for (int h = 0; h < TC_ATT_MAXH; ++h) {
-                if (h >= heads) break;
-                float v = 0.f;
+            for (int u = 0; u < 4; ++u) {
+                const int t = t0 + u;
+                if (t >= cnt) break;  // warp-uniform
+                const long long qt = qs[u];
+                const float lwt = s_lw[warp][t];
+                float prod[C];
 #pragma unroll
-                for (int c = 0; c < C; ++c) v += hc[c] == h ? prod[c] : 0.f;
+                for (int c = 0; c < C; ++c) {
+                    const int f = lane + 32 * c;
+                    prod[c] = own[c] * x[u][c];
+                    if (MODE == 1 && f < HD && lwt != TC_NEG_INF) {  // P m g_i into dV[j]
+                        const int h = hc[c];
+                        float z = s_dst[qt * heads + h] + s_src[owner * heads + h];
+                        z = (z > 0.f ? z : z * slope) + lwt;
+                        float pm = expf(z - lse[qt * heads + h]);
+                        if (drop_p > 0.f)
+                            pm = tc_keep((unsigned)s_e[warp][t] * heads + h, sv, drop_p) ? pm * kept : 0.f;
+                        acc[c] += pm * x[u][c];
+                    }
+                }
 #pragma unroll
-                for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-                if (lane == t) mydot[h] = v;
+                for (int h = 0; h < TC_ATT_MAXH; ++h) {
+                    if (h >= heads) break;
+                    float v = 0.f;
+#pragma unroll
+                    for (int c = 0; c < C; ++c) v += hc[c] == h ? prod[c] : 0.f;
+#pragma unroll
+                    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+                    if (lane == t) mydot[h] = v;
+                }
             }
         }
         if (valid && w != 0.f) {  // this lane's entry: its dpre per head
