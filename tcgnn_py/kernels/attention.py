@@ -26,11 +26,16 @@ from typing import ClassVar
 from .products.common import KernelConfig, cuda_type
 from .registry import register
 
-__all__ = ["ATTENTION_MAX_HEADS", "ATTENTION_WARPS", "ATTENTION_CHUNKS", "ATTENTION_CONFIGS", "ADDITIVE", "COSINE", "AttentionFwd", "AttentionBwd", "attention_config",
-           "attention_bwd_config",
-           "SOURCE", "NAMES"]
+__all__ = [
+    "ATTENTION_UNIT", "MERGE_NAMES", "BWD_MERGE", "ATTENTION_MAX_HEADS", "ATTENTION_WARPS", "ATTENTION_CHUNKS",
+    "ATTENTION_CONFIGS", "ADDITIVE", "COSINE", "AttentionFwd", "AttentionBwd", "attention_config",
+    "attention_bwd_config", "SOURCE", "NAMES"
+]
 
 ADDITIVE, COSINE = 0, 1
+#: A row (or, in the backward pass, a column) of more entries than this is cut into parts of this many,
+#: each taken by its own warp and merged in part order: a hub's entries then spread over the GPU.
+ATTENTION_UNIT = 256
 #: Heads of one fused pass (the kernel keeps each head's running maximum and sum in registers).
 ATTENTION_MAX_HEADS = 8
 #: Warps (rows) per CTA.
@@ -118,18 +123,20 @@ __device__ __forceinline__ bool tc_keep(unsigned e, unsigned seed, float p) {
 #define TC_ATT_MAXH 8
 template <typename T, int KIND, int C>
 __global__ void __launch_bounds__(32 * TC_ATT_WARPS)
-tcgnn_attention_fwd(const int* __restrict__ indptr, const int* __restrict__ indices,
+tcgnn_attention_fwd(const int4* __restrict__ units, const int* __restrict__ indices,
                     const float* __restrict__ weights, const T* __restrict__ V,
                     const float* __restrict__ s_src, const float* __restrict__ s_dst,
                     const T* __restrict__ Q, const T* __restrict__ K, const float* __restrict__ beta,
-                    T* __restrict__ out, float* __restrict__ lse, int n_rows, int heads, int D, float slope,
-                    float drop_p, const unsigned* __restrict__ seed) {
+                    T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part, int n_units, int heads,
+                    int D, float slope, float drop_p, const unsigned* __restrict__ seed) {
     __shared__ float s_p[TC_ATT_WARPS][32 * TC_ATT_MAXH];  // the chunk's weights P (dropped ones 0), (t, head)
     __shared__ int s_j[TC_ATT_WARPS][32];                  // the chunk's columns
     __shared__ float s_h[TC_ATT_WARPS][2 * TC_ATT_MAXH];   // per head: the chunk's rescale; at the end l, m
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const long long row = (long long)blockIdx.x * TC_ATT_WARPS + warp;
-    if (row >= n_rows) return;  // a whole warp: no block-wide barrier follows
+    const long long uid = (long long)blockIdx.x * TC_ATT_WARPS + warp;
+    if (uid >= n_units) return;  // a whole warp: no block-wide barrier follows
+    const int4 unit = units[uid];  // (row, first entry, end entry, partial slot or -1)
+    const long long row = unit.x;
     const int HD = heads * D;
     float acc[C], q[C];
     int hc[C];
@@ -150,7 +157,7 @@ tcgnn_attention_fwd(const int* __restrict__ indptr, const int* __restrict__ indi
     const float b = KIND == 1 ? beta[0] : 0.f;
     const unsigned sv = drop_p > 0.f ? seed[0] : 0u;
     const float kept = drop_p > 0.f ? 1.f / (1.f - drop_p) : 1.f;
-    const int e0 = indptr[row], e1 = indptr[row + 1];
+    const int e0 = unit.y, e1 = unit.z;
     for (int base = e0; base < e1; base += 32) {
         const int e = base + lane, cnt = min(32, e1 - base);
         const bool valid = e < e1;
@@ -245,6 +252,19 @@ tcgnn_attention_fwd(const int* __restrict__ indptr, const int* __restrict__ indi
         }
     }
     __syncwarp();
+    if (unit.w >= 0) {  // a part of a long row: its (m, l) per head and unnormalised sums, merged in part order
+        float* pp = part + (long long)unit.w * (2 * heads + HD);
+        if (lane < heads) {
+            pp[lane] = s_h[warp][TC_ATT_MAXH + lane];
+            pp[heads + lane] = s_h[warp][lane];
+        }
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            const int f = lane + 32 * c;
+            if (f < HD) pp[2 * heads + f] = acc[c];
+        }
+        return;
+    }
 #pragma unroll
     for (int c = 0; c < C; ++c) {
         const int f = lane + 32 * c;
@@ -252,6 +272,38 @@ tcgnn_attention_fwd(const int* __restrict__ indptr, const int* __restrict__ indi
         const float lh = s_h[warp][hc[c]], mh = s_h[warp][TC_ATT_MAXH + hc[c]];
         tc_store(out + row * HD + f, lh != 0.f ? acc[c] / lh : 0.f);
         if (f % D == 0) lse[row * heads + hc[c]] = lh != 0.f ? mh + logf(lh) : TC_NEG_INF;
+    }
+}
+
+// A long row's parts, merged in part order: per head M = max m_k, L = sum l_k exp(m_k - M), and
+// out = sum acc_k exp(m_k - M) / L, lse = M + log L.  splits[i] = (row, first slot, parts, 0).
+template <typename T>
+__global__ void __launch_bounds__(32 * TC_ATT_WARPS)
+tcgnn_attention_merge(const int4* __restrict__ splits, const float* __restrict__ part, T* __restrict__ out,
+                      float* __restrict__ lse, int n_splits, int heads, int D) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long long sid = (long long)blockIdx.x * TC_ATT_WARPS + warp;
+    if (sid >= n_splits) return;
+    const int4 sp = splits[sid];
+    const int HD = heads * D, PS = 2 * heads + HD;
+    const float* p0 = part + (long long)sp.y * PS;
+    for (int f = lane; f < HD; f += 32) {
+        const int h = f / D;
+        float M = TC_NEG_INF;
+        for (int k = 0; k < sp.z; ++k) {
+            const float m = p0[(long long)k * PS + h];
+            M = m > M ? m : M;
+        }
+        float L = 0.f, A = 0.f;
+        for (int k = 0; k < sp.z; ++k) {
+            const float* pk = p0 + (long long)k * PS;
+            if (pk[h] == TC_NEG_INF) continue;  // a part of weight-0 entries only
+            const float sc = expf(pk[h] - M);
+            L += pk[heads + h] * sc;
+            A += pk[2 * heads + f] * sc;
+        }
+        tc_store(out + (long long)sp.x * HD + f, L != 0.f ? A / L : 0.f);
+        if (f % D == 0) lse[(long long)sp.x * heads + h] = L != 0.f ? M + logf(L) : TC_NEG_INF;
     }
 }
 
@@ -263,17 +315,20 @@ tcgnn_attention_fwd(const int* __restrict__ indptr, const int* __restrict__ indi
 // sum_i P m g_i and ds[j, h] = sum_i dpre (s_src's gradient).  Sums in entry order: deterministic.
 template <typename T, int MODE, int C>
 __global__ void __launch_bounds__(32 * TC_ATT_WARPS)
-tcgnn_attention_bwd(const int* __restrict__ ptr, const int* __restrict__ partners, const int* __restrict__ eids,
+tcgnn_attention_bwd(const int4* __restrict__ units, const int* __restrict__ partners, const int* __restrict__ eids,
                     const float* __restrict__ weights, const T* __restrict__ V, const T* __restrict__ G,
                     const float* __restrict__ s_src, const float* __restrict__ s_dst, const float* __restrict__ lse,
-                    const float* __restrict__ tdot, float* __restrict__ dV, float* __restrict__ ds, int n_owners,
-                    int heads, int D, float slope, float drop_p, const unsigned* __restrict__ seed) {
+                    const float* __restrict__ tdot, float* __restrict__ dV, float* __restrict__ ds,
+                    float* __restrict__ part, int n_units, int heads, int D, float slope, float drop_p,
+                    const unsigned* __restrict__ seed) {
     __shared__ int s_q[TC_ATT_WARPS][32];
     __shared__ int s_e[TC_ATT_WARPS][32];
     __shared__ float s_lw[TC_ATT_WARPS][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const long long owner = (long long)blockIdx.x * TC_ATT_WARPS + warp;
-    if (owner >= n_owners) return;
+    const long long uid = (long long)blockIdx.x * TC_ATT_WARPS + warp;
+    if (uid >= n_units) return;
+    const int4 unit = units[uid];  // (owner, first entry, end entry, partial slot or -1)
+    const long long owner = unit.x;
     const int HD = heads * D;
     float own[C], acc[C];
     int hc[C];
@@ -289,7 +344,7 @@ tcgnn_attention_bwd(const int* __restrict__ ptr, const int* __restrict__ partner
     for (int h = 0; h < TC_ATT_MAXH; ++h) dsum[h] = 0.f;
     const unsigned sv = drop_p > 0.f ? seed[0] : 0u;
     const float kept = drop_p > 0.f ? 1.f / (1.f - drop_p) : 1.f;
-    const int e0 = ptr[owner], e1 = ptr[owner + 1];
+    const int e0 = unit.y, e1 = unit.z;
     for (int base = e0; base < e1; base += 32) {
         const int k = base + lane, cnt = min(32, e1 - base);
         const bool valid = k < e1;
@@ -370,24 +425,50 @@ tcgnn_attention_bwd(const int* __restrict__ ptr, const int* __restrict__ partner
         float v = dsum[h];
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0) ds[owner * heads + h] = v;
+        if (lane == 0) {
+            if (unit.w >= 0) part[(long long)unit.w * (heads + HD) + h] = v;  // a part of a long owner
+            else ds[owner * heads + h] = v;
+        }
     }
     if (MODE == 1) {
 #pragma unroll
         for (int c = 0; c < C; ++c) {
             const int f = lane + 32 * c;
-            if (f < HD) dV[owner * HD + f] = acc[c];
+            if (f >= HD) continue;
+            if (unit.w >= 0) part[(long long)unit.w * (heads + HD) + heads + f] = acc[c];
+            else dV[owner * HD + f] = acc[c];
         }
+    }
+}
+
+// A long owner's backward parts summed in part order: ds (and, MODE 1, dV).  splits as tcgnn_attention_merge's.
+__global__ void __launch_bounds__(32 * TC_ATT_WARPS)
+tcgnn_attention_bwd_merge(const int4* __restrict__ splits, const float* __restrict__ part, float* __restrict__ dV,
+                          float* __restrict__ ds, int n_splits, int heads, int D, int mode) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long long sid = (long long)blockIdx.x * TC_ATT_WARPS + warp;
+    if (sid >= n_splits) return;
+    const int4 sp = splits[sid];
+    const int HD = heads * D, PS = heads + HD;
+    const float* p0 = part + (long long)sp.y * PS;
+    for (int i = lane; i < (mode ? PS : heads); i += 32) {
+        float v = 0.f;
+        for (int k = 0; k < sp.z; ++k) v += p0[(long long)k * PS + i];
+        if (i < heads) ds[(long long)sp.x * heads + i] = v;
+        else dV[(long long)sp.x * HD + i - heads] = v;
     }
 }
 """
 
 #: Every compiled kernel: the forward for float32 and 16-bit features, both score kinds, each chunk count; the
-#: additive scores' backward by rows and by columns likewise.
+#: additive scores' backward by rows and by columns likewise; the merges of long rows' parts.
 ATTENTION_CONFIGS = tuple(
     [AttentionFwd(cuda_type(t), k, c) for t in ("float32", "float16", "bfloat16") for k in (ADDITIVE, COSINE)
      for c in ATTENTION_CHUNKS]
     + [AttentionBwd(cuda_type(t), m, c) for t in ("float32", "float16", "bfloat16") for m in (0, 1)
        for c in ATTENTION_CHUNKS])
-NAMES = tuple(c.name for c in ATTENTION_CONFIGS)
+#: The merge of a long row's forward parts, per output type, and of the backward's parts.
+MERGE_NAMES = {t: f"tcgnn_attention_merge<{cuda_type(t)}>" for t in ("float32", "float16", "bfloat16")}
+BWD_MERGE = "tcgnn_attention_bwd_merge"
+NAMES = tuple([c.name for c in ATTENTION_CONFIGS] + list(MERGE_NAMES.values()) + [BWD_MERGE])
 register("attention", SOURCE, NAMES)

@@ -50,8 +50,38 @@ def _transpose_structure(T):
     return T.tiling.cached("attention_transpose", build)
 
 
+def _units(T, kind):
+    """``(units, splits, n_slots)`` of a fused pass over A's rows (``kind="rows"``) or Aᵀ's (``"cols"``), per tiling.
+
+    ``units`` int4 rows ``(owner, first entry, end entry, slot or -1)``: an owner of more than
+    ``ATTENTION_UNIT`` entries is cut into parts of that many, each writing its partial results to a slot;
+    ``splits`` int4 rows ``(owner, first slot, parts, 0)`` for the merge, in owner order.
+    """
+    from ..kernels.attention import ATTENTION_UNIT
+
+    def build():
+        xp = get_cupy()
+        ptr = (_structure(T)[1] if kind == "rows" else _transpose_structure(T)[0]).astype(np.int64)
+        deg = xp.diff(ptr)
+        parts = xp.maximum(-(-deg // ATTENTION_UNIT), 1)
+        uptr = xp.concatenate([xp.zeros(1, np.int64), xp.cumsum(parts)])
+        uid = xp.arange(int(uptr[-1]), dtype=np.int64)  # synchronize! once per tiling and kind
+        owner = xp.searchsorted(uptr, uid, side="right") - 1
+        start = ptr[owner] + (uid - uptr[owner]) * ATTENTION_UNIT
+        end = xp.minimum(start + ATTENTION_UNIT, ptr[owner + 1])
+        split = parts[owner] > 1
+        slot = xp.where(split, xp.cumsum(split) - 1, -1)
+        units = xp.stack([owner, start, end, slot], axis=1).astype(np.int32)
+        so = xp.flatnonzero(parts > 1)
+        splits = xp.stack([so, slot[uptr[so]], parts[so], xp.zeros_like(so)], axis=1).astype(np.int32)
+        return units, splits, int(split.sum())  # synchronize!
+
+    return T.tiling.cached(("attention_units", kind), build)
+
+
 def _fused_backward(T, V, g, out, lse, heads, s_src, s_dst, slope, dropout, seed):
-    """``(dV, ds_src, ds_dst)`` of the additive scores on the GPU: a pass over the rows, one over the columns."""
+    """``(dV, ds_src, ds_dst)`` of the additive scores on the GPU: a pass over the rows, one over the columns (each
+    with its long owners cut into parts and merged)."""
     from ..kernels import attention as ka
     from ..kernels.registry import get_kernel
 
@@ -73,14 +103,19 @@ def _fused_backward(T, V, g, out, lse, heads, s_src, s_dst, slope, dropout, seed
     tail = (np.int32(heads), np.int32(D), f32(slope), f32(dropout), seed)
     block = (32 * ka.ATTENTION_WARPS,)
     common = (w, V, G, ss, sd, lse, tdot)
-    if n:
-        get_kernel("attention", ka.attention_bwd_config(V.dtype.name, 0, HD).name)(
-            (-(-n // ka.ATTENTION_WARPS),), block, (indptr, indices, np.uint64(0)) + common
-            + (dV, ds_dst, np.int32(n)) + tail)
-    if k:
-        get_kernel("attention", ka.attention_bwd_config(V.dtype.name, 1, HD).name)(
-            (-(-k // ka.ATTENTION_WARPS),), block, (t_indptr, t_rows, t_eids) + common
-            + (dV, ds_src, np.int32(k)) + tail)
+    merge = get_kernel("attention", ka.BWD_MERGE)
+    for mode, (kind, partners, eids, ds) in enumerate((("rows", indices, np.uint64(0), ds_dst),
+                                                         ("cols", t_rows, t_eids, ds_src))):
+        units, splits, n_slots = _units(T, kind)
+        if not units.shape[0]:
+            continue
+        part = cp.empty((max(n_slots, 1), heads + HD), f32)
+        get_kernel("attention", ka.attention_bwd_config(V.dtype.name, mode, HD).name)(
+            (-(-units.shape[0] // ka.ATTENTION_WARPS),), block, (units, partners, eids) + common
+            + (dV, ds, part, np.int32(units.shape[0])) + tail)
+        if splits.shape[0]:
+            merge((-(-splits.shape[0] // ka.ATTENTION_WARPS),), block,
+                  (splits, part, dV, ds, np.int32(splits.shape[0]), np.int32(heads), np.int32(D), np.int32(mode)))
     return dV.astype(V.dtype, copy=False), ds_src, ds_dst
 
 
@@ -108,12 +143,13 @@ def _weights_csr(T, dtype):
 
 
 def _fused(T, V, heads, kind, s_src, s_dst, Q, K, beta, slope, dropout, seed):
-    """``(out, lse)`` on the GPU: one warp per row (:mod:`tcgnn_py.kernels.attention`)."""
+    """``(out, lse)`` on the GPU: one warp per row, or per part of a long row, then the merge of those parts
+    (:mod:`tcgnn_py.kernels.attention`)."""
     from ..kernels import attention as ka
     from ..kernels.registry import get_kernel
 
     cp = get_cupy()
-    indices, indptr, _, _ = _structure(T)
+    indices = _structure(T)[0]
     n, HD = T.shape[0], V.shape[1]
     kid = ka.ADDITIVE if kind == "additive" else ka.COSINE
     cfg = ka.attention_config(V.dtype.name, kid, HD if kid == ka.ADDITIVE else max(HD, Q.shape[1]))
@@ -129,10 +165,17 @@ def _fused(T, V, heads, kind, s_src, s_dst, Q, K, beta, slope, dropout, seed):
     else:
         args = (dummy, dummy, cp.ascontiguousarray(Q, V.dtype), cp.ascontiguousarray(K, V.dtype),
                 cp.ascontiguousarray(beta, f32))
-    kernel = get_kernel("attention", cfg.name)
-    kernel((-(-n // ka.ATTENTION_WARPS),), (32 * ka.ATTENTION_WARPS,), (indptr, indices, _weights_csr(T, f32), V) + args
-           + (out, lse, np.int32(n), np.int32(heads), np.int32(HD // heads), f32(slope), f32(dropout),
-              cp.empty(1, np.uint32) if seed is None else cp.ascontiguousarray(seed, np.uint32)))
+    units, splits, n_slots = _units(T, "rows")
+    part = cp.empty((max(n_slots, 1), 2 * heads + HD), f32)
+    get_kernel("attention", cfg.name)(
+        (-(-units.shape[0] // ka.ATTENTION_WARPS),), (32 * ka.ATTENTION_WARPS,),
+        (units, indices, _weights_csr(T, f32), V) + args
+        + (out, lse, part, np.int32(units.shape[0]), np.int32(heads), np.int32(HD // heads), f32(slope),
+           f32(dropout), cp.empty(1, np.uint32) if seed is None else cp.ascontiguousarray(seed, np.uint32)))
+    if splits.shape[0]:
+        get_kernel("attention", ka.MERGE_NAMES[V.dtype.name])(
+            (-(-splits.shape[0] // ka.ATTENTION_WARPS),), (32 * ka.ATTENTION_WARPS,),
+            (splits, part, out, lse, np.int32(splits.shape[0]), np.int32(heads), np.int32(HD // heads)))
     return out, lse
 
 
@@ -235,7 +278,7 @@ def graph_attention(A, V, *, heads=1, score="additive", s_src=None, s_dst=None, 
     # The kernel's reach; beyond it (float64, more heads or features) the reference runs on the device, unfused.
     gpu = (xp is not np and V.dtype.name in ("float32", "float16", "bfloat16") and heads <= ATTENTION_MAX_HEADS
            and max(V.shape[1], 0 if Q is None else Q.shape[1]) <= 32 * ATTENTION_CHUNKS[-1]
-           and (score == "additive" or Q.dtype == V.dtype))
+           and (score == "additive" or Q.dtype == V.dtype and Q.shape[1] == V.shape[1]))
     if gpu:
         out, lse = _fused(T, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed)
     else:  # the reference: on the CPU, and for float64 on the GPU
