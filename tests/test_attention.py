@@ -29,7 +29,9 @@ def _dense_attention(A, V, heads, z_of, keep=None):
     out = np.zeros((n, heads, D))
     for h in range(heads):
         z = z_of(h)
-        P = np.where(Ad != 0, Ad * np.exp(z - np.where(Ad != 0, z, -np.inf).max(1, keepdims=True, initial=-np.inf)), 0)
+        with np.errstate(invalid="ignore", over="ignore"):  # empty rows: their max is -inf (masked below)
+            zmax = np.where(Ad != 0, z, -np.inf).max(1, keepdims=True, initial=-np.inf)
+            P = np.where(Ad != 0, Ad * np.exp(z - zmax), 0)
         s = P.sum(1, keepdims=True)
         P = np.where(s > 0, P / np.where(s > 0, s, 1), 0)
         if keep is not None:
