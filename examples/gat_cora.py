@@ -8,6 +8,7 @@ too.  The GAT paper reports 83.0 %; this asserts >= 80 %.
     python examples/gat_cora.py                       # GPU if usable
     python examples/gat_cora.py --device cpu --epochs 50 --min-accuracy 0.7
     python examples/gat_cora.py --dtype float16           # mixed precision (bfloat16 too)
+    python examples/gat_cora.py --cuda-graph              # replay a captured step (launch-bound graphs)
 """
 
 from _common import device_name, load, parse_args, precision_args, report
@@ -24,5 +25,5 @@ rng = nn.default_rng(args.seed, like=A)  # parameters and dropout masks on A's d
 params = nn.gat_init((X.shape[1], 8, int(g.labels.max()) + 1), rng, heads=8)
 opt = nn.Adam(params, lr=0.005, weight_decay=5e-4)
 result = nn.train(nn.gat_apply, params, A, X, g.labels, (g.train_idx, g.val_idx, g.test_idx), opt,
-                  epochs=args.epochs, rng=rng, dropout_p=0.6, dtype=dtype)
+                  epochs=args.epochs, rng=rng, dropout_p=0.6, dtype=dtype, cuda_graph=args.cuda_graph)
 report("GAT", result, args.epochs, device_name(A), args.min_accuracy, args.dtype)
