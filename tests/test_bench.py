@@ -120,20 +120,23 @@ def test_cli_reference_mode(tmp_path):
 
 
 def test_gnn_epochs_reference_mode(tmp_path):
-    """``--ops gcn,agnn``: one row per model and implementation, in the JSON and the markdown table."""
+    """``--ops gcn,agnn,gat``: one row per model and implementation (GAT has no scipy counterpart: its attention
+    runs on the tiled matrix), in the JSON and the markdown table."""
     out = tmp_path / "g.json"
-    cmd = [sys.executable, "-m", "tcgnn_py.bench", "cora", "powerlaw:300:2000", "--ops", "gcn,agnn", "--device",
+    cmd = [sys.executable, "-m", "tcgnn_py.bench", "cora", "powerlaw:300:2000", "--ops", "gcn,agnn,gat", "--device",
            "cpu", "--epochs", "1", "--json", str(out), "--markdown", str(tmp_path / "g.md")]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
     assert res.returncode == 0, res.stderr
     rows = json.loads(out.read_text())["gnn"]
     assert {(r["graph"], r["model"], r["impl"]) for r in rows} == {
-        (g, m, i) for g in ("cora", "powerlaw:300:2000") for m in ("gcn", "agnn") for i in ("tcgnn_ref", "scipy")}
+        (g, m, i) for g in ("cora", "powerlaw:300:2000") for m in ("gcn", "agnn", "gat") for i in ("tcgnn_ref", "scipy")
+        if (m, i) != ("gat", "scipy")}
     assert all(r["ms"] > 0 for r in rows)
     cora = [r for r in rows if r["graph"] == "cora"][0]
     assert (cora["in_features"], cora["features"], cora["classes"]) == (1433, "real", 7)
-    assert "| cora | 2,708 | 10,556 | 1433 (real) | gcn |" in (tmp_path / "g.md").read_text()
+    md = (tmp_path / "g.md").read_text()
+    assert "| cora | 2,708 | 10,556 | 1433 (real) | gcn |" in md and "| cora | 2,708 | 10,556 | 1433 (real) | gat |" in md
 
 
 def test_cli_rejects_unknown_ops():

@@ -25,7 +25,7 @@ back, and GPU-only (calls queued behind a spin kernel, the host's time outside):
   of --pattern (an N:M pattern, or locality);
 * with --order locality|rcm|degree: the products on the renumbered graph, beside
   cuSPARSE on the graph in its original order;
-* with gcn / agnn: milliseconds per training epoch of the models in
+* with gcn / agnn / gat: milliseconds per training epoch of the models in
   tcgnn_py.nn, beside the same models on cupyx sparse ops.
 
 Bandwidths are given under two traffic bounds (per-edge gather and window reuse)
@@ -45,7 +45,7 @@ import sys
 from ._report import markdown, plot_speedups, print_graph, print_reorder, summary
 from ._run import DEFAULT_DIMS, ORDERS
 
-_OPS = ("spmm", "sddmm", "sgt", "reorder", "gcn", "agnn")
+_OPS = ("spmm", "sddmm", "sgt", "reorder", "gcn", "agnn", "gat")
 
 
 def _ints(text):
@@ -109,7 +109,7 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("graphs", nargs="+", metavar="GRAPH")
     ap.add_argument("--ops", type=_ops, default=("spmm", "sddmm"),
-                    help="comma-separated from spmm, sddmm, sgt, reorder, gcn, agnn (default spmm,sddmm; "
+                    help="comma-separated from spmm, sddmm, sgt, reorder, gcn, agnn, gat (default spmm,sddmm; "
                          "preprocessing is measured unless only models are asked for)")
     ap.add_argument("--dims", type=_ints, default=DEFAULT_DIMS, help="feature widths (default 32,64,128,256)")
     ap.add_argument("--dtypes", type=_dtypes, default=("float32",),
@@ -117,7 +117,7 @@ def main(argv=None):
                          "16-bit ones run the vector layout's 16-bit kernel beside cuSPARSE fp32 and 16-bit")
     ap.add_argument("--repeat", type=int, default=20, help="timed calls per median (default 20)")
     ap.add_argument("--inputs", type=int, default=4, help="fresh random inputs rotated between calls")
-    ap.add_argument("--epochs", type=int, default=20, help="training epochs per timed batch (gcn, agnn)")
+    ap.add_argument("--epochs", type=int, default=20, help="training epochs per timed batch (gcn, agnn, gat)")
     ap.add_argument("--pattern", default="2:4", help="N:M or V:N:M pattern of the reorder, or 'locality'")
     ap.add_argument("--order", choices=ORDERS, default=None,
                     help="renumber each graph's vertices first and measure the renumbered graph")
@@ -132,7 +132,7 @@ def main(argv=None):
                     help="write the whole results page (Markdown): the run's card, date, version and command, the "
                          "geomeans, every table, the plot and, with --first-product, the time to the first product")
     ap.add_argument("--baselines", metavar="FILE.py",
-                    help="gcn, agnn: a file (kept outside this package) whose builders() adds other frameworks' "
+                    help="gcn, agnn, gat: a file (kept outside this package) whose builders() adds other frameworks' "
                          "models to the epoch table, e.g. PyTorch Geometric's")
     ap.add_argument("--first-product", type=int, default=0, metavar="RUNS",
                     help="also time the first product in RUNS fresh processes, empty and warm caches (GPU only)")
@@ -179,7 +179,7 @@ def main(argv=None):
         print(f"--dtypes {','.join(d for d in args.dtypes if d != 'float32')}: not run on the host "
               "(the 16-bit products are measured on the GPU's 16-bit tensor cores only)")
     products = tuple(op for op in args.ops if op in ("spmm", "sddmm"))
-    models = tuple(op for op in args.ops if op in ("gcn", "agnn"))
+    models = tuple(op for op in args.ops if op in ("gcn", "agnn", "gat"))
     graphs, reorders, gnn = [], [], []
     for spec in args.graphs:
         if set(args.ops) - set(models):  # products, sgt, reorder: with the preprocessing figures

@@ -1,9 +1,10 @@
-"""Layer 4 (bench): Time per training epoch of the GCN and AGNN models: tcgnn_py beside the same model on cupyx.
+"""Layer 4 (bench): Time per training epoch of the GCN, AGNN and GAT models: tcgnn_py beside the same model on cupyx.
 
 Both run the layers of :mod:`tcgnn_py.nn`; they differ only in the sparse
 operations under them: the tiled tensor-core SpMM/SDDMM, or cupyx
 ``A @ X`` / ``A.T @ X`` and a CuPy gather-and-dot SDDMM (on the host: the
-reference path beside scipy).  ``extra`` adds implementations from outside the
+reference path beside scipy; GAT's fused attention has no such counterpart, so its cupyx column stays
+empty).  ``extra`` adds implementations from outside the
 library (``tools/gnn_epoch_table.py --baselines FILE`` adds other frameworks' models there).
 
 An epoch is one full-batch training step: forward with dropout, cross-entropy
@@ -19,11 +20,14 @@ import numpy as np
 
 from ._graphs import data_roots, resolve_graph
 
-__all__ = ["gnn_problem", "bench_gnn", "train_step", "gnn_markdown", "time_epochs", "MODELS", "HIDDEN"]
+__all__ = ["gnn_problem", "bench_gnn", "train_step", "gnn_markdown", "time_epochs", "MODELS", "HIDDEN", "GAT_HEADS",
+           "GAT_HIDDEN"]
 
-MODELS = ("gcn", "agnn")
-#: Hidden width of both models (the examples' Kipf & Welling / AGNN setups).
+MODELS = ("gcn", "agnn", "gat")
+#: Hidden width of GCN and AGNN (the examples' Kipf & Welling / AGNN setups).
 HIDDEN = 16
+#: GAT's hidden layer: heads of this width (the GAT paper's Cora model, as examples/gat_cora.py).
+GAT_HEADS, GAT_HIDDEN = 8, 8
 #: Feature width and class count where a graph has none (synthetic graphs, pubmed's missing features).
 SYNTH_FEATURES = {"pubmed": 500, None: 64}
 SYNTH_CLASSES = 8
@@ -71,12 +75,15 @@ def train_step(problem, model, sparse, device=None, seed=0, cuda_graph=False):
     """One training step of ``model`` in tcgnn_py.nn over ``sparse`` ("tiled" or "csr"), on ``device``.
 
     ``cuda_graph``: the first call runs the step and captures the next one
-    (:class:`tcgnn_py.CUDAGraph`); every later call replays it.
+    (:class:`tcgnn_py.CUDAGraph`); every later call replays it.  None for GAT over "csr" (its attention
+    runs on the tiled matrix only).
     """
     from .. import nn
     from .._device import get_cupy, use_gpu
     from ..nn._edges import CSREdges
 
+    if model == "gat" and sparse == "csr":
+        return None
     gpu = use_gpu(device)
     where = "cuda" if gpu else "cpu"
     A = nn.gcn_norm(problem["adj"], device=where) if model == "gcn" else nn.add_self_loops(problem["adj"], device=where)
@@ -92,15 +99,19 @@ def train_step(problem, model, sparse, device=None, seed=0, cuda_graph=False):
     X = xp.asarray(problem["X"])
     labels, idx = xp.asarray(problem["labels"]), xp.asarray(problem["train_idx"])
     dims = (X.shape[1], HIDDEN, problem["n_classes"])
+    p = 0.5
     if model == "gcn":
         apply, params = nn.gcn_apply, nn.gcn_init(dims, rng)
         opt = nn.Adam(params, lr=0.01, weight_decay={"W0": 5e-4, "b0": 5e-4})
-    else:
+    elif model == "agnn":
         apply, params = nn.agnn_apply, nn.agnn_init(dims, rng)
         opt = nn.Adam(params, lr=0.01, weight_decay=5e-4)
+    else:
+        apply, params = nn.gat_apply, nn.gat_init((X.shape[1], GAT_HIDDEN, dims[2]), rng, heads=GAT_HEADS)
+        opt, p = nn.Adam(params, lr=0.005, weight_decay=5e-4), 0.6
 
     def step():
-        logits, vjp = apply(params, A, X, rng=rng, dropout_p=0.5)
+        logits, vjp = apply(params, A, X, rng=rng, dropout_p=p)
         opt.step(vjp(nn.cross_entropy(logits, labels, idx)[1]))
 
     if not cuda_graph:
@@ -180,7 +191,8 @@ def bench_gnn(spec, models=MODELS, epochs=20, repeat=3, device=None, extra=None)
         times = {}
         for impl, (sparse, graph) in impls.items():
             step = train_step(problem, model, sparse, "cuda" if gpu else "cpu", cuda_graph=graph)
-            times[impl] = time_epochs(step, sync, epochs, repeat)
+            if step is not None:
+                times[impl] = time_epochs(step, sync, epochs, repeat)
         for impl, build in (extra or {}).items():
             built = build(problem, model)
             if built is not None:  # None: that implementation has no such model
