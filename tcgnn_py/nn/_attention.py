@@ -362,7 +362,8 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
     -------
     out : array, shape (n, heads * D) or (n, D)
     vjp : callable
-        ``vjp(g) -> (dH, dW, da_src, da_dst, db)`` (``db`` None without ``b``).
+        ``vjp(g, input_grad=True) -> (dH, dW, da_src, da_dst, db)`` (``db`` None without ``b``, ``dH`` None
+        without ``input_grad``).
 
     Examples
     --------
@@ -404,7 +405,7 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
     if b is not None:
         out = out + array_on(E, b).astype(out.dtype, copy=False)
 
-    def vjp(g):
+    def vjp(g, input_grad=True):
         g = array_on(E, g)
         db = None if b is None else column_sums(g).astype(b.dtype, copy=False)
         ga = g if concat else xp.repeat(g[:, None, :] / heads, heads, axis=1).reshape(n, heads * D)
@@ -414,7 +415,8 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
         da_src = (X3 * ds_src[:, :, None]).sum(axis=0).astype(a_src.dtype, copy=False)
         da_dst = (X3 * ds_dst[:, :, None]).sum(axis=0).astype(a_dst.dtype, copy=False)
         dX = dX.reshape(n, heads * D).astype(X.dtype, copy=False)
-        return mm(dX, W.T), mm(H.T, dX).astype(W.dtype, copy=False), da_src, da_dst, db
+        dH = mm(dX, W.T) if input_grad else None  # (a first layer's input needs none: n x features skipped)
+        return dH, mm(H.T, dX).astype(W.dtype, copy=False), da_src, da_dst, db
 
     return out, vjp
 

@@ -308,7 +308,7 @@ def gat_apply(params, A, X, *, rng=None, dropout_p=0.6, training=True, precision
             g = array_on(E, g).astype(cd, copy=False)
         g, grads["W2"], grads["a_src2"], grads["a_dst2"], grads["b2"] = c2(g)
         g = e_vjp(d_mid(g))
-        _, grads["W1"], grads["a_src1"], grads["a_dst1"], grads["b1"] = c1(g)
+        _, grads["W1"], grads["a_src1"], grads["a_dst1"], grads["b1"] = c1(g, input_grad=False)
         return _master_grads(grads, params)
 
     return H, vjp
