@@ -15,8 +15,8 @@ from .common import (COMMON_SOURCE, FIXUP_SOURCE, HALF_TYPES, PUT4_SOURCE, VEC_C
 __all__ = ["SpmmVech", "VEC_HALF", "HALF_DEFAULT", "VEC_HALF_COOP", "spmm_vech_name", "vech_smem"]
 
 #: (feature groups of 32, k16 chunks per step, stages) compiled for every type combination and aligned rows;
-#: HALF_DEFAULT also for unaligned rows (D % 8 != 0).  The timed choice's shapes: two k16 chunks per step
-#: never won it on the 57 points measured (15 real graphs, D = 32-256, H100), so they are not compiled.
+#: HALF_DEFAULT also for unaligned rows (D % 8 != 0).  These are the timed choice's shapes: a shape that never
+#: wins the choice on the measured graphs is not compiled (the measurement is in issue 38's notes).
 VEC_HALF = ((1, 1, 2), (2, 1, 2), (2, 1, 3))
 HALF_DEFAULT = (1, 1, 2)
 #: (feature groups, k16 chunks per step, stages) of the COOP launch (aligned rows).
