@@ -145,6 +145,30 @@ def test_errors_name_the_argument():
         nn.graph_attention(T, V, heads=2, s_src=s, s_dst=s, dropout=1.0, seed=np.zeros(1, np.uint32))
 
 
+@pytest.mark.parametrize("score", ["additive", "cosine"])
+@pytest.mark.parametrize("dropout", [0.0, 0.4])
+def test_unfused_sequence_matches_the_reference(score, dropout):
+    """``fused=False`` (scores, edge softmax and SpMM in turn, the comparison the benchmarks make) against the
+    reference, forward and backward."""
+    rng = np.random.default_rng(5)
+    A = _graph(rng, 60, density=0.1)
+    A.data[::7] = 0.0  # weight-0 entries
+    heads, D = (3, 5) if score == "additive" else (1, 6)
+    T = tg.TiledMatrix(A, device="cpu", dtype=np.float64)
+    V = rng.standard_normal((60, heads * D))
+    if score == "additive":
+        kw = dict(s_src=rng.standard_normal((60, heads)), s_dst=rng.standard_normal((60, heads)))
+    else:
+        kw = dict(Q=rng.standard_normal((60, D)), K=rng.standard_normal((60, D)), beta=np.array([0.7]))
+    seed = np.array([11], np.uint32)
+    g = rng.standard_normal((60, heads * D))
+    (o1, v1), (o2, v2) = (nn.graph_attention(T, V, heads=heads, score=score, dropout=dropout, seed=seed,
+                                             fused=f, **kw) for f in (True, False))
+    np.testing.assert_allclose(o2, o1, rtol=1e-12, atol=1e-12)
+    for a, b in zip(v1(g), v2(g)):
+        np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-12)
+
+
 # --- GPU: the fused kernel against the reference ------------------------------------------------------------
 
 TOL = {"float32": 2e-6, "float16": 2e-3, "bfloat16": 1.5e-2}
@@ -225,7 +249,8 @@ def test_fused_nan_and_empty_rows(cp):
 
 @pytest.mark.parametrize("dropout", [0.0, 0.5])
 @pytest.mark.parametrize("rect", [False, True])
-def test_fused_backward_matches_the_reference(cp, dropout, rect):
+@pytest.mark.parametrize("score,dtype", [("additive", "float32"), ("cosine", "float32"), ("cosine", "float16")])
+def test_fused_backward_matches_the_reference(cp, dropout, rect, score, dtype):
     """The fused backward (a pass over rows, one over columns) against the CPU's recomputation in float64,
     with a 600-entry row and column, weights, dropout, and a rectangular graph."""
     rng = np.random.default_rng()
@@ -234,17 +259,44 @@ def test_fused_backward_matches_the_reference(cp, dropout, rect):
     A[3, :600] = 1.5
     A[:600, 5] = 0.75
     A = sp.csr_array(A.tocsr())
-    heads, D = 3, 20
-    V = rng.standard_normal((k, heads * D)).astype(np.float32)
-    ss, sd = rng.standard_normal((k, heads)).astype(np.float32), rng.standard_normal((n, heads)).astype(np.float32)
-    g = rng.standard_normal((n, heads * D)).astype(np.float32)
+    heads, D = (3, 20) if score == "additive" else (1, 37)
+    # 16-bit inputs rounded first, so that the float64 reference sees the values the kernel reads
+    rnd = lambda a: a.astype(dtype).astype(np.float32)  # noqa: E731
+    V = rnd(rng.standard_normal((k, heads * D)))
+    g = rnd(rng.standard_normal((n, heads * D)))
+    if score == "additive":
+        ss, sd = rng.standard_normal((k, heads)).astype(np.float32), rng.standard_normal((n, heads)).astype(np.float32)
+        inputs = dict(s_src=ss, s_dst=sd)
+    else:
+        inputs = dict(Q=rnd(rng.standard_normal((n, D)) / 4), K=rnd(rng.standard_normal((k, D)) / 4),
+                      beta=np.array([1.3], np.float32))
     seed = np.array([2024], np.uint32)
     res = []
     for device, xp, dt in (("cpu", np, np.float64), ("cuda", cp, np.float32)):
         T = tg.TiledMatrix(A, device=device, dtype=dt)
-        out, vjp = nn.graph_attention(T, xp.asarray(V, dt), heads=heads, s_src=xp.asarray(ss, dt),
-                                      s_dst=xp.asarray(sd, dt), dropout=dropout, seed=xp.asarray(seed),
-                                      precision="fp32")
-        res.append([out] + list(vjp(xp.asarray(g, dt))))
+        vt = dt if device == "cpu" else dtype
+        kw = {key: xp.asarray(a, vt if key in "QK" else dt) for key, a in inputs.items()}
+        out, vjp = nn.graph_attention(T, xp.asarray(V, vt), heads=heads, score=score, dropout=dropout,
+                                      seed=xp.asarray(seed), precision="fp32", **kw)
+        res.append([out] + list(vjp(xp.asarray(g, vt))))
+    tol = 1e-5 if dtype == "float32" else 5e-3
     for i, (a, b) in enumerate(zip(*res)):
-        assert _rel(cp.asnumpy(b), a) < 1e-5, i
+        assert b.shape == a.shape, i
+        assert _rel(cp.asnumpy(b.astype(cp.float32)), a) < tol, i
+
+
+@pytest.mark.parametrize("heads", [1, 4])
+def test_gat_fused_matches_unfused_on_the_gpu(cp, heads):
+    rng = np.random.default_rng()
+    A = _graph(rng, 900, density=0.01)
+    D = 16
+    arrays = [cp.asarray(rng.standard_normal(s).astype(np.float32)) for s in ((900, 12), (12, heads * D), (heads, D),
+                                                                              (heads, D))]
+    T = tg.TiledMatrix(A)
+    g = cp.asarray(rng.standard_normal((900, heads * D)).astype(np.float32))
+    (o1, v1), (o2, v2) = (nn.gat_conv(T, *arrays, heads=heads, precision="fp32", fused=f) for f in (True, False))
+    assert _rel(o2.get(), o1.get()) < 1e-5
+    grads = list(zip(v1(g), v2(g)))
+    assert grads[-1] == (None, None)  # no bias
+    for a, b in grads[:-1]:
+        assert _rel(b.get(), a.get()) < 1e-5

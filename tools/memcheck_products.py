@@ -165,26 +165,51 @@ def part_baseline():
 
 
 def part_attention():
-    """The fused attention (tcgnn_py.nn.graph_attention): both scores, 1-8 heads, widths that leave lanes idle,
-    16-bit values, attention dropout; a hub row (A's window 0) and a rectangular graph."""
+    """The fused attention (tcgnn_py.nn.graph_attention), forward and backward: both scores, 1-8 heads, widths that
+    leave lanes idle, 16-bit values, attention dropout; a hub row and column (A's window 0) and a rectangular graph."""
     checked = 0
+
+    def rel(a, b):
+        a = (a.astype(cp.float32) if isinstance(a, cp.ndarray) else a)
+        a = cp.asnumpy(a).astype(np.float64)
+        return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1)
+
     for M in (A, R):
         T = tg.TiledMatrix(M.astype(np.float32))
         Tc = tg.TiledMatrix(M.astype(np.float64), device="cpu")  # the NumPy reference, in float64
         n, k = M.shape
+        seed, seed_c = cp.asarray([3], cp.uint32), np.array([3], np.uint32)
         for heads, D in ((1, 3), (1, 64), (4, 17), (8, 8), (2, 128)):
             V = rng.integers(-4, 5, (k, heads * D)).astype(np.float32)
+            g = rng.integers(-4, 5, (n, heads * D)).astype(np.float32)
             ss, sd = rng.standard_normal((k, heads)).astype(np.float32), rng.standard_normal((n, heads)).astype(np.float32)
             for xt in ("float32", "float16", "bfloat16"):
                 for p in (0.0, 0.5):
-                    out, _ = tg.nn.graph_attention(T, cp.asarray(V).astype(xt), heads=heads, s_src=cp.asarray(ss),
-                                                   s_dst=cp.asarray(sd), dropout=p, seed=cp.asarray([3], cp.uint32))
-                    # V holds small integers: exact in 16 bits, so the float64 reference sees the same values
-                    want, _ = tg.nn.graph_attention(Tc, V.astype(np.float64), heads=heads, s_src=ss,
-                                                    s_dst=sd, dropout=p, seed=np.array([3], np.uint32))
-                    err = np.linalg.norm(out.astype(cp.float32).get() - want) / max(np.linalg.norm(want), 1)
+                    out, vjp = tg.nn.graph_attention(T, cp.asarray(V).astype(xt), heads=heads, s_src=cp.asarray(ss),
+                                                     s_dst=cp.asarray(sd), dropout=p, seed=seed)
+                    # V and g hold small integers: exact in 16 bits, so the float64 reference sees the same values
+                    want, wvjp = tg.nn.graph_attention(Tc, V.astype(np.float64), heads=heads, s_src=ss,
+                                                       s_dst=sd, dropout=p, seed=seed_c)
+                    err = rel(out, want)
                     assert err < 2e-2, (heads, D, xt, p, err)
+                    if xt == "float32":  # the fused backward, by rows and by columns
+                        for got, exp in zip(vjp(cp.asarray(g)), wvjp(g.astype(np.float64))):
+                            assert rel(got, exp) < 1e-4, (heads, D, p)
                     checked += 1
+        for D in (3, 48, 200):  # cosine scores, forward and backward
+            V = rng.integers(-4, 5, (k, D)).astype(np.float32)
+            g = rng.integers(-4, 5, (n, D)).astype(np.float32)
+            Q, K = ((rng.standard_normal((r, D)) / np.sqrt(D)).astype(np.float32) for r in (n, k))  # float32: fused
+            for p in (0.0, 0.5):
+                out, vjp = tg.nn.graph_attention(T, cp.asarray(V), score="cosine", Q=cp.asarray(Q), K=cp.asarray(K),
+                                                 beta=cp.asarray([1.5], cp.float32), dropout=p, seed=seed)
+                want, wvjp = tg.nn.graph_attention(Tc, V.astype(np.float64), score="cosine", Q=Q.astype(np.float64),
+                                                   K=K.astype(np.float64), beta=np.array([1.5]), dropout=p,
+                                                   seed=seed_c)
+                assert rel(out, want) < 1e-4, (D, p)
+                for got, exp in zip(vjp(cp.asarray(g)), wvjp(g.astype(np.float64))):
+                    assert rel(got, exp) < 1e-4, (D, p)
+                checked += 1
         if n == k:
             H = cp.asarray(rng.standard_normal((n, 48)).astype(np.float32))
             out, vjp = tg.nn.agnn_conv(T, H, cp.asarray([1.5], cp.float32))

@@ -5,7 +5,8 @@ For each row i of a CSR graph and each head h: ``out[i, h] = sum_j P_ij,h V[j, h
 entries' non-negative values, 1 when there are none).  The scores never reach global memory: a warp walks its row's
 entries once, keeping for each of its features a running maximum, the running sum of ``a exp(z - max)``
 and the weighted sum of ``V`` rows (the online softmax of FlashAttention), and writes one log-sum-exp per
-row and head for the backward pass, which recomputes ``P`` from it.
+row and head for the backward pass, which recomputes ``P`` from it: a warp per row (the gradients of the row's
+own inputs) and a warp per column of Aᵀ's CSR (those of its partners'), sums in entry order, no atomics.
 
 Scores (``KIND``):
 
@@ -23,12 +24,13 @@ give 0 and a log-sum-exp of -inf.  A NaN score makes its row's head NaN, as the 
 import dataclasses
 from typing import ClassVar
 
-from .products.common import KernelConfig, cuda_type
+from .products.common import COMMON_SOURCE, KernelConfig, cuda_type
 from .registry import register
 
 __all__ = [
     "ATTENTION_UNIT", "MERGE_NAMES", "BWD_MERGE", "ATTENTION_MAX_HEADS", "ATTENTION_WARPS", "ATTENTION_CHUNKS",
-    "ATTENTION_CONFIGS", "ADDITIVE", "COSINE", "AttentionFwd", "AttentionBwd", "attention_config",
+    "ATTENTION_CONFIGS", "ADDITIVE", "COSINE", "AttentionFwd", "AttentionBwd", "AttentionCosBwd",
+    "attention_config",
     "attention_bwd_config", "SOURCE", "NAMES"
 ]
 
@@ -56,7 +58,8 @@ class AttentionFwd(KernelConfig):
 
 @dataclasses.dataclass(frozen=True)
 class AttentionBwd(KernelConfig):
-    """``tcgnn_attention_bwd<T, MODE, C>``: the additive scores' backward, by rows (MODE 0) or columns (1)."""
+    """``tcgnn_attention_bwd<T, MODE, C>``: the additive scores' backward, by rows (MODE 0) or columns (1), a warp
+    per owner and head (C features per lane of the head's D)."""
 
     KERNEL: ClassVar[str] = "tcgnn_attention_bwd"
     T: str
@@ -64,9 +67,21 @@ class AttentionBwd(KernelConfig):
     C: int
 
 
-def attention_bwd_config(dtype_name, mode, features):
-    """The backward kernel by rows (``mode`` 0) or columns (1) for ``features = heads * D``."""
-    return AttentionBwd(cuda_type(dtype_name), mode, attention_config(dtype_name, ADDITIVE, features).C)
+@dataclasses.dataclass(frozen=True)
+class AttentionCosBwd(KernelConfig):
+    """``tcgnn_attention_cos_bwd<T, MODE, C>``: the cosine scores' backward, by rows (MODE 0) or columns (1)."""
+
+    KERNEL: ClassVar[str] = "tcgnn_attention_cos_bwd"
+    T: str
+    MODE: int
+    C: int
+
+
+def attention_bwd_config(dtype_name, kind, mode, width):
+    """The backward kernel of scores ``kind`` by rows (``mode`` 0) or columns (1) for heads of ``width`` features
+    (a warp takes one head)."""
+    cls = AttentionBwd if kind == ADDITIVE else AttentionCosBwd
+    return cls(cuda_type(dtype_name), mode, attention_config(dtype_name, kind, width).C)
 
 
 def attention_config(dtype_name, kind, features):
@@ -78,31 +93,12 @@ def attention_config(dtype_name, kind, features):
     return AttentionFwd(cuda_type(dtype_name), kind, chunks)
 
 
-SOURCE = r"""
+_ATTENTION = r"""
 #define TC_NEG_INF __int_as_float(0xff800000)
-typedef unsigned short tc_bits16;
-struct tc_f16 { tc_bits16 x; };
-struct tc_bf16 { tc_bits16 x; };
 
-__device__ __forceinline__ float tc_load(const float* p) { return *p; }
-__device__ __forceinline__ float tc_load(const tc_f16* p) {
-    float f;
-    asm("{ .reg .b16 h; ld.global.b16 h, [%1]; cvt.f32.f16 %0, h; }" : "=f"(f) : "l"(p));
-    return f;
-}
-__device__ __forceinline__ float tc_load(const tc_bf16* p) {
-    return __uint_as_float(((unsigned)((const tc_bits16*)p)[0]) << 16);
-}
-__device__ __forceinline__ void tc_store(float* p, float v) { *p = v; }
-__device__ __forceinline__ void tc_store(tc_f16* p, float v) {
-    asm volatile("{ .reg .b16 h; cvt.rn.f16.f32 h, %1; st.global.b16 [%0], h; }" ::"l"(p), "f"(v));
-}
-__device__ __forceinline__ void tc_store(tc_bf16* p, float v) {
-    unsigned u = __float_as_uint(v);
-    if ((u & 0x7fffffffu) > 0x7f800000u) u = 0x7fc00000u;  // NaN stays NaN
-    else u += 0x7fffu + ((u >> 16) & 1u);                      // round to nearest even
-    ((tc_bits16*)p)[0] = (tc_bits16)(u >> 16);
-}
+// One element as float32 (COMMON_SOURCE's conversions of float, tc_f16 and tc_bf16).
+template <typename T>
+__device__ __forceinline__ float tc_load(const T* p) { return tc_f32_of(*p); }
 
 // Attention dropout: entry e (CSR order) of head h is kept where the 24 high bits of a hash of (e * heads + h,
 // seed) are at least p * 2^24; kept entries weigh 1 / (1 - p) in the sum, and all of them in the softmax's
@@ -270,7 +266,7 @@ tcgnn_attention_fwd(const int4* __restrict__ units, const int* __restrict__ indi
         const int f = lane + 32 * c;
         if (f >= HD) continue;
         const float lh = s_h[warp][hc[c]], mh = s_h[warp][TC_ATT_MAXH + hc[c]];
-        tc_store(out + row * HD + f, lh != 0.f ? acc[c] / lh : 0.f);
+        tc_put(out + row * HD + f, lh != 0.f ? acc[c] / lh : 0.f);
         if (f % D == 0) lse[row * heads + hc[c]] = lh != 0.f ? mh + logf(lh) : TC_NEG_INF;
     }
 }
@@ -302,7 +298,7 @@ tcgnn_attention_merge(const int4* __restrict__ splits, const float* __restrict__
             L += pk[heads + h] * sc;
             A += pk[2 * heads + f] * sc;
         }
-        tc_store(out + (long long)sp.x * HD + f, L != 0.f ? A / L : 0.f);
+        tc_put(out + (long long)sp.x * HD + f, L != 0.f ? A / L : 0.f);
         if (f % D == 0) lse[(long long)sp.x * heads + h] = L != 0.f ? M + logf(L) : TC_NEG_INF;
     }
 }
@@ -310,9 +306,11 @@ tcgnn_attention_merge(const int4* __restrict__ splits, const float* __restrict__
 // The backward pass of ADDITIVE attention, recomputed from the forward's log-sum-exp, no E-sized array:
 // for entry (i, j) of CSR id e and head h, pre = s_dst[i, h] + s_src[j, h], P = a exp(LeakyReLU(pre) - lse[i, h]),
 // m = the dropout factor, dP = m <g_i, V_j>_h, dpre = P (dP - tdot[i, h]) LeakyReLU'(pre) with
-// tdot[i, h] = <g_i, out_i>_h.  MODE 0 (one warp per row i over A's CSR): ds[i, h] = sum_j dpre (s_dst's
-// gradient).  MODE 1 (one warp per column j over Aᵀ's CSR, `eids` the entries' CSR ids in A): dV[j] =
-// sum_i P m g_i and ds[j, h] = sum_i dpre (s_src's gradient).  Sums in entry order: deterministic.
+// tdot[i, h] = <g_i, out_i>_h.  MODE 0 (a warp per row i and head over A's CSR): ds[i, h] = sum_j dpre (s_dst's
+// gradient).  MODE 1 (a warp per column j and head over Aᵀ's CSR, `eids` the entries' CSR ids in A): dV[j, h] =
+// sum_i P m g_i,h and ds[j, h] = sum_i dpre (s_src's gradient).  One head per warp keeps C = D / 32 registers
+// per row and one reduction per entry; each lane first scores its own entry of the chunk (P m to shared memory).
+// Sums in entry order: deterministic.
 template <typename T, int MODE, int C>
 __global__ void __launch_bounds__(32 * TC_ATT_WARPS)
 tcgnn_attention_bwd(const int4* __restrict__ units, const int* __restrict__ partners, const int* __restrict__ eids,
@@ -322,26 +320,140 @@ tcgnn_attention_bwd(const int4* __restrict__ units, const int* __restrict__ part
                     float* __restrict__ part, int n_units, int heads, int D, float slope, float drop_p,
                     const unsigned* __restrict__ seed) {
     __shared__ int s_q[TC_ATT_WARPS][32];
+    __shared__ float s_pm[TC_ATT_WARPS][32];  // the chunk's P m (MODE 1)
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long long wid = (long long)blockIdx.x * TC_ATT_WARPS + warp;
+    if (wid >= (long long)n_units * heads) return;
+    const long long uid = wid / heads;
+    const int h = (int)(wid - uid * heads);
+    const int4 unit = units[uid];  // (owner, first entry, end entry, partial slot or -1)
+    const long long owner = unit.x;
+    const int HD = heads * D;
+    const T* mine = (MODE == 0 ? G : V) + owner * HD + h * D;  // the owner's head-h row, and the partners'
+    const T* theirs = (MODE == 0 ? V : G) + h * D;
+    float own[C], acc[C];
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+        const int f = lane + 32 * c;
+        own[c] = f < D ? tc_load(mine + f) : 0.f;
+        acc[c] = 0.f;
+    }
+    const float s_own = (MODE == 0 ? s_dst : s_src)[owner * heads + h];
+    const float l_own = MODE == 0 ? lse[owner * heads + h] : 0.f, t_own = MODE == 0 ? tdot[owner * heads + h] : 0.f;
+    float dsum = 0.f;
+    const unsigned sv = drop_p > 0.f ? seed[0] : 0u;
+    const float kept = drop_p > 0.f ? 1.f / (1.f - drop_p) : 1.f;
+    const int e0 = unit.y, e1 = unit.z;
+    for (int base = e0; base < e1; base += 32) {
+        const int k = base + lane, cnt = min(32, e1 - base);
+        const bool valid = k < e1;
+        const int q = valid ? partners[k] : 0;
+        const int e = valid ? (eids ? eids[k] : k) : 0;
+        const float w = valid ? (weights ? weights[e] : 1.f) : 0.f;
+        // this lane's entry: P, the dropout factor, and what its dpre needs
+        float P = 0.f, m = 0.f, pre = 0.f, ti = 0.f;
+        if (w != 0.f) {
+            pre = s_own + (MODE == 0 ? s_src : s_dst)[(long long)q * heads + h];
+            const float li = MODE == 0 ? l_own : lse[(long long)q * heads + h];
+            ti = MODE == 0 ? t_own : tdot[(long long)q * heads + h];
+            P = expf((pre > 0.f ? pre : pre * slope) + logf(w) - li);
+            m = 1.f;
+            if (drop_p > 0.f) m = tc_keep((unsigned)e * heads + h, sv, drop_p) ? kept : 0.f;
+        }
+        s_q[warp][lane] = q;
+        s_pm[warp][lane] = P * m;
+        __syncwarp();
+        float mydot = 0.f;
+        for (int t0 = 0; t0 < cnt; t0 += 4) {  // 4 entries' partner rows loaded together (their latency overlaps)
+            float x[4][C];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const long long qt = t0 + u < cnt ? s_q[warp][t0 + u] : -1;
+#pragma unroll
+                for (int c = 0; c < C; ++c) {
+                    const int f = lane + 32 * c;
+                    x[u][c] = (qt >= 0 && f < D) ? tc_load(theirs + qt * HD + f) : 0.f;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int t = t0 + u;
+                if (t >= cnt) break;  // warp-uniform
+                float v = 0.f;
+#pragma unroll
+                for (int c = 0; c < C; ++c) v += own[c] * x[u][c];
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+                if (lane == t) mydot = v;
+                if (MODE == 1) {  // P m g_i into dV[j]
+                    const float pm = s_pm[warp][t];
+#pragma unroll
+                    for (int c = 0; c < C; ++c) acc[c] += pm * x[u][c];
+                }
+            }
+        }
+        if (w != 0.f) dsum += P * (m * mydot - ti) * (pre > 0.f ? 1.f : slope);
+        __syncwarp();  // the next chunk overwrites s_q and s_pm
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) dsum += __shfl_xor_sync(0xffffffffu, dsum, o);
+    float* slot = unit.w >= 0 ? part + (long long)unit.w * (heads + HD) : nullptr;  // a part of a long owner
+    if (lane == 0) {
+        if (slot) slot[h] = dsum;
+        else ds[owner * heads + h] = dsum;
+    }
+    if (MODE == 1) {
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            const int f = lane + 32 * c;
+            if (f >= D) continue;
+            if (slot) slot[heads + h * D + f] = acc[c];
+            else dV[owner * HD + h * D + f] = acc[c];
+        }
+    }
+}
+
+// The backward pass of COSINE attention (one head), recomputed from the forward's log-sum-exp, no E-sized array:
+// for entry (i, j) of CSR id e, c = <Q_i, K_j>, P = a exp(beta c - lse[i]), m the dropout factor,
+// dz = P (m <g_i, V_j> - tdot[i]).  MODE 0 (one warp per row i over A's CSR): dQ[i] = beta sum_j dz K_j, and the
+// unit's share of dbeta = sum dz c in dbeta[unit].  MODE 1 (one warp per column j over Aᵀ's CSR): dV[j] =
+// sum_i P m g_i and dK[j] = beta sum_i dz Q_i.  Each entry takes two warp-wide dots of D features (two partner
+// rows loaded per entry, 4 entries at a time).  Sums in entry order: deterministic.
+template <typename T, int MODE, int C>
+__global__ void __launch_bounds__(32 * TC_ATT_WARPS)
+tcgnn_attention_cos_bwd(const int4* __restrict__ units, const int* __restrict__ partners,
+                        const int* __restrict__ eids, const float* __restrict__ weights, const T* __restrict__ V,
+                        const T* __restrict__ G, const T* __restrict__ Q, const T* __restrict__ K,
+                        const float* __restrict__ beta, const float* __restrict__ lse,
+                        const float* __restrict__ tdot, float* __restrict__ dV, float* __restrict__ dQK,
+                        float* __restrict__ dbeta, float* __restrict__ part, int n_units, int D, float drop_p,
+                        const unsigned* __restrict__ seed) {
+    __shared__ int s_q[TC_ATT_WARPS][32];
     __shared__ int s_e[TC_ATT_WARPS][32];
     __shared__ float s_lw[TC_ATT_WARPS][32];
+    __shared__ float s_l[TC_ATT_WARPS][32];  // MODE 1: the partner row's lse and tdot
+    __shared__ float s_t[TC_ATT_WARPS][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long long uid = (long long)blockIdx.x * TC_ATT_WARPS + warp;
     if (uid >= n_units) return;
     const int4 unit = units[uid];  // (owner, first entry, end entry, partial slot or -1)
     const long long owner = unit.x;
-    const int HD = heads * D;
-    float own[C], acc[C];
-    int hc[C];
+    const T* ownA = MODE == 0 ? G : V;  // the owner's rows of the two dots, and the partners'
+    const T* ownB = MODE == 0 ? Q : K;
+    const T* parA = MODE == 0 ? V : G;
+    const T* parB = MODE == 0 ? K : Q;
+    float oa[C], ob[C], accA[C], accB[C];
 #pragma unroll
     for (int c = 0; c < C; ++c) {
         const int f = lane + 32 * c;
-        hc[c] = f < HD ? f / D : 0;
-        own[c] = f < HD ? tc_load((MODE == 0 ? G : V) + owner * HD + f) : 0.f;
-        acc[c] = 0.f;
+        oa[c] = f < D ? tc_load(ownA + owner * D + f) : 0.f;
+        ob[c] = f < D ? tc_load(ownB + owner * D + f) : 0.f;
+        accA[c] = 0.f;
+        accB[c] = 0.f;
     }
-    float dsum[TC_ATT_MAXH];
-#pragma unroll
-    for (int h = 0; h < TC_ATT_MAXH; ++h) dsum[h] = 0.f;
+    const float b = beta[0];
+    const float lse_o = MODE == 0 ? lse[owner] : 0.f, t_o = MODE == 0 ? tdot[owner] : 0.f;
+    float dbsum = 0.f;  // warp-uniform
     const unsigned sv = drop_p > 0.f ? seed[0] : 0u;
     const float kept = drop_p > 0.f ? 1.f / (1.f - drop_p) : 1.f;
     const int e0 = unit.y, e1 = unit.z;
@@ -354,121 +466,102 @@ tcgnn_attention_bwd(const int4* __restrict__ units, const int* __restrict__ part
         s_q[warp][lane] = q;
         s_e[warp][lane] = e;
         s_lw[warp][lane] = w != 0.f ? logf(w) : TC_NEG_INF;
+        if (MODE == 1) {
+            s_l[warp][lane] = valid ? lse[q] : 0.f;
+            s_t[warp][lane] = valid ? tdot[q] : 0.f;
+        }
         __syncwarp();
-        float mydot[TC_ATT_MAXH];
-#pragma unroll
-        for (int h = 0; h < TC_ATT_MAXH; ++h) mydot[h] = 0.f;
         for (int t0 = 0; t0 < cnt; t0 += 4) {  // 4 entries' partner rows loaded together (their latency overlaps)
-            float x[4][C];
-            long long qs[4];
+            float xa[4][C], xb[4][C];
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
-                qs[u] = t0 + u < cnt ? s_q[warp][t0 + u] : -1;
+                const long long qt = t0 + u < cnt ? s_q[warp][t0 + u] : -1;
 #pragma unroll
                 for (int c = 0; c < C; ++c) {
                     const int f = lane + 32 * c;
-                    x[u][c] = (qs[u] >= 0 && f < HD) ? tc_load((MODE == 0 ? V : G) + qs[u] * HD + f) : 0.f;
+                    const bool in = qt >= 0 && f < D;
+                    xa[u][c] = in ? tc_load(parA + qt * D + f) : 0.f;
+                    xb[u][c] = in ? tc_load(parB + qt * D + f) : 0.f;
                 }
             }
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
                 const int t = t0 + u;
                 if (t >= cnt) break;  // warp-uniform
-                const long long qt = qs[u];
-                const float lwt = s_lw[warp][t];
-                float prod[C];
+                float d1 = 0.f, d2 = 0.f;  // <g_i, V_j> and <Q_i, K_j>
 #pragma unroll
                 for (int c = 0; c < C; ++c) {
-                    const int f = lane + 32 * c;
-                    prod[c] = own[c] * x[u][c];
-                    if (MODE == 1 && f < HD && lwt != TC_NEG_INF) {  // P m g_i into dV[j]
-                        const int h = hc[c];
-                        float z = s_dst[qt * heads + h] + s_src[owner * heads + h];
-                        z = (z > 0.f ? z : z * slope) + lwt;
-                        float pm = expf(z - lse[qt * heads + h]);
-                        if (drop_p > 0.f)
-                            pm = tc_keep((unsigned)s_e[warp][t] * heads + h, sv, drop_p) ? pm * kept : 0.f;
-                        acc[c] += pm * x[u][c];
-                    }
+                    d1 += oa[c] * xa[u][c];
+                    d2 += ob[c] * xb[u][c];
                 }
 #pragma unroll
-                for (int h = 0; h < TC_ATT_MAXH; ++h) {
-                    if (h >= heads) break;
-                    float v = 0.f;
+                for (int o = 16; o > 0; o >>= 1) {
+                    d1 += __shfl_xor_sync(0xffffffffu, d1, o);
+                    d2 += __shfl_xor_sync(0xffffffffu, d2, o);
+                }
+                const float lwt = s_lw[warp][t];
+                if (lwt == TC_NEG_INF) continue;  // an entry of weight 0 takes no part (warp-uniform)
+                const float li = MODE == 0 ? lse_o : s_l[warp][t], ti = MODE == 0 ? t_o : s_t[warp][t];
+                const float P = expf(b * d2 + lwt - li);
+                float mk = 1.f;
+                if (drop_p > 0.f) mk = tc_keep((unsigned)s_e[warp][t], sv, drop_p) ? kept : 0.f;
+                const float dz = P * (mk * d1 - ti);
+                if (MODE == 0) dbsum += dz * d2;
 #pragma unroll
-                    for (int c = 0; c < C; ++c) v += hc[c] == h ? prod[c] : 0.f;
-#pragma unroll
-                    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-                    if (lane == t) mydot[h] = v;
+                for (int c = 0; c < C; ++c) {
+                    if (MODE == 1) accA[c] += P * mk * xa[u][c];
+                    accB[c] += b * dz * xb[u][c];
                 }
             }
         }
-        if (valid && w != 0.f) {  // this lane's entry: its dpre per head
-            const long long i = MODE == 0 ? owner : q, j = MODE == 0 ? q : owner;
-            const float lw = logf(w);
-#pragma unroll
-            for (int h = 0; h < TC_ATT_MAXH; ++h) {
-                if (h >= heads) break;
-                const float pre = s_dst[i * heads + h] + s_src[j * heads + h];
-                const float P = expf((pre > 0.f ? pre : pre * slope) + lw - lse[i * heads + h]);
-                float m = 1.f;
-                if (drop_p > 0.f) m = tc_keep((unsigned)e * heads + h, sv, drop_p) ? kept : 0.f;
-                const float dz = P * (m * mydot[h] - tdot[i * heads + h]);
-                dsum[h] += dz * (pre > 0.f ? 1.f : slope);
-            }
-        }
-        __syncwarp();  // the next chunk overwrites s_q, s_e and s_lw
+        __syncwarp();  // the next chunk overwrites the shared arrays
     }
+    const int PS = MODE == 0 ? D : 2 * D;
 #pragma unroll
-    for (int h = 0; h < TC_ATT_MAXH; ++h) {
-        if (h >= heads) break;
-        float v = dsum[h];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0) {
-            if (unit.w >= 0) part[(long long)unit.w * (heads + HD) + h] = v;  // a part of a long owner
-            else ds[owner * heads + h] = v;
+    for (int c = 0; c < C; ++c) {
+        const int f = lane + 32 * c;
+        if (f >= D) continue;
+        if (unit.w >= 0) {  // a part of a long owner: dQ, or dV and dK, summed by the merge
+            float* pp = part + (long long)unit.w * PS;
+            if (MODE == 1) pp[f] = accA[c];
+            pp[PS - D + f] = accB[c];
+        } else {
+            if (MODE == 1) dV[owner * D + f] = accA[c];
+            dQK[owner * D + f] = accB[c];
         }
     }
-    if (MODE == 1) {
-#pragma unroll
-        for (int c = 0; c < C; ++c) {
-            const int f = lane + 32 * c;
-            if (f >= HD) continue;
-            if (unit.w >= 0) part[(long long)unit.w * (heads + HD) + heads + f] = acc[c];
-            else dV[owner * HD + f] = acc[c];
-        }
-    }
+    if (MODE == 0 && lane == 0) dbeta[uid] = dbsum;
 }
 
-// A long owner's backward parts summed in part order: ds (and, MODE 1, dV).  splits as tcgnn_attention_merge's.
+// Long owners' backward parts summed in part order: slot rows of `width` floats, of which the first w0 go to
+// out0 (w0 per owner) and the next w1 to out1 (w1 per owner).  splits as tcgnn_attention_merge's.
 __global__ void __launch_bounds__(32 * TC_ATT_WARPS)
-tcgnn_attention_bwd_merge(const int4* __restrict__ splits, const float* __restrict__ part, float* __restrict__ dV,
-                          float* __restrict__ ds, int n_splits, int heads, int D, int mode) {
+tcgnn_attention_bwd_merge(const int4* __restrict__ splits, const float* __restrict__ part, float* __restrict__ out0,
+                          float* __restrict__ out1, int n_splits, int width, int w0, int w1) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long long sid = (long long)blockIdx.x * TC_ATT_WARPS + warp;
     if (sid >= n_splits) return;
     const int4 sp = splits[sid];
-    const int HD = heads * D, PS = heads + HD;
-    const float* p0 = part + (long long)sp.y * PS;
-    for (int i = lane; i < (mode ? PS : heads); i += 32) {
+    const float* p0 = part + (long long)sp.y * width;
+    for (int i = lane; i < w0 + w1; i += 32) {
         float v = 0.f;
-        for (int k = 0; k < sp.z; ++k) v += p0[(long long)k * PS + i];
-        if (i < heads) ds[(long long)sp.x * heads + i] = v;
-        else dV[(long long)sp.x * HD + i - heads] = v;
+        for (int k = 0; k < sp.z; ++k) v += p0[(long long)k * width + i];
+        if (i < w0) out0[(long long)sp.x * w0 + i] = v;
+        else out1[(long long)sp.x * w1 + i - w0] = v;
     }
 }
 """
 
-#: Every compiled kernel: the forward for float32 and 16-bit features, both score kinds, each chunk count; the
-#: additive scores' backward by rows and by columns likewise; the merges of long rows' parts.
+#: Every compiled kernel: the forward for float32 and 16-bit features, both score kinds, each chunk count; each
+#: kind's backward by rows and by columns likewise; the merges of long rows' parts.
 ATTENTION_CONFIGS = tuple(
     [AttentionFwd(cuda_type(t), k, c) for t in ("float32", "float16", "bfloat16") for k in (ADDITIVE, COSINE)
      for c in ATTENTION_CHUNKS]
-    + [AttentionBwd(cuda_type(t), m, c) for t in ("float32", "float16", "bfloat16") for m in (0, 1)
-       for c in ATTENTION_CHUNKS])
+    + [cls(cuda_type(t), m, c) for cls in (AttentionBwd, AttentionCosBwd) for t in ("float32", "float16", "bfloat16")
+       for m in (0, 1) for c in ATTENTION_CHUNKS])
 #: The merge of a long row's forward parts, per output type, and of the backward's parts.
 MERGE_NAMES = {t: f"tcgnn_attention_merge<{cuda_type(t)}>" for t in ("float32", "float16", "bfloat16")}
 BWD_MERGE = "tcgnn_attention_bwd_merge"
+SOURCE = COMMON_SOURCE + _ATTENTION
 NAMES = tuple([c.name for c in ATTENTION_CONFIGS] + list(MERGE_NAMES.values()) + [BWD_MERGE])
 register("attention", SOURCE, NAMES)

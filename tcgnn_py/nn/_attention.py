@@ -79,9 +79,13 @@ def _units(T, kind):
     return T.tiling.cached(("attention_units", kind), build)
 
 
-def _fused_backward(T, V, g, out, lse, heads, s_src, s_dst, slope, dropout, seed):
-    """``(dV, ds_src, ds_dst)`` of the additive scores on the GPU: a pass over the rows, one over the columns (each
-    with its long owners cut into parts and merged)."""
+#: A null device pointer: the kernels read no argument their kind or settings leave unused (no per-call dummy).
+_NULL = np.uint64(0)
+
+
+def _fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed):
+    """The fused backward on the GPU: a pass over the rows and one over the columns, each with its long owners cut
+    into parts and merged.  ``(dV, ds_src, ds_dst)`` for ``"additive"``, ``(dV, dQ, dK, dbeta)`` for ``"cosine"``."""
     from ..kernels import attention as ka
     from ..kernels.registry import get_kernel
 
@@ -92,31 +96,52 @@ def _fused_backward(T, V, g, out, lse, heads, s_src, s_dst, slope, dropout, seed
     f32 = np.float32
     G = cp.ascontiguousarray(g, V.dtype)
     tdot = (G.astype(f32).reshape(n, heads, D) * out.astype(f32).reshape(n, heads, D)).sum(axis=2)
-    indices, indptr, _, _ = _structure(T)
-    t_indptr, t_rows, t_eids = _transpose_structure(T)
+    indices = _structure(T)[0]
+    _, t_rows, t_eids = _transpose_structure(T)
     w = _weights_csr(T, f32)
     V = cp.ascontiguousarray(V)
-    ss, sd = cp.ascontiguousarray(s_src, f32), cp.ascontiguousarray(s_dst, f32)
-    seed = cp.empty(1, np.uint32) if seed is None else cp.ascontiguousarray(seed, np.uint32)
-    ds_dst, ds_src = cp.empty((n, heads), f32), cp.empty((k, heads), f32)
+    seed = cp.ascontiguousarray(seed, np.uint32) if dropout else _NULL
     dV = cp.empty((k, HD), f32)
-    tail = (np.int32(heads), np.int32(D), f32(slope), f32(dropout), seed)
+    additive = score == "additive"
+    kid = ka.ADDITIVE if additive else ka.COSINE
+    if additive:
+        ss, sd = cp.ascontiguousarray(s_src, f32), cp.ascontiguousarray(s_dst, f32)
+        ds_dst, ds_src = cp.empty((n, heads), f32), cp.empty((k, heads), f32)
+        # per mode: the kernel's outputs, and the merge's (slot width, out0, w0, out1, w1)
+        outs = ((ds_dst, (heads + HD, ds_dst, heads, _NULL, 0)), (ds_src, (heads + HD, ds_src, heads, dV, HD)))
+        head = (w, V, G, ss, sd, lse, tdot, dV)
+        tail = (np.int32(heads), np.int32(D), f32(slope), f32(dropout), seed)
+    else:
+        Qc, Kc = cp.ascontiguousarray(Q, V.dtype), cp.ascontiguousarray(K, V.dtype)
+        dQ, dK = cp.empty((n, D), f32), cp.empty((k, D), f32)
+        dbeta = cp.zeros(1, f32)
+        outs = ((dQ, (D, dQ, D, _NULL, 0)), (dK, (2 * D, dV, D, dK, D)))
+        head = (w, V, G, Qc, Kc, cp.ascontiguousarray(beta, f32), lse, tdot, dV)
+        tail = (np.int32(D), f32(dropout), seed)
     block = (32 * ka.ATTENTION_WARPS,)
-    common = (w, V, G, ss, sd, lse, tdot)
-    merge = get_kernel("attention", ka.BWD_MERGE)
-    for mode, (kind, partners, eids, ds) in enumerate((("rows", indices, np.uint64(0), ds_dst),
-                                                         ("cols", t_rows, t_eids, ds_src))):
+    for mode, (kind, partners, eids) in enumerate((("rows", indices, _NULL), ("cols", t_rows, t_eids))):
         units, splits, n_slots = _units(T, kind)
         if not units.shape[0]:
             continue
-        part = cp.empty((max(n_slots, 1), heads + HD), f32)
-        get_kernel("attention", ka.attention_bwd_config(V.dtype.name, mode, HD).name)(
-            (-(-units.shape[0] // ka.ATTENTION_WARPS),), block, (units, partners, eids) + common
-            + (dV, ds, part, np.int32(units.shape[0])) + tail)
+        out_k, (width, out0, w0, out1, w1) = outs[mode]
+        part = cp.empty((n_slots, width), f32) if n_slots else _NULL
+        nu = np.int32(units.shape[0])
+        if additive:
+            extra = (out_k, part, nu)
+        else:
+            dbp = cp.empty(units.shape[0], f32) if mode == 0 else _NULL  # the row units' shares of dbeta
+            extra = (out_k, dbp, part, nu)
+        warps = units.shape[0] * (heads if additive else 1)  # the additive kernels take a warp per head
+        get_kernel("attention", ka.attention_bwd_config(V.dtype.name, kid, mode, D).name)(
+            (-(-warps // ka.ATTENTION_WARPS),), block, (units, partners, eids) + head + extra + tail)
         if splits.shape[0]:
-            merge((-(-splits.shape[0] // ka.ATTENTION_WARPS),), block,
-                  (splits, part, dV, ds, np.int32(splits.shape[0]), np.int32(heads), np.int32(D), np.int32(mode)))
-    return dV.astype(V.dtype, copy=False), ds_src, ds_dst
+            get_kernel("attention", ka.BWD_MERGE)(
+                (-(-splits.shape[0] // ka.ATTENTION_WARPS),), block,
+                (splits, part, out0, out1, np.int32(splits.shape[0]), np.int32(width), np.int32(w0), np.int32(w1)))
+        if not additive and mode == 0:
+            dbeta = dbp.sum(keepdims=True)  # a fixed-order reduction: deterministic
+    dV = dV.astype(V.dtype, copy=False)
+    return (dV, ds_src, ds_dst) if additive else (dV, dQ, dK, dbeta)
 
 
 #: CSR-order weights kept per tiling, for the latest distinct value arrays (matrices sharing the tiling).
@@ -158,20 +183,19 @@ def _fused(T, V, heads, kind, s_src, s_dst, Q, K, beta, slope, dropout, seed):
     if n == 0:
         return out, lse
     f32 = np.float32
-    dummy = cp.empty(1, f32)
     V = cp.ascontiguousarray(V)
     if kid == ka.ADDITIVE:
-        args = (cp.ascontiguousarray(s_src, f32), cp.ascontiguousarray(s_dst, f32), V, V, dummy)
+        args = (cp.ascontiguousarray(s_src, f32), cp.ascontiguousarray(s_dst, f32), _NULL, _NULL, _NULL)
     else:
-        args = (dummy, dummy, cp.ascontiguousarray(Q, V.dtype), cp.ascontiguousarray(K, V.dtype),
+        args = (_NULL, _NULL, cp.ascontiguousarray(Q, V.dtype), cp.ascontiguousarray(K, V.dtype),
                 cp.ascontiguousarray(beta, f32))
     units, splits, n_slots = _units(T, "rows")
-    part = cp.empty((max(n_slots, 1), 2 * heads + HD), f32)
+    part = cp.empty((n_slots, 2 * heads + HD), f32) if n_slots else _NULL
     get_kernel("attention", cfg.name)(
         (-(-units.shape[0] // ka.ATTENTION_WARPS),), (32 * ka.ATTENTION_WARPS,),
         (units, indices, _weights_csr(T, f32), V) + args
         + (out, lse, part, np.int32(units.shape[0]), np.int32(heads), np.int32(HD // heads), f32(slope),
-           f32(dropout), cp.empty(1, np.uint32) if seed is None else cp.ascontiguousarray(seed, np.uint32)))
+           f32(dropout), cp.ascontiguousarray(seed, np.uint32) if dropout else _NULL))
     if splits.shape[0]:
         get_kernel("attention", ka.MERGE_NAMES[V.dtype.name])(
             (-(-splits.shape[0] // ka.ATTENTION_WARPS),), (32 * ka.ATTENTION_WARPS,),
@@ -180,7 +204,7 @@ def _fused(T, V, heads, kind, s_src, s_dst, Q, K, beta, slope, dropout, seed):
 
 
 def graph_attention(A, V, *, heads=1, score="additive", s_src=None, s_dst=None, Q=None, K=None, beta=None,
-                    negative_slope=0.2, dropout=0.0, seed=None, precision=None):
+                    negative_slope=0.2, dropout=0.0, seed=None, precision=None, fused=True):
     """Attention over the stored entries of each row, fused: ``out_i = sum_j softmax_j(score(i, j)) V_j``.
 
     For each head h, ``P_ij,h = a_ij exp(z_ij,h) / sum_k a_ik exp(z_ik,h)`` over row i's stored entries
@@ -210,7 +234,10 @@ def graph_attention(A, V, *, heads=1, score="additive", s_src=None, s_dst=None, 
         On the graph's device (read there: no host read, so a CUDA graph can hold the call); needed with
         ``dropout``.
     precision : {None, "tf32", "fp32", "fp16", "bf16"}, optional
-        For the backward pass's sparse products.
+        For the unfused passes' sparse products.
+    fused : bool
+        False runs the sequence the fused pass replaces, one head at a time: the scores of every entry (an
+        SDDMM for ``"cosine"``), an edge softmax, and SpMM; its backward pass likewise.  For comparison.
 
     Returns
     -------
@@ -279,8 +306,11 @@ def graph_attention(A, V, *, heads=1, score="additive", s_src=None, s_dst=None, 
     gpu = (xp is not np and V.dtype.name in ("float32", "float16", "bfloat16") and heads <= ATTENTION_MAX_HEADS
            and max(V.shape[1], 0 if Q is None else Q.shape[1]) <= 32 * ATTENTION_CHUNKS[-1]
            and (score == "additive" or Q.dtype == V.dtype and Q.shape[1] == V.shape[1]))
+    gpu = gpu and fused
     if gpu:
         out, lse = _fused(T, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed)
+    elif not fused:  # the sequence the fused pass replaces: scores, an edge softmax, SpMM, per head
+        out, lse = _unfused(E, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed, fd)
     else:  # the reference: on the CPU, and for float64 on the GPU
         indices, indptr, _, _ = _structure(T)
         out, lse = ref.attention(indptr, indices, _weights_csr(T, fd), V, heads, score, s_src=s_src,
@@ -291,8 +321,8 @@ def graph_attention(A, V, *, heads=1, score="additive", s_src=None, s_dst=None, 
     def vjp(g):
         g = array_on(E, g)
         check_2d("g", g, n)
-        if gpu and score == "additive":  # fused: recomputed per entry, no E-sized array
-            return _fused_backward(T, V, g, out, lse, heads, s_src, s_dst, slope, dropout, seed)
+        if gpu:  # fused: recomputed per entry, no E-sized array
+            return _fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed)
         _, _, rows, cols = _structure(T)
         D = V.shape[1] // heads
         if score == "additive":
@@ -332,7 +362,7 @@ def graph_attention(A, V, *, heads=1, score="additive", s_src=None, s_dst=None, 
 
 
 def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_slope=0.2, dropout=0.0, rng=None,
-             training=True, precision=None):
+             training=True, precision=None, fused=True):
     """Graph attention (GAT, Veličković et al. 2018), as PyTorch Geometric's ``GATConv``.
 
     ``X = H @ W`` split into ``heads`` heads of D features; for each head
@@ -356,7 +386,9 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
     rng : numpy or cupy random Generator, optional
     training : bool
     precision : optional
-        For the backward pass's sparse products.
+        For the unfused passes' sparse products.
+    fused : bool
+        False runs the attention unfused (see :func:`graph_attention`), for comparison.
 
     Returns
     -------
@@ -400,7 +432,7 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
             raise ValueError("attention dropout in training needs rng (tcgnn_py.nn.default_rng(seed, like=A))")
         seed = (rng.random(1) * 2.0**32).astype(np.uint32)  # drawn on rng's device: no host read
     att, att_vjp = graph_attention(E, X, heads=heads, s_src=s_src, s_dst=s_dst, negative_slope=negative_slope,
-                                   dropout=drop, seed=seed)
+                                   dropout=drop, seed=seed, fused=fused)
     out = att if concat else att.reshape(n, heads, D).mean(axis=1)
     if b is not None:
         out = out + array_on(E, b).astype(out.dtype, copy=False)
@@ -412,8 +444,10 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
         dX, ds_src, ds_dst = att_vjp(ga)
         dX = dX.astype(fd, copy=False).reshape(n, heads, D)
         dX = dX + ds_src[:, :, None] * a_src.astype(fd) + ds_dst[:, :, None] * a_dst.astype(fd)
-        da_src = (X3 * ds_src[:, :, None]).sum(axis=0).astype(a_src.dtype, copy=False)
-        da_dst = (X3 * ds_dst[:, :, None]).sum(axis=0).astype(a_dst.dtype, copy=False)
+        # sums over the n rows as 1ᵀ M (column_sums): a reduction along the long axis is slow on the GPU
+        da_src = column_sums((X3 * ds_src[:, :, None]).reshape(n, heads * D)).reshape(heads, D)
+        da_dst = column_sums((X3 * ds_dst[:, :, None]).reshape(n, heads * D)).reshape(heads, D)
+        da_src, da_dst = da_src.astype(a_src.dtype, copy=False), da_dst.astype(a_dst.dtype, copy=False)
         dX = dX.reshape(n, heads * D).astype(X.dtype, copy=False)
         dH = mm(dX, W.T) if input_grad else None  # (a first layer's input needs none: n x features skipped)
         return dH, mm(H.T, dX).astype(W.dtype, copy=False), da_src, da_dst, db
@@ -421,15 +455,39 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
     return out, vjp
 
 
-def _edge_softmax(E, z, xp):
-    """``P_ij = a_ij exp(z_ij) / sum_k a_ik exp(z_ik)`` per row, stable (row max subtracted): the unfused path."""
+def _edge_softmax(E, z, xp, lse=False):
+    """``P_ij = a_ij exp(z_ij) / sum_k a_ik exp(z_ik)`` per row, stable (row max subtracted): the unfused path.
+    With ``lse``, also each row's ``log sum_k a_ik exp(z_ik)`` (-inf where that sum is 0)."""
     rows = E.rows
     n = E.shape[0]
     m = xp.full(n, -np.inf, dtype=z.dtype)
     xp.maximum.at(m, rows, z)  # order-independent: deterministic
     ex = E.values.astype(z.dtype, copy=False) * xp.exp(z - m[rows])
     s = E.row_sums(ex)
-    return ex / xp.where(s > 0, s, 1)[rows]
+    P = ex / xp.where(s > 0, s, 1)[rows]
+    if not lse:
+        return P
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return P, xp.where(s > 0, m + xp.log(xp.where(s > 0, s, 1)), -np.inf).astype(z.dtype, copy=False)
+
+
+def _unfused(E, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed, fd):
+    """``(out, lse)`` by the unfused sequence: every entry's scores (E x heads), an edge softmax and SpMM per head."""
+    xp, T = E.xp, E.matrix
+    _, _, rows, cols = _structure(T)
+    if score == "additive":
+        z, _ = ref.attention_scores(rows, cols, heads, score, s_src, s_dst, slope=slope)
+    else:
+        z = beta * E.sddmm(Q, K).astype(fd, copy=False)[:, None]
+    m = ref.attention_keep(T.tiling.perm, heads, seed, dropout).astype(fd) if dropout else None
+    n, D = E.shape[0], V.shape[1] // heads
+    out = xp.empty((n, heads * D), V.dtype)
+    lse = xp.empty((n, heads), fd)
+    for h in range(heads):
+        P, lse[:, h] = _edge_softmax(E, xp.ascontiguousarray(z[:, h]), xp, lse=True)
+        out[:, h * D:(h + 1) * D] = E.spmm(xp.ascontiguousarray(V[:, h * D:(h + 1) * D]),
+                                           values=P if m is None else P * m[:, h])
+    return out, lse
 
 
 def _normalize_rows(H, xp):
