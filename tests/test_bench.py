@@ -421,3 +421,28 @@ def test_first_product_needs_a_gpu(monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         main(["cora", "--device", "cpu", "--first-product", "1"])
     assert e.value.code == 2 and "--first-product" in capsys.readouterr().err
+
+
+def test_bench_attention_reference_mode():
+    """The attention op on the host: every case, both passes, the reference beside the unfused sequence, and a
+    table line per case."""
+    from tcgnn_py.bench._attention import ATTENTION_CASES, attention_markdown, bench_attention
+
+    rows = bench_attention("powerlaw:60:300", calls=1, device="cpu")
+    assert {(r["score"], r["heads"]) for r in rows} == set(ATTENTION_CASES)
+    assert {r["impl"] for r in rows} == {"reference", "unfused"}
+    assert all(r["b2b_us"] > 0 and r["gpu_us"] is None for r in rows)
+    table = attention_markdown(rows).splitlines()
+    assert len(table) == 2 + len(ATTENTION_CASES) * 2 * 2  # cases x (attention, layer) x (fwd, fwd+bwd)
+    assert "GAT 4 heads layer" in table[-1]
+
+
+@pytest.mark.gpu
+def test_bench_attention_on_device():
+    """On the GPU the fused pass is timed (float32 throughout, so the kernels run, not the reference) on both
+    clocks."""
+    from tcgnn_py.bench._attention import bench_attention
+
+    rows = bench_attention("powerlaw:300:3000", calls=2, device="cuda")
+    assert {r["impl"] for r in rows} == {"fused", "unfused"}
+    assert all(r["b2b_us"] > 0 and r["gpu_us"] > 0 for r in rows)

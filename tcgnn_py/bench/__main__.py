@@ -26,7 +26,10 @@ back, and GPU-only (calls queued behind a spin kernel, the host's time outside):
 * with --order locality|rcm|degree: the products on the renumbered graph, beside
   cuSPARSE on the graph in its original order;
 * with gcn / agnn / gat: milliseconds per training epoch of the models in
-  tcgnn_py.nn, beside the same models on cupyx sparse ops.
+  tcgnn_py.nn, beside the same models on cupyx sparse ops;
+* with attention: one graph-attention layer (GAT with 1 and 4 heads, AGNN),
+  forward and forward + backward, fused against the library's unfused
+  sequence and against the --baselines file's layers.
 
 Bandwidths are given under two traffic bounds (per-edge gather and window reuse)
 as GB/s and as a share of the measured copy bandwidth. --device cpu runs the
@@ -45,7 +48,7 @@ import sys
 from ._report import markdown, plot_speedups, print_graph, print_reorder, summary
 from ._run import DEFAULT_DIMS, ORDERS
 
-_OPS = ("spmm", "sddmm", "sgt", "reorder", "gcn", "agnn", "gat")
+_OPS = ("spmm", "sddmm", "sgt", "reorder", "gcn", "agnn", "gat", "attention")
 
 
 def _ints(text):
@@ -109,7 +112,7 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("graphs", nargs="+", metavar="GRAPH")
     ap.add_argument("--ops", type=_ops, default=("spmm", "sddmm"),
-                    help="comma-separated from spmm, sddmm, sgt, reorder, gcn, agnn, gat (default spmm,sddmm; "
+                    help="comma-separated from spmm, sddmm, sgt, reorder, gcn, agnn, gat, attention (default spmm,sddmm; "
                          "preprocessing is measured unless only models are asked for)")
     ap.add_argument("--dims", type=_ints, default=DEFAULT_DIMS, help="feature widths (default 32,64,128,256)")
     ap.add_argument("--dtypes", type=_dtypes, default=("float32",),
@@ -132,14 +135,16 @@ def main(argv=None):
                     help="write the whole results page (Markdown): the run's card, date, version and command, the "
                          "geomeans, every table, the plot and, with --first-product, the time to the first product")
     ap.add_argument("--baselines", metavar="FILE.py",
-                    help="gcn, agnn, gat: a file (kept outside this package) whose builders() adds other frameworks' "
-                         "models to the epoch table, e.g. PyTorch Geometric's")
+                    help="gcn, agnn, gat, attention: a file (kept outside this package) whose builders() adds other "
+                         "frameworks' models to the epoch table, e.g. PyTorch Geometric's, and whose "
+                         "attention_builders() (optional) adds their attention layers")
     ap.add_argument("--first-product", type=int, default=0, metavar="RUNS",
                     help="also time the first product in RUNS fresh processes, empty and warm caches (GPU only)")
     args = ap.parse_args(argv)
     if args.device == "cpu":
         os.environ["TCGNN_PY_DEVICE"] = "cpu"  # before anything probes the GPU
     from .._device import gpu_available
+    from ._attention import attention_markdown, bench_attention
     from ._gnn import bench_gnn, gnn_markdown, load_baselines
     from ._run import bench_graph, bench_reorder
     from ._timing import copy_bandwidth
@@ -162,10 +167,10 @@ def main(argv=None):
             locate_graph(spec)
         except (FileNotFoundError, ValueError) as e:
             ap.error(f"graph {spec!r}: {e}")
-    extra = {}
+    extra, extra_attention = {}, {}
     if args.baselines:
         try:
-            extra, versions = load_baselines(args.baselines)
+            extra, versions, extra_attention = load_baselines(args.baselines)
         except (OSError, ValueError, ImportError, AttributeError) as e:
             ap.error(f"--baselines {args.baselines}: {e}")
     env = environment(gpu, argv)
@@ -180,9 +185,9 @@ def main(argv=None):
               "(the 16-bit products are measured on the GPU's 16-bit tensor cores only)")
     products = tuple(op for op in args.ops if op in ("spmm", "sddmm"))
     models = tuple(op for op in args.ops if op in ("gcn", "agnn", "gat"))
-    graphs, reorders, gnn = [], [], []
+    graphs, reorders, gnn, attention = [], [], [], []
     for spec in args.graphs:
-        if set(args.ops) - set(models):  # products, sgt, reorder: with the preprocessing figures
+        if set(args.ops) - set(models) - {"attention"}:  # products, sgt, reorder: with the preprocessing figures
             g = bench_graph(spec, products, args.dims, args.repeat, args.inputs, "cuda" if gpu else "cpu",
                             env["copy_bandwidth_gbps"] * 1e9, dtypes=args.dtypes, order=args.order)
             print_graph(g)
@@ -191,18 +196,24 @@ def main(argv=None):
             reorders.append(bench_reorder(spec, args.pattern, "cuda" if gpu else "cpu"))
         if models:
             gnn += bench_gnn(spec, models, args.epochs, device="cuda" if gpu else "cpu", extra=extra)
+        if "attention" in args.ops:
+            attention += bench_attention(spec, args.repeat, "cuda" if gpu else "cpu", extra_attention)
     for line in summary(graphs, args.summary_min_nnz):
         print(line)
     if reorders:
         print_reorder(reorders)
     if gnn:
         print("\nms per training epoch\n" + gnn_markdown(gnn))
+    if attention:
+        print("\nus per attention call\n" + attention_markdown(attention))
     if args.json:
         pathlib.Path(args.json).write_text(
-            json.dumps({"env": env, "graphs": graphs, "reorder": reorders, "gnn": gnn}, indent=1))
+            json.dumps({"env": env, "graphs": graphs, "reorder": reorders, "gnn": gnn, "attention": attention},
+                       indent=1))
     if args.markdown:
         tables = markdown(graphs, reorders, summary_min_nnz=args.summary_min_nnz)
-        pathlib.Path(args.markdown).write_text(tables + (gnn_markdown(gnn) if gnn else ""))
+        pathlib.Path(args.markdown).write_text(tables + (gnn_markdown(gnn) if gnn else "")
+                                               + (attention_markdown(attention) if attention else ""))
     if args.plot:
         plot_speedups(graphs, args.plot)
         print(f"plot: {args.plot}")
@@ -213,13 +224,15 @@ def main(argv=None):
         first = first_product_markdown(first_product_times(args.first_product))
         print("\ntime to the first product\n" + first)
     if args.page:
-        pathlib.Path(args.page).write_text(results_page(env, graphs, reorders, gnn, args, first))
+        pathlib.Path(args.page).write_text(results_page(env, graphs, reorders, gnn, args, first, attention))
         print(f"page: {args.page}")
     return 0
 
 
-def results_page(env, graphs, reorders, gnn, args, first=None):
-    """The results page of one run: where and what ran, the geomeans, every table, the plot, the first product."""
+def results_page(env, graphs, reorders, gnn, args, first=None, attention=None):
+    """The results page of one run: where and what ran, the geomeans, every table, the plot, the attention
+    layers, the first product."""
+    from ._attention import attention_markdown
     from ._gnn import gnn_markdown
 
     where = env.get("gpu", "the host (NumPy reference path)")
@@ -245,6 +258,12 @@ def results_page(env, graphs, reorders, gnn, args, first=None):
         lines += ["## Tables", markdown(graphs, reorders, summary_min_nnz=args.summary_min_nnz), ""]
     if gnn:
         lines += ["## Training epochs (ms)", "", gnn_markdown(gnn), ""]
+    if attention:
+        lines += ["## Graph attention (us per call)", "",
+                  "One layer on the graph with self-loops, 64 features per head. `attention`: "
+                  "`tcgnn_py.nn.graph_attention` alone, fused or the unfused sequence it replaces (every entry's "
+                  "score, an edge softmax and SpMM per head; the backward likewise); `layer`: the whole layer, "
+                  "dense products included. Cells: GPU-only (back to back).", "", attention_markdown(attention), ""]
     if first:
         lines += ["## Time to the first product", "", first, ""]
     return "\n".join(lines).rstrip() + "\n"

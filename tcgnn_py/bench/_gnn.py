@@ -154,13 +154,7 @@ def time_epochs(step, sync, epochs=20, repeat=3, warmup=3):
     return statistics.median(samples)
 
 
-def load_baselines(path):
-    """``(builders, versions)`` from a Python file (kept outside this package) that defines ``builders()``.
-
-    ``builders()`` returns ``({name: build(problem, model) -> (step, sync) or None}, {package: version})``:
-    the ``extra`` that :func:`bench_gnn` takes.  Other frameworks' models live in such a file, so this
-    package imports none of them.
-    """
+def _load(path):
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("gnn_baselines", path)
@@ -168,7 +162,22 @@ def load_baselines(path):
         raise ValueError(f"baselines: {path!r} is not a Python file")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.builders()
+    return mod
+
+
+def load_baselines(path):
+    """``(builders, versions, attention)`` from a Python file (kept outside this package) that defines
+    ``builders()`` and, optionally, ``attention_builders()``.
+
+    ``builders()`` returns ``({name: build(problem, model) -> (step, sync) or None}, {package: version})``:
+    the ``extra`` that :func:`bench_gnn` takes; ``attention_builders()`` returns ``{name: build(problem,
+    score, heads) -> (fwd(i), fwd_bwd(i)) or None}``, the ``extra`` of :func:`bench_attention` (``{}`` where the
+    file has none).  Other frameworks' models live in such a file, so this package imports none of them.
+    """
+    mod = _load(path)
+    builders, versions = mod.builders()
+    attention = mod.attention_builders() if hasattr(mod, "attention_builders") else {}
+    return builders, versions, attention
 
 
 def bench_gnn(spec, models=MODELS, epochs=20, repeat=3, device=None, extra=None):
