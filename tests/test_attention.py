@@ -180,7 +180,7 @@ def _rel(a, b):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("heads,D", [(1, 16), (1, 3), (4, 17), (8, 8), (8, 32), (2, 128)])
+@pytest.mark.parametrize("heads,D", [(1, 16), (1, 3), (4, 17), (8, 8), (8, 32), (2, 128), (3, 100)])
 @pytest.mark.parametrize("dropout", [0.0, 0.6])
 def test_fused_additive_matches_reference(cp, dtype, heads, D, dropout):
     if dtype == "bfloat16":
@@ -279,10 +279,12 @@ def test_fused_backward_matches_the_reference(cp, dropout, rect, score, dtype):
         out, vjp = nn.graph_attention(T, xp.asarray(V, vt), heads=heads, score=score, dropout=dropout,
                                       seed=xp.asarray(seed), precision="fp32", **kw)
         res.append([out] + list(vjp(xp.asarray(g, vt))))
-    tol = 1e-5 if dtype == "float32" else 5e-3
+    # float32 sums over the 600-entry row and column: up to ~600 roundings of 6e-8 each
+    tol = 5e-5 if dtype == "float32" else 5e-3
     for i, (a, b) in enumerate(zip(*res)):
         assert b.shape == a.shape, i
-        assert _rel(cp.asnumpy(b.astype(cp.float32)), a) < tol, i
+        err = _rel(cp.asnumpy(b.astype(cp.float32)), a)
+        assert err < tol, (i, err)
 
 
 @pytest.mark.parametrize("heads", [1, 4])

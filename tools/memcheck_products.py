@@ -179,7 +179,7 @@ def part_attention():
         Tc = tg.TiledMatrix(M.astype(np.float64), device="cpu")  # the NumPy reference, in float64
         n, k = M.shape
         seed, seed_c = cp.asarray([3], cp.uint32), np.array([3], np.uint32)
-        for heads, D in ((1, 3), (1, 64), (4, 17), (8, 8), (2, 128)):
+        for heads, D in ((1, 3), (1, 64), (4, 17), (8, 8), (2, 128), (3, 100)):
             V = rng.integers(-4, 5, (k, heads * D)).astype(np.float32)
             g = rng.integers(-4, 5, (n, heads * D)).astype(np.float32)
             ss, sd = rng.standard_normal((k, heads)).astype(np.float32), rng.standard_normal((n, heads)).astype(np.float32)

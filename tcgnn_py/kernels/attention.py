@@ -3,8 +3,8 @@
 For each row i of a CSR graph and each head h: ``out[i, h] = sum_j P_ij,h V[j, h]`` with
 ``P_ij,h = a_ij exp(z_ij,h) / sum_k a_ik exp(z_ik,h)`` over the row's stored entries (``a`` the
 entries' non-negative values, 1 when there are none).  The scores never reach global memory: a warp walks its row's
-entries once, keeping for each of its features a running maximum, the running sum of ``a exp(z - max)``
-and the weighted sum of ``V`` rows (the online softmax of FlashAttention), and writes one log-sum-exp per
+entries once, keeping a running maximum, the running sum of ``a exp(z - max)`` and the weighted sum of
+``V`` rows (the online softmax of FlashAttention), and writes one log-sum-exp per
 row and head for the backward pass, which recomputes ``P`` from it: a warp per row (the gradients of the row's
 own inputs) and a warp per column of Aᵀ's CSR (those of its partners'), sums in entry order, no atomics.
 
@@ -15,10 +15,10 @@ Scores (``KIND``):
 ``COSINE`` (AGNN, one head)
     ``z_ij = beta * <Q[i], K[j]>`` of given (row-normalised) Q and K: one warp-wide dot per entry.
 
-Lanes cover the ``heads * D`` features of a row, ``C`` per lane (``32 * C`` at most), ``heads <= 8``;
-a warp takes its row's entries 32 at a time (one score per lane and head, one rescale per chunk); CUDA
-cores, float32 accumulation.  Rows whose entries all weigh 0, and empty rows,
-give 0 and a log-sum-exp of -inf.  A NaN score makes its row's head NaN, as the unfused softmax does.
+A warp takes one row (or column) and one head; its lanes cover the head's ``D`` features, ``C`` per lane
+(``32 * C`` at most), and its entries 32 at a time (one score per lane, one rescale per chunk); CUDA cores,
+float32 accumulation.  Rows whose entries all weigh 0, and empty rows, give 0 and a log-sum-exp of -inf.  A NaN
+score makes its row's head NaN, as the unfused softmax does.
 """
 
 import dataclasses
@@ -38,11 +38,11 @@ ADDITIVE, COSINE = 0, 1
 #: A row (or, in the backward pass, a column) of more entries than this is cut into parts of this many,
 #: each taken by its own warp and merged in part order: a hub's entries then spread over the GPU.
 ATTENTION_UNIT = 256
-#: Heads of one fused pass (the kernel keeps each head's running maximum and sum in registers).
+#: Heads of one fused call (the scope of the layers: GAT's 1-8 heads).
 ATTENTION_MAX_HEADS = 8
 #: Warps (rows) per CTA.
 ATTENTION_WARPS = 8
-#: Features per lane: a row's ``heads * D`` features are covered by ``32 * C`` lanes' slots.
+#: Features per lane: a head's ``D`` features are covered by ``32 * C`` lanes' slots.
 ATTENTION_CHUNKS = (1, 2, 4, 8)
 
 
@@ -84,12 +84,12 @@ def attention_bwd_config(dtype_name, kind, mode, width):
     return cls(cuda_type(dtype_name), mode, attention_config(dtype_name, kind, width).C)
 
 
-def attention_config(dtype_name, kind, features):
-    """The forward kernel for ``features = heads * D`` of ``dtype_name``: the fewest chunks that cover them."""
-    chunks = next((c for c in ATTENTION_CHUNKS if 32 * c >= features), None)
+def attention_config(dtype_name, kind, width):
+    """The forward kernel for heads of ``width`` features of ``dtype_name``: the fewest chunks that cover them."""
+    chunks = next((c for c in ATTENTION_CHUNKS if 32 * c >= width), None)
     if chunks is None:
-        raise ValueError(f"the fused attention covers heads * D <= {32 * ATTENTION_CHUNKS[-1]} features, "
-                         f"got {features}")
+        raise ValueError(f"the fused attention covers heads of D <= {32 * ATTENTION_CHUNKS[-1]} features, "
+                         f"got {width}")
     return AttentionFwd(cuda_type(dtype_name), kind, chunks)
 
 
@@ -109,14 +109,12 @@ __device__ __forceinline__ bool tc_keep(unsigned e, unsigned seed, float p) {
     return (float)(x >> 8) * 5.9604644775390625e-8f >= p;
 }
 
-// One warp per row, its entries 32 at a time: lane t scores entry t of the chunk (every head), the warp takes
-// the chunk's maximum and sum per head (online softmax: the running sums rescale once per chunk), and then
-// accumulates the chunk's V rows, 4 at a time, with the entries' weights from shared memory.  Lane `lane`
-// holds features f = lane + 32 c (c < C) of the row's heads * D; heads <= TC_ATT_MAXH.
-// weights: the entries' values (nullptr: all 1).  ADDITIVE reads s_src / s_dst ((n, heads) float);
-// COSINE reads Q / K ((n, D) of T, one head) and beta (one float).
+// One warp per row and head, the row's entries 32 at a time: lane t scores entry t of the chunk, the warp takes
+// the chunk's maximum and sum (online softmax: the running sums rescale once per chunk), and then accumulates the
+// chunk's V rows (the head's D features), 4 at a time, with the entries' weights from shared memory.  Lane `lane`
+// holds features f = lane + 32 c (c < C) of the head.  weights: the entries' values (nullptr: all 1).  ADDITIVE
+// reads s_src / s_dst ((n, heads) float); COSINE reads Q / K ((n, D) of T, one head) and beta (one float).
 #define TC_ATT_WARPS 8
-#define TC_ATT_MAXH 8
 template <typename T, int KIND, int C>
 __global__ void __launch_bounds__(32 * TC_ATT_WARPS)
 tcgnn_attention_fwd(const int4* __restrict__ units, const int* __restrict__ indices,
@@ -125,31 +123,26 @@ tcgnn_attention_fwd(const int4* __restrict__ units, const int* __restrict__ indi
                     const T* __restrict__ Q, const T* __restrict__ K, const float* __restrict__ beta,
                     T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part, int n_units, int heads,
                     int D, float slope, float drop_p, const unsigned* __restrict__ seed) {
-    __shared__ float s_p[TC_ATT_WARPS][32 * TC_ATT_MAXH];  // the chunk's weights P (dropped ones 0), (t, head)
-    __shared__ int s_j[TC_ATT_WARPS][32];                  // the chunk's columns
-    __shared__ float s_h[TC_ATT_WARPS][2 * TC_ATT_MAXH];   // per head: the chunk's rescale; at the end l, m
+    __shared__ float s_p[TC_ATT_WARPS][32];  // the chunk's weights P (dropped ones 0)
+    __shared__ int s_j[TC_ATT_WARPS][32];    // the chunk's columns
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const long long uid = (long long)blockIdx.x * TC_ATT_WARPS + warp;
-    if (uid >= n_units) return;  // a whole warp: no block-wide barrier follows
+    const long long wid = (long long)blockIdx.x * TC_ATT_WARPS + warp;
+    if (wid >= (long long)n_units * heads) return;  // a whole warp: no block-wide barrier follows
+    const long long uid = wid / heads;
+    const int h = (int)(wid - uid * heads);
     const int4 unit = units[uid];  // (row, first entry, end entry, partial slot or -1)
     const long long row = unit.x;
     const int HD = heads * D;
+    const T* Vh = V + h * D;
     float acc[C], q[C];
-    int hc[C];
 #pragma unroll
     for (int c = 0; c < C; ++c) {
         const int f = lane + 32 * c;
         acc[c] = 0.f;
-        hc[c] = f < HD ? f / D : 0;
         q[c] = (KIND == 1 && f < D) ? tc_load(Q + row * D + f) : 0.f;
     }
-    float m[TC_ATT_MAXH], l[TC_ATT_MAXH], sd[TC_ATT_MAXH];  // warp-uniform
-#pragma unroll
-    for (int h = 0; h < TC_ATT_MAXH; ++h) {
-        m[h] = TC_NEG_INF;
-        l[h] = 0.f;
-        sd[h] = (KIND == 0 && h < heads) ? s_dst[row * heads + h] : 0.f;
-    }
+    float m = TC_NEG_INF, l = 0.f;  // warp-uniform
+    const float sd = KIND == 0 ? s_dst[row * heads + h] : 0.f;
     const float b = KIND == 1 ? beta[0] : 0.f;
     const unsigned sv = drop_p > 0.f ? seed[0] : 0u;
     const float kept = drop_p > 0.f ? 1.f / (1.f - drop_p) : 1.f;
@@ -160,115 +153,96 @@ tcgnn_attention_fwd(const int4* __restrict__ units, const int* __restrict__ indi
         const long long j = valid ? indices[e] : 0;
         const float w = valid ? (weights ? weights[e] : 1.f) : 0.f;
         s_j[warp][lane] = (int)j;
-        float zc = 0.f;
+        float z = 0.f;
         if (KIND == 1) {  // the chunk's cosines: one warp-wide dot per entry, kept by the entry's lane
             __syncwarp();
             for (int t0 = 0; t0 < cnt; t0 += 4) {  // 4 entries at a time: their K rows' loads overlap
-                float part[4];
+                float dot[4];
 #pragma unroll
                 for (int u = 0; u < 4; ++u) {
                     const long long jt = t0 + u < cnt ? s_j[warp][t0 + u] : -1;
-                    part[u] = 0.f;
+                    dot[u] = 0.f;
 #pragma unroll
                     for (int c = 0; c < C; ++c) {
                         const int f = lane + 32 * c;
-                        if (jt >= 0 && f < D) part[u] += q[c] * tc_load(K + jt * D + f);
+                        if (jt >= 0 && f < D) dot[u] += q[c] * tc_load(K + jt * D + f);
                     }
                 }
 #pragma unroll
                 for (int u = 0; u < 4; ++u) {
 #pragma unroll
-                    for (int o = 16; o > 0; o >>= 1) part[u] += __shfl_xor_sync(0xffffffffu, part[u], o);
-                    if (lane == t0 + u) zc = b * part[u];
+                    for (int o = 16; o > 0; o >>= 1) dot[u] += __shfl_xor_sync(0xffffffffu, dot[u], o);
+                    if (lane == t0 + u) z = b * dot[u];
                 }
             }
+        } else {
+            z = sd + (valid ? s_src[j * heads + h] : 0.f);
+            z = z > 0.f ? z : z * slope;
         }
-        const float lw = w != 0.f ? logf(w) : 0.f;  // a exp(z) = exp(z + log a); weights are non-negative
+        z = w != 0.f ? z + logf(w) : TC_NEG_INF;  // a exp(z) = exp(z + log a); an entry of weight 0 takes no part
+        float mc = z;
 #pragma unroll
-        for (int h = 0; h < TC_ATT_MAXH; ++h) {
-            if (h >= heads) break;
-            float z;
-            if (KIND == 0) {
-                z = sd[h] + (valid ? s_src[j * heads + h] : 0.f);
-                z = z > 0.f ? z : z * slope;
-            } else {
-                z = zc;
-            }
-            z = w != 0.f ? z + lw : TC_NEG_INF;  // an entry of weight 0 (or past the row) takes no part
-            float mc = z;
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                const float other = __shfl_xor_sync(0xffffffffu, mc, o);
-                mc = other > mc ? other : mc;
-            }
-            const float mn = m[h] > mc ? m[h] : mc;  // a NaN score poisons its head's sums below
-            const float p = mn == TC_NEG_INF ? 0.f : expf(z - mn);
-            const float scale = mn == TC_NEG_INF ? 1.f : expf(m[h] - mn);
-            float ps = p;
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
-            l[h] = l[h] * scale + ps;
-            m[h] = mn;
-            float pv = p;
-            if (drop_p > 0.f) pv = (valid && tc_keep((unsigned)e * heads + h, sv, drop_p)) ? p * kept : 0.f;
-            s_p[warp][lane * TC_ATT_MAXH + h] = pv;
-            if (lane == 0) s_h[warp][h] = scale;
+        for (int o = 16; o > 0; o >>= 1) {
+            const float other = __shfl_xor_sync(0xffffffffu, mc, o);
+            mc = other > mc ? other : mc;
         }
+        const float mn = m > mc ? m : mc;  // a NaN score poisons the sums below
+        const float p = mn == TC_NEG_INF ? 0.f : expf(z - mn);
+        const float scale = mn == TC_NEG_INF ? 1.f : expf(m - mn);
+        float ps = p;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+        l = l * scale + ps;
+        m = mn;
+        float pv = p;
+        if (drop_p > 0.f) pv = (valid && tc_keep((unsigned)e * heads + h, sv, drop_p)) ? p * kept : 0.f;
+        s_p[warp][lane] = pv;
         __syncwarp();
 #pragma unroll
-        for (int c = 0; c < C; ++c) acc[c] *= s_h[warp][hc[c]];
+        for (int c = 0; c < C; ++c) acc[c] *= scale;
         int t = 0;
         for (; t + 4 <= cnt; t += 4) {
             const long long j0 = s_j[warp][t], j1 = s_j[warp][t + 1], j2 = s_j[warp][t + 2], j3 = s_j[warp][t + 3];
+            const float p0 = s_p[warp][t], p1 = s_p[warp][t + 1], p2 = s_p[warp][t + 2], p3 = s_p[warp][t + 3];
 #pragma unroll
             for (int c = 0; c < C; ++c) {
                 const int f = lane + 32 * c;
-                if (f >= HD) continue;
-                const float v0 = tc_load(V + j0 * HD + f), v1 = tc_load(V + j1 * HD + f);
-                const float v2 = tc_load(V + j2 * HD + f), v3 = tc_load(V + j3 * HD + f);
-                const float* p = &s_p[warp][t * TC_ATT_MAXH + hc[c]];
-                acc[c] += p[0] * v0 + p[TC_ATT_MAXH] * v1 + p[2 * TC_ATT_MAXH] * v2 + p[3 * TC_ATT_MAXH] * v3;
+                if (f >= D) continue;
+                const float v0 = tc_load(Vh + j0 * HD + f), v1 = tc_load(Vh + j1 * HD + f);
+                const float v2 = tc_load(Vh + j2 * HD + f), v3 = tc_load(Vh + j3 * HD + f);
+                acc[c] += p0 * v0 + p1 * v1 + p2 * v2 + p3 * v3;
             }
         }
         for (; t < cnt; ++t) {
             const long long jt = s_j[warp][t];
+            const float pt = s_p[warp][t];
 #pragma unroll
             for (int c = 0; c < C; ++c) {
                 const int f = lane + 32 * c;
-                if (f < HD) acc[c] += s_p[warp][t * TC_ATT_MAXH + hc[c]] * tc_load(V + jt * HD + f);
+                if (f < D) acc[c] += pt * tc_load(Vh + jt * HD + f);
             }
         }
-        __syncwarp();  // the next chunk overwrites s_j, s_p and s_h
+        __syncwarp();  // the next chunk overwrites s_j and s_p
     }
-    if (lane == 0) {
-#pragma unroll
-        for (int h = 0; h < TC_ATT_MAXH; ++h) {
-            s_h[warp][h] = l[h];
-            s_h[warp][TC_ATT_MAXH + h] = m[h];
-        }
-    }
-    __syncwarp();
     if (unit.w >= 0) {  // a part of a long row: its (m, l) per head and unnormalised sums, merged in part order
         float* pp = part + (long long)unit.w * (2 * heads + HD);
-        if (lane < heads) {
-            pp[lane] = s_h[warp][TC_ATT_MAXH + lane];
-            pp[heads + lane] = s_h[warp][lane];
+        if (lane == 0) {
+            pp[h] = m;
+            pp[heads + h] = l;
         }
 #pragma unroll
         for (int c = 0; c < C; ++c) {
             const int f = lane + 32 * c;
-            if (f < HD) pp[2 * heads + f] = acc[c];
+            if (f < D) pp[2 * heads + h * D + f] = acc[c];
         }
         return;
     }
 #pragma unroll
     for (int c = 0; c < C; ++c) {
         const int f = lane + 32 * c;
-        if (f >= HD) continue;
-        const float lh = s_h[warp][hc[c]], mh = s_h[warp][TC_ATT_MAXH + hc[c]];
-        tc_put(out + row * HD + f, lh != 0.f ? acc[c] / lh : 0.f);
-        if (f % D == 0) lse[row * heads + hc[c]] = lh != 0.f ? mh + logf(lh) : TC_NEG_INF;
+        if (f < D) tc_put(out + row * HD + h * D + f, l != 0.f ? acc[c] / l : 0.f);
     }
+    if (lane == 0) lse[row * heads + h] = l != 0.f ? m + logf(l) : TC_NEG_INF;
 }
 
 // A long row's parts, merged in part order: per head M = max m_k, L = sum l_k exp(m_k - M), and
@@ -307,7 +281,7 @@ tcgnn_attention_merge(const int4* __restrict__ splits, const float* __restrict__
 // for entry (i, j) of CSR id e and head h, pre = s_dst[i, h] + s_src[j, h], P = a exp(LeakyReLU(pre) - lse[i, h]),
 // m = the dropout factor, dP = m <g_i, V_j>_h, dpre = P (dP - tdot[i, h]) LeakyReLU'(pre) with
 // tdot[i, h] = <g_i, out_i>_h.  MODE 0 (a warp per row i and head over A's CSR): ds[i, h] = sum_j dpre (s_dst's
-// gradient).  MODE 1 (a warp per column j and head over Aᵀ's CSR, `eids` the entries' CSR ids in A): dV[j, h] =
+// gradient), and tdot (from O, the forward's output) for MODE 1, which runs after it.  MODE 1 (a warp per column j and head over Aᵀ's CSR, `eids` the entries' CSR ids in A): dV[j, h] =
 // sum_i P m g_i,h and ds[j, h] = sum_i dpre (s_src's gradient).  One head per warp keeps C = D / 32 registers
 // per row and one reduction per entry; each lane first scores its own entry of the chunk (P m to shared memory).
 // Sums in entry order: deterministic.
@@ -315,8 +289,9 @@ template <typename T, int MODE, int C>
 __global__ void __launch_bounds__(32 * TC_ATT_WARPS)
 tcgnn_attention_bwd(const int4* __restrict__ units, const int* __restrict__ partners, const int* __restrict__ eids,
                     const float* __restrict__ weights, const T* __restrict__ V, const T* __restrict__ G,
-                    const float* __restrict__ s_src, const float* __restrict__ s_dst, const float* __restrict__ lse,
-                    const float* __restrict__ tdot, float* __restrict__ dV, float* __restrict__ ds,
+                    const T* __restrict__ O, const float* __restrict__ s_src, const float* __restrict__ s_dst,
+                    const float* __restrict__ lse, float* __restrict__ tdot, float* __restrict__ dV,
+                    float* __restrict__ ds,
                     float* __restrict__ part, int n_units, int heads, int D, float slope, float drop_p,
                     const unsigned* __restrict__ seed) {
     __shared__ int s_q[TC_ATT_WARPS][32];
@@ -339,7 +314,18 @@ tcgnn_attention_bwd(const int4* __restrict__ units, const int* __restrict__ part
         acc[c] = 0.f;
     }
     const float s_own = (MODE == 0 ? s_dst : s_src)[owner * heads + h];
-    const float l_own = MODE == 0 ? lse[owner * heads + h] : 0.f, t_own = MODE == 0 ? tdot[owner * heads + h] : 0.f;
+    const float l_own = MODE == 0 ? lse[owner * heads + h] : 0.f;
+    float t_own = 0.f;
+    if (MODE == 0) {  // tdot[i, h] = <g_i, out_i>_h, for this pass and written for the columns pass
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            const int f = lane + 32 * c;
+            if (f < D) t_own += own[c] * tc_load(O + owner * HD + h * D + f);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) t_own += __shfl_xor_sync(0xffffffffu, t_own, o);
+        if (lane == 0) tdot[owner * heads + h] = t_own;  // (every part of a long row writes the same value)
+    }
     float dsum = 0.f;
     const unsigned sv = drop_p > 0.f ? seed[0] : 0u;
     const float kept = drop_p > 0.f ? 1.f / (1.f - drop_p) : 1.f;
@@ -415,17 +401,17 @@ tcgnn_attention_bwd(const int4* __restrict__ units, const int* __restrict__ part
 
 // The backward pass of COSINE attention (one head), recomputed from the forward's log-sum-exp, no E-sized array:
 // for entry (i, j) of CSR id e, c = <Q_i, K_j>, P = a exp(beta c - lse[i]), m the dropout factor,
-// dz = P (m <g_i, V_j> - tdot[i]).  MODE 0 (one warp per row i over A's CSR): dQ[i] = beta sum_j dz K_j, and the
-// unit's share of dbeta = sum dz c in dbeta[unit].  MODE 1 (one warp per column j over Aᵀ's CSR): dV[j] =
+// dz = P (m <g_i, V_j> - tdot[i]), tdot[i] = <g_i, out_i>.  MODE 0 (one warp per row i over A's CSR): dQ[i] =
+// beta sum_j dz K_j, the unit's share of dbeta = sum dz c in dbeta[unit], and tdot (from O) for MODE 1.  MODE 1 (one warp per column j over Aᵀ's CSR): dV[j] =
 // sum_i P m g_i and dK[j] = beta sum_i dz Q_i.  Each entry takes two warp-wide dots of D features (two partner
 // rows loaded per entry, 4 entries at a time).  Sums in entry order: deterministic.
 template <typename T, int MODE, int C>
 __global__ void __launch_bounds__(32 * TC_ATT_WARPS)
 tcgnn_attention_cos_bwd(const int4* __restrict__ units, const int* __restrict__ partners,
                         const int* __restrict__ eids, const float* __restrict__ weights, const T* __restrict__ V,
-                        const T* __restrict__ G, const T* __restrict__ Q, const T* __restrict__ K,
-                        const float* __restrict__ beta, const float* __restrict__ lse,
-                        const float* __restrict__ tdot, float* __restrict__ dV, float* __restrict__ dQK,
+                        const T* __restrict__ G, const T* __restrict__ O, const T* __restrict__ Q,
+                        const T* __restrict__ K, const float* __restrict__ beta, const float* __restrict__ lse,
+                        float* __restrict__ tdot, float* __restrict__ dV, float* __restrict__ dQK,
                         float* __restrict__ dbeta, float* __restrict__ part, int n_units, int D, float drop_p,
                         const unsigned* __restrict__ seed) {
     __shared__ int s_q[TC_ATT_WARPS][32];
@@ -452,7 +438,18 @@ tcgnn_attention_cos_bwd(const int4* __restrict__ units, const int* __restrict__ 
         accB[c] = 0.f;
     }
     const float b = beta[0];
-    const float lse_o = MODE == 0 ? lse[owner] : 0.f, t_o = MODE == 0 ? tdot[owner] : 0.f;
+    const float lse_o = MODE == 0 ? lse[owner] : 0.f;
+    float t_o = 0.f;
+    if (MODE == 0) {  // tdot[i] = <g_i, out_i>, for this pass and written for the columns pass
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            const int f = lane + 32 * c;
+            if (f < D) t_o += oa[c] * tc_load(O + owner * D + f);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) t_o += __shfl_xor_sync(0xffffffffu, t_o, o);
+        if (lane == 0) tdot[owner] = t_o;
+    }
     float dbsum = 0.f;  // warp-uniform
     const unsigned sv = drop_p > 0.f ? seed[0] : 0u;
     const float kept = drop_p > 0.f ? 1.f / (1.f - drop_p) : 1.f;

@@ -95,7 +95,7 @@ def _fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, s
     D = HD // heads
     f32 = np.float32
     G = cp.ascontiguousarray(g, V.dtype)
-    tdot = (G.astype(f32).reshape(n, heads, D) * out.astype(f32).reshape(n, heads, D)).sum(axis=2)
+    tdot = cp.empty((n, heads), f32)  # <g_i, out_i> per head: the rows pass writes it, the columns pass reads it
     indices = _structure(T)[0]
     _, t_rows, t_eids = _transpose_structure(T)
     w = _weights_csr(T, f32)
@@ -109,14 +109,14 @@ def _fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, s
         ds_dst, ds_src = cp.empty((n, heads), f32), cp.empty((k, heads), f32)
         # per mode: the kernel's outputs, and the merge's (slot width, out0, w0, out1, w1)
         outs = ((ds_dst, (heads + HD, ds_dst, heads, _NULL, 0)), (ds_src, (heads + HD, ds_src, heads, dV, HD)))
-        head = (w, V, G, ss, sd, lse, tdot, dV)
+        head = (w, V, G, out, ss, sd, lse, tdot, dV)
         tail = (np.int32(heads), np.int32(D), f32(slope), f32(dropout), seed)
     else:
         Qc, Kc = cp.ascontiguousarray(Q, V.dtype), cp.ascontiguousarray(K, V.dtype)
         dQ, dK = cp.empty((n, D), f32), cp.empty((k, D), f32)
         dbeta = cp.zeros(1, f32)
         outs = ((dQ, (D, dQ, D, _NULL, 0)), (dK, (2 * D, dV, D, dK, D)))
-        head = (w, V, G, Qc, Kc, cp.ascontiguousarray(beta, f32), lse, tdot, dV)
+        head = (w, V, G, out, Qc, Kc, cp.ascontiguousarray(beta, f32), lse, tdot, dV)
         tail = (np.int32(D), f32(dropout), seed)
     block = (32 * ka.ATTENTION_WARPS,)
     for mode, (kind, partners, eids) in enumerate((("rows", indices, _NULL), ("cols", t_rows, t_eids))):
@@ -131,7 +131,7 @@ def _fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, s
         else:
             dbp = cp.empty(units.shape[0], f32) if mode == 0 else _NULL  # the row units' shares of dbeta
             extra = (out_k, dbp, part, nu)
-        warps = units.shape[0] * (heads if additive else 1)  # the additive kernels take a warp per head
+        warps = units.shape[0] * heads  # a warp per owner and head
         get_kernel("attention", ka.attention_bwd_config(V.dtype.name, kid, mode, D).name)(
             (-(-warps // ka.ATTENTION_WARPS),), block, (units, partners, eids) + head + extra + tail)
         if splits.shape[0]:
@@ -177,7 +177,7 @@ def _fused(T, V, heads, kind, s_src, s_dst, Q, K, beta, slope, dropout, seed):
     indices = _structure(T)[0]
     n, HD = T.shape[0], V.shape[1]
     kid = ka.ADDITIVE if kind == "additive" else ka.COSINE
-    cfg = ka.attention_config(V.dtype.name, kid, HD if kid == ka.ADDITIVE else max(HD, Q.shape[1]))
+    cfg = ka.attention_config(V.dtype.name, kid, HD // heads)  # a warp per row and head (cosine: Q as wide as V)
     out = cp.empty((n, HD), V.dtype)
     lse = cp.empty((n, heads), np.float32)
     if n == 0:
@@ -192,7 +192,7 @@ def _fused(T, V, heads, kind, s_src, s_dst, Q, K, beta, slope, dropout, seed):
     units, splits, n_slots = _units(T, "rows")
     part = cp.empty((n_slots, 2 * heads + HD), f32) if n_slots else _NULL
     get_kernel("attention", cfg.name)(
-        (-(-units.shape[0] // ka.ATTENTION_WARPS),), (32 * ka.ATTENTION_WARPS,),
+        (-(-(units.shape[0] * heads) // ka.ATTENTION_WARPS),), (32 * ka.ATTENTION_WARPS,),
         (units, indices, _weights_csr(T, f32), V) + args
         + (out, lse, part, np.int32(units.shape[0]), np.int32(heads), np.int32(HD // heads), f32(slope),
            f32(dropout), cp.ascontiguousarray(seed, np.uint32) if dropout else _NULL))
@@ -217,7 +217,7 @@ def graph_attention(A, V, *, heads=1, score="additive", s_src=None, s_dst=None, 
     A : TiledMatrix, shape (n, k)
     V : array, shape (k, heads * D)
         Values, head by head (D features each).  The fused kernel takes float32, float16 and bfloat16 with
-        ``heads <= 8`` and ``heads * D <= 256``; other products run the unfused reference on their device.
+        ``heads <= 8`` and ``D <= 256``; other products run the unfused reference on their device.
     heads : int
     score : {"additive", "cosine"}
         ``"additive"`` (GAT): ``z_ij,h = LeakyReLU(s_dst[i, h] + s_src[j, h])``, with ``s_src`` of shape
@@ -304,7 +304,7 @@ def graph_attention(A, V, *, heads=1, score="additive", s_src=None, s_dst=None, 
 
     # The kernel's reach; beyond it (float64, more heads or features) the reference runs on the device, unfused.
     gpu = (xp is not np and V.dtype.name in ("float32", "float16", "bfloat16") and heads <= ATTENTION_MAX_HEADS
-           and max(V.shape[1], 0 if Q is None else Q.shape[1]) <= 32 * ATTENTION_CHUNKS[-1]
+           and V.shape[1] // heads <= 32 * ATTENTION_CHUNKS[-1]
            and (score == "additive" or Q.dtype == V.dtype and Q.shape[1] == V.shape[1]))
     gpu = gpu and fused
     if gpu:
