@@ -236,7 +236,9 @@ def results_page(env, graphs, reorders, gnn, args, first=None, attention=None):
     from ._gnn import gnn_markdown
 
     where = env.get("gpu", "the host (NumPy reference path)")
-    lines = ["# Results", "",
+    title = "Results" if graphs or reorders else (
+        "Results: graph attention and training epochs" if attention else "Results: training epochs")
+    lines = [f"# {title}", "",
              f"One run of the harness on {where}, {env['date']}: tcgnn_py {env['tcgnn_py']}"
              + (f" (commit `{env['commit']}`)" if env.get("commit") else "")
              + (f", CuPy {env['cupy']}, numba-cuda {env['numba_cuda']}" if "cupy" in env else "")
