@@ -111,10 +111,13 @@ __device__ __forceinline__ bool tc_keep(unsigned e, unsigned seed, float p) {
 
 // One warp per row and head, the row's entries 32 at a time: lane t scores entry t of the chunk, the warp takes
 // the chunk's maximum and sum (online softmax: the running sums rescale once per chunk), and then accumulates the
-// chunk's V rows (the head's D features), 4 at a time, with the entries' weights from shared memory.  Lane `lane`
-// holds features f = lane + 32 c (c < C) of the head.  weights: the entries' values (nullptr: all 1).  ADDITIVE
-// reads s_src / s_dst ((n, heads) float); COSINE reads Q / K ((n, D) of T, one head) and beta (one float).
+// chunk's V rows (the head's D features), TC_ATT_U at a time, with the entries' weights from shared memory.
+// Lane `lane` holds features f = lane + 32 c (c < C) of the head.  weights: the entries' values (nullptr: all 1).
+// ADDITIVE reads s_src / s_dst ((n, heads) float); COSINE reads Q / K ((n, D) of T, one head) and beta (one float).
 #define TC_ATT_WARPS 8
+// V rows (forward) whose loads are issued together: more where a lane holds few features.  (The backward passes
+// load 4 partner rows at a time: 8 measured slower there, with their larger register footprint.)
+#define TC_ATT_U(C) ((C) <= 2 ? 8 : 4)
 template <typename T, int KIND, int C>
 __global__ void __launch_bounds__(32 * TC_ATT_WARPS)
 tcgnn_attention_fwd(const int4* __restrict__ units, const int* __restrict__ indices,
@@ -156,10 +159,11 @@ tcgnn_attention_fwd(const int4* __restrict__ units, const int* __restrict__ indi
         float z = 0.f;
         if (KIND == 1) {  // the chunk's cosines: one warp-wide dot per entry, kept by the entry's lane
             __syncwarp();
-            for (int t0 = 0; t0 < cnt; t0 += 4) {  // 4 entries at a time: their K rows' loads overlap
-                float dot[4];
+            constexpr int U = TC_ATT_U(C);
+            for (int t0 = 0; t0 < cnt; t0 += U) {  // U entries at a time: their K rows' loads overlap
+                float dot[U];
 #pragma unroll
-                for (int u = 0; u < 4; ++u) {
+                for (int u = 0; u < U; ++u) {
                     const long long jt = t0 + u < cnt ? s_j[warp][t0 + u] : -1;
                     dot[u] = 0.f;
 #pragma unroll
@@ -169,7 +173,7 @@ tcgnn_attention_fwd(const int4* __restrict__ units, const int* __restrict__ indi
                     }
                 }
 #pragma unroll
-                for (int u = 0; u < 4; ++u) {
+                for (int u = 0; u < U; ++u) {
 #pragma unroll
                     for (int o = 16; o > 0; o >>= 1) dot[u] += __shfl_xor_sync(0xffffffffu, dot[u], o);
                     if (lane == t0 + u) z = b * dot[u];
@@ -200,17 +204,27 @@ tcgnn_attention_fwd(const int4* __restrict__ units, const int* __restrict__ indi
         __syncwarp();
 #pragma unroll
         for (int c = 0; c < C; ++c) acc[c] *= scale;
+        constexpr int U = TC_ATT_U(C);
         int t = 0;
-        for (; t + 4 <= cnt; t += 4) {
-            const long long j0 = s_j[warp][t], j1 = s_j[warp][t + 1], j2 = s_j[warp][t + 2], j3 = s_j[warp][t + 3];
-            const float p0 = s_p[warp][t], p1 = s_p[warp][t + 1], p2 = s_p[warp][t + 2], p3 = s_p[warp][t + 3];
+        for (; t + U <= cnt; t += U) {  // U rows of V at a time, their loads issued together
+            long long jj[U];
+            float pp[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                jj[u] = s_j[warp][t + u];
+                pp[u] = s_p[warp][t + u];
+            }
 #pragma unroll
             for (int c = 0; c < C; ++c) {
                 const int f = lane + 32 * c;
                 if (f >= D) continue;
-                const float v0 = tc_load(Vh + j0 * HD + f), v1 = tc_load(Vh + j1 * HD + f);
-                const float v2 = tc_load(Vh + j2 * HD + f), v3 = tc_load(Vh + j3 * HD + f);
-                acc[c] += p0 * v0 + p1 * v1 + p2 * v2 + p3 * v3;
+                float v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) v[u] = tc_load(Vh + jj[u] * HD + f);
+                float a = 0.f;
+#pragma unroll
+                for (int u = 0; u < U; ++u) a += pp[u] * v[u];
+                acc[c] += a;
             }
         }
         for (; t < cnt; ++t) {
@@ -246,7 +260,8 @@ tcgnn_attention_fwd(const int4* __restrict__ units, const int* __restrict__ indi
 }
 
 // A long row's parts, merged in part order: per head M = max m_k, L = sum l_k exp(m_k - M), and
-// out = sum acc_k exp(m_k - M) / L, lse = M + log L.  splits[i] = (row, first slot, parts, 0).
+// out = sum acc_k exp(m_k - M) / L, lse = M + log L.  splits[i] = (row, first slot, parts, 0).  A warp per row:
+// its lanes take the parts for M and L (fixed lanes and tree order: deterministic), then the features.
 template <typename T>
 __global__ void __launch_bounds__(32 * TC_ATT_WARPS)
 tcgnn_attention_merge(const int4* __restrict__ splits, const float* __restrict__ part, T* __restrict__ out,
@@ -257,23 +272,34 @@ tcgnn_attention_merge(const int4* __restrict__ splits, const float* __restrict__
     const int4 sp = splits[sid];
     const int HD = heads * D, PS = 2 * heads + HD;
     const float* p0 = part + (long long)sp.y * PS;
-    for (int f = lane; f < HD; f += 32) {
-        const int h = f / D;
+    for (int h = 0; h < heads; ++h) {
         float M = TC_NEG_INF;
-        for (int k = 0; k < sp.z; ++k) {
+        for (int k = lane; k < sp.z; k += 32) {
             const float m = p0[(long long)k * PS + h];
             M = m > M ? m : M;
         }
-        float L = 0.f, A = 0.f;
-        for (int k = 0; k < sp.z; ++k) {
-            const float* pk = p0 + (long long)k * PS;
-            if (pk[h] == TC_NEG_INF) continue;  // a part of weight-0 entries only
-            const float sc = expf(pk[h] - M);
-            L += pk[heads + h] * sc;
-            A += pk[2 * heads + f] * sc;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float other = __shfl_xor_sync(0xffffffffu, M, o);
+            M = other > M ? other : M;
         }
-        tc_put(out + (long long)sp.x * HD + f, L != 0.f ? A / L : 0.f);
-        if (f % D == 0) lse[(long long)sp.x * heads + h] = L != 0.f ? M + logf(L) : TC_NEG_INF;
+        float L = 0.f;
+        for (int k = lane; k < sp.z; k += 32) {
+            const float m = p0[(long long)k * PS + h];
+            if (m != TC_NEG_INF) L += p0[(long long)k * PS + heads + h] * expf(m - M);  // (-inf: weight-0 entries)
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+        for (int f = h * D + lane; f < (h + 1) * D; f += 32) {
+            float A = 0.f;
+#pragma unroll 4
+            for (int k = 0; k < sp.z; ++k) {
+                const float m = p0[(long long)k * PS + h];
+                if (m != TC_NEG_INF) A += p0[(long long)k * PS + 2 * heads + f] * expf(m - M);
+            }
+            tc_put(out + (long long)sp.x * HD + f, L != 0.f ? A / L : 0.f);
+        }
+        if (lane == 0) lse[(long long)sp.x * heads + h] = L != 0.f ? M + logf(L) : TC_NEG_INF;
     }
 }
 
@@ -281,8 +307,9 @@ tcgnn_attention_merge(const int4* __restrict__ splits, const float* __restrict__
 // for entry (i, j) of CSR id e and head h, pre = s_dst[i, h] + s_src[j, h], P = a exp(LeakyReLU(pre) - lse[i, h]),
 // m = the dropout factor, dP = m <g_i, V_j>_h, dpre = P (dP - tdot[i, h]) LeakyReLU'(pre) with
 // tdot[i, h] = <g_i, out_i>_h.  MODE 0 (a warp per row i and head over A's CSR): ds[i, h] = sum_j dpre (s_dst's
-// gradient), and tdot (from O, the forward's output) for MODE 1, which runs after it.  MODE 1 (a warp per column j and head over Aᵀ's CSR, `eids` the entries' CSR ids in A): dV[j, h] =
-// sum_i P m g_i,h and ds[j, h] = sum_i dpre (s_src's gradient).  One head per warp keeps C = D / 32 registers
+// gradient), and tdot (from O, the forward's output) for MODE 1, which runs after it.  MODE 1 (a warp per column
+// j and head over Aᵀ's CSR, `eids` the entries' CSR ids in A): dV[j, h] = sum_i P m g_i,h and ds[j, h] =
+// sum_i dpre (s_src's gradient).  One head per warp keeps C = D / 32 registers
 // per row and one reduction per entry; each lane first scores its own entry of the chunk (P m to shared memory).
 // Sums in entry order: deterministic.
 template <typename T, int MODE, int C>
@@ -350,10 +377,11 @@ tcgnn_attention_bwd(const int4* __restrict__ units, const int* __restrict__ part
         s_pm[warp][lane] = P * m;
         __syncwarp();
         float mydot = 0.f;
-        for (int t0 = 0; t0 < cnt; t0 += 4) {  // 4 entries' partner rows loaded together (their latency overlaps)
-            float x[4][C];
+        constexpr int U = 4;
+        for (int t0 = 0; t0 < cnt; t0 += U) {  // U entries' partner rows loaded together (their latencies overlap)
+            float x[U][C];
 #pragma unroll
-            for (int u = 0; u < 4; ++u) {
+            for (int u = 0; u < U; ++u) {
                 const long long qt = t0 + u < cnt ? s_q[warp][t0 + u] : -1;
 #pragma unroll
                 for (int c = 0; c < C; ++c) {
@@ -362,7 +390,7 @@ tcgnn_attention_bwd(const int4* __restrict__ units, const int* __restrict__ part
                 }
             }
 #pragma unroll
-            for (int u = 0; u < 4; ++u) {
+            for (int u = 0; u < U; ++u) {
                 const int t = t0 + u;
                 if (t >= cnt) break;  // warp-uniform
                 float v = 0.f;
@@ -402,9 +430,10 @@ tcgnn_attention_bwd(const int4* __restrict__ units, const int* __restrict__ part
 // The backward pass of COSINE attention (one head), recomputed from the forward's log-sum-exp, no E-sized array:
 // for entry (i, j) of CSR id e, c = <Q_i, K_j>, P = a exp(beta c - lse[i]), m the dropout factor,
 // dz = P (m <g_i, V_j> - tdot[i]), tdot[i] = <g_i, out_i>.  MODE 0 (one warp per row i over A's CSR): dQ[i] =
-// beta sum_j dz K_j, the unit's share of dbeta = sum dz c in dbeta[unit], and tdot (from O) for MODE 1.  MODE 1 (one warp per column j over Aᵀ's CSR): dV[j] =
-// sum_i P m g_i and dK[j] = beta sum_i dz Q_i.  Each entry takes two warp-wide dots of D features (two partner
-// rows loaded per entry, 4 entries at a time).  Sums in entry order: deterministic.
+// beta sum_j dz K_j, the unit's share of dbeta = sum dz c in dbeta[unit], and tdot (from O) for MODE 1.
+// MODE 1 (one warp per column j over Aᵀ's CSR): dV[j] = sum_i P m g_i and dK[j] = beta sum_i dz Q_i.  Each entry
+// takes two warp-wide dots of D features (two partner rows loaded per entry, 4 entries at a time).  Sums
+// in entry order: deterministic.
 template <typename T, int MODE, int C>
 __global__ void __launch_bounds__(32 * TC_ATT_WARPS)
 tcgnn_attention_cos_bwd(const int4* __restrict__ units, const int* __restrict__ partners,
@@ -468,10 +497,11 @@ tcgnn_attention_cos_bwd(const int4* __restrict__ units, const int* __restrict__ 
             s_t[warp][lane] = valid ? tdot[q] : 0.f;
         }
         __syncwarp();
-        for (int t0 = 0; t0 < cnt; t0 += 4) {  // 4 entries' partner rows loaded together (their latency overlaps)
-            float xa[4][C], xb[4][C];
+        constexpr int U = 4;
+        for (int t0 = 0; t0 < cnt; t0 += U) {  // U entries' partner rows loaded together (their latencies overlap)
+            float xa[U][C], xb[U][C];
 #pragma unroll
-            for (int u = 0; u < 4; ++u) {
+            for (int u = 0; u < U; ++u) {
                 const long long qt = t0 + u < cnt ? s_q[warp][t0 + u] : -1;
 #pragma unroll
                 for (int c = 0; c < C; ++c) {
@@ -482,7 +512,7 @@ tcgnn_attention_cos_bwd(const int4* __restrict__ units, const int* __restrict__ 
                 }
             }
 #pragma unroll
-            for (int u = 0; u < 4; ++u) {
+            for (int u = 0; u < U; ++u) {
                 const int t = t0 + u;
                 if (t >= cnt) break;  // warp-uniform
                 float d1 = 0.f, d2 = 0.f;  // <g_i, V_j> and <Q_i, K_j>
@@ -542,6 +572,7 @@ tcgnn_attention_bwd_merge(const int4* __restrict__ splits, const float* __restri
     const float* p0 = part + (long long)sp.y * width;
     for (int i = lane; i < w0 + w1; i += 32) {
         float v = 0.f;
+#pragma unroll 8
         for (int k = 0; k < sp.z; ++k) v += p0[(long long)k * width + i];
         if (i < w0) out0[(long long)sp.x * w0 + i] = v;
         else out1[(long long)sp.x * w1 + i - w0] = v;
