@@ -28,16 +28,19 @@ from .products.common import COMMON_SOURCE, KernelConfig, cuda_type
 from .registry import register
 
 __all__ = [
-    "ATTENTION_UNIT", "MERGE_NAMES", "BWD_MERGE", "ATTENTION_MAX_HEADS", "ATTENTION_WARPS", "ATTENTION_CHUNKS",
+    "ATTENTION_UNIT", "ATTENTION_MAX_UNIT", "attention_unit", "MERGE_NAMES", "BWD_MERGE", "ATTENTION_MAX_HEADS", "ATTENTION_WARPS", "ATTENTION_CHUNKS",
     "ATTENTION_CONFIGS", "ADDITIVE", "COSINE", "AttentionFwd", "AttentionBwd", "AttentionCosBwd",
     "attention_config",
     "attention_bwd_config", "SOURCE", "NAMES"
 ]
 
 ADDITIVE, COSINE = 0, 1
-#: A row (or, in the backward pass, a column) of more entries than this is cut into parts of this many,
-#: each taken by its own warp and merged in part order: a hub's entries then spread over the GPU.
-ATTENTION_UNIT = 256
+#: A row (or, in the backward pass, a column) of more entries than ``attention_unit(heads)`` is cut into parts of
+#: that many, each taken by its own warps (one per head) and merged in part order: a hub's entries then spread over
+#: the GPU, and short parts keep one-head passes balanced; with more heads a row already has more warps, so its parts
+#: grow, up to ``ATTENTION_MAX_UNIT`` (the merges stay few).
+ATTENTION_UNIT = 64
+ATTENTION_MAX_UNIT = 256
 #: Heads of one fused call (the scope of the layers: GAT's 1-8 heads).
 ATTENTION_MAX_HEADS = 8
 #: Warps (rows) per CTA.
@@ -82,6 +85,12 @@ def attention_bwd_config(dtype_name, kind, mode, width):
     (a warp takes one head)."""
     cls = AttentionBwd if kind == ADDITIVE else AttentionCosBwd
     return cls(cuda_type(dtype_name), mode, attention_config(dtype_name, kind, width).C)
+
+
+def attention_unit(heads):
+    """Entries per part of a long row or column for ``heads`` heads: ``ATTENTION_UNIT`` per head, at most
+    ``ATTENTION_MAX_UNIT``."""
+    return min(ATTENTION_MAX_UNIT, ATTENTION_UNIT * heads)
 
 
 def attention_config(dtype_name, kind, width):

@@ -50,25 +50,28 @@ def _transpose_structure(T):
     return T.tiling.cached("attention_transpose", build)
 
 
-def _units(T, kind):
-    """``(units, splits, n_slots)`` of a fused pass over A's rows (``kind="rows"``) or Aᵀ's (``"cols"``), per tiling.
+def _units(T, kind, heads):
+    """``(units, splits, n_slots)`` of a fused pass over A's rows (``kind="rows"``) or Aᵀ's (``"cols"``) for
+    ``heads`` heads, per tiling and part size.
 
     ``units`` int4 rows ``(owner, first entry, end entry, slot or -1)``: an owner of more than
-    ``ATTENTION_UNIT`` entries is cut into parts of that many, each writing its partial results to a slot;
+    ``attention_unit(heads)`` entries is cut into parts of that many, each writing its partial results to a slot;
     ``splits`` int4 rows ``(owner, first slot, parts, 0)`` for the merge, in owner order.
     """
-    from ..kernels.attention import ATTENTION_UNIT
+    from ..kernels.attention import attention_unit
+
+    unit = attention_unit(heads)
 
     def build():
         xp = get_cupy()
         ptr = (_structure(T)[1] if kind == "rows" else _transpose_structure(T)[0]).astype(np.int64)
         deg = xp.diff(ptr)
-        parts = xp.maximum(-(-deg // ATTENTION_UNIT), 1)
+        parts = xp.maximum(-(-deg // unit), 1)
         uptr = xp.concatenate([xp.zeros(1, np.int64), xp.cumsum(parts)])
-        uid = xp.arange(int(uptr[-1]), dtype=np.int64)  # synchronize! once per tiling and kind
+        uid = xp.arange(int(uptr[-1]), dtype=np.int64)  # synchronize! once per tiling, kind and part size
         owner = xp.searchsorted(uptr, uid, side="right") - 1
-        start = ptr[owner] + (uid - uptr[owner]) * ATTENTION_UNIT
-        end = xp.minimum(start + ATTENTION_UNIT, ptr[owner + 1])
+        start = ptr[owner] + (uid - uptr[owner]) * unit
+        end = xp.minimum(start + unit, ptr[owner + 1])
         split = parts[owner] > 1
         slot = xp.where(split, xp.cumsum(split) - 1, -1)
         units = xp.stack([owner, start, end, slot], axis=1).astype(np.int32)
@@ -76,7 +79,7 @@ def _units(T, kind):
         splits = xp.stack([so, slot[uptr[so]], parts[so], xp.zeros_like(so)], axis=1).astype(np.int32)
         return units, splits, int(split.sum())  # synchronize!
 
-    return T.tiling.cached(("attention_units", kind), build)
+    return T.tiling.cached(("attention_units", kind, unit), build)
 
 
 #: A null device pointer: the kernels read no argument their kind or settings leave unused (no per-call dummy).
@@ -120,7 +123,7 @@ def _fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, s
         tail = (np.int32(D), f32(dropout), seed)
     block = (32 * ka.ATTENTION_WARPS,)
     for mode, (kind, partners, eids) in enumerate((("rows", indices, _NULL), ("cols", t_rows, t_eids))):
-        units, splits, n_slots = _units(T, kind)
+        units, splits, n_slots = _units(T, kind, heads)
         if not units.shape[0]:
             continue
         out_k, (width, out0, w0, out1, w1) = outs[mode]
@@ -189,7 +192,7 @@ def _fused(T, V, heads, kind, s_src, s_dst, Q, K, beta, slope, dropout, seed):
     else:
         args = (_NULL, _NULL, cp.ascontiguousarray(Q, V.dtype), cp.ascontiguousarray(K, V.dtype),
                 cp.ascontiguousarray(beta, f32))
-    units, splits, n_slots = _units(T, "rows")
+    units, splits, n_slots = _units(T, "rows", heads)
     part = cp.empty((n_slots, 2 * heads + HD), f32) if n_slots else _NULL
     get_kernel("attention", cfg.name)(
         (-(-(units.shape[0] * heads) // ka.ATTENTION_WARPS),), (32 * ka.ATTENTION_WARPS,),
