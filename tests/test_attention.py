@@ -4,7 +4,7 @@ float64 computation, gradients against finite differences, edge cases; the GPU k
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from _env import GPU, cupy_fixture
+from _env import cupy_fixture
 
 import tcgnn_py as tg
 from tcgnn_py import _reference as ref

@@ -112,8 +112,8 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("graphs", nargs="+", metavar="GRAPH")
     ap.add_argument("--ops", type=_ops, default=("spmm", "sddmm"),
-                    help="comma-separated from spmm, sddmm, sgt, reorder, gcn, agnn, gat, attention (default spmm,sddmm; "
-                         "preprocessing is measured unless only models are asked for)")
+                    help="comma-separated from spmm, sddmm, sgt, reorder, gcn, agnn, gat, attention (default "
+                         "spmm,sddmm; preprocessing is measured unless only models are asked for)")
     ap.add_argument("--dims", type=_ints, default=DEFAULT_DIMS, help="feature widths (default 32,64,128,256)")
     ap.add_argument("--dtypes", type=_dtypes, default=("float32",),
                     help="SpMM feature dtypes, comma-separated from float32, float16, bfloat16 (default float32): "

@@ -28,10 +28,9 @@ from .products.common import COMMON_SOURCE, KernelConfig, cuda_type
 from .registry import register
 
 __all__ = [
-    "ATTENTION_UNIT", "ATTENTION_MAX_UNIT", "attention_unit", "MERGE_NAMES", "BWD_MERGE", "ATTENTION_MAX_HEADS", "ATTENTION_WARPS", "ATTENTION_CHUNKS",
-    "ATTENTION_CONFIGS", "ADDITIVE", "COSINE", "AttentionFwd", "AttentionBwd", "AttentionCosBwd",
-    "attention_config",
-    "attention_bwd_config", "SOURCE", "NAMES"
+    "ATTENTION_UNIT", "ATTENTION_MAX_UNIT", "ATTENTION_MAX_HEADS", "ATTENTION_WARPS", "ATTENTION_CHUNKS",
+    "ATTENTION_CONFIGS", "MERGE_NAMES", "BWD_MERGE", "ADDITIVE", "COSINE", "AttentionFwd", "AttentionBwd",
+    "AttentionCosBwd", "attention_unit", "attention_config", "attention_bwd_config", "SOURCE", "NAMES"
 ]
 
 ADDITIVE, COSINE = 0, 1
@@ -40,10 +39,11 @@ ADDITIVE, COSINE = 0, 1
 #: the GPU, and short parts keep one-head passes balanced; with more heads a row already has more warps, so its parts
 #: grow, up to ``ATTENTION_MAX_UNIT`` (the merges stay few).
 ATTENTION_UNIT = 64
+#: The largest part (entries of one row or column per warp and head).
 ATTENTION_MAX_UNIT = 256
 #: Heads of one fused call (the scope of the layers: GAT's 1-8 heads).
 ATTENTION_MAX_HEADS = 8
-#: Warps (rows) per CTA.
+#: Warps per CTA (a warp takes one row or column, or a part of one, and one head).
 ATTENTION_WARPS = 8
 #: Features per lane: a head's ``D`` features are covered by ``32 * C`` lanes' slots.
 ATTENTION_CHUNKS = (1, 2, 4, 8)

@@ -1,9 +1,10 @@
 """Layer 4: graph attention in one pass per row (scores, softmax and aggregation fused), and the GAT layer.
 
-The forward pass runs the ``"attention"`` kernels (:mod:`tcgnn_py.kernels.attention`): the scores never
-reach global memory, and each row keeps one log-sum-exp per head.  The backward pass recomputes the
-attention from it and runs the library's deterministic SpMM, SDDMM and row sums over the tiled matrix.
-On the CPU both run the NumPy reference (:func:`tcgnn_py._reference.attention`).
+On the GPU both passes run the ``"attention"`` kernels (:mod:`tcgnn_py.kernels.attention`): the scores never
+reach global memory, each row keeps one log-sum-exp per head, and the backward pass recomputes the attention
+from it in a pass over A's rows and one over Aᵀ's.  On the CPU (and beyond the kernels' reach) the NumPy
+reference runs (:func:`tcgnn_py._reference.attention`); ``fused=False`` runs the unfused sequence on the
+library's SpMM and SDDMM, for comparison.
 """
 
 import numpy as np
