@@ -302,3 +302,34 @@ def test_gat_fused_matches_unfused_on_the_gpu(cp, heads):
     assert grads[-1] == (None, None)  # no bias
     for a, b in grads[:-1]:
         assert _rel(b.get(), a.get()) < 1e-5
+
+
+@pytest.mark.parametrize("score", ["additive", "cosine"])
+def test_fused_hub_of_200k_entries(cp, score):
+    """A row and a column of about 200,000 entries each (thousands of parts, merged), 199,000 one-entry rows and
+    1,000 empty ones, forward and backward against the float64 reference."""
+    rng = np.random.default_rng()
+    n = 200_001
+    hub_rows = np.arange(1, 199_001)  # one entry each, in column 0; rows 199,001.. stay empty
+    rows = np.concatenate([np.zeros(n - 1, np.int64), hub_rows])
+    cols = np.concatenate([np.arange(1, n), np.zeros(hub_rows.size, np.int64)])
+    A = sp.csr_array((rng.uniform(0.5, 2, rows.size), (rows, cols)), shape=(n, n))
+    heads, D = (2, 8) if score == "additive" else (1, 16)
+    V = rng.standard_normal((n, heads * D)).astype(np.float32)
+    g = rng.standard_normal((n, heads * D)).astype(np.float32)
+    if score == "additive":
+        kw = dict(s_src=rng.standard_normal((n, heads)).astype(np.float32),
+                  s_dst=rng.standard_normal((n, heads)).astype(np.float32))
+    else:
+        kw = dict(Q=(rng.standard_normal((n, D)) / 4).astype(np.float32),
+                  K=(rng.standard_normal((n, D)) / 4).astype(np.float32), beta=np.array([1.1], np.float32))
+    res = []
+    for device, xp, dt in (("cpu", np, np.float64), ("cuda", cp, np.float32)):
+        T = tg.TiledMatrix(A, device=device, dtype=dt)
+        out, vjp = nn.graph_attention(T, xp.asarray(V, dt), heads=heads, score=score, precision="fp32",
+                                      **{key: xp.asarray(a, dt) for key, a in kw.items()})
+        res.append([out] + list(vjp(xp.asarray(g, dt))))
+    assert not np.asarray(res[1][0][199_001:].get()).any()  # empty rows: 0
+    for i, (a, b) in enumerate(zip(*res)):
+        err = _rel(cp.asnumpy(b), a)
+        assert err < 3e-4, (i, err)  # float32 sums of 200k entries
