@@ -307,10 +307,9 @@ def graph_attention(A, V, *, heads=1, score="additive", s_src=None, s_dst=None, 
     from ..kernels.attention import ATTENTION_CHUNKS, ATTENTION_MAX_HEADS
 
     # The kernel's reach; beyond it (float64, more heads or features) the reference runs on the device, unfused.
-    gpu = (xp is not np and V.dtype.name in ("float32", "float16", "bfloat16") and heads <= ATTENTION_MAX_HEADS
-           and V.shape[1] // heads <= 32 * ATTENTION_CHUNKS[-1]
+    gpu = (fused and xp is not np and V.dtype.name in ("float32", "float16", "bfloat16")
+           and heads <= ATTENTION_MAX_HEADS and V.shape[1] // heads <= 32 * ATTENTION_CHUNKS[-1]
            and (score == "additive" or Q.dtype == V.dtype and Q.shape[1] == V.shape[1]))
-    gpu = gpu and fused
     if gpu:
         out, lse = _fused(T, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed)
     elif not fused:  # the sequence the fused pass replaces: scores, an edge softmax, SpMM, per head
@@ -459,9 +458,9 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
     return out, vjp
 
 
-def _edge_softmax(E, z, xp, lse=False):
-    """``P_ij = a_ij exp(z_ij) / sum_k a_ik exp(z_ik)`` per row, stable (row max subtracted): the unfused path.
-    With ``lse``, also each row's ``log sum_k a_ik exp(z_ik)`` (-inf where that sum is 0)."""
+def _edge_softmax(E, z, xp):
+    """``(P, lse)``: ``P_ij = a_ij exp(z_ij) / sum_k a_ik exp(z_ik)`` per row, stable (row max subtracted), and
+    each row's ``log sum_k a_ik exp(z_ik)`` (-inf where that sum is 0): the unfused path."""
     rows = E.rows
     n = E.shape[0]
     m = xp.full(n, -np.inf, dtype=z.dtype)
@@ -469,8 +468,6 @@ def _edge_softmax(E, z, xp, lse=False):
     ex = E.values.astype(z.dtype, copy=False) * xp.exp(z - m[rows])
     s = E.row_sums(ex)
     P = ex / xp.where(s > 0, s, 1)[rows]
-    if not lse:
-        return P
     with np.errstate(divide="ignore", invalid="ignore"):
         return P, xp.where(s > 0, m + xp.log(xp.where(s > 0, s, 1)), -np.inf).astype(z.dtype, copy=False)
 
@@ -488,7 +485,7 @@ def _unfused(E, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed,
     out = xp.empty((n, heads * D), V.dtype)
     lse = xp.empty((n, heads), fd)
     for h in range(heads):
-        P, lse[:, h] = _edge_softmax(E, xp.ascontiguousarray(z[:, h]), xp, lse=True)
+        P, lse[:, h] = _edge_softmax(E, xp.ascontiguousarray(z[:, h]), xp)
         out[:, h * D:(h + 1) * D] = E.spmm(xp.ascontiguousarray(V[:, h * D:(h + 1) * D]),
                                            values=P if m is None else P * m[:, h])
     return out, lse
@@ -567,7 +564,7 @@ def agnn_conv(A, H, beta, *, precision=None, fused=True):
 
         return out, vjp
     c = E.sddmm(Hn, Hn).astype(fd, copy=False)
-    P = _edge_softmax(E, beta * c, xp)
+    P, _ = _edge_softmax(E, beta * c, xp)
     out = E.spmm(H, values=P)
 
     def vjp_unfused(g):

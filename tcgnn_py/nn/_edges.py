@@ -63,15 +63,19 @@ class TiledEdges:
         Deterministic, unlike a scatter-add with float atomics, so training
         steps repeat bit for bit (a replayed CUDA graph equals the eager step).
         """
-        T = self.matrix
-        ones = T.tiling.cached(("ones", v.dtype.str), lambda: self.xp.ones((T.shape[1], 1), dtype=v.dtype))
-        return spmm(self._with(v), ones, precision="fp32")[:, 0]
+        return self._sums(v, 1)
 
     def col_sums(self, v):
         """``sum_i v_ij`` per column: an exact product of ``A_vᵀ`` with a column of ones (deterministic)."""
+        return self._sums(v, 0)
+
+    def _sums(self, v, axis):
+        """Sums of ``A_v`` along ``axis`` (1: per row, 0: per column) as a product with a cached column of ones."""
         T = self.matrix
-        ones = T.tiling.cached(("ones_t", v.dtype.str), lambda: self.xp.ones((T.shape[0], 1), dtype=v.dtype))
-        return spmm(self._with(v).T, ones, precision="fp32")[:, 0]
+        k = T.shape[axis]
+        ones = T.tiling.cached(("ones", axis, v.dtype.str), lambda: self.xp.ones((k, 1), dtype=v.dtype))
+        M = self._with(v)
+        return spmm(M if axis == 1 else M.T, ones, precision="fp32")[:, 0]
 
 
 class CSREdges:
