@@ -9,9 +9,13 @@ so the default launches are never replaced by an experiment's.
 
 import contextlib
 import contextvars
+import math
+import numbers
+import operator
 from types import MappingProxyType
 
-__all__ = ["tuning", "options", "overrides_key", "FAMILY_DEFAULTS", "DEFAULTS"]
+__all__ = ["tuning", "options", "overrides_key", "FAMILY_DEFAULTS", "DEFAULTS", "allowed", "declare_check",
+           "MAX_WARPS"]
 
 #: Each kernel family's launch options and their defaults (the rule behind a default is in the
 #: code that reads it; ``None`` means "from the tiling's statistics").
@@ -73,6 +77,136 @@ FAMILY_DEFAULTS = MappingProxyType({
 #: Every option and its default, all families together (option names are unique across families).
 DEFAULTS = MappingProxyType({k: v for fam in FAMILY_DEFAULTS.values() for k, v in fam.items()})
 
+#: Warps per CTA each launch option may ask for: the kernels' ``__launch_bounds__`` (the vector SpMM is compiled
+#: for 128 threads, the 16x8 and CUDA-core SpMM for 256); a larger block fails at the driver with an error that
+#: names nothing.  ``tests/test_tuning.py`` checks these numbers against the kernel sources.
+MAX_WARPS = MappingProxyType({"vec": 4, "tf32": 8, "core": 8})
+
+
+def _int(lo, hi=None, none=False):
+    """A check for an int option in ``[lo, hi]`` (``None`` allowed where ``none``), and what it takes."""
+    takes = (f"an int >= {lo}" if hi is None else f"an int in [{lo}, {hi}]") + (" or None" if none else "")
+
+    def check(value):
+        if value is None and none:
+            return None
+        if isinstance(value, bool):
+            raise TypeError
+        v = operator.index(value)
+        if v < lo or (hi is not None and v > hi):
+            raise ValueError
+        return v
+
+    return check, takes
+
+
+def _bool(none=False):
+    def check(value):
+        if value is None and none:
+            return None
+        if type(value).__name__ not in ("bool", "bool_"):  # bool or numpy.bool_
+            raise TypeError
+        return bool(value)
+
+    return check, "True or False" + (" or None" if none else "")
+
+
+def _positive_number(none=False):
+    def check(value):
+        if value is None and none:
+            return None
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError
+        return value
+
+    return check, "a finite number > 0" + (" or None" if none else "")
+
+
+def _warp_pair(family):
+    hi = MAX_WARPS[family]
+
+    def check(value):
+        if value is None:
+            return None
+        if isinstance(value, (str, bytes)):
+            raise TypeError
+        pair = tuple(value)
+        if len(pair) != 2:
+            raise ValueError
+        return tuple(_int(1, hi)[0](v) for v in pair)
+
+    return check, f"None or a pair of ints in [1, {hi}] (warps per CTA for 1 and 2 chunks), e.g. (4, 4)"
+
+
+def _pending(takes):
+    """A config option whose compiled set the kernels declare (:func:`declare_check`); until then, None only."""
+    def check(value):
+        if value is not None:
+            raise ValueError
+        return None
+
+    return check, takes
+
+
+_CHECKS = {
+    "tf32_kernel": _pending("None or a config of kernels.products.TF32_SPMM_CONFIGS"),
+    "tf32_nwarps": _warp_pair("tf32"),
+    "blocks_per_warp": _int(1, none=True),
+    "core_nwarps": _int(1, MAX_WARPS["core"]),
+    "vec_kernel": _pending("None or a config of kernels.products.VEC_SPMM_CONFIGS"),
+    "vec_max_slices": _int(1, 2),
+    "vec_blocks_per_unit": _int(1, none=True),
+    "vec_target_warps": _int(1),
+    "vec_tail_factor": _positive_number(none=True),
+    "vec_tail_floor": _int(1, none=True),
+    "vec_warps": _int(1, MAX_WARPS["vec"]),
+    "vec_sort_units": _bool(),
+    "vec_coop": _bool(none=True),
+    "vec_coop_chain": _int(0),
+    "vec_combine": _bool(),
+    "vec_combine_parts_max": _int(0),
+    "vec_timed_choice": _bool(),
+    "half_tail_floor": _int(1, none=True),
+    "half_kernel": _pending("None or a kernels.products.SpmmVech whose (FS, KS, NS) is in VEC_HALF (COOP: "
+                            "VEC_HALF_COOP)"),
+    "half_exact_values": _bool(),
+    # -1: never on the host
+    "sgt_host_max": _int(-1),
+    "nm_group_host_max": _int(-1),
+    "reorder_host_max": _int(-1),
+    "locality_host_max": _int(-1),
+    "sp_blocks_per_unit": _int(1),
+}
+assert set(_CHECKS) == set(DEFAULTS), "every option has its check"
+
+
+def declare_check(name, check, takes):
+    """Set the check of a config option, from the module that knows its compiled set (the kernels declare theirs).
+
+    ``check(value)`` returns the value to use or raises ``TypeError`` / ``ValueError``; ``takes`` says what the
+    option takes, in the error's words.
+    """
+    if name not in DEFAULTS:
+        raise KeyError(name)
+    _CHECKS[name] = (check, takes)
+
+
+def _checked(name, value):
+    check, takes = _CHECKS[name]
+    try:
+        return check(value)
+    except (TypeError, ValueError) as e:
+        kind = TypeError if isinstance(e, TypeError) else ValueError
+        raise kind(f"tuning option {name} takes {takes}, got {value!r:.80}") from None
+
+
+def allowed():
+    """``{option: what it takes}``, in words (the docs' table of options)."""
+    return {name: _CHECKS[name][1] for name in DEFAULTS}
+
+
 _CURRENT = contextvars.ContextVar("tcgnn_py_tuning", default=(DEFAULTS, ()))
 
 
@@ -108,8 +242,10 @@ def tuning(**overrides):
 
     Raises
     ------
-    TypeError
-        For a name that is not an option.
+    TypeError, ValueError
+        For a name that is not an option, or a value the option does not take (checked here, when the
+        block is entered: the error names the option and what it takes).  The options and their values
+        are listed in the docs (``docs/guide/measuring.md``).
 
     Examples
     --------
@@ -124,7 +260,7 @@ def tuning(**overrides):
     if unknown:
         raise TypeError(f"tuning() got unknown option(s) {unknown}; the options are {sorted(DEFAULTS)}")
     merged = dict(_CURRENT.get()[0])
-    merged.update(overrides)
+    merged.update({name: _checked(name, value) for name, value in overrides.items()})
     key = tuple(sorted((k, v) for k, v in merged.items() if v != DEFAULTS[k] or type(v) is not type(DEFAULTS[k])))
     view = MappingProxyType(merged)
     token = _CURRENT.set((view, key))

@@ -274,8 +274,10 @@ def test_the_timed_candidates_are_the_compiled_configs():
     assert reached == set(kp.VEC_SPMM_CONFIGS)
     with pytest.raises(ValueError, match="not compiled"):
         kp.vec_spmm_config(4, 4, True, True)
-    with tg.tuning(vec_kernel=kp.SpmmVec(1, 8, True, True)), pytest.raises(ValueError, match="not compiled"):
-        _vec_choice.vec_choice(T.tiling, 64, True)
+    with pytest.raises(ValueError, match="tuning option vec_kernel takes None or a config of "
+                                         "kernels.products.VEC_SPMM_CONFIGS, got SpmmVec"):
+        with tg.tuning(vec_kernel=kp.SpmmVec(1, 8, True, True)):  # refused where the block is entered
+            _vec_choice.vec_choice(T.tiling, 64, True)
     with tg.tuning(vec_kernel=kp.VEC_SPMM_CONFIGS[-1]):  # a coop config: that launch, and no other candidate
         (only,) = _vec_choice.vec_candidates(T.tiling, 64, True)
         assert only.coop and only.slices == kp.VEC_SPMM_CONFIGS[-1].FS

@@ -1,7 +1,10 @@
 """``tcgnn_py.tuning``: launch options overridden inside a ``with`` block only, per thread, keyed for caches."""
 
+import pathlib
+import re
 import threading
 
+import numpy as np
 import pytest
 
 import tcgnn_py as tg
@@ -25,7 +28,7 @@ def test_block_overrides_then_restores():
 
 def test_restored_after_an_exception():
     with pytest.raises(RuntimeError):
-        with tg.tuning(vec_warps=8):
+        with tg.tuning(vec_warps=2):
             raise RuntimeError
     assert tg.tuning_options()["vec_warps"] == 4
 
@@ -41,15 +44,19 @@ def test_unknown_option_names_it():
             pass
 
 
-def test_a_value_equal_but_of_another_type_is_an_override():
-    """``1`` for ``True`` (or ``2.0`` for ``2``) may take another code path: it must not share the default's cache."""
-    with tg.tuning(vec_combine=1):
-        assert _tuning.overrides_key() == (("vec_combine", 1),)
+def test_values_are_normalised_so_the_default_keeps_its_cache():
+    """NumPy's bool and int for Python's (and a list for a pair) mean the same launch: the default's cache key."""
+    with tg.tuning(vec_combine=np.True_, vec_warps=np.int64(4)) as opts:
+        assert _tuning.overrides_key() == ()
+        assert type(opts["vec_combine"]) is bool and type(opts["vec_warps"]) is int
+    with tg.tuning(tf32_nwarps=[4, 2]) as opts:
+        assert opts["tf32_nwarps"] == (4, 2)
+        assert _tuning.overrides_key() == (("tf32_nwarps", (4, 2)),)
 
 
 def test_other_threads_keep_the_defaults():
     seen = {}
-    with tg.tuning(vec_warps=8):
+    with tg.tuning(vec_warps=2):
         t = threading.Thread(target=lambda: seen.update(tg.tuning_options()))
         t.start()
         t.join()
@@ -68,3 +75,44 @@ def test_launch_keys_follow_the_overrides():
     with tg.tuning(vec_max_slices=1):
         assert _launches.launch_key("tf32", "float32", 64, True) != plain
     assert _launches.launch_key("tf32", "float32", 64, True) == plain
+
+
+BAD = [  # (option, value, error): each was accepted before it was checked where the block is entered
+    ("vec_warps", -1, ValueError), ("vec_warps", 8, ValueError), ("vec_kernel", "nonsense", ValueError),
+    ("tf32_nwarps", [4, 4, 4], ValueError), ("tf32_nwarps", (9, 4), ValueError), ("tf32_nwarps", "44", TypeError),
+    ("core_nwarps", 0.5, TypeError), ("core_nwarps", 0, ValueError), ("vec_timed_choice", "yes", TypeError),
+    ("vec_timed_choice", 1, TypeError), ("vec_coop", "no", TypeError), ("vec_max_slices", 3, ValueError),
+    ("vec_tail_factor", float("nan"), ValueError), ("vec_tail_factor", "4", TypeError),
+    ("sgt_host_max", -2, ValueError), ("sgt_host_max", 1.5, TypeError), ("half_kernel", "x", TypeError),
+    ("tf32_kernel", 3, ValueError), ("vec_blocks_per_unit", 0, ValueError), ("blocks_per_warp", True, TypeError),
+]
+
+
+@pytest.mark.parametrize("name,value,error", BAD, ids=[f"{n}={v!r}" for n, v, _ in BAD])
+def test_a_value_the_option_does_not_take_is_refused_by_name(name, value, error):
+    with pytest.raises(error, match=f"tuning option {name} takes .*, got "):
+        with tg.tuning(**{name: value}):
+            pass
+    assert tg.tuning_options()[name] == _tuning.DEFAULTS[name]
+
+
+def test_every_default_is_a_value_its_option_takes():
+    with tg.tuning(**dict(_tuning.DEFAULTS)):
+        assert _tuning.overrides_key() == ()
+    assert set(_tuning.allowed()) == set(_tuning.DEFAULTS)
+
+
+def test_the_warp_limits_are_the_kernels_launch_bounds():
+    """``vec_warps``, ``tf32_nwarps`` and ``core_nwarps`` stop at each SpMM kernel's ``__launch_bounds__``."""
+    from tcgnn_py.kernels import products as kp
+
+    src = pathlib.Path(kp.__file__).parent
+    kernels = {"vec": ("vec.py", ["tcgnn_spmm_vec", "tcgnn_spmm_vec_async"]), "half": ("half.py", ["tcgnn_spmm_vech"]),
+               "tf32": ("tf32.py", ["tcgnn_spmm_tf32", "tcgnn_spmm_tf32_async"]), "core": ("core.py", ["tcgnn_spmm_core"])}
+    for family, (path, names) in kernels.items():
+        text = (src / path).read_text()
+        for name in names:
+            m = re.search(r"__launch_bounds__\((\d+)[^)]*\)*\s*\n" + name + r"\(", text)
+            assert m, (family, name)
+            assert int(m.group(1)) == 32 * _tuning.MAX_WARPS["vec" if family == "half" else family], name
+    assert kp.VEC_WARPS == _tuning.MAX_WARPS["vec"]
