@@ -6,7 +6,7 @@ Public names live here; the implementation is in private modules by concern
 """
 
 from ._capture import CUDAGraph
-from ._device import DeviceMismatchError, NoGPUWarning, gpu_available
+from ._device import DeviceMismatchError, FallbackWarning, NoGPUWarning, gpu_available
 from ._io import Graph, load_cora, load_graph
 from ._reorder import (
     LayoutLocality,
@@ -41,6 +41,7 @@ __all__ = [
     "CUDAGraph",
     "gpu_available",
     "NoGPUWarning",
+    "FallbackWarning",
     "DeviceMismatchError",
     "Graph",
     "load_cora",

@@ -15,6 +15,7 @@ import numpy as np
 
 __all__ = [
     "NoGPUWarning",
+    "FallbackWarning",
     "DeviceMismatchError",
     "DEVICES",
     "use_gpu",
@@ -33,6 +34,11 @@ _ENV_DEVICE = "TCGNN_PY_DEVICE"
 
 class NoGPUWarning(RuntimeWarning):
     """Raised once per process when tcgnn_py falls back to the NumPy reference path."""
+
+
+class FallbackWarning(RuntimeWarning):
+    """A fast path that was asked for cannot take these inputs, so a slower one computes the same function; the
+    message says why (e.g. ``graph_attention(fused=True)`` on float64 features runs the reference)."""
 
 
 class DeviceMismatchError(TypeError):

@@ -68,34 +68,35 @@ VEC_TILE = (8, 4)
 SDDMM_BLOCKS_PER_WARP = 4
 
 
-def as_operand(X, on_device):
+def as_operand(X, on_device, what="operand"):
     """Return ``(array, kind)``: X as an array on the matrix's device, and what to return.
 
     ``kind`` is ``"numpy"`` (hand back a NumPy array) or ``"cupy"``.  Device
     producers (``__cuda_array_interface__`` or ``__dlpack__`` with a CUDA
-    device) are wrapped without a copy and answered with CuPy arrays.
+    device) are wrapped without a copy and answered with CuPy arrays; their
+    dtype is read from the wrapped array (a producer need not have a ``dtype``).
+    ``what`` names the argument in errors.
     """
     if isinstance(X, np.ndarray):
         kind = "numpy"
     elif is_cupy_array(X):
         if on_device:
-            check_real_dtype(X.dtype, "operand")
+            check_real_dtype(X.dtype, what)
             return check_exact(X, "X"), "cupy"
-        kind = "cupy"
+        raise DeviceMismatchError("a device operand needs a matrix on the GPU, but this one lives on the CPU")
     elif is_device_array(X) or _is_cuda_dlpack(X):
-        kind = "cupy"
+        if not on_device:
+            raise DeviceMismatchError("a device operand needs a matrix on the GPU, but this one lives on the CPU")
+        cp = get_cupy()
+        X = cp.asarray(X) if hasattr(X, "__cuda_array_interface__") else cp.from_dlpack(X)
+        check_real_dtype(X.dtype, what)
+        return check_exact(X, "X"), "cupy"
     else:
         X = np.asarray(X)
         kind = "numpy"
-    check_real_dtype(X.dtype, "operand")
+    check_real_dtype(X.dtype, what)
     if on_device:
-        cp = get_cupy()
-        if kind == "cupy" and not hasattr(X, "__cuda_array_interface__"):
-            X = cp.from_dlpack(X)
-        else:
-            X = cp.asarray(X)
-    elif kind == "cupy":
-        raise DeviceMismatchError("a device operand needs a matrix on the GPU, but this one lives on the CPU")
+        X = get_cupy().asarray(X)
     return check_exact(X, "X"), kind
 
 

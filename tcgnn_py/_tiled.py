@@ -14,7 +14,10 @@ from ._dispatch import sddmm_raw, signature, spmm_raw
 from ._tiling import STRUCTURE, Tiling, TileStats, resolve_layout
 from ._tuning import options
 from ._validation import (
+    as_dtype,
+    cast_values,
     check_csr_arrays,
+    check_real_dtype,
     check_bool,
     check_exact,
     check_real_dtype,
@@ -58,10 +61,16 @@ class TiledMatrix:
     shape : tuple of int, optional
         Needed for ``(data, indices, indptr)`` (inferred like scipy otherwise).
     dtype : dtype, optional
-        Value dtype.  Booleans and integers become the float type that holds
-        them exactly; float16 and bfloat16 (``"bfloat16"`` needs ml_dtypes) are
-        kept: 16-bit values halve the value bytes the products read.  scipy has
-        no 16-bit floats, so :meth:`tocsr` of such a matrix is float32 (exact).
+        Value dtype.  A boolean or integer dtype casts each value as NumPy does
+        (nonzero to 1 for bool; truncation and wrap-around for integers), and
+        the values are then stored in the float type that holds that dtype
+        exactly (float32 for bool and up to 16-bit integers, float64 for wider
+        ones); float16 and bfloat16 (``"bfloat16"`` needs ml_dtypes) are kept:
+        16-bit values halve the value bytes the products read.  Integer values
+        the float type the library picks would round (int64 beyond ``2**53``)
+        raise ``ValueError``; a float dtype you name is your cast, rounded as
+        NumPy rounds.  scipy has no 16-bit floats, so :meth:`tocsr` of such a
+        matrix is float32 (exact).
     layout : {"tcgnn", "vector"} or Layout, optional
         How the matrix is tiled (see :class:`Layout`): ``"vector"`` (the
         default), 8-row windows of condensed column vectors with the
@@ -103,8 +112,6 @@ class TiledMatrix:
         else:
             data, indices, indptr, shape = coerce_csr(A, shape)
         vdtype = value_dtype(data.dtype if dtype is None else dtype)
-        if dtype is None:  # the library picks the float type, and promises it holds the values exactly
-            check_exact(data, "A")
         opts = options()
         # A small host input is translated on the host and uploaded once: the same arrays as the kernels'
         # (tests compare them), without their first compile in this process.
@@ -123,6 +130,10 @@ class TiledMatrix:
                 else:
                     raise DeviceMismatchError("device arrays given, but the GPU path is not usable")
             data, indices, indptr = check_csr_arrays(data, indices, indptr, shape, full_check=True)
+        if dtype is None:  # the library picks the float type, and promises it holds the values exactly
+            check_exact(data, "A", vdtype)
+        elif as_dtype(dtype) != vdtype:  # a bool / integer dtype: each value cast as NumPy does, then stored exactly
+            data = cast_values(data, dtype, "A")
         # Duplicates are summed in the build dtype (float32 for 16-bit values), then rounded once.
         data = data.astype(_build_dtype(vdtype), copy=False)
         arrays = _sgt.tile(data, indices, indptr, shape, window, block)
@@ -231,16 +242,50 @@ class TiledMatrix:
         """Dense NumPy array of the matrix's dtype."""
         return self.tocsr().toarray().astype(self.dtype, copy=False)
 
+    def todense(self, order=None, out=None):
+        """Dense NumPy array (as scipy's sparse arrays' ``todense``): :meth:`toarray`."""
+        if out is not None or order not in (None, "C"):
+            return self.tocsr().todense(order=order, out=out)
+        return self.toarray()
+
+    def tocoo(self, copy=False):
+        """The canonical matrix as a ``scipy.sparse.coo_array`` (through :meth:`tocsr`: exact)."""
+        return self.tocsr().tocoo()
+
+    def tocsc(self, copy=False):
+        """The canonical matrix as a ``scipy.sparse.csc_array`` (through :meth:`tocsr`: exact)."""
+        return self.tocsr().tocsc()
+
+    def sum(self, axis=None, dtype=None, out=None):
+        """Sum of the entries, or along ``axis``: scipy's ``sum`` of :meth:`tocsr` (exact in its dtype)."""
+        return self.tocsr().sum(axis=axis, dtype=dtype, out=out)
+
+    def diagonal(self, k=0):
+        """The ``k``-th diagonal: scipy's ``diagonal`` of :meth:`tocsr`."""
+        return self.tocsr().diagonal(k)
+
     def copy(self):
         """Deep copy (arrays copied on their device)."""
         return TiledMatrix._from_parts(self._tiling.copy(), self._values.copy())
 
     def astype(self, dtype, copy=True):
-        """Same tiling, values cast to ``dtype`` (see the class's dtype rule)."""
-        dtype = value_dtype(dtype)
-        if dtype == self.dtype and not copy:
+        """Same tiling, values cast to ``dtype`` as NumPy casts them, stored in the float type that holds them.
+
+        ``T.astype(bool)`` gives ones at the nonzero entries (an unweighted graph) and zeros at stored zeros,
+        as scipy's; an integer dtype truncates and wraps as ``numpy.ndarray.astype``.  See the class's
+        ``dtype`` rule.
+
+        Examples
+        --------
+        >>> import numpy as np, scipy.sparse as sp, tcgnn_py as tg
+        >>> T = tg.TiledMatrix(sp.csr_array(np.array([[-1.0, 2.5], [0.0, -0.5]], np.float32)))
+        >>> print(T.astype(bool).toarray().tolist(), T.astype(np.int8).toarray().tolist())
+        [[1.0, 1.0], [0.0, 1.0]] [[-1.0, 2.0], [0.0, 0.0]]
+        """
+        target = value_dtype(dtype)
+        if target == self.dtype and as_dtype(dtype) == target and not copy:
             return self
-        return TiledMatrix._from_parts(self._tiling, self._values.astype(dtype))
+        return TiledMatrix._from_parts(self._tiling, cast_values(self._values, dtype))
 
     def with_values(self, values, *, order="csr", dtype=None):
         """Same tiling with new entry values.  No re-translation.
@@ -255,9 +300,18 @@ class TiledMatrix:
             ``"tiled"``: ``values[i]`` replaces ``T.values[i]`` (no gather: what
             edge-wise code that keeps the tiled order wants).
         dtype : dtype, optional
-            The new matrix's value dtype; by default the matrix's own, as in
-            scipy's ``_with_data``, so a float32 matrix stays on the TF32 tensor
-            cores whatever type the new values come in.
+            The new matrix's value dtype, with the class's ``dtype`` rule (a
+            boolean or integer dtype casts each value as NumPy does, then stores
+            it in the float type that holds it).  By default the matrix's own
+            (scipy's ``_with_data`` takes the new data's dtype instead): a float32
+            matrix stays on the TF32 tensor cores whatever type the new values
+            come in.  The rule: the float type the library stores the values in
+            without being told (the matrix's own, or the one a boolean or integer
+            ``dtype`` becomes) must hold integer values exactly (``|v| <= 2**24``
+            for float32, ``2**53`` for float64, ``2**11`` for float16, ``2**8``
+            for bfloat16), else ``ValueError`` naming that type; a float ``dtype``
+            you name is your cast, rounded as NumPy rounds, and float values are
+            rounded to the stored type.
 
         Examples
         --------
@@ -280,15 +334,15 @@ class TiledMatrix:
             raise ValueError(f"values must have shape ({self.nnz},), got {values.shape}")
         if dtype is None:
             dtype = self.dtype
-            check_exact(values, "values")
-        else:
-            dtype = value_dtype(dtype)
+            check_exact(values, "values", dtype)
+        value_dtype(dtype)  # refuses what is not a real dtype before the values move
         given = values
         values = xp.asarray(values)
         if order == "csr":
             values = values[self._tiling.perm]  # a gather: a new array
-        # Never the caller's array (an upload or a gather is a new one already).
-        t = TiledMatrix._from_parts(self._tiling, values.astype(dtype, copy=values is given))
+        values = cast_values(values, dtype)
+        # Never the caller's array (an upload, a gather or a cast is a new one already).
+        t = TiledMatrix._from_parts(self._tiling, values.copy() if values is given else values)
         if made_on_device:  # e.g. a training step's: the 16-bit products take them without a host read
             t._casts[DEVICE_VALUES] = True
         return t
@@ -356,6 +410,8 @@ class TiledMatrix:
 
     # --- matmul ---------------------------------------------------------
     def __matmul__(self, other):
+        if not _operand_like(other):
+            return NotImplemented  # Python then raises "unsupported operand type(s) for @", as scipy's
         if is_cupy_array(other):
             plan = self._plans.get(signature(self._values, other))
             if plan is not None and plan.bound is not None:  # a signature seen before: allocate and launch
@@ -367,7 +423,7 @@ class TiledMatrix:
         return self._matmul_dispatch(other)
 
     def __rmatmul__(self, other):
-        if isinstance(other, (str, bytes)):
+        if isinstance(other, (str, bytes)) or not _operand_like(other):
             return NotImplemented
         if isscalarlike(other):
             raise ValueError("Scalar operands are not allowed, use '*' instead")
@@ -376,6 +432,45 @@ class TiledMatrix:
     def dot(self, other):
         """Ordinary dot product (as ``self @ other``)."""
         return self @ other
+
+    # --- arithmetic with scalars (scipy's sparse-array semantics) --------------
+    def _scaled(self, scalar, op):
+        if not isscalarlike(scalar) or isinstance(scalar, (str, bytes)):
+            return NotImplemented
+        s = np.asarray(scalar)
+        check_real_dtype(s.dtype, "scalar")
+        with np.errstate(over="ignore", invalid="ignore"):
+            values = op(self._values, scalar)  # NumPy's promotion: a Python float keeps float32 (and 16-bit) values
+        vdtype = value_dtype(values.dtype)
+        return TiledMatrix._from_parts(self._tiling, values.astype(vdtype, copy=False))
+
+    def __mul__(self, other):
+        """``T * scalar``: every stored value scaled (same tiling).  Elementwise products with arrays are
+        scipy's: ``T.tocsr() * X``; the matrix product is ``T @ X``."""
+        if isscalarlike(other):
+            return self._scaled(other, lambda v, s: v * s)
+        if isinstance(other, (str, bytes)):
+            return NotImplemented
+        raise TypeError("TiledMatrix * array: elementwise products are scipy's (T.tocsr() * X); "
+                        "the matrix product is T @ X")
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, other):
+        """``T / scalar``: every stored value divided (same tiling)."""
+        if isscalarlike(other):
+            return self._scaled(other, lambda v, s: v / s)
+        if isinstance(other, (str, bytes)):
+            return NotImplemented
+        raise TypeError("TiledMatrix / array: elementwise division is scipy's (T.tocsr() / X)")
+
+    def __neg__(self):
+        return TiledMatrix._from_parts(self._tiling, -self._values)
+
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError("a TiledMatrix is sparse and does not convert to a dense array implicitly: use T.toarray() "
+                        "for a dense NumPy array, or T.tocsr() for a scipy.sparse csr_array "
+                        "(scipy.sparse.csr_array(T.tocsr()))")
 
     def _matmul_dispatch(self, other, out=None, precision=None):
         M, N = self.shape
@@ -443,6 +538,15 @@ def _build_dtype(dtype):
     """Value dtype that SGT and scipy handle: 16-bit floats are built in float32 and rounded once."""
     dtype = value_dtype(dtype)
     return np.dtype(np.float32) if is_half(dtype) else dtype
+
+
+def _operand_like(x):
+    """Whether ``x`` can be a product's operand at all: an array, an array producer, a nested sequence, a
+    scalar or a sparse matrix (``None``, a dict, ... cannot: ``@`` then defers to Python's error)."""
+    if isinstance(x, (np.ndarray, list, tuple)) or is_cupy_array(x) or isscalarlike(x):
+        return True
+    return any(hasattr(x, attr) for attr in ("__array__", "__array_interface__", "__cuda_array_interface__",
+                                            "__dlpack__", "tocsr", "shape"))
 
 
 def _is_sparse(x):

@@ -32,6 +32,7 @@ __all__ = [
     "Pattern",
     "check_pattern",
     "check_exact",
+    "cast_values",
     "distinct_entries",
 ]
 
@@ -233,29 +234,57 @@ def _check_index_range(shape):
 
 #: Largest integer magnitude float64 holds exactly.
 EXACT_INT_MAX = 2**53
+#: Bits of each float type's significand (with the implicit one): it holds every integer up to ``2**bits``.
+_SIGNIFICAND_BITS = {"float64": 53, "float32": 24, "float16": 11, "bfloat16": 8}
 
 
-def check_exact(arr, what):
-    """Refuse 64-bit integers that the float64 they become would round (``|v| > 2**53``).
+def check_exact(arr, what, target=None):
+    """Refuse integers that the float type they are stored in would round (``|v| > 2**bits`` of ``target``).
 
-    Integers become floats in every product; float64 holds integers exactly
-    only up to ``2**53``, and rounding them silently would be a wrong answer.
-    Narrower integers always fit.  Scans the array (a device read for CuPy).
+    Integers become floats in every product and every stored value; a float type holds integers exactly only
+    up to ``2**53`` (float64), ``2**24`` (float32), ``2**11`` (float16), ``2**8`` (bfloat16), and rounding them
+    silently would be a wrong answer.  ``target`` is the float type (float64 by default: what integer values
+    become when the library picks the type).  Integer types whose every value fits are not scanned; others are
+    (a device read for CuPy).
     """
     dt = arr.dtype
-    if dt.kind not in "iu" or dt.itemsize < 8 or arr.size == 0:
+    if dt.kind not in "iu" or arr.size == 0:
+        return arr
+    target = np.dtype(np.float64) if target is None else np.dtype(target)
+    bits = _SIGNIFICAND_BITS.get(target.name)
+    if bits is None:  # not a float type: nothing to round
+        return arr
+    info = np.iinfo(dt)
+    if max(info.max, -info.min) <= 2**bits:
         return arr
     xp = array_module(arr)
     hi = arr.max()
     lo = arr.min() if dt.kind == "i" else hi
     hi, lo = _read_ints(xp, hi, lo)  # synchronize!
-    if hi > EXACT_INT_MAX or lo < -EXACT_INT_MAX:
-        bad = hi if hi > EXACT_INT_MAX else lo
+    if hi > 2**bits or lo < -(2**bits):
+        bad = hi if hi > 2**bits else lo
         raise ValueError(
-            f"{what} holds the {dt.name} value {bad}, which float64 cannot hold exactly (|v| > 2**53); "
-            "tcgnn_py computes in floating point: pass float64 values if rounding them is acceptable"
+            f"{what} holds the {dt.name} value {bad}, which {target.name} cannot hold exactly (|v| > 2**{bits}); "
+            f"tcgnn_py computes in floating point: pass float values (or another dtype) if rounding them is "
+            "acceptable"
         )
     return arr
+
+
+def cast_values(values, dtype, what="values"):
+    """``values`` cast to ``dtype`` as NumPy casts them, then stored in the float type :func:`value_dtype` picks.
+
+    A boolean or integer ``dtype`` takes its values first (nonzero to True; truncation toward zero and wrap-around
+    for integers, as ``numpy.ndarray.astype``), so ``astype(bool)`` gives ones where scipy's would; the float type
+    the library then stores them in must hold them exactly (:func:`check_exact`: int64 beyond ``2**53``
+    raises).  A float ``dtype`` is the caller's cast, rounded as NumPy rounds.  Any device.
+    """
+    dtype = as_dtype(dtype, "dtype")
+    target = value_dtype(dtype)
+    if target != dtype:  # a boolean or integer type: NumPy's cast first, then the float type holding it exactly
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN / inf to an integer: NumPy's (undefined) value
+            values = check_exact(values.astype(dtype), what, target)
+    return values.astype(target, copy=False)
 
 
 def _csr_keeping_duplicates(A, xp):

@@ -296,3 +296,244 @@ def test_public_surface_errors(call, message):
     with pytest.raises((TypeError, ValueError)) as e:
         call(T)
     assert message in str(e.value)
+
+
+# --- round 3 (issue 46): attention on integer features, casts to bool / int, options, leniencies -------------
+
+
+def _tm(rows, dtype=np.float32):
+    return tg.TiledMatrix(sp.csr_array(np.array(rows, dtype)))
+
+
+def _fallback_if(cond):
+    """The fused kernels do not take float64 (what int64 features become): on the GPU, fused=True says so."""
+    import contextlib
+
+    return pytest.warns(tg.FallbackWarning, match="float32, float16 and bfloat16") if cond else contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("fused", [None, True, False])
+def test_attention_makes_integer_features_float_as_matmul_does(fused):
+    T = _tm([[1, 1], [0, 1]])
+    V = np.array([[0, 10], [1, 0]])
+    s, z = np.array([[0.0], [np.log(3.0)]]), np.zeros((2, 1))
+    with _fallback_if(GPU and fused):
+        out, vjp = tg.nn.graph_attention(T, V, s_src=s, s_dst=z, fused=fused)
+    assert out.dtype.kind == "f"
+    np.testing.assert_allclose(host(out), [[0.75, 2.5], [1, 0]], rtol=1e-6)
+    dV, ds_src, ds_dst = vjp(np.ones((2, 2), np.int64))
+    assert dV.dtype.kind == ds_src.dtype.kind == "f"
+    with _fallback_if(GPU and fused):
+        out, _ = tg.nn.agnn_conv(T, np.eye(2, dtype=int), 1.0, fused=fused)
+    np.testing.assert_allclose(host(out), [[0.7310586, 0.2689414], [0, 1]], rtol=1e-6)
+    H = np.array([[1, 0], [0, 1]], np.int16)  # float32 features: the fused kernels take them on the GPU
+    out, _ = tg.nn.gat_conv(T, H, np.ones((2, 2), np.int8), np.zeros((1, 2), np.int32), np.zeros((1, 2), bool),
+                            fused=fused)
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(host(out), [[1, 1], [1, 1]], rtol=1e-6)
+
+
+def test_elementwise_layers_compute_in_floats_and_take_lists():
+    out, vjp = tg.nn.elu(np.array([-1, 2]))
+    np.testing.assert_allclose(out, [np.expm1(-1), 2])
+    np.testing.assert_allclose(tg.nn.elu([-1.0, 2.0])[0], [np.expm1(-1), 2])  # a list, as NumPy functions take
+    assert tg.nn.relu([-1, 2])[0].tolist() == [0.0, 2.0]
+    out, _ = tg.nn.dropout(np.ones(1000, np.int64), 0.3, np.random.default_rng(0))
+    assert out.dtype == np.float64 and set(np.unique(out).tolist()) == {0.0, 1 / 0.7}  # not int(1 / 0.7) == 1
+    out, _ = tg.nn.linear(np.ones((2, 3), np.int32), np.ones((3, 1), np.int32))
+    assert out.dtype.kind == "f"
+
+
+def test_astype_and_dtype_cast_each_value_as_numpy_does():
+    A = sp.csr_array(np.array([[-1.0, 2.5, 0], [300.0, -0.5, 7]], np.float32))
+    T = tg.TiledMatrix(A)
+    assert host(T.astype(bool) @ np.ones(3, np.float32)).tolist() == [2.0, 3.0]  # scipy: A.astype(bool) @ 1
+    assert T.astype(bool).dtype == np.float32
+    np.testing.assert_array_equal(tg.TiledMatrix(A, dtype=np.int32).toarray(), A.astype(np.int32).toarray())
+    assert tg.TiledMatrix(A, dtype=np.int32).dtype == np.float64
+    np.testing.assert_array_equal(T.astype(np.int8).toarray(), A.astype(np.int8).toarray())  # 300 wraps to 44
+    np.testing.assert_array_equal(T.astype(np.uint8).toarray(), A.astype(np.uint8).toarray())
+    V = T.with_values(np.array([1.9, -2.7, 300, 4, 5]), dtype=np.int8)
+    np.testing.assert_array_equal(V.toarray(), [[1, -2, 0], [44, 4, 5]])
+    assert tg.TiledMatrix(A.astype(bool)).toarray().tolist() == [[1, 1, 0], [1, 1, 1]]
+    with pytest.raises(ValueError, match=r"A holds the int64 value 9007199254740994, which float64 cannot hold "
+                                         r"exactly \(\|v\| > 2\*\*53\)"):
+        tg.TiledMatrix(sp.csr_array(np.array([[2.0**53 + 2]])), dtype=np.int64)  # beyond float64's exact integers
+
+
+def test_with_values_has_one_integer_rule_naming_the_stored_type():
+    T = tg.TiledMatrix(sp.csr_array(np.eye(3, dtype=np.float32)))
+    with pytest.raises(ValueError, match=r"values holds the int64 value 16777217, which float32 cannot hold "
+                                         r"exactly \(\|v\| > 2\*\*24\)"):
+        T.with_values(np.array([1, 2, 2**24 + 1]))  # rounded to 16777216 before
+    assert T.with_values(np.array([1, 2, 2**24])).toarray()[2, 2] == 2**24
+    assert T.with_values(np.array([1, 2, 2**24 + 1]), dtype=np.float64).toarray()[2, 2] == 2**24 + 1
+    H = tg.TiledMatrix(sp.csr_array(np.eye(3, dtype=np.float32)), dtype=np.float16)
+    with pytest.raises(ValueError, match=r"which float16 cannot hold exactly \(\|v\| > 2\*\*11\)"):
+        H.with_values(np.array([1, 2, 2049]))
+
+
+@pytest.mark.parametrize("fused", [None, True, False])
+def test_negative_attention_weights_are_refused(fused):
+    T = _tm([[1, -1], [0, 2]])
+    s = np.zeros((2, 1), np.float32)
+    with pytest.raises(ValueError, match="A holds negative values; its values are the softmax's weights"):
+        tg.nn.graph_attention(T, np.ones((2, 2), np.float32), s_src=s, s_dst=s, fused=fused)
+    with pytest.raises(ValueError, match="A holds negative values"):
+        tg.nn.agnn_conv(T, np.ones((2, 2), np.float32), 1.0, fused=fused)
+
+
+def _attention_call(**kw):
+    T = _tm([[1, 1], [0, 1]])
+    base = dict(s_src=np.zeros((2, 1), np.float32), s_dst=np.zeros((2, 1), np.float32))
+    base.update(kw)
+    V = base.pop("V", np.ones((2, 2), np.float32))
+    return tg.nn.graph_attention(T, V, **base)
+
+
+@pytest.mark.parametrize("kw, error, message", [
+    (dict(V=np.ones((2, 2), np.complex64)), TypeError, "V dtype complex64 is not supported"),
+    (dict(negative_slope=float("nan")), ValueError, "negative_slope must be a finite number, got nan"),
+    (dict(negative_slope="x"), TypeError, "negative_slope must be a real number, got str"),
+    (dict(dropout=0.5, seed=np.array([2**32])), ValueError, r"seed must be in \[0, 2\*\*32\)"),
+    (dict(dropout=0.5, seed=np.array([-1])), ValueError, r"seed must be in \[0, 2\*\*32\)"),
+    (dict(dropout=0.5, seed=np.array([1.5])), TypeError, "seed must be an integer array"),
+    (dict(dropout=1.0, seed=np.array([1], np.uint32)), ValueError, r"dropout must be a finite number in \[0, 1\)"),
+    (dict(score="cosine", Q=np.ones((2, 2)), K=np.ones((2, 2)), beta=1.0), TypeError,
+     "s_src, s_dst: for score='additive'; score='cosine' takes Q, K and beta"),
+    (dict(beta=1.0), TypeError, "beta: for score='cosine'; score='additive' takes s_src and s_dst"),
+    (dict(heads=True), TypeError, "heads must be an int, got bool"),
+    (dict(heads=0), ValueError, "heads must be >= 1, got 0"),
+    (dict(fused="no"), TypeError, "fused must be a bool, got str"),
+])
+def test_attention_arguments_are_refused_by_name(kw, error, message):
+    with pytest.raises(error, match=message):
+        _attention_call(**kw)
+
+
+def test_attention_seed_of_another_integer_type_is_taken_in_range():
+    out, _ = _attention_call(dropout=0.5, seed=np.array([7], np.int64))
+    out2, _ = _attention_call(dropout=0.5, seed=np.array([7], np.uint32))
+    np.testing.assert_array_equal(host(out), host(out2))
+
+
+def test_attention_of_zero_width_features_and_wrong_cotangents():
+    out, vjp = _attention_call(V=np.ones((2, 0), np.float32))
+    assert out.shape == (2, 0)
+    dV, ds_src, ds_dst = vjp(np.ones((2, 0), np.float32))
+    assert dV.shape == (2, 0) and ds_src.shape == ds_dst.shape == (2, 1) and not host(ds_src).any()
+    out, vjp = _attention_call()
+    with pytest.raises(ValueError, match=r"g must have the output's shape \(2, 2\), got \(2, 3\)"):
+        vjp(np.ones((2, 3), np.float32))
+
+
+def test_gat_and_layers_name_their_arguments():
+    T = tg.nn.add_self_loops(sp.csr_array(np.array([[0, 1], [1, 0]], np.float32)))
+    H, W, a = np.eye(2, dtype=np.float32), np.ones((2, 4), np.float32), np.zeros((2, 2), np.float32)
+    with pytest.raises(ValueError, match="heads must be >= 1, got 0"):
+        tg.nn.gat_conv(T, H, W, a, a, heads=0)
+    with pytest.raises(TypeError, match="heads must be an int, got bool"):
+        tg.nn.gat_conv(T, H, W, a, a, heads=True)
+    with pytest.raises(ValueError, match=r"b must have shape \(4,\) \(heads \* D if concat else D\), got \(3,\)"):
+        tg.nn.gat_conv(T, H, W, a, a, np.zeros(3, np.float32), heads=2)
+    with pytest.raises(TypeError, match="negative_slope must be a real number, got str"):
+        tg.nn.gat_conv(T, H, W, a, a, heads=2, negative_slope="x")
+    out, vjp = tg.nn.gat_conv(T, H, W, a, a, heads=2)
+    with pytest.raises(ValueError, match=r"g must have the output's shape \(2, 4\), got \(4, 2\)"):
+        vjp(np.ones((4, 2), np.float32))
+    with pytest.raises(ValueError, match=r"b must have shape \(4,\) \(d_out\), got \(2, 4\)"):
+        tg.nn.gcn_conv(T, H, W, np.zeros((2, 4), np.float32))
+    with pytest.raises(ValueError, match=r"b must have shape \(4,\)"):
+        tg.nn.linear(H, W, np.zeros(1, np.float32))
+    with pytest.raises(ValueError, match="heads must be >= 1, got 0"):
+        tg.nn.gat_init((4, 2, 3), np.random.default_rng(0), heads=0)
+    with pytest.raises(TypeError, match="fused must be a bool, got str"):
+        tg.nn.agnn_conv(T, H, 1.0, fused="no")
+
+
+def test_attention_on_the_host_runs_the_faster_unfused_sequence(monkeypatch):
+    """On the CPU the row-wise reference was 2-7x slower than the unfused sequence, yet the default: fused=None
+    now runs the unfused one there (the reference only when fused=True asks for the row-wise pass)."""
+    from tcgnn_py import _reference
+
+    calls = []
+    real = _reference.attention
+    monkeypatch.setattr(_reference, "attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    T = tg.TiledMatrix(sp.csr_array(np.array([[1, 1], [0, 1]], np.float32)), device="cpu")
+    s = np.zeros((2, 1), np.float32)
+    o1, _ = tg.nn.graph_attention(T, np.ones((2, 2), np.float32), s_src=s, s_dst=s)
+    o3, _ = tg.nn.agnn_conv(T, np.eye(2, dtype=np.float32), 1.0)
+    assert calls == []
+    o2, _ = tg.nn.graph_attention(T, np.ones((2, 2), np.float32), s_src=s, s_dst=s, fused=True)
+    assert calls == [1]
+    np.testing.assert_allclose(o1, o2, rtol=1e-6)
+
+
+def test_matmul_with_non_arrays_is_pythons_error():
+    T = _tm([[1, 0], [0, 1]])
+    for other in (None, {}, object()):
+        with pytest.raises(TypeError, match="unsupported operand type"):
+            T @ other
+        with pytest.raises(TypeError, match="unsupported operand type"):
+            other @ T
+
+
+def test_a_device_producer_without_dtype():
+    class Producer:  # what a minimal CUDA array producer exposes: the interface, no dtype attribute
+        def __init__(self, arr):
+            self.__cuda_array_interface__ = arr.__cuda_array_interface__
+
+    T = _tm([[1, 0], [0, 1]])
+    if GPU:
+        import cupy as cp
+
+        X = cp.arange(4, dtype=cp.float32).reshape(2, 2)
+        assert (T @ Producer(X)).get().tolist() == X.get().tolist()
+    else:
+        T = tg.TiledMatrix(sp.csr_array(np.eye(2, dtype=np.float32)), device="cpu")
+        fake = type("P", (), {"__cuda_array_interface__": {"shape": (2, 2), "typestr": "<f4", "version": 3,
+                                                               "data": (0, False)}})()
+        with pytest.raises(tg.DeviceMismatchError, match="needs a matrix on the GPU"):
+            T @ fake
+
+
+def test_spmd_reference_devices_is_a_count():
+    with pytest.raises(TypeError, match="devices, with backend='reference', is the number of simulated ranks"):
+        dist.spmd(lambda ctx: 1, [0, 1], backend="reference")
+
+
+def test_scipy_users_first_methods():
+    A = sp.csr_array(np.array([[-1.0, 2.5, 0], [300.0, -0.5, 7]], np.float32))
+    T = tg.TiledMatrix(A)
+    assert T.tocoo().format == "coo" and (T.tocoo() != A.tocoo()).nnz == 0
+    assert T.tocsc().format == "csc" and (T.tocsc() != A).nnz == 0
+    np.testing.assert_array_equal(T.todense(), A.todense())
+    assert T.sum() == A.sum() and (T.sum(axis=0) == A.sum(axis=0)).all() and (T.sum(axis=1) == A.sum(axis=1)).all()
+    np.testing.assert_array_equal(T.diagonal(), A.diagonal())
+    np.testing.assert_array_equal((T * 2).toarray(), (A * 2).toarray())
+    np.testing.assert_array_equal((3 * T).toarray(), (3 * A).toarray())
+    np.testing.assert_array_equal((T / 2).toarray(), (A / 2).toarray())
+    np.testing.assert_array_equal((-T).toarray(), (-A).toarray())
+    assert (T * 2).dtype == np.float32 and (T * 2).tiling is T.tiling
+    with pytest.raises(ValueError, match="unrecognized csr_array constructor input") as e:
+        sp.csr_array(T)
+    assert "T.tocsr()" in str(e.value.__cause__)
+    with pytest.raises(TypeError, match=r"use T.toarray\(\) for a dense NumPy array"):
+        np.asarray(T)
+    with pytest.raises(TypeError, match=r"elementwise products are scipy's \(T.tocsr\(\) \* X\)"):
+        T * np.ones((2, 3))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--first-product", "0"], "--first-product takes a number of runs >= 1, got 0"),
+    (["--ops", "attention", "--dims", "32"], "--dims sets the widths of the spmm and sddmm ops"),
+    (["--page", "no_such_dir/p.md"], "--page no_such_dir/p.md: the folder 'no_such_dir' does not exist"),
+    (["--json", "no_such_dir/r.json"], "the folder 'no_such_dir' does not exist"),
+])
+def test_bench_refuses_before_measuring(args, message, capsys, monkeypatch):
+    from tcgnn_py.bench.__main__ import main
+
+    monkeypatch.setenv("TCGNN_PY_DEVICE", "cpu")
+    with pytest.raises(SystemExit) as e:
+        main(["cora", "--device", "cpu", *args])
+    assert e.value.code == 2 and message in capsys.readouterr().err

@@ -141,6 +141,45 @@ def test_agnn_runs_on_ranks():
         np.testing.assert_allclose(res[0][1][k], want[k], rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_gat_runs_on_ranks(ranks):
+    """gat_conv and gat_apply on a distributed view (issue 46: a TypeError before): the attention's unfused
+    sequence exchanges the halo rows of V and s_src, and s_src's gradient goes back to the columns' owners."""
+    g = tg.load_cora()
+    A = cases.host_csr(tg.nn.add_self_loops(g.adj, dtype=np.float64))
+    X = g.features.toarray()[:, :24].astype(np.float64)
+    params = tg.nn.gat_init((24, 4, 7), np.random.default_rng(0), heads=3, dtype=np.float64)
+    T = tg.TiledMatrix(A, device="cpu")
+    want_logits, vjp = tg.nn.gat_apply(params, T, X, dropout_p=0.0)
+    want = vjp(np.ones_like(want_logits))
+    rng = np.random.default_rng(1)
+    H = rng.standard_normal((A.shape[0], 5))
+    conv = [rng.standard_normal(s) for s in ((5, 6), (2, 3), (2, 3), (6,))]
+    gout = rng.standard_normal((A.shape[0], 6))
+    o1, v1 = tg.nn.gat_conv(T, H, *conv, heads=2)
+    want_conv = (o1, v1(gout))
+
+    def rank(ctx):
+        D = dist.DistributedMatrix(A, ctx)
+        E = dist.DistributedEdges(D)
+        r = D.row_slice
+        logits, vjp = tg.nn.gat_apply(params, E, X[r], dropout_p=0.0)
+        grads, _ = dist.allreduce_grads(ctx, vjp(np.ones_like(logits)))
+        out, cvjp = tg.nn.gat_conv(E, H[r], *conv, heads=2)
+        dH, dW, da_src, da_dst, db = cvjp(gout[r])
+        sums, _ = dist.allreduce_grads(ctx, dict(dW=dW, da_src=da_src, da_dst=da_dst, db=db))
+        return logits, grads, out, dH, sums
+
+    res = dist.spmd(rank, ranks, backend="reference")
+    np.testing.assert_allclose(np.concatenate([r[0] for r in res]), want_logits, rtol=1e-12, atol=1e-12)
+    for k in want:
+        np.testing.assert_allclose(res[0][1][k], want[k], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(np.concatenate([r[2] for r in res]), want_conv[0], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(np.concatenate([r[3] for r in res]), want_conv[1][0], rtol=1e-10, atol=1e-12)
+    for k, w in zip(("dW", "da_src", "da_dst", "db"), want_conv[1][1:]):
+        np.testing.assert_allclose(res[0][4][k], w, rtol=1e-10, atol=1e-12)
+
+
 def test_training_matches_one_device():
     g = tg.load_cora()
     S = cases.host_csr(tg.nn.gcn_norm(g.adj, dtype=np.float64))

@@ -114,7 +114,9 @@ def main(argv=None):
     ap.add_argument("--ops", type=_ops, default=("spmm", "sddmm"),
                     help="comma-separated from spmm, sddmm, sgt, reorder, gcn, agnn, gat, attention (default "
                          "spmm,sddmm; preprocessing is measured unless only models are asked for)")
-    ap.add_argument("--dims", type=_ints, default=DEFAULT_DIMS, help="feature widths (default 32,64,128,256)")
+    ap.add_argument("--dims", type=_ints, default=None,
+                    help="feature widths of the spmm and sddmm ops (default 32,64,128,256; the attention op times 64 "
+                         "features per head, the models their own widths)")
     ap.add_argument("--dtypes", type=_dtypes, default=("float32",),
                     help="SpMM feature dtypes, comma-separated from float32, float16, bfloat16 (default float32): "
                          "16-bit ones run the vector layout's 16-bit kernel beside cuSPARSE fp32 and 16-bit")
@@ -138,8 +140,8 @@ def main(argv=None):
                     help="gcn, agnn, gat, attention: a file (kept outside this package) whose builders() adds other "
                          "frameworks' models to the epoch table, e.g. PyTorch Geometric's, and whose "
                          "attention_builders() (optional) adds their attention layers")
-    ap.add_argument("--first-product", type=int, default=0, metavar="RUNS",
-                    help="also time the first product in RUNS fresh processes, empty and warm caches (GPU only)")
+    ap.add_argument("--first-product", type=int, default=None, metavar="RUNS",
+                    help="also time the first product in RUNS >= 1 fresh processes, empty and warm caches (GPU only)")
     args = ap.parse_args(argv)
     if args.device == "cpu":
         os.environ["TCGNN_PY_DEVICE"] = "cpu"  # before anything probes the GPU
@@ -156,8 +158,20 @@ def main(argv=None):
         ap.error("--repeat, --inputs and --epochs must be at least 1")
     if args.summary_min_nnz < 0:
         ap.error("--summary-min-nnz must be >= 0")
-    if args.first_product < 0:
-        ap.error("--first-product must be >= 0")
+    if args.first_product is not None and args.first_product < 1:
+        ap.error(f"--first-product takes a number of runs >= 1, got {args.first_product}")
+    products = tuple(op for op in args.ops if op in ("spmm", "sddmm"))
+    if args.dims is not None and not products:
+        ap.error(f"--dims sets the widths of the spmm and sddmm ops, and --ops {','.join(args.ops)} has neither "
+                 "(the attention op times 64 features per head, the models their own widths)")
+    if args.dims is not None and "attention" in args.ops:
+        print("--dims sets the spmm and sddmm widths; the attention op times 64 features per head")
+    if args.dims is None:
+        args.dims = DEFAULT_DIMS
+    for flag in ("json", "markdown", "plot", "page"):  # an output that cannot be written fails now, not after the run
+        path = getattr(args, flag)
+        if path is not None and not pathlib.Path(path).resolve().parent.is_dir():
+            ap.error(f"--{flag} {path}: the folder {str(pathlib.Path(path).parent)!r} does not exist")
     if args.first_product and not gpu:
         ap.error("--first-product measures GPU kernels' compile and launch: it needs a usable GPU")
     from ._graphs import locate_graph
@@ -183,7 +197,6 @@ def main(argv=None):
     if not gpu and set(args.dtypes) - {"float32"}:
         print(f"--dtypes {','.join(d for d in args.dtypes if d != 'float32')}: not run on the host "
               "(the 16-bit products are measured on the GPU's 16-bit tensor cores only)")
-    products = tuple(op for op in args.ops if op in ("spmm", "sddmm"))
     models = tuple(op for op in args.ops if op in ("gcn", "agnn", "gat"))
     graphs, reorders, gnn, attention = [], [], [], []
     for spec in args.graphs:

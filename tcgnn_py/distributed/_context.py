@@ -446,7 +446,13 @@ def spmd(fn, devices=None, *, backend="nccl", timeout=None, args=(), kwargs=None
     kwargs = kwargs or {}
     timeout = _seconds("timeout", timeout, DEFAULT_TIMEOUT)
     if backend == "reference":
-        n = int(devices if devices is not None else 1)
+        if devices is None:
+            n = 1
+        elif isinstance(devices, (bool, np.bool_)) or not isinstance(devices, (int, np.integer)):
+            raise TypeError(f"devices, with backend='reference', is the number of simulated ranks (an int), got "
+                            f"{devices!r:.60}")
+        else:
+            n = int(devices)
         if n < 1:
             raise ValueError(f"need at least one rank, got {n}")
         hub = _Hub(n, timeout)

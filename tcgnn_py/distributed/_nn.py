@@ -1,8 +1,9 @@
 """Layer 4: the GNN layers of :mod:`tcgnn_py.nn` on a row-partitioned graph, and full-batch training.
 
 A :class:`DistributedEdges` is an edge view (see :mod:`tcgnn_py.nn._edges`)
-whose products exchange halo rows, so ``gcn_apply`` and ``agnn_apply`` run on
-one rank's rows unchanged.  Their weight gradients come out as this rank's
+whose products exchange halo rows, so every layer of :mod:`tcgnn_py.nn`
+(``gcn_apply``, ``agnn_apply``, ``gat_apply``) runs on one rank's rows unchanged;
+the attention runs its unfused sequence there.  Their weight gradients come out as this rank's
 partial sums; :func:`train` all-reduces them (one NCCL call per step, loss
 included), so every rank applies the same update and the parameters stay
 replicated.
@@ -38,6 +39,17 @@ class DistributedEdges(TiledEdges):
 
     def sddmm(self, Xa, Xb):
         return self.dist.sddmm(Xa, Xb, precision=self.precision)
+
+    def columns(self, x):
+        """``[x | halo rows of x]``: this rank's rows of a per-node array, extended to the local matrix's
+        columns (exchanged; a copy, not the reused operand buffer)."""
+        return self.dist.operand(x).copy()
+
+    def col_sums(self, v):
+        """``sum_i v_ij`` per column this rank owns: the halo columns' partial sums go back to their owners
+        (``Aᵀ @ 1``, deterministic)."""
+        ones = self.xp.ones((self.dist.n_own, 1), dtype=v.dtype)
+        return self.dist.rmatmul_t(ones, values=v, precision="fp32")[:, 0]
 
 
 def allreduce_grads(ctx, grads, *extra):

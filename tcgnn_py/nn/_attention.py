@@ -2,17 +2,21 @@
 
 On the GPU both passes run the ``"attention"`` kernels (:mod:`tcgnn_py.kernels.attention`): the scores never
 reach global memory, each row keeps one log-sum-exp per head, and the backward pass recomputes the attention
-from it in a pass over A's rows and one over Aᵀ's.  On the CPU (and beyond the kernels' reach) the NumPy
-reference runs (:func:`tcgnn_py._reference.attention`); ``fused=False`` runs the unfused sequence on the
-library's SpMM and SDDMM, for comparison.
+from it in a pass over A's rows and one over Aᵀ's.  Elsewhere -- on the host, on a distributed view, beyond the
+kernels' reach -- the unfused sequence runs on the library's SpMM and SDDMM (``fused=False`` asks for it
+anywhere); ``fused=True`` on the host runs the row-wise NumPy reference (:func:`tcgnn_py._reference.attention`).
+Features of a boolean or integer type become the float type that holds them, as in ``T @ X``.
 """
+
+import numbers
+import warnings
 
 import numpy as np
 
 from .. import _reference as ref
-from .._device import get_cupy
-from .._validation import is_half
-from ._edges import TiledEdges, array_on, edges_of
+from .._device import FallbackWarning, get_cupy
+from .._validation import check_bool, check_count, is_half
+from ._edges import TiledEdges, array_on, edges_of, features_on
 from ._layers import check_2d, column_sums, mm
 
 __all__ = ["graph_attention", "gat_conv", "agnn_conv", "SCORES"]
@@ -171,7 +175,7 @@ def _weights_csr(T, dtype):
     return w
 
 
-def _fused(T, V, heads, kind, s_src, s_dst, Q, K, beta, slope, dropout, seed):
+def _fused(T, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed):
     """``(out, lse)`` on the GPU: one warp per row, or per part of a long row, then the merge of those parts
     (:mod:`tcgnn_py.kernels.attention`)."""
     from ..kernels import attention as ka
@@ -180,7 +184,7 @@ def _fused(T, V, heads, kind, s_src, s_dst, Q, K, beta, slope, dropout, seed):
     cp = get_cupy()
     indices = _structure(T)[0]
     n, HD = T.shape[0], V.shape[1]
-    kid = ka.ADDITIVE if kind == "additive" else ka.COSINE
+    kid = ka.ADDITIVE if score == "additive" else ka.COSINE
     cfg = ka.attention_config(V.dtype.name, kid, HD // heads)  # a warp per row and head (cosine: Q as wide as V)
     out = cp.empty((n, HD), V.dtype)
     lse = cp.empty((n, heads), np.float32)
@@ -207,48 +211,185 @@ def _fused(T, V, heads, kind, s_src, s_dst, Q, K, beta, slope, dropout, seed):
     return out, lse
 
 
+def _real(name, value, lo=None, hi=None, closed_hi=True):
+    """A finite real number argument (bools refused), optionally in ``[lo, hi]`` / ``[lo, hi)``; errors name it."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, np.floating, np.integer)):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    value = float(value)
+    if not np.isfinite(value) or (lo is not None and value < lo) or (
+            hi is not None and (value > hi if closed_hi else value >= hi)):
+        where = "" if lo is None else f" in [{lo}, {hi}{']' if closed_hi else ')'}"
+        raise ValueError(f"{name} must be a finite number{where}, got {value!r}")
+    return value
+
+
+def _seed(E, seed):
+    """The dropout seed as a one-element uint32 array on the graph's device: an integer array (or int) in
+    ``[0, 2**32)``; a uint32 array is taken as it is (no host read, so a CUDA graph can hold the call)."""
+    if seed is None:
+        raise TypeError("dropout needs seed: a one-element uint32 array on the graph's device")
+    seed = array_on(E, seed, "seed")
+    if seed.dtype.kind not in "iu" or seed.dtype == np.bool_:
+        raise TypeError(f"seed must be an integer array (uint32), got dtype {seed.dtype}")
+    seed = seed.reshape(-1)
+    if seed.shape != (1,):
+        raise ValueError(f"seed must have one element, got shape {seed.shape}")
+    if seed.dtype != np.uint32:
+        v = int(seed[0])  # synchronize! (a seed of another integer type is range-checked once)
+        if not 0 <= v < 2**32:
+            raise ValueError(f"seed must be in [0, 2**32) (a uint32), got {v}")
+        seed = seed.astype(np.uint32)
+    return seed
+
+
+#: Values arrays whose weights were checked non-negative, per tiling (the latest few).
+_CHECKED_KEEP = 4
+
+
+def _check_weights(E):
+    """Refuse negative entries of the graph (the softmax's weights ``a_ij``): ``a exp(z)`` must be a
+    non-negative measure, or the fused pass (log weights) and the unfused one (weights times exponentials)
+    disagree.  One device read per values array, remembered with the structure."""
+    values = E.values
+    kept = E.cached("attention_checked", dict)
+    hit = kept.get(id(values))
+    if hit is not None and hit is values:
+        return
+    if values.shape[0] and bool((values < 0).any()):  # synchronize!
+        raise ValueError("graph_attention: A holds negative values; its values are the softmax's weights "
+                         "(a_ij exp(z_ij)), which must be >= 0 (use A.astype(bool) for an unweighted graph)")
+    if len(kept) >= _CHECKED_KEEP:
+        del kept[next(iter(kept))]
+    kept[id(values)] = values
+
+
+def _inputs(E, V, heads, score, s_src, s_dst, Q, K, beta, negative_slope, dropout, seed, fused):
+    """Every argument of :func:`graph_attention` checked, named in its errors, and made a float array on the
+    graph's device (booleans and integers become the float type that holds them, as ``T @ X``)."""
+    heads = check_count("heads", heads, 1)
+    if not isinstance(score, str) or score not in SCORES:
+        raise ValueError(f"score must be one of {SCORES}, got {score!r:.60}")
+    if fused is not None:
+        fused = check_bool("fused", fused)
+    n, k = E.shape
+    V = features_on(E, V, "V")
+    check_2d("V", V)
+    if V.shape[0] != k:
+        raise ValueError(f"V has {V.shape[0]} rows, the graph has {k} columns")
+    if V.shape[1] % heads:
+        raise ValueError(f"V's {V.shape[1]} columns are not {heads} heads of equal width")
+    fd = np.dtype(np.float32) if is_half(V.dtype) else V.dtype  # the softmax's dtype
+    given = {name: x is not None for name, x in (("s_src", s_src), ("s_dst", s_dst), ("Q", Q), ("K", K),
+                                                  ("beta", beta))}
+    if score == "additive":
+        extra = [name for name in ("Q", "K", "beta") if given[name]]
+        if extra:
+            raise TypeError(f"{', '.join(extra)}: for score='cosine'; score='additive' takes s_src and s_dst")
+        if not (given["s_src"] and given["s_dst"]):
+            raise TypeError("score='additive' needs s_src and s_dst")
+        s_src, s_dst = (features_on(E, s, name).astype(fd, copy=False)
+                        for name, s in (("s_src", s_src), ("s_dst", s_dst)))
+        for name, s, rows in (("s_src", s_src, k), ("s_dst", s_dst, n)):
+            if s.shape != (rows, heads):
+                raise ValueError(f"{name} must have shape {(rows, heads)}, got {s.shape}")
+    else:
+        extra = [name for name in ("s_src", "s_dst") if given[name]]
+        if extra:
+            raise TypeError(f"{', '.join(extra)}: for score='additive'; score='cosine' takes Q, K and beta")
+        if heads != 1:
+            raise ValueError(f"score='cosine' has one head, got heads={heads}")
+        if not (given["Q"] and given["K"] and given["beta"]):
+            raise TypeError("score='cosine' needs Q, K and beta")
+        Q, K = features_on(E, Q, "Q"), features_on(E, K, "K")
+        beta = features_on(E, beta, "beta").astype(fd, copy=False).reshape(-1)
+        if Q.ndim != 2 or K.ndim != 2 or Q.shape[0] != n or K.shape[0] != k or Q.shape[1] != K.shape[1]:
+            raise ValueError(f"Q and K must have shapes ({n}, d) and ({k}, d), got {Q.shape} and {K.shape}")
+        if beta.shape != (1,):
+            raise ValueError(f"beta must be a scalar or have shape (1,), got {beta.shape}")
+    slope = _real("negative_slope", negative_slope)
+    dropout = _real("dropout", dropout, 0, 1, closed_hi=False)
+    seed = _seed(E, seed) if dropout else None
+    _check_weights(E)
+    return dict(heads=heads, score=score, V=V, fd=fd, s_src=s_src, s_dst=s_dst, Q=Q, K=K, beta=beta, slope=slope,
+                dropout=dropout, seed=seed, fused=fused)
+
+
+def _path(E, a):
+    """``"fused"`` (the GPU kernels), ``"unfused"`` (scores, an edge softmax and SpMM on the library's products)
+    or ``"reference"`` (the row-wise NumPy / CuPy pass), for ``fused`` None (the fastest here), True or False."""
+    from ..kernels.attention import ATTENTION_CHUNKS, ATTENTION_MAX_HEADS
+
+    fused, V, heads = a["fused"], a["V"], a["heads"]
+    if fused is False:
+        return "unfused"
+    if type(E) is not TiledEdges:  # a distributed view (its products exchange halos) or a CSR one
+        why = f"a {type(E).__name__} view runs its own products"
+    elif E.xp is np:  # the host: the unfused sequence beats the row-wise pass 2-7x
+        return "reference" if fused else "unfused"
+    elif V.dtype.name not in ("float32", "float16", "bfloat16"):
+        why = f"the fused kernels take float32, float16 and bfloat16 features, not {V.dtype}"
+    elif heads > ATTENTION_MAX_HEADS:
+        why = f"the fused kernels take at most {ATTENTION_MAX_HEADS} heads, not {heads}"
+    elif V.shape[1] // heads > 32 * ATTENTION_CHUNKS[-1]:
+        why = f"the fused kernels take at most {32 * ATTENTION_CHUNKS[-1]} features per head, not {V.shape[1] // heads}"
+    elif a["score"] == "cosine" and (a["Q"].dtype != V.dtype or a["Q"].shape[1] != V.shape[1]):
+        why = "the fused cosine kernel takes Q and K of V's dtype and width"
+    else:
+        return "fused"
+    if fused:
+        warnings.warn(f"graph_attention(fused=True): {why}; the unfused sequence runs instead", FallbackWarning,
+                      stacklevel=3)
+    return "unfused"
+
+
 def graph_attention(A, V, *, heads=1, score="additive", s_src=None, s_dst=None, Q=None, K=None, beta=None,
-                    negative_slope=0.2, dropout=0.0, seed=None, precision=None, fused=True):
+                    negative_slope=0.2, dropout=0.0, seed=None, precision=None, fused=None):
     """Attention over the stored entries of each row, fused: ``out_i = sum_j softmax_j(score(i, j)) V_j``.
 
     For each head h, ``P_ij,h = a_ij exp(z_ij,h) / sum_k a_ik exp(z_ik,h)`` over row i's stored entries
-    (``a`` A's non-negative values) and ``out[i, h] = sum_j P_ij,h V[j, h]``.  The scores ``z`` never
+    (``a`` A's values, which must be >= 0) and ``out[i, h] = sum_j P_ij,h V[j, h]``.  The scores ``z`` never
     reach global memory: one pass per row keeps a running maximum and sum (online softmax) and one
     log-sum-exp per row and head, from which the backward pass recomputes ``P``.
 
     Parameters
     ----------
     A : TiledMatrix, shape (n, k)
+        Or an edge view (a distributed one runs the unfused sequence, whose products exchange halo rows).
     V : array, shape (k, heads * D)
-        Values, head by head (D features each).  The fused kernel takes float32, float16 and bfloat16 with
-        ``heads <= 8`` and ``D <= 256``; other products run the unfused reference on their device.
+        Values, head by head (D features each).  Booleans and integers become the float type that holds them
+        (as ``T @ V``).  The fused kernel takes float32, float16 and bfloat16 with ``heads <= 8`` and
+        ``D <= 256``.
     heads : int
     score : {"additive", "cosine"}
         ``"additive"`` (GAT): ``z_ij,h = LeakyReLU(s_dst[i, h] + s_src[j, h])``, with ``s_src`` of shape
         ``(k, heads)`` and ``s_dst`` ``(n, heads)``.  ``"cosine"`` (AGNN; one head):
         ``z_ij = beta * <Q[i], K[j]>`` with ``Q`` ``(n, d)``, ``K`` ``(k, d)`` (row-normalised by the
-        caller for a cosine) and ``beta`` of shape (1,).
+        caller for a cosine) and ``beta`` of shape (1,).  Each score takes only its own arguments.
     negative_slope : float
-        Of the LeakyReLU (``"additive"``).
-    dropout : float
+        Of the LeakyReLU (``"additive"``); finite.
+    dropout : float in [0, 1)
         Attention dropout: each entry's ``P`` is dropped with this probability after the softmax and the kept
         ones scaled by ``1 / (1 - dropout)`` (PyTorch Geometric's GATConv); the mask is a hash of the entry,
         the head and ``seed``, so the backward pass recomputes it.
     seed : array of shape (1,), uint32, optional
-        On the graph's device (read there: no host read, so a CUDA graph can hold the call); needed with
-        ``dropout``.
+        On the graph's device (a uint32 array is read there only: no host read, so a CUDA graph can hold the
+        call; another integer type is range-checked on the host); needed with ``dropout``.
     precision : {None, "tf32", "fp32", "fp16", "bf16"}, optional
         For the unfused passes' sparse products.
-    fused : bool
-        False runs the sequence the fused pass replaces, one head at a time: the scores of every entry (an
-        SDDMM for ``"cosine"``), an edge softmax, and SpMM; its backward pass likewise.  For comparison.
+    fused : bool, optional
+        None (default): the fastest path here -- the fused kernels on the GPU where they reach, else the unfused
+        sequence (on the host it beats the row-wise pass).  True: the fused kernels (the row-wise reference pass
+        on the host); where they do not reach, a :class:`~tcgnn_py.FallbackWarning` says why and the unfused
+        sequence runs.  False: the sequence the fused pass replaces, one head at a time (every entry's scores,
+        an SDDMM for ``"cosine"``, an edge softmax and SpMM), and its backward likewise.
 
     Returns
     -------
     out : array, shape (n, heads * D)
-        Of V's dtype (computed in float32 for 16-bit V).
+        Of V's (float) dtype (computed in float32 for 16-bit V).
     vjp : callable
-        ``vjp(g)``: ``(dV, ds_src, ds_dst)`` for ``"additive"``, ``(dV, dQ, dK, dbeta)`` for ``"cosine"``.
+        ``vjp(g)`` (``g`` of ``out``'s shape): ``(dV, ds_src, ds_dst)`` for ``"additive"``, ``(dV, dQ, dK,
+        dbeta)`` for ``"cosine"``.
 
     Examples
     --------
@@ -261,111 +402,114 @@ def graph_attention(A, V, *, heads=1, score="additive", s_src=None, s_dst=None, 
     [[0.25, 0.75], [0.25, 0.75]]
     """
     E = edges_of(A, precision)
-    if type(E) is not TiledEdges:  # (a distributed view's products exchange halos: not this kernel's rows)
-        raise TypeError(f"graph_attention needs a TiledMatrix, got {type(A).__name__}")
-    if score not in SCORES:
-        raise ValueError(f"score must be one of {SCORES}, got {score!r}")
-    if not (isinstance(heads, (int, np.integer)) and heads >= 1):
-        raise ValueError(f"heads must be a positive integer, got {heads!r}")
-    xp, T = E.xp, E.matrix
-    n, k = T.shape
-    V = array_on(E, V)
-    check_2d("V", V)
-    if V.shape[0] != k:
-        raise ValueError(f"V has {V.shape[0]} rows, the graph has {k} columns")
-    if V.shape[1] % heads:
-        raise ValueError(f"V's {V.shape[1]} columns are not {heads} heads of equal width")
-    fd = np.dtype(np.float32) if is_half(V.dtype) else np.dtype(V.dtype)  # the softmax's dtype
-    if score == "additive":
-        if s_src is None or s_dst is None:
-            raise TypeError("score='additive' needs s_src and s_dst")
-        s_src, s_dst = array_on(E, s_src).astype(fd, copy=False), array_on(E, s_dst).astype(fd, copy=False)
-        for name, s, rows in (("s_src", s_src, k), ("s_dst", s_dst, n)):
-            if s.shape != (rows, heads):
-                raise ValueError(f"{name} must have shape {(rows, heads)}, got {s.shape}")
+    a = _inputs(E, V, heads, score, s_src, s_dst, Q, K, beta, negative_slope, dropout, seed, fused)
+    n, k = E.shape
+    if a["V"].shape[1] == 0:  # no features: nothing to attend to, and no gradient flows
+        return _no_features(E, a)
+    path = _path(E, a)
+    if path == "fused":
+        out, lse = _fused(E.matrix, **_kernel_args(a))
+    elif path == "unfused":
+        out, lse = _unfused(E, a)
     else:
-        if heads != 1:
-            raise ValueError(f"score='cosine' has one head, got heads={heads}")
-        if Q is None or K is None or beta is None:
-            raise TypeError("score='cosine' needs Q, K and beta")
-        Q, K = array_on(E, Q), array_on(E, K)
-        beta = xp.asarray(beta, dtype=fd).reshape(-1)
-        if Q.ndim != 2 or K.ndim != 2 or Q.shape[0] != n or K.shape[0] != k or Q.shape[1] != K.shape[1]:
-            raise ValueError(f"Q and K must have shapes ({n}, d) and ({k}, d), got {Q.shape} and {K.shape}")
-        if beta.shape != (1,):
-            raise ValueError(f"beta must be a scalar or have shape (1,), got {beta.shape}")
-    slope = float(negative_slope)
-    dropout = float(dropout)
-    if not 0 <= dropout < 1:
-        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-    if dropout and seed is None:
-        raise TypeError("dropout needs seed: a one-element uint32 array on the graph's device")
-    if dropout:
-        seed = array_on(E, seed).astype(np.uint32, copy=False).reshape(-1)
-        if seed.shape != (1,):
-            raise ValueError(f"seed must have one element, got shape {seed.shape}")
-    from ..kernels.attention import ATTENTION_CHUNKS, ATTENTION_MAX_HEADS
-
-    # The kernel's reach; beyond it (float64, more heads or features) the reference runs on the device, unfused.
-    gpu = (fused and xp is not np and V.dtype.name in ("float32", "float16", "bfloat16")
-           and heads <= ATTENTION_MAX_HEADS and V.shape[1] // heads <= 32 * ATTENTION_CHUNKS[-1]
-           and (score == "additive" or Q.dtype == V.dtype and Q.shape[1] == V.shape[1]))
-    if gpu:
-        out, lse = _fused(T, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed)
-    elif not fused:  # the sequence the fused pass replaces: scores, an edge softmax, SpMM, per head
-        out, lse = _unfused(E, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed, fd)
-    else:  # the reference: on the CPU, and for float64 on the GPU
-        indices, indptr, _, _ = _structure(T)
-        out, lse = ref.attention(indptr, indices, _weights_csr(T, fd), V, heads, score, s_src=s_src,
-                                 s_dst=s_dst, Q=Q, K=K, beta=beta, slope=slope, dtype=fd, dropout=dropout,
-                                 seed=seed)
-        out = out.astype(V.dtype, copy=False)
+        out, lse = _reference_pass(E, a)
 
     def vjp(g):
-        g = array_on(E, g)
-        check_2d("g", g, n)
-        if gpu:  # fused: recomputed per entry, no E-sized array
-            return _fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed)
-        _, _, rows, cols = _structure(T)
-        D = V.shape[1] // heads
-        if score == "additive":
-            z, pre = ref.attention_scores(rows, cols, heads, score, s_src, s_dst, slope=slope)
-        else:  # the cosines by SDDMM (as the unfused pass computes them), not by gathering E x d features
-            pre = E.sddmm(Q, K).astype(fd, copy=False)[:, None]
-            z = beta * pre
-        w = T.values.astype(fd)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            P = xp.where((w != 0)[:, None], xp.exp(z + xp.log(w)[:, None] - lse[rows]), 0).astype(fd)
-        # dropped attention: out = sum_j P_ij m_ij V_j, so dP_ij = m_ij <g_i, V_j> (m: 0 or 1 / (1 - p))
-        m = ref.attention_keep(T.tiling.perm, heads, seed, dropout).astype(fd) if dropout else None
-        gf = g.astype(fd, copy=False).reshape(n, heads, D)
-        Vf = V.astype(fd, copy=False).reshape(k, heads, D)
-        t = (gf * out.astype(fd, copy=False).reshape(n, heads, D)).sum(axis=2)  # sum_j P dP = <g_i, out_i>
-        dV = xp.empty((k, heads, D), fd)
-        dz = xp.empty_like(P)
-        for h in range(heads):
-            gh = xp.ascontiguousarray(gf[:, h])
-            dV[:, h] = E.spmm_t(gh, values=P[:, h] if m is None else P[:, h] * m[:, h])
-            dP = E.sddmm(gh, xp.ascontiguousarray(Vf[:, h])).astype(fd, copy=False)
-            if m is not None:
-                dP = dP * m[:, h]
-            dz[:, h] = P[:, h] * (dP - t[rows, h])
-        dV = dV.reshape(k, heads * D).astype(V.dtype, copy=False)
-        if score == "additive":
-            dpre = dz * xp.where(pre > 0, 1, slope).astype(fd)
-            ds_dst = xp.stack([E.row_sums(xp.ascontiguousarray(dpre[:, h])) for h in range(heads)], axis=1)
-            ds_src = xp.stack([E.col_sums(xp.ascontiguousarray(dpre[:, h])) for h in range(heads)], axis=1)
-            return dV, ds_src, ds_dst
-        dz0 = dz[:, 0]
-        dbeta = (dz0 * pre[:, 0]).sum().reshape(1)
-        dc = beta * dz0
-        return dV, E.spmm(K.astype(fd), values=dc), E.spmm_t(Q.astype(fd), values=dc), dbeta
+        g = features_on(E, g, "g")
+        if g.shape != out.shape:
+            raise ValueError(f"g must have the output's shape {out.shape}, got {g.shape}")
+        if path == "fused":  # recomputed per entry, no E-sized array
+            return _fused_backward(E.matrix, a["V"], g, out, lse, **_kernel_args(a, with_v=False))
+        return _backward(E, a, g, out, lse)
 
     return out, vjp
 
 
+def _kernel_args(a, with_v=True):
+    keys = ("heads", "score", "s_src", "s_dst", "Q", "K", "beta", "slope", "dropout", "seed")
+    args = {key: a[key] for key in keys}
+    if with_v:
+        args["V"] = a["V"]
+    return args
+
+
+def _no_features(E, a):
+    """``graph_attention`` of zero-width V: an empty result, and zero gradients of the right shapes."""
+    xp, n, k, heads, fd = E.xp, E.shape[0], E.shape[1], a["heads"], a["fd"]
+    out = xp.zeros((n, 0), a["V"].dtype)
+
+    def vjp(g):
+        g = features_on(E, g, "g")
+        if g.shape != out.shape:
+            raise ValueError(f"g must have the output's shape {out.shape}, got {g.shape}")
+        dV = xp.zeros((k, 0), a["V"].dtype)
+        if a["score"] == "additive":
+            return dV, xp.zeros((k, heads), fd), xp.zeros((n, heads), fd)
+        return dV, xp.zeros(a["Q"].shape, fd), xp.zeros(a["K"].shape, fd), xp.zeros(1, fd)
+
+    return out, vjp
+
+
+def _reference_pass(E, a):
+    """``(out, lse)`` by the row-wise reference (:func:`tcgnn_py._reference.attention`) on the graph's device."""
+    T, fd = E.matrix, a["fd"]
+    indices, indptr, _, _ = _structure(T)
+    out, lse = ref.attention(indptr, indices, _weights_csr(T, fd), a["V"], a["heads"], a["score"],
+                             s_src=a["s_src"], s_dst=a["s_dst"], Q=a["Q"], K=a["K"], beta=a["beta"], slope=a["slope"],
+                             dtype=fd, dropout=a["dropout"], seed=a["seed"])
+    return out.astype(a["V"].dtype, copy=False), lse
+
+
+def _scores(E, a):
+    """``(z, pre)``: every stored entry's score per head (tiled order) and, additive, before the LeakyReLU; the
+    cosines by SDDMM (tensor cores where the precision allows), not by gathering E x d features."""
+    if a["score"] == "additive":
+        return ref.attention_scores(E.rows, E.cols, a["heads"], "additive", E.columns(a["s_src"]), a["s_dst"],
+                                    slope=a["slope"])
+    pre = E.sddmm(a["Q"], a["K"]).astype(a["fd"], copy=False)[:, None]
+    return a["beta"] * pre, pre
+
+
+def _backward(E, a, g, out, lse):
+    """The vjp of the unfused and reference passes: ``P`` recomputed from ``lse``, then per head
+    ``dV = P^T g`` (SpMM by Aᵀ), ``dP = <g_i, V_j>`` (SDDMM) and the softmax's and score's chain rules."""
+    xp, fd, heads, V = E.xp, a["fd"], a["heads"], a["V"]
+    n, k = E.shape
+    rows = E.rows
+    D = V.shape[1] // heads
+    z, pre = _scores(E, a)
+    w = E.values.astype(fd)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        P = xp.where((w != 0)[:, None], xp.exp(z + xp.log(w)[:, None] - lse[rows]), 0).astype(fd)
+    # dropped attention: out = sum_j P_ij m_ij V_j, so dP_ij = m_ij <g_i, V_j> (m: 0 or 1 / (1 - p))
+    m = ref.attention_keep(E.entry_ids, heads, a["seed"], a["dropout"]).astype(fd) if a["dropout"] else None
+    gf = g.astype(fd, copy=False).reshape(n, heads, D)
+    Vf = V.astype(fd, copy=False).reshape(k, heads, D)
+    t = (gf * out.astype(fd, copy=False).reshape(n, heads, D)).sum(axis=2)  # sum_j P dP = <g_i, out_i>
+    dV = xp.empty((k, heads, D), fd)
+    dz = xp.empty_like(P)
+    for h in range(heads):
+        gh = xp.ascontiguousarray(gf[:, h])
+        dV[:, h] = E.spmm_t(gh, values=P[:, h] if m is None else P[:, h] * m[:, h])
+        dP = E.sddmm(gh, xp.ascontiguousarray(Vf[:, h])).astype(fd, copy=False)
+        if m is not None:
+            dP = dP * m[:, h]
+        dz[:, h] = P[:, h] * (dP - t[rows, h])
+    dV = dV.reshape(k, heads * D).astype(V.dtype, copy=False)
+    if a["score"] == "additive":
+        dpre = dz * xp.where(pre > 0, 1, a["slope"]).astype(fd)
+        ds_dst = xp.stack([E.row_sums(xp.ascontiguousarray(dpre[:, h])) for h in range(heads)], axis=1)
+        ds_src = xp.stack([E.col_sums(xp.ascontiguousarray(dpre[:, h])) for h in range(heads)], axis=1)
+        return dV, ds_src, ds_dst
+    beta, Q, K = a["beta"], a["Q"], a["K"]
+    dz0 = dz[:, 0]
+    dbeta = (dz0 * pre[:, 0]).sum().reshape(1)
+    dc = beta * dz0
+    return dV, E.spmm(K.astype(fd), values=dc), E.spmm_t(Q.astype(fd), values=dc), dbeta
+
+
 def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_slope=0.2, dropout=0.0, rng=None,
-             training=True, precision=None, fused=True):
+             training=True, precision=None, fused=None):
     """Graph attention (GAT, Veličković et al. 2018), as PyTorch Geometric's ``GATConv``.
 
     ``X = H @ W`` split into ``heads`` heads of D features; for each head
@@ -390,8 +534,8 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
     training : bool
     precision : optional
         For the unfused passes' sparse products.
-    fused : bool
-        False runs the attention unfused (see :func:`graph_attention`), for comparison.
+    fused : bool, optional
+        As in :func:`graph_attention` (None: the fastest path here; False: unfused, for comparison).
 
     Returns
     -------
@@ -412,23 +556,30 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
     """
     E = edges_of(A, precision)
     xp = E.xp
-    H, W = array_on(E, H), array_on(E, W)
+    heads = check_count("heads", heads, 1)
+    concat, training = check_bool("concat", concat), check_bool("training", training)
+    H, W = features_on(E, H, "H"), features_on(E, W, "W")
     n = E.shape[0]
     check_2d("H", H, n)
     check_2d("W", W, H.shape[1])
     if W.shape[1] % heads:
         raise ValueError(f"W's {W.shape[1]} columns are not {heads} heads of equal width")
     D = W.shape[1] // heads
-    a_src, a_dst = array_on(E, a_src), array_on(E, a_dst)
+    a_src, a_dst = features_on(E, a_src, "a_src"), features_on(E, a_dst, "a_dst")
     for name, a in (("a_src", a_src), ("a_dst", a_dst)):
         if a.shape != (heads, D):
             raise ValueError(f"{name} must have shape {(heads, D)}, got {a.shape}")
+    width = heads * D if concat else D
+    if b is not None:
+        b = features_on(E, b, "b")
+        if b.shape != (width,):
+            raise ValueError(f"b must have shape ({width},) (heads * D if concat else D), got {b.shape}")
+    drop = _real("dropout", dropout, 0, 1, closed_hi=False) if training else 0.0
     X = mm(H, W)
     fd = np.float32 if is_half(X.dtype) else X.dtype
     X3 = X.reshape(n, heads, D).astype(fd, copy=False)
     s_src = (X3 * a_src.astype(fd)).sum(axis=2)
     s_dst = (X3 * a_dst.astype(fd)).sum(axis=2)
-    drop = float(dropout) if training else 0.0
     seed = None
     if drop:
         if rng is None:
@@ -438,10 +589,12 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
                                    dropout=drop, seed=seed, fused=fused)
     out = att if concat else att.reshape(n, heads, D).mean(axis=1)
     if b is not None:
-        out = out + array_on(E, b).astype(out.dtype, copy=False)
+        out = out + b.astype(out.dtype, copy=False)
 
     def vjp(g, input_grad=True):
-        g = array_on(E, g)
+        g = features_on(E, g, "g")
+        if g.shape != out.shape:
+            raise ValueError(f"g must have the output's shape {out.shape}, got {g.shape}")
         db = None if b is None else column_sums(g).astype(b.dtype, copy=False)
         ga = g if concat else xp.repeat(g[:, None, :] / heads, heads, axis=1).reshape(n, heads * D)
         dX, ds_src, ds_dst = att_vjp(ga)
@@ -460,27 +613,27 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
 
 def _edge_softmax(E, z, xp):
     """``(P, lse)``: ``P_ij = a_ij exp(z_ij) / sum_k a_ik exp(z_ik)`` per row, stable (row max subtracted), and
-    each row's ``log sum_k a_ik exp(z_ik)`` (-inf where that sum is 0): the unfused path."""
+    each row's ``log sum_k a_ik exp(z_ik)`` (-inf where that sum is 0): the unfused path.  An entry of weight 0
+    takes no part, whatever its score (as in the fused pass); a NaN score of a weighted entry makes its row NaN."""
     rows = E.rows
     n = E.shape[0]
+    w = E.values.astype(z.dtype, copy=False)
+    z = xp.where(w != 0, z, -np.inf)
     m = xp.full(n, -np.inf, dtype=z.dtype)
-    xp.maximum.at(m, rows, z)  # order-independent: deterministic
-    ex = E.values.astype(z.dtype, copy=False) * xp.exp(z - m[rows])
+    with np.errstate(invalid="ignore"):  # a NaN score: its row's maximum is NaN, as the fused pass's
+        xp.maximum.at(m, rows, z)  # order-independent: deterministic
+        ex = xp.where(w != 0, w * xp.exp(z - m[rows]), 0).astype(z.dtype, copy=False)
     s = E.row_sums(ex)
-    P = ex / xp.where(s > 0, s, 1)[rows]
     with np.errstate(divide="ignore", invalid="ignore"):
+        P = ex / xp.where(s > 0, s, 1)[rows]
         return P, xp.where(s > 0, m + xp.log(xp.where(s > 0, s, 1)), -np.inf).astype(z.dtype, copy=False)
 
 
-def _unfused(E, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed, fd):
+def _unfused(E, a):
     """``(out, lse)`` by the unfused sequence: every entry's scores (E x heads), an edge softmax and SpMM per head."""
-    xp, T = E.xp, E.matrix
-    _, _, rows, cols = _structure(T)
-    if score == "additive":
-        z, _ = ref.attention_scores(rows, cols, heads, score, s_src, s_dst, slope=slope)
-    else:
-        z = beta * E.sddmm(Q, K).astype(fd, copy=False)[:, None]
-    m = ref.attention_keep(T.tiling.perm, heads, seed, dropout).astype(fd) if dropout else None
+    xp, fd, heads, V = E.xp, a["fd"], a["heads"], a["V"]
+    z, _ = _scores(E, a)
+    m = ref.attention_keep(E.entry_ids, heads, a["seed"], a["dropout"]).astype(fd) if a["dropout"] else None
     n, D = E.shape[0], V.shape[1] // heads
     out = xp.empty((n, heads * D), V.dtype)
     lse = xp.empty((n, heads), fd)
@@ -499,16 +652,16 @@ def _normalize_rows(H, xp):
     return (Hf * inv[:, None]).astype(H.dtype, copy=False), norm, inv
 
 
-def agnn_conv(A, H, beta, *, precision=None, fused=True):
+def agnn_conv(A, H, beta, *, precision=None, fused=None):
     """Attention-based propagation (AGNN, Thekumparampil et al. 2018).
 
     ``out_i = sum_j P_ij h_j`` with ``P_ij = softmax_j(beta * cos(h_i, h_j))``
     over the stored entries of row i; A's values weight the softmax
     (``P_ij ∝ a_ij exp(...)``, the usual AGNN for a binary A).  The cosines,
-    the softmax and the aggregation run fused (:func:`graph_attention` on
-    row-normalised features), the backward pass recomputes the attention;
+    the softmax and the aggregation run fused on the GPU (:func:`graph_attention`
+    on row-normalised features), the backward pass recomputes the attention;
     ``fused=False`` runs them one after another (SDDMM, an edge softmax, SpMM),
-    the sequence the fused pass replaces.
+    the sequence the fused pass replaces (and the default on the host).
 
     Parameters
     ----------
@@ -519,7 +672,8 @@ def agnn_conv(A, H, beta, *, precision=None, fused=True):
         The attention temperature (learnable).
     precision : {None, "tf32", "fp32", "fp16", "bf16"}, optional
         For the sparse products.
-    fused : bool
+    fused : bool, optional
+        As in :func:`graph_attention` (None: the fastest path here).
 
     Returns
     -------
@@ -537,46 +691,25 @@ def agnn_conv(A, H, beta, *, precision=None, fused=True):
     """
     E = edges_of(A, precision)
     xp = E.xp
-    H = array_on(E, H)
+    H = features_on(E, H, "H")
     check_2d("H", H, E.shape[0])
     if E.shape[0] != E.shape[1]:
         raise ValueError(f"agnn_conv needs a square graph, got shape {E.shape}")
     fd = np.float32 if is_half(H.dtype) else H.dtype  # 16-bit features: the attention runs in float32
-    beta = xp.asarray(beta, dtype=fd).reshape(-1)
+    beta = features_on(E, beta, "beta").astype(fd, copy=False).reshape(-1)
     if beta.shape != (1,):
         raise ValueError(f"beta must be a scalar or have shape (1,), got {beta.shape}")
     Hn, norm, inv = _normalize_rows(H, xp)
+    out, att_vjp = graph_attention(E, H, score="cosine", Q=Hn, K=Hn, beta=beta, fused=fused)
 
-    def normalize_vjp(dH, dHn):
+    def vjp(g):
+        dH, dQ, dK, dbeta = att_vjp(g)
+        dHn = dQ + dK
         # d(h / max(|h|, eps)): project out the radial part where |h| > eps.
         radial = xp.where(norm > _NORM_EPS, (Hn * dHn).sum(axis=1), 0)
         # In float32 for 16-bit H: rows of norm ~0 get 1 / eps-sized terms (a later relu mask zeroes them).
         dH = dH.astype(fd, copy=False)
         dH += (dHn - Hn * radial[:, None]) * inv[:, None]
-        return dH
+        return dH, dbeta
 
-    if fused and type(E) is TiledEdges:  # (distributed views run the unfused sequence, whose products exchange halos)
-        out, att_vjp = graph_attention(E, H, score="cosine", Q=Hn, K=Hn, beta=beta)
-
-        def vjp(g):
-            dH, dQ, dK, dbeta = att_vjp(g)
-            return normalize_vjp(dH, dQ + dK), dbeta
-
-        return out, vjp
-    c = E.sddmm(Hn, Hn).astype(fd, copy=False)
-    P, _ = _edge_softmax(E, beta * c, xp)
-    out = E.spmm(H, values=P)
-
-    def vjp_unfused(g):
-        g = array_on(E, g)
-        dH = E.spmm_t(g, values=P)
-        dP = E.sddmm(g, H).astype(fd, copy=False)
-        rows = E.rows
-        t = E.row_sums(P * dP)
-        dz = P * (dP - t[rows])
-        dbeta = (dz * c).sum().reshape(1)
-        dc = beta * dz
-        dHn = E.spmm(Hn, values=dc) + E.spmm_t(Hn, values=dc)
-        return normalize_vjp(dH, dHn), dbeta
-
-    return out, vjp_unfused
+    return out, vjp

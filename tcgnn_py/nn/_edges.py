@@ -14,9 +14,9 @@ import numpy as np
 from .._device import DeviceMismatchError, get_cupy
 from .._ops import as_operand
 from .._tiled import TiledMatrix, sddmm, spmm
-from .._validation import is_half
+from .._validation import check_real_dtype, is_half, value_dtype
 
-__all__ = ["TiledEdges", "CSREdges", "edges_of"]
+__all__ = ["TiledEdges", "CSREdges", "edges_of", "array_on", "features_on"]
 
 
 class TiledEdges:
@@ -35,6 +35,26 @@ class TiledEdges:
     @property
     def rows(self):
         return self.matrix.tiling.entry_rows()
+
+    @property
+    def cols(self):
+        """Column of every stored entry, in the view's order (int32; computed once per tiling)."""
+        tiling = self.matrix.tiling
+        return tiling.cached("entry_cols", lambda: tiling.rows_cols()[1].astype(np.int32))
+
+    @property
+    def entry_ids(self):
+        """Each stored entry's position in the canonical CSR order (what the attention dropout hashes)."""
+        return self.matrix.tiling.perm
+
+    def cached(self, key, build):
+        """``build()`` once per key, kept with the structure (shared by the matrices of one tiling)."""
+        return self.matrix.tiling.cached(key, build)
+
+    def columns(self, x):
+        """``x`` (one row per column of the graph) as the view's stored entries index it: as is here; a
+        distributed view appends the halo rows."""
+        return x
 
     def _with(self, values):
         return self.matrix if values is None else self.matrix._with_data(values)
@@ -102,6 +122,14 @@ class CSREdges:
         xp = self.xp
         self.rows = (xp.searchsorted(A.indptr, xp.arange(A.nnz), side="right") - 1).astype(np.int32)
         self.cols = A.indices
+        self.entry_ids = xp.arange(A.nnz, dtype=np.int64)
+        self._cache = {}
+
+    def cached(self, key, build):
+        """``build()`` once per key, kept with this view."""
+        if key not in self._cache:
+            self._cache[key] = build()
+        return self._cache[key]
 
     def _with(self, values):
         A = self.matrix
@@ -117,6 +145,9 @@ class CSREdges:
 
     def sddmm(self, Xa, Xb):
         return (Xa[self.rows] * Xb[self.cols]).sum(axis=1)
+
+    def columns(self, x):
+        return x
 
     def row_sums(self, v):
         s = self.xp.zeros(self.shape[0], dtype=v.dtype)
@@ -145,15 +176,27 @@ def edges_of(A, precision=None):
     )
 
 
-def array_on(edges, x):
+def array_on(edges, x, what="operand"):
     """``x`` on the edge view's device: NumPy, CuPy, or any DLPack / CUDA-array-interface producer.
 
     A no-op for arrays already there; device producers (JAX, PyTorch, ...) are wrapped without a copy.
+    ``what`` names the argument in errors.
     """
     if isinstance(x, edges.xp.ndarray):
         return x
     on_device = edges.xp is not np
     try:
-        return as_operand(x, on_device)[0]
+        return as_operand(x, on_device, what)[0]
     except DeviceMismatchError:
-        raise DeviceMismatchError("device arrays given, but the graph lives on the CPU") from None
+        raise DeviceMismatchError(f"{what}: device arrays given, but the graph lives on the CPU") from None
+
+
+def features_on(edges, x, name):
+    """``x`` on the view's device as a float array: ``array_on``, then booleans and integers made the float type
+    that holds them exactly (the rule of ``T @ X``), so a layer never computes in an integer type; complex
+    values are refused, naming ``name``."""
+    if x is None or isinstance(x, (str, bytes, dict, set)):
+        raise TypeError(f"{name} must be an array of real numbers, got {type(x).__name__}")
+    x = array_on(edges, x, name)
+    dt = value_dtype(check_real_dtype(x.dtype, name))
+    return x if dt == x.dtype else x.astype(dt)

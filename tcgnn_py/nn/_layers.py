@@ -7,10 +7,13 @@ the differentiable inputs, in order (the vector-Jacobian product, as
 and CuPy on the GPU, and everything runs on the graph's device.
 """
 
+import numbers
+
 import numpy as np
 
 from .._device import array_module
-from ._edges import array_on, edges_of
+from .._validation import check_bool, check_real_dtype, value_dtype
+from ._edges import edges_of, features_on
 
 __all__ = [
     "gcn_conv",
@@ -21,6 +24,33 @@ __all__ = [
     "cross_entropy",
     "accuracy",
 ]
+
+def floats(x, name):
+    """``x`` as a float array where it is (NumPy or CuPy): array-likes (lists) become NumPy arrays, booleans and
+    integers the float type that holds them (as ``T @ X``); complex values are refused, naming ``name``."""
+    if x is None or isinstance(x, (str, bytes, dict, set)):
+        raise TypeError(f"{name} must be an array of real numbers, got {type(x).__name__}")
+    if not (hasattr(x, "dtype") and hasattr(x, "shape")):
+        x = np.asarray(x)
+    check_real_dtype(x.dtype, name)
+    dt = value_dtype(x.dtype)
+    return x if dt == x.dtype else x.astype(dt)
+
+
+def probability(name, p):
+    """A probability in ``[0, 1)`` (a dropout rate), a real number; errors name it."""
+    if isinstance(p, (bool, np.bool_)) or not isinstance(p, (numbers.Real, np.floating, np.integer)):
+        raise TypeError(f"{name} must be a real number in [0, 1), got {type(p).__name__}")
+    if not 0 <= p < 1:
+        raise ValueError(f"{name} must be in [0, 1), got {p}")
+    return float(p)
+
+
+def check_bias(b, width, what="d_out"):
+    """A bias of shape ``(width,)``, or a ``ValueError`` naming ``b`` (a NumPy broadcast would accept others)."""
+    if b.shape != (width,):
+        raise ValueError(f"b must have shape ({width},) ({what}), got {b.shape}")
+
 
 def check_2d(name, X, rows=None):
     if X.ndim != 2:
@@ -86,11 +116,14 @@ def gcn_conv(A, H, W, b=None, *, precision=None):
     [1.0, 1.0] None
     """
     E = edges_of(A, precision)
-    H, W = array_on(E, H), array_on(E, W)
+    H, W = features_on(E, H, "H"), features_on(E, W, "W")
     check_2d("H", H, E.shape[1])
     check_2d("W", W)
     if W.shape[0] != H.shape[1]:
         raise ValueError(f"gcn_conv: H has {H.shape[1]} features, W expects {W.shape[0]}")
+    if b is not None:
+        b = features_on(E, b, "b")
+        check_bias(b, W.shape[1])
     narrow_first = W.shape[1] <= W.shape[0]
     if narrow_first:
         out = E.spmm(mm(H, W))
@@ -98,11 +131,12 @@ def gcn_conv(A, H, W, b=None, *, precision=None):
         AH = E.spmm(H)
         out = mm(AH, W)
     if b is not None:
-        b = array_on(E, b)
         out += b
 
     def vjp(g, input_grad=True):
-        g = array_on(E, g)
+        g = features_on(E, g, "g")
+        if g.shape != out.shape:
+            raise ValueError(f"g must have the output's shape {out.shape}, got {g.shape}")
         if narrow_first:
             dZ = E.spmm_t(g)
             dW = mm(H.T, dZ)
@@ -126,7 +160,12 @@ def linear(H, W, b=None):
     >>> print(out.ravel().tolist())
     [4.0, 4.0]
     """
+    H, W = floats(H, "H"), floats(W, "W")
     check_2d("H", H)
+    check_2d("W", W, H.shape[1])
+    if b is not None:
+        b = floats(b, "b")
+        check_bias(b, W.shape[1])
     out = mm(H, W)
     if b is not None:
         out += b
@@ -148,6 +187,7 @@ def relu(H):
     >>> print(out.tolist(), vjp(np.array([5.0, 5.0])).tolist())
     [0.0, 2.0] [0.0, 5.0]
     """
+    H = floats(H, "H")
     xp = array_module(H)
     keep = H > 0
     return xp.where(keep, H, 0).astype(H.dtype, copy=False), lambda g: g * keep
@@ -163,6 +203,7 @@ def elu(H):
     >>> print(out.tolist(), vjp(np.array([5.0, 5.0])).tolist())
     [0.0, 2.0] [5.0, 5.0]
     """
+    H = floats(H, "H")
     xp = array_module(H)
     keep = H > 0
     e = xp.exp(xp.minimum(H, 0))
@@ -193,9 +234,9 @@ def dropout(H, p, rng, *, training=True):
     >>> sorted(set(out.tolist())), bool(abs(out.mean() - 1) < 0.05)
     ([0.0, 2.0], True)
     """
-    if not 0 <= p < 1:
-        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
-    if not training or p == 0:
+    p = probability("dropout probability p", p)
+    H = floats(H, "H")
+    if not check_bool("training", training) or p == 0:
         return H, lambda g: g
     if rng is None:
         raise ValueError("dropout in training needs rng (tcgnn_py.nn.default_rng(seed, like=A))")

@@ -10,8 +10,8 @@ import numpy as np
 
 from .._device import array_module, get_cupy
 from .._tiled import TiledMatrix
-from .._validation import as_dtype, is_half
-from ._edges import array_on, edges_of
+from .._validation import as_dtype, check_count, is_half
+from ._edges import array_on, edges_of, features_on
 from ._attention import agnn_conv, gat_conv
 from ._layers import dropout, elu, gcn_conv, linear, relu
 
@@ -137,7 +137,7 @@ def gcn_apply(params, A, X, *, rng=None, dropout_p=0.5, training=True, precision
     E = edges_of(A, precision)
     n_layers = len(params) // 2
     cd, p = _mixed(params, dtype)
-    H = array_on(E, X)
+    H = features_on(E, X, "X")
     if cd is not None:
         H = H.astype(cd, copy=False)
     back = []
@@ -179,8 +179,7 @@ def agnn_init(dims, rng, n_prop=2, dtype=np.float32):
     """
     if len(dims) != 3:
         raise ValueError(f"dims must be (features, hidden, classes), got {dims}")
-    if n_prop < 1:
-        raise ValueError(f"n_prop must be >= 1, got {n_prop}")
+    n_prop = check_count("n_prop", n_prop, 1)
     xp = _xp_of(rng)
     params = {
         "W_in": glorot((dims[0], dims[1]), rng, dtype),
@@ -213,7 +212,7 @@ def agnn_apply(params, A, X, *, rng=None, dropout_p=0.5, training=True, precisio
     E = edges_of(A, precision)
     n_prop = 1 + sum(k.startswith("beta") for k in params)
     cd, p = _mixed(params, dtype)
-    H = array_on(E, X)
+    H = features_on(E, X, "X")
     if cd is not None:
         H = H.astype(cd, copy=False)
     H, d_in = dropout(H, dropout_p, rng, training=training)
@@ -258,6 +257,7 @@ def gat_init(dims, rng, heads=8, dtype=np.float32):
     """
     if len(dims) != 3:
         raise ValueError(f"dims must be (features, hidden, classes), got {dims}")
+    heads = check_count("heads", heads, 1)
     xp = _xp_of(rng)
     f, hid, c = dims
     return {
@@ -292,7 +292,7 @@ def gat_apply(params, A, X, *, rng=None, dropout_p=0.6, training=True, precision
     E = edges_of(A, precision)
     cd, p = _mixed(params, dtype)
     heads = p["a_src1"].shape[0]
-    H = array_on(E, X)
+    H = features_on(E, X, "X")
     if cd is not None:
         H = H.astype(cd, copy=False)
     H, d_in = dropout(H, dropout_p, rng, training=training)
