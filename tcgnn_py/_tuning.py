@@ -232,8 +232,8 @@ def tuning(**overrides):
     Parameters
     ----------
     **overrides
-        Option names and values; the names are those of ``DEFAULTS`` (grouped by kernel
-        family in ``FAMILY_DEFAULTS``).
+        Option names and values: the options, their defaults and the values each takes are
+        tabled in the docs (Benchmarks, "Launch options"); ``tuning_options()`` lists them.
 
     Yields
     ------

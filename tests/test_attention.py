@@ -287,21 +287,31 @@ def test_fused_backward_matches_the_reference(cp, dropout, rect, score, dtype):
         assert err < tol, (i, err)
 
 
+#: Bounds of float32 GAT against float64, per output (out, dH, dW, da_src, da_dst): the forward sums ~10 entries
+#: per row (measured <= 3.4e-7 on the host over 30 draws); the gradients sum over 900 rows terms whose per-row
+#: sums cancel exactly (a softmax's gradient sums to 0), which lifts float32's relative error to ~1e-5 (measured
+#: <= 1.1e-5), so two float32 summation orders differ by that much too: each path is held to 10x its measured error
+#: against float64, not to the other path.
+GAT_F32_BOUNDS = (1e-5, 1e-4, 1e-4, 1e-4, 1e-4)
+
+
 @pytest.mark.parametrize("heads", [1, 4])
 def test_gat_fused_matches_unfused_on_the_gpu(cp, heads):
     rng = np.random.default_rng()
     A = _graph(rng, 900, density=0.01)
     D = 16
-    arrays = [cp.asarray(rng.standard_normal(s).astype(np.float32)) for s in ((900, 12), (12, heads * D), (heads, D),
-                                                                              (heads, D))]
+    host_arrays = [rng.standard_normal(s) for s in ((900, 12), (12, heads * D), (heads, D), (heads, D))]
+    g = rng.standard_normal((900, heads * D))
+    o, v = nn.gat_conv(tg.TiledMatrix(A, dtype=np.float64, device="cpu"), *host_arrays, heads=heads)
+    want = [o] + list(v(g))[:-1]
     T = tg.TiledMatrix(A)
-    g = cp.asarray(rng.standard_normal((900, heads * D)).astype(np.float32))
-    (o1, v1), (o2, v2) = (nn.gat_conv(T, *arrays, heads=heads, precision="fp32", fused=f) for f in (True, False))
-    assert _rel(o2.get(), o1.get()) < 1e-5
-    grads = list(zip(v1(g), v2(g)))
-    assert grads[-1] == (None, None)  # no bias
-    for a, b in grads[:-1]:
-        assert _rel(b.get(), a.get()) < 1e-5
+    arrays = [cp.asarray(a, np.float32) for a in host_arrays]
+    for fused in (True, False):
+        out, vjp = nn.gat_conv(T, *arrays, heads=heads, precision="fp32", fused=fused)
+        got = [out] + list(vjp(cp.asarray(g, np.float32)))
+        assert got[-1] is None  # no bias
+        for i, (b, a, bound) in enumerate(zip(got, want, GAT_F32_BOUNDS)):
+            assert _rel(b.get(), a) < bound, (fused, i, _rel(b.get(), a))
 
 
 @pytest.mark.parametrize("score", ["additive", "cosine"])

@@ -446,3 +446,33 @@ def test_bench_attention_on_device():
     rows = bench_attention("powerlaw:300:3000", calls=2, device="cuda")
     assert {r["impl"] for r in rows} == {"fused", "unfused"}
     assert all(r["b2b_us"] > 0 and r["gpu_us"] > 0 for r in rows)
+
+
+def test_one_command_writes_every_results_page(tmp_path, monkeypatch):
+    """``--page`` with ``--attention-page``: one run, two pages naming the same command and commit; the epoch table
+    on the first page only, the attention tables on the second, each linking to the other."""
+    from tcgnn_py.bench.__main__ import main
+
+    monkeypatch.setenv("TCGNN_PY_DEVICE", "cpu")
+    page, att = tmp_path / "results.md", tmp_path / "attention.md"
+    assert main(["powerlaw:60:300", "--device", "cpu", "--dims", "4", "--repeat", "1", "--inputs", "1",
+                 "--ops", "spmm,gcn,attention", "--epochs", "1", "--page", str(page),
+                 "--attention-page", str(att)]) == 0
+    main_text, att_text = page.read_text(), att.read_text()
+    head = [t.split("Regenerate it with:")[0] for t in (main_text, att_text)]
+    assert head[0].split("\n", 1)[1] == head[1].split("\n", 1)[1]  # same run: machine, date, version, commit
+    cmd = [t.split("```bash\n")[1].split("\n")[0] for t in (main_text, att_text)]
+    assert cmd[0] == cmd[1] and "--attention-page" in cmd[0]
+    assert "## Training epochs (ms)" in main_text and "## Training epochs (ms)" not in att_text
+    assert "## Graph attention" in att_text and "## Graph attention" not in main_text
+    assert "](attention.md)" in main_text and "](results.md)" in att_text
+
+
+def test_attention_page_needs_the_attention_op(tmp_path, monkeypatch, capsys):
+    from tcgnn_py.bench.__main__ import main
+
+    monkeypatch.setenv("TCGNN_PY_DEVICE", "cpu")
+    with pytest.raises(SystemExit) as e:
+        main(["cora", "--device", "cpu", "--ops", "gcn", "--page", str(tmp_path / "a.md"),
+              "--attention-page", str(tmp_path / "b.md")])
+    assert e.value.code == 2 and "--attention-page" in capsys.readouterr().err

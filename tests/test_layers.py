@@ -147,3 +147,32 @@ def test_scripts_use_public_names_only(path):
             if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
                 bad.append(f"line {node.lineno}: .{node.attr}")
     assert bad == []
+
+
+def test_the_contributors_layer_table_lists_every_module():
+    """docs/contributing.md's layer table follows the code: each private module of the package root and each
+    module of ``kernels/`` by name, the other packages by ``name/``, each in the row of its layer."""
+    text = (ROOT.parent / "docs" / "contributing.md").read_text()
+    rows = {int(m.group(1)): m.group(2) for m in re.finditer(r"^\| (\d) \| (.*) \|$", text, flags=re.M)}
+    missing = []
+    for name, (_, _, layer) in MODULES.items():
+        parts = name.split(".")
+        if layer is None or len(parts) < 2:
+            continue
+        if parts[1] == "kernels":
+            want = "kernels/" if len(parts) == 2 else parts[2]
+        elif len(parts) == 2 and parts[1].startswith("_"):
+            want = parts[1]
+        else:
+            want = parts[1] + "/"
+        if f"`{want}`" not in rows.get(layer, ""):
+            missing.append(f"{name} (layer {layer}) as `{want}`")
+    assert missing == []
+
+
+def test_the_kernels_docstring_lists_every_family():
+    from tcgnn_py.kernels import registry
+
+    doc = importlib.import_module("tcgnn_py.kernels").__doc__
+    own = [f for f in registry.families() if f != "baseline"]  # the benchmarks' own family is theirs to document
+    assert [f for f in own if f'``"{f}"``' not in doc] == []

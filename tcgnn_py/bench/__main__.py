@@ -136,6 +136,9 @@ def main(argv=None):
     ap.add_argument("--page", metavar="FILE",
                     help="write the whole results page (Markdown): the run's card, date, version and command, the "
                          "geomeans, every table, the plot and, with --first-product, the time to the first product")
+    ap.add_argument("--attention-page", metavar="FILE",
+                    help="with --page and --ops attention: the attention tables go to this page of the same run "
+                         "(one command writes every results page; the epoch table stays on --page)")
     ap.add_argument("--baselines", metavar="FILE.py",
                     help="gcn, agnn, gat, attention: a file (kept outside this package) whose builders() adds other "
                          "frameworks' models to the epoch table, e.g. PyTorch Geometric's, and whose "
@@ -168,10 +171,12 @@ def main(argv=None):
         print("--dims sets the spmm and sddmm widths; the attention op times 64 features per head")
     if args.dims is None:
         args.dims = DEFAULT_DIMS
-    for flag in ("json", "markdown", "plot", "page"):  # an output that cannot be written fails now, not after the run
+    if args.attention_page is not None and (args.page is None or "attention" not in args.ops):
+        ap.error("--attention-page splits the attention tables off --page: it needs --page and --ops attention")
+    for flag in ("json", "markdown", "plot", "page", "attention_page"):  # an output that cannot be written fails now, not after the run
         path = getattr(args, flag)
         if path is not None and not pathlib.Path(path).resolve().parent.is_dir():
-            ap.error(f"--{flag} {path}: the folder {str(pathlib.Path(path).parent)!r} does not exist")
+            ap.error(f"--{flag.replace('_', '-')} {path}: the folder {str(pathlib.Path(path).parent)!r} does not exist")
     if args.first_product and not gpu:
         ap.error("--first-product measures GPU kernels' compile and launch: it needs a usable GPU")
     from ._graphs import locate_graph
@@ -237,20 +242,31 @@ def main(argv=None):
         first = first_product_markdown(first_product_times(args.first_product))
         print("\ntime to the first product\n" + first)
     if args.page:
-        pathlib.Path(args.page).write_text(results_page(env, graphs, reorders, gnn, args, first, attention))
+        split = args.attention_page is not None
+        pathlib.Path(args.page).write_text(results_page(env, graphs, reorders, gnn, args, first,
+                                                        None if split else attention,
+                                                        attention_link=args.attention_page if split else None))
         print(f"page: {args.page}")
+        if split:
+            pathlib.Path(args.attention_page).write_text(results_page(
+                env, [], [], [], args, None, attention,
+                epochs_link=os.path.relpath(args.page, pathlib.Path(args.attention_page).parent)))
+            print(f"page: {args.attention_page}")
     return 0
 
 
-def results_page(env, graphs, reorders, gnn, args, first=None, attention=None):
+def results_page(env, graphs, reorders, gnn, args, first=None, attention=None, attention_link=None,
+                 epochs_link=None):
     """The results page of one run: where and what ran, the geomeans, every table, the plot, the attention
-    layers, the first product."""
+    layers, the first product.  ``attention_link``: the page of the same run holding the attention tables;
+    ``epochs_link`` (on that page): the page holding the run's other tables."""
     from ._attention import attention_markdown
     from ._gnn import gnn_markdown
 
     where = env.get("gpu", "the host (NumPy reference path)")
     title = "Results" if graphs or reorders else (
-        "Results: graph attention and training epochs" if attention else "Results: training epochs")
+        ("Results: graph attention and training epochs" if gnn else "Results: graph attention") if attention
+        else "Results: training epochs")
     lines = [f"# {title}", "",
              f"One run of the harness on {where}, {env['date']}: tcgnn_py {env['tcgnn_py']}"
              + (f" (commit `{env['commit']}`)" if env.get("commit") else "")
@@ -267,7 +283,13 @@ def results_page(env, graphs, reorders, gnn, args, first=None, attention=None):
                   "process; the geomeans follow each table.", ""]
     else:
         lines += ["Timings are host-clock medians of the NumPy reference path against SciPy (no GPU in this run).", ""]
-    if args.plot:
+    if attention_link:
+        rel = os.path.relpath(attention_link, pathlib.Path(args.page).parent)
+        lines += [f"The graph-attention tables of this run are on [their own page]({rel}).", ""]
+    if epochs_link:
+        lines += [f"The other tables of this run, the training epochs among them, are on [the results page]"
+                  f"({epochs_link}).", ""]
+    if args.plot and not epochs_link:
         lines += ["## Speedups per graph and width", "", f"![speedups]({pathlib.Path(args.plot).name})", ""]
     if graphs or reorders:
         lines += ["## Tables", markdown(graphs, reorders, summary_min_nnz=args.summary_min_nnz), ""]

@@ -18,6 +18,11 @@ once per process and device through :func:`registry.get_kernel`:
 ``"vec"`` (:mod:`.products`)
     Tensor-core SpMM (register and ``cp.async`` gathers) and SDDMM for float32
     data on the vector layout's ``8 x 4`` blocks, operands swapped.
+``"half"`` (:mod:`.products`)
+    float16 / bfloat16 SpMM on the vector layout (``mma.m16n8k16``, float32
+    accumulation), for float32 matrices (values as two 16-bit parts) and 16-bit ones.
+``"sparse"`` (:mod:`.products`)
+    SpMM on the N:M layouts through sparse tensor cores (``mma.sp``).
 ``"core"`` (:mod:`.products`)
     CUDA-core SpMM and SDDMM in the data's own precision, any tile shape.
 ``"attention"`` (:mod:`.attention`)

@@ -1,0 +1,59 @@
+"""The documentation follows the code: links lead somewhere, the API page lists every public name, the
+launch-options table is the options' own."""
+
+import pathlib
+import re
+
+import pytest
+from _env import ROOT
+
+import tcgnn_py as tg
+from tcgnn_py import _tuning
+from tcgnn_py import distributed as dist
+from tcgnn_py import nn
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+LINKS = [(page, target) for page in PAGES
+         for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text())
+         if not re.match(r"[a-z]+://", target) and not target.startswith("mailto:")]
+
+
+def _anchors(page):
+    """GitHub / MyST heading slugs of a Markdown page."""
+    out = set()
+    for title in re.findall(r"^#+ (.+)$", page.read_text(), flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", title.lower()).strip().replace(" ", "-")
+        out.add(slug)
+    return out
+
+
+def test_the_pages_have_links():
+    assert len(LINKS) >= 10
+
+
+@pytest.mark.parametrize("page,target", LINKS, ids=[f"{p.relative_to(ROOT)}->{t}" for p, t in LINKS])
+def test_every_link_leads_somewhere(page, target):
+    path, _, anchor = target.partition("#")
+    dest = (page.parent / path).resolve() if path else page
+    assert dest.exists(), f"{page.relative_to(ROOT)} links to {target}, which does not exist"
+    if anchor:
+        assert anchor in _anchors(dest), f"{page.relative_to(ROOT)} links to #{anchor}, not a heading of {dest.name}"
+
+
+#: Public names that are modules or constants: documented where they are used, not as API pages.
+NOT_PAGES = {"nn", "LAYOUTS", "DEFAULT_TIMEOUT", "HALO_MODES"}
+
+
+def test_the_api_page_lists_every_public_name():
+    listed = set(re.findall(r"^   (\w+)$", (ROOT / "docs" / "api.md").read_text(), flags=re.M))
+    missing = [f"{m.__name__}.{n}" for m in (tg, nn, dist) for n in m.__all__ if n not in listed and n not in NOT_PAGES]
+    assert missing == []
+
+
+def test_the_launch_options_table_is_the_code():
+    text = (ROOT / "docs" / "guide" / "measuring.md").read_text()
+    table = text.split("<!-- options-table -->")[1].split("<!-- /options-table -->")[0]
+    rows = re.findall(r"^\| `(\w+)` \| (\w+) \| `([^`]*)` \| (.*?) \| .* \|$", table, flags=re.M)
+    want = [(name, fam, repr(default), _tuning.allowed()[name])
+            for fam, opts in _tuning.FAMILY_DEFAULTS.items() for name, default in opts.items()]
+    assert rows == want
