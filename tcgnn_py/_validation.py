@@ -283,6 +283,10 @@ def cast_values(values, dtype, what="values"):
     target = value_dtype(dtype)
     if target != dtype:  # a boolean or integer type: NumPy's cast first, then the float type holding it exactly
         with np.errstate(invalid="ignore", over="ignore"):  # NaN / inf to an integer: NumPy's (undefined) value
+            if dtype.kind in "iu" and (values.dtype.kind == "f" or values.dtype.name == "bfloat16"):
+                # floats truncate to int64 first, then wrap: what NumPy gives on x86 (-1.0 -> 255 as uint8), and
+                # the same on the GPU, where a direct float -> unsigned cast clamps
+                values = values.astype(np.int64)
             values = check_exact(values.astype(dtype), what, target)
     return values.astype(target, copy=False)
 
