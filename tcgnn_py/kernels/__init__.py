@@ -27,6 +27,9 @@ once per process and device through :func:`registry.get_kernel`:
     CUDA-core SpMM and SDDMM in the data's own precision, any tile shape.
 ``"attention"`` (:mod:`.attention`)
     Graph attention fused into one pass per row (scores, online softmax, aggregation).
+``"dist"`` (:mod:`.dist`)
+    What a distributed product moves: rows packed into send buffers (cast to
+    16-bit halos), and rows added into a result.
 ``"nn"`` (:mod:`.nn`)
     Training helpers of :mod:`tcgnn_py.nn` (a fused Adam step).
 ``"timing"`` (:mod:`.timing`)
@@ -51,4 +54,4 @@ Launch paths:
     that a CUDA-graph capture can hold (CuPy's binding refuses to run there).
 """
 
-from . import attention, nn, products, timing  # noqa: E402,F401  (each registers its kernel families)
+from . import attention, dist, nn, products, timing  # noqa: E402,F401  (each registers its kernel families)

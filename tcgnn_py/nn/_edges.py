@@ -16,10 +16,17 @@ from .._ops import as_operand
 from .._tiled import TiledMatrix, sddmm, spmm
 from .._validation import check_real_dtype, is_half, value_dtype
 
-__all__ = ["TiledEdges", "CSREdges", "edges_of", "array_on", "features_on"]
+__all__ = ["EdgeView", "TiledEdges", "CSREdges", "edges_of", "array_on", "features_on"]
 
 
-class TiledEdges:
+class EdgeView:
+    """What every edge view has (the layers use nothing else): ``shape``, ``xp``, ``values``, ``rows``, ``cols``
+    (the entries' rows and columns, in the view's order), ``entry_ids``, ``cached(key, build)``,
+    ``columns(x)`` (a per-node array indexed by ``cols``), ``spmm``, ``spmm_t``, ``sddmm``, ``row_sums``,
+    ``col_sums``.  Subclassed by :class:`TiledEdges`, :class:`CSREdges` and the distributed view."""
+
+
+class TiledEdges(EdgeView):
     """Edge view of a :class:`~tcgnn_py.TiledMatrix` (values in tiled order)."""
 
     def __init__(self, T, precision=None):
@@ -98,7 +105,7 @@ class TiledEdges:
         return spmm(M if axis == 1 else M.T, ones, precision="fp32")[:, 0]
 
 
-class CSREdges:
+class CSREdges(EdgeView):
     """Edge view of a scipy or cupyx CSR matrix: the same layers on plain sparse ops.
 
     ``A @ X``, ``A.T @ X`` and a gather-and-dot SDDMM, written as a user of
@@ -167,7 +174,7 @@ def edges_of(A, precision=None):
     :class:`CSREdges` explicitly (the benchmarks' baseline does), or build a
     TiledMatrix (:func:`tcgnn_py.nn.gcn_norm`).
     """
-    if isinstance(A, (TiledEdges, CSREdges)):
+    if isinstance(A, EdgeView):
         return A
     if isinstance(A, TiledMatrix):
         return TiledEdges(A, precision)
