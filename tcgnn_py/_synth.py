@@ -131,14 +131,16 @@ def planted_partition_csr(xp, n_nodes, n_edges, communities, p_in=0.9, exponent=
     return xp.ones(dst.shape[0], np.float32), dst, indptr
 
 
-def planted_partition_graph(n_nodes, n_edges, communities, p_in=0.9, exponent=2.1, seed=0, shuffle=True):
+def planted_partition_graph(n_nodes, n_edges, communities, p_in=0.9, exponent=2.1, seed=0, shuffle=True, device="cpu"):
     """A power-law graph with planted communities, as a binary ``csr_array``: the test of a partitioner.
 
     Nodes fall into ``communities`` groups of equal size; each edge's source follows power-law weights
     ``w_i ~ i ** (-1 / (exponent - 1))`` (hubs spread over the groups), and its target is drawn by weight
     within the source's group with probability ``p_in`` (else from the whole graph).  Node ids are shuffled
     (``shuffle``), so a row split of the natural order has no locality: a partitioner must find the groups.
-    Exactly ``n_edges`` distinct directed entries.
+    Exactly ``n_edges`` distinct directed entries.  One group (or ``p_in=0``) is a Chung-Lu power-law graph.
+    ``device="cuda"`` draws it on the GPU (seconds for hundreds of millions of edges; another random stream,
+    the same law) and returns a ``cupyx.scipy.sparse.csr_matrix``.
 
     Examples
     --------
@@ -160,6 +162,14 @@ def planted_partition_graph(n_nodes, n_edges, communities, p_in=0.9, exponent=2.
         raise ValueError(f"p_in must be in [0, 1], got {p_in!r}")
     if not exponent > 1:
         raise ValueError(f"exponent must be > 1, got {exponent!r}")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r:.60}")
+    if device == "cuda":
+        import cupy
+        import cupyx.scipy.sparse as csp
+
+        arrays = planted_partition_csr(cupy, n_nodes, n_edges, communities, p_in, exponent, seed, shuffle)
+        return csp.csr_matrix(arrays, shape=(n_nodes, n_nodes))
     data, indices, indptr = planted_partition_csr(np, n_nodes, n_edges, communities, p_in, exponent, seed, shuffle)
     return sp.csr_array((data, indices, indptr.astype(np.int32) if n_edges < 2**31 else indptr),
                         shape=(n_nodes, n_nodes))

@@ -33,7 +33,7 @@ def test_products_by_ranks_equal_whole(graph, ranks, halo_dtype):
 @pytest.mark.parametrize("method", ["metis", "lp"])
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_products_on_a_partition_equal_whole(method, ranks):
-    pytest.importorskip("pymetis", reason="the partitioners need pymetis (the dist extra)")
+    pytest.importorskip("pymetis", reason="the partitioners need pymetis (the partition extra)")
     A = tg.planted_partition_graph(1500, 12000, communities=6, seed=2)
     n = A.shape[0]
     X, G = cases.int_features(n, 4, 1), cases.int_features(n, 2, 2)

@@ -51,7 +51,7 @@ def test_each_rank_loads_its_rows_and_the_products_are_exact(tmp_path):
     import _mpi_worker as w
     from tcgnn_py import distributed as dist
 
-    pytest.importorskip("pymetis", reason="the rows are written partitioned by METIS (the dist extra)")
+    pytest.importorskip("pymetis", reason="the rows are written partitioned by METIS (the partition extra)")
     dist.save_rows(w.graph(), tmp_path, RANKS, partition="metis")
     r, _ = run("products", tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -78,6 +78,8 @@ class Context:
         ``cupy`` or ``numpy``: the arrays the collectives take.
     comm_stream : cupy.cuda.Stream or None
         The stream this rank's halo exchanges run on, beside the compute stream (None on the host).
+    mpi_comm : mpi4py.MPI.Comm or None
+        ``MPI_COMM_WORLD`` of a process launched by MPI (None otherwise): for the program's own MPI calls.
 
     Notes
     -----
@@ -89,6 +91,7 @@ class Context:
     xp = np
     device = None
     comm_stream = None
+    mpi_comm = None
 
     def __init__(self, rank, world_size, timeout):
         self.rank, self.world_size, self.timeout = int(rank), int(world_size), float(timeout)
@@ -223,10 +226,10 @@ class _MpiJob:
     counter of collectives per rank in memory those ranks share (so a watchdog can name the rank that never
     reached a collective)."""
 
-    def __init__(self):
+    def __init__(self, comm=None):
         MPI = _mpi()
         self.MPI = MPI
-        self.comm = MPI.COMM_WORLD
+        self.comm = MPI.COMM_WORLD if comm is None else comm
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.local = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.local_rank, self.local_size = self.local.Get_rank(), self.local.Get_size()
@@ -256,13 +259,14 @@ class _MpiJob:
             self.comm.Abort(code)
 
 
-_JOB = []  # the process's _MpiJob, once made
+_JOBS = {}  # the process's _MpiJob per communicator (COMM_WORLD's under None), once made
 
 
-def _job():
-    if not _JOB:
-        _JOB.append(_MpiJob())
-    return _JOB[0]
+def _job(comm=None):
+    key = None if comm is None else id(comm)
+    if key not in _JOBS:
+        _JOBS[key] = _MpiJob(comm)
+    return _JOBS[key]
 
 
 def _install_failure_hooks(ctx, job):
@@ -292,7 +296,7 @@ class _MpiHostContext(Context):
         super().__init__(job.rank, job.size, timeout)
         self.local_rank = job.local_rank
         self.job = job
-        self.comm = job.comm
+        self.comm = self.mpi_comm = job.comm
         self._pending = None
         self._stop = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, daemon=True, name=f"tcgnn-mpi-watchdog-{self.rank}")
@@ -402,8 +406,12 @@ class _NcclContext(Context):
         self.job = job
         if job is not None:
             self.local_rank = job.local_rank
+            self.mpi_comm = job.comm
         with cupy.cuda.Device(self.device):
-            self.comm_stream = cupy.cuda.Stream(non_blocking=True)
+            # The highest priority: the exchange's kernels take SMs as soon as the product's blocks free them,
+            # instead of queueing behind a grid that fills the GPU.
+            high = cupy.cuda.runtime.deviceGetStreamPriorityRange()[1]
+            self.comm_stream = cupy.cuda.Stream(non_blocking=True, priority=high)
         self._init_teardown()
         self._thread = threading.get_ident()  # the rank's thread, woken by the watchdog
         self._wake = True  # False once that thread has left the rank's program
@@ -743,7 +751,7 @@ def unique_id():
     return _nccl().get_unique_id()
 
 
-def init(*, backend="nccl", rank=None, world_size=None, nccl_id=None, device=None, timeout=None):
+def init(*, backend="nccl", rank=None, world_size=None, nccl_id=None, device=None, timeout=None, mpi_comm=None):
     """This process's :class:`Context`: one process per GPU, launched by MPI or by another launcher.
 
     Without ``rank`` / ``world_size`` / ``nccl_id``, the process was started by MPI (``mpirun -n 4 python
@@ -763,6 +771,9 @@ def init(*, backend="nccl", rank=None, world_size=None, nccl_id=None, device=Non
         :class:`DistributedTimeoutError` after ``timeout``.
     timeout : float, optional
         Seconds a collective may take (default :data:`DEFAULT_TIMEOUT`).
+    mpi_comm : mpi4py.MPI.Comm, optional
+        Under MPI, the processes the group spans (default ``MPI_COMM_WORLD``): a sub-communicator makes a
+        group of some ranks (``comm.Split``), every member calling ``init`` with its own.
 
     Raises
     ------
@@ -775,12 +786,12 @@ def init(*, backend="nccl", rank=None, world_size=None, nccl_id=None, device=Non
     if any(explicit):
         return _init_explicit(backend, rank, world_size, nccl_id, device, timeout, explicit)
     if backend == "reference":
-        job = _job()
+        job = _job(mpi_comm)
         ctx = _MpiHostContext(job, timeout)
         _install_failure_hooks(ctx, job)
         return ctx
     _need_gpu("distributed.init()", "backend='reference' runs the same program on host ranks without one")
-    job = _job()
+    job = _job(mpi_comm)
     import cupy
 
     from ..kernels.registry import stop_background_compiles

@@ -167,6 +167,14 @@ class DistributedMatrix:
         P, r, xp = ctx.world_size, ctx.rank, ctx.xp
         lo, hi = int(bounds[r]), int(bounds[r + 1])
         data, indices, indptr = rows
+        if xp is not np and P > 1:  # compiled before the first collective: no module loads while peers wait
+            from ..kernels import dist as kd
+            from ..kernels.registry import get_kernel
+
+            h = (_halo_dtype(halo_dtype) or np.dtype(np.float32)).name
+            for name in {kd.pack_name("float32", "float32"), kd.pack_name("float32", h), kd.add_name("float32"),
+                         kd.add_name(h)}:
+                get_kernel("dist", name)
         if indptr.shape[0] != hi - lo + 1:
             raise ValueError(f"rank {r} owns rows {lo}:{hi}, got {indptr.shape[0] - 1} rows")
         cols = _to(xp, indices).astype(np.int64)
@@ -225,6 +233,22 @@ class DistributedMatrix:
     def __repr__(self):
         return (f"<DistributedMatrix rank {self.ctx.rank} of {self.ctx.world_size}: {self.n_own} of {self.shape[0]} "
                 f"rows, {self.nnz} entries ({self.halo.nnz} in {self.n_halo} halo columns)>")
+
+    def memory(self):
+        """Bytes this rank holds, by structure: ``{"own": ..., "halo": ..., "transposes": ..., "plans": ...,
+        "exchange": ..., "entries": nnz}`` (tilings with their values; the transposes built by
+        :meth:`rmatmul_t`; cached plans; the exchange's index and buffers)."""
+        def tiling_bytes(T):
+            return sum(int(a.nbytes) for a in T.tiling.arrays(T.values).values())
+
+        out = {"own": tiling_bytes(self.own), "halo": tiling_bytes(self.halo), "transposes": 0, "plans": 0}
+        for T in (self.own, self.halo):
+            out["plans"] += T.tiling.cache_nbytes()
+            if T._transpose is not None:
+                out["transposes"] += tiling_bytes(T._transpose) + T._transpose.tiling.cache_nbytes()
+        out["exchange"] = int(self.send_index.nbytes) + sum(int(b.nbytes) for b in self._buffers.values())
+        out["entries"] = self.nnz
+        return out
 
     def local_csr(self, values=None):
         """This rank's rows as a scipy ``csr_array`` over ``[own columns | halo columns]`` (``values``: in the

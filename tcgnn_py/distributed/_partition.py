@@ -227,7 +227,7 @@ def _metis(parts, n, xadj, adjncy, vweights, eweights=None):
     try:
         import pymetis
     except ImportError:
-        raise ImportError("partition='metis' and 'lp' need pymetis: pip install 'tcgnn_py[dist]' (or pymetis)") from None
+        raise ImportError("partition='metis' and 'lp' need pymetis: pip install 'tcgnn_py[partition]' (or pymetis)") from None
     kw = {} if eweights is None else {"eweights": np.asarray(eweights, np.int64)}
     graph = pymetis.CSRAdjacency(np.asarray(xadj, np.int64), np.asarray(adjncy, np.int64))
     _, memb = pymetis.part_graph(parts, adjacency=graph, vweights=np.asarray(vweights, np.int64),

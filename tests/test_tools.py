@@ -1,0 +1,66 @@
+"""Every script under tools/ runs: its ``--help`` where it has one (imports and arguments, no GPU needed), and
+``tools/dist_bench.py`` end to end on host ranks under ``mpiexec`` (the reference backend, a tiny graph)."""
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TOOLS = sorted(p for p in (ROOT / "tools").glob("*.py") if not p.name.startswith("_"))
+#: Tools that import CuPy when they start (GPU-only: their --help runs on the GPU machine).
+NEEDS_CUPY = {"memcheck_nn.py", "memcheck_products.py", "nm_bench.py", "profile_gnn.py"}
+
+
+def _env():
+    env = dict(os.environ, TCGNN_PY_DEVICE="cpu", PYTHONUNBUFFERED="1")
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + str(ROOT / "tools") + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def test_every_tool_compiles():
+    for p in TOOLS + [ROOT / "tools" / "_sweep.py"]:
+        compile(p.read_text(), str(p), "exec")
+    assert len(TOOLS) >= 10
+
+
+def _has_cupy():
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("tool", [p for p in TOOLS if "argparse" in p.read_text()], ids=lambda p: p.name)
+def test_tool_help(tool):
+    if tool.name in NEEDS_CUPY and not _has_cupy():
+        pytest.skip(f"{tool.name} imports CuPy when it starts (a GPU tool)")
+    r = subprocess.run([sys.executable, str(tool), "--help"], capture_output=True, text=True, timeout=120, env=_env())
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "usage:" in r.stdout
+
+
+MPIEXEC = shutil.which("mpiexec") or shutil.which("mpirun")
+
+
+@pytest.mark.skipif(MPIEXEC is None, reason="needs an MPI launcher (pip install 'tcgnn_py[test]' brings MPICH's)")
+def test_dist_bench_runs_on_host_ranks(tmp_path):
+    pytest.importorskip("mpi4py", reason="needs mpi4py")
+    page, js = tmp_path / "multi-gpu.md", tmp_path / "r.json"
+    extra = ["--allow-run-as-root"] if os.geteuid() == 0 and "Open MPI" in subprocess.run(
+        [MPIEXEC, "--version"], capture_output=True, text=True).stdout else []
+    r = subprocess.run([MPIEXEC, *extra, "-n", "2", sys.executable, str(ROOT / "tools" / "dist_bench.py"),
+                        "--backend", "reference", "--graph", "planted:1500:12000:4", "--weak", "800:6000:4",
+                        "--gpus", "1", "2", "--partition", "none", "--gcn", "8,4", "--epochs", "2", "--reps", "1",
+                        "--halo-dtype", "float32", "float16", "--json", str(js), "--page", str(page)],
+                       capture_output=True, text=True, timeout=600, env=_env())
+    assert r.returncode == 0, r.stdout + r.stderr
+    text = page.read_text()
+    for section in ("## SpMM", "## GCN training epoch", "## Weak scaling", "## Memory per stored entry"):
+        assert section in text
+    assert "| planted:1500:12000:4 | float16 | 2 |" in text and "one GPU, plain" in text
