@@ -222,7 +222,58 @@ def part_attention():
     return checked
 
 
-PARTS = {"float32": part_float32, "attention": part_attention, "half": part_half, "sparse": part_sparse, "baseline": part_baseline}
+def part_dist():
+    """The distributed products' row kernels (tcgnn_py.kernels.dist): packing rows into a send buffer in every
+    type pair, float16's range count, adding rows into a float32 result; odd widths, empty and single rows."""
+    from tcgnn_py.kernels import dist as kd
+    from tcgnn_py.kernels.registry import get_kernel
+
+    checked = 0
+    types = {"float32": np.float32, "float16": np.float16}
+    try:
+        import ml_dtypes
+
+        types["bfloat16"] = ml_dtypes.bfloat16
+    except ImportError:
+        pass
+    for D in (1, 3, 17, 128, 130):
+        X = rng.integers(-8, 9, (257, D)).astype(np.float32)
+        for n_rows in (0, 1, 200):
+            idx = rng.integers(0, 257, n_rows).astype(np.int64)
+            for x_name, x_type in types.items():
+                for h_name, h_type in types.items():
+                    Xd = cp.asarray(X.astype(x_type))
+                    out = cp.empty((n_rows, D), h_type)
+                    flag = cp.zeros(1, np.uint32)
+                    if n_rows:
+                        get_kernel("dist", kd.pack_name(x_name, h_name))(
+                            (min(n_rows, 1024),), (kd.ROW_THREADS,),
+                            (Xd, cp.asarray(idx), np.int64(n_rows), np.int32(D), out, flag, np.float32(65504.0)))
+                    assert np.array_equal(out.get().astype(np.float32), X[idx]), (D, n_rows, x_name, h_name)
+                    assert int(flag.get()[0]) == 0
+                    checked += 1
+            rows = rng.permutation(257)[:n_rows].astype(np.int64)  # distinct
+            for z_name, z_type in types.items():
+                Y = cp.asarray(X)
+                Z = rng.integers(-8, 9, (n_rows, D)).astype(np.float32)
+                if n_rows:
+                    get_kernel("dist", kd.add_name(z_name))(
+                        (min(n_rows, 1024),), (kd.ROW_THREADS,),
+                        (Y, cp.asarray(rows), np.int64(n_rows), np.int32(D), cp.asarray(Z.astype(z_type))))
+                want = X.copy()
+                want[rows] += Z
+                assert np.array_equal(Y.get(), want), (D, n_rows, z_name)
+                checked += 1
+    big = cp.asarray(np.array([[1e6, 1.0, np.inf]], np.float32))
+    flag = cp.zeros(1, np.uint32)
+    out = cp.empty((1, 3), np.float16)
+    get_kernel("dist", kd.pack_name("float32", "float16"))(
+        (1,), (kd.ROW_THREADS,), (big, cp.zeros(1, np.int64), np.int64(1), np.int32(3), out, flag, np.float32(65504.0)))
+    assert int(flag.get()[0]) == 1  # the finite value beyond float16's range is counted, infinity is not
+    return checked + 1
+
+
+PARTS = {"float32": part_float32, "dist": part_dist, "attention": part_attention, "half": part_half, "sparse": part_sparse, "baseline": part_baseline}
 if __name__ == "__main__":
     names = sys.argv[1:] or list(PARTS)
     checked = sum(PARTS[name]() for name in names)
