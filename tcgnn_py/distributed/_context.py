@@ -408,10 +408,10 @@ class _NcclContext(Context):
             self.local_rank = job.local_rank
             self.mpi_comm = job.comm
         with cupy.cuda.Device(self.device):
-            # The highest priority: the exchange's kernels take SMs as soon as the product's blocks free them,
-            # instead of queueing behind a grid that fills the GPU.
-            high = cupy.cuda.runtime.deviceGetStreamPriorityRange()[1]
-            self.comm_stream = cupy.cuda.Stream(non_blocking=True, priority=high)
+            # The highest priority (CUDA clamps a number beyond the device's range to it): the exchange's kernels
+            # take SMs as soon as the product's blocks free them, instead of queueing behind a grid that fills
+            # the GPU.
+            self.comm_stream = cupy.cuda.Stream(non_blocking=True, priority=-(1 << 20))
         self._init_teardown()
         self._thread = threading.get_ident()  # the rank's thread, woken by the watchdog
         self._wake = True  # False once that thread has left the rank's program
