@@ -16,6 +16,7 @@ collective (each rank counts its collectives in memory its host's ranks share) a
 process it raises :class:`DistributedTimeoutError` in the rank's thread.
 """
 
+import atexit
 import contextlib
 import ctypes
 import os
@@ -271,8 +272,24 @@ def _job(comm=None):
 
 def _install_failure_hooks(ctx, job):
     """An exception that ends a rank's program ends the job, naming the rank (instead of the peers waiting in
-    their next collective until the timeout)."""
+    their next collective until the timeout); so does a rank that exits while the others have not finished.
+
+    At exit a rank waits (at most ``timeout``) for every rank to reach its exit too, in a non-blocking barrier,
+    before MPI's finalize: a rank that leaves early (``sys.exit`` in the middle of the program) would otherwise
+    block in finalize while its peers wait for it, and MPI would end neither."""
     previous = sys.excepthook
+
+    def at_exit():
+        req = job.comm.Ibarrier()
+        t0 = time.monotonic()
+        while not req.Test():
+            if time.monotonic() - t0 > ctx.timeout:
+                ctx._teardown("abort")
+                job.abort(f"tcgnn_py.distributed: rank {ctx.rank} is exiting, and the other ranks have not "
+                          f"finished within {ctx.timeout:g} s (they may wait for rank {ctx.rank}); aborting the job")
+            time.sleep(0.005)
+
+    atexit.register(at_exit)
 
     def hook(kind, value, tb):
         text = "".join(traceback.format_exception(kind, value, tb))

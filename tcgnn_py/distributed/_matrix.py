@@ -16,7 +16,7 @@ from .._tiled import TiledMatrix, sddmm, spmm
 from .._validation import as_dtype, coerce_csr, is_half
 from ._partition import Partition, balanced_bounds, compact_columns, partition as find_partition
 
-__all__ = ["DistributedMatrix", "HALO_DTYPES", "host_array", "take_rows"]
+__all__ = ["DistributedMatrix", "HALO_DTYPES", "host_array", "take_rows", "entry_rows"]
 
 #: The types halo rows may travel in (``halo_dtype=``): the operand's own, or 16 bits.
 HALO_DTYPES = (None, "float32", "float16", "bfloat16")
@@ -32,12 +32,18 @@ def take_rows(data, indices, indptr, rows):
     xp = np if isinstance(indptr, np.ndarray) else _module(indptr)
     rows = xp.asarray(rows, dtype=np.int64)
     start, stop = indptr[rows].astype(np.int64), indptr[rows + 1].astype(np.int64)
-    lengths = stop - start
     ptr = xp.zeros(rows.shape[0] + 1, np.int64)
-    xp.cumsum(lengths, out=ptr[1:])
+    xp.cumsum(stop - start, out=ptr[1:])
     total = int(ptr[-1])  # synchronize! (device arrays)
-    pos = xp.arange(total, dtype=np.int64) - xp.repeat(ptr[:-1], lengths) + xp.repeat(start, lengths)
+    row = entry_rows(xp, ptr, total)
+    pos = xp.arange(total, dtype=np.int64) - ptr[row] + start[row]
     return data[pos], indices[pos], ptr
+
+
+def entry_rows(xp, indptr, nnz):
+    """Row of each of the ``nnz`` entries of a CSR matrix (int64; a search, not a repeat: CuPy's repeat takes
+    its counts from the host)."""
+    return xp.searchsorted(indptr, xp.arange(nnz, dtype=np.int64), side="right") - 1
 
 
 def _module(a):
@@ -191,7 +197,7 @@ class DistributedMatrix:
         self.halo_ptr = host_array(halo_ptr)
         device = "cpu" if xp is np else "cuda"
         # The own part (own columns) and the halo part (rows with entries in halo columns x those columns).
-        erow = xp.repeat(xp.arange(self.n_own, dtype=np.int64), xp.diff(rptr))
+        erow = entry_rows(xp, rptr, int(cols.shape[0]))
         own = mapped < self.n_own
         o_ptr = xp.zeros(self.n_own + 1, np.int64)
         xp.cumsum(xp.bincount(erow[own], minlength=self.n_own), out=o_ptr[1:])

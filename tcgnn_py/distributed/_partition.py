@@ -201,8 +201,8 @@ def _heads(xp, keys):
 
 def _symmetric(xp, indices, indptr, n):
     """Rows and columns (int64, sorted) of the pattern of ``A + Aᵀ`` without the diagonal."""
-    rows = xp.repeat(xp.arange(n, dtype=np.int64), xp.diff(indptr).astype(np.int64))
     cols = indices.astype(np.int64)
+    rows = xp.searchsorted(indptr, xp.arange(cols.shape[0], dtype=np.int64), side="right") - 1
     r, c = xp.concatenate([rows, cols]), xp.concatenate([cols, rows])
     keep = r != c
     key = xp.sort(r[keep] * n + c[keep])
@@ -331,7 +331,7 @@ def partition(A, parts, method="auto", *, seed=0, device=None):
         return Partition(Permutation(np.arange(n, dtype=np.int64)), balanced_bounds(host_ptr, parts),
                          "none" if method is None else method, time.perf_counter() - t0)
     xp = get_cupy() if method != "metis" and use_gpu(device) else np
-    ind, ptr = xp.asarray(indices), xp.asarray(indptr).astype(np.int64)
+    ind, ptr = (to_host(indices), host_ptr) if xp is np else (xp.asarray(indices), xp.asarray(indptr).astype(np.int64))
     rows, cols = _symmetric(xp, ind, ptr, n)
     if method == "auto":
         method = "metis" if rows.shape[0] <= METIS_MAX_ENTRIES else "lp"
