@@ -252,8 +252,7 @@ class DistributedMatrix:
             out["plans"] += T.tiling.cache_nbytes()
             if T._transpose is not None:
                 out["transposes"] += tiling_bytes(T._transpose) + T._transpose.tiling.cache_nbytes()
-        out["exchange"] = int(self.send_index.nbytes) + sum(int(b.nbytes) for b in self._buffers.values()
-                                                            if b is not None)
+        out["exchange"] = int(self.send_index.nbytes) + sum(int(b.nbytes) for b in self._buffers.values())
         out["entries"] = self.nnz
         return out
 
@@ -330,20 +329,6 @@ class DistributedMatrix:
                 raise ValueError(self._overflow_message(halo))
             out[...] = rows.astype(halo, copy=False)
         return None
-
-    def _first(self, key):
-        """True the first time a product signature runs here (its kernels are then planned and compiled)."""
-        if ("planned",) + key in self._buffers:
-            return False
-        self._buffers[("planned",) + key] = None
-        return True
-
-    def _settle(self):
-        """Wait for this rank's GPU work (a signature's first call only): planning a product -- timed launch
-        choices, compiles, transposes built by Numba kernels -- while an exchange is in flight on the other
-        stream crashed at scale (an illegal address on 2 and 4 H100s, 120M entries per rank)."""
-        if self.ctx.xp is not np:
-            self.ctx.xp.cuda.Device().synchronize()
 
     def _arange(self, n):
         key = ("arange", n)
@@ -427,20 +412,13 @@ class DistributedMatrix:
         direct = out is not None and out.dtype == acc and not vec
         halo = self.halo_dtype or X2.dtype
         H = self._buffer(("halo", X2.shape[1], halo.str), (self.n_halo, X2.shape[1]), halo)
-        first = self._first(("matmul", X2.shape[1], X2.dtype.str, halo.str, values is None, precision))
-        if first:  # a signature's first call plans its products alone, before any exchange is in flight
-            Y = spmm(own, X2, out if direct else xp.empty((self.n_own, X2.shape[1]), acc), precision=precision)
-            self._settle()
         started = self._start(X2, H, halo)  # packed on the communication stream
-        if not first:
-            Y = spmm(own, X2, out if direct else xp.empty((self.n_own, X2.shape[1]), acc), precision=precision)
+        Y = spmm(own, X2, out if direct else xp.empty((self.n_own, X2.shape[1]), acc), precision=precision)
         done = self._finish(*started)  # the exchange runs while the own part computes
         if done is not None:
             xp.cuda.get_current_stream().wait_event(done)
         if self.halo.nnz:
             self._add_rows(Y, self.boundary_rows, spmm(halo_m, H, precision=precision))
-        if first:
-            self._settle()
         if direct:
             return out
         Y = Y.reshape(-1) if vec else Y
@@ -484,13 +462,8 @@ class DistributedMatrix:
             return Y.reshape(-1) if vec else Y
         halo = self.halo_dtype or G2.dtype
         D = G2.shape[1]
-        first = self._first(("rmatmul_t", D, G2.dtype.str, halo.str, values is None, precision))
-        if first:  # the transposes are built and both products planned before any exchange is in flight
-            spmm(own.T, G2, xp.empty((self.n_own, D), np.float32) if f32 else None, precision=precision)
         Zh = spmm(halo_m.T, G2[self.boundary_rows], precision=precision) if self.halo.nnz else \
             xp.zeros((self.n_halo, D), np.float32 if f32 else G2.dtype)
-        if first:
-            self._settle()
         R = self._buffer(("back", D, halo.str), (int(self.send_ptr[-1]), D), halo)
         peers = [q for q in range(ctx.world_size) if q != ctx.rank]
         recv = self._peer_blocks(R, self.send_ptr, [p for p in peers if p in self.sends])
