@@ -157,7 +157,8 @@ def _mpirun(mode, env=None, timeout=300):
     e["PYTHONPATH"] = root + os.pathsep + e.get("PYTHONPATH", "")
     t0 = time.monotonic()
     r = subprocess.run([MPIRUN, "-n", str(N_GPUS), sys.executable, str(WORKER), mode, "nccl"],
-                       capture_output=True, text=True, timeout=timeout, env=e)
+                       capture_output=True, text=True, timeout=timeout, env=e,
+                       start_new_session=True)  # MPI_Abort may signal its process group: not other jobs'
     return r, time.monotonic() - t0
 
 
@@ -185,6 +186,8 @@ def test_mpi_a_failing_rank_ends_the_job_naming_it(mode):
         assert "rank 1" in text and ("signal 9" in text or "Killed" in text), text
     elif mode == "raise":
         assert "rank 1 failed (ZeroDivisionError: rank 1's own bug)" in text, text
+    elif mode == "exit":  # whichever aborts first: the others' watchdogs, or rank 1 waiting for them at exit
+        assert "rank(s) [1] never reached it" in text or "rank 1 is exiting" in text, text
     else:
         assert "rank(s) [1] never reached it" in text, text
     assert seconds < 5 + 60, seconds  # rank 1 sleeps 120 s: the timeout, not rank 1, ended the run

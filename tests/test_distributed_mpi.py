@@ -38,7 +38,8 @@ def run(mode, tmp_path=None, backend="reference", ranks=RANKS, timeout=120):
         env["TCGNN_PY_ROWS"] = str(tmp_path)
     t0 = time.monotonic()
     r = subprocess.run([MPIEXEC, "-n", str(ranks), sys.executable, str(WORKER), mode, backend],
-                       capture_output=True, text=True, timeout=timeout, env=env)
+                       capture_output=True, text=True, timeout=timeout, env=env,
+                       start_new_session=True)  # MPI_Abort may signal its process group: not other jobs'
     return r, time.monotonic() - t0
 
 
@@ -64,6 +65,8 @@ def test_a_failing_rank_ends_the_job_naming_it(mode):
         assert "signal 9" in text or "Killed" in text, text
     elif mode == "raise":
         assert "rank 1 failed (ZeroDivisionError: rank 1's own bug)" in text, text
+    elif mode == "exit":  # whichever aborts first: the others' watchdogs, or rank 1 waiting for them at exit
+        assert "rank(s) [1] never reached it" in text or "rank 1 is exiting" in text, text
     else:  # the others' watchdogs name the rank that never reached the collective
         assert "rank(s) [1] never reached it" in text, text
     assert seconds < TIMEOUT + 30, seconds  # not the 120 s rank 1 sleeps

@@ -59,7 +59,7 @@ def test_dist_bench_runs_on_host_ranks(tmp_path):
                         "--backend", "reference", "--graph", "planted:1500:12000:4", "--weak", "800:6000:4",
                         "--gpus", "1", "2", "--partition", "none", "--gcn", "8,4", "--epochs", "2", "--reps", "1",
                         "--halo-dtype", "float32", "float16", "--json", str(js), "--page", str(page)],
-                       capture_output=True, text=True, timeout=600, env=_env())
+                       capture_output=True, text=True, timeout=600, env=_env(), start_new_session=True)
     assert r.returncode == 0, r.stdout + r.stderr
     text = page.read_text()
     for section in ("## SpMM", "## GCN training epoch", "## Weak scaling", "## Memory per stored entry"):
