@@ -42,7 +42,8 @@ from ._device import array_module, to_host
 from ._reference import edge_rows
 from ._tiling import resolve_layout
 
-__all__ = ["LocalityReport", "LayoutLocality", "locality_order", "locality_stats", "CANDIDATES"]
+__all__ = ["LocalityReport", "LayoutLocality", "locality_order", "locality_stats", "CANDIDATES", "run_heads",
+           "symmetric_pattern"]
 
 #: The orders :func:`locality_order` measures, in the order ties are broken.  ``bandsB``: vertices by
 #: degree band (``floor(log_B(degree))``, largest first), the cluster order within a band.
@@ -54,7 +55,7 @@ def _argsort(xp, a):
     return np.argsort(a, kind="stable") if xp is np else xp.argsort(a)
 
 
-def _heads(xp, sorted_keys):
+def run_heads(xp, sorted_keys):
     """True where a run of equal sorted keys starts."""
     head = xp.empty(sorted_keys.shape[0], dtype=np.bool_)
     head[:1] = True
@@ -70,7 +71,7 @@ def symmetric_pattern(xp, indices, indptr, n):
     c = xp.concatenate([cols, rows])
     keep = r != c
     key = xp.sort(r[keep] * n + c[keep])
-    key = key[_heads(xp, key)]
+    key = key[run_heads(xp, key)]
     return key // n, key % n
 
 
@@ -84,7 +85,7 @@ def _best_partner_reference(ptr, row, col, score):
     rowmax = np.full(m, -1.0)
     rowmax[nonempty] = np.maximum.reduceat(score, ptr[:-1][nonempty])
     hit = np.flatnonzero(score == rowmax[row])  # entries are sorted by (row, col): the first hit has the smallest col
-    first = hit[_heads(np, row[hit])]
+    first = hit[run_heads(np, row[hit])]
     partner[row[first]] = col[first]
     return partner
 
@@ -134,7 +135,7 @@ def coarsen(xp, row, col, n, best_partner, *, max_levels=64, deadline=None, log=
         key, wk = r[keep] * m_next + c[keep], w[keep]
         o = _argsort(xp, key)
         key, wk = key[o], wk[o]
-        starts = xp.flatnonzero(_heads(xp, key))  # synchronize! (its size)
+        starts = xp.flatnonzero(run_heads(xp, key))  # synchronize! (its size)
         # per merged edge: the sum of its weights (integers: exact)
         ends = xp.concatenate([starts[1:], xp.full(min(1, key.shape[0]), key.shape[0], dtype=starts.dtype)]) - 1
         tot = xp.cumsum(wk)[ends]
@@ -197,7 +198,7 @@ def window_pairs(xp, rows, cols, shape, window, inv=None):
     if inv is not None:
         rows, cols = inv[rows], inv[cols]
     key = xp.sort((rows // window) * n_cols + cols)
-    key = key[_heads(xp, key)]
+    key = key[run_heads(xp, key)]
     return xp.bincount(key // n_cols, minlength=n_win)
 
 

@@ -30,6 +30,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .._device import get_cupy, to_host, use_gpu
+from .._locality import run_heads, symmetric_pattern
 from .._permutation import Permutation
 from .._validation import check_count, coerce_csr
 
@@ -192,27 +193,9 @@ def cut_stats(A, part_of, parts):
     return (float(cross.mean()) if A.nnz else 0.0), halo, np.bincount(pr, minlength=parts)
 
 
-def _heads(xp, keys):
-    h = xp.empty(keys.shape[0], dtype=np.bool_)
-    h[:1] = True
-    xp.not_equal(keys[1:], keys[:-1], out=h[1:])
-    return h
-
-
-def _symmetric(xp, indices, indptr, n):
-    """Rows and columns (int64, sorted) of the pattern of ``A + Aᵀ`` without the diagonal."""
-    cols = indices.astype(np.int64)
-    rows = xp.searchsorted(indptr, xp.arange(cols.shape[0], dtype=np.int64), side="right") - 1
-    r, c = xp.concatenate([rows, cols]), xp.concatenate([cols, rows])
-    keep = r != c
-    key = xp.sort(r[keep] * n + c[keep])
-    key = key[_heads(xp, key)]
-    return key // n, key % n
-
-
 def _counts(xp, keys):
     """Distinct sorted ``keys`` and how often each occurs."""
-    starts = xp.flatnonzero(_heads(xp, keys))
+    starts = xp.flatnonzero(run_heads(xp, keys))
     cnt = xp.diff(xp.concatenate([starts, xp.asarray([keys.shape[0]], dtype=starts.dtype)]))
     return keys[starts], cnt
 
@@ -220,7 +203,7 @@ def _counts(xp, keys):
 def _argmax_per_row(xp, r, score):
     """Index of each distinct ``r``'s highest ``score`` (``r`` sorted; ties to the first)."""
     o = xp.lexsort(xp.stack([-score, r]))
-    return o[_heads(xp, r[o])]
+    return o[run_heads(xp, r[o])]
 
 
 def _metis(parts, n, xadj, adjncy, vweights, eweights=None):
@@ -332,7 +315,7 @@ def partition(A, parts, method="auto", *, seed=0, device=None):
                          "none" if method is None else method, time.perf_counter() - t0)
     xp = get_cupy() if method != "metis" and use_gpu(device) else np
     ind, ptr = (to_host(indices), host_ptr) if xp is np else (xp.asarray(indices), xp.asarray(indptr).astype(np.int64))
-    rows, cols = _symmetric(xp, ind, ptr, n)
+    rows, cols = symmetric_pattern(xp, ind, ptr, n)
     if method == "auto":
         method = "metis" if rows.shape[0] <= METIS_MAX_ENTRIES else "lp"
     w = xp.diff(ptr).astype(np.float64) + 1  # a vertex weighs its entries, + 1: the parts balance nonzeros
