@@ -252,3 +252,18 @@ def test_nccl_communicator_is_torn_down_once():
     ctx.close()
     assert len(ctx.comm.calls) == 1  # abort, or destroy where close() came first
     assert str(ctx.failed).startswith("from ")  # the first error recorded stays
+
+
+def test_float16_halos_out_of_range_are_an_error_naming_the_rank():
+    A = cases.GRAPHS["power_law"]()
+    X = np.full((A.shape[0], 3), 1e6, np.float32)
+
+    def rank(ctx):
+        D = dist.DistributedMatrix(A, ctx, halo_dtype="float16")
+        return D.matmul(X[D.global_rows])
+
+    with pytest.raises(ValueError, match=r"rank \d: a halo row holds a finite value beyond float16's range"):
+        dist.spmd(rank, 2, backend="reference", timeout=10)
+    ok = dist.spmd(lambda ctx: dist.DistributedMatrix(A, ctx, halo_dtype="bfloat16").matmul(
+        X[dist.DistributedMatrix(A, ctx).global_rows]), 2, backend="reference")  # bfloat16 has float32's range
+    assert all(np.isfinite(y).all() for y in ok)

@@ -18,6 +18,8 @@ from ._partition import Partition, balanced_bounds, compact_columns, partition a
 
 __all__ = ["DistributedMatrix", "HALO_DTYPES", "host_array", "take_rows", "entry_rows"]
 
+#: The largest finite float16: a float32 (or bfloat16) value beyond it would travel as an infinity.
+HALF_MAX = 65504.0
 #: The types halo rows may travel in (``halo_dtype=``): the operand's own, or 16 bits.
 HALO_DTYPES = (None, "float32", "float16", "bfloat16")
 
@@ -310,7 +312,7 @@ class DistributedMatrix:
     def _pack(self, X, index, out, halo):
         """``out[:] = X[index]`` cast to ``halo``'s type; float16 values out of its range raise."""
         xp = self.ctx.xp
-        limit = 65504.0 if halo.name == "float16" and not is_half(X.dtype) and X.dtype != np.float16 else 0.0
+        limit = HALF_MAX if halo.name == "float16" and X.dtype.name != "float16" else 0.0  # float16 X always fits
         if xp is not np and X.dtype.name in ("float32", "float16", "bfloat16") and out.shape[0]:
             from ..kernels import dist as kd
             from ..kernels.registry import get_kernel
@@ -337,7 +339,7 @@ class DistributedMatrix:
         return self._buffers[key]
 
     def _overflow_message(self, halo):
-        return (f"rank {self.ctx.rank}: a halo row holds a finite value beyond {halo.name}'s range (|v| > 65504); "
+        return (f"rank {self.ctx.rank}: a halo row holds a finite value beyond {halo.name}'s range (|v| > {HALF_MAX:g}); "
                 f"halo_dtype={halo.name!r} cannot carry it: use halo_dtype='bfloat16' or None")
 
     def _check_flag(self, flag, halo):

@@ -13,12 +13,10 @@ coalesced.  Listed in :func:`tcgnn_py.kernels.registry.families` (NVRTC-compiled
 from .products.common import COMMON_SOURCE, cuda_type
 from .registry import register
 
-__all__ = ["SOURCE", "NAMES", "ROW_THREADS", "HALF_MAX", "pack_name", "add_name"]
+__all__ = ["SOURCE", "NAMES", "ROW_THREADS", "HALO_TYPES", "pack_name", "add_name"]
 
 #: Threads per block of both kernels (a row per block, its features strided over them).
 ROW_THREADS = 128
-#: The largest finite float16 (float16's range: larger finite values round to infinity).
-HALF_MAX = 65504.0
 
 _DIST = r"""
 template <typename TX, typename TY>
