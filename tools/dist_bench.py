@@ -20,7 +20,6 @@ run of this tool.
 import argparse
 import json
 import pathlib
-import statistics
 import sys
 import time
 

@@ -11,6 +11,7 @@ owners while the own part computes, and each owner adds them in rank order (bit-
 
 import numpy as np
 
+from .._device import array_module
 from .._ops import result_dtype
 from .._tiled import TiledMatrix, sddmm, spmm
 from .._validation import as_dtype, coerce_csr, is_half
@@ -31,7 +32,7 @@ def host_array(x):
 
 def take_rows(data, indices, indptr, rows):
     """CSR arrays of the listed rows (any order), on the arrays' module: ``(data, indices, indptr)``."""
-    xp = np if isinstance(indptr, np.ndarray) else _module(indptr)
+    xp = array_module(indptr)
     rows = xp.asarray(rows, dtype=np.int64)
     start, stop = indptr[rows].astype(np.int64), indptr[rows + 1].astype(np.int64)
     ptr = xp.zeros(rows.shape[0] + 1, np.int64)
@@ -46,12 +47,6 @@ def entry_rows(xp, indptr, nnz):
     """Row of each of the ``nnz`` entries of a CSR matrix (int64; a search, not a repeat: CuPy's repeat takes
     its counts from the host)."""
     return xp.searchsorted(indptr, xp.arange(nnz, dtype=np.int64), side="right") - 1
-
-
-def _module(a):
-    import cupy
-
-    return cupy.get_array_module(a)
 
 
 def _to(xp, a):
@@ -128,7 +123,7 @@ class DistributedMatrix:
         data, indices, indptr, shape = coerce_csr(A, None if n is None else (n, n))
         if shape[0] != shape[1]:
             raise ValueError(f"a row-partitioned graph needs a square matrix, got shape {shape}")
-        P, r, xp = ctx.world_size, ctx.rank, ctx.xp
+        P, r = ctx.world_size, ctx.rank
         n = shape[0]
         perm = None
         if partition is not None:
@@ -151,9 +146,8 @@ class DistributedMatrix:
             global_rows = np.arange(lo, hi, dtype=np.int64)
         else:
             global_rows = perm.perm[lo:hi]
-            d, c, p = take_rows(data, indices, host_indptr if isinstance(indices, np.ndarray) else indptr,
-                                global_rows)
-            inv = perm.inverse_perm if isinstance(c, np.ndarray) else _module(c).asarray(perm.inverse_perm)
+            d, c, p = take_rows(data, indices, host_indptr if array_module(indices) is np else indptr, global_rows)
+            inv = array_module(c).asarray(perm.inverse_perm)
             rows = (d, inv[c.astype(np.int64)], p)
         self._build(ctx, rows, n, bounds, global_rows, perm, dtype, layout, halo_dtype)
 
@@ -224,6 +218,8 @@ class DistributedMatrix:
                                                          for p in range(P)])]).astype(np.int64)
         parts = [self.sends[p] for p in sorted(self.sends)]
         self.send_index = xp.concatenate(parts) if parts else xp.zeros(0, np.int64)
+        self._send_peers = sorted(self.sends)  # the peers this rank sends rows to, and receives from
+        self._recv_peers = [q for q in range(P) if q != r and self.recv_counts[q]]
         self._buffers = {}
 
     # --- what the rank holds -------------------------------------------------------------------
@@ -365,9 +361,8 @@ class DistributedMatrix:
         """Pack the rows peers asked for (queued on the communication stream after X is ready, on the GPU)."""
         ctx, xp = self.ctx, self.ctx.xp
         S = self._buffer(("send", X2.shape[1], halo.str), (int(self.send_ptr[-1]), X2.shape[1]), halo)
-        peers = [q for q in range(ctx.world_size) if q != ctx.rank]
-        send = self._peer_blocks(S, self.send_ptr, [p for p in peers if p in self.sends])
-        recv = self._peer_blocks(H, self.halo_ptr, [q for q in peers if self.recv_counts[q]])
+        send = self._peer_blocks(S, self.send_ptr, self._send_peers)
+        recv = self._peer_blocks(H, self.halo_ptr, self._recv_peers)
         if xp is np:
             return self._pack(X2, self.send_index, S, halo), send, recv, halo
         ctx.comm_stream.wait_event(xp.cuda.get_current_stream().record())
@@ -467,11 +462,10 @@ class DistributedMatrix:
         Zh = spmm(halo_m.T, G2[self.boundary_rows], precision=precision) if self.halo.nnz else \
             xp.zeros((self.n_halo, D), np.float32 if f32 else G2.dtype)
         R = self._buffer(("back", D, halo.str), (int(self.send_ptr[-1]), D), halo)
-        peers = [q for q in range(ctx.world_size) if q != ctx.rank]
-        recv = self._peer_blocks(R, self.send_ptr, [p for p in peers if p in self.sends])
+        recv = self._peer_blocks(R, self.send_ptr, self._send_peers)
         if xp is np:
             S = Zh.astype(halo, copy=False)
-            ctx.sendrecv(self._peer_blocks(S, self.halo_ptr, [q for q in peers if self.recv_counts[q]]), recv)
+            ctx.sendrecv(self._peer_blocks(S, self.halo_ptr, self._recv_peers), recv)
             done = None
         else:
             comm = ctx.comm_stream
@@ -482,7 +476,7 @@ class DistributedMatrix:
                 with comm:
                     flag = self._pack(Zh, self._arange(Zh.shape[0]), S, halo)
             self._check_flag(flag, halo)
-            ctx.sendrecv(self._peer_blocks(S, self.halo_ptr, [q for q in peers if self.recv_counts[q]]), recv,
+            ctx.sendrecv(self._peer_blocks(S, self.halo_ptr, self._recv_peers), recv,
                          stream=comm)
             done = comm.record()
         Y = spmm(own.T, G2, xp.empty((self.n_own, D), np.float32) if f32 else None, precision=precision)

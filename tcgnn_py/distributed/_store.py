@@ -13,7 +13,7 @@ import pathlib
 import numpy as np
 
 from .._validation import check_count, coerce_csr
-from ._matrix import DistributedMatrix, host_array
+from ._matrix import DistributedMatrix, host_array, take_rows
 from ._partition import Partition, balanced_bounds, partition as find_partition
 
 __all__ = ["save_rows", "load_rows", "FORMAT"]
@@ -69,13 +69,10 @@ def save_rows(A, folder, parts, *, partition=None):
     out_dat = np.lib.format.open_memmap(folder / "data.npy", "w+", data.dtype, (nnz,))
     step = 1 << 20  # rows at a time: the writer's memory stays bounded too
     for a in range(0, n, step):
-        rows = perm[a:a + step]
-        start, stop = indptr[rows], indptr[rows + 1]
-        cnt = stop - start
-        pos = np.arange(int(cnt.sum()), dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt) + np.repeat(start, cnt)
+        d, c, _ = take_rows(data, indices, indptr, perm[a:a + step])
         lo = int(new_ptr[a])
-        out_ind[lo:lo + pos.shape[0]] = inv[indices[pos]]
-        out_dat[lo:lo + pos.shape[0]] = data[pos]
+        out_ind[lo:lo + c.shape[0]] = inv[c]
+        out_dat[lo:lo + c.shape[0]] = d
     out_ind.flush()
     out_dat.flush()
     del out_ind, out_dat

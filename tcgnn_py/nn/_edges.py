@@ -16,7 +16,7 @@ from .._ops import as_operand
 from .._tiled import TiledMatrix, sddmm, spmm
 from .._validation import check_real_dtype, is_half, value_dtype
 
-__all__ = ["EdgeView", "TiledEdges", "CSREdges", "edges_of", "array_on", "features_on"]
+__all__ = ["EdgeView", "TiledEdges", "CSREdges", "edges_of", "array_on", "features_on", "floats"]
 
 
 class EdgeView:
@@ -198,12 +198,20 @@ def array_on(edges, x, what="operand"):
         raise DeviceMismatchError(f"{what}: device arrays given, but the graph lives on the CPU") from None
 
 
-def features_on(edges, x, name):
-    """``x`` on the view's device as a float array: ``array_on``, then booleans and integers made the float type
-    that holds them exactly (the rule of ``T @ X``), so a layer never computes in an integer type; complex
-    values are refused, naming ``name``."""
+def floats(x, name):
+    """``x`` as a float array where it is (NumPy or CuPy): array-likes (lists) become NumPy arrays, booleans and
+    integers the float type that holds them (as ``T @ X``); complex values are refused, naming ``name``."""
     if x is None or isinstance(x, (str, bytes, dict, set)):
         raise TypeError(f"{name} must be an array of real numbers, got {type(x).__name__}")
-    x = array_on(edges, x, name)
+    if not (hasattr(x, "dtype") and hasattr(x, "shape")):
+        x = np.asarray(x)
     dt = value_dtype(check_real_dtype(x.dtype, name))
     return x if dt == x.dtype else x.astype(dt)
+
+
+def features_on(edges, x, name):
+    """``x`` on the view's device (``array_on``) as a float array (:func:`floats`), so a layer never computes in
+    an integer type."""
+    if x is None or isinstance(x, (str, bytes, dict, set)):
+        raise TypeError(f"{name} must be an array of real numbers, got {type(x).__name__}")
+    return floats(array_on(edges, x, name), name)

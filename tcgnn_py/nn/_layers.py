@@ -12,8 +12,8 @@ import numbers
 import numpy as np
 
 from .._device import array_module
-from .._validation import check_bool, check_real_dtype, is_half, promote, value_dtype
-from ._edges import edges_of, features_on
+from .._validation import check_bool, is_half, promote
+from ._edges import edges_of, features_on, floats
 
 __all__ = [
     "gcn_conv",
@@ -24,18 +24,6 @@ __all__ = [
     "cross_entropy",
     "accuracy",
 ]
-
-def floats(x, name):
-    """``x`` as a float array where it is (NumPy or CuPy): array-likes (lists) become NumPy arrays, booleans and
-    integers the float type that holds them (as ``T @ X``); complex values are refused, naming ``name``."""
-    if x is None or isinstance(x, (str, bytes, dict, set)):
-        raise TypeError(f"{name} must be an array of real numbers, got {type(x).__name__}")
-    if not (hasattr(x, "dtype") and hasattr(x, "shape")):
-        x = np.asarray(x)
-    check_real_dtype(x.dtype, name)
-    dt = value_dtype(x.dtype)
-    return x if dt == x.dtype else x.astype(dt)
-
 
 def probability(name, p):
     """A probability in ``[0, 1)`` (a dropout rate), a real number; errors name it."""
