@@ -17,7 +17,6 @@ from ._validation import (
     as_dtype,
     cast_values,
     check_csr_arrays,
-    check_real_dtype,
     check_bool,
     check_exact,
     check_real_dtype,
