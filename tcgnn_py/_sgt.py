@@ -10,12 +10,37 @@ import numpy as np
 
 from . import _reference as ref
 from ._device import array_module, to_host
+from ._tuning import options
 from ._validation import INDEX_MAX
 from .kernels.launch import THREADS_PER_BLOCK as _TPB
 from .kernels.launch import grid as _grid
 from .kernels.launch import launch_numba as _launch
 
-__all__ = ["tile", "translate", "translate_kernels", "canonicalize_kernels", "coo_to_csr", "coo_to_csr_order"]
+__all__ = ["tile", "translate", "translate_kernels", "canonicalize_kernels", "coo_to_csr", "coo_to_csr_order",
+           "host_limit", "kernels_ran"]
+
+_RAN = [False]  # the translation kernels have run on the GPU in this process (compiled or loaded)
+
+
+def kernels_ran():
+    """Whether the translation kernels have run on the GPU in this process (their first compile is behind us)."""
+    return _RAN[0]
+
+
+def host_limit(device_input=False):
+    """Entries up to which a translation runs on the host now (-1: none).
+
+    A host input goes to the host up to ``sgt_host_max`` entries, and up to ``sgt_host_cold_max`` until the
+    kernels have run in this process (their first compile costs seconds, a host pass of that size tenths of
+    one); a ``device_input`` (a transpose) only while they have not.  ``sgt_host_max=-1`` keeps every size on
+    the kernels.
+    """
+    opts = options()
+    if opts["sgt_host_max"] < 0:
+        return -1
+    cold = -1 if _RAN[0] else opts["sgt_host_cold_max"]
+    return cold if device_input else max(opts["sgt_host_max"], cold)
+
 
 def tile(data, indices, indptr, shape, window=16, block=8):
     """The whole SGT of CSR arrays on their device: O(nnz) checks, canonicalization, translation.
@@ -72,12 +97,19 @@ def _canonical_with_rows(xp, data, indices, indptr, shape):
     return new_data, new_indices, new_indptr, new_rows
 
 
-def translate(data, indices, indptr, shape, window=16, block=8):
-    """Tiled arrays of a canonical CSR matrix (see :mod:`tcgnn_py._reference`)."""
+def translate(data, indices, indptr, shape, window=16, block=8, *, host_when_cold=False):
+    """Tiled arrays of a canonical CSR matrix (see :mod:`tcgnn_py._reference`).
+
+    ``host_when_cold``: device arrays of up to ``host_limit(device_input=True)`` entries are translated on
+    the host and uploaded (a transpose built before the kernels ever ran waits no compile).
+    """
     if isinstance(indices, np.ndarray):
         return ref.translate(data, indices, indptr, shape, window, block)
     import cupy
 
+    if host_when_cold and indices.shape[0] <= host_limit(device_input=True):
+        out = ref.translate(*(to_host(a) for a in (data, indices, indptr)), shape, window, block)  # synchronize!
+        return {k: cupy.asarray(v) for k, v in out.items()}
     out = translate_kernels(cupy, data, indices, indptr, shape, window, block, check=True)
     if out is None:
         raise ValueError("translate needs canonical CSR arrays (sorted, distinct column indices in each row)")
@@ -169,6 +201,8 @@ def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None
         if check:
             return None
         raise ValueError("translate needs canonical CSR arrays (sorted, distinct column indices in each row)")
+    if cp is not np:
+        _RAN[0] = True
     block_cols = block_cols[: n_blocks * W]
     block_ptr = block_ptr[: n_blocks + 1]
     if (bound - n_blocks) * W * 4 > _SLACK_BYTES:  # give the bound's spare room back

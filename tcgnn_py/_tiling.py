@@ -346,7 +346,8 @@ class Tiling:
         order, indices, indptr = _sgt.coo_to_csr_order(cols, rows, shape_t)
         xp = self.xp
         # Structure only: float32 zeros stand in for the values (the SGT kernels are compiled for them).
-        arrays_t = _sgt.translate(xp.zeros(self.nnz, np.float32), indices, indptr, shape_t, *self.tile_shape)
+        arrays_t = _sgt.translate(xp.zeros(self.nnz, np.float32), indices, indptr, shape_t, *self.tile_shape,
+                                  host_when_cold=True)
         if self.layout.pattern is not None:
             from . import _nm_group
 

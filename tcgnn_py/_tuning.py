@@ -64,6 +64,9 @@ FAMILY_DEFAULTS = MappingProxyType({
     # Numba kernels, whose first compile in a process costs seconds while a small input's NumPy pass costs ms
     "build": MappingProxyType({
         "sgt_host_max": 1 << 18,  # host input of up to this many entries: SGT on the host, then one upload
+        # ... and up to this many while the SGT kernels have not run in this process (a transpose too): their
+        # first compile costs seconds, a host pass of 2M entries a few tenths of one
+        "sgt_host_cold_max": 1 << 21,
         "nm_group_host_max": 1 << 16,  # ... and the N:M layouts' grouping too, up to this many
         "reorder_host_max": 1 << 14,  # reorder(A, N:M pattern) with device=None: on the host up to this many
         "locality_host_max": 1 << 16,  # reorder(A, "locality") / locality_report with device=None: the same
@@ -174,6 +177,7 @@ _CHECKS = {
     "half_exact_values": _bool(),
     # -1: never on the host
     "sgt_host_max": _int(-1),
+    "sgt_host_cold_max": _int(-1),
     "nm_group_host_max": _int(-1),
     "reorder_host_max": _int(-1),
     "locality_host_max": _int(-1),

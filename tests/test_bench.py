@@ -423,6 +423,19 @@ def test_first_product_needs_a_gpu(monkeypatch, capsys):
     assert e.value.code == 2 and "--first-product" in capsys.readouterr().err
 
 
+def test_first_product_table_has_the_graph_rows_when_a_graph_was_timed():
+    from tcgnn_py.bench._first import ROWS, first_product_markdown
+
+    steps = {k: 0.5 for _, key in ROWS for k in (key if isinstance(key, tuple) else (key,)) if k and k[:2] != "g_"}
+    runs = [{"cold": dict(steps), "warm": dict(steps)}]
+    assert "the graph" not in first_product_markdown(runs)
+    for kind in ("cold", "warm"):
+        runs[0][kind].update(g_import=0.25, g_tiled=0.125, g_f32=0.25, g_wall=1.0, g_nnz=342004)
+    table = first_product_markdown(runs)
+    assert "| the graph (342,004 entries): import tcgnn_py | 0.25 s | 0.25 s |" in table
+    assert "| the graph: TiledMatrix + first product (after the import) | 0.38 s (0.12 + 0.25) |" in table
+
+
 def test_bench_attention_reference_mode():
     """The attention op on the host: every case, both passes, the reference beside the unfused sequence, and a
     table line per case."""

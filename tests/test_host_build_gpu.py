@@ -1,9 +1,15 @@
 """Small host inputs are translated (and reordered) on the host: the same arrays and permutations as the kernels'.
 
 The GPU path of ``TiledMatrix`` translates a host input of up to ``sgt_host_max`` entries with the NumPy
-reference and uploads the result once, and ``reorder`` with ``device=None`` runs small graphs on the host:
-both skip the Numba kernels' first compile.  These tests pin the kernels with ``tg.tuning`` and compare.
+reference and uploads the result once (up to ``sgt_host_cold_max``, transposes too, until the kernels have
+run in the process), and ``reorder`` with ``device=None`` runs small graphs on the host: both skip the Numba
+kernels' first compile.  These tests pin the kernels with ``tg.tuning`` and compare.
 """
+
+import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -86,3 +92,40 @@ def test_locality_report_on_the_host_equals_the_kernels(cp):
     auto = tg.locality_report(A)
     kern = tg.locality_report(A, device="cuda")
     assert auto == kern
+
+
+_COLD = r"""
+import json, sys
+import numpy as np, cupy as cp, scipy.sparse as sp
+import tcgnn_py as tg
+from tcgnn_py import _sgt
+A = tg.power_law_graph(40000, 400000, seed=5)  # above sgt_host_max, below sgt_host_cold_max
+X = cp.asarray(np.random.default_rng(0).integers(-8, 9, (A.shape[0], 16)).astype(np.float32))
+T = tg.TiledMatrix(A)
+Y, YT = (T @ X).get(), (T.T @ X).get()
+cold = _sgt.kernels_ran()
+with tg.tuning(sgt_host_max=-1):
+    K = tg.TiledMatrix(A)  # the kernels, now
+same = all(bool((getattr(T.tiling, k) == getattr(K.tiling, k)).all())
+           for k in ("win_ptr", "block_cols", "block_ptr", "tile_pos", "perm"))
+W = tg.TiledMatrix(A)  # warm: the kernels again
+Bd = (A.astype(np.float64) @ X.get()).astype(np.float32), (A.T.astype(np.float64) @ X.get()).astype(np.float32)
+print(json.dumps(dict(nnz=int(A.nnz), ran_before=cold, ran_after=_sgt.kernels_ran(), same=same,
+                      exact=bool((Y == Bd[0]).all() and (YT == Bd[1]).all()),
+                      warm_exact=bool(((W @ X).get() == Bd[0]).all()), T_host_limit=_sgt.host_limit())))
+"""
+
+
+@pytest.mark.gpu
+def test_a_first_build_above_the_host_limit_waits_no_compile(cp):
+    """In a new process, a host graph above ``sgt_host_max`` and its transpose are translated on the host while the
+    kernels have not run (no compile on first use); once they have, the same graph goes to them: equal arrays."""
+    res = subprocess.run([sys.executable, "-c", _COLD], capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    from tcgnn_py import _tuning
+
+    assert _tuning.DEFAULTS["sgt_host_max"] < out["nnz"] <= _tuning.DEFAULTS["sgt_host_cold_max"]
+    assert out == dict(out, ran_before=False, ran_after=True, same=True, exact=True, warm_exact=True,
+                       T_host_limit=_tuning.DEFAULTS["sgt_host_max"])

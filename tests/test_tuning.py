@@ -116,3 +116,19 @@ def test_the_warp_limits_are_the_kernels_launch_bounds():
             assert m, (family, name)
             assert int(m.group(1)) == 32 * _tuning.MAX_WARPS["vec" if family == "half" else family], name
     assert kp.VEC_WARPS == _tuning.MAX_WARPS["vec"]
+
+
+def test_the_host_translation_limit_is_the_larger_one_until_the_kernels_have_run(monkeypatch):
+    """Host inputs: ``sgt_host_max``, or ``sgt_host_cold_max`` while the SGT kernels have not run; transposes of
+    device tilings: the cold limit only while they have not; ``sgt_host_max=-1``: never on the host."""
+    from tcgnn_py import _sgt
+
+    small, cold = 1 << 18, 1 << 21  # the defaults
+    monkeypatch.setattr(_sgt, "_RAN", [False])
+    assert (_sgt.host_limit(), _sgt.host_limit(device_input=True)) == (cold, cold)
+    with tg.tuning(sgt_host_cold_max=-1):
+        assert (_sgt.host_limit(), _sgt.host_limit(device_input=True)) == (small, -1)
+    with tg.tuning(sgt_host_max=-1):
+        assert (_sgt.host_limit(), _sgt.host_limit(device_input=True)) == (-1, -1)
+    monkeypatch.setattr(_sgt, "_RAN", [True])
+    assert (_sgt.host_limit(), _sgt.host_limit(device_input=True)) == (small, -1)

@@ -5,7 +5,8 @@ Each run is a new Python process with its own empty ``CUPY_CACHE_DIR`` and ``NUM
 its own clock: ``import tcgnn_py``, ``TiledMatrix(cora)``, the first float32 ``T @ X`` (D = 64), the first
 float16 product after it, a new width (D = 128) and a new graph (a 20k-node power-law graph) in the same
 process, first call against the median of later ones; a separate process times its first
-``reorder(cora, "2:4")``.  Needs a GPU.
+``reorder(cora, "2:4")``, and with ``graph`` (an ``adj_csr.npz``) another one times ``TiledMatrix`` of that
+graph and its first product (D = 64) after the import.  Needs a GPU.
 """
 
 import json
@@ -66,10 +67,30 @@ print(json.dumps({"reorder": time.perf_counter() - t}))
 """
 
 
-def _child(code, caches):
+_GRAPH = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import numpy as np, cupy as cp, scipy.sparse as sp
+import tcgnn_py as tg
+t_import = time.perf_counter() - t0
+A = sp.load_npz(sys.argv[1])
+X = cp.asarray(np.random.default_rng(0).standard_normal((A.shape[1], 64)).astype(np.float32))
+cp.cuda.Device().synchronize()
+t = time.perf_counter()
+T = tg.TiledMatrix(A)
+cp.cuda.Device().synchronize()
+t_tiled = time.perf_counter() - t
+Y = T @ X
+cp.cuda.Device().synchronize()
+print(json.dumps({"g_import": t_import, "g_tiled": t_tiled, "g_f32": time.perf_counter() - t - t_tiled,
+                  "g_nnz": int(A.nnz)}))
+"""
+
+
+def _child(code, caches, *args):
     env = dict(os.environ, CUPY_CACHE_DIR=caches[0], NUMBA_CACHE_DIR=caches[1], PYTHONUNBUFFERED="1")
     t = time.perf_counter()
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600,
+    res = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=600,
                          cwd=caches[0])  # not the checkout: the package comes from PYTHONPATH or site-packages
     wall = time.perf_counter() - t
     if res.returncode != 0:
@@ -79,7 +100,7 @@ def _child(code, caches):
     return out
 
 
-def _run_once():
+def _run_once(graph=None):
     """One cold and one warm process of each kind, with fresh cache folders."""
     with tempfile.TemporaryDirectory() as c1, tempfile.TemporaryDirectory() as c2:
         cold = _child(_PRODUCTS, (c1, c2))
@@ -88,6 +109,11 @@ def _run_once():
         for out in (cold, warm):
             r = _child(_REORDER, (c1, c2))
             out.update(reorder=r["reorder"], reorder_wall=r["wall"])
+    if graph is not None:
+        with tempfile.TemporaryDirectory() as c1, tempfile.TemporaryDirectory() as c2:
+            for out in (cold, warm):
+                r = _child(_GRAPH, (c1, c2), os.path.abspath(graph))
+                out.update(r, g_wall=r.pop("wall"))
     return {"cold": cold, "warm": warm}
 
 
@@ -102,6 +128,9 @@ ROWS = [
     ("new graph (20k nodes): first call / later", ("graph_first", "graph_later")),
     ("first reorder(cora, '2:4')", "reorder"),
     ("process wall clock (reorder)", "reorder_wall"),
+    ("the graph: import tcgnn_py", "g_import"),
+    ("the graph: TiledMatrix + first product (after the import)", ("g_tiled", "g_f32")),
+    ("the graph: process wall clock", "g_wall"),
 ]
 
 
@@ -111,6 +140,15 @@ def first_product_markdown(runs):
 
     lines = [f"| step ({len(runs)} runs, median) | empty caches | warm disk caches |", "|---|---|---|"]
     for label, key in ROWS:
+        if "g_import" not in runs[0]["cold"] and label.startswith("the graph"):
+            continue
+        if label.startswith("the graph") and key == "g_import":
+            label = f"the graph ({runs[0]['cold']['g_nnz']:,} entries): import tcgnn_py"
+        if key == ("g_tiled", "g_f32"):
+            cells = [f"{med(kind, 'g_tiled') + med(kind, 'g_f32'):.2f} s ({med(kind, 'g_tiled'):.2f} + "
+                     f"{med(kind, 'g_f32'):.2f})" for kind in ("cold", "warm")]
+            lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
+            continue
         cells = []
         for kind in ("cold", "warm"):
             if key is None:
@@ -126,6 +164,7 @@ def first_product_markdown(runs):
 
 
 
-def first_product_times(runs=3):
-    """``runs`` measurements, each ``{"cold": {...}, "warm": {...}}`` of seconds per step (see the module)."""
-    return [_run_once() for _ in range(runs)]
+def first_product_times(runs=3, graph=None):
+    """``runs`` measurements, each ``{"cold": {...}, "warm": {...}}`` of seconds per step (see the module);
+    ``graph``: the path of an ``adj_csr.npz`` whose first ``TiledMatrix`` and product are timed too."""
+    return [_run_once(graph) for _ in range(runs)]

@@ -3,7 +3,7 @@
 import numpy as np
 
 from .._device import array_module, get_cupy, use_gpu
-from .._tuning import options
+from .._sgt import host_limit
 from .._tiled import TiledMatrix
 from .._validation import coerce_csr
 
@@ -13,8 +13,8 @@ __all__ = ["add_self_loops", "gcn_norm"]
 def _square_csr(A, device=None):
     """``(data, indices, indptr, n, xp)``: A's CSR arrays, moved to the GPU for ``device`` when large.
 
-    A host input small enough for the host translation (``sgt_host_max``) is normalised on the host
-    too, so the TiledMatrix built from it needs no kernel compile.
+    A host input small enough for the host translation (:func:`tcgnn_py._sgt.host_limit`) is normalised on
+    the host too, so the TiledMatrix built from it needs no kernel compile.
     """
     if isinstance(A, TiledMatrix):
         data, indices, indptr = A.csr_arrays()
@@ -28,7 +28,7 @@ def _square_csr(A, device=None):
     if data.dtype.kind not in "biuf":
         raise TypeError(f"adjacency values must be real, got {data.dtype}")
     xp = array_module(indices)
-    if xp is np and data.shape[0] > options()["sgt_host_max"] and use_gpu(device):
+    if xp is np and data.shape[0] > host_limit() and use_gpu(device):
         xp = get_cupy()
         data, indices, indptr = (xp.asarray(v) for v in (data, indices, indptr))
     return data, indices, indptr, shape[0], xp
