@@ -103,9 +103,11 @@ def planted_partition_csr(xp, n_nodes, n_edges, communities, p_in=0.9, exponent=
     (a different random stream from NumPy's: the same law, not the same graph)."""
     n, C = n_nodes, communities
     rs = xp.random.RandomState(seed)
-    w = xp.arange(1, n + 1, dtype=np.float64) ** (-1.0 / (exponent - 1.0))
-    w = w[xp.asarray(np.random.default_rng(seed).permutation(n))]  # hubs spread over the communities
-    cum = xp.cumsum(w)
+    w = np.arange(1, n + 1, dtype=np.float64) ** (-1.0 / (exponent - 1.0))
+    w = w[np.random.default_rng(seed).permutation(n)]  # hubs spread over the communities
+    # On the host: a GPU's float scan may associate differently from run to run (CUB's look-back), and a
+    # seeded graph must be the same on every rank and every run.
+    cum = xp.asarray(np.cumsum(w))
     first = (xp.arange(C + 1, dtype=np.int64) * n) // C  # community c: nodes first[c]:first[c + 1] (unshuffled)
     base = xp.concatenate([xp.zeros(1), cum])[first]  # cumulative weight before each community
     relabel = xp.asarray(np.random.default_rng(seed + 1).permutation(n).astype(np.int64)) if shuffle else None

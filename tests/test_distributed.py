@@ -267,3 +267,44 @@ def test_float16_halos_out_of_range_are_an_error_naming_the_rank():
     ok = dist.spmd(lambda ctx: dist.DistributedMatrix(A, ctx, halo_dtype="bfloat16").matmul(
         X[dist.DistributedMatrix(A, ctx).global_rows]), 2, backend="reference")  # bfloat16 has float32's range
     assert all(np.isfinite(y).all() for y in ok)
+
+
+def test_ranks_given_different_partitions_raise_instead_of_reading_outside_their_rows():
+    """A partitioner run on each rank need not agree (it did not, on two GPUs at 240M entries): the build compares
+    the ranks' partitions and raises on every rank, before any rank asks a peer for rows it does not have."""
+    A = cases.GRAPHS["uniform_n1001"]()
+    n = A.shape[0]
+    rng = np.random.default_rng(0)
+    mine = [dist.Partition(tg.Permutation(np.arange(n)), balanced_bounds(A.indptr, 2), "none", 0.0),
+            dist.Partition(tg.Permutation(rng.permutation(n)), np.array([0, 400, n]), "none", 0.0)]
+    with pytest.raises(ValueError, match=r"different row partitions \(ranks \[1\] differ from rank 0"):
+        dist.spmd(lambda ctx: dist.DistributedMatrix(A, ctx, partition=mine[ctx.rank]), 2, backend="reference")
+    same_bounds = [mine[0], dist.Partition(mine[1].permutation, mine[0].bounds, "none", 0.0)]  # permutation only
+    with pytest.raises(ValueError, match="different row partitions"):
+        dist.spmd(lambda ctx: dist.DistributedMatrix(A, ctx, partition=same_bounds[ctx.rank]), 2,
+                  backend="reference")
+
+
+def test_a_partition_method_runs_on_rank_0_and_every_rank_uses_its_answer(monkeypatch):
+    """``partition="metis"`` etc.: one rank partitions and sends the answer, so ranks cannot end up with different
+    ones (here a partitioner that answers differently on every call)."""
+    from tcgnn_py.distributed import _matrix
+
+    A = cases.GRAPHS["uniform_n1001"]()
+    n = A.shape[0]
+    calls = []
+
+    def fickle(csr, parts, method):
+        calls.append(method)
+        perm = np.random.default_rng(len(calls)).permutation(n)
+        return dist.Partition(tg.Permutation(perm), np.array([0, 300 + len(calls), 700, n]), "lp", 1.5)
+
+    monkeypatch.setattr(_matrix, "find_partition", fickle)
+    X, G = cases.int_features(n, 4, 1), cases.int_features(n, 2, 2)
+    res = dist.spmd(cases.products(A, X, G, partition="lp"), 3, backend="reference")
+    assert calls == ["lp"]  # rank 0 only
+    cases.check_products(res, A, X, G, np.array([0, 301, 700, n]))
+    np.testing.assert_array_equal(np.concatenate([r[0][4] for r in res]), np.random.default_rng(1).permutation(n))
+    got = dist.spmd(lambda ctx: _matrix._shared_partition(ctx, None, n, "lp"), 3, backend="reference")
+    assert [(g.method, g.seconds) for g in got] == [("lp", 1.5)] * 3
+    assert all(np.array_equal(g.permutation.perm, got[0].permutation.perm) for g in got)

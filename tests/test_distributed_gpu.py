@@ -51,6 +51,21 @@ def test_nccl_products_equal_whole(graph, halo_dtype):
     cases.check_products(res, A, X, G, balanced_bounds(A.indptr, N_GPUS))
 
 
+def test_a_seeded_graph_drawn_on_the_gpu_is_the_same_on_every_gpu_and_every_draw():
+    """Ranks draw the benchmark's graph on their own GPUs from one seed: it must be the same graph (a float scan on
+    the GPU is not associative from run to run; two H100s drew different 240M-edge graphs)."""
+    import cupy
+
+    draws = []
+    for i in range(3):
+        with cupy.cuda.Device(i % N_GPUS):
+            A = tg.planted_partition_graph(4_000_000, 8_000_000, communities=16, seed=7, device="cuda")
+            draws.append((A.indices.get(), A.indptr.get()))
+    for indices, indptr in draws[1:]:
+        np.testing.assert_array_equal(indptr, draws[0][1])
+        np.testing.assert_array_equal(indices, draws[0][0])
+
+
 def test_nccl_products_on_a_partition():
     pytest.importorskip("pymetis", reason="the partitioners need pymetis")
     A = tg.planted_partition_graph(20_000, 200_000, communities=8, seed=3)

@@ -182,7 +182,11 @@ def run_graph(world, spec, args, gpu, per_gpu=False):
             A = tg.planted_partition_graph(**parse_graph(spec, P if per_gpu else 1), seed=1,
                                            device="cuda" if gpu else "cpu")
             gen_s = time.perf_counter() - t0
-        part = dist.partition(A, P, method)  # every rank the same (its own copy: no transfer)
+            sums = world.mpi_comm.allgather((int(A.nnz), int(A.indices[::1009].astype(np.int64).sum())))
+            if len(set(sums)) != 1:  # synchronize! -- every rank must hold the same graph
+                raise SystemExit(f"{name}: the ranks drew different graphs from one seed: {sums}")
+        # Rank 0 partitions and sends the result: a partitioner need not give every rank the same answer.
+        part = world.mpi_comm.bcast(dist.partition(A, P, method) if world.rank == 0 else None, root=0)
         ctx, sub = group(world, P, args)
         if ctx is not None:
             if sub.Get_rank() == 0:

@@ -9,10 +9,13 @@ from X: no copy into an operand buffer -- and then adds ``halo @ H`` into the ro
 owners while the own part computes, and each owner adds them in rank order (bit-identical runs).
 """
 
+import hashlib
+
 import numpy as np
 
 from .._device import array_module
 from .._ops import result_dtype
+from .._permutation import Permutation
 from .._tiled import TiledMatrix, sddmm, spmm
 from .._validation import as_dtype, coerce_csr, is_half
 from ._partition import Partition, balanced_bounds, compact_columns, partition as find_partition
@@ -58,6 +61,34 @@ def _to(xp, a):
         out.data.copy_from_device(xp.ascontiguousarray(a).data, a.nbytes)
         return out
     return xp.asarray(a)
+
+
+def _fingerprint(bounds, perm):
+    """62 bits of a hash of the row bounds and the permutation (the same partition: the same number)."""
+    h = hashlib.blake2b(np.ascontiguousarray(bounds, np.int64).tobytes(), digest_size=8)
+    if perm is not None:
+        h.update(np.ascontiguousarray(perm.perm, np.int64).tobytes())
+    return int.from_bytes(h.digest(), "little") >> 2
+
+
+#: How a partition's method travels from rank 0 (:func:`_shared_partition`).
+_METHODS = ("none", "metis", "lp", "auto")
+
+
+def _shared_partition(ctx, csr, n, method):
+    """:func:`~tcgnn_py.distributed.partition` run on rank 0 and sent to every rank (one sum over the ranks): a
+    partitioner need not give the same answer on every rank, and every rank must use the same one."""
+    P = ctx.world_size
+    if P == 1:
+        return find_partition(csr, 1, method)
+    msg = np.zeros(n + P + 3, np.int64)  # permutation, bounds, method, microseconds taken
+    if ctx.rank == 0:
+        part = find_partition(csr, P, method)
+        msg[:n], msg[n:n + P + 1] = part.permutation.perm, part.bounds
+        msg[-2], msg[-1] = _METHODS.index(part.method), int(part.seconds * 1e6)
+    got = host_array(ctx.allreduce(ctx.xp.asarray(msg)))  # synchronize!
+    return Partition(Permutation(got[:n].copy()), got[n:n + P + 1].copy(), _METHODS[int(got[-2])],
+                     float(got[-1]) / 1e6)
 
 
 def _halo_dtype(halo_dtype):
@@ -130,7 +161,7 @@ class DistributedMatrix:
             if bounds is not None:
                 raise TypeError("bounds and partition both given: a partition sets its own bounds")
             if not isinstance(partition, Partition):
-                partition = find_partition((data, indices, indptr), P, partition)
+                partition = _shared_partition(ctx, (data, indices, indptr), n, partition)
             if partition.parts != P or len(partition.permutation) != n:
                 raise ValueError(f"the partition is of {len(partition.permutation)} vertices into {partition.parts} "
                                  f"parts; this group has {P} ranks and the graph {n} vertices")
@@ -208,7 +239,16 @@ class DistributedMatrix:
                                 (n_b, self.n_halo), dtype=dtype, layout=layout, device=device)
         # Requests: rank p tells each owner q which of q's rows it needs (q's local numbering).
         self.recv_counts = np.diff(self.halo_ptr)  # rows this rank receives from each q
-        self.send_counts = host_array(ctx.allgather(xp.asarray(self.recv_counts)))[:, r]  # rows each p asks of us
+        # With the requests goes each rank's fingerprint of the partition: ranks given different ones (a
+        # partitioner run on each rank need not agree) would ask each other for rows that do not exist.
+        mine = np.append(self.recv_counts, _fingerprint(bounds, perm)).astype(np.int64)
+        every = host_array(ctx.allgather(xp.asarray(mine)))  # synchronize!
+        differ = [q for q in range(P) if every[q, -1] != every[0, -1]]
+        if differ:
+            raise ValueError(f"rank {r}: the ranks were given different row partitions (ranks {differ} differ from "
+                             "rank 0 in bounds or permutation); build every rank's matrix from the same Partition, "
+                             "or pass the method and let rank 0 partition for all")
+        self.send_counts = every[:, r]  # rows each p asks of us
         asks = {q: xp.ascontiguousarray(halo_rows[self.halo_ptr[q]:self.halo_ptr[q + 1]] - int(bounds[q]))
                 for q in range(P) if q != r and self.recv_counts[q]}
         self.sends = {p: xp.empty(int(self.send_counts[p]), np.int64) for p in range(P)
