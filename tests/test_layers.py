@@ -176,3 +176,20 @@ def test_the_kernels_docstring_lists_every_family():
     doc = importlib.import_module("tcgnn_py.kernels").__doc__
     own = [f for f in registry.families() if f != "baseline"]  # the benchmarks' own family is theirs to document
     assert [f for f in own if f'``"{f}"``' not in doc] == []
+
+
+#: nn modules that still launch kernels themselves (the cuBLAS wrapper and the fused Adam step: the layer-speed
+#: work moves them behind the engine); every other nn module goes through the engine's modules.
+NN_KERNEL_IMPORTS = {"tcgnn_py.nn._layers": {"tcgnn_py.kernels.blas"},
+                     "tcgnn_py.nn._optim": {"tcgnn_py.kernels.nn", "tcgnn_py.kernels.registry"}}
+
+
+def test_nn_reaches_kernels_only_through_the_engine():
+    """Graph attention's launches, work units and weights are the engine's (``tcgnn_py._attention``), not nn's."""
+    got = {}
+    for name in MODULES:
+        if name.startswith("tcgnn_py.nn"):
+            deps = {d for d in _edges(name) if d.startswith("tcgnn_py.kernels")}
+            if deps:
+                got[name] = deps
+    assert got == NN_KERNEL_IMPORTS

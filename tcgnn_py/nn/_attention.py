@@ -13,8 +13,9 @@ import warnings
 
 import numpy as np
 
+from .. import _attention as engine
 from .. import _reference as ref
-from .._device import FallbackWarning, get_cupy
+from .._device import FallbackWarning
 from .._validation import check_bool, check_count, is_half
 from ._edges import TiledEdges, array_on, edges_of, features_on
 from ._layers import check_2d, column_sums, mm
@@ -26,189 +27,6 @@ _NORM_EPS = 1e-12
 
 #: The attention scores :func:`graph_attention` fuses.
 SCORES = ("additive", "cosine")
-
-
-def _structure(T):
-    """``(indices, indptr, rows, cols)``: the CSR columns and row pointers, and each tiled entry's row and column
-    (per tiling, made once)."""
-    def build():
-        _, indices, indptr = T.csr_arrays()
-        rows, cols = T.tiling.rows_cols()
-        return indices.astype(np.int32), indptr.astype(np.int32), rows.astype(np.int32), cols.astype(np.int32)
-
-    return T.tiling.cached("attention_structure", build)
-
-
-def _transpose_structure(T):
-    """``(indptr, rows, eids)`` of Aᵀ's CSR: per column j its entries' rows in ascending order, and each entry's
-    CSR id in A (per tiling, made once; the fused backward's column pass)."""
-    def build():
-        xp = np if T.device == "cpu" else get_cupy()
-        indices, indptr, _, _ = _structure(T)
-        n, k = T.shape
-        rows = ref.edge_rows(indptr, indices.shape[0]).astype(np.int64)
-        order = xp.argsort(indices.astype(np.int64) * max(n, 1) + rows)  # unique keys: one order
-        t_indptr = xp.zeros(k + 1, np.int32)
-        t_indptr[1:] = xp.cumsum(xp.bincount(indices, minlength=k))
-        return t_indptr, rows[order].astype(np.int32), order.astype(np.int32)
-
-    return T.tiling.cached("attention_transpose", build)
-
-
-def _units(T, kind, heads):
-    """``(units, splits, n_slots)`` of a fused pass over A's rows (``kind="rows"``) or Aᵀ's (``"cols"``) for
-    ``heads`` heads, per tiling and part size.
-
-    ``units`` int4 rows ``(owner, first entry, end entry, slot or -1)``: an owner of more than
-    ``attention_unit(heads)`` entries is cut into parts of that many, each writing its partial results to a slot;
-    ``splits`` int4 rows ``(owner, first slot, parts, 0)`` for the merge, in owner order.
-    """
-    from ..kernels.attention import attention_unit
-
-    unit = attention_unit(heads)
-
-    def build():
-        xp = get_cupy()
-        ptr = (_structure(T)[1] if kind == "rows" else _transpose_structure(T)[0]).astype(np.int64)
-        deg = xp.diff(ptr)
-        parts = xp.maximum(-(-deg // unit), 1)
-        uptr = xp.concatenate([xp.zeros(1, np.int64), xp.cumsum(parts)])
-        uid = xp.arange(int(uptr[-1]), dtype=np.int64)  # synchronize! once per tiling, kind and part size
-        owner = xp.searchsorted(uptr, uid, side="right") - 1
-        start = ptr[owner] + (uid - uptr[owner]) * unit
-        end = xp.minimum(start + unit, ptr[owner + 1])
-        split = parts[owner] > 1
-        slot = xp.where(split, xp.cumsum(split) - 1, -1)
-        units = xp.stack([owner, start, end, slot], axis=1).astype(np.int32)
-        so = xp.flatnonzero(parts > 1)
-        splits = xp.stack([so, slot[uptr[so]], parts[so], xp.zeros_like(so)], axis=1).astype(np.int32)
-        return units, splits, int(split.sum())  # synchronize!
-
-    return T.tiling.cached(("attention_units", kind, unit), build)
-
-
-#: A null device pointer: the kernels read no argument their kind or settings leave unused (no per-call dummy).
-_NULL = np.uint64(0)
-
-
-def _fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed):
-    """The fused backward on the GPU: a pass over the rows and one over the columns, each with its long owners cut
-    into parts and merged.  ``(dV, ds_src, ds_dst)`` for ``"additive"``, ``(dV, dQ, dK, dbeta)`` for ``"cosine"``."""
-    from ..kernels import attention as ka
-    from ..kernels.registry import get_kernel
-
-    cp = get_cupy()
-    n, k = T.shape
-    HD = V.shape[1]
-    D = HD // heads
-    f32 = np.float32
-    G = cp.ascontiguousarray(g, V.dtype)
-    tdot = cp.empty((n, heads), f32)  # <g_i, out_i> per head: the rows pass writes it, the columns pass reads it
-    indices = _structure(T)[0]
-    _, t_rows, t_eids = _transpose_structure(T)
-    w = _weights_csr(T, f32)
-    V = cp.ascontiguousarray(V)
-    seed = cp.ascontiguousarray(seed, np.uint32) if dropout else _NULL
-    dV = cp.empty((k, HD), f32)
-    additive = score == "additive"
-    kid = ka.ADDITIVE if additive else ka.COSINE
-    if additive:
-        ss, sd = cp.ascontiguousarray(s_src, f32), cp.ascontiguousarray(s_dst, f32)
-        ds_dst, ds_src = cp.empty((n, heads), f32), cp.empty((k, heads), f32)
-        # per mode: the kernel's outputs, and the merge's (slot width, out0, w0, out1, w1)
-        outs = ((ds_dst, (heads + HD, ds_dst, heads, _NULL, 0)), (ds_src, (heads + HD, ds_src, heads, dV, HD)))
-        head = (w, V, G, out, ss, sd, lse, tdot, dV)
-        tail = (np.int32(heads), np.int32(D), f32(slope), f32(dropout), seed)
-    else:
-        Qc, Kc = cp.ascontiguousarray(Q, V.dtype), cp.ascontiguousarray(K, V.dtype)
-        dQ, dK = cp.empty((n, D), f32), cp.empty((k, D), f32)
-        dbeta = cp.zeros(1, f32)
-        outs = ((dQ, (D, dQ, D, _NULL, 0)), (dK, (2 * D, dV, D, dK, D)))
-        head = (w, V, G, out, Qc, Kc, cp.ascontiguousarray(beta, f32), lse, tdot, dV)
-        tail = (np.int32(D), f32(dropout), seed)
-    block = (32 * ka.ATTENTION_WARPS,)
-    for mode, (kind, partners, eids) in enumerate((("rows", indices, _NULL), ("cols", t_rows, t_eids))):
-        units, splits, n_slots = _units(T, kind, heads)
-        if not units.shape[0]:
-            continue
-        out_k, (width, out0, w0, out1, w1) = outs[mode]
-        part = cp.empty((n_slots, width), f32) if n_slots else _NULL
-        nu = np.int32(units.shape[0])
-        if additive:
-            extra = (out_k, part, nu)
-        else:
-            dbp = cp.empty(units.shape[0], f32) if mode == 0 else _NULL  # the row units' shares of dbeta
-            extra = (out_k, dbp, part, nu)
-        warps = units.shape[0] * heads  # a warp per owner and head
-        get_kernel("attention", ka.attention_bwd_config(V.dtype.name, kid, mode, D).name)(
-            (-(-warps // ka.ATTENTION_WARPS),), block, (units, partners, eids) + head + extra + tail)
-        if splits.shape[0]:
-            get_kernel("attention", ka.BWD_MERGE)(
-                (-(-splits.shape[0] // ka.ATTENTION_WARPS),), block,
-                (splits, part, out0, out1, np.int32(splits.shape[0]), np.int32(width), np.int32(w0), np.int32(w1)))
-        if not additive and mode == 0:
-            dbeta = dbp.sum(keepdims=True)  # a fixed-order reduction: deterministic
-    dV = dV.astype(V.dtype, copy=False)
-    return (dV, ds_src, ds_dst) if additive else (dV, dQ, dK, dbeta)
-
-
-#: CSR-order weights kept per tiling, for the latest distinct value arrays (matrices sharing the tiling).
-_WEIGHTS_KEEP = 4
-
-
-def _weights_csr(T, dtype):
-    """The entries' values in CSR order, as ``dtype`` (the softmax weights): made once per values array and
-    dtype, and kept on the tiling with the values (a training step does not rebuild them)."""
-    values, dtype = T.values, np.dtype(dtype)
-    kept = T.tiling.cached("attention_weights", dict)
-    hit = kept.get((id(values), dtype.char))
-    if hit is not None and hit[0] is values:
-        return hit[1]
-    xp = np if T.device == "cpu" else get_cupy()
-    w = xp.empty(values.shape[0], dtype)
-    w[T.tiling.perm] = values  # tiled entry e is CSR entry perm[e]
-    if xp is not np and xp.cuda.get_current_stream().is_capturing():
-        return w  # the graph holds the scatter; its arrays must not outlive it in a cache
-    if len(kept) >= _WEIGHTS_KEEP:
-        del kept[next(iter(kept))]
-    kept[(id(values), dtype.char)] = (values, w)
-    return w
-
-
-def _fused(T, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed):
-    """``(out, lse)`` on the GPU: one warp per row, or per part of a long row, then the merge of those parts
-    (:mod:`tcgnn_py.kernels.attention`)."""
-    from ..kernels import attention as ka
-    from ..kernels.registry import get_kernel
-
-    cp = get_cupy()
-    indices = _structure(T)[0]
-    n, HD = T.shape[0], V.shape[1]
-    kid = ka.ADDITIVE if score == "additive" else ka.COSINE
-    cfg = ka.attention_config(V.dtype.name, kid, HD // heads)  # a warp per row and head (cosine: Q as wide as V)
-    out = cp.empty((n, HD), V.dtype)
-    lse = cp.empty((n, heads), np.float32)
-    if n == 0:
-        return out, lse
-    f32 = np.float32
-    V = cp.ascontiguousarray(V)
-    if kid == ka.ADDITIVE:
-        args = (cp.ascontiguousarray(s_src, f32), cp.ascontiguousarray(s_dst, f32), _NULL, _NULL, _NULL)
-    else:
-        args = (_NULL, _NULL, cp.ascontiguousarray(Q, V.dtype), cp.ascontiguousarray(K, V.dtype),
-                cp.ascontiguousarray(beta, f32))
-    units, splits, n_slots = _units(T, "rows", heads)
-    part = cp.empty((n_slots, 2 * heads + HD), f32) if n_slots else _NULL
-    get_kernel("attention", cfg.name)(
-        (-(-(units.shape[0] * heads) // ka.ATTENTION_WARPS),), (32 * ka.ATTENTION_WARPS,),
-        (units, indices, _weights_csr(T, f32), V) + args
-        + (out, lse, part, np.int32(units.shape[0]), np.int32(heads), np.int32(HD // heads), f32(slope),
-           f32(dropout), cp.ascontiguousarray(seed, np.uint32) if dropout else _NULL))
-    if splits.shape[0]:
-        get_kernel("attention", ka.MERGE_NAMES[V.dtype.name])(
-            (-(-splits.shape[0] // ka.ATTENTION_WARPS),), (32 * ka.ATTENTION_WARPS,),
-            (splits, part, out, lse, np.int32(splits.shape[0]), np.int32(heads), np.int32(HD // heads)))
-    return out, lse
 
 
 def _real(name, value, lo=None, hi=None, closed_hi=True):
@@ -317,8 +135,6 @@ def _inputs(E, V, heads, score, s_src, s_dst, Q, K, beta, negative_slope, dropou
 def _path(E, a):
     """``"fused"`` (the GPU kernels), ``"unfused"`` (scores, an edge softmax and SpMM on the library's products)
     or ``"reference"`` (the row-wise NumPy / CuPy pass), for ``fused`` None (the fastest here), True or False."""
-    from ..kernels.attention import ATTENTION_CHUNKS, ATTENTION_MAX_HEADS
-
     fused, V, heads = a["fused"], a["V"], a["heads"]
     if fused is False:
         return "unfused"
@@ -326,16 +142,10 @@ def _path(E, a):
         why = f"a {type(E).__name__} view runs its own products"
     elif E.xp is np:  # the host: the unfused sequence beats the row-wise pass 2-7x
         return "reference" if fused else "unfused"
-    elif V.dtype.name not in ("float32", "float16", "bfloat16"):
-        why = f"the fused kernels take float32, float16 and bfloat16 features, not {V.dtype}"
-    elif heads > ATTENTION_MAX_HEADS:
-        why = f"the fused kernels take at most {ATTENTION_MAX_HEADS} heads, not {heads}"
-    elif V.shape[1] // heads > 32 * ATTENTION_CHUNKS[-1]:
-        why = f"the fused kernels take at most {32 * ATTENTION_CHUNKS[-1]} features per head, not {V.shape[1] // heads}"
-    elif a["score"] == "cosine" and (a["Q"].dtype != V.dtype or a["Q"].shape[1] != V.shape[1]):
-        why = "the fused cosine kernel takes Q and K of V's dtype and width"
     else:
-        return "fused"
+        why = engine.reach(V, heads, a["score"], a["Q"])
+        if why is None:
+            return "fused"
     if fused:
         warnings.warn(f"graph_attention(fused=True): {why}; the unfused sequence runs instead", FallbackWarning,
                       stacklevel=3)
@@ -408,7 +218,7 @@ def graph_attention(A, V, *, heads=1, score="additive", s_src=None, s_dst=None, 
         return _no_features(E, a)
     path = _path(E, a)
     if path == "fused":
-        out, lse = _fused(E.matrix, **_kernel_args(a))
+        out, lse = engine.fused(E.matrix, **_kernel_args(a))
     elif path == "unfused":
         out, lse = _unfused(E, a)
     else:
@@ -419,7 +229,7 @@ def graph_attention(A, V, *, heads=1, score="additive", s_src=None, s_dst=None, 
         if g.shape != out.shape:
             raise ValueError(f"g must have the output's shape {out.shape}, got {g.shape}")
         if path == "fused":  # recomputed per entry, no E-sized array
-            return _fused_backward(E.matrix, a["V"], g, out, lse, **_kernel_args(a, with_v=False))
+            return engine.fused_backward(E.matrix, a["V"], g, out, lse, **_kernel_args(a, with_v=False))
         return _backward(E, a, g, out, lse)
 
     return out, vjp
@@ -453,8 +263,8 @@ def _no_features(E, a):
 def _reference_pass(E, a):
     """``(out, lse)`` by the row-wise reference (:func:`tcgnn_py._reference.attention`) on the graph's device."""
     T, fd = E.matrix, a["fd"]
-    indices, indptr, _, _ = _structure(T)
-    out, lse = ref.attention(indptr, indices, _weights_csr(T, fd), a["V"], a["heads"], a["score"],
+    indices, indptr, _, _ = engine.csr_structure(T)
+    out, lse = ref.attention(indptr, indices, engine.csr_weights(T, fd), a["V"], a["heads"], a["score"],
                              s_src=a["s_src"], s_dst=a["s_dst"], Q=a["Q"], K=a["K"], beta=a["beta"], slope=a["slope"],
                              dtype=fd, dropout=a["dropout"], seed=a["seed"])
     return out.astype(a["V"].dtype, copy=False), lse
