@@ -8,7 +8,7 @@ import numpy as np
 
 from ._device import get_cupy, publish, to_host
 from ._tuning import options
-from ._plans import HOST_PLAN_MAX
+from ._plans import HOST_PLAN_MAX, aligned16
 from ._launches import VecSpmmLaunch, cast_closure, half_launch_key, planned, run_half
 from ._vec_choice import vec_launch, vec_timed
 
@@ -136,7 +136,7 @@ def spmm_half(tiling, hv, X, dtype, out):
     Y, X = result_and_operand(cp, tiling, X, dtype, out)
     if X is None:
         return Y
-    aligned = D % 8 == 0 and X.data.ptr % 16 == 0 and Y.data.ptr % 16 == 0
+    aligned = aligned16(D, X, Y, multiple=8)
     key = half_launch_key(X.dtype, split, dtype, D, aligned)
     launch = tiling.peek(key)
     if launch is None:
@@ -166,8 +166,7 @@ def bind_half(tiling, xdt, dtype):
         if hv is None:
             return None
         split = hv[0]
-        # A new result comes from the memory pool, 256-byte aligned, as the general path's did.
-        aligned = D % 8 == 0 and X.data.ptr % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
+        aligned = aligned16(D, X, out, multiple=8)  # out None: a new result, as the general path's was
         launch = tiling.peek(half_launch_key(xdt, split, dtype, D, aligned))
         if not isinstance(launch, VecSpmmLaunch):
             return None

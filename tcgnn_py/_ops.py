@@ -285,8 +285,7 @@ def bind_f32(tiling):
 
     def binder(values, casts, X, out, general):
         D = X.shape[1]
-        # A new result comes from the memory pool, 256-byte aligned, as the general path's did.
-        vec = D % 4 == 0 and X.data.ptr % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
+        vec = aligned16(D, X, out)  # out None: a new result, as the general path's was
         launch = tiling.peek(launch_key("tf32", F32, D, vec))
         if not isinstance(launch, (TF32SpmmLaunch, VecSpmmLaunch)):
             return None

@@ -139,9 +139,11 @@ def tile_mask(tiling):
     return tiling.cached("mask", build)
 
 
-def aligned16(D, *arrays):
-    """16-byte loads/stores need rows of a multiple of 4 floats and 16-byte aligned bases."""
-    return D % 4 == 0 and all(a.data.ptr % 16 == 0 for a in arrays)
+def aligned16(D, *arrays, multiple=4):
+    """Whether rows of ``D`` elements take 16-byte loads and stores: ``D`` a multiple of ``multiple`` (4 floats;
+    8 for the 16-bit and N:M kernels, whose vectors are 8 columns) and every array's base 16-byte aligned
+    (None stands for a result the memory pool will give, 256-byte aligned).  The one statement of the rule."""
+    return D % multiple == 0 and all(a is None or a.data.ptr % 16 == 0 for a in arrays)
 
 
 def values_as(values, dtype, cache):

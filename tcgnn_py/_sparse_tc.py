@@ -31,7 +31,7 @@ import numpy as np
 from . import _reference as ref
 from ._device import get_cupy, publish
 from ._tuning import options, overrides_key
-from ._plans import VEC_UNITS_PER_WINDOW_MAX, spmm_plan, values_as
+from ._plans import VEC_UNITS_PER_WINDOW_MAX, aligned16, spmm_plan, values_as
 from ._launches import Fixup, bound_launch, cast_closure, stream_scratch
 from ._half import half_values, result_and_operand
 
@@ -212,7 +212,7 @@ def spmm_sp(tiling, values, X, dtype, out, casts):
     if X is None:
         return Y
     split, comp, unscale = sp_values(tiling, values, X.dtype, casts)
-    aligned = D % 8 == 0 and X.data.ptr % 16 == 0 and Y.data.ptr % 16 == 0
+    aligned = aligned16(D, X, Y, multiple=8)
     key = sp_launch_key(X.dtype, split, dtype, D, aligned)
     launch = tiling.peek(key)
     if launch is None:
@@ -242,8 +242,7 @@ def bind_sp(tiling, xdt, dtype):
         if hit is None:
             return None
         split = hit[0]
-        # A new result comes from the memory pool, 256-byte aligned, as the general path's did.
-        aligned = D % 8 == 0 and X.data.ptr % 16 == 0 and (out is None or out.data.ptr % 16 == 0)
+        aligned = aligned16(D, X, out, multiple=8)  # out None: a new result, as the general path's was
         launch = tiling.peek(sp_launch_key(xdt, split, dtype, D, aligned))
         if not isinstance(launch, SpLaunch):
             return None
