@@ -6,6 +6,7 @@ written out), so a compiled variant, a launch and a test all name a kernel the s
 """
 
 import dataclasses
+import functools
 from typing import ClassVar
 
 from ..registry import VALUE_TYPES
@@ -64,9 +65,15 @@ class KernelConfig:
 
     @property
     def name(self):
-        """The NVRTC name expression of this instantiation, every template argument written out."""
-        args = ", ".join(cuda_arg(getattr(self, f.name)) for f in dataclasses.fields(self))
-        return f"{self.KERNEL}<{args}>"
+        """The NVRTC name expression of this instantiation, every template argument written out (written once
+        per config: planning a product asks for it often)."""
+        return _name_of(self)
+
+
+@functools.lru_cache(maxsize=None)
+def _name_of(config):
+    args = ", ".join(cuda_arg(getattr(config, f.name)) for f in dataclasses.fields(config))
+    return f"{config.KERNEL}<{args}>"
 
 
 @dataclasses.dataclass(frozen=True)
