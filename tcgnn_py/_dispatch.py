@@ -21,11 +21,15 @@ from . import _reference as ref
 from ._tuning import overrides_key
 from ._launches import overlaps
 from ._half import half_values, spmm_half, bind_half
-from ._ops import (F32, HALF_MODES, PRECISIONS, bind_f32, bind_sddmm, compute_dtype, resolve_precision,
-                   sddmm_gpu, spmm_f32)
+from ._half import DEVICE_VALUES
+from ._ops import (F32, HALF_MODES, MISMATCH, PRECISIONS, as_operand, bind_f32, bind_sddmm, check_out, compute_dtype,
+                   resolve_precision, result_dtype, sddmm_gpu, spmm_f32)
 from ._sparse_tc import bind_sp, spmm_sp
+from ._vec_choice import timed_choices
 
-__all__ = ["Plan", "sddmm_raw", "signature", "spmm_raw"]
+# The engine's front door: what TiledMatrix needs from the engine comes through this module only.
+__all__ = ["Plan", "sddmm_raw", "signature", "spmm_raw", "DEVICE_VALUES", "MISMATCH", "as_operand", "check_out",
+           "result_dtype", "timed_choices"]
 
 
 def signature(values, X, out=None, precision=None, op=None):

@@ -193,3 +193,13 @@ def test_nn_reaches_kernels_only_through_the_engine():
             if deps:
                 got[name] = deps
     assert got == NN_KERNEL_IMPORTS
+
+
+#: The engine's modules below TiledMatrix; ``_dispatch`` is their front door.
+ENGINE = {"tcgnn_py._dispatch", "tcgnn_py._ops", "tcgnn_py._vec_choice", "tcgnn_py._launches", "tcgnn_py._plans",
+          "tcgnn_py._half", "tcgnn_py._sparse_tc", "tcgnn_py._attention"}
+
+
+def test_tiled_matrix_enters_the_engine_by_its_front_door():
+    assert ENGINE <= set(MODULES)
+    assert {d for d in _edges("tcgnn_py._tiled") if d in ENGINE} == {"tcgnn_py._dispatch"}
