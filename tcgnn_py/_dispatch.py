@@ -20,8 +20,7 @@ import numpy as np
 from . import _reference as ref
 from ._tuning import overrides_key
 from ._launches import overlaps
-from ._half import half_values, spmm_half, bind_half
-from ._half import DEVICE_VALUES
+from ._half import DEVICE_VALUES, bind_half, half_values, spmm_half
 from ._ops import (F32, HALF_MODES, MISMATCH, PRECISIONS, as_operand, bind_f32, bind_sddmm, check_out, compute_dtype,
                    resolve_precision, result_dtype, sddmm_gpu, spmm_f32)
 from ._sparse_tc import bind_sp, spmm_sp

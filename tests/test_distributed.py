@@ -270,8 +270,9 @@ def test_float16_halos_out_of_range_are_an_error_naming_the_rank():
 
 
 def test_ranks_given_different_partitions_raise_instead_of_reading_outside_their_rows():
-    """A partitioner run on each rank need not agree (it did not, on two GPUs at 240M entries): the build compares
-    the ranks' partitions and raises on every rank, before any rank asks a peer for rows it does not have."""
+    """Partitions computed on each rank need not agree (two ranks once drew different graphs from one seed, and
+    partitioned them differently): the build compares the ranks' partitions and raises on every rank, before any
+    rank asks a peer for rows it does not have."""
     A = cases.GRAPHS["uniform_n1001"]()
     n = A.shape[0]
     rng = np.random.default_rng(0)
