@@ -334,9 +334,18 @@ class Tiling:
 
         ``values_t = values[src]`` turns values of A (tiled order) into values of
         Aᵀ (its tiled order).  Computed once; the transpose's own transpose is
-        this tiling.
+        this tiling, and its ``src`` (the inverse map) is made only when asked: a
+        training step never asks, and it would cost 4 bytes per entry.
         """
         hit = self._cache.get("transpose")
+        if hit is not None and hit[1] is None:  # the way back from a transpose: the inverse of the partner's map
+            partner, (_, src) = hit[0], hit[0]._cache["transpose"]
+            xp = self.xp
+            inv = xp.empty_like(src)
+            inv[src] = xp.arange(src.shape[0], dtype=src.dtype)
+            if xp is not np:
+                publish()  # complete before another stream uses it
+            hit = self._cache["transpose"] = (partner, inv)
         if hit is not None:
             return hit
         from . import _sgt  # layer 2 sibling; SGT runs on the tiling's device
@@ -354,12 +363,10 @@ class Tiling:
             arrays_t = _nm_group.regroup(arrays_t, shape_t, self.layout)
         tiling_t, _ = Tiling.from_arrays(arrays_t, shape_t, self.tile_shape, self.layout)
         src = order[tiling_t.perm].astype(np.int32)  # tiled entry of Aᵀ -> tiled entry of A
-        inv = xp.empty_like(src)
-        inv[src] = xp.arange(src.shape[0], dtype=np.int32)
         if xp is not np:
             publish()  # complete before another stream uses it
         # A tiling <-> transpose cycle: both are long-lived structure, freed together.
-        tiling_t._cache["transpose"] = (self, inv)
+        tiling_t._cache["transpose"] = (self, None)
         self._cache["transpose"] = (tiling_t, src)
         return tiling_t, src
 

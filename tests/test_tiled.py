@@ -356,3 +356,25 @@ def test_no_gpu_warning_points_at_the_callers_line(tmp_path):
     env = dict(__import__("os").environ, TCGNN_PY_DEVICE="cpu")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True, env=env)
     assert f"{script}:3: NoGPUWarning" in out.stderr, out.stderr
+
+
+def test_the_transpose_keeps_no_map_back_until_asked():
+    """``A.T`` keeps where its entries come from (``src``) on A's tiling; the inverse map on the transpose's
+    side is made only when ``A.T.T`` is asked with A gone (4 bytes per entry a training step never reads)."""
+    import gc
+
+    rng = np.random.default_rng(3)
+    A = sp.random_array((300, 200), density=0.05, rng=rng, format="csr")
+    A.data[:] = rng.integers(-8, 9, A.nnz)
+    T = tg.TiledMatrix(A, device="cpu")
+    Tt = T.T
+    assert Tt.tiling._cache["transpose"][1] is None and Tt.tiling.cache_nbytes() == 0
+    before = Tt.tiling.cache_nbytes()
+    del T
+    gc.collect()
+    back = Tt.T  # A, from its transpose: the map back is made now
+    assert Tt.tiling.cache_nbytes() == before + 4 * A.nnz
+    assert (back.tocsr() != sp.csr_array(A.astype(np.float32))).nnz == 0
+    assert (Tt.tocsr() != sp.csr_array(A.T.astype(np.float32))).nnz == 0
+    X = rng.integers(-8, 9, (200, 3)).astype(np.float32)
+    np.testing.assert_array_equal(back @ X, A @ X)
