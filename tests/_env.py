@@ -100,6 +100,11 @@ def count_timing(monkeypatch):
     return calls
 
 
+def ints(rng, *shape):
+    """Small integers (|x| <= 8) of ``shape`` as float32: exact in TF32 and 16 bits."""
+    return rng.integers(-8, 9, shape).astype(np.float32)
+
+
 def exact_product(A, X, dtype):
     """``A @ X`` in float64, rounded once to ``dtype`` (what every path returns on small integers)."""
     return (A.astype(np.float64) @ np.asarray(X, np.float64)).astype(np.float32).astype(dtype)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from _env import cupy_fixture, ints
 import tcgnn_py as tg
 
 pytestmark = pytest.mark.gpu
@@ -16,21 +17,13 @@ pytestmark = pytest.mark.gpu
 LAYOUTS = ["tcgnn", "vector"]
 
 
-@pytest.fixture(scope="module")
-def cp():
-    import cupy
-
-    return cupy
+cp = cupy_fixture()
 
 
 def int_graph(rng, m, n, degree=10):
     A = sp.random_array((m, n), density=min(1.0, degree / n), rng=rng, format="csr", dtype=np.float64)
     A.data[:] = rng.integers(1, 5, A.nnz) * rng.choice([-1, 1], A.nnz)
     return A.astype(np.float32)
-
-
-def ints(rng, *shape):
-    return rng.integers(-8, 9, shape).astype(np.float32)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -16,16 +16,12 @@ import pytest
 import scipy.sparse as sp
 
 import tcgnn_py as tg
-from _env import cupy_fixture
+from _env import cupy_fixture, ints
 from _zoo import zoo
 
 cp = cupy_fixture()
 KERNELS = dict(sgt_host_max=-1, nm_group_host_max=-1)  # every size goes to the kernels
 GRAPHS = dict(zoo(), cora=tg.load_cora().adj, power_law=tg.power_law_graph(3000, 30000, seed=3))
-
-
-def ints(rng, *shape):
-    return rng.integers(-8, 9, shape).astype(np.float32)
 
 
 def _arrays(T):

@@ -10,6 +10,7 @@ import pytest
 import scipy.sparse as sp
 from test_nn import random_graph
 
+from _env import cupy_fixture
 import tcgnn_py as tg
 from tcgnn_py.nn._edges import CSREdges
 
@@ -19,11 +20,7 @@ pytestmark = pytest.mark.gpu
 TOL = {np.float64: 1e-11, np.float32: 5e-3}
 
 
-@pytest.fixture(scope="module")
-def cp():
-    import cupy
-
-    return cupy
+cp = cupy_fixture()
 
 
 @pytest.fixture

@@ -4,16 +4,10 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from _dist_cases import int_graph
 from _zoo import star
 import tcgnn_py as tg
 from tcgnn_py.distributed import _partition as part
-
-
-def int_graph(n, density, seed):
-    rng = np.random.default_rng(seed)
-    A = sp.random_array((n, n), density=density, rng=rng, format="csr")
-    A.data[:] = rng.integers(1, 5, A.nnz)
-    return sp.csr_array(A)
 
 
 @pytest.mark.parametrize("parts", [1, 2, 3, 4, 7])

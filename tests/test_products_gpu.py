@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from _zoo import sddmm_expected, star
-from _env import config_id, count_timing, graph_dir
+from _env import config_id, count_timing, cupy_fixture, graph_dir, ints
 
 import tcgnn_py as tg
 from tcgnn_py import _launches
@@ -27,11 +27,7 @@ DS = [1, 3, 8, 16, 17, 64, 128, 130, 256, 512]
 NS = [1, 15, 16, 17, 1000, 16 * 1000 + 5]
 
 
-@pytest.fixture(scope="module")
-def cp():
-    import cupy
-
-    return cupy
+cp = cupy_fixture()
 
 
 def int_graph(rng, m, n, degree=12):
@@ -40,10 +36,6 @@ def int_graph(rng, m, n, degree=12):
     A = sp.random_array((m, n), density=density, rng=rng, format="csr", dtype=np.float64)
     A.data[:] = rng.integers(1, 5, A.nnz) * rng.choice([-1, 1], A.nnz)
     return A
-
-
-def ints(rng, *shape):
-    return rng.integers(-8, 9, shape).astype(np.float32)
 
 
 def rel_err(got, want):
