@@ -128,7 +128,10 @@ ROWS = [
     ("new graph (20k nodes): first call / later", ("graph_first", "graph_later")),
     ("first reorder(cora, '2:4')", "reorder"),
     ("process wall clock (reorder)", "reorder_wall"),
-    ("the graph: import tcgnn_py", "g_import"),
+]
+#: The rows of ``first_product_times(graph=...)``'s process, shown when it ran.
+GRAPH_ROWS = [
+    ("the graph ({nnz:,} entries): import tcgnn_py", "g_import"),
     ("the graph: TiledMatrix + first product (after the import)", ("g_tiled", "g_f32")),
     ("the graph: process wall clock", "g_wall"),
 ]
@@ -138,30 +141,21 @@ def first_product_markdown(runs):
     def med(kind, key):
         return statistics.median(r[kind][key] for r in runs)
 
-    lines = [f"| step ({len(runs)} runs, median) | empty caches | warm disk caches |", "|---|---|---|"]
-    for label, key in ROWS:
-        if "g_import" not in runs[0]["cold"] and label.startswith("the graph"):
-            continue
-        if label.startswith("the graph") and key == "g_import":
-            label = f"the graph ({runs[0]['cold']['g_nnz']:,} entries): import tcgnn_py"
+    def cell(kind, key):
+        if key is None:
+            return f"{med(kind, 'import') + med(kind, 'tiled') + med(kind, 'f32'):.2f} s"
         if key == ("g_tiled", "g_f32"):
-            cells = [f"{med(kind, 'g_tiled') + med(kind, 'g_f32'):.2f} s ({med(kind, 'g_tiled'):.2f} + "
-                     f"{med(kind, 'g_f32'):.2f})" for kind in ("cold", "warm")]
-            lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
-            continue
-        cells = []
-        for kind in ("cold", "warm"):
-            if key is None:
-                v = med(kind, "import") + med(kind, "tiled") + med(kind, "f32")
-                cells.append(f"{v:.2f} s")
-            elif isinstance(key, tuple):
-                cells.append(f"{1e3 * med(kind, key[0]):.1f} ms / {1e3 * med(kind, key[1]):.2f} ms")
-            else:
-                cells.append(f"{med(kind, key):.2f} s")
-        lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
+            return f"{med(kind, key[0]) + med(kind, key[1]):.2f} s ({med(kind, key[0]):.2f} + {med(kind, key[1]):.2f})"
+        if isinstance(key, tuple):
+            return f"{1e3 * med(kind, key[0]):.1f} ms / {1e3 * med(kind, key[1]):.2f} ms"
+        return f"{med(kind, key):.2f} s"
+
+    graph = "g_import" in runs[0]["cold"]
+    lines = [f"| step ({len(runs)} runs, median) | empty caches | warm disk caches |", "|---|---|---|"]
+    for label, key in ROWS + (GRAPH_ROWS if graph else []):
+        label = label.format(nnz=runs[0]["cold"].get("g_nnz", 0))
+        lines.append(f"| {label} | {cell('cold', key)} | {cell('warm', key)} |")
     return "\n".join(lines)
-
-
 
 
 def first_product_times(runs=3, graph=None):
