@@ -284,7 +284,7 @@ class Tiling:
         return self._cache.get(key, default)
 
     def plans(self):
-        """The products' plans on this tiling by operand signature (``_dispatch.signature``), shared by the
+        """The products' plans on this tiling by operand signature (``products.signature``), shared by the
         matrices on it (``with_values``): one dict, made once."""
         plans = self._cache.get("plans")
         if plans is None:

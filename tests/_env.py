@@ -122,7 +122,7 @@ def check_cached_launch(cp, A, T, X, types, precision, rng):
     Xh = X.get()
     T.copy() @ X  # a timed choice's candidates compile (in the background) and are waited for: T's first
     registry.wait_for_compiles()  # call then times them all, and its launch is final (cacheable), not provisional
-    from tcgnn_py._dispatch import signature
+    from tcgnn_py.products import signature
 
     first = T @ X
     assert T.tiling.plans()[signature(T.values, X)].bound is not None, "the first call bound its plan's launch"

@@ -1,6 +1,6 @@
 """One plan per operand signature: a plan runs its general form until its binder gives a bound launch."""
 
-from tcgnn_py._dispatch import Plan
+from tcgnn_py.products import Plan
 
 
 def test_a_plan_runs_general_until_its_launch_binds():

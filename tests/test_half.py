@@ -16,10 +16,8 @@ from _env import check_cached_launch, count_timing, cupy_fixture, host, poisoned
 from _zoo import star, zoo
 
 import tcgnn_py as tg
-from tcgnn_py import _half
-from tcgnn_py import _launches
-from tcgnn_py import _ops
-from tcgnn_py import _vec_choice
+from tcgnn_py.products import _launch, _modes, _values
+from tcgnn_py.products.families import half as half_family
 from tcgnn_py.kernels import products as kp
 from tcgnn_py._validation import as_dtype, promote
 
@@ -55,7 +53,7 @@ def exact(A, X, dtype):
     (F64, F16, F64), (F16, np.int8, F32), (BF16, F64, F64),
 ])
 def test_result_dtype_promotion(m, x, want):
-    assert _ops.result_dtype(np.dtype(m), np.dtype(x)) == want
+    assert _modes.result_dtype(np.dtype(m), np.dtype(x)) == want
     T = tg.TiledMatrix(ZOO["n17"], dtype=m)
     assert T.dtype == m
     assert (T @ np.ones((17, 3), x)).dtype == want
@@ -77,7 +75,7 @@ def test_spmm_half_exact_on_every_path(xt, layout, mt):
     T = tg.TiledMatrix(A, dtype=mdt, layout=layout)
     X = ints(rng, (A.shape[1], 19), xt)
     Y = T @ X
-    assert isinstance(Y, np.ndarray) and Y.dtype == _ops.result_dtype(mdt, xt)
+    assert isinstance(Y, np.ndarray) and Y.dtype == _modes.result_dtype(mdt, xt)
     np.testing.assert_array_equal(Y, exact(A, X, Y.dtype))
 
 
@@ -312,19 +310,19 @@ def test_float32_values_exact_in_16_bits_take_one_mma(cp, xt):
     got = {}
     for exact_values in (True, False):
         with tg.tuning(half_exact_values=exact_values):
-            split = _half.half_values(T.values, xt, T._casts)[0]
+            split = _values.half_values(T.values, xt, T._casts)[0]
             assert split is not exact_values
             got[exact_values] = poisoned(cp, T, X, F32)
     np.testing.assert_array_equal(got[True].view(np.uint64), got[False].view(np.uint64))
     for data in (rng.uniform(0.5, 1.5, A.nnz), np.where(np.arange(A.nnz) == 7, np.nan, A.data)):
-        assert _half.half_values(cp.asarray(data.astype(np.float32)), xt, {})[0], "pairs"
+        assert _values.half_values(cp.asarray(data.astype(np.float32)), xt, {})[0], "pairs"
     # values made on the device (a training step's) are not checked (no host read): pairs, also on the transpose
     ints_on_device = T.with_values(cp.asarray(A.tocsr().data.astype(np.float32)))
     for M in (ints_on_device, ints_on_device.T):
-        assert _half.half_values(M.values, xt, M._casts)[0]
-    assert not _half.half_values(T.T.values, xt, T.T._casts)[0]
+        assert _values.half_values(M.values, xt, M._casts)[0]
+    assert not _values.half_values(T.T.values, xt, T.T._casts)[0]
     from_host = T.with_values(A.tocsr().data.astype(np.float32))  # host values: checked, one MMA
-    assert not _half.half_values(from_host.values, xt, from_host._casts)[0]
+    assert not _values.half_values(from_host.values, xt, from_host._casts)[0]
     # the bound plan: the cached launch of one form, called with a matrix of the other, goes the general way
     weighted = T.with_values(cp.asarray(rng.uniform(0.5, 1.5, A.nnz).astype(np.float32)))
     Xh = np.asarray(X.get(), np.float64)
@@ -402,9 +400,9 @@ def _check_half_candidates(cp, D, coop):
     for xt in HALVES:
         T = tg.TiledMatrix(A, dtype=np.float32, layout="vector")
         X = cp.asarray(rng.standard_normal((A.shape[1], D)).astype(np.float32)).astype(xt)
-        split, vals, unscale = _half.half_values(T.values, xt, T._casts)
+        split, vals, unscale = _values.half_values(T.values, xt, T._casts)
         half = (xt.name, split, "float32")
-        choices = _vec_choice.half_candidates(T.tiling, D, aligned, half)
+        choices = half_family.candidates(T.tiling, D, aligned, half)
         assert len(set(choices)) == len(choices) and len({c.bpu for c in choices}) == 1
         assert {c.coop for c in choices} == {coop and aligned}
         if aligned and coop:
@@ -417,9 +415,9 @@ def _check_half_candidates(cp, D, coop):
             assert len(choices) == 1
         first = None
         for c in choices:
-            launch = _vec_choice.vec_launch(cp, T.tiling, F32, D, aligned, half, choice=c)
+            launch = half_family.launch(T.tiling, F32, D, aligned, half, c)
             Y = cp.full((A.shape[0], D), cp.nan, cp.float32)
-            _launches.run_half(launch, T.tiling, vals, X, Y, unscale)
+            _launch.run_half(launch, T.tiling, vals, X, Y, unscale)
             got = Y.get()
             if first is None:
                 first = got

@@ -44,7 +44,7 @@ def test_spmm_launch_argument_order():
     # run() and the bound plan's bind() share _fixed(): the order of the kernels' parameters is written once.
     import types
 
-    from tcgnn_py import _launches
+    from tcgnn_py.products import _launch as _launches
 
     calls = []
     kernel = lambda grid, block, args, shared_mem=0: calls.append(args)  # noqa: E731
@@ -83,7 +83,7 @@ def test_bound_launch_extra_slots(monkeypatch):
     """The bound plans' launch writes each operand's address, the 16-bit kernel's unscale last."""
     import types
 
-    from tcgnn_py import _launches
+    from tcgnn_py.products import _launch as _launches
 
     from tcgnn_py.kernels import driver
 

@@ -122,8 +122,8 @@ def test_imported_names_exist(name):
 
 def test_the_walk_sees_function_level_imports():
     """Not vacuous: the walk finds a module imported as a name, and an import made inside a function."""
-    assert ("tcgnn_py", "_reference") in {(t, a) for t, a, _ in _imports("tcgnn_py._dispatch")}
-    assert "tcgnn_py._reference" in _edges("tcgnn_py._dispatch")
+    assert ("tcgnn_py", "_reference") in {(t, a) for t, a, _ in _imports("tcgnn_py.products._dispatch")}
+    assert "tcgnn_py._reference" in _edges("tcgnn_py.products._dispatch")
     assert ("tcgnn_py.kernels.registry", "stop_background_compiles") in {  # inside spmd() and init()
         (t, a) for t, a, _ in _imports("tcgnn_py.distributed._context")}
 
@@ -151,7 +151,8 @@ def test_scripts_use_public_names_only(path):
 
 def test_the_contributors_layer_table_lists_every_module():
     """docs/contributing.md's layer table follows the code: each private module of the package root and each
-    module of ``kernels/`` by name, the other packages by ``name/``, each in the row of its layer."""
+    module of ``kernels/`` and ``products/`` by name, the other packages by ``name/``, each in the row of its
+    layer."""
     text = (ROOT.parent / "docs" / "contributing.md").read_text()
     rows = {int(m.group(1)): m.group(2) for m in re.finditer(r"^\| (\d) \| (.*) \|$", text, flags=re.M)}
     missing = []
@@ -185,7 +186,7 @@ NN_KERNEL_IMPORTS = {"tcgnn_py.nn._layers": {"tcgnn_py.kernels.blas"},
 
 
 def test_nn_reaches_kernels_only_through_the_engine():
-    """Graph attention's launches, work units and weights are the engine's (``tcgnn_py._attention``), not nn's."""
+    """Graph attention's launches, work units and weights are the engine's (``products.attention``), not nn's."""
     got = {}
     for name in MODULES:
         if name.startswith("tcgnn_py.nn"):
@@ -195,11 +196,31 @@ def test_nn_reaches_kernels_only_through_the_engine():
     assert got == NN_KERNEL_IMPORTS
 
 
-#: The engine's modules below TiledMatrix; ``_dispatch`` is their front door.
-ENGINE = {"tcgnn_py._dispatch", "tcgnn_py._ops", "tcgnn_py._vec_choice", "tcgnn_py._launches", "tcgnn_py._plans",
-          "tcgnn_py._half", "tcgnn_py._sparse_tc", "tcgnn_py._attention"}
+ENGINE = "tcgnn_py.products"
+FAMILIES = "tcgnn_py.products.families"
 
 
-def test_tiled_matrix_enters_the_engine_by_its_front_door():
-    assert ENGINE <= set(MODULES)
-    assert {d for d in _edges("tcgnn_py._tiled") if d in ENGINE} == {"tcgnn_py._dispatch"}
+def test_the_engine_is_one_package_with_a_family_per_module():
+    assert {n for n in MODULES if n.startswith(FAMILIES + ".")} == {
+        f"{FAMILIES}.{f}" for f in ("tf32", "core", "vec", "half", "sparse", "attention")}
+
+
+def test_tiled_matrix_and_nn_enter_the_engine_by_its_front_door():
+    """``_tiled``, ``nn`` and ``distributed`` import the engine's package, never a module inside it."""
+    inside = {name: sorted(d for d in _edges(name) if d.startswith(ENGINE + "."))
+              for name in MODULES if not name.startswith(ENGINE) and name != "tcgnn_py"}
+    assert {name: deps for name, deps in inside.items() if deps} == {}
+    assert ENGINE in _edges("tcgnn_py._tiled")
+
+
+def test_a_family_imports_no_sibling_family():
+    bad = {name: sorted(d for d in _edges(name) if d.startswith(FAMILIES + ".") and d != name)
+           for name in MODULES if name.startswith(FAMILIES + ".")}
+    assert {name: deps for name, deps in bad.items() if deps} == {}
+
+
+def test_the_autotuner_and_the_shared_modules_import_no_family():
+    """Only the front door and the package's names reach the families: what they share lives below them."""
+    reach = {name: sorted(d for d in _edges(name) if d.startswith(FAMILIES))
+             for name in MODULES if name.startswith(ENGINE + "._") and name != ENGINE + "._dispatch"}
+    assert {name: deps for name, deps in reach.items() if deps} == {}

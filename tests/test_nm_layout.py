@@ -17,7 +17,7 @@ from _zoo import star, zoo
 import tcgnn_py as tg
 from tcgnn_py import _nm_windows as nw
 from tcgnn_py import _reference as ref
-from tcgnn_py import _sparse_tc
+from tcgnn_py.products.families import sparse as _sparse_tc
 
 ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 tests need ml_dtypes (the [bf16] extra)")
 F16, BF16, F32 = np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32)

@@ -7,7 +7,9 @@ from _env import host
 from _zoo import sddmm_expected, zoo
 
 import tcgnn_py as tg
-from tcgnn_py._ops import resolve_precision
+from tcgnn_py.products import _vec_layout
+from tcgnn_py.products._modes import resolve_precision
+from tcgnn_py.products.families import half as half_family, vec as vec_family
 
 ZOO = zoo("full")
 
@@ -112,7 +114,7 @@ def test_sddmm_zero_width():
 
 def test_work_plan_covers_every_block_once():
     """The SpMM units partition each window's blocks; split windows own consecutive slots."""
-    from tcgnn_py._plans import UNITS_PER_WINDOW_MAX, build_plan
+    from tcgnn_py.products._plans import UNITS_PER_WINDOW_MAX, build_plan
 
     win_ptr = np.array([0, 0, 3, 3, 100, 101, 101 + 40 * UNITS_PER_WINDOW_MAX], np.int32)
     plan = build_plan(np, win_ptr, 16)
@@ -156,33 +158,30 @@ class _Histogram:
 @pytest.mark.parametrize("floor, want", [(None, 256), (128, 128)])
 def test_unit_size_caps_long_windows_on_large_grids(floor, want):
     """Windows of 200 blocks, 114 per resident warp: one unit each (the factor's cap, 454) or two (the floor's, 128)."""
-    from tcgnn_py import _vec_choice
 
     with tg.tuning(vec_tail_floor=floor):
-        assert _vec_choice.vec_unit_size(_Histogram(np.full(600, 200)), n_slices=4) == want
+        assert _vec_layout.vec_unit_size(_Histogram(np.full(600, 200)), n_slices=4) == want
 
 
 def test_unit_size_of_the_16bit_kernel_takes_its_own_floor():
     """The 600 windows of 200 blocks above, 114 per resident warp: the 16-bit kernel's floor (64) cuts them in 4."""
-    from tcgnn_py import _vec_choice
 
     hist = _Histogram(np.full(600, 200))
     with tg.tuning(vec_tail_floor=128, half_tail_floor=64):
-        assert _vec_choice.vec_unit_size(hist, n_slices=4) == 128
-        assert _vec_choice.vec_unit_size(hist, n_slices=4, half=True) == 64
+        assert _vec_layout.vec_unit_size(hist, n_slices=4) == 128
+        assert _vec_layout.vec_unit_size(hist, n_slices=4, half=True) == 64
         with tg.tuning(half_tail_floor=None):  # the factor's cap alone
-            assert _vec_choice.vec_unit_size(hist, n_slices=4, half=True) == 256
+            assert _vec_layout.vec_unit_size(hist, n_slices=4, half=True) == 256
 
 
 @pytest.mark.parametrize("floor", [None, 128])
 def test_unit_size_floor_leaves_small_grids_to_the_factor(floor):
     """5 blocks per resident warp: the tail factor (4x) caps units at 16 blocks whatever the floor."""
-    from tcgnn_py import _vec_choice
 
     with tg.tuning(vec_tail_floor=floor):
-        assert _vec_choice.vec_unit_size(_Histogram(np.full(100, 200)), n_slices=1) == 16
+        assert _vec_layout.vec_unit_size(_Histogram(np.full(100, 200)), n_slices=1) == 16
         # One hub window among short ones: its units stay within 4x the 10 blocks of a resident warp.
-        assert _vec_choice.vec_unit_size(_Histogram([20000] + [10] * 2000), n_slices=1) == 32
+        assert _vec_layout.vec_unit_size(_Histogram([20000] + [10] * 2000), n_slices=1) == 32
 
 
 class _Windows(_Histogram):
@@ -202,7 +201,7 @@ class _Windows(_Histogram):
 
 
 def test_coop_units_split_each_window_in_four_balanced_parts():
-    from tcgnn_py import _plans
+    from tcgnn_py.products import _plans
 
     units = _plans.vec_coop_units(_Windows([0, 0, 3, 10]))
     assert units.dtype == np.int32 and units.shape == (12, 4)
@@ -221,32 +220,30 @@ def test_coop_units_split_each_window_in_four_balanced_parts():
     ([25] * 3000 + [51], 32, False),  # a larger grid: 3001 CTAs > 16 per SM
 ])
 def test_coop_rule(blocks, D, want):
-    from tcgnn_py import _vec_choice
 
     with tg.tuning(vec_coop=None):
-        assert _vec_choice.vec_coop(_Windows(np.concatenate([[0], np.cumsum(blocks)])), D) is want
+        assert _vec_layout.vec_coop(_Windows(np.concatenate([[0], np.cumsum(blocks)])), D) is want
 
 
 @pytest.mark.filterwarnings("ignore::tcgnn_py.NoGPUWarning")
 def test_coop_choice_of_the_16bit_kernel():
     """The 16-bit kernel takes the one-CTA launch by the same rule, on aligned rows only, and its timed
     choice compares the compiled COOP shapes (4 parts a window whatever the shape: the same sums)."""
-    from tcgnn_py import _vec_choice
     from tcgnn_py.kernels import products as kp
 
     T = tg.TiledMatrix(sp.random(300, 300, density=0.05, format="csr", random_state=0), layout="vector")
     T.tiling.put("sm_count", 132)
     half = ("float16", True, "float32")
     with tg.tuning(vec_coop=True):
-        default = _vec_choice.vec_choice(T.tiling, 64, True, half)
+        default = _vec_layout.vec_choice(T.tiling, 64, True, half)
         assert default.coop and (default.slices, default.ks, default.stages) == kp.VEC_HALF_COOP[0]
-        assert not _vec_choice.vec_choice(T.tiling, 64, False, half).coop  # unaligned rows: the usual launch
-        wide = _vec_choice.half_candidates(T.tiling, 64, True, half)
+        assert not _vec_layout.vec_choice(T.tiling, 64, False, half).coop  # unaligned rows: the usual launch
+        wide = half_family.candidates(T.tiling, 64, True, half)
         assert wide[0] == default and {(c.slices, c.ks, c.stages) for c in wide} == set(kp.VEC_HALF_COOP)
         assert all(c.coop and not c.combine for c in wide)
-        assert _vec_choice.half_candidates(T.tiling, 17, True, half) == [_vec_choice.vec_choice(T.tiling, 17, True, half)]
+        assert half_family.candidates(T.tiling, 17, True, half) == [_vec_layout.vec_choice(T.tiling, 17, True, half)]
     with tg.tuning(vec_coop=False):
-        assert not any(c.coop for c in _vec_choice.half_candidates(T.tiling, 64, True, half))
+        assert not any(c.coop for c in half_family.candidates(T.tiling, 64, True, half))
 
 
 @pytest.mark.filterwarnings("ignore::tcgnn_py.NoGPUWarning")
@@ -254,47 +251,46 @@ def test_the_timed_candidates_are_the_compiled_configs():
     """On aligned rows the TF32 candidates are cp.async configs (through L2 and, beside each, through L1; dense
     values), all with the default's partition; each maps to a compiled config, and together with the register
     kernel of unaligned rows and the coop shapes they are every compiled SpMM config (compiled means supported)."""
-    from tcgnn_py import _vec_choice
     from tcgnn_py.kernels import products as kp
 
     T = tg.TiledMatrix(sp.random(300, 300, density=0.05, format="csr", random_state=0), layout="vector")
     T.tiling.put("sm_count", 132)
     with tg.tuning(vec_coop=False, vec_blocks_per_unit=2):
-        cands = _vec_choice.vec_candidates(T.tiling, 64, True)
+        cands = vec_family.candidates(T.tiling, 64, True)
         assert all(c.cp_async and c.bpu == cands[0].bpu for c in cands)
         l1 = [c for c in cands if c.l1]
         assert l1 and {c._replace(l1=False) for c in l1} <= set(cands)  # each beside its L2 twin
-        assert _vec_choice.vec_candidates(T.tiling, 64, False) == [_vec_choice.vec_choice(T.tiling, 64, False)]
-        assert not _vec_choice.vec_choice(T.tiling, 64, False).cp_async  # unaligned rows: register gathers
+        assert vec_family.candidates(T.tiling, 64, False) == [_vec_layout.vec_choice(T.tiling, 64, False)]
+        assert not _vec_layout.vec_choice(T.tiling, 64, False).cp_async  # unaligned rows: register gathers
         reached = {kp.vec_spmm_config(c.slices, c.unroll, c.cp_async, c.combine, c.dense, c.coop, c.l1) for c in cands}
         reached |= {kp.vec_spmm_config(f, 4, False, c) for f in (1, 2) for c in (True, False)}
     with tg.tuning(vec_coop=True):
         reached |= {kp.vec_spmm_config(c.slices, c.unroll, True, False, coop=True)
-                    for c in _vec_choice.vec_candidates(T.tiling, 64, True)}
+                    for c in vec_family.candidates(T.tiling, 64, True)}
     assert reached == set(kp.VEC_SPMM_CONFIGS)
     with pytest.raises(ValueError, match="not compiled"):
         kp.vec_spmm_config(4, 4, True, True)
     with pytest.raises(ValueError, match="tuning option vec_kernel takes None or a config of "
                                          "kernels.products.VEC_SPMM_CONFIGS, got SpmmVec"):
         with tg.tuning(vec_kernel=kp.SpmmVec(1, 8, True, True)):  # refused where the block is entered
-            _vec_choice.vec_choice(T.tiling, 64, True)
+            _vec_layout.vec_choice(T.tiling, 64, True)
     with tg.tuning(vec_kernel=kp.VEC_SPMM_CONFIGS[-1]):  # a coop config: that launch, and no other candidate
-        (only,) = _vec_choice.vec_candidates(T.tiling, 64, True)
+        (only,) = vec_family.candidates(T.tiling, 64, True)
         assert only.coop and only.slices == kp.VEC_SPMM_CONFIGS[-1].FS
 
 
 def test_pick_fastest_keeps_the_default_within_the_margin():
-    from tcgnn_py._vec_choice import VEC_TIMED_MARGIN, pick_fastest
+    from tcgnn_py.products._autotune import TIMED_MARGIN, pick_fastest
 
     assert pick_fastest([5.0]) == 0
-    assert pick_fastest([10.0, 10.0 * (1 - VEC_TIMED_MARGIN / 2), 11.0]) == 0  # within noise: the default
+    assert pick_fastest([10.0, 10.0 * (1 - TIMED_MARGIN / 2), 11.0]) == 0  # within noise: the default
     assert pick_fastest([10.0, 9.0, 8.0, 8.5]) == 2
     assert pick_fastest([10.0, 8.0, 8.0]) == 1  # ties: the first listed
     assert pick_fastest([10.0, 12.0, 11.0]) == 0
 
 
 class _Done:
-    """A finished (or unfinished) background compile, as :func:`tcgnn_py._launches.planned` sees one."""
+    """A finished (or unfinished) background compile, as :func:`tcgnn_py.products._launch.planned` sees one."""
 
     def __init__(self, done):
         self._done = done
@@ -304,7 +300,7 @@ class _Done:
 
 
 def test_provisional_launch_is_replanned_once_its_compiles_finish():
-    from tcgnn_py import _launches
+    from tcgnn_py.products import _launch as _launches
 
     t = _Windows([0, 4])
     pending = _Done(False)

@@ -13,10 +13,10 @@ from _zoo import sddmm_expected, star
 from _env import config_id, count_timing, cupy_fixture, graph_dir, ints
 
 import tcgnn_py as tg
-from tcgnn_py import _launches
-from tcgnn_py import _dispatch
-from tcgnn_py import _plans
-from tcgnn_py import _vec_choice
+from tcgnn_py import products as _dispatch
+from tcgnn_py.products import _autotune, _values
+from tcgnn_py.products import _launch as _launches
+from tcgnn_py.products.families import vec as vec_family
 from tcgnn_py.kernels import products as kp
 
 pytestmark = pytest.mark.gpu
@@ -333,7 +333,7 @@ def _check_timed_candidates(cp, rng, D, coop):
         T = tg.TiledMatrix(A, dtype=np.float32)
         X = cp.asarray(rng.standard_normal((A.shape[1], D), dtype=np.float32))
         aligned = D % 4 == 0
-        choices = _vec_choice.vec_candidates(T.tiling, D, aligned)
+        choices = vec_family.candidates(T.tiling, D, aligned)
         assert len(set(choices)) == len(choices) and len({c.bpu for c in choices}) == 1
         assert {c.coop for c in choices} == {coop and aligned}
         gathers = {(c.cp_async, c.unroll, c.dense, c.l1) for c in choices}
@@ -352,7 +352,7 @@ def _check_timed_candidates(cp, rng, D, coop):
         assert {c.slices for c in choices} == ({1, 2} if D > 32 and aligned else {choices[0].slices})
         first = None
         for c in choices:
-            launch = _vec_choice.vec_launch(cp, T.tiling, np.dtype(np.float32), D, aligned, choice=c)
+            launch = vec_family.launch(T.tiling, np.dtype(np.float32), D, aligned, c)
             Y = cp.full((A.shape[0], D), cp.nan, cp.float32)
             _launches.run_spmm(cp, launch, T.tiling, T.values, X, Y, np.dtype(np.float32))
             got = Y.get()
@@ -412,12 +412,12 @@ def test_timed_choice_runs_once_and_keeps_the_fastest(cp, monkeypatch):
     assert len(ms) == calls[0] > 1 and all(0 < t < 1e3 for t in ms.values())
     ((_, launch),) = T.tiling.cached_items("launch")
     choices = list(ms)
-    best = choices[_vec_choice.pick_fastest(list(ms.values()))]
+    best = choices[_autotune.pick_fastest(list(ms.values()))]
     assert launch.n_slices == -(-64 // (32 * best.slices)) and (launch.fixup is None) == best.combine
     # The candidates shared one set of partial tiles (the hub's windows are split), not one each.
     assert len([k for k in launch.counters if k[0][0] == "partial"]) == 1
     # A large product keeps the statistics' launch untimed.
-    monkeypatch.setattr(_vec_choice, "VEC_TIMED_MAX_WORK", 0)
+    monkeypatch.setattr(_autotune, "TIMED_MAX_WORK", 0)
     X40 = ints(rng, A.shape[1], 40)
     np.testing.assert_array_equal((T @ cp.asarray(X40)).get(), A @ X40)
     assert len(calls) == 1  # a new width, planned untimed
@@ -436,7 +436,7 @@ def test_dense_values_follow_each_matrix(cp):
         T = tg.TiledMatrix(A, dtype=np.float32)
         X = cp.asarray(ints(rng, A.shape[1], 64))
         mats = []
-        for k in range(_plans.VEC_DENSE_KEEP + 2):
+        for k in range(_values.VEC_DENSE_KEEP + 2):
             Ak = A.copy()
             Ak.data[:] = rng.integers(-4, 5, A.nnz)
             mats.append((Ak, T.with_values(cp.asarray(Ak.data, dtype=cp.float32), order="csr")))
@@ -445,7 +445,7 @@ def test_dense_values_follow_each_matrix(cp):
                 np.testing.assert_array_equal((Tk @ X).get(), Ak @ X.get())
         ((_, launch),) = T.tiling.cached_items("launch")
         assert isinstance(launch, _launches.VecSpmmLaunch) and launch.dense
-        assert len(T.tiling.peek("vec_dense")) == _plans.VEC_DENSE_KEEP + 1  # and the entries' blocks
+        assert len(T.tiling.peek("vec_dense")) == _values.VEC_DENSE_KEEP + 1  # and the entries' blocks
 
 
 def test_kernels_compile_once(cp):

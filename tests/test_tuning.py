@@ -69,7 +69,7 @@ def test_every_option_belongs_to_one_family():
 
 
 def test_launch_keys_follow_the_overrides():
-    from tcgnn_py import _launches
+    from tcgnn_py.products import _launch as _launches
 
     plain = _launches.launch_key("tf32", "float32", 64, True)
     with tg.tuning(vec_max_slices=1):

@@ -14,7 +14,7 @@ import hashlib
 import numpy as np
 
 from .._device import array_module
-from .._ops import result_dtype
+from ..products import result_dtype
 from .._permutation import Permutation
 from .._tiled import TiledMatrix, sddmm, spmm
 from .._validation import as_dtype, coerce_csr, is_half

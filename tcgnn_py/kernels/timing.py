@@ -3,7 +3,7 @@
 A one-thread kernel spins on the GPU's global timer while the host queues the
 launches to time, with an event between each two: the events then time the
 kernels alone, not the host's cost of issuing them.  The products' timed
-launch choice (:func:`tcgnn_py._vec_choice.vec_timed`) and the benchmarks' GPU-only
+launch choice (:func:`tcgnn_py.products._autotune.choose`) and the benchmarks' GPU-only
 clock (:func:`tcgnn_py.bench.time_queued`) use it.
 """
 

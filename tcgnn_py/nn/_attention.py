@@ -13,7 +13,7 @@ import warnings
 
 import numpy as np
 
-from .. import _attention as engine
+from ..products import attention as engine
 from .. import _reference as ref
 from .._device import FallbackWarning
 from .._validation import check_bool, check_count, is_half

@@ -12,7 +12,7 @@ benchmarks).
 import numpy as np
 
 from .._device import DeviceMismatchError, get_cupy
-from .._ops import as_operand
+from ..products import as_operand
 from .._tiled import TiledMatrix, sddmm, spmm
 from .._validation import check_real_dtype, is_half, value_dtype
 

@@ -22,7 +22,7 @@ name expressions from them:
 ``"sparse"``
     SpMM on the N:M layouts through sparse tensor cores (``mma.sp``): 2:4 with
     float16 / bfloat16 X, 1:2 with TF32 (float32 X); compressed blocks and
-    their metadata in fragment order (:mod:`tcgnn_py._sparse_tc`).
+    their metadata in fragment order (:mod:`tcgnn_py.products.families.sparse`).
 ``"core"``
     CUDA-core SpMM and SDDMM in the data's own precision (float or double),
     for any tile shape: ``precision="fp32"`` and every float64 product.

@@ -1,7 +1,7 @@
 """Layer 1: the ``"sparse"`` family: SpMM on the N:M layouts through sparse tensor cores (``mma.sp``).
 
 2:4 with float16 / bfloat16 X, 1:2 with TF32 (float32 X); compressed blocks and their metadata in
-fragment order (:mod:`tcgnn_py._sparse_tc`).
+fragment order (:mod:`tcgnn_py.products.families.sparse`).
 """
 
 import dataclasses

@@ -265,7 +265,7 @@ __device__ __forceinline__ void tc_vec_coop_finish(const float (&acc)[FS][2][4],
 // over, which the tensor core truncates (twice the rounding error on X, one
 // instruction less per element) -- an experiment, not a public mode.
 // PV: each step's values are loaded one step ahead (the next step's metadata two ahead).
-// DV: values are dense, 32 per block in tile-position order (see _plans.vec_dense_values): no metadata.
+// DV: values are dense, 32 per block in tile-position order (see products._values.vec_dense_values): no metadata.
 // L1: the copies go through L1 (tc_cp_async16_via).
 template <int FS, int U, int NS, bool COMBINE, bool RX = true, bool PV = false, bool DV = false, bool COOP = false,
           bool L1 = false>

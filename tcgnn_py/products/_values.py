@@ -1,25 +1,67 @@
-"""Layer 2: 16-bit X products on the vector layout: the matrix's 16-bit values (one MMA, or (hi, lo) pairs),
-the launch, and its binding for repeated calls.
+"""Layer 2: the forms a matrix's values take for the kernels: cast, dense per block, 16-bit (or (hi, lo) pairs).
+
+Each is made once per values array and kept (per matrix in its cache of casts, or per tiling for the
+latest arrays), so that a repeated product reads them without converting again.
 """
 
 import functools
 
 import numpy as np
 
-from ._device import get_cupy, publish, to_host
-from ._tuning import options
-from ._plans import HOST_PLAN_MAX, aligned16
-from ._launches import VecSpmmLaunch, cast_closure, half_launch_key, planned, run_half
-from ._vec_choice import vec_launch, vec_timed
+from .. import _reference as ref
+from .._device import get_cupy, publish, to_host
+from .._tuning import options
+from ._plans import HOST_PLAN_MAX
 
-__all__ = [
-    "DEVICE_VALUES",
-    "bind_half",
-    "half_key",
-    "half_values",
-    "result_and_operand",
-    "spmm_half",
-]
+__all__ = ["DEVICE_VALUES", "VEC_DENSE_BYTES_MAX", "VEC_DENSE_KEEP", "half_key", "half_values", "values_as",
+           "vec_dense_values"]
+
+
+def values_as(values, dtype, cache):
+    """``values`` as ``dtype``, the cast made once and kept in the matrix's ``cache`` of casts."""
+    if values.dtype == dtype:
+        return values
+    key = ("values", dtype.str)
+    if key not in cache:
+        cast = values.astype(dtype)
+        if not isinstance(cast, np.ndarray):
+            publish()  # complete before another stream uses it
+        cache[key] = cast
+    return cache[key]
+
+
+#: The dense values of a vector tiling (32 floats per block) are a candidate while they take at most this much.
+VEC_DENSE_BYTES_MAX = 1 << 30
+#: Dense values kept per tiling, for the latest distinct value arrays (matrices sharing the tiling).
+VEC_DENSE_KEEP = 4
+
+
+def vec_dense_values(tiling, values):
+    """``(n_blocks * 32,)`` float32: ``values`` at ``32 * block + tile position``, zeros elsewhere.
+
+    Built on first use for a values array and kept on the tiling for the last
+    :data:`VEC_DENSE_KEEP` arrays, each held with its values (so that the memory
+    of an array in use is never another's; values are read-only by contract).
+    """
+    lru = tiling.peek("vec_dense")
+    if lru is None:
+        lru = tiling.put("vec_dense", {})
+    hit = lru.get(id(values))
+    if hit is not None and hit[0] is values:
+        return hit[1]
+    xp = tiling.xp
+    dense = xp.zeros(tiling.n_blocks * 32, np.float32)
+    eb = lru.get("entry_blocks")
+    if eb is None:
+        eb = ref.entry_blocks(tiling.block_ptr, tiling.nnz).astype(np.int64)
+    dense[eb * 32 + tiling.tile_pos.astype(np.int64)] = values
+    if xp.cuda.get_current_stream().is_capturing():
+        return dense  # the graph holds the scatter; its arrays must not outlive it in a cache
+    lru["entry_blocks"] = eb
+    if len(lru) > VEC_DENSE_KEEP:  # the oldest array's (entry_blocks stays first)
+        del lru[next(k for k in lru if k != "entry_blocks")]
+    lru[id(values)] = (values, dense)
+    return dense
 
 
 #: Marks a matrix's cache of casts when its values were made on the device (``with_values`` of a device array, as
@@ -117,61 +159,3 @@ def _widen16(cp, bits, xdt):
     if xdt.name == "float16":
         return bits.view(np.float16).astype(np.float32)
     return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
-def result_and_operand(cp, tiling, X, dtype, out):
-    """``(Y, X)``: the result (``out``, or a new array) and X C-contiguous; ``X`` None when there is nothing to do."""
-    M, D = tiling.shape[0], X.shape[1]
-    Y = cp.empty((M, D), dtype=dtype) if out is None else out
-    if M == 0 or D == 0:
-        return Y, None
-    return Y, X if X.flags.c_contiguous else cp.ascontiguousarray(X)
-
-
-def spmm_half(tiling, hv, X, dtype, out):
-    """``A @ X`` for a 16-bit X on the vector layout: m16n8k16 MMAs, float32 accumulation, one rounding."""
-    cp = get_cupy()
-    split, vals, unscale = hv
-    D = X.shape[1]
-    Y, X = result_and_operand(cp, tiling, X, dtype, out)
-    if X is None:
-        return Y
-    aligned = aligned16(D, X, Y, multiple=8)
-    key = half_launch_key(X.dtype, split, dtype, D, aligned)
-    launch = tiling.peek(key)
-    if launch is None:
-        half = (X.dtype.name, split, dtype.name)
-        if options()["vec_timed_choice"]:
-            plan = lambda: vec_timed(cp, tiling, dtype, D, aligned, vals, X, Y, half, unscale)  # noqa: E731
-        else:
-            plan = lambda: vec_launch(cp, tiling, dtype, D, aligned, half)  # noqa: E731
-        launch = planned(tiling, key, plan)
-    run_half(launch, tiling, vals, X, Y, unscale)
-    return Y
-
-
-def bind_half(tiling, xdt, dtype):
-    """The binder of a 16-bit X's product on the vector layout whose kernel writes ``dtype`` (float32 or X's type).
-
-    ``binder(values, casts, X, out, general)`` returns ``f(values, casts, X, out) -> Y`` once the launch for
-    the form of the matrix's 16-bit values (:func:`half_values`, which the first call cached in ``casts``) is
-    final, else None.  Per call ``f`` takes the matrix's 16-bit values and launches.
-    """
-    M = tiling.shape[0]
-
-    def binder(values, casts, X, out, general):
-        D = X.shape[1]
-        key = half_key(xdt)
-        hv = casts.get(key)
-        if hv is None:
-            return None
-        split = hv[0]
-        aligned = aligned16(D, X, out, multiple=8)  # out None: a new result, as the general path's was
-        launch = tiling.peek(half_launch_key(xdt, split, dtype, D, aligned))
-        if not isinstance(launch, VecSpmmLaunch):
-            return None
-        run = launch.bind(tiling, np.float32, M, D, n_extra=1)  # float32 partial tiles; the values' unscale per call
-        fixup = launch.fixup.bind(launch.partial(np.float32, D), M, D, 8) if launch.fixup else None
-        return cast_closure(run, fixup, (M, D), dtype, key, lambda v, c: half_values(v, xdt, c), split, general)
-
-    return binder

@@ -9,9 +9,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._device import get_cupy
-from ._tuning import overrides_key
-from ._plans import vec_dense_values
+from .._device import get_cupy
+from .._tuning import overrides_key
+from ._values import vec_dense_values
 
 __all__ = [
     "CoreSpmmLaunch",
@@ -25,6 +25,7 @@ __all__ = [
     "launch_key",
     "overlaps",
     "planned",
+    "result_and_operand",
     "run_half",
     "run_spmm",
     "stream_scratch",
@@ -45,19 +46,28 @@ class Fixup(NamedTuple):
     splits: object  # int4 rows (window, first slot, number of slots, 0)
     n_slots: int
 
+    @classmethod
+    def of(cls, kernel, plan, H, D):
+        """The fixup of a work ``plan``'s split windows (``H`` rows per tile, ``D`` features): one CTA row per
+        split window, its threads over the window's ``H x D`` outputs."""
+        from ..kernels.products import FIXUP_THREADS
+
+        grid = (plan["splits"].shape[0], min(-(-(H * D) // FIXUP_THREADS), 1024))
+        return cls(kernel, grid, plan["splits"], plan["n_slots"])
+
     def _args(self, partial, Y, M, D, H):
         """The kernel's arguments (one place for their order; ``Y`` None where a bound launch writes it)."""
         return (self.splits, partial, Y, np.int32(M), np.int32(D), np.int32(H))
 
     def run(self, partial, Y, M, D, H):
-        from .kernels.products import FIXUP_THREADS
+        from ..kernels.products import FIXUP_THREADS
 
         self.kernel(self.grid, (FIXUP_THREADS,), self._args(partial, Y, M, D, H))
 
     def bind(self, partial, M, D, H):
         """``f(Y)``: this launch with the split rows, partial tiles and sizes fixed (bound plans)."""
-        from .kernels.driver import BoundLaunch
-        from .kernels.products import FIXUP_THREADS
+        from ..kernels.driver import BoundLaunch
+        from ..kernels.products import FIXUP_THREADS
 
         return BoundLaunch(self.kernel.kernel.ptr, self.grid, (FIXUP_THREADS,), self._args(partial, None, M, D, H),
                            (2,), get_cupy().cuda.get_current_stream().ptr)
@@ -79,7 +89,7 @@ def bound_launch(kernel, grid, block, smem, head, tail, partial, n_extra=0):
     addresses (``n_extra`` device arrays after the tail) and launches on the stream current now (plans are
     kept per stream).
     """
-    from .kernels.driver import BoundLaunch
+    from ..kernels.driver import BoundLaunch
 
     n = len(head)
     args = head + (None, None, None, partial) + tail + (None,) * n_extra
@@ -238,6 +248,15 @@ def planned(tiling, key, plan):
         tiling.put(aside, launch)
         return launch.launch
     return tiling.cached(key, lambda: launch)
+
+
+def result_and_operand(cp, tiling, X, dtype, out):
+    """``(Y, X)``: the result (``out``, or a new array) and X C-contiguous; ``X`` None when there is nothing to do."""
+    M, D = tiling.shape[0], X.shape[1]
+    Y = cp.empty((M, D), dtype=dtype) if out is None else out
+    if M == 0 or D == 0:
+        return Y, None
+    return Y, X if X.flags.c_contiguous else cp.ascontiguousarray(X)
 
 
 def run_spmm(cp, launch, tiling, values, X, Y, dtype):

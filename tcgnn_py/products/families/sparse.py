@@ -1,4 +1,4 @@
-"""Layer 2: SpMM on the N:M layouts through sparse tensor cores (``mma.sp``, issue 19).
+"""Layer 2: the ``"sparse"`` family: SpMM on the N:M layouts through sparse tensor cores (``mma.sp``).
 
 The ``"2:4"`` and ``"1:2"`` layouts (:data:`tcgnn_py.LAYOUTS`) group each
 16-row window's column slots so that every row holds at most N entries in each
@@ -28,12 +28,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import _reference as ref
-from ._device import get_cupy, publish
-from ._tuning import options, overrides_key
-from ._plans import VEC_UNITS_PER_WINDOW_MAX, aligned16, spmm_plan, values_as
-from ._launches import Fixup, bound_launch, cast_closure, stream_scratch
-from ._half import half_values, result_and_operand
+from ... import _reference as ref
+from ..._device import get_cupy, publish
+from ..._tuning import options, overrides_key
+from .._launch import Fixup, bound_launch, cast_closure, result_and_operand, stream_scratch
+from .._plans import VEC_UNITS_PER_WINDOW_MAX, aligned16, spmm_plan
+from .._values import half_values, values_as
 
 __all__ = ["bind_sp", "pack_structure", "pack_values", "sp_launch_key", "sp_meta", "sp_values", "spmm_sp"]
 
@@ -179,8 +179,8 @@ class SpLaunch(NamedTuple):
 
 
 def _sp_launch(tiling, xname, split, yname, D, aligned):
-    from .kernels import products as kp
-    from .kernels.registry import get_kernel
+    from ...kernels import products as kp
+    from ...kernels.registry import get_kernel
 
     cfg = kp.sp_spmm_config(xname, split, yname, aligned)
     n_slices = -(-D // (8 * cfg.NT))
@@ -189,8 +189,7 @@ def _sp_launch(tiling, xname, split, yname, D, aligned):
     n_work = units.shape[0] * n_slices
     fixup = None
     if plan["n_slots"]:  # split windows: their parts' partial rows summed by the fixup launch
-        grid = (plan["splits"].shape[0], min(-(-(16 * D) // kp.FIXUP_THREADS), 1024))
-        fixup = Fixup(get_kernel("sparse", kp.fixup_name("float32", yname)), grid, plan["splits"], plan["n_slots"])
+        fixup = Fixup.of(get_kernel("sparse", kp.fixup_name("float32", yname)), plan, 16, D)
     return SpLaunch(get_kernel("sparse", cfg.name), (-(-n_work // 4),), units, plan["unit_k0"], n_slices, n_work,
                     plan["n_slots"], fixup, {})
 

@@ -8,11 +8,11 @@ the ``"attention"`` kernels' arguments are written (:mod:`tcgnn_py.kernels.atten
 
 import numpy as np
 
-from . import _reference as ref
-from ._device import get_cupy
-from .kernels import attention as ka
-from .kernels.attention import attention_unit
-from .kernels.registry import get_kernel
+from ... import _reference as ref
+from ..._device import get_cupy
+from ...kernels import attention as ka
+from ...kernels.attention import attention_unit
+from ...kernels.registry import get_kernel
 
 __all__ = ["csr_structure", "transpose_structure", "work_units", "csr_weights", "fused", "fused_backward", "reach",
            "WEIGHTS_KEEP"]

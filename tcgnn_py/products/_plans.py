@@ -1,4 +1,4 @@
-"""Layer 2: work plans and tiling-derived data of the product launches (units, masks, histograms, dense values).
+"""Layer 2: work plans and tiling-derived data of the product launches (units, masks, histograms).
 
 Each is computed once per tiling and cached on it (:meth:`Tiling.cached`); small tilings are planned on the
 host with NumPy and uploaded, larger ones with CuPy where they live.
@@ -7,15 +7,14 @@ host with NumPy and uploaded, larger ones with CuPy where they live.
 
 import numpy as np
 
-from . import _reference as ref
-from ._device import get_cupy, publish, to_host
+from .. import _reference as ref
+from .._device import get_cupy, to_host
 
 
 __all__ = [
     "HOST_PLAN_MAX",
+    "SDDMM_BLOCKS_PER_WARP",
     "UNITS_PER_WINDOW_MAX",
-    "VEC_DENSE_BYTES_MAX",
-    "VEC_DENSE_KEEP",
     "VEC_UNITS_PER_WINDOW_MAX",
     "aligned16",
     "block_mask",
@@ -24,9 +23,7 @@ __all__ = [
     "sorted_units",
     "spmm_plan",
     "tile_mask",
-    "values_as",
     "vec_coop_units",
-    "vec_dense_values",
     "vec_hist",
     "vec_meta",
     "vec_plan",
@@ -35,6 +32,8 @@ __all__ = [
 
 # Work decomposition of the SpMM kernels (see the kernels.products package).
 UNITS_PER_WINDOW_MAX = 64  # a hub window is split over at most this many CTAs
+#: Blocks each warp of the 16x8 and CUDA-core SDDMM takes.
+SDDMM_BLOCKS_PER_WARP = 4
 
 
 #: A window of the vector layout is cut into at most this many units (their partial tiles are summed in order).
@@ -43,40 +42,6 @@ VEC_UNITS_PER_WINDOW_MAX = 1024
 
 def vec_plan(tiling, bpu):
     return spmm_plan(tiling, bpu, VEC_UNITS_PER_WINDOW_MAX)
-
-
-#: The dense values of a vector tiling (32 floats per block) are a candidate while they take at most this much.
-VEC_DENSE_BYTES_MAX = 1 << 30
-#: Dense values kept per tiling, for the latest distinct value arrays (matrices sharing the tiling).
-VEC_DENSE_KEEP = 4
-
-
-def vec_dense_values(tiling, values):
-    """``(n_blocks * 32,)`` float32: ``values`` at ``32 * block + tile position``, zeros elsewhere.
-
-    Built on first use for a values array and kept on the tiling for the last
-    :data:`VEC_DENSE_KEEP` arrays, each held with its values (so that the memory
-    of an array in use is never another's; values are read-only by contract).
-    """
-    lru = tiling.peek("vec_dense")
-    if lru is None:
-        lru = tiling.put("vec_dense", {})
-    hit = lru.get(id(values))
-    if hit is not None and hit[0] is values:
-        return hit[1]
-    xp = tiling.xp
-    dense = xp.zeros(tiling.n_blocks * 32, np.float32)
-    eb = lru.get("entry_blocks")
-    if eb is None:
-        eb = ref.entry_blocks(tiling.block_ptr, tiling.nnz).astype(np.int64)
-    dense[eb * 32 + tiling.tile_pos.astype(np.int64)] = values
-    if xp.cuda.get_current_stream().is_capturing():
-        return dense  # the graph holds the scatter; its arrays must not outlive it in a cache
-    lru["entry_blocks"] = eb
-    if len(lru) > VEC_DENSE_KEEP:  # the oldest array's (entry_blocks stays first)
-        del lru[next(k for k in lru if k != "entry_blocks")]
-    lru[id(values)] = (values, dense)
-    return dense
 
 
 def vec_coop_units(tiling):
@@ -144,18 +109,6 @@ def aligned16(D, *arrays, multiple=4):
     8 for the 16-bit and N:M kernels, whose vectors are 8 columns) and every array's base 16-byte aligned
     (None stands for a result the memory pool will give, 256-byte aligned).  The one statement of the rule."""
     return D % multiple == 0 and all(a is None or a.data.ptr % 16 == 0 for a in arrays)
-
-
-def values_as(values, dtype, cache):
-    if values.dtype == dtype:
-        return values
-    key = ("values", dtype.str)
-    if key not in cache:
-        cast = values.astype(dtype)
-        if not isinstance(cast, np.ndarray):
-            publish()  # complete before another stream uses it
-        cache[key] = cast
-    return cache[key]
 
 
 #: Tilings of at most this many stored entries build their launch plans on the host, with NumPy, and upload them:

@@ -1,4 +1,5 @@
-"""Layer 2 (the engine's top): one :class:`Plan` per operand signature, and the raw-buffer products that run them.
+"""Layer 2, the engine's front door: one :class:`Plan` per operand signature, the raw-buffer products that run
+them, and the table of which family runs which product.
 
 ``spmm_raw`` and ``sddmm_raw`` are the private raw-buffer entry points: the public
 :func:`tcgnn_py.spmm` / :func:`tcgnn_py.sddmm` and ``TiledMatrix.__matmul__`` check shapes with
@@ -17,18 +18,24 @@ import sys
 
 import numpy as np
 
-from . import _reference as ref
-from ._tuning import overrides_key
-from ._launches import overlaps
-from ._half import DEVICE_VALUES, bind_half, half_values, spmm_half
-from ._ops import (F32, HALF_MODES, MISMATCH, PRECISIONS, as_operand, bind_f32, bind_sddmm, check_out, compute_dtype,
-                   resolve_precision, result_dtype, sddmm_gpu, spmm_f32)
-from ._sparse_tc import bind_sp, spmm_sp
-from ._vec_choice import timed_choices
+from .. import _reference as ref
+from .._device import get_cupy
+from .._tuning import overrides_key
+from ._autotune import timed_choices
+from ._launch import TF32SpmmLaunch, VecSpmmLaunch, launch_key, overlaps, planned, run_spmm
+from ._modes import (F32, MISMATCH, PRECISIONS, TC_TILES, VEC_TILE, Mode, as_operand, check_out, compute_dtype,
+                     resolve_precision, result_dtype)
+from ._plans import aligned16
+from ._values import DEVICE_VALUES, half_values, values_as, vec_dense_values
+from .families import core, half, sparse, tf32, vec
 
 # The engine's front door: what TiledMatrix needs from the engine comes through this module only.
 __all__ = ["Plan", "sddmm_raw", "signature", "spmm_raw", "DEVICE_VALUES", "MISMATCH", "as_operand", "check_out",
            "result_dtype", "timed_choices"]
+
+#: Which family plans the float32 products of a mode on a tile shape (``None``: any shape).  The 16-bit modes
+#: go to ``half`` (vector layout) and the N:M layouts to ``sparse``, in :func:`spmm_plan`.
+_FAMILIES = {(Mode.tf32, (16, 8)): tf32, (Mode.tf32, VEC_TILE): vec, (Mode.exact, None): core}
 
 
 def signature(values, X, out=None, precision=None, op=None):
@@ -111,10 +118,10 @@ def spmm_raw(tiling, values, X, dtype, precision=None, out=None, casts=None):
 def spmm_plan(tiling, values, X, dtype, precision, out):
     """The :class:`Plan` of ``A @ X`` for operands of this signature (device arrays)."""
     mode = resolve_precision(precision, dtype, tiling.tile_shape, X.dtype, tiling.layout.pattern)
-    sp = tiling.layout.pattern is not None and mode != "exact"  # sparse tensor cores (N:M layouts)
+    sp = tiling.layout.pattern is not None and mode is not Mode.exact  # sparse tensor cores (N:M layouts)
     # The kernels write ``kdt``: the result's dtype, or float32 rounded once into it afterwards (a 16-bit
     # result the kernel does not write, or one computed on widened X).
-    if mode in HALF_MODES:
+    if mode.half:
         kdt = dtype if dtype in (F32, X.dtype) else F32
     else:
         kdt = compute_dtype(dtype)
@@ -123,10 +130,10 @@ def spmm_plan(tiling, values, X, dtype, precision, out):
         # An out the kernel can write directly, unless it overlaps X (read while writing): then a temporary.
         direct = out if out is not None and kdt == dtype and not overlaps(out, X) else None
         if sp:  # 16-bit X on "2:4", TF32 on "1:2"
-            Xs = X if mode in HALF_MODES else X.astype(F32, copy=False)
-            Y = spmm_sp(tiling, values, Xs, kdt, direct, casts)
-        elif mode in HALF_MODES:
-            Y = spmm_half(tiling, half_values(values, X.dtype, casts), X, kdt, direct)
+            Xs = X if mode.half else X.astype(F32, copy=False)
+            Y = sparse.spmm_sp(tiling, values, Xs, kdt, direct, casts)
+        elif mode.half:
+            Y = half.spmm_half(tiling, half_values(values, X.dtype, casts), X, kdt, direct)
         else:
             Y = spmm_f32(tiling, values, X, kdt, mode, direct, casts)
         if out is None:
@@ -140,11 +147,11 @@ def spmm_plan(tiling, values, X, dtype, precision, out):
     bindable = (kdt == dtype and M and D and X.ndim == 2 and X.flags.c_contiguous
                 and (out is None or out.ndim == 2 and out.flags.c_contiguous))
     binder = None
-    if bindable and sp and (mode in HALF_MODES or X.dtype == F32):
-        binder = bind_sp(tiling, X.dtype, dtype)
-    elif bindable and not sp and mode in HALF_MODES:
-        binder = bind_half(tiling, X.dtype, dtype)
-    elif bindable and not sp and mode == "tf32" and X.dtype == F32 and values.dtype == F32:
+    if bindable and sp and (mode.half or X.dtype == F32):
+        binder = sparse.bind_sp(tiling, X.dtype, dtype)
+    elif bindable and not sp and mode.half:
+        binder = half.bind_half(tiling, X.dtype, dtype)
+    elif bindable and not sp and mode is Mode.tf32 and X.dtype == F32 and values.dtype == F32:
         binder = bind_f32(tiling)
     if binder is not None and out is not None:
         binder = _guard_overlap(binder)
@@ -167,6 +174,143 @@ def _guard_overlap(binder):
 
     return bind
 
+
+# --- the float32 products on TF32 tensor cores and CUDA cores -----------------
+
+
+def spmm_f32(tiling, values, X, dtype, mode, out, casts):
+    """``A @ X`` into ``out`` (or a new array) of ``dtype``: TF32 tensor cores (``Mode.tf32``) or CUDA cores.
+
+    The launch is the family's for the mode and tile shape (:data:`_FAMILIES`), planned once per width and
+    alignment and kept on the tiling.
+    """
+    cp = get_cupy()
+    M = tiling.shape[0]
+    D = X.shape[1]
+    Y = cp.empty((M, D), dtype=dtype) if out is None else out
+    if M == 0 or D == 0:
+        return Y
+    if X.dtype != dtype or not X.flags.c_contiguous:
+        X = cp.ascontiguousarray(X, dtype=dtype)
+    values = values_as(values, dtype, casts)
+    vec = mode is Mode.tf32 and aligned16(D, X, Y)
+    key = launch_key(mode, dtype, D, vec)
+    launch = tiling.peek(key)  # planned once: no closure per call
+    if launch is None:
+        family = _FAMILIES[mode, tiling.tile_shape if mode is Mode.tf32 else None]
+        launch = planned(tiling, key, lambda: family.spmm_launch(tiling, dtype, D, vec, (values, X, Y)))
+    run_spmm(cp, launch, tiling, values, X, Y, dtype)
+    return Y
+
+
+def bind_f32(tiling):
+    """The binder of a float32 product on TF32 tensor cores (float32 X and values, result written directly).
+
+    ``binder(values, casts, X, out, general)`` returns ``f(values, casts, X, out) -> Y`` with the
+    tiling's final launch for X's width and alignment bound (one launch, or two with a fixup), or
+    None while the launch is not final.
+    """
+    M = tiling.shape[0]
+
+    def binder(values, casts, X, out, general):
+        D = X.shape[1]
+        vec = aligned16(D, X, out)  # out None: a new result, as the general path's was
+        launch = tiling.peek(launch_key(Mode.tf32, F32, D, vec))
+        if not isinstance(launch, (TF32SpmmLaunch, VecSpmmLaunch)):
+            return None
+        run = launch.bind(tiling, F32, M, D)
+        if isinstance(launch, VecSpmmLaunch) and launch.dense:
+            bound = run
+
+            def run(values, X, Y):
+                bound(vec_dense_values(tiling, values), X, Y)
+
+        shape, ndarray = (M, D), get_cupy().ndarray
+        if launch.fixup is None:
+            def f(values, casts, X, out):
+                Y = ndarray(shape, F32) if out is None else out  # cupy.empty without its wrapper
+                run(values, X, Y)
+                return Y
+
+            return f
+        fixup = launch.fixup.bind(launch.partial(F32, D), M, D, tiling.layout.window)
+
+        def f2(values, casts, X, out):
+            Y = ndarray(shape, F32) if out is None else out
+            run(values, X, Y)
+            fixup(Y)
+            return Y
+
+        return f2
+
+    return binder
+
+
+def sddmm_gpu(tiling, values, Xa, Xb, dtype, multiply_values=False, precision=None, casts=None, out=None):
+    """SDDMM values in tiled order on the GPU (see :func:`sddmm_raw`)."""
+    dtype = np.dtype(dtype)
+    cdt = compute_dtype(dtype)
+    operand = Xa.dtype if Xa.dtype == Xb.dtype else None
+    mode = resolve_precision(precision, dtype, tiling.tile_shape, operand, tiling.layout.pattern)
+    if mode.half:
+        # 16-bit inputs widen exactly to TF32: the same products, accumulated in float32 (CUDA cores on 2:4 tiles).
+        mode = Mode.tf32 if tiling.tile_shape in TC_TILES else Mode.exact
+    if cdt != dtype:
+        e = sddmm_gpu(tiling, values, Xa, Xb, cdt, multiply_values, "tf32" if mode is Mode.tf32 else "fp32", casts)
+        if out is None:
+            return e.astype(dtype)
+        out[...] = e
+        return out
+    cp = get_cupy()
+    nnz = tiling.nnz
+    if out is None:
+        out = cp.empty(nnz, dtype=dtype)
+    D = Xa.shape[1]
+    if nnz == 0:
+        return out
+    if D == 0:
+        out.fill(0)
+        return out
+    Xa = cp.ascontiguousarray(Xa, dtype=dtype)
+    Xb = cp.ascontiguousarray(Xb, dtype=dtype)
+    values = values_as(values, dtype, {} if casts is None else casts)
+    kernel, grid, block, smem, head, tail = sddmm_launch(tiling, mode, dtype, D, aligned16(D, Xa, Xb),
+                                                         multiply_values)
+    kernel(grid, block, head + (values, Xa, Xb, out) + tail, shared_mem=smem)
+    return out
+
+
+def sddmm_launch(tiling, mode, dtype, D, aligned, multiply_values):
+    """``(kernel, grid, block, smem, head, tail)`` of the SDDMM of ``mode`` on this tile shape: the family's."""
+    if mode is not Mode.tf32:
+        return core.sddmm_launch(tiling, dtype, D, multiply_values)
+    family = _FAMILIES[mode, tiling.tile_shape]
+    return family.sddmm_launch(tiling, D, aligned, multiply_values)
+
+
+def bind_sddmm(tiling, multiply_values):
+    """The binder of a float32 SDDMM on TF32 tensor cores: ``binder(values, casts, Xa, Xb, out, general)``
+    returns ``f(values, casts, Xa, Xb, out) -> e`` (``out`` None) with the launch bound."""
+    from ..kernels.driver import BoundLaunch
+
+    def binder(values, casts, Xa, Xb, out, general):
+        cp = get_cupy()
+        D = Xa.shape[1]
+        kernel, grid, block, smem, head, tail = sddmm_launch(tiling, Mode.tf32, F32, D, aligned16(D, Xa, Xb),
+                                                             multiply_values)
+        n, nnz = len(head), tiling.nnz
+        run = BoundLaunch(kernel.kernel.ptr, grid, block, head + (None,) * 4 + tail, range(n, n + 4),
+                          cp.cuda.get_current_stream().ptr, smem)
+        empty = cp.empty
+
+        def f(values, casts, Xa, Xb, out):
+            e = empty(nnz, F32)
+            run(values, Xa, Xb, e)
+            return e
+
+        return f
+
+    return binder
 
 # --- SDDMM -----------------------------------------------------------------
 
@@ -203,5 +347,5 @@ def sddmm_plan(tiling, values, Xa, Xb, dtype, multiply_values, precision, out):
 
     bindable = (out is None and values.dtype == F32 and dtype == F32 and tiling.nnz and Xa.shape[1]
                 and all(x.ndim == 2 and x.dtype == F32 and x.flags.c_contiguous for x in (Xa, Xb))
-                and resolve_precision(precision, F32, tiling.tile_shape, F32) == "tf32")
+                and resolve_precision(precision, F32, tiling.tile_shape, F32) is Mode.tf32)
     return Plan(general, bind_sddmm(tiling, multiply_values) if bindable else None)

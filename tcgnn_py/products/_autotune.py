@@ -1,0 +1,93 @@
+"""Layer 2: the timed choice among a family's bit-identical launches: it knows no family.
+
+A family hands :func:`choose` its candidate configurations (the statistics' default first), how to
+build each one's launch, how to call a launch on the operands being planned, and which kernels each
+needs; the autotuner compiles what is missing in the background, times the rest, and keeps the
+default unless another is clearly faster (:func:`pick_fastest`).  Every candidate gives the same
+bits, so the choice changes speed only.
+"""
+
+import dataclasses
+
+from .._device import get_cupy
+from .._tuning import overrides_key
+from ._launch import Provisional
+
+__all__ = ["TIMED_MARGIN", "TIMED_MAX_WORK", "TIMED_ROUNDS", "choose", "pick_fastest", "timed_choices"]
+
+#: The timed choice replaces the default launch only with one at least this much faster: timing noise
+#: must not flip a product between launches from one process to the next.
+TIMED_MARGIN = 0.03
+#: Timed calls of each candidate (after a warm-up round); the least counts.
+TIMED_ROUNDS = 3
+#: Products of more blocks x features than this keep the statistics' launch untimed: calls of ~0.3 ms and more,
+#: where timing 16 candidates costs ~100 ms and picked the statistics' launch on the 1M-node graphs anyway.
+TIMED_MAX_WORK = 10**8
+
+
+def pick_fastest(ms, margin=TIMED_MARGIN):
+    """Index of the fastest of ``ms``, or 0 (the default) unless that one is ``margin`` faster.
+
+    >>> pick_fastest([10.0, 9.8, 12.0]), pick_fastest([10.0, 9.0, 12.0])
+    (0, 1)
+    """
+    best = min(range(len(ms)), key=ms.__getitem__)
+    return best if ms[best] < (1.0 - margin) * ms[0] else 0
+
+
+def choose(tiling, key, candidates, launch_of, call_of, kernels_of, work):
+    """The launch of the fastest of ``candidates`` (configurations, the default first), or a :class:`Provisional`.
+
+    ``launch_of(config, scratch)`` builds a candidate's launch (``scratch``: one store the candidates share,
+    as they keep one partition); ``call_of(launch)`` is a call of it on the operands of the product being
+    planned (it writes that product's result, which the planned call writes again); ``kernels_of(config)``
+    names the ``(family, name)`` kernels a config needs, compiling nothing; ``work`` is the product's blocks x
+    features.  GPU time only (queued behind a spin kernel), one warm-up and :data:`TIMED_ROUNDS` calls each.
+    Under CUDA-graph capture nothing can be timed, and products above :data:`TIMED_MAX_WORK` are not: the
+    default is kept.  A first product does not wait for a family's worth of compiles: candidates whose
+    kernels are not compiled yet compile in the background and are left out, and the launch stays
+    provisional until they are done.  The times are kept on the tiling under ``key + (tuning in effect,)``, where
+    ``key`` is ``("timed", operands, D, aligned)`` (``operands``: X's type, or a tuple that starts with it).
+    """
+    from ..kernels.registry import background_compiles, compile_in_background, is_compiled
+    from ..kernels.timing import time_round_robin
+
+    if len(candidates) == 1 or work > TIMED_MAX_WORK or get_cupy().cuda.get_current_stream().is_capturing():
+        return launch_of(candidates[0], None)
+    needs = [kernels_of(c) for c in candidates]
+    missing = {k for ks in needs[1:] for k in ks if not is_compiled(*k)} - set(needs[0])
+    futures = []
+    if missing and background_compiles():
+        for family in sorted({f for f, _ in missing}):
+            futures += compile_in_background(family, sorted(n for f, n in missing if f == family))
+        candidates = [c for i, c in enumerate(candidates) if i == 0 or not missing.intersection(needs[i])]
+    scratch = {}  # one set of partial tiles for all candidates (same partition), not one each
+    launches = [launch_of(c, scratch) for c in candidates]
+    if len(launches) > 1:
+        ms = time_round_robin([call_of(launch) for launch in launches], TIMED_ROUNDS)
+        tiling.put(key + (overrides_key(),), dict(zip(candidates, ms)))
+        best = launches[pick_fastest(ms)]
+    else:
+        best = launches[0]
+    return Provisional(best, futures) if futures else best
+
+
+def timed_choices(tiling):
+    """What the timed choices on ``tiling`` measured: one dict per product signature timed (oldest first).
+
+    Each has ``"x_dtype"``, ``"D"``, ``"aligned"``, ``"tuning"`` (the overrides in effect), ``"ms"``
+    (each candidate's configuration as a dict -> milliseconds, the default first) and ``"kept"``
+    (the index of the launch kept, :func:`pick_fastest`).
+    """
+    out = []
+    for key, ms in tiling.cached_items("timed"):
+        _, operands, D, aligned, tuned = key
+        x_dtype = operands if isinstance(operands, str) else operands[0]  # (X, split values, Y) of 16-bit X
+        times = list(ms.values())
+        out.append({"x_dtype": x_dtype, "D": D, "aligned": aligned, "tuning": dict(tuned),
+                    "ms": [(_as_dict(c), t) for c, t in ms.items()], "kept": pick_fastest(times)})
+    return out
+
+
+def _as_dict(config):
+    return config._asdict() if hasattr(config, "_asdict") else dataclasses.asdict(config)

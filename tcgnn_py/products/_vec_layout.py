@@ -1,0 +1,195 @@
+"""Layer 2: the vector layout's partition, shared by its float32 and 16-bit families: the statistics' default
+launch (:func:`vec_choice`), the unit size, the one-CTA-per-window choice, and the launch record of a choice.
+
+A choice's partition (blocks per unit) fixes the order of every sum; the families pick kernels for it.
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+
+from .._tuning import options
+from ._launch import Fixup, VecSpmmLaunch
+from ._plans import VEC_UNITS_PER_WINDOW_MAX, sm_count, sorted_units, vec_coop_units, vec_hist, vec_meta, vec_plan
+
+__all__ = ["VEC_COOP_CTAS", "VEC_RESIDENT_WARPS", "VEC_UNIT_SIZES", "VEC_WIDE_WARPS", "VecChoice", "async_rows",
+           "coop_launch", "partition_launch", "vec_choice", "vec_coop", "vec_unit_size"]
+
+
+#: 64 features per warp (instead of 32) while units x slices still give this many warps per SM: a warp then
+#: reads each block's metadata once for twice the features, which pays only while enough warps remain to hide
+#: the gathers' latency (graphs of few, long windows lose with fewer warps).
+VEC_WIDE_WARPS = 32
+#: Blocks per unit the automatic choice of the vector layout considers (4 blocks = 16 column vectors).
+#: Windows of fewer than 16 blocks are never cut: a part's partial tile, fence and counter cost more than
+#: the parallelism gained.
+VEC_UNIT_SIZES = (16, 32, 64, 128, 256)
+#: Warps of the vector SpMM resident per SM (8 CTAs of 4 warps at 64 registers).
+VEC_RESIDENT_WARPS = 32
+
+
+class VecChoice(NamedTuple):
+    """One launch of the vector SpMM: the knobs the timed choice varies and the partition it keeps."""
+
+    slices: int  # float4 groups per lane: a warp covers 32 * slices features
+    bpu: int  # blocks per unit: fixes the partition of each window, hence the order of every sum
+    cp_async: bool  # X rows through the cp.async pipeline (16-byte aligned rows), else straight to registers
+    combine: bool  # split windows summed inside the launch, else by the fixup launch
+    unroll: int = 4  # blocks per step (their loads issued together; the MMAs pair the same blocks whatever it is)
+    dense: bool = False  # values read dense, 32 per block (vec_dense_values): no metadata, one load per block
+    ks: int = 0  # 16-bit kernel: k16 chunks (4 blocks each) per step (0: 1)
+    stages: int = 0  # 16-bit kernel: steps in flight per warp (0: 2)
+    coop: bool = False  # one CTA per window x slice, its 4 parts summed in shared memory (vec_coop_units)
+    l1: bool = False  # cp.async copies of X rows through L1 (TF32)
+
+
+def async_rows(D, vec):
+    """Whether the cp.async vector SpMM can gather X's rows: 16-byte aligned, and 4 D bytes fit an int."""
+    return vec and D < 1 << 29
+
+
+def vec_choice(tiling, D, vec, half=None):
+    """The vector SpMM's launch from the tiling's statistics and the SM count (no timing).
+
+    ``options()["vec_kernel"]`` (a config of :data:`.kernels.products.VEC_SPMM_CONFIGS`) fixes the
+    float32 kernel instead; the partition (blocks per unit) is the statistics' all the same.
+    """
+    from ..kernels import products as kp
+
+    def shape(slices):
+        n_slices = -(-D // (32 * slices))
+        return n_slices, options()["vec_blocks_per_unit"] or vec_unit_size(tiling, n_slices, half is not None)
+
+    forced = options()["vec_kernel" if half is None else "half_kernel"]
+    if forced is not None and half is not None:
+        if (forced.FS, forced.KS, forced.NS) not in (kp.VEC_HALF_COOP if forced.COOP else kp.VEC_HALF):
+            raise ValueError(f"half_kernel={forced!r} has no compiled shape: see kernels.products.VEC_HALF")
+        if not vec:
+            forced = None  # unaligned rows: one configuration
+    elif forced is not None and forced not in kp.VEC_SPMM_CONFIGS:
+        raise ValueError(f"vec_kernel={forced!r} is not compiled: see kernels.products.VEC_SPMM_CONFIGS")
+    if forced is not None:
+        slices = forced.FS
+    elif half is not None and not vec:
+        slices = kp.HALF_DEFAULT[0]  # unaligned rows: one configuration
+    else:
+        # Wider slices (64 features per warp) read each block's metadata half as often, but halve the warps:
+        # keep them only while the grid still holds VEC_WIDE_WARPS warps per SM.
+        slices = 1
+        if D > 32 and options()["vec_max_slices"] >= 2:
+            n2, bpu2 = shape(2)
+            if vec_plan(tiling, bpu2)["units"].shape[0] * n2 >= VEC_WIDE_WARPS * sm_count(tiling):
+                slices = 2
+    bpu = shape(slices)[1]
+    # Split windows of at most options()["vec_combine_parts_max"] parts are summed inside the SpMM launch (the
+    # last part's warp reads them all); longer ones go to the fixup launch, which spreads each sum over threads.
+    max_parts = vec_plan(tiling, bpu)["max_parts"]
+    combine = 0 < max_parts <= options()["vec_combine_parts_max"] and options()["vec_combine"]
+    cp_async = half is None and async_rows(D, vec)
+    if isinstance(forced, kp.SpmmVech):
+        return VecChoice(slices, bpu, False, forced.COMBINE and not forced.COOP, ks=forced.KS, stages=forced.NS,
+                         coop=forced.COOP)
+    if isinstance(forced, kp.SpmmVec):
+        return VecChoice(slices, bpu, False, forced.COMBINE, forced.U)
+    if forced is not None and cp_async:  # (rows cp.async cannot copy take the rule's launch)
+        if forced.COOP:
+            return VecChoice(slices, bpu, True, False, forced.U, coop=True)
+        return VecChoice(slices, bpu, True, forced.COMBINE, forced.U, forced.DV, l1=forced.L1)
+    if cp_async and vec_coop(tiling, D):
+        return VecChoice(slices, bpu, True, False, kp.VEC_UNROLL, coop=True)
+    if half is not None and vec and (slices, 1, 2) in kp.VEC_HALF_COOP and vec_coop(tiling, D, True):
+        return VecChoice(slices, bpu, False, False, ks=1, stages=2, coop=True)
+    return VecChoice(slices, bpu, cp_async, combine, kp.VEC_UNROLL)
+
+
+def partition_launch(tiling, D, choice, kernel, smem, nw, fix_kernel, scratch=None):
+    """The launch of ``choice``'s usual units (not COOP) with ``kernel`` on ``nw`` warps per CTA and ``smem`` bytes:
+    split windows summed in it (``choice.combine``), or by ``fix_kernel``'s fixup launch.  ``scratch``: the
+    per-stream store, shared by launches of one partition (the timed choice's candidates)."""
+    n_slices = -(-D // (32 * choice.slices))
+    plan = vec_plan(tiling, choice.bpu)
+    units, unit_k0 = plan["units"], plan["unit_k0"]
+    if options()["vec_sort_units"]:
+        units, unit_k0 = tiling.cached(("vec_sorted", choice.bpu), lambda: sorted_units(tiling, choice.bpu))
+    n_work = units.shape[0] * n_slices
+    launch = VecSpmmLaunch(kernel, (-(-n_work // nw),), (32 * nw,), smem, units, unit_k0, vec_meta(tiling),
+                           n_slices, n_work, plan["n_slots"] * n_slices if choice.combine else 0,
+                           {} if scratch is None else scratch,
+                           n_slots=plan["n_slots"],
+                           sizes=tuple(np.int32(v) for v in (tiling.shape[0], D, n_slices, n_work)),
+                           dense=bool(choice.dense and choice.cp_async))
+    if plan["n_slots"] and not choice.combine:
+        launch = launch._replace(fixup=Fixup.of(fix_kernel(), plan, 8, D))
+    return launch
+
+
+def coop_launch(tiling, D, choice, kernel, smem):
+    """The one-CTA-per-window launch of ``choice`` with ``kernel`` (4 warps, ``smem`` bytes; no partial tiles,
+    counters or fixup)."""
+    n_slices = -(-D // (32 * choice.slices))
+    units = vec_coop_units(tiling)
+    n_windows = units.shape[0] // 4
+    return VecSpmmLaunch(kernel, (n_windows * n_slices,), (128,), smem,
+                         units, units, vec_meta(tiling), n_slices, units.shape[0] * n_slices, 0, {},  # unit_k0: unread
+                         sizes=tuple(np.int32(v) for v in (tiling.shape[0], D, n_slices, units.shape[0] * n_slices)))
+
+
+#: The automatic choice of the one-CTA-per-window launch (:func:`vec_coop`): at most this many CTAs of a window
+#: x 32 features per SM (and a warp's quarter of the longest window at most options()["vec_coop_chain"] usual units).
+VEC_COOP_CTAS = 16
+
+
+def vec_coop(tiling, D, half=False):
+    """Whether the vector SpMM (float32 or 16-bit X) takes one CTA per window x slice (:func:`vec_coop_units`).
+
+    ``options()["vec_coop"]`` True / False, or None: by the grid, where it pays: at most
+    :data:`VEC_COOP_CTAS` CTAs per SM (a small grid, whose time is a warp's chain of steps), a window the
+    usual units split (its parts summed through global partial tiles: a fence, a counter and a second read),
+    and none so long that a warp's quarter of it exceeds ``options()["vec_coop_chain"]`` usual units (a CTA's
+    4 warps take a long window alone).  Grids of short unsplit windows gain nothing from it, and long
+    windows lose, so neither takes it.
+    """
+    mode = options()["vec_coop"]
+    if mode is not None:
+        return bool(mode)
+    n_slices = -(-D // 32)
+    if tiling.n_windows * n_slices > VEC_COOP_CTAS * sm_count(tiling):
+        return False
+    longest = int(vec_hist(tiling).max(initial=0))
+    bpu = options()["vec_blocks_per_unit"] or vec_unit_size(tiling, n_slices, half)
+    return bpu < longest <= 4 * options()["vec_coop_chain"] * bpu
+
+
+def vec_unit_size(tiling, n_slices, half=False):
+    """Blocks per unit of the vector SpMM, from the tiling's blocks-per-window histogram.
+
+    The largest size in :data:`VEC_UNIT_SIZES` whose units x slices still give
+    ``options()["vec_target_warps"]`` warps per SM: long windows are cut into balanced parts only as far
+    as the GPU needs parallelism (each cut costs a partial tile written and read
+    again), and no further than keeps the longest unit within
+    ``options()["vec_tail_factor"]`` times the blocks each resident warp gets on
+    average: on small grids that longest unit is the kernel's critical path.
+    Nor beyond ``max(that mean, options()["vec_tail_floor"])`` blocks: on large grids
+    units twice a resident warp's share leave SMs idle while the last of them run.
+    ``half``: the 16-bit kernel's units, capped by ``options()["half_tail_floor"]``
+    instead: it moves half the bytes a block, so its grids run short of warps sooner.
+    No separate rule for hub windows: the caps bound their units, and a rule of its
+    own cut them too finely.
+    """
+    nb, sms = vec_hist(tiling), sm_count(tiling)
+    target = options()["vec_target_warps"] * sms
+    longest = int(nb.max(initial=0))
+    floor = -(-longest // VEC_UNITS_PER_WINDOW_MAX)
+    factor = options()["vec_tail_factor"]
+    # The grid's critical path is its longest unit: keep it within `factor` x the mean work of a resident warp.
+    per_warp = int(nb.sum()) * n_slices / (VEC_RESIDENT_WARPS * sms)
+    cap = np.inf if factor is None else factor * per_warp
+    tail_floor = options()["half_tail_floor" if half else "vec_tail_floor"]
+    if tail_floor:
+        cap = min(cap, max(per_warp, tail_floor))
+    best = VEC_UNIT_SIZES[0]
+    for size in VEC_UNIT_SIZES:
+        units = int(np.maximum(-(-nb // size), 1).sum())
+        if units * n_slices >= target and min(size, longest) <= max(cap, VEC_UNIT_SIZES[0]):
+            best = size
+    return max(best, floor)

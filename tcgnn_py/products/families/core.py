@@ -1,0 +1,47 @@
+"""Layer 2: the ``"core"`` family: SpMM and SDDMM on CUDA cores, any tile shape, in the data's own precision.
+
+The exact path: float64 products, ``precision="fp32"``, and tile shapes without tensor-core kernels.
+"""
+
+import numpy as np
+
+from ..._tuning import options
+from .._launch import CoreSpmmLaunch, Fixup
+from .._plans import SDDMM_BLOCKS_PER_WARP, spmm_plan
+
+__all__ = ["sddmm_launch", "spmm_launch"]
+
+
+def spmm_launch(tiling, dtype, D, vec=False, operands=None):
+    """The CUDA-core SpMM's launch for ``D`` features of ``dtype``; split windows summed by the fixup launch.
+    ``vec`` and ``operands`` are unused (any alignment; nothing is timed)."""
+    from ...kernels import products as kp
+    from ...kernels.registry import get_kernel
+
+    H = tiling.tile_shape[0]
+    nwarps = options()["core_nwarps"]
+    plan = spmm_plan(tiling, nwarps * (options()["blocks_per_warp"] or 16))
+    launch = CoreSpmmLaunch(
+        get_kernel("core", kp.spmm_core_name(dtype.name, H, tiling.tile_pos.dtype.name)),
+        (plan["units"].shape[0], -(-D // 32)), (32 * nwarps,), kp.core_spmm_smem(nwarps, H, dtype.itemsize),
+        plan["units"],
+    )
+    if plan["n_slots"]:
+        fixup = Fixup.of(get_kernel("core", kp.fixup_name(dtype.name)), plan, tiling.layout.window, D)
+        launch = launch._replace(fixup=fixup, n_slots=plan["n_slots"])
+    return launch
+
+
+def sddmm_launch(tiling, dtype, D, multiply_values):
+    """``(kernel, grid, block, smem, head, tail)`` of the CUDA-core SDDMM (any tile shape): its arguments are
+    ``head + (values, Xa, Xb, out) + tail`` (the one place their order is written)."""
+    from ...kernels import products as kp
+    from ...kernels.registry import get_kernel
+
+    H, W = tiling.tile_shape
+    bpw, warps, n_blocks = SDDMM_BLOCKS_PER_WARP, kp.SDDMM_WARPS, tiling.n_blocks
+    head = (tiling.win_ptr, np.int32(tiling.n_windows), tiling.block_ptr, tiling.block_cols, tiling.tile_pos)
+    tail = (np.int32(n_blocks), np.int32(D), np.int32(H), np.int32(W), np.int32(W.bit_length() - 1),
+            np.int32(multiply_values), np.int32(bpw))
+    return (get_kernel("core", kp.sddmm_core_name(np.dtype(dtype).name, tiling.tile_pos.dtype.name)),
+            (-(-n_blocks // (bpw * warps)),), (32 * warps,), 0, head, tail)

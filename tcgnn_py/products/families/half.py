@@ -1,0 +1,138 @@
+"""Layer 2: the ``"half"`` family: 16-bit X products on the vector layout (m16n8k16 MMAs, float32 accumulation):
+the launch, the timed choice's candidates, and the binding for repeated calls.
+
+The matrix's values go as X's type, or as (hi, lo) pairs of it (:func:`.._values.half_values`).
+"""
+
+import numpy as np
+
+from ..._device import get_cupy
+from ..._tuning import options
+from .._autotune import choose
+from .._launch import VecSpmmLaunch, cast_closure, half_launch_key, planned, result_and_operand, run_half
+from .._plans import aligned16, vec_plan
+from .._values import half_key, half_values
+from .._vec_layout import coop_launch, partition_launch, vec_choice
+
+__all__ = ["bind_half", "candidates", "launch", "spmm_half", "spmm_launch"]
+
+
+def spmm_launch(tiling, dtype, D, vec, half, operands=None):
+    """The 16-bit vector SpMM's launch: ``half`` is ``(X type, split values, Y type)``; with ``operands``
+    ``(values, X, Y, unscale)`` of the call being planned, the timed choice among :func:`candidates`."""
+    if operands is None or not options()["vec_timed_choice"]:
+        return launch(tiling, dtype, D, vec, half)
+    from ...kernels.registry import get_kernel
+
+    vals, X, Y, unscale = operands
+
+    def kernels_of(choice):
+        names = []
+        launch(tiling, dtype, D, vec, half, choice, {}, get=lambda family, name: names.append((family, name)))
+        return tuple(names)
+
+    return choose(tiling, ("timed", half, D, vec), candidates(tiling, D, vec, half),
+                  lambda c, scratch: launch(tiling, dtype, D, vec, half, c, scratch, get_kernel),
+                  lambda la: lambda: run_half(la, tiling, vals, X, Y, unscale), kernels_of, tiling.n_blocks * D)
+
+
+def launch(tiling, dtype, D, vec, half, choice=None, scratch=None, get=None):
+    """The launch of ``choice`` (default: :func:`vec_choice`) for ``half`` ``(X type, split values, Y type)``;
+    ``get(family, name)``: where kernels come from (default: compiled on first use)."""
+    from ...kernels import products as kp
+    from ...kernels.registry import get_kernel
+
+    get = get or get_kernel
+    choice = choice or vec_choice(tiling, D, vec, half)
+    if choice.coop:
+        cfg = (choice.slices, choice.ks, choice.stages)
+        return coop_launch(tiling, D, choice, get("half", kp.spmm_vech_name(*half, *cfg, coop=True)),
+                           kp.vech_smem(4, *cfg))
+    cfg = (choice.slices, choice.ks or 1, choice.stages or 2) if vec else kp.HALF_DEFAULT
+    if cfg not in kp.VEC_HALF:
+        raise ValueError(f"no 16-bit SpMM compiled for (slices, ks, stages) = {cfg}: see kernels.products.VEC_HALF")
+    nw = options()["vec_warps"]
+    while nw > 1 and kp.vech_smem(nw, *cfg) > kp.SPMM_SMEM_LIMIT:
+        nw //= 2
+    kernel = get("half", kp.spmm_vech_name(half[0], half[1], half[2], *cfg, choice.combine, vec))
+    return partition_launch(tiling, D, choice, kernel, kp.vech_smem(nw, *cfg), nw,
+                            lambda: get("half", kp.fixup_name("float32", np.dtype(dtype).name)), scratch)
+
+
+def candidates(tiling, D, vec, half):
+    """The 16-bit vector SpMM launches the timed choice compares: the default first.
+
+    As :func:`.vec.candidates`, every candidate keeps the default's partition, and
+    the 16-bit kernel's compiled shapes (:data:`.kernels.products.VEC_HALF`: 32 or
+    64 features per warp, 1 or 2 k16 chunks per step, 2 or 3 steps in flight) only
+    change which warp computes an output and how far its loads run ahead: each
+    output is the same MMAs in the same order, and split windows are summed in part
+    order by the launch or by the fixup.  Unaligned rows have one compiled shape.
+    """
+    from ...kernels import products as kp
+
+    def fits(slices):  # 64 features per warp only for D > 32, and within the cap
+        return slices == 1 or (16 * slices < D and slices <= options()["vec_max_slices"])
+
+    default = vec_choice(tiling, D, vec, half)
+    if not vec or options()["half_kernel"] is not None:
+        return [default]
+    if default.coop:  # its own partition (4 parts per window): candidates among its own shapes
+        return list(dict.fromkeys([default] + [default._replace(slices=f, ks=ks, stages=ns)
+                                               for f, ks, ns in kp.VEC_HALF_COOP if fits(f)]))
+    default = default._replace(ks=1, stages=2)
+    has_splits = vec_plan(tiling, default.bpu)["n_slots"] > 0
+    out = [default]
+    for slices, ks, stages in kp.VEC_HALF:
+        if not fits(slices):
+            continue
+        for combine in (True, False) if has_splits else (False,):
+            c = default._replace(slices=slices, ks=ks, stages=stages, combine=combine)
+            if c not in out:
+                out.append(c)
+    return out
+
+
+def spmm_half(tiling, hv, X, dtype, out):
+    """``A @ X`` for a 16-bit X on the vector layout: m16n8k16 MMAs, float32 accumulation, one rounding."""
+    cp = get_cupy()
+    split, vals, unscale = hv
+    D = X.shape[1]
+    Y, X = result_and_operand(cp, tiling, X, dtype, out)
+    if X is None:
+        return Y
+    aligned = aligned16(D, X, Y, multiple=8)
+    key = half_launch_key(X.dtype, split, dtype, D, aligned)
+    launch = tiling.peek(key)
+    if launch is None:
+        half = (X.dtype.name, split, dtype.name)
+        launch = planned(tiling, key, lambda: spmm_launch(tiling, dtype, D, aligned, half, (vals, X, Y, unscale)))
+    run_half(launch, tiling, vals, X, Y, unscale)
+    return Y
+
+
+def bind_half(tiling, xdt, dtype):
+    """The binder of a 16-bit X's product on the vector layout whose kernel writes ``dtype`` (float32 or X's type).
+
+    ``binder(values, casts, X, out, general)`` returns ``f(values, casts, X, out) -> Y`` once the launch for
+    the form of the matrix's 16-bit values (:func:`half_values`, which the first call cached in ``casts``) is
+    final, else None.  Per call ``f`` takes the matrix's 16-bit values and launches.
+    """
+    M = tiling.shape[0]
+
+    def binder(values, casts, X, out, general):
+        D = X.shape[1]
+        key = half_key(xdt)
+        hv = casts.get(key)
+        if hv is None:
+            return None
+        split = hv[0]
+        aligned = aligned16(D, X, out, multiple=8)  # out None: a new result, as the general path's was
+        launch = tiling.peek(half_launch_key(xdt, split, dtype, D, aligned))
+        if not isinstance(launch, VecSpmmLaunch):
+            return None
+        run = launch.bind(tiling, np.float32, M, D, n_extra=1)  # float32 partial tiles; the values' unscale per call
+        fixup = launch.fixup.bind(launch.partial(np.float32, D), M, D, 8) if launch.fixup else None
+        return cast_closure(run, fixup, (M, D), dtype, key, lambda v, c: half_values(v, xdt, c), split, general)
+
+    return binder

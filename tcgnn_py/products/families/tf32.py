@@ -1,0 +1,91 @@
+"""Layer 2: the ``"tf32"`` family: TC-GNN's 16x8 tiles on TF32 tensor cores, SpMM and SDDMM.
+
+The launch shape comes from the tiling's statistics (:func:`work_shape`); the kernel's config from the width
+and alignment (``options()["tf32_kernel"]`` pins one of the compiled set).
+"""
+
+import numpy as np
+
+from ..._tuning import options
+from .._launch import TF32SpmmLaunch
+from .._plans import SDDMM_BLOCKS_PER_WARP, spmm_plan, tile_mask
+
+__all__ = ["FEW_CTAS", "WHOLE_WINDOW_BLOCKS", "sddmm_launch", "spmm_launch", "work_shape"]
+
+#: Windows of at most this many blocks stay whole (one unit each, no partial tiles, no fixup).
+WHOLE_WINDOW_BLOCKS = 256
+#: Below this many CTAs (windows x slabs), whole windows get 8 warps instead of 4.
+FEW_CTAS = 2048
+
+
+def spmm_launch(tiling, dtype, D, vec, operands=None):
+    """The 16x8 TF32 SpMM's launch for ``D`` features (``vec``: 16-byte aligned rows); split windows (at most
+    ``UNITS_PER_WINDOW_MAX`` parts) summed in the launch.  ``operands`` is unused: nothing is timed."""
+    from ...kernels import products as kp
+    from ...kernels.registry import get_kernel
+
+    cfg = options()["tf32_kernel"] or kp.tf32_spmm_config(1 if D <= 32 else 2, vec)
+    if cfg not in kp.TF32_SPMM_CONFIGS:
+        raise ValueError(f"tf32_kernel={cfg!r} is not compiled: see kernels.products.TF32_SPMM_CONFIGS")
+    if isinstance(cfg, kp.SpmmTF32Async) and not vec:  # cp.async copies 16-byte aligned rows only
+        cfg = kp.tf32_spmm_config(cfg.CH, False)
+    use_async = isinstance(cfg, kp.SpmmTF32Async)
+    chunks = cfg.CH
+    n_slabs = -(-D // (32 * chunks))
+    nwarps, bpw = work_shape(tiling, n_slabs)
+    if options()["tf32_nwarps"] is not None:
+        nwarps = options()["tf32_nwarps"][chunks - 1]
+    if options()["blocks_per_warp"] is not None:
+        bpw = options()["blocks_per_warp"]
+
+    def smem_of(nw):
+        return kp.tf32_async_smem(nw, chunks, cfg.NS) if use_async else kp.tf32_spmm_smem(nw, chunks)
+
+    while nwarps > 1 and smem_of(nwarps) > kp.SPMM_SMEM_LIMIT:
+        nwarps //= 2
+    plan = spmm_plan(tiling, max(nwarps * bpw, 1))
+    # Slabs of one unit side by side (1-D grid): they share its metadata in L2.
+    launch = TF32SpmmLaunch(
+        get_kernel("tf32", cfg.name), (plan["units"].shape[0] * n_slabs, 1), (32 * nwarps,), smem_of(nwarps),
+        plan["units"], tile_mask(tiling), n_slabs,
+        sizes=tuple(np.int32(v) for v in (tiling.shape[0], D, n_slabs)),
+    )
+    if plan["n_slots"]:
+        launch = launch._replace(n_slots=plan["n_slots"], unit_k0=plan["unit_k0"], scratch={})
+    return launch
+
+
+def work_shape(tiling, n_slabs):
+    """``(warps per CTA, blocks per warp)`` of the TF32 SpMM, from the tiling's statistics.
+
+    Chosen from launch sweeps on real graphs:
+
+    * no window holds more than :data:`WHOLE_WINDOW_BLOCKS` blocks: every window
+      is one unit, so no window is split -- no partial tiles, no fixup launch.
+      With few windows (fewer than :data:`FEW_CTAS` CTAs: facebook, ppi) 8 warps
+      share a window for parallelism; with many (wing, 1M-node graphs) 4 warps
+      keep the cross-warp sum cheap.
+    * hub-heavy graphs split their long windows into units of 4 warps x 16
+      blocks per warp at one 64-feature slab, 32 at several.
+
+    Deterministic: the shape depends on the tiling and D only.
+    """
+    stats = tiling.stats()
+    mbw = stats.max_blocks_per_window
+    if mbw <= WHOLE_WINDOW_BLOCKS:
+        nwarps = 8 if stats.windows * n_slabs < FEW_CTAS else 4
+        return nwarps, max(1, -(-mbw // nwarps))
+    return 4, 16 if n_slabs == 1 else 32
+
+
+def sddmm_launch(tiling, D, aligned, multiply_values):
+    """``(kernel, grid, block, smem, head, tail)`` of the 16x8 TF32 SDDMM: its arguments are ``head + (values,
+    Xa, Xb, out) + tail`` (the one place their order is written)."""
+    from ...kernels import products as kp
+    from ...kernels.registry import get_kernel
+
+    bpw, warps, n_blocks = SDDMM_BLOCKS_PER_WARP, kp.SDDMM_WARPS, tiling.n_blocks
+    head = (tiling.win_ptr, np.int32(tiling.n_windows), tiling.block_ptr, tiling.block_cols, tiling.tile_pos)
+    tail = (np.int32(tiling.shape[0]), np.int32(n_blocks), np.int32(D), np.int32(multiply_values), np.int32(bpw))
+    return (get_kernel("tf32", kp.sddmm_tf32_name(aligned)), (-(-n_blocks // (bpw * warps)),), (32 * warps,),
+            warps * kp.SDDMM_TF32_SMEM_PER_WARP, head, tail)
