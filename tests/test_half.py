@@ -442,5 +442,5 @@ def test_half_timed_choice_runs_once(cp, monkeypatch):
     for _ in range(3):  # slow path (timed), then the cached launch
         np.testing.assert_array_equal((T @ cp.asarray(X)).get(), exact(A, X, F32))
     assert len(calls) == 1 and calls[0] > 1
-    ((_, ms),) = T.tiling.cached_items("half_timed")
+    ((_, ms),) = T.tiling.cached_items("timed")
     assert len(ms) == calls[0]

@@ -389,7 +389,7 @@ n1 = n("provisional")
 registry.wait_for_compiles()
 Y2 = T @ X
 Y3 = T @ X
-((_, timed),) = T.tiling.cached_items("vec_timed")
+((_, timed),) = T.tiling.cached_items("timed")
 print(n1, n("provisional"), n("launch"), len(timed), bool((Y1 == Y2).all() and (Y2 == Y3).all()))
 """
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -408,7 +408,7 @@ def test_timed_choice_runs_once_and_keeps_the_fastest(cp, monkeypatch):
     for _ in range(3):  # slow path, then the cached one
         np.testing.assert_array_equal((T @ X).get(), A @ X.get())
     assert len(calls) == 1
-    ((_, ms),) = T.tiling.cached_items("vec_timed")
+    ((_, ms),) = T.tiling.cached_items("timed")
     assert len(ms) == calls[0] > 1 and all(0 < t < 1e3 for t in ms.values())
     ((_, launch),) = T.tiling.cached_items("launch")
     choices = list(ms)
