@@ -417,7 +417,7 @@ def _check_half_candidates(cp, D, coop):
         for c in choices:
             launch = half_family.launch(T.tiling, F32, D, aligned, half, c)
             Y = cp.full((A.shape[0], D), cp.nan, cp.float32)
-            _launch.run_half(launch, T.tiling, vals, X, Y, unscale)
+            launch.run(vals, X, Y, unscale)
             got = Y.get()
             if first is None:
                 first = got

@@ -40,24 +40,30 @@ def test_adam_counts_steps_on_the_host():
     assert opt.t == 3
 
 
-def test_spmm_launch_argument_order():
-    # run() and the bound plan's bind() share _fixed(): the order of the kernels' parameters is written once.
+def test_launch_argument_order():
+    # run() and bind() assemble the arguments in one place (Launch._args): head, the call's arrays, the tail
+    # (a Scratch is this stream's buffer), the extras; "partial" is the launch's buffer, or Y without one.
     import types
 
     from tcgnn_py.products import _launch as _launches
 
     calls = []
     kernel = lambda grid, block, args, shared_mem=0: calls.append(args)  # noqa: E731
-    tiling = types.SimpleNamespace(block_ptr="bp", block_cols="bc")
-    t = _launches.TF32SpmmLaunch(kernel, (1,), (32,), 0, "units", "mask", 2, sizes=("M", "D", "S"))
-    t.run(tiling, "v", "X", "Y", "P", 5, 6)
-    assert calls[-1] == ("units", "bp", "bc", "mask", "v", "X", "Y", "P", None, None, "M", "D", "S")
-    v = _launches.VecSpmmLaunch(kernel, (1,), (32,), 0, "units", "k0", "meta", 1, 4, 0, {}, sizes=("M", "D", "NS", "NW"))
-    v.run(tiling, "v", "X", "Y", "P", 5, 6, ("u",))
-    assert calls[-1] == ("units", "k0", "bc", "meta", "v", "X", "Y", "P", None, "M", "D", "NS", "NW", "u")
-    f = _launches.Fixup(kernel, (1,), "splits", 3)
-    f.run("P", "Y", 5, 6, 8)
-    assert calls[-1] == ("splits", "P", "Y", 5, 6, 8)
+    store = {}
+    partial = types.SimpleNamespace(get=lambda store: "P")  # a Scratch: this stream's buffer
+    t = _launches.Launch(kernel, (1,), (32,), 0, ("units", "bp"), (None, "M", "D"))
+    t.run("v", "X", "Y")
+    assert calls[-1] == ("units", "bp", "v", "X", "Y", "Y", None, "M", "D")
+    v = _launches.Launch(kernel, (1,), (32,), 0, ("units",), ("M",), partial=partial, scratch=store, n_extra=1)
+    v.run("v", "X", "Y", "u")
+    assert calls[-1] == ("units", "v", "X", "Y", "P", "M", "u")
+    f = _launches.Launch(kernel, (1,), (256,), 0, ("splits",), ("M", "D", "H"), ("partial", "Y"), partial, store)
+    main = v._replace(fixup=f)
+    main.run("v", "X", "Y", "u")
+    assert calls[-2:] == [("units", "v", "X", "Y", "P", "M", "u"), ("splits", "P", "Y", "M", "D", "H")]
+    s = _launches.Launch(kernel, (1,), (32,), 0, ("h",), ("t",), _launches.SDDMM_OPERANDS)
+    s.run("v", "a", "b", "e")
+    assert calls[-1] == ("h", "v", "a", "b", "e", "t")
 
 
 @pytest.mark.gpu
@@ -80,7 +86,8 @@ def test_a_failed_driver_launch_raises():
 
 
 def test_bound_launch_extra_slots(monkeypatch):
-    """The bound plans' launch writes each operand's address, the 16-bit kernel's unscale last."""
+    """The bound launch writes each array's address where the kernel takes it, the 16-bit kernel's unscale last,
+    and Y in the partial tiles' place where the launch has none."""
     import types
 
     from tcgnn_py.products import _launch as _launches
@@ -102,8 +109,10 @@ def test_bound_launch_extra_slots(monkeypatch):
     kernel = types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=7))
     head, tail = (arr(1), arr(2)), (np.int32(5), np.int32(6))
     n_args = len(head) + 4 + len(tail) + 1
-    _launches.bound_launch(kernel, (3,), (128,), 0, head, tail, arr(40), n_extra=1)(arr(10), arr(20), arr(30), arr(50))
+    partial = types.SimpleNamespace(get=lambda store: arr(40))
+    _launches.Launch(kernel, (3,), (128,), 0, head, tail, partial=partial, n_extra=1).bind()(
+        arr(10), arr(20), arr(30), arr(50))
     assert seen[-1] == [1, 2, 10, 20, 30, 40, 5, 6, 50]
     # Without partial tiles Y is the partial too.
-    _launches.bound_launch(kernel, (3,), (128,), 0, head, tail, None, n_extra=1)(arr(10), arr(20), arr(30), arr(50))
+    _launches.Launch(kernel, (3,), (128,), 0, head, tail, n_extra=1).bind()(arr(10), arr(20), arr(30), arr(50))
     assert seen[-1] == [1, 2, 10, 20, 30, 30, 5, 6, 50]

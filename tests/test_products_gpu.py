@@ -299,12 +299,11 @@ def test_split_windows_on_concurrent_streams(cp, case):
             for Y, w in zip(outs, want):
                 np.testing.assert_array_equal(Y.get(), w)
         _, launch = T.tiling.cached_items("launch")[0]
-        store = launch.counters if layout == "vector" else launch.scratch
-        kinds = [k[0] if isinstance(k[0], str) else k[0][0] for k in store]  # vector: (kind, size) per stream
+        kinds = [k[0][0] for k in launch.scratch]  # ((kind, dtype, shape), stream)
         counters = [k for k in kinds if k == "counters"]
         buffers = [k for k in kinds if k == "partial"]
         # One set of counters and one partial-tile buffer per stream, summed in the launch.
-        assert launch.fixup is None and launch.n_slots > 0 and len(counters) == 4 and len(buffers) == 4
+        assert launch.fixup is None and launch.partial is not None and len(counters) == 4 and len(buffers) == 4
 
 
 def _timed_cases(rng):
@@ -354,7 +353,7 @@ def _check_timed_candidates(cp, rng, D, coop):
         for c in choices:
             launch = vec_family.launch(T.tiling, np.dtype(np.float32), D, aligned, c)
             Y = cp.full((A.shape[0], D), cp.nan, cp.float32)
-            _launches.run_spmm(cp, launch, T.tiling, T.values, X, Y, np.dtype(np.float32))
+            _launches.run_spmm(launch, T.tiling, T.values, X, Y)
             got = Y.get()
             if first is None:
                 first = got
@@ -415,7 +414,7 @@ def test_timed_choice_runs_once_and_keeps_the_fastest(cp, monkeypatch):
     best = choices[_autotune.pick_fastest(list(ms.values()))]
     assert launch.n_slices == -(-64 // (32 * best.slices)) and (launch.fixup is None) == best.combine
     # The candidates shared one set of partial tiles (the hub's windows are split), not one each.
-    assert len([k for k in launch.counters if k[0][0] == "partial"]) == 1
+    assert len([k for k in launch.scratch if k[0][0] == "partial"]) == 1
     # A large product keeps the statistics' launch untimed.
     monkeypatch.setattr(_autotune, "TIMED_MAX_WORK", 0)
     X40 = ints(rng, A.shape[1], 40)
@@ -444,7 +443,7 @@ def test_dense_values_follow_each_matrix(cp):
             for Ak, Tk in mats:
                 np.testing.assert_array_equal((Tk @ X).get(), Ak @ X.get())
         ((_, launch),) = T.tiling.cached_items("launch")
-        assert isinstance(launch, _launches.VecSpmmLaunch) and launch.dense
+        assert isinstance(launch, _launches.Launch) and launch.dense
         assert len(T.tiling.peek("vec_dense")) == _values.VEC_DENSE_KEEP + 1  # and the entries' blocks
 
 

@@ -22,7 +22,7 @@ from .. import _reference as ref
 from .._device import get_cupy
 from .._tuning import overrides_key
 from ._autotune import timed_choices
-from ._launch import TF32SpmmLaunch, VecSpmmLaunch, launch_key, overlaps, planned, run_spmm
+from ._launch import Launch, launch_key, overlaps, planned, run_spmm
 from ._modes import (F32, MISMATCH, PRECISIONS, TC_TILES, VEC_TILE, Mode, as_operand, check_out, compute_dtype,
                      resolve_precision, result_dtype)
 from ._plans import aligned16
@@ -199,7 +199,7 @@ def spmm_f32(tiling, values, X, dtype, mode, out, casts):
     if launch is None:
         family = _FAMILIES[mode, tiling.tile_shape if mode is Mode.tf32 else None]
         launch = planned(tiling, key, lambda: family.spmm_launch(tiling, dtype, D, vec, (values, X, Y)))
-    run_spmm(cp, launch, tiling, values, X, Y, dtype)
+    run_spmm(launch, tiling, values, X, Y)
     return Y
 
 
@@ -216,32 +216,23 @@ def bind_f32(tiling):
         D = X.shape[1]
         vec = aligned16(D, X, out)  # out None: a new result, as the general path's was
         launch = tiling.peek(launch_key(Mode.tf32, F32, D, vec))
-        if not isinstance(launch, (TF32SpmmLaunch, VecSpmmLaunch)):
+        if not isinstance(launch, Launch):
             return None
-        run = launch.bind(tiling, F32, M, D)
-        if isinstance(launch, VecSpmmLaunch) and launch.dense:
+        run = launch.bind()
+        if launch.dense:
             bound = run
 
             def run(values, X, Y):
                 bound(vec_dense_values(tiling, values), X, Y)
 
         shape, ndarray = (M, D), get_cupy().ndarray
-        if launch.fixup is None:
-            def f(values, casts, X, out):
-                Y = ndarray(shape, F32) if out is None else out  # cupy.empty without its wrapper
-                run(values, X, Y)
-                return Y
 
-            return f
-        fixup = launch.fixup.bind(launch.partial(F32, D), M, D, tiling.layout.window)
-
-        def f2(values, casts, X, out):
-            Y = ndarray(shape, F32) if out is None else out
+        def f(values, casts, X, out):
+            Y = ndarray(shape, F32) if out is None else out  # cupy.empty without its wrapper
             run(values, X, Y)
-            fixup(Y)
             return Y
 
-        return f2
+        return f
 
     return binder
 
@@ -274,34 +265,27 @@ def sddmm_gpu(tiling, values, Xa, Xb, dtype, multiply_values=False, precision=No
     Xa = cp.ascontiguousarray(Xa, dtype=dtype)
     Xb = cp.ascontiguousarray(Xb, dtype=dtype)
     values = values_as(values, dtype, {} if casts is None else casts)
-    kernel, grid, block, smem, head, tail = sddmm_launch(tiling, mode, dtype, D, aligned16(D, Xa, Xb),
-                                                         multiply_values)
-    kernel(grid, block, head + (values, Xa, Xb, out) + tail, shared_mem=smem)
+    sddmm_launch(tiling, mode, dtype, D, aligned16(D, Xa, Xb), multiply_values).run(values, Xa, Xb, out)
     return out
 
 
 def sddmm_launch(tiling, mode, dtype, D, aligned, multiply_values):
-    """``(kernel, grid, block, smem, head, tail)`` of the SDDMM of ``mode`` on this tile shape: the family's."""
-    if mode is not Mode.tf32:
-        return core.sddmm_launch(tiling, dtype, D, multiply_values)
-    family = _FAMILIES[mode, tiling.tile_shape]
-    return family.sddmm_launch(tiling, D, aligned, multiply_values)
+    """The SDDMM's :class:`Launch` for ``mode`` on this tile shape: the family's, planned once, kept on the tiling."""
+    def plan():
+        if mode is not Mode.tf32:
+            return core.sddmm_launch(tiling, dtype, D, multiply_values)
+        return _FAMILIES[mode, tiling.tile_shape].sddmm_launch(tiling, D, aligned, multiply_values)
+
+    return tiling.cached(("sddmm_launch", mode, np.dtype(dtype).char, D, aligned, bool(multiply_values)), plan)
 
 
 def bind_sddmm(tiling, multiply_values):
     """The binder of a float32 SDDMM on TF32 tensor cores: ``binder(values, casts, Xa, Xb, out, general)``
     returns ``f(values, casts, Xa, Xb, out) -> e`` (``out`` None) with the launch bound."""
-    from ..kernels.driver import BoundLaunch
-
     def binder(values, casts, Xa, Xb, out, general):
-        cp = get_cupy()
         D = Xa.shape[1]
-        kernel, grid, block, smem, head, tail = sddmm_launch(tiling, Mode.tf32, F32, D, aligned16(D, Xa, Xb),
-                                                             multiply_values)
-        n, nnz = len(head), tiling.nnz
-        run = BoundLaunch(kernel.kernel.ptr, grid, block, head + (None,) * 4 + tail, range(n, n + 4),
-                          cp.cuda.get_current_stream().ptr, smem)
-        empty = cp.empty
+        run = sddmm_launch(tiling, Mode.tf32, F32, D, aligned16(D, Xa, Xb), multiply_values).bind()
+        nnz, empty = tiling.nnz, get_cupy().empty
 
         def f(values, casts, Xa, Xb, out):
             e = empty(nnz, F32)

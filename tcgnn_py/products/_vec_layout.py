@@ -9,7 +9,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .._tuning import options
-from ._launch import Fixup, VecSpmmLaunch
+from ._launch import Launch, Scratch, fixup
 from ._plans import VEC_UNITS_PER_WINDOW_MAX, sm_count, sorted_units, vec_coop_units, vec_hist, vec_meta, vec_plan
 
 __all__ = ["VEC_COOP_CTAS", "VEC_RESIDENT_WARPS", "VEC_UNIT_SIZES", "VEC_WIDE_WARPS", "VecChoice", "async_rows",
@@ -102,36 +102,38 @@ def vec_choice(tiling, D, vec, half=None):
     return VecChoice(slices, bpu, cp_async, combine, kp.VEC_UNROLL)
 
 
-def partition_launch(tiling, D, choice, kernel, smem, nw, fix_kernel, scratch=None):
+def partition_launch(tiling, D, choice, kernel, smem, nw, fix_kernel, scratch=None, n_extra=0):
     """The launch of ``choice``'s usual units (not COOP) with ``kernel`` on ``nw`` warps per CTA and ``smem`` bytes:
-    split windows summed in it (``choice.combine``), or by ``fix_kernel``'s fixup launch.  ``scratch``: the
-    per-stream store, shared by launches of one partition (the timed choice's candidates)."""
+    split windows summed in it (``choice.combine``), or by ``fix_kernel()``'s fixup launch.  ``scratch``: the
+    per-stream store, shared by launches of one partition (the timed choice's candidates); ``n_extra`` arrays
+    follow the arguments (the 16-bit kernel's unscale)."""
     n_slices = -(-D // (32 * choice.slices))
     plan = vec_plan(tiling, choice.bpu)
     units, unit_k0 = plan["units"], plan["unit_k0"]
     if options()["vec_sort_units"]:
         units, unit_k0 = tiling.cached(("vec_sorted", choice.bpu), lambda: sorted_units(tiling, choice.bpu))
-    n_work = units.shape[0] * n_slices
-    launch = VecSpmmLaunch(kernel, (-(-n_work // nw),), (32 * nw,), smem, units, unit_k0, vec_meta(tiling),
-                           n_slices, n_work, plan["n_slots"] * n_slices if choice.combine else 0,
-                           {} if scratch is None else scratch,
-                           n_slots=plan["n_slots"],
-                           sizes=tuple(np.int32(v) for v in (tiling.shape[0], D, n_slices, n_work)),
-                           dense=bool(choice.dense and choice.cp_async))
-    if plan["n_slots"] and not choice.combine:
-        launch = launch._replace(fixup=Fixup.of(fix_kernel(), plan, 8, D))
-    return launch
+    n_work, n_slots, M = units.shape[0] * n_slices, plan["n_slots"], tiling.shape[0]
+    scratch = {} if scratch is None else scratch
+    # split windows summed in the launch: one counter per (first slot, slice)
+    counters = Scratch("counters", (n_slots * n_slices,), np.int32, zeros=True) if n_slots and choice.combine else None
+    partial = Scratch("partial", (n_slots, 8, D), np.float32) if n_slots else None
+    fix = None
+    if n_slots and not choice.combine:
+        fix = fixup(fix_kernel(), plan, M, 8, D, partial, scratch)
+    return Launch(kernel, (-(-n_work // nw),), (32 * nw,), smem, (units, unit_k0, tiling.block_cols, vec_meta(tiling)),
+                  (counters,) + tuple(np.int32(v) for v in (M, D, n_slices, n_work)), partial=partial, scratch=scratch,
+                  fixup=fix, dense=bool(choice.dense and choice.cp_async), n_extra=n_extra, n_slices=n_slices)
 
 
-def coop_launch(tiling, D, choice, kernel, smem):
+def coop_launch(tiling, D, choice, kernel, smem, n_extra=0):
     """The one-CTA-per-window launch of ``choice`` with ``kernel`` (4 warps, ``smem`` bytes; no partial tiles,
     counters or fixup)."""
     n_slices = -(-D // (32 * choice.slices))
     units = vec_coop_units(tiling)
-    n_windows = units.shape[0] // 4
-    return VecSpmmLaunch(kernel, (n_windows * n_slices,), (128,), smem,
-                         units, units, vec_meta(tiling), n_slices, units.shape[0] * n_slices, 0, {},  # unit_k0: unread
-                         sizes=tuple(np.int32(v) for v in (tiling.shape[0], D, n_slices, units.shape[0] * n_slices)))
+    n_windows, n_work = units.shape[0] // 4, units.shape[0] * n_slices
+    return Launch(kernel, (n_windows * n_slices,), (128,), smem, (units, units, tiling.block_cols, vec_meta(tiling)),
+                  (None,) + tuple(np.int32(v) for v in (tiling.shape[0], D, n_slices, n_work)),  # unit_k0: unread
+                  n_extra=n_extra, n_slices=n_slices)
 
 
 #: The automatic choice of the one-CTA-per-window launch (:func:`vec_coop`): at most this many CTAs of a window

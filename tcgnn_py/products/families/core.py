@@ -6,7 +6,7 @@ The exact path: float64 products, ``precision="fp32"``, and tile shapes without 
 import numpy as np
 
 from ..._tuning import options
-from .._launch import CoreSpmmLaunch, Fixup
+from .._launch import SDDMM_OPERANDS, Launch, Scratch, fixup
 from .._plans import SDDMM_BLOCKS_PER_WARP, spmm_plan
 
 __all__ = ["sddmm_launch", "spmm_launch"]
@@ -18,23 +18,22 @@ def spmm_launch(tiling, dtype, D, vec=False, operands=None):
     from ...kernels import products as kp
     from ...kernels.registry import get_kernel
 
-    H = tiling.tile_shape[0]
+    H, W, M = tiling.tile_shape[0], tiling.layout.block, tiling.shape[0]
     nwarps = options()["core_nwarps"]
     plan = spmm_plan(tiling, nwarps * (options()["blocks_per_warp"] or 16))
-    launch = CoreSpmmLaunch(
-        get_kernel("core", kp.spmm_core_name(dtype.name, H, tiling.tile_pos.dtype.name)),
-        (plan["units"].shape[0], -(-D // 32)), (32 * nwarps,), kp.core_spmm_smem(nwarps, H, dtype.itemsize),
-        plan["units"],
-    )
-    if plan["n_slots"]:
-        fixup = Fixup.of(get_kernel("core", kp.fixup_name(dtype.name)), plan, tiling.layout.window, D)
-        launch = launch._replace(fixup=fixup, n_slots=plan["n_slots"])
-    return launch
+    scratch, partial, fix = {}, None, None
+    if plan["n_slots"]:  # split windows: partial tiles, summed by the fixup launch
+        partial = Scratch("partial", (plan["n_slots"], tiling.layout.window, D), dtype)
+        fix = fixup(get_kernel("core", kp.fixup_name(dtype.name)), plan, M, tiling.layout.window, D, partial, scratch)
+    return Launch(get_kernel("core", kp.spmm_core_name(dtype.name, H, tiling.tile_pos.dtype.name)),
+                  (plan["units"].shape[0], -(-D // 32)), (32 * nwarps,), kp.core_spmm_smem(nwarps, H, dtype.itemsize),
+                  (plan["units"], tiling.block_ptr, tiling.block_cols, tiling.tile_pos),
+                  tuple(np.int32(v) for v in (M, D, W, W.bit_length() - 1)), partial=partial, scratch=scratch,
+                  fixup=fix, n_slices=-(-D // 32))
 
 
 def sddmm_launch(tiling, dtype, D, multiply_values):
-    """``(kernel, grid, block, smem, head, tail)`` of the CUDA-core SDDMM (any tile shape): its arguments are
-    ``head + (values, Xa, Xb, out) + tail`` (the one place their order is written)."""
+    """The CUDA-core SDDMM's :class:`Launch` (any tile shape; ``run(values, Xa, Xb, out)``)."""
     from ...kernels import products as kp
     from ...kernels.registry import get_kernel
 
@@ -43,5 +42,5 @@ def sddmm_launch(tiling, dtype, D, multiply_values):
     head = (tiling.win_ptr, np.int32(tiling.n_windows), tiling.block_ptr, tiling.block_cols, tiling.tile_pos)
     tail = (np.int32(n_blocks), np.int32(D), np.int32(H), np.int32(W), np.int32(W.bit_length() - 1),
             np.int32(multiply_values), np.int32(bpw))
-    return (get_kernel("core", kp.sddmm_core_name(np.dtype(dtype).name, tiling.tile_pos.dtype.name)),
-            (-(-n_blocks // (bpw * warps)),), (32 * warps,), 0, head, tail)
+    return Launch(get_kernel("core", kp.sddmm_core_name(np.dtype(dtype).name, tiling.tile_pos.dtype.name)),
+                  (-(-n_blocks // (bpw * warps)),), (32 * warps,), 0, head, tail, SDDMM_OPERANDS)

@@ -9,7 +9,7 @@ import numpy as np
 from ..._device import get_cupy
 from ..._tuning import options
 from .._autotune import choose
-from .._launch import VecSpmmLaunch, cast_closure, half_launch_key, planned, result_and_operand, run_half
+from .._launch import Launch, cast_closure, half_launch_key, planned, result_and_operand
 from .._plans import aligned16, vec_plan
 from .._values import half_key, half_values
 from .._vec_layout import coop_launch, partition_launch, vec_choice
@@ -33,7 +33,7 @@ def spmm_launch(tiling, dtype, D, vec, half, operands=None):
 
     return choose(tiling, ("timed", half, D, vec), candidates(tiling, D, vec, half),
                   lambda c, scratch: launch(tiling, dtype, D, vec, half, c, scratch, get_kernel),
-                  lambda la: lambda: run_half(la, tiling, vals, X, Y, unscale), kernels_of, tiling.n_blocks * D)
+                  lambda la: lambda: la.run(vals, X, Y, unscale), kernels_of, tiling.n_blocks * D)
 
 
 def launch(tiling, dtype, D, vec, half, choice=None, scratch=None, get=None):
@@ -47,7 +47,7 @@ def launch(tiling, dtype, D, vec, half, choice=None, scratch=None, get=None):
     if choice.coop:
         cfg = (choice.slices, choice.ks, choice.stages)
         return coop_launch(tiling, D, choice, get("half", kp.spmm_vech_name(*half, *cfg, coop=True)),
-                           kp.vech_smem(4, *cfg))
+                           kp.vech_smem(4, *cfg), n_extra=1)
     cfg = (choice.slices, choice.ks or 1, choice.stages or 2) if vec else kp.HALF_DEFAULT
     if cfg not in kp.VEC_HALF:
         raise ValueError(f"no 16-bit SpMM compiled for (slices, ks, stages) = {cfg}: see kernels.products.VEC_HALF")
@@ -56,7 +56,7 @@ def launch(tiling, dtype, D, vec, half, choice=None, scratch=None, get=None):
         nw //= 2
     kernel = get("half", kp.spmm_vech_name(half[0], half[1], half[2], *cfg, choice.combine, vec))
     return partition_launch(tiling, D, choice, kernel, kp.vech_smem(nw, *cfg), nw,
-                            lambda: get("half", kp.fixup_name("float32", np.dtype(dtype).name)), scratch)
+                            lambda: get("half", kp.fixup_name("float32", np.dtype(dtype).name)), scratch, n_extra=1)
 
 
 def candidates(tiling, D, vec, half):
@@ -107,7 +107,7 @@ def spmm_half(tiling, hv, X, dtype, out):
     if launch is None:
         half = (X.dtype.name, split, dtype.name)
         launch = planned(tiling, key, lambda: spmm_launch(tiling, dtype, D, aligned, half, (vals, X, Y, unscale)))
-    run_half(launch, tiling, vals, X, Y, unscale)
+    launch.run(vals, X, Y, unscale)
     return Y
 
 
@@ -129,10 +129,8 @@ def bind_half(tiling, xdt, dtype):
         split = hv[0]
         aligned = aligned16(D, X, out, multiple=8)  # out None: a new result, as the general path's was
         launch = tiling.peek(half_launch_key(xdt, split, dtype, D, aligned))
-        if not isinstance(launch, VecSpmmLaunch):
+        if not isinstance(launch, Launch):
             return None
-        run = launch.bind(tiling, np.float32, M, D, n_extra=1)  # float32 partial tiles; the values' unscale per call
-        fixup = launch.fixup.bind(launch.partial(np.float32, D), M, D, 8) if launch.fixup else None
-        return cast_closure(run, fixup, (M, D), dtype, key, lambda v, c: half_values(v, xdt, c), split, general)
+        return cast_closure(launch.bind(), (M, D), dtype, key, lambda v, c: half_values(v, xdt, c), split, general)
 
     return binder

@@ -24,14 +24,12 @@ instruction does (checked on the H200 with every sparsity selector): the CI
 oracle of this module.
 """
 
-from typing import NamedTuple
-
 import numpy as np
 
 from ... import _reference as ref
 from ..._device import get_cupy, publish
 from ..._tuning import options, overrides_key
-from .._launch import Fixup, bound_launch, cast_closure, result_and_operand, stream_scratch
+from .._launch import Launch, Scratch, cast_closure, fixup, result_and_operand
 from .._plans import VEC_UNITS_PER_WINDOW_MAX, aligned16, spmm_plan
 from .._values import half_values, values_as
 
@@ -150,48 +148,26 @@ def _sp_key(xdt):
     return ("sp_values", np.dtype(xdt).name, options()["half_exact_values"])
 
 
-class SpLaunch(NamedTuple):
-    """One configuration of ``tcgnn_spmm_sp``: kernel, geometry, plan arrays, and how split windows are summed."""
-
-    kernel: object
-    grid: tuple
-    units: object  # int4 rows (window, first block, end block, partial slot or -1)
-    unit_k0: object  # int2 rows (first slot of the unit's window, its number of parts)
-    n_slices: int
-    n_work: int
-    n_slots: int
-    fixup: object  # Fixup launch of split windows, or None
-    scratch: dict  # per-stream partial rows
-
-    def partial(self, D):
-        """This stream's partial rows of split windows (float32), or None."""
-        if not self.n_slots:
-            return None
-        return stream_scratch(self.scratch, "partial", lambda: get_cupy().empty((self.n_slots, 16, D), F32))
-
-    def fixed(self, tiling, M, D):
-        """``(head, tail)``: the arguments around ``(values, X, Y, partial)`` and before the unscale (one place
-        for their order; the general launch and the bound one use it)."""
-        head = (self.units, self.unit_k0, tiling.block_cols, sp_meta(tiling)[0])
-        # the counters of in-launch sums: unread (the compiled shapes sum split windows by the fixup)
-        tail = (self.unit_k0, np.int32(M), np.int32(D), np.int32(self.n_slices), np.int32(self.n_work))
-        return head, tail
-
-
 def _sp_launch(tiling, xname, split, yname, D, aligned):
+    """The :class:`Launch` of ``tcgnn_spmm_sp`` (``run(values, X, Y, unscale)``): balanced units of 4 warps, split
+    windows' partial rows summed by the fixup launch."""
     from ...kernels import products as kp
     from ...kernels.registry import get_kernel
 
     cfg = kp.sp_spmm_config(xname, split, yname, aligned)
     n_slices = -(-D // (8 * cfg.NT))
     plan = spmm_plan(tiling, options()["sp_blocks_per_unit"], VEC_UNITS_PER_WINDOW_MAX)
-    units = plan["units"]
+    units, unit_k0, M = plan["units"], plan["unit_k0"], tiling.shape[0]
     n_work = units.shape[0] * n_slices
-    fixup = None
+    scratch, partial, fix = {}, None, None
     if plan["n_slots"]:  # split windows: their parts' partial rows summed by the fixup launch
-        fixup = Fixup.of(get_kernel("sparse", kp.fixup_name("float32", yname)), plan, 16, D)
-    return SpLaunch(get_kernel("sparse", cfg.name), (-(-n_work // 4),), units, plan["unit_k0"], n_slices, n_work,
-                    plan["n_slots"], fixup, {})
+        partial = Scratch("partial", (plan["n_slots"], 16, D), F32)
+        fix = fixup(get_kernel("sparse", kp.fixup_name("float32", yname)), plan, M, 16, D, partial, scratch)
+    head = (units, unit_k0, tiling.block_cols, sp_meta(tiling)[0])
+    # unit_k0 again where the in-launch sums' counters go: unread (the compiled shapes sum split windows by the fixup)
+    tail = (unit_k0,) + tuple(np.int32(v) for v in (M, D, n_slices, n_work))
+    return Launch(get_kernel("sparse", cfg.name), (-(-n_work // 4),), (128,), 0, head, tail, partial=partial,
+                  scratch=scratch, fixup=fix, n_extra=1, n_slices=n_slices)
 
 
 def sp_launch_key(x_dtype, split, dtype, D, aligned):
@@ -206,7 +182,7 @@ def spmm_sp(tiling, values, X, dtype, out, casts):
     """
     cp = get_cupy()
     dtype = np.dtype(dtype)
-    M, D = tiling.shape[0], X.shape[1]
+    D = X.shape[1]
     Y, X = result_and_operand(cp, tiling, X, dtype, out)
     if X is None:
         return Y
@@ -216,12 +192,7 @@ def spmm_sp(tiling, values, X, dtype, out, casts):
     launch = tiling.peek(key)
     if launch is None:
         launch = tiling.cached(key, lambda: _sp_launch(tiling, X.dtype.name, split, dtype.name, D, aligned))
-    partial = launch.partial(D)
-    partial = Y if partial is None else partial
-    head, tail = launch.fixed(tiling, M, D)
-    launch.kernel(launch.grid, (128,), head + (comp, X, Y, partial) + tail + (unscale if unscale is not None else comp,))
-    if launch.fixup is not None:
-        launch.fixup.run(partial, Y, M, D, 16)
+    launch.run(comp, X, Y, comp if unscale is None else unscale)
     return Y
 
 
@@ -243,11 +214,9 @@ def bind_sp(tiling, xdt, dtype):
         split = hit[0]
         aligned = aligned16(D, X, out, multiple=8)  # out None: a new result, as the general path's was
         launch = tiling.peek(sp_launch_key(xdt, split, dtype, D, aligned))
-        if not isinstance(launch, SpLaunch):
+        if not isinstance(launch, Launch):
             return None
-        partial = launch.partial(D)
-        run = bound_launch(launch.kernel, launch.grid, (128,), 0, *launch.fixed(tiling, M, D), partial, n_extra=1)
-        fixup = launch.fixup.bind(partial, M, D, 16) if launch.fixup is not None else None
-        return cast_closure(run, fixup, (M, D), dtype, key, lambda v, c: sp_values(tiling, v, xdt, c), split, general)
+        return cast_closure(launch.bind(), (M, D), dtype, key, lambda v, c: sp_values(tiling, v, xdt, c), split,
+                            general)
 
     return binder

@@ -7,7 +7,7 @@ and alignment (``options()["tf32_kernel"]`` pins one of the compiled set).
 import numpy as np
 
 from ..._tuning import options
-from .._launch import TF32SpmmLaunch
+from .._launch import SDDMM_OPERANDS, Launch, Scratch
 from .._plans import SDDMM_BLOCKS_PER_WARP, spmm_plan, tile_mask
 
 __all__ = ["FEW_CTAS", "WHOLE_WINDOW_BLOCKS", "sddmm_launch", "spmm_launch", "work_shape"]
@@ -44,15 +44,16 @@ def spmm_launch(tiling, dtype, D, vec, operands=None):
     while nwarps > 1 and smem_of(nwarps) > kp.SPMM_SMEM_LIMIT:
         nwarps //= 2
     plan = spmm_plan(tiling, max(nwarps * bpw, 1))
+    n_slots = plan["n_slots"]
+    # Split windows: their parts write partial tiles, and a window's last part sums them (one counter per
+    # (first slot, slab)).
+    counters = Scratch("counters", (n_slots * n_slabs,), np.int32, zeros=True) if n_slots else None
+    partial = Scratch("partial", (n_slots, 16, D), dtype) if n_slots else None
     # Slabs of one unit side by side (1-D grid): they share its metadata in L2.
-    launch = TF32SpmmLaunch(
-        get_kernel("tf32", cfg.name), (plan["units"].shape[0] * n_slabs, 1), (32 * nwarps,), smem_of(nwarps),
-        plan["units"], tile_mask(tiling), n_slabs,
-        sizes=tuple(np.int32(v) for v in (tiling.shape[0], D, n_slabs)),
-    )
-    if plan["n_slots"]:
-        launch = launch._replace(n_slots=plan["n_slots"], unit_k0=plan["unit_k0"], scratch={})
-    return launch
+    head = (plan["units"], tiling.block_ptr, tiling.block_cols, tile_mask(tiling))
+    tail = (counters, plan["unit_k0"] if n_slots else None) + tuple(np.int32(v) for v in (tiling.shape[0], D, n_slabs))
+    return Launch(get_kernel("tf32", cfg.name), (plan["units"].shape[0] * n_slabs, 1), (32 * nwarps,),
+                  smem_of(nwarps), head, tail, partial=partial, scratch={}, n_slices=n_slabs)
 
 
 def work_shape(tiling, n_slabs):
@@ -79,13 +80,12 @@ def work_shape(tiling, n_slabs):
 
 
 def sddmm_launch(tiling, D, aligned, multiply_values):
-    """``(kernel, grid, block, smem, head, tail)`` of the 16x8 TF32 SDDMM: its arguments are ``head + (values,
-    Xa, Xb, out) + tail`` (the one place their order is written)."""
+    """The 16x8 TF32 SDDMM's :class:`Launch` (``run(values, Xa, Xb, out)``)."""
     from ...kernels import products as kp
     from ...kernels.registry import get_kernel
 
     bpw, warps, n_blocks = SDDMM_BLOCKS_PER_WARP, kp.SDDMM_WARPS, tiling.n_blocks
     head = (tiling.win_ptr, np.int32(tiling.n_windows), tiling.block_ptr, tiling.block_cols, tiling.tile_pos)
     tail = (np.int32(tiling.shape[0]), np.int32(n_blocks), np.int32(D), np.int32(multiply_values), np.int32(bpw))
-    return (get_kernel("tf32", kp.sddmm_tf32_name(aligned)), (-(-n_blocks // (bpw * warps)),), (32 * warps,),
-            warps * kp.SDDMM_TF32_SMEM_PER_WARP, head, tail)
+    return Launch(get_kernel("tf32", kp.sddmm_tf32_name(aligned)), (-(-n_blocks // (bpw * warps)),), (32 * warps,),
+                  warps * kp.SDDMM_TF32_SMEM_PER_WARP, head, tail, SDDMM_OPERANDS)

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..._tuning import options
 from .._autotune import choose
-from .._launch import run_spmm
+from .._launch import SDDMM_OPERANDS, Launch, run_spmm
 from .._plans import spmm_plan, vec_plan
 from .._values import VEC_DENSE_BYTES_MAX
 from .._vec_layout import VecChoice, async_rows, coop_launch, partition_launch, vec_choice
@@ -26,7 +26,6 @@ def spmm_launch(tiling, dtype, D, vec, operands=None):
         return launch(tiling, dtype, D, vec)
     from ...kernels.registry import get_kernel
 
-    cp = tiling.xp
     values, X, Y = operands
 
     def kernels_of(choice):
@@ -36,7 +35,7 @@ def spmm_launch(tiling, dtype, D, vec, operands=None):
 
     return choose(tiling, ("timed", "float32", D, vec), candidates(tiling, D, vec),
                   lambda c, scratch: launch(tiling, dtype, D, vec, c, scratch, get_kernel),
-                  lambda la: lambda: run_spmm(cp, la, tiling, values, X, Y, dtype), kernels_of, tiling.n_blocks * D)
+                  lambda la: lambda: run_spmm(la, tiling, values, X, Y), kernels_of, tiling.n_blocks * D)
 
 
 def launch(tiling, dtype, D, vec, choice=None, scratch=None, get=None):
@@ -99,12 +98,12 @@ def candidates(tiling, D, vec):
 
 
 def sddmm_launch(tiling, D, aligned, multiply_values):
-    """``(kernel, grid, block, smem, head, tail)`` of the vector SDDMM: its arguments are ``head + (values, Xa,
-    Xb, out) + tail`` (the one place their order is written)."""
+    """The vector SDDMM's :class:`Launch` (``run(values, Xa, Xb, out)``)."""
     from ...kernels import products as kp
     from ...kernels.registry import get_kernel
 
     units = spmm_plan(tiling, kp.VEC_SDDMM_BLOCKS, np.iinfo(np.int32).max)["units"]
     head = (units, np.int32(units.shape[0]), tiling.block_ptr, tiling.block_cols, tiling.tile_pos)
-    return (get_kernel("vec", kp.sddmm_vec_name(aligned)), (-(-units.shape[0] // kp.VEC_WARPS),),
-            (32 * kp.VEC_WARPS,), 0, head, (np.int32(tiling.shape[0]), np.int32(D), np.int32(multiply_values)))
+    return Launch(get_kernel("vec", kp.sddmm_vec_name(aligned)), (-(-units.shape[0] // kp.VEC_WARPS),),
+                  (32 * kp.VEC_WARPS,), 0, head, (np.int32(tiling.shape[0]), np.int32(D), np.int32(multiply_values)),
+                  SDDMM_OPERANDS)
