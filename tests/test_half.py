@@ -16,7 +16,7 @@ from _env import check_cached_launch, count_timing, cupy_fixture, host, poisoned
 from _zoo import star, zoo
 
 import tcgnn_py as tg
-from tcgnn_py.products import _launch, _modes, _values
+from tcgnn_py.products import _modes, _values
 from tcgnn_py.products.families import half as half_family
 from tcgnn_py.kernels import products as kp
 from tcgnn_py._validation import as_dtype, promote
@@ -404,13 +404,14 @@ def _check_half_candidates(cp, D, coop):
         half = (xt.name, split, "float32")
         choices = half_family.candidates(T.tiling, D, aligned, half)
         assert len(set(choices)) == len(choices) and len({c.bpu for c in choices}) == 1
-        assert {c.coop for c in choices} == {coop and aligned}
+        kernels = [c.kernel for c in choices]
+        assert {k.COOP for k in kernels} == {coop and aligned}
         if aligned and coop:
-            assert {(c.slices, c.ks, c.stages) for c in choices} == set(VEC_HALF_COOP)
-            assert not any(c.combine for c in choices)
+            assert {(k.FS, k.KS, k.NS) for k in kernels} == set(VEC_HALF_COOP)
+            assert not any(k.COMBINE for k in kernels)
         elif aligned:
-            assert {c.combine for c in choices} == {True, False}
-            assert {(c.slices, c.ks, c.stages) for c in choices} == set(VEC_HALF)
+            assert {k.COMBINE for k in kernels} == {True, False}
+            assert {(k.FS, k.KS, k.NS) for k in kernels} == set(VEC_HALF)
         else:
             assert len(choices) == 1
         first = None

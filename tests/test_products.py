@@ -1,5 +1,7 @@
 """SpMM / SDDMM semantics that hold on every path (host reference here, the kernels on a GPU)."""
 
+import dataclasses
+
 import numpy as np
 import scipy.sparse as sp
 import pytest
@@ -235,15 +237,15 @@ def test_coop_choice_of_the_16bit_kernel():
     T.tiling.put("sm_count", 132)
     half = ("float16", True, "float32")
     with tg.tuning(vec_coop=True):
-        default = _vec_layout.vec_choice(T.tiling, 64, True, half)
-        assert default.coop and (default.slices, default.ks, default.stages) == kp.VEC_HALF_COOP[0]
-        assert not _vec_layout.vec_choice(T.tiling, 64, False, half).coop  # unaligned rows: the usual launch
-        wide = half_family.candidates(T.tiling, 64, True, half)
-        assert wide[0] == default and {(c.slices, c.ks, c.stages) for c in wide} == set(kp.VEC_HALF_COOP)
-        assert all(c.coop and not c.combine for c in wide)
-        assert half_family.candidates(T.tiling, 17, True, half) == [_vec_layout.vec_choice(T.tiling, 17, True, half)]
+        default = half_family.default(T.tiling, 64, True, half).kernel
+        assert default.COOP and (default.FS, default.KS, default.NS) == kp.VEC_HALF_COOP[0]
+        assert not half_family.default(T.tiling, 64, False, half).kernel.COOP  # unaligned rows: the usual launch
+        wide = [c.kernel for c in half_family.candidates(T.tiling, 64, True, half)]
+        assert wide[0] == default and {(k.FS, k.KS, k.NS) for k in wide} == set(kp.VEC_HALF_COOP)
+        assert all(k.COOP and not k.COMBINE for k in wide)
+        assert half_family.candidates(T.tiling, 17, True, half) == [half_family.default(T.tiling, 17, True, half)]
     with tg.tuning(vec_coop=False):
-        assert not any(c.coop for c in half_family.candidates(T.tiling, 64, True, half))
+        assert not any(c.kernel.COOP for c in half_family.candidates(T.tiling, 64, True, half))
 
 
 @pytest.mark.filterwarnings("ignore::tcgnn_py.NoGPUWarning")
@@ -257,26 +259,23 @@ def test_the_timed_candidates_are_the_compiled_configs():
     T.tiling.put("sm_count", 132)
     with tg.tuning(vec_coop=False, vec_blocks_per_unit=2):
         cands = vec_family.candidates(T.tiling, 64, True)
-        assert all(c.cp_async and c.bpu == cands[0].bpu for c in cands)
-        l1 = [c for c in cands if c.l1]
-        assert l1 and {c._replace(l1=False) for c in l1} <= set(cands)  # each beside its L2 twin
-        assert vec_family.candidates(T.tiling, 64, False) == [_vec_layout.vec_choice(T.tiling, 64, False)]
-        assert not _vec_layout.vec_choice(T.tiling, 64, False).cp_async  # unaligned rows: register gathers
-        reached = {kp.vec_spmm_config(c.slices, c.unroll, c.cp_async, c.combine, c.dense, c.coop, c.l1) for c in cands}
-        reached |= {kp.vec_spmm_config(f, 4, False, c) for f in (1, 2) for c in (True, False)}
+        assert all(isinstance(c.kernel, kp.SpmmVecAsync) and c.bpu == cands[0].bpu for c in cands)
+        l1 = [c for c in cands if c.kernel.L1]
+        assert l1 and {dataclasses.replace(c.kernel, L1=False) for c in l1} <= {c.kernel for c in cands}  # L2 twins
+        assert vec_family.candidates(T.tiling, 64, False) == [vec_family.default(T.tiling, 64, False)]
+        assert isinstance(vec_family.default(T.tiling, 64, False).kernel, kp.SpmmVec)  # unaligned: register gathers
+        reached = {c.kernel for c in cands}
+        reached |= {kp.SpmmVec(FS=f, U=4, VEC=False, COMBINE=c) for f in (1, 2) for c in (True, False)}
     with tg.tuning(vec_coop=True):
-        reached |= {kp.vec_spmm_config(c.slices, c.unroll, True, False, coop=True)
-                    for c in vec_family.candidates(T.tiling, 64, True)}
+        reached |= {c.kernel for c in vec_family.candidates(T.tiling, 64, True)}
     assert reached == set(kp.VEC_SPMM_CONFIGS)
-    with pytest.raises(ValueError, match="not compiled"):
-        kp.vec_spmm_config(4, 4, True, True)
     with pytest.raises(ValueError, match="tuning option vec_kernel takes None or a config of "
                                          "kernels.products.VEC_SPMM_CONFIGS, got SpmmVec"):
         with tg.tuning(vec_kernel=kp.SpmmVec(1, 8, True, True)):  # refused where the block is entered
-            _vec_layout.vec_choice(T.tiling, 64, True)
+            vec_family.default(T.tiling, 64, True)
     with tg.tuning(vec_kernel=kp.VEC_SPMM_CONFIGS[-1]):  # a coop config: that launch, and no other candidate
         (only,) = vec_family.candidates(T.tiling, 64, True)
-        assert only.coop and only.slices == kp.VEC_SPMM_CONFIGS[-1].FS
+        assert only.kernel == kp.VEC_SPMM_CONFIGS[-1] and only.kernel.COOP
 
 
 def test_pick_fastest_keeps_the_default_within_the_margin():

@@ -265,7 +265,7 @@ def test_tf32_fragments_place_every_tile_position(cp, tf32_kernel):
 
 SPLIT_TUNINGS = {
     "vector-registers": ("vector", dict(vec_kernel=kp.SpmmVec(1, 4, False, True), vec_blocks_per_unit=2)),
-    "vector-async": ("vector", dict(vec_kernel=kp.vec_spmm_config(1, 4, True, True), vec_blocks_per_unit=2)),
+    "vector-async": ("vector", dict(vec_kernel=kp.SpmmVecAsync(FS=1, U=4, NS=kp.VEC_STAGES, COMBINE=True, RX=True, PV=True), vec_blocks_per_unit=2)),
     "16x8-async": ("tcgnn", dict(tf32_nwarps=(4, 4), blocks_per_warp=1)),
     "16x8-registers": ("tcgnn", dict(tf32_kernel=kp.tf32_spmm_config(2, False), tf32_nwarps=(4, 4),
                                      blocks_per_warp=1)),
@@ -334,21 +334,23 @@ def _check_timed_candidates(cp, rng, D, coop):
         aligned = D % 4 == 0
         choices = vec_family.candidates(T.tiling, D, aligned)
         assert len(set(choices)) == len(choices) and len({c.bpu for c in choices}) == 1
-        assert {c.coop for c in choices} == {coop and aligned}
-        gathers = {(c.cp_async, c.unroll, c.dense, c.l1) for c in choices}
+        kernels = [c.kernel for c in choices]
+        assert {getattr(k, "COOP", False) for k in kernels} == {coop and aligned}
+        gathers = {(isinstance(k, kp.SpmmVecAsync), k.U, getattr(k, "DV", False), getattr(k, "L1", False))
+                   for k in kernels}
         if coop and aligned:
             assert gathers == {(True, 4, False, False), (True, 2, False, False)}
-            assert not any(c.combine for c in choices)
+            assert not any(k.COMBINE for k in kernels)
         else:
             if name == "hub" and aligned:  # split windows: both ways of summing them are candidates
-                assert {c.combine for c in choices} == {True, False}
+                assert {k.COMBINE for k in kernels} == {True, False}
             # cp.async of 4 or 2 blocks a step, through L2 or L1, dense values; unaligned rows: the register
             # gathers alone (the statistics' launch, untimed)
             assert gathers == ({(True, 4, False, False), (True, 4, False, True), (True, 4, True, False),
                                 (True, 2, False, False), (True, 2, False, True)}
                                if aligned else {(False, 4, False, False)})
             assert aligned or len(choices) == 1
-        assert {c.slices for c in choices} == ({1, 2} if D > 32 and aligned else {choices[0].slices})
+        assert {k.FS for k in kernels} == ({1, 2} if D > 32 and aligned else {kernels[0].FS})
         first = None
         for c in choices:
             launch = vec_family.launch(T.tiling, np.dtype(np.float32), D, aligned, c)
@@ -412,7 +414,7 @@ def test_timed_choice_runs_once_and_keeps_the_fastest(cp, monkeypatch):
     ((_, launch),) = T.tiling.cached_items("launch")
     choices = list(ms)
     best = choices[_autotune.pick_fastest(list(ms.values()))]
-    assert launch.n_slices == -(-64 // (32 * best.slices)) and (launch.fixup is None) == best.combine
+    assert launch.n_slices == -(-64 // (32 * best.kernel.FS)) and (launch.fixup is None) == best.kernel.COMBINE
     # The candidates shared one set of partial tiles (the hub's windows are split), not one each.
     assert len([k for k in launch.scratch if k[0][0] == "partial"]) == 1
     # A large product keeps the statistics' launch untimed.
@@ -431,7 +433,7 @@ def test_dense_values_follow_each_matrix(cp):
     matrices sharing one tiling than the dense copies it keeps."""
     rng = np.random.default_rng()
     _, A = next(_timed_cases(rng))
-    with tg.tuning(vec_kernel=kp.vec_spmm_config(1, 4, True, True, dense=True)):
+    with tg.tuning(vec_kernel=kp.SpmmVecAsync(FS=1, U=4, NS=kp.VEC_STAGES, COMBINE=True, RX=True, PV=True, DV=True)):
         T = tg.TiledMatrix(A, dtype=np.float32)
         X = cp.asarray(ints(rng, A.shape[1], 64))
         mats = []

@@ -44,7 +44,7 @@ def main():
         import ml_dtypes
 
         xdt = np.dtype(ml_dtypes.bfloat16) if args.x_dtype == "bfloat16" else np.dtype(np.float16)
-    won_fields = ("slices", "combine", "ks", "stages") if half else ("slices", "cp_async", "combine", "unroll", "dense", "l1")
+    won_fields = ("FS", "COMBINE", "KS", "NS") if half else ("kernel", "FS", "U", "COMBINE", "DV", "L1")
     head = ("| graph | D | cuSPARSE GPU-only µs | statistics µs | timed µs | cuSPARSE from idle µs | statistics µs |"
             " timed µs | GPU-only ratio: statistics / timed | from idle: statistics / timed | first call ms:"
             f" statistics / timed | timed launch ({', '.join(won_fields)}) |\n"
@@ -63,7 +63,7 @@ def main():
             if timed:
                 (choice,) = T.launch_choices()
                 won = choice["ms"][choice["kept"]][0]
-                row["timed"]["won"] = [won[f] for f in won_fields]
+                row["timed"]["won"] = [won.get(f) for f in won_fields]
                 row["timed"]["candidates_us"] = {str(tuple(c.values())): 1e3 * t for c, t in choice["ms"]}
         c, s, t = row["cusparse"], row["statistics"], row["timed"]
         line = (f"| {name} | {D} | {c['gpu']:.1f} | {s['gpu']:.1f} | {t['gpu']:.1f} | {c['idle']:.1f} |"

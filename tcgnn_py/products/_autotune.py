@@ -76,7 +76,8 @@ def timed_choices(tiling):
     """What the timed choices on ``tiling`` measured: one dict per product signature timed (oldest first).
 
     Each has ``"x_dtype"``, ``"D"``, ``"aligned"``, ``"tuning"`` (the overrides in effect), ``"ms"``
-    (each candidate's configuration as a dict -> milliseconds, the default first) and ``"kept"``
+    (each candidate's configuration as a flat dict -- the kernel's class name and parameters, the blocks per unit
+    -> milliseconds, the default first) and ``"kept"``
     (the index of the launch kept, :func:`pick_fastest`).
     """
     out = []
@@ -90,4 +91,13 @@ def timed_choices(tiling):
 
 
 def _as_dict(config):
-    return config._asdict() if hasattr(config, "_asdict") else dataclasses.asdict(config)
+    """A configuration as one flat dict: its fields, a kernel config's as its class name and its parameters."""
+    out = {}
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if dataclasses.is_dataclass(value):
+            out[field.name] = type(value).__name__
+            out.update(dataclasses.asdict(value))
+        else:
+            out[field.name] = value
+    return out

@@ -1,10 +1,9 @@
-"""Layer 2: the vector layout's partition, shared by its float32 and 16-bit families: the statistics' default
-launch (:func:`vec_choice`), the unit size, the one-CTA-per-window choice, and the launch record of a choice.
+"""Layer 2: the vector layout's partition, shared by its float32 and 16-bit families: the statistics' rule
+(:func:`partition`: features per warp, the unit size, in-launch sums), the one-CTA-per-window choice, and the
+launches of a kernel on either.
 
-A choice's partition (blocks per unit) fixes the order of every sum; the families pick kernels for it.
+The partition (blocks per unit) fixes the order of every sum; the families pick kernels for it.
 """
-
-from typing import NamedTuple
 
 import numpy as np
 
@@ -12,8 +11,8 @@ from .._tuning import options
 from ._launch import Launch, Scratch, fixup
 from ._plans import VEC_UNITS_PER_WINDOW_MAX, sm_count, sorted_units, vec_coop_units, vec_hist, vec_meta, vec_plan
 
-__all__ = ["VEC_COOP_CTAS", "VEC_RESIDENT_WARPS", "VEC_UNIT_SIZES", "VEC_WIDE_WARPS", "VecChoice", "async_rows",
-           "coop_launch", "partition_launch", "vec_choice", "vec_coop", "vec_unit_size"]
+__all__ = ["VEC_COOP_CTAS", "VEC_RESIDENT_WARPS", "VEC_UNIT_SIZES", "VEC_WIDE_WARPS", "async_rows", "coop_launch",
+           "partition", "partition_launch", "vec_coop", "vec_unit_size"]
 
 
 #: 64 features per warp (instead of 32) while units x slices still give this many warps per SM: a warp then
@@ -28,107 +27,65 @@ VEC_UNIT_SIZES = (16, 32, 64, 128, 256)
 VEC_RESIDENT_WARPS = 32
 
 
-class VecChoice(NamedTuple):
-    """One launch of the vector SpMM: the knobs the timed choice varies and the partition it keeps."""
-
-    slices: int  # float4 groups per lane: a warp covers 32 * slices features
-    bpu: int  # blocks per unit: fixes the partition of each window, hence the order of every sum
-    cp_async: bool  # X rows through the cp.async pipeline (16-byte aligned rows), else straight to registers
-    combine: bool  # split windows summed inside the launch, else by the fixup launch
-    unroll: int = 4  # blocks per step (their loads issued together; the MMAs pair the same blocks whatever it is)
-    dense: bool = False  # values read dense, 32 per block (vec_dense_values): no metadata, one load per block
-    ks: int = 0  # 16-bit kernel: k16 chunks (4 blocks each) per step (0: 1)
-    stages: int = 0  # 16-bit kernel: steps in flight per warp (0: 2)
-    coop: bool = False  # one CTA per window x slice, its 4 parts summed in shared memory (vec_coop_units)
-    l1: bool = False  # cp.async copies of X rows through L1 (TF32)
-
-
 def async_rows(D, vec):
     """Whether the cp.async vector SpMM can gather X's rows: 16-byte aligned, and 4 D bytes fit an int."""
     return vec and D < 1 << 29
 
 
-def vec_choice(tiling, D, vec, half=None):
-    """The vector SpMM's launch from the tiling's statistics and the SM count (no timing).
+def partition(tiling, D, half=False, slices=None):
+    """``(slices, blocks per unit, combine)`` of the vector SpMM from the tiling's statistics and the SM count.
 
-    ``options()["vec_kernel"]`` (a config of :data:`.kernels.products.VEC_SPMM_CONFIGS`) fixes the
-    float32 kernel instead; the partition (blocks per unit) is the statistics' all the same.
+    ``slices`` (float4 groups per lane: a warp covers ``32 * slices`` features) unless given: 2 while the grid
+    still holds :data:`VEC_WIDE_WARPS` warps per SM (a warp then reads each block's metadata once for twice
+    the features), else 1.  The blocks per unit fix the partition of each window, hence the order of every
+    sum (:func:`vec_unit_size`).  ``combine``: split windows of at most ``options()["vec_combine_parts_max"]``
+    parts are summed inside the launch (the last part's warp reads them all); longer ones go to the fixup
+    launch, which spreads each sum over threads.  ``half``: the 16-bit kernel's units.
     """
-    from ..kernels import products as kp
-
     def shape(slices):
         n_slices = -(-D // (32 * slices))
-        return n_slices, options()["vec_blocks_per_unit"] or vec_unit_size(tiling, n_slices, half is not None)
+        return n_slices, options()["vec_blocks_per_unit"] or vec_unit_size(tiling, n_slices, half)
 
-    forced = options()["vec_kernel" if half is None else "half_kernel"]
-    if forced is not None and half is not None:
-        if (forced.FS, forced.KS, forced.NS) not in (kp.VEC_HALF_COOP if forced.COOP else kp.VEC_HALF):
-            raise ValueError(f"half_kernel={forced!r} has no compiled shape: see kernels.products.VEC_HALF")
-        if not vec:
-            forced = None  # unaligned rows: one configuration
-    elif forced is not None and forced not in kp.VEC_SPMM_CONFIGS:
-        raise ValueError(f"vec_kernel={forced!r} is not compiled: see kernels.products.VEC_SPMM_CONFIGS")
-    if forced is not None:
-        slices = forced.FS
-    elif half is not None and not vec:
-        slices = kp.HALF_DEFAULT[0]  # unaligned rows: one configuration
-    else:
-        # Wider slices (64 features per warp) read each block's metadata half as often, but halve the warps:
-        # keep them only while the grid still holds VEC_WIDE_WARPS warps per SM.
+    if slices is None:
         slices = 1
         if D > 32 and options()["vec_max_slices"] >= 2:
             n2, bpu2 = shape(2)
             if vec_plan(tiling, bpu2)["units"].shape[0] * n2 >= VEC_WIDE_WARPS * sm_count(tiling):
                 slices = 2
     bpu = shape(slices)[1]
-    # Split windows of at most options()["vec_combine_parts_max"] parts are summed inside the SpMM launch (the
-    # last part's warp reads them all); longer ones go to the fixup launch, which spreads each sum over threads.
     max_parts = vec_plan(tiling, bpu)["max_parts"]
-    combine = 0 < max_parts <= options()["vec_combine_parts_max"] and options()["vec_combine"]
-    cp_async = half is None and async_rows(D, vec)
-    if isinstance(forced, kp.SpmmVech):
-        return VecChoice(slices, bpu, False, forced.COMBINE and not forced.COOP, ks=forced.KS, stages=forced.NS,
-                         coop=forced.COOP)
-    if isinstance(forced, kp.SpmmVec):
-        return VecChoice(slices, bpu, False, forced.COMBINE, forced.U)
-    if forced is not None and cp_async:  # (rows cp.async cannot copy take the rule's launch)
-        if forced.COOP:
-            return VecChoice(slices, bpu, True, False, forced.U, coop=True)
-        return VecChoice(slices, bpu, True, forced.COMBINE, forced.U, forced.DV, l1=forced.L1)
-    if cp_async and vec_coop(tiling, D):
-        return VecChoice(slices, bpu, True, False, kp.VEC_UNROLL, coop=True)
-    if half is not None and vec and (slices, 1, 2) in kp.VEC_HALF_COOP and vec_coop(tiling, D, True):
-        return VecChoice(slices, bpu, False, False, ks=1, stages=2, coop=True)
-    return VecChoice(slices, bpu, cp_async, combine, kp.VEC_UNROLL)
+    return slices, bpu, 0 < max_parts <= options()["vec_combine_parts_max"] and options()["vec_combine"]
 
 
-def partition_launch(tiling, D, choice, kernel, smem, nw, fix_kernel, scratch=None, n_extra=0):
-    """The launch of ``choice``'s usual units (not COOP) with ``kernel`` on ``nw`` warps per CTA and ``smem`` bytes:
-    split windows summed in it (``choice.combine``), or by ``fix_kernel()``'s fixup launch.  ``scratch``: the
-    per-stream store, shared by launches of one partition (the timed choice's candidates); ``n_extra`` arrays
-    follow the arguments (the 16-bit kernel's unscale)."""
-    n_slices = -(-D // (32 * choice.slices))
-    plan = vec_plan(tiling, choice.bpu)
+def partition_launch(tiling, D, slices, bpu, combine, kernel, smem, nw, fix_kernel, scratch=None, n_extra=0,
+                     dense=False):
+    """The launch of ``kernel`` on the usual units of ``bpu`` blocks (not COOP), ``32 * slices`` features per warp,
+    ``nw`` warps per CTA and ``smem`` bytes: split windows summed in it (``combine``), or by ``fix_kernel()``'s
+    fixup launch.  ``scratch``: the per-stream store, shared by launches of one partition (the timed choice's
+    candidates); ``n_extra`` arrays follow the arguments (the 16-bit kernel's unscale); ``dense``: the kernel
+    reads the values dense."""
+    n_slices = -(-D // (32 * slices))
+    plan = vec_plan(tiling, bpu)
     units, unit_k0 = plan["units"], plan["unit_k0"]
     if options()["vec_sort_units"]:
-        units, unit_k0 = tiling.cached(("vec_sorted", choice.bpu), lambda: sorted_units(tiling, choice.bpu))
+        units, unit_k0 = tiling.cached(("vec_sorted", bpu), lambda: sorted_units(tiling, bpu))
     n_work, n_slots, M = units.shape[0] * n_slices, plan["n_slots"], tiling.shape[0]
     scratch = {} if scratch is None else scratch
     # split windows summed in the launch: one counter per (first slot, slice)
-    counters = Scratch("counters", (n_slots * n_slices,), np.int32, zeros=True) if n_slots and choice.combine else None
+    counters = Scratch("counters", (n_slots * n_slices,), np.int32, zeros=True) if n_slots and combine else None
     partial = Scratch("partial", (n_slots, 8, D), np.float32) if n_slots else None
     fix = None
-    if n_slots and not choice.combine:
+    if n_slots and not combine:
         fix = fixup(fix_kernel(), plan, M, 8, D, partial, scratch)
     return Launch(kernel, (-(-n_work // nw),), (32 * nw,), smem, (units, unit_k0, tiling.block_cols, vec_meta(tiling)),
                   (counters,) + tuple(np.int32(v) for v in (M, D, n_slices, n_work)), partial=partial, scratch=scratch,
-                  fixup=fix, dense=bool(choice.dense and choice.cp_async), n_extra=n_extra, n_slices=n_slices)
+                  fixup=fix, dense=dense, n_extra=n_extra, n_slices=n_slices)
 
 
-def coop_launch(tiling, D, choice, kernel, smem, n_extra=0):
-    """The one-CTA-per-window launch of ``choice`` with ``kernel`` (4 warps, ``smem`` bytes; no partial tiles,
-    counters or fixup)."""
-    n_slices = -(-D // (32 * choice.slices))
+def coop_launch(tiling, D, slices, kernel, smem, n_extra=0):
+    """The one-CTA-per-window launch of ``kernel`` (``32 * slices`` features per warp, 4 warps, ``smem`` bytes; no
+    partial tiles, counters or fixup)."""
+    n_slices = -(-D // (32 * slices))
     units = vec_coop_units(tiling)
     n_windows, n_work = units.shape[0] // 4, units.shape[0] * n_slices
     return Launch(kernel, (n_windows * n_slices,), (128,), smem, (units, units, tiling.block_cols, vec_meta(tiling)),

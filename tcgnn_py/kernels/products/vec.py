@@ -13,7 +13,7 @@ from ..registry import register
 from .common import COMMON_SOURCE, FIXUP_SOURCE, PUT4_SOURCE, VEC_COMMON_SOURCE, KernelConfig, fixup_name
 
 __all__ = ["SpmmVec", "SpmmVecAsync", "SddmmVec", "VEC_SLICES", "VEC_UNROLL", "VEC_ASYNC_UNROLL", "VEC_STAGES",
-           "VEC_WARPS", "VEC_SDDMM_BLOCKS", "VEC_SPMM_CONFIGS", "vec_spmm_config", "vec_async_smem",
+           "VEC_WARPS", "VEC_SDDMM_BLOCKS", "VEC_SPMM_CONFIGS", "vec_async_smem",
            "sddmm_vec_name"]
 
 #: Float4 column groups per lane: a warp covers ``32 * FS`` features (the statistics' rule picks 1 or 2).
@@ -67,24 +67,6 @@ class SddmmVec(KernelConfig):
 
     KERNEL: ClassVar[str] = "tcgnn_sddmm_vec"
     VEC: bool
-
-
-def vec_spmm_config(slices, unroll, cp_async, combine, dense=False, coop=False, l1=False):
-    """The SpMM config of a launch choice: register gathers (any row alignment) or cp.async gathers.
-
-    The cp.async kernel always rounds X in registers and loads values one step ahead; ``coop`` sums a
-    window's 4 parts in shared memory (no in-launch partial sums), ``l1`` copies X rows through L1, ``dense``
-    reads 32 values per block.  Raises ``ValueError`` for a choice that is not compiled.
-    """
-    if not cp_async:
-        cfg = SpmmVec(slices, unroll, False, combine)
-    elif coop:
-        cfg = SpmmVecAsync(slices, unroll, VEC_STAGES, False, True, True, False, True)
-    else:
-        cfg = SpmmVecAsync(slices, unroll, VEC_STAGES, combine, True, True, dense, False, l1)
-    if cfg not in VEC_SPMM_CONFIGS:
-        raise ValueError(f"{cfg.name} is not compiled: see kernels.products.VEC_SPMM_CONFIGS")
-    return cfg
 
 
 def vec_async_smem(nwarps, slices, unroll, stages):

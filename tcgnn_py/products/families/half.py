@@ -4,6 +4,8 @@ the launch, the timed choice's candidates, and the binding for repeated calls.
 The matrix's values go as X's type, or as (hi, lo) pairs of it (:func:`.._values.half_values`).
 """
 
+import dataclasses
+
 import numpy as np
 
 from ..._device import get_cupy
@@ -12,9 +14,18 @@ from .._autotune import choose
 from .._launch import Launch, cast_closure, half_launch_key, planned, result_and_operand
 from .._plans import aligned16, vec_plan
 from .._values import half_key, half_values
-from .._vec_layout import coop_launch, partition_launch, vec_choice
+from .._vec_layout import coop_launch, partition, partition_launch, vec_coop
 
-__all__ = ["bind_half", "candidates", "launch", "spmm_half", "spmm_launch"]
+__all__ = ["Config", "bind_half", "candidates", "default", "launch", "spmm_half", "spmm_launch"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One launch of the 16-bit vector SpMM: the kernel (``SpmmVech``, its types and alignment the operands')
+    and the blocks per unit, which fix the partition of each window, hence the order of every sum."""
+
+    kernel: object
+    bpu: int
 
 
 def spmm_launch(tiling, dtype, D, vec, half, operands=None):
@@ -26,9 +37,9 @@ def spmm_launch(tiling, dtype, D, vec, half, operands=None):
 
     vals, X, Y, unscale = operands
 
-    def kernels_of(choice):
+    def kernels_of(config):
         names = []
-        launch(tiling, dtype, D, vec, half, choice, {}, get=lambda family, name: names.append((family, name)))
+        launch(tiling, dtype, D, vec, half, config, {}, get=lambda family, name: names.append((family, name)))
         return tuple(names)
 
     return choose(tiling, ("timed", half, D, vec), candidates(tiling, D, vec, half),
@@ -36,26 +47,54 @@ def spmm_launch(tiling, dtype, D, vec, half, operands=None):
                   lambda la: lambda: la.run(vals, X, Y, unscale), kernels_of, tiling.n_blocks * D)
 
 
-def launch(tiling, dtype, D, vec, half, choice=None, scratch=None, get=None):
-    """The launch of ``choice`` (default: :func:`vec_choice`) for ``half`` ``(X type, split values, Y type)``;
+def default(tiling, D, vec, half):
+    """The statistics' launch (no timing) for ``half`` ``(X type, split values, Y type)``: the vector layout's
+    partition (:func:`.._vec_layout.partition`, the 16-bit units), one k16 chunk a step, two steps in flight,
+    and one CTA per window where :func:`.._vec_layout.vec_coop` says it pays.  Rows not 16-byte aligned have
+    one compiled shape (``HALF_DEFAULT``).
+
+    ``options()["half_kernel"]`` pins the shape (its ``FS, KS, NS, COMBINE, COOP``; the types and alignment come
+    from the operands) on aligned rows.
+    """
+    from ...kernels import products as kp
+
+    forced = options()["half_kernel"]
+    if forced is not None and (forced.FS, forced.KS, forced.NS) not in (kp.VEC_HALF_COOP if forced.COOP
+                                                                        else kp.VEC_HALF):
+        raise ValueError(f"half_kernel={forced!r} has no compiled shape: see kernels.products.VEC_HALF")
+    forced = forced if vec else None  # unaligned rows: one configuration
+    slices = forced.FS if forced is not None else None if vec else kp.HALF_DEFAULT[0]
+    slices, bpu, combine = partition(tiling, D, half=True, slices=slices)
+    x, split, y = half
+    _, ks, stages = kp.HALF_DEFAULT
+    base = kp.SpmmVech(TX=kp.HALF_TYPES[x], SPLIT=split, TY=kp.cuda_type(y), FS=slices, KS=ks, NS=stages,
+                       COMBINE=combine, AL=vec)
+    if forced is not None:
+        return Config(dataclasses.replace(base, KS=forced.KS, NS=forced.NS, COMBINE=forced.COMBINE and not forced.COOP,
+                                          COOP=forced.COOP), bpu)
+    if vec and (slices, ks, stages) in kp.VEC_HALF_COOP and vec_coop(tiling, D, True):
+        return Config(dataclasses.replace(base, COMBINE=False, COOP=True), bpu)
+    return Config(base, bpu)
+
+
+def launch(tiling, dtype, D, vec, half, config=None, scratch=None, get=None):
+    """The launch of ``config`` (default: :func:`default`) for ``half`` ``(X type, split values, Y type)``;
     ``get(family, name)``: where kernels come from (default: compiled on first use)."""
     from ...kernels import products as kp
     from ...kernels.registry import get_kernel
 
     get = get or get_kernel
-    choice = choice or vec_choice(tiling, D, vec, half)
-    if choice.coop:
-        cfg = (choice.slices, choice.ks, choice.stages)
-        return coop_launch(tiling, D, choice, get("half", kp.spmm_vech_name(*half, *cfg, coop=True)),
-                           kp.vech_smem(4, *cfg), n_extra=1)
-    cfg = (choice.slices, choice.ks or 1, choice.stages or 2) if vec else kp.HALF_DEFAULT
-    if cfg not in kp.VEC_HALF:
-        raise ValueError(f"no 16-bit SpMM compiled for (slices, ks, stages) = {cfg}: see kernels.products.VEC_HALF")
+    config = config or default(tiling, D, vec, half)
+    k = config.kernel
+    shape = (k.FS, k.KS, k.NS)
+    if k.COOP:
+        return coop_launch(tiling, D, k.FS, get("half", k.name), kp.vech_smem(4, *shape), n_extra=1)
+    if shape not in kp.VEC_HALF:
+        raise ValueError(f"no 16-bit SpMM compiled for (slices, ks, stages) = {shape}: see kernels.products.VEC_HALF")
     nw = options()["vec_warps"]
-    while nw > 1 and kp.vech_smem(nw, *cfg) > kp.SPMM_SMEM_LIMIT:
+    while nw > 1 and kp.vech_smem(nw, *shape) > kp.SPMM_SMEM_LIMIT:
         nw //= 2
-    kernel = get("half", kp.spmm_vech_name(half[0], half[1], half[2], *cfg, choice.combine, vec))
-    return partition_launch(tiling, D, choice, kernel, kp.vech_smem(nw, *cfg), nw,
+    return partition_launch(tiling, D, k.FS, config.bpu, k.COMBINE, get("half", k.name), kp.vech_smem(nw, *shape), nw,
                             lambda: get("half", kp.fixup_name("float32", np.dtype(dtype).name)), scratch, n_extra=1)
 
 
@@ -74,23 +113,16 @@ def candidates(tiling, D, vec, half):
     def fits(slices):  # 64 features per warp only for D > 32, and within the cap
         return slices == 1 or (16 * slices < D and slices <= options()["vec_max_slices"])
 
-    default = vec_choice(tiling, D, vec, half)
+    first = default(tiling, D, vec, half)
+    k = first.kernel
     if not vec or options()["half_kernel"] is not None:
-        return [default]
-    if default.coop:  # its own partition (4 parts per window): candidates among its own shapes
-        return list(dict.fromkeys([default] + [default._replace(slices=f, ks=ks, stages=ns)
-                                               for f, ks, ns in kp.VEC_HALF_COOP if fits(f)]))
-    default = default._replace(ks=1, stages=2)
-    has_splits = vec_plan(tiling, default.bpu)["n_slots"] > 0
-    out = [default]
-    for slices, ks, stages in kp.VEC_HALF:
-        if not fits(slices):
-            continue
-        for combine in (True, False) if has_splits else (False,):
-            c = default._replace(slices=slices, ks=ks, stages=stages, combine=combine)
-            if c not in out:
-                out.append(c)
-    return out
+        return [first]
+    if k.COOP:  # its own partition (4 parts per window): candidates among its own shapes
+        shapes = [dict(FS=f, KS=ks, NS=ns) for f, ks, ns in kp.VEC_HALF_COOP if fits(f)]
+    else:
+        sums = (True, False) if vec_plan(tiling, first.bpu)["n_slots"] > 0 else (False,)
+        shapes = [dict(FS=f, KS=ks, NS=ns, COMBINE=c) for f, ks, ns in kp.VEC_HALF if fits(f) for c in sums]
+    return list(dict.fromkeys([first] + [Config(dataclasses.replace(k, **shape), first.bpu) for shape in shapes]))
 
 
 def spmm_half(tiling, hv, X, dtype, out):

@@ -1,8 +1,11 @@
 """Layer 2: the ``"vec"`` family: TF32 SpMM and SDDMM on the vector layout (8-row windows, 8x4 blocks).
 
-The statistics' default launch is the vector layout's (:func:`.._vec_layout.vec_choice`); the timed choice
-compares :func:`candidates`, which keep its partition, so every candidate gives the same bits.
+A launch is a :class:`Config`: a compiled kernel (:data:`.kernels.products.VEC_SPMM_CONFIGS`) and the partition
+it runs on.  :func:`default` is the tiling statistics' rule; the timed choice compares :func:`candidates`,
+which keep its partition, so every candidate gives the same bits.
 """
+
+import dataclasses
 
 import numpy as np
 
@@ -11,9 +14,18 @@ from .._autotune import choose
 from .._launch import SDDMM_OPERANDS, Launch, run_spmm
 from .._plans import spmm_plan, vec_plan
 from .._values import VEC_DENSE_BYTES_MAX
-from .._vec_layout import VecChoice, async_rows, coop_launch, partition_launch, vec_choice
+from .._vec_layout import async_rows, coop_launch, partition, partition_launch, vec_coop
 
-__all__ = ["candidates", "launch", "sddmm_launch", "spmm_launch"]
+__all__ = ["Config", "candidates", "default", "launch", "sddmm_launch", "spmm_launch"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One launch of the vector SpMM: the kernel (``SpmmVec`` register gathers, or ``SpmmVecAsync``) and the
+    blocks per unit, which fix the partition of each window, hence the order of every sum."""
+
+    kernel: object
+    bpu: int
 
 
 def spmm_launch(tiling, dtype, D, vec, operands=None):
@@ -28,9 +40,9 @@ def spmm_launch(tiling, dtype, D, vec, operands=None):
 
     values, X, Y = operands
 
-    def kernels_of(choice):
+    def kernels_of(config):
         names = []
-        launch(tiling, dtype, D, vec, choice, {}, get=lambda family, name: names.append((family, name)))
+        launch(tiling, dtype, D, vec, config, {}, get=lambda family, name: names.append((family, name)))
         return tuple(names)
 
     return choose(tiling, ("timed", "float32", D, vec), candidates(tiling, D, vec),
@@ -38,28 +50,49 @@ def spmm_launch(tiling, dtype, D, vec, operands=None):
                   lambda la: lambda: run_spmm(la, tiling, values, X, Y), kernels_of, tiling.n_blocks * D)
 
 
-def launch(tiling, dtype, D, vec, choice=None, scratch=None, get=None):
-    """The launch of ``choice`` (default: :func:`vec_choice`); ``get(family, name)``: where kernels come from
+def default(tiling, D, vec):
+    """The statistics' launch (no timing): :func:`.._vec_layout.partition`'s, cp.async gathers where rows allow
+    (16-byte aligned), one CTA per window where :func:`.._vec_layout.vec_coop` says it pays.
+
+    ``options()["vec_kernel"]`` (a config of :data:`.kernels.products.VEC_SPMM_CONFIGS`) pins the kernel; the
+    partition is the statistics' all the same, and rows cp.async cannot copy take the rule's kernel.
+    """
+    from ...kernels import products as kp
+
+    forced = options()["vec_kernel"]
+    if forced is not None and forced not in kp.VEC_SPMM_CONFIGS:
+        raise ValueError(f"vec_kernel={forced!r} is not compiled: see kernels.products.VEC_SPMM_CONFIGS")
+    slices, bpu, combine = partition(tiling, D, slices=None if forced is None else forced.FS)
+    cp_async = async_rows(D, vec)
+    if forced is not None and (cp_async or isinstance(forced, kp.SpmmVec)):
+        return Config(forced, bpu)
+    if not cp_async:
+        return Config(kp.SpmmVec(FS=slices, U=kp.VEC_UNROLL, VEC=False, COMBINE=combine), bpu)
+    coop = vec_coop(tiling, D)
+    return Config(kp.SpmmVecAsync(FS=slices, U=kp.VEC_UNROLL, NS=kp.VEC_STAGES, COMBINE=combine and not coop, RX=True,
+                                  PV=True, COOP=coop), bpu)
+
+
+def launch(tiling, dtype, D, vec, config=None, scratch=None, get=None):
+    """The launch of ``config`` (default: :func:`default`); ``get(family, name)``: where kernels come from
     (default: compiled on first use)."""
     from ...kernels import products as kp
     from ...kernels.registry import get_kernel
 
     get = get or get_kernel
-    choice = choice or vec_choice(tiling, D, vec)
-    if choice.coop:
-        kernel = get("vec", kp.vec_spmm_config(choice.slices, choice.unroll, True, False, coop=True).name)
-        return coop_launch(tiling, D, choice, kernel, kp.vec_async_smem(4, choice.slices, choice.unroll,
-                                                                        kp.VEC_STAGES))
+    config = config or default(tiling, D, vec)
+    k = config.kernel
+    kernel = get("vec", k.name)
+    if isinstance(k, kp.SpmmVecAsync) and k.COOP:
+        return coop_launch(tiling, D, k.FS, kernel, kp.vec_async_smem(4, k.FS, k.U, k.NS))
     nw, smem = options()["vec_warps"], 0
-    if choice.cp_async:
-        while nw > 1 and kp.vec_async_smem(nw, choice.slices, choice.unroll, kp.VEC_STAGES) > kp.SPMM_SMEM_LIMIT:
+    if isinstance(k, kp.SpmmVecAsync):
+        while nw > 1 and kp.vec_async_smem(nw, k.FS, k.U, k.NS) > kp.SPMM_SMEM_LIMIT:
             nw //= 2
-        smem = kp.vec_async_smem(nw, choice.slices, choice.unroll, kp.VEC_STAGES)
-        cfg = kp.vec_spmm_config(choice.slices, choice.unroll, True, choice.combine, choice.dense, l1=choice.l1)
-    else:
-        cfg = kp.vec_spmm_config(choice.slices, choice.unroll, False, choice.combine)
-    return partition_launch(tiling, D, choice, get("vec", cfg.name), smem, nw,
-                            lambda: get("vec", kp.fixup_name(np.dtype(dtype).name)), scratch)
+        smem = kp.vec_async_smem(nw, k.FS, k.U, k.NS)
+    return partition_launch(tiling, D, k.FS, config.bpu, k.COMBINE, kernel, smem, nw,
+                            lambda: get("vec", kp.fixup_name(np.dtype(dtype).name)), scratch,
+                            dense=isinstance(k, kp.SpmmVecAsync) and k.DV)
 
 
 def candidates(tiling, D, vec):
@@ -74,27 +107,25 @@ def candidates(tiling, D, vec):
     with 4), each also through L1 (the L1 copies win where an SM's warps gather
     the same X rows again, e.g. blogcatalog3, and lose elsewhere); in-launch sums
     or the fixup launch.  Other rows have one launch, the register gathers.
+    Each is the default's kernel config with fields replaced, kept if compiled.
     """
     from ...kernels import products as kp
 
-    default = vec_choice(tiling, D, vec)
+    first = default(tiling, D, vec)
+    k = first.kernel
     if options()["vec_kernel"] is not None or not async_rows(D, vec):
-        return [default]
-    if default.coop:  # its own partition (4 parts per window): candidates among its own shapes
-        shapes = [(f, u) for f in ((1, 2) if D > 32 else (1,)) for u in kp.VEC_ASYNC_UNROLL]
-        return list(dict.fromkeys([default] + [default._replace(slices=f, unroll=u) for f, u in shapes]))
-    has_splits = vec_plan(tiling, default.bpu)["n_slots"] > 0
-    gathers = [(u, False, l1) for u in kp.VEC_ASYNC_UNROLL for l1 in (False, True)]
-    if tiling.n_blocks * 32 * 4 <= VEC_DENSE_BYTES_MAX:
-        gathers.insert(2, (kp.VEC_UNROLL, True, False))
-    out = [default]
-    for slices in (1, 2) if D > 32 else (1,):
-        for unroll, dense, l1 in gathers:
-            for combine in (True, False) if has_splits else (False,):
-                c = VecChoice(slices, default.bpu, True, combine, unroll, dense, l1=l1)
-                if c not in out:
-                    out.append(c)
-    return out
+        return [first]
+    widths = (1, 2) if D > 32 else (1,)
+    if k.COOP:  # its own partition (4 parts per window): candidates among its own shapes
+        shapes = [dict(FS=f, U=u) for f in widths for u in kp.VEC_ASYNC_UNROLL]
+    else:
+        gathers = [dict(U=u, DV=False, L1=l1) for u in kp.VEC_ASYNC_UNROLL for l1 in (False, True)]
+        if tiling.n_blocks * 32 * 4 <= VEC_DENSE_BYTES_MAX:
+            gathers.insert(2, dict(U=kp.VEC_UNROLL, DV=True, L1=False))
+        sums = (True, False) if vec_plan(tiling, first.bpu)["n_slots"] > 0 else (False,)
+        shapes = [dict(FS=f, COMBINE=c, **g) for f in widths for g in gathers for c in sums]
+    out = [first] + [Config(dataclasses.replace(k, **shape), first.bpu) for shape in shapes]
+    return [c for c in dict.fromkeys(out) if c.kernel in kp.VEC_SPMM_CONFIGS]
 
 
 def sddmm_launch(tiling, D, aligned, multiply_values):
