@@ -6,7 +6,7 @@ from importlib import resources
 
 import numpy as np
 
-from ._permutation import Permutation
+from .orders._permutation import Permutation
 
 __all__ = ["Graph", "load_cora", "load_graph"]
 

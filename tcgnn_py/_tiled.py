@@ -4,12 +4,12 @@ import weakref
 
 import numpy as np
 
-from . import _nm_group, _sgt
+from .tiles import _nm_group, _sgt
 from . import _reference as ref
 from ._device import DeviceMismatchError, array_module, get_cupy, is_cupy_array, to_host, use_gpu
 from .products import DEVICE_VALUES, MISMATCH, as_operand, check_out, result_dtype, sddmm_raw, signature, spmm_raw, \
     timed_choices
-from ._tiling import STRUCTURE, Tiling, TileStats, resolve_layout
+from .tiles._tiling import STRUCTURE, Tiling, TileStats, resolve_layout
 from ._tuning import options
 from ._validation import (
     as_dtype,

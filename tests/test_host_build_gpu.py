@@ -94,7 +94,7 @@ _COLD = r"""
 import json, sys
 import numpy as np, cupy as cp, scipy.sparse as sp
 import tcgnn_py as tg
-from tcgnn_py import _sgt
+from tcgnn_py.tiles import _sgt
 A = tg.power_law_graph(40000, 400000, seed=5)  # above sgt_host_max, below sgt_host_cold_max
 X = cp.asarray(np.random.default_rng(0).integers(-8, 9, (A.shape[0], 16)).astype(np.float32))
 T = tg.TiledMatrix(A)

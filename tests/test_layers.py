@@ -151,8 +151,8 @@ def test_scripts_use_public_names_only(path):
 
 def test_the_contributors_layer_table_lists_every_module():
     """docs/contributing.md's layer table follows the code: each private module of the package root and each
-    module of ``kernels/`` and ``products/`` by name, the other packages by ``name/``, each in the row of its
-    layer."""
+    module of ``kernels/``, ``products/``, ``tiles/`` and ``orders/`` by name, the other packages by ``name/``,
+    each in the row of its layer."""
     text = (ROOT.parent / "docs" / "contributing.md").read_text()
     rows = {int(m.group(1)): m.group(2) for m in re.finditer(r"^\| (\d) \| (.*) \|$", text, flags=re.M)}
     missing = []

@@ -6,7 +6,7 @@ import scipy.sparse as sp
 from _env import graph_dir, host
 
 import tcgnn_py as tg
-from tcgnn_py import _locality as L
+from tcgnn_py.orders import _locality as L
 
 
 def sym_graph(n, density, seed):

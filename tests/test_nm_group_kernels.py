@@ -6,7 +6,8 @@ import scipy.sparse as sp
 from _env import graph_dir, host
 
 from _zoo import star
-from tcgnn_py import _nm_group, _nm_windows
+from tcgnn_py.tiles import _nm_group
+from tcgnn_py.tiles import _nm_windows
 
 pytestmark = pytest.mark.kernels
 

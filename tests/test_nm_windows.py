@@ -5,7 +5,7 @@ import pytest
 import scipy.sparse as sp
 
 from _zoo import star
-from tcgnn_py import _nm_windows as nw
+from tcgnn_py.tiles import _nm_windows as nw
 
 PATTERNS = [(2, 4), (1, 2)]
 

@@ -13,7 +13,7 @@ import scipy.sparse as sp
 from _zoo import star, stars
 
 import tcgnn_py as tg
-from tcgnn_py import _nm_reference as ref
+from tcgnn_py.orders import _nm_reference as ref
 from tcgnn_py._validation import Pattern, check_pattern
 
 K = ref.K_VERTICAL
@@ -398,7 +398,7 @@ def test_reorder_device_vocabulary():
 
 def grouping_padding(A, perm, layout):
     """Padding share of ``layout``'s N:M grouping of ``perm.apply(A)``, from the reference grouping."""
-    from tcgnn_py import _nm_windows as nw
+    from tcgnn_py.tiles import _nm_windows as nw
 
     B = sp.csr_array(A if perm is None else perm.apply(A))
     B.sum_duplicates()
@@ -450,7 +450,7 @@ def test_window_stage_edge_cases(n, dense):
 
 
 def test_stacked_order_puts_k_hubs_in_each_window():
-    from tcgnn_py import _reorder as R
+    from tcgnn_py.orders import _reorder as R
 
     n, W = 40, 16
     deg = np.arange(n, dtype=np.int64) % 7
@@ -471,7 +471,7 @@ def test_stacked_order_puts_k_hubs_in_each_window():
 
 def test_window_stage_splits_no_more_windows():
     """Candidates that split more windows into SpMM units, or lengthen the longest unit by more than 1/8, lose."""
-    from tcgnn_py import _reorder as R
+    from tcgnn_py.orders import _reorder as R
 
     unit = R.NM_BLOCKS_PER_UNIT
 

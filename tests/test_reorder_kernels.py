@@ -11,7 +11,7 @@ import scipy.sparse as sp
 from _env import graph_dir, host
 
 import tcgnn_py as tg
-from tcgnn_py import _reorder as R
+from tcgnn_py.orders import _reorder as R
 from tcgnn_py._validation import Pattern
 
 pytestmark = pytest.mark.kernels

@@ -12,7 +12,7 @@ from _env import DATA_DIRS, SIM, host
 
 import tcgnn_py as tg
 from tcgnn_py import _reference as ref
-from tcgnn_py import _sgt
+from tcgnn_py.tiles import _sgt
 
 pytestmark = pytest.mark.kernels
 

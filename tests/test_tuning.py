@@ -121,7 +121,7 @@ def test_the_warp_limits_are_the_kernels_launch_bounds():
 def test_the_host_translation_limit_is_the_larger_one_until_the_kernels_have_run(monkeypatch):
     """Host inputs: ``sgt_host_max``, or ``sgt_host_cold_max`` while the SGT kernels have not run; transposes of
     device tilings: the cold limit only while they have not; ``sgt_host_max=-1``: never on the host."""
-    from tcgnn_py import _sgt
+    from tcgnn_py.tiles import _sgt
 
     small, cold = 1 << 18, 1 << 21  # the defaults
     monkeypatch.setattr(_sgt, "_RAN", [False])

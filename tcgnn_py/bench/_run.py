@@ -11,9 +11,9 @@ import math
 
 import numpy as np
 
-from .. import _sgt
+from ..tiles import _sgt
 from .._device import use_gpu
-from .._reorder import locality_report, reorder
+from ..orders._reorder import locality_report, reorder
 from .._tiled import TiledMatrix, sddmm, spmm
 from ._baselines import CSR_ALG2, CSR_ALG3, CusparseRowMajor, CusparseSDDMM, GatherDotSDDMM
 from ._graphs import resolve_graph
@@ -109,8 +109,8 @@ def vertex_order(A, order, device=None):
     import scipy.sparse as sp
     from scipy.sparse.csgraph import reverse_cuthill_mckee
 
-    from .._locality import degree_order, symmetric_pattern
-    from .._permutation import Permutation
+    from ..orders._locality import degree_order, symmetric_pattern
+    from ..orders._permutation import Permutation
 
     if order == "locality":
         dev = "cuda" if use_gpu(device) else "cpu"

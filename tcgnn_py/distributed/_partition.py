@@ -30,8 +30,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from .._device import get_cupy, to_host, use_gpu
-from .._locality import run_heads, symmetric_pattern
-from .._permutation import Permutation
+from ..orders._locality import run_heads, symmetric_pattern
+from ..orders._permutation import Permutation
 from .._validation import check_count, coerce_csr
 
 __all__ = ["RowPartition", "balanced_bounds", "compact_columns", "plan", "spmm_reference", "Partition", "partition",

@@ -6,7 +6,7 @@ highest score, the smallest neighbour id on ties.  One warp per vertex strides
 its CSR row and reduces (score, id) with ``shfl_xor``, so a hub's row costs
 ``degree / 32`` steps, not ``degree``.  The reduction is an argmax over a total
 order, so its result does not depend on the order of the lanes: it equals
-:func:`tcgnn_py._locality._best_partner_reference` bit for bit.
+:func:`tcgnn_py.orders._locality._best_partner_reference` bit for bit.
 """
 
 import numpy as np

@@ -1,6 +1,6 @@
 """Layer 1: Numba CUDA kernel of the N:M window grouping (issue 19), one warp per row window.
 
-It reproduces :func:`tcgnn_py._nm_windows.group_columns` slot for slot.  Lane
+It reproduces :func:`tcgnn_py.tiles._nm_windows.group_columns` slot for slot.  Lane
 ``l`` of the warp holds open group ``l``: its opening number, its columns
 (at most M <= 4, a local array) and its row levels (``lv0``: rows holding an
 entry, ``lv1``: rows holding two).  For each column of the window, in order:
@@ -49,7 +49,7 @@ def _write_group(slots, ns, M, columns, out, pos):
 def group_windows(win_ptr, columns, masks, N, M, write, slot_ptr, counts, slot_cols):
     """Group every window's columns into M-slot groups of <= N entries per row (see the module docstring).
 
-    ``win_ptr``/``columns``/``masks``: :func:`tcgnn_py._nm_windows.window_columns`.  ``write = 0``: ``counts[w]``
+    ``win_ptr``/``columns``/``masks``: :func:`tcgnn_py.tiles._nm_windows.window_columns`.  ``write = 0``: ``counts[w]``
     gets window ``w``'s slot count; ``write = 1``: its slots go to ``slot_cols[slot_ptr[w]:]``.
     Blocks of a multiple of 32 threads; one warp per window.
     """

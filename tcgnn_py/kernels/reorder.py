@@ -1,6 +1,6 @@
 """Layer 1: Numba CUDA kernels of the N:M sparsity-oriented reorder (PPoPP'25).
 
-The terms and the exact semantics are those of :mod:`tcgnn_py._nm_reference`,
+The terms and the exact semantics are those of :mod:`tcgnn_py.orders._nm_reference`,
 which these kernels must reproduce bit for bit:
 
 * :func:`pack_bits` -- OR of M-bit words per id (segment vectors from their

@@ -19,7 +19,7 @@ Packing, for entry ``(row r, slot s)`` of block ``b`` (``q = s // M``, ``i = s %
 * values: lane ``(r % 8) * 4 + q``, register ``r // 8``, and (2:4) the
   entry's place among the two kept positions.
 
-:func:`tcgnn_py._nm_windows.sp_dense_blocks` reads the packing back the way the
+:func:`tcgnn_py.tiles._nm_windows.sp_dense_blocks` reads the packing back the way the
 instruction does (checked on the H200 with every sparsity selector): the CI
 oracle of this module.
 """

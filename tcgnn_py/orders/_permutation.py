@@ -2,9 +2,9 @@
 
 import numpy as np
 
-from ._device import array_module, to_host
+from .._device import array_module, to_host
 from ._nm_reference import permute_csr
-from ._validation import check_csr_arrays, coerce_csr
+from .._validation import check_csr_arrays, coerce_csr
 
 __all__ = ["Permutation"]
 

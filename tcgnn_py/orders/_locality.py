@@ -38,9 +38,9 @@ import time
 
 import numpy as np
 
-from ._device import array_module, to_host
-from ._reference import edge_rows
-from ._tiling import resolve_layout
+from .._device import array_module, to_host
+from .._reference import edge_rows
+from ..tiles._tiling import resolve_layout
 
 __all__ = ["LocalityReport", "LayoutLocality", "locality_order", "locality_stats", "CANDIDATES", "run_heads",
            "symmetric_pattern"]
@@ -91,10 +91,10 @@ def _best_partner_reference(ptr, row, col, score):
 
 
 def _best_partner_kernel(ptr, row, col, score):
-    from .kernels.launch import THREADS_PER_BLOCK as TPB
-    from .kernels.launch import grid
-    from .kernels.launch import launch_numba as _launch
-    from .kernels.locality import best_partner
+    from ..kernels.launch import THREADS_PER_BLOCK as TPB
+    from ..kernels.launch import grid
+    from ..kernels.launch import launch_numba as _launch
+    from ..kernels.locality import best_partner
 
     xp = array_module(ptr)
     m = ptr.shape[0] - 1

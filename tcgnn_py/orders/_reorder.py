@@ -6,7 +6,7 @@ runs on either backend:
 * :class:`_KernelBackend` -- Numba kernels of :mod:`tcgnn_py.kernels.reorder`
   plus CuPy sorts and scans, on device arrays (or on NumPy arrays in the CUDA
   simulator, which is how CI runs the kernels);
-* :class:`_RefBackend` -- :mod:`tcgnn_py._nm_reference`, the NumPy oracle.
+* :class:`_RefBackend` -- :mod:`tcgnn_py.orders._nm_reference`, the NumPy oracle.
 
 Both compute the same integers with the same tie-breaks, so they return the
 same permutation.
@@ -21,15 +21,15 @@ import numpy as np
 
 from . import _locality as loc
 from . import _nm_reference as ref
-from ._reference import edge_rows
-from ._tiling import DEFAULT_LAYOUT, LAYOUTS, resolve_layout
-from ._device import to_host, use_gpu
-from ._tuning import options
-from .kernels.launch import THREADS_PER_BLOCK as _TPB
-from .kernels.launch import grid as _grid
-from .kernels.launch import launch_numba as _launch
+from .._reference import edge_rows
+from ..tiles._tiling import DEFAULT_LAYOUT, LAYOUTS, resolve_layout
+from .._device import to_host, use_gpu
+from .._tuning import options
+from ..kernels.launch import THREADS_PER_BLOCK as _TPB
+from ..kernels.launch import grid as _grid
+from ..kernels.launch import launch_numba as _launch
 from ._permutation import Permutation
-from ._validation import Pattern, check_count, check_csr_arrays, check_pattern, coerce_csr, distinct_entries
+from .._validation import Pattern, check_count, check_csr_arrays, check_pattern, coerce_csr, distinct_entries
 
 __all__ = ["Permutation", "NMReport", "reorder", "nm_report", "best_pattern", "locality_report", "LocalityReport", "LayoutLocality"]
 
@@ -83,7 +83,7 @@ class _KernelBackend:
     """The GPU primitives; ``xp`` is CuPy, or NumPy under the CUDA simulator."""
 
     def __init__(self, xp, indices, edge_row, n, pattern):
-        from .kernels import reorder as k
+        from ..kernels import reorder as k
 
         self.k, self.xp = k, xp
         self.indices, self.edge_row, self.n, self.pattern = indices, edge_row, n, pattern
@@ -415,17 +415,17 @@ def window_grouping(xp, rows, cols, inv, n, layout, unit_blocks):
     """``(padding slots, stored slots, windows of more than unit_blocks blocks, blocks of the longest window)`` of
     ``layout``'s N:M grouping of the pattern renumbered by ``inv``.
 
-    Host arrays: the reference grouping (:func:`tcgnn_py._nm_windows.nm_groups`); device arrays: the grouping
+    Host arrays: the reference grouping (:func:`tcgnn_py.tiles._nm_windows.nm_groups`); device arrays: the grouping
     kernel, which gives the same slots.
     """
-    from . import _nm_windows as nw
+    from ..tiles import _nm_windows as nw
 
     r, c = to_host(inv[rows]), to_host(inv[cols])  # synchronize!
     if xp is np:
         g = nw.nm_groups(r, c, (n, n), layout.window, layout.pattern)
         slot_ptr, pad, slots = g["slot_ptr"], g["padding"], g["slots"]
     else:
-        from . import _nm_group
+        from ..tiles import _nm_group
 
         slot_ptr, slot_cols = _nm_group.group(r, c, (n, n), layout.window, layout.pattern, xp)
         pad, slots = int((slot_cols < 0).sum()), int(slot_cols.shape[0])  # synchronize!

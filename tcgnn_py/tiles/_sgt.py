@@ -8,13 +8,13 @@ and CuPy scans; it produces arrays identical to the reference.
 
 import numpy as np
 
-from . import _reference as ref
-from ._device import array_module, to_host
-from ._tuning import options
-from ._validation import INDEX_MAX
-from .kernels.launch import THREADS_PER_BLOCK as _TPB
-from .kernels.launch import grid as _grid
-from .kernels.launch import launch_numba as _launch
+from .. import _reference as ref
+from .._device import array_module, to_host
+from .._tuning import options
+from .._validation import INDEX_MAX
+from ..kernels.launch import THREADS_PER_BLOCK as _TPB
+from ..kernels.launch import grid as _grid
+from ..kernels.launch import launch_numba as _launch
 
 __all__ = ["tile", "translate", "translate_kernels", "canonicalize_kernels", "coo_to_csr", "coo_to_csr_order",
            "host_limit", "kernels_ran"]
@@ -70,7 +70,7 @@ def canonicalize_kernels(xp, data, indices, indptr, shape):
 
 def _canonical_with_rows(xp, data, indices, indptr, shape):
     """Canonical ``(data, indices, indptr)`` and the row of each entry, computed once."""
-    from .kernels import sgt as k
+    from ..kernels import sgt as k
 
     cp = xp
     n_rows, n_cols = shape
@@ -118,7 +118,7 @@ def translate(data, indices, indptr, shape, window=16, block=8, *, host_when_col
 
 #: ``status`` bits of the check kernel -> scipy's message (in the order scipy checks).
 def _check_messages(n_cols):
-    from .kernels import sgt as k
+    from ..kernels import sgt as k
 
     return (
         (k.BAD_INDPTR, "indptr must be a non-decreasing sequence"),
@@ -136,7 +136,7 @@ def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None
     and without it they raise too.  The host reads the device once, at the end
     (the errors and the number of blocks).
     """
-    from .kernels import sgt as k
+    from ..kernels import sgt as k
 
     cp = xp
     n_rows, n_cols = shape

@@ -1,7 +1,7 @@
 """Layer 2: the N:M window grouping (issue 19) on the GPU, beside its NumPy reference, and the N:M layouts.
 
 ``group(rows, cols, shape, window, pattern, xp)`` returns what
-:func:`tcgnn_py._nm_windows.nm_groups` returns for ``slot_ptr`` and
+:func:`tcgnn_py.tiles._nm_windows.nm_groups` returns for ``slot_ptr`` and
 ``slot_cols`` (the same arrays, slot for slot), computed by the Numba kernel
 :func:`tcgnn_py.kernels.nm_windows.group_windows` -- on the GPU with CuPy
 arrays, in the CUDA simulator with NumPy arrays.  Each window's columns and
@@ -16,9 +16,9 @@ at most N entries of each row, padded to whole blocks.
 import numpy as np
 
 from . import _nm_windows as ref
-from . import _reference
-from ._device import array_module, to_host
-from .kernels.launch import launch_numba
+from .. import _reference
+from .._device import array_module, to_host
+from ..kernels.launch import launch_numba
 
 __all__ = ["group", "regroup"]
 
@@ -79,7 +79,7 @@ _WARPS_PER_BLOCK = 4
 
 def group(rows, cols, shape, window=16, pattern=(2, 4), xp=np):
     """``(slot_ptr, slot_cols)`` of the N:M grouping of every row window (arrays of ``xp``)."""
-    from .kernels.nm_windows import MAX_M, group_windows
+    from ..kernels.nm_windows import MAX_M, group_windows
 
     n, m = pattern
     if n not in (1, 2) or not n < m <= MAX_M:

@@ -26,7 +26,7 @@ are the pattern: explicit zeros count, duplicates merge.
 
 import numpy as np
 
-from ._device import array_module
+from .._device import array_module
 
 __all__ = [
     "K_VERTICAL",

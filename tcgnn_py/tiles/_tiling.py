@@ -12,9 +12,9 @@ import dataclasses
 
 import numpy as np
 
-from . import _reference as ref
-from ._device import array_module, publish, to_host
-from ._validation import check_tile_shape
+from .. import _reference as ref
+from .._device import array_module, publish, to_host
+from .._validation import check_tile_shape
 
 __all__ = ["Tiling", "TileStats", "Layout", "LAYOUTS", "DEFAULT_LAYOUT", "resolve_layout", "STRUCTURE"]
 
