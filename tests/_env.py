@@ -13,6 +13,7 @@ import pathlib
 import sys
 
 import numpy as np
+import scipy.sparse as sp
 
 SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 if SIM:
@@ -100,9 +101,22 @@ def count_timing(monkeypatch):
     return calls
 
 
-def ints(rng, *shape):
-    """Small integers (|x| <= 8) of ``shape`` as float32: exact in TF32 and 16 bits."""
-    return rng.integers(-8, 9, shape).astype(np.float32)
+#: Relative Frobenius error allowed on random float data, by name: of a precision ("tf32", "fp32" CUDA cores,
+#: "fp64"), or of a result's dtype (16-bit X: float32 accumulation, one rounding of the result).
+TOL = {"tf32": 1e-3, "fp32": 1e-5, "fp64": 1e-12, "float32": 1e-5, "float64": 1e-12, "float16": 2e-3,
+       "bfloat16": 1e-2}
+
+
+def ints(rng, *shape, dtype=np.float32):
+    """Small integers (|x| <= 8) of ``shape`` as ``dtype``: exact in TF32 and 16 bits."""
+    return rng.integers(-8, 9, shape).astype(np.float32).astype(dtype)
+
+
+def int_graph(rng, m, n, degree=12, dtype=np.float64):
+    """A random m x n CSR matrix with ~``degree`` entries per row, values in [-4, 4] minus 0 (exact everywhere)."""
+    A = sp.random_array((m, n), density=min(1.0, degree / max(n, 1)), rng=rng, format="csr", dtype=np.float64)
+    A.data[:] = rng.integers(1, 5, A.nnz) * rng.choice([-1, 1], A.nnz)
+    return A.astype(dtype)
 
 
 def exact_product(A, X, dtype):

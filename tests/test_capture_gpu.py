@@ -7,9 +7,8 @@ for bit, and checks that the graph holds the library's kernels.
 
 import numpy as np
 import pytest
-import scipy.sparse as sp
 
-from _env import cupy_fixture, ints
+from _env import cupy_fixture, int_graph, ints
 import tcgnn_py as tg
 
 pytestmark = pytest.mark.gpu
@@ -20,16 +19,10 @@ LAYOUTS = ["tcgnn", "vector"]
 cp = cupy_fixture()
 
 
-def int_graph(rng, m, n, degree=10):
-    A = sp.random_array((m, n), density=min(1.0, degree / n), rng=rng, format="csr", dtype=np.float64)
-    A.data[:] = rng.integers(1, 5, A.nnz) * rng.choice([-1, 1], A.nnz)
-    return A.astype(np.float32)
-
-
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_replayed_products_follow_new_inputs(cp, layout):
     rng = np.random.default_rng()
-    A = int_graph(rng, 1003, 997)
+    A = int_graph(rng, 1003, 997, degree=10, dtype=np.float32)
     T = tg.TiledMatrix(A, layout=layout)
     X, Xt = cp.asarray(ints(rng, 997, 64)), cp.asarray(ints(rng, 1003, 64))
     Y = cp.empty((1003, 64), np.float32)
@@ -57,7 +50,7 @@ def test_replayed_products_follow_new_inputs(cp, layout):
 
 def test_capture_refuses_host_reads(cp):
     # Building a TiledMatrix reads the device (and copies from the host): capture raises instead of skipping.
-    A = int_graph(np.random.default_rng(0), 100, 100)
+    A = int_graph(np.random.default_rng(0), 100, 100, degree=10, dtype=np.float32)
     g = tg.CUDAGraph()
     with pytest.raises(RuntimeError):
         with g.capture():
@@ -147,7 +140,7 @@ def test_eager_training_repeats_bit_for_bit(cp):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_products_and_sgt_on_a_user_stream(cp, layout):
     rng = np.random.default_rng()
-    A = int_graph(rng, 2000, 1500)
+    A = int_graph(rng, 2000, 1500, degree=10, dtype=np.float32)
     x = ints(rng, 1500, 32)
     s = cp.cuda.Stream(non_blocking=True)
     with s:
@@ -186,7 +179,7 @@ def test_cached_products_follow_signatures(cp, layout, split_sums):
 
 def _check_cached_products(cp, layout, split_sums):
     rng = np.random.default_rng()
-    A = int_graph(rng, 501, 499)
+    A = int_graph(rng, 501, 499, degree=10, dtype=np.float32)
     T = tg.TiledMatrix(A, layout=layout)
     for D in (16, 16, 17, 16, 64):
         x = ints(rng, 499, D)
@@ -211,7 +204,7 @@ def _check_cached_products(cp, layout, split_sums):
         np.testing.assert_array_equal(tg.spmm(M, cp.asarray(x), precision="tf32").get(), want)
         np.testing.assert_array_equal(tg.spmm(M, cp.asarray(x), precision="fp32").get(), want)
     # out= aliasing X (square matrix): a temporary, twice.
-    S = tg.TiledMatrix(int_graph(rng, 300, 300), layout=layout)
+    S = tg.TiledMatrix(int_graph(rng, 300, 300, degree=10, dtype=np.float32), layout=layout)
     Sh = S.tocsr()
     for _ in range(2):
         x = ints(rng, 300, 16)
@@ -232,7 +225,7 @@ def _check_cached_products(cp, layout, split_sums):
 def test_numba_kernels_take_the_cached_launch(cp):
     from tcgnn_py.kernels import numba_launch
 
-    A = int_graph(np.random.default_rng(0), 700, 700)
+    A = int_graph(np.random.default_rng(0), 700, 700, degree=10, dtype=np.float32)
     with tg.tuning(sgt_host_max=-1):  # a small host input is otherwise translated on the host
         tg.TiledMatrix(A)
         before = numba_launch.fast_path_count()

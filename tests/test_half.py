@@ -12,7 +12,8 @@ import sys
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from _env import check_cached_launch, count_timing, cupy_fixture, host, poisoned, tuning_fixture
+from _env import (TOL, check_cached_launch, count_timing, cupy_fixture, exact_product, host, int_graph, ints, poisoned,
+                  tuning_fixture)
 from _zoo import star, zoo
 
 import tcgnn_py as tg
@@ -27,25 +28,8 @@ HALVES = [F16, BF16]
 ZOO = zoo("full")
 
 #: Relative Frobenius error of a 16-bit product against the float64 product of the same
-#: (16-bit) X and the matrix's stored values: float32 accumulation only, per result dtype.
-TOL = {F32: 1e-5, F16: 2e-3, BF16: 1e-2}
 #: ... and of a matrix stored in 16 bits against its float32 values (one rounding of each value).
 TOL_VALUES = {F16: 1e-3, BF16: 8e-3}
-
-
-def ints(rng, shape, dtype):
-    return rng.integers(-8, 9, shape).astype(np.float32).astype(dtype)
-
-
-def int_matrix(rng, m, n, degree=12):
-    A = sp.random_array((m, n), density=min(1.0, degree / max(n, 1)), rng=rng, format="csr", dtype=np.float64)
-    A.data[:] = rng.integers(1, 5, A.nnz) * rng.choice([-1, 1], A.nnz)
-    return A
-
-
-def exact(A, X, dtype):
-    """The exact product, rounded once to ``dtype`` (what every path must return on small integers)."""
-    return (A.astype(np.float64) @ np.asarray(X, np.float64)).astype(np.float32).astype(dtype)
 
 
 @pytest.mark.parametrize(("m", "x", "want"), [
@@ -70,30 +54,30 @@ def test_promote_is_symmetric():
 @pytest.mark.parametrize("mt", ["float32", "same"])
 def test_spmm_half_exact_on_every_path(xt, layout, mt):
     rng = np.random.default_rng()
-    A = ZOO["n17"] if layout == "tcgnn" else int_matrix(rng, 300, 300)
+    A = ZOO["n17"] if layout == "tcgnn" else int_graph(rng, 300, 300)
     mdt = F32 if mt == "float32" else xt
     T = tg.TiledMatrix(A, dtype=mdt, layout=layout)
-    X = ints(rng, (A.shape[1], 19), xt)
+    X = ints(rng, A.shape[1], 19, dtype=xt)
     Y = T @ X
     assert isinstance(Y, np.ndarray) and Y.dtype == _modes.result_dtype(mdt, xt)
-    np.testing.assert_array_equal(Y, exact(A, X, Y.dtype))
+    np.testing.assert_array_equal(Y, exact_product(A, X, Y.dtype))
 
 
 @pytest.mark.parametrize("xt", HALVES)
 def test_spmm_half_out_rounds_once(xt):
     rng = np.random.default_rng()
-    A = int_matrix(rng, 200, 200)
+    A = int_graph(rng, 200, 200)
     T = tg.TiledMatrix(A, dtype=np.float32, layout="vector")
-    X = ints(rng, (200, 24), xt)
+    X = ints(rng, 200, 24, dtype=xt)
     out = np.full((200, 24), np.nan, dtype=xt)
     assert tg.spmm(T, X, out=out) is out
-    np.testing.assert_array_equal(out, exact(A, X, xt))
+    np.testing.assert_array_equal(out, exact_product(A, X, xt))
     out32 = np.empty((200, 24), np.float32)
-    np.testing.assert_array_equal(tg.spmm(T, X, out=out32), exact(A, X, F32))
+    np.testing.assert_array_equal(tg.spmm(T, X, out=out32), exact_product(A, X, F32))
     # Products computed in float32 go to any of float32 / float16 / bfloat16; float64 ones only to float64.
     Th = T.astype(xt)
     out32 = np.empty((200, 24), np.float32)
-    np.testing.assert_array_equal(tg.spmm(Th, X, out=out32), exact(A, X, F32))
+    np.testing.assert_array_equal(tg.spmm(Th, X, out=out32), exact_product(A, X, F32))
     with pytest.raises(ValueError, match="expected float64"):
         tg.spmm(T.astype(np.float64), X, out=np.empty((200, 24), xt))
     with pytest.raises(ValueError, match="expected float16"):
@@ -148,9 +132,9 @@ def test_half_matrix_storage(dt):
 @pytest.mark.parametrize("layout", ["tcgnn", "vector"])
 def test_sddmm_half(xt, layout):
     rng = np.random.default_rng()
-    A = int_matrix(rng, 120, 120)
+    A = int_graph(rng, 120, 120)
     T = tg.TiledMatrix(A, dtype=np.float32, layout=layout)
-    X = ints(rng, (120, 20), xt)
+    X = ints(rng, 120, 20, dtype=xt)
     S = tg.sddmm(T, X)
     assert S.dtype == xt
     C = A.tocoo()
@@ -165,7 +149,7 @@ def test_sddmm_half(xt, layout):
 @pytest.mark.parametrize("mt", ["float32", "same"])
 def test_spmm_half_random_error(xt, mt):
     rng = np.random.default_rng()
-    A = int_matrix(rng, 2000, 2000, degree=20)
+    A = int_graph(rng, 2000, 2000, degree=20)
     A.data[:] = rng.standard_normal(A.nnz)
     mdt = F32 if mt == "float32" else xt
     T = tg.TiledMatrix(A, dtype=mdt, layout="vector")
@@ -174,7 +158,7 @@ def test_spmm_half_random_error(xt, mt):
     stored = T.tocsr().astype(np.float64)  # the values as the matrix holds them
     want = stored @ np.asarray(X, np.float64)
     err = np.linalg.norm(np.asarray(Y, np.float64) - want) / np.linalg.norm(want)
-    assert err <= TOL[Y.dtype], err
+    assert err <= TOL[Y.dtype.name], err
     if mt == "same":  # one rounding of each value, against the float32 matrix
         v = np.linalg.norm(stored.toarray() - A.toarray()) / np.linalg.norm(A.toarray())
         assert 0 < v <= TOL_VALUES[xt]
@@ -224,15 +208,15 @@ cp = cupy_fixture()
 @pytest.mark.parametrize("D", DS)
 def test_half_kernels_exact_integers(cp, half_kernel, N, D):
     rng = np.random.default_rng()
-    A = int_matrix(rng, N, N)
+    A = int_graph(rng, N, N)
     for xt in HALVES:
-        X = cp.asarray(ints(rng, (N, D), xt))
+        X = cp.asarray(ints(rng, N, D, dtype=xt))
         Xh = X.get()
         for mdt in (F32, xt):
             T = tg.TiledMatrix(A, dtype=mdt, layout="vector")
             for ydt in (F32, xt):
                 got = poisoned(cp, T, X, ydt, precision={F16: "fp16", BF16: "bf16"}[xt])
-                np.testing.assert_array_equal(got, exact(A, Xh, ydt).astype(np.float64),
+                np.testing.assert_array_equal(got, exact_product(A, Xh, ydt).astype(np.float64),
                                               err_msg=f"{xt} X, {mdt} matrix, {ydt} out")
             assert _planned(T, "half_launch"), "16-bit kernel ran"
 
@@ -241,12 +225,12 @@ def test_half_kernels_exact_integers(cp, half_kernel, N, D):
 def test_half_kernel_into_the_other_16bit_type(cp):
     """float16 X into a bfloat16 out (and back): the 16-bit MMA still runs, rounded once into out."""
     rng = np.random.default_rng()
-    A = int_matrix(rng, 1000, 1000)
+    A = int_graph(rng, 1000, 1000)
     T = tg.TiledMatrix(A, dtype=np.float32, layout="vector")
     for xt, yt in ((F16, BF16), (BF16, F16)):
-        X = ints(rng, (1000, 64), xt)
+        X = ints(rng, 1000, 64, dtype=xt)
         got = poisoned(cp, T, cp.asarray(X), yt, precision={F16: "fp16", BF16: "bf16"}[xt])
-        np.testing.assert_array_equal(got, exact(A, X, yt).astype(np.float64))
+        np.testing.assert_array_equal(got, exact_product(A, X, yt).astype(np.float64))
     assert _planned(T, "half_launch")
 
 
@@ -254,12 +238,12 @@ def test_half_kernel_into_the_other_16bit_type(cp):
 @pytest.mark.parametrize("shape", [(1000, 3000), (3000, 1000), (17, 40_000), (40_000, 17)])
 def test_half_kernels_rectangular(cp, half_kernel, shape):
     rng = np.random.default_rng()
-    A = int_matrix(rng, *shape)
+    A = int_graph(rng, *shape)
     for xt in HALVES:
         for D in (64, 130):
-            X = ints(rng, (shape[1], D), xt)
+            X = ints(rng, shape[1], D, dtype=xt)
             T = tg.TiledMatrix(A, dtype=np.float32, layout="vector")
-            np.testing.assert_array_equal(poisoned(cp, T, cp.asarray(X), F32), exact(A, X, F32).astype(np.float64))
+            np.testing.assert_array_equal(poisoned(cp, T, cp.asarray(X), F32), exact_product(A, X, F32).astype(np.float64))
 
 
 @pytest.mark.gpu
@@ -269,8 +253,8 @@ def test_half_kernels_star_hub_200k(cp, half_kernel):
     T = tg.TiledMatrix(A, dtype=np.float32, layout="vector")
     for xt in HALVES:
         for D in (17, 64, 128):
-            X = ints(rng, (A.shape[1], D), xt)
-            np.testing.assert_array_equal(poisoned(cp, T, cp.asarray(X), F32), exact(A, X, F32).astype(np.float64))
+            X = ints(rng, A.shape[1], D, dtype=xt)
+            np.testing.assert_array_equal(poisoned(cp, T, cp.asarray(X), F32), exact_product(A, X, F32).astype(np.float64))
         Xf = cp.asarray(rng.standard_normal((A.shape[1], 64)).astype(np.float32)).astype(xt)
         np.testing.assert_array_equal(poisoned(cp, T, Xf, F32), poisoned(cp, T, Xf, F32))  # deterministic
 
@@ -280,10 +264,10 @@ def test_half_kernels_star_hub_200k(cp, half_kernel):
 def test_half_values_out_of_float16_range(cp, xt):
     # |v| up to 1e6 and down to 1e-7: the scale keeps float16 parts in range; Inf values propagate.
     rng = np.random.default_rng()
-    A = int_matrix(rng, 500, 500)
+    A = int_graph(rng, 500, 500)
     A.data[:] = rng.choice([1e6, -3e5, 1e-7, 2.5, -1e-3], A.nnz)
     T = tg.TiledMatrix(A, dtype=np.float32, layout="vector")
-    X = ints(rng, (500, 32), xt)
+    X = ints(rng, 500, 32, dtype=xt)
     want = A.astype(np.float64) @ np.asarray(X, np.float64)
     got = poisoned(cp, T, cp.asarray(X), F32)
     assert np.linalg.norm(got - want) <= 1e-6 * np.linalg.norm(want)
@@ -330,7 +314,7 @@ def test_float32_values_exact_in_16_bits_take_one_mma(cp, xt):
         for _ in range(2):
             want = M.tocsr().astype(np.float64) @ Xh
             Y = (M @ X).get()
-            assert np.linalg.norm(Y - want) <= TOL[F32] * np.linalg.norm(want)
+            assert np.linalg.norm(Y - want) <= TOL["float32"] * np.linalg.norm(want)
 
 
 @pytest.mark.gpu
@@ -338,14 +322,14 @@ def test_bfloat16_through_dlpack_with_jax(cp):
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave the GPU's memory to CuPy
     jnp = pytest.importorskip("jax.numpy", reason="JAX is not installed")
     rng = np.random.default_rng()
-    A = int_matrix(rng, 300, 300)
-    X = ints(rng, (300, 16), BF16)
+    A = int_graph(rng, 300, 300)
+    X = ints(rng, 300, 16, dtype=BF16)
     Xj = jnp.asarray(np.asarray(X, np.float32)).astype(jnp.bfloat16)
     for mdt, ydt in ((F32, F32), (BF16, BF16)):
         T = tg.TiledMatrix(A, dtype=mdt, layout="vector")
         Y = T @ Xj  # a CUDA DLPack producer: a CuPy result
         assert isinstance(Y, cp.ndarray) and Y.dtype == ydt
-        np.testing.assert_array_equal(Y.get(), exact(A, X, ydt))
+        np.testing.assert_array_equal(Y.get(), exact_product(A, X, ydt))
         back = jnp.from_dlpack(Y)
         assert back.dtype == jnp.dtype(ydt)
 
@@ -360,13 +344,13 @@ def test_half_bound_plan_matches_the_first_call(cp, half_kernel, xt):
     on the same tiling: the cached launch reads the matrix it is called on, not the first one.
     """
     rng = np.random.default_rng()
-    A = int_matrix(rng, 1000, 1000)
+    A = int_graph(rng, 1000, 1000)
     A = sp.csr_array(sp.vstack([sp.csr_array(np.ones((1, 1000))), A[1:]]))  # a hub row: split windows
     A.sum_duplicates()  # canonical: with_values takes values in this order
     for mdt in (F32, xt):
         T = tg.TiledMatrix(A, dtype=mdt, layout="vector")
         for D in (17, 64):
-            X = cp.asarray(ints(rng, (1000, D), xt))
+            X = cp.asarray(ints(rng, 1000, D, dtype=xt))
             check_cached_launch(cp, A, T, X, (F32, xt), {F16: "fp16", BF16: "bf16"}[xt], rng)
 
 
@@ -374,7 +358,7 @@ def _hub_graph(rng):
     """Hub windows (split: in-launch sums against the fixup) among ordinary rows, values in [0.5, 1.5)."""
     hub = star(3000)
     hub.resize((4001, 4001))
-    A = sp.csr_array(int_matrix(rng, 4001, 4001, degree=30) + hub)
+    A = sp.csr_array(int_graph(rng, 4001, 4001, degree=30) + hub)
     A.data[:] = rng.uniform(0.5, 1.5, A.nnz)
     return A
 
@@ -423,7 +407,7 @@ def _check_half_candidates(cp, D, coop):
             if first is None:
                 first = got
                 want = A.astype(np.float64) @ np.asarray(X.get(), np.float64)
-                assert np.linalg.norm(got - want) <= TOL[F32] * np.linalg.norm(want), c
+                assert np.linalg.norm(got - want) <= TOL["float32"] * np.linalg.norm(want), c
             else:
                 np.testing.assert_array_equal(got.view(np.uint32), first.view(np.uint32), err_msg=f"{xt} {c}")
 
@@ -433,7 +417,7 @@ def test_half_timed_choice_runs_once(cp, monkeypatch):
     rng = np.random.default_rng()
     A = _hub_graph(rng)
     A.data[:] = rng.integers(1, 4, A.nnz)
-    X = ints(rng, (A.shape[1], 64), F16)
+    X = ints(rng, A.shape[1], 64, dtype=F16)
     tg.TiledMatrix(A, dtype=np.float32, layout="vector") @ cp.asarray(X)  # starts compiling every candidate
     from tcgnn_py.kernels import registry
 
@@ -441,7 +425,7 @@ def test_half_timed_choice_runs_once(cp, monkeypatch):
     calls = count_timing(monkeypatch)
     T = tg.TiledMatrix(A, dtype=np.float32, layout="vector")
     for _ in range(3):  # slow path (timed), then the cached launch
-        np.testing.assert_array_equal((T @ cp.asarray(X)).get(), exact(A, X, F32))
+        np.testing.assert_array_equal((T @ cp.asarray(X)).get(), exact_product(A, X, F32))
     assert len(calls) == 1 and calls[0] > 1
     ((_, ms),) = T.tiling.cached_items("timed")
     assert len(ms) == calls[0]

@@ -2,7 +2,7 @@
 
 Module-level tests run wherever the suite runs: the layout is lossless and
 conforms on every matrix of the zoo, the compressed fragments and metadata read
-back (as ``mma.sp`` reads them, :func:`tcgnn_py._nm_windows.sp_dense_blocks`)
+back (as ``mma.sp`` reads them, :func:`tcgnn_py.tiles._nm_windows.sp_dense_blocks`)
 to the blocks' entries, products match the reference.  The ``gpu`` tests sweep
 the ``tcgnn_spmm_sp`` kernels against exact integer products through
 NaN-poisoned outputs.
@@ -11,11 +11,11 @@ NaN-poisoned outputs.
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from _env import check_cached_launch, cupy_fixture, host, poisoned, tuning_fixture
+from _env import check_cached_launch, cupy_fixture, exact_product, host, int_graph, ints, poisoned, tuning_fixture
 from _zoo import star, zoo
 
 import tcgnn_py as tg
-from tcgnn_py import _nm_windows as nw
+from tcgnn_py.tiles import _nm_windows as nw
 from tcgnn_py import _reference as ref
 from tcgnn_py.products.families import sparse as _sparse_tc
 
@@ -24,20 +24,6 @@ F16, BF16, F32 = np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(np
 HALVES = [F16, BF16]
 NM = ["2:4", "1:2"]
 TINY = zoo("tiny")
-
-
-def int_matrix(rng, m, n, degree=12):
-    A = sp.random_array((m, n), density=min(1.0, degree / max(n, 1)), rng=rng, format="csr", dtype=np.float64)
-    A.data[:] = rng.integers(1, 5, A.nnz) * rng.choice([-1, 1], A.nnz)
-    return A
-
-
-def ints(rng, shape, dtype):
-    return rng.integers(-8, 9, shape).astype(np.float32).astype(dtype)
-
-
-def exact(A, X, dtype):
-    return (A.astype(np.float64) @ np.asarray(X, np.float64)).astype(np.float32).astype(dtype)
 
 
 def dense_blocks(T):
@@ -69,8 +55,8 @@ def test_lossless_and_conforming(layout, name):
     Tt.check_format(full_check=True)
     assert (host_csr(Tt) != A.T).nnz == 0
     rng = np.random.default_rng()
-    X = ints(rng, (A.shape[1], 5), F32)
-    np.testing.assert_array_equal(host(T @ X), exact(A, X, F32))
+    X = ints(rng, A.shape[1], 5, dtype=F32)
+    np.testing.assert_array_equal(host(T @ X), exact_product(A, X, F32))
 
 
 def host_csr(T):
@@ -124,7 +110,7 @@ def test_emulator_rejects_unordered_metadata():
 @pytest.mark.parametrize("layout", NM)
 def test_tile_stats_count_padding(layout):
     rng = np.random.default_rng()
-    A = int_matrix(rng, 300, 300)
+    A = int_graph(rng, 300, 300)
     T = tg.TiledMatrix(A, layout=layout, device="cpu")
     s = T.tile_stats()
     t = T.tiling
@@ -153,17 +139,17 @@ def test_reorder_feeds_the_2_4_layout():
 
 def test_half_x_on_2_4_and_float32_x_on_1_2_match_the_reference():
     rng = np.random.default_rng()
-    A = int_matrix(rng, 200, 150)
+    A = int_graph(rng, 200, 150)
     for xt in HALVES:
-        X = ints(rng, (150, 24), xt)
+        X = ints(rng, 150, 24, dtype=xt)
         T = tg.TiledMatrix(A, dtype=np.float32, layout="2:4")
-        np.testing.assert_array_equal(host(T @ X), exact(A, X, F32))
-        np.testing.assert_array_equal(host(tg.spmm(T, X, precision={F16: "fp16", BF16: "bf16"}[xt])), exact(A, X, F32))
+        np.testing.assert_array_equal(host(T @ X), exact_product(A, X, F32))
+        np.testing.assert_array_equal(host(tg.spmm(T, X, precision={F16: "fp16", BF16: "bf16"}[xt])), exact_product(A, X, F32))
     T = tg.TiledMatrix(A, dtype=np.float32, layout="1:2")
-    X = ints(rng, (150, 24), F32)
+    X = ints(rng, 150, 24, dtype=F32)
     for p in (None, "tf32", "fp32"):
-        np.testing.assert_array_equal(host(tg.spmm(T, X, precision=p)), exact(A, X, F32))
-    Xa = ints(rng, (200, 24), F32)
+        np.testing.assert_array_equal(host(tg.spmm(T, X, precision=p)), exact_product(A, X, F32))
+    Xa = ints(rng, 200, 24, dtype=F32)
     mask = (A != 0).toarray().astype(np.float64)
     for t in (T, tg.TiledMatrix(A, dtype=np.float32, layout="2:4")):  # SDDMM runs on the N:M layouts too
         for xt in (F32, F16):
@@ -196,19 +182,19 @@ def ran_sp(T):
 def check_all(cp, A, D, rng, xts=(F16, BF16, F32)):
     """Every (X type, matrix type, out type) of both N:M layouts on A, exact."""
     for xt in xts:
-        X = ints(rng, (A.shape[1], D), xt)
+        X = ints(rng, A.shape[1], D, dtype=xt)
         Xd = cp.asarray(X)
         if xt == F32:
             T = tg.TiledMatrix(A, dtype=F32, layout="1:2")
             got = poisoned(cp, T, Xd, F32)
-            np.testing.assert_array_equal(got, exact(A, X, F32).astype(np.float64), err_msg="1:2 TF32")
+            np.testing.assert_array_equal(got, exact_product(A, X, F32).astype(np.float64), err_msg="1:2 TF32")
             assert ran_sp(T), "mma.sp TF32 kernel ran"
             continue
         for mdt in (F32, xt):
             T = tg.TiledMatrix(A, dtype=mdt, layout="2:4")
             for ydt in (F32, xt):
                 got = poisoned(cp, T, Xd, ydt, precision={F16: "fp16", BF16: "bf16"}[xt])
-                np.testing.assert_array_equal(got, exact(A, X, ydt).astype(np.float64),
+                np.testing.assert_array_equal(got, exact_product(A, X, ydt).astype(np.float64),
                                               err_msg=f"2:4 {xt} X, {mdt} matrix, {ydt} out")
             assert ran_sp(T), "mma.sp 16-bit kernel ran"
 
@@ -218,14 +204,14 @@ def check_all(cp, A, D, rng, xts=(F16, BF16, F32)):
 @pytest.mark.parametrize("D", DS)
 def test_sp_kernels_exact_integers(cp, sp_kernel, N, D):
     rng = np.random.default_rng()
-    check_all(cp, int_matrix(rng, N, N), D, rng)
+    check_all(cp, int_graph(rng, N, N), D, rng)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(1000, 3000), (3000, 1000), (17, 40_000), (40_000, 17)])
 def test_sp_kernels_rectangular(cp, sp_kernel, shape):
     rng = np.random.default_rng()
-    A = int_matrix(rng, *shape)
+    A = int_graph(rng, *shape)
     for D in (64, 130):
         check_all(cp, A, D, rng)
 
@@ -261,7 +247,7 @@ def test_sp_bound_plan_matches_the_first_call(cp, sp_kernel, layout):
     """The second call of a signature takes the cached launch: the same bits as the first (as the vector
     layout's bound plan; ``T @ X``, ``spmm(out=)``, explicit precision, split windows, ``with_values``)."""
     rng = np.random.default_rng()
-    A = int_matrix(rng, 1000, 1000)
+    A = int_graph(rng, 1000, 1000)
     A = sp.csr_array(sp.vstack([sp.csr_array(np.ones((1, 1000))), A[1:]]))  # a hub row: split windows
     A.sum_duplicates()  # canonical: with_values takes values in this order
     for xt in ((F16, BF16) if layout == "2:4" else (F32,)):
@@ -269,7 +255,7 @@ def test_sp_bound_plan_matches_the_first_call(cp, sp_kernel, layout):
         for mdt in types:
             T = tg.TiledMatrix(A, dtype=mdt, layout=layout)
             for D in (17, 64):
-                X = cp.asarray(ints(rng, (1000, D), xt))
+                X = cp.asarray(ints(rng, 1000, D, dtype=xt))
                 check_cached_launch(cp, A, T, X, types, {F16: "fp16", BF16: "bf16", F32: "tf32"}[xt], rng)
             assert ran_sp(T)
 
@@ -278,13 +264,13 @@ def test_sp_bound_plan_matches_the_first_call(cp, sp_kernel, layout):
 def test_gcn_layer_takes_an_nm_matrix(layout):
     """The GNN layers take an N:M TiledMatrix unchanged: forward and backward (through Aᵀ) exact on integers."""
     rng = np.random.default_rng()
-    A = int_matrix(rng, 300, 300)
-    H = ints(rng, (300, 16), F32)
-    W = ints(rng, (16, 8), F32)
+    A = int_graph(rng, 300, 300)
+    H = ints(rng, 300, 16, dtype=F32)
+    W = ints(rng, 16, 8, dtype=F32)
     T = tg.TiledMatrix(A, dtype=np.float32, layout=layout)
     xp = np if T.device == "cpu" else __import__("cupy")
     out, vjp = tg.nn.gcn_conv(T, xp.asarray(H), xp.asarray(W))
-    np.testing.assert_array_equal(host(out), exact(A, H @ W, F32))
-    g = ints(rng, (300, 8), F32)
+    np.testing.assert_array_equal(host(out), exact_product(A, H @ W, F32))
+    g = ints(rng, 300, 8, dtype=F32)
     dH, dW, _ = vjp(xp.asarray(g))
     np.testing.assert_array_equal(host(dH), (A.T.astype(np.float64) @ g) @ W.T)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from _zoo import sddmm_expected, star
-from _env import config_id, count_timing, cupy_fixture, graph_dir, ints
+from _env import TOL, config_id, count_timing, cupy_fixture, graph_dir, int_graph, ints
 
 import tcgnn_py as tg
 from tcgnn_py import products as _dispatch
@@ -21,21 +21,11 @@ from tcgnn_py.kernels import products as kp
 
 pytestmark = pytest.mark.gpu
 
-#: Relative Frobenius error allowed per precision (random float data).
-TOL = {"tf32": 1e-3, "fp32": 1e-5, "fp64": 1e-12}
 DS = [1, 3, 8, 16, 17, 64, 128, 130, 256, 512]
 NS = [1, 15, 16, 17, 1000, 16 * 1000 + 5]
 
 
 cp = cupy_fixture()
-
-
-def int_graph(rng, m, n, degree=12):
-    """Random m x n matrix with ~degree entries per row, values in [-4, 4] minus 0."""
-    density = min(1.0, degree / max(n, 1))
-    A = sp.random_array((m, n), density=density, rng=rng, format="csr", dtype=np.float64)
-    A.data[:] = rng.integers(1, 5, A.nnz) * rng.choice([-1, 1], A.nnz)
-    return A
 
 
 def rel_err(got, want):
