@@ -251,14 +251,22 @@ class _MpiJob:
         return [int(self.local_world[i]) for i in range(self.local_size) if int(self.counts[i]) < mine]
 
     def abort(self, message, code=1):
-        """Print ``message`` and end every rank of the job (``MPI_Abort``)."""
+        """Print ``message`` and end every rank of the job (``MPI_Abort``).
+
+        The launcher forwards a rank's output asynchronously and an abort tears the job down at once, so the
+        message gets :data:`ABORT_GRACE` seconds to be forwarded first (MPICH's mpiexec under load lost it).
+        """
         try:
             sys.stderr.write(message.rstrip("\n") + "\n")
             sys.stderr.flush()
             sys.stdout.flush()
+            time.sleep(ABORT_GRACE)
         finally:
             self.comm.Abort(code)
 
+
+#: Seconds a failing rank waits between printing why and ``MPI_Abort`` (see ``_MpiJob.abort``).
+ABORT_GRACE = 0.5
 
 _JOBS = {}  # the process's _MpiJob per communicator (COMM_WORLD's under None), once made
 
