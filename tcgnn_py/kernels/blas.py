@@ -64,9 +64,27 @@ def _check(status, what):
         raise RuntimeError(f"{what} failed with cuBLAS status {status}")
 
 
+class _Handle:
+    """One device's cuBLAS handle, its workspace, and the stream it was last set to."""
+
+    __slots__ = ("ptr", "workspace", "stream")
+
+    def __init__(self, ptr, workspace):
+        self.ptr, self.workspace, self.stream = ptr, workspace, None
+
+    def on(self, lib, stream):
+        """The handle, set to ``stream`` if it is not already.  ``cublasSetStream`` resets the handle's workspace
+        to cuBLAS's own pool (the cuBLAS guide), which a capture cannot use: the workspace is set again after."""
+        if stream != self.stream:
+            _check(lib.cublasSetStream_v2(self.ptr, stream), "cublasSetStream")
+            _check(lib.cublasSetWorkspace_v2(self.ptr, self.workspace.data.ptr, WORKSPACE_BYTES), "cublasSetWorkspace")
+            self.stream = stream
+        return self.ptr
+
+
 @functools.cache
 def _handle(device_id):
-    """``(handle, workspace)`` of one device, made once (outside any capture: the first call warms it)."""
+    """The device's :class:`_Handle`, made once (outside any capture: the first call warms it)."""
     import cupy
 
     lib = _lib()
@@ -75,11 +93,13 @@ def _handle(device_id):
         _check(lib.cublasCreate_v2(ctypes.byref(h)), "cublasCreate")
         workspace = cupy.empty(WORKSPACE_BYTES, np.uint8)
         _check(lib.cublasSetWorkspace_v2(h, workspace.data.ptr, WORKSPACE_BYTES), "cublasSetWorkspace")
-    return h, workspace
+    return _Handle(h.value, workspace)
 
 
-_ONES = {"f": ctypes.c_float(1.0), "d": ctypes.c_double(1.0)}
-_ZEROS = {"f": ctypes.c_float(0.0), "d": ctypes.c_double(0.0)}
+#: Per dtype: (cudaDataType_t, computeType, address of alpha = 1, address of beta = 0), the scalars made once.
+_SCALARS = {"f": (ctypes.c_float(1.0), ctypes.c_float(0.0)), "d": (ctypes.c_double(1.0), ctypes.c_double(0.0))}
+_TYPES = {name: (_CUDA_R[name], _COMPUTE[name], ctypes.addressof(_SCALARS["d" if name == "float64" else "f"][0]),
+                 ctypes.addressof(_SCALARS["d" if name == "float64" else "f"][1])) for name in _CUDA_R}
 
 
 def _operand(a):
@@ -119,15 +139,11 @@ def matmul(a, b):
         c.fill(0)
         return c
     lib = _lib()
-    handle, _ = _handle(cupy.cuda.runtime.getDevice())
+    handle = _handle(cupy.cuda.runtime.getDevice()).on(lib, cupy.cuda.get_current_stream().ptr)
     op_a, lda, a = _operand(a)
     op_b, ldb, b = _operand(b)
-    name = a.dtype.name
-    t = _CUDA_R[name]
-    scalar = "d" if name == "float64" else "f"
-    _check(lib.cublasSetStream_v2(handle, cupy.cuda.get_current_stream().ptr), "cublasSetStream")
+    t, compute, one, zero = _TYPES[a.dtype.name]
     # Row-major C = A B is column-major Cᵀ = Bᵀ Aᵀ: B first, the m and n swapped.
-    _check(lib.cublasGemmEx(handle, op_b, op_a, n, m, k, ctypes.byref(_ONES[scalar]), b.data.ptr, t, ldb,
-                            a.data.ptr, t, lda, ctypes.byref(_ZEROS[scalar]), c.data.ptr, t, n, _COMPUTE[name],
-                            _GEMM_DEFAULT), "cublasGemmEx")
+    _check(lib.cublasGemmEx(handle, op_b, op_a, n, m, k, one, b.data.ptr, t, ldb, a.data.ptr, t, lda, zero,
+                            c.data.ptr, t, n, compute, _GEMM_DEFAULT), "cublasGemmEx")
     return c
