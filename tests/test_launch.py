@@ -40,17 +40,19 @@ def test_adam_counts_steps_on_the_host():
     assert opt.t == 3
 
 
-def test_launch_argument_order():
+def test_launch_argument_order(monkeypatch):
     # run() and bind() assemble the arguments in one place (Launch._args): head, the call's arrays, the tail
     # (a Scratch is this stream's buffer), the extras; "partial" is the launch's buffer, or Y without one.
     import types
 
     from tcgnn_py.products import _launch as _launches
 
+    monkeypatch.setattr(_launches, "get_cupy", lambda: types.SimpleNamespace(
+        cuda=types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=99))))
     calls = []
     kernel = lambda grid, block, args, shared_mem=0: calls.append(args)  # noqa: E731
     store = {}
-    partial = types.SimpleNamespace(get=lambda store: "P")  # a Scratch: this stream's buffer
+    partial = types.SimpleNamespace(get=lambda store, stream: "P")  # a Scratch: this stream's buffer
     t = _launches.Launch(kernel, (1,), (32,), 0, ("units", "bp"), (None, "M", "D"))
     t.run("v", "X", "Y")
     assert calls[-1] == ("units", "bp", "v", "X", "Y", "Y", None, "M", "D")
@@ -109,8 +111,8 @@ def test_bound_launch_extra_slots(monkeypatch):
     kernel = types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=7))
     head, tail = (arr(1), arr(2)), (np.int32(5), np.int32(6))
     n_args = len(head) + 4 + len(tail) + 1
-    partial = types.SimpleNamespace(get=lambda store: arr(40))
-    _launches.Launch(kernel, (3,), (128,), 0, head, tail, partial=partial, n_extra=1).bind()(
+    partial = types.SimpleNamespace(get=lambda store, stream: arr(40))
+    _launches.Launch(kernel, (3,), (128,), 0, head, tail, partial=partial, scratch={}, n_extra=1).bind()(
         arr(10), arr(20), arr(30), arr(50))
     assert seen[-1] == [1, 2, 10, 20, 30, 40, 5, 6, 50]
     # Without partial tiles Y is the partial too.

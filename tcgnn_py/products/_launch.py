@@ -27,7 +27,6 @@ __all__ = [
     "planned",
     "result_and_operand",
     "run_spmm",
-    "stream_scratch",
 ]
 
 
@@ -46,19 +45,13 @@ class Scratch(NamedTuple):
     dtype: object
     zeros: bool = False  # counters start at zero (each call resets the ones it uses)
 
-    def get(self, store):
-        make = get_cupy().zeros if self.zeros else get_cupy().empty
-        return stream_scratch(store, (self.kind, np.dtype(self.dtype).char, self.shape),
-                              lambda: make(self.shape, self.dtype))
-
-
-def stream_scratch(store, kind, make):
-    """Per-stream scratch kept in a launch's ``store`` (calls on one stream run in order, so they can share it)."""
-    key = (kind, get_cupy().cuda.get_current_stream().ptr)
-    buf = store.get(key)
-    if buf is None:
-        buf = store[key] = make()
-    return buf
+    def get(self, store, stream):
+        """This buffer on ``stream`` (a stream pointer), from ``store``."""
+        buf = store.get((self, stream))
+        if buf is None:
+            cp = get_cupy()
+            buf = store[self, stream] = (cp.zeros if self.zeros else cp.empty)(self.shape, self.dtype)
+        return buf
 
 
 #: The arrays an SpMM launch takes per call, between its fixed head and tail: ``partial`` is its partial tiles
@@ -103,9 +96,13 @@ class Launch(NamedTuple):
         """The kernel's arguments for a call's ``arrays`` (the one place their order is assembled)."""
         names = self._arrays()
         env = dict(zip(names, arrays))
-        if "partial" in self.operands:
-            env["partial"] = env["Y"] if self.partial is None else self.partial.get(self.scratch)
-        tail = tuple(t.get(self.scratch) if isinstance(t, Scratch) else t for t in self.tail)
+        tail = self.tail
+        if self.scratch is not None:  # this stream's buffers
+            stream = get_cupy().cuda.get_current_stream().ptr
+            tail = tuple(t.get(self.scratch, stream) if isinstance(t, Scratch) else t for t in tail)
+            if self.partial is not None:
+                env["partial"] = self.partial.get(self.scratch, stream)
+        env.setdefault("partial", env.get("Y"))
         return self.head + tuple(env[n] for n in self.operands) + tail + tuple(arrays[len(names):])
 
     def run(self, *arrays):

@@ -5,6 +5,7 @@ The matrix's values go as X's type, or as (hi, lo) pairs of it (:func:`.._values
 """
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -44,7 +45,7 @@ def spmm_launch(tiling, dtype, D, vec, half, operands=None):
 
     return choose(tiling, ("timed", half, D, vec), candidates(tiling, D, vec, half),
                   lambda c, scratch: launch(tiling, dtype, D, vec, half, c, scratch, get_kernel),
-                  lambda la: lambda: la.run(vals, X, Y, unscale), kernels_of, tiling.n_blocks * D)
+                  lambda la: functools.partial(la.run, vals, X, Y, unscale), kernels_of, tiling.n_blocks * D)
 
 
 def default(tiling, D, vec, half):

@@ -6,6 +6,7 @@ which keep its partition, so every candidate gives the same bits.
 """
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -47,7 +48,7 @@ def spmm_launch(tiling, dtype, D, vec, operands=None):
 
     return choose(tiling, ("timed", "float32", D, vec), candidates(tiling, D, vec),
                   lambda c, scratch: launch(tiling, dtype, D, vec, c, scratch, get_kernel),
-                  lambda la: lambda: run_spmm(la, tiling, values, X, Y), kernels_of, tiling.n_blocks * D)
+                  lambda la: functools.partial(run_spmm, la, tiling, values, X, Y), kernels_of, tiling.n_blocks * D)
 
 
 def default(tiling, D, vec):
