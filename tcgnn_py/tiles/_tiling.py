@@ -184,6 +184,20 @@ class TileStats:
         return self.group_padding_slots / grouped if grouped else 0.0
 
 
+def _holds_device(value):
+    """Whether a value to cache may hold device data: anything but NumPy arrays, numbers, strings and tuples, lists,
+    dicts and dataclasses of them (a conservative answer: an object of another type counts as device data)."""
+    if value is None or isinstance(value, (np.ndarray, np.generic, int, float, str, bytes)):
+        return False
+    if isinstance(value, (tuple, list)):
+        return any(_holds_device(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_device(v) for v in value.values())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return any(_holds_device(getattr(value, f.name)) for f in dataclasses.fields(value))
+    return True
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Tiling:
     """The structure of a tiled matrix: arrays, shape, layout, and cached derived data.
@@ -268,13 +282,15 @@ class Tiling:
 
         Kernel launchers keep their work plans here, so matrices sharing the
         tiling share them.  Device data is complete before it is cached
-        (:func:`publish`): a call on another stream may use it next.
+        (:func:`publish`): a call on another stream may use it next.  Host
+        data (NumPy arrays, numbers, and containers of them only) needs no such
+        wait, so building it does not synchronize.
         """
         try:
             return self._cache[key]
         except KeyError:
             value = build()
-            if self.device == "cuda":
+            if self.device == "cuda" and _holds_device(value):
                 publish()
             self._cache[key] = value
             return value
