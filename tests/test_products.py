@@ -6,7 +6,7 @@ import numpy as np
 import scipy.sparse as sp
 import pytest
 from _env import host
-from _zoo import sddmm_expected, zoo
+from _zoo import sddmm_expected, star, zoo
 
 import tcgnn_py as tg
 from tcgnn_py.products import _vec_layout
@@ -276,6 +276,23 @@ def test_the_timed_candidates_are_the_compiled_configs():
     with tg.tuning(vec_kernel=kp.VEC_SPMM_CONFIGS[-1]):  # a coop config: that launch, and no other candidate
         (only,) = vec_family.candidates(T.tiling, 64, True)
         assert only.kernel == kp.VEC_SPMM_CONFIGS[-1] and only.kernel.COOP
+
+
+@pytest.mark.filterwarnings("ignore::tcgnn_py.NoGPUWarning")
+@pytest.mark.parametrize("coop", [False, True])
+def test_the_timed_choice_names_the_kernels_each_candidate_launches(coop):
+    """What the timed choice compiles for a candidate (kernels(config), no launch built) is what its launch runs."""
+    hub = sp.csr_array(sp.random(400, 400, density=0.02, format="csr", random_state=1) + star(399))  # split windows
+    T = tg.TiledMatrix(hub, layout="vector")
+    T.tiling.put("sm_count", 132)
+    half = ("float16", True, "float32")
+    with tg.tuning(vec_coop=coop, vec_blocks_per_unit=2):
+        for family, args in ((vec_family, ()), (half_family, (half,))):
+            for c in family.candidates(T.tiling, 64, True, *args):
+                names = []
+                family.launch(T.tiling, np.dtype(np.float32), 64, True, *args, c, {},
+                              get=lambda fam, name: names.append((fam, name)))
+                assert tuple(names) == family.kernels(T.tiling, np.dtype(np.float32), c), c
 
 
 def test_pick_fastest_keeps_the_default_within_the_margin():

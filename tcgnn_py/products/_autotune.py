@@ -41,8 +41,9 @@ def choose(tiling, key, candidates, launch_of, call_of, kernels_of, work):
     ``launch_of(config, scratch)`` builds a candidate's launch (``scratch``: one store the candidates share,
     as they keep one partition); ``call_of(launch)`` is a call of it on the operands of the product being
     planned (it writes that product's result, which the planned call writes again); ``kernels_of(config)``
-    names the ``(family, name)`` kernels a config needs, compiling nothing; ``work`` is the product's blocks x
-    features.  GPU time only (queued behind a spin kernel), one warm-up and :data:`TIMED_ROUNDS` calls each.
+    names the ``(family, name)`` kernels a config needs, compiling nothing and building no launch; ``work``
+    is the product's blocks x features.  GPU time only (queued behind a spin kernel), one warm-up and
+    :data:`TIMED_ROUNDS` calls each.
     Under CUDA-graph capture nothing can be timed, and products above :data:`TIMED_MAX_WORK` are not: the
     default is kept.  A first product does not wait for a family's worth of compiles: candidates whose
     kernels are not compiled yet compile in the background and are left out, and the launch stays

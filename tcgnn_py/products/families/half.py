@@ -17,7 +17,7 @@ from .._plans import aligned16, vec_plan
 from .._values import half_key, half_values
 from .._vec_layout import coop_launch, partition, partition_launch, vec_coop
 
-__all__ = ["Config", "bind_half", "candidates", "default", "launch", "spmm_half", "spmm_launch"]
+__all__ = ["Config", "bind_half", "candidates", "default", "kernels", "launch", "spmm_half", "spmm_launch"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,15 +37,20 @@ def spmm_launch(tiling, dtype, D, vec, half, operands=None):
     from ...kernels.registry import get_kernel
 
     vals, X, Y, unscale = operands
-
-    def kernels_of(config):
-        names = []
-        launch(tiling, dtype, D, vec, half, config, {}, get=lambda family, name: names.append((family, name)))
-        return tuple(names)
-
     return choose(tiling, ("timed", half, D, vec), candidates(tiling, D, vec, half),
                   lambda c, scratch: launch(tiling, dtype, D, vec, half, c, scratch, get_kernel),
-                  lambda la: functools.partial(la.run, vals, X, Y, unscale), kernels_of, tiling.n_blocks * D)
+                  lambda la: functools.partial(la.run, vals, X, Y, unscale), lambda c: kernels(tiling, dtype, c),
+                  tiling.n_blocks * D)
+
+
+def kernels(tiling, dtype, config):
+    """``(family, name)`` of the kernels ``config``'s launch runs (nothing compiled, no launch built): the SpMM,
+    and the fixup where split windows are not summed in it."""
+    from ...kernels import products as kp
+
+    k = config.kernel
+    fixup = not k.COOP and not k.COMBINE and vec_plan(tiling, config.bpu)["n_slots"]
+    return (("half", k.name),) + ((("half", kp.fixup_name("float32", np.dtype(dtype).name)),) if fixup else ())
 
 
 def default(tiling, D, vec, half):

@@ -17,7 +17,7 @@ from .._plans import spmm_plan, vec_plan
 from .._values import VEC_DENSE_BYTES_MAX
 from .._vec_layout import async_rows, coop_launch, partition, partition_launch, vec_coop
 
-__all__ = ["Config", "candidates", "default", "launch", "sddmm_launch", "spmm_launch"]
+__all__ = ["Config", "candidates", "default", "kernels", "launch", "sddmm_launch", "spmm_launch"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,15 +40,20 @@ def spmm_launch(tiling, dtype, D, vec, operands=None):
     from ...kernels.registry import get_kernel
 
     values, X, Y = operands
-
-    def kernels_of(config):
-        names = []
-        launch(tiling, dtype, D, vec, config, {}, get=lambda family, name: names.append((family, name)))
-        return tuple(names)
-
     return choose(tiling, ("timed", "float32", D, vec), candidates(tiling, D, vec),
                   lambda c, scratch: launch(tiling, dtype, D, vec, c, scratch, get_kernel),
-                  lambda la: functools.partial(run_spmm, la, tiling, values, X, Y), kernels_of, tiling.n_blocks * D)
+                  lambda la: functools.partial(run_spmm, la, tiling, values, X, Y),
+                  lambda c: kernels(tiling, dtype, c), tiling.n_blocks * D)
+
+
+def kernels(tiling, dtype, config):
+    """``(family, name)`` of the kernels ``config``'s launch runs (nothing compiled, no launch built): the SpMM,
+    and the fixup where split windows are not summed in it."""
+    from ...kernels import products as kp
+
+    k = config.kernel
+    fixup = not getattr(k, "COOP", False) and not k.COMBINE and vec_plan(tiling, config.bpu)["n_slots"]
+    return (("vec", k.name),) + ((("vec", kp.fixup_name(np.dtype(dtype).name)),) if fixup else ())
 
 
 def default(tiling, D, vec):
