@@ -1,10 +1,12 @@
-"""Layer 0: launch options of the product kernels, each family's defaults, overridden only inside ``with tuning(...)``.
+"""Layer 0: launch options, each declared by the family that reads it, overridden only inside ``with tuning(...)``.
 
-The options choose among launches that all give the same bits (the partition of the work, the
-launch shape, which compiled variant runs), so they change speed only.  There is no global
-setting to mutate: :func:`tuning` overrides options for the code inside its ``with`` block, in
-this thread (and asyncio task) only, and a launch planned under overrides is cached under them,
-so the default launches are never replaced by an experiment's.
+The options choose among launches that all give the same bits (the partition of the work, the launch
+shape, which compiled variant runs), so they change speed only.  There is no global setting to mutate:
+:func:`tuning` overrides options for the code inside its ``with`` block, in this thread (and asyncio task)
+only, and a launch planned under overrides is cached under them, so the default launches are never
+replaced by an experiment's.  Each product family declares its options (:func:`declare`) in its own module
+(``tcgnn_py.products.families``), with the values each takes from its kernels' limits; the building options
+are declared here, below the modules that read them.
 """
 
 import contextlib
@@ -14,80 +16,24 @@ import numbers
 import operator
 from types import MappingProxyType
 
-__all__ = ["tuning", "options", "overrides_key", "FAMILY_DEFAULTS", "DEFAULTS", "allowed", "declare_check",
-           "MAX_WARPS"]
+__all__ = ["tuning", "options", "overrides_key", "FAMILY_DEFAULTS", "FAMILY_ORDER", "DEFAULTS", "allowed", "declare",
+           "bool_option", "int_option", "member_option", "positive_option", "warp_pair_option"]
 
-#: Each kernel family's launch options and their defaults (the rule behind a default is in the
-#: code that reads it; ``None`` means "from the tiling's statistics").
-FAMILY_DEFAULTS = MappingProxyType({
-    # 16x8 TF32 SpMM (tcgnn_spmm_tf32 / its cp.async form)
-    "tf32": MappingProxyType({
-        # the kernel: a config of kernels.products.TF32_SPMM_CONFIGS; None: tf32_spmm_config by width and alignment
-        "tf32_kernel": None,
-        "tf32_nwarps": None,  # warps per CTA for 1, 2 chunks, e.g. (4, 4)
-        "blocks_per_warp": None,  # a unit holds up to nwarps * this many blocks
-    }),
-    # CUDA-core SpMM (any tile shape, exact float64)
-    "core": MappingProxyType({
-        "core_nwarps": 4,
-    }),
-    # vector layout, TF32 and 16-bit: the balanced units and the grid
-    "vec": MappingProxyType({
-        # the kernel: a config of kernels.products.VEC_SPMM_CONFIGS (no timed choice then; cp.async configs fall
-        # back to the rule's on rows cp.async cannot copy); None: the statistics' rule and the timed choice
-        "vec_kernel": None,
-        "vec_max_slices": 2,  # the statistics' cap on float4 groups per lane (a warp covers 32 * this many features)
-        "vec_blocks_per_unit": None,  # blocks per balanced unit
-        "vec_target_warps": 16,  # aim for this many warps per SM in the grid
-        "vec_tail_factor": 4,  # longest unit <= this x the blocks per resident warp (None: no cap)
-        "vec_tail_floor": 128,  # and <= max(the blocks per resident warp, this) (None: no such cap)
-        "vec_warps": 4,  # warps per CTA (independent: each takes its own unit x slice)
-        "vec_sort_units": True,  # longest units first: the grid's tail is made of short ones
-        "vec_coop": None,  # one CTA per window x slice; None: by the grid
-        "vec_coop_chain": 1,  # by the grid only where a quarter of the longest window is <= this many units
-        "vec_combine": True,  # sum split windows inside the launch (else: the fixup launch)
-        "vec_combine_parts_max": 64,  # ... when no window has more parts than this
-        # time the bit-identical launches once and keep the fastest; it overrides the combine option (False
-        # pins it)
-        "vec_timed_choice": True,
-    }),
-    # vector layout, 16-bit X
-    "half": MappingProxyType({
-        "half_tail_floor": 64,  # vec_tail_floor for 16-bit blocks (half the bytes: shorter units pay)
-        # the kernel's shape: a kernels.products.SpmmVech whose (FS, KS, NS, COMBINE, COOP) are compiled (its
-        # types and alignment come from the operands; no timed choice then); None: the rule and the timed choice
-        "half_kernel": None,
-        # values X's type holds exactly (unweighted, small integers): one MMA, not two on (hi, lo) pairs
-        "half_exact_values": True,
-    }),
-    # building and reordering: small inputs take the NumPy path (same arrays, same permutation) instead of
-    # Numba kernels, whose first compile in a process costs seconds while a small input's NumPy pass costs ms
-    "build": MappingProxyType({
-        "sgt_host_max": 1 << 18,  # host input of up to this many entries: SGT on the host, then one upload
-        # ... and up to this many while the SGT kernels have not run in this process (a transpose too): their
-        # first compile costs seconds, a host pass of 2M entries a few tenths of one
-        "sgt_host_cold_max": 1 << 21,
-        "nm_group_host_max": 1 << 16,  # ... and the N:M layouts' grouping too, up to this many
-        "reorder_host_max": 1 << 14,  # reorder(A, N:M pattern) with device=None: on the host up to this many
-        "locality_host_max": 1 << 16,  # reorder(A, "locality") / locality_report with device=None: the same
-    }),
-    # N:M layouts, mma.sp
-    "sparse": MappingProxyType({
-        "sp_blocks_per_unit": 32,  # blocks per balanced unit (the reorder's NM_BLOCKS_PER_UNIT)
-    }),
-})
+#: The families that declare launch options, in the order the docs' table lists them.
+FAMILY_ORDER = ("tf32", "core", "vec", "half", "build", "sparse")
 
-#: Every option and its default, all families together (option names are unique across families).
-DEFAULTS = MappingProxyType({k: v for fam in FAMILY_DEFAULTS.values() for k, v in fam.items()})
-
-#: Warps per CTA each launch option may ask for: the kernels' ``__launch_bounds__`` (the vector SpMM is compiled
-#: for 128 threads, the 16x8 and CUDA-core SpMM for 256); a larger block fails at the driver with an error that
-#: names nothing.  ``tests/test_tuning.py`` checks these numbers against the kernel sources.
-MAX_WARPS = MappingProxyType({"vec": 4, "tf32": 8, "core": 8})
+_FAMILIES = {}  # family -> {option: default}, in FAMILY_ORDER
+_DEFAULTS = {}  # option -> default, all families together (option names are unique across families)
+_CHECKS = {}  # option -> (check, what it takes)
+#: Each family's launch options and their defaults (read-only; filled as the families declare them; ``None``
+#: means "from the tiling's statistics", the rule behind a default is beside its declaration).
+FAMILY_DEFAULTS = MappingProxyType(_FAMILIES)
+#: Every option and its default, all families together.
+DEFAULTS = MappingProxyType(_DEFAULTS)
 
 
-def _int(lo, hi=None, none=False):
-    """A check for an int option in ``[lo, hi]`` (``None`` allowed where ``none``), and what it takes."""
+def int_option(lo, hi=None, none=False):
+    """An int option in ``[lo, hi]`` (``None`` allowed where ``none``): ``(check, what it takes)``."""
     takes = (f"an int >= {lo}" if hi is None else f"an int in [{lo}, {hi}]") + (" or None" if none else "")
 
     def check(value):
@@ -103,7 +49,8 @@ def _int(lo, hi=None, none=False):
     return check, takes
 
 
-def _bool(none=False):
+def bool_option(none=False):
+    """True or False (or None where ``none``)."""
     def check(value):
         if value is None and none:
             return None
@@ -114,7 +61,8 @@ def _bool(none=False):
     return check, "True or False" + (" or None" if none else "")
 
 
-def _positive_number(none=False):
+def positive_option(none=False):
+    """A finite number > 0 (or None where ``none``)."""
     def check(value):
         if value is None and none:
             return None
@@ -127,9 +75,8 @@ def _positive_number(none=False):
     return check, "a finite number > 0" + (" or None" if none else "")
 
 
-def _warp_pair(family):
-    hi = MAX_WARPS[family]
-
+def warp_pair_option(hi):
+    """None or a pair of warps per CTA (for 1 and 2 chunks), each in ``[1, hi]``: a kernel's launch bounds."""
     def check(value):
         if value is None:
             return None
@@ -138,63 +85,38 @@ def _warp_pair(family):
         pair = tuple(value)
         if len(pair) != 2:
             raise ValueError
-        return tuple(_int(1, hi)[0](v) for v in pair)
+        return tuple(int_option(1, hi)[0](v) for v in pair)
 
     return check, f"None or a pair of ints in [1, {hi}] (warps per CTA for 1 and 2 chunks), e.g. (4, 4)"
 
 
-def _pending(takes):
-    """A config option whose compiled set the kernels declare (:func:`declare_check`); until then, None only."""
+def member_option(configs, takes):
+    """None or one of ``configs``, a family's compiled set (compiled means supported)."""
     def check(value):
-        if value is not None:
+        if value is not None and value not in configs:
             raise ValueError
-        return None
+        return value
 
     return check, takes
 
 
-_CHECKS = {
-    "tf32_kernel": _pending("None or a config of kernels.products.TF32_SPMM_CONFIGS"),
-    "tf32_nwarps": _warp_pair("tf32"),
-    "blocks_per_warp": _int(1, none=True),
-    "core_nwarps": _int(1, MAX_WARPS["core"]),
-    "vec_kernel": _pending("None or a config of kernels.products.VEC_SPMM_CONFIGS"),
-    "vec_max_slices": _int(1, 2),
-    "vec_blocks_per_unit": _int(1, none=True),
-    "vec_target_warps": _int(1),
-    "vec_tail_factor": _positive_number(none=True),
-    "vec_tail_floor": _int(1, none=True),
-    "vec_warps": _int(1, MAX_WARPS["vec"]),
-    "vec_sort_units": _bool(),
-    "vec_coop": _bool(none=True),
-    "vec_coop_chain": _int(0),
-    "vec_combine": _bool(),
-    "vec_combine_parts_max": _int(0),
-    "vec_timed_choice": _bool(),
-    "half_tail_floor": _int(1, none=True),
-    "half_kernel": _pending("None or a kernels.products.SpmmVech whose (FS, KS, NS) is in VEC_HALF (COOP: "
-                            "VEC_HALF_COOP)"),
-    "half_exact_values": _bool(),
-    # -1: never on the host
-    "sgt_host_max": _int(-1),
-    "sgt_host_cold_max": _int(-1),
-    "nm_group_host_max": _int(-1),
-    "reorder_host_max": _int(-1),
-    "locality_host_max": _int(-1),
-    "sp_blocks_per_unit": _int(1),
-}
-assert set(_CHECKS) == set(DEFAULTS), "every option has its check"
-
-
-def declare_check(name, check, takes):
-    """Set the check of a config option, from the module that knows its compiled set (the kernels declare theirs).
-
-    ``check(value)`` returns the value to use or raises ``TypeError`` / ``ValueError``; ``takes`` says what the
-    option takes, in the error's words.
+def declare(family, declared):
+    """Declare ``family``'s options: ``{name: (default, (check, what it takes))}``, the pairs made by
+    :func:`int_option` and its kin.  ``check(value)`` returns the value to use or raises ``TypeError`` /
+    ``ValueError``.  A name is declared once, by one family.
     """
-    if name not in DEFAULTS:
-        raise KeyError(name)
-    _CHECKS[name] = (check, takes)
+    if family not in FAMILY_ORDER:
+        raise KeyError(f"{family!r} is not one of {FAMILY_ORDER}")
+    again = sorted(set(declared) & set(_DEFAULTS))
+    if again:
+        raise KeyError(f"options declared twice: {again}")
+    for name, (default, check) in declared.items():
+        _DEFAULTS[name] = default
+        _CHECKS[name] = check
+    merged = {f: dict(_FAMILIES.get(f, {})) for f in FAMILY_ORDER}
+    merged[family].update({name: default for name, (default, _) in declared.items()})
+    _FAMILIES.clear()
+    _FAMILIES.update({f: MappingProxyType(opts) for f, opts in merged.items() if opts})
 
 
 def _checked(name, value):
@@ -272,3 +194,17 @@ def tuning(**overrides):
         yield view
     finally:
         _CURRENT.reset(token)
+
+
+# Building and reordering: small inputs take the NumPy path (same arrays, same permutation) instead of Numba
+# kernels, whose first compile in a process costs seconds while a small input's NumPy pass costs ms.  -1: never on
+# the host.
+declare("build", {
+    "sgt_host_max": (1 << 18, int_option(-1)),  # host input of up to this many entries: SGT on the host, one upload
+    # ... and up to this many while the SGT kernels have not run in this process (a transpose too): their first
+    # compile costs seconds, a host pass of 2M entries a few tenths of one
+    "sgt_host_cold_max": (1 << 21, int_option(-1)),
+    "nm_group_host_max": (1 << 16, int_option(-1)),  # ... and the N:M layouts' grouping too, up to this many
+    "reorder_host_max": (1 << 14, int_option(-1)),  # reorder(A, N:M pattern), device=None: on the host up to this
+    "locality_host_max": (1 << 16, int_option(-1)),  # reorder(A, "locality") / locality_report: the same
+})

@@ -106,6 +106,9 @@ def test_the_warp_limits_are_the_kernels_launch_bounds():
     """``vec_warps``, ``tf32_nwarps`` and ``core_nwarps`` stop at each SpMM kernel's ``__launch_bounds__``."""
     from tcgnn_py.kernels import products as kp
 
+    from tcgnn_py.products.families import core, tf32, vec
+
+    limits = {"vec": vec.MAX_WARPS, "tf32": tf32.MAX_WARPS, "core": core.MAX_WARPS}
     src = pathlib.Path(kp.__file__).parent
     kernels = {"vec": ("vec.py", ["tcgnn_spmm_vec", "tcgnn_spmm_vec_async"]), "half": ("half.py", ["tcgnn_spmm_vech"]),
                "tf32": ("tf32.py", ["tcgnn_spmm_tf32", "tcgnn_spmm_tf32_async"]), "core": ("core.py", ["tcgnn_spmm_core"])}
@@ -114,8 +117,10 @@ def test_the_warp_limits_are_the_kernels_launch_bounds():
         for name in names:
             m = re.search(r"__launch_bounds__\((\d+)[^)]*\)*\s*\n" + name + r"\(", text)
             assert m, (family, name)
-            assert int(m.group(1)) == 32 * _tuning.MAX_WARPS["vec" if family == "half" else family], name
-    assert kp.VEC_WARPS == _tuning.MAX_WARPS["vec"]
+            assert int(m.group(1)) == 32 * limits["vec" if family == "half" else family], name
+    assert _tuning.allowed()["vec_warps"] == f"an int in [1, {limits['vec']}]"
+    assert _tuning.allowed()["core_nwarps"] == f"an int in [1, {limits['core']}]"
+    assert f"[1, {limits['tf32']}]" in _tuning.allowed()["tf32_nwarps"]
 
 
 def test_the_host_translation_limit_is_the_larger_one_until_the_kernels_have_run(monkeypatch):

@@ -42,7 +42,6 @@ Every output element is written by exactly one thread and the summation order
 is fixed, so results are deterministic run to run.
 """
 
-from ..._tuning import declare_check
 from . import common, core, half, sparse, tf32, vec
 from .common import *  # noqa: F401,F403
 from .core import *  # noqa: F401,F403
@@ -52,36 +51,6 @@ from .tf32 import *  # noqa: F401,F403
 from .vec import *  # noqa: F401,F403
 
 
-
-def _declare_config_options():
-    """The config options take exactly the compiled configs (checked when a ``tuning`` block is entered)."""
-
-    def member(configs):
-        def check(value):
-            if value is not None and value not in configs:
-                raise ValueError
-            return value
-
-        return check
-
-    def half_shape(value):
-        if value is None:
-            return None
-        if not isinstance(value, half.SpmmVech):
-            raise TypeError
-        if (value.FS, value.KS, value.NS) not in (half.VEC_HALF_COOP if value.COOP else half.VEC_HALF):
-            raise ValueError
-        return value
-
-    for name, check, takes in (
-            ("tf32_kernel", member(tf32.TF32_SPMM_CONFIGS), "None or a config of kernels.products.TF32_SPMM_CONFIGS"),
-            ("vec_kernel", member(vec.VEC_SPMM_CONFIGS), "None or a config of kernels.products.VEC_SPMM_CONFIGS"),
-            ("half_kernel", half_shape, "None or a kernels.products.SpmmVech whose (FS, KS, NS) is in VEC_HALF "
-                                        "(COOP: VEC_HALF_COOP)")):
-        declare_check(name, check, takes)
-
-
-_declare_config_options()
 
 #: ``family -> (CUDA source, name expressions)`` of the product families, one module each.
 FAMILIES = {name: (mod.SOURCE, mod.NAMES) for name, mod in

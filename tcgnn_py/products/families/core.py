@@ -5,11 +5,17 @@ The exact path: float64 products, ``precision="fp32"``, and tile shapes without 
 
 import numpy as np
 
-from ..._tuning import options
+from ..._tuning import declare, int_option, options
+from ...kernels import products as kp
 from .._launch import SDDMM_OPERANDS, Launch, Scratch, fixup
 from .._plans import SDDMM_BLOCKS_PER_WARP, spmm_plan
 
-__all__ = ["sddmm_launch", "spmm_launch"]
+__all__ = ["MAX_WARPS", "sddmm_launch", "spmm_launch"]
+
+#: Warps per CTA of the CUDA-core SpMM: its ``__launch_bounds__``.
+MAX_WARPS = kp.SPMM_MAX_THREADS // 32
+
+declare("core", {"core_nwarps": (4, int_option(1, MAX_WARPS))})
 
 
 def spmm_launch(tiling, dtype, D, vec=False, operands=None):

@@ -10,7 +10,8 @@ import functools
 import numpy as np
 
 from ..._device import get_cupy
-from ..._tuning import options
+from ..._tuning import bool_option, declare, int_option, options
+from ...kernels import products as kp
 from .._autotune import choose
 from .._launch import Launch, cast_closure, half_launch_key, planned, result_and_operand
 from .._plans import aligned16, vec_plan
@@ -18,6 +19,29 @@ from .._values import half_key, half_values
 from .._vec_layout import coop_launch, partition, partition_launch, vec_coop
 
 __all__ = ["Config", "bind_half", "candidates", "default", "kernels", "launch", "spmm_half", "spmm_launch"]
+
+
+def _half_shape(value):
+    """A ``kernels.products.SpmmVech`` whose shape is compiled (its types and alignment come from the operands)."""
+    if value is None:
+        return None
+    if not isinstance(value, kp.SpmmVech):
+        raise TypeError
+    if (value.FS, value.KS, value.NS) not in (kp.VEC_HALF_COOP if value.COOP else kp.VEC_HALF):
+        raise ValueError
+    return value
+
+
+declare("half", {
+    # vec_tail_floor for 16-bit blocks (half the bytes: shorter units pay)
+    "half_tail_floor": (64, int_option(1, none=True)),
+    # the kernel's shape: a kernels.products.SpmmVech whose (FS, KS, NS, COMBINE, COOP) are compiled (its types and
+    # alignment come from the operands; no timed choice then); None: the rule and the timed choice
+    "half_kernel": (None, (_half_shape, "None or a kernels.products.SpmmVech whose (FS, KS, NS) is in VEC_HALF "
+                                        "(COOP: VEC_HALF_COOP)")),
+    # values X's type holds exactly (unweighted, small integers): one MMA, not two on (hi, lo) pairs
+    "half_exact_values": (True, bool_option()),
+})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,7 +28,7 @@ import numpy as np
 
 from ... import _reference as ref
 from ..._device import get_cupy, publish
-from ..._tuning import options, overrides_key
+from ..._tuning import declare, int_option, options, overrides_key
 from .._launch import Launch, Scratch, cast_closure, fixup, result_and_operand
 from .._plans import VEC_UNITS_PER_WINDOW_MAX, aligned16, spmm_plan
 from .._values import half_values, values_as
@@ -36,6 +36,8 @@ from .._values import half_values, values_as
 __all__ = ["bind_sp", "pack_structure", "pack_values", "sp_launch_key", "sp_meta", "sp_values", "spmm_sp"]
 
 F32 = np.dtype(np.float32)
+
+declare("sparse", {"sp_blocks_per_unit": (32, int_option(1))})  # blocks per balanced unit (NM_BLOCKS_PER_UNIT)
 
 
 def _luts(n, m):

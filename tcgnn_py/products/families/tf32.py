@@ -6,11 +6,24 @@ and alignment (``options()["tf32_kernel"]`` pins one of the compiled set).
 
 import numpy as np
 
-from ..._tuning import options
+from ..._tuning import declare, int_option, member_option, options, warp_pair_option
+from ...kernels import products as kp
 from .._launch import SDDMM_OPERANDS, Launch, Scratch
 from .._plans import SDDMM_BLOCKS_PER_WARP, spmm_plan, tile_mask
 
 __all__ = ["FEW_CTAS", "WHOLE_WINDOW_BLOCKS", "sddmm_launch", "spmm_launch", "work_shape"]
+
+#: Warps per CTA of the 16x8 SpMM: its ``__launch_bounds__`` (a larger block fails at the driver with an error that
+#: names nothing).
+MAX_WARPS = kp.SPMM_MAX_THREADS // 32
+
+declare("tf32", {
+    # the kernel: a config of kernels.products.TF32_SPMM_CONFIGS; None: tf32_spmm_config by width and alignment
+    "tf32_kernel": (None, member_option(kp.TF32_SPMM_CONFIGS, "None or a config of kernels.products.TF32_SPMM_CONFIGS")),
+    "tf32_nwarps": (None, warp_pair_option(MAX_WARPS)),  # warps per CTA for 1, 2 chunks, e.g. (4, 4)
+    # a unit holds up to nwarps * this many blocks (the CUDA-core SpMM's units too)
+    "blocks_per_warp": (None, int_option(1, none=True)),
+})
 
 #: Windows of at most this many blocks stay whole (one unit each, no partial tiles, no fixup).
 WHOLE_WINDOW_BLOCKS = 256

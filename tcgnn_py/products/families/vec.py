@@ -10,14 +10,41 @@ import functools
 
 import numpy as np
 
-from ..._tuning import options
+from ..._tuning import bool_option, declare, int_option, member_option, options, positive_option
+from ...kernels import products as kp
 from .._autotune import choose
 from .._launch import SDDMM_OPERANDS, Launch, run_spmm
 from .._plans import spmm_plan, vec_plan
 from .._values import VEC_DENSE_BYTES_MAX
 from .._vec_layout import async_rows, coop_launch, partition, partition_launch, vec_coop
 
-__all__ = ["Config", "candidates", "default", "kernels", "launch", "sddmm_launch", "spmm_launch"]
+__all__ = ["MAX_WARPS", "Config", "candidates", "default", "kernels", "launch", "sddmm_launch", "spmm_launch"]
+
+
+#: Warps per CTA of the vector SpMM: its ``__launch_bounds__(128)`` (a larger block fails at the driver).
+MAX_WARPS = kp.VEC_WARPS
+
+# The vector layout's options, TF32 and 16-bit (the partition's are read by .._vec_layout): the balanced units and
+# the grid.
+declare("vec", {
+    # the kernel: a config of kernels.products.VEC_SPMM_CONFIGS (no timed choice then; cp.async configs fall back to
+    # the rule's on rows cp.async cannot copy); None: the statistics' rule and the timed choice
+    "vec_kernel": (None, member_option(kp.VEC_SPMM_CONFIGS, "None or a config of kernels.products.VEC_SPMM_CONFIGS")),
+    # the statistics' cap on float4 groups per lane (a warp covers 32 * this many features)
+    "vec_max_slices": (2, int_option(1, 2)),
+    "vec_blocks_per_unit": (None, int_option(1, none=True)),  # blocks per balanced unit
+    "vec_target_warps": (16, int_option(1)),  # aim for this many warps per SM in the grid
+    "vec_tail_factor": (4, positive_option(none=True)),  # longest unit <= this x the blocks per resident warp
+    "vec_tail_floor": (128, int_option(1, none=True)),  # and <= max(the blocks per resident warp, this)
+    "vec_warps": (4, int_option(1, MAX_WARPS)),  # warps per CTA (independent: each takes its own unit x slice)
+    "vec_sort_units": (True, bool_option()),  # longest units first: the grid's tail is made of short ones
+    "vec_coop": (None, bool_option(none=True)),  # one CTA per window x slice; None: by the grid
+    "vec_coop_chain": (1, int_option(0)),  # by the grid only where a quarter of the longest window <= this many units
+    "vec_combine": (True, bool_option()),  # sum split windows inside the launch (else: the fixup launch)
+    "vec_combine_parts_max": (64, int_option(0)),  # ... when no window has more parts than this
+    # time the bit-identical launches once and keep the fastest; it overrides the combine option (False pins it)
+    "vec_timed_choice": (True, bool_option()),
+})
 
 
 @dataclasses.dataclass(frozen=True)
