@@ -354,6 +354,38 @@ class TiledMatrix:
             t._casts[DEVICE_VALUES] = True
         return t
 
+    def softmax(self):
+        """The edge softmax: each row's stored values replaced by their softmax over the row's stored entries.
+
+        ``P_ij = exp(v_ij - m_i) / sum_k exp(v_ik - m_i)`` with ``m_i`` the row's largest value, over stored
+        entries only (an implicit zero takes no part), as DGL's ``SparseMatrix.softmax``.  With
+        :meth:`with_values` (scores in ``order="tiled"``) and ``@`` it writes attention as matrix operations,
+        ``T.with_values(z, order="tiled").softmax() @ V``, the composition that
+        :func:`tcgnn_py.nn.graph_attention` runs fused.  Same tiling and dtype; computed in the values' float type
+        (float32 for 16-bit values, rounded once), each row's sum an exact product, so the result repeats bit
+        for bit.  A row holding NaN is NaN, and so is a row whose values are all ``-inf`` (0 / 0), as NumPy's.
+
+        Examples
+        --------
+        >>> import numpy as np, scipy.sparse as sp, tcgnn_py as tg
+        >>> A = sp.csr_array(np.array([[1.0, 1.0 + np.log(3.0)], [0.0, 5.0]], np.float32))
+        >>> print(np.round(tg.TiledMatrix(A, device="cpu").softmax().toarray(), 4).tolist())
+        [[0.25, 0.75], [0.0, 1.0]]
+        """
+        xp = self._tiling.xp
+        fd = np.dtype(np.float32) if is_half(self.dtype) else self.dtype
+        z = self._values.astype(fd, copy=False)
+        rows = self._tiling.entry_rows()
+        m = xp.full(self.shape[0], -np.inf, dtype=fd)
+        with np.errstate(invalid="ignore"):
+            xp.maximum.at(m, rows, z)  # order-independent: deterministic
+            e = xp.exp(z - m[rows])
+        ones = self._tiling.cached(("ones", 1, np.dtype(fd).str), lambda: xp.ones((self.shape[1], 1), dtype=fd))
+        s = spmm(self._with_data(e), ones, precision="fp32")[:, 0]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            P = e / s[rows]
+        return self._with_data(P.astype(self.dtype, copy=False))
+
     # --- transpose -----------------------------------------------------------
     def transpose(self, axes=None, copy=False):
         """Aᵀ, re-translated with the same tile shape (cached).

@@ -372,3 +372,69 @@ def test_fused_hub_of_200k_entries(cp, score):
     for i, (a, b) in enumerate(zip(*res)):
         err = _rel(cp.asnumpy(b), a)
         assert err < 3e-4, (i, err)  # float32 sums of 200k entries
+
+
+def _row_softmax(A):
+    """Each row's softmax over its stored entries (CSR order), in float64."""
+    A = sp.csr_array(A)
+    out = np.zeros(A.nnz)
+    for i in range(A.shape[0]):
+        lo, hi = A.indptr[i], A.indptr[i + 1]
+        if hi > lo:
+            v = A.data[lo:hi].astype(np.float64)
+            e = np.exp(v - v.max())
+            out[lo:hi] = e / e.sum()
+    return out
+
+
+@pytest.mark.parametrize("layout", ["vector", "tcgnn"])
+def test_edge_softmax_over_each_rows_stored_entries(layout):
+    """``T.softmax()``: stored entries only (an explicit zero takes part, an implicit one does not), empty rows
+    stay empty, a NaN row is NaN, an all -inf row is NaN; 16-bit values are computed in float32."""
+    rng = np.random.default_rng(3)
+    A = sp.random_array((203, 150), density=0.05, rng=rng, format="csr", dtype=np.float64)
+    A.data[:] = rng.standard_normal(A.nnz) * 4
+    A.data[:3] = 0.0  # explicit zeros: stored, so they take part
+    T = tg.TiledMatrix(A, dtype=np.float32, layout=layout, device="cpu")
+    got = T.softmax().tocsr()
+    assert T.softmax().dtype == np.float32 and got.nnz == A.nnz
+    np.testing.assert_allclose(got.data, _row_softmax(A.astype(np.float32)), rtol=1e-6, atol=1e-7)
+    sums = np.add.reduceat(got.data, A.indptr[:-1][np.diff(A.indptr) > 0])
+    np.testing.assert_allclose(sums, 1.0, rtol=1e-6)
+    # rows: a NaN, empty, all -inf, two equal values (and a column never stored)
+    B = sp.csr_array((np.array([1.0, np.nan, 2.0, -np.inf, -np.inf, 3.0, 3.0]), np.array([0, 1, 2, 0, 1, 0, 2]),
+                      np.array([0, 3, 3, 5, 7])), shape=(4, 4))
+    P = tg.TiledMatrix(B, layout=layout, device="cpu").softmax().tocsr()
+    assert np.isnan(P.data[:5]).all()
+    np.testing.assert_array_equal(P.data[5:], [0.5, 0.5])
+    H = tg.TiledMatrix(A, dtype=np.float16, layout=layout, device="cpu").softmax()
+    assert H.dtype == np.float16
+    Ah = A.copy()
+    Ah.data = A.data.astype(np.float16).astype(np.float64)  # the stored 16-bit values
+    np.testing.assert_allclose(H.tocsr().data.astype(np.float64), _row_softmax(Ah), rtol=2e-3, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
+def test_edge_softmax_on_the_gpu_is_the_hosts(cp, dtype):
+    """The device computes the host's softmax, and attention as matrix operations -- scores on the entries, the
+    edge softmax, a product -- is the fused graph attention's output."""
+    rng = np.random.default_rng(4)
+    A = sp.random_array((1003, 517), density=0.01, rng=rng, format="csr", dtype=np.float64)
+    A.data[:] = rng.integers(-8, 9, A.nnz)
+    Th = tg.TiledMatrix(A, dtype=dtype, device="cpu")
+    Td = tg.TiledMatrix(A, dtype=dtype)
+    want, got = Th.softmax().tocsr().data, Td.softmax().tocsr().data  # (tocsr: on the host)
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64),
+                               rtol={"float32": 1e-6, "float16": 1e-3, "float64": 1e-14}[dtype], atol=1e-7)
+    # GAT's additive score as a matrix: z_ij = LeakyReLU(s_dst[i] + s_src[j]) on the stored entries of 1s.
+    G = tg.TiledMatrix(sp.csr_array((np.ones(A.nnz), A.indices, A.indptr), shape=A.shape), dtype=np.float32)
+    s_src = cp.asarray(rng.standard_normal((517, 1)).astype(np.float32))
+    s_dst = cp.asarray(rng.standard_normal((1003, 1)).astype(np.float32))
+    rows, cols = G.tiling.rows_cols()
+    pre = s_dst[rows, 0] + s_src[cols, 0]
+    z = cp.where(pre > 0, pre, 0.2 * pre)
+    V = cp.asarray(rng.integers(-4, 5, (517, 32)).astype(np.float32))
+    composed = G.with_values(z, order="tiled").softmax() @ V
+    fused, _ = tg.nn.graph_attention(G, V, s_src=s_src, s_dst=s_dst, fused=True)
+    np.testing.assert_allclose(composed.get(), fused.get(), rtol=2e-3, atol=2e-3)  # TF32 product vs fused
