@@ -11,6 +11,7 @@ import numpy as np
 
 from .._device import get_cupy
 from .._tuning import overrides_key
+from ._plans import aligned16
 from ._values import vec_dense_values
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "SDDMM_OPERANDS",
     "SPMM_OPERANDS",
     "Scratch",
+    "cast_binder",
     "cast_closure",
     "fixup",
     "half_launch_key",
@@ -195,6 +197,31 @@ def result_and_operand(cp, tiling, X, dtype, out):
 def run_spmm(launch, tiling, values, X, Y):
     """One call of a planned SpMM launch (and its fixup) into Y: the values dense where the launch reads them so."""
     launch.run(vec_dense_values(tiling, values) if launch.dense else values, X, Y)
+
+
+def cast_binder(tiling, dtype, key, launch_key_of, make):
+    """The binder of a product fed the matrix's cast values (the 16-bit and N:M products, the kernel writing
+    ``dtype``).
+
+    ``binder(values, casts, X, out, general)`` returns ``f(values, casts, X, out) -> Y`` (:func:`cast_closure`)
+    once the general path's first call has cached the values' form in ``casts[key]`` (``(split, values,
+    unscale)``, made by ``make(values, casts)``) and the launch for that form, ``tiling.peek(launch_key_of(split,
+    D, aligned))``, is final; else None.
+    """
+    M = tiling.shape[0]
+
+    def binder(values, casts, X, out, general):
+        D = X.shape[1]
+        hit = casts.get(key)
+        if hit is None:
+            return None
+        aligned = aligned16(D, X, out, multiple=8)  # out None: a new result, as the general path's was
+        launch = tiling.peek(launch_key_of(hit[0], D, aligned))
+        if not isinstance(launch, Launch):
+            return None
+        return cast_closure(launch.bind(), (M, D), dtype, key, make, hit[0], general)
+
+    return binder
 
 
 def cast_closure(run, shape, dtype, key, make, split, general):

@@ -13,7 +13,7 @@ from ..._device import get_cupy
 from ..._tuning import bool_option, declare, int_option, options
 from ...kernels import products as kp
 from .._autotune import choose
-from .._launch import Launch, cast_closure, half_launch_key, planned, result_and_operand
+from .._launch import cast_binder, half_launch_key, planned, result_and_operand
 from .._plans import aligned16, vec_plan
 from .._values import half_key, half_values
 from .._vec_layout import coop_launch, partition, partition_launch, vec_coop
@@ -174,25 +174,8 @@ def spmm_half(tiling, hv, X, dtype, out):
 
 
 def bind_half(tiling, xdt, dtype):
-    """The binder of a 16-bit X's product on the vector layout whose kernel writes ``dtype`` (float32 or X's type).
-
-    ``binder(values, casts, X, out, general)`` returns ``f(values, casts, X, out) -> Y`` once the launch for
-    the form of the matrix's 16-bit values (:func:`half_values`, which the first call cached in ``casts``) is
-    final, else None.  Per call ``f`` takes the matrix's 16-bit values and launches.
-    """
-    M = tiling.shape[0]
-
-    def binder(values, casts, X, out, general):
-        D = X.shape[1]
-        key = half_key(xdt)
-        hv = casts.get(key)
-        if hv is None:
-            return None
-        split = hv[0]
-        aligned = aligned16(D, X, out, multiple=8)  # out None: a new result, as the general path's was
-        launch = tiling.peek(half_launch_key(xdt, split, dtype, D, aligned))
-        if not isinstance(launch, Launch):
-            return None
-        return cast_closure(launch.bind(), (M, D), dtype, key, lambda v, c: half_values(v, xdt, c), split, general)
-
-    return binder
+    """The binder of a 16-bit X's product on the vector layout whose kernel writes ``dtype`` (float32 or X's type):
+    bound once the launch for the form of the matrix's 16-bit values (:func:`half_values`) is final; per call it
+    takes the matrix's 16-bit values and launches (:func:`.._launch.cast_binder`)."""
+    return cast_binder(tiling, dtype, half_key(xdt), lambda split, D, al: half_launch_key(xdt, split, dtype, D, al),
+                       lambda v, c: half_values(v, xdt, c))

@@ -29,7 +29,7 @@ import numpy as np
 from ... import _reference as ref
 from ..._device import get_cupy, publish
 from ..._tuning import declare, int_option, options, overrides_key
-from .._launch import Launch, Scratch, cast_closure, fixup, result_and_operand
+from .._launch import Launch, Scratch, cast_binder, fixup, result_and_operand
 from .._plans import VEC_UNITS_PER_WINDOW_MAX, aligned16, spmm_plan
 from .._values import half_values, values_as
 
@@ -199,26 +199,8 @@ def spmm_sp(tiling, values, X, dtype, out, casts):
 
 
 def bind_sp(tiling, xdt, dtype):
-    """The binder of :func:`spmm_sp` for X of ``xdt`` passed as it is, the kernel writing ``dtype``.
-
-    ``binder(values, casts, X, out, general)`` returns ``f(values, casts, X, out) -> Y`` once the launch for the
-    form of the matrix's compressed values (:func:`sp_values`, which the first call cached in ``casts``) is
-    final, else None.  Per call ``f`` takes the matrix's compressed values and launches.
-    """
-    M = tiling.shape[0]
-    key = _sp_key(xdt)
-
-    def binder(values, casts, X, out, general):
-        D = X.shape[1]
-        hit = casts.get(key)  # filled by the general path's call: (hi, lo) pairs or not
-        if hit is None:
-            return None
-        split = hit[0]
-        aligned = aligned16(D, X, out, multiple=8)  # out None: a new result, as the general path's was
-        launch = tiling.peek(sp_launch_key(xdt, split, dtype, D, aligned))
-        if not isinstance(launch, Launch):
-            return None
-        return cast_closure(launch.bind(), (M, D), dtype, key, lambda v, c: sp_values(tiling, v, xdt, c), split,
-                            general)
-
-    return binder
+    """The binder of :func:`spmm_sp` for X of ``xdt`` passed as it is, the kernel writing ``dtype``: bound once the
+    launch for the form of the matrix's compressed values (:func:`sp_values`) is final; per call it takes the
+    matrix's compressed values and launches (:func:`.._launch.cast_binder`)."""
+    return cast_binder(tiling, dtype, _sp_key(xdt), lambda split, D, al: sp_launch_key(xdt, split, dtype, D, al),
+                       lambda v, c: sp_values(tiling, v, xdt, c))
