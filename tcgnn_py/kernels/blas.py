@@ -14,6 +14,11 @@ Operands are 2-D CuPy arrays, C- or F-contiguous (so transposed views such as
 ``H.T`` cost no copy); float32 and float64 accumulate in their own precision
 (``CUBLAS_COMPUTE_32F`` / ``_64F``, as CuPy's default), float16 and bfloat16 in
 float32.
+
+A layer calls the same few shapes over and over, so each product shape is planned once through cuBLASLt
+(``cublasLtMatmul``): its descriptors and the heuristic's algorithm are kept per shape, transposes,
+leading dimensions and operand alignment, and a call is one ``cublasLtMatmul`` on the handle's workspace.
+``cublasGemmEx`` (which runs the heuristic on every call) serves the shapes cuBLASLt finds no algorithm for.
 """
 
 import ctypes
@@ -21,7 +26,7 @@ import functools
 
 import numpy as np
 
-__all__ = ["matmul", "WORKSPACE_BYTES"]
+__all__ = ["matmul", "LT_PLANS_MAX", "WORKSPACE_BYTES"]
 
 #: cuBLAS workspace per device (the guide's recommendation for Hopper is 32 MiB).
 WORKSPACE_BYTES = 32 << 20
@@ -30,6 +35,13 @@ _CUDA_R = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 14}  # cudaData
 _COMPUTE = {"float32": 68, "float64": 70, "float16": 68, "bfloat16": 68}  # CUBLAS_COMPUTE_32F / _64F
 _OP_N, _OP_T = 0, 1
 _GEMM_DEFAULT = -1
+# cuBLASLt attributes (cublasLt.h): the matmul descriptor's transposes, the preference's workspace and alignments.
+_DESC_TRANSA, _DESC_TRANSB = 3, 4
+_PREF_MAX_WORKSPACE_BYTES = 1
+_PREF_MIN_ALIGNMENT = (5, 6, 7, 8)  # of A, B, C, D
+_HEURISTIC_RESULT_BYTES = 96  # cublasLtMatmulHeuristicResult_t: the 64-byte algo, workspace size, state, waves, 4 ints
+#: Product shapes planned through cuBLASLt at most (descriptors and an algorithm each; a few per layer).
+LT_PLANS_MAX = 1024
 
 
 @functools.cache
@@ -57,6 +69,91 @@ def _lib():
     for f in (lib.cublasCreate_v2, lib.cublasSetStream_v2, lib.cublasSetWorkspace_v2, lib.cublasGemmEx):
         f.restype = i32
     return lib
+
+
+@functools.cache
+def _lt():
+    """libcublasLt (loaded with libcublas), its functions typed."""
+    _lib()
+    for name in ("libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"):
+        try:
+            lib = ctypes.CDLL(name)
+            break
+        except OSError:
+            continue
+    else:
+        with open("/proc/self/maps") as maps:
+            path = next(line.split()[-1] for line in maps if "libcublasLt.so" in line)
+        lib = ctypes.CDLL(path)
+    vp, i32, u64, i64, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_int64, ctypes.c_size_t
+    lib.cublasLtCreate.argtypes = [ctypes.POINTER(vp)]
+    lib.cublasLtMatmulDescCreate.argtypes = [ctypes.POINTER(vp), i32, i32]
+    lib.cublasLtMatmulDescSetAttribute.argtypes = [vp, i32, vp, sz]
+    lib.cublasLtMatrixLayoutCreate.argtypes = [ctypes.POINTER(vp), i32, u64, u64, i64]
+    lib.cublasLtMatmulPreferenceCreate.argtypes = [ctypes.POINTER(vp)]
+    lib.cublasLtMatmulPreferenceSetAttribute.argtypes = [vp, i32, vp, sz]
+    lib.cublasLtMatmulPreferenceDestroy.argtypes = [vp]
+    lib.cublasLtMatmulAlgoGetHeuristic.argtypes = [vp, vp, vp, vp, vp, vp, vp, i32, vp, ctypes.POINTER(i32)]
+    lib.cublasLtMatmul.argtypes = [vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, sz, vp]
+    for f in (lib.cublasLtCreate, lib.cublasLtMatmulDescCreate, lib.cublasLtMatmulDescSetAttribute,
+              lib.cublasLtMatrixLayoutCreate, lib.cublasLtMatmulPreferenceCreate,
+              lib.cublasLtMatmulPreferenceSetAttribute, lib.cublasLtMatmulPreferenceDestroy,
+              lib.cublasLtMatmulAlgoGetHeuristic, lib.cublasLtMatmul):
+        f.restype = i32
+    return lib
+
+
+@functools.cache
+def _lt_handle(device_id):
+    h = ctypes.c_void_p()
+    _check(_lt().cublasLtCreate(ctypes.byref(h)), "cublasLtCreate")
+    return h.value
+
+
+def _alignment(ptr):
+    """The largest power of two (at most 256) that divides a device address: what cuBLASLt may assume."""
+    return min(256, ptr & -ptr) if ptr else 256
+
+
+@functools.lru_cache(maxsize=LT_PLANS_MAX)
+def _lt_plan(device_id, name, op_b, op_a, n, m, k, ldb, lda, aligns):
+    """``(desc, A, B, C layouts, algo address, its buffer)`` of one product shape through cuBLASLt (the column-major ``Cᵀ = Bᵀ Aᵀ``
+    of :func:`matmul`), or None where the heuristic finds no algorithm.  Made once per shape (never under a
+    capture: the first eager call plans it)."""
+    lt = _lt()
+    t, compute, _, _ = _TYPES[name]
+    scale = _CUDA_R["float64"] if name == "float64" else _CUDA_R["float32"]
+    desc = ctypes.c_void_p()
+    _check(lt.cublasLtMatmulDescCreate(ctypes.byref(desc), compute, scale), "cublasLtMatmulDescCreate")
+    for attr, op in ((_DESC_TRANSA, op_b), (_DESC_TRANSB, op_a)):
+        v = ctypes.c_int32(op)
+        _check(lt.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(v), 4), "cublasLtMatmulDescSetAttribute")
+    layouts = []
+    for rows, cols, ld in ((n, k, ldb) if op_b == _OP_N else (k, n, ldb),
+                           (k, m, lda) if op_a == _OP_N else (m, k, lda), (n, m, n)):
+        lay = ctypes.c_void_p()
+        _check(lt.cublasLtMatrixLayoutCreate(ctypes.byref(lay), t, rows, cols, ld), "cublasLtMatrixLayoutCreate")
+        layouts.append(lay.value)
+    pref = ctypes.c_void_p()
+    _check(lt.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "cublasLtMatmulPreferenceCreate")
+    try:
+        ws = ctypes.c_uint64(WORKSPACE_BYTES)
+        _check(lt.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_MAX_WORKSPACE_BYTES, ctypes.byref(ws), 8),
+               "cublasLtMatmulPreferenceSetAttribute")
+        for attr, align in zip(_PREF_MIN_ALIGNMENT, aligns):  # b, a, c (and d = c): what these addresses allow
+            v = ctypes.c_uint32(align)
+            _check(lt.cublasLtMatmulPreferenceSetAttribute(pref, attr, ctypes.byref(v), 4),
+                   "cublasLtMatmulPreferenceSetAttribute")
+        result = (ctypes.c_char * _HEURISTIC_RESULT_BYTES)()
+        found = ctypes.c_int(0)
+        status = lt.cublasLtMatmulAlgoGetHeuristic(_lt_handle(device_id), desc, layouts[0], layouts[1], layouts[2],
+                                                   layouts[2], pref, 1, result, ctypes.byref(found))
+    finally:
+        lt.cublasLtMatmulPreferenceDestroy(pref)
+    if status != 0 or found.value < 1:
+        return None
+    # the algo is the result's first 64 bytes: its address goes to every call (the buffer kept with it)
+    return desc.value, layouts[0], layouts[1], layouts[2], ctypes.addressof(result), result
 
 
 def _check(status, what):
@@ -138,12 +235,23 @@ def matmul(a, b):
     if k == 0:
         c.fill(0)
         return c
-    lib = _lib()
-    handle = _handle(cupy.cuda.runtime.getDevice()).on(lib, cupy.cuda.get_current_stream().ptr)
+    device = cupy.cuda.runtime.getDevice()
+    stream = cupy.cuda.get_current_stream().ptr
+    hd = _handle(device)
     op_a, lda, a = _operand(a)
     op_b, ldb, b = _operand(b)
-    t, compute, one, zero = _TYPES[a.dtype.name]
+    name = a.dtype.name
+    t, compute, one, zero = _TYPES[name]
+    pa, pb, pc = a.data.ptr, b.data.ptr, c.data.ptr
     # Row-major C = A B is column-major Cᵀ = Bᵀ Aᵀ: B first, the m and n swapped.
-    _check(lib.cublasGemmEx(handle, op_b, op_a, n, m, k, one, b.data.ptr, t, ldb, a.data.ptr, t, lda, zero,
-                            c.data.ptr, t, n, compute, _GEMM_DEFAULT), "cublasGemmEx")
+    plan = _lt_plan(device, name, op_b, op_a, n, m, k, ldb, lda, (_alignment(pb), _alignment(pa), _alignment(pc),
+                                                                 _alignment(pc)))
+    if plan is not None:
+        desc, lay_b, lay_a, lay_c, algo, _ = plan
+        _check(_lt().cublasLtMatmul(_lt_handle(device), desc, one, pb, lay_b, pa, lay_a, zero, pc, lay_c, pc, lay_c,
+                                    algo, hd.workspace.data.ptr, WORKSPACE_BYTES, stream), "cublasLtMatmul")
+        return c
+    lib = _lib()
+    _check(lib.cublasGemmEx(hd.on(lib, stream), op_b, op_a, n, m, k, one, pb, t, ldb, pa, t, lda, zero, pc, t, n,
+                            compute, _GEMM_DEFAULT), "cublasGemmEx")
     return c
