@@ -118,3 +118,12 @@ def test_bound_launch_extra_slots(monkeypatch):
     # Without partial tiles Y is the partial too.
     _launches.Launch(kernel, (3,), (128,), 0, head, tail, n_extra=1).bind()(arr(10), arr(20), arr(30), arr(50))
     assert seen[-1] == [1, 2, 10, 20, 30, 30, 5, 6, 50]
+
+
+def test_the_blas_loader_takes_a_name_then_the_mapped_copy():
+    """cuBLAS and cuBLASLt load by name, else from the copy already mapped into the process (libc stands in)."""
+    from tcgnn_py.kernels.blas import _load
+
+    assert _load(("libnot-there.so.0", "libc.so.6"), lambda line: False)._name == "libc.so.6"
+    mapped = _load(("libnot-there.so.0",), lambda line: "/libc.so" in line or "/libc-" in line)
+    assert mapped._name.startswith("/") and "libc" in mapped._name

@@ -44,22 +44,25 @@ _HEURISTIC_RESULT_BYTES = 96  # cublasLtMatmulHeuristicResult_t: the 64-byte alg
 LT_PLANS_MAX = 1024
 
 
+def _load(names, mapped):
+    """The first of ``names`` the loader finds, else the copy already in this process whose ``/proc/self/maps``
+    line satisfies ``mapped`` (CuPy loaded it from its own wheel's path, which the loader does not search)."""
+    for name in names:
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    with open("/proc/self/maps") as maps:
+        return ctypes.CDLL(next(line.split()[-1] for line in maps if mapped(line)))
+
+
 @functools.cache
 def _lib():
     import importlib
 
     importlib.import_module("cupy_backends.cuda.libs.cublas")  # loads libcublas into the process
-
-    for name in ("libcublas.so.13", "libcublas.so.12", "libcublas.so"):
-        try:
-            lib = ctypes.CDLL(name)
-            break
-        except OSError:
-            continue
-    else:  # not on the loader's path: take the copy CuPy loaded
-        with open("/proc/self/maps") as maps:
-            path = next(line.split()[-1] for line in maps if "libcublas.so" in line and "Lt" not in line)
-        lib = ctypes.CDLL(path)
+    lib = _load(("libcublas.so.13", "libcublas.so.12", "libcublas.so"),
+                lambda line: "libcublas.so" in line and "Lt" not in line)
     vp, i32 = ctypes.c_void_p, ctypes.c_int
     lib.cublasCreate_v2.argtypes = [ctypes.POINTER(vp)]
     lib.cublasSetStream_v2.argtypes = [vp, vp]
@@ -75,16 +78,7 @@ def _lib():
 def _lt():
     """libcublasLt (loaded with libcublas), its functions typed."""
     _lib()
-    for name in ("libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"):
-        try:
-            lib = ctypes.CDLL(name)
-            break
-        except OSError:
-            continue
-    else:
-        with open("/proc/self/maps") as maps:
-            path = next(line.split()[-1] for line in maps if "libcublasLt.so" in line)
-        lib = ctypes.CDLL(path)
+    lib = _load(("libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"), lambda line: "libcublasLt.so" in line)
     vp, i32, u64, i64, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_int64, ctypes.c_size_t
     lib.cublasLtCreate.argtypes = [ctypes.POINTER(vp)]
     lib.cublasLtMatmulDescCreate.argtypes = [ctypes.POINTER(vp), i32, i32]
