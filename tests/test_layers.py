@@ -179,10 +179,9 @@ def test_the_kernels_docstring_lists_every_family():
     assert [f for f in own if f'``"{f}"``' not in doc] == []
 
 
-#: nn modules that still launch kernels themselves (the cuBLAS wrapper and the fused Adam step: the layer-speed
-#: work moves them behind the engine); every other nn module goes through the engine's modules.
-NN_KERNEL_IMPORTS = {"tcgnn_py.nn._layers": {"tcgnn_py.kernels.blas"},
-                     "tcgnn_py.nn._optim": {"tcgnn_py.kernels.nn", "tcgnn_py.kernels.registry"}}
+#: nn modules that still call kernels themselves (the cuBLAS wrapper, a library's handle rather than a kernel
+#: family); every other nn module goes through the engine's modules.
+NN_KERNEL_IMPORTS = {"tcgnn_py.nn._layers": {"tcgnn_py.kernels.blas"}}
 
 
 def test_nn_reaches_kernels_only_through_the_engine():
@@ -202,7 +201,7 @@ FAMILIES = "tcgnn_py.products.families"
 
 def test_the_engine_is_one_package_with_a_family_per_module():
     assert {n for n in MODULES if n.startswith(FAMILIES + ".")} == {
-        f"{FAMILIES}.{f}" for f in ("tf32", "core", "vec", "half", "sparse", "attention")}
+        f"{FAMILIES}.{f}" for f in ("tf32", "core", "vec", "half", "sparse", "attention", "training")}
 
 
 def test_tiled_matrix_and_nn_enter_the_engine_by_its_front_door():

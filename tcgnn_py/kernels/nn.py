@@ -4,11 +4,22 @@ Listed in :func:`tcgnn_py.kernels.registry.families`, so it compiles through
 the same cached path and the same NVRTC check in CI.
 """
 
+from .products.common import COMMON_SOURCE, cuda_type
 from .registry import VALUE_TYPES, register
 
-__all__ = ["SOURCE", "NAMES", "FAMILIES", "TICK", "adam_name"]
+__all__ = ["SOURCE", "NAMES", "FAMILIES", "TICK", "adam_multi_name", "ADAM_MULTI", "ADAM_SLOTS",
+           "tail_name", "tail_grad_name", "cross_entropy_name", "ACTIVATIONS", "TAIL_TYPES"]
 
-SOURCE = r"""
+#: Tensors one ``tcgnn_adam_multi`` launch updates: its gradients are kernel parameters (``g0`` to ``g7``).
+ADAM_MULTI = 8
+#: int64 slots per tensor in the multi-tensor Adam table: parameter, m and v addresses, size, weight decay's bits.
+ADAM_SLOTS = 5
+#: Activation codes of the tail kernels (``tcgnn_tail``'s ``act``).
+ACTIVATIONS = {None: 0, "relu": 1, "elu": 2}
+#: NumPy names of the tail and cross-entropy kernels' element types.
+TAIL_TYPES = ("float32", "float64", "float16", "bfloat16")
+
+_NN = r"""
 // The step count and bias corrections of Adam live on the device, so that a
 // captured training step (a CUDA graph) advances them on every replay.
 // t += 1; coef = (lr / (1 - b1^t), sqrt(1 - b2^t)).
@@ -20,33 +31,145 @@ __global__ void tcgnn_adam_tick(long long* __restrict__ t, double* __restrict__ 
     coef[1] = sqrt(1.0 - pow(b2, (double)k));
 }
 
-// One Adam step (Kingma & Ba, PyTorch's L2 weight decay), fused: each element
-// reads p, g, m, v once and writes p, m, v once, instead of a dozen passes of
-// array expressions.  coef from tcgnn_adam_tick.
+// One Adam step of element i (Kingma & Ba, PyTorch's L2 weight decay): p, g, m, v read once, p, m, v written
+// once.  step and bc2_sqrt from tcgnn_adam_tick.
 template <typename T>
-__global__ void tcgnn_adam(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ m,
-                           T* __restrict__ v, long long n, const double* __restrict__ coef, T b1, T b2,
-                           T eps, T wd) {
+__device__ __forceinline__ void tcgnn_adam_one(T* p, const T* g, T* m, T* v, long long i, T step, T bc2_sqrt,
+                                               T b1, T b2, T eps, T wd) {
+    T gi = g[i] + wd * p[i];
+    T mi = b1 * m[i] + (T(1) - b1) * gi;
+    T vi = b2 * v[i] + (T(1) - b2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] -= step * mi / (sqrt(vi) / bc2_sqrt + eps);
+}
+
+// Adam for up to 8 tensors in one launch (blockIdx.y picks the tensor), one element as tcgnn_adam_one: a
+// training step's dozen small parameters cost one launch, not one each.  table: per tensor its parameter, m and
+// v addresses, its size and its weight decay's bits (a double), made once by the optimizer; g0..g7 the
+// gradients, which change every step.
+template <typename T>
+__global__ void tcgnn_adam_multi(const long long* __restrict__ table, const double* __restrict__ coef, T b1, T b2,
+                                 T eps, const T* g0, const T* g1, const T* g2, const T* g3, const T* g4,
+                                 const T* g5, const T* g6, const T* g7) {
+    const int j = blockIdx.y;
+    const long long* e = table + 5 * j;
+    T* p = reinterpret_cast<T*>(e[0]);
+    T* m = reinterpret_cast<T*>(e[1]);
+    T* v = reinterpret_cast<T*>(e[2]);
+    const long long n = e[3];
+    const T wd = T(__longlong_as_double(e[4]));
+    const T* g = j == 0 ? g0 : j == 1 ? g1 : j == 2 ? g2 : j == 3 ? g3 : j == 4 ? g4 : j == 5 ? g5 : j == 6 ? g6 : g7;
     const T step = T(coef[0]);
     const T bc2_sqrt = T(coef[1]);
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        tcgnn_adam_one(p, g, m, v, i, step, bc2_sqrt, b1, b2, eps, wd);
+}
+
+// Elements in their compute type: double for double, float for float and the 16-bit types.
+template <typename T> struct nn_acc { typedef float type; };
+template <> struct nn_acc<double> { typedef double type; };
+__device__ __forceinline__ double nn_of(double v) { return v; }
+template <typename T> __device__ __forceinline__ float nn_of(T v) { return tc_f32_of(v); }
+
+// Feature dropout: element i is kept where the 24 high bits of a hash of (i, seed) are at least p * 2^24 (the
+// attention dropout's mixing), so the backward pass recomputes the mask instead of keeping an n x F array.
+// seed: the two words of one float64 draw in [0, 1) (rng.random(1), a device array: no host read).
+__device__ __forceinline__ bool nn_keep(long long i, const unsigned* seed, float p) {
+    unsigned x = (unsigned)i ^ ((unsigned)((unsigned long long)i >> 32) * 0x27D4EB2Fu) ^
+                 ((seed[0] ^ seed[1]) * 0x9E3779B9u);
+    x ^= x >> 16; x *= 0x85EBCA6Bu; x ^= x >> 13; x *= 0xC2B2AE35u; x ^= x >> 16;
+    return (float)(x >> 8) * 5.9604644775390625e-8f >= p;
+}
+
+// A layer's elementwise tail in one pass: out = dropout(act(x + b)), act 0 none, 1 ReLU, 2 ELU; b (one value per
+// column, cols of them) or nullptr; seed nullptr: no dropout, else kept elements scaled by `scale` = 1 / (1 - p).
+template <typename T>
+__global__ void tcgnn_tail(const T* __restrict__ x, const T* __restrict__ b, T* __restrict__ out, long long n,
+                           long long cols, int act, float p, double scale, const unsigned* __restrict__ seed) {
+    typedef typename nn_acc<T>::type A;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
-        T gi = g[i] + wd * p[i];
-        T mi = b1 * m[i] + (T(1) - b1) * gi;
-        T vi = b2 * v[i] + (T(1) - b2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        p[i] -= step * mi / (sqrt(vi) / bc2_sqrt + eps);
+        A z = nn_of(x[i]);
+        if (b) z += nn_of(b[i % cols]);
+        if (act == 1) z = z > A(0) ? z : A(0);
+        else if (act == 2) z = z > A(0) ? z : expm1(z);
+        if (seed) z = nn_keep(i, seed, p) ? z * A(scale) : A(0);
+        tc_put(out + i, z);
+    }
+}
+
+// The tail's vjp: dz = g * mask * act'(x + b), the mask recomputed from the seed.
+template <typename T>
+__global__ void tcgnn_tail_grad(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ b,
+                                T* __restrict__ dz, long long n, long long cols, int act, float p, double scale,
+                                const unsigned* __restrict__ seed) {
+    typedef typename nn_acc<T>::type A;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        A d = nn_of(g[i]);
+        if (seed) d = nn_keep(i, seed, p) ? d * A(scale) : A(0);
+        if (act) {
+            A z = nn_of(x[i]);
+            if (b) z += nn_of(b[i % cols]);
+            if (act == 1) d = z > A(0) ? d : A(0);
+            else d = z > A(0) ? d : d * exp(z);
+        }
+        tc_put(dz + i, d);
+    }
+}
+
+// Softmax cross-entropy, one thread per row i of k logits: with z = logits_i - max_c logits_ic,
+// loss[i] = w_i (log sum_c exp z_c - z_y) and grad_i = w_i (exp z / sum exp z - onehot(y)); a label outside
+// [0, k) matches no class.  w: one weight per row, or nullptr for w0 on every row.
+template <typename T>
+__global__ void tcgnn_cross_entropy(const T* __restrict__ logits, const long long* __restrict__ labels,
+                                    const T* __restrict__ w, double w0, T* __restrict__ loss, T* __restrict__ grad,
+                                    long long n, int k) {
+    typedef typename nn_acc<T>::type A;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        const T* z = logits + i * k;
+        A mx = nn_of(z[0]);
+        for (int c = 1; c < k; ++c) mx = max(mx, nn_of(z[c]));
+        A s = A(0);
+        for (int c = 0; c < k; ++c) s += exp(nn_of(z[c]) - mx);
+        const long long y = labels[i];
+        const A wi = w ? nn_of(w[i]) : A(w0);
+        const A zy = (y >= 0 && y < k) ? nn_of(z[y]) - mx : A(0);
+        tc_put(loss + i, wi * (log(s) - zy));
+        for (int c = 0; c < k; ++c)
+            tc_put(grad + i * k + c, wi * (exp(nn_of(z[c]) - mx) / s - (c == y ? A(1) : A(0))));
     }
 }
 """
 
+SOURCE = COMMON_SOURCE + _NN
 
-def adam_name(dtype_name):
-    return f"tcgnn_adam<{VALUE_TYPES[dtype_name]}>"
+
+def _ctype(dtype_name):
+    return VALUE_TYPES.get(dtype_name) or cuda_type(dtype_name)
+
+
+def adam_multi_name(dtype_name):
+    return f"tcgnn_adam_multi<{VALUE_TYPES[dtype_name]}>"
+
+
+def tail_name(dtype_name):
+    return f"tcgnn_tail<{_ctype(dtype_name)}>"
+
+
+def tail_grad_name(dtype_name):
+    return f"tcgnn_tail_grad<{_ctype(dtype_name)}>"
+
+
+def cross_entropy_name(dtype_name):
+    return f"tcgnn_cross_entropy<{_ctype(dtype_name)}>"
 
 
 TICK = "tcgnn_adam_tick"
-NAMES = (TICK, *(adam_name(t) for t in VALUE_TYPES))
+NAMES = (TICK, *(adam_multi_name(t) for t in VALUE_TYPES),
+         *(f(t) for f in (tail_name, tail_grad_name, cross_entropy_name) for t in TAIL_TYPES))
 FAMILIES = {"nn": (SOURCE, NAMES)}
 register("nn", SOURCE, NAMES)

@@ -5,10 +5,9 @@ import math
 import numpy as np
 
 from .._device import array_module
+from ..products import training as fused
 
 __all__ = ["Adam"]
-
-_THREADS = 256
 
 
 class Adam:
@@ -55,6 +54,12 @@ class Adam:
         self.state = {k: (array_module(p).zeros_like(p), array_module(p).zeros_like(p)) for k, p in params.items()}
         self._t = 0  # host parameters: the step count
         self._device_t = None  # device parameters: (step count, bias corrections) on the device
+        self._tables = {}  # device parameters: names -> (their arrays, the multi-tensor table, sizes)
+        if params and array_module(next(iter(params.values()))) is not np:
+            for dtype in (np.float32, np.float64):  # the tables of every parameter, made here (not under a capture)
+                names = tuple(k for k, p in params.items() if p.dtype == dtype)
+                if names:
+                    self._table(names)
 
     @property
     def t(self):
@@ -90,33 +95,33 @@ class Adam:
                 p -= step * m / (np.sqrt(v) / bc2_sqrt + self.eps)
             return
         coef = self._tick()
+        groups = {}  # dtype -> [(name, gradient)]: one multi-tensor launch per dtype
         for k, g in items:
-            m, v = self.state[k]
-            _adam_device(self.params[k], g, m, v, coef, b1, b2, self.eps, self.weight_decay[k])
+            p = self.params[k]
+            if g.dtype != p.dtype or not g.flags.c_contiguous:
+                g = array_module(p).ascontiguousarray(g, dtype=p.dtype)
+            groups.setdefault(p.dtype, []).append((k, g))
+        for group in groups.values():
+            table, sizes = self._table(tuple(k for k, _ in group))
+            fused.adam_multi(table, sizes, [g for _, g in group], coef, b1, b2, self.eps)
+
+    def _table(self, names):
+        """The device table of the parameters ``names`` and their moments (``fused.adam_table``), made once per
+        set of names and rebuilt where a parameter or moment array was replaced."""
+        arrays = tuple((self.params[k], *self.state[k]) for k in names)
+        kept = self._tables.get(names)
+        if kept is None or any(a is not b for new, old in zip(arrays, kept[0]) for a, b in zip(new, old)):
+            table = fused.adam_table([a[0] for a in arrays], [a[1:] for a in arrays],
+                                     [self.weight_decay[k] for k in names])
+            kept = self._tables[names] = (arrays, table, [a[0].size for a in arrays])
+        return kept[1], kept[2]
 
     def _tick(self):
         """Advance the device step count; return the device bias corrections."""
         import cupy
 
-        from ..kernels import nn as kn
-        from ..kernels.registry import get_kernel
-
         if self._device_t is None:
             self._device_t = (cupy.zeros(1, np.int64), cupy.zeros(2, np.float64))
         t, coef = self._device_t
-        get_kernel("nn", kn.TICK)((1,), (1,), (t, coef, np.float64(self.lr), *map(np.float64, self.betas)))
+        fused.adam_tick(t, coef, self.lr, *self.betas)
         return coef
-
-
-def _adam_device(p, g, m, v, coef, *scalars):
-    import cupy
-
-    from ..kernels import nn as kn
-    from ..kernels.registry import get_kernel
-
-    g = cupy.ascontiguousarray(g, dtype=p.dtype)
-    n = p.size
-    t = p.dtype.type
-    blocks = min(max(1, -(-n // _THREADS)), 4096)
-    kernel = get_kernel("nn", kn.adam_name(p.dtype.name))
-    kernel((blocks,), (_THREADS,), (p, g, m, v, np.int64(n), coef, *(t(s) for s in scalars)))

@@ -1,20 +1,21 @@
 """Layer 2: the product engine -- SpMM and SDDMM on a tiling, one home per kernel family.
 
 ``TiledMatrix`` and ``nn`` enter through this package's names only (:mod:`._dispatch` is the front door;
-``attention`` the fused attention family, which ``nn.graph_attention`` runs).  Below it:
+``attention`` the fused attention family, which ``nn.graph_attention`` runs; ``training`` the layers'
+elementwise tails, the cross-entropy and Adam, which ``nn`` runs).  Below it:
 
 * ``_modes``: operands and the one precision vocabulary (:class:`._modes.Mode`);
 * ``_plans``: work plans and tiling-derived data; ``_values``: the values' cast, dense and 16-bit forms;
 * ``_launch``: planned launches as named types, their scratch and fixup, and how one runs or is bound;
 * ``_autotune``: the timed choice among a family's bit-identical launches (it knows no family);
 * ``_vec_layout``: the vector layout's partition, shared by its float32 and 16-bit families;
-* ``families/``: ``tf32``, ``core``, ``vec``, ``half``, ``sparse`` and ``attention`` -- each family's launch
+* ``families/``: ``tf32``, ``core``, ``vec``, ``half``, ``sparse``, ``attention`` and ``training`` -- each family's launch
   rule, candidates and argument lists (a family imports no sibling).
 """
 
 from ._dispatch import (DEVICE_VALUES, MISMATCH, Plan, as_operand, check_out, result_dtype, sddmm_raw, signature,
                         spmm_raw, timed_choices)
-from .families import attention
+from .families import attention, training
 
 __all__ = ["DEVICE_VALUES", "MISMATCH", "Plan", "as_operand", "attention", "check_out", "result_dtype", "sddmm_raw",
-           "signature", "spmm_raw", "timed_choices"]
+           "signature", "spmm_raw", "timed_choices", "training"]

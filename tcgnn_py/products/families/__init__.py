@@ -2,6 +2,6 @@
 reason), the candidates its timed choice compares, and the one place its kernels' arguments are written.
 
 ``tf32`` (16x8 TF32), ``core`` (CUDA cores), ``vec`` (vector layout, TF32), ``half`` (vector layout, 16-bit X),
-``sparse`` (N:M layouts, ``mma.sp``), ``attention`` (fused graph attention).  A family imports no sibling:
+``sparse`` (N:M layouts, ``mma.sp``), ``attention`` (fused graph attention), ``training`` (a layer's elementwise tail, the loss and Adam).  A family imports no sibling:
 what two share lives below them in the engine.
 """
