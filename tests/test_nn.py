@@ -213,6 +213,50 @@ def test_linear_relu_dropout_cross_entropy_gradients(rng):
         nn.dropout(H, 0.5, None)
 
 
+@pytest.mark.parametrize("act", [None, "relu", "elu"])
+@pytest.mark.parametrize("with_b", [False, True])
+def test_bias_act_dropout_gradients(rng, act, with_b):
+    H, b = rng.standard_normal((9, 4)), rng.standard_normal(4) if with_b else None
+    g = rng.standard_normal((9, 4))
+
+    def loss():
+        return float((nn.bias_act_dropout(H, b, act)[0] * g).sum())
+
+    out, vjp = nn.bias_act_dropout(H, b, act)
+    z = H + (0 if b is None else b)
+    want = {None: z, "relu": np.maximum(z, 0), "elu": np.where(z > 0, z, np.expm1(np.minimum(z, 0)))}[act]
+    np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-15)  # exp(z) - 1 on the host, expm1 on the GPU
+    dH, db = vjp(g)
+    assert_grad(dH, loss, H)
+    if b is None:
+        assert db is None
+    else:
+        assert_grad(db, loss, b)
+    # with dropout: the same elements as dropout() with the same draws, scaled by 2
+    out0, vjp0 = nn.bias_act_dropout(H, b, act)
+    out, vjp = nn.bias_act_dropout(H, b, act, 0.5, np.random.default_rng(3))
+    drop, drop_vjp = nn.dropout(out0, 0.5, np.random.default_rng(3))
+    np.testing.assert_array_equal(out, drop)
+    np.testing.assert_array_equal(vjp(g)[0], vjp0(drop_vjp(g))[0])
+
+
+def test_bias_act_dropout_errors(rng):
+    H = rng.standard_normal((5, 3))
+    with pytest.raises(ValueError, match="act must be one of"):
+        nn.bias_act_dropout(H, None, "gelu")
+    with pytest.raises(ValueError, match=r"b must have shape \(3,\)"):
+        nn.bias_act_dropout(H, np.ones(4))
+    with pytest.raises(ValueError, match="dropout probability p"):
+        nn.bias_act_dropout(H, None, "relu", 1.0)
+    with pytest.raises(ValueError, match="needs rng"):
+        nn.bias_act_dropout(H, None, "relu", 0.5)
+    with pytest.raises(ValueError, match="H must be 2-D"):
+        nn.bias_act_dropout(np.ones(3))
+    with pytest.raises(TypeError, match="labels must be integers"):
+        nn.cross_entropy(H, np.zeros(5))
+    assert nn.bias_act_dropout(H, None, None, 0.5, None, training=False)[0] is H
+
+
 @pytest.mark.parametrize("model", ["gcn", "agnn"])
 def test_model_gradients(rng, model):
     """Whole models (layers, ReLU, dropout off, loss) against finite differences."""

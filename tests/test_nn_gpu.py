@@ -10,7 +10,7 @@ import pytest
 import scipy.sparse as sp
 from test_nn import random_graph
 
-from _env import cupy_fixture
+from _env import cupy_fixture, ints
 import tcgnn_py as tg
 from tcgnn_py.nn._edges import CSREdges
 
@@ -162,3 +162,121 @@ def test_cora_training_reaches_paper_accuracy(cp, model):
         opt = nn.Adam(params, lr=0.01, weight_decay=5e-4)
     r = nn.train(apply, params, A, X, g.labels, (g.train_idx, g.val_idx, g.test_idx), opt, epochs=200, rng=rng)
     assert r.test_acc >= 0.80, r
+
+
+# --- the training family's kernels: tails, cross-entropy, multi-tensor Adam ------------------------------------
+
+
+def _dtype(name):
+    if name == "bfloat16":
+        return np.dtype(pytest.importorskip("ml_dtypes", reason="bfloat16 needs ml_dtypes").bfloat16)
+    return np.dtype(name)
+
+
+def _keep(size, draw, p):
+    """The feature dropout's mask in NumPy (``nn_keep`` of tcgnn_py.kernels.nn): a hash of each element's index and
+    the two words of the float64 draw."""
+    i = np.arange(size, dtype=np.uint64)
+    w = np.frombuffer(np.float64(draw).tobytes(), np.uint32)
+    x = (i & np.uint64(0xFFFFFFFF)).astype(np.uint32) ^ ((i >> np.uint64(32)).astype(np.uint32) * np.uint32(0x27D4EB2F))
+    x ^= np.full(size, w[0] ^ w[1], np.uint32) * np.uint32(0x9E3779B9)
+    x ^= x >> np.uint32(16)
+    x *= np.uint32(0x85EBCA6B)
+    x ^= x >> np.uint32(13)
+    x *= np.uint32(0xC2B2AE35)
+    x ^= x >> np.uint32(16)
+    return (x >> np.uint32(8)).astype(np.float32) * np.float32(2.0**-24) >= np.float32(p)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+@pytest.mark.parametrize("act", [None, "relu", "elu"])
+@pytest.mark.parametrize("p", [0.0, 0.3])
+def test_bias_act_dropout_on_device_is_the_formula(cp, dtype, act, p):
+    """Forward and backward against NumPy with the same hash: exact (quarters are exact in every dtype) but for
+    ELU's exp, within two units in the last place."""
+    rng = np.random.default_rng()
+    dt = _dtype(dtype)
+    acc = np.float64 if dtype == "float64" else np.float32
+    n, d = 1003, 37
+    H, b, g = ints(rng, n, d) / 4, ints(rng, d) / 4, ints(rng, n, d)
+    out, vjp = nn.bias_act_dropout(cp.asarray(H).astype(dt), cp.asarray(b).astype(dt), act, p,
+                                   cp.random.default_rng(7))
+    draw = cp.random.default_rng(7).random(1).get()[0]
+    z = (H + b).astype(acc)
+    a = {None: z, "relu": np.maximum(z, 0), "elu": np.where(z > 0, z, np.expm1(np.minimum(z, 0)))}[act]
+    mask = np.where(_keep(n * d, draw, p).reshape(n, d), acc(1 / (1 - p)), acc(0)) if p else np.ones((n, d), acc)
+    want = (a * mask).astype(dt)
+    dH, db = vjp(cp.asarray(g).astype(dt))
+    slope = {None: 1, "relu": (z > 0).astype(acc), "elu": np.where(z > 0, 1, np.exp(np.minimum(z, 0)))}[act]
+    dwant = (g.astype(acc) * mask * slope).astype(dt)
+    assert out.dtype == dt and dH.dtype == dt and db.dtype == dt
+    if act == "elu":
+        ulp = {"float64": 1e-15, "float32": 2.4e-7, "float16": 2e-3, "bfloat16": 1.6e-2}[dtype]
+        np.testing.assert_allclose(out.get().astype(np.float64), want.astype(np.float64), rtol=ulp, atol=ulp)
+        np.testing.assert_allclose(dH.get().astype(np.float64), dwant.astype(np.float64), rtol=ulp, atol=ulp)
+    else:
+        np.testing.assert_array_equal(out.get(), want)
+        np.testing.assert_array_equal(dH.get(), dwant)
+    # db sums dH's columns through cuBLAS (TF32 for float32): its error is relative to the sum of |terms|
+    terms = dH.get().astype(np.float64)
+    tol = {"float64": 1e-12, "float32": 1e-3, "float16": 2e-3, "bfloat16": 1e-2}[dtype]
+    np.testing.assert_allclose(db.get().astype(np.float64), terms.sum(axis=0), rtol=0,
+                               atol=tol * np.abs(terms).sum(axis=0).max())
+    if p:
+        assert 0.25 < 1 - _keep(n * d, draw, p).mean() < 0.35
+
+
+def test_relu_elu_dropout_on_device_keep_g_dtype_and_check_g(cp):
+    H = cp.asarray(np.linspace(-2, 2, 60, dtype=np.float32).reshape(6, 10)).astype(cp.float16)
+    for f in (nn.relu, nn.elu):
+        out, vjp = f(H)
+        g = cp.ones((6, 10), cp.float32)
+        assert vjp(g).dtype == cp.float32  # as g * mask would be
+        np.testing.assert_allclose(vjp(g).get(), f(H.astype(cp.float32))[1](g).get(), rtol=1e-3)
+        with pytest.raises(ValueError, match="g must have the output's shape"):
+            vjp(cp.ones((6, 1), cp.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("indexed", [False, True])
+def test_cross_entropy_on_device_matches_host(cp, rng, dtype, indexed):
+    n, k = 1001, 7
+    logits = (rng.standard_normal((n, k)) * 3).astype(dtype)
+    labels = rng.integers(0, k, n).astype(np.int32)
+    idx = np.sort(rng.choice(n, 300, replace=False)) if indexed else None
+    on = (lambda x: None) if idx is None else cp.asarray  # noqa: E731
+    loss, g = nn.cross_entropy(cp.asarray(logits), cp.asarray(labels), on(idx))
+    want, g_want = nn.cross_entropy(logits, labels, idx)
+    tol = 1e-12 if dtype == np.float64 else 2e-6
+    assert loss.dtype == dtype and g.dtype == dtype
+    np.testing.assert_allclose(g.get(), g_want, rtol=tol, atol=tol)
+    assert abs(float(loss) - float(want)) < tol * abs(float(want))
+    # a label out of range matches no class on the device (no host read checks it): its row's gradient is the
+    # weighted softmax alone
+    row = 0 if idx is None else int(idx[0])
+    labels[row] = k
+    _, g2 = nn.cross_entropy(cp.asarray(logits), cp.asarray(labels), on(idx))
+    z = logits[row].astype(np.float64) - logits[row].max()
+    w = 1 / (n if idx is None else len(idx))
+    np.testing.assert_allclose(g2.get()[row], w * np.exp(z) / np.exp(z).sum(), rtol=tol * 10)
+
+
+def test_adam_multi_tensor_matches_host(cp, rng):
+    """Eleven parameters (two launches of eight and three), two dtypes, a skipped gradient and a replaced array."""
+    shapes = [(3, 5), (7,), (1,), (40, 3), (2, 2), (9,), (1, 1), (5, 6), (13,), (4,), (8, 8)]
+    host_p = {f"p{i}": rng.standard_normal(s).astype(np.float64 if i % 4 == 0 else np.float32)
+              for i, s in enumerate(shapes)}
+    dev_p = {k: cp.asarray(v) for k, v in host_p.items()}
+    wd = {k: 0.01 * i for i, k in enumerate(host_p)}
+    oh, od = nn.Adam(host_p, lr=0.03, weight_decay=wd), nn.Adam(dev_p, lr=0.03, weight_decay=wd)
+    for step in range(5):
+        grads = {k: rng.standard_normal(v.shape).astype(v.dtype) for k, v in host_p.items()}
+        if step == 2:
+            grads["p3"] = None
+        if step == 3:  # a parameter array replaced between steps: the table follows it
+            dev_p["p5"] = cp.asarray(host_p["p5"])
+        oh.step(grads)
+        od.step({k: None if g is None else cp.asarray(g) for k, g in grads.items()})
+    for k, v in host_p.items():
+        np.testing.assert_allclose(dev_p[k].get(), v, rtol=1e-5 if v.dtype == np.float32 else 1e-13, atol=1e-6)
+    assert od.t == 5

@@ -12,12 +12,28 @@ idx = cp.arange(0, 3001, 7)
 for dtype in (np.float32, np.float64):
     rng = cp.random.default_rng(1)
     X = cp.asarray(np.random.default_rng(2).standard_normal((3001, 37)), dtype=dtype)
+    # a five-layer GCN has ten parameters: the multi-tensor Adam step launches twice (eight, then two)
     for name, build, init, apply in (("gcn", nn.gcn_norm, nn.gcn_init, nn.gcn_apply),
-                                     ("agnn", nn.add_self_loops, nn.agnn_init, nn.agnn_apply)):
+                                     ("gcn5", nn.gcn_norm, lambda d, r, dtype: nn.gcn_init((37, 16, 16, 16, 16, 5), r,
+                                                                                           dtype=dtype), nn.gcn_apply),
+                                     ("agnn", nn.add_self_loops, nn.agnn_init, nn.agnn_apply),
+                                     ("gat", nn.add_self_loops, lambda d, r, dtype: nn.gat_init(d, r, heads=4,
+                                                                                                dtype=dtype),
+                                      nn.gat_apply)):
+        if name == "gat" and dtype == np.float64:
+            continue  # the fused attention takes float32 and 16-bit values only
         A = build(A0, dtype=dtype)
         params = init((37, 16, 5), rng, dtype=dtype)
         opt = nn.Adam(params, lr=0.01, weight_decay=5e-4)
         r = nn.train(apply, params, A, X, labels, (idx, idx, idx), opt, epochs=3, rng=rng)
         print(f"memcheck nn {name} {np.dtype(dtype).name}: loss {r.final_loss:.3f}")
+# mixed precision: 16-bit activations through the tails, the loss and the layers
+A = nn.gcn_norm(A0)
+params = nn.gcn_init((37, 16, 5), cp.random.default_rng(1))
+X = cp.asarray(np.random.default_rng(2).standard_normal((3001, 37)), dtype=np.float32)
+logits, vjp = nn.gcn_apply(params, A, X, rng=cp.random.default_rng(3), dtype="float16")
+loss, g = nn.cross_entropy(logits, labels, idx)
+nn.Adam(params).step(vjp(g))
+print(f"memcheck nn gcn float16: loss {float(loss):.3f}")
 cp.cuda.Device().synchronize()
 print("memcheck nn workload ok")

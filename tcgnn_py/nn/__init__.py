@@ -6,8 +6,8 @@ reference path) and CuPy on the GPU; everything runs on the graph's device.
 
 - Graph preprocessing: :func:`gcn_norm`, :func:`add_self_loops`.
 - Layers: :func:`gcn_conv`, :func:`agnn_conv`, :func:`gat_conv`, :func:`graph_attention` (fused),
-  :func:`linear`, :func:`relu`, :func:`elu`,
-  :func:`dropout`; loss :func:`cross_entropy`; metric :func:`accuracy`.
+  :func:`linear`, :func:`relu`, :func:`elu`, :func:`dropout`,
+  :func:`bias_act_dropout` (a layer's elementwise tail in one pass); loss :func:`cross_entropy`; metric :func:`accuracy`.
 - Models: :func:`gcn_init` / :func:`gcn_apply`, :func:`agnn_init` / :func:`agnn_apply`,
   :func:`gat_init` / :func:`gat_apply`.
 - Training: :class:`Adam`, :func:`glorot`, :func:`default_rng`, :func:`train` (full-batch, with model
@@ -15,7 +15,7 @@ reference path) and CuPy on the GPU; everything runs on the graph's device.
 """
 
 from ._attention import agnn_conv, gat_conv, graph_attention
-from ._layers import accuracy, cross_entropy, dropout, elu, gcn_conv, linear, relu
+from ._layers import accuracy, bias_act_dropout, cross_entropy, dropout, elu, gcn_conv, linear, relu
 from ._models import agnn_apply, agnn_init, default_rng, gat_apply, gat_init, gcn_apply, gcn_init, glorot
 from ._norm import add_self_loops, gcn_norm
 from ._optim import Adam
@@ -32,6 +32,7 @@ __all__ = [
     "relu",
     "elu",
     "dropout",
+    "bias_act_dropout",
     "cross_entropy",
     "accuracy",
     "glorot",

@@ -11,8 +11,9 @@ import numbers
 
 import numpy as np
 
-from .._device import array_module
+from .._device import DeviceMismatchError, array_module
 from .._validation import check_bool, is_half, promote
+from ..products import training as fused
 from ._edges import edges_of, features_on, floats
 
 __all__ = [
@@ -21,9 +22,16 @@ __all__ = [
     "relu",
     "elu",
     "dropout",
+    "bias_act_dropout",
     "cross_entropy",
     "accuracy",
 ]
+
+#: Activations of :func:`bias_act_dropout`.
+ACTIVATIONS = (None, "relu", "elu")
+#: Columns of ones kept for :func:`column_sums` (by device, length and dtype): a few, since a model has few widths.
+ONES_KEEP = 16
+_ones = {}
 
 def probability(name, p):
     """A probability in ``[0, 1)`` (a dropout rate), a real number; errors name it."""
@@ -69,7 +77,24 @@ def column_sums(g):
     xp = array_module(g)
     if xp is np:
         return g.sum(axis=0)
-    return mm(xp.ones((1, g.shape[0]), dtype=g.dtype), g).reshape(g.shape[1])
+    return mm(_ones_row(xp, g.shape[0], g.dtype), g).reshape(g.shape[1])
+
+
+def _ones_row(xp, n, dtype):
+    """A ``(1, n)`` row of ones on the current device, made once per length and dtype (not kept when made under a
+    capture, where it would be filled only by a replay); complete before it is kept, as another stream may read
+    it next."""
+    key = (xp.cuda.runtime.getDevice(), n, np.dtype(dtype).str)
+    ones = _ones.get(key)
+    if ones is None:
+        ones = xp.ones((1, n), dtype=dtype)
+        stream = xp.cuda.get_current_stream()
+        if not stream.is_capturing():
+            stream.synchronize()
+            if len(_ones) >= ONES_KEEP:
+                _ones.pop(next(iter(_ones)))
+            _ones[key] = ones
+    return ones
 
 
 def gcn_conv(A, H, W, b=None, *, precision=None):
@@ -184,6 +209,8 @@ def relu(H):
     """
     H = floats(H, "H")
     xp = array_module(H)
+    if xp is not np and H.dtype.name in fused.TAIL_TYPES:
+        return _device_tail(xp, H, None, "relu", 0.0, None)
     keep = H > 0
     return xp.where(keep, H, 0).astype(H.dtype, copy=False), lambda g: g * keep
 
@@ -200,6 +227,8 @@ def elu(H):
     """
     H = floats(H, "H")
     xp = array_module(H)
+    if xp is not np and H.dtype.name in fused.TAIL_TYPES:
+        return _device_tail(xp, H, None, "elu", 0.0, None)
     keep = H > 0
     e = xp.exp(xp.minimum(H, 0))
     return xp.where(keep, H, e - 1).astype(H.dtype, copy=False), lambda g: g * xp.where(keep, 1, e).astype(g.dtype)
@@ -213,7 +242,9 @@ def dropout(H, p, rng, *, training=True):
     H : array
     p : float in [0, 1)
     rng : numpy.random.Generator or cupy.random.Generator
-        On H's device (``numpy.random.default_rng`` / ``cupy.random.default_rng``).
+        On H's device (``numpy.random.default_rng`` / ``cupy.random.default_rng``).  On the GPU one number is
+        drawn per call and the mask is a hash of it and each element's index, so the backward pass recomputes
+        the mask instead of keeping an array of H's size.
     training : bool, default True
         False (or ``p == 0``) returns H unchanged.
 
@@ -238,10 +269,105 @@ def dropout(H, p, rng, *, training=True):
     xp = array_module(H)
     if xp is not np and isinstance(rng, np.random.Generator):
         raise TypeError("dropout on a device array needs a cupy.random.Generator (cupy.random.default_rng)")
+    if xp is not np and H.dtype.name in fused.TAIL_TYPES:
+        return _device_tail(xp, H, None, None, p, rng.random(1))
     keep = rng.random(H.shape, dtype=np.float32) >= p
     scale = H.dtype.type(1 / (1 - p))
     mask = keep.astype(H.dtype) * scale
     return H * mask, lambda g: g * mask
+
+
+def bias_act_dropout(H, b=None, act=None, p=0.0, rng=None, *, training=True):
+    """A layer's elementwise tail, ``dropout(act(H + b), p)``, in one pass on the GPU (forward and backward).
+
+    ``gcn_conv(A, H, W)`` followed by ``bias_act_dropout(Z, b, "relu", 0.5, rng)`` is GCN's hidden layer and
+    the next layer's input dropout: one kernel instead of four elementwise passes, and the backward pass
+    recomputes the dropout mask (a hash, as :func:`dropout`) instead of reading a stored one.
+
+    Parameters
+    ----------
+    H : array, shape (n, d)
+    b : array, shape (d,), optional
+    act : {None, "relu", "elu"}
+    p : float in [0, 1)
+        Dropout probability after the activation; 0 (or ``training`` False) for none.
+    rng : numpy.random.Generator or cupy.random.Generator, optional
+        On H's device; needed when ``p > 0`` in training.
+    training : bool, default True
+
+    Returns
+    -------
+    out : array, shape (n, d), of H's (float) dtype
+    vjp : callable
+        ``vjp(g) -> (dH, db)``; ``db`` is None without ``b``.
+
+    Examples
+    --------
+    >>> import numpy as np, tcgnn_py as tg
+    >>> out, vjp = tg.nn.bias_act_dropout(np.array([[-2.0, 1.0]]), np.array([1.0, 1.0]), "relu")
+    >>> print(out.tolist(), [x.tolist() for x in vjp(np.array([[5.0, 5.0]]))])
+    [[0.0, 2.0]] [[[0.0, 5.0]], [0.0, 5.0]]
+    """
+    if act not in ACTIVATIONS:
+        raise ValueError(f"act must be one of {ACTIVATIONS}, got {act!r:.60}")
+    p = probability("dropout probability p", p)
+    if not check_bool("training", training):
+        p = 0.0
+    H = floats(H, "H")
+    check_2d("H", H)
+    xp = array_module(H)
+    if b is not None:
+        b = floats(b, "b")
+        if array_module(b) is not xp:
+            raise DeviceMismatchError("b must be on H's device")
+        check_bias(b, H.shape[1], "H's columns")
+    if p and rng is None:
+        raise ValueError("dropout in training needs rng (tcgnn_py.nn.default_rng(seed, like=A))")
+    if xp is not np and H.dtype.name in fused.TAIL_TYPES:
+        if p and isinstance(rng, np.random.Generator):
+            raise TypeError("dropout on a device array needs a cupy.random.Generator (cupy.random.default_rng)")
+        out, tail_vjp = _device_tail(xp, H, b, act, p, rng.random(1) if p else None)
+
+        def vjp(g):
+            dz = tail_vjp(g)
+            return dz, None if b is None else column_sums(dz)
+
+        return out, vjp
+    Z = H if b is None else H + b.astype(H.dtype, copy=False)
+    Z, a_vjp = (Z, lambda g: g) if act is None else (relu if act == "relu" else elu)(Z)
+    out, d_vjp = dropout(Z, p, rng)
+
+    def host_vjp(g):
+        dz = a_vjp(d_vjp(g))
+        return dz, None if b is None else column_sums(dz)
+
+    return out, host_vjp
+
+
+def _device_tail(xp, H, b, act, p, seed):
+    """``(out, vjp)`` of ``dropout(act(H + b))`` by the training family's kernels (``seed`` None: no dropout).
+
+    ``vjp(g)`` recomputes the mask from the seed and the activation's slope from ``H`` and ``b``, in ``g``'s dtype
+    (as ``g * mask`` would be).
+    """
+    x = xp.ascontiguousarray(H)
+    if b is not None:
+        b = xp.ascontiguousarray(b, dtype=x.dtype)
+    out = fused.tail(x, b, act, p, seed)
+
+    def vjp(g):
+        g = xp.asarray(g)
+        if g.shape != out.shape:
+            raise ValueError(f"g must have the output's shape {out.shape}, got {g.shape}")
+        g = xp.ascontiguousarray(g)
+        if g.dtype.name not in fused.TAIL_TYPES:
+            g = g.astype(x.dtype)
+        xs, bs = (x, b) if act is not None else (None, None)
+        if g.dtype != x.dtype and act is not None:
+            xs, bs = x.astype(g.dtype), None if b is None else b.astype(g.dtype)
+        return fused.tail_grad(g, xs, bs, act, p, seed)
+
+    return out, vjp
 
 
 def cross_entropy(logits, labels, index=None):
@@ -274,6 +400,19 @@ def cross_entropy(logits, labels, index=None):
     check_2d("logits", logits)
     n, k = logits.shape
     labels = xp.asarray(labels).reshape(n, 1)
+    if labels.dtype.kind not in "iu":
+        raise TypeError(f"labels must be integers, got dtype {labels.dtype}")
+    if xp is not np and k and logits.dtype.name in fused.TAIL_TYPES:
+        # one kernel: each row's softmax, loss and gradient in one pass (a dozen array passes otherwise)
+        if index is None:
+            w, w0 = None, 1 / n if n else 0.0
+        else:
+            index = xp.asarray(index)
+            w, w0 = xp.zeros(n, dtype=logits.dtype), 0.0
+            w[index] = 1 / index.shape[0]
+        loss, grad = fused.cross_entropy(xp.ascontiguousarray(logits), labels.reshape(n).astype(np.int64, copy=False),
+                                            w, w0)
+        return loss.sum(), grad
     if xp is np:
         y = labels if index is None else labels[np.asarray(index)]
         if y.size and (y.min() < 0 or y.max() >= k):
