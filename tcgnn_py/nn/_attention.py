@@ -388,8 +388,8 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
     X = mm(H, W)
     fd = np.float32 if is_half(X.dtype) else X.dtype
     X3 = X.reshape(n, heads, D).astype(fd, copy=False)
-    s_src = (X3 * a_src.astype(fd)).sum(axis=2)
-    s_dst = (X3 * a_dst.astype(fd)).sum(axis=2)
+    s_src = (X3 * a_src.astype(fd, copy=False)).sum(axis=2)
+    s_dst = (X3 * a_dst.astype(fd, copy=False)).sum(axis=2)
     seed = None
     if drop:
         if rng is None:
@@ -409,7 +409,7 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
         ga = g if concat else xp.repeat(g[:, None, :] / heads, heads, axis=1).reshape(n, heads * D)
         dX, ds_src, ds_dst = att_vjp(ga)
         dX = dX.astype(fd, copy=False).reshape(n, heads, D)
-        dX = dX + ds_src[:, :, None] * a_src.astype(fd) + ds_dst[:, :, None] * a_dst.astype(fd)
+        dX = dX + ds_src[:, :, None] * a_src.astype(fd, copy=False) + ds_dst[:, :, None] * a_dst.astype(fd, copy=False)
         # sums over the n rows as 1ᵀ M (column_sums): a reduction along the long axis is slow on the GPU
         da_src = column_sums((X3 * ds_src[:, :, None]).reshape(n, heads * D)).reshape(heads, D)
         da_dst = column_sums((X3 * ds_dst[:, :, None]).reshape(n, heads * D)).reshape(heads, D)

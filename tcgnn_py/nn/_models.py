@@ -13,7 +13,7 @@ from .._tiled import TiledMatrix
 from .._validation import as_dtype, check_count, is_half
 from ._edges import array_on, edges_of, features_on
 from ._attention import agnn_conv, gat_conv
-from ._layers import dropout, elu, gcn_conv, linear, relu
+from ._layers import bias_act_dropout, dropout, gcn_conv, linear
 
 __all__ = ["default_rng", "glorot", "gcn_init", "gcn_apply", "agnn_init", "agnn_apply"]
 
@@ -140,26 +140,23 @@ def gcn_apply(params, A, X, *, rng=None, dropout_p=0.5, training=True, precision
     H = features_on(E, X, "X")
     if cd is not None:
         H = H.astype(cd, copy=False)
+    H, _ = dropout(H, dropout_p, rng, training=training)  # the input's: no gradient flows to X
     back = []
     for i in range(n_layers):
-        H, d_vjp = dropout(H, dropout_p, rng, training=training)
-        H, c_vjp = gcn_conv(E, H, p[f"W{i}"], p[f"b{i}"])
-        r_vjp = None
-        if i < n_layers - 1:
-            H, r_vjp = relu(H)
-        back.append((d_vjp, c_vjp, r_vjp))
+        H, c_vjp = gcn_conv(E, H, p[f"W{i}"])
+        hidden = i < n_layers - 1  # bias, relu and the next layer's dropout in one pass
+        H, t_vjp = bias_act_dropout(H, p[f"b{i}"], "relu" if hidden else None, dropout_p if hidden else 0.0, rng,
+                                    training=training)
+        back.append((c_vjp, t_vjp))
 
     def vjp(g):
         grads = {}
         if cd is not None:
             g = array_on(E, g).astype(cd, copy=False)
         for i in reversed(range(n_layers)):
-            d_vjp, c_vjp, r_vjp = back[i]
-            if r_vjp is not None:
-                g = r_vjp(g)
-            g, grads[f"W{i}"], grads[f"b{i}"] = c_vjp(g, input_grad=i > 0)
-            if i > 0:
-                g = d_vjp(g)
+            c_vjp, t_vjp = back[i]
+            g, grads[f"b{i}"] = t_vjp(g)
+            g, grads[f"W{i}"], _ = c_vjp(g, input_grad=i > 0)
         return _master_grads(grads, params)
 
     return H, vjp
@@ -215,29 +212,31 @@ def agnn_apply(params, A, X, *, rng=None, dropout_p=0.5, training=True, precisio
     H = features_on(E, X, "X")
     if cd is not None:
         H = H.astype(cd, copy=False)
-    H, d_in = dropout(H, dropout_p, rng, training=training)
-    H, l_in = linear(H, p["W_in"], p["b_in"])
-    H, r_vjp = relu(H)
+    H, _ = dropout(H, dropout_p, rng, training=training)  # the input's: no gradient flows to X
+    H, l_in = linear(H, p["W_in"])
+    H, t_in = bias_act_dropout(H, p["b_in"], "relu")
     props = []
     for k in range(n_prop):
         beta = params[f"beta{k}"] if k else 1.0  # float32: the softmax's temperature
         H, p_vjp = agnn_conv(E, H, beta)
         props.append(p_vjp)
     H, d_out = dropout(H, dropout_p, rng, training=training)
-    H, l_out = linear(H, p["W_out"], p["b_out"])
+    H, l_out = linear(H, p["W_out"])
+    H, t_out = bias_act_dropout(H, p["b_out"])
 
     def vjp(g):
         grads = {}
         if cd is not None:
             g = array_on(E, g).astype(cd, copy=False)
-        g, grads["W_out"], grads["b_out"] = l_out(g)
+        g, grads["b_out"] = t_out(g)
+        g, grads["W_out"], _ = l_out(g)
         g = d_out(g)
         for k in reversed(range(n_prop)):
             g, dbeta = props[k](g)
             if k:
                 grads[f"beta{k}"] = dbeta
-        g = r_vjp(g)
-        _, grads["W_in"], grads["b_in"] = l_in(g, input_grad=False)
+        g, grads["b_in"] = t_in(g)
+        _, grads["W_in"], _ = l_in(g, input_grad=False)
         return _master_grads(grads, params)
 
     return H, vjp
@@ -295,11 +294,10 @@ def gat_apply(params, A, X, *, rng=None, dropout_p=0.6, training=True, precision
     H = features_on(E, X, "X")
     if cd is not None:
         H = H.astype(cd, copy=False)
-    H, d_in = dropout(H, dropout_p, rng, training=training)
+    H, _ = dropout(H, dropout_p, rng, training=training)  # the input's: no gradient flows to X
     att = dict(dropout=dropout_p, rng=rng, training=training)
-    H, c1 = gat_conv(E, H, p["W1"], p["a_src1"], p["a_dst1"], p["b1"], heads=heads, **att)
-    H, e_vjp = elu(H)
-    H, d_mid = dropout(H, dropout_p, rng, training=training)
+    H, c1 = gat_conv(E, H, p["W1"], p["a_src1"], p["a_dst1"], heads=heads, **att)
+    H, t1 = bias_act_dropout(H, p["b1"], "elu", dropout_p, rng, training=training)  # one pass
     H, c2 = gat_conv(E, H, p["W2"], p["a_src2"], p["a_dst2"], p["b2"], heads=1, concat=False, **att)
 
     def vjp(g):
@@ -307,8 +305,8 @@ def gat_apply(params, A, X, *, rng=None, dropout_p=0.6, training=True, precision
         if cd is not None:
             g = array_on(E, g).astype(cd, copy=False)
         g, grads["W2"], grads["a_src2"], grads["a_dst2"], grads["b2"] = c2(g)
-        g = e_vjp(d_mid(g))
-        _, grads["W1"], grads["a_src1"], grads["a_dst1"], grads["b1"] = c1(g, input_grad=False)
+        g, grads["b1"] = t1(g)
+        _, grads["W1"], grads["a_src1"], grads["a_dst1"], _ = c1(g, input_grad=False)
         return _master_grads(grads, params)
 
     return H, vjp
