@@ -27,11 +27,12 @@ __all__ = [
     "accuracy",
 ]
 
-#: Activations of :func:`bias_act_dropout`.
-ACTIVATIONS = (None, "relu", "elu")
+#: Activations of :func:`bias_act_dropout` (the training family's vocabulary, which its kernels number).
+ACTIVATIONS = tuple(fused.ACTIVATIONS)
 #: Columns of ones kept for :func:`column_sums` (by device, length and dtype): a few, since a model has few widths.
 ONES_KEEP = 16
 _ones = {}
+
 
 def probability(name, p):
     """A probability in ``[0, 1)`` (a dropout rate), a real number; errors name it."""
@@ -377,9 +378,9 @@ def cross_entropy(logits, labels, index=None):
     ----------
     logits : array, shape (n, classes)
     labels : int array, shape (n,)
-        In ``[0, classes)`` on the rows of ``index`` (checked on the host; on
-        the device, where checking would cost a synchronisation, a label out
-        of range adds nothing to the loss).
+        Integers in ``[0, classes)`` on the rows of ``index`` (checked on the
+        host; on the device, where checking would cost a synchronisation, a
+        label out of range matches no class: its row adds its log-sum-exp).
     index : int array, optional
         The nodes the loss covers (a training split); all nodes by default.
 
