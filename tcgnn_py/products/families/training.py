@@ -11,7 +11,7 @@ import numpy as np
 
 from ..._device import get_cupy
 from ...kernels import nn as kn
-from ...kernels.driver import launch
+from ...kernels.driver import launch, slot_value
 from ...kernels.registry import get_kernel
 
 __all__ = ["TAIL_TYPES", "ACTIVATIONS", "ADAM_MULTI", "tail", "tail_grad", "cross_entropy", "adam_tick",
@@ -29,25 +29,16 @@ def _grid(n):
     return min(max(1, -(-n // THREADS)), MAX_BLOCKS)
 
 
-def _f32(x):
-    return int(np.float32(x).view(np.int32))
-
-
-def _f64(x):
-    return int(np.float64(x).view(np.int64))
-
-
 def _function(name):
     """The loaded ``CUfunction`` of the ``"nn"`` kernel ``name`` on the current device (compiled on first use)."""
     return get_kernel("nn", name).kernel.ptr
 
 
-def _run(name, n, values, grid=None):
-    launch(_function(name), grid or _grid(n), THREADS, values, get_cupy().cuda.get_current_stream().ptr)
-
-
-def _ptr(a):
-    return 0 if a is None else a.data.ptr
+def _run(name, n, args, grid=None, block=THREADS):
+    """Launch ``name`` with ``args`` (arrays, None for a null pointer, ints, NumPy float32 and Python floats, as
+    :func:`~tcgnn_py.kernels.driver.slot_value` writes them) on the current stream."""
+    launch(_function(name), grid or _grid(n), block, [slot_value(a) for a in args],
+           get_cupy().cuda.get_current_stream().ptr)
 
 
 def tail(x, b, act, p, seed):
@@ -57,8 +48,8 @@ def tail(x, b, act, p, seed):
     out = get_cupy().empty_like(x)
     if x.size:
         _run(kn.tail_name(x.dtype.name), x.size,
-             (x.data.ptr, _ptr(b), out.data.ptr, x.size, x.shape[-1] if x.ndim else 1, ACTIVATIONS[act], _f32(p),
-              _f64(1 / (1 - p)), _ptr(seed)))
+             (x, b, out, x.size, x.shape[-1] if x.ndim else 1, ACTIVATIONS[act], np.float32(p), 1 / (1 - p),
+              seed))
     return out
 
 
@@ -67,8 +58,8 @@ def tail_grad(g, x, b, act, p, seed):
     dz = get_cupy().empty_like(g)
     if g.size:
         _run(kn.tail_grad_name(g.dtype.name), g.size,
-             (g.data.ptr, _ptr(x), _ptr(b), dz.data.ptr, g.size, g.shape[-1] if g.ndim else 1, ACTIVATIONS[act],
-              _f32(p), _f64(1 / (1 - p)), _ptr(seed)))
+             (g, x, b, dz, g.size, g.shape[-1] if g.ndim else 1, ACTIVATIONS[act], np.float32(p), 1 / (1 - p),
+              seed))
     return dz
 
 
@@ -81,20 +72,19 @@ def cross_entropy(logits, labels, w, w0):
     grad = cp.empty_like(logits)
     if n:
         _run(kn.cross_entropy_name(logits.dtype.name), n,
-             (logits.data.ptr, labels.data.ptr, _ptr(w), _f64(w0), loss.data.ptr, grad.data.ptr, n, k))
+             (logits, labels, w, float(w0), loss, grad, n, k))
     return loss, grad
 
 
 def adam_tick(t, coef, lr, b1, b2):
     """Advance the device step count ``t`` and write the bias corrections ``coef`` (one thread)."""
-    launch(_function(kn.TICK), 1, 1, (t.data.ptr, coef.data.ptr, _f64(lr), _f64(b1), _f64(b2)),
-           get_cupy().cuda.get_current_stream().ptr)
+    _run(kn.TICK, 1, (t, coef, float(lr), float(b1), float(b2)), grid=1, block=1)
 
 
 def adam_table(params, moments, decays):
     """The device table of :func:`adam_multi`: per parameter its address, its moments' addresses, its size and its
     weight decay (made once per set of arrays; a host-to-device copy, so not under a capture)."""
-    rows = [(p.data.ptr, m.data.ptr, v.data.ptr, p.size, _f64(wd))
+    rows = [(p.data.ptr, m.data.ptr, v.data.ptr, p.size, slot_value(float(wd)))
             for p, (m, v), wd in zip(params, moments, decays)]
     return get_cupy().asarray(np.array(rows, dtype=np.int64).reshape(len(rows), kn.ADAM_SLOTS))
 
@@ -104,12 +94,11 @@ def adam_multi(table, sizes, grads, coef, b1, b2, eps):
     ``grads`` (C-contiguous, of the parameters' dtype, in the table's order): one launch per 8 tensors."""
     dtype = grads[0].dtype
     t = dtype.type
-    bits = _f64 if dtype == np.float64 else _f32
     name = kn.adam_multi_name(dtype.name)
     row = kn.ADAM_SLOTS * 8
     for start in range(0, len(grads), ADAM_MULTI):
         chunk = grads[start:start + ADAM_MULTI]
-        gs = [g.data.ptr for g in chunk] + [0] * (ADAM_MULTI - len(chunk))
+        gs = list(chunk) + [None] * (ADAM_MULTI - len(chunk))
         blocks = _grid(max(sizes[start:start + ADAM_MULTI]))
-        _run(name, 0, (table.data.ptr + row * start, coef.data.ptr, bits(t(b1)), bits(t(b2)), bits(t(eps)), *gs),
+        _run(name, 0, (table.data.ptr + row * start, coef, t(b1), t(b2), t(eps), *gs),
              grid=(blocks, len(chunk)))
