@@ -18,6 +18,8 @@ float32.
 A layer calls the same few shapes over and over, so each product shape is planned once through cuBLASLt
 (``cublasLtMatmul``): its descriptors and the heuristic's algorithm are kept per shape, transposes,
 leading dimensions and operand alignment, and a call is one ``cublasLtMatmul`` on the handle's workspace.
+A signature seen before (dtypes, shapes, strides, the addresses' low bits, device) is bound: its call is one
+lookup, one allocation and that ``cublasLtMatmul``, no checks redone.
 ``cublasGemmEx`` (which runs the heuristic on every call) serves the shapes cuBLASLt finds no algorithm for.
 """
 
@@ -204,6 +206,11 @@ def _operand(a):
     return _OP_N, max(k, 1), a
 
 
+#: Per operand signature (dtypes, shapes, strides, the addresses' low bits, device): the planned call's fixed
+#: arguments, so a repeated product is one dictionary lookup, one allocation and one ``cublasLtMatmul``.
+_bound = {}
+
+
 def matmul(a, b):
     """``a @ b`` for 2-D CuPy arrays, through cuBLAS on the current stream (capturable).
 
@@ -212,11 +219,31 @@ def matmul(a, b):
     """
     import cupy
 
+    pa, pb = a.data.ptr, b.data.ptr
+    device = cupy.cuda.runtime.getDevice()
+    key = (a.dtype, b.dtype, a.shape, b.shape, a.strides, b.strides, (pa & 255) << 8 | (pb & 255), device)
+    bound = _bound.get(key)
+    if bound is None:
+        return _matmul(a, b, key)
+    shape, dtype, fn, head, mid, tail, _ = bound
+    c = cupy.ndarray(shape, dtype)
+    pc = c.data.ptr
+    _check(fn(*head, pb, mid[0], pa, mid[1], mid[2], pc, mid[3], pc, mid[3], *tail,
+              cupy.cuda.get_current_stream().ptr), "cublasLtMatmul")
+    return c
+
+
+def _matmul(a, b, key):
+    """:func:`matmul` of a signature not bound yet: checks, plans (cuBLASLt, else ``cublasGemmEx``) and, where the
+    operands go to cuBLASLt as they are, binds the signature."""
+    import cupy
+
     if a.ndim != 2 or b.ndim != 2:
         return a @ b
     if a.dtype != b.dtype:  # promote as CuPy's @ does (float16 activations with a float32 gradient)
         dt = cupy.result_type(a.dtype, b.dtype)
         a, b = a.astype(dt, copy=False), b.astype(dt, copy=False)
+        key = None
     if a.dtype.name not in _CUDA_R:
         return a @ b
     m, k = a.shape
@@ -232,8 +259,11 @@ def matmul(a, b):
     device = cupy.cuda.runtime.getDevice()
     stream = cupy.cuda.get_current_stream().ptr
     hd = _handle(device)
-    op_a, lda, a = _operand(a)
-    op_b, ldb, b = _operand(b)
+    op_a, lda, a2 = _operand(a)
+    op_b, ldb, b2 = _operand(b)
+    if a2 is not a or b2 is not b:
+        key = None  # a copy was made: the next call copies again
+    a, b = a2, b2
     name = a.dtype.name
     t, compute, one, zero = _TYPES[name]
     pa, pb, pc = a.data.ptr, b.data.ptr, c.data.ptr
@@ -242,8 +272,14 @@ def matmul(a, b):
                                                                  _alignment(pc)))
     if plan is not None:
         desc, lay_b, lay_a, lay_c, algo, _ = plan
-        _check(_lt().cublasLtMatmul(_lt_handle(device), desc, one, pb, lay_b, pa, lay_a, zero, pc, lay_c, pc, lay_c,
-                                    algo, hd.workspace.data.ptr, WORKSPACE_BYTES, stream), "cublasLtMatmul")
+        fn = _lt().cublasLtMatmul
+        head = (_lt_handle(device), desc, one)
+        tail = (algo, hd.workspace.data.ptr, WORKSPACE_BYTES)
+        _check(fn(*head, pb, lay_b, pa, lay_a, zero, pc, lay_c, pc, lay_c, *tail, stream), "cublasLtMatmul")
+        if key is not None and _alignment(pc) == 256:  # (every new result is: the pool hands out 256-byte blocks)
+            if len(_bound) >= LT_PLANS_MAX:
+                _bound.pop(next(iter(_bound)))
+            _bound[key] = ((m, n), a.dtype, fn, head, (lay_b, lay_a, zero, lay_c), tail, plan)
         return c
     lib = _lib()
     _check(lib.cublasGemmEx(hd.on(lib, stream), op_b, op_a, n, m, k, one, pb, t, ldb, pa, t, lda, zero, pc, t, n,
