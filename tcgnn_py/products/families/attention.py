@@ -6,12 +6,15 @@ the ``"attention"`` kernels' arguments are written (:mod:`tcgnn_py.kernels.atten
 :class:`~tcgnn_py.TiledMatrix` (its tiling, values and CSR arrays).
 """
 
+import functools
+
 import numpy as np
 
 from ... import _reference as ref
 from ..._device import get_cupy
 from ...kernels import attention as ka
 from ...kernels.attention import attention_unit
+from ...kernels.driver import launch, slot_value
 from ...kernels.registry import get_kernel
 
 __all__ = ["csr_structure", "transpose_structure", "work_units", "csr_weights", "fused", "fused_backward", "reach",
@@ -75,6 +78,22 @@ def work_units(T, kind, heads):
     return T.tiling.cached(("attention_units", kind, unit), build)
 
 
+def _launch(name, grid, args):
+    """Launch the ``"attention"`` kernel ``name`` over ``grid`` blocks of ``ATTENTION_WARPS`` warps, straight
+    through the driver (a pass takes about twenty arguments, which CuPy's launch would wrap one by one)."""
+    launch(get_kernel("attention", name).kernel.ptr, grid, 32 * ka.ATTENTION_WARPS, [slot_value(a) for a in args],
+           get_cupy().cuda.get_current_stream().ptr)
+
+
+@functools.cache
+def _names(dtype, kid, D):
+    """``(forward, merge, (backward by rows, by columns))`` kernel names for V of ``dtype``, scores ``kid`` and
+    heads of ``D`` features (asked per call, so kept rather than rebuilt from configs and dtype names)."""
+    name = np.dtype(dtype).name
+    return (ka.attention_config(name, kid, D).name, ka.MERGE_NAMES.get(name),
+            tuple(ka.attention_bwd_config(name, kid, mode, D).name for mode in (0, 1)))
+
+
 #: A null device pointer: the kernels read no argument their kind or settings leave unused (no per-call dummy).
 _NULL = np.uint64(0)
 
@@ -111,7 +130,6 @@ def fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, sl
         outs = ((dQ, (D, dQ, D, _NULL, 0)), (dK, (2 * D, dV, D, dK, D)))
         head = (w, V, G, out, Qc, Kc, cp.ascontiguousarray(beta, f32), lse, tdot, dV)
         tail = (np.int32(D), f32(dropout), seed)
-    block = (32 * ka.ATTENTION_WARPS,)
     for mode, (kind, partners, eids) in enumerate((("rows", indices, _NULL), ("cols", t_rows, t_eids))):
         units, splits, n_slots = work_units(T, kind, heads)
         if not units.shape[0]:
@@ -125,12 +143,11 @@ def fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, sl
             dbp = cp.empty(units.shape[0], f32) if mode == 0 else _NULL  # the row units' shares of dbeta
             extra = (out_k, dbp, part, nu)
         warps = units.shape[0] * heads  # a warp per owner and head
-        get_kernel("attention", ka.attention_bwd_config(V.dtype.name, kid, mode, D).name)(
-            (-(-warps // ka.ATTENTION_WARPS),), block, (units, partners, eids) + head + extra + tail)
+        _launch(_names(V.dtype, kid, D)[2][mode], -(-warps // ka.ATTENTION_WARPS),
+                (units, partners, eids) + head + extra + tail)
         if splits.shape[0]:
-            get_kernel("attention", ka.BWD_MERGE)(
-                (-(-splits.shape[0] // ka.ATTENTION_WARPS),), block,
-                (splits, part, out0, out1, np.int32(splits.shape[0]), np.int32(width), np.int32(w0), np.int32(w1)))
+            _launch(ka.BWD_MERGE, -(-splits.shape[0] // ka.ATTENTION_WARPS),
+                    (splits, part, out0, out1, np.int32(splits.shape[0]), np.int32(width), np.int32(w0), np.int32(w1)))
         if not additive and mode == 0:
             dbeta = dbp.sum(keepdims=True)  # a fixed-order reduction: deterministic
     dV = dV.astype(V.dtype, copy=False)
@@ -167,7 +184,7 @@ def fused(T, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed):
     indices = csr_structure(T)[0]
     n, HD = T.shape[0], V.shape[1]
     kid = ka.ADDITIVE if score == "additive" else ka.COSINE
-    cfg = ka.attention_config(V.dtype.name, kid, HD // heads)  # a warp per row and head (cosine: Q as wide as V)
+    fwd_name, merge_name, _ = _names(V.dtype, kid, HD // heads)  # a warp per row and head (cosine: Q as wide as V)
     out = cp.empty((n, HD), V.dtype)
     lse = cp.empty((n, heads), np.float32)
     if n == 0:
@@ -181,21 +198,24 @@ def fused(T, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed):
                 cp.ascontiguousarray(beta, f32))
     units, splits, n_slots = work_units(T, "rows", heads)
     part = cp.empty((n_slots, 2 * heads + HD), f32) if n_slots else _NULL
-    get_kernel("attention", cfg.name)(
-        (-(-(units.shape[0] * heads) // ka.ATTENTION_WARPS),), (32 * ka.ATTENTION_WARPS,),
-        (units, indices, csr_weights(T, f32), V) + args
-        + (out, lse, part, np.int32(units.shape[0]), np.int32(heads), np.int32(HD // heads), f32(slope),
-           f32(dropout), cp.ascontiguousarray(seed, np.uint32) if dropout else _NULL))
+    _launch(fwd_name, -(-(units.shape[0] * heads) // ka.ATTENTION_WARPS),
+            (units, indices, csr_weights(T, f32), V) + args
+            + (out, lse, part, np.int32(units.shape[0]), np.int32(heads), np.int32(HD // heads), f32(slope),
+               f32(dropout), cp.ascontiguousarray(seed, np.uint32) if dropout else _NULL))
     if splits.shape[0]:
-        get_kernel("attention", ka.MERGE_NAMES[V.dtype.name])(
-            (-(-splits.shape[0] // ka.ATTENTION_WARPS),), (32 * ka.ATTENTION_WARPS,),
-            (splits, part, out, lse, np.int32(splits.shape[0]), np.int32(heads), np.int32(HD // heads)))
+        _launch(merge_name, -(-splits.shape[0] // ka.ATTENTION_WARPS),
+                (splits, part, out, lse, np.int32(splits.shape[0]), np.int32(heads), np.int32(HD // heads)))
     return out, lse
+
+
+@functools.cache
+def _takes(dtype):
+    return np.dtype(dtype).name in ("float32", "float16", "bfloat16")
 
 
 def reach(V, heads, score, Q=None):
     """None where the fused kernels take these operands, else why not (a sentence for the fallback's warning)."""
-    if V.dtype.name not in ("float32", "float16", "bfloat16"):
+    if not _takes(V.dtype):
         return f"the fused kernels take float32, float16 and bfloat16 features, not {V.dtype}"
     if heads > ka.ATTENTION_MAX_HEADS:
         return f"the fused kernels take at most {ka.ATTENTION_MAX_HEADS} heads, not {heads}"
