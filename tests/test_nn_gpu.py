@@ -280,3 +280,58 @@ def test_adam_multi_tensor_matches_host(cp, rng):
     for k, v in host_p.items():
         np.testing.assert_allclose(dev_p[k].get(), v, rtol=1e-5 if v.dtype == np.float32 else 1e-13, atol=1e-6)
     assert od.t == 5
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+@pytest.mark.parametrize("heads, D", [(1, 64), (8, 8), (3, 5)])
+def test_head_dots_on_device_are_the_formula(cp, dtype, heads, D):
+    """GAT's per-head scores and their vjp against NumPy: exact on small integers (every product and sum is)."""
+    from tcgnn_py.products import training as k
+
+    rng = np.random.default_rng()
+    dt = _dtype(dtype)
+    acc = np.float64 if dtype == "float64" else np.float32
+    n = 1001
+    X, g = ints(rng, n, heads * D), ints(rng, n, heads * D)
+    a1, a2, d1, d2 = ints(rng, heads, D), ints(rng, heads, D), ints(rng, n, heads), ints(rng, n, heads)
+    s1, s2 = k.head_dots(cp.asarray(X).astype(dt), cp.asarray(a1, acc), cp.asarray(a2, acc), heads)
+    X3 = X.reshape(n, heads, D).astype(np.float64)
+    assert s1.dtype == acc and s1.shape == (n, heads)
+    np.testing.assert_array_equal(s1.get(), (X3 * a1).sum(axis=2))
+    np.testing.assert_array_equal(s2.get(), (X3 * a2).sum(axis=2))
+    dx = k.head_dots_grad(cp.asarray(g).astype(dt), cp.asarray(d1, acc), cp.asarray(d2, acc), cp.asarray(a1, acc),
+                          cp.asarray(a2, acc), heads)
+    want = g.reshape(n, heads, D) + d1[:, :, None] * a1 + d2[:, :, None] * a2  # |.| <= 136: exact in bfloat16
+    assert dx.dtype == dt
+    np.testing.assert_array_equal(dx.get().astype(np.float64), want.reshape(n, heads * D))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+@pytest.mark.parametrize("d", [1, 16, 45, 300])
+def test_row_normalize_on_device_is_the_formula(cp, dtype, d):
+    """AGNN's row normalisation and its vjp against NumPy in float64, zero rows included (norm below eps: no
+    radial part, a 1 / eps scale), within the rounding of the stored type."""
+    from tcgnn_py.products import training as k
+
+    rng = np.random.default_rng()
+    dt = _dtype(dtype)
+    acc = np.float64 if dtype == "float64" else np.float32
+    n, eps = 517, 1e-12
+    H = ints(rng, n, d).astype(np.float64)
+    H[[0, 7, 300]] = 0
+    xn, norm = k.row_normalize(cp.asarray(H).astype(dt), eps)
+    want_norm = np.sqrt((H * H).sum(axis=1))
+    inv = 1 / np.maximum(want_norm, eps)
+    tol = {"float64": 1e-15, "float32": 3e-7, "float16": 1e-3, "bfloat16": 8e-3}[dtype]
+    assert xn.dtype == dt and norm.dtype == acc
+    np.testing.assert_allclose(norm.get(), want_norm, rtol=3e-7 if acc == np.float32 else 1e-15)
+    np.testing.assert_allclose(xn.get().astype(np.float64), H * inv[:, None], rtol=tol, atol=tol)
+    dv, dq, dk = ints(rng, n, d), ints(rng, n, d), ints(rng, n, d)
+    dh = k.row_normalize_grad(cp.asarray(dv).astype(dt), cp.asarray(dq, acc), cp.asarray(dk, acc), xn, norm, eps)
+    xn64, dn = xn.get().astype(np.float64), (dq + dk).astype(np.float64)
+    radial = np.where(want_norm > eps, (xn64 * dn).sum(axis=1), 0)
+    want = dv.astype(np.float64) + (dn - xn64 * radial[:, None]) * inv[:, None]
+    assert dh.dtype == acc
+    scale = np.abs(dv).max() + (np.abs(dn) + np.abs(xn64 * radial[:, None])).max(axis=1, keepdims=True) * inv[:, None]
+    bound = np.broadcast_to(4 * np.finfo(acc).eps * scale * max(d, 8), want.shape)
+    np.testing.assert_array_less(np.abs(dh.get() - want), bound)

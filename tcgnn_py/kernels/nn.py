@@ -8,7 +8,8 @@ from .products.common import COMMON_SOURCE, cuda_type
 from .registry import VALUE_TYPES, register
 
 __all__ = ["SOURCE", "NAMES", "FAMILIES", "TICK", "adam_multi_name", "ADAM_MULTI", "ADAM_SLOTS",
-           "tail_name", "tail_grad_name", "cross_entropy_name", "ACTIVATIONS", "TAIL_TYPES"]
+           "tail_name", "tail_grad_name", "cross_entropy_name", "head_dots_name", "head_dots_grad_name",
+           "row_normalize_name", "row_normalize_grad_name", "ACTIVATIONS", "TAIL_TYPES"]
 
 #: Tensors one ``tcgnn_adam_multi`` launch updates: its gradients are kernel parameters (``g0`` to ``g7``).
 ADAM_MULTI = 8
@@ -143,6 +144,101 @@ __global__ void tcgnn_cross_entropy(const T* __restrict__ logits, const long lon
             tc_put(grad + i * k + c, wi * (exp(nn_of(z[c]) - mx) / s - (c == y ? A(1) : A(0))));
     }
 }
+// GAT's scores of X = H W per head: s_src[i, h] = <X[i, h], a_src[h]> and s_dst[i, h] = <X[i, h], a_dst[h]> in
+// the compute type, one thread per row and head (X read once, both dot products from one read).
+template <typename T>
+__global__ void tcgnn_head_dots(const T* __restrict__ x, const typename nn_acc<T>::type* __restrict__ a_src,
+                                const typename nn_acc<T>::type* __restrict__ a_dst,
+                                typename nn_acc<T>::type* __restrict__ s_src,
+                                typename nn_acc<T>::type* __restrict__ s_dst, long long n, int heads, int D) {
+    typedef typename nn_acc<T>::type A;
+    const long long total = n * heads;
+    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total;
+         t += (long long)gridDim.x * blockDim.x) {
+        const int h = (int)(t % heads);
+        const T* xr = x + t * D;  // row t / heads, head h
+        const A* as = a_src + (long long)h * D;
+        const A* ad = a_dst + (long long)h * D;
+        A ss = A(0), sd = A(0);
+        for (int d = 0; d < D; ++d) {
+            const A v = nn_of(xr[d]);
+            ss += v * as[d];
+            sd += v * ad[d];
+        }
+        s_src[t] = ss;
+        s_dst[t] = sd;
+    }
+}
+
+// The scores' vjp added to the attention's: dx[i, h, d] = g[i, h, d] + ds_src[i, h] a_src[h, d]
+// + ds_dst[i, h] a_dst[h, d], in the compute type, stored as T.
+template <typename T>
+__global__ void tcgnn_head_dots_grad(const T* __restrict__ g, const typename nn_acc<T>::type* __restrict__ ds_src,
+                                     const typename nn_acc<T>::type* __restrict__ ds_dst,
+                                     const typename nn_acc<T>::type* __restrict__ a_src,
+                                     const typename nn_acc<T>::type* __restrict__ a_dst, T* __restrict__ dx,
+                                     long long n, int heads, int D) {
+    typedef typename nn_acc<T>::type A;
+    const long long width = (long long)heads * D;
+    const long long total = n * width;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long col = i % width;
+        const long long s = (i / width) * heads + col / D;
+        A v = nn_of(g[i]) + ds_src[s] * a_src[col];
+        v += ds_dst[s] * a_dst[col];
+        tc_put(dx + i, v);
+    }
+}
+
+// AGNN's row normalisation, a warp per row: norm[i] = |x_i| in the compute type and xn_i = x_i / max(norm[i], eps)
+// (PyTorch's F.normalize), stored as T.
+template <typename T>
+__global__ void tcgnn_row_normalize(const T* __restrict__ x, T* __restrict__ xn,
+                                    typename nn_acc<T>::type* __restrict__ norm, long long n, int d, double eps) {
+    typedef typename nn_acc<T>::type A;
+    const int lane = threadIdx.x & 31;
+    const long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
+    for (long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < n; r += warps) {
+        const T* xr = x + r * d;
+        A ss = A(0);
+        for (int c = lane; c < d; c += 32) {
+            const A v = nn_of(xr[c]);
+            ss += v * v;
+        }
+        for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        const A nr = sqrt(ss);
+        const A inv = A(1) / max(nr, A(eps));
+        for (int c = lane; c < d; c += 32) tc_put(xn + r * d + c, nn_of(xr[c]) * inv);
+        if (lane == 0) norm[r] = nr;
+    }
+}
+
+// The normalisation's vjp added to the attention's, a warp per row: with dn = dq + dk,
+// dh = dv + (dn - xn <xn, dn>) / max(norm, eps); the radial part only where norm > eps (below it the
+// normalisation is a scaling by 1 / eps).  dh in the compute type.
+template <typename T>
+__global__ void tcgnn_row_normalize_grad(const T* __restrict__ dv, const typename nn_acc<T>::type* __restrict__ dq,
+                                         const typename nn_acc<T>::type* __restrict__ dk, const T* __restrict__ xn,
+                                         const typename nn_acc<T>::type* __restrict__ norm,
+                                         typename nn_acc<T>::type* __restrict__ dh, long long n, int d, double eps) {
+    typedef typename nn_acc<T>::type A;
+    const int lane = threadIdx.x & 31;
+    const long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
+    for (long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < n; r += warps) {
+        const long long o0 = r * d;
+        A dot = A(0);
+        for (int c = lane; c < d; c += 32) dot += nn_of(xn[o0 + c]) * (dq[o0 + c] + dk[o0 + c]);
+        for (int o = 16; o; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        const A nr = norm[r];
+        const A radial = nr > A(eps) ? dot : A(0);
+        const A inv = A(1) / max(nr, A(eps));
+        for (int c = lane; c < d; c += 32) {
+            const A dn = dq[o0 + c] + dk[o0 + c];
+            dh[o0 + c] = nn_of(dv[o0 + c]) + (dn - nn_of(xn[o0 + c]) * radial) * inv;
+        }
+    }
+}
 """
 
 SOURCE = COMMON_SOURCE + _NN
@@ -168,8 +264,25 @@ def cross_entropy_name(dtype_name):
     return f"tcgnn_cross_entropy<{_ctype(dtype_name)}>"
 
 
+def head_dots_name(dtype_name):
+    return f"tcgnn_head_dots<{_ctype(dtype_name)}>"
+
+
+def head_dots_grad_name(dtype_name):
+    return f"tcgnn_head_dots_grad<{_ctype(dtype_name)}>"
+
+
+def row_normalize_name(dtype_name):
+    return f"tcgnn_row_normalize<{_ctype(dtype_name)}>"
+
+
+def row_normalize_grad_name(dtype_name):
+    return f"tcgnn_row_normalize_grad<{_ctype(dtype_name)}>"
+
+
 TICK = "tcgnn_adam_tick"
 NAMES = (TICK, *(adam_multi_name(t) for t in VALUE_TYPES),
-         *(f(t) for f in (tail_name, tail_grad_name, cross_entropy_name) for t in TAIL_TYPES))
+         *(f(t) for f in (tail_name, tail_grad_name, cross_entropy_name, head_dots_name, head_dots_grad_name,
+                             row_normalize_name, row_normalize_grad_name) for t in TAIL_TYPES))
 FAMILIES = {"nn": (SOURCE, NAMES)}
 register("nn", SOURCE, NAMES)

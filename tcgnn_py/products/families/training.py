@@ -7,6 +7,8 @@ and CuPy's argument handling would cost more than the kernels.  :mod:`tcgnn_py.n
 path and writes the vjps.
 """
 
+import functools
+
 import numpy as np
 
 from ..._device import get_cupy
@@ -14,8 +16,9 @@ from ...kernels import nn as kn
 from ...kernels.driver import launch, slot_value
 from ...kernels.registry import get_kernel
 
-__all__ = ["TAIL_TYPES", "ACTIVATIONS", "ADAM_MULTI", "tail", "tail_grad", "cross_entropy", "adam_tick",
-           "adam_table", "adam_multi"]
+__all__ = ["TAIL_TYPES", "ACTIVATIONS", "ADAM_MULTI", "takes", "acc_dtype", "tail", "tail_grad", "cross_entropy",
+           "head_dots", "head_dots_grad", "row_normalize", "row_normalize_grad", "adam_tick", "adam_table",
+           "adam_multi"]
 
 TAIL_TYPES = kn.TAIL_TYPES
 ACTIVATIONS = kn.ACTIVATIONS
@@ -27,6 +30,25 @@ MAX_BLOCKS = 4096
 
 def _grid(n):
     return min(max(1, -(-n // THREADS)), MAX_BLOCKS)
+
+
+@functools.cache
+def takes(dtype):
+    """Whether the elementwise and row-wise kernels take arrays of ``dtype`` (one of :data:`TAIL_TYPES`); asked per
+    call, so answered from a cache rather than from the dtype's name."""
+    return np.dtype(dtype).name in TAIL_TYPES
+
+
+@functools.cache
+def acc_dtype(dtype):
+    """The kernels' compute type for elements of ``dtype``: float64 for float64, float32 otherwise (16-bit
+    elements are computed in float32)."""
+    return np.dtype(np.float64 if np.dtype(dtype) == np.float64 else np.float32)
+
+
+@functools.cache
+def _name(namer, dtype):
+    return namer(np.dtype(dtype).name)
 
 
 def _function(name):
@@ -47,7 +69,7 @@ def tail(x, b, act, p, seed):
     C-contiguous, of one dtype in :data:`TAIL_TYPES`."""
     out = get_cupy().empty_like(x)
     if x.size:
-        _run(kn.tail_name(x.dtype.name), x.size,
+        _run(_name(kn.tail_name, x.dtype), x.size,
              (x, b, out, x.size, x.shape[-1] if x.ndim else 1, ACTIVATIONS[act], np.float32(p), 1 / (1 - p),
               seed))
     return out
@@ -57,7 +79,7 @@ def tail_grad(g, x, b, act, p, seed):
     """The vjp of :func:`tail`: ``g`` times the recomputed mask and ``act'(x + b)`` (``x`` None without ``act``)."""
     dz = get_cupy().empty_like(g)
     if g.size:
-        _run(kn.tail_grad_name(g.dtype.name), g.size,
+        _run(_name(kn.tail_grad_name, g.dtype), g.size,
              (g, x, b, dz, g.size, g.shape[-1] if g.ndim else 1, ACTIVATIONS[act], np.float32(p), 1 / (1 - p),
               seed))
     return dz
@@ -71,9 +93,61 @@ def cross_entropy(logits, labels, w, w0):
     loss = cp.empty(n, logits.dtype)
     grad = cp.empty_like(logits)
     if n:
-        _run(kn.cross_entropy_name(logits.dtype.name), n,
+        _run(_name(kn.cross_entropy_name, logits.dtype), n,
              (logits, labels, w, float(w0), loss, grad, n, k))
     return loss, grad
+
+
+def head_dots(x, a_src, a_dst, heads):
+    """``(s_src, s_dst)``, each ``(n, heads)`` in :func:`acc_dtype`: per row of ``x`` (``heads`` heads of D
+    features, C-contiguous) and head its dot products with that head's row of ``a_src`` and of ``a_dst``
+    (``(heads, D)``, C-contiguous, of the compute type), from one read of x."""
+    cp = get_cupy()
+    n = x.shape[0]
+    acc = acc_dtype(x.dtype)
+    s_src, s_dst = cp.empty((n, heads), acc), cp.empty((n, heads), acc)
+    if n and heads:
+        _run(_name(kn.head_dots_name, x.dtype), n * heads, (x, a_src, a_dst, s_src, s_dst, n, heads,
+                                                            x.shape[1] // heads))
+    return s_src, s_dst
+
+
+def head_dots_grad(g, ds_src, ds_dst, a_src, a_dst, heads):
+    """``g + ds_src a_src + ds_dst a_dst`` head by head (the vjp of :func:`head_dots` added to ``g``), in the
+    compute type and stored in g's dtype; ``g`` ``(n, heads * D)`` and ``ds_*`` ``(n, heads)`` C-contiguous."""
+    dx = get_cupy().empty_like(g)
+    if g.size:
+        _run(_name(kn.head_dots_grad_name, g.dtype), g.size, (g, ds_src, ds_dst, a_src, a_dst, dx, g.shape[0],
+                                                              heads, g.shape[1] // heads))
+    return dx
+
+
+def _warp_grid(rows):
+    return min(max(1, -(-rows * 32 // THREADS)), MAX_BLOCKS)
+
+
+def row_normalize(x, eps):
+    """``(x / max(|x_i|, eps), |x_i|)`` per row of a C-contiguous ``(n, d)`` x: the rows in x's dtype, the norms
+    in :func:`acc_dtype`; a warp per row."""
+    cp = get_cupy()
+    n, d = x.shape
+    xn, norm = cp.empty_like(x), cp.empty(n, acc_dtype(x.dtype))
+    if n:
+        _run(_name(kn.row_normalize_name, x.dtype), 0, (x, xn, norm, n, d, float(eps)), grid=_warp_grid(n))
+    return xn, norm
+
+
+def row_normalize_grad(dv, dq, dk, xn, norm, eps):
+    """``dv + (dn - xn <xn, dn>) / max(norm, eps)`` per row with ``dn = dq + dk`` (the radial part only where
+    ``norm > eps``): the vjp of :func:`row_normalize` added to ``dv``.  ``dv``, ``xn`` of x's dtype, ``dq``,
+    ``dk``, ``norm`` and the result of the compute type; all C-contiguous."""
+    cp = get_cupy()
+    n, d = xn.shape
+    dh = cp.empty((n, d), acc_dtype(xn.dtype))
+    if n:
+        _run(_name(kn.row_normalize_grad_name, xn.dtype), 0, (dv, dq, dk, xn, norm, dh, n, d, float(eps)),
+             grid=_warp_grid(n))
+    return dh
 
 
 def adam_tick(t, coef, lr, b1, b2):
@@ -94,7 +168,7 @@ def adam_multi(table, sizes, grads, coef, b1, b2, eps):
     ``grads`` (C-contiguous, of the parameters' dtype, in the table's order): one launch per 8 tensors."""
     dtype = grads[0].dtype
     t = dtype.type
-    name = kn.adam_multi_name(dtype.name)
+    name = _name(kn.adam_multi_name, dtype)
     row = kn.ADAM_SLOTS * 8
     for start in range(0, len(grads), ADAM_MULTI):
         chunk = grads[start:start + ADAM_MULTI]
