@@ -14,6 +14,7 @@ import warnings
 import numpy as np
 
 from ..products import attention as engine
+from ..products import training as layer_ops
 from .. import _reference as ref
 from .._device import FallbackWarning
 from .._validation import check_bool, check_count, is_half
@@ -387,9 +388,14 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
     drop = _real("dropout", dropout, 0, 1, closed_hi=False) if training else 0.0
     X = mm(H, W)
     fd = np.float32 if is_half(X.dtype) else X.dtype
-    X3 = X.reshape(n, heads, D).astype(fd, copy=False)
-    s_src = (X3 * a_src.astype(fd, copy=False)).sum(axis=2)
-    s_dst = (X3 * a_dst.astype(fd, copy=False)).sum(axis=2)
+    af_src, af_dst = a_src.astype(fd, copy=False), a_dst.astype(fd, copy=False)
+    on_device = xp is not np and layer_ops.takes(X.dtype)
+    if on_device:  # both scores from one read of X (six array passes otherwise), and their vjp likewise
+        af_src, af_dst = xp.ascontiguousarray(af_src), xp.ascontiguousarray(af_dst)
+        s_src, s_dst = layer_ops.head_dots(xp.ascontiguousarray(X), af_src, af_dst, heads)
+    else:
+        X3 = X.reshape(n, heads, D).astype(fd, copy=False)
+        s_src, s_dst = (X3 * af_src).sum(axis=2), (X3 * af_dst).sum(axis=2)
     seed = None
     if drop:
         if rng is None:
@@ -397,7 +403,7 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
         seed = (rng.random(1) * 2.0**32).astype(np.uint32)  # drawn on rng's device: no host read
     att, att_vjp = graph_attention(E, X, heads=heads, s_src=s_src, s_dst=s_dst, negative_slope=negative_slope,
                                    dropout=drop, seed=seed, fused=fused)
-    out = att if concat else att.reshape(n, heads, D).mean(axis=1)
+    out = att if concat or heads == 1 else att.reshape(n, heads, D).mean(axis=1)
     if b is not None:
         out = out + b.astype(out.dtype, copy=False)
 
@@ -406,19 +412,51 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
         if g.shape != out.shape:
             raise ValueError(f"g must have the output's shape {out.shape}, got {g.shape}")
         db = None if b is None else column_sums(g).astype(b.dtype, copy=False)
-        ga = g if concat else xp.repeat(g[:, None, :] / heads, heads, axis=1).reshape(n, heads * D)
+        ga = g if concat or heads == 1 else xp.repeat(g[:, None, :] / heads, heads, axis=1).reshape(n, heads * D)
         dX, ds_src, ds_dst = att_vjp(ga)
-        dX = dX.astype(fd, copy=False).reshape(n, heads, D)
-        dX = dX + ds_src[:, :, None] * a_src.astype(fd, copy=False) + ds_dst[:, :, None] * a_dst.astype(fd, copy=False)
-        # sums over the n rows as 1ᵀ M (column_sums): a reduction along the long axis is slow on the GPU
-        da_src = column_sums((X3 * ds_src[:, :, None]).reshape(n, heads * D)).reshape(heads, D)
-        da_dst = column_sums((X3 * ds_dst[:, :, None]).reshape(n, heads * D)).reshape(heads, D)
+        if on_device:
+            dX = layer_ops.head_dots_grad(xp.ascontiguousarray(dX, dtype=X.dtype), xp.ascontiguousarray(ds_src, fd),
+                                         xp.ascontiguousarray(ds_dst, fd), af_src, af_dst, heads)
+            # da[h] = sum_i ds[i, h] X[i, h]: the diagonal blocks of dsᵀ X (one product, not a reduction along
+            # the long axis, which is slow on the GPU)
+            Xf = X.astype(fd, copy=False)
+            da_src, da_dst = (_head_blocks(xp, mm(ds.T, Xf), heads, D) for ds in (ds_src, ds_dst))
+        else:
+            dX = dX.astype(fd, copy=False).reshape(n, heads, D)
+            dX = (dX + ds_src[:, :, None] * af_src + ds_dst[:, :, None] * af_dst).reshape(n, heads * D)
+            dX = dX.astype(X.dtype, copy=False)
+            # sums over the n rows as 1ᵀ M (column_sums), as on the GPU
+            da_src = column_sums((X3 * ds_src[:, :, None]).reshape(n, heads * D)).reshape(heads, D)
+            da_dst = column_sums((X3 * ds_dst[:, :, None]).reshape(n, heads * D)).reshape(heads, D)
         da_src, da_dst = da_src.astype(a_src.dtype, copy=False), da_dst.astype(a_dst.dtype, copy=False)
-        dX = dX.reshape(n, heads * D).astype(X.dtype, copy=False)
         dH = mm(dX, W.T) if input_grad else None  # (a first layer's input needs none: n x features skipped)
         return dH, mm(H.T, dX).astype(W.dtype, copy=False), da_src, da_dst, db
 
     return out, vjp
+
+
+#: Gather indices of :func:`_head_blocks`, per device, heads and D (a model has one or two of each).
+_BLOCKS_KEEP = 8
+_blocks = {}
+
+
+def _head_blocks(xp, R, heads, D):
+    """Row h's h-th block of D columns of a C-contiguous ``R`` (``heads`` x ``heads * D``), as a ``(heads, D)``
+    array: one gather by indices made once (a diagonal view and its copy cost three times the host time)."""
+    if heads == 1:
+        return R.reshape(1, D)
+    key = (xp.cuda.runtime.getDevice(), heads, D)
+    idx = _blocks.get(key)
+    if idx is None:
+        i = xp.arange(heads * D).reshape(heads, D)
+        idx = i // D * (heads * D + D) + i % D  # (made by kernels: a capture may hold them)
+        if xp.cuda.get_current_stream().is_capturing():
+            return R.ravel().take(idx)  # (filled only by a replay: not kept)
+        xp.cuda.get_current_stream().synchronize()  # complete before another stream may read it
+        if len(_blocks) >= _BLOCKS_KEEP:
+            _blocks.pop(next(iter(_blocks)))
+        _blocks[key] = idx
+    return R.ravel().take(idx)
 
 
 def _edge_softmax(E, z, xp):
@@ -509,11 +547,19 @@ def agnn_conv(A, H, beta, *, precision=None, fused=None):
     beta = features_on(E, beta, "beta").astype(fd, copy=False).reshape(-1)
     if beta.shape != (1,):
         raise ValueError(f"beta must be a scalar or have shape (1,), got {beta.shape}")
-    Hn, norm, inv = _normalize_rows(H, xp)
+    on_device = xp is not np and layer_ops.takes(H.dtype)
+    if on_device:  # one kernel each way (about eight array passes otherwise)
+        H = xp.ascontiguousarray(H)
+        Hn, norm = layer_ops.row_normalize(H, _NORM_EPS)
+    else:
+        Hn, norm, inv = _normalize_rows(H, xp)
     out, att_vjp = graph_attention(E, H, score="cosine", Q=Hn, K=Hn, beta=beta, fused=fused)
 
     def vjp(g):
         dH, dQ, dK, dbeta = att_vjp(g)
+        if on_device:
+            return layer_ops.row_normalize_grad(xp.ascontiguousarray(dH, dtype=H.dtype), xp.ascontiguousarray(dQ, fd),
+                                               xp.ascontiguousarray(dK, fd), Hn, norm, _NORM_EPS), dbeta
         dHn = dQ + dK
         # d(h / max(|h|, eps)): project out the radial part where |h| > eps.
         radial = xp.where(norm > _NORM_EPS, (Hn * dHn).sum(axis=1), 0)

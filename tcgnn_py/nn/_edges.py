@@ -212,6 +212,8 @@ def floats(x, name):
 def features_on(edges, x, name):
     """``x`` on the view's device (``array_on``) as a float array (:func:`floats`), so a layer never computes in
     an integer type."""
+    if isinstance(x, edges.xp.ndarray) and x.dtype.kind == "f":
+        return x  # (the common case, answered first: a layer checks several arrays per call)
     if x is None or isinstance(x, (str, bytes, dict, set)):
         raise TypeError(f"{name} must be an array of real numbers, got {type(x).__name__}")
     return floats(array_on(edges, x, name), name)

@@ -210,7 +210,7 @@ def relu(H):
     """
     H = floats(H, "H")
     xp = array_module(H)
-    if xp is not np and H.dtype.name in fused.TAIL_TYPES:
+    if xp is not np and fused.takes(H.dtype):
         return _device_tail(xp, H, None, "relu", 0.0, None)
     keep = H > 0
     return xp.where(keep, H, 0).astype(H.dtype, copy=False), lambda g: g * keep
@@ -228,7 +228,7 @@ def elu(H):
     """
     H = floats(H, "H")
     xp = array_module(H)
-    if xp is not np and H.dtype.name in fused.TAIL_TYPES:
+    if xp is not np and fused.takes(H.dtype):
         return _device_tail(xp, H, None, "elu", 0.0, None)
     keep = H > 0
     e = xp.exp(xp.minimum(H, 0))
@@ -270,7 +270,7 @@ def dropout(H, p, rng, *, training=True):
     xp = array_module(H)
     if xp is not np and isinstance(rng, np.random.Generator):
         raise TypeError("dropout on a device array needs a cupy.random.Generator (cupy.random.default_rng)")
-    if xp is not np and H.dtype.name in fused.TAIL_TYPES:
+    if xp is not np and fused.takes(H.dtype):
         return _device_tail(xp, H, None, None, p, rng.random(1))
     keep = rng.random(H.shape, dtype=np.float32) >= p
     scale = H.dtype.type(1 / (1 - p))
@@ -324,7 +324,7 @@ def bias_act_dropout(H, b=None, act=None, p=0.0, rng=None, *, training=True):
         check_bias(b, H.shape[1], "H's columns")
     if p and rng is None:
         raise ValueError("dropout in training needs rng (tcgnn_py.nn.default_rng(seed, like=A))")
-    if xp is not np and H.dtype.name in fused.TAIL_TYPES:
+    if xp is not np and fused.takes(H.dtype):
         if p and isinstance(rng, np.random.Generator):
             raise TypeError("dropout on a device array needs a cupy.random.Generator (cupy.random.default_rng)")
         out, tail_vjp = _device_tail(xp, H, b, act, p, rng.random(1) if p else None)
@@ -361,7 +361,7 @@ def _device_tail(xp, H, b, act, p, seed):
         if g.shape != out.shape:
             raise ValueError(f"g must have the output's shape {out.shape}, got {g.shape}")
         g = xp.ascontiguousarray(g)
-        if g.dtype.name not in fused.TAIL_TYPES:
+        if not fused.takes(g.dtype):
             g = g.astype(x.dtype)
         xs, bs = (x, b) if act is not None else (None, None)
         if g.dtype != x.dtype and act is not None:
@@ -403,7 +403,7 @@ def cross_entropy(logits, labels, index=None):
     labels = xp.asarray(labels).reshape(n, 1)
     if labels.dtype.kind not in "iu":
         raise TypeError(f"labels must be integers, got dtype {labels.dtype}")
-    if xp is not np and k and logits.dtype.name in fused.TAIL_TYPES:
+    if xp is not np and k and fused.takes(logits.dtype):
         # one kernel: each row's softmax, loss and gradient in one pass (a dozen array passes otherwise)
         if index is None:
             w, w0 = None, 1 / n if n else 0.0
