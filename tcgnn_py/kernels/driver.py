@@ -62,26 +62,39 @@ _local = threading.local()  # per thread: slots by parameter count (the driver c
 _addressed = set()  # types whose instances' ``.data.ptr`` is their device address (CuPy's ndarray), seen so far
 
 
+@functools.lru_cache(maxsize=256)
+def _f32_bits(x):
+    return int(np.float32(x).view(np.int32))
+
+
+@functools.lru_cache(maxsize=256)
+def _f64_bits(x):
+    return int(np.float64(x).view(np.int64))
+
+
 def slot_value(a):
     """The 8-byte slot of one kernel argument: a device array's address, an integer, a float's bits, or 0 for None.
 
-    Device arrays and Python ints are answered first: a launch writes a dozen slots per call.
+    Device arrays, None, Python ints and floats are answered first, and a float's bits are kept per value: a
+    launch writes a dozen slots or more per call.
     """
     t = type(a)
     if t in _addressed:
         return a.data.ptr
-    if t is int:
-        return a
     if a is None:
         return 0
+    if t is int:
+        return a
+    if t is float:
+        return _f64_bits(a)
+    if t is np.float32:
+        return _f32_bits(float(a))
     data = getattr(a, "data", None)
     if data is not None and hasattr(data, "ptr"):
         _addressed.add(t)
         return data.ptr
     if isinstance(a, (np.floating, float)):
-        if isinstance(a, np.float32):
-            return int(a.view(np.int32))
-        return int(np.float64(a).view(np.int64))
+        return _f32_bits(float(a)) if isinstance(a, np.float32) else _f64_bits(float(a))
     return int(a)
 
 

@@ -95,7 +95,7 @@ def _names(dtype, kid, D):
 
 
 #: A null device pointer: the kernels read no argument their kind or settings leave unused (no per-call dummy).
-_NULL = np.uint64(0)
+_NULL = None
 
 
 def fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed):
@@ -122,21 +122,21 @@ def fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, sl
         # per mode: the kernel's outputs, and the merge's (slot width, out0, w0, out1, w1)
         outs = ((ds_dst, (heads + HD, ds_dst, heads, _NULL, 0)), (ds_src, (heads + HD, ds_src, heads, dV, HD)))
         head = (w, V, G, out, ss, sd, lse, tdot, dV)
-        tail = (np.int32(heads), np.int32(D), f32(slope), f32(dropout), seed)
+        tail = (int(heads), int(D), f32(slope), f32(dropout), seed)
     else:
         Qc, Kc = cp.ascontiguousarray(Q, V.dtype), cp.ascontiguousarray(K, V.dtype)
         dQ, dK = cp.empty((n, D), f32), cp.empty((k, D), f32)
         dbeta = cp.zeros(1, f32)
         outs = ((dQ, (D, dQ, D, _NULL, 0)), (dK, (2 * D, dV, D, dK, D)))
         head = (w, V, G, out, Qc, Kc, cp.ascontiguousarray(beta, f32), lse, tdot, dV)
-        tail = (np.int32(D), f32(dropout), seed)
+        tail = (int(D), f32(dropout), seed)
     for mode, (kind, partners, eids) in enumerate((("rows", indices, _NULL), ("cols", t_rows, t_eids))):
         units, splits, n_slots = work_units(T, kind, heads)
         if not units.shape[0]:
             continue
         out_k, (width, out0, w0, out1, w1) = outs[mode]
         part = cp.empty((n_slots, width), f32) if n_slots else _NULL
-        nu = np.int32(units.shape[0])
+        nu = int(units.shape[0])
         if additive:
             extra = (out_k, part, nu)
         else:
@@ -147,7 +147,7 @@ def fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, sl
                 (units, partners, eids) + head + extra + tail)
         if splits.shape[0]:
             _launch(ka.BWD_MERGE, -(-splits.shape[0] // ka.ATTENTION_WARPS),
-                    (splits, part, out0, out1, np.int32(splits.shape[0]), np.int32(width), np.int32(w0), np.int32(w1)))
+                    (splits, part, out0, out1, int(splits.shape[0]), int(width), int(w0), int(w1)))
         if not additive and mode == 0:
             dbeta = dbp.sum(keepdims=True)  # a fixed-order reduction: deterministic
     dV = dV.astype(V.dtype, copy=False)
@@ -200,11 +200,11 @@ def fused(T, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed):
     part = cp.empty((n_slots, 2 * heads + HD), f32) if n_slots else _NULL
     _launch(fwd_name, -(-(units.shape[0] * heads) // ka.ATTENTION_WARPS),
             (units, indices, csr_weights(T, f32), V) + args
-            + (out, lse, part, np.int32(units.shape[0]), np.int32(heads), np.int32(HD // heads), f32(slope),
+            + (out, lse, part, int(units.shape[0]), int(heads), int(HD // heads), f32(slope),
                f32(dropout), cp.ascontiguousarray(seed, np.uint32) if dropout else _NULL))
     if splits.shape[0]:
         _launch(merge_name, -(-splits.shape[0] // ka.ATTENTION_WARPS),
-                (splits, part, out, lse, np.int32(splits.shape[0]), np.int32(heads), np.int32(HD // heads)))
+                (splits, part, out, lse, int(splits.shape[0]), int(heads), int(HD // heads)))
     return out, lse
 
 
