@@ -20,20 +20,24 @@ for dtype in (np.float32, np.float64):
                                      ("gat", nn.add_self_loops, lambda d, r, dtype: nn.gat_init(d, r, heads=4,
                                                                                                 dtype=dtype),
                                       nn.gat_apply)):
-        if name == "gat" and dtype == np.float64:
-            continue  # the fused attention takes float32 and 16-bit values only
+        # (float64 GAT and AGNN: the unfused attention, with the scores' and normalisation's float64 kernels)
         A = build(A0, dtype=dtype)
         params = init((37, 16, 5), rng, dtype=dtype)
         opt = nn.Adam(params, lr=0.01, weight_decay=5e-4)
         r = nn.train(apply, params, A, X, labels, (idx, idx, idx), opt, epochs=3, rng=rng)
         print(f"memcheck nn {name} {np.dtype(dtype).name}: loss {r.final_loss:.3f}")
-# mixed precision: 16-bit activations through the tails, the loss and the layers
-A = nn.gcn_norm(A0)
-params = nn.gcn_init((37, 16, 5), cp.random.default_rng(1))
+# mixed precision: 16-bit activations through the tails, the loss and the layers (GAT's scores and AGNN's
+# normalisation in 16 bits, the fused attention in 16 bits)
 X = cp.asarray(np.random.default_rng(2).standard_normal((3001, 37)), dtype=np.float32)
-logits, vjp = nn.gcn_apply(params, A, X, rng=cp.random.default_rng(3), dtype="float16")
-loss, g = nn.cross_entropy(logits, labels, idx)
-nn.Adam(params).step(vjp(g))
-print(f"memcheck nn gcn float16: loss {float(loss):.3f}")
+for half in ("float16", "bfloat16"):
+    for name, build, init, apply in (("gcn", nn.gcn_norm, nn.gcn_init, nn.gcn_apply),
+                                     ("agnn", nn.add_self_loops, nn.agnn_init, nn.agnn_apply),
+                                     ("gat", nn.add_self_loops, lambda d, r: nn.gat_init(d, r, heads=4), nn.gat_apply)):
+        A = build(A0)
+        params = init((37, 16, 5), cp.random.default_rng(1))
+        logits, vjp = apply(params, A, X, rng=cp.random.default_rng(3), dtype=half)
+        loss, g = nn.cross_entropy(logits.astype(np.float32), labels, idx)
+        nn.Adam(params).step(vjp(g))
+        print(f"memcheck nn {name} {half}: loss {float(loss):.3f}")
 cp.cuda.Device().synchronize()
 print("memcheck nn workload ok")
