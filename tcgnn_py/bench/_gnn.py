@@ -140,7 +140,18 @@ def _cupy_sync():
 
 
 def time_epochs(step, sync, epochs=20, repeat=3, warmup=3):
-    """Median milliseconds per epoch over ``repeat`` batches of ``epochs`` back-to-back steps."""
+    """Median milliseconds per epoch over ``repeat`` batches of ``epochs`` back-to-back steps.
+
+    Timed after ``warmup`` steps, the background compiles they started, and ``warmup`` steps more: until its
+    timed choice's candidates are compiled a product runs provisionally (a loop of 200 epochs is past that in
+    its first second), and a compile on the worker thread would slow whatever runs beside it.
+    """
+    from ..kernels.registry import wait_for_compiles
+
+    for _ in range(warmup):
+        step()
+    sync()
+    wait_for_compiles()
     for _ in range(warmup):
         step()
     sync()
