@@ -254,6 +254,11 @@ def test_bias_act_dropout_errors(rng):
         nn.bias_act_dropout(np.ones(3))
     with pytest.raises(TypeError, match="labels must be integers"):
         nn.cross_entropy(H, np.zeros(5))
+    with pytest.raises(TypeError, match="index must be integers"):  # a mask is not a list of rows
+        nn.cross_entropy(H, np.zeros(5, int), np.ones(5, bool))
+    for bad in (np.array([], int), np.zeros((1, 2), int)):
+        with pytest.raises(ValueError, match="non-empty 1-D"):
+            nn.cross_entropy(H, np.zeros(5, int), bad)
     assert nn.bias_act_dropout(H, None, None, 0.5, None, training=False)[0] is H
 
 

@@ -8,7 +8,8 @@ from .products.common import COMMON_SOURCE, cuda_type
 from .registry import VALUE_TYPES, register
 
 __all__ = ["SOURCE", "NAMES", "FAMILIES", "TICK", "adam_multi_name", "ADAM_MULTI", "ADAM_SLOTS",
-           "tail_name", "tail_grad_name", "cross_entropy_name", "head_dots_name", "head_dots_grad_name",
+           "tail_name", "tail_grad_name", "cross_entropy_name", "index_weights_name", "head_dots_name",
+           "head_dots_grad_name",
            "row_normalize_name", "row_normalize_grad_name", "ACTIVATIONS", "TAIL_TYPES"]
 
 #: Tensors one ``tcgnn_adam_multi`` launch updates: its gradients are kernel parameters (``g0`` to ``g7``).
@@ -144,6 +145,20 @@ __global__ void tcgnn_cross_entropy(const T* __restrict__ logits, const long lon
             tc_put(grad + i * k + c, wi * (exp(nn_of(z[c]) - mx) / s - (c == y ? A(1) : A(0))));
     }
 }
+// The loss's per-row weights: w[index[j]] = value for every j (w zeroed before), a negative index counted from
+// the end as in NumPy, one outside [-n, n) skipped; repeated rows are written once over (same value).
+template <typename T>
+__global__ void tcgnn_index_weights(T* __restrict__ w, const long long* __restrict__ index, long long m,
+                                    long long n, double value) {
+    typedef typename nn_acc<T>::type A;
+    for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < m;
+         j += (long long)gridDim.x * blockDim.x) {
+        long long r = index[j];
+        if (r < 0) r += n;
+        if (r >= 0 && r < n) tc_put(w + r, A(value));
+    }
+}
+
 // GAT's scores of X = H W per head: s_src[i, h] = <X[i, h], a_src[h]> and s_dst[i, h] = <X[i, h], a_dst[h]> in
 // the compute type, one thread per row and head (X read once, both dot products from one read).
 template <typename T>
@@ -264,6 +279,10 @@ def cross_entropy_name(dtype_name):
     return f"tcgnn_cross_entropy<{_ctype(dtype_name)}>"
 
 
+def index_weights_name(dtype_name):
+    return f"tcgnn_index_weights<{_ctype(dtype_name)}>"
+
+
 def head_dots_name(dtype_name):
     return f"tcgnn_head_dots<{_ctype(dtype_name)}>"
 
@@ -282,7 +301,8 @@ def row_normalize_grad_name(dtype_name):
 
 TICK = "tcgnn_adam_tick"
 NAMES = (TICK, *(adam_multi_name(t) for t in VALUE_TYPES),
-         *(f(t) for f in (tail_name, tail_grad_name, cross_entropy_name, head_dots_name, head_dots_grad_name,
+         *(f(t) for f in (tail_name, tail_grad_name, cross_entropy_name, index_weights_name, head_dots_name,
+                             head_dots_grad_name,
                              row_normalize_name, row_normalize_grad_name) for t in TAIL_TYPES))
 FAMILIES = {"nn": (SOURCE, NAMES)}
 register("nn", SOURCE, NAMES)

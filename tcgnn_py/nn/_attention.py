@@ -8,6 +8,7 @@ anywhere); ``fused=True`` on the host runs the row-wise NumPy reference (:func:`
 Features of a boolean or integer type become the float type that holds them, as in ``T @ X``.
 """
 
+import math
 import numbers
 import warnings
 
@@ -35,7 +36,7 @@ def _real(name, value, lo=None, hi=None, closed_hi=True):
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, np.floating, np.integer)):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
     value = float(value)
-    if not np.isfinite(value) or (lo is not None and value < lo) or (
+    if not math.isfinite(value) or (lo is not None and value < lo) or (
             hi is not None and (value > hi if closed_hi else value >= hi)):
         where = "" if lo is None else f" in [{lo}, {hi}{']' if closed_hi else ')'}"
         raise ValueError(f"{name} must be a finite number{where}, got {value!r}")
@@ -417,10 +418,10 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
         if on_device:
             dX = layer_ops.head_dots_grad(xp.ascontiguousarray(dX, dtype=X.dtype), xp.ascontiguousarray(ds_src, fd),
                                          xp.ascontiguousarray(ds_dst, fd), af_src, af_dst, heads)
-            # da[h] = sum_i ds[i, h] X[i, h]: the diagonal blocks of dsᵀ X (one product, not a reduction along
-            # the long axis, which is slow on the GPU)
-            Xf = X.astype(fd, copy=False)
-            da_src, da_dst = (_head_blocks(xp, mm(ds.T, Xf), heads, D) for ds in (ds_src, ds_dst))
+            # da[h] = sum_i ds[i, h] X[i, h]: the diagonal blocks of [ds_src ds_dst]ᵀ X (one product, not a
+            # reduction along the long axis, which is slow on the GPU)
+            R = mm(xp.concatenate((ds_src, ds_dst), axis=1).T, X.astype(fd, copy=False))
+            da_src, da_dst = _head_blocks(xp, R, heads, D)
         else:
             dX = dX.astype(fd, copy=False).reshape(n, heads, D)
             dX = (dX + ds_src[:, :, None] * af_src + ds_dst[:, :, None] * af_dst).reshape(n, heads * D)
@@ -441,22 +442,26 @@ _blocks = {}
 
 
 def _head_blocks(xp, R, heads, D):
-    """Row h's h-th block of D columns of a C-contiguous ``R`` (``heads`` x ``heads * D``), as a ``(heads, D)``
-    array: one gather by indices made once (a diagonal view and its copy cost three times the host time)."""
+    """``(da_src, da_dst)`` from ``R`` = ``[ds_src ds_dst]ᵀ X`` (``2 heads`` x ``heads * D``, C-contiguous): of
+    each half, row h's h-th block of D columns, as ``(heads, D)`` arrays -- rows of R for one head, else one
+    gather by indices made once (a diagonal view and its copy cost three times the host time)."""
     if heads == 1:
-        return R.reshape(1, D)
+        return R[0:1], R[1:2]
     key = (xp.cuda.runtime.getDevice(), heads, D)
     idx = _blocks.get(key)
     if idx is None:
-        i = xp.arange(heads * D).reshape(heads, D)
-        idx = i // D * (heads * D + D) + i % D  # (made by kernels: a capture may hold them)
+        i = xp.arange(2 * heads * D).reshape(2, heads, D)
+        # row (half * heads + h), column (h * D + d) of R
+        idx = (i // (heads * D) * heads + i % (heads * D) // D) * (heads * D) + i % (heads * D)
         if xp.cuda.get_current_stream().is_capturing():
-            return R.ravel().take(idx)  # (filled only by a replay: not kept)
+            out = R.ravel().take(idx)  # (filled only by a replay: not kept)
+            return out[0], out[1]
         xp.cuda.get_current_stream().synchronize()  # complete before another stream may read it
         if len(_blocks) >= _BLOCKS_KEEP:
             _blocks.pop(next(iter(_blocks)))
         _blocks[key] = idx
-    return R.ravel().take(idx)
+    out = R.ravel().take(idx)
+    return out[0], out[1]
 
 
 def _edge_softmax(E, z, xp):

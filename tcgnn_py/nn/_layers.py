@@ -382,7 +382,7 @@ def cross_entropy(logits, labels, index=None):
         host; on the device, where checking would cost a synchronisation, a
         label out of range matches no class: its row adds its log-sum-exp).
     index : int array, optional
-        The nodes the loss covers (a training split); all nodes by default.
+        The nodes the loss covers (a training split), 1-D and non-empty; all nodes by default.
 
     Returns
     -------
@@ -403,14 +403,18 @@ def cross_entropy(logits, labels, index=None):
     labels = xp.asarray(labels).reshape(n, 1)
     if labels.dtype.kind not in "iu":
         raise TypeError(f"labels must be integers, got dtype {labels.dtype}")
+    if index is not None:
+        index = xp.asarray(index)
+        if index.dtype.kind not in "iu":  # (a boolean mask would be taken as row numbers 0 and 1)
+            raise TypeError(f"index must be integers (the rows the loss covers), got dtype {index.dtype}")
+        if index.ndim != 1 or not index.size:
+            raise ValueError(f"index must be a non-empty 1-D array of rows, got shape {index.shape}")
     if xp is not np and k and fused.takes(logits.dtype):
         # one kernel: each row's softmax, loss and gradient in one pass (a dozen array passes otherwise)
         if index is None:
             w, w0 = None, 1 / n if n else 0.0
-        else:
-            index = xp.asarray(index)
-            w, w0 = xp.zeros(n, dtype=logits.dtype), 0.0
-            w[index] = 1 / index.shape[0]
+        else:  # the rows' weights by one launch (a scatter costs several)
+            w, w0 = fused.index_weights(n, index.astype(np.int64, copy=False), 1 / index.shape[0], logits.dtype), 0.0
         loss, grad = fused.cross_entropy(xp.ascontiguousarray(logits), labels.reshape(n).astype(np.int64, copy=False),
                                             w, w0)
         return loss.sum(), grad
@@ -423,7 +427,6 @@ def cross_entropy(logits, labels, index=None):
     if index is None:
         w = xp.full((n, 1), 1 / n, dtype=logits.dtype)
     else:
-        index = xp.asarray(index)
         w = xp.zeros((n, 1), dtype=logits.dtype)
         w[index] = 1 / index.shape[0]
     z = logits - logits.max(axis=1, keepdims=True)

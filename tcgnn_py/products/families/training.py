@@ -17,8 +17,8 @@ from ...kernels.driver import launch, slot_value
 from ...kernels.registry import get_kernel
 
 __all__ = ["TAIL_TYPES", "ACTIVATIONS", "ADAM_MULTI", "takes", "acc_dtype", "tail", "tail_grad", "cross_entropy",
-           "head_dots", "head_dots_grad", "row_normalize", "row_normalize_grad", "adam_tick", "adam_table",
-           "adam_multi"]
+           "index_weights", "head_dots", "head_dots_grad", "row_normalize", "row_normalize_grad", "adam_tick",
+           "adam_table", "adam_multi"]
 
 TAIL_TYPES = kn.TAIL_TYPES
 ACTIVATIONS = kn.ACTIVATIONS
@@ -96,6 +96,15 @@ def cross_entropy(logits, labels, w, w0):
         _run(_name(kn.cross_entropy_name, logits.dtype), n,
              (logits, labels, w, float(w0), loss, grad, n, k))
     return loss, grad
+
+
+def index_weights(n, index, value, dtype):
+    """``w`` of ``n`` rows of ``dtype``, ``value`` on the rows ``index`` (int64, a negative one counted from the
+    end, one outside ``[-n, n)`` skipped) and 0 elsewhere: one fill and one launch (a scatter costs several)."""
+    w = get_cupy().zeros(n, dtype)
+    if index.size:
+        _run(_name(kn.index_weights_name, w.dtype), index.size, (w, index, index.size, n, float(value)))
+    return w
 
 
 def head_dots(x, a_src, a_dst, heads):
