@@ -150,7 +150,7 @@ def _path(E, a):
             return "fused"
     if fused:
         warnings.warn(f"graph_attention(fused=True): {why}; the unfused sequence runs instead", FallbackWarning,
-                      stacklevel=3)
+                      stacklevel=4)
     return "unfused"
 
 
@@ -214,8 +214,12 @@ def graph_attention(A, V, *, heads=1, score="additive", s_src=None, s_dst=None, 
     [[0.25, 0.75], [0.25, 0.75]]
     """
     E = edges_of(A, precision)
-    a = _inputs(E, V, heads, score, s_src, s_dst, Q, K, beta, negative_slope, dropout, seed, fused)
-    n, k = E.shape
+    return _attend(E, _inputs(E, V, heads, score, s_src, s_dst, Q, K, beta, negative_slope, dropout, seed, fused))
+
+
+def _attend(E, a):
+    """:func:`graph_attention` of checked arguments ``a`` (:func:`_inputs`'s dict): the layers, whose own
+    checks and arithmetic already give V, the scores and the seed their types and shapes, come in here."""
     if a["V"].shape[1] == 0:  # no features: nothing to attend to, and no gradient flows
         return _no_features(E, a)
     path = _path(E, a)
@@ -387,6 +391,11 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
         if b.shape != (width,):
             raise ValueError(f"b must have shape ({width},) (heads * D if concat else D), got {b.shape}")
     drop = _real("dropout", dropout, 0, 1, closed_hi=False) if training else 0.0
+    slope = _real("negative_slope", negative_slope)
+    if fused is not None:
+        fused = check_bool("fused", fused)
+    if E.shape[1] != n:
+        raise ValueError(f"gat_conv needs a square graph (X = H W is both sides), got shape {E.shape}")
     X = mm(H, W)
     fd = np.float32 if is_half(X.dtype) else X.dtype
     af_src, af_dst = a_src.astype(fd, copy=False), a_dst.astype(fd, copy=False)
@@ -402,8 +411,9 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
         if rng is None:
             raise ValueError("attention dropout in training needs rng (tcgnn_py.nn.default_rng(seed, like=A))")
         seed = (rng.random(1) * 2.0**32).astype(np.uint32)  # drawn on rng's device: no host read
-    att, att_vjp = graph_attention(E, X, heads=heads, s_src=s_src, s_dst=s_dst, negative_slope=negative_slope,
-                                   dropout=drop, seed=seed, fused=fused)
+    _check_weights(E)
+    att, att_vjp = _attend(E, dict(heads=heads, score="additive", V=X, fd=np.dtype(fd), s_src=s_src, s_dst=s_dst,
+                                   Q=None, K=None, beta=None, slope=slope, dropout=drop, seed=seed, fused=fused))
     out = att if concat or heads == 1 else att.reshape(n, heads, D).mean(axis=1)
     if b is not None:
         out = out + b.astype(out.dtype, copy=False)
@@ -558,7 +568,11 @@ def agnn_conv(A, H, beta, *, precision=None, fused=None):
         Hn, norm = layer_ops.row_normalize(H, _NORM_EPS)
     else:
         Hn, norm, inv = _normalize_rows(H, xp)
-    out, att_vjp = graph_attention(E, H, score="cosine", Q=Hn, K=Hn, beta=beta, fused=fused)
+    if fused is not None:
+        fused = check_bool("fused", fused)
+    _check_weights(E)
+    out, att_vjp = _attend(E, dict(heads=1, score="cosine", V=H, fd=np.dtype(fd), s_src=None, s_dst=None, Q=Hn, K=Hn,
+                                   beta=beta, slope=0.2, dropout=0.0, seed=None, fused=fused))
 
     def vjp(g):
         dH, dQ, dK, dbeta = att_vjp(g)
