@@ -17,6 +17,11 @@ def test_slot_values_are_what_the_driver_reads():
     assert np.int64(slot_value(2.25)).tobytes() == np.float64(2.25).tobytes()
     assert np.int64(slot_value(np.float64(-0.5))).tobytes() == np.float64(-0.5).tobytes()
     assert slot_value(7) == 7 and slot_value(np.uint32(2**31)) == 2**31
+    # signed zeros keep their sign bit, asked in either order (no cache by value confuses 0.0 with -0.0)
+    for z in (0.0, -0.0, 0.0):
+        assert np.int64(slot_value(z)).tobytes() == np.float64(z).tobytes()
+        assert np.int64(slot_value(np.float32(z))).tobytes()[:4] == np.float32(z).tobytes()
+    assert np.int64(slot_value(np.float32(-1e-40))).tobytes()[:4] == np.float32(-1e-40).tobytes()  # subnormal
 
 
 def test_cuda_graph_training_needs_the_gpu():

@@ -19,6 +19,7 @@ device and CUDA-graph capture behave as for any CuPy launch.
 
 import ctypes
 import functools
+import struct
 import threading
 
 import numpy as np
@@ -62,21 +63,23 @@ _local = threading.local()  # per thread: slots by parameter count (the driver c
 _addressed = set()  # types whose instances' ``.data.ptr`` is their device address (CuPy's ndarray), seen so far
 
 
-@functools.lru_cache(maxsize=256)
+_F32, _I32, _F64, _I64 = (struct.Struct(f) for f in ("<f", "<i", "<d", "<q"))
+
+
 def _f32_bits(x):
-    return int(np.float32(x).view(np.int32))
+    """The bits of float ``x`` (exactly a float32) as a signed 32-bit integer."""
+    return _I32.unpack(_F32.pack(x))[0]
 
 
-@functools.lru_cache(maxsize=256)
 def _f64_bits(x):
-    return int(np.float64(x).view(np.int64))
+    return _I64.unpack(_F64.pack(x))[0]
 
 
 def slot_value(a):
     """The 8-byte slot of one kernel argument: a device array's address, an integer, a float's bits, or 0 for None.
 
-    Device arrays, None, Python ints and floats are answered first, and a float's bits are kept per value: a
-    launch writes a dozen slots or more per call.
+    Device arrays, None, Python ints and floats are answered first (a launch writes a dozen slots or more per
+    call), a float's bits by ``struct`` rather than a NumPy view.
     """
     t = type(a)
     if t in _addressed:

@@ -267,42 +267,28 @@ def adam_multi_name(dtype_name):
     return f"tcgnn_adam_multi<{VALUE_TYPES[dtype_name]}>"
 
 
-def tail_name(dtype_name):
-    return f"tcgnn_tail<{_ctype(dtype_name)}>"
+def _template(kernel):
+    """``name(dtype_name)``: the NVRTC name of ``kernel``'s instantiation for elements of that type."""
+    def name(dtype_name):
+        return f"{kernel}<{_ctype(dtype_name)}>"
+
+    name.__name__ = name.__qualname__ = f"{kernel.removeprefix('tcgnn_')}_name"
+    return name
 
 
-def tail_grad_name(dtype_name):
-    return f"tcgnn_tail_grad<{_ctype(dtype_name)}>"
-
-
-def cross_entropy_name(dtype_name):
-    return f"tcgnn_cross_entropy<{_ctype(dtype_name)}>"
-
-
-def index_weights_name(dtype_name):
-    return f"tcgnn_index_weights<{_ctype(dtype_name)}>"
-
-
-def head_dots_name(dtype_name):
-    return f"tcgnn_head_dots<{_ctype(dtype_name)}>"
-
-
-def head_dots_grad_name(dtype_name):
-    return f"tcgnn_head_dots_grad<{_ctype(dtype_name)}>"
-
-
-def row_normalize_name(dtype_name):
-    return f"tcgnn_row_normalize<{_ctype(dtype_name)}>"
-
-
-def row_normalize_grad_name(dtype_name):
-    return f"tcgnn_row_normalize_grad<{_ctype(dtype_name)}>"
+tail_name = _template("tcgnn_tail")
+tail_grad_name = _template("tcgnn_tail_grad")
+cross_entropy_name = _template("tcgnn_cross_entropy")
+index_weights_name = _template("tcgnn_index_weights")
+head_dots_name = _template("tcgnn_head_dots")
+head_dots_grad_name = _template("tcgnn_head_dots_grad")
+row_normalize_name = _template("tcgnn_row_normalize")
+row_normalize_grad_name = _template("tcgnn_row_normalize_grad")
 
 
 TICK = "tcgnn_adam_tick"
 NAMES = (TICK, *(adam_multi_name(t) for t in VALUE_TYPES),
          *(f(t) for f in (tail_name, tail_grad_name, cross_entropy_name, index_weights_name, head_dots_name,
-                             head_dots_grad_name,
-                             row_normalize_name, row_normalize_grad_name) for t in TAIL_TYPES))
+                          head_dots_grad_name, row_normalize_name, row_normalize_grad_name) for t in TAIL_TYPES))
 FAMILIES = {"nn": (SOURCE, NAMES)}
 register("nn", SOURCE, NAMES)

@@ -454,7 +454,7 @@ _blocks = {}
 def _head_blocks(xp, R, heads, D):
     """``(da_src, da_dst)`` from ``R`` = ``[ds_src ds_dst]ᵀ X`` (``2 heads`` x ``heads * D``, C-contiguous): of
     each half, row h's h-th block of D columns, as ``(heads, D)`` arrays -- rows of R for one head, else one
-    gather by indices made once (a diagonal view and its copy cost three times the host time)."""
+    gather by indices made once (one call, where a diagonal view and its copy are two per half)."""
     if heads == 1:
         return R[0:1], R[1:2]
     key = (xp.cuda.runtime.getDevice(), heads, D)
