@@ -428,10 +428,10 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
         if on_device:
             dX = layer_ops.head_dots_grad(xp.ascontiguousarray(dX, dtype=X.dtype), xp.ascontiguousarray(ds_src, fd),
                                          xp.ascontiguousarray(ds_dst, fd), af_src, af_dst, heads)
-            # da[h] = sum_i ds[i, h] X[i, h]: the diagonal blocks of [ds_src ds_dst]ᵀ X (one product, not a
-            # reduction along the long axis, which is slow on the GPU)
-            R = mm(xp.concatenate((ds_src, ds_dst), axis=1).T, X.astype(fd, copy=False))
-            da_src, da_dst = _head_blocks(xp, R, heads, D)
+            # da[h] = sum_i ds[i, h] X[i, h]: the diagonal blocks of dsᵀ X (a product, not a reduction along the
+            # long axis, which is slow on the GPU; one per vector, as joining the two costs more than a product)
+            Xf = X.astype(fd, copy=False)
+            da_src, da_dst = (_head_blocks(xp, mm(ds.T, Xf), heads, D) for ds in (ds_src, ds_dst))
         else:
             dX = dX.astype(fd, copy=False).reshape(n, heads, D)
             dX = (dX + ds_src[:, :, None] * af_src + ds_dst[:, :, None] * af_dst).reshape(n, heads * D)
@@ -452,26 +452,23 @@ _blocks = {}
 
 
 def _head_blocks(xp, R, heads, D):
-    """``(da_src, da_dst)`` from ``R`` = ``[ds_src ds_dst]ᵀ X`` (``2 heads`` x ``heads * D``, C-contiguous): of
-    each half, row h's h-th block of D columns, as ``(heads, D)`` arrays -- rows of R for one head, else one
-    gather by indices made once (one call, where a diagonal view and its copy are two per half)."""
+    """Row h's h-th block of D columns of a C-contiguous ``R`` (``heads`` x ``heads * D``), as a ``(heads, D)``
+    array: R itself for one head, else one gather by indices made once (one call, where a diagonal view and its
+    copy are two)."""
     if heads == 1:
-        return R[0:1], R[1:2]
+        return R
     key = (xp.cuda.runtime.getDevice(), heads, D)
     idx = _blocks.get(key)
     if idx is None:
-        i = xp.arange(2 * heads * D).reshape(2, heads, D)
-        # row (half * heads + h), column (h * D + d) of R
-        idx = (i // (heads * D) * heads + i % (heads * D) // D) * (heads * D) + i % (heads * D)
+        i = xp.arange(heads * D).reshape(heads, D)
+        idx = i // D * (heads * D + D) + i % D  # row h, column h * D + d (made by kernels: a capture may hold them)
         if xp.cuda.get_current_stream().is_capturing():
-            out = R.ravel().take(idx)  # (filled only by a replay: not kept)
-            return out[0], out[1]
+            return R.ravel().take(idx)  # (filled only by a replay: not kept)
         xp.cuda.get_current_stream().synchronize()  # complete before another stream may read it
         if len(_blocks) >= _BLOCKS_KEEP:
             _blocks.pop(next(iter(_blocks)))
         _blocks[key] = idx
-    out = R.ravel().take(idx)
-    return out[0], out[1]
+    return R.ravel().take(idx)
 
 
 def _edge_softmax(E, z, xp):
