@@ -143,6 +143,16 @@ def test_errors_name_the_argument():
         nn.graph_attention(T, V, heads=2, s_src=s, s_dst=s, dropout=0.5)
     with pytest.raises(ValueError, match="dropout"):
         nn.graph_attention(T, V, heads=2, s_src=s, s_dst=s, dropout=1.0, seed=np.zeros(1, np.uint32))
+    # the layers check what they hand the attention pass themselves
+    W, a = np.ones((4, 4)), np.zeros((2, 2))
+    R = tg.TiledMatrix(sp.csr_array(np.ones((3, 5))), device="cpu")
+    with pytest.raises(ValueError, match="square graph"):
+        nn.gat_conv(R, V, W, a, a, heads=2)
+    for kw, match in ((dict(negative_slope=float("nan")), "negative_slope"), (dict(fused="yes"), "fused")):
+        with pytest.raises((TypeError, ValueError), match=match):
+            nn.gat_conv(T, V, W, a, a, heads=2, **kw)
+    with pytest.raises(TypeError, match="fused"):
+        nn.agnn_conv(T, V, 1.0, fused="yes")
 
 
 @pytest.mark.parametrize("score", ["additive", "cosine"])
