@@ -20,7 +20,7 @@ from .. import _reference as ref
 from .._device import FallbackWarning
 from .._validation import check_bool, check_count, is_half
 from ._edges import TiledEdges, array_on, edges_of, features_on
-from ._layers import check_2d, column_sums, mm
+from ._layers import check_2d, column_sums, device_constant, mm
 
 __all__ = ["graph_attention", "gat_conv", "agnn_conv", "SCORES"]
 
@@ -457,18 +457,12 @@ def _head_blocks(xp, R, heads, D):
     copy are two)."""
     if heads == 1:
         return R
-    key = (xp.cuda.runtime.getDevice(), heads, D)
-    idx = _blocks.get(key)
-    if idx is None:
+
+    def build():
         i = xp.arange(heads * D).reshape(heads, D)
-        idx = i // D * (heads * D + D) + i % D  # row h, column h * D + d (made by kernels: a capture may hold them)
-        if xp.cuda.get_current_stream().is_capturing():
-            return R.ravel().take(idx)  # (filled only by a replay: not kept)
-        xp.cuda.get_current_stream().synchronize()  # complete before another stream may read it
-        if len(_blocks) >= _BLOCKS_KEEP:
-            _blocks.pop(next(iter(_blocks)))
-        _blocks[key] = idx
-    return R.ravel().take(idx)
+        return i // D * (heads * D + D) + i % D  # row h, column h * D + d
+
+    return R.ravel().take(device_constant(_blocks, _BLOCKS_KEEP, xp, (heads, D), build))
 
 
 def _edge_softmax(E, z, xp):
