@@ -131,6 +131,18 @@ def test_with_values_keeps_tiling():
         T.with_values(v[:-1])
 
 
+def test_pickle_round_trip():
+    # The tiling keeps its array module, which does not pickle: the copy decides it again.
+    import pickle
+
+    A = sp.random(40, 30, density=0.2, format="csr", dtype=np.float32, random_state=3)
+    T = tg.TiledMatrix(A, device="cpu")
+    X = np.arange(60, dtype=np.float32).reshape(30, 2) % 7
+    U = pickle.loads(pickle.dumps(T))
+    assert U.tiling.xp is np and U.tiling.device == "cpu"
+    np.testing.assert_array_equal(U @ X, T @ X)
+
+
 def test_spmm_out():
     A = ZOO["n17"].astype(np.float32)
     T = tg.TiledMatrix(A)

@@ -225,6 +225,28 @@ class Tiling:
     shape: tuple
     layout: Layout = Layout()
     _cache: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
+    # Plain facts, read as attributes (planning a product asks for them dozens of times): set from the arrays.
+    xp: object = dataclasses.field(default=None, init=False, repr=False)  #: NumPy or CuPy, the arrays' module
+    device: str = dataclasses.field(default=None, init=False, repr=False)  #: ``"cuda"`` or ``"cpu"``
+    nnz: int = dataclasses.field(default=0, init=False, repr=False)  #: stored entries
+    n_windows: int = dataclasses.field(default=0, init=False, repr=False)
+    n_blocks: int = dataclasses.field(default=0, init=False, repr=False)
+    tile_shape: tuple = dataclasses.field(default=None, init=False, repr=False)  #: ``(window height, block width)``
+
+    def __post_init__(self):
+        xp = array_module(self.tile_pos)
+        facts = {"xp": xp, "device": "cpu" if xp is np else "cuda", "nnz": int(self.tile_pos.shape[0]),
+                 "n_windows": int(self.win_ptr.shape[0]) - 1, "n_blocks": int(self.block_cols.shape[0]),
+                 "tile_shape": self.layout.tile_shape}
+        for name, value in facts.items():
+            object.__setattr__(self, name, value)
+
+    def __getstate__(self):
+        return {**self.__dict__, "xp": None}  # a module does not pickle: set again on loading
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.__post_init__()
 
     @classmethod
     def from_arrays(cls, arrays, shape, tile_shape=(16, 8), layout=None):
@@ -237,33 +259,6 @@ class Tiling:
         return tiling, arrays["values"]
 
     # --- plain facts ------------------------------------------------------
-    @property
-    def tile_shape(self):
-        """``(window height, block width)``."""
-        return self.layout.tile_shape
-
-    @property
-    def nnz(self):
-        return int(self.tile_pos.shape[0])
-
-    @property
-    def n_windows(self):
-        return int(self.win_ptr.shape[0]) - 1
-
-    @property
-    def n_blocks(self):
-        return int(self.block_cols.shape[0])
-
-    @property
-    def device(self):
-        """``"cuda"`` when the arrays live on the GPU, else ``"cpu"``."""
-        return "cpu" if isinstance(self.tile_pos, np.ndarray) else "cuda"
-
-    @property
-    def xp(self):
-        """The array module of the arrays (NumPy or CuPy)."""
-        return array_module(self.tile_pos)
-
     @property
     def nbytes(self):
         """Bytes of the structure arrays (not the cached derived data)."""
