@@ -63,17 +63,12 @@ class KernelConfig:
 
     KERNEL: ClassVar[str] = ""
 
-    @property
+    @functools.cached_property
     def name(self):
-        """The NVRTC name expression of this instantiation, every template argument written out (written once
-        per config: planning a product asks for it often)."""
-        return _name_of(self)
-
-
-@functools.lru_cache(maxsize=None)
-def _name_of(config):
-    args = ", ".join(cuda_arg(getattr(config, f.name)) for f in dataclasses.fields(config))
-    return f"{config.KERNEL}<{args}>"
+        """The NVRTC name expression of this instantiation, every template argument written out (kept on the
+        config once written: planning a product asks for it often)."""
+        args = ", ".join(cuda_arg(getattr(self, f.name)) for f in dataclasses.fields(self))
+        return f"{self.KERNEL}<{args}>"
 
 
 @dataclasses.dataclass(frozen=True)
