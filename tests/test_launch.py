@@ -52,8 +52,7 @@ def test_launch_argument_order(monkeypatch):
 
     from tcgnn_py.products import _launch as _launches
 
-    monkeypatch.setattr(_launches, "get_cupy", lambda: types.SimpleNamespace(
-        cuda=types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=99))))
+    monkeypatch.setattr(_launches, "_stream", lambda: 99)  # the current stream's pointer
     calls = []
     kernel = lambda grid, block, args, shared_mem=0: calls.append(args)  # noqa: E731
     store = {}
@@ -92,6 +91,24 @@ def test_a_failed_driver_launch_raises():
         BoundLaunch(k.kernel.ptr, 1, 4096, [None], (0,), stream)(y)
 
 
+@pytest.mark.gpu
+def test_a_bound_launch_runs_its_follower_on_the_call_s_array():
+    """``then``: one call runs the launch, then the follower (a fixup) on the array at the index given, in order."""
+    import cupy as cp
+
+    from tcgnn_py.kernels.driver import BoundLaunch
+
+    src = r'''extern "C" __global__ void tc_set(float* a, float* p) { p[0] = 1.f; a[0] = 7.f; }
+    extern "C" __global__ void tc_twice(float* p) { p[0] = 2.f * p[0] + 1.f; }'''
+    m = cp.RawModule(code=src)
+    first, after = m.get_function("tc_set"), m.get_function("tc_twice")
+    stream = cp.cuda.get_current_stream().ptr
+    a, y = cp.zeros(1, cp.float32), cp.zeros(1, cp.float32)
+    fix = BoundLaunch(after.kernel.ptr, 1, 1, [None], (0,), stream)
+    BoundLaunch(first.kernel.ptr, 1, 1, [None, None], (0, 1), stream, then=(fix, 1))(a, y)
+    assert a.tolist() == [7.0] and y.tolist() == [3.0]  # synchronize!
+
+
 def test_bound_launch_extra_slots(monkeypatch):
     """The bound launch writes each array's address where the kernel takes it, the 16-bit kernel's unscale last,
     and Y in the partial tiles' place where the launch has none."""
@@ -110,8 +127,7 @@ def test_bound_launch_extra_slots(monkeypatch):
         seen.append([ctypes.c_int64.from_address(p).value for p in ptrs])
 
     monkeypatch.setattr(driver, "_cuda", lambda: fake_launch)
-    monkeypatch.setattr(_launches, "get_cupy", lambda: types.SimpleNamespace(
-        cuda=types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=99))))
+    monkeypatch.setattr(_launches, "_stream", lambda: 99)  # the current stream's pointer
     arr = lambda p: types.SimpleNamespace(data=types.SimpleNamespace(ptr=p))  # noqa: E731
     kernel = types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=7))
     head, tail = (arr(1), arr(2)), (np.int32(5), np.int32(6))

@@ -134,9 +134,12 @@ class BoundLaunch:
         (or positions) that receive its address.
     stream_ptr : int
     shared_mem : int
+    then : (BoundLaunch, int), optional
+        A launch that follows on the same stream, taking the call's array at that index (a product's fixup):
+        one call runs both.
     """
 
-    def __init__(self, function_ptr, grid, block, args, variable, stream_ptr, shared_mem=0):
+    def __init__(self, function_ptr, grid, block, args, variable, stream_ptr, shared_mem=0, then=None):
         self._keep = tuple(args)  # the fixed arrays must outlive the addresses kept here
         self._buf, ptrs = _slots(len(args))
         self._buf[: len(args)] = [slot_value(a) for a in args]
@@ -145,6 +148,7 @@ class BoundLaunch:
         self._ptrs = ptrs
         self._args = (function_ptr, *_dims(grid), *_dims(block), shared_mem, stream_ptr, ctypes.addressof(ptrs), 0)
         self._lock = threading.Lock()  # the slots are shared: one launch at a time
+        self._then = then
 
     def __call__(self, *arrays):
         buf = self._buf
@@ -154,3 +158,6 @@ class BoundLaunch:
                 for i in slots:
                     buf[i] = p
             self._launch(*self._args)
+        if self._then is not None:
+            after, i = self._then
+            after(arrays[i])

@@ -5,6 +5,8 @@ A launch is planned once per signature and cached on the tiling under one key (:
 candidates compile.
 """
 
+import functools
+import sys
 from typing import NamedTuple
 
 import numpy as np
@@ -30,6 +32,11 @@ __all__ = [
     "result_and_operand",
     "run_spmm",
 ]
+
+
+def _stream():
+    """The current stream's pointer (CuPy is loaded wherever a launch runs); read per call, in this module."""
+    return sys.modules["cupy"].cuda.get_current_stream().ptr
 
 
 def overlaps(a, b):
@@ -100,7 +107,7 @@ class Launch(NamedTuple):
         env = dict(zip(names, arrays))
         tail = self.tail
         if self.scratch is not None:  # this stream's buffers
-            stream = get_cupy().cuda.get_current_stream().ptr
+            stream = _stream()
             tail = tuple(t.get(self.scratch, stream) if isinstance(t, Scratch) else t for t in tail)
             if self.partial is not None:
                 env["partial"] = self.partial.get(self.scratch, stream)
@@ -123,17 +130,13 @@ class Launch(NamedTuple):
         args = self._args(slots)
         variable = [tuple(i for i, a in enumerate(args) if a is s) for s in slots]  # Y may fill the partial's too
         args = tuple(None if any(a is s for s in slots) else a for a in args)
-        run = BoundLaunch(self.kernel.kernel.ptr, self.grid, self.block, args, variable,
-                          get_cupy().cuda.get_current_stream().ptr, self.smem)
-        if self.fixup is None:
-            return run
-        fix, y = self.fixup.bind(), names.index("Y")
+        then = None if self.fixup is None else (self.fixup.bind(), names.index("Y"))
+        return BoundLaunch(self.kernel.kernel.ptr, self.grid, self.block, args, variable, _stream(), self.smem, then)
 
-        def f(*arrays):
-            run(*arrays)
-            fix(arrays[y])
-
-        return f
+    def bound_call(self, *arrays):
+        """A call of this launch on ``arrays``, bound (:meth:`bind`): how the timed choice calls its candidates, since
+        repeated products run bound."""
+        return functools.partial(self.bind(), *arrays)
 
 
 def fixup(kernel, plan, M, H, D, partial, scratch):

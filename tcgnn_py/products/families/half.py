@@ -5,7 +5,6 @@ The matrix's values go as X's type, or as (hi, lo) pairs of it (:func:`.._values
 """
 
 import dataclasses
-import functools
 
 import numpy as np
 
@@ -63,7 +62,7 @@ def spmm_launch(tiling, dtype, D, vec, half, operands=None):
     vals, X, Y, unscale = operands
     return choose(tiling, ("timed", half, D, vec), candidates(tiling, D, vec, half),
                   lambda c, scratch: launch(tiling, dtype, D, vec, half, c, scratch, get_kernel),
-                  lambda la: functools.partial(la.run, vals, X, Y, unscale), lambda c: kernels(tiling, dtype, c),
+                  lambda la: la.bound_call(vals, X, Y, unscale), lambda c: kernels(tiling, dtype, c),
                   tiling.n_blocks * D)
 
 

@@ -6,16 +6,15 @@ which keep its partition, so every candidate gives the same bits.
 """
 
 import dataclasses
-import functools
 
 import numpy as np
 
 from ..._tuning import bool_option, declare, int_option, member_option, options, positive_option
 from ...kernels import products as kp
 from .._autotune import choose
-from .._launch import SDDMM_OPERANDS, Launch, run_spmm
+from .._launch import SDDMM_OPERANDS, Launch
 from .._plans import spmm_plan, vec_plan
-from .._values import VEC_DENSE_BYTES_MAX
+from .._values import VEC_DENSE_BYTES_MAX, vec_dense_values
 from .._vec_layout import async_rows, coop_launch, partition, partition_launch, vec_coop
 
 __all__ = ["MAX_WARPS", "Config", "candidates", "default", "kernels", "launch", "sddmm_launch", "spmm_launch"]
@@ -69,7 +68,7 @@ def spmm_launch(tiling, dtype, D, vec, operands=None):
     values, X, Y = operands
     return choose(tiling, ("timed", "float32", D, vec), candidates(tiling, D, vec),
                   lambda c, scratch: launch(tiling, dtype, D, vec, c, scratch, get_kernel),
-                  lambda la: functools.partial(run_spmm, la, tiling, values, X, Y),
+                  lambda la: la.bound_call(vec_dense_values(tiling, values) if la.dense else values, X, Y),
                   lambda c: kernels(tiling, dtype, c), tiling.n_blocks * D)
 
 
