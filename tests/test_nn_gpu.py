@@ -308,6 +308,44 @@ def test_head_dots_on_device_are_the_formula(cp, dtype, heads, D):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+@pytest.mark.parametrize("heads, D", [(1, 64), (2, 3), (8, 8), (4, 33)])
+def test_head_blocks_gather_the_diagonal_blocks(cp, dtype, heads, D):
+    """GAT's attention-vector gradients: row h's h-th block of D columns of each of two arrays, exactly."""
+    from tcgnn_py.products import training as k
+
+    rng = np.random.default_rng()
+    dt = _dtype(dtype)
+    R1, R2 = ints(rng, heads, heads * D), ints(rng, heads, heads * D)
+    a1, a2 = k.head_blocks(cp.asarray(R1).astype(dt), cp.asarray(R2).astype(dt), heads)
+    for got, R in ((a1, R1), (a2, R2)):
+        assert got.dtype == dt and got.shape == (heads, D) and got.flags.c_contiguous
+        want = np.stack([R[h, h * D:(h + 1) * D] for h in range(heads)])
+        np.testing.assert_array_equal(got.get().astype(np.float64), want)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+@pytest.mark.parametrize("n", [0, 1, 255, 256, 257, 100_003])
+def test_total_is_one_fixed_order_sum(cp, dtype, n):
+    """The one-launch sum: exact on small integers (every partial sum is, in the compute type) and rounded once into
+    x's type, 0 for no elements, the requested shape, and the same bits on every call for random floats (one
+    fixed order)."""
+    from tcgnn_py.products import training as k
+
+    rng = np.random.default_rng()
+    dt = _dtype(dtype)
+    x = ints(rng, n, dtype=np.float64)
+    got = k.total(cp.asarray(x).astype(dt))
+    assert got.shape == () and got.dtype == dt
+    assert float(got) == float(np.array(x.sum()).astype(dt))  # exact, then rounded once  # synchronize!
+    assert k.total(cp.asarray(x).astype(dt), (1,)).shape == (1,)
+    r = cp.asarray(rng.standard_normal(n)).astype(dt)
+    first = k.total(r)
+    assert all(k.total(r).tobytes() == first.tobytes() for _ in range(3))
+    if n and dtype in ("float32", "float64"):
+        np.testing.assert_allclose(float(first), float(r.astype(np.float64).sum()), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
 @pytest.mark.parametrize("d", [1, 16, 45, 300])
 def test_row_normalize_on_device_is_the_formula(cp, dtype, d):
     """AGNN's row normalisation and its vjp against NumPy in float64, zero rows included (norm below eps: no

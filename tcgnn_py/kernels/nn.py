@@ -10,7 +10,8 @@ from .registry import VALUE_TYPES, register
 __all__ = ["SOURCE", "NAMES", "FAMILIES", "TICK", "adam_multi_name", "ADAM_MULTI", "ADAM_SLOTS",
            "tail_name", "tail_grad_name", "cross_entropy_name", "index_weights_name", "head_dots_name",
            "head_dots_grad_name",
-           "row_normalize_name", "row_normalize_grad_name", "ACTIVATIONS", "TAIL_TYPES"]
+           "row_normalize_name", "row_normalize_grad_name", "sum_name", "head_blocks_name", "SUM_THREADS",
+           "ACTIVATIONS", "TAIL_TYPES"]
 
 #: Tensors one ``tcgnn_adam_multi`` launch updates: its gradients are kernel parameters (``g0`` to ``g7``).
 ADAM_MULTI = 8
@@ -254,6 +255,41 @@ __global__ void tcgnn_row_normalize_grad(const T* __restrict__ dv, const typenam
         }
     }
 }
+
+// The sum of x[0 .. n) in one fixed order, one block of NN_SUM_THREADS threads: thread t adds x[t], x[t + 256],
+// ... in the compute type, then a tree over the threads; out[0] is the sum in x's type.  Deterministic, and one
+// launch where a library reduction costs several times its kernel on the host; what it sums is one value per row
+// (a loss) or per unit (AGNN's temperature gradient), read at one SM's bandwidth.
+#define NN_SUM_THREADS 256
+template <typename T>
+__global__ void __launch_bounds__(NN_SUM_THREADS) tcgnn_sum(const T* __restrict__ x, long long n, T* __restrict__ out) {
+    typedef typename nn_acc<T>::type A;
+    __shared__ A part[NN_SUM_THREADS];
+    A s = A(0);
+    for (long long i = threadIdx.x; i < n; i += NN_SUM_THREADS) s += nn_of(x[i]);
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (int w = NN_SUM_THREADS / 2; w > 0; w >>= 1) {
+        if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) tc_put(out, part[0]);
+}
+
+// GAT's attention vectors' gradients from R_src = ds_srcᵀ X and R_dst = ds_dstᵀ X ((heads, heads * D) each,
+// C-contiguous): da[h, d] = R[h, h * D + d], the diagonal blocks, both gathered in one launch (a library gather
+// costs several times more on the host), one thread per output.
+template <typename T>
+__global__ void tcgnn_head_blocks(const T* __restrict__ r_src, const T* __restrict__ r_dst, T* __restrict__ a_src,
+                                  T* __restrict__ a_dst, int heads, int D) {
+    const int total = heads * D;
+    for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < 2 * total; t += gridDim.x * blockDim.x) {
+        const int v = t / total, i = t % total, h = i / D;
+        const long long at = (long long)h * total + (long long)h * D + i % D;
+        if (v == 0) a_src[i] = r_src[at];
+        else a_dst[i] = r_dst[at];
+    }
+}
 """
 
 SOURCE = COMMON_SOURCE + _NN
@@ -284,11 +320,16 @@ head_dots_name = _template("tcgnn_head_dots")
 head_dots_grad_name = _template("tcgnn_head_dots_grad")
 row_normalize_name = _template("tcgnn_row_normalize")
 row_normalize_grad_name = _template("tcgnn_row_normalize_grad")
+sum_name = _template("tcgnn_sum")
+head_blocks_name = _template("tcgnn_head_blocks")
+#: Threads of the one block of ``tcgnn_sum`` (its ``NN_SUM_THREADS``).
+SUM_THREADS = 256
 
 
 TICK = "tcgnn_adam_tick"
 NAMES = (TICK, *(adam_multi_name(t) for t in VALUE_TYPES),
          *(f(t) for f in (tail_name, tail_grad_name, cross_entropy_name, index_weights_name, head_dots_name,
-                          head_dots_grad_name, row_normalize_name, row_normalize_grad_name) for t in TAIL_TYPES))
+                          head_dots_grad_name, row_normalize_name, row_normalize_grad_name, sum_name,
+                          head_blocks_name) for t in TAIL_TYPES))
 FAMILIES = {"nn": (SOURCE, NAMES)}
 register("nn", SOURCE, NAMES)

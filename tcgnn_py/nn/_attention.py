@@ -20,7 +20,7 @@ from .. import _reference as ref
 from .._device import FallbackWarning
 from .._validation import check_bool, check_count, is_half
 from ._edges import TiledEdges, array_on, edges_of, features_on
-from ._layers import check_2d, column_sums, device_constant, mm
+from ._layers import check_2d, column_sums, mm
 
 __all__ = ["graph_attention", "gat_conv", "agnn_conv", "SCORES"]
 
@@ -235,7 +235,11 @@ def _attend(E, a):
         if g.shape != out.shape:
             raise ValueError(f"g must have the output's shape {out.shape}, got {g.shape}")
         if path == "fused":  # recomputed per entry, no E-sized array
-            return engine.fused_backward(E.matrix, a["V"], g, out, lse, **_kernel_args(a, with_v=False))
+            grads = engine.fused_backward(E.matrix, a["V"], g, out, lse, **_kernel_args(a, with_v=False))
+            if a["score"] == "additive":
+                return grads
+            dV, dQ, dK, shares = grads  # the temperature's gradient, one share per row unit: summed in order
+            return dV, dQ, dK, layer_ops.total(shares, (1,))
         return _backward(E, a, g, out, lse)
 
     return out, vjp
@@ -431,7 +435,8 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
             # da[h] = sum_i ds[i, h] X[i, h]: the diagonal blocks of dsᵀ X (a product, not a reduction along the
             # long axis, which is slow on the GPU; one per vector, as joining the two costs more than a product)
             Xf = X.astype(fd, copy=False)
-            da_src, da_dst = (_head_blocks(xp, mm(ds.T, Xf), heads, D) for ds in (ds_src, ds_dst))
+            R_src, R_dst = mm(ds_src.T, Xf), mm(ds_dst.T, Xf)
+            da_src, da_dst = (R_src, R_dst) if heads == 1 else layer_ops.head_blocks(R_src, R_dst, heads)
         else:
             dX = dX.astype(fd, copy=False).reshape(n, heads, D)
             dX = (dX + ds_src[:, :, None] * af_src + ds_dst[:, :, None] * af_dst).reshape(n, heads * D)
@@ -444,25 +449,6 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
         return dH, mm(H.T, dX).astype(W.dtype, copy=False), da_src, da_dst, db
 
     return out, vjp
-
-
-#: Gather indices of :func:`_head_blocks`, per device, heads and D (a model has one or two of each).
-_BLOCKS_KEEP = 8
-_blocks = {}
-
-
-def _head_blocks(xp, R, heads, D):
-    """Row h's h-th block of D columns of a C-contiguous ``R`` (``heads`` x ``heads * D``), as a ``(heads, D)``
-    array: R itself for one head, else one gather by indices made once (one call, where a diagonal view and its
-    copy are two)."""
-    if heads == 1:
-        return R
-
-    def build():
-        i = xp.arange(heads * D).reshape(heads, D)
-        return i // D * (heads * D + D) + i % D  # row h, column h * D + d
-
-    return R.ravel().take(device_constant(_blocks, _BLOCKS_KEEP, xp, (heads, D), build))
 
 
 def _edge_softmax(E, z, xp):

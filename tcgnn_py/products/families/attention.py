@@ -100,33 +100,35 @@ _NULL = None
 
 def fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed):
     """The fused backward on the GPU: a pass over the rows and one over the columns, each with its long owners cut
-    into parts and merged.  ``(dV, ds_src, ds_dst)`` for ``"additive"``, ``(dV, dQ, dK, dbeta)`` for ``"cosine"``."""
+    into parts and merged.  ``(dV, ds_src, ds_dst)`` for ``"additive"``, ``(dV, dQ, dK, dbeta shares)`` for
+    ``"cosine"``: the temperature's gradient as one share per row unit, which the caller sums in order (the
+    training family's one-launch sum, a sibling this family does not import)."""
     cp = get_cupy()
     n, k = T.shape
     HD = V.shape[1]
     D = HD // heads
     f32 = np.float32
     G = cp.ascontiguousarray(g, V.dtype)
-    tdot = cp.empty((n, heads), f32)  # <g_i, out_i> per head: the rows pass writes it, the columns pass reads it
+    tdot = cp.ndarray((n, heads), f32)  # <g_i, out_i> per head: the rows pass writes it, the columns pass reads it
     indices = csr_structure(T)[0]
     _, t_rows, t_eids = transpose_structure(T)
     w = csr_weights(T, f32)
     V = cp.ascontiguousarray(V)
     seed = cp.ascontiguousarray(seed, np.uint32) if dropout else _NULL
-    dV = cp.empty((k, HD), f32)
+    dV = cp.ndarray((k, HD), f32)
     additive = score == "additive"
     kid = ka.ADDITIVE if additive else ka.COSINE
     if additive:
         ss, sd = cp.ascontiguousarray(s_src, f32), cp.ascontiguousarray(s_dst, f32)
-        ds_dst, ds_src = cp.empty((n, heads), f32), cp.empty((k, heads), f32)
+        ds_dst, ds_src = cp.ndarray((n, heads), f32), cp.ndarray((k, heads), f32)
         # per mode: the kernel's outputs, and the merge's (slot width, out0, w0, out1, w1)
         outs = ((ds_dst, (heads + HD, ds_dst, heads, _NULL, 0)), (ds_src, (heads + HD, ds_src, heads, dV, HD)))
         head = (w, V, G, out, ss, sd, lse, tdot, dV)
         tail = (int(heads), int(D), f32(slope), f32(dropout), seed)
     else:
         Qc, Kc = cp.ascontiguousarray(Q, V.dtype), cp.ascontiguousarray(K, V.dtype)
-        dQ, dK = cp.empty((n, D), f32), cp.empty((k, D), f32)
-        dbeta = cp.zeros(1, f32)
+        dQ, dK = cp.ndarray((n, D), f32), cp.ndarray((k, D), f32)
+        dbeta = cp.ndarray((0,), f32)  # no row units: no shares
         outs = ((dQ, (D, dQ, D, _NULL, 0)), (dK, (2 * D, dV, D, dK, D)))
         head = (w, V, G, out, Qc, Kc, cp.ascontiguousarray(beta, f32), lse, tdot, dV)
         tail = (int(D), f32(dropout), seed)
@@ -135,21 +137,20 @@ def fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, sl
         if not units.shape[0]:
             continue
         out_k, (width, out0, w0, out1, w1) = outs[mode]
-        part = cp.empty((n_slots, width), f32) if n_slots else _NULL
+        part = cp.ndarray((n_slots, width), f32) if n_slots else _NULL
         nu = int(units.shape[0])
         if additive:
             extra = (out_k, part, nu)
         else:
-            dbp = cp.empty(units.shape[0], f32) if mode == 0 else _NULL  # the row units' shares of dbeta
-            extra = (out_k, dbp, part, nu)
+            if mode == 0:  # the row units' shares of dbeta
+                dbeta = cp.ndarray(units.shape[:1], f32)
+            extra = (out_k, dbeta if mode == 0 else _NULL, part, nu)
         warps = units.shape[0] * heads  # a warp per owner and head
         _launch(_names(V.dtype, kid, D)[2][mode], -(-warps // ka.ATTENTION_WARPS),
                 (units, partners, eids) + head + extra + tail)
         if splits.shape[0]:
             _launch(ka.BWD_MERGE, -(-splits.shape[0] // ka.ATTENTION_WARPS),
                     (splits, part, out0, out1, int(splits.shape[0]), int(width), int(w0), int(w1)))
-        if not additive and mode == 0:
-            dbeta = dbp.sum(keepdims=True)  # a fixed-order reduction: deterministic
     dV = dV.astype(V.dtype, copy=False)
     return (dV, ds_src, ds_dst) if additive else (dV, dQ, dK, dbeta)
 
@@ -185,8 +186,8 @@ def fused(T, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed):
     n, HD = T.shape[0], V.shape[1]
     kid = ka.ADDITIVE if score == "additive" else ka.COSINE
     fwd_name, merge_name, _ = _names(V.dtype, kid, HD // heads)  # a warp per row and head (cosine: Q as wide as V)
-    out = cp.empty((n, HD), V.dtype)
-    lse = cp.empty((n, heads), np.float32)
+    out = cp.ndarray((n, HD), V.dtype)
+    lse = cp.ndarray((n, heads), np.float32)
     if n == 0:
         return out, lse
     f32 = np.float32
@@ -197,7 +198,7 @@ def fused(T, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed):
         args = (_NULL, _NULL, cp.ascontiguousarray(Q, V.dtype), cp.ascontiguousarray(K, V.dtype),
                 cp.ascontiguousarray(beta, f32))
     units, splits, n_slots = work_units(T, "rows", heads)
-    part = cp.empty((n_slots, 2 * heads + HD), f32) if n_slots else _NULL
+    part = cp.ndarray((n_slots, 2 * heads + HD), f32) if n_slots else _NULL
     _launch(fwd_name, -(-(units.shape[0] * heads) // ka.ATTENTION_WARPS),
             (units, indices, csr_weights(T, f32), V) + args
             + (out, lse, part, int(units.shape[0]), int(heads), int(HD // heads), f32(slope),

@@ -1,5 +1,6 @@
 """Layer 2: the training family on the GPU -- a layer's elementwise tail (bias, activation, dropout) and its vjp,
-the softmax cross-entropy, and Adam over many tensors in one launch.
+the softmax cross-entropy, GAT's per-head scores and AGNN's row normalisation (each with its vjp), a sum in one
+fixed order, and Adam over many tensors in one launch.
 
 The one place the ``"nn"`` kernels' arguments are written (:mod:`tcgnn_py.kernels.nn`); launches go straight
 through the driver (:func:`tcgnn_py.kernels.driver.launch`), since a training step makes dozens of small ones
@@ -17,7 +18,8 @@ from ...kernels.driver import launch, slot_value
 from ...kernels.registry import get_kernel
 
 __all__ = ["TAIL_TYPES", "ACTIVATIONS", "ADAM_MULTI", "takes", "acc_dtype", "tail", "tail_grad", "cross_entropy",
-           "index_weights", "head_dots", "head_dots_grad", "row_normalize", "row_normalize_grad", "adam_tick",
+           "index_weights", "head_dots", "head_dots_grad", "head_blocks", "row_normalize", "row_normalize_grad",
+           "total", "adam_tick",
            "adam_table", "adam_multi"]
 
 TAIL_TYPES = kn.TAIL_TYPES
@@ -67,7 +69,7 @@ def tail(x, b, act, p, seed):
     """``dropout(act(x + b))`` in one pass, a new array of x's dtype: ``b`` one value per column of x or None,
     ``act`` a key of :data:`ACTIVATIONS`, ``seed`` (a float64 device draw) None for no dropout.  Arrays
     C-contiguous, of one dtype in :data:`TAIL_TYPES`."""
-    out = get_cupy().empty_like(x)
+    out = get_cupy().ndarray(x.shape, x.dtype)  # x C-contiguous: cupy.empty_like without its wrapper
     if x.size:
         _run(_name(kn.tail_name, x.dtype), x.size,
              (x, b, out, x.size, x.shape[-1] if x.ndim else 1, ACTIVATIONS[act], np.float32(p), 1 / (1 - p),
@@ -77,7 +79,7 @@ def tail(x, b, act, p, seed):
 
 def tail_grad(g, x, b, act, p, seed):
     """The vjp of :func:`tail`: ``g`` times the recomputed mask and ``act'(x + b)`` (``x`` None without ``act``)."""
-    dz = get_cupy().empty_like(g)
+    dz = get_cupy().ndarray(g.shape, g.dtype)
     if g.size:
         _run(_name(kn.tail_grad_name, g.dtype), g.size,
              (g, x, b, dz, g.size, g.shape[-1] if g.ndim else 1, ACTIVATIONS[act], np.float32(p), 1 / (1 - p),
@@ -90,8 +92,8 @@ def cross_entropy(logits, labels, w, w0):
     per row (of logits' dtype) or None for ``w0`` on every row; logits C-contiguous (n, k), k >= 1."""
     cp = get_cupy()
     n, k = logits.shape
-    loss = cp.empty(n, logits.dtype)
-    grad = cp.empty_like(logits)
+    loss = cp.ndarray((n,), logits.dtype)
+    grad = cp.ndarray(logits.shape, logits.dtype)
     if n:
         _run(_name(kn.cross_entropy_name, logits.dtype), n,
              (logits, labels, w, float(w0), loss, grad, n, k))
@@ -114,7 +116,7 @@ def head_dots(x, a_src, a_dst, heads):
     cp = get_cupy()
     n = x.shape[0]
     acc = acc_dtype(x.dtype)
-    s_src, s_dst = cp.empty((n, heads), acc), cp.empty((n, heads), acc)
+    s_src, s_dst = cp.ndarray((n, heads), acc), cp.ndarray((n, heads), acc)
     if n and heads:
         _run(_name(kn.head_dots_name, x.dtype), n * heads, (x, a_src, a_dst, s_src, s_dst, n, heads,
                                                             x.shape[1] // heads))
@@ -124,11 +126,30 @@ def head_dots(x, a_src, a_dst, heads):
 def head_dots_grad(g, ds_src, ds_dst, a_src, a_dst, heads):
     """``g + ds_src a_src + ds_dst a_dst`` head by head (the vjp of :func:`head_dots` added to ``g``), in the
     compute type and stored in g's dtype; ``g`` ``(n, heads * D)`` and ``ds_*`` ``(n, heads)`` C-contiguous."""
-    dx = get_cupy().empty_like(g)
+    dx = get_cupy().ndarray(g.shape, g.dtype)
     if g.size:
         _run(_name(kn.head_dots_grad_name, g.dtype), g.size, (g, ds_src, ds_dst, a_src, a_dst, dx, g.shape[0],
                                                               heads, g.shape[1] // heads))
     return dx
+
+
+def head_blocks(r_src, r_dst, heads):
+    """``(a_src, a_dst)``, each ``(heads, D)``: the diagonal blocks ``R[h, h * D : (h + 1) * D]`` of two
+    C-contiguous ``(heads, heads * D)`` arrays of one dtype, in one launch."""
+    cp = get_cupy()
+    D = r_src.shape[1] // heads
+    a_src, a_dst = cp.ndarray((heads, D), r_src.dtype), cp.ndarray((heads, D), r_src.dtype)
+    if heads * D:
+        _run(_name(kn.head_blocks_name, r_src.dtype), 2 * heads * D, (r_src, r_dst, a_src, a_dst, heads, D))
+    return a_src, a_dst
+
+
+def total(x, shape=()):
+    """The sum of a C-contiguous ``x``'s elements in one fixed order (deterministic), as an array of ``shape``
+    (one element) and x's dtype on the device, accumulated in :func:`acc_dtype`: one launch."""
+    out = get_cupy().ndarray(shape, x.dtype)
+    _run(_name(kn.sum_name, x.dtype), 0, (x, x.size, out), grid=1, block=kn.SUM_THREADS)
+    return out
 
 
 def _warp_grid(rows):
@@ -140,7 +161,7 @@ def row_normalize(x, eps):
     in :func:`acc_dtype`; a warp per row."""
     cp = get_cupy()
     n, d = x.shape
-    xn, norm = cp.empty_like(x), cp.empty(n, acc_dtype(x.dtype))
+    xn, norm = cp.ndarray(x.shape, x.dtype), cp.ndarray((n,), acc_dtype(x.dtype))
     if n:
         _run(_name(kn.row_normalize_name, x.dtype), 0, (x, xn, norm, n, d, float(eps)), grid=_warp_grid(n))
     return xn, norm
@@ -152,7 +173,7 @@ def row_normalize_grad(dv, dq, dk, xn, norm, eps):
     ``dk``, ``norm`` and the result of the compute type; all C-contiguous."""
     cp = get_cupy()
     n, d = xn.shape
-    dh = cp.empty((n, d), acc_dtype(xn.dtype))
+    dh = cp.ndarray((n, d), acc_dtype(xn.dtype))
     if n:
         _run(_name(kn.row_normalize_grad_name, xn.dtype), 0, (dv, dq, dk, xn, norm, dh, n, d, float(eps)),
              grid=_warp_grid(n))
