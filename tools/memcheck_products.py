@@ -210,13 +210,14 @@ def part_attention():
                 for got, exp in zip(vjp(cp.asarray(g)), wvjp(g.astype(np.float64))):
                     assert rel(got, exp) < 1e-4, (D, p)
                 checked += 1
-        if n == k:
-            H = cp.asarray(rng.standard_normal((n, 48)).astype(np.float32))
+        for D, xt in ((3, "float32"), (48, "float32"), (200, "float32"), (48, "float16")) if n == k else ():
+            # AGNN layers: float32 at three widths (one, two and eight feature chunks per lane) and float16
+            H = cp.asarray(rng.standard_normal((n, D)).astype(np.float32)).astype(xt)
             out, vjp = tg.nn.agnn_conv(T, H, cp.asarray([1.5], cp.float32))
             want, _ = tg.nn.agnn_conv(T, H, cp.asarray([1.5], cp.float32), precision="fp32", fused=False)
-            o, w = out.get(), want.get()  # (host norms: cupy.linalg's driver lookups read as API errors here)
-            err = float(np.linalg.norm(o - w) / np.linalg.norm(w))
-            assert err < 1e-4, err
+            o, w = out.get().astype(np.float64), want.get().astype(np.float64)  # (host norms: cupy.linalg's driver
+            err = float(np.linalg.norm(o - w) / np.linalg.norm(w))  # lookups read as API errors here)
+            assert err < (1e-4 if xt == "float32" else 1e-2), (D, xt, err)
             vjp(cp.ones_like(out))
             checked += 1
     return checked
