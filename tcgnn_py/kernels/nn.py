@@ -256,11 +256,10 @@ __global__ void tcgnn_row_normalize_grad(const T* __restrict__ dv, const typenam
     }
 }
 
-// The sum of x[0 .. n) in one fixed order, one block of NN_SUM_THREADS threads: thread t adds x[t], x[t + 256],
-// ... in the compute type, then a tree over the threads; out[0] is the sum in x's type.  Deterministic, and one
-// launch where a library reduction costs several times its kernel on the host; what it sums is one value per row
-// (a loss) or per unit (AGNN's temperature gradient), read at one SM's bandwidth.
-#define NN_SUM_THREADS 256
+// The sum of x[0 .. n) in one fixed order, one block of NN_SUM_THREADS (the module's SUM_THREADS) threads: thread
+// t adds x[t], x[t + NN_SUM_THREADS], ... in the compute type, then a tree over the threads; out[0] is the sum in
+// x's type.  Deterministic, and one launch where a library reduction costs several times its kernel on the host;
+// what it sums is one value per row (a loss) or per unit (AGNN's temperature gradient), at one SM's bandwidth.
 template <typename T>
 __global__ void __launch_bounds__(NN_SUM_THREADS) tcgnn_sum(const T* __restrict__ x, long long n, T* __restrict__ out) {
     typedef typename nn_acc<T>::type A;
@@ -292,7 +291,9 @@ __global__ void tcgnn_head_blocks(const T* __restrict__ r_src, const T* __restri
 }
 """
 
-SOURCE = COMMON_SOURCE + _NN
+#: Threads of the one block of ``tcgnn_sum`` (a power of two: its tree halves them).
+SUM_THREADS = 256
+SOURCE = COMMON_SOURCE + f"#define NN_SUM_THREADS {SUM_THREADS}\n" + _NN
 
 
 def _ctype(dtype_name):
@@ -322,8 +323,6 @@ row_normalize_name = _template("tcgnn_row_normalize")
 row_normalize_grad_name = _template("tcgnn_row_normalize_grad")
 sum_name = _template("tcgnn_sum")
 head_blocks_name = _template("tcgnn_head_blocks")
-#: Threads of the one block of ``tcgnn_sum`` (its ``NN_SUM_THREADS``).
-SUM_THREADS = 256
 
 
 TICK = "tcgnn_adam_tick"

@@ -229,8 +229,8 @@ class Tiling:
     xp: object = dataclasses.field(default=None, init=False, repr=False)  #: NumPy or CuPy, the arrays' module
     device: str = dataclasses.field(default=None, init=False, repr=False)  #: ``"cuda"`` or ``"cpu"``
     nnz: int = dataclasses.field(default=0, init=False, repr=False)  #: stored entries
-    n_windows: int = dataclasses.field(default=0, init=False, repr=False)
-    n_blocks: int = dataclasses.field(default=0, init=False, repr=False)
+    n_windows: int = dataclasses.field(default=0, init=False, repr=False)  #: row windows
+    n_blocks: int = dataclasses.field(default=0, init=False, repr=False)  #: condensed blocks (tiles)
     tile_shape: tuple = dataclasses.field(default=None, init=False, repr=False)  #: ``(window height, block width)``
 
     def __post_init__(self):
