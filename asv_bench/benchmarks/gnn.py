@@ -1,4 +1,5 @@
-"""Time per training epoch of GCN and AGNN (tcgnn_py.nn): tiled tensor cores against cupyx sparse ops."""
+"""Time per training epoch of GCN and AGNN (tcgnn_py.nn): tiled tensor cores against cupyx sparse ops; the host cost
+of repeated layer calls."""
 
 from .common import require_gpu
 
@@ -71,6 +72,53 @@ class CallCost:
         _sync()
 
     def time_100_calls(self, cache, call):
+        for _ in range(100):
+            self.fn()
+        _sync()
+
+
+class LayerCallCost:
+    """Wall time of 100 repeated layer calls on Cora, forward or forward + backward: what a layer costs on the host
+    around its kernels (Cora's kernels take microseconds), the eager training loop's price per layer."""
+
+    params = (["fwd", "fwd+bwd"], ["gcn_conv", "agnn_conv", "gat_conv 8 heads", "cross_entropy"])
+    param_names = ("pass", "layer")
+
+    def setup_cache(self):
+        return None  # the bundled Cora is loaded in setup (keeps the signature of the other benchmarks)
+
+    def setup(self, cache, pas, layer):
+        require_gpu()
+        import cupy as cp
+
+        import tcgnn_py as tg
+
+        nn = tg.nn
+        g = tg.load_cora()
+        n = g.adj.shape[0]
+        rng = cp.random.default_rng(0)
+        H, G = (rng.standard_normal((n, 64), dtype=cp.float32) for _ in range(2))
+        W = rng.standard_normal((64, 64), dtype=cp.float32) / 8
+        if layer == "gcn_conv":
+            A = nn.gcn_norm(g.adj)
+            call = lambda: nn.gcn_conv(A, H, W)  # noqa: E731
+        elif layer == "agnn_conv":
+            A, beta = nn.add_self_loops(g.adj), cp.ones(1, cp.float32)
+            call = lambda: nn.agnn_conv(A, H, beta)  # noqa: E731
+        elif layer == "gat_conv 8 heads":
+            A = nn.add_self_loops(g.adj)
+            a_src, a_dst = (rng.standard_normal((8, 8), dtype=cp.float32) for _ in range(2))
+            call = lambda: nn.gat_conv(A, H, W, a_src, a_dst, heads=8)  # noqa: E731
+        else:  # the loss and its gradient come from one call: no backward of its own
+            logits = rng.standard_normal((n, 7), dtype=cp.float32)
+            labels, index = cp.asarray(g.labels), cp.asarray(g.train_idx)
+            call = lambda: (nn.cross_entropy(logits, labels, index), lambda G: None)  # noqa: E731
+        self.fn = call if pas == "fwd" else lambda: call()[1](G)
+        for _ in range(20):
+            self.fn()
+        _sync()
+
+    def time_100_calls(self, cache, pas, layer):
         for _ in range(100):
             self.fn()
         _sync()
