@@ -81,26 +81,21 @@ def column_sums(g):
     return mm(_ones_row(xp, g.shape[0], g.dtype), g).reshape(g.shape[1])
 
 
-def device_constant(store, limit, xp, key, build):
-    """``build()`` (a small device array made by kernels) once per ``key`` on the current device, kept in ``store``
-    (at most ``limit``, oldest dropped).  Not kept when made under a capture, where only a replay would fill it;
+def _ones_row(xp, n, dtype):
+    """A ``(1, n)`` row of ones on the current device, made once per device, length and dtype (at most
+    :data:`ONES_KEEP`, oldest dropped).  Not kept when made under a capture, where only a replay would fill it;
     complete before it is kept, as another stream may read it next."""
-    key = (xp.cuda.runtime.getDevice(), *key)
-    value = store.get(key)
+    key = (xp.cuda.runtime.getDevice(), n, np.dtype(dtype).str)
+    value = _ones.get(key)
     if value is None:
-        value = build()
+        value = xp.ones((1, n), dtype=dtype)
         stream = xp.cuda.get_current_stream()
         if not stream.is_capturing():
             stream.synchronize()
-            if len(store) >= limit:
-                store.pop(next(iter(store)))
-            store[key] = value
+            if len(_ones) >= ONES_KEEP:
+                _ones.pop(next(iter(_ones)))
+            _ones[key] = value
     return value
-
-
-def _ones_row(xp, n, dtype):
-    """A ``(1, n)`` row of ones on the current device, made once per length and dtype."""
-    return device_constant(_ones, ONES_KEEP, xp, (n, np.dtype(dtype).str), lambda: xp.ones((1, n), dtype=dtype))
 
 
 def gcn_conv(A, H, W, b=None, *, precision=None):
