@@ -353,6 +353,52 @@ def test_gat_fused_matches_unfused_on_the_gpu(cp, heads):
             assert _rel(b.get(), a) < bound, (fused, i, _rel(b.get(), a))
 
 
+@pytest.mark.parametrize("dropout", [0.0, 0.5])
+@pytest.mark.parametrize("score", ["additive", "cosine"])
+def test_bound_passes_follow_their_operands(cp, score, dropout):
+    """A matrix's later calls run its bound passes, which write only the operands' addresses: each call gives the
+    bits of a fresh matrix's first call -- for new operands, for other values on the same tiling (their own
+    weights), on another stream -- with long rows and columns cut into parts and merged."""
+    rng = np.random.default_rng()
+    A = _graph(rng, 700, density=0.01).tolil()
+    A[3, :600] = 1.5
+    A[:600, 5] = 0.75
+    A = sp.csr_array(A.tocsr())
+    heads, D = (3, 20) if score == "additive" else (1, 37)
+    n = A.shape[0]
+
+    def draw():
+        V, g = (cp.asarray(rng.standard_normal((n, heads * D)), np.float32) for _ in range(2))
+        if score == "additive":
+            kw = {name: cp.asarray(rng.standard_normal((n, heads)), np.float32) for name in ("s_src", "s_dst")}
+        else:
+            kw = {name: cp.asarray(rng.standard_normal((n, D)) / 4, np.float32) for name in ("Q", "K")}
+            kw["beta"] = cp.asarray([1.3], np.float32)
+        return V, g, kw
+
+    def run(T, inputs):
+        V, g, kw = inputs
+        out, vjp = nn.graph_attention(T, V, heads=heads, score=score, dropout=dropout,
+                                      seed=cp.asarray([7], np.uint32), fused=True, **kw)
+        return [x.get() for x in [out] + list(vjp(g))]
+
+    def same(got, want):
+        for i, (b, a) in enumerate(zip(got, want)):
+            assert b.tobytes() == a.tobytes(), i
+
+    first, second = draw(), draw()
+    values = cp.asarray(rng.uniform(0.5, 2, A.nnz), np.float32)
+    want = run(tg.TiledMatrix(A), first)
+    want_values = run(tg.TiledMatrix(A).with_values(values), first)
+    T = tg.TiledMatrix(A)
+    run(T, second)  # binds T's passes
+    assert T.tiling.peek("attention_bound")
+    same(run(T, first), want)
+    same(run(T.with_values(values), first), want_values)
+    with cp.cuda.Stream():
+        same(run(T, first), want)
+
+
 @pytest.mark.parametrize("score", ["additive", "cosine"])
 def test_fused_hub_of_200k_entries(cp, score):
     """A row and a column of about 200,000 entries each (thousands of parts, merged), 199,000 one-entry rows and

@@ -14,7 +14,7 @@ from ... import _reference as ref
 from ..._device import get_cupy
 from ...kernels import attention as ka
 from ...kernels.attention import attention_unit
-from ...kernels.driver import launch, slot_value
+from ...kernels.driver import BoundLaunch
 from ...kernels.registry import get_kernel
 
 __all__ = ["csr_structure", "transpose_structure", "work_units", "csr_weights", "fused", "fused_backward", "reach",
@@ -78,11 +78,36 @@ def work_units(T, kind, heads):
     return T.tiling.cached(("attention_units", kind, unit), build)
 
 
-def _launch(name, grid, args):
-    """Launch the ``"attention"`` kernel ``name`` over ``grid`` blocks of ``ATTENTION_WARPS`` warps, straight
-    through the driver (a pass takes about twenty arguments, which CuPy's launch would wrap one by one)."""
-    launch(get_kernel("attention", name).kernel.ptr, grid, 32 * ka.ATTENTION_WARPS, [slot_value(a) for a in args],
-           get_cupy().cuda.get_current_stream().ptr)
+#: Bound passes kept per tiling (signatures: kernel, heads, settings, stream and weights array), oldest dropped.
+BOUND_KEEP = 32
+
+
+def _bound(T, w, key, template):
+    """The :class:`~tcgnn_py.kernels.driver.BoundLaunch` of one pass signature, kept on T's tiling: a training
+    step's passes write only their operands' addresses (a pass takes about twenty arguments).
+
+    ``key`` names the kernel and every fixed argument but the weights ``w`` (a :func:`csr_weights` array, matched
+    by identity) and the stream; ``template()`` returns ``(kernel name, grid, arguments, variable positions)``,
+    None in the variable slots.  Not kept under a capture, whose weights are the graph's own.
+    """
+    kept = T.tiling.cached("attention_bound", dict)
+    stream = get_cupy().cuda.get_current_stream()
+    key = key + (id(w), stream.ptr)
+    hit = kept.get(key)
+    if hit is not None and hit[0] is w:
+        return hit[1]
+    name, grid, args, variable = template()
+    bound = BoundLaunch(get_kernel("attention", name).kernel.ptr, grid, 32 * ka.ATTENTION_WARPS, args, variable,
+                        stream.ptr)
+    if not stream.is_capturing():
+        if len(kept) >= BOUND_KEEP:
+            del kept[next(iter(kept))]
+        kept[key] = (w, bound)
+    return bound
+
+
+def _grid(warps):
+    return -(-warps // ka.ATTENTION_WARPS)
 
 
 @functools.cache
@@ -110,49 +135,72 @@ def fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, sl
     f32 = np.float32
     G = cp.ascontiguousarray(g, V.dtype)
     tdot = cp.ndarray((n, heads), f32)  # <g_i, out_i> per head: the rows pass writes it, the columns pass reads it
-    indices = csr_structure(T)[0]
-    _, t_rows, t_eids = transpose_structure(T)
     w = csr_weights(T, f32)
     V = cp.ascontiguousarray(V)
-    seed = cp.ascontiguousarray(seed, np.uint32) if dropout else _NULL
+    seed = (cp.ascontiguousarray(seed, np.uint32),) if dropout else ()
     dV = cp.ndarray((k, HD), f32)
     additive = score == "additive"
     kid = ka.ADDITIVE if additive else ka.COSINE
     if additive:
-        ss, sd = cp.ascontiguousarray(s_src, f32), cp.ascontiguousarray(s_dst, f32)
+        scores = (cp.ascontiguousarray(s_src, f32), cp.ascontiguousarray(s_dst, f32))
         ds_dst, ds_src = cp.ndarray((n, heads), f32), cp.ndarray((k, heads), f32)
-        # per mode: the kernel's outputs, and the merge's (slot width, out0, w0, out1, w1)
+        # per mode: the kernel's output, and the merge's (slot width, out0, w0, out1, w1)
         outs = ((ds_dst, (heads + HD, ds_dst, heads, _NULL, 0)), (ds_src, (heads + HD, ds_src, heads, dV, HD)))
-        head = (w, V, G, out, ss, sd, lse, tdot, dV)
-        tail = (int(heads), int(D), f32(slope), f32(dropout), seed)
+        dbeta = None
     else:
-        Qc, Kc = cp.ascontiguousarray(Q, V.dtype), cp.ascontiguousarray(K, V.dtype)
+        scores = (cp.ascontiguousarray(Q, V.dtype), cp.ascontiguousarray(K, V.dtype), cp.ascontiguousarray(beta, f32))
         dQ, dK = cp.ndarray((n, D), f32), cp.ndarray((k, D), f32)
-        dbeta = cp.ndarray((0,), f32)  # no row units: no shares
         outs = ((dQ, (D, dQ, D, _NULL, 0)), (dK, (2 * D, dV, D, dK, D)))
-        head = (w, V, G, out, Qc, Kc, cp.ascontiguousarray(beta, f32), lse, tdot, dV)
-        tail = (int(D), f32(dropout), seed)
-    for mode, (kind, partners, eids) in enumerate((("rows", indices, _NULL), ("cols", t_rows, t_eids))):
+        dbeta = cp.ndarray((0,), f32)  # no row units: no shares
+    head = (V, G, out) + scores + (lse, tdot, dV)
+    for mode in (0, 1):
+        kind = ("rows", "cols")[mode]
         units, splits, n_slots = work_units(T, kind, heads)
         if not units.shape[0]:
             continue
         out_k, (width, out0, w0, out1, w1) = outs[mode]
-        part = cp.ndarray((n_slots, width), f32) if n_slots else _NULL
-        nu = int(units.shape[0])
-        if additive:
-            extra = (out_k, part, nu)
-        else:
-            if mode == 0:  # the row units' shares of dbeta
-                dbeta = cp.ndarray(units.shape[:1], f32)
-            extra = (out_k, dbeta if mode == 0 else _NULL, part, nu)
-        warps = units.shape[0] * heads  # a warp per owner and head
-        _launch(_names(V.dtype, kid, D)[2][mode], -(-warps // ka.ATTENTION_WARPS),
-                (units, partners, eids) + head + extra + tail)
+        part = (cp.ndarray((n_slots, width), f32),) if n_slots else ()
+        shares = ()
+        if not additive and mode == 0:  # the row units' shares of dbeta
+            dbeta = cp.ndarray(units.shape[:1], f32)
+            shares = (dbeta,)
+        name = _names(V.dtype, kid, D)[2][mode]
+        _bound(T, w, ("bwd", name, heads, slope, dropout),
+               lambda: _bwd_template(T, name, kind, units, w, heads, D, slope, dropout, additive, n_slots))(
+            *head, out_k, *shares, *part, *seed)
         if splits.shape[0]:
-            _launch(ka.BWD_MERGE, -(-splits.shape[0] // ka.ATTENTION_WARPS),
-                    (splits, part, out0, out1, int(splits.shape[0]), int(width), int(w0), int(w1)))
+            _bound(T, w, ("bwd merge", kind, heads, width, w0, w1, out1 is _NULL),
+                   lambda: _merge_template(ka.BWD_MERGE, splits, (_NULL, _NULL, _NULL), (width, w0, w1), out1))(
+                *part, out0, *((out1,) if out1 is not _NULL else ()))
     dV = dV.astype(V.dtype, copy=False)
     return (dV, ds_src, ds_dst) if additive else (dV, dQ, dK, dbeta)
+
+
+def _bwd_template(T, name, kind, units, w, heads, D, slope, dropout, additive, n_slots):
+    """A backward pass's arguments (None where each call writes its operands) and their variable positions:
+    ``V, G, out``, the scores' operands, ``lse, tdot, dV``, the output, the shares (cosine rows), the parts and
+    the seed, in the order the call passes them."""
+    partners, eids = (csr_structure(T)[0], _NULL) if kind == "rows" else transpose_structure(T)[1:]
+    nu = int(units.shape[0])
+    if additive:
+        # units partners eids | w V G out s_src s_dst lse tdot dV | ds part nu | heads D slope dropout seed
+        args = (units, partners, eids, w) + (None,) * 8 + (None, None, nu, int(heads), int(D), np.float32(slope),
+                                                          np.float32(dropout), None)
+        variable = list(range(4, 12)) + [12] + ([13] if n_slots else [])
+    else:
+        # units partners eids | w V G out Q K beta lse tdot dV | dQ|dK dbeta part nu | D dropout seed
+        args = (units, partners, eids, w) + (None,) * 9 + (None, None, None, nu, int(D), np.float32(dropout), None)
+        variable = list(range(4, 13)) + [13] + ([14] if kind == "rows" else []) + ([15] if n_slots else [])
+    variable += [len(args) - 1] if dropout else []
+    return name, _grid(nu * heads), args, variable  # a warp per owner and head
+
+
+def _merge_template(name, splits, slots, settings, out1):
+    """A merge's arguments: ``(splits, part, out0, out1, n, *settings)``, the parts and outputs variable (``out1``
+    only where the pass has a second output)."""
+    ns = int(splits.shape[0])
+    args = (splits,) + slots + (ns,) + tuple(int(x) for x in settings)
+    return name, _grid(ns), args, [1, 2] + ([3] if out1 is not _NULL else [])
 
 
 #: CSR-order weights kept per tiling, for the latest distinct value arrays (matrices sharing the tiling).
@@ -182,31 +230,43 @@ def fused(T, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed):
     """``(out, lse)`` on the GPU: one warp per row, or per part of a long row, then the merge of those parts
     (:mod:`tcgnn_py.kernels.attention`)."""
     cp = get_cupy()
-    indices = csr_structure(T)[0]
     n, HD = T.shape[0], V.shape[1]
-    kid = ka.ADDITIVE if score == "additive" else ka.COSINE
-    fwd_name, merge_name, _ = _names(V.dtype, kid, HD // heads)  # a warp per row and head (cosine: Q as wide as V)
+    additive = score == "additive"
+    fwd_name, merge_name, _ = _names(V.dtype, ka.ADDITIVE if additive else ka.COSINE, HD // heads)
     out = cp.ndarray((n, HD), V.dtype)
     lse = cp.ndarray((n, heads), np.float32)
     if n == 0:
         return out, lse
     f32 = np.float32
     V = cp.ascontiguousarray(V)
-    if kid == ka.ADDITIVE:
-        args = (cp.ascontiguousarray(s_src, f32), cp.ascontiguousarray(s_dst, f32), _NULL, _NULL, _NULL)
+    if additive:
+        scores = (cp.ascontiguousarray(s_src, f32), cp.ascontiguousarray(s_dst, f32))
     else:
-        args = (_NULL, _NULL, cp.ascontiguousarray(Q, V.dtype), cp.ascontiguousarray(K, V.dtype),
-                cp.ascontiguousarray(beta, f32))
+        scores = (cp.ascontiguousarray(Q, V.dtype), cp.ascontiguousarray(K, V.dtype), cp.ascontiguousarray(beta, f32))
     units, splits, n_slots = work_units(T, "rows", heads)
-    part = cp.ndarray((n_slots, 2 * heads + HD), f32) if n_slots else _NULL
-    _launch(fwd_name, -(-(units.shape[0] * heads) // ka.ATTENTION_WARPS),
-            (units, indices, csr_weights(T, f32), V) + args
-            + (out, lse, part, int(units.shape[0]), int(heads), int(HD // heads), f32(slope),
-               f32(dropout), cp.ascontiguousarray(seed, np.uint32) if dropout else _NULL))
+    part = (cp.ndarray((n_slots, 2 * heads + HD), f32),) if n_slots else ()
+    seed = (cp.ascontiguousarray(seed, np.uint32),) if dropout else ()
+    w = csr_weights(T, f32)
+    _bound(T, w, ("fwd", fwd_name, heads, slope, dropout),
+           lambda: _fwd_template(T, fwd_name, units, w, heads, HD // heads, slope, dropout, additive, n_slots))(
+        V, *scores, out, lse, *part, *seed)
     if splits.shape[0]:
-        _launch(merge_name, -(-splits.shape[0] // ka.ATTENTION_WARPS),
-                (splits, part, out, lse, int(splits.shape[0]), int(heads), int(HD // heads)))
+        _bound(T, w, ("fwd merge", merge_name, heads, HD),
+               lambda: _merge_template(merge_name, splits, (_NULL, _NULL, _NULL), (heads, HD // heads), lse))(
+            *part, out, lse)
     return out, lse
+
+
+def _fwd_template(T, name, units, w, heads, D, slope, dropout, additive, n_slots):
+    """The forward pass's arguments (None where each call writes its operands) and their variable positions:
+    ``V``, the scores' operands, ``out, lse``, the parts and the seed, in the order the call passes them."""
+    nu = int(units.shape[0])
+    # units indices w | V s_src s_dst Q K beta | out lse part | units heads D slope dropout seed
+    args = (units, csr_structure(T)[0], w) + (None,) * 9 + (nu, int(heads), int(D), np.float32(slope),
+                                                          np.float32(dropout), None)
+    variable = [3] + ([4, 5] if additive else [6, 7, 8]) + [9, 10] + ([11] if n_slots else [])
+    variable += [len(args) - 1] if dropout else []
+    return name, _grid(nu * heads), args, variable  # a warp per row (part) and head
 
 
 @functools.cache
