@@ -155,6 +155,23 @@ def test_errors_name_the_argument():
         nn.agnn_conv(T, V, 1.0, fused="yes")
 
 
+def test_a_layers_fallback_warns_on_every_call():
+    """``fused=True`` where the fused kernels cannot run: each call warns (not only the first), attributed to
+    the caller of the public function."""
+    from tcgnn_py.nn._edges import CSREdges
+
+    rng = np.random.default_rng(6)
+    E = CSREdges(sp.csr_matrix(_graph(rng, 20)))
+    H, W, a = rng.standard_normal((20, 4)), rng.standard_normal((4, 4)), rng.standard_normal((1, 4))
+    for _ in range(2):
+        for call in (lambda: nn.gat_conv(E, H, W, a, a, fused=True),
+                     lambda: nn.agnn_conv(E, H, np.array([1.0]), fused=True),
+                     lambda: nn.graph_attention(E, H, s_src=H[:, :1], s_dst=H[:, :1], fused=True)):
+            with pytest.warns(tg.FallbackWarning, match="CSREdges view") as record:
+                call()
+            assert record[0].filename == __file__  # attributed to the caller
+
+
 @pytest.mark.parametrize("score", ["additive", "cosine"])
 @pytest.mark.parametrize("dropout", [0.0, 0.4])
 def test_unfused_sequence_matches_the_reference(score, dropout):
