@@ -18,7 +18,7 @@ from ...kernels.driver import BoundLaunch
 from ...kernels.registry import get_kernel
 
 __all__ = ["csr_structure", "transpose_structure", "work_units", "csr_weights", "fused", "fused_backward", "reach",
-           "WEIGHTS_KEEP"]
+           "WEIGHTS_KEEP", "BOUND_KEEP"]
 
 
 def csr_structure(T):
