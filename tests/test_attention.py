@@ -373,9 +373,10 @@ def test_gat_fused_matches_unfused_on_the_gpu(cp, heads):
 @pytest.mark.parametrize("dropout", [0.0, 0.5])
 @pytest.mark.parametrize("score", ["additive", "cosine"])
 def test_bound_passes_follow_their_operands(cp, score, dropout):
-    """A matrix's later calls run its bound passes, which write only the operands' addresses: each call gives the
-    bits of a fresh matrix's first call -- for new operands, for other values on the same tiling (their own
-    weights), on another stream -- with long rows and columns cut into parts and merged."""
+    """A matrix's later calls run its bound passes, which write only the operands' addresses, and reuse the
+    stream's scratch: each call gives the bits of a fresh matrix's first call -- for new operands, for other
+    values on the same tiling (their own weights), on another stream -- with long rows and columns cut into parts
+    and merged."""
     rng = np.random.default_rng()
     A = _graph(rng, 700, density=0.01).tolil()
     A[3, :600] = 1.5
@@ -408,8 +409,8 @@ def test_bound_passes_follow_their_operands(cp, score, dropout):
     want = run(tg.TiledMatrix(A), first)
     want_values = run(tg.TiledMatrix(A).with_values(values), first)
     T = tg.TiledMatrix(A)
-    run(T, second)  # binds T's passes
-    assert T.tiling.peek("attention_bound")
+    run(T, second)  # binds T's passes and keeps their scratch (the parts, <g_i, out_i>) for this stream
+    assert T.tiling.peek("attention_bound") and T.tiling.peek("attention_scratch")
     same(run(T, first), want)
     same(run(T.with_values(values), first), want_values)
     with cp.cuda.Stream():

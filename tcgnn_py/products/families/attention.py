@@ -18,7 +18,7 @@ from ...kernels.driver import BoundLaunch
 from ...kernels.registry import get_kernel
 
 __all__ = ["csr_structure", "transpose_structure", "work_units", "csr_weights", "fused", "fused_backward", "reach",
-           "WEIGHTS_KEEP", "BOUND_KEEP"]
+           "WEIGHTS_KEEP", "BOUND_KEEP", "SCRATCH_KEEP"]
 
 
 def csr_structure(T):
@@ -82,16 +82,15 @@ def work_units(T, kind, heads):
 BOUND_KEEP = 32
 
 
-def _bound(T, w, key, template):
+def _bound(T, w, key, template, stream):
     """The :class:`~tcgnn_py.kernels.driver.BoundLaunch` of one pass signature, kept on T's tiling: a training
     step's passes write only their operands' addresses (a pass takes about twenty arguments).
 
     ``key`` names the kernel and every fixed argument but the weights ``w`` (a :func:`csr_weights` array, matched
-    by identity) and the stream; ``template()`` returns ``(kernel name, grid, arguments, variable positions)``,
-    None in the variable slots.  Not kept under a capture, whose weights are the graph's own.
+    by identity) and the ``stream`` (CuPy's); ``template()`` returns ``(kernel name, grid, arguments, variable
+    positions)``, None in the variable slots.  Not kept under a capture, whose weights are the graph's own.
     """
     kept = T.tiling.cached("attention_bound", dict)
-    stream = get_cupy().cuda.get_current_stream()
     key = key + (id(w), stream.ptr)
     hit = kept.get(key)
     if hit is not None and hit[0] is w:
@@ -104,6 +103,27 @@ def _bound(T, w, key, template):
             del kept[next(iter(kept))]
         kept[key] = (w, bound)
     return bound
+
+
+#: Scratch buffers kept per tiling (kind, shape and stream), oldest dropped.
+SCRATCH_KEEP = 16
+
+
+def _scratch(T, kind, shape, stream):
+    """A float32 buffer that one call's passes share (the long owners' parts, which the merge reads; the
+    backward's ``<g_i, out_i>``): kept per tiling and stream and reused there, as the products' scratch, since
+    calls on one stream run in order; a new one under a capture, whose graph keeps it."""
+    cp = get_cupy()
+    if stream.is_capturing():
+        return cp.ndarray(shape, np.float32)
+    store = T.tiling.cached("attention_scratch", dict)
+    key = (kind, shape, stream.ptr)
+    buf = store.get(key)
+    if buf is None:
+        if len(store) >= SCRATCH_KEEP:
+            del store[next(iter(store))]
+        buf = store[key] = cp.ndarray(shape, np.float32)
+    return buf
 
 
 def _grid(warps):
@@ -134,7 +154,8 @@ def fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, sl
     D = HD // heads
     f32 = np.float32
     G = cp.ascontiguousarray(g, V.dtype)
-    tdot = cp.ndarray((n, heads), f32)  # <g_i, out_i> per head: the rows pass writes it, the columns pass reads it
+    stream = cp.cuda.get_current_stream()
+    tdot = _scratch(T, "tdot", (n, heads), stream)  # <g_i, out_i> per head: the rows pass writes, the columns read
     w = csr_weights(T, f32)
     V = cp.ascontiguousarray(V)
     seed = (cp.ascontiguousarray(seed, np.uint32),) if dropout else ()
@@ -159,18 +180,19 @@ def fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, sl
         if not units.shape[0]:
             continue
         out_k, (width, out0, w0, out1, w1) = outs[mode]
-        part = (cp.ndarray((n_slots, width), f32),) if n_slots else ()
+        part = (_scratch(T, ("bwd part", mode), (n_slots, width), stream),) if n_slots else ()
         shares = ()
         if not additive and mode == 0:  # the row units' shares of dbeta
             dbeta = cp.ndarray(units.shape[:1], f32)
             shares = (dbeta,)
         name = _names(V.dtype, kid, D)[2][mode]
         _bound(T, w, ("bwd", name, heads, slope, dropout),
-               lambda: _bwd_template(T, name, kind, units, w, heads, D, slope, dropout, additive, n_slots))(
+               lambda: _bwd_template(T, name, kind, units, w, heads, D, slope, dropout, additive, n_slots), stream)(
             *head, out_k, *shares, *part, *seed)
         if splits.shape[0]:
             _bound(T, w, ("bwd merge", kind, heads, width, w0, w1, out1 is _NULL),
-                   lambda: _merge_template(ka.BWD_MERGE, splits, (_NULL, _NULL, _NULL), (width, w0, w1), out1))(
+                   lambda: _merge_template(ka.BWD_MERGE, splits, (_NULL, _NULL, _NULL), (width, w0, w1), out1),
+                   stream)(
                 *part, out0, *((out1,) if out1 is not _NULL else ()))
     dV = dV.astype(V.dtype, copy=False)
     return (dV, ds_src, ds_dst) if additive else (dV, dQ, dK, dbeta)
@@ -244,15 +266,18 @@ def fused(T, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed):
     else:
         scores = (cp.ascontiguousarray(Q, V.dtype), cp.ascontiguousarray(K, V.dtype), cp.ascontiguousarray(beta, f32))
     units, splits, n_slots = work_units(T, "rows", heads)
-    part = (cp.ndarray((n_slots, 2 * heads + HD), f32),) if n_slots else ()
+    stream = cp.cuda.get_current_stream()
+    part = (_scratch(T, "fwd part", (n_slots, 2 * heads + HD), stream),) if n_slots else ()
     seed = (cp.ascontiguousarray(seed, np.uint32),) if dropout else ()
     w = csr_weights(T, f32)
     _bound(T, w, ("fwd", fwd_name, heads, slope, dropout),
-           lambda: _fwd_template(T, fwd_name, units, w, heads, HD // heads, slope, dropout, additive, n_slots))(
+           lambda: _fwd_template(T, fwd_name, units, w, heads, HD // heads, slope, dropout, additive, n_slots),
+           stream)(
         V, *scores, out, lse, *part, *seed)
     if splits.shape[0]:
         _bound(T, w, ("fwd merge", merge_name, heads, HD),
-               lambda: _merge_template(merge_name, splits, (_NULL, _NULL, _NULL), (heads, HD // heads), lse))(
+               lambda: _merge_template(merge_name, splits, (_NULL, _NULL, _NULL), (heads, HD // heads), lse),
+               stream)(
             *part, out, lse)
     return out, lse
 
