@@ -191,8 +191,7 @@ def fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, sl
             *head, out_k, *shares, *part, *seed)
         if splits.shape[0]:
             _bound(T, w, ("bwd merge", kind, heads, width, w0, w1, out1 is _NULL),
-                   lambda: _merge_template(ka.BWD_MERGE, splits, (_NULL, _NULL, _NULL), (width, w0, w1), out1),
-                   stream)(
+                   lambda: _merge_template(ka.BWD_MERGE, splits, (width, w0, w1), out1 is not _NULL), stream)(
                 *part, out0, *((out1,) if out1 is not _NULL else ()))
     dV = dV.astype(V.dtype, copy=False)
     return (dV, ds_src, ds_dst) if additive else (dV, dQ, dK, dbeta)
@@ -205,24 +204,24 @@ def _bwd_template(T, name, kind, units, w, heads, D, slope, dropout, additive, n
     partners, eids = (csr_structure(T)[0], _NULL) if kind == "rows" else transpose_structure(T)[1:]
     nu = int(units.shape[0])
     if additive:
-        # units partners eids | w V G out s_src s_dst lse tdot dV | ds part nu | heads D slope dropout seed
+        # units partners eids w | V G out s_src s_dst lse tdot dV | ds part n_units | heads D slope dropout seed
         args = (units, partners, eids, w) + (None,) * 8 + (None, None, nu, int(heads), int(D), np.float32(slope),
                                                           np.float32(dropout), None)
         variable = list(range(4, 12)) + [12] + ([13] if n_slots else [])
     else:
-        # units partners eids | w V G out Q K beta lse tdot dV | dQ|dK dbeta part nu | D dropout seed
+        # units partners eids w | V G out Q K beta lse tdot dV | dQ|dK dbeta part n_units | D dropout seed
         args = (units, partners, eids, w) + (None,) * 9 + (None, None, None, nu, int(D), np.float32(dropout), None)
         variable = list(range(4, 13)) + [13] + ([14] if kind == "rows" else []) + ([15] if n_slots else [])
     variable += [len(args) - 1] if dropout else []
     return name, _grid(nu * heads), args, variable  # a warp per owner and head
 
 
-def _merge_template(name, splits, slots, settings, out1):
+def _merge_template(name, splits, settings, second):
     """A merge's arguments: ``(splits, part, out0, out1, n, *settings)``, the parts and outputs variable (``out1``
-    only where the pass has a second output)."""
+    only where the pass has a ``second`` output; a null pointer otherwise)."""
     ns = int(splits.shape[0])
-    args = (splits,) + slots + (ns,) + tuple(int(x) for x in settings)
-    return name, _grid(ns), args, [1, 2] + ([3] if out1 is not _NULL else [])
+    args = (splits, None, None, None, ns) + tuple(int(x) for x in settings)
+    return name, _grid(ns), args, [1, 2] + ([3] if second else [])
 
 
 #: CSR-order weights kept per tiling, for the latest distinct value arrays (matrices sharing the tiling).
@@ -276,8 +275,7 @@ def fused(T, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed):
         V, *scores, out, lse, *part, *seed)
     if splits.shape[0]:
         _bound(T, w, ("fwd merge", merge_name, heads, HD),
-               lambda: _merge_template(merge_name, splits, (_NULL, _NULL, _NULL), (heads, HD // heads), lse),
-               stream)(
+               lambda: _merge_template(merge_name, splits, (heads, HD // heads), True), stream)(
             *part, out, lse)
     return out, lse
 
@@ -286,7 +284,7 @@ def _fwd_template(T, name, units, w, heads, D, slope, dropout, additive, n_slots
     """The forward pass's arguments (None where each call writes its operands) and their variable positions:
     ``V``, the scores' operands, ``out, lse``, the parts and the seed, in the order the call passes them."""
     nu = int(units.shape[0])
-    # units indices w | V s_src s_dst Q K beta | out lse part | units heads D slope dropout seed
+    # units indices w | V s_src s_dst Q K beta | out lse part | n_units heads D slope dropout seed
     args = (units, csr_structure(T)[0], w) + (None,) * 9 + (nu, int(heads), int(D), np.float32(slope),
                                                           np.float32(dropout), None)
     variable = [3] + ([4, 5] if additive else [6, 7, 8]) + [9, 10] + ([11] if n_slots else [])
