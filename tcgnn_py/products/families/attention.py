@@ -16,9 +16,10 @@ from ...kernels import attention as ka
 from ...kernels.attention import attention_unit
 from ...kernels.driver import BoundLaunch
 from ...kernels.registry import get_kernel
+from .._launch import Scratch
 
 __all__ = ["csr_structure", "transpose_structure", "work_units", "csr_weights", "fused", "fused_backward", "reach",
-           "WEIGHTS_KEEP", "BOUND_KEEP", "SCRATCH_KEEP"]
+           "WEIGHTS_KEEP", "BOUND_KEEP"]
 
 
 def csr_structure(T):
@@ -105,25 +106,13 @@ def _bound(T, w, key, template, stream):
     return bound
 
 
-#: Scratch buffers kept per tiling (kind, shape and stream), oldest dropped.
-SCRATCH_KEEP = 16
-
-
 def _scratch(T, kind, shape, stream):
     """A float32 buffer that one call's passes share (the long owners' parts, which the merge reads; the
-    backward's ``<g_i, out_i>``): kept per tiling and stream and reused there, as the products' scratch, since
-    calls on one stream run in order; a new one under a capture, whose graph keeps it."""
-    cp = get_cupy()
+    backward's ``<g_i, out_i>``): the products' per-stream :class:`~tcgnn_py.products._launch.Scratch`, kept on
+    the tiling, since calls on one stream run in order; a new one under a capture, whose graph keeps it."""
     if stream.is_capturing():
-        return cp.ndarray(shape, np.float32)
-    store = T.tiling.cached("attention_scratch", dict)
-    key = (kind, shape, stream.ptr)
-    buf = store.get(key)
-    if buf is None:
-        if len(store) >= SCRATCH_KEEP:
-            del store[next(iter(store))]
-        buf = store[key] = cp.ndarray(shape, np.float32)
-    return buf
+        return get_cupy().ndarray(shape, np.float32)
+    return Scratch(kind, shape, np.float32).get(T.tiling.cached("attention_scratch", dict), stream.ptr)
 
 
 def _grid(warps):
@@ -180,7 +169,7 @@ def fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, sl
         if not units.shape[0]:
             continue
         out_k, (width, out0, w0, out1, w1) = outs[mode]
-        part = (_scratch(T, ("bwd part", mode), (n_slots, width), stream),) if n_slots else ()
+        part = (_scratch(T, f"bwd {kind} part", (n_slots, width), stream),) if n_slots else ()
         shares = ()
         if not additive and mode == 0:  # the row units' shares of dbeta
             dbeta = cp.ndarray(units.shape[:1], f32)
