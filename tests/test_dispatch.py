@@ -28,3 +28,76 @@ def test_a_plan_without_a_binder_stays_general():
     n = []
     plan = Plan(lambda values, casts, X, out: n.append(1) or len(n))
     assert [plan(None, {}, None, None) for _ in range(3)] == [1, 2, 3] and plan.bound is None
+
+
+# --- the problem a signature poses, decided once: which family, what alignment ---------------------------------
+
+import types  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import scipy.sparse as sp  # noqa: E402
+
+import tcgnn_py as tg  # noqa: E402
+from tcgnn_py.products import Operand, Problem  # noqa: E402
+
+
+def _device_array(dtype, shape, ptr=1 << 20, contiguous=True):
+    """What a plan reads of a device array: dtype, shape, C-contiguity, base address."""
+    return types.SimpleNamespace(dtype=np.dtype(dtype), shape=shape, data=types.SimpleNamespace(ptr=ptr),
+                                 flags=types.SimpleNamespace(c_contiguous=contiguous))
+
+
+def _tiling(layout):
+    A = sp.random(40, 24, density=0.2, format="csr", dtype=np.float32, random_state=0)
+    return tg.TiledMatrix(A, layout=layout).tiling
+
+
+@pytest.mark.parametrize("layout, x, result, precision, family", [
+    ("vector", "float32", "float32", None, "vec"),
+    ("tcgnn", "float32", "float32", None, "tf32"),
+    ("tcgnn", "float32", "float32", "fp32", "core"),
+    ("vector", "float64", "float64", None, "core"),
+    ("vector", "float16", "float32", None, "half"),
+    ("vector", "bfloat16", "bfloat16", "bf16", "half"),
+    ("2:4", "float16", "float16", None, "sparse"),
+    ("2:4", "float32", "float32", None, "core"),  # no float32 kernel on 16x16 tiles
+    ("1:2", "float32", "float32", None, "sparse"),
+    ("1:2", "float32", "float32", "fp32", "core"),
+])
+def test_a_problem_names_the_family_that_plans_it(layout, x, result, precision, family):
+    X = _device_array(x, (24, 16))
+    problem = Problem.spmm(_tiling(layout), np.ones(3, np.float32), X, np.dtype(result), precision, None)
+    assert problem.family == family
+    assert problem.X == Operand(np.dtype(x), (24, 16), True, True) and problem.out is None
+
+
+def test_alignment_is_decided_from_the_operands_as_the_kernel_reads_them():
+    tiling, values = _tiling("vector"), np.ones(3, np.float32)
+
+    def aligned(X, out=None, **kw):
+        return Problem.spmm(tiling, values, X, np.dtype(np.float32), None, out).aligned(**kw)
+
+    assert aligned(_device_array("float32", (24, 16)))
+    assert not aligned(_device_array("float32", (24, 18)))  # rows of 18 floats: not 16-byte multiples
+    assert not aligned(_device_array("float32", (24, 16)), multiple=32)
+    assert not aligned(_device_array("float32", (24, 16), ptr=(1 << 20) + 4))  # a base 4 bytes off
+    # ... unless the kernel reads a copy: X not C-contiguous, or of another type than the kernel's
+    assert aligned(_device_array("float32", (24, 16), ptr=(1 << 20) + 4, contiguous=False))
+    assert aligned(_device_array("float32", (24, 16), ptr=(1 << 20) + 4), cast=np.dtype(np.float64))
+    off = _device_array("float32", (40, 16), ptr=(1 << 20) + 8)
+    assert not aligned(_device_array("float32", (24, 16)), off)  # the result written in place, 8 bytes off
+    assert aligned(_device_array("float32", (24, 16)), off, direct=False)  # ... or a new result, then copied
+
+
+def test_only_a_result_the_kernel_writes_in_place_is_bound():
+    tiling, values = _tiling("vector"), np.ones(3, np.float32)
+    X = _device_array("float32", (24, 16))
+    assert Problem.spmm(tiling, values, X, np.dtype(np.float32), None, None).bindable
+    assert not Problem.spmm(tiling, values, _device_array("float32", (24, 16), contiguous=False), np.dtype(np.float32),
+                            None, None).bindable
+    strided_out = _device_array("float32", (40, 16), contiguous=False)
+    assert not Problem.spmm(tiling, values, X, np.dtype(np.float32), None, strided_out).bindable
+    # a float16 result of float32 X: computed in float32, then rounded into a new array
+    problem = Problem.spmm(tiling, values, X, np.dtype(np.float16), None, None)
+    assert problem.kdt == np.float32 and not problem.bindable

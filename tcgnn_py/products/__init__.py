@@ -5,6 +5,7 @@
 elementwise tails, the cross-entropy and Adam, which ``nn`` runs).  Below it:
 
 * ``_modes``: operands and the one precision vocabulary (:class:`._modes.Mode`);
+* ``_problem``: what a product's plan is made of, decided once per signature (``Operand``, ``Problem``, ``Plan``);
 * ``_plans``: work plans and tiling-derived data; ``_values``: the values' cast, dense and 16-bit forms;
 * ``_launch``: planned launches as named types, their scratch and fixup, and how one runs or is bound;
 * ``_autotune``: the timed choice among a family's bit-identical launches (it knows no family);
@@ -15,7 +16,8 @@ elementwise tails, the cross-entropy and Adam, which ``nn`` runs).  Below it:
 
 from ._dispatch import (DEVICE_VALUES, MISMATCH, Plan, as_operand, check_out, result_dtype, sddmm_raw, signature,
                         spmm_raw, timed_choices)
+from ._problem import Operand, Problem
 from .families import attention, training
 
-__all__ = ["DEVICE_VALUES", "MISMATCH", "Plan", "as_operand", "attention", "check_out", "result_dtype", "sddmm_raw",
-           "signature", "spmm_raw", "timed_choices", "training"]
+__all__ = ["DEVICE_VALUES", "MISMATCH", "Operand", "Plan", "Problem", "as_operand", "attention", "check_out",
+           "result_dtype", "sddmm_raw", "signature", "spmm_raw", "timed_choices", "training"]

@@ -22,20 +22,20 @@ from .. import _reference as ref
 from .._device import get_cupy
 from .._tuning import overrides_key
 from ._autotune import timed_choices
-from ._launch import Launch, launch_key, overlaps, planned, run_spmm
 from ._modes import (F32, MISMATCH, PRECISIONS, TC_TILES, VEC_TILE, Mode, as_operand, check_out, compute_dtype,
                      resolve_precision, result_dtype)
-from ._plans import aligned16
-from ._values import DEVICE_VALUES, half_values, values_as, vec_dense_values
+from ._problem import Operand, Plan, Problem, aligned16
+from ._values import DEVICE_VALUES, values_as
 from .families import core, half, sparse, tf32, vec
 
 # The engine's front door: what TiledMatrix needs from the engine comes through this module only.
 __all__ = ["Plan", "sddmm_raw", "signature", "spmm_raw", "DEVICE_VALUES", "MISMATCH", "as_operand", "check_out",
            "result_dtype", "timed_choices"]
 
-#: Which family plans the float32 products of a mode on a tile shape (``None``: any shape).  The 16-bit modes
-#: go to ``half`` (vector layout) and the N:M layouts to ``sparse``, in :func:`spmm_plan`.
-_FAMILIES = {(Mode.tf32, (16, 8)): tf32, (Mode.tf32, VEC_TILE): vec, (Mode.exact, None): core}
+#: The families, by the name :class:`Problem` gives a product: each plans its SpMMs (``plan(problem) -> Plan``) and
+#: its SDDMM launches (``sddmm_launch``); a new family is its module and a line here.
+SPMM = {"tf32": tf32, "vec": vec, "core": core, "half": half, "sparse": sparse}
+SDDMM = {"tf32": tf32, "vec": vec, "core": core}
 
 
 def signature(values, X, out=None, precision=None, op=None):
@@ -50,33 +50,6 @@ def signature(values, X, out=None, precision=None, op=None):
     if out is None:
         return key
     return key + (out.shape, out.strides, out.dtype.char, out.data.ptr & 15)
-
-
-class Plan:
-    """How every product of one signature runs.
-
-    ``general(values, casts, *operands)`` is always right for the signature: it converts what
-    needs converting and plans (or finds) its launch on the tiling.  ``binder`` (None where the
-    signature can never take a bound launch: CUDA cores, a copy of X or of the result) returns,
-    once the launch is final, ``f(values, casts, *operands)`` that only allocates and launches --
-    None while it is not (the timed choice's candidates still compile): the next call tries again.
-    """
-
-    __slots__ = ("general", "binder", "bound")
-
-    def __init__(self, general, binder=None):
-        self.general = general
-        self.binder = binder
-        self.bound = None
-
-    def __call__(self, values, casts, *operands):
-        bound = self.bound
-        if bound is not None:
-            return bound(values, casts, *operands)
-        Y = self.general(values, casts, *operands)
-        if self.binder is not None:
-            self.bound = self.binder(values, casts, *operands, general=self.general)
-        return Y
 
 
 def _plan(tiling, key, build):
@@ -116,125 +89,13 @@ def spmm_raw(tiling, values, X, dtype, precision=None, out=None, casts=None):
 
 
 def spmm_plan(tiling, values, X, dtype, precision, out):
-    """The :class:`Plan` of ``A @ X`` for operands of this signature (device arrays)."""
-    mode = resolve_precision(precision, dtype, tiling.tile_shape, X.dtype, tiling.layout.pattern)
-    sp = tiling.layout.pattern is not None and mode is not Mode.exact  # sparse tensor cores (N:M layouts)
-    # The kernels write ``kdt``: the result's dtype, or float32 rounded once into it afterwards (a 16-bit
-    # result the kernel does not write, or one computed on widened X).
-    if mode.half:
-        kdt = dtype if dtype in (F32, X.dtype) else F32
-    else:
-        kdt = compute_dtype(dtype)
-
-    def general(values, casts, X, out):
-        # An out the kernel can write directly, unless it overlaps X (read while writing): then a temporary.
-        direct = out if out is not None and kdt == dtype and not overlaps(out, X) else None
-        if sp:  # 16-bit X on "2:4", TF32 on "1:2"
-            Xs = X if mode.half else X.astype(F32, copy=False)
-            Y = sparse.spmm_sp(tiling, values, Xs, kdt, direct, casts)
-        elif mode.half:
-            Y = half.spmm_half(tiling, half_values(values, X.dtype, casts), X, kdt, direct)
-        else:
-            Y = spmm_f32(tiling, values, X, kdt, mode, direct, casts)
-        if out is None:
-            return Y if kdt == dtype else Y.astype(dtype)
-        if Y is not out:
-            out[...] = Y
-        return out
-
-    M, D = tiling.shape[0], X.shape[1]
-    # A bound launch takes X as it is and writes the result itself.
-    bindable = (kdt == dtype and M and D and X.ndim == 2 and X.flags.c_contiguous
-                and (out is None or out.ndim == 2 and out.flags.c_contiguous))
-    binder = None
-    if bindable and sp and (mode.half or X.dtype == F32):
-        binder = sparse.bind_sp(tiling, X.dtype, dtype)
-    elif bindable and not sp and mode.half:
-        binder = half.bind_half(tiling, X.dtype, dtype)
-    elif bindable and not sp and mode is Mode.tf32 and X.dtype == F32 and values.dtype == F32:
-        binder = bind_f32(tiling)
-    if binder is not None and out is not None:
-        binder = _guard_overlap(binder)
-    return Plan(general, binder)
+    """The :class:`Plan` of ``A @ X`` for operands of this signature (device arrays): its :class:`Problem`'s
+    family's."""
+    problem = Problem.spmm(tiling, values, X, dtype, precision, out)
+    return SPMM[problem.family].plan(problem)
 
 
-def _guard_overlap(binder):
-    """A binder whose launch goes the general way for an ``out`` that overlaps X (read while written)."""
-    def bind(values, casts, X, out, general):
-        f = binder(values, casts, X, out, general=general)
-        if f is None:
-            return None
-
-        def guarded(values, casts, X, out):
-            if overlaps(out, X):
-                return general(values, casts, X, out)
-            return f(values, casts, X, out)
-
-        return guarded
-
-    return bind
-
-
-# --- the float32 products on TF32 tensor cores and CUDA cores -----------------
-
-
-def spmm_f32(tiling, values, X, dtype, mode, out, casts):
-    """``A @ X`` into ``out`` (or a new array) of ``dtype``: TF32 tensor cores (``Mode.tf32``) or CUDA cores.
-
-    The launch is the family's for the mode and tile shape (:data:`_FAMILIES`), planned once per width and
-    alignment and kept on the tiling.
-    """
-    cp = get_cupy()
-    M = tiling.shape[0]
-    D = X.shape[1]
-    Y = cp.empty((M, D), dtype=dtype) if out is None else out
-    if M == 0 or D == 0:
-        return Y
-    if X.dtype != dtype or not X.flags.c_contiguous:
-        X = cp.ascontiguousarray(X, dtype=dtype)
-    values = values_as(values, dtype, casts)
-    vec = mode is Mode.tf32 and aligned16(D, X, Y)
-    key = launch_key(mode, dtype, D, vec)
-    launch = tiling.peek(key)  # planned once: no closure per call
-    if launch is None:
-        family = _FAMILIES[mode, tiling.tile_shape if mode is Mode.tf32 else None]
-        launch = planned(tiling, key, lambda: family.spmm_launch(tiling, dtype, D, vec, (values, X, Y)))
-    run_spmm(launch, tiling, values, X, Y)
-    return Y
-
-
-def bind_f32(tiling):
-    """The binder of a float32 product on TF32 tensor cores (float32 X and values, result written directly).
-
-    ``binder(values, casts, X, out, general)`` returns ``f(values, casts, X, out) -> Y`` with the
-    tiling's final launch for X's width and alignment bound (one launch, or two with a fixup), or
-    None while the launch is not final.
-    """
-    M = tiling.shape[0]
-
-    def binder(values, casts, X, out, general):
-        D = X.shape[1]
-        vec = aligned16(D, X, out)  # out None: a new result, as the general path's was
-        launch = tiling.peek(launch_key(Mode.tf32, F32, D, vec))
-        if not isinstance(launch, Launch):
-            return None
-        run = launch.bind()
-        if launch.dense:
-            bound = run
-
-            def run(values, X, Y):
-                bound(vec_dense_values(tiling, values), X, Y)
-
-        shape, ndarray = (M, D), get_cupy().ndarray
-
-        def f(values, casts, X, out):
-            Y = ndarray(shape, F32) if out is None else out  # cupy.empty without its wrapper
-            run(values, X, Y)
-            return Y
-
-        return f
-
-    return binder
+# --- SDDMM -----------------------------------------------------------------
 
 
 def sddmm_gpu(tiling, values, Xa, Xb, dtype, multiply_values=False, precision=None, casts=None, out=None):
@@ -265,26 +126,25 @@ def sddmm_gpu(tiling, values, Xa, Xb, dtype, multiply_values=False, precision=No
     Xa = cp.ascontiguousarray(Xa, dtype=dtype)
     Xb = cp.ascontiguousarray(Xb, dtype=dtype)
     values = values_as(values, dtype, {} if casts is None else casts)
-    sddmm_launch(tiling, mode, dtype, D, aligned16(D, Xa, Xb), multiply_values).run(values, Xa, Xb, out)
+    aligned = aligned16(D, Operand.of(Xa), Operand.of(Xb))
+    sddmm_launch(tiling, mode, dtype, D, aligned, multiply_values).run(values, Xa, Xb, out)
     return out
 
 
 def sddmm_launch(tiling, mode, dtype, D, aligned, multiply_values):
-    """The SDDMM's :class:`Launch` for ``mode`` on this tile shape: the family's, planned once, kept on the tiling."""
-    def plan():
-        if mode is not Mode.tf32:
-            return core.sddmm_launch(tiling, dtype, D, multiply_values)
-        return _FAMILIES[mode, tiling.tile_shape].sddmm_launch(tiling, D, aligned, multiply_values)
-
-    return tiling.cached(("sddmm_launch", mode, np.dtype(dtype).char, D, aligned, bool(multiply_values)), plan)
+    """The SDDMM's launch for ``mode`` on this tile shape: the family's (TF32 tensor cores on the tile shape's family,
+    else CUDA cores), planned once, kept on the tiling."""
+    family = SDDMM["core" if mode is not Mode.tf32 else "vec" if tiling.tile_shape == VEC_TILE else "tf32"]
+    return tiling.cached(("sddmm_launch", mode, np.dtype(dtype).char, D, aligned, bool(multiply_values)),
+                         lambda: family.sddmm_launch(tiling, dtype, D, aligned, multiply_values))
 
 
-def bind_sddmm(tiling, multiply_values):
+def bind_sddmm(tiling, multiply_values, aligned):
     """The binder of a float32 SDDMM on TF32 tensor cores: ``binder(values, casts, Xa, Xb, out, general)``
     returns ``f(values, casts, Xa, Xb, out) -> e`` (``out`` None) with the launch bound."""
     def binder(values, casts, Xa, Xb, out, general):
         D = Xa.shape[1]
-        run = sddmm_launch(tiling, Mode.tf32, F32, D, aligned16(D, Xa, Xb), multiply_values).bind()
+        run = sddmm_launch(tiling, Mode.tf32, F32, D, aligned, multiply_values).bind()
         nnz, empty = tiling.nnz, get_cupy().empty
 
         def f(values, casts, Xa, Xb, out):
@@ -295,8 +155,6 @@ def bind_sddmm(tiling, multiply_values):
         return f
 
     return binder
-
-# --- SDDMM -----------------------------------------------------------------
 
 
 def sddmm_raw(tiling, values, Xa, Xb, dtype, multiply_values=False, precision=None, casts=None, out=None):
@@ -332,4 +190,6 @@ def sddmm_plan(tiling, values, Xa, Xb, dtype, multiply_values, precision, out):
     bindable = (out is None and values.dtype == F32 and dtype == F32 and tiling.nnz and Xa.shape[1]
                 and all(x.ndim == 2 and x.dtype == F32 and x.flags.c_contiguous for x in (Xa, Xb))
                 and resolve_precision(precision, F32, tiling.tile_shape, F32) is Mode.tf32)
-    return Plan(general, bind_sddmm(tiling, multiply_values) if bindable else None)
+    if not bindable:
+        return Plan(general)
+    return Plan(general, bind_sddmm(tiling, multiply_values, aligned16(Xa.shape[1], Operand.of(Xa), Operand.of(Xb))))

@@ -13,8 +13,8 @@ import numpy as np
 
 from .._device import get_cupy
 from .._tuning import overrides_key
-from ._plans import aligned16
-from ._values import vec_dense_values
+from ._modes import F32, Mode
+from ._values import values_as, vec_dense_values
 
 __all__ = [
     "Launch",
@@ -22,14 +22,12 @@ __all__ = [
     "SDDMM_OPERANDS",
     "SPMM_OPERANDS",
     "Scratch",
-    "cast_binder",
-    "cast_closure",
+    "cast_plan",
+    "f32_plan",
     "fixup",
     "half_launch_key",
     "launch_key",
-    "overlaps",
     "planned",
-    "result_and_operand",
     "run_spmm",
 ]
 
@@ -37,12 +35,6 @@ __all__ = [
 def _stream():
     """The current stream's pointer (CuPy is loaded wherever a launch runs); read per call, in this module."""
     return sys.modules["cupy"].cuda.get_current_stream().ptr
-
-
-def overlaps(a, b):
-    """Whether two device arrays' byte ranges intersect (O(1), conservative)."""
-    a0, b0 = a.data.ptr, b.data.ptr
-    return a.nbytes > 0 and b.nbytes > 0 and a0 < b0 + b.nbytes and b0 < a0 + a.nbytes
 
 
 class Scratch(NamedTuple):
@@ -188,61 +180,118 @@ def planned(tiling, key, plan):
     return tiling.cached(key, lambda: launch)
 
 
-def result_and_operand(cp, tiling, X, dtype, out):
-    """``(Y, X)``: the result (``out``, or a new array) and X C-contiguous; ``X`` None when there is nothing to do."""
-    M, D = tiling.shape[0], X.shape[1]
-    Y = cp.empty((M, D), dtype=dtype) if out is None else out
-    if M == 0 or D == 0:
-        return Y, None
-    return Y, X if X.flags.c_contiguous else cp.ascontiguousarray(X)
-
-
 def run_spmm(launch, tiling, values, X, Y):
     """One call of a planned SpMM launch (and its fixup) into Y: the values dense where the launch reads them so."""
     launch.run(vec_dense_values(tiling, values) if launch.dense else values, X, Y)
 
 
-def cast_binder(tiling, dtype, key, launch_key_of, make):
-    """The binder of a product fed the matrix's cast values (the 16-bit and N:M products, the kernel writing
-    ``dtype``).
+def f32_plan(problem, spmm_launch):
+    """The :class:`.._problem.Plan` of a product fed the values in its own type (float32 on TF32 tensor cores, any type
+    on CUDA cores), the family's launch made by
+    ``spmm_launch(tiling, dtype, D, vec, operands)``: planned once per width and alignment and kept on the tiling,
+    bound where the product is TF32 on float32 X and values (one launch, or two with a fixup)."""
+    tiling, mode, kdt, D = problem.tiling, problem.mode, problem.kdt, problem.width
+    shape = (tiling.shape[0], D)
+    # the launch's key for a new result (False) or for out (True): X is read as kdt, C-contiguous
+    vecs = tuple(mode is Mode.tf32 and problem.aligned(cast=kdt, direct=d) for d in (False, True))
+    keys = tuple(launch_key(mode, kdt, D, v) for v in vecs)
 
-    ``binder(values, casts, X, out, general)`` returns ``f(values, casts, X, out) -> Y`` (:func:`cast_closure`)
-    once the general path's first call has cached the values' form in ``casts[key]`` (``(split, values,
-    unscale)``, made by ``make(values, casts)``) and the launch for that form, ``tiling.peek(launch_key_of(split,
-    D, aligned))``, is final; else None.
-    """
-    M = tiling.shape[0]
+    def run(values, casts, X, Y):
+        cp = get_cupy()
+        direct = Y is not None
+        Y = cp.empty(shape, dtype=kdt) if Y is None else Y
+        if 0 in shape:
+            return Y
+        if X.dtype != kdt or not X.flags.c_contiguous:
+            X = cp.ascontiguousarray(X, dtype=kdt)
+        values = values_as(values, kdt, casts)
+        launch = tiling.peek(keys[direct])  # planned once: no closure per call
+        if launch is None:
+            launch = planned(tiling, keys[direct], lambda: spmm_launch(tiling, kdt, D, vecs[direct], (values, X, Y)))
+        run_spmm(launch, tiling, values, X, Y)
+        return Y
+
+    if not (mode is Mode.tf32 and problem.X.dtype == F32 and problem.values == F32):
+        return problem.plan(run)
 
     def binder(values, casts, X, out, general):
-        D = X.shape[1]
+        launch = tiling.peek(keys[True])
+        if not isinstance(launch, Launch):
+            return None
+        bound = launch.bind()
+        if launch.dense:  # the launch reads the values dense
+            on_dense = bound
+
+            def bound(values, X, Y):
+                on_dense(vec_dense_values(tiling, values), X, Y)
+
+        ndarray = get_cupy().ndarray
+
+        def f(values, casts, X, out):
+            Y = ndarray(shape, F32) if out is None else out  # cupy.empty without its wrapper
+            bound(values, X, Y)
+            return Y
+
+        return f
+
+    return problem.plan(run, binder)
+
+
+def cast_plan(problem, x_dtype, key, make, launch_key_of, plan_launch):
+    """The :class:`.._problem.Plan` of a product fed the matrix's values in a cast form (the 16-bit and N:M products),
+    X read as ``x_dtype``.
+
+    ``make(values, casts)`` gives ``(split, values, unscale)``, kept per matrix in ``casts[key]``; the launch for
+    that form, under ``launch_key_of(split, aligned)``, is ``plan_launch(split, aligned, (values, X, Y, extra))``,
+    planned once and kept on the tiling; a call runs it on ``(values, X, Y, unscale or values)``.  Bound once the
+    general path's first call has cast the values and the launch is final (X passed as it is): per call the bound
+    launch takes the matrix's cast values, and matrices sharing the tiling (``with_values``) each bring their own;
+    one whose values take the other form (``(hi, lo)`` pairs against values exact in X's type: another kernel)
+    goes the general way.
+    """
+    tiling, kdt = problem.tiling, problem.kdt
+    shape = (tiling.shape[0], problem.width)
+    aligns = tuple(problem.aligned(8, cast=x_dtype, direct=d) for d in (False, True))
+
+    def run(values, casts, X, Y):
+        cp = get_cupy()
+        direct = Y is not None
+        Y = cp.empty(shape, dtype=kdt) if Y is None else Y
+        if 0 in shape:
+            return Y
+        if X.dtype != x_dtype or not X.flags.c_contiguous:
+            X = cp.ascontiguousarray(X, dtype=x_dtype)
+        split, vals, unscale = make(values, casts)
+        extra = vals if unscale is None else unscale
+        k = launch_key_of(split, aligns[direct])
+        launch = tiling.peek(k)
+        if launch is None:
+            launch = planned(tiling, k, lambda: plan_launch(split, aligns[direct], (vals, X, Y, extra)))
+        launch.run(vals, X, Y, extra)
+        return Y
+
+    if problem.X.dtype != x_dtype:
+        return problem.plan(run)
+
+    def binder(values, casts, X, out, general):
         hit = casts.get(key)
         if hit is None:
             return None
-        aligned = aligned16(D, X, out, multiple=8)  # out None: a new result, as the general path's was
-        launch = tiling.peek(launch_key_of(hit[0], D, aligned))
+        split = hit[0]
+        launch = tiling.peek(launch_key_of(split, aligns[True]))
         if not isinstance(launch, Launch):
             return None
-        return cast_closure(launch.bind(), (M, D), dtype, key, make, hit[0], general)
+        bound = launch.bind()
+        ndarray = get_cupy().ndarray
 
-    return binder
+        def f(values, casts, X, out):
+            form, vals, unscale = casts.get(key) or make(values, casts)
+            if form != split:
+                return general(values, casts, X, out)
+            Y = ndarray(shape, kdt) if out is None else out
+            bound(vals, X, Y, vals if unscale is None else unscale)
+            return Y
 
+        return f
 
-def cast_closure(run, shape, dtype, key, make, split, general):
-    """``f(values, casts, X, out) -> Y``: a bound launch fed, per call, the matrix's cast values.
-
-    ``casts[key]`` (made by ``make(values, casts)`` on a miss, cached on the matrix) is ``(split, values,
-    unscale)``; ``run(values, X, Y, unscale or values)`` launches (and its fixup).  The 16-bit and N:M bound
-    plans: matrices sharing a tiling (``with_values``) each bring their own values, and one whose values take
-    the other form than ``split`` (the launch bound) goes the ``general`` way.
-    """
-    ndarray = get_cupy().ndarray
-
-    def f(values, casts, X, out):
-        form, vals, unscale = casts.get(key) or make(values, casts)
-        if form != split:  # (hi, lo) pairs against values exact in X's type: another kernel
-            return general(values, casts, X, out)
-        Y = ndarray(shape, dtype) if out is None else out
-        run(vals, X, Y, vals if unscale is None else unscale)
-        return Y
-
-    return f
+    return problem.plan(run, binder)

@@ -16,7 +16,6 @@ __all__ = [
     "SDDMM_BLOCKS_PER_WARP",
     "UNITS_PER_WINDOW_MAX",
     "VEC_UNITS_PER_WINDOW_MAX",
-    "aligned16",
     "block_mask",
     "build_plan",
     "sm_count",
@@ -102,13 +101,6 @@ def tile_mask(tiling):
         return _uploaded(tiling, block_mask(xp, arrays("block_ptr"), arrays("tile_pos"), tiling.n_blocks))
 
     return tiling.cached("mask", build)
-
-
-def aligned16(D, *arrays, multiple=4):
-    """Whether rows of ``D`` elements take 16-byte loads and stores: ``D`` a multiple of ``multiple`` (4 floats;
-    8 for the 16-bit and N:M kernels, whose vectors are 8 columns) and every array's base 16-byte aligned
-    (None stands for a result the memory pool will give, 256-byte aligned).  The one statement of the rule."""
-    return D % multiple == 0 and all(a is None or a.data.ptr % 16 == 0 for a in arrays)
 
 
 #: Tilings of at most this many stored entries build their launch plans on the host, with NumPy, and upload them:

@@ -7,15 +7,21 @@ import numpy as np
 
 from ..._tuning import declare, int_option, options
 from ...kernels import products as kp
-from .._launch import SDDMM_OPERANDS, Launch, Scratch, fixup
+from .._launch import SDDMM_OPERANDS, Launch, Scratch, f32_plan, fixup
 from .._plans import SDDMM_BLOCKS_PER_WARP, spmm_plan
 
-__all__ = ["MAX_WARPS", "sddmm_launch", "spmm_launch"]
+__all__ = ["MAX_WARPS", "plan", "sddmm_launch", "spmm_launch"]
 
 #: Warps per CTA of the CUDA-core SpMM: its ``__launch_bounds__``.
 MAX_WARPS = kp.SPMM_MAX_THREADS // 32
 
 declare("core", {"core_nwarps": (4, int_option(1, MAX_WARPS))})
+
+
+def plan(problem):
+    """The :class:`.._problem.Plan` of ``A @ X`` on CUDA cores in the data's own precision: this family's launch
+    (:func:`spmm_launch`), planned once per width (:func:`.._launch.f32_plan`)."""
+    return f32_plan(problem, spmm_launch)
 
 
 def spmm_launch(tiling, dtype, D, vec=False, operands=None):
@@ -38,8 +44,8 @@ def spmm_launch(tiling, dtype, D, vec=False, operands=None):
                   fixup=fix, n_slices=-(-D // 32))
 
 
-def sddmm_launch(tiling, dtype, D, multiply_values):
-    """The CUDA-core SDDMM's :class:`Launch` (any tile shape; ``run(values, Xa, Xb, out)``)."""
+def sddmm_launch(tiling, dtype, D, aligned, multiply_values):
+    """The CUDA-core SDDMM's :class:`Launch` (any tile shape, any alignment; ``run(values, Xa, Xb, out)``)."""
     from ...kernels import products as kp
     from ...kernels.registry import get_kernel
 

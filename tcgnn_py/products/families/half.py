@@ -8,16 +8,15 @@ import dataclasses
 
 import numpy as np
 
-from ..._device import get_cupy
 from ..._tuning import bool_option, declare, int_option, options
 from ...kernels import products as kp
 from .._autotune import choose
-from .._launch import cast_binder, half_launch_key, planned, result_and_operand
-from .._plans import aligned16, vec_plan
+from .._launch import cast_plan, half_launch_key
+from .._plans import vec_plan
 from .._values import half_key, half_values
 from .._vec_layout import coop_launch, partition, partition_launch, vec_coop
 
-__all__ = ["Config", "bind_half", "candidates", "default", "kernels", "launch", "spmm_half", "spmm_launch"]
+__all__ = ["Config", "candidates", "default", "kernels", "launch", "plan", "spmm_launch"]
 
 
 def _half_shape(value):
@@ -60,8 +59,9 @@ def spmm_launch(tiling, dtype, D, vec, half, operands=None):
     from ...kernels.registry import get_kernel
 
     vals, X, Y, unscale = operands
+    frames = {}  # the candidates' launches differ from one another's only in their kernel (and shared memory)
     return choose(tiling, ("timed", half, D, vec), candidates(tiling, D, vec, half),
-                  lambda c, scratch: launch(tiling, dtype, D, vec, half, c, scratch, get_kernel),
+                  lambda c, scratch: launch(tiling, dtype, D, vec, half, c, scratch, get_kernel, frames),
                   lambda la: la.bound_call(vals, X, Y, unscale), lambda c: kernels(tiling, dtype, c),
                   tiling.n_blocks * D)
 
@@ -106,9 +106,11 @@ def default(tiling, D, vec, half):
     return Config(base, bpu)
 
 
-def launch(tiling, dtype, D, vec, half, config=None, scratch=None, get=None):
+def launch(tiling, dtype, D, vec, half, config=None, scratch=None, get=None, frames=None):
     """The launch of ``config`` (default: :func:`default`) for ``half`` ``(X type, split values, Y type)``;
-    ``get(family, name)``: where kernels come from (default: compiled on first use)."""
+    ``get(family, name)``: where kernels come from (default: compiled on first use).  ``frames``: a store of
+    launches by their geometry, shared by the timed choice's candidates, so that a candidate of an existing
+    geometry is that launch with its own kernel."""
     from ...kernels import products as kp
     from ...kernels.registry import get_kernel
 
@@ -116,15 +118,25 @@ def launch(tiling, dtype, D, vec, half, config=None, scratch=None, get=None):
     config = config or default(tiling, D, vec, half)
     k = config.kernel
     shape = (k.FS, k.KS, k.NS)
-    if k.COOP:
-        return coop_launch(tiling, D, k.FS, get("half", k.name), kp.vech_smem(4, *shape), n_extra=1)
-    if shape not in kp.VEC_HALF:
+    if not k.COOP and shape not in kp.VEC_HALF:
         raise ValueError(f"no 16-bit SpMM compiled for (slices, ks, stages) = {shape}: see kernels.products.VEC_HALF")
-    nw = options()["vec_warps"]
-    while nw > 1 and kp.vech_smem(nw, *shape) > kp.SPMM_SMEM_LIMIT:
+    nw = 4 if k.COOP else options()["vec_warps"]
+    while nw > 1 and kp.vech_smem(nw, *shape) > kp.SPMM_SMEM_LIMIT and not k.COOP:
         nw //= 2
-    return partition_launch(tiling, D, k.FS, config.bpu, k.COMBINE, get("half", k.name), kp.vech_smem(nw, *shape), nw,
-                            lambda: get("half", kp.fixup_name("float32", np.dtype(dtype).name)), scratch, n_extra=1)
+    kernel, smem = get("half", k.name), kp.vech_smem(nw, *shape)
+    geometry = (k.COOP, k.FS, config.bpu, k.COMBINE, nw)
+    frame = None if frames is None else frames.get(geometry)
+    if frame is not None:
+        return frame._replace(kernel=kernel, smem=smem)
+    if k.COOP:
+        frame = coop_launch(tiling, D, k.FS, kernel, smem, n_extra=1)
+    else:
+        frame = partition_launch(tiling, D, k.FS, config.bpu, k.COMBINE, kernel, smem, nw,
+                                 lambda: get("half", kp.fixup_name("float32", np.dtype(dtype).name)), scratch,
+                                 n_extra=1)
+    if frames is not None:
+        frames[geometry] = frame
+    return frame
 
 
 def candidates(tiling, D, vec, half):
@@ -154,27 +166,12 @@ def candidates(tiling, D, vec, half):
     return list(dict.fromkeys([first] + [Config(dataclasses.replace(k, **shape), first.bpu) for shape in shapes]))
 
 
-def spmm_half(tiling, hv, X, dtype, out):
-    """``A @ X`` for a 16-bit X on the vector layout: m16n8k16 MMAs, float32 accumulation, one rounding."""
-    cp = get_cupy()
-    split, vals, unscale = hv
-    D = X.shape[1]
-    Y, X = result_and_operand(cp, tiling, X, dtype, out)
-    if X is None:
-        return Y
-    aligned = aligned16(D, X, Y, multiple=8)
-    key = half_launch_key(X.dtype, split, dtype, D, aligned)
-    launch = tiling.peek(key)
-    if launch is None:
-        half = (X.dtype.name, split, dtype.name)
-        launch = planned(tiling, key, lambda: spmm_launch(tiling, dtype, D, aligned, half, (vals, X, Y, unscale)))
-    launch.run(vals, X, Y, unscale)
-    return Y
-
-
-def bind_half(tiling, xdt, dtype):
-    """The binder of a 16-bit X's product on the vector layout whose kernel writes ``dtype`` (float32 or X's type):
-    bound once the launch for the form of the matrix's 16-bit values (:func:`half_values`) is final; per call it
-    takes the matrix's 16-bit values and launches (:func:`.._launch.cast_binder`)."""
-    return cast_binder(tiling, dtype, half_key(xdt), lambda split, D, al: half_launch_key(xdt, split, dtype, D, al),
-                       lambda v, c: half_values(v, xdt, c))
+def plan(problem):
+    """The :class:`.._problem.Plan` of ``A @ X`` for a 16-bit X on the vector layout: m16n8k16 MMAs, float32
+    accumulation, one rounding; the matrix's values as X's type or (hi, lo) pairs of it (:func:`.._values.half_values`),
+    bound for repeated calls once the launch for their form is final."""
+    tiling, xdt, kdt, D = problem.tiling, problem.X.dtype, problem.kdt, problem.width
+    return cast_plan(problem, xdt, half_key(xdt), lambda values, casts: half_values(values, xdt, casts),
+                     lambda split, aligned: half_launch_key(xdt, split, kdt, D, aligned),
+                     lambda split, aligned, operands: spmm_launch(tiling, kdt, D, aligned, (xdt.name, split, kdt.name),
+                                                                  operands))

@@ -29,11 +29,11 @@ import numpy as np
 from ... import _reference as ref
 from ..._device import get_cupy, publish
 from ..._tuning import declare, int_option, options, overrides_key
-from .._launch import Launch, Scratch, cast_binder, fixup, result_and_operand
-from .._plans import VEC_UNITS_PER_WINDOW_MAX, aligned16, spmm_plan
+from .._launch import Launch, Scratch, cast_plan, fixup
+from .._plans import VEC_UNITS_PER_WINDOW_MAX, spmm_plan
 from .._values import half_values, values_as
 
-__all__ = ["bind_sp", "pack_structure", "pack_values", "sp_launch_key", "sp_meta", "sp_values", "spmm_sp"]
+__all__ = ["pack_structure", "pack_values", "plan", "sp_launch_key", "sp_meta", "sp_values"]
 
 F32 = np.dtype(np.float32)
 
@@ -177,30 +177,12 @@ def sp_launch_key(x_dtype, split, dtype, D, aligned):
     return ("sp_launch", np.dtype(x_dtype).name, split, np.dtype(dtype).name, D, aligned, overrides_key())
 
 
-def spmm_sp(tiling, values, X, dtype, out, casts):
-    """``A @ X`` on an N:M layout through ``mma.sp``: 16-bit X on ``"2:4"``, float32 X (TF32) on ``"1:2"``.
-
-    ``dtype`` is the type the kernel writes: float32, or X's 16-bit type.
-    """
-    cp = get_cupy()
-    dtype = np.dtype(dtype)
-    D = X.shape[1]
-    Y, X = result_and_operand(cp, tiling, X, dtype, out)
-    if X is None:
-        return Y
-    split, comp, unscale = sp_values(tiling, values, X.dtype, casts)
-    aligned = aligned16(D, X, Y, multiple=8)
-    key = sp_launch_key(X.dtype, split, dtype, D, aligned)
-    launch = tiling.peek(key)
-    if launch is None:
-        launch = tiling.cached(key, lambda: _sp_launch(tiling, X.dtype.name, split, dtype.name, D, aligned))
-    launch.run(comp, X, Y, comp if unscale is None else unscale)
-    return Y
-
-
-def bind_sp(tiling, xdt, dtype):
-    """The binder of :func:`spmm_sp` for X of ``xdt`` passed as it is, the kernel writing ``dtype``: bound once the
-    launch for the form of the matrix's compressed values (:func:`sp_values`) is final; per call it takes the
-    matrix's compressed values and launches (:func:`.._launch.cast_binder`)."""
-    return cast_binder(tiling, dtype, _sp_key(xdt), lambda split, D, al: sp_launch_key(xdt, split, dtype, D, al),
-                       lambda v, c: sp_values(tiling, v, xdt, c))
+def plan(problem):
+    """The :class:`.._problem.Plan` of ``A @ X`` on an N:M layout through ``mma.sp``: 16-bit X on ``"2:4"``, float32
+    X (TF32) on ``"1:2"``, the kernel writing float32 or X's 16-bit type; the matrix's compressed values
+    (:func:`sp_values`) kept per matrix, and the launch bound for repeated calls once it is final."""
+    tiling, kdt, D = problem.tiling, problem.kdt, problem.width
+    xdt = problem.X.dtype if problem.mode.half else F32
+    return cast_plan(problem, xdt, _sp_key(xdt), lambda values, casts: sp_values(tiling, values, xdt, casts),
+                     lambda split, aligned: sp_launch_key(xdt, split, kdt, D, aligned),
+                     lambda split, aligned, operands: _sp_launch(tiling, xdt.name, split, kdt.name, D, aligned))

@@ -8,10 +8,10 @@ import numpy as np
 
 from ..._tuning import declare, int_option, member_option, options, warp_pair_option
 from ...kernels import products as kp
-from .._launch import SDDMM_OPERANDS, Launch, Scratch
+from .._launch import SDDMM_OPERANDS, Launch, Scratch, f32_plan
 from .._plans import SDDMM_BLOCKS_PER_WARP, spmm_plan, tile_mask
 
-__all__ = ["FEW_CTAS", "WHOLE_WINDOW_BLOCKS", "sddmm_launch", "spmm_launch", "work_shape"]
+__all__ = ["FEW_CTAS", "WHOLE_WINDOW_BLOCKS", "plan", "sddmm_launch", "spmm_launch", "work_shape"]
 
 #: Warps per CTA of the 16x8 SpMM: its ``__launch_bounds__`` (a larger block fails at the driver with an error that
 #: names nothing).
@@ -29,6 +29,12 @@ declare("tf32", {
 WHOLE_WINDOW_BLOCKS = 256
 #: Below this many CTAs (windows x slabs), whole windows get 8 warps instead of 4.
 FEW_CTAS = 2048
+
+
+def plan(problem):
+    """The :class:`.._problem.Plan` of a float32 ``A @ X`` on TF32 tensor cores, TC-GNN's 16x8 tiles: this family's
+    launch (:func:`spmm_launch`), planned once per width and alignment (:func:`.._launch.f32_plan`)."""
+    return f32_plan(problem, spmm_launch)
 
 
 def spmm_launch(tiling, dtype, D, vec, operands=None):
@@ -92,8 +98,8 @@ def work_shape(tiling, n_slabs):
     return 4, 16 if n_slabs == 1 else 32
 
 
-def sddmm_launch(tiling, D, aligned, multiply_values):
-    """The 16x8 TF32 SDDMM's :class:`Launch` (``run(values, Xa, Xb, out)``)."""
+def sddmm_launch(tiling, dtype, D, aligned, multiply_values):
+    """The 16x8 TF32 SDDMM's :class:`Launch` (float32; ``run(values, Xa, Xb, out)``)."""
     from ...kernels import products as kp
     from ...kernels.registry import get_kernel
 

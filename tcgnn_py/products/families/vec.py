@@ -12,12 +12,12 @@ import numpy as np
 from ..._tuning import bool_option, declare, int_option, member_option, options, positive_option
 from ...kernels import products as kp
 from .._autotune import choose
-from .._launch import SDDMM_OPERANDS, Launch
+from .._launch import SDDMM_OPERANDS, Launch, f32_plan
 from .._plans import spmm_plan, vec_plan
 from .._values import VEC_DENSE_BYTES_MAX, vec_dense_values
 from .._vec_layout import async_rows, coop_launch, partition, partition_launch, vec_coop
 
-__all__ = ["MAX_WARPS", "Config", "candidates", "default", "kernels", "launch", "sddmm_launch", "spmm_launch"]
+__all__ = ["MAX_WARPS", "Config", "candidates", "default", "kernels", "launch", "plan", "sddmm_launch", "spmm_launch"]
 
 
 #: Warps per CTA of the vector SpMM: its ``__launch_bounds__(128)`` (a larger block fails at the driver).
@@ -55,6 +55,12 @@ class Config:
     bpu: int
 
 
+def plan(problem):
+    """The :class:`.._problem.Plan` of a float32 ``A @ X`` on TF32 tensor cores, vector layout: this family's launch
+    (:func:`spmm_launch`), planned once per width and alignment (:func:`.._launch.f32_plan`)."""
+    return f32_plan(problem, spmm_launch)
+
+
 def spmm_launch(tiling, dtype, D, vec, operands=None):
     """The float32 vector SpMM's launch for ``D`` features (``vec``: 16-byte aligned rows).
 
@@ -66,8 +72,9 @@ def spmm_launch(tiling, dtype, D, vec, operands=None):
     from ...kernels.registry import get_kernel
 
     values, X, Y = operands
+    frames = {}  # the candidates' launches differ from one another's only in their kernel (and shared memory)
     return choose(tiling, ("timed", "float32", D, vec), candidates(tiling, D, vec),
-                  lambda c, scratch: launch(tiling, dtype, D, vec, c, scratch, get_kernel),
+                  lambda c, scratch: launch(tiling, dtype, D, vec, c, scratch, get_kernel, frames),
                   lambda la: la.bound_call(vec_dense_values(tiling, values) if la.dense else values, X, Y),
                   lambda c: kernels(tiling, dtype, c), tiling.n_blocks * D)
 
@@ -105,9 +112,10 @@ def default(tiling, D, vec):
                                   PV=True, COOP=coop), bpu)
 
 
-def launch(tiling, dtype, D, vec, config=None, scratch=None, get=None):
+def launch(tiling, dtype, D, vec, config=None, scratch=None, get=None, frames=None):
     """The launch of ``config`` (default: :func:`default`); ``get(family, name)``: where kernels come from
-    (default: compiled on first use)."""
+    (default: compiled on first use).  ``frames``: a store of launches by their geometry, shared by the timed
+    choice's candidates, so that a candidate of an existing geometry is that launch with its own kernel."""
     from ...kernels import products as kp
     from ...kernels.registry import get_kernel
 
@@ -115,16 +123,35 @@ def launch(tiling, dtype, D, vec, config=None, scratch=None, get=None):
     config = config or default(tiling, D, vec)
     k = config.kernel
     kernel = get("vec", k.name)
-    if isinstance(k, kp.SpmmVecAsync) and k.COOP:
-        return coop_launch(tiling, D, k.FS, kernel, kp.vec_async_smem(4, k.FS, k.U, k.NS))
-    nw, smem = options()["vec_warps"], 0
-    if isinstance(k, kp.SpmmVecAsync):
-        while nw > 1 and kp.vec_async_smem(nw, k.FS, k.U, k.NS) > kp.SPMM_SMEM_LIMIT:
+    is_async = isinstance(k, kp.SpmmVecAsync)
+    coop = is_async and k.COOP
+    nw, smem = 4 if coop else options()["vec_warps"], 0
+    if is_async:
+        while nw > 1 and kp.vec_async_smem(nw, k.FS, k.U, k.NS) > kp.SPMM_SMEM_LIMIT and not coop:
             nw //= 2
         smem = kp.vec_async_smem(nw, k.FS, k.U, k.NS)
-    return partition_launch(tiling, D, k.FS, config.bpu, k.COMBINE, kernel, smem, nw,
-                            lambda: get("vec", kp.fixup_name(np.dtype(dtype).name)), scratch,
-                            dense=isinstance(k, kp.SpmmVecAsync) and k.DV)
+    dense = is_async and k.DV and not coop
+    geometry = (coop, k.FS, config.bpu, k.COMBINE, nw)
+    frame = None if frames is None else frames.get(geometry)
+    if frame is not None:
+        return frame._replace(kernel=kernel, smem=smem, dense=dense)
+    if coop:
+        frame = coop_launch(tiling, D, k.FS, kernel, smem)
+    else:
+        frame = partition_launch(tiling, D, k.FS, config.bpu, k.COMBINE, kernel, smem, nw,
+                                 lambda: get("vec", kp.fixup_name(np.dtype(dtype).name)), scratch, dense=dense)
+    if frames is not None:
+        frames[geometry] = frame
+    return frame._replace(kernel=kernel, smem=smem, dense=is_async and k.DV)
+    if coop:
+        frame = coop_launch(tiling, D, k.FS, kernel, smem)
+    else:
+        frame = partition_launch(tiling, D, k.FS, config.bpu, k.COMBINE, kernel, smem, nw,
+                                 lambda: get("vec", kp.fixup_name(np.dtype(dtype).name)), scratch,
+                                 dense=is_async and k.DV)
+    if frames is not None:
+        frames[geometry] = frame
+    return frame
 
 
 def candidates(tiling, D, vec):
@@ -160,8 +187,8 @@ def candidates(tiling, D, vec):
     return [c for c in dict.fromkeys(out) if c.kernel in kp.VEC_SPMM_CONFIGS]
 
 
-def sddmm_launch(tiling, D, aligned, multiply_values):
-    """The vector SDDMM's :class:`Launch` (``run(values, Xa, Xb, out)``)."""
+def sddmm_launch(tiling, dtype, D, aligned, multiply_values):
+    """The vector SDDMM's :class:`Launch` (float32; ``run(values, Xa, Xb, out)``)."""
     from ...kernels import products as kp
     from ...kernels.registry import get_kernel
 
