@@ -185,11 +185,23 @@ def run_spmm(launch, tiling, values, X, Y):
     launch.run(vec_dense_values(tiling, values) if launch.dense else values, X, Y)
 
 
+def _result_and_operand(shape, dtype, X, Y, x_dtype):
+    """``(Y, X)``: the result (``Y``, or a new array of ``dtype``) and X as the kernel reads it (C-contiguous, of
+    ``x_dtype``); X None where there is nothing to compute."""
+    cp = get_cupy()
+    Y = cp.empty(shape, dtype=dtype) if Y is None else Y
+    if 0 in shape:
+        return Y, None
+    if X.dtype != x_dtype or not X.flags.c_contiguous:
+        X = cp.ascontiguousarray(X, dtype=x_dtype)
+    return Y, X
+
+
 def f32_plan(problem, spmm_launch):
     """The :class:`.._problem.Plan` of a product fed the values in its own type (float32 on TF32 tensor cores, any type
-    on CUDA cores), the family's launch made by
-    ``spmm_launch(tiling, dtype, D, vec, operands)``: planned once per width and alignment and kept on the tiling,
-    bound where the product is TF32 on float32 X and values (one launch, or two with a fixup)."""
+    on CUDA cores), its launch made by the family's ``spmm_launch(tiling, dtype, D, vec, operands)``: planned once
+    per width and alignment and kept on the tiling, bound where the product is TF32 on float32 X and values (one
+    launch, or two with a fixup)."""
     tiling, mode, kdt, D = problem.tiling, problem.mode, problem.kdt, problem.width
     shape = (tiling.shape[0], D)
     # the launch's key for a new result (False) or for out (True): X is read as kdt, C-contiguous
@@ -197,13 +209,10 @@ def f32_plan(problem, spmm_launch):
     keys = tuple(launch_key(mode, kdt, D, v) for v in vecs)
 
     def run(values, casts, X, Y):
-        cp = get_cupy()
         direct = Y is not None
-        Y = cp.empty(shape, dtype=kdt) if Y is None else Y
-        if 0 in shape:
+        Y, X = _result_and_operand(shape, kdt, X, Y, kdt)
+        if X is None:
             return Y
-        if X.dtype != kdt or not X.flags.c_contiguous:
-            X = cp.ascontiguousarray(X, dtype=kdt)
         values = values_as(values, kdt, casts)
         launch = tiling.peek(keys[direct])  # planned once: no closure per call
         if launch is None:
@@ -254,13 +263,10 @@ def cast_plan(problem, x_dtype, key, make, launch_key_of, plan_launch):
     aligns = tuple(problem.aligned(8, cast=x_dtype, direct=d) for d in (False, True))
 
     def run(values, casts, X, Y):
-        cp = get_cupy()
         direct = Y is not None
-        Y = cp.empty(shape, dtype=kdt) if Y is None else Y
-        if 0 in shape:
+        Y, X = _result_and_operand(shape, kdt, X, Y, x_dtype)
+        if X is None:
             return Y
-        if X.dtype != x_dtype or not X.flags.c_contiguous:
-            X = cp.ascontiguousarray(X, dtype=x_dtype)
         split, vals, unscale = make(values, casts)
         extra = vals if unscale is None else unscale
         k = launch_key_of(split, aligns[direct])
