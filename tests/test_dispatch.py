@@ -40,6 +40,7 @@ import scipy.sparse as sp  # noqa: E402
 
 import tcgnn_py as tg  # noqa: E402
 from tcgnn_py.products import Operand, Problem  # noqa: E402
+from tcgnn_py.products._dispatch import SPMM  # noqa: E402
 
 
 def _device_array(dtype, shape, ptr=1 << 20, contiguous=True):
@@ -65,12 +66,12 @@ def _tiling(layout):
     ("1:2", "float32", "float32", None, "sparse"),
     ("1:2", "float32", "float32", "fp32", "core"),
 ])
-def test_a_problem_names_the_family_that_plans_it(layout, x, result, precision, family):
+def test_the_front_door_table_names_the_family_that_plans_a_problem(layout, x, result, precision, family):
     if "bfloat16" in (x, result):
         pytest.importorskip("ml_dtypes", reason="bfloat16 needs ml_dtypes (the [bf16] extra)")  # registers the name
     X = _device_array(x, (24, 16))
     problem = Problem.spmm(_tiling(layout), np.ones(3, np.float32), X, np.dtype(result), precision, None)
-    assert problem.family == family
+    assert SPMM[problem.route].__name__ == f"tcgnn_py.products.families.{family}"
     assert problem.X == Operand(np.dtype(x), (24, 16), True, True) and problem.out is None
 
 
@@ -103,3 +104,21 @@ def test_only_a_result_the_kernel_writes_in_place_is_bound():
     # a float16 result of float32 X: computed in float32, then rounded into a new array
     problem = Problem.spmm(tiling, values, X, np.dtype(np.float16), None, None)
     assert problem.kdt == np.float32 and not problem.bindable
+
+
+def test_every_problem_a_precision_resolves_to_has_a_family():
+    ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 needs ml_dtypes (the [bf16] extra)")
+    types_ = (np.float16, ml_dtypes.bfloat16, np.float32, np.float64)
+    routes = set()
+    for layout in ("tcgnn", "vector", "2:4", "1:2"):
+        tiling = _tiling(layout)
+        for x in types_:
+            for result in types_:
+                for precision in (None, "tf32", "fp32", "fp16", "bf16"):
+                    try:
+                        problem = Problem.spmm(tiling, np.ones(3, np.float32), _device_array(x, (24, 8)),
+                                               np.dtype(result), precision, None)
+                    except (TypeError, ValueError):
+                        continue  # a precision this product cannot take: an error names it
+                    routes.add(problem.route)
+    assert routes == set(SPMM)

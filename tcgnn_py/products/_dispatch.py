@@ -32,10 +32,20 @@ from .families import core, half, sparse, tf32, vec
 __all__ = ["Plan", "sddmm_raw", "signature", "spmm_raw", "DEVICE_VALUES", "MISMATCH", "as_operand", "check_out",
            "result_dtype", "timed_choices"]
 
-#: The families, by the name :class:`Problem` gives a product: each plans its SpMMs (``plan(problem) -> Plan``) and
-#: its SDDMM launches (``sddmm_launch``); a new family is its module and a line here.
-SPMM = {"tf32": tf32, "vec": vec, "core": core, "half": half, "sparse": sparse}
-SDDMM = {"tf32": tf32, "vec": vec, "core": core}
+#: Which family plans ``A @ X`` (``plan(problem) -> Plan``), by :attr:`Problem.route`: (mode, tile shape, N:M
+#: pattern), ``"half"`` for the 16-bit MMAs; the CUDA cores take every tiling in ``Mode.exact``.  A new family is
+#: its module and a line here.
+SPMM = {
+    (Mode.tf32, (16, 8), None): tf32,  # TC-GNN's tiles
+    (Mode.tf32, VEC_TILE, None): vec,  # the vector layout
+    ("half", VEC_TILE, None): half,  # 16-bit X on the vector layout
+    ("half", (16, 16), (2, 4)): sparse,  # mma.sp: 16-bit X on "2:4"
+    (Mode.tf32, (16, 8), (1, 2)): sparse,  # ... TF32 on "1:2"
+    (Mode.exact, None, None): core,
+}
+#: ... and its SDDMM launches (``sddmm_launch``), by mode and tile shape: TF32 on the tensor-core tiles, else CUDA
+#: cores.
+SDDMM = {(Mode.tf32, (16, 8)): tf32, (Mode.tf32, VEC_TILE): vec}
 
 
 def signature(values, X, out=None, precision=None, op=None):
@@ -92,7 +102,7 @@ def spmm_plan(tiling, values, X, dtype, precision, out):
     """The :class:`Plan` of ``A @ X`` for operands of this signature (device arrays): its :class:`Problem`'s
     family's."""
     problem = Problem.spmm(tiling, values, X, dtype, precision, out)
-    return SPMM[problem.family].plan(problem)
+    return SPMM[problem.route].plan(problem)
 
 
 # --- SDDMM -----------------------------------------------------------------
@@ -134,7 +144,7 @@ def sddmm_gpu(tiling, values, Xa, Xb, dtype, multiply_values=False, precision=No
 def sddmm_launch(tiling, mode, dtype, D, aligned, multiply_values):
     """The SDDMM's launch for ``mode`` on this tile shape: the family's (TF32 tensor cores on the tile shape's family,
     else CUDA cores), planned once, kept on the tiling."""
-    family = SDDMM["core" if mode is not Mode.tf32 else "vec" if tiling.tile_shape == VEC_TILE else "tf32"]
+    family = SDDMM.get((mode, tiling.tile_shape), core)
     return tiling.cached(("sddmm_launch", mode, np.dtype(dtype).char, D, aligned, bool(multiply_values)),
                          lambda: family.sddmm_launch(tiling, dtype, D, aligned, multiply_values))
 

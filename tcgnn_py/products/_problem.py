@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._modes import F32, VEC_TILE, Mode, compute_dtype, resolve_precision
+from ._modes import F32, Mode, compute_dtype, resolve_precision
 
 __all__ = ["Operand", "Plan", "Problem", "aligned16", "overlaps"]
 
@@ -78,8 +78,8 @@ class Problem(NamedTuple):
     """``A @ X`` for one signature, as the front door hands it to a family (:meth:`spmm`).
 
     ``dtype`` is the result's; the kernels write ``kdt``: ``dtype``, or float32 rounded once into it afterwards (a
-    16-bit result the kernel does not write, or one computed on widened X).  ``family`` names the family that
-    plans it (the front door's table).
+    16-bit result the kernel does not write, or one computed on widened X).  :attr:`route` is the key of the
+    family that plans it in the front door's table.
     """
 
     tiling: object
@@ -89,26 +89,25 @@ class Problem(NamedTuple):
     values: np.dtype  # the matrix's values' dtype
     X: Operand
     out: Operand  # or None: a new result
-    family: str
 
     @classmethod
     def spmm(cls, tiling, values, X, dtype, precision, out):
         """The problem of ``A @ X`` (device arrays; ``out`` optional), its precision resolved."""
-        pattern = tiling.layout.pattern
-        mode = resolve_precision(precision, dtype, tiling.tile_shape, X.dtype, pattern)
-        if pattern is not None and mode is not Mode.exact:
-            family = "sparse"  # sparse tensor cores: 16-bit X on "2:4", TF32 on "1:2"
-        elif mode.half:
-            family = "half"
-        elif mode is Mode.tf32:
-            family = "vec" if tiling.tile_shape == VEC_TILE else "tf32"
-        else:
-            family = "core"
+        mode = resolve_precision(precision, dtype, tiling.tile_shape, X.dtype, tiling.layout.pattern)
         if mode.half:
             kdt = dtype if dtype in (F32, X.dtype) else F32
         else:
             kdt = compute_dtype(dtype)
-        return cls(tiling, mode, dtype, kdt, values.dtype, Operand.of(X), Operand.of(out), family)
+        return cls(tiling, mode, dtype, kdt, values.dtype, Operand.of(X), Operand.of(out))
+
+    @property
+    def route(self):
+        """``(mode, tile shape, N:M pattern)``: what picks the family (``"half"`` for either 16-bit mode; CUDA
+        cores, ``Mode.exact``, take any tiling: ``(Mode.exact, None, None)``)."""
+        if self.mode is Mode.exact:
+            return Mode.exact, None, None
+        layout = self.tiling.layout
+        return "half" if self.mode.half else self.mode, layout.tile_shape, layout.pattern
 
     @property
     def width(self):
