@@ -90,11 +90,22 @@ def _probe():
             return False, "no CUDA device is visible to CuPy"
     except Exception as exc:  # driver missing or broken
         return False, f"CUDA is not usable: {exc}"
-    # Numba is found, not imported: importing numba.cuda costs ~0.7 s, and a process whose graphs are
-    # small (translated on the host) may never launch a Numba kernel (numba_launch imports it then).
-    if importlib.util.find_spec("numba") is None or importlib.util.find_spec("numba.cuda") is None:
+    if not _numba_cuda_found():
         return False, "Numba is not installed (on a machine with an NVIDIA GPU: pip install 'tcgnn_py[cuda13]')"
     return True, ""
+
+
+def _numba_cuda_found():
+    """Whether Numba and its CUDA target are installed, found without importing either: importing Numba costs
+    ~0.3 s, and a process whose graphs are small (translated on the host) may never launch a Numba kernel
+    (numba_launch imports it then).  ``find_spec("numba.cuda")`` would import the parent package, so the target
+    is looked for as the numba-cuda package, or as the one in Numba's own tree."""
+    numba = importlib.util.find_spec("numba")
+    if numba is None:
+        return False
+    if importlib.util.find_spec("numba_cuda") is not None:
+        return True
+    return any(os.path.isdir(os.path.join(p, "cuda")) for p in numba.submodule_search_locations or ())
 
 
 def gpu_unusable_reason():

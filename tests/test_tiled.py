@@ -241,6 +241,35 @@ def test_no_gpu_warning_once():
     assert out.stdout.strip() == "1"
 
 
+def test_looking_for_numba_cuda_imports_no_numba():
+    """The GPU probe finds Numba's CUDA target without importing Numba (~0.3 s), which a process whose graphs are
+    translated on the host may never need."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    code = "import sys, tcgnn_py._device as d\nprint(d._numba_cuda_found(), 'numba' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    installed = importlib.util.find_spec("numba") is not None
+    assert out.stdout.split() == [str(installed), "False"], out.stdout + out.stderr
+
+
+@pytest.mark.gpu
+def test_a_small_graph_on_the_gpu_imports_no_numba():
+    """A graph translated on the host and its products launch no Numba kernel, so they import no Numba."""
+    import subprocess
+    import sys
+
+    code = ("import sys, numpy as np, scipy.sparse as sp, cupy as cp, tcgnn_py as tg\n"
+            "A = sp.random(300, 300, density=0.02, format='csr', dtype=np.float32, random_state=0)\n"
+            "T = tg.TiledMatrix(A, device='cuda')\n"
+            "Y = T @ cp.ones((300, 64), np.float32); tg.sddmm(T, cp.ones((300, 8), np.float32), cp.ones((300, 8), "
+            "np.float32))\n"
+            "cp.cuda.Device().synchronize(); print('numba' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr
+
+
 @pytest.mark.gpu
 def test_device_operands_and_types():
     import cupy as cp
