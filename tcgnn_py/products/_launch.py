@@ -1,8 +1,10 @@
-"""Layer 2: the one type of a planned launch (:class:`Launch`), its per-stream scratch, the fixup, and how one runs.
+"""Layer 2: the one type of a planned launch (:class:`Launch`), its per-stream scratch, the fixup, how one runs,
+and the two plans the product families fill in.
 
 A launch is planned once per signature and cached on the tiling under one key (:func:`launch_key`,
 :func:`half_launch_key`); :func:`planned` keeps a provisional launch aside while the timed choice's
-candidates compile.
+candidates compile.  :func:`f32_plan` (values in the product's own type) and :func:`cast_plan` (values in a cast
+form: 16-bit, ``(hi, lo)`` pairs, N:M fragments) are a family's ``plan(problem)`` given its launch.
 """
 
 import functools
