@@ -40,7 +40,7 @@ import scipy.sparse as sp  # noqa: E402
 
 import tcgnn_py as tg  # noqa: E402
 from tcgnn_py.products import Operand, Problem  # noqa: E402
-from tcgnn_py.products._dispatch import SPMM  # noqa: E402
+from tcgnn_py.products._dispatch import SDDMM, SPMM  # noqa: E402
 
 
 def _device_array(dtype, shape, ptr=1 << 20, contiguous=True):
@@ -106,19 +106,33 @@ def test_only_a_result_the_kernel_writes_in_place_is_bound():
     assert problem.kdt == np.float32 and not problem.bindable
 
 
-def test_every_problem_a_precision_resolves_to_has_a_family():
+@pytest.mark.parametrize("product, table", [("spmm", SPMM), ("sddmm", SDDMM)])
+def test_every_problem_a_precision_resolves_to_has_a_family(product, table):
     ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 needs ml_dtypes (the [bf16] extra)")
     types_ = (np.float16, ml_dtypes.bfloat16, np.float32, np.float64)
     routes = set()
     for layout in ("tcgnn", "vector", "2:4", "1:2"):
-        tiling = _tiling(layout)
+        tiling, values = _tiling(layout), np.ones(3, np.float32)
         for x in types_:
             for result in types_:
                 for precision in (None, "tf32", "fp32", "fp16", "bf16"):
+                    X = _device_array(x, (24, 8))
                     try:
-                        problem = Problem.spmm(tiling, np.ones(3, np.float32), _device_array(x, (24, 8)),
-                                               np.dtype(result), precision, None)
+                        if product == "spmm":
+                            problem = Problem.spmm(tiling, values, X, np.dtype(result), precision, None)
+                        else:
+                            problem = Problem.sddmm(tiling, values, _device_array(x, (40, 8)), X, np.dtype(result),
+                                                    precision, None, False)
                     except (TypeError, ValueError):
                         continue  # a precision this product cannot take: an error names it
                     routes.add(problem.route)
-    assert routes == set(SPMM)
+    assert routes == set(table)
+
+
+def test_an_sddmm_widens_16_bit_operands_to_tf32_where_tiles_have_tensor_cores():
+    half = _device_array("float16", (24, 8))
+    for layout, mode in (("vector", "tf32"), ("tcgnn", "tf32"), ("1:2", "tf32"), ("2:4", "exact")):
+        problem = Problem.sddmm(_tiling(layout), np.ones(3, np.float32), _device_array("float16", (40, 8)), half,
+                                np.dtype(np.float16), None, None, False)
+        assert (problem.mode, problem.kdt) == (mode, np.float32), layout
+        assert problem.route in SDDMM

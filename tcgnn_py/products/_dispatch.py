@@ -19,13 +19,12 @@ import sys
 import numpy as np
 
 from .. import _reference as ref
-from .._device import get_cupy
 from .._tuning import overrides_key
 from ._autotune import timed_choices
-from ._modes import (F32, MISMATCH, PRECISIONS, TC_TILES, VEC_TILE, Mode, as_operand, check_out, compute_dtype,
-                     resolve_precision, result_dtype)
-from ._problem import Operand, Plan, Problem, aligned16
-from ._values import DEVICE_VALUES, values_as
+from ._modes import (MISMATCH, PRECISIONS, VEC_TILE, Mode, as_operand, check_out, compute_dtype, resolve_precision,
+                     result_dtype)
+from ._problem import Plan, Problem
+from ._values import DEVICE_VALUES
 from .families import core, half, sparse, tf32, vec
 
 # The engine's front door: what TiledMatrix needs from the engine comes through this module only.
@@ -43,9 +42,13 @@ SPMM = {
     (Mode.tf32, (16, 8), (1, 2)): sparse,  # ... TF32 on "1:2"
     (Mode.exact, None, None): core,
 }
-#: ... and its SDDMM launches (``sddmm_launch``), by mode and tile shape: TF32 on the tensor-core tiles, else CUDA
-#: cores.
-SDDMM = {(Mode.tf32, (16, 8)): tf32, (Mode.tf32, VEC_TILE): vec}
+#: ... and its SDDMMs (``plan_sddmm(problem) -> Plan``): TF32 on the tensor-core tiles (16-bit operands widened),
+#: else CUDA cores.
+SDDMM = {
+    (Mode.tf32, (16, 8), None): tf32,
+    (Mode.tf32, VEC_TILE, None): vec,
+    (Mode.exact, None, None): core,
+}
 
 
 def signature(values, X, out=None, precision=None, op=None):
@@ -108,65 +111,6 @@ def spmm_plan(tiling, values, X, dtype, precision, out):
 # --- SDDMM -----------------------------------------------------------------
 
 
-def sddmm_gpu(tiling, values, Xa, Xb, dtype, multiply_values=False, precision=None, casts=None, out=None):
-    """SDDMM values in tiled order on the GPU (see :func:`sddmm_raw`)."""
-    dtype = np.dtype(dtype)
-    cdt = compute_dtype(dtype)
-    operand = Xa.dtype if Xa.dtype == Xb.dtype else None
-    mode = resolve_precision(precision, dtype, tiling.tile_shape, operand, tiling.layout.pattern)
-    if mode.half:
-        # 16-bit inputs widen exactly to TF32: the same products, accumulated in float32 (CUDA cores on 2:4 tiles).
-        mode = Mode.tf32 if tiling.tile_shape in TC_TILES else Mode.exact
-    if cdt != dtype:
-        e = sddmm_gpu(tiling, values, Xa, Xb, cdt, multiply_values, "tf32" if mode is Mode.tf32 else "fp32", casts)
-        if out is None:
-            return e.astype(dtype)
-        out[...] = e
-        return out
-    cp = get_cupy()
-    nnz = tiling.nnz
-    if out is None:
-        out = cp.empty(nnz, dtype=dtype)
-    D = Xa.shape[1]
-    if nnz == 0:
-        return out
-    if D == 0:
-        out.fill(0)
-        return out
-    Xa = cp.ascontiguousarray(Xa, dtype=dtype)
-    Xb = cp.ascontiguousarray(Xb, dtype=dtype)
-    values = values_as(values, dtype, {} if casts is None else casts)
-    aligned = aligned16(D, Operand.of(Xa), Operand.of(Xb))
-    sddmm_launch(tiling, mode, dtype, D, aligned, multiply_values).run(values, Xa, Xb, out)
-    return out
-
-
-def sddmm_launch(tiling, mode, dtype, D, aligned, multiply_values):
-    """The SDDMM's launch for ``mode`` on this tile shape: the family's (TF32 tensor cores on the tile shape's family,
-    else CUDA cores), planned once, kept on the tiling."""
-    family = SDDMM.get((mode, tiling.tile_shape), core)
-    return tiling.cached(("sddmm_launch", mode, np.dtype(dtype).char, D, aligned, bool(multiply_values)),
-                         lambda: family.sddmm_launch(tiling, dtype, D, aligned, multiply_values))
-
-
-def bind_sddmm(tiling, multiply_values, aligned):
-    """The binder of a float32 SDDMM on TF32 tensor cores: ``binder(values, casts, Xa, Xb, out, general)``
-    returns ``f(values, casts, Xa, Xb, out) -> e`` (``out`` None) with the launch bound."""
-    def binder(values, casts, Xa, Xb, out, general):
-        D = Xa.shape[1]
-        run = sddmm_launch(tiling, Mode.tf32, F32, D, aligned, multiply_values).bind()
-        nnz, empty = tiling.nnz, get_cupy().empty
-
-        def f(values, casts, Xa, Xb, out):
-            e = empty(nnz, F32)
-            run(values, Xa, Xb, e)
-            return e
-
-        return f
-
-    return binder
-
-
 def sddmm_raw(tiling, values, Xa, Xb, dtype, multiply_values=False, precision=None, casts=None, out=None):
     """Values ``<Xa[i], Xb[j]>`` (times the entry's value if ``multiply_values``) in tiled order.
 
@@ -190,16 +134,7 @@ def sddmm_raw(tiling, values, Xa, Xb, dtype, multiply_values=False, precision=No
 
 
 def sddmm_plan(tiling, values, Xa, Xb, dtype, multiply_values, precision, out):
-    """The :class:`Plan` of an SDDMM for operands of this signature (device arrays)."""
-    operand = Xa.dtype if Xa.dtype == Xb.dtype else None
-    resolve_precision(precision, dtype, tiling.tile_shape, operand, tiling.layout.pattern)  # errors at once
-
-    def general(values, casts, Xa, Xb, out):
-        return sddmm_gpu(tiling, values, Xa, Xb, dtype, multiply_values, precision, casts, out)
-
-    bindable = (out is None and values.dtype == F32 and dtype == F32 and tiling.nnz and Xa.shape[1]
-                and all(x.ndim == 2 and x.dtype == F32 and x.flags.c_contiguous for x in (Xa, Xb))
-                and resolve_precision(precision, F32, tiling.tile_shape, F32) is Mode.tf32)
-    if not bindable:
-        return Plan(general)
-    return Plan(general, bind_sddmm(tiling, multiply_values, aligned16(Xa.shape[1], Operand.of(Xa), Operand.of(Xb))))
+    """The :class:`Plan` of an SDDMM for operands of this signature (device arrays): its :class:`Problem`'s
+    family's."""
+    problem = Problem.sddmm(tiling, values, Xa, Xb, dtype, precision, out, multiply_values)
+    return SDDMM[problem.route].plan_sddmm(problem)

@@ -4,7 +4,8 @@ and the two plans the product families fill in.
 A launch is planned once per signature and cached on the tiling under one key (:func:`launch_key`,
 :func:`half_launch_key`); :func:`planned` keeps a provisional launch aside while the timed choice's
 candidates compile.  :func:`f32_plan` (values in the product's own type) and :func:`cast_plan` (values in a cast
-form: 16-bit, ``(hi, lo)`` pairs, N:M fragments) are a family's ``plan(problem)`` given its launch.
+form: 16-bit, ``(hi, lo)`` pairs, N:M fragments) are a family's ``plan(problem)`` given its launch, and
+:func:`sddmm_plan` its ``plan_sddmm(problem)``.
 """
 
 import functools
@@ -16,6 +17,7 @@ import numpy as np
 from .._device import get_cupy
 from .._tuning import overrides_key
 from ._modes import F32, Mode
+from ._problem import aligned16
 from ._values import values_as, vec_dense_values
 
 __all__ = [
@@ -31,6 +33,7 @@ __all__ = [
     "launch_key",
     "planned",
     "run_spmm",
+    "sddmm_plan",
 ]
 
 
@@ -299,6 +302,48 @@ def cast_plan(problem, x_dtype, key, make, launch_key_of, plan_launch):
             Y = ndarray(shape, kdt) if out is None else out
             bound(vals, X, Y, vals if unscale is None else unscale)
             return Y
+
+        return f
+
+    return problem.plan(run, binder)
+
+
+def sddmm_plan(problem, sddmm_launch):
+    """The :class:`.._problem.Plan` of an SDDMM (``<Xa_i, Xb_j>`` per entry, times its value if asked, in tiled
+    order), its launch made by the family's ``sddmm_launch(tiling, dtype, D, aligned, multiply_values)``: planned
+    once and kept on the tiling, bound where it is TF32 on float32 operands and values into a new result."""
+    tiling, kdt, D, mv = problem.tiling, problem.kdt, problem.width, problem.multiply_values
+    nnz = tiling.nnz
+    aligned = aligned16(D, problem.read(problem.X, kdt), problem.read(problem.Xb, kdt))
+    key = ("sddmm_launch", problem.mode, kdt.char, D, aligned, mv)
+
+    def launch():
+        return tiling.cached(key, lambda: sddmm_launch(tiling, kdt, D, aligned, mv))
+
+    def run(values, casts, Xa, Xb, e):
+        cp = get_cupy()
+        e = cp.empty(nnz, dtype=kdt) if e is None else e
+        if nnz == 0:
+            return e
+        if D == 0:
+            e.fill(0)
+            return e
+        Xa, Xb = cp.ascontiguousarray(Xa, dtype=kdt), cp.ascontiguousarray(Xb, dtype=kdt)
+        launch().run(values_as(values, kdt, casts), Xa, Xb, e)
+        return e
+
+    Xb = problem.Xb
+    if not (problem.mode is Mode.tf32 and kdt == F32 and problem.values == F32 and problem.X.dtype == F32
+            and Xb.dtype == F32 and len(Xb.shape) == 2 and Xb.contiguous and nnz and problem.out is None):
+        return problem.plan(run)
+
+    def binder(values, casts, Xa, Xb, out, general):
+        bound, empty = launch().bind(), get_cupy().empty
+
+        def f(values, casts, Xa, Xb, out):
+            e = empty(nnz, F32)
+            bound(values, Xa, Xb, e)
+            return e
 
         return f
 

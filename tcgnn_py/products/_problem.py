@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._modes import F32, Mode, compute_dtype, resolve_precision
+from ._modes import F32, TC_TILES, Mode, compute_dtype, resolve_precision
 
 __all__ = ["Operand", "Plan", "Problem", "aligned16", "overlaps"]
 
@@ -75,11 +75,12 @@ class Plan:
 
 
 class Problem(NamedTuple):
-    """``A @ X`` for one signature, as the front door hands it to a family (:meth:`spmm`).
+    """A product of one signature, as the front door hands it to a family: ``A @ X`` (:meth:`spmm`) or the SDDMM
+    ``<X_i, Xb_j>`` over A's entries (:meth:`sddmm`).
 
     ``dtype`` is the result's; the kernels write ``kdt``: ``dtype``, or float32 rounded once into it afterwards (a
-    16-bit result the kernel does not write, or one computed on widened X).  :attr:`route` is the key of the
-    family that plans it in the front door's table.
+    16-bit result the kernel does not write, or one computed on widened operands).  :attr:`route` is the key of
+    the family that plans it in the front door's tables.
     """
 
     tiling: object
@@ -89,6 +90,8 @@ class Problem(NamedTuple):
     values: np.dtype  # the matrix's values' dtype
     X: Operand
     out: Operand  # or None: a new result
+    Xb: Operand = None  # the SDDMM's second operand (None: an SpMM)
+    multiply_values: bool = False  # the SDDMM's scores times the entries' values
 
     @classmethod
     def spmm(cls, tiling, values, X, dtype, precision, out):
@@ -100,26 +103,45 @@ class Problem(NamedTuple):
             kdt = compute_dtype(dtype)
         return cls(tiling, mode, dtype, kdt, values.dtype, Operand.of(X), Operand.of(out))
 
+    @classmethod
+    def sddmm(cls, tiling, values, Xa, Xb, dtype, precision, out, multiply_values):
+        """The problem of the SDDMM of ``Xa`` and ``Xb`` (device arrays; ``out`` optional), its precision resolved:
+        16-bit operands widen exactly to TF32 (the same products, accumulated in float32; CUDA cores on tiles
+        without tensor-core kernels)."""
+        operand = Xa.dtype if Xa.dtype == Xb.dtype else None
+        mode = resolve_precision(precision, dtype, tiling.tile_shape, operand, tiling.layout.pattern)
+        if mode.half:
+            mode = Mode.tf32 if tiling.tile_shape in TC_TILES else Mode.exact
+        return cls(tiling, mode, dtype, compute_dtype(dtype), values.dtype, Operand.of(Xa), Operand.of(out),
+                   Operand.of(Xb), bool(multiply_values))
+
     @property
     def route(self):
         """``(mode, tile shape, N:M pattern)``: what picks the family (``"half"`` for either 16-bit mode; CUDA
-        cores, ``Mode.exact``, take any tiling: ``(Mode.exact, None, None)``)."""
+        cores, ``Mode.exact``, take any tiling: ``(Mode.exact, None, None)``; an SDDMM's kernels read any tiling
+        of their tile shape: no pattern)."""
         if self.mode is Mode.exact:
             return Mode.exact, None, None
         layout = self.tiling.layout
-        return "half" if self.mode.half else self.mode, layout.tile_shape, layout.pattern
+        pattern = layout.pattern if self.Xb is None else None
+        return "half" if self.mode.half else self.mode, layout.tile_shape, pattern
 
     @property
     def width(self):
         return self.X.width
 
+    @staticmethod
+    def read(operand, cast=None):
+        """``operand`` as the kernel reads it: itself, or None for a copy from the pool (not C-contiguous, or not
+        of ``cast``)."""
+        copied = not operand.contiguous or (cast is not None and operand.dtype != cast)
+        return None if copied else operand
+
     def aligned(self, multiple=4, cast=None, direct=True):
-        """:func:`aligned16` for this problem's launch: X as the kernel reads it (a copy, from the pool, where it
-        is not C-contiguous or not of ``cast``) and the result it writes (``out`` where ``direct``, else new)."""
-        X, out = self.X, self.out
-        copied = not X.contiguous or (cast is not None and X.dtype != cast)
-        return aligned16(X.width, None if copied else X, out if direct and self.kdt == self.dtype else None,
-                         multiple=multiple)
+        """:func:`aligned16` for this problem's SpMM launch: X as the kernel reads it (:meth:`read`) and the result
+        it writes (``out`` where ``direct``, else new)."""
+        out = self.out if direct and self.kdt == self.dtype else None
+        return aligned16(self.X.width, self.read(self.X, cast), out, multiple=multiple)
 
     @property
     def bindable(self):
@@ -129,8 +151,8 @@ class Problem(NamedTuple):
                 and (out is None or len(out.shape) == 2 and out.contiguous))
 
     def plan(self, run, binder=None):
-        """The :class:`Plan` of a family's ``run(values, casts, X, Y) -> Y`` (``Y``: the result to write, or None
-        for a new one of ``kdt``) and ``binder`` (used only where :attr:`bindable`).
+        """The :class:`Plan` of a family's ``run(values, casts, X, [Xb,] Y) -> Y`` (``Y``: the result to write, or
+        None for a new one of ``kdt``) and ``binder`` (used only where :attr:`bindable`).
 
         The general form writes ``out`` directly where the kernel writes its dtype and it does not overlap X (read
         while written), else a temporary, rounded or copied into it; a bound launch with an ``out`` goes the
@@ -138,9 +160,10 @@ class Problem(NamedTuple):
         """
         kdt, dtype = self.kdt, self.dtype
 
-        def general(values, casts, X, out):
+        def general(values, casts, X, *rest):
+            out = rest[-1]
             direct = out if out is not None and kdt == dtype and not overlaps(out, X) else None
-            Y = run(values, casts, X, direct)
+            Y = run(values, casts, X, *rest[:-1], direct)
             if out is None:
                 return Y if kdt == dtype else Y.astype(dtype)
             if Y is not out:

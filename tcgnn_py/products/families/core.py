@@ -7,10 +7,10 @@ import numpy as np
 
 from ..._tuning import declare, int_option, options
 from ...kernels import products as kp
-from .._launch import SDDMM_OPERANDS, Launch, Scratch, f32_plan, fixup
+from .._launch import SDDMM_OPERANDS, Launch, Scratch, f32_plan, sddmm_plan, fixup
 from .._plans import SDDMM_BLOCKS_PER_WARP, spmm_plan
 
-__all__ = ["MAX_WARPS", "plan", "sddmm_launch", "spmm_launch"]
+__all__ = ["MAX_WARPS", "plan", "plan_sddmm", "sddmm_launch", "spmm_launch"]
 
 #: Warps per CTA of the CUDA-core SpMM: its ``__launch_bounds__``.
 MAX_WARPS = kp.SPMM_MAX_THREADS // 32
@@ -42,6 +42,12 @@ def spmm_launch(tiling, dtype, D, vec=False, operands=None):
                   (plan["units"], tiling.block_ptr, tiling.block_cols, tiling.tile_pos),
                   tuple(np.int32(v) for v in (M, D, W, W.bit_length() - 1)), partial=partial, scratch=scratch,
                   fixup=fix, n_slices=-(-D // 32))
+
+
+def plan_sddmm(problem):
+    """The :class:`.._problem.Plan` of an SDDMM on CUDA cores, any tile shape: this family's launch (:func:`sddmm_launch`),
+    planned once (:func:`.._launch.sddmm_plan`)."""
+    return sddmm_plan(problem, sddmm_launch)
 
 
 def sddmm_launch(tiling, dtype, D, aligned, multiply_values):

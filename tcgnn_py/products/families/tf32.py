@@ -8,10 +8,10 @@ import numpy as np
 
 from ..._tuning import declare, int_option, member_option, options, warp_pair_option
 from ...kernels import products as kp
-from .._launch import SDDMM_OPERANDS, Launch, Scratch, f32_plan
+from .._launch import SDDMM_OPERANDS, Launch, Scratch, f32_plan, sddmm_plan
 from .._plans import SDDMM_BLOCKS_PER_WARP, spmm_plan, tile_mask
 
-__all__ = ["FEW_CTAS", "WHOLE_WINDOW_BLOCKS", "plan", "sddmm_launch", "spmm_launch", "work_shape"]
+__all__ = ["FEW_CTAS", "WHOLE_WINDOW_BLOCKS", "plan", "plan_sddmm", "sddmm_launch", "spmm_launch", "work_shape"]
 
 #: Warps per CTA of the 16x8 SpMM: its ``__launch_bounds__`` (a larger block fails at the driver with an error that
 #: names nothing).
@@ -96,6 +96,12 @@ def work_shape(tiling, n_slabs):
         nwarps = 8 if stats.windows * n_slabs < FEW_CTAS else 4
         return nwarps, max(1, -(-mbw // nwarps))
     return 4, 16 if n_slabs == 1 else 32
+
+
+def plan_sddmm(problem):
+    """The :class:`.._problem.Plan` of an SDDMM on TF32 tensor cores, TC-GNN's 16x8 tiles: this family's launch (:func:`sddmm_launch`),
+    planned once (:func:`.._launch.sddmm_plan`)."""
+    return sddmm_plan(problem, sddmm_launch)
 
 
 def sddmm_launch(tiling, dtype, D, aligned, multiply_values):

@@ -12,12 +12,12 @@ import numpy as np
 from ..._tuning import bool_option, declare, int_option, member_option, options, positive_option
 from ...kernels import products as kp
 from .._autotune import choose
-from .._launch import SDDMM_OPERANDS, Launch, f32_plan
+from .._launch import SDDMM_OPERANDS, Launch, f32_plan, sddmm_plan
 from .._plans import spmm_plan, vec_plan
 from .._values import VEC_DENSE_BYTES_MAX, vec_dense_values
 from .._vec_layout import async_rows, coop_launch, partition, partition_launch, vec_coop
 
-__all__ = ["MAX_WARPS", "Config", "candidates", "default", "kernels", "launch", "plan", "sddmm_launch", "spmm_launch"]
+__all__ = ["MAX_WARPS", "Config", "candidates", "default", "kernels", "launch", "plan", "plan_sddmm", "sddmm_launch", "spmm_launch"]
 
 
 #: Warps per CTA of the vector SpMM: its ``__launch_bounds__(128)`` (a larger block fails at the driver).
@@ -185,6 +185,12 @@ def candidates(tiling, D, vec):
         shapes = [dict(FS=f, COMBINE=c, **g) for f in widths for g in gathers for c in sums]
     out = [first] + [Config(dataclasses.replace(k, **shape), first.bpu) for shape in shapes]
     return [c for c in dict.fromkeys(out) if c.kernel in kp.VEC_SPMM_CONFIGS]
+
+
+def plan_sddmm(problem):
+    """The :class:`.._problem.Plan` of an SDDMM on TF32 tensor cores, vector layout: this family's launch (:func:`sddmm_launch`),
+    planned once (:func:`.._launch.sddmm_plan`)."""
+    return sddmm_plan(problem, sddmm_launch)
 
 
 def sddmm_launch(tiling, dtype, D, aligned, multiply_values):
