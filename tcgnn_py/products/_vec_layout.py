@@ -12,7 +12,7 @@ from ._launch import Launch, Scratch, fixup
 from ._plans import VEC_UNITS_PER_WINDOW_MAX, sm_count, sorted_units, vec_coop_units, vec_hist, vec_meta, vec_plan
 
 __all__ = ["VEC_COOP_CTAS", "VEC_RESIDENT_WARPS", "VEC_UNIT_SIZES", "VEC_WIDE_WARPS", "async_rows", "coop_launch",
-           "partition", "partition_launch", "vec_coop", "vec_unit_size"]
+           "layout_launch", "partition", "partition_launch", "vec_coop", "vec_unit_size"]
 
 
 #: 64 features per warp (instead of 32) while units x slices still give this many warps per SM: a warp then
@@ -91,6 +91,35 @@ def coop_launch(tiling, D, slices, kernel, smem, n_extra=0):
     return Launch(kernel, (n_windows * n_slices,), (128,), smem, (units, units, tiling.block_cols, vec_meta(tiling)),
                   (None,) + tuple(np.int32(v) for v in (tiling.shape[0], D, n_slices, n_work)),  # unit_k0: unread
                   n_extra=n_extra, n_slices=n_slices)
+
+
+def layout_launch(tiling, D, slices, bpu, combine, coop, kernel, smem_of, fix_kernel, scratch=None, frames=None,
+                  n_extra=0, dense=False):
+    """The launch of ``kernel`` on the vector layout: one CTA of 4 warps per window x slice (``coop``,
+    :func:`coop_launch`), or the usual units of ``bpu`` blocks (:func:`partition_launch`) with
+    ``options()["vec_warps"]`` warps per CTA, halved while ``smem_of(warps)`` bytes exceed what a CTA may take.
+
+    ``frames``: a store of launches by their geometry, shared by the timed choice's candidates, so that a candidate
+    of an existing geometry is that launch with its own kernel, shared memory and ``dense`` flag.
+    """
+    from ..kernels.products import SPMM_SMEM_LIMIT
+
+    nw = 4 if coop else options()["vec_warps"]
+    while not coop and nw > 1 and smem_of(nw) > SPMM_SMEM_LIMIT:
+        nw //= 2
+    smem = smem_of(nw)
+    geometry = (coop, slices, bpu, combine, nw)
+    frame = None if frames is None else frames.get(geometry)
+    if frame is not None:
+        return frame._replace(kernel=kernel, smem=smem, dense=dense)
+    if coop:
+        frame = coop_launch(tiling, D, slices, kernel, smem, n_extra=n_extra)
+    else:
+        frame = partition_launch(tiling, D, slices, bpu, combine, kernel, smem, nw, fix_kernel, scratch,
+                                 n_extra=n_extra, dense=dense)
+    if frames is not None:
+        frames[geometry] = frame
+    return frame
 
 
 #: The automatic choice of the one-CTA-per-window launch (:func:`vec_coop`): at most this many CTAs of a window

@@ -45,8 +45,8 @@ def spmm_launch(tiling, dtype, D, vec=False, operands=None):
 
 
 def plan_sddmm(problem):
-    """The :class:`.._problem.Plan` of an SDDMM on CUDA cores, any tile shape: this family's launch (:func:`sddmm_launch`),
-    planned once (:func:`.._launch.sddmm_plan`)."""
+    """The :class:`.._problem.Plan` of an SDDMM on CUDA cores, any tile shape: this family's launch
+    (:func:`sddmm_launch`), planned once (:func:`.._launch.sddmm_plan`)."""
     return sddmm_plan(problem, sddmm_launch)
 
 

@@ -14,7 +14,7 @@ from .._autotune import choose
 from .._launch import cast_plan, half_launch_key
 from .._plans import vec_plan
 from .._values import half_key, half_values
-from .._vec_layout import coop_launch, partition, partition_launch, vec_coop
+from .._vec_layout import layout_launch, partition, vec_coop
 
 __all__ = ["Config", "candidates", "default", "kernels", "launch", "plan", "spmm_launch"]
 
@@ -108,9 +108,8 @@ def default(tiling, D, vec, half):
 
 def launch(tiling, dtype, D, vec, half, config=None, scratch=None, get=None, frames=None):
     """The launch of ``config`` (default: :func:`default`) for ``half`` ``(X type, split values, Y type)``;
-    ``get(family, name)``: where kernels come from (default: compiled on first use).  ``frames``: a store of
-    launches by their geometry, shared by the timed choice's candidates, so that a candidate of an existing
-    geometry is that launch with its own kernel."""
+    ``get(family, name)``: where kernels come from (default: compiled on first use); ``frames``: the timed choice's
+    store of launches by geometry (:func:`.._vec_layout.layout_launch`)."""
     from ...kernels import products as kp
     from ...kernels.registry import get_kernel
 
@@ -120,23 +119,10 @@ def launch(tiling, dtype, D, vec, half, config=None, scratch=None, get=None, fra
     shape = (k.FS, k.KS, k.NS)
     if not k.COOP and shape not in kp.VEC_HALF:
         raise ValueError(f"no 16-bit SpMM compiled for (slices, ks, stages) = {shape}: see kernels.products.VEC_HALF")
-    nw = 4 if k.COOP else options()["vec_warps"]
-    while nw > 1 and kp.vech_smem(nw, *shape) > kp.SPMM_SMEM_LIMIT and not k.COOP:
-        nw //= 2
-    kernel, smem = get("half", k.name), kp.vech_smem(nw, *shape)
-    geometry = (k.COOP, k.FS, config.bpu, k.COMBINE, nw)
-    frame = None if frames is None else frames.get(geometry)
-    if frame is not None:
-        return frame._replace(kernel=kernel, smem=smem)
-    if k.COOP:
-        frame = coop_launch(tiling, D, k.FS, kernel, smem, n_extra=1)
-    else:
-        frame = partition_launch(tiling, D, k.FS, config.bpu, k.COMBINE, kernel, smem, nw,
-                                 lambda: get("half", kp.fixup_name("float32", np.dtype(dtype).name)), scratch,
-                                 n_extra=1)
-    if frames is not None:
-        frames[geometry] = frame
-    return frame
+    return layout_launch(tiling, D, k.FS, config.bpu, k.COMBINE, k.COOP, get("half", k.name),
+                         lambda nw: kp.vech_smem(nw, *shape),
+                         lambda: get("half", kp.fixup_name("float32", np.dtype(dtype).name)), scratch, frames,
+                         n_extra=1)
 
 
 def candidates(tiling, D, vec, half):

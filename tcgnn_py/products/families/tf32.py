@@ -99,8 +99,8 @@ def work_shape(tiling, n_slabs):
 
 
 def plan_sddmm(problem):
-    """The :class:`.._problem.Plan` of an SDDMM on TF32 tensor cores, TC-GNN's 16x8 tiles: this family's launch (:func:`sddmm_launch`),
-    planned once (:func:`.._launch.sddmm_plan`)."""
+    """The :class:`.._problem.Plan` of an SDDMM on TF32 tensor cores, TC-GNN's 16x8 tiles: this family's launch
+    (:func:`sddmm_launch`), planned once (:func:`.._launch.sddmm_plan`)."""
     return sddmm_plan(problem, sddmm_launch)
 
 

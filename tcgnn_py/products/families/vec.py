@@ -15,9 +15,10 @@ from .._autotune import choose
 from .._launch import SDDMM_OPERANDS, Launch, f32_plan, sddmm_plan
 from .._plans import spmm_plan, vec_plan
 from .._values import VEC_DENSE_BYTES_MAX, vec_dense_values
-from .._vec_layout import async_rows, coop_launch, partition, partition_launch, vec_coop
+from .._vec_layout import async_rows, layout_launch, partition, vec_coop
 
-__all__ = ["MAX_WARPS", "Config", "candidates", "default", "kernels", "launch", "plan", "plan_sddmm", "sddmm_launch", "spmm_launch"]
+__all__ = ["MAX_WARPS", "Config", "candidates", "default", "kernels", "launch", "plan", "plan_sddmm", "sddmm_launch",
+           "spmm_launch"]
 
 
 #: Warps per CTA of the vector SpMM: its ``__launch_bounds__(128)`` (a larger block fails at the driver).
@@ -114,44 +115,20 @@ def default(tiling, D, vec):
 
 def launch(tiling, dtype, D, vec, config=None, scratch=None, get=None, frames=None):
     """The launch of ``config`` (default: :func:`default`); ``get(family, name)``: where kernels come from
-    (default: compiled on first use).  ``frames``: a store of launches by their geometry, shared by the timed
-    choice's candidates, so that a candidate of an existing geometry is that launch with its own kernel."""
+    (default: compiled on first use); ``frames``: the timed choice's store of launches by geometry
+    (:func:`.._vec_layout.layout_launch`)."""
     from ...kernels import products as kp
     from ...kernels.registry import get_kernel
 
     get = get or get_kernel
     config = config or default(tiling, D, vec)
     k = config.kernel
-    kernel = get("vec", k.name)
     is_async = isinstance(k, kp.SpmmVecAsync)
     coop = is_async and k.COOP
-    nw, smem = 4 if coop else options()["vec_warps"], 0
-    if is_async:
-        while nw > 1 and kp.vec_async_smem(nw, k.FS, k.U, k.NS) > kp.SPMM_SMEM_LIMIT and not coop:
-            nw //= 2
-        smem = kp.vec_async_smem(nw, k.FS, k.U, k.NS)
-    dense = is_async and k.DV and not coop
-    geometry = (coop, k.FS, config.bpu, k.COMBINE, nw)
-    frame = None if frames is None else frames.get(geometry)
-    if frame is not None:
-        return frame._replace(kernel=kernel, smem=smem, dense=dense)
-    if coop:
-        frame = coop_launch(tiling, D, k.FS, kernel, smem)
-    else:
-        frame = partition_launch(tiling, D, k.FS, config.bpu, k.COMBINE, kernel, smem, nw,
-                                 lambda: get("vec", kp.fixup_name(np.dtype(dtype).name)), scratch, dense=dense)
-    if frames is not None:
-        frames[geometry] = frame
-    return frame._replace(kernel=kernel, smem=smem, dense=is_async and k.DV)
-    if coop:
-        frame = coop_launch(tiling, D, k.FS, kernel, smem)
-    else:
-        frame = partition_launch(tiling, D, k.FS, config.bpu, k.COMBINE, kernel, smem, nw,
-                                 lambda: get("vec", kp.fixup_name(np.dtype(dtype).name)), scratch,
-                                 dense=is_async and k.DV)
-    if frames is not None:
-        frames[geometry] = frame
-    return frame
+    return layout_launch(tiling, D, k.FS, config.bpu, k.COMBINE, coop, get("vec", k.name),
+                         lambda nw: kp.vec_async_smem(nw, k.FS, k.U, k.NS) if is_async else 0,
+                         lambda: get("vec", kp.fixup_name(np.dtype(dtype).name)), scratch, frames,
+                         dense=is_async and k.DV and not coop)
 
 
 def candidates(tiling, D, vec):
@@ -188,8 +165,8 @@ def candidates(tiling, D, vec):
 
 
 def plan_sddmm(problem):
-    """The :class:`.._problem.Plan` of an SDDMM on TF32 tensor cores, vector layout: this family's launch (:func:`sddmm_launch`),
-    planned once (:func:`.._launch.sddmm_plan`)."""
+    """The :class:`.._problem.Plan` of an SDDMM on TF32 tensor cores, vector layout: this family's launch
+    (:func:`sddmm_launch`), planned once (:func:`.._launch.sddmm_plan`)."""
     return sddmm_plan(problem, sddmm_launch)
 
 
