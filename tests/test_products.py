@@ -290,7 +290,7 @@ def test_the_timed_choice_names_the_kernels_each_candidate_launches(coop):
         for family, args in ((vec_family, ()), (half_family, (half,))):
             for c in family.candidates(T.tiling, 64, True, *args):
                 names = []
-                family.launch(T.tiling, np.dtype(np.float32), 64, True, *args, c, {},
+                family.launch(T.tiling, np.dtype(np.float32), 64, True, *args, c,
                               get=lambda fam, name: names.append((fam, name)))
                 assert tuple(names) == family.kernels(T.tiling, np.dtype(np.float32), c), c
 

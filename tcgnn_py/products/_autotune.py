@@ -1,8 +1,8 @@
 """Layer 2: the timed choice among a family's bit-identical launches: it knows no family.
 
-A family hands :func:`choose` its candidate configurations (the statistics' default first), how to
-build each one's launch, how to call a launch on the operands being planned, and which kernels each
-needs; the autotuner compiles what is missing in the background, times the rest, and keeps the
+A family hands :func:`choose` its candidate configurations (the statistics' default first), the kernels
+each needs, how to build their launches (in one pass) and how to call them on the operands being planned;
+the autotuner compiles what is missing in the background, times the rest, and keeps the
 default unless another is clearly faster (:func:`pick_fastest`).  Every candidate gives the same
 bits, so the choice changes speed only.
 """
@@ -35,15 +35,14 @@ def pick_fastest(ms, margin=TIMED_MARGIN):
     return best if ms[best] < (1.0 - margin) * ms[0] else 0
 
 
-def choose(tiling, key, candidates, launch_of, call_of, kernels_of, work):
+def choose(tiling, key, candidates, needs, build, calls_of, work):
     """The launch of the fastest of ``candidates`` (configurations, the default first), or a :class:`Provisional`.
 
-    ``launch_of(config, scratch)`` builds a candidate's launch (``scratch``: one store the candidates share,
-    as they keep one partition); ``call_of(launch)`` is a call of it on the operands of the product being
-    planned (it writes that product's result, which the planned call writes again); ``kernels_of(config)``
-    names the ``(family, name)`` kernels a config needs, compiling nothing and building no launch; ``work``
-    is the product's blocks x features.  GPU time only (queued behind a spin kernel), one warm-up and
-    :data:`TIMED_ROUNDS` calls each.
+    ``needs[i]`` names the ``(family, name)`` kernels candidate ``i`` runs (nothing compiled, no launch built);
+    ``build(configs)`` builds their launches in one pass (they share one partition and its scratch);
+    ``calls_of(launches)`` gives a call of each on the operands of the product being planned (it writes that
+    product's result, which the planned call writes again); ``work`` is the product's blocks x features.  GPU time
+    only (queued behind a spin kernel), one warm-up and :data:`TIMED_ROUNDS` calls each.
     Under CUDA-graph capture nothing can be timed, and products above :data:`TIMED_MAX_WORK` are not: the
     default is kept.  A first product does not wait for a family's worth of compiles: candidates whose
     kernels are not compiled yet compile in the background and are left out, and the launch stays
@@ -54,19 +53,17 @@ def choose(tiling, key, candidates, launch_of, call_of, kernels_of, work):
     from ..kernels.timing import time_round_robin
 
     if len(candidates) == 1 or work > TIMED_MAX_WORK or get_cupy().cuda.get_current_stream().is_capturing():
-        return launch_of(candidates[0], None)
-    needs = [kernels_of(c) for c in candidates]
+        return build(candidates[:1])[0]
     missing = {k for ks in needs[1:] for k in ks if not is_compiled(*k)} - set(needs[0])
     futures = []
     if missing and background_compiles():
         for family in sorted({f for f, _ in missing}):
             futures += compile_in_background(family, sorted(n for f, n in missing if f == family))
         candidates = [c for i, c in enumerate(candidates) if i == 0 or not missing.intersection(needs[i])]
-    scratch = {}  # one set of partial tiles for all candidates (same partition), not one each
-    launches = [launch_of(c, scratch) for c in candidates]
+    launches = build(candidates)
     if len(launches) > 1:
-        ms = time_round_robin([call_of(launch) for launch in launches], TIMED_ROUNDS)
-        tiling.put(key + (overrides_key(),), dict(zip(candidates, ms)))
+        ms = time_round_robin(calls_of(launches), TIMED_ROUNDS)
+        tiling.put(key + (overrides_key(),), tuple(zip(candidates, ms)))
         best = launches[pick_fastest(ms)]
     else:
         best = launches[0]
@@ -85,9 +82,8 @@ def timed_choices(tiling):
     for key, ms in tiling.cached_items("timed"):
         _, operands, D, aligned, tuned = key
         x_dtype = operands if isinstance(operands, str) else operands[0]  # (X, split values, Y) of 16-bit X
-        times = list(ms.values())
         out.append({"x_dtype": x_dtype, "D": D, "aligned": aligned, "tuning": dict(tuned),
-                    "ms": [(_as_dict(c), t) for c, t in ms.items()], "kept": pick_fastest(times)})
+                    "ms": [(_as_dict(c), t) for c, t in ms], "kept": pick_fastest([t for _, t in ms])})
     return out
 
 

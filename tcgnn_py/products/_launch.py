@@ -8,7 +8,6 @@ form: 16-bit, ``(hi, lo)`` pairs, N:M fragments) are a family's ``plan(problem)`
 :func:`sddmm_plan` its ``plan_sddmm(problem)``.
 """
 
-import functools
 import sys
 from typing import NamedTuple
 
@@ -129,11 +128,6 @@ class Launch(NamedTuple):
         args = tuple(None if any(a is s for s in slots) else a for a in args)
         then = None if self.fixup is None else (self.fixup.bind(), names.index("Y"))
         return BoundLaunch(self.kernel.kernel.ptr, self.grid, self.block, args, variable, _stream(), self.smem, then)
-
-    def bound_call(self, *arrays):
-        """A call of this launch on ``arrays``, bound (:meth:`bind`): how the timed choice calls its candidates, since
-        repeated products run bound."""
-        return functools.partial(self.bind(), *arrays)
 
 
 def fixup(kernel, plan, M, H, D, partial, scratch):

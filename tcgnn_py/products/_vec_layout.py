@@ -5,14 +5,18 @@ launches of a kernel on either.
 The partition (blocks per unit) fixes the order of every sum; the families pick kernels for it.
 """
 
+import functools
+from typing import NamedTuple
+
 import numpy as np
 
 from .._tuning import options
 from ._launch import Launch, Scratch, fixup
 from ._plans import VEC_UNITS_PER_WINDOW_MAX, sm_count, sorted_units, vec_coop_units, vec_hist, vec_meta, vec_plan
 
-__all__ = ["VEC_COOP_CTAS", "VEC_RESIDENT_WARPS", "VEC_UNIT_SIZES", "VEC_WIDE_WARPS", "async_rows", "coop_launch",
-           "layout_launch", "partition", "partition_launch", "vec_coop", "vec_unit_size"]
+__all__ = ["Shape", "VEC_COOP_CTAS", "VEC_RESIDENT_WARPS", "VEC_UNIT_SIZES", "VEC_WIDE_WARPS", "async_rows",
+           "coop_launch", "layout_launches", "partition", "partition_launch", "partition_units", "vec_coop",
+           "vec_unit_size"]
 
 
 #: 64 features per warp (instead of 32) while units x slices still give this many warps per SM: a warp then
@@ -57,18 +61,26 @@ def partition(tiling, D, half=False, slices=None):
     return slices, bpu, 0 < max_parts <= options()["vec_combine_parts_max"] and options()["vec_combine"]
 
 
-def partition_launch(tiling, D, slices, bpu, combine, kernel, smem, nw, fix_kernel, scratch=None, n_extra=0,
-                     dense=False):
-    """The launch of ``kernel`` on the usual units of ``bpu`` blocks (not COOP), ``32 * slices`` features per warp,
-    ``nw`` warps per CTA and ``smem`` bytes: split windows summed in it (``combine``), or by ``fix_kernel()``'s
-    fixup launch.  ``scratch``: the per-stream store, shared by launches of one partition (the timed choice's
-    candidates); ``n_extra`` arrays follow the arguments (the 16-bit kernel's unscale); ``dense``: the kernel
-    reads the values dense."""
-    n_slices = -(-D // (32 * slices))
+def partition_units(tiling, bpu):
+    """``(plan, units, unit_k0, meta)`` of the usual launch on ``bpu`` blocks per unit: its plan (:func:`.vec_plan`),
+    its units in launch order (longest first, unless ``options()["vec_sort_units"]`` is off: the grid's tail is then
+    made of short ones) and the blocks' metadata."""
     plan = vec_plan(tiling, bpu)
-    units, unit_k0 = plan["units"], plan["unit_k0"]
+    units = plan["units"], plan["unit_k0"]
     if options()["vec_sort_units"]:
-        units, unit_k0 = tiling.cached(("vec_sorted", bpu), lambda: sorted_units(tiling, bpu))
+        units = tiling.cached(("vec_sorted", bpu), lambda: sorted_units(tiling, bpu))
+    return (plan,) + units + (vec_meta(tiling),)
+
+
+def partition_launch(tiling, D, slices, units, combine, kernel, smem, nw, fix_kernel, scratch=None, n_extra=0,
+                     dense=False):
+    """The launch of ``kernel`` on the usual ``units`` (:func:`partition_units`; not COOP), ``32 * slices`` features
+    per warp, ``nw`` warps per CTA and ``smem`` bytes: split windows summed in it (``combine``), or by
+    ``fix_kernel()``'s fixup launch.  ``scratch``: the per-stream store, shared by launches of one partition (the
+    timed choice's candidates); ``n_extra`` arrays follow the arguments (the 16-bit kernel's unscale); ``dense``: the
+    kernel reads the values dense."""
+    plan, units, unit_k0, meta = units
+    n_slices = -(-D // (32 * slices))
     n_work, n_slots, M = units.shape[0] * n_slices, plan["n_slots"], tiling.shape[0]
     scratch = {} if scratch is None else scratch
     # split windows summed in the launch: one counter per (first slot, slice)
@@ -77,7 +89,7 @@ def partition_launch(tiling, D, slices, bpu, combine, kernel, smem, nw, fix_kern
     fix = None
     if n_slots and not combine:
         fix = fixup(fix_kernel(), plan, M, 8, D, partial, scratch)
-    return Launch(kernel, (-(-n_work // nw),), (32 * nw,), smem, (units, unit_k0, tiling.block_cols, vec_meta(tiling)),
+    return Launch(kernel, (-(-n_work // nw),), (32 * nw,), smem, (units, unit_k0, tiling.block_cols, meta),
                   (counters,) + tuple(np.int32(v) for v in (M, D, n_slices, n_work)), partial=partial, scratch=scratch,
                   fixup=fix, dense=dense, n_extra=n_extra, n_slices=n_slices)
 
@@ -93,33 +105,49 @@ def coop_launch(tiling, D, slices, kernel, smem, n_extra=0):
                   n_extra=n_extra, n_slices=n_slices)
 
 
-def layout_launch(tiling, D, slices, bpu, combine, coop, kernel, smem_of, fix_kernel, scratch=None, frames=None,
-                  n_extra=0, dense=False):
-    """The launch of ``kernel`` on the vector layout: one CTA of 4 warps per window x slice (``coop``,
-    :func:`coop_launch`), or the usual units of ``bpu`` blocks (:func:`partition_launch`) with
-    ``options()["vec_warps"]`` warps per CTA, halved while ``smem_of(warps)`` bytes exceed what a CTA may take.
+class Shape(NamedTuple):
+    """One launch on the vector layout, as :func:`layout_launches` takes it."""
 
-    ``frames``: a store of launches by their geometry, shared by the timed choice's candidates, so that a candidate
-    of an existing geometry is that launch with its own kernel, shared memory and ``dense`` flag.
+    slices: int  # float4 groups per lane: a warp covers 32 x this many features
+    bpu: int  # blocks per unit (the partition)
+    combine: bool  # split windows summed in the launch (else: the fixup launch)
+    coop: bool  # one CTA of 4 warps per window x slice
+    kernel: object  # the compiled kernel
+    smem: tuple  # its shared memory in bytes for 1, 2, ... warps per CTA
+    dense: bool = False  # it reads the values dense
+
+
+def layout_launches(tiling, D, shapes, fix_kernel, n_extra=0):
+    """The launches of ``shapes`` (:class:`Shape`) on the vector layout, built in one pass with one scratch store:
+    one CTA of 4 warps per window x slice (``coop``, :func:`coop_launch`), or the usual units of ``bpu`` blocks
+    (:func:`partition_launch`) with ``options()["vec_warps"]`` warps per CTA, halved while a CTA would take more
+    shared memory than it may; ``fix_kernel()``: the fixup kernel, where split windows are not summed in the launch.
+
+    Launches of one geometry (the timed choice's candidates) are built once and differ only in their kernel, shared
+    memory and ``dense`` flag.
     """
     from ..kernels.products import SPMM_SMEM_LIMIT
 
-    nw = 4 if coop else options()["vec_warps"]
-    while not coop and nw > 1 and smem_of(nw) > SPMM_SMEM_LIMIT:
-        nw //= 2
-    smem = smem_of(nw)
-    geometry = (coop, slices, bpu, combine, nw)
-    frame = None if frames is None else frames.get(geometry)
-    if frame is not None:
-        return frame._replace(kernel=kernel, smem=smem, dense=dense)
-    if coop:
-        frame = coop_launch(tiling, D, slices, kernel, smem, n_extra=n_extra)
-    else:
-        frame = partition_launch(tiling, D, slices, bpu, combine, kernel, smem, nw, fix_kernel, scratch,
-                                 n_extra=n_extra, dense=dense)
-    if frames is not None:
-        frames[geometry] = frame
-    return frame
+    warps, scratch, frames, units, out = options()["vec_warps"], {}, {}, {}, []
+    fix_kernel = functools.cache(fix_kernel)  # looked up once, for every launch that needs a fixup
+    for s in shapes:
+        nw = 4 if s.coop else warps
+        while not s.coop and nw > 1 and s.smem[nw - 1] > SPMM_SMEM_LIMIT:
+            nw //= 2
+        geometry = (s.coop, s.slices, s.bpu, s.combine, nw)
+        frame = frames.get(geometry)
+        if frame is not None:
+            out.append(frame._replace(kernel=s.kernel, smem=s.smem[nw - 1], dense=s.dense))
+            continue
+        if s.coop:
+            frame = coop_launch(tiling, D, s.slices, s.kernel, s.smem[nw - 1], n_extra=n_extra)
+        else:
+            if s.bpu not in units:
+                units[s.bpu] = partition_units(tiling, s.bpu)
+            frame = partition_launch(tiling, D, s.slices, units[s.bpu], s.combine, s.kernel, s.smem[nw - 1], nw,
+                                     fix_kernel, scratch, n_extra=n_extra, dense=s.dense)
+        out.append(frames.setdefault(geometry, frame))
+    return out
 
 
 #: The automatic choice of the one-CTA-per-window launch (:func:`vec_coop`): at most this many CTAs of a window

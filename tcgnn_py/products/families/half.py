@@ -5,6 +5,7 @@ The matrix's values go as X's type, or as (hi, lo) pairs of it (:func:`.._values
 """
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -14,9 +15,9 @@ from .._autotune import choose
 from .._launch import cast_plan, half_launch_key
 from .._plans import vec_plan
 from .._values import half_key, half_values
-from .._vec_layout import layout_launch, partition, vec_coop
+from .._vec_layout import Shape, layout_launches, partition, vec_coop
 
-__all__ = ["Config", "candidates", "default", "kernels", "launch", "plan", "spmm_launch"]
+__all__ = ["Config", "candidates", "default", "kernels", "launch", "launches", "plan", "spmm_launch"]
 
 
 def _half_shape(value):
@@ -56,24 +57,35 @@ def spmm_launch(tiling, dtype, D, vec, half, operands=None):
     ``(values, X, Y, unscale)`` of the call being planned, the timed choice among :func:`candidates`."""
     if operands is None or not options()["vec_timed_choice"]:
         return launch(tiling, dtype, D, vec, half)
-    from ...kernels.registry import get_kernel
+    configs = candidates(tiling, D, vec, half)
+    return choose(tiling, ("timed", half, D, vec), configs, _kernels(tiling, dtype, configs),
+                  lambda configs: launches(tiling, dtype, D, vec, configs),
+                  lambda launches: [functools.partial(la.run, *operands) for la in launches], tiling.n_blocks * D)
 
-    vals, X, Y, unscale = operands
-    frames = {}  # the candidates' launches differ from one another's only in their kernel (and shared memory)
-    return choose(tiling, ("timed", half, D, vec), candidates(tiling, D, vec, half),
-                  lambda c, scratch: launch(tiling, dtype, D, vec, half, c, scratch, get_kernel, frames),
-                  lambda la: la.bound_call(vals, X, Y, unscale), lambda c: kernels(tiling, dtype, c),
-                  tiling.n_blocks * D)
+
+@functools.cache
+def _compiled(kernel):
+    """``(name, shared memory for 1, 2, ... warps per CTA)`` of a kernel config, worked out once per process."""
+    from ...kernels import products as kp
+
+    return kernel.name, tuple(kp.vech_smem(nw, kernel.FS, kernel.KS, kernel.NS) for nw in range(1, kp.VEC_WARPS + 1))
+
+
+def _kernels(tiling, dtype, configs):
+    """:func:`kernels` of each of ``configs``, which share one partition (the timed choice's candidates)."""
+    from ...kernels import products as kp
+
+    compiled = [_compiled(c.kernel) for c in configs]
+    fixup = (configs and vec_plan(tiling, configs[0].bpu)["n_slots"]
+             and ("half", kp.fixup_name("float32", np.dtype(dtype).name)))
+    return [(("half", name),) + ((fixup,) if fixup and not c.kernel.COOP and not c.kernel.COMBINE else ())
+            for c, (name, _) in zip(configs, compiled)]
 
 
 def kernels(tiling, dtype, config):
     """``(family, name)`` of the kernels ``config``'s launch runs (nothing compiled, no launch built): the SpMM,
     and the fixup where split windows are not summed in it."""
-    from ...kernels import products as kp
-
-    k = config.kernel
-    fixup = not k.COOP and not k.COMBINE and vec_plan(tiling, config.bpu)["n_slots"]
-    return (("half", k.name),) + ((("half", kp.fixup_name("float32", np.dtype(dtype).name)),) if fixup else ())
+    return _kernels(tiling, dtype, [config])[0]
 
 
 def default(tiling, D, vec, half):
@@ -106,23 +118,30 @@ def default(tiling, D, vec, half):
     return Config(base, bpu)
 
 
-def launch(tiling, dtype, D, vec, half, config=None, scratch=None, get=None, frames=None):
+def launch(tiling, dtype, D, vec, half, config=None, get=None):
     """The launch of ``config`` (default: :func:`default`) for ``half`` ``(X type, split values, Y type)``;
-    ``get(family, name)``: where kernels come from (default: compiled on first use); ``frames``: the timed choice's
-    store of launches by geometry (:func:`.._vec_layout.layout_launch`)."""
+    ``get(family, name)``: where kernels come from (default: compiled on first use)."""
+    return launches(tiling, dtype, D, vec, [config or default(tiling, D, vec, half)], get)[0]
+
+
+def launches(tiling, dtype, D, vec, configs, get=None):
+    """The launches of ``configs``, built in one pass (:func:`.._vec_layout.layout_launches`: those of one partition
+    share its scratch, and those of one geometry differ only in their kernel)."""
     from ...kernels import products as kp
     from ...kernels.registry import get_kernel
 
+    for c in configs:
+        k = c.kernel
+        if not k.COOP and (k.FS, k.KS, k.NS) not in kp.VEC_HALF:
+            raise ValueError(f"no 16-bit SpMM compiled for (slices, ks, stages) = {(k.FS, k.KS, k.NS)}: see "
+                             "kernels.products.VEC_HALF")
     get = get or get_kernel
-    config = config or default(tiling, D, vec, half)
-    k = config.kernel
-    shape = (k.FS, k.KS, k.NS)
-    if not k.COOP and shape not in kp.VEC_HALF:
-        raise ValueError(f"no 16-bit SpMM compiled for (slices, ks, stages) = {shape}: see kernels.products.VEC_HALF")
-    return layout_launch(tiling, D, k.FS, config.bpu, k.COMBINE, k.COOP, get("half", k.name),
-                         lambda nw: kp.vech_smem(nw, *shape),
-                         lambda: get("half", kp.fixup_name("float32", np.dtype(dtype).name)), scratch, frames,
-                         n_extra=1)
+    compiled = [_compiled(c.kernel) for c in configs]
+    fns = [get("half", name) for name, _ in compiled]
+    shapes = [Shape(c.kernel.FS, c.bpu, c.kernel.COMBINE, c.kernel.COOP, fn, smem)
+              for c, fn, (_, smem) in zip(configs, fns, compiled)]
+    return layout_launches(tiling, D, shapes, lambda: get("half", kp.fixup_name("float32", np.dtype(dtype).name)),
+                           n_extra=1)
 
 
 def candidates(tiling, D, vec, half):
@@ -145,11 +164,19 @@ def candidates(tiling, D, vec, half):
     if not vec or options()["half_kernel"] is not None:
         return [first]
     if k.COOP:  # its own partition (4 parts per window): candidates among its own shapes
-        shapes = [dict(FS=f, KS=ks, NS=ns) for f, ks, ns in kp.VEC_HALF_COOP if fits(f)]
+        shapes = tuple((("FS", f), ("KS", ks), ("NS", ns)) for f, ks, ns in kp.VEC_HALF_COOP if fits(f))
     else:
         sums = (True, False) if vec_plan(tiling, first.bpu)["n_slots"] > 0 else (False,)
-        shapes = [dict(FS=f, KS=ks, NS=ns, COMBINE=c) for f, ks, ns in kp.VEC_HALF if fits(f) for c in sums]
-    return list(dict.fromkeys([first] + [Config(dataclasses.replace(k, **shape), first.bpu) for shape in shapes]))
+        shapes = tuple((("FS", f), ("KS", ks), ("NS", ns), ("COMBINE", c)) for f, ks, ns in kp.VEC_HALF if fits(f)
+                       for c in sums)
+    return [Config(kernel, first.bpu) for kernel in _variants(k, shapes)]
+
+
+@functools.cache
+def _variants(kernel, shapes):
+    """``kernel`` and ``kernel`` with each of ``shapes`` (``((field, value), ...)``) replaced, in order, without
+    repeats: worked out once per process, as kernel configs are built and hashed in Python."""
+    return tuple(dict.fromkeys([kernel] + [dataclasses.replace(kernel, **dict(shape)) for shape in shapes]))
 
 
 def plan(problem):

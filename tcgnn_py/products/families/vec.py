@@ -6,6 +6,7 @@ which keep its partition, so every candidate gives the same bits.
 """
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -15,10 +16,10 @@ from .._autotune import choose
 from .._launch import SDDMM_OPERANDS, Launch, f32_plan, sddmm_plan
 from .._plans import spmm_plan, vec_plan
 from .._values import VEC_DENSE_BYTES_MAX, vec_dense_values
-from .._vec_layout import async_rows, layout_launch, partition, vec_coop
+from .._vec_layout import Shape, async_rows, layout_launches, partition, vec_coop
 
-__all__ = ["MAX_WARPS", "Config", "candidates", "default", "kernels", "launch", "plan", "plan_sddmm", "sddmm_launch",
-           "spmm_launch"]
+__all__ = ["MAX_WARPS", "Config", "candidates", "default", "kernels", "launch", "launches", "plan", "plan_sddmm",
+           "sddmm_launch", "spmm_launch"]
 
 
 #: Warps per CTA of the vector SpMM: its ``__launch_bounds__(128)`` (a larger block fails at the driver).
@@ -70,24 +71,41 @@ def spmm_launch(tiling, dtype, D, vec, operands=None):
     """
     if operands is None or not options()["vec_timed_choice"]:
         return launch(tiling, dtype, D, vec)
-    from ...kernels.registry import get_kernel
-
     values, X, Y = operands
-    frames = {}  # the candidates' launches differ from one another's only in their kernel (and shared memory)
-    return choose(tiling, ("timed", "float32", D, vec), candidates(tiling, D, vec),
-                  lambda c, scratch: launch(tiling, dtype, D, vec, c, scratch, get_kernel, frames),
-                  lambda la: la.bound_call(vec_dense_values(tiling, values) if la.dense else values, X, Y),
-                  lambda c: kernels(tiling, dtype, c), tiling.n_blocks * D)
+
+    def calls_of(launches):
+        dense = vec_dense_values(tiling, values) if any(la.dense for la in launches) else None
+        return [functools.partial(la.run, dense if la.dense else values, X, Y) for la in launches]
+
+    configs = candidates(tiling, D, vec)
+    return choose(tiling, ("timed", "float32", D, vec), configs, _kernels(tiling, dtype, configs),
+                  lambda configs: launches(tiling, dtype, D, vec, configs), calls_of, tiling.n_blocks * D)
+
+
+@functools.cache
+def _compiled(kernel):
+    """``(name, shared memory for 1, 2, ... warps per CTA)`` of a kernel config, worked out once per process."""
+    from ...kernels import products as kp
+
+    async_ = isinstance(kernel, kp.SpmmVecAsync)
+    return kernel.name, tuple(kp.vec_async_smem(nw, kernel.FS, kernel.U, kernel.NS) if async_ else 0
+                              for nw in range(1, MAX_WARPS + 1))
+
+
+def _kernels(tiling, dtype, configs):
+    """:func:`kernels` of each of ``configs``, which share one partition (the timed choice's candidates)."""
+    from ...kernels import products as kp
+
+    compiled = [_compiled(c.kernel) for c in configs]
+    fixup = configs and vec_plan(tiling, configs[0].bpu)["n_slots"] and ("vec", kp.fixup_name(np.dtype(dtype).name))
+    return [(("vec", name),) + ((fixup,) if fixup and not getattr(c.kernel, "COOP", False) and not c.kernel.COMBINE
+                                else ()) for c, (name, _) in zip(configs, compiled)]
 
 
 def kernels(tiling, dtype, config):
     """``(family, name)`` of the kernels ``config``'s launch runs (nothing compiled, no launch built): the SpMM,
     and the fixup where split windows are not summed in it."""
-    from ...kernels import products as kp
-
-    k = config.kernel
-    fixup = not getattr(k, "COOP", False) and not k.COMBINE and vec_plan(tiling, config.bpu)["n_slots"]
-    return (("vec", k.name),) + ((("vec", kp.fixup_name(np.dtype(dtype).name)),) if fixup else ())
+    return _kernels(tiling, dtype, [config])[0]
 
 
 def default(tiling, D, vec):
@@ -113,22 +131,27 @@ def default(tiling, D, vec):
                                   PV=True, COOP=coop), bpu)
 
 
-def launch(tiling, dtype, D, vec, config=None, scratch=None, get=None, frames=None):
+def launch(tiling, dtype, D, vec, config=None, get=None):
     """The launch of ``config`` (default: :func:`default`); ``get(family, name)``: where kernels come from
-    (default: compiled on first use); ``frames``: the timed choice's store of launches by geometry
-    (:func:`.._vec_layout.layout_launch`)."""
+    (default: compiled on first use)."""
+    return launches(tiling, dtype, D, vec, [config or default(tiling, D, vec)], get)[0]
+
+
+def launches(tiling, dtype, D, vec, configs, get=None):
+    """The launches of ``configs``, built in one pass (:func:`.._vec_layout.layout_launches`: those of one partition
+    share its scratch, and those of one geometry differ only in their kernel)."""
     from ...kernels import products as kp
     from ...kernels.registry import get_kernel
 
     get = get or get_kernel
-    config = config or default(tiling, D, vec)
-    k = config.kernel
-    is_async = isinstance(k, kp.SpmmVecAsync)
-    coop = is_async and k.COOP
-    return layout_launch(tiling, D, k.FS, config.bpu, k.COMBINE, coop, get("vec", k.name),
-                         lambda nw: kp.vec_async_smem(nw, k.FS, k.U, k.NS) if is_async else 0,
-                         lambda: get("vec", kp.fixup_name(np.dtype(dtype).name)), scratch, frames,
-                         dense=is_async and k.DV and not coop)
+    compiled = [_compiled(c.kernel) for c in configs]
+    fns = [get("vec", name) for name, _ in compiled]
+    shapes = []
+    for c, fn, (_, smem) in zip(configs, fns, compiled):
+        k = c.kernel
+        coop = isinstance(k, kp.SpmmVecAsync) and k.COOP
+        shapes.append(Shape(k.FS, c.bpu, k.COMBINE, coop, fn, smem, getattr(k, "DV", False) and not coop))
+    return layout_launches(tiling, D, shapes, lambda: get("vec", kp.fixup_name(np.dtype(dtype).name)))
 
 
 def candidates(tiling, D, vec):
@@ -153,15 +176,24 @@ def candidates(tiling, D, vec):
         return [first]
     widths = (1, 2) if D > 32 else (1,)
     if k.COOP:  # its own partition (4 parts per window): candidates among its own shapes
-        shapes = [dict(FS=f, U=u) for f in widths for u in kp.VEC_ASYNC_UNROLL]
+        shapes = tuple((("FS", f), ("U", u)) for f in widths for u in kp.VEC_ASYNC_UNROLL)
     else:
-        gathers = [dict(U=u, DV=False, L1=l1) for u in kp.VEC_ASYNC_UNROLL for l1 in (False, True)]
+        gathers = [(("U", u), ("DV", False), ("L1", l1)) for u in kp.VEC_ASYNC_UNROLL for l1 in (False, True)]
         if tiling.n_blocks * 32 * 4 <= VEC_DENSE_BYTES_MAX:
-            gathers.insert(2, dict(U=kp.VEC_UNROLL, DV=True, L1=False))
+            gathers.insert(2, (("U", kp.VEC_UNROLL), ("DV", True), ("L1", False)))
         sums = (True, False) if vec_plan(tiling, first.bpu)["n_slots"] > 0 else (False,)
-        shapes = [dict(FS=f, COMBINE=c, **g) for f in widths for g in gathers for c in sums]
-    out = [first] + [Config(dataclasses.replace(k, **shape), first.bpu) for shape in shapes]
-    return [c for c in dict.fromkeys(out) if c.kernel in kp.VEC_SPMM_CONFIGS]
+        shapes = tuple((("FS", f), ("COMBINE", c)) + g for f in widths for g in gathers for c in sums)
+    return [Config(kernel, first.bpu) for kernel in _variants(k, shapes)]
+
+
+@functools.cache
+def _variants(kernel, shapes):
+    """The compiled ones among ``kernel`` and ``kernel`` with each of ``shapes`` (``((field, value), ...)``) replaced,
+    in order, without repeats: worked out once per process, as kernel configs are built and hashed in Python."""
+    from ...kernels import products as kp
+
+    out = dict.fromkeys([kernel] + [dataclasses.replace(kernel, **dict(shape)) for shape in shapes])
+    return tuple(k for k in out if k in kp.VEC_SPMM_CONFIGS)
 
 
 def plan_sddmm(problem):
