@@ -376,7 +376,7 @@ def test_bound_passes_follow_their_operands(cp, score, dropout):
     """A matrix's later calls run its bound passes, which write only the operands' addresses, and reuse the
     stream's scratch: each call gives the bits of a fresh matrix's first call -- for new operands, for other
     values on the same tiling (their own weights), on another stream -- with long rows and columns cut into parts
-    and merged."""
+    and merged, in each pass, by the last part to finish, whose counter is back at zero for the next call."""
     rng = np.random.default_rng()
     A = _graph(rng, 700, density=0.01).tolil()
     A[3, :600] = 1.5
@@ -415,6 +415,10 @@ def test_bound_passes_follow_their_operands(cp, score, dropout):
     same(run(T.with_values(values), first), want_values)
     with cp.cuda.Stream():
         same(run(T, first), want)
+    counters = [buf for (key, _), buf in T.tiling.peek("attention_scratch").items() if key.kind.endswith("counters")]
+    assert {key.kind for (key, _) in T.tiling.peek("attention_scratch")} >= {"fwd counters", "bwd rows counters",
+                                                                              "bwd cols counters"}
+    assert all(int(c.any()) == 0 for c in counters)  # synchronize!
 
 
 @pytest.mark.parametrize("score", ["additive", "cosine"])

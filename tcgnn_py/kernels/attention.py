@@ -6,7 +6,9 @@ entries' non-negative values, 1 when there are none).  The scores never reach gl
 entries once, keeping a running maximum, the running sum of ``a exp(z - max)`` and the weighted sum of
 ``V`` rows (the online softmax of FlashAttention), and writes one log-sum-exp per
 row and head for the backward pass, which recomputes ``P`` from it: a warp per row (the gradients of the row's
-own inputs) and a warp per column of Aᵀ's CSR (those of its partners'), sums in entry order, no atomics.
+own inputs) and a warp per column of Aᵀ's CSR (those of its partners'), sums in entry order.  A long row or
+column is cut into parts; the last of its parts to finish (a counter per owner decides which) merges them in part
+order, inside the same launch: the results do not depend on which part finishes last.
 
 Scores (``KIND``):
 
@@ -29,7 +31,7 @@ from .registry import register
 
 __all__ = [
     "ATTENTION_UNIT", "ATTENTION_MAX_UNIT", "ATTENTION_MAX_HEADS", "ATTENTION_WARPS", "ATTENTION_CHUNKS",
-    "ATTENTION_CONFIGS", "MERGE_NAMES", "BWD_MERGE", "ADDITIVE", "COSINE", "AttentionFwd", "AttentionBwd",
+    "ATTENTION_CONFIGS", "ADDITIVE", "COSINE", "AttentionFwd", "AttentionBwd",
     "AttentionCosBwd", "attention_unit", "attention_config", "attention_bwd_config", "SOURCE", "NAMES"
 ]
 
@@ -118,6 +120,110 @@ __device__ __forceinline__ bool tc_keep(unsigned e, unsigned seed, float p) {
     return (float)(x >> 8) * 5.9604644775390625e-8f >= p;
 }
 
+// This warp has stored its part of a long owner (``parts`` parts, counted in *counter): count it.  True in the
+// warp of the owner's last part to finish, which then sees every part (fences release this part and acquire the
+// others; the merge reads them through L2, where the other SMs wrote them).  The merging warp resets the counter.
+__device__ __forceinline__ bool tc_att_last(int* counter, int parts, int lane) {
+    __threadfence();
+    __syncwarp();
+    int last = 0;
+    if (lane == 0) last = atomicAdd(counter, 1) == parts - 1;
+    last = __shfl_sync(0xffffffffu, last, 0);
+    if (last) __threadfence();
+    return last;
+}
+
+// A long row's forward parts (slots p0[k * (2 heads + HD)], k < parts), merged for head h in part order by one
+// warp: M = max m_k, L = sum l_k exp(m_k - M), out = sum acc_k exp(m_k - M) / L, lse = M + log L.  Fixed lanes
+// and tree order: deterministic.  Each part's factor exp(m_k - M) is worked out once, 32 parts at a time, into
+// the warp's 32 floats of shared memory ``s_scale`` (-1: a part whose entries all weigh 0, which adds nothing).
+template <typename T, int C>
+__device__ __noinline__ void tc_att_merge(const float* __restrict__ p0, int parts, long long row, int h, int heads,
+                                             int D, T* __restrict__ out, float* __restrict__ lse,
+                                             float* __restrict__ s_scale, int lane) {
+    const int HD = heads * D, PS = 2 * heads + HD;
+    float M = TC_NEG_INF;
+    for (int k = lane; k < parts; k += 32) {
+        const float m = __ldcg(p0 + (long long)k * PS + h);
+        M = m > M ? m : M;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float other = __shfl_xor_sync(0xffffffffu, M, o);
+        M = other > M ? other : M;
+    }
+    float L = 0.f;
+    for (int k = lane; k < parts; k += 32) {
+        const float m = __ldcg(p0 + (long long)k * PS + h);
+        if (m != TC_NEG_INF) L += __ldcg(p0 + (long long)k * PS + heads + h) * expf(m - M);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+    float A[C];
+#pragma unroll
+    for (int c = 0; c < C; ++c) A[c] = 0.f;
+    for (int k0 = 0; k0 < parts; k0 += 32) {
+        const int k = k0 + lane, cnt = min(32, parts - k0);
+        float sk = -1.f;
+        if (k < parts) {
+            const float m = __ldcg(p0 + (long long)k * PS + h);
+            if (m != TC_NEG_INF) sk = expf(m - M);
+        }
+        __syncwarp();  // the previous 32 factors are read
+        s_scale[lane] = sk;
+        __syncwarp();
+        for (int t = 0; t < cnt; ++t) {
+            const float st = s_scale[t];
+            if (st < 0.f) continue;  // warp-uniform
+            const float* acc = p0 + (long long)(k0 + t) * PS + 2 * heads + h * D;
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                const int f = lane + 32 * c;
+                if (f < D) A[c] += __ldcg(acc + f) * st;
+            }
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+        const int f = lane + 32 * c;
+        if (f < D) tc_put(out + row * HD + h * D + f, L != 0.f ? A[c] / L : 0.f);
+    }
+    if (lane == 0) lse[row * heads + h] = L != 0.f ? M + logf(L) : TC_NEG_INF;
+}
+
+// Column ``col`` of a long owner's backward parts (slots p0[k * width], k < parts), summed in part order.
+__device__ __forceinline__ float tc_att_sum_col(const float* __restrict__ p0, int parts, int width, int col) {
+    float v = 0.f;
+#pragma unroll 8
+    for (int k = 0; k < parts; ++k) v += __ldcg(p0 + (long long)k * width + col);
+    return v;
+}
+
+// A long owner's backward parts summed by one warp: columns [0, n0) to out0 and [n0, n0 + n1) to out1, or (heads:
+// the additive pass's head h) ds to *out0 (column h) and, n1 > 0, head h's D = n1 columns of dV to out1.
+__device__ __forceinline__ void tc_att_bwd_merge(const float* __restrict__ p0, int parts, int width, int heads, int h,
+                                                 int n0, int n1, float* __restrict__ out0, float* __restrict__ out1,
+                                                 int lane) {
+    if (heads) {
+        if (lane == 0) *out0 = tc_att_sum_col(p0, parts, width, h);
+        for (int f = lane; f < n1; f += 32) out1[f] = tc_att_sum_col(p0, parts, width, heads + h * n1 + f);
+        return;
+    }
+    for (int i = lane; i < n0 + n1; i += 32) {
+        const float v = tc_att_sum_col(p0, parts, width, i);
+        if (i < n0) out0[i] = v;
+        else out1[i - n0] = v;
+    }
+}
+
+// tc_att_bwd_merge as a call: inlined into the additive pass, it costs that pass registers (ptxas -v), and the
+// cosine pass the other way round.
+__device__ __noinline__ void tc_att_bwd_merge_call(const float* __restrict__ p0, int parts, int width, int heads,
+                                                   int h, int n0, int n1, float* __restrict__ out0,
+                                                   float* __restrict__ out1, int lane) {
+    tc_att_bwd_merge(p0, parts, width, heads, h, n0, n1, out0, out1, lane);
+}
+
 // One warp per row and head, the row's entries 32 at a time: lane t scores entry t of the chunk, the warp takes
 // the chunk's maximum and sum (online softmax: the running sums rescale once per chunk), and then accumulates the
 // chunk's V rows (the head's D features), TC_ATT_U at a time, with the entries' weights from shared memory.
@@ -133,8 +239,9 @@ tcgnn_attention_fwd(const int4* __restrict__ units, const int* __restrict__ indi
                     const float* __restrict__ weights, const T* __restrict__ V,
                     const float* __restrict__ s_src, const float* __restrict__ s_dst,
                     const T* __restrict__ Q, const T* __restrict__ K, const float* __restrict__ beta,
-                    T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part, int n_units, int heads,
-                    int D, float slope, float drop_p, const unsigned* __restrict__ seed) {
+                    T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part,
+                    const int2* __restrict__ k0s, int* __restrict__ counters, int n_units, int heads, int D,
+                    float slope, float drop_p, const unsigned* __restrict__ seed) {
     __shared__ float s_p[TC_ATT_WARPS][32];  // the chunk's weights P (dropped ones 0)
     __shared__ int s_j[TC_ATT_WARPS][32];    // the chunk's columns
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -258,6 +365,13 @@ tcgnn_attention_fwd(const int4* __restrict__ units, const int* __restrict__ indi
             const int f = lane + 32 * c;
             if (f < D) pp[2 * heads + h * D + f] = acc[c];
         }
+        const int2 k0 = k0s[uid];  // (the row's first slot, its parts): the last part to finish merges them
+        int* counter = counters + (long long)k0.x * heads + h;
+        if (tc_att_last(counter, k0.y, lane)) {
+            tc_att_merge<T, C>(part + (long long)k0.x * (2 * heads + HD), k0.y, row, h, heads, D, out, lse,
+                               s_p[warp], lane);
+            if (lane == 0) *counter = 0;  // ready for the next call on this stream
+        }
         return;
     }
 #pragma unroll
@@ -266,50 +380,6 @@ tcgnn_attention_fwd(const int4* __restrict__ units, const int* __restrict__ indi
         if (f < D) tc_put(out + row * HD + h * D + f, l != 0.f ? acc[c] / l : 0.f);
     }
     if (lane == 0) lse[row * heads + h] = l != 0.f ? m + logf(l) : TC_NEG_INF;
-}
-
-// A long row's parts, merged in part order: per head M = max m_k, L = sum l_k exp(m_k - M), and
-// out = sum acc_k exp(m_k - M) / L, lse = M + log L.  splits[i] = (row, first slot, parts, 0).  A warp per row:
-// its lanes take the parts for M and L (fixed lanes and tree order: deterministic), then the features.
-template <typename T>
-__global__ void __launch_bounds__(32 * TC_ATT_WARPS)
-tcgnn_attention_merge(const int4* __restrict__ splits, const float* __restrict__ part, T* __restrict__ out,
-                      float* __restrict__ lse, int n_splits, int heads, int D) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const long long sid = (long long)blockIdx.x * TC_ATT_WARPS + warp;
-    if (sid >= n_splits) return;
-    const int4 sp = splits[sid];
-    const int HD = heads * D, PS = 2 * heads + HD;
-    const float* p0 = part + (long long)sp.y * PS;
-    for (int h = 0; h < heads; ++h) {
-        float M = TC_NEG_INF;
-        for (int k = lane; k < sp.z; k += 32) {
-            const float m = p0[(long long)k * PS + h];
-            M = m > M ? m : M;
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float other = __shfl_xor_sync(0xffffffffu, M, o);
-            M = other > M ? other : M;
-        }
-        float L = 0.f;
-        for (int k = lane; k < sp.z; k += 32) {
-            const float m = p0[(long long)k * PS + h];
-            if (m != TC_NEG_INF) L += p0[(long long)k * PS + heads + h] * expf(m - M);  // (-inf: weight-0 entries)
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
-        for (int f = h * D + lane; f < (h + 1) * D; f += 32) {
-            float A = 0.f;
-#pragma unroll 4
-            for (int k = 0; k < sp.z; ++k) {
-                const float m = p0[(long long)k * PS + h];
-                if (m != TC_NEG_INF) A += p0[(long long)k * PS + 2 * heads + f] * expf(m - M);
-            }
-            tc_put(out + (long long)sp.x * HD + f, L != 0.f ? A / L : 0.f);
-        }
-        if (lane == 0) lse[(long long)sp.x * heads + h] = L != 0.f ? M + logf(L) : TC_NEG_INF;
-    }
 }
 
 // The backward pass of ADDITIVE attention, recomputed from the forward's log-sum-exp, no E-sized array:
@@ -327,8 +397,8 @@ tcgnn_attention_bwd(const int4* __restrict__ units, const int* __restrict__ part
                     const float* __restrict__ weights, const T* __restrict__ V, const T* __restrict__ G,
                     const T* __restrict__ O, const float* __restrict__ s_src, const float* __restrict__ s_dst,
                     const float* __restrict__ lse, float* __restrict__ tdot, float* __restrict__ dV,
-                    float* __restrict__ ds,
-                    float* __restrict__ part, int n_units, int heads, int D, float slope, float drop_p,
+                    float* __restrict__ ds, float* __restrict__ part, const int2* __restrict__ k0s,
+                    int* __restrict__ counters, int n_units, int heads, int D, float slope, float drop_p,
                     const unsigned* __restrict__ seed) {
     __shared__ int s_q[TC_ATT_WARPS][32];
     __shared__ float s_pm[TC_ATT_WARPS][32];  // the chunk's P m (MODE 1)
@@ -434,6 +504,14 @@ tcgnn_attention_bwd(const int4* __restrict__ units, const int* __restrict__ part
             else dV[owner * HD + h * D + f] = acc[c];
         }
     }
+    if (slot) {  // the owner's last part to finish sums its parts' ds (and dV) of head h in part order
+        const int2 k0 = k0s[uid];
+        int* counter = counters + (long long)k0.x * heads + h;
+        if (!tc_att_last(counter, k0.y, lane)) return;
+        tc_att_bwd_merge_call(part + (long long)k0.x * (heads + HD), k0.y, heads + HD, heads, h, 0,
+                              MODE == 1 ? D : 0, ds + owner * heads + h, dV + owner * HD + h * D, lane);
+        if (lane == 0) *counter = 0;  // ready for the next call on this stream
+    }
 }
 
 // The backward pass of COSINE attention (one head), recomputed from the forward's log-sum-exp, no E-sized array:
@@ -450,7 +528,8 @@ tcgnn_attention_cos_bwd(const int4* __restrict__ units, const int* __restrict__ 
                         const T* __restrict__ G, const T* __restrict__ O, const T* __restrict__ Q,
                         const T* __restrict__ K, const float* __restrict__ beta, const float* __restrict__ lse,
                         float* __restrict__ tdot, float* __restrict__ dV, float* __restrict__ dQK,
-                        float* __restrict__ dbeta, float* __restrict__ part, int n_units, int D, float drop_p,
+                        float* __restrict__ dbeta, float* __restrict__ part, const int2* __restrict__ k0s,
+                        int* __restrict__ counters, int n_units, int D, float drop_p,
                         const unsigned* __restrict__ seed) {
     __shared__ int s_q[TC_ATT_WARPS][32];
     __shared__ int s_e[TC_ATT_WARPS][32];
@@ -557,7 +636,7 @@ tcgnn_attention_cos_bwd(const int4* __restrict__ units, const int* __restrict__ 
     for (int c = 0; c < C; ++c) {
         const int f = lane + 32 * c;
         if (f >= D) continue;
-        if (unit.w >= 0) {  // a part of a long owner: dQ, or dV and dK, summed by the merge
+        if (unit.w >= 0) {  // a part of a long owner: dQ, or dV and dK, summed below by its last part
             float* pp = part + (long long)unit.w * PS;
             if (MODE == 1) pp[f] = accA[c];
             pp[PS - D + f] = accB[c];
@@ -567,38 +646,24 @@ tcgnn_attention_cos_bwd(const int4* __restrict__ units, const int* __restrict__ 
         }
     }
     if (MODE == 0 && lane == 0) dbeta[uid] = dbsum;
-}
-
-// Long owners' backward parts summed in part order: slot rows of `width` floats, of which the first w0 go to
-// out0 (w0 per owner) and the next w1 to out1 (w1 per owner).  splits as tcgnn_attention_merge's.
-__global__ void __launch_bounds__(32 * TC_ATT_WARPS)
-tcgnn_attention_bwd_merge(const int4* __restrict__ splits, const float* __restrict__ part, float* __restrict__ out0,
-                          float* __restrict__ out1, int n_splits, int width, int w0, int w1) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const long long sid = (long long)blockIdx.x * TC_ATT_WARPS + warp;
-    if (sid >= n_splits) return;
-    const int4 sp = splits[sid];
-    const float* p0 = part + (long long)sp.y * width;
-    for (int i = lane; i < w0 + w1; i += 32) {
-        float v = 0.f;
-#pragma unroll 8
-        for (int k = 0; k < sp.z; ++k) v += p0[(long long)k * width + i];
-        if (i < w0) out0[(long long)sp.x * w0 + i] = v;
-        else out1[(long long)sp.x * w1 + i - w0] = v;
+    if (unit.w >= 0) {  // the owner's last part to finish sums its parts (dQ, or dV and dK) in part order
+        const int2 k0 = k0s[uid];
+        if (tc_att_last(counters + k0.x, k0.y, lane)) {
+            tc_att_bwd_merge(part + (long long)k0.x * PS, k0.y, PS, 0, 0, D, PS - D, MODE == 1 ? dV + owner * D
+                             : dQK + owner * D, dQK + owner * D, lane);
+            if (lane == 0) counters[k0.x] = 0;  // ready for the next call on this stream
+        }
     }
 }
 """
 
 #: Every compiled kernel: the forward for float32 and 16-bit features, both score kinds, each chunk count; each
-#: kind's backward by rows and by columns likewise; the merges of long rows' parts.
+#: kind's backward by rows and by columns likewise.
 ATTENTION_CONFIGS = tuple(
     [AttentionFwd(cuda_type(t), k, c) for t in ("float32", "float16", "bfloat16") for k in (ADDITIVE, COSINE)
      for c in ATTENTION_CHUNKS]
     + [cls(cuda_type(t), m, c) for cls in (AttentionBwd, AttentionCosBwd) for t in ("float32", "float16", "bfloat16")
        for m in (0, 1) for c in ATTENTION_CHUNKS])
-#: The merge of a long row's forward parts, per output type, and of the backward's parts.
-MERGE_NAMES = {t: f"tcgnn_attention_merge<{cuda_type(t)}>" for t in ("float32", "float16", "bfloat16")}
-BWD_MERGE = "tcgnn_attention_bwd_merge"
 SOURCE = COMMON_SOURCE + _ATTENTION
-NAMES = tuple([c.name for c in ATTENTION_CONFIGS] + list(MERGE_NAMES.values()) + [BWD_MERGE])
+NAMES = tuple(c.name for c in ATTENTION_CONFIGS)
 register("attention", SOURCE, NAMES)

@@ -50,12 +50,13 @@ def transpose_structure(T):
 
 
 def work_units(T, kind, heads):
-    """``(units, splits, n_slots)`` of a fused pass over A's rows (``kind="rows"``) or Aᵀ's (``"cols"``) for
+    """``(units, k0, n_slots)`` of a fused pass over A's rows (``kind="rows"``) or Aᵀ's (``"cols"``) for
     ``heads`` heads, per tiling and part size.
 
     ``units`` int4 rows ``(owner, first entry, end entry, slot or -1)``: an owner of more than
-    ``attention_unit(heads)`` entries is cut into parts of that many, each writing its partial results to a slot;
-    ``splits`` int4 rows ``(owner, first slot, parts, 0)`` for the merge, in owner order.
+    ``attention_unit(heads)`` entries is cut into parts of that many, each writing its partial results to a slot
+    (an owner's slots are consecutive); ``k0`` int2 rows ``(the owner's first slot, its parts)``, by which the
+    owner's last part to finish merges them in part order.
     """
     unit = attention_unit(heads)
 
@@ -72,9 +73,8 @@ def work_units(T, kind, heads):
         split = parts[owner] > 1
         slot = xp.where(split, xp.cumsum(split) - 1, -1)
         units = xp.stack([owner, start, end, slot], axis=1).astype(np.int32)
-        so = xp.flatnonzero(parts > 1)
-        splits = xp.stack([so, slot[uptr[so]], parts[so], xp.zeros_like(so)], axis=1).astype(np.int32)
-        return units, splits, int(split.sum())  # synchronize!
+        k0 = xp.stack([slot[uptr[owner]], parts[owner]], axis=1).astype(np.int32)
+        return units, k0, int(split.sum())  # synchronize!
 
     return T.tiling.cached(("attention_units", kind, unit), build)
 
@@ -106,13 +106,24 @@ def _bound(T, w, key, template, stream):
     return bound
 
 
-def _scratch(T, kind, shape, stream):
-    """A float32 buffer that one call's passes share (the long owners' parts, which the merge reads; the
-    backward's ``<g_i, out_i>``): the products' per-stream :class:`~tcgnn_py.products._launch.Scratch`, kept on
-    the tiling, since calls on one stream run in order; a new one under a capture, whose graph keeps it."""
+def _scratch(T, kind, shape, stream, dtype=np.float32):
+    """A buffer that one call's passes share (the long owners' parts and their counters; the backward's
+    ``<g_i, out_i>``): the products' per-stream :class:`~tcgnn_py.products._launch.Scratch`, kept on the tiling, since
+    calls on one stream run in order; a new one under a capture, whose graph keeps it.  Counters (int32) start at
+    zero, and each pass leaves them so."""
+    zeros = np.dtype(dtype) == np.int32
     if stream.is_capturing():
-        return get_cupy().ndarray(shape, np.float32)
-    return Scratch(kind, shape, np.float32).get(T.tiling.cached("attention_scratch", dict), stream.ptr)
+        return (get_cupy().zeros if zeros else get_cupy().ndarray)(shape, dtype)
+    return Scratch(kind, shape, dtype, zeros).get(T.tiling.cached("attention_scratch", dict), stream.ptr)
+
+
+def _parts(T, kind, n_slots, width, counters, stream):
+    """``(part, counters)`` of a pass whose long owners fill ``n_slots`` slots of ``width`` floats (``counters``:
+    how many counters they count with), or ``()`` where no owner is long."""
+    if not n_slots:
+        return ()
+    return (_scratch(T, f"{kind} part", (n_slots, width), stream),
+            _scratch(T, f"{kind} counters", (counters,), stream, np.int32))
 
 
 def _grid(warps):
@@ -121,10 +132,10 @@ def _grid(warps):
 
 @functools.cache
 def _names(dtype, kid, D):
-    """``(forward, merge, (backward by rows, by columns))`` kernel names for V of ``dtype``, scores ``kid`` and
-    heads of ``D`` features (asked per call, so kept rather than rebuilt from configs and dtype names)."""
+    """``(forward, (backward by rows, by columns))`` kernel names for V of ``dtype``, scores ``kid`` and heads of
+    ``D`` features (asked per call, so kept rather than rebuilt from configs and dtype names)."""
     name = np.dtype(dtype).name
-    return (ka.attention_config(name, kid, D).name, ka.MERGE_NAMES.get(name),
+    return (ka.attention_config(name, kid, D).name,
             tuple(ka.attention_bwd_config(name, kid, mode, D).name for mode in (0, 1)))
 
 
@@ -134,7 +145,7 @@ _NULL = None
 
 def fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed):
     """The fused backward on the GPU: a pass over the rows and one over the columns, each with its long owners cut
-    into parts and merged.  ``(dV, ds_src, ds_dst)`` for ``"additive"``, ``(dV, dQ, dK, dbeta shares)`` for
+    into parts, which the owner's last part to finish sums.  ``(dV, ds_src, ds_dst)`` for ``"additive"``, ``(dV, dQ, dK, dbeta shares)`` for
     ``"cosine"``: the temperature's gradient as one share per row unit, which the caller sums in order (the
     training family's one-launch sum, a sibling this family does not import)."""
     cp = get_cupy()
@@ -154,63 +165,54 @@ def fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, sl
     if additive:
         scores = (cp.ascontiguousarray(s_src, f32), cp.ascontiguousarray(s_dst, f32))
         ds_dst, ds_src = cp.ndarray((n, heads), f32), cp.ndarray((k, heads), f32)
-        # per mode: the kernel's output, and the merge's (slot width, out0, w0, out1, w1)
-        outs = ((ds_dst, (heads + HD, ds_dst, heads, _NULL, 0)), (ds_src, (heads + HD, ds_src, heads, dV, HD)))
+        outs = (ds_dst, ds_src)  # per mode: the kernel's output, and its parts' (slot width, counters per slot)
+        parts = (heads + HD, heads), (heads + HD, heads)
         dbeta = None
     else:
         scores = (cp.ascontiguousarray(Q, V.dtype), cp.ascontiguousarray(K, V.dtype), cp.ascontiguousarray(beta, f32))
         dQ, dK = cp.ndarray((n, D), f32), cp.ndarray((k, D), f32)
-        outs = ((dQ, (D, dQ, D, _NULL, 0)), (dK, (2 * D, dV, D, dK, D)))
+        outs, parts = (dQ, dK), ((D, 1), (2 * D, 1))
         dbeta = cp.ndarray((0,), f32)  # no row units: no shares
     head = (V, G, out) + scores + (lse, tdot, dV)
     for mode in (0, 1):
         kind = ("rows", "cols")[mode]
-        units, splits, n_slots = work_units(T, kind, heads)
+        units, k0, n_slots = work_units(T, kind, heads)
         if not units.shape[0]:
             continue
-        out_k, (width, out0, w0, out1, w1) = outs[mode]
-        part = (_scratch(T, f"bwd {kind} part", (n_slots, width), stream),) if n_slots else ()
+        width, per_slot = parts[mode]
+        part = _parts(T, f"bwd {kind}", n_slots, width, n_slots * per_slot, stream)
         shares = ()
         if not additive and mode == 0:  # the row units' shares of dbeta
             dbeta = cp.ndarray(units.shape[:1], f32)
             shares = (dbeta,)
-        name = _names(V.dtype, kid, D)[2][mode]
+        name = _names(V.dtype, kid, D)[1][mode]
         _bound(T, w, ("bwd", name, heads, slope, dropout),
-               lambda: _bwd_template(T, name, kind, units, w, heads, D, slope, dropout, additive, n_slots), stream)(
-            *head, out_k, *shares, *part, *seed)
-        if splits.shape[0]:
-            _bound(T, w, ("bwd merge", kind, heads, width, w0, w1, out1 is _NULL),
-                   lambda: _merge_template(ka.BWD_MERGE, splits, (width, w0, w1), out1 is not _NULL), stream)(
-                *part, out0, *((out1,) if out1 is not _NULL else ()))
+               lambda: _bwd_template(T, name, kind, units, k0, w, heads, D, slope, dropout, additive, n_slots),
+               stream)(*head, outs[mode], *shares, *part, *seed)
     dV = dV.astype(V.dtype, copy=False)
     return (dV, ds_src, ds_dst) if additive else (dV, dQ, dK, dbeta)
 
 
-def _bwd_template(T, name, kind, units, w, heads, D, slope, dropout, additive, n_slots):
+def _bwd_template(T, name, kind, units, k0, w, heads, D, slope, dropout, additive, n_slots):
     """A backward pass's arguments (None where each call writes its operands) and their variable positions:
     ``V, G, out``, the scores' operands, ``lse, tdot, dV``, the output, the shares (cosine rows), the parts and
-    the seed, in the order the call passes them."""
+    their counters, and the seed, in the order the call passes them."""
     partners, eids = (csr_structure(T)[0], _NULL) if kind == "rows" else transpose_structure(T)[1:]
     nu = int(units.shape[0])
     if additive:
-        # units partners eids w | V G out s_src s_dst lse tdot dV | ds part n_units | heads D slope dropout seed
-        args = (units, partners, eids, w) + (None,) * 8 + (None, None, nu, int(heads), int(D), np.float32(slope),
-                                                          np.float32(dropout), None)
-        variable = list(range(4, 12)) + [12] + ([13] if n_slots else [])
+        # units partners eids w | V G out s_src s_dst lse tdot dV | ds part k0 counters n_units | heads D slope
+        # dropout seed
+        args = (units, partners, eids, w) + (None,) * 8 + (None, None, k0, None, nu, int(heads), int(D),
+                                                          np.float32(slope), np.float32(dropout), None)
+        variable = list(range(4, 12)) + [12] + ([13, 15] if n_slots else [])
     else:
-        # units partners eids w | V G out Q K beta lse tdot dV | dQ|dK dbeta part n_units | D dropout seed
-        args = (units, partners, eids, w) + (None,) * 9 + (None, None, None, nu, int(D), np.float32(dropout), None)
-        variable = list(range(4, 13)) + [13] + ([14] if kind == "rows" else []) + ([15] if n_slots else [])
+        # units partners eids w | V G out Q K beta lse tdot dV | dQ|dK dbeta part k0 counters n_units | D dropout
+        # seed
+        args = (units, partners, eids, w) + (None,) * 9 + (None, None, None, k0, None, nu, int(D),
+                                                          np.float32(dropout), None)
+        variable = list(range(4, 13)) + [13] + ([14] if kind == "rows" else []) + ([15, 17] if n_slots else [])
     variable += [len(args) - 1] if dropout else []
     return name, _grid(nu * heads), args, variable  # a warp per owner and head
-
-
-def _merge_template(name, splits, settings, second):
-    """A merge's arguments: ``(splits, part, out0, out1, n, *settings)``, the parts and outputs variable (``out1``
-    only where the pass has a ``second`` output; a null pointer otherwise)."""
-    ns = int(splits.shape[0])
-    args = (splits, None, None, None, ns) + tuple(int(x) for x in settings)
-    return name, _grid(ns), args, [1, 2] + ([3] if second else [])
 
 
 #: CSR-order weights kept per tiling, for the latest distinct value arrays (matrices sharing the tiling).
@@ -237,12 +239,12 @@ def csr_weights(T, dtype):
 
 
 def fused(T, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed):
-    """``(out, lse)`` on the GPU: one warp per row, or per part of a long row, then the merge of those parts
-    (:mod:`tcgnn_py.kernels.attention`)."""
+    """``(out, lse)`` on the GPU: one warp per row, or per part of a long row, whose last part to finish merges the
+    row's parts (:mod:`tcgnn_py.kernels.attention`)."""
     cp = get_cupy()
     n, HD = T.shape[0], V.shape[1]
     additive = score == "additive"
-    fwd_name, merge_name, _ = _names(V.dtype, ka.ADDITIVE if additive else ka.COSINE, HD // heads)
+    fwd_name, _ = _names(V.dtype, ka.ADDITIVE if additive else ka.COSINE, HD // heads)
     out = cp.ndarray((n, HD), V.dtype)
     lse = cp.ndarray((n, heads), np.float32)
     if n == 0:
@@ -253,30 +255,27 @@ def fused(T, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed):
         scores = (cp.ascontiguousarray(s_src, f32), cp.ascontiguousarray(s_dst, f32))
     else:
         scores = (cp.ascontiguousarray(Q, V.dtype), cp.ascontiguousarray(K, V.dtype), cp.ascontiguousarray(beta, f32))
-    units, splits, n_slots = work_units(T, "rows", heads)
+    units, k0, n_slots = work_units(T, "rows", heads)
     stream = cp.cuda.get_current_stream()
-    part = (_scratch(T, "fwd part", (n_slots, 2 * heads + HD), stream),) if n_slots else ()
+    part = _parts(T, "fwd", n_slots, 2 * heads + HD, n_slots * heads, stream)
     seed = (cp.ascontiguousarray(seed, np.uint32),) if dropout else ()
     w = csr_weights(T, f32)
     _bound(T, w, ("fwd", fwd_name, heads, slope, dropout),
-           lambda: _fwd_template(T, fwd_name, units, w, heads, HD // heads, slope, dropout, additive, n_slots),
+           lambda: _fwd_template(T, fwd_name, units, k0, w, heads, HD // heads, slope, dropout, additive, n_slots),
            stream)(
         V, *scores, out, lse, *part, *seed)
-    if splits.shape[0]:
-        _bound(T, w, ("fwd merge", merge_name, heads, HD),
-               lambda: _merge_template(merge_name, splits, (heads, HD // heads), True), stream)(
-            *part, out, lse)
     return out, lse
 
 
-def _fwd_template(T, name, units, w, heads, D, slope, dropout, additive, n_slots):
+def _fwd_template(T, name, units, k0, w, heads, D, slope, dropout, additive, n_slots):
     """The forward pass's arguments (None where each call writes its operands) and their variable positions:
-    ``V``, the scores' operands, ``out, lse``, the parts and the seed, in the order the call passes them."""
+    ``V``, the scores' operands, ``out, lse``, the parts and their counters, and the seed, in the order the call
+    passes them."""
     nu = int(units.shape[0])
-    # units indices w | V s_src s_dst Q K beta | out lse part | n_units heads D slope dropout seed
-    args = (units, csr_structure(T)[0], w) + (None,) * 9 + (nu, int(heads), int(D), np.float32(slope),
+    # units indices w | V s_src s_dst Q K beta | out lse part k0 counters | n_units heads D slope dropout seed
+    args = (units, csr_structure(T)[0], w) + (None,) * 9 + (k0, None, nu, int(heads), int(D), np.float32(slope),
                                                           np.float32(dropout), None)
-    variable = [3] + ([4, 5] if additive else [6, 7, 8]) + [9, 10] + ([11] if n_slots else [])
+    variable = [3] + ([4, 5] if additive else [6, 7, 8]) + [9, 10] + ([11, 13] if n_slots else [])
     variable += [len(args) - 1] if dropout else []
     return name, _grid(nu * heads), args, variable  # a warp per row (part) and head
 
