@@ -139,8 +139,8 @@ __device__ __forceinline__ bool tc_att_last(int* counter, int parts, int lane) {
 // the warp's 32 floats of shared memory ``s_scale`` (-1: a part whose entries all weigh 0, which adds nothing).
 template <typename T, int C>
 __device__ __noinline__ void tc_att_merge(const float* __restrict__ p0, int parts, long long row, int h, int heads,
-                                             int D, T* __restrict__ out, float* __restrict__ lse,
-                                             float* __restrict__ s_scale, int lane) {
+                                          int D, T* __restrict__ out, float* __restrict__ lse,
+                                          float* __restrict__ s_scale, int lane) {
     const int HD = heads * D, PS = 2 * heads + HD;
     float M = TC_NEG_INF;
     for (int k = lane; k < parts; k += 32) {
@@ -216,8 +216,8 @@ __device__ __forceinline__ void tc_att_bwd_merge(const float* __restrict__ p0, i
     }
 }
 
-// tc_att_bwd_merge as a call: inlined into the additive pass, it costs that pass registers (ptxas -v), and the
-// cosine pass the other way round.
+// tc_att_bwd_merge as a call, for the additive pass: inlined there it costs the pass's loop registers, where the
+// cosine pass keeps fewer with it inlined (ptxas -v).
 __device__ __noinline__ void tc_att_bwd_merge_call(const float* __restrict__ p0, int parts, int width, int heads,
                                                    int h, int n0, int n1, float* __restrict__ out0,
                                                    float* __restrict__ out1, int lane) {
