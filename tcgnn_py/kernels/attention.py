@@ -216,8 +216,8 @@ __device__ __forceinline__ void tc_att_bwd_merge(const float* __restrict__ p0, i
     }
 }
 
-// tc_att_bwd_merge as a call, for the additive pass: inlined there it costs the pass's loop registers, where the
-// cosine pass keeps fewer with it inlined (ptxas -v).
+// tc_att_bwd_merge as a call, for the additive pass; the cosine pass inlines it.  Which keeps a pass's registers
+// lower depends on the ptxas version (check with -v): these were the lower at sm_90 with NVRTC 13.5.
 __device__ __noinline__ void tc_att_bwd_merge_call(const float* __restrict__ p0, int parts, int width, int heads,
                                                    int h, int n0, int n1, float* __restrict__ out0,
                                                    float* __restrict__ out1, int lane) {
