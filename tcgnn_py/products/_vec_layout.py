@@ -72,7 +72,7 @@ def partition_units(tiling, bpu):
     return (plan,) + units + (vec_meta(tiling),)
 
 
-def partition_launch(tiling, D, slices, units, combine, kernel, smem, nw, fix_kernel, scratch=None, n_extra=0,
+def partition_launch(tiling, D, slices, units, combine, kernel, smem, nw, fix_kernel, scratch, n_extra=0,
                      dense=False):
     """The launch of ``kernel`` on the usual ``units`` (:func:`partition_units`; not COOP), ``32 * slices`` features
     per warp, ``nw`` warps per CTA and ``smem`` bytes: split windows summed in it (``combine``), or by
@@ -82,7 +82,6 @@ def partition_launch(tiling, D, slices, units, combine, kernel, smem, nw, fix_ke
     plan, units, unit_k0, meta = units
     n_slices = -(-D // (32 * slices))
     n_work, n_slots, M = units.shape[0] * n_slices, plan["n_slots"], tiling.shape[0]
-    scratch = {} if scratch is None else scratch
     # split windows summed in the launch: one counter per (first slot, slice)
     counters = Scratch("counters", (n_slots * n_slices,), np.int32, zeros=True) if n_slots and combine else None
     partial = Scratch("partial", (n_slots, 8, D), np.float32) if n_slots else None
