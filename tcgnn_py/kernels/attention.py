@@ -6,7 +6,8 @@ entries' non-negative values, 1 when there are none).  The scores never reach gl
 entries once, keeping a running maximum, the running sum of ``a exp(z - max)`` and the weighted sum of
 ``V`` rows (the online softmax of FlashAttention), and writes one log-sum-exp per
 row and head for the backward pass, which recomputes ``P`` from it: a warp per row (the gradients of the row's
-own inputs) and a warp per column of Aᵀ's CSR (those of its partners'), sums in entry order.  A long row or
+own inputs, and each entry's two backward factors, 8 bytes per entry and head) and a warp per column of Aᵀ's CSR
+(those of its partners', from the factors, with no score recomputed), sums in entry order.  A long row or
 column is cut into parts; the last of its parts to finish (a counter per owner decides which) merges them in part
 order, inside the same launch: the results do not depend on which part finishes last.
 
@@ -31,8 +32,8 @@ from .registry import register
 
 __all__ = [
     "ATTENTION_UNIT", "ATTENTION_MAX_UNIT", "ATTENTION_MAX_HEADS", "ATTENTION_WARPS", "ATTENTION_CHUNKS",
-    "ATTENTION_CONFIGS", "ADDITIVE", "COSINE", "AttentionFwd", "AttentionBwd",
-    "AttentionCosBwd", "attention_unit", "attention_config", "attention_bwd_config", "SOURCE", "NAMES"
+    "ATTENTION_CONFIGS", "ADDITIVE", "COSINE", "AttentionFwd", "AttentionBwd", "AttentionCosBwd", "AttentionBwdCols",
+    "attention_unit", "attention_config", "attention_bwd_config", "SOURCE", "NAMES"
 ]
 
 ADDITIVE, COSINE = 0, 1
@@ -63,30 +64,41 @@ class AttentionFwd(KernelConfig):
 
 @dataclasses.dataclass(frozen=True)
 class AttentionBwd(KernelConfig):
-    """``tcgnn_attention_bwd<T, MODE, C>``: the additive scores' backward, by rows (MODE 0) or columns (1), a warp
-    per owner and head (C features per lane of the head's D)."""
+    """``tcgnn_attention_bwd<T, C>``: the additive scores' backward pass over the rows, a warp per row and head (C
+    features per lane of the head's D)."""
 
     KERNEL: ClassVar[str] = "tcgnn_attention_bwd"
     T: str
-    MODE: int
     C: int
 
 
 @dataclasses.dataclass(frozen=True)
 class AttentionCosBwd(KernelConfig):
-    """``tcgnn_attention_cos_bwd<T, MODE, C>``: the cosine scores' backward, by rows (MODE 0) or columns (1)."""
+    """``tcgnn_attention_cos_bwd<T, C>``: the cosine scores' backward pass over the rows."""
 
     KERNEL: ClassVar[str] = "tcgnn_attention_cos_bwd"
     T: str
-    MODE: int
+    C: int
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionBwdCols(KernelConfig):
+    """``tcgnn_attention_bwd_cols<T, KIND, C>``: the backward pass over the columns, of either score kind: the
+    rows pass's factors summed, a warp per column and head."""
+
+    KERNEL: ClassVar[str] = "tcgnn_attention_bwd_cols"
+    T: str
+    KIND: int
     C: int
 
 
 def attention_bwd_config(dtype_name, kind, mode, width):
-    """The backward kernel of scores ``kind`` by rows (``mode`` 0) or columns (1) for heads of ``width`` features
-    (a warp takes one head)."""
-    cls = AttentionBwd if kind == ADDITIVE else AttentionCosBwd
-    return cls(cuda_type(dtype_name), mode, attention_config(dtype_name, kind, width).C)
+    """The backward kernel of scores ``kind`` over the rows (``mode`` 0) or the columns (1) for heads of ``width``
+    features (a warp takes one head)."""
+    t, chunks = cuda_type(dtype_name), attention_config(dtype_name, kind, width).C
+    if mode == 1:
+        return AttentionBwdCols(t, kind, chunks)
+    return (AttentionBwd if kind == ADDITIVE else AttentionCosBwd)(t, chunks)
 
 
 def attention_unit(heads):
@@ -118,6 +130,28 @@ __device__ __forceinline__ bool tc_keep(unsigned e, unsigned seed, float p) {
     unsigned x = e ^ (seed * 0x9E3779B9u);
     x ^= x >> 16; x *= 0x85EBCA6Bu; x ^= x >> 13; x *= 0xC2B2AE35u; x ^= x >> 16;
     return (float)(x >> 8) * 5.9604644775390625e-8f >= p;
+}
+
+// K (2, 4 or 8) warp-wide sums at once: lane L returns the sum over the warp of v[L / (32 / K)].  Each step
+// halves the values a lane holds, sending the half its partner keeps (K - 1 + 5 - log2 K shuffles, 9 for 8 sums,
+// where summing each alone takes 5 K); every sum is the xor butterfly's own tree (lanes paired by bit 4, then 3,
+// ...), so it equals, bit for bit, `for (o = 16; o; o >>= 1) v += __shfl_xor_sync(~0u, v, o)` on that value.
+template <int K>
+__device__ __forceinline__ float tc_warp_sums(float (&v)[K], int lane) {
+#pragma unroll
+    for (int n = K, o = 16; n > 1; n >>= 1, o >>= 1) {
+        const bool up = (lane & o) != 0;
+#pragma unroll
+        for (int i = 0; i < n / 2; ++i) {
+            const float send = up ? v[i] : v[i + n / 2];
+            const float keep = up ? v[i + n / 2] : v[i];
+            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+        }
+    }
+    float r = v[0];
+#pragma unroll
+    for (int o = 16 / K; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
+    return r;
 }
 
 // This warp has stored its part of a long owner (``parts`` parts, counted in *counter): count it.  True in the
@@ -230,8 +264,9 @@ __device__ __noinline__ void tc_att_bwd_merge_call(const float* __restrict__ p0,
 // Lane `lane` holds features f = lane + 32 c (c < C) of the head.  weights: the entries' values (nullptr: all 1).
 // ADDITIVE reads s_src / s_dst ((n, heads) float); COSINE reads Q / K ((n, D) of T, one head) and beta (one float).
 #define TC_ATT_WARPS 8
-// V rows (forward) whose loads are issued together: more where a lane holds few features.  (The backward passes
-// load 4 partner rows at a time: 8 measured slower there, with their larger register footprint.)
+// Partner rows (the forward's V, the backward columns pass's) whose loads are issued together: more where a lane
+// holds few features.  (The backward rows passes load 4 at a time: 8 measured slower there, with their larger
+// register footprint.)
 #define TC_ATT_U(C) ((C) <= 2 ? 8 : 4)
 template <typename T, int KIND, int C>
 __global__ void __launch_bounds__(32 * TC_ATT_WARPS)
@@ -382,56 +417,51 @@ tcgnn_attention_fwd(const int4* __restrict__ units, const int* __restrict__ indi
     if (lane == 0) lse[row * heads + h] = l != 0.f ? m + logf(l) : TC_NEG_INF;
 }
 
-// The backward pass of ADDITIVE attention, recomputed from the forward's log-sum-exp, no E-sized array:
-// for entry (i, j) of CSR id e and head h, pre = s_dst[i, h] + s_src[j, h], P = a exp(LeakyReLU(pre) - lse[i, h]),
-// m = the dropout factor, dP = m <g_i, V_j>_h, dpre = P (dP - tdot[i, h]) LeakyReLU'(pre) with
-// tdot[i, h] = <g_i, out_i>_h.  MODE 0 (a warp per row i and head over A's CSR): ds[i, h] = sum_j dpre (s_dst's
-// gradient), and tdot (from O, the forward's output) for MODE 1, which runs after it.  MODE 1 (a warp per column
-// j and head over Aᵀ's CSR, `eids` the entries' CSR ids in A): dV[j, h] = sum_i P m g_i,h and ds[j, h] =
-// sum_i dpre (s_src's gradient).  One head per warp keeps C = D / 32 registers
-// per row and one reduction per entry; each lane first scores its own entry of the chunk (P m to shared memory).
-// Sums in entry order: deterministic.
-template <typename T, int MODE, int C>
+// The backward passes, recomputed from the forward's log-sum-exp: a pass over the rows works out each entry's
+// two factors, which the pass over the columns then reads (8 bytes per entry and head, freed with the call) in
+// place of scoring every entry again (two warp-wide dots).  Sums in entry order: deterministic.
+//
+// The rows pass of ADDITIVE attention: for entry (i, j) of CSR id e and head h, pre = s_dst[i, h] + s_src[j, h],
+// P = a exp(LeakyReLU(pre) - lse[i, h]), m = the dropout factor, dP = m <g_i, V_j>_h, dpre = P (dP - t_i)
+// LeakyReLU'(pre) with t_i = <g_i, out_i>_h (from O, the forward's output).  A warp per row i and head:
+// ds[i, h] = sum_j dpre (s_dst's gradient), and fac[e, h] = (P m, dpre) for the columns pass.  One head per warp
+// keeps C = D / 32 registers per row and one dot per entry (4 summed at once); each lane scores its own entry
+// of the chunk.
+template <typename T, int C>
 __global__ void __launch_bounds__(32 * TC_ATT_WARPS)
-tcgnn_attention_bwd(const int4* __restrict__ units, const int* __restrict__ partners, const int* __restrict__ eids,
+tcgnn_attention_bwd(const int4* __restrict__ units, const int* __restrict__ partners,
                     const float* __restrict__ weights, const T* __restrict__ V, const T* __restrict__ G,
                     const T* __restrict__ O, const float* __restrict__ s_src, const float* __restrict__ s_dst,
-                    const float* __restrict__ lse, float* __restrict__ tdot, float* __restrict__ dV,
-                    float* __restrict__ ds, float* __restrict__ part, const int2* __restrict__ k0s,
-                    int* __restrict__ counters, int n_units, int heads, int D, float slope, float drop_p,
-                    const unsigned* __restrict__ seed) {
+                    const float* __restrict__ lse, float* __restrict__ ds, float2* __restrict__ fac,
+                    float* __restrict__ part, const int2* __restrict__ k0s, int* __restrict__ counters,
+                    int n_units, int heads, int D, float slope, float drop_p, const unsigned* __restrict__ seed) {
     __shared__ int s_q[TC_ATT_WARPS][32];
-    __shared__ float s_pm[TC_ATT_WARPS][32];  // the chunk's P m (MODE 1)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long long wid = (long long)blockIdx.x * TC_ATT_WARPS + warp;
     if (wid >= (long long)n_units * heads) return;
     const long long uid = wid / heads;
     const int h = (int)(wid - uid * heads);
-    const int4 unit = units[uid];  // (owner, first entry, end entry, partial slot or -1)
+    const int4 unit = units[uid];  // (row, first entry, end entry, partial slot or -1)
     const long long owner = unit.x;
     const int HD = heads * D;
-    const T* mine = (MODE == 0 ? G : V) + owner * HD + h * D;  // the owner's head-h row, and the partners'
-    const T* theirs = (MODE == 0 ? V : G) + h * D;
-    float own[C], acc[C];
+    const T* mine = G + owner * HD + h * D;  // the row's head-h gradient, and its partners' V rows
+    const T* theirs = V + h * D;
+    float own[C];
 #pragma unroll
     for (int c = 0; c < C; ++c) {
         const int f = lane + 32 * c;
         own[c] = f < D ? tc_load(mine + f) : 0.f;
-        acc[c] = 0.f;
     }
-    const float s_own = (MODE == 0 ? s_dst : s_src)[owner * heads + h];
-    const float l_own = MODE == 0 ? lse[owner * heads + h] : 0.f;
-    float t_own = 0.f;
-    if (MODE == 0) {  // tdot[i, h] = <g_i, out_i>_h, for this pass and written for the columns pass
+    const float s_own = s_dst[owner * heads + h];
+    const float l_own = lse[owner * heads + h];
+    float t_own = 0.f;  // <g_i, out_i>_h
 #pragma unroll
-        for (int c = 0; c < C; ++c) {
-            const int f = lane + 32 * c;
-            if (f < D) t_own += own[c] * tc_load(O + owner * HD + h * D + f);
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) t_own += __shfl_xor_sync(0xffffffffu, t_own, o);
-        if (lane == 0) tdot[owner * heads + h] = t_own;  // (every part of a long row writes the same value)
+    for (int c = 0; c < C; ++c) {
+        const int f = lane + 32 * c;
+        if (f < D) t_own += own[c] * tc_load(O + owner * HD + h * D + f);
     }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) t_own += __shfl_xor_sync(0xffffffffu, t_own, o);
     float dsum = 0.f;
     const unsigned sv = drop_p > 0.f ? seed[0] : 0u;
     const float kept = drop_p > 0.f ? 1.f / (1.f - drop_p) : 1.f;
@@ -440,20 +470,16 @@ tcgnn_attention_bwd(const int4* __restrict__ units, const int* __restrict__ part
         const int k = base + lane, cnt = min(32, e1 - base);
         const bool valid = k < e1;
         const int q = valid ? partners[k] : 0;
-        const int e = valid ? (eids ? eids[k] : k) : 0;
-        const float w = valid ? (weights ? weights[e] : 1.f) : 0.f;
+        const float w = valid ? (weights ? weights[k] : 1.f) : 0.f;
         // this lane's entry: P, the dropout factor, and what its dpre needs
-        float P = 0.f, m = 0.f, pre = 0.f, ti = 0.f;
+        float P = 0.f, m = 0.f, pre = 0.f;
         if (w != 0.f) {
-            pre = s_own + (MODE == 0 ? s_src : s_dst)[(long long)q * heads + h];
-            const float li = MODE == 0 ? l_own : lse[(long long)q * heads + h];
-            ti = MODE == 0 ? t_own : tdot[(long long)q * heads + h];
-            P = expf((pre > 0.f ? pre : pre * slope) + logf(w) - li);
+            pre = s_own + s_src[(long long)q * heads + h];
+            P = expf((pre > 0.f ? pre : pre * slope) + logf(w) - l_own);
             m = 1.f;
-            if (drop_p > 0.f) m = tc_keep((unsigned)e * heads + h, sv, drop_p) ? kept : 0.f;
+            if (drop_p > 0.f) m = tc_keep((unsigned)k * heads + h, sv, drop_p) ? kept : 0.f;
         }
         s_q[warp][lane] = q;
-        s_pm[warp][lane] = P * m;
         __syncwarp();
         float mydot = 0.f;
         constexpr int U = 4;
@@ -468,105 +494,81 @@ tcgnn_attention_bwd(const int4* __restrict__ units, const int* __restrict__ part
                     x[u][c] = (qt >= 0 && f < D) ? tc_load(theirs + qt * HD + f) : 0.f;
                 }
             }
+            float v[U];
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                const int t = t0 + u;
-                if (t >= cnt) break;  // warp-uniform
-                float v = 0.f;
+                v[u] = 0.f;
 #pragma unroll
-                for (int c = 0; c < C; ++c) v += own[c] * x[u][c];
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-                if (lane == t) mydot = v;
-                if (MODE == 1) {  // P m g_i into dV[j]
-                    const float pm = s_pm[warp][t];
-#pragma unroll
-                    for (int c = 0; c < C; ++c) acc[c] += pm * x[u][c];
-                }
+                for (int c = 0; c < C; ++c) v[u] += own[c] * x[u][c];
             }
+            const float sum = tc_warp_sums<U>(v, lane);  // the dot of entry t0 + lane / (32 / U)
+            const float d = __shfl_sync(0xffffffffu, sum, ((lane - t0) & (U - 1)) * (32 / U));
+            if (lane >= t0 && lane < t0 + U) mydot = d;
         }
-        if (w != 0.f) dsum += P * (m * mydot - ti) * (pre > 0.f ? 1.f : slope);
-        __syncwarp();  // the next chunk overwrites s_q and s_pm
+        float dpre = 0.f;
+        if (w != 0.f) {
+            dpre = P * (m * mydot - t_own) * (pre > 0.f ? 1.f : slope);
+            dsum += dpre;
+        }
+        if (valid) fac[(long long)k * heads + h] = make_float2(P * m, dpre);
+        __syncwarp();  // the next chunk overwrites s_q
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) dsum += __shfl_xor_sync(0xffffffffu, dsum, o);
-    float* slot = unit.w >= 0 ? part + (long long)unit.w * (heads + HD) : nullptr;  // a part of a long owner
-    if (lane == 0) {
-        if (slot) slot[h] = dsum;
-        else ds[owner * heads + h] = dsum;
+    if (unit.w < 0) {
+        if (lane == 0) ds[owner * heads + h] = dsum;
+        return;
     }
-    if (MODE == 1) {
-#pragma unroll
-        for (int c = 0; c < C; ++c) {
-            const int f = lane + 32 * c;
-            if (f >= D) continue;
-            if (slot) slot[heads + h * D + f] = acc[c];
-            else dV[owner * HD + h * D + f] = acc[c];
-        }
-    }
-    if (slot) {  // the owner's last part to finish sums its parts' ds (and dV) of head h in part order
-        const int2 k0 = k0s[uid];
-        int* counter = counters + (long long)k0.x * heads + h;
-        if (!tc_att_last(counter, k0.y, lane)) return;
-        tc_att_bwd_merge_call(part + (long long)k0.x * (heads + HD), k0.y, heads + HD, heads, h, 0,
-                              MODE == 1 ? D : 0, ds + owner * heads + h, dV + owner * HD + h * D, lane);
-        if (lane == 0) *counter = 0;  // ready for the next call on this stream
-    }
+    // a part of a long row: its ds in its slot; the row's last part to finish sums them in part order
+    if (lane == 0) part[(long long)unit.w * heads + h] = dsum;
+    const int2 k0 = k0s[uid];
+    int* counter = counters + (long long)k0.x * heads + h;
+    if (!tc_att_last(counter, k0.y, lane)) return;
+    tc_att_bwd_merge_call(part + (long long)k0.x * heads, k0.y, heads, heads, h, 0, 0, ds + owner * heads + h,
+                          nullptr, lane);
+    if (lane == 0) *counter = 0;  // ready for the next call on this stream
 }
 
-// The backward pass of COSINE attention (one head), recomputed from the forward's log-sum-exp, no E-sized array:
-// for entry (i, j) of CSR id e, c = <Q_i, K_j>, P = a exp(beta c - lse[i]), m the dropout factor,
-// dz = P (m <g_i, V_j> - tdot[i]), tdot[i] = <g_i, out_i>.  MODE 0 (one warp per row i over A's CSR): dQ[i] =
-// beta sum_j dz K_j, the unit's share of dbeta = sum dz c in dbeta[unit], and tdot (from O) for MODE 1.
-// MODE 1 (one warp per column j over Aᵀ's CSR): dV[j] = sum_i P m g_i and dK[j] = beta sum_i dz Q_i.  Each entry
-// takes two warp-wide dots of D features (two partner rows loaded per entry, 4 entries at a time).  Sums
-// in entry order: deterministic.
-template <typename T, int MODE, int C>
+// The rows pass of COSINE attention (one head): for entry (i, j) of CSR id e, c = <Q_i, K_j>, P = a exp(beta c -
+// lse[i]), m the dropout factor, dz = P (m <g_i, V_j> - t_i), t_i = <g_i, out_i>.  A warp per row i: dQ[i] = beta
+// sum_j dz K_j, the unit's share of dbeta = sum dz c in dbeta[unit], and fac[e] = (P m, beta dz) for the columns
+// pass.  Each entry takes two warp-wide dots of D features (two partner rows loaded per entry, 4 entries at a
+// time, their 8 dots summed at once); an entry of weight 0 takes no part (its factors are not written: the
+// columns pass skips it too).
+template <typename T, int C>
 __global__ void __launch_bounds__(32 * TC_ATT_WARPS)
 tcgnn_attention_cos_bwd(const int4* __restrict__ units, const int* __restrict__ partners,
-                        const int* __restrict__ eids, const float* __restrict__ weights, const T* __restrict__ V,
-                        const T* __restrict__ G, const T* __restrict__ O, const T* __restrict__ Q,
-                        const T* __restrict__ K, const float* __restrict__ beta, const float* __restrict__ lse,
-                        float* __restrict__ tdot, float* __restrict__ dV, float* __restrict__ dQK,
-                        float* __restrict__ dbeta, float* __restrict__ part, const int2* __restrict__ k0s,
-                        int* __restrict__ counters, int n_units, int D, float drop_p,
+                        const float* __restrict__ weights, const T* __restrict__ V, const T* __restrict__ G,
+                        const T* __restrict__ O, const T* __restrict__ Q, const T* __restrict__ K,
+                        const float* __restrict__ beta, const float* __restrict__ lse, float* __restrict__ dQ,
+                        float* __restrict__ dbeta, float2* __restrict__ fac, float* __restrict__ part,
+                        const int2* __restrict__ k0s, int* __restrict__ counters, int n_units, int D, float drop_p,
                         const unsigned* __restrict__ seed) {
     __shared__ int s_q[TC_ATT_WARPS][32];
-    __shared__ int s_e[TC_ATT_WARPS][32];
     __shared__ float s_lw[TC_ATT_WARPS][32];
-    __shared__ float s_l[TC_ATT_WARPS][32];  // MODE 1: the partner row's lse and tdot
-    __shared__ float s_t[TC_ATT_WARPS][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long long uid = (long long)blockIdx.x * TC_ATT_WARPS + warp;
     if (uid >= n_units) return;
-    const int4 unit = units[uid];  // (owner, first entry, end entry, partial slot or -1)
+    const int4 unit = units[uid];  // (row, first entry, end entry, partial slot or -1)
     const long long owner = unit.x;
-    const T* ownA = MODE == 0 ? G : V;  // the owner's rows of the two dots, and the partners'
-    const T* ownB = MODE == 0 ? Q : K;
-    const T* parA = MODE == 0 ? V : G;
-    const T* parB = MODE == 0 ? K : Q;
-    float oa[C], ob[C], accA[C], accB[C];
+    float oa[C], ob[C], acc[C];  // the row's g and Q, and its dQ
 #pragma unroll
     for (int c = 0; c < C; ++c) {
         const int f = lane + 32 * c;
-        oa[c] = f < D ? tc_load(ownA + owner * D + f) : 0.f;
-        ob[c] = f < D ? tc_load(ownB + owner * D + f) : 0.f;
-        accA[c] = 0.f;
-        accB[c] = 0.f;
+        oa[c] = f < D ? tc_load(G + owner * D + f) : 0.f;
+        ob[c] = f < D ? tc_load(Q + owner * D + f) : 0.f;
+        acc[c] = 0.f;
     }
     const float b = beta[0];
-    const float lse_o = MODE == 0 ? lse[owner] : 0.f;
-    float t_o = 0.f;
-    if (MODE == 0) {  // tdot[i] = <g_i, out_i>, for this pass and written for the columns pass
+    const float lse_o = lse[owner];
+    float t_o = 0.f;  // <g_i, out_i>
 #pragma unroll
-        for (int c = 0; c < C; ++c) {
-            const int f = lane + 32 * c;
-            if (f < D) t_o += oa[c] * tc_load(O + owner * D + f);
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) t_o += __shfl_xor_sync(0xffffffffu, t_o, o);
-        if (lane == 0) tdot[owner] = t_o;
+    for (int c = 0; c < C; ++c) {
+        const int f = lane + 32 * c;
+        if (f < D) t_o += oa[c] * tc_load(O + owner * D + f);
     }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) t_o += __shfl_xor_sync(0xffffffffu, t_o, o);
     float dbsum = 0.f;  // warp-uniform
     const unsigned sv = drop_p > 0.f ? seed[0] : 0u;
     const float kept = drop_p > 0.f ? 1.f / (1.f - drop_p) : 1.f;
@@ -574,17 +576,11 @@ tcgnn_attention_cos_bwd(const int4* __restrict__ units, const int* __restrict__ 
     for (int base = e0; base < e1; base += 32) {
         const int k = base + lane, cnt = min(32, e1 - base);
         const bool valid = k < e1;
-        const int q = valid ? partners[k] : 0;
-        const int e = valid ? (eids ? eids[k] : k) : 0;
-        const float w = valid ? (weights ? weights[e] : 1.f) : 0.f;
-        s_q[warp][lane] = q;
-        s_e[warp][lane] = e;
+        const float w = valid ? (weights ? weights[k] : 1.f) : 0.f;
+        s_q[warp][lane] = valid ? partners[k] : 0;
         s_lw[warp][lane] = w != 0.f ? logf(w) : TC_NEG_INF;
-        if (MODE == 1) {
-            s_l[warp][lane] = valid ? lse[q] : 0.f;
-            s_t[warp][lane] = valid ? tdot[q] : 0.f;
-        }
         __syncwarp();
+        float my_pm = 0.f, my_bdz = 0.f;  // this lane's entry's factors
         constexpr int U = 4;
         for (int t0 = 0; t0 < cnt; t0 += U) {  // U entries' partner rows loaded together (their latencies overlap)
             float xa[U][C], xb[U][C];
@@ -595,64 +591,169 @@ tcgnn_attention_cos_bwd(const int4* __restrict__ units, const int* __restrict__ 
                 for (int c = 0; c < C; ++c) {
                     const int f = lane + 32 * c;
                     const bool in = qt >= 0 && f < D;
-                    xa[u][c] = in ? tc_load(parA + qt * D + f) : 0.f;
-                    xb[u][c] = in ? tc_load(parB + qt * D + f) : 0.f;
+                    xa[u][c] = in ? tc_load(V + qt * D + f) : 0.f;
+                    xb[u][c] = in ? tc_load(K + qt * D + f) : 0.f;
+                }
+            }
+            static_assert(U == 4, "8 sums: 4 lanes per sum");
+            // the U entries' <g_i, V_j> and <Q_i, K_j>, summed at once: lane L holds entry t0 + (L >> 2 & 3)'s
+            // (d1 in lanes 0-15, d2 in 16-31, then both), and works out its P m and dz, which the warp then takes
+            // entry by entry from lane 4 u
+            float v[2 * U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                v[u] = 0.f;
+                v[U + u] = 0.f;
+#pragma unroll
+                for (int c = 0; c < C; ++c) {
+                    v[u] += oa[c] * xa[u][c];
+                    v[U + u] += ob[c] * xb[u][c];
+                }
+            }
+            const float sum = tc_warp_sums<2 * U>(v, lane);
+            const float other = __shfl_xor_sync(0xffffffffu, sum, 16);
+            const float d1 = lane < 16 ? sum : other, d2 = lane < 16 ? other : sum;
+            const int tm = t0 + (lane >> 2 & (U - 1));
+            float mk = 1.f;
+            if (drop_p > 0.f) mk = tc_keep((unsigned)(base + tm), sv, drop_p) ? kept : 0.f;
+            const float Pm = expf(b * d2 + s_lw[warp][tm] - lse_o);
+            const float dzm = Pm * (mk * d1 - t_o);
+            const float pmm = Pm * mk;
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int t = t0 + u;
+                if (t >= cnt) break;  // warp-uniform
+                const float dz = __shfl_sync(0xffffffffu, dzm, 4 * u);
+                const float d2t = __shfl_sync(0xffffffffu, d2, 4 * u);
+                const float pm = __shfl_sync(0xffffffffu, pmm, 4 * u);
+                if (s_lw[warp][t] == TC_NEG_INF) continue;  // an entry of weight 0 takes no part (warp-uniform)
+                const float bdz = b * dz;
+                dbsum += dz * d2t;
+#pragma unroll
+                for (int c = 0; c < C; ++c) acc[c] += bdz * xb[u][c];
+                if (lane == t) {
+                    my_pm = pm;
+                    my_bdz = bdz;
+                }
+            }
+        }
+        if (w != 0.f) fac[k] = make_float2(my_pm, my_bdz);
+        __syncwarp();  // the next chunk overwrites the shared arrays
+    }
+    if (lane == 0) dbeta[uid] = dbsum;
+    float* dst = unit.w >= 0 ? part + (long long)unit.w * D : dQ + owner * D;  // a part of a long row: its slot
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+        const int f = lane + 32 * c;
+        if (f < D) dst[f] = acc[c];
+    }
+    if (unit.w >= 0) {  // the row's last part to finish sums its parts' dQ in part order
+        const int2 k0 = k0s[uid];
+        if (tc_att_last(counters + k0.x, k0.y, lane)) {
+            tc_att_bwd_merge(part + (long long)k0.x * D, k0.y, D, 0, 0, D, 0, dQ + owner * D, nullptr, lane);
+            if (lane == 0) counters[k0.x] = 0;  // ready for the next call on this stream
+        }
+    }
+}
+
+// The columns pass of either kind: a warp per column j of Aᵀ's CSR and head h (`eids`: the entries' CSR ids in
+// A) sums the rows pass's factors fac[e, h] = (P m, d) over the column's entries (i, j):
+// dV[j, h] = sum_i P m g_i,h, and ADDITIVE: ds[j, h] = sum_i d (s_src's gradient); COSINE (one head): dK[j] =
+// sum_i d Q_i, an entry of weight 0 skipped (as in the rows pass).  No scores: two gathers per entry.
+template <typename T, int KIND, int C>
+__global__ void __launch_bounds__(32 * TC_ATT_WARPS)
+tcgnn_attention_bwd_cols(const int4* __restrict__ units, const int* __restrict__ partners,
+                         const int* __restrict__ eids, const float* __restrict__ weights,
+                         const float2* __restrict__ fac, const T* __restrict__ G, const T* __restrict__ Q,
+                         float* __restrict__ dV, float* __restrict__ dX, float* __restrict__ part,
+                         const int2* __restrict__ k0s, int* __restrict__ counters, int n_units, int heads, int D) {
+    __shared__ int s_q[TC_ATT_WARPS][32];
+    __shared__ float2 s_f[TC_ATT_WARPS][32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long long wid = (long long)blockIdx.x * TC_ATT_WARPS + warp;
+    if (wid >= (long long)n_units * heads) return;
+    const long long uid = wid / heads;
+    const int h = (int)(wid - uid * heads);
+    const int4 unit = units[uid];  // (column, first entry, end entry, partial slot or -1)
+    const long long owner = unit.x;
+    const int HD = heads * D;
+    const T* Gh = G + h * D;
+    float accA[C], accB[C];
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+        accA[c] = 0.f;
+        accB[c] = 0.f;
+    }
+    float dsum = 0.f;
+    const int e0 = unit.y, e1 = unit.z;
+    for (int base = e0; base < e1; base += 32) {
+        const int k = base + lane, cnt = min(32, e1 - base);
+        const bool valid = k < e1;
+        const int e = valid ? eids[k] : 0;
+        const float w = valid ? (weights ? weights[e] : 1.f) : 0.f;
+        const bool takes = valid && (KIND == 0 || w != 0.f);  // COSINE: an entry of weight 0 is skipped
+        const float2 fe = w != 0.f ? fac[(long long)e * heads + h] : make_float2(0.f, 0.f);
+        if (KIND == 0 && w != 0.f) dsum += fe.y;
+        s_q[warp][lane] = takes ? partners[k] : -1;
+        s_f[warp][lane] = fe;
+        __syncwarp();
+        constexpr int U = KIND == 1 ? 4 : TC_ATT_U(C);  // (COSINE loads two rows per entry)
+        for (int t0 = 0; t0 < cnt; t0 += U) {  // U entries' partner rows loaded together (their latencies overlap)
+            float xa[U][C], xb[U][C];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const long long qt = t0 + u < cnt ? s_q[warp][t0 + u] : -1;
+#pragma unroll
+                for (int c = 0; c < C; ++c) {
+                    const int f = lane + 32 * c;
+                    const bool in = qt >= 0 && f < D;
+                    xa[u][c] = in ? tc_load(Gh + qt * HD + f) : 0.f;
+                    xb[u][c] = (KIND == 1 && in) ? tc_load(Q + qt * D + f) : 0.f;
                 }
             }
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const int t = t0 + u;
                 if (t >= cnt) break;  // warp-uniform
-                float d1 = 0.f, d2 = 0.f;  // <g_i, V_j> and <Q_i, K_j>
+                if (KIND == 1 && s_q[warp][t] < 0) continue;  // weight 0 (warp-uniform)
+                const float2 ft = s_f[warp][t];
 #pragma unroll
                 for (int c = 0; c < C; ++c) {
-                    d1 += oa[c] * xa[u][c];
-                    d2 += ob[c] * xb[u][c];
-                }
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) {
-                    d1 += __shfl_xor_sync(0xffffffffu, d1, o);
-                    d2 += __shfl_xor_sync(0xffffffffu, d2, o);
-                }
-                const float lwt = s_lw[warp][t];
-                if (lwt == TC_NEG_INF) continue;  // an entry of weight 0 takes no part (warp-uniform)
-                const float li = MODE == 0 ? lse_o : s_l[warp][t], ti = MODE == 0 ? t_o : s_t[warp][t];
-                const float P = expf(b * d2 + lwt - li);
-                float mk = 1.f;
-                if (drop_p > 0.f) mk = tc_keep((unsigned)s_e[warp][t], sv, drop_p) ? kept : 0.f;
-                const float dz = P * (mk * d1 - ti);
-                if (MODE == 0) dbsum += dz * d2;
-#pragma unroll
-                for (int c = 0; c < C; ++c) {
-                    if (MODE == 1) accA[c] += P * mk * xa[u][c];
-                    accB[c] += b * dz * xb[u][c];
+                    accA[c] += ft.x * xa[u][c];
+                    if (KIND == 1) accB[c] += ft.y * xb[u][c];
                 }
             }
         }
         __syncwarp();  // the next chunk overwrites the shared arrays
     }
-    const int PS = MODE == 0 ? D : 2 * D;
+    // ADDITIVE: ds then dV of head h (slot width heads + HD); COSINE: dV then dK (slot width 2 D)
+    const int PS = KIND == 0 ? heads + HD : 2 * D;
+    float* slot = unit.w >= 0 ? part + (long long)unit.w * PS : nullptr;  // a part of a long column
+    if (KIND == 0) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) dsum += __shfl_xor_sync(0xffffffffu, dsum, o);
+        if (lane == 0) *(slot ? slot + h : dX + owner * heads + h) = dsum;
+    }
+    float* dA = slot ? slot + (KIND == 0 ? heads + h * D : 0) : dV + owner * HD + h * D;
+    float* dB = slot ? slot + D : dX + owner * D;
 #pragma unroll
     for (int c = 0; c < C; ++c) {
         const int f = lane + 32 * c;
         if (f >= D) continue;
-        if (unit.w >= 0) {  // a part of a long owner: dQ, or dV and dK, summed below by its last part
-            float* pp = part + (long long)unit.w * PS;
-            if (MODE == 1) pp[f] = accA[c];
-            pp[PS - D + f] = accB[c];
-        } else {
-            if (MODE == 1) dV[owner * D + f] = accA[c];
-            dQK[owner * D + f] = accB[c];
-        }
+        dA[f] = accA[c];
+        if (KIND == 1) dB[f] = accB[c];
     }
-    if (MODE == 0 && lane == 0) dbeta[uid] = dbsum;
-    if (unit.w >= 0) {  // the owner's last part to finish sums its parts (dQ, or dV and dK) in part order
+    if (slot) {  // the column's last part to finish sums its parts (ds and dV, or dV and dK) in part order
         const int2 k0 = k0s[uid];
-        if (tc_att_last(counters + k0.x, k0.y, lane)) {
-            tc_att_bwd_merge(part + (long long)k0.x * PS, k0.y, PS, 0, 0, D, PS - D, MODE == 1 ? dV + owner * D
-                             : dQK + owner * D, dQK + owner * D, lane);
-            if (lane == 0) counters[k0.x] = 0;  // ready for the next call on this stream
-        }
+        int* counter = counters + (long long)k0.x * heads + h;
+        if (!tc_att_last(counter, k0.y, lane)) return;
+        if (KIND == 0)
+            tc_att_bwd_merge_call(part + (long long)k0.x * PS, k0.y, PS, heads, h, 0, D, dX + owner * heads + h,
+                                  dV + owner * HD + h * D, lane);
+        else
+            tc_att_bwd_merge(part + (long long)k0.x * PS, k0.y, PS, 0, 0, D, D, dV + owner * D, dX + owner * D,
+                             lane);
+        if (lane == 0) *counter = 0;  // ready for the next call on this stream
     }
 }
 """
@@ -662,8 +763,10 @@ tcgnn_attention_cos_bwd(const int4* __restrict__ units, const int* __restrict__ 
 ATTENTION_CONFIGS = tuple(
     [AttentionFwd(cuda_type(t), k, c) for t in ("float32", "float16", "bfloat16") for k in (ADDITIVE, COSINE)
      for c in ATTENTION_CHUNKS]
-    + [cls(cuda_type(t), m, c) for cls in (AttentionBwd, AttentionCosBwd) for t in ("float32", "float16", "bfloat16")
-       for m in (0, 1) for c in ATTENTION_CHUNKS])
+    + [cls(cuda_type(t), c) for cls in (AttentionBwd, AttentionCosBwd) for t in ("float32", "float16", "bfloat16")
+       for c in ATTENTION_CHUNKS]
+    + [AttentionBwdCols(cuda_type(t), k, c) for t in ("float32", "float16", "bfloat16") for k in (ADDITIVE, COSINE)
+       for c in ATTENTION_CHUNKS])
 SOURCE = COMMON_SOURCE + _ATTENTION
 NAMES = tuple(c.name for c in ATTENTION_CONFIGS)
 register("attention", SOURCE, NAMES)

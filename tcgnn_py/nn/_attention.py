@@ -2,7 +2,8 @@
 
 On the GPU both passes run the ``"attention"`` kernels (:mod:`tcgnn_py.kernels.attention`): the scores never
 reach global memory, each row keeps one log-sum-exp per head, and the backward pass recomputes the attention
-from it in a pass over A's rows and one over Aᵀ's.  Elsewhere -- on the host, on a distributed view, beyond the
+from it in a pass over A's rows, which keeps each entry's two factors (8 bytes per entry and head, for the call)
+for a pass over Aᵀ's.  Elsewhere -- on the host, on a distributed view, beyond the
 kernels' reach -- the unfused sequence runs on the library's SpMM and SDDMM (``fused=False`` asks for it
 anywhere); ``fused=True`` on the host runs the row-wise NumPy reference (:func:`tcgnn_py._reference.attention`).
 Features of a boolean or integer type become the float type that holds them, as in ``T @ X``.
@@ -160,8 +161,9 @@ def graph_attention(A, V, *, heads=1, score="additive", s_src=None, s_dst=None, 
 
     For each head h, ``P_ij,h = a_ij exp(z_ij,h) / sum_k a_ik exp(z_ik,h)`` over row i's stored entries
     (``a`` A's values, which must be >= 0) and ``out[i, h] = sum_j P_ij,h V[j, h]``.  The scores ``z`` never
-    reach global memory: one pass per row keeps a running maximum and sum (online softmax) and one
-    log-sum-exp per row and head, from which the backward pass recomputes ``P``.
+    reach global memory in the forward pass: one pass per row keeps a running maximum and sum (online softmax)
+    and one log-sum-exp per row and head, from which the backward pass recomputes ``P`` (keeping, for the call,
+    8 bytes per entry and head: ``P`` and the score's gradient, which the pass over Aᵀ's rows sums).
 
     Parameters
     ----------
@@ -234,7 +236,7 @@ def _attend(E, a):
         g = features_on(E, g, "g")
         if g.shape != out.shape:
             raise ValueError(f"g must have the output's shape {out.shape}, got {g.shape}")
-        if path == "fused":  # recomputed per entry, no E-sized array
+        if path == "fused":  # P recomputed per entry (8 bytes per entry and head kept for the call)
             grads = engine.fused_backward(E.matrix, a["V"], g, out, lse, **_kernel_args(a, with_v=False))
             if a["score"] == "additive":
                 return grads

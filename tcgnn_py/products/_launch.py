@@ -45,7 +45,7 @@ class Scratch(NamedTuple):
     """A buffer a launch needs on each stream (partial tiles, counters of split windows): made on a stream's first
     call and reused there (calls on one stream run in order).  Launches that share a store share equal buffers."""
 
-    kind: str  # what it holds: "partial", "counters", or an attention pass's ("fwd part", "tdot", ...)
+    kind: str  # what it holds: "partial", "counters", or an attention pass's ("fwd part", ...)
     shape: tuple
     dtype: object
     zeros: bool = False  # counters start at zero (each call resets the ones it uses)

@@ -144,10 +144,11 @@ _NULL = None
 
 
 def fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed):
-    """The fused backward on the GPU: a pass over the rows and one over the columns, each with its long owners cut
-    into parts, which the owner's last part to finish sums.  ``(dV, ds_src, ds_dst)`` for ``"additive"``, ``(dV, dQ, dK, dbeta shares)`` for
-    ``"cosine"``: the temperature's gradient as one share per row unit, which the caller sums in order (the
-    training family's one-launch sum, a sibling this family does not import)."""
+    """The fused backward on the GPU: a pass over the rows, which also writes each entry's two factors, and one over
+    the columns, which sums them; each with its long owners cut into parts, which the owner's last part to finish
+    sums.  ``(dV, ds_src, ds_dst)`` for ``"additive"``, ``(dV, dQ, dK, dbeta shares)`` for ``"cosine"``: the
+    temperature's gradient as one share per row unit, which the caller sums in order (the training family's
+    one-launch sum, a sibling this family does not import)."""
     cp = get_cupy()
     n, k = T.shape
     HD = V.shape[1]
@@ -155,64 +156,73 @@ def fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, sl
     f32 = np.float32
     G = cp.ascontiguousarray(g, V.dtype)
     stream = cp.cuda.get_current_stream()
-    tdot = _scratch(T, "tdot", (n, heads), stream)  # <g_i, out_i> per head: the rows pass writes, the columns read
     w = csr_weights(T, f32)
     V = cp.ascontiguousarray(V)
     seed = (cp.ascontiguousarray(seed, np.uint32),) if dropout else ()
     dV = cp.ndarray((k, HD), f32)
+    # (P m, the score's gradient) per entry and head: the rows pass writes them, the columns pass sums them
+    fac = cp.ndarray((w.shape[0] * heads, 2), f32)
     additive = score == "additive"
     kid = ka.ADDITIVE if additive else ka.COSINE
+    rows_name, cols_name = _names(V.dtype, kid, D)[1]
     if additive:
         scores = (cp.ascontiguousarray(s_src, f32), cp.ascontiguousarray(s_dst, f32))
         ds_dst, ds_src = cp.ndarray((n, heads), f32), cp.ndarray((k, heads), f32)
-        outs = (ds_dst, ds_src)  # per mode: the kernel's output, and its parts' (slot width, counters per slot)
-        parts = (heads + HD, heads), (heads + HD, heads)
-        dbeta = None
+        rows_out, cols_out, dbeta = (ds_dst,), ds_src, None
     else:
         scores = (cp.ascontiguousarray(Q, V.dtype), cp.ascontiguousarray(K, V.dtype), cp.ascontiguousarray(beta, f32))
         dQ, dK = cp.ndarray((n, D), f32), cp.ndarray((k, D), f32)
-        outs, parts = (dQ, dK), ((D, 1), (2 * D, 1))
+        cols_out = dK
         dbeta = cp.ndarray((0,), f32)  # no row units: no shares
-    head = (V, G, out) + scores + (lse, tdot, dV)
-    for mode in (0, 1):
-        kind = ("rows", "cols")[mode]
-        units, k0, n_slots = work_units(T, kind, heads)
-        if not units.shape[0]:
-            continue
-        width, per_slot = parts[mode]
-        part = _parts(T, f"bwd {kind}", n_slots, width, n_slots * per_slot, stream)
-        shares = ()
-        if not additive and mode == 0:  # the row units' shares of dbeta
-            dbeta = cp.ndarray(units.shape[:1], f32)
-            shares = (dbeta,)
-        name = _names(V.dtype, kid, D)[1][mode]
-        _bound(T, w, ("bwd", name, heads, slope, dropout),
-               lambda: _bwd_template(T, name, kind, units, k0, w, heads, D, slope, dropout, additive, n_slots),
-               stream)(*head, outs[mode], *shares, *part, *seed)
+    units, k0, n_slots = work_units(T, "rows", heads)
+    if units.shape[0]:
+        part = _parts(T, "bwd rows", n_slots, heads if additive else D, n_slots * heads, stream)
+        if not additive:
+            dbeta = cp.ndarray(units.shape[:1], f32)  # the row units' shares
+            rows_out = (dQ, dbeta)
+        _bound(T, w, ("bwd rows", rows_name, heads, slope, dropout),
+               lambda: _rows_template(T, rows_name, units, k0, w, heads, D, slope, dropout, additive, n_slots),
+               stream)(V, G, out, *scores, lse, *rows_out, fac, *part, *seed)
+    units, k0, n_slots = work_units(T, "cols", heads)
+    if units.shape[0]:
+        part = _parts(T, "bwd cols", n_slots, heads + HD if additive else 2 * D, n_slots * heads, stream)
+        partners = (G,) if additive else (G, scores[0])
+        _bound(T, w, ("bwd cols", cols_name, heads),
+               lambda: _cols_template(T, cols_name, units, k0, w, heads, D, additive, n_slots),
+               stream)(fac, *partners, dV, cols_out, *part)
     dV = dV.astype(V.dtype, copy=False)
     return (dV, ds_src, ds_dst) if additive else (dV, dQ, dK, dbeta)
 
 
-def _bwd_template(T, name, kind, units, k0, w, heads, D, slope, dropout, additive, n_slots):
-    """A backward pass's arguments (None where each call writes its operands) and their variable positions:
-    ``V, G, out``, the scores' operands, ``lse, tdot, dV``, the output, the shares (cosine rows), the parts and
-    their counters, and the seed, in the order the call passes them."""
-    partners, eids = (csr_structure(T)[0], _NULL) if kind == "rows" else transpose_structure(T)[1:]
+def _rows_template(T, name, units, k0, w, heads, D, slope, dropout, additive, n_slots):
+    """The backward rows pass's arguments (None where each call writes its operands) and their variable positions:
+    ``V, G, out``, the scores' operands, ``lse``, the outputs (``ds``; or ``dQ`` and the dbeta shares), the
+    factors, the parts and their counters, and the seed, in the order the call passes them."""
     nu = int(units.shape[0])
+    partners = csr_structure(T)[0]
     if additive:
-        # units partners eids w | V G out s_src s_dst lse tdot dV | ds part k0 counters n_units | heads D slope
-        # dropout seed
-        args = (units, partners, eids, w) + (None,) * 8 + (None, None, k0, None, nu, int(heads), int(D),
-                                                          np.float32(slope), np.float32(dropout), None)
-        variable = list(range(4, 12)) + [12] + ([13, 15] if n_slots else [])
+        # units partners w | V G out s_src s_dst lse ds fac | part k0 counters n_units heads D slope dropout seed
+        args = (units, partners, w) + (None,) * 8 + (None, k0, None, nu, int(heads), int(D), np.float32(slope),
+                                                     np.float32(dropout), None)
+        variable = list(range(3, 11))
     else:
-        # units partners eids w | V G out Q K beta lse tdot dV | dQ|dK dbeta part k0 counters n_units | D dropout
-        # seed
-        args = (units, partners, eids, w) + (None,) * 9 + (None, None, None, k0, None, nu, int(D),
-                                                          np.float32(dropout), None)
-        variable = list(range(4, 13)) + [13] + ([14] if kind == "rows" else []) + ([15, 17] if n_slots else [])
+        # units partners w | V G out Q K beta lse dQ dbeta fac | part k0 counters n_units D dropout seed
+        args = (units, partners, w) + (None,) * 10 + (None, k0, None, nu, int(D), np.float32(dropout), None)
+        variable = list(range(3, 13))
+    variable += [variable[-1] + 1, variable[-1] + 3] if n_slots else []
     variable += [len(args) - 1] if dropout else []
-    return name, _grid(nu * heads), args, variable  # a warp per owner and head
+    return name, _grid(nu * heads), args, variable  # a warp per row (part) and head
+
+
+def _cols_template(T, name, units, k0, w, heads, D, additive, n_slots):
+    """The backward columns pass's arguments and their variable positions: the factors, the partners' rows (``G``,
+    and ``Q`` for cosine scores), ``dV``, the other output (``ds_src`` or ``dK``), the parts and their counters."""
+    _, rows, eids = transpose_structure(T)
+    nu = int(units.shape[0])
+    # units partners eids w fac G Q dV dX | part k0 counters n_units heads D
+    args = (units, rows, eids, w) + (None,) * 5 + (None, k0, None, nu, int(heads), int(D))
+    variable = [4, 5] + ([] if additive else [6]) + [7, 8] + ([9, 11] if n_slots else [])
+    return name, _grid(nu * heads), args, variable  # a warp per column (part) and head
 
 
 #: CSR-order weights kept per tiling, for the latest distinct value arrays (matrices sharing the tiling).
