@@ -245,10 +245,17 @@ def test_fused_gradients_match_the_cpu(cp):
         assert _rel(cp.asnumpy(b), a) < 1e-5, i
 
 
-def test_fused_cosine_and_agnn(cp):
+@pytest.mark.parametrize("D", [16, 64])
+def test_fused_cosine_and_agnn(cp, D):
+    """AGNN's fused passes against the unfused sequence, with a hub row and column (cut into parts, merged in the
+    passes) and a row of zeros (norm 0)."""
     rng = np.random.default_rng()
-    A = _graph(rng, 800, density=0.01)
-    H = rng.standard_normal((800, 16)).astype(np.float32)
+    A = _graph(rng, 800, density=0.01).tolil()
+    A[0, ::3] = 1.0
+    A[::2, 1] = 1.5
+    A = sp.csr_array(A)
+    H = rng.standard_normal((800, D)).astype(np.float32)
+    H[5] = 0
     beta = np.array([1.3], np.float32)
     T = tg.TiledMatrix(A)
     o1, v1 = nn.agnn_conv(T, cp.asarray(H), cp.asarray(beta), precision="fp32")
