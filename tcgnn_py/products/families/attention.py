@@ -56,7 +56,7 @@ def work_units(T, kind, heads):
     ``units`` int4 rows ``(owner, first entry, end entry, slot or -1)``: an owner of more than
     ``attention_unit(heads)`` entries is cut into parts of that many, each writing its partial results to a slot
     (an owner's slots are consecutive); ``k0`` int2 rows ``(the owner's first slot, its parts)``, by which the
-    owner's last part to finish merges them in part order.
+    owner's last part to finish merges them in part order.  Units come longest first.
     """
     unit = attention_unit(heads)
 
@@ -74,7 +74,10 @@ def work_units(T, kind, heads):
         slot = xp.where(split, xp.cumsum(split) - 1, -1)
         units = xp.stack([owner, start, end, slot], axis=1).astype(np.int32)
         k0 = xp.stack([slot[uptr[owner]], parts[owner]], axis=1).astype(np.int32)
-        return units, k0, int(split.sum())  # synchronize!
+        # longest units first (ties in owner order; unique keys, one order): a block's warps, of similar lengths,
+        # end together, so its slots free for the next block rather than waiting on one long warp
+        order = xp.argsort((unit - (end - start)) * uid.shape[0] + uid)
+        return units[order], k0[order], int(split.sum())  # synchronize!
 
     return T.tiling.cached(("attention_units", kind, unit), build)
 
