@@ -33,8 +33,10 @@ SCORES = ("additive", "cosine")
 
 
 def _real(name, value, lo=None, hi=None, closed_hi=True):
-    """A finite real number argument (bools refused), optionally in ``[lo, hi]`` / ``[lo, hi)``; errors name it."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, np.floating, np.integer)):
+    """A finite real number argument (bools refused), optionally in ``[lo, hi]`` / ``[lo, hi)``; errors name it.
+    A Python float, the usual case, skips the type checks (an ABC check costs more than a layer's arithmetic)."""
+    if type(value) is not float and (isinstance(value, (bool, np.bool_))
+                                     or not isinstance(value, (numbers.Real, np.floating, np.integer))):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
     value = float(value)
     if not math.isfinite(value) or (lo is not None and value < lo) or (

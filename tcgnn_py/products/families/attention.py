@@ -177,54 +177,58 @@ def fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, sl
         dQ, dK = cp.ndarray((n, D), f32), cp.ndarray((k, D), f32)
         cols_out = dK
         dbeta = cp.ndarray((0,), f32)  # no row units: no shares
-    units, k0, n_slots = work_units(T, "rows", heads)
-    if units.shape[0]:
-        part = _parts(T, "bwd rows", n_slots, heads if additive else D, n_slots * heads, stream)
+    n_units = work_units(T, "rows", heads)[0].shape[0]
+    if n_units:
         if not additive:
-            dbeta = cp.ndarray(units.shape[:1], f32)  # the row units' shares
+            dbeta = cp.ndarray((n_units,), f32)  # the row units' shares
             rows_out = (dQ, dbeta)
         _bound(T, w, ("bwd rows", rows_name, heads, slope, dropout),
-               lambda: _rows_template(T, rows_name, units, k0, w, heads, D, slope, dropout, additive, n_slots),
-               stream)(V, G, out, *scores, lse, *rows_out, fac, *part, *seed)
-    units, k0, n_slots = work_units(T, "cols", heads)
-    if units.shape[0]:
-        part = _parts(T, "bwd cols", n_slots, heads + HD if additive else 2 * D, n_slots * heads, stream)
+               lambda: _rows_template(T, rows_name, w, heads, D, slope, dropout, additive, stream),
+               stream)(V, G, out, *scores, lse, *rows_out, fac, *seed)
+    if work_units(T, "cols", heads)[0].shape[0]:
         partners = (G,) if additive else (G, scores[0])
         _bound(T, w, ("bwd cols", cols_name, heads),
-               lambda: _cols_template(T, cols_name, units, k0, w, heads, D, additive, n_slots),
-               stream)(fac, *partners, dV, cols_out, *part)
+               lambda: _cols_template(T, cols_name, w, heads, D, additive, stream),
+               stream)(fac, *partners, dV, cols_out)
     dV = dV.astype(V.dtype, copy=False)
     return (dV, ds_src, ds_dst) if additive else (dV, dQ, dK, dbeta)
 
 
-def _rows_template(T, name, units, k0, w, heads, D, slope, dropout, additive, n_slots):
+def _rows_template(T, name, w, heads, D, slope, dropout, additive, stream):
     """The backward rows pass's arguments (None where each call writes its operands) and their variable positions:
     ``V, G, out``, the scores' operands, ``lse``, the outputs (``ds``; or ``dQ`` and the dbeta shares), the
-    factors, the parts and their counters, and the seed, in the order the call passes them."""
+    factors and the seed, in the order the call passes them.  The long rows' parts and counters are the stream's,
+    fixed in the launch."""
+    units, k0, n_slots = work_units(T, "rows", heads)
+    part, counters = _parts(T, "bwd rows", n_slots, heads if additive else D, n_slots * heads, stream) or (None,
+                                                                                                          None)
     nu = int(units.shape[0])
     partners = csr_structure(T)[0]
     if additive:
         # units partners w | V G out s_src s_dst lse ds fac | part k0 counters n_units heads D slope dropout seed
-        args = (units, partners, w) + (None,) * 8 + (None, k0, None, nu, int(heads), int(D), np.float32(slope),
+        args = (units, partners, w) + (None,) * 8 + (part, k0, counters, nu, int(heads), int(D), np.float32(slope),
                                                      np.float32(dropout), None)
         variable = list(range(3, 11))
     else:
         # units partners w | V G out Q K beta lse dQ dbeta fac | part k0 counters n_units D dropout seed
-        args = (units, partners, w) + (None,) * 10 + (None, k0, None, nu, int(D), np.float32(dropout), None)
+        args = (units, partners, w) + (None,) * 10 + (part, k0, counters, nu, int(D), np.float32(dropout), None)
         variable = list(range(3, 13))
-    variable += [variable[-1] + 1, variable[-1] + 3] if n_slots else []
     variable += [len(args) - 1] if dropout else []
     return name, _grid(nu * heads), args, variable  # a warp per row (part) and head
 
 
-def _cols_template(T, name, units, k0, w, heads, D, additive, n_slots):
+def _cols_template(T, name, w, heads, D, additive, stream):
     """The backward columns pass's arguments and their variable positions: the factors, the partners' rows (``G``,
-    and ``Q`` for cosine scores), ``dV``, the other output (``ds_src`` or ``dK``), the parts and their counters."""
+    and ``Q`` for cosine scores), ``dV`` and the other output (``ds_src`` or ``dK``).  The long columns' parts
+    and counters are the stream's, fixed in the launch."""
+    units, k0, n_slots = work_units(T, "cols", heads)
+    part, counters = _parts(T, "bwd cols", n_slots, heads + heads * D if additive else 2 * D, n_slots * heads,
+                            stream) or (None, None)
     _, rows, eids = transpose_structure(T)
     nu = int(units.shape[0])
     # units partners eids w fac G Q dV dX | part k0 counters n_units heads D
-    args = (units, rows, eids, w) + (None,) * 5 + (None, k0, None, nu, int(heads), int(D))
-    variable = [4, 5] + ([] if additive else [6]) + [7, 8] + ([9, 11] if n_slots else [])
+    args = (units, rows, eids, w) + (None,) * 5 + (part, k0, counters, nu, int(heads), int(D))
+    variable = [4, 5] + ([] if additive else [6]) + [7, 8]
     return name, _grid(nu * heads), args, variable  # a warp per column (part) and head
 
 
@@ -268,27 +272,26 @@ def fused(T, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed):
         scores = (cp.ascontiguousarray(s_src, f32), cp.ascontiguousarray(s_dst, f32))
     else:
         scores = (cp.ascontiguousarray(Q, V.dtype), cp.ascontiguousarray(K, V.dtype), cp.ascontiguousarray(beta, f32))
-    units, k0, n_slots = work_units(T, "rows", heads)
     stream = cp.cuda.get_current_stream()
-    part = _parts(T, "fwd", n_slots, 2 * heads + HD, n_slots * heads, stream)
     seed = (cp.ascontiguousarray(seed, np.uint32),) if dropout else ()
     w = csr_weights(T, f32)
     _bound(T, w, ("fwd", fwd_name, heads, slope, dropout),
-           lambda: _fwd_template(T, fwd_name, units, k0, w, heads, HD // heads, slope, dropout, additive, n_slots),
-           stream)(
-        V, *scores, out, lse, *part, *seed)
+           lambda: _fwd_template(T, fwd_name, w, heads, HD // heads, slope, dropout, additive, stream),
+           stream)(V, *scores, out, lse, *seed)
     return out, lse
 
 
-def _fwd_template(T, name, units, k0, w, heads, D, slope, dropout, additive, n_slots):
+def _fwd_template(T, name, w, heads, D, slope, dropout, additive, stream):
     """The forward pass's arguments (None where each call writes its operands) and their variable positions:
-    ``V``, the scores' operands, ``out, lse``, the parts and their counters, and the seed, in the order the call
-    passes them."""
+    ``V``, the scores' operands, ``out, lse`` and the seed, in the order the call passes them.  The long rows'
+    parts and counters are the stream's, fixed in the launch."""
+    units, k0, n_slots = work_units(T, "rows", heads)
+    part, counters = _parts(T, "fwd", n_slots, 2 * heads + heads * D, n_slots * heads, stream) or (None, None)
     nu = int(units.shape[0])
-    # units indices w | V s_src s_dst Q K beta | out lse part k0 counters | n_units heads D slope dropout seed
-    args = (units, csr_structure(T)[0], w) + (None,) * 9 + (k0, None, nu, int(heads), int(D), np.float32(slope),
-                                                          np.float32(dropout), None)
-    variable = [3] + ([4, 5] if additive else [6, 7, 8]) + [9, 10] + ([11, 13] if n_slots else [])
+    # units indices w | V s_src s_dst Q K beta | out lse | part k0 counters n_units heads D slope dropout seed
+    args = (units, csr_structure(T)[0], w) + (None,) * 8 + (part, k0, counters, nu, int(heads), int(D),
+                                                          np.float32(slope), np.float32(dropout), None)
+    variable = [3] + ([4, 5] if additive else [6, 7, 8]) + [9, 10]
     variable += [len(args) - 1] if dropout else []
     return name, _grid(nu * heads), args, variable  # a warp per row (part) and head
 
