@@ -91,8 +91,9 @@ def _bound(T, w, key, template, stream):
     step's passes write only their operands' addresses (a pass takes about twenty arguments).
 
     ``key`` names the kernel and every fixed argument but the weights ``w`` (a :func:`csr_weights` array, matched
-    by identity) and the ``stream`` (CuPy's); ``template()`` returns ``(kernel name, grid, arguments, variable
-    positions)``, None in the variable slots.  Not kept under a capture, whose weights are the graph's own.
+    by identity) and the ``stream`` (CuPy's, whose scratch the launch holds); ``template()`` returns ``(kernel
+    name, grid, arguments, variable positions)``, None in the variable slots.  Not kept under a capture, whose
+    weights and scratch are the graph's own.
     """
     kept = T.tiling.cached("attention_bound", dict)
     key = key + (id(w), stream.ptr)
@@ -109,12 +110,10 @@ def _bound(T, w, key, template, stream):
     return bound
 
 
-def _scratch(T, kind, shape, stream, dtype=np.float32):
-    """A buffer that one call's passes share (the long owners' parts and their counters; the backward's
-    ``<g_i, out_i>``): the products' per-stream :class:`~tcgnn_py.products._launch.Scratch`, kept on the tiling, since
-    calls on one stream run in order; a new one under a capture, whose graph keeps it.  Counters (int32) start at
-    zero, and each pass leaves them so."""
-    zeros = np.dtype(dtype) == np.int32
+def _scratch(T, kind, shape, stream, dtype=np.float32, zeros=False):
+    """A buffer that one call's passes share (the long owners' parts and their counters): the products' per-stream
+    :class:`~tcgnn_py.products._launch.Scratch`, kept on the tiling, since calls on one stream run in order; a new one
+    under a capture, whose graph keeps it.  ``zeros``: it starts at zero (counters, which each pass leaves so)."""
     if stream.is_capturing():
         return (get_cupy().zeros if zeros else get_cupy().ndarray)(shape, dtype)
     return Scratch(kind, shape, dtype, zeros).get(T.tiling.cached("attention_scratch", dict), stream.ptr)
@@ -126,7 +125,7 @@ def _parts(T, kind, n_slots, width, counters, stream):
     if not n_slots:
         return ()
     return (_scratch(T, f"{kind} part", (n_slots, width), stream),
-            _scratch(T, f"{kind} counters", (counters,), stream, np.int32))
+            _scratch(T, f"{kind} counters", (counters,), stream, np.int32, zeros=True))
 
 
 def _grid(warps):
