@@ -523,3 +523,10 @@ def test_edge_softmax_on_the_gpu_is_the_hosts(cp, dtype):
     composed = G.with_values(z, order="tiled").softmax() @ V
     fused, _ = tg.nn.graph_attention(G, V, s_src=s_src, s_dst=s_dst, fused=True)
     np.testing.assert_allclose(composed.get(), fused.get(), rtol=2e-3, atol=2e-3)  # TF32 product vs fused
+
+
+def test_the_kernels_block_is_the_launchs():
+    """The kernels size their shared arrays and find their unit by TC_ATT_WARPS; the launches use ATTENTION_WARPS."""
+    from tcgnn_py.kernels import attention as ka
+
+    assert f"#define TC_ATT_WARPS {ka.ATTENTION_WARPS} " in ka.SOURCE

@@ -259,16 +259,29 @@ __device__ __noinline__ void tc_att_bwd_merge_call(const float* __restrict__ p0,
     tc_att_bwd_merge(p0, parts, width, heads, h, n0, n1, out0, out1, lane);
 }
 
+#define TC_ATT_WARPS 8  // warps per block (the module's ATTENTION_WARPS)
+// This warp's unit and head (warps take each unit's heads in turn); false past the last, for the whole warp: no
+// block-wide barrier follows in the passes.
+__device__ __forceinline__ bool tc_att_unit(const int4* __restrict__ units, int n_units, int heads, int warp,
+                                            long long& uid, int& h, int4& unit) {
+    const long long wid = (long long)blockIdx.x * TC_ATT_WARPS + warp;
+    if (wid >= (long long)n_units * heads) return false;
+    uid = wid / heads;
+    h = (int)(wid - uid * heads);
+    unit = units[uid];
+    return true;
+}
+
+// Partner rows (the forward's V, the backward columns pass's) whose loads are issued together: more where a lane
+// holds few features.  (The backward rows passes load 4 at a time: 8 measured slower there, with their larger
+// register footprint.)
+#define TC_ATT_U(C) ((C) <= 2 ? 8 : 4)
+
 // One warp per row and head, the row's entries 32 at a time: lane t scores entry t of the chunk, the warp takes
 // the chunk's maximum and sum (online softmax: the running sums rescale once per chunk), and then accumulates the
 // chunk's V rows (the head's D features), TC_ATT_U at a time, with the entries' weights from shared memory.
 // Lane `lane` holds features f = lane + 32 c (c < C) of the head.  weights: the entries' values (nullptr: all 1).
 // ADDITIVE reads s_src / s_dst ((n, heads) float); COSINE reads Q / K ((n, D) of T, one head) and beta (one float).
-#define TC_ATT_WARPS 8
-// Partner rows (the forward's V, the backward columns pass's) whose loads are issued together: more where a lane
-// holds few features.  (The backward rows passes load 4 at a time: 8 measured slower there, with their larger
-// register footprint.)
-#define TC_ATT_U(C) ((C) <= 2 ? 8 : 4)
 template <typename T, int KIND, int C>
 __global__ void __launch_bounds__(32 * TC_ATT_WARPS)
 tcgnn_attention_fwd(const int4* __restrict__ units, const int* __restrict__ indices,
@@ -281,11 +294,10 @@ tcgnn_attention_fwd(const int4* __restrict__ units, const int* __restrict__ indi
     __shared__ float s_p[TC_ATT_WARPS][32];  // the chunk's weights P (dropped ones 0)
     __shared__ int s_j[TC_ATT_WARPS][32];    // the chunk's columns
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const long long wid = (long long)blockIdx.x * TC_ATT_WARPS + warp;
-    if (wid >= (long long)n_units * heads) return;  // a whole warp: no block-wide barrier follows
-    const long long uid = wid / heads;
-    const int h = (int)(wid - uid * heads);
-    const int4 unit = units[uid];  // (row, first entry, end entry, partial slot or -1)
+    long long uid;
+    int h;
+    int4 unit;  // (row, first entry, end entry, partial slot or -1)
+    if (!tc_att_unit(units, n_units, heads, warp, uid, h, unit)) return;
     const long long row = unit.x;
     const int HD = heads * D;
     const T* Vh = V + h * D;
@@ -438,11 +450,10 @@ tcgnn_attention_bwd(const int4* __restrict__ units, const int* __restrict__ part
                     int n_units, int heads, int D, float slope, float drop_p, const unsigned* __restrict__ seed) {
     __shared__ int s_q[TC_ATT_WARPS][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const long long wid = (long long)blockIdx.x * TC_ATT_WARPS + warp;
-    if (wid >= (long long)n_units * heads) return;
-    const long long uid = wid / heads;
-    const int h = (int)(wid - uid * heads);
-    const int4 unit = units[uid];  // (row, first entry, end entry, partial slot or -1)
+    long long uid;
+    int h;
+    int4 unit;  // (row, first entry, end entry, partial slot or -1)
+    if (!tc_att_unit(units, n_units, heads, warp, uid, h, unit)) return;
     const long long owner = unit.x;
     const int HD = heads * D;
     const T* mine = G + owner * HD + h * D;  // the row's head-h gradient, and its partners' V rows
@@ -671,11 +682,10 @@ tcgnn_attention_bwd_cols(const int4* __restrict__ units, const int* __restrict__
     __shared__ int s_q[TC_ATT_WARPS][32];
     __shared__ float2 s_f[TC_ATT_WARPS][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const long long wid = (long long)blockIdx.x * TC_ATT_WARPS + warp;
-    if (wid >= (long long)n_units * heads) return;
-    const long long uid = wid / heads;
-    const int h = (int)(wid - uid * heads);
-    const int4 unit = units[uid];  // (column, first entry, end entry, partial slot or -1)
+    long long uid;
+    int h;
+    int4 unit;  // (column, first entry, end entry, partial slot or -1)
+    if (!tc_att_unit(units, n_units, heads, warp, uid, h, unit)) return;
     const long long owner = unit.x;
     const int HD = heads * D;
     const T* Gh = G + h * D;

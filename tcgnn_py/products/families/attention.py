@@ -121,9 +121,9 @@ def _scratch(T, kind, shape, stream, dtype=np.float32, zeros=False):
 
 def _parts(T, kind, n_slots, width, counters, stream):
     """``(part, counters)`` of a pass whose long owners fill ``n_slots`` slots of ``width`` floats (``counters``:
-    how many counters they count with), or ``()`` where no owner is long."""
+    how many counters they count with), or null pointers (None) where no owner is long."""
     if not n_slots:
-        return ()
+        return None, None
     return (_scratch(T, f"{kind} part", (n_slots, width), stream),
             _scratch(T, f"{kind} counters", (counters,), stream, np.int32, zeros=True))
 
@@ -139,10 +139,6 @@ def _names(dtype, kid, D):
     name = np.dtype(dtype).name
     return (ka.attention_config(name, kid, D).name,
             tuple(ka.attention_bwd_config(name, kid, mode, D).name for mode in (0, 1)))
-
-
-#: A null device pointer: the kernels read no argument their kind or settings leave unused (no per-call dummy).
-_NULL = None
 
 
 def fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed):
@@ -199,8 +195,7 @@ def _rows_template(T, name, w, heads, D, slope, dropout, additive, stream):
     factors and the seed, in the order the call passes them.  The long rows' parts and counters are the stream's,
     fixed in the launch."""
     units, k0, n_slots = work_units(T, "rows", heads)
-    part, counters = _parts(T, "bwd rows", n_slots, heads if additive else D, n_slots * heads, stream) or (None,
-                                                                                                          None)
+    part, counters = _parts(T, "bwd rows", n_slots, heads if additive else D, n_slots * heads, stream)
     nu = int(units.shape[0])
     partners = csr_structure(T)[0]
     if additive:
@@ -222,7 +217,7 @@ def _cols_template(T, name, w, heads, D, additive, stream):
     and counters are the stream's, fixed in the launch."""
     units, k0, n_slots = work_units(T, "cols", heads)
     part, counters = _parts(T, "bwd cols", n_slots, heads + heads * D if additive else 2 * D, n_slots * heads,
-                            stream) or (None, None)
+                            stream)
     _, rows, eids = transpose_structure(T)
     nu = int(units.shape[0])
     # units partners eids w fac G Q dV dX | part k0 counters n_units heads D
@@ -285,7 +280,7 @@ def _fwd_template(T, name, w, heads, D, slope, dropout, additive, stream):
     ``V``, the scores' operands, ``out, lse`` and the seed, in the order the call passes them.  The long rows'
     parts and counters are the stream's, fixed in the launch."""
     units, k0, n_slots = work_units(T, "rows", heads)
-    part, counters = _parts(T, "fwd", n_slots, 2 * heads + heads * D, n_slots * heads, stream) or (None, None)
+    part, counters = _parts(T, "fwd", n_slots, 2 * heads + heads * D, n_slots * heads, stream)
     nu = int(units.shape[0])
     # units indices w | V s_src s_dst Q K beta | out lse | part k0 counters n_units heads D slope dropout seed
     args = (units, csr_structure(T)[0], w) + (None,) * 8 + (part, k0, counters, nu, int(heads), int(D),
