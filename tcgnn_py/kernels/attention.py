@@ -31,7 +31,8 @@ from .products.common import COMMON_SOURCE, KernelConfig, cuda_type
 from .registry import register
 
 __all__ = [
-    "ATTENTION_UNIT", "ATTENTION_MAX_UNIT", "ATTENTION_MAX_HEADS", "ATTENTION_WARPS", "ATTENTION_CHUNKS",
+    "ATTENTION_UNIT", "ATTENTION_SMALL_UNIT", "ATTENTION_MAX_UNIT", "ATTENTION_MAX_HEADS", "ATTENTION_WARPS",
+    "ATTENTION_CHUNKS",
     "ATTENTION_CONFIGS", "ADDITIVE", "COSINE", "AttentionFwd", "AttentionBwd", "AttentionCosBwd", "AttentionBwdCols",
     "attention_unit", "attention_config", "attention_bwd_config", "SOURCE", "NAMES"
 ]
@@ -41,8 +42,11 @@ ADDITIVE, COSINE = 0, 1
 #: that many, each taken by its own warps (one per head) and merged in part order: a hub's entries then spread over
 #: the GPU; with more heads a row already has more warps, so its parts grow, up to ``ATTENTION_MAX_UNIT`` (the merges
 #: stay few).  With the units longest first (a block's warps end together), 128 entries per part and head measured
-#: faster than 64 (more merges) and than 256 (a longer last warp) on power-law graphs of 0.3-0.7M entries.
+#: faster than 64 (more merges) and than 256 (a longer last warp) on power-law graphs of 0.1-0.7M entries.
 ATTENTION_UNIT = 128
+#: Entries per part and head where a pass's warps do not fill the GPU: its time is then its longest part's (cora's
+#: AGNN forward measured 18 us with parts of 64, 29 us with parts of 128).
+ATTENTION_SMALL_UNIT = 64
 #: The largest part (entries of one row or column per warp and head): 1024 measured slower than 512 at 4 heads.
 ATTENTION_MAX_UNIT = 512
 #: Heads of one fused call (the scope of the layers: GAT's 1-8 heads).
@@ -102,10 +106,10 @@ def attention_bwd_config(dtype_name, kind, mode, width):
     return (AttentionBwd if kind == ADDITIVE else AttentionCosBwd)(t, chunks)
 
 
-def attention_unit(heads):
+def attention_unit(heads, fills=True):
     """Entries per part of a long row or column for ``heads`` heads: ``ATTENTION_UNIT`` per head, at most
-    ``ATTENTION_MAX_UNIT``."""
-    return min(ATTENTION_MAX_UNIT, ATTENTION_UNIT * heads)
+    ``ATTENTION_MAX_UNIT``; ``ATTENTION_SMALL_UNIT`` per head where the pass's warps do not ``fill`` the GPU."""
+    return min(ATTENTION_MAX_UNIT, (ATTENTION_UNIT if fills else ATTENTION_SMALL_UNIT) * heads)
 
 
 def attention_config(dtype_name, kind, width):

@@ -17,9 +17,10 @@ from ...kernels.attention import attention_unit
 from ...kernels.driver import BoundLaunch
 from ...kernels.registry import get_kernel
 from .._launch import Scratch
+from .._plans import sm_count
 
 __all__ = ["csr_structure", "transpose_structure", "work_units", "csr_weights", "fused", "fused_backward", "reach",
-           "WEIGHTS_KEEP", "BOUND_KEEP"]
+           "WEIGHTS_KEEP", "BOUND_KEEP", "FILL_WARPS"]
 
 
 def csr_structure(T):
@@ -54,11 +55,13 @@ def work_units(T, kind, heads):
     ``heads`` heads, per tiling and part size.
 
     ``units`` int4 rows ``(owner, first entry, end entry, slot or -1)``: an owner of more than
-    ``attention_unit(heads)`` entries is cut into parts of that many, each writing its partial results to a slot
-    (an owner's slots are consecutive); ``k0`` int2 rows ``(the owner's first slot, its parts)``, by which the
-    owner's last part to finish merges them in part order.  Units come longest first.
+    ``attention_unit(heads, fills)`` entries (``fills``: the owners' warps fill the GPU) is cut into parts of that
+    many, each writing its partial results to a slot (an owner's slots are consecutive); ``k0`` int2 rows ``(the
+    owner's first slot, its parts)``, by which the owner's last part to finish merges them in part order.  Units
+    come longest first.
     """
-    unit = attention_unit(heads)
+    owners = T.shape[0] if kind == "rows" else T.shape[1]
+    unit = attention_unit(heads, owners * heads >= FILL_WARPS * sm_count(T.tiling))
 
     def build():
         xp = get_cupy()
@@ -80,6 +83,11 @@ def work_units(T, kind, heads):
         return units[order], k0[order], int(split.sum())  # synchronize!
 
     return T.tiling.cached(("attention_units", kind, unit), build)
+
+
+#: Warps an SM holds (2048 threads on sm_80 and sm_90): a pass of fewer warps per SM leaves it idle, and runs as
+#: long as its longest part.
+FILL_WARPS = 64
 
 
 #: Bound passes kept per tiling (signatures: kernel, heads, settings, stream and weights array), oldest dropped.
