@@ -41,13 +41,13 @@ ADDITIVE, COSINE = 0, 1
 #: A row (or, in the backward pass, a column) of more entries than ``attention_unit(heads)`` is cut into parts of
 #: that many, each taken by its own warps (one per head) and merged in part order: a hub's entries then spread over
 #: the GPU; with more heads a row already has more warps, so its parts grow, up to ``ATTENTION_MAX_UNIT`` (the merges
-#: stay few).  With the units longest first (a block's warps end together), 128 entries per part and head measured
-#: faster than 64 (more merges) and than 256 (a longer last warp) on power-law graphs of 0.1-0.7M entries.
+#: stay few).  Where a pass fills the GPU, with the units longest first (a block's warps end together), parts of
+#: 128 entries per head measured faster than parts of 64 (more merges) and of 256 (a longer last warp).
 ATTENTION_UNIT = 128
-#: Entries per part and head where a pass's warps do not fill the GPU: its time is then its longest part's (cora's
-#: AGNN forward measured 18 us with parts of 64, 29 us with parts of 128).
+#: Entries per part and head where a pass's warps do not fill the GPU: its time is then its longest part's, which
+#: parts of ``ATTENTION_UNIT`` make longer.
 ATTENTION_SMALL_UNIT = 64
-#: The largest part (entries of one row or column per warp and head): 1024 measured slower than 512 at 4 heads.
+#: The largest part (entries of one row or column per warp and head); a larger cap measured slower at 4 heads.
 ATTENTION_MAX_UNIT = 512
 #: Heads of one fused call (the scope of the layers: GAT's 1-8 heads).
 ATTENTION_MAX_HEADS = 8
