@@ -180,15 +180,14 @@ def fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, sl
         dQ, dK = cp.ndarray((n, D), f32), cp.ndarray((k, D), f32)
         cols_out = dK
         dbeta = cp.ndarray((0,), f32)  # no row units: no shares
-    n_units = work_units(T, "rows", heads)[0].shape[0]
-    if n_units:
+    if n:  # (every row and column has at least one unit)
         if not additive:
-            dbeta = cp.ndarray((n_units,), f32)  # the row units' shares
+            dbeta = cp.ndarray(work_units(T, "rows", heads)[0].shape[:1], f32)  # the row units' shares
             rows_out = (dQ, dbeta)
         _bound(T, w, ("bwd rows", rows_name, heads, slope, dropout),
                lambda: _rows_template(T, rows_name, w, heads, D, slope, dropout, additive, stream),
                stream)(V, G, out, *scores, lse, *rows_out, fac, *seed)
-    if work_units(T, "cols", heads)[0].shape[0]:
+    if k:
         partners = (G,) if additive else (G, scores[0])
         _bound(T, w, ("bwd cols", cols_name, heads),
                lambda: _cols_template(T, cols_name, w, heads, D, additive, stream),
