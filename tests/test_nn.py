@@ -359,3 +359,23 @@ def test_train_reaches_accuracy_on_cora_quickly():
     r = nn.train(nn.gcn_apply, params, A, X, g.labels,
                  (g.train_idx, g.val_idx, g.test_idx), opt, epochs=60, rng=rng)
     assert r.test_acc > 0.75 and len(r.epoch_times) == 60 and 0 <= r.best_epoch < 60
+
+
+def test_dense_kernel_takes_what_it_can_tile():
+    """The layers' dense kernel takes float32, rows of unit column stride, k and widths it tiles, and sums a head's
+    scores in lanes of a power of two."""
+    from tcgnn_py.products import training as t
+
+    a, b = np.zeros((10, 8), np.float32), np.zeros((8, 4), np.float32)
+    assert t.dense_takes(a, b) and t.dense_takes(a[:, :4], b[:4]) and t.dense_takes(a, b.T.copy().T)
+    assert not t.dense_takes(a.T, a) and not t.dense_takes(a, b.astype(np.float64))
+    assert not t.dense_takes(a.astype(np.float64), b.astype(np.float64))
+    assert not t.dense_takes(a.astype(np.float16), b.astype(np.float16))
+    assert not t.dense_takes(a.astype(np.int64), b.astype(np.int64)) and not t.dense_takes(a, np.zeros((9, 4)))
+    assert not t.dense_takes(np.zeros((3, 0), np.float32), np.zeros((0, 4), np.float32))
+    k, n = t.DENSE_MAX_K, t.DENSE_MAX_N
+    assert t.dense_takes(np.zeros((3, k), np.float32), np.zeros((k, n), np.float32))
+    assert not t.dense_takes(np.zeros((3, k + 1), np.float32), np.zeros((k + 1, 4), np.float32))
+    assert not t.dense_takes(a, np.zeros((8, n + 1), np.float32))
+    assert [w for w in range(1, n + 1) if not t.dense_takes(a, np.zeros((8, w), np.float32))] == list(range(33, 48))
+    assert [D for D in range(1, 200) if t.dense_scores_take(D)] == [4, 8, 16, 32, 64, 128]

@@ -283,6 +283,78 @@ def test_adam_multi_tensor_matches_host(cp, rng):
     assert od.t == 5
 
 
+@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (129, 7, 3), (1001, 64, 64), (257, 33, 17), (3000, 64, 16),
+                                     (77, 128, 64), (300, 100, 48), (65, 32, 60), (40000, 16, 64), (5000, 128, 32),
+                                     (70001, 124, 50)])
+@pytest.mark.parametrize("layout", ["c", "b_transposed", "a_strided_bias"])
+def test_dense_mm_is_the_product(cp, m, k, n, layout):
+    """The layers' dense product against NumPy, every tile and partial tile of rows, columns and k (k % 4 != 0
+    reads A by values, else by float4s), B as a transposed view, A as a slice of wider rows, with a bias: exact on
+    small integers (every sum is)."""
+    from tcgnn_py.products import training as t
+
+    rng = np.random.default_rng()
+    dt = np.dtype(np.float32)
+    A, B, b = ints(rng, m, k + 5), ints(rng, k, n), ints(rng, n)
+    a = cp.asarray(A).astype(dt)[:, :k] if layout == "a_strided_bias" else cp.asarray(A[:, :k]).astype(dt)
+    bd = cp.asarray(B.T).astype(dt).T if layout == "b_transposed" else cp.asarray(B).astype(dt)
+    bias = cp.asarray(b).astype(dt) if layout == "a_strided_bias" else None
+    assert t.dense_takes(a, bd)
+    want = A[:, :k].astype(np.float64) @ B + (b if bias is not None else 0)
+    for _ in range(2):  # planned, then bound
+        c = t.dense_mm(a, bd, bias)
+        assert c.dtype == dt and c.shape == (m, n) and c.flags.c_contiguous
+        np.testing.assert_array_equal(c.get(), want.astype(dt))
+
+
+@pytest.mark.parametrize("heads, D", [(1, 64), (8, 8), (4, 16), (2, 32), (3, 4), (1, 32), (5, 4), (1, 16)])
+def test_dense_mm_scores_are_head_dots(cp, heads, D):
+    """GAT's scores from the product's kernel equal :func:`head_dots` of its result: exact on small integers."""
+    from tcgnn_py.products import training as t
+
+    rng = np.random.default_rng()
+    dt = acc = np.float32
+    n, k = 1001, 24
+    H, W, a1, a2 = ints(rng, n, k), ints(rng, k, heads * D), ints(rng, heads, D), ints(rng, heads, D)
+    assert t.dense_scores_take(D)
+    X, s1, s2 = t.dense_mm(cp.asarray(H).astype(dt), cp.asarray(W).astype(dt), None, cp.asarray(a1, acc),
+                           cp.asarray(a2, acc), heads)
+    X3 = (H.astype(np.float64) @ W).reshape(n, heads, D)  # |.| <= 1536 and the dots <= 2^24: exact in float32
+    np.testing.assert_array_equal(X.get(), X3.reshape(n, heads * D))
+    assert s1.dtype == acc and s1.shape == (n, heads)
+    np.testing.assert_array_equal(s1.get(), (X3 * a1).sum(axis=2))
+    np.testing.assert_array_equal(s2.get(), (X3 * a2).sum(axis=2))
+    if heads * D > 1:  # W as a transposed view: the same (its lanes need adjacent columns, so W is copied first)
+        Xt, t1, t2 = t.dense_mm(cp.asarray(H).astype(dt), cp.asarray(W.T).astype(dt).T, None, cp.asarray(a1, acc),
+                                cp.asarray(a2, acc), heads)
+        for got, want in ((Xt, X), (t1, s1), (t2, s2)):
+            np.testing.assert_array_equal(got.get(), want.get())
+
+
+def test_dense_mm_routes_the_others_to_cublas(cp):
+    """``mm`` runs its own kernel only for what it takes: wide k or outputs, other dtypes, mixed dtypes and rows of
+    non-unit stride go to cuBLAS or CuPy, with the same results; a bias of another dtype is added after."""
+    from tcgnn_py.nn._layers import mm
+    from tcgnn_py.products import training as t
+
+    rng = np.random.default_rng()
+    cases = [(ints(rng, 50, t.DENSE_MAX_K + 1), ints(rng, t.DENSE_MAX_K + 1, 8)),
+             (ints(rng, 50, 8), ints(rng, 8, t.DENSE_MAX_N + 1)), (ints(rng, 50, 8), ints(rng, 8, 40)),
+             (ints(rng, 50, 8, dtype=np.float64), ints(rng, 8, 8)),
+             (ints(rng, 50, 8, dtype=np.float64), ints(rng, 8, 8, dtype=np.float64)),
+             (ints(rng, 50, 8, dtype=np.float16), ints(rng, 8, 8, dtype=np.float16))]
+    for A, B in cases:
+        a, b = cp.asarray(A), cp.asarray(B)
+        assert not t.dense_takes(a, b)
+        np.testing.assert_array_equal(mm(a, b).get(), A.astype(np.float64) @ B)
+    a, b = cp.asarray(ints(rng, 40, 8)), cp.asarray(ints(rng, 8, 6))
+    assert not t.dense_takes(a.T, a) and not t.dense_takes(a.astype(np.int32), b.astype(np.int32))
+    bias = ints(rng, 6, dtype=np.float64)
+    c = mm(a, b, cp.asarray(bias))
+    assert c.dtype == np.float32
+    np.testing.assert_array_equal(c.get(), a.get().astype(np.float64) @ b.get() + bias)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
 @pytest.mark.parametrize("heads, D", [(1, 64), (8, 8), (3, 5)])
 def test_head_dots_on_device_are_the_formula(cp, dtype, heads, D):

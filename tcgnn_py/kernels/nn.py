@@ -9,7 +9,7 @@ from .registry import VALUE_TYPES, register
 
 __all__ = ["SOURCE", "NAMES", "FAMILIES", "TICK", "adam_multi_name", "ADAM_MULTI", "ADAM_SLOTS",
            "tail_name", "tail_grad_name", "cross_entropy_name", "index_weights_name", "head_dots_name",
-           "head_dots_grad_name",
+           "head_dots_grad_name", "dense_mm_name", "DENSE_TILES",
            "row_normalize_name", "row_normalize_grad_name", "sum_name", "head_blocks_name", "SUM_THREADS",
            "ACTIVATIONS", "TAIL_TYPES"]
 
@@ -75,6 +75,161 @@ template <typename T> struct nn_acc { typedef float type; };
 template <> struct nn_acc<double> { typedef double type; };
 __device__ __forceinline__ double nn_of(double v) { return v; }
 template <typename T> __device__ __forceinline__ float nn_of(T v) { return tc_f32_of(v); }
+
+// 4 bytes global -> shared; ok false writes a zero without reading.
+__device__ __forceinline__ void dn_cp4(float* dst, const float* src, bool ok) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(tc_smem_addr(dst)), "l"(src), "r"(ok ? 4 : 0)
+                 : "memory");
+}
+
+// C = A B (+ bias) in float32 for a tall A and a small B: A is m x k with unit column stride and row stride lda,
+// B is k x n with strides (sb, tb), C m x n C-contiguous; bias one value per column or nullptr.  Each element is
+// summed one fma at a time in k's order (cuBLAS's float32 compute, no TF32).
+// A block of NT threads computes a (NT / (BN / 4) * TM) x BN tile of C, TM x 4 elements per thread, over BK-wide
+// slices of A and B that cp.async stages in shared memory, the next slice copied while this one is summed (no
+// registers held for the copy).  Each thread reads its rows' and its columns' next 4 values of k as float4s,
+// so shared memory serves 4 fmas per value read.  vec bit 0 (lda and k multiples of 4, A 16-byte aligned): A is
+// copied 16 bytes at a time, 8 threads a row's 128 bytes; bit 1 likewise for B along its unit stride (its other
+// stride and its extent there multiples of 4).  BT (B a transposed view, sb == 1): B's slice is kept by columns
+// and each thread takes the columns tx, tx + BN / 4, ... (conflict-free reads of a column's k), else by rows and
+// each thread takes 4 adjacent columns (stored as a float4).
+// Scores (GAT, not BT): with a_src not nullptr, C's columns are heads of D values (D / 4 a power of two that
+// divides BN / 4) and s_src[i, h] = <C[i, h], a_src[h]>, s_dst likewise, are written from the sums as stored.
+template <int BN, int TM, int NT, bool BT>
+__global__ void __launch_bounds__(NT) tcgnn_dense_mm(const float* __restrict__ A, const float* __restrict__ B,
+                                                      const float* __restrict__ bias, float* __restrict__ C, int m,
+                                                      int n, int k, long long lda, long long sb, long long tb,
+                                                      int vec, const float* __restrict__ a_src,
+                                                      const float* __restrict__ a_dst, float* __restrict__ s_src,
+                                                      float* __restrict__ s_dst, int D) {
+    constexpr int GX = BN / 4, BM = NT / GX * TM;
+    // k per slice: two slices of A and B within the 48 KB of static shared memory
+    constexpr int BK = (BM * 36 + (BT ? BN * 36 : 32 * BN)) * 8 <= 48 * 1024 ? 32 : 16;
+    constexpr int PA = BK + 4, SA = BM * PA, SB = BT ? BN * PA : BK * BN;
+    __shared__ __align__(16) float As[2 * SA];
+    __shared__ __align__(16) float Bs[2 * SB];
+    const int tid = threadIdx.x, tx = tid % GX, ty = tid / GX;
+    const long long row0 = (long long)blockIdx.x * BM;
+    const int col0 = blockIdx.y * BN;
+    auto stage = [&](int l0, int buf) {
+        float* as = As + buf * SA;
+        float* bs = Bs + buf * SB;
+        if (vec & 1) {
+            for (int f = tid; f < BM * BK / 4; f += NT) {
+                const int r = f / (BK / 4), c = l0 + f % (BK / 4) * 4;
+                const bool ok = row0 + r < m && c < k;
+                tc_cp_async16(tc_smem_addr(as + r * PA + c - l0), ok ? A + (row0 + r) * lda + c : A, ok ? 16 : 0);
+            }
+        } else {
+            for (int e = tid; e < BM * BK; e += NT) {
+                const int r = e / BK, c = l0 + e % BK;
+                const bool ok = row0 + r < m && c < k;
+                dn_cp4(as + r * PA + c - l0, ok ? A + (row0 + r) * lda + c : A, ok);
+            }
+        }
+        if (vec & 2) {  // 4 values of B's contiguous dimension (k for BT, else n) at a time
+            for (int f = tid; f < BK * BN / 4; f += NT) {
+                const int r = BT ? f % (BK / 4) * 4 : f / (BN / 4), c = BT ? f / (BK / 4) : f % (BN / 4) * 4;
+                const bool ok = l0 + r < k && col0 + c < n;
+                tc_cp_async16(tc_smem_addr(bs + (BT ? c * PA + r : r * BN + c)),
+                              ok ? B + (l0 + r) * sb + (long long)(col0 + c) * tb : B, ok ? 16 : 0);
+            }
+        } else {
+            for (int e = tid; e < BK * BN; e += NT) {
+                const int r = BT ? e % BK : e / BN, c = BT ? e / BK : e % BN;
+                const bool ok = l0 + r < k && col0 + c < n;
+                dn_cp4(bs + (BT ? c * PA + r : e), ok ? B + (l0 + r) * sb + (long long)(col0 + c) * tb : B, ok);
+            }
+        }
+    };
+    float acc[TM][4];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
+    const int slices = (k + BK - 1) / BK;
+    stage(0, 0);
+    tc_cp_commit();
+    for (int t = 0; t < slices; ++t) {
+        if (t + 1 < slices) stage((t + 1) * BK, (t + 1) & 1);
+        tc_cp_commit();
+        tc_cp_wait<1>();
+        __syncthreads();
+        const float* as = As + (t & 1) * SA;
+        const float* bs = Bs + (t & 1) * SB;
+#pragma unroll
+        for (int l = 0; l < BK; l += 4) {
+            float4 a[TM], b[4];
+#pragma unroll
+            for (int i = 0; i < TM; ++i) a[i] = *reinterpret_cast<const float4*>(as + (ty * TM + i) * PA + l);
+#pragma unroll
+            for (int j = 0; j < 4; ++j)  // BT: column j's 4 values of k; else row l + j's 4 columns
+                b[j] = *reinterpret_cast<const float4*>(BT ? bs + (tx + j * GX) * PA + l : bs + (l + j) * BN + tx * 4);
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+#pragma unroll
+                for (int i = 0; i < TM; ++i) {
+                    const float v = q == 0 ? a[i].x : q == 1 ? a[i].y : q == 2 ? a[i].z : a[i].w;
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        const float4 w = BT ? b[j] : b[q];
+                        const int at = BT ? q : j;
+                        acc[i][j] = fmaf(v, at == 0 ? w.x : at == 1 ? w.y : at == 2 ? w.z : w.w, acc[i][j]);
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    float bv[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int c = col0 + (BT ? tx + j * GX : tx * 4 + j);
+        bv[j] = bias && c < n ? bias[c] : 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+        const long long r = row0 + ty * TM + i;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] += bv[j];
+        if constexpr (BT) {
+            if (r < m)
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    if (col0 + tx + j * GX < n) C[r * n + col0 + tx + j * GX] = acc[i][j];
+        } else {
+            const int c0 = col0 + tx * 4;
+            if (a_src) {  // the row's head dots: this thread's 4 columns, then the D / 4 lanes of the head
+                float ps = 0.f, pd = 0.f;
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    if (c0 + j < n) {
+                        ps = fmaf(acc[i][j], a_src[c0 + j], ps);
+                        pd = fmaf(acc[i][j], a_dst[c0 + j], pd);
+                    }
+                }
+                for (int o = D / 8; o; o >>= 1) {
+                    ps += __shfl_xor_sync(0xffffffffu, ps, o);
+                    pd += __shfl_xor_sync(0xffffffffu, pd, o);
+                }
+                if (r < m && c0 < n && c0 % D == 0) {
+                    const int heads = n / D;
+                    s_src[r * heads + c0 / D] = ps;
+                    s_dst[r * heads + c0 / D] = pd;
+                }
+            }
+            if (r < m) {
+                float* out = C + r * n + c0;
+                if (c0 + 3 < n && n % 4 == 0)
+                    *reinterpret_cast<float4*>(out) = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+                else
+#pragma unroll
+                    for (int j = 0; j < 4; ++j)
+                        if (c0 + j < n) out[j] = acc[i][j];
+            }
+        }
+    }
+}
 
 // Feature dropout: element i is kept where the 24 high bits of a hash of (i, seed) are at least p * 2^24 (the
 // attention dropout's mixing), so the backward pass recomputes the mask instead of keeping an n x F array.
@@ -291,6 +446,10 @@ __global__ void tcgnn_head_blocks(const T* __restrict__ r_src, const T* __restri
 }
 """
 
+#: Tiles of ``tcgnn_dense_mm``: (BN, TM, NT), a block of NT threads computing (NT / (BN / 4) * TM) x BN of C, for
+#: results of up to 16, 32 and 64 columns.  64 columns take 8 rows a thread in blocks of 128 (cuBLAS's float32
+#: tile): fewer shared-memory reads per fma than 4 rows in blocks of 256, which ran slower than cuBLAS.
+DENSE_TILES = ((16, 2, 256), (32, 4, 256), (64, 8, 128))
 #: Threads of the one block of ``tcgnn_sum`` (a power of two: its tree halves them).
 SUM_THREADS = 256
 SOURCE = COMMON_SOURCE + f"#define NN_SUM_THREADS {SUM_THREADS}\n" + _NN
@@ -322,6 +481,11 @@ head_dots_grad_name = _template("tcgnn_head_dots_grad")
 row_normalize_name = _template("tcgnn_row_normalize")
 row_normalize_grad_name = _template("tcgnn_row_normalize_grad")
 sum_name = _template("tcgnn_sum")
+
+
+def dense_mm_name(bn, tm, nt, bt):
+    """The NVRTC name of ``tcgnn_dense_mm`` for the tile ``(bn, tm, nt)``, B a transposed view (``bt``) or not."""
+    return f"tcgnn_dense_mm<{bn}, {tm}, {nt}, {'true' if bt else 'false'}>"
 head_blocks_name = _template("tcgnn_head_blocks")
 
 
@@ -329,6 +493,7 @@ TICK = "tcgnn_adam_tick"
 NAMES = (TICK, *(adam_multi_name(t) for t in VALUE_TYPES),
          *(f(t) for f in (tail_name, tail_grad_name, cross_entropy_name, index_weights_name, head_dots_name,
                           head_dots_grad_name, row_normalize_name, row_normalize_grad_name, sum_name,
-                          head_blocks_name) for t in TAIL_TYPES))
+                          head_blocks_name) for t in TAIL_TYPES),
+         *(dense_mm_name(*tile, bt) for tile in DENSE_TILES for bt in (False, True)))
 FAMILIES = {"nn": (SOURCE, NAMES)}
 register("nn", SOURCE, NAMES)

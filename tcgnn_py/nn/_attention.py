@@ -404,12 +404,20 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
         fused = check_bool("fused", fused)
     if E.shape[1] != n:
         raise ValueError(f"gat_conv needs a square graph (X = H W is both sides), got shape {E.shape}")
-    X = mm(H, W)
-    fd = np.float32 if is_half(X.dtype) else X.dtype
+    # the scores come with X from its product where the product's kernel takes them (one launch, X read by none),
+    # else from one read of X (six array passes otherwise), and their vjp likewise
+    scored = xp is not np and layer_ops.dense_takes(H, W) and layer_ops.dense_scores_take(D)
+    fd = layer_ops.acc_dtype(H.dtype) if scored else None
+    if not scored:
+        X = mm(H, W)
+        fd = np.float32 if is_half(X.dtype) else X.dtype
     af_src, af_dst = a_src.astype(fd, copy=False), a_dst.astype(fd, copy=False)
-    on_device = xp is not np and layer_ops.takes(X.dtype)
-    if on_device:  # both scores from one read of X (six array passes otherwise), and their vjp likewise
+    on_device = xp is not np and (scored or layer_ops.takes(X.dtype))
+    if on_device:
         af_src, af_dst = xp.ascontiguousarray(af_src), xp.ascontiguousarray(af_dst)
+    if scored:
+        X, s_src, s_dst = layer_ops.dense_mm(H, W, None, af_src, af_dst, heads)
+    elif on_device:
         s_src, s_dst = layer_ops.head_dots(xp.ascontiguousarray(X), af_src, af_dst, heads)
     else:
         X3 = X.reshape(n, heads, D).astype(fd, copy=False)

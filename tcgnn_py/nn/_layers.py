@@ -56,8 +56,11 @@ def check_2d(name, X, rows=None):
         raise ValueError(f"{name} has {X.shape[0]} rows, the graph has {rows} nodes")
 
 
-def mm(a, b):
-    """``a @ b``; on the GPU through :func:`tcgnn_py.kernels.blas.matmul` (cuBLAS that CUDA graphs can capture).
+def mm(a, b, bias=None):
+    """``a @ b (+ bias)``; on the GPU a layer's own products (inner and output widths up to a few hundred) run
+    in one bound launch (:func:`tcgnn_py.products.training.dense_mm`, the bias added there), the others through
+    :func:`tcgnn_py.kernels.blas.matmul` (cuBLAS that CUDA graphs can capture): cuBLAS costs more on the host
+    per call than such a product takes on the GPU.
 
     16-bit operands accumulate in float32 and are rounded once, on both devices (cuBLAS's compute type on the
     GPU; on the host NumPy would accumulate float16 in float16, and 20-60x slower than float32).
@@ -65,11 +68,23 @@ def mm(a, b):
     if array_module(a) is np:
         if is_half(a.dtype) or is_half(b.dtype):
             out = promote(a.dtype, b.dtype)
-            return (a.astype(np.float32) @ b.astype(np.float32)).astype(out)
-        return a @ b
-    from ..kernels.blas import matmul
+            c = (a.astype(np.float32) @ b.astype(np.float32)).astype(out)
+        else:
+            c = a @ b
+        if bias is not None:
+            c += bias
+        return c
+    if fused.dense_takes(a, b):
+        if bias is None or bias.dtype == a.dtype and bias.flags.c_contiguous:
+            return fused.dense_mm(a, b, bias)
+        c = fused.dense_mm(a, b)
+    else:
+        from ..kernels.blas import matmul
 
-    return matmul(a, b)
+        c = matmul(a, b)
+    if bias is not None:
+        c += bias
+    return c
 
 
 def column_sums(g):
@@ -148,11 +163,11 @@ def gcn_conv(A, H, W, b=None, *, precision=None):
     narrow_first = W.shape[1] <= W.shape[0]
     if narrow_first:
         out = E.spmm(mm(H, W))
+        if b is not None:
+            out += b
     else:
         AH = E.spmm(H)
-        out = mm(AH, W)
-    if b is not None:
-        out += b
+        out = mm(AH, W, b)
 
     def vjp(g, input_grad=True):
         g = features_on(E, g, "g")
@@ -187,9 +202,7 @@ def linear(H, W, b=None):
     if b is not None:
         b = floats(b, "b")
         check_bias(b, W.shape[1])
-    out = mm(H, W)
-    if b is not None:
-        out += b
+    out = mm(H, W, b)
 
     def vjp(g, input_grad=True):
         dH = mm(g, W.T) if input_grad else None

@@ -14,11 +14,12 @@ import numpy as np
 
 from ..._device import get_cupy
 from ...kernels import nn as kn
-from ...kernels.driver import launch, slot_value
+from ...kernels.driver import BoundLaunch, launch, slot_value
 from ...kernels.registry import get_kernel
 
 __all__ = ["TAIL_TYPES", "ACTIVATIONS", "ADAM_MULTI", "takes", "acc_dtype", "tail", "tail_grad", "cross_entropy",
-           "index_weights", "head_dots", "head_dots_grad", "head_blocks", "row_normalize", "row_normalize_grad",
+           "index_weights", "dense_takes", "dense_mm", "dense_scores_take", "DENSE_MAX_K", "DENSE_MAX_N",
+           "head_dots", "head_dots_grad", "head_blocks", "row_normalize", "row_normalize_grad",
            "total", "adam_tick",
            "adam_table", "adam_multi"]
 
@@ -107,6 +108,98 @@ def index_weights(n, index, value, dtype):
     if index.size:
         _run(_name(kn.index_weights_name, w.dtype), index.size, (w, index, index.size, n, float(value)))
     return w
+
+
+#: The widest inner dimension ``k`` of a product :func:`dense_mm` runs: up to it the kernel takes at most about as
+#: long as cuBLAS on the GPU; wider ones (a first layer's input features) go to cuBLAS.
+DENSE_MAX_K = 128
+#: The widest output :func:`dense_mm` runs: one tile of columns.  Widths from 33 to 47 go to cuBLAS too: they
+#: leave over a quarter of the 64-column tile idle, where cuBLAS's narrower tiles run faster.
+DENSE_MAX_N = 64
+#: Bound dense products kept (signatures: shapes, strides, alignment, bias, scores, device and stream), oldest
+#: dropped.
+DENSE_KEEP = 64
+_dense = {}
+_F32 = np.dtype(np.float32)
+
+
+@functools.lru_cache(maxsize=256)
+def _dense_signature(dt_a, dt_b, shape_a, shape_b, strides_a):
+    return (dt_a == dt_b == _F32 and len(shape_a) == len(shape_b) == 2 and shape_a[1] == shape_b[0]
+            and 0 < shape_a[1] <= DENSE_MAX_K and 0 < shape_b[1] <= DENSE_MAX_N and not 32 < shape_b[1] < 48
+            and strides_a[1] == 4 and strides_a[0] % 4 == 0)
+
+
+def dense_takes(a, b):
+    """Whether :func:`dense_mm` runs ``a @ b``: float32 (cuBLAS's tensor cores serve float64 and 16 bits faster
+    than this kernel's CUDA cores), ``a`` 2-D with unit column stride (rows of any stride), ``b`` 2-D of any
+    strides (a transposed view too), ``k`` and the output's width within :data:`DENSE_MAX_K` and
+    :data:`DENSE_MAX_N`.  Answered from a cache of signatures, as it is asked per product."""
+    return _dense_signature(a.dtype, b.dtype, a.shape, b.shape, a.strides)
+
+
+def dense_scores_take(D):
+    """Whether :func:`dense_mm` computes GAT's scores for heads of ``D`` features (its lanes sum a head)."""
+    return D % 4 == 0 and D // 4 <= 32 and (D // 4) & (D // 4 - 1) == 0
+
+
+def _dense_tile(n):
+    """``(BN, TM, NT)`` of ``tcgnn_dense_mm`` for a result of ``n`` columns: the narrowest tile that holds them."""
+    return kn.DENSE_TILES[0 if n <= 16 else 1 if n <= 32 else 2]
+
+
+def _dense_bind(a, b, bias, scores, key, stream):
+    cp = get_cupy()
+    m, k = a.shape
+    n = b.shape[1]
+    bn, tm, nt = _dense_tile(n)
+    bt = _transposed(b)
+    vec = int(a.strides[0] % 16 == 0 and k % 4 == 0 and a.data.ptr % 16 == 0)
+    if b.data.ptr % 16 == 0 and ((b.strides[1] % 16 == 0 and k % 4 == 0) if bt else
+                                 (b.strides[1] == 4 and b.strides[0] % 16 == 0 and n % 4 == 0)):
+        vec |= 2
+    args = [None, None, None, None, m, n, k, a.strides[0] // 4, b.strides[0] // 4, b.strides[1] // 4, vec,
+            None, None, None, None, n // max(scores, 1)]
+    variable = (0, 1) + ((2,) if bias is not None else ()) + (3,) + ((11, 12, 13, 14) if scores else ())
+    name = kn.dense_mm_name(bn, tm, nt, bt)
+    bound = BoundLaunch(_function(name), (-(-m // (nt // (bn // 4) * tm)), -(-n // bn)), nt, args, variable, stream)
+    if len(_dense) >= DENSE_KEEP:
+        del _dense[next(iter(_dense))]
+    _dense[key] = bound
+    return bound
+
+
+def _transposed(b):
+    """Whether ``b`` is a transposed view (unit row stride): the kernel then keeps its slices by columns."""
+    return b.strides[0] == 4 and b.strides[1] != 4 and b.shape[1] > 1
+
+
+def dense_mm(a, b, bias=None, a_src=None, a_dst=None, heads=1):
+    """``a @ b (+ bias)`` in one launch, for operands :func:`dense_takes` takes: a new C-contiguous float32 array,
+    each element summed one product at a time (cuBLAS's float32 compute, no TF32).
+
+    A layer's product costs its launch: the launch is bound once per signature and later calls write only the
+    operands' addresses (cuBLAS spends several times that on the host per call).  With ``a_src`` and ``a_dst``
+    (``(heads, D)`` float32, C-contiguous; :func:`dense_scores_take` of D) it also returns GAT's scores, as
+    :func:`head_dots` of the result: ``(out, s_src, s_dst)``.
+    """
+    cp = get_cupy()
+    m = a.shape[0]
+    n = b.shape[1]
+    stream = cp.cuda.get_current_stream().ptr
+    scores = 0 if a_src is None else heads
+    if scores and _transposed(b):  # the scores' lanes sum adjacent columns: a layer's W is C-contiguous anyway
+        b = cp.ascontiguousarray(b)
+    key = (a.shape, b.shape, a.strides[0], b.strides, (a.data.ptr & 15) << 4 | b.data.ptr & 15, bias is None,
+           scores, cp.cuda.runtime.getDevice(), stream)
+    c = cp.ndarray((m, n), _F32)
+    if scores:
+        s_src, s_dst = cp.ndarray((m, heads), _F32), cp.ndarray((m, heads), _F32)
+    if m:
+        bound = _dense.get(key) or _dense_bind(a, b, bias, scores, key, stream)
+        operands = (a, b) + ((bias,) if bias is not None else ()) + (c,)
+        bound(*operands, a_src, a_dst, s_src, s_dst) if scores else bound(*operands)
+    return (c, s_src, s_dst) if scores else c
 
 
 def head_dots(x, a_src, a_dst, heads):
