@@ -362,8 +362,8 @@ def test_train_reaches_accuracy_on_cora_quickly():
 
 
 def test_dense_kernel_takes_what_it_can_tile():
-    """The layers' dense kernel takes float32, rows of unit column stride, k and widths it tiles, and sums a head's
-    scores in lanes of a power of two."""
+    """The layers' dense kernels take float32, rows of unit column stride, k and widths they tile; the product's
+    kernel sums a head's scores in lanes of a power of two."""
     from tcgnn_py.products import training as t
 
     a, b = np.zeros((10, 8), np.float32), np.zeros((8, 4), np.float32)
@@ -379,3 +379,12 @@ def test_dense_kernel_takes_what_it_can_tile():
     assert not t.dense_takes(a, np.zeros((8, n + 1), np.float32))
     assert [w for w in range(1, n + 1) if not t.dense_takes(a, np.zeros((8, w), np.float32))] == list(range(33, 48))
     assert [D for D in range(1, 200) if t.dense_scores_take(D)] == [4, 8, 16, 32, 64, 128]
+    # Aᵀ B over the rows: both (N, ·) float32 with unit column stride, at most DENSE_ATB_MAX columns each
+    h, g = np.zeros((50, 8), np.float32), np.zeros((50, 6), np.float32)
+    assert t.dense_atb_takes(h, g) and t.dense_atb_takes(None, g) and t.dense_atb_takes(h[:, :3], g[:, 1:])
+    assert not t.dense_atb_takes(h.T, g) and not t.dense_atb_takes(h, g[:49]) and not t.dense_atb_takes(h, g[0])
+    assert not t.dense_atb_takes(h.astype(np.float64), g) and not t.dense_atb_takes(None, g.astype(np.float16))
+    assert not t.dense_atb_takes(np.zeros((50, t.DENSE_ATB_MAX + 1), np.float32), g)
+    assert not t.dense_atb_takes(None, np.zeros((50, t.DENSE_ATB_MAX + 1), np.float32))
+    long = np.zeros((t.DENSE_ATB_MAX_ROWS + 1, 4), np.float32)
+    assert not t.dense_atb_takes(long, long) and t.dense_atb_takes(long[1:], long[1:])

@@ -331,6 +331,41 @@ def test_dense_mm_scores_are_head_dots(cp, heads, D):
             np.testing.assert_array_equal(got.get(), want.get())
 
 
+@pytest.mark.parametrize("N, p, q", [(1, 1, 1), (31, 3, 7), (64, 8, 64), (1000, 9, 60), (22470, 64, 64),
+                                     (5000, 16, 13), (100001, 64, 16), (300001, 5, 64)])
+@pytest.mark.parametrize("layout", ["c", "strided"])
+def test_dense_atb_is_the_product(cp, N, p, q, layout):
+    """Aᵀ B summed over the long dimension in slices, and B's column sums (A None), against NumPy: exact on small
+    integers (every partial sum is below 2^24), the same bits on a second run, rows of any stride."""
+    from tcgnn_py.products import training as t
+
+    rng = np.random.default_rng()
+    lim = 8 if N < 200000 else 2
+    A = rng.integers(-lim, lim + 1, (N, p + 3)).astype(np.float32)
+    B = rng.integers(-lim, lim + 1, (N, q + 2)).astype(np.float32)
+    if layout == "strided":
+        a, b = cp.asarray(A)[:, :p], cp.asarray(B)[:, 1:q + 1]
+        A, B = A[:, :p], B[:, 1:q + 1]
+    else:
+        A, B = A[:, :p].copy(), B[:, :q].copy()
+        a, b = cp.asarray(A), cp.asarray(B)
+    takes = N <= t.DENSE_ATB_MAX_ROWS  # (longer: cuBLAS's; the kernel is still right)
+    assert t.dense_atb_takes(a, b) == takes and t.dense_atb_takes(None, b) == takes
+    want = A.T.astype(np.float64) @ B
+    for _ in range(2):  # planned, then bound
+        c = t.dense_atb(a, b)
+        assert c.dtype == np.float32 and c.shape == (p, q)
+        np.testing.assert_array_equal(c.get(), want)
+        s = t.dense_atb(None, b)
+        assert s.shape == (q,)
+        np.testing.assert_array_equal(s.get(), B.sum(axis=0, dtype=np.float64))
+    x, y = cp.asarray(rng.standard_normal((N, p), dtype=np.float32)), cp.asarray(rng.standard_normal((N, q),
+                                                                                                      dtype=np.float32))
+    np.testing.assert_array_equal(t.dense_atb(x, y).get(), t.dense_atb(x, y).get())
+    np.testing.assert_allclose(t.dense_atb(x, y).get(), x.get().T.astype(np.float64) @ y.get(), rtol=1e-4,
+                               atol=1e-3 * np.sqrt(N))
+
+
 def test_dense_mm_routes_the_others_to_cublas(cp):
     """``mm`` runs its own kernel only for what it takes: wide k or outputs, other dtypes, mixed dtypes and rows of
     non-unit stride go to cuBLAS or CuPy, with the same results; a bias of another dtype is added after."""
@@ -349,6 +384,11 @@ def test_dense_mm_routes_the_others_to_cublas(cp):
         np.testing.assert_array_equal(mm(a, b).get(), A.astype(np.float64) @ B)
     a, b = cp.asarray(ints(rng, 40, 8)), cp.asarray(ints(rng, 8, 6))
     assert not t.dense_takes(a.T, a) and not t.dense_takes(a.astype(np.int32), b.astype(np.int32))
+    assert t.dense_atb_takes(a, a) and not t.dense_atb_takes(a.T, b)  # Hᵀ G: a sum over rows, its own kernel
+    np.testing.assert_array_equal(mm(a.T, a).get(), a.get().T.astype(np.float64) @ a.get())
+    wide = cp.asarray(ints(rng, 40, t.DENSE_ATB_MAX + 1))
+    assert not t.dense_atb_takes(wide, a) and not t.dense_atb_takes(None, wide)
+    np.testing.assert_array_equal(mm(wide.T, a).get(), wide.get().T.astype(np.float64) @ a.get())
     bias = ints(rng, 6, dtype=np.float64)
     c = mm(a, b, cp.asarray(bias))
     assert c.dtype == np.float32

@@ -1,4 +1,5 @@
-"""Workload for compute-sanitizer memcheck of tcgnn_py.nn: every kernel the layers launch, row counts not multiples of 16."""
+"""Workload for compute-sanitizer memcheck of tcgnn_py.nn: every kernel the layers launch, row counts not multiples
+of 16, and the dense kernels at the edges of their tiles."""
 
 import cupy as cp
 import numpy as np
@@ -39,5 +40,22 @@ for half in ("float16", "bfloat16"):
         loss, g = nn.cross_entropy(logits.astype(np.float32), labels, idx)
         nn.Adam(params).step(vjp(g))
         print(f"memcheck nn {name} {half}: loss {float(loss):.3f}")
+# the layers' dense kernels at their edges: partial tiles of rows, columns and k, values and float4 copies, B
+# transposed, A as a slice of wider rows, the bias and GAT's scores, one slice and many of a long dimension
+from tcgnn_py.products import training as t  # noqa: E402
+
+r = np.random.default_rng(4)
+for m, k, n in ((1, 1, 1), (129, 7, 3), (1001, 64, 64), (257, 33, 17), (65, 128, 60), (3001, 16, 50),
+                (500, 40, 32)):
+    H = cp.asarray(r.standard_normal((m, k + 3)), dtype=np.float32)
+    W = cp.asarray(r.standard_normal((k, n)), dtype=np.float32)
+    for a, b in ((H[:, :k], W), (cp.ascontiguousarray(H[:, :k]), cp.asfortranarray(W))):
+        t.dense_mm(a, b, cp.ones(n, np.float32))
+    if n % 4 == 0 and t.dense_scores_take(n // 4):
+        a1 = cp.ones((4, n // 4), np.float32)
+        t.dense_mm(cp.ascontiguousarray(H[:, :k]), W, None, a1, a1, 4)
+    w = min(k, t.DENSE_ATB_MAX)
+    for a in (H[:, :w], None):
+        t.dense_atb(a, cp.ascontiguousarray(H[:, 1:w + 1]))
 cp.cuda.Device().synchronize()
 print("memcheck nn workload ok")

@@ -9,7 +9,8 @@ from .registry import VALUE_TYPES, register
 
 __all__ = ["SOURCE", "NAMES", "FAMILIES", "TICK", "adam_multi_name", "ADAM_MULTI", "ADAM_SLOTS",
            "tail_name", "tail_grad_name", "cross_entropy_name", "index_weights_name", "head_dots_name",
-           "head_dots_grad_name", "dense_mm_name", "DENSE_TILES",
+           "head_dots_grad_name", "dense_mm_name", "DENSE_TILES", "dense_atb_name",
+           "DENSE_ATB_TILES", "DENSE_ATB_SUM",
            "row_normalize_name", "row_normalize_grad_name", "sum_name", "head_blocks_name", "SUM_THREADS",
            "ACTIVATIONS", "TAIL_TYPES"]
 
@@ -228,6 +229,122 @@ __global__ void __launch_bounds__(NT) tcgnn_dense_mm(const float* __restrict__ A
                         if (c0 + j < n) out[j] = acc[i][j];
             }
         }
+    }
+}
+
+// Partial sums of C = Aᵀ B over a slice of the long dimension, float32: A is N x p and B is N x q, both with unit
+// column stride and row strides lda, ldb (A nullptr: a column of ones, p = 1, so C holds B's column sums); block
+// (s, I, J) sums the rows [s * chunk, (s + 1) * chunk) of the (NT / (BQ / 4) * TI) x BQ tile (I, J) of C into
+// P + s * p * q (p x q, C-contiguous), or into C itself where one slice covers N (P == C).  32 rows of A and B
+// at a time are staged by cp.async, the next copied while this one is summed; each thread owns TI x 4 elements
+// and reads its rows' values of A and its 4 columns of B as float4s.
+template <int BQ, int TI, int NT>
+__global__ void __launch_bounds__(NT) tcgnn_dense_atb(const float* __restrict__ A, const float* __restrict__ B,
+                                                      float* __restrict__ P, long long N, int p, int q,
+                                                      long long lda, long long ldb, long long chunk, int vec) {
+    constexpr int GX = BQ / 4, BP = NT / GX * TI, R = 32, PA = BP + 4, PB = BQ + 4;
+    __shared__ __align__(16) float As[2 * R * PA];
+    __shared__ __align__(16) float Bs[2 * R * PB];
+    const int tid = threadIdx.x, tx = tid % GX, ty = tid / GX;
+    const int i0 = blockIdx.y * BP, j0 = blockIdx.z * BQ;
+    const long long r0 = blockIdx.x * chunk, r1 = min(N, r0 + chunk);
+    auto stage = [&](long long rb, int buf) {
+        float* as = As + buf * R * PA;
+        float* bs = Bs + buf * R * PB;
+        for (int e = tid; e < R * BP; e += NT) {  // A's rows rb .. rb + 31, columns i0 .. i0 + BP - 1
+            const int r = e / BP, c = e % BP;
+            const bool ok = rb + r < r1 && i0 + c < p;
+            if (A) dn_cp4(as + r * PA + c, ok ? A + (rb + r) * lda + i0 + c : A, ok);
+            else as[r * PA + c] = ok ? 1.f : 0.f;
+        }
+        if (vec) {  // B 16 bytes at a time (ldb and q multiples of 4, B 16-byte aligned)
+            for (int f = tid; f < R * BQ / 4; f += NT) {
+                const int r = f / (BQ / 4), c = f % (BQ / 4) * 4;
+                const bool ok = rb + r < r1 && j0 + c < q;
+                tc_cp_async16(tc_smem_addr(bs + r * PB + c), ok ? B + (rb + r) * ldb + j0 + c : B, ok ? 16 : 0);
+            }
+        } else {
+            for (int e = tid; e < R * BQ; e += NT) {
+                const int r = e / BQ, c = e % BQ;
+                const bool ok = rb + r < r1 && j0 + c < q;
+                dn_cp4(bs + r * PB + c, ok ? B + (rb + r) * ldb + j0 + c : B, ok);
+            }
+        }
+    };
+    float acc[TI][4];
+#pragma unroll
+    for (int i = 0; i < TI; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
+    const int steps = r1 > r0 ? (int)((r1 - r0 + R - 1) / R) : 0;
+    if (steps) stage(r0, 0);
+    tc_cp_commit();
+    for (int t = 0; t < steps; ++t) {
+        if (t + 1 < steps) stage(r0 + (long long)(t + 1) * R, (t + 1) & 1);
+        tc_cp_commit();
+        tc_cp_wait<1>();
+        __syncthreads();
+        const float* as = As + (t & 1) * R * PA;
+        const float* bs = Bs + (t & 1) * R * PB;
+#pragma unroll 8
+        for (int r = 0; r < R; ++r) {
+            const float4 b = *reinterpret_cast<const float4*>(bs + r * PB + tx * 4);
+            float a[TI];
+            if constexpr (TI % 4 == 0) {
+#pragma unroll
+                for (int i = 0; i < TI; i += 4) {
+                    const float4 v = *reinterpret_cast<const float4*>(as + r * PA + ty * TI + i);
+                    a[i] = v.x, a[i + 1] = v.y, a[i + 2] = v.z, a[i + 3] = v.w;
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < TI; ++i) a[i] = as[r * PA + ty * TI + i];
+            }
+#pragma unroll
+            for (int i = 0; i < TI; ++i) {
+                acc[i][0] = fmaf(a[i], b.x, acc[i][0]);
+                acc[i][1] = fmaf(a[i], b.y, acc[i][1]);
+                acc[i][2] = fmaf(a[i], b.z, acc[i][2]);
+                acc[i][3] = fmaf(a[i], b.w, acc[i][3]);
+            }
+        }
+        __syncthreads();
+    }
+    float* out = P + (long long)blockIdx.x * p * q;
+#pragma unroll
+    for (int i = 0; i < TI; ++i) {
+        const int row = i0 + ty * TI + i;
+        if (row >= p) continue;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            if (j0 + tx * 4 + j < q) out[(long long)row * q + j0 + tx * 4 + j] = acc[i][j];
+    }
+}
+
+// C[o] = sum over s of P[s * pq + o], s = 0 .. S - 1 in that order (tcgnn_dense_atb's slices: the same sums on
+// every run): a block's 256 threads are 8 groups of 32 outputs, group g adding the slices g, g + 8, ... (four
+// loads in flight), then the 8 group sums added in group order.
+__global__ void __launch_bounds__(256) tcgnn_dense_atb_sum(const float* __restrict__ P, float* __restrict__ C,
+                                                           int S, int pq) {
+    __shared__ float part[8][33];
+    const int g = threadIdx.x / 32, lane = threadIdx.x % 32, o = blockIdx.x * 32 + lane;
+    float v = 0.f;
+    if (o < pq) {
+        int s = g;
+        for (; s + 24 < S; s += 32) {
+            const float x0 = P[(long long)s * pq + o], x1 = P[(long long)(s + 8) * pq + o];
+            const float x2 = P[(long long)(s + 16) * pq + o], x3 = P[(long long)(s + 24) * pq + o];
+            v += x0; v += x1; v += x2; v += x3;
+        }
+        for (; s < S; s += 8) v += P[(long long)s * pq + o];
+    }
+    part[g][lane] = v;
+    __syncthreads();
+    if (g == 0 && o < pq) {
+        float t = part[0][lane];
+#pragma unroll
+        for (int k = 1; k < 8; ++k) t += part[k][lane];
+        C[o] = t;
     }
 }
 
@@ -450,6 +567,10 @@ __global__ void tcgnn_head_blocks(const T* __restrict__ r_src, const T* __restri
 #: results of up to 16, 32 and 64 columns.  64 columns take 8 rows a thread in blocks of 128 (cuBLAS's float32
 #: tile): fewer shared-memory reads per fma than 4 rows in blocks of 256, which ran slower than cuBLAS.
 DENSE_TILES = ((16, 2, 256), (32, 4, 256), (64, 8, 128))
+#: Tiles of ``tcgnn_dense_atb`` (Aᵀ B over a long dimension): (BQ, TI, NT), a block of NT threads summing
+#: (NT / (BQ / 4) * TI) x BQ of C; 64 x 64 for a weight's gradient, 8 x 64 for a few rows (column sums, GAT's
+#: per-head vectors).
+DENSE_ATB_TILES = ((64, 4, 256), (64, 1, 128))
 #: Threads of the one block of ``tcgnn_sum`` (a power of two: its tree halves them).
 SUM_THREADS = 256
 SOURCE = COMMON_SOURCE + f"#define NN_SUM_THREADS {SUM_THREADS}\n" + _NN
@@ -483,6 +604,15 @@ row_normalize_grad_name = _template("tcgnn_row_normalize_grad")
 sum_name = _template("tcgnn_sum")
 
 
+def dense_atb_name(bq, ti, nt):
+    """The NVRTC name of ``tcgnn_dense_atb`` for the tile ``(bq, ti, nt)``."""
+    return f"tcgnn_dense_atb<{bq}, {ti}, {nt}>"
+
+
+#: The slices' sum of ``tcgnn_dense_atb``.
+DENSE_ATB_SUM = "tcgnn_dense_atb_sum"
+
+
 def dense_mm_name(bn, tm, nt, bt):
     """The NVRTC name of ``tcgnn_dense_mm`` for the tile ``(bn, tm, nt)``, B a transposed view (``bt``) or not."""
     return f"tcgnn_dense_mm<{bn}, {tm}, {nt}, {'true' if bt else 'false'}>"
@@ -494,6 +624,7 @@ NAMES = (TICK, *(adam_multi_name(t) for t in VALUE_TYPES),
          *(f(t) for f in (tail_name, tail_grad_name, cross_entropy_name, index_weights_name, head_dots_name,
                           head_dots_grad_name, row_normalize_name, row_normalize_grad_name, sum_name,
                           head_blocks_name) for t in TAIL_TYPES),
-         *(dense_mm_name(*tile, bt) for tile in DENSE_TILES for bt in (False, True)))
+         *(dense_mm_name(*tile, bt) for tile in DENSE_TILES for bt in (False, True)),
+         *(dense_atb_name(*tile) for tile in DENSE_ATB_TILES), DENSE_ATB_SUM)
 FAMILIES = {"nn": (SOURCE, NAMES)}
 register("nn", SOURCE, NAMES)

@@ -57,8 +57,9 @@ def check_2d(name, X, rows=None):
 
 
 def mm(a, b, bias=None):
-    """``a @ b (+ bias)``; on the GPU a layer's own products (inner and output widths up to a few hundred) run
-    in one bound launch (:func:`tcgnn_py.products.training.dense_mm`, the bias added there), the others through
+    """``a @ b (+ bias)``; on the GPU a layer's own products run in bound launches of the training family
+    (:func:`tcgnn_py.products.training.dense_mm` for ``H W``, the bias added there, and
+    :func:`~tcgnn_py.products.training.dense_atb` for a weight's gradient ``Hᵀ G``), the others through
     :func:`tcgnn_py.kernels.blas.matmul` (cuBLAS that CUDA graphs can capture): cuBLAS costs more on the host
     per call than such a product takes on the GPU.
 
@@ -78,6 +79,8 @@ def mm(a, b, bias=None):
         if bias is None or bias.dtype == a.dtype and bias.flags.c_contiguous:
             return fused.dense_mm(a, b, bias)
         c = fused.dense_mm(a, b)
+    elif a.ndim == 2 and fused.dense_atb_takes(a.T, b):  # a weight's gradient Hᵀ G: a sum over the rows
+        c = fused.dense_atb(a.T, b)
     else:
         from ..kernels.blas import matmul
 
@@ -88,11 +91,14 @@ def mm(a, b, bias=None):
 
 
 def column_sums(g):
-    """``g.sum(axis=0)``; on the GPU as ``1ᵀ g`` through cuBLAS, since CuPy reduces a tall,
-    narrow array along its long axis with one block per column (milliseconds at a million rows)."""
+    """``g.sum(axis=0)``; on the GPU as ``1ᵀ g`` (:func:`tcgnn_py.products.training.dense_atb`, else cuBLAS),
+    since CuPy reduces a tall, narrow array along its long axis with one block per column (milliseconds at a
+    million rows)."""
     xp = array_module(g)
     if xp is np:
         return g.sum(axis=0)
+    if fused.dense_atb_takes(None, g):
+        return fused.dense_atb(None, g)
     return mm(_ones_row(xp, g.shape[0], g.dtype), g).reshape(g.shape[1])
 
 

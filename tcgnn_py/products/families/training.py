@@ -16,9 +16,11 @@ from ..._device import get_cupy
 from ...kernels import nn as kn
 from ...kernels.driver import BoundLaunch, launch, slot_value
 from ...kernels.registry import get_kernel
+from .._launch import Scratch
 
 __all__ = ["TAIL_TYPES", "ACTIVATIONS", "ADAM_MULTI", "takes", "acc_dtype", "tail", "tail_grad", "cross_entropy",
            "index_weights", "dense_takes", "dense_mm", "dense_scores_take", "DENSE_MAX_K", "DENSE_MAX_N",
+           "dense_atb_takes", "dense_atb", "DENSE_ATB_MAX", "DENSE_ATB_MAX_ROWS",
            "head_dots", "head_dots_grad", "head_blocks", "row_normalize", "row_normalize_grad",
            "total", "adam_tick",
            "adam_table", "adam_multi"]
@@ -200,6 +202,99 @@ def dense_mm(a, b, bias=None, a_src=None, a_dst=None, heads=1):
         operands = (a, b) + ((bias,) if bias is not None else ()) + (c,)
         bound(*operands, a_src, a_dst, s_src, s_dst) if scores else bound(*operands)
     return (c, s_src, s_dst) if scores else c
+
+
+#: The most rows and columns of ``Aᵀ B`` :func:`dense_atb` computes (a tile of 64 x 64; wider go to cuBLAS).
+DENSE_ATB_MAX = 64
+#: The longest dimension :func:`dense_atb` takes: up to it the kernel runs about as long as cuBLAS and costs less on
+#: the host; beyond it cuBLAS's faster sums save more GPU time than its host cost.
+DENSE_ATB_MAX_ROWS = 65536
+#: Rows of the long dimension a block of ``tcgnn_dense_atb`` sums at least: fewer would cost more in partial sums
+#: written and added than in products.
+DENSE_ATB_MIN_ROWS = 64
+#: Blocks per SM ``tcgnn_dense_atb`` aims at (its slices of the long dimension): enough to hide the copies.
+DENSE_ATB_BLOCKS_PER_SM = 2
+_atb = {}
+_atb_scratch = {}
+
+
+@functools.lru_cache(maxsize=256)
+def _atb_signature(dt_a, dt_b, shape_a, shape_b, strides_a, strides_b):
+    if (dt_b != _F32 or len(shape_b) != 2 or strides_b[1] != 4 or strides_b[0] % 4 or shape_b[0] > DENSE_ATB_MAX_ROWS
+            or not 0 < shape_b[1] <= DENSE_ATB_MAX):
+        return False
+    if dt_a is None:
+        return True
+    return (dt_a == _F32 and len(shape_a) == 2 and shape_a[0] == shape_b[0] and 0 < shape_a[1] <= DENSE_ATB_MAX
+            and strides_a[1] == 4 and strides_a[0] % 4 == 0)
+
+
+def dense_atb_takes(a, b):
+    """Whether :func:`dense_atb` runs ``aᵀ b`` (``a`` None: ``b``'s column sums): float32, both ``(N, ·)`` with
+    unit column stride, at most :data:`DENSE_ATB_MAX` columns each and N at most :data:`DENSE_ATB_MAX_ROWS`.
+    Answered from a cache of signatures."""
+    if a is None:
+        return _atb_signature(None, b.dtype, None, b.shape, None, b.strides)
+    return _atb_signature(a.dtype, b.dtype, a.shape, b.shape, a.strides, b.strides)
+
+
+def _atb_bind(a, b, key, stream, capturing):
+    cp = get_cupy()
+    N, q = b.shape
+    p = 1 if a is None else a.shape[1]
+    bq, ti, nt = kn.DENSE_ATB_TILES[0 if p > 8 else 1]
+    bp = nt // (bq // 4) * ti
+    tiles = -(-p // bp) * -(-q // bq)
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    chunk = max(DENSE_ATB_MIN_ROWS, -(-N * tiles // (DENSE_ATB_BLOCKS_PER_SM * sms)))
+    chunk = -(-chunk // 32) * 32
+    slices = max(1, -(-N // chunk))
+    vec = int(b.strides[0] % 16 == 0 and q % 4 == 0 and b.data.ptr % 16 == 0)
+    grid = (slices, -(-p // bp), -(-q // bq))
+    lda = 0 if a is None else a.strides[0] // 4
+    args = [a, None, None, N, p, q, lda, b.strides[0] // 4, chunk, vec]
+    if slices == 1:  # one slice: the sums go to C
+        return (BoundLaunch(_function(kn.dense_atb_name(bq, ti, nt)), grid, nt, args,
+                            ((0,) if a is not None else ()) + (1, 2), stream), None, p)
+    scratch = (cp.ndarray if capturing else
+               lambda shape, dtype: Scratch("atb", shape, dtype).get(_atb_scratch, stream))((slices * p * q,), _F32)
+    args[2] = scratch
+    first = BoundLaunch(_function(kn.dense_atb_name(bq, ti, nt)), grid, nt, args,
+                        ((0,) if a is not None else ()) + (1,), stream)
+    total = BoundLaunch(_function(kn.DENSE_ATB_SUM), -(-p * q // 32), 256, [scratch, None, slices, p * q], (1,),
+                        stream)
+    return first, total, p
+
+
+def dense_atb(a, b):
+    """``aᵀ b`` for operands :func:`dense_atb_takes` takes, a new ``(p, q)`` float32 array; ``a`` None: ``b``'s
+    column sums, shape ``(q,)``.
+
+    The long dimension is cut into slices that blocks sum in parallel and a second launch adds in slice order, so
+    the result is the same on every run; both launches are bound per signature (cuBLAS spends several times
+    their cost on the host per call).
+    """
+    cp = get_cupy()
+    stream = cp.cuda.get_current_stream()
+    ptr = stream.ptr
+    key = (None if a is None else (a.shape, a.strides[0]), b.shape, b.strides[0], b.data.ptr & 15,
+           cp.cuda.runtime.getDevice(), ptr)
+    hit = _atb.get(key)
+    if hit is None:
+        capturing = stream.is_capturing()
+        hit = _atb_bind(a, b, key, ptr, capturing)
+        if not capturing:
+            if len(_atb) >= DENSE_KEEP:
+                del _atb[next(iter(_atb))]
+            _atb[key] = hit
+    first, total, p = hit
+    c = cp.ndarray((p, b.shape[1]) if a is not None else (b.shape[1],), _F32)
+    if total is None:
+        first(*((a,) if a is not None else ()), b, c)
+    else:
+        first(*((a,) if a is not None else ()), b)
+        total(c)
+    return c
 
 
 def head_dots(x, a_src, a_dst, heads):
