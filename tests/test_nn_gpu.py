@@ -366,6 +366,20 @@ def test_dense_atb_is_the_product(cp, N, p, q, layout):
                                atol=1e-3 * np.sqrt(N))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+def test_add_bias_in_place(cp, dtype):
+    """A layer's bias after its sparse product, in place, bound per signature: exact on small integers."""
+    from tcgnn_py.nn._layers import add_bias
+
+    rng = np.random.default_rng()
+    dt = _dtype(dtype)
+    X, b = ints(rng, 1001, 37), ints(rng, 37)
+    for _ in range(2):
+        x = cp.asarray(X).astype(dt)
+        assert add_bias(x, cp.asarray(b).astype(dt)) is x
+        np.testing.assert_array_equal(x.get().astype(np.float64), X.astype(np.float64) + b)
+
+
 def test_dense_mm_routes_the_others_to_cublas(cp):
     """``mm`` runs its own kernel only for what it takes: wide k or outputs, other dtypes, mixed dtypes and rows of
     non-unit stride go to cuBLAS or CuPy, with the same results; a bias of another dtype is added after."""

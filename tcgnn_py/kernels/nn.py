@@ -9,7 +9,7 @@ from .registry import VALUE_TYPES, register
 
 __all__ = ["SOURCE", "NAMES", "FAMILIES", "TICK", "adam_multi_name", "ADAM_MULTI", "ADAM_SLOTS",
            "tail_name", "tail_grad_name", "cross_entropy_name", "index_weights_name", "head_dots_name",
-           "head_dots_grad_name", "dense_mm_name", "DENSE_TILES", "dense_atb_name",
+           "head_dots_grad_name", "add_bias_name", "dense_mm_name", "DENSE_TILES", "dense_atb_name",
            "DENSE_ATB_TILES", "DENSE_ATB_SUM",
            "row_normalize_name", "row_normalize_grad_name", "sum_name", "head_blocks_name", "SUM_THREADS",
            "ACTIVATIONS", "TAIL_TYPES"]
@@ -348,6 +348,15 @@ __global__ void __launch_bounds__(256) tcgnn_dense_atb_sum(const float* __restri
     }
 }
 
+// x[i, c] += b[c] in place over an n x cols C-contiguous x, in the compute type: a layer's bias after a sparse
+// product (one launch; a broadcast add costs several times it on the host).
+template <typename T>
+__global__ void tcgnn_add_bias(T* __restrict__ x, const T* __restrict__ b, long long n, long long cols) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        tc_put(x + i, nn_of(x[i]) + nn_of(b[i % cols]));
+}
+
 // Feature dropout: element i is kept where the 24 high bits of a hash of (i, seed) are at least p * 2^24 (the
 // attention dropout's mixing), so the backward pass recomputes the mask instead of keeping an n x F array.
 // seed: the two words of one float64 draw in [0, 1) (rng.random(1), a device array: no host read).
@@ -602,6 +611,7 @@ head_dots_grad_name = _template("tcgnn_head_dots_grad")
 row_normalize_name = _template("tcgnn_row_normalize")
 row_normalize_grad_name = _template("tcgnn_row_normalize_grad")
 sum_name = _template("tcgnn_sum")
+add_bias_name = _template("tcgnn_add_bias")
 
 
 def dense_atb_name(bq, ti, nt):
@@ -623,7 +633,7 @@ TICK = "tcgnn_adam_tick"
 NAMES = (TICK, *(adam_multi_name(t) for t in VALUE_TYPES),
          *(f(t) for f in (tail_name, tail_grad_name, cross_entropy_name, index_weights_name, head_dots_name,
                           head_dots_grad_name, row_normalize_name, row_normalize_grad_name, sum_name,
-                          head_blocks_name) for t in TAIL_TYPES),
+                          head_blocks_name, add_bias_name) for t in TAIL_TYPES),
          *(dense_mm_name(*tile, bt) for tile in DENSE_TILES for bt in (False, True)),
          *(dense_atb_name(*tile) for tile in DENSE_ATB_TILES), DENSE_ATB_SUM)
 FAMILIES = {"nn": (SOURCE, NAMES)}

@@ -90,6 +90,16 @@ def mm(a, b, bias=None):
     return c
 
 
+def add_bias(x, b):
+    """``x += b`` (one value per column); on the GPU one bound launch where the dtypes match and both are
+    contiguous (a broadcast add costs several times it on the host)."""
+    if (array_module(x) is not np and x.dtype == b.dtype and fused.takes(x.dtype) and x.flags.c_contiguous
+            and b.flags.c_contiguous and x.ndim == 2):
+        return fused.add_bias(x, b)
+    x += b
+    return x
+
+
 def column_sums(g):
     """``g.sum(axis=0)``; on the GPU as ``1ᵀ g`` (:func:`tcgnn_py.products.training.dense_atb`, else cuBLAS),
     since CuPy reduces a tall, narrow array along its long axis with one block per column (milliseconds at a
@@ -170,7 +180,7 @@ def gcn_conv(A, H, W, b=None, *, precision=None):
     if narrow_first:
         out = E.spmm(mm(H, W))
         if b is not None:
-            out += b
+            add_bias(out, b)
     else:
         AH = E.spmm(H)
         out = mm(AH, W, b)

@@ -20,7 +20,7 @@ from .._launch import Scratch
 
 __all__ = ["TAIL_TYPES", "ACTIVATIONS", "ADAM_MULTI", "takes", "acc_dtype", "tail", "tail_grad", "cross_entropy",
            "index_weights", "dense_takes", "dense_mm", "dense_scores_take", "DENSE_MAX_K", "DENSE_MAX_N",
-           "dense_atb_takes", "dense_atb", "DENSE_ATB_MAX", "DENSE_ATB_MAX_ROWS",
+           "dense_atb_takes", "dense_atb", "add_bias", "DENSE_ATB_MAX", "DENSE_ATB_MAX_ROWS",
            "head_dots", "head_dots_grad", "head_blocks", "row_normalize", "row_normalize_grad",
            "total", "adam_tick",
            "adam_table", "adam_multi"]
@@ -295,6 +295,28 @@ def dense_atb(a, b):
         first(*((a,) if a is not None else ()), b)
         total(c)
     return c
+
+
+_biases = {}
+
+
+def add_bias(x, b):
+    """``x += b`` in place (``x`` C-contiguous of :data:`TAIL_TYPES`, ``b`` one value per column, same dtype,
+    contiguous) in one launch bound per signature; returns ``x``."""
+    cp = get_cupy()
+    if not x.size:
+        return x
+    stream = cp.cuda.get_current_stream().ptr
+    key = (x.shape, x.dtype, cp.cuda.runtime.getDevice(), stream)
+    bound = _biases.get(key)
+    if bound is None:
+        bound = BoundLaunch(_function(_name(kn.add_bias_name, x.dtype)), _grid(x.size), THREADS,
+                            [None, None, x.size, x.shape[-1]], (0, 1), stream)
+        if len(_biases) >= DENSE_KEEP:
+            del _biases[next(iter(_biases))]
+        _biases[key] = bound
+    bound(x, b)
+    return x
 
 
 def head_dots(x, a_src, a_dst, heads):
