@@ -92,7 +92,7 @@ def mm(a, b, bias=None):
 
 def add_bias(x, b):
     """``x += b`` (one value per column); on the GPU one bound launch where the dtypes match and both are
-    contiguous (a broadcast add costs several times it on the host)."""
+    contiguous (:func:`tcgnn_py.products.training.add_bias`), else the broadcast add."""
     if (array_module(x) is not np and x.dtype == b.dtype and fused.takes(x.dtype) and x.flags.c_contiguous
             and b.flags.c_contiguous and x.ndim == 2):
         return fused.add_bias(x, b)
