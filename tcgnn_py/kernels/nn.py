@@ -10,7 +10,7 @@ from .registry import VALUE_TYPES, register
 __all__ = ["SOURCE", "NAMES", "FAMILIES", "TICK", "adam_multi_name", "ADAM_MULTI", "ADAM_SLOTS",
            "tail_name", "tail_grad_name", "cross_entropy_name", "index_weights_name", "head_dots_name",
            "head_dots_grad_name", "add_bias_name", "dense_mm_name", "DENSE_TILES", "dense_atb_name",
-           "DENSE_ATB_TILES", "DENSE_ATB_SUM",
+           "DENSE_ATB_TILES", "DENSE_ATB_SUM", "DENSE_NAMES",
            "row_normalize_name", "row_normalize_grad_name", "sum_name", "head_blocks_name", "SUM_THREADS",
            "ACTIVATIONS", "TAIL_TYPES"]
 
@@ -629,12 +629,15 @@ def dense_mm_name(bn, tm, nt, bt):
 head_blocks_name = _template("tcgnn_head_blocks")
 
 
+#: The layers' dense kernels (products, sums over rows, the bias after a sparse product), float32.
+DENSE_NAMES = (*(dense_mm_name(*tile, bt) for tile in DENSE_TILES for bt in (False, True)),
+               *(dense_atb_name(*tile) for tile in DENSE_ATB_TILES), DENSE_ATB_SUM)
+
 TICK = "tcgnn_adam_tick"
 NAMES = (TICK, *(adam_multi_name(t) for t in VALUE_TYPES),
          *(f(t) for f in (tail_name, tail_grad_name, cross_entropy_name, index_weights_name, head_dots_name,
                           head_dots_grad_name, row_normalize_name, row_normalize_grad_name, sum_name,
                           head_blocks_name, add_bias_name) for t in TAIL_TYPES),
-         *(dense_mm_name(*tile, bt) for tile in DENSE_TILES for bt in (False, True)),
-         *(dense_atb_name(*tile) for tile in DENSE_ATB_TILES), DENSE_ATB_SUM)
+         *DENSE_NAMES)
 FAMILIES = {"nn": (SOURCE, NAMES)}
 register("nn", SOURCE, NAMES)

@@ -15,7 +15,7 @@ import numpy as np
 from ..._device import get_cupy
 from ...kernels import nn as kn
 from ...kernels.driver import BoundLaunch, launch, slot_value
-from ...kernels.registry import get_kernel
+from ...kernels.registry import background_compiles, compile_in_background, get_kernel
 from .._launch import Scratch
 
 __all__ = ["TAIL_TYPES", "ACTIVATIONS", "ADAM_MULTI", "takes", "acc_dtype", "tail", "tail_grad", "cross_entropy",
@@ -150,7 +150,16 @@ def _dense_tile(n):
     return kn.DENSE_TILES[0 if n <= 16 else 1 if n <= 32 else 2]
 
 
+def _warm_dense():
+    """Queue the layers' dense kernels on the background compiler when one is first bound: a layer's backward
+    needs the siblings of its forward's kernel (the transposed-B product, the sums over rows, the bias), and
+    they compile while the forward runs instead of one by one when the backward asks."""
+    if background_compiles() and not get_cupy().cuda.get_current_stream().is_capturing():  # (no module loads then)
+        compile_in_background("nn", kn.DENSE_NAMES + (kn.add_bias_name("float32"),))
+
+
 def _dense_bind(a, b, bias, scores, key, stream):
+    _warm_dense()
     cp = get_cupy()
     m, k = a.shape
     n = b.shape[1]
@@ -239,6 +248,7 @@ def dense_atb_takes(a, b):
 
 
 def _atb_bind(a, b, key, stream, capturing):
+    _warm_dense()
     cp = get_cupy()
     N, q = b.shape
     p = 1 if a is None else a.shape[1]
