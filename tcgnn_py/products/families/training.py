@@ -125,6 +125,14 @@ _dense = {}
 _F32 = np.dtype(np.float32)
 
 
+def _keep(store, key, value):
+    """``store[key] = value``, the oldest entry dropped past :data:`DENSE_KEEP` (the bound launches' caches)."""
+    if len(store) >= DENSE_KEEP:
+        del store[next(iter(store))]
+    store[key] = value
+    return value
+
+
 @functools.lru_cache(maxsize=256)
 def _dense_signature(dt_a, dt_b, shape_a, shape_b, strides_a):
     return (dt_a == dt_b == _F32 and len(shape_a) == len(shape_b) == 2 and shape_a[1] == shape_b[0]
@@ -160,7 +168,6 @@ def _warm_dense():
 
 def _dense_bind(a, b, bias, scores, key, stream):
     _warm_dense()
-    cp = get_cupy()
     m, k = a.shape
     n = b.shape[1]
     bn, tm, nt = _dense_tile(n)
@@ -174,10 +181,7 @@ def _dense_bind(a, b, bias, scores, key, stream):
     variable = (0, 1) + ((2,) if bias is not None else ()) + (3,) + ((11, 12, 13, 14) if scores else ())
     name = kn.dense_mm_name(bn, tm, nt, bt)
     bound = BoundLaunch(_function(name), (-(-m // (nt // (bn // 4) * tm)), -(-n // bn)), nt, args, variable, stream)
-    if len(_dense) >= DENSE_KEEP:
-        del _dense[next(iter(_dense))]
-    _dense[key] = bound
-    return bound
+    return _keep(_dense, key, bound)
 
 
 def _transposed(b):
@@ -266,8 +270,8 @@ def _atb_bind(a, b, key, stream, capturing):
     if slices == 1:  # one slice: the sums go to C
         return (BoundLaunch(_function(kn.dense_atb_name(bq, ti, nt)), grid, nt, args,
                             ((0,) if a is not None else ()) + (1, 2), stream), None, p)
-    scratch = (cp.ndarray if capturing else
-               lambda shape, dtype: Scratch("atb", shape, dtype).get(_atb_scratch, stream))((slices * p * q,), _F32)
+    size = (slices * p * q,)  # the slices' partial sums: the graph's own under a capture, else kept per stream
+    scratch = cp.ndarray(size, _F32) if capturing else Scratch("atb", size, _F32).get(_atb_scratch, stream)
     args[2] = scratch
     first = BoundLaunch(_function(kn.dense_atb_name(bq, ti, nt)), grid, nt, args,
                         ((0,) if a is not None else ()) + (1,), stream)
@@ -294,9 +298,7 @@ def dense_atb(a, b):
         capturing = stream.is_capturing()
         hit = _atb_bind(a, b, key, ptr, capturing)
         if not capturing:
-            if len(_atb) >= DENSE_KEEP:
-                del _atb[next(iter(_atb))]
-            _atb[key] = hit
+            _keep(_atb, key, hit)
     first, total, p = hit
     c = cp.ndarray((p, b.shape[1]) if a is not None else (b.shape[1],), _F32)
     if total is None:
@@ -322,9 +324,7 @@ def add_bias(x, b):
     if bound is None:
         bound = BoundLaunch(_function(_name(kn.add_bias_name, x.dtype)), _grid(x.size), THREADS,
                             [None, None, x.size, x.shape[-1]], (0, 1), stream)
-        if len(_biases) >= DENSE_KEEP:
-            del _biases[next(iter(_biases))]
-        _biases[key] = bound
+        _keep(_biases, key, bound)
     bound(x, b)
     return x
 
