@@ -25,7 +25,7 @@ from ._validation import (
     promote,
 )
 
-__all__ = ["TiledMatrix", "TileStats", "Tiling", "spmm", "sddmm"]
+__all__ = ["TiledMatrix", "TileStats", "Tiling", "spmm", "sddmm", "bound_spmm"]
 
 
 def _upload(arrays):
@@ -656,6 +656,18 @@ def spmm(T, X, out=None, *, precision=None):
     elif isscalarlike(X):
         raise ValueError("Scalar operands are not allowed, use '*' instead")
     return T._matmul_dispatch(X, out=out, precision=precision)
+
+
+def bound_spmm(T, X, precision=None):
+    """``f(X) -> T @ X`` for a CuPy X of this X's signature (a new result, ``precision`` a name or None): the
+    product's bound plan with T's values, without the lookup of :func:`spmm` (a bound layer call's, whose key
+    proves the signature); :func:`spmm` itself where the signature has not bound (yet: it then binds by itself)."""
+    plan = T._plans.get(signature(T._values, X, None, precision))
+    bound = None if plan is None else plan.bound
+    if bound is None:
+        return lambda X: spmm(T, X, precision=precision)
+    values, casts = T._values, T._casts
+    return lambda X: bound(values, casts, X, None)
 
 
 def sddmm(T, Xa, Xb=None, *, multiply_values=False, precision=None):

@@ -20,7 +20,8 @@ from .._launch import Scratch
 
 __all__ = ["TAIL_TYPES", "ACTIVATIONS", "ADAM_MULTI", "takes", "acc_dtype", "tail", "tail_grad", "cross_entropy",
            "index_weights", "dense_takes", "dense_mm", "dense_scores_take", "DENSE_MAX_K", "DENSE_MAX_N",
-           "dense_atb_takes", "dense_atb", "add_bias", "DENSE_ATB_MAX", "DENSE_ATB_MAX_ROWS",
+           "dense_atb_takes", "dense_atb", "add_bias", "dense_mm_bound", "dense_atb_bound", "add_bias_bound",
+           "DENSE_ATB_MAX", "DENSE_ATB_MAX_ROWS",
            "head_dots", "head_dots_grad", "head_blocks", "row_normalize", "row_normalize_grad",
            "total", "adam_tick",
            "adam_table", "adam_multi"]
@@ -201,20 +202,62 @@ def dense_mm(a, b, bias=None, a_src=None, a_dst=None, heads=1):
     cp = get_cupy()
     m = a.shape[0]
     n = b.shape[1]
-    stream = cp.cuda.get_current_stream().ptr
     scores = 0 if a_src is None else heads
     if scores and _transposed(b):  # the scores' lanes sum adjacent columns: a layer's W is C-contiguous anyway
         b = cp.ascontiguousarray(b)
-    key = (a.shape, b.shape, a.strides[0], b.strides, (a.data.ptr & 15) << 4 | b.data.ptr & 15, bias is None,
-           scores, cp.cuda.runtime.getDevice(), stream)
     c = cp.ndarray((m, n), _F32)
     if scores:
         s_src, s_dst = cp.ndarray((m, heads), _F32), cp.ndarray((m, heads), _F32)
     if m:
-        bound = _dense.get(key) or _dense_bind(a, b, bias, scores, key, stream)
+        bound = _dense_launch(cp, a, b, bias, scores)
         operands = (a, b) + ((bias,) if bias is not None else ()) + (c,)
         bound(*operands, a_src, a_dst, s_src, s_dst) if scores else bound(*operands)
     return (c, s_src, s_dst) if scores else c
+
+
+def _dense_launch(cp, a, b, bias, scores):
+    """The bound launch of ``tcgnn_dense_mm`` for operands of this signature on the current stream (kept)."""
+    stream = cp.cuda.get_current_stream().ptr
+    key = (a.shape, b.shape, a.strides[0], b.strides, (a.data.ptr & 15) << 4 | b.data.ptr & 15, bias is None,
+           scores, cp.cuda.runtime.getDevice(), stream)
+    return _dense.get(key) or _dense_bind(a, b, bias, scores, key, stream)
+
+
+def dense_mm_bound(a, b, bias=None, a_src=None, a_dst=None, heads=1):
+    """:func:`dense_mm` for operands of the signature of these, as ``f(a, b[, bias])`` (``f(a, b, a_src, a_dst)``
+    with scores), its launch bound now: a bound layer call's, whose key proves the signature, so a call allocates
+    and launches only.  ``b`` may be passed as any array at ``b``'s address (``W`` for a bound ``W.T``: the launch
+    reads the address, its strides are fixed).  None where a call does more than launch: an empty ``a``, scores
+    of a transposed ``b`` (copied) or with a bias."""
+    cp = get_cupy()
+    m, n = a.shape[0], b.shape[1]
+    scores = 0 if a_src is None else heads
+    if not m or scores and (_transposed(b) or bias is not None):
+        return None
+    nd = cp.ndarray
+    bound = _dense_launch(cp, a, b, bias, scores)
+    shape, s_shape = (m, n), (m, scores)
+    if scores:
+        def scored(a, b, a_src, a_dst):
+            c, s_src, s_dst = nd(shape, _F32), nd(s_shape, _F32), nd(s_shape, _F32)
+            bound(a, b, c, a_src, a_dst, s_src, s_dst)
+            return c, s_src, s_dst
+
+        return scored
+    if bias is not None:
+        def biased(a, b, bias):
+            c = nd(shape, _F32)
+            bound(a, b, bias, c)
+            return c
+
+        return biased
+
+    def plain(a, b):
+        c = nd(shape, _F32)
+        bound(a, b, c)
+        return c
+
+    return plain
 
 
 #: The most rows and columns of ``Aᵀ B`` :func:`dense_atb` computes (a tile of 64 x 64; wider go to cuBLAS).
@@ -289,6 +332,19 @@ def dense_atb(a, b):
     ``cublasLtMatmul`` call).
     """
     cp = get_cupy()
+    first, total, p = _atb_launches(cp, a, b)
+    c = cp.ndarray((p, b.shape[1]) if a is not None else (b.shape[1],), _F32)
+    if total is None:
+        first(*((a,) if a is not None else ()), b, c)
+    else:
+        first(*((a,) if a is not None else ()), b)
+        total(c)
+    return c
+
+
+def _atb_launches(cp, a, b):
+    """``(first, total, p)`` of :func:`dense_atb` for operands of this signature on the current stream: kept, but
+    under a capture, whose partial sums are the graph's own."""
     stream = cp.cuda.get_current_stream()
     ptr = stream.ptr
     key = (None if a is None else (a.shape, a.strides[0]), b.shape, b.strides[0], b.data.ptr & 15,
@@ -299,14 +355,44 @@ def dense_atb(a, b):
         hit = _atb_bind(a, b, key, ptr, capturing)
         if not capturing:
             _keep(_atb, key, hit)
-    first, total, p = hit
-    c = cp.ndarray((p, b.shape[1]) if a is not None else (b.shape[1],), _F32)
+    return hit
+
+
+def dense_atb_bound(a, b):
+    """:func:`dense_atb` for operands of the signature of these, as ``f(a, b)`` (``f(b)`` for ``a`` None), its
+    launches bound now: a bound layer call's (not under a capture, whose partial sums are the graph's own)."""
+    cp = get_cupy()
+    first, total, p = _atb_launches(cp, a, b)
+    nd = cp.ndarray
+    shape = (p, b.shape[1]) if a is not None else (b.shape[1],)
+    if a is None:
+        if total is None:
+            def sums(b):
+                c = nd(shape, _F32)
+                first(b, c)
+                return c
+        else:
+            def sums(b):
+                c = nd(shape, _F32)
+                first(b)
+                total(c)
+                return c
+        return sums
     if total is None:
-        first(*((a,) if a is not None else ()), b, c)
-    else:
-        first(*((a,) if a is not None else ()), b)
+        def one(a, b):
+            c = nd(shape, _F32)
+            first(a, b, c)
+            return c
+
+        return one
+
+    def two(a, b):
+        c = nd(shape, _F32)
+        first(a, b)
         total(c)
-    return c
+        return c
+
+    return two
 
 
 _biases = {}
@@ -315,9 +401,12 @@ _biases = {}
 def add_bias(x, b):
     """``x += b`` in place (``x`` C-contiguous of :data:`TAIL_TYPES`, ``b`` one value per column, same dtype,
     contiguous) in one launch bound per signature, no CuPy elementwise call; returns ``x``."""
-    cp = get_cupy()
-    if not x.size:
-        return x
+    if x.size:
+        _bias_launch(get_cupy(), x)(x, b)
+    return x
+
+
+def _bias_launch(cp, x):
     stream = cp.cuda.get_current_stream().ptr
     key = (x.shape, x.dtype, cp.cuda.runtime.getDevice(), stream)
     bound = _biases.get(key)
@@ -325,8 +414,15 @@ def add_bias(x, b):
         bound = BoundLaunch(_function(_name(kn.add_bias_name, x.dtype)), _grid(x.size), THREADS,
                             [None, None, x.size, x.shape[-1]], (0, 1), stream)
         _keep(_biases, key, bound)
-    bound(x, b)
-    return x
+    return bound
+
+
+def add_bias_bound(x, b):
+    """:func:`add_bias` for operands of the signature of these, as ``f(x, b)`` (in place, returns nothing), its
+    launch bound now: a bound layer call's."""
+    if not x.size:
+        return lambda x, b: None
+    return _bias_launch(get_cupy(), x)
 
 
 def head_dots(x, a_src, a_dst, heads):
