@@ -10,7 +10,7 @@ import pytest
 import scipy.sparse as sp
 from test_nn import random_graph
 
-from _env import cupy_fixture, ints
+from _env import cupy_fixture, int_graph, ints
 import tcgnn_py as tg
 from tcgnn_py.nn._edges import CSREdges
 
@@ -500,3 +500,82 @@ def test_row_normalize_on_device_is_the_formula(cp, dtype, d):
     scale = np.abs(dv).max() + (np.abs(dn) + np.abs(xn64 * radial[:, None])).max(axis=1, keepdims=True) * inv[:, None]
     bound = np.broadcast_to(4 * np.finfo(acc).eps * scale * max(d, 8), want.shape)
     np.testing.assert_array_less(np.abs(dh.get() - want), bound)
+
+
+def _general(monkeypatch, f, *args, **kwargs):
+    """``f(*args)`` on the layers' general code: no call of it is bound, and none binds."""
+    from tcgnn_py.nn import _bound
+
+    with monkeypatch.context() as m:
+        m.setattr(_bound, "signature", lambda *a: None)
+        return f(*args, **kwargs)
+
+
+def _bound_calls(A):
+    calls = A.tiling.peek("layer calls")
+    return {} if calls is None else calls.bound
+
+
+@pytest.mark.parametrize("n, d_in, d_out", [(37, 20, 7), (1000, 7, 20), (1000, 64, 64), (4099, 200, 16),
+                                            (300, 16, 80)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_bound_gcn_conv_is_the_general_call(cp, monkeypatch, n, d_in, d_out, bias):
+    """From its second call a signature's gcn_conv runs bound (and from its second vjp, its vjp): every result is
+    the general code's, bit for bit, over new operands each step, and the vjp without the input's gradient too.
+    Exact on small integers, so the general results are checked against NumPy as well."""
+    rng = np.random.default_rng()
+    A = tg.TiledMatrix(int_graph(rng, n, n, degree=min(12, n // 3)).astype(np.float32))
+    M = A.toarray().astype(np.float64)
+    for step in range(8):  # forward bound from step 2, the vjps from steps 6 and 7
+        H, W, g = ints(rng, n, d_in), ints(rng, d_in, d_out), ints(rng, n, d_out)
+        b = ints(rng, d_out) if bias else None
+        dev = [None if x is None else cp.asarray(x) for x in (H, W, b, g)]
+        want, want_vjp = _general(monkeypatch, nn.gcn_conv, A, *dev[:3])
+        want_grads = _general(monkeypatch, want_vjp, dev[3], input_grad=step % 2 == 0)
+        out, vjp = nn.gcn_conv(A, *dev[:3])
+        np.testing.assert_array_equal(out.get(), want.get())
+        grads = vjp(dev[3], input_grad=step % 2 == 0)
+        assert (grads[0] is None) == (step % 2 == 1) and (grads[2] is None) == (not bias)
+        for got, exp in zip(grads, want_grads):
+            assert (got is None) == (exp is None)
+            if got is not None:
+                np.testing.assert_array_equal(got.get(), exp.get())
+        if step == 0 and d_in <= 32:  # the general results are the formula (exact: H W's sums within 2^11)
+            Z = M @ H @ W + (b if bias else 0)
+            np.testing.assert_array_equal(want.get(), Z.astype(np.float32))
+            np.testing.assert_array_equal(want_grads[1].get(), (H.T @ M.T @ g).astype(np.float32))
+    calls = list(_bound_calls(A).values())
+    assert len(calls) == 1 and len(calls[0].backward.bound) == 2  # the forward and both vjps bound
+
+
+def test_bound_gcn_conv_serves_its_signature_only(cp, monkeypatch):
+    """A bound call takes only its own signature: rows of another stride, another width, no bias, other dtypes,
+    another stream run the general code (and bind there in turn), and every check still speaks."""
+    rng = np.random.default_rng()
+    n = 500
+    A = nn.gcn_norm(random_graph(rng, n, density=0.02), dtype=np.float32)
+    H, W, b, g = (cp.asarray(x) for x in (ints(rng, n, 24), ints(rng, 24, 8), ints(rng, 8), ints(rng, n, 8)))
+    for _ in range(3):
+        nn.gcn_conv(A, H, W, b)[1](g)
+    assert len(_bound_calls(A)) == 1
+    wide = cp.asarray(ints(rng, n, 30))
+    others = [(wide[:, :24], W, b), (H, W[:, :6].copy(), b[:6].copy()), (H, W, None),
+              (H.astype(np.float64), W.astype(np.float64), b.astype(np.float64))]
+    for args in others:
+        for _ in range(3):
+            out, _ = nn.gcn_conv(A, *args)
+            want, _ = _general(monkeypatch, nn.gcn_conv, A, *args)
+            np.testing.assert_array_equal(out.get(), want.get())
+    with cp.cuda.Stream():
+        for _ in range(3):
+            out, vjp = nn.gcn_conv(A, H, W, b)
+            want = _general(monkeypatch, nn.gcn_conv, A, H, W, b)[1](g)[1]
+            np.testing.assert_array_equal(vjp(g)[1].get(), want.get())
+    assert len(_bound_calls(A)) == 5  # float32 signatures bind; float64 runs the general code
+    with pytest.raises(ValueError, match="rows"):
+        nn.gcn_conv(A, H[:-1], W, b)
+    with pytest.raises(ValueError, match="output's shape"):
+        nn.gcn_conv(A, H, W, b)[1](g[:-1])
+    with pytest.raises(ValueError, match="features"):
+        nn.gcn_conv(A, H, W[:-1], b)
+

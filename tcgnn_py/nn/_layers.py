@@ -7,13 +7,16 @@ the differentiable inputs, in order (the vector-Jacobian product, as
 and CuPy on the GPU, and everything runs on the graph's device.
 """
 
+import functools
 import numbers
 
 import numpy as np
 
 from .._device import DeviceMismatchError, array_module
+from .._tiled import bound_spmm
 from .._validation import check_bool, is_half, promote
 from ..products import training as fused
+from . import _bound as bound
 from ._edges import edges_of, features_on, floats
 
 __all__ = [
@@ -167,6 +170,13 @@ def gcn_conv(A, H, W, b=None, *, precision=None):
     >>> print(dW.ravel().round(6).tolist(), db)
     [1.0, 1.0] None
     """
+    key = None
+    if precision is None or type(precision) is str:
+        key = bound.signature(A, (H, W, b), ("gcn_conv", precision))
+        if key is not None:
+            call = bound.find(A, key)
+            if call is not None:
+                return call(H, W, b)
     E = edges_of(A, precision)
     H, W = features_on(E, H, "H"), features_on(E, W, "W")
     check_2d("H", H, E.shape[1])
@@ -178,28 +188,147 @@ def gcn_conv(A, H, W, b=None, *, precision=None):
         check_bias(b, W.shape[1])
     narrow_first = W.shape[1] <= W.shape[0]
     if narrow_first:
-        out = E.spmm(mm(H, W))
+        mid = mm(H, W)
+        out = E.spmm(mid)
         if b is not None:
             add_bias(out, b)
     else:
-        AH = E.spmm(H)
-        out = mm(AH, W, b)
+        mid = E.spmm(H)
+        out = mm(mid, W, b)
+    if key is not None:
+        bound.seen(A, key, lambda: _BoundGCN(A, precision, narrow_first, H, W, b, mid, out))
+    return out, functools.partial(_gcn_vjp, E, H, W, b, mid, narrow_first, out.shape)
 
-    def vjp(g, input_grad=True):
-        g = features_on(E, g, "g")
-        if g.shape != out.shape:
-            raise ValueError(f"g must have the output's shape {out.shape}, got {g.shape}")
+
+def _gcn_vjp(E, H, W, b, mid, narrow_first, shape, g, input_grad=True):
+    """:func:`gcn_conv`'s vjp: ``mid`` is ``H W`` where the product ran narrow first, else ``A H``."""
+    g = features_on(E, g, "g")
+    if g.shape != shape:
+        raise ValueError(f"g must have the output's shape {shape}, got {g.shape}")
+    if narrow_first:
+        dZ = E.spmm_t(g)
+        dW = mm(H.T, dZ)
+        dH = mm(dZ, W.T) if input_grad else None
+    else:
+        dW = mm(mid.T, g)
+        dH = E.spmm_t(mm(g, W.T)) if input_grad else None
+    db = column_sums(g) if b is not None else None
+    return dH, dW, db
+
+
+class _BoundGCN:
+    """A bound :func:`gcn_conv` call (:mod:`._bound`): the products of one signature, bound, and its bound vjps.
+
+    Built from a general call's operands and results, whose signature the bound call's key proves; each product
+    is the training family's or the engine's bound launch where they run it, else the general function.
+    """
+
+    __slots__ = ("A", "precision", "narrow_first", "dense", "spmm", "bias", "backward")
+
+    def __init__(self, A, precision, narrow_first, H, W, b, mid, out):
+        self.A, self.precision, self.narrow_first = A, precision, narrow_first
         if narrow_first:
-            dZ = E.spmm_t(g)
-            dW = mm(H.T, dZ)
-            dH = mm(dZ, W.T) if input_grad else None
+            self.dense = mm_bound(H, W)
+            self.spmm = bound_spmm(A, mid, precision)
+            self.bias = None if b is None else bias_bound(out, b)
         else:
-            dW = mm(AH.T, g)
-            dH = E.spmm_t(mm(g, W.T)) if input_grad else None
-        db = column_sums(g) if b is not None else None
-        return dH, dW, db
+            self.spmm = bound_spmm(A, H, precision)
+            self.dense = mm_bound(mid, W, b)
+        self.backward = bound.Calls()
 
-    return out, vjp
+    def __call__(self, H, W, b):
+        if self.narrow_first:
+            mid = self.dense(H, W)
+            out = self.spmm(mid)
+            if b is not None:
+                self.bias(out, b)
+        else:
+            mid = self.spmm(H)
+            out = self.dense(mid, W) if b is None else self.dense(mid, W, b)
+        return out, functools.partial(self.vjp, H, W, b, mid, out.shape)
+
+    def vjp(self, H, W, b, mid, shape, g, input_grad=True):
+        input_grad = bool(input_grad)
+        key = bound.signature(self.A, (g,), input_grad)
+        if key is not None:
+            call = self.backward.bound.get(key)
+            if call is not None:
+                return call(H, W, b, mid, g)
+        grads = _gcn_vjp(edges_of(self.A, self.precision), H, W, b, mid, self.narrow_first, shape, g, input_grad)
+        if key is not None:
+            self.backward.seen(key, lambda: self._bind_vjp(H, W, b, mid, g, input_grad))
+        return grads
+
+    def _bind_vjp(self, H, W, b, mid, g, input_grad):
+        """The bound vjp of g's signature: as :func:`_gcn_vjp`, each product bound on operands of its signature
+        (fresh arrays stand in for the intermediate results)."""
+        xp = array_module(g)
+        AT, precision = self.A.T, self.precision
+        sums = None if b is None else sums_bound(g)
+        if self.narrow_first:
+            spmm_t = bound_spmm(AT, g, precision)
+            dZ = xp.empty((AT.shape[0], g.shape[1]), g.dtype)
+            dW = atb_bound(H, dZ)
+            dH = mm_t_bound(dZ, W) if input_grad else None
+
+            def call(H, W, b, mid, g):
+                dZ = spmm_t(g)
+                dw = dW(H, dZ)
+                return (None if dH is None else dH(dZ, W)), dw, (None if sums is None else sums(g))
+        else:
+            dW = atb_bound(mid, g)
+            dG = mm_t_bound(g, W) if input_grad else None
+            spmm_t = None if dG is None else bound_spmm(AT, xp.empty((g.shape[0], W.shape[0]), g.dtype), precision)
+
+            def call(H, W, b, mid, g):
+                dw = dW(mid, g)
+                return (None if dG is None else spmm_t(dG(g, W))), dw, (None if sums is None else sums(g))
+
+        return call
+
+
+def mm_bound(a, b, bias=None):
+    """``f(a, b[, bias])``: :func:`mm` for operands of the signature of these, bound where the training family's
+    kernel runs it (a bound layer call's), else :func:`mm` itself."""
+    if array_module(a) is not np and fused.dense_takes(a, b) and (
+            bias is None or bias.dtype == a.dtype and bias.flags.c_contiguous):
+        f = fused.dense_mm_bound(a, b, bias)
+        if f is not None:
+            return f
+    return mm
+
+
+def mm_t_bound(a, w):
+    """``f(a, w) -> a @ w.T`` for operands of the signature of these (``w`` passed, not its transposed view: the
+    bound kernel reads its address with the view's strides fixed)."""
+    if array_module(a) is not np and fused.dense_takes(a, w.T):
+        f = fused.dense_mm_bound(a, w.T)
+        if f is not None:
+            return f
+    return lambda a, w: mm(a, w.T)
+
+
+def atb_bound(a, b):
+    """``f(a, b) -> aᵀ b`` (a weight's gradient) for operands of the signature of these: :func:`mm` of ``a.T``,
+    bound where it runs the training family's sums over rows."""
+    if array_module(a) is not np and not fused.dense_takes(a.T, b) and fused.dense_atb_takes(a, b):
+        return fused.dense_atb_bound(a, b)
+    return lambda a, b: mm(a.T, b)
+
+
+def sums_bound(g):
+    """``f(g)``: :func:`column_sums` for ``g`` of the signature of this one."""
+    if array_module(g) is not np and fused.dense_atb_takes(None, g):
+        return fused.dense_atb_bound(None, g)
+    return column_sums
+
+
+def bias_bound(x, b):
+    """``f(x, b)``: :func:`add_bias` (in place) for operands of the signature of these."""
+    if (array_module(x) is not np and x.dtype == b.dtype and fused.takes(x.dtype) and x.flags.c_contiguous
+            and b.flags.c_contiguous and x.ndim == 2):
+        return fused.add_bias_bound(x, b)
+    return add_bias
 
 
 def linear(H, W, b=None):

@@ -1,0 +1,95 @@
+"""Layer 4: bound layer calls -- a layer's launches for one operand signature, run without its checks.
+
+On the GPU a layer call's work depends only on its operands' signature (shapes, strides, 16-byte alignment), the
+graph's values, the layer's options, the stream, the device and the tuning overrides, as a product's does
+(:func:`tcgnn_py.products.signature`).  The layer's general code validates, converts and plans; the second general
+call of a signature binds what it ran (the first plans and compiles, and a timed launch choice may still be
+compiling after it), and from then on a call of that signature allocates its results and launches, nothing else:
+its checks are proved by the signature the general call passed.  Only float32 CuPy operands take bound calls (a
+training step's); every other call, and every call under a CUDA-graph capture (whose scratch buffers are the
+graph's own), runs the general code.
+"""
+
+import sys
+
+import numpy as np
+
+from .._tiled import TiledMatrix
+from .._tuning import overrides_key
+
+__all__ = ["signature", "find", "seen", "Calls", "KEEP", "BIND_AFTER"]
+
+#: Bound calls kept per graph (signatures), oldest dropped: a model has a few layers, each a signature or two.
+KEEP = 32
+#: General calls of a signature before it binds: the first plans and compiles its launches (a timed choice among
+#: launches may keep compiling after it), the second finds them final.
+BIND_AFTER = 2
+
+_F32 = np.dtype(np.float32)
+
+
+def signature(A, arrays, options):
+    """The key of a layer call on ``A`` with these operands (None entries stay None) and hashable ``options``, or
+    None where no bound call may serve it: A not a :class:`~tcgnn_py.TiledMatrix`, an operand not a float32 CuPy
+    array, or a capture in progress."""
+    cp = sys.modules.get("cupy")
+    if type(A) is not TiledMatrix or cp is None:
+        return None
+    nd = cp.ndarray
+    key = [options, id(A.values)]  # (a bound call keeps its values alive: the id stays theirs)
+    for x in arrays:
+        if x is None:
+            key.append(None)
+        elif type(x) is not nd or x.dtype != _F32:
+            return None
+        else:
+            key += (x.shape, x.strides, x.data.ptr & 15)
+    stream = cp.cuda.get_current_stream()
+    if stream.is_capturing():
+        return None
+    key += (stream.ptr, cp.cuda.runtime.getDevice(), overrides_key())
+    return tuple(key)
+
+
+def find(A, key):
+    """The bound call of ``key`` on A's graph, or None."""
+    calls = A.tiling.peek("layer calls")
+    return None if calls is None else calls.bound.get(key)
+
+
+def seen(A, key, binder):
+    """Count a general call of ``key`` on A's graph (:meth:`Calls.seen`)."""
+    A.tiling.cached("layer calls", Calls).seen(key, binder)
+
+
+class Calls:
+    """Bound calls by signature (a graph's forward calls, or one bound forward call's backward calls), and the
+    general calls seen of each signature not bound yet."""
+
+    __slots__ = ("bound", "counts")
+
+    def __init__(self):
+        self.bound, self.counts = {}, {}
+
+    def seen(self, key, binder):
+        """Count a general call of ``key``; at the :data:`BIND_AFTER`-th, keep ``binder()`` as its bound call, or
+        count it no further where that is None (the signature takes none)."""
+        count = self.counts.get(key, 0) + 1
+        if 0 < count < BIND_AFTER:
+            _keep(self.counts, key, count)
+            return
+        if count <= 0:
+            return
+        call = binder()
+        if call is None:
+            _keep(self.counts, key, -1)
+            return
+        self.counts.pop(key, None)
+        _keep(self.bound, key, call)
+
+
+def _keep(store, key, value):
+    """``store[key] = value``, the oldest entry dropped past :data:`KEEP`."""
+    if key not in store and len(store) >= KEEP:
+        del store[next(iter(store))]
+    store[key] = value
