@@ -579,3 +579,36 @@ def test_bound_gcn_conv_serves_its_signature_only(cp, monkeypatch):
     with pytest.raises(ValueError, match="features"):
         nn.gcn_conv(A, H, W[:-1], b)
 
+
+@pytest.mark.parametrize("heads, D, bias, drop", [(1, 16, True, 0.0), (4, 8, False, 0.0), (2, 16, True, 0.3)])
+def test_bound_gat_and_agnn_conv_are_the_general_calls(cp, monkeypatch, heads, D, bias, drop):
+    """gat_conv and agnn_conv bind from a signature's second call on the fused path: forward and vjp are the
+    general code's, bit for bit, over new operands each step (attention dropout: the same seeds drawn)."""
+    rng = np.random.default_rng()
+    n = 700
+    A = nn.add_self_loops(random_graph(rng, n, density=0.02), dtype=np.float32)
+    f32 = np.float32
+    for step in range(8):  # forward bound from step 2, the vjps from steps 6 and 7
+        H = cp.asarray(rng.standard_normal((n, 24), dtype=f32))
+        W = cp.asarray(rng.standard_normal((24, heads * D), dtype=f32) / 4)
+        a1, a2 = (cp.asarray(rng.standard_normal((heads, D), dtype=f32)) for _ in range(2))
+        b = cp.asarray(rng.standard_normal(heads * D, dtype=f32)) if bias else None
+        g = cp.asarray(rng.standard_normal((n, heads * D), dtype=f32))
+        beta = cp.asarray([0.5 + step], f32)
+        runs = []
+        for general in (True, False):
+            r = cp.random.default_rng(step)  # the same dropout seeds on both runs
+            def call(f, *a, general=general, **k):
+                return _general(monkeypatch, f, *a, **k) if general else f(*a, **k)
+
+            out, vjp = call(nn.gat_conv, A, H, W, a1, a2, b, heads=heads, dropout=drop, rng=r)
+            grads = call(vjp, g, input_grad=step % 2 == 0)
+            aout, avjp = call(nn.agnn_conv, A, H, beta)
+            runs.append((out, *grads, aout, *call(avjp, H)))
+        for got, want in zip(runs[1], runs[0]):
+            assert (got is None) == (want is None)
+            if got is not None:
+                np.testing.assert_array_equal(got.get(), want.get())
+    calls = _bound_calls(A)
+    assert len(calls) == 2  # one gat_conv signature, one agnn_conv
+    assert [len(c.backward.bound) for c in calls.values() if hasattr(c, "backward")] == [2]

@@ -9,6 +9,7 @@ anywhere); ``fused=True`` on the host runs the row-wise NumPy reference (:func:`
 Features of a boolean or integer type become the float type that holds them, as in ``T @ X``.
 """
 
+import functools
 import math
 import numbers
 import warnings
@@ -20,8 +21,9 @@ from ..products import training as layer_ops
 from .. import _reference as ref
 from .._device import FallbackWarning
 from .._validation import check_bool, check_count, is_half
+from . import _bound as bound
 from ._edges import TiledEdges, array_on, edges_of, features_on
-from ._layers import check_2d, column_sums, mm
+from ._layers import atb_bound, check_2d, column_sums, mm, mm_t_bound, sums_bound
 
 __all__ = ["graph_attention", "gat_conv", "agnn_conv", "SCORES"]
 
@@ -233,20 +235,21 @@ def _attend(E, a):
         out, lse = _unfused(E, a)
     else:
         out, lse = _reference_pass(E, a)
+    return out, functools.partial(_attend_vjp, E, a, path, out, lse)
 
-    def vjp(g):
-        g = features_on(E, g, "g")
-        if g.shape != out.shape:
-            raise ValueError(f"g must have the output's shape {out.shape}, got {g.shape}")
-        if path == "fused":  # P recomputed per entry (8 bytes per entry and head kept for the call)
-            grads = engine.fused_backward(E.matrix, a["V"], g, out, lse, **_kernel_args(a, with_v=False))
-            if a["score"] == "additive":
-                return grads
-            dV, dQ, dK, shares = grads  # the temperature's gradient, one share per row unit: summed in order
-            return dV, dQ, dK, layer_ops.total(shares, (1,))
-        return _backward(E, a, g, out, lse)
 
-    return out, vjp
+def _attend_vjp(E, a, path, out, lse, g):
+    """The vjp of :func:`_attend` on the path it took."""
+    g = features_on(E, g, "g")
+    if g.shape != out.shape:
+        raise ValueError(f"g must have the output's shape {out.shape}, got {g.shape}")
+    if path == "fused":  # P recomputed per entry (8 bytes per entry and head kept for the call)
+        grads = engine.fused_backward(E.matrix, a["V"], g, out, lse, **_kernel_args(a, with_v=False))
+        if a["score"] == "additive":
+            return grads
+        dV, dQ, dK, shares = grads  # the temperature's gradient, one share per row unit: summed in order
+        return dV, dQ, dK, layer_ops.total(shares, (1,))
+    return _backward(E, a, g, out, lse)
 
 
 def _kernel_args(a, with_v=True):
@@ -378,6 +381,16 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
     >>> print(out.tolist())
     [[0.5, 0.5], [0.5, 0.5]]
     """
+    key = None
+    if (type(heads) is int and type(concat) is bool and type(training) is bool and type(negative_slope) is float
+            and type(dropout) is float and (fused is None or type(fused) is bool)
+            and (precision is None or type(precision) is str)):  # options of one type each: a key proves them
+        key = bound.signature(A, (H, W, a_src, a_dst, b), ("gat_conv", heads, concat, negative_slope,
+                                                           dropout if training else 0.0, precision, fused, rng is None))
+        if key is not None:
+            call = bound.find(A, key)
+            if call is not None:
+                return call(H, W, a_src, a_dst, b, rng)
     E = edges_of(A, precision)
     xp = E.xp
     heads = check_count("heads", heads, 1)
@@ -428,39 +441,120 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
             raise ValueError("attention dropout in training needs rng (tcgnn_py.nn.default_rng(seed, like=A))")
         seed = (rng.random(1) * 2.0**32).astype(np.uint32)  # drawn on rng's device: no host read
     _check_weights(E)
-    att, att_vjp = _attend(E, dict(heads=heads, score="additive", V=X, fd=np.dtype(fd), s_src=s_src, s_dst=s_dst,
-                                   Q=None, K=None, beta=None, slope=slope, dropout=drop, seed=seed, fused=fused))
+    a = dict(heads=heads, score="additive", V=X, fd=np.dtype(fd), s_src=s_src, s_dst=s_dst, Q=None, K=None,
+             beta=None, slope=slope, dropout=drop, seed=seed, fused=fused)
+    att, att_vjp = _attend(E, a)
     out = att if concat or heads == 1 else att.reshape(n, heads, D).mean(axis=1)
     if b is not None:
         out = out + b.astype(out.dtype, copy=False)
+    if key is not None and on_device and scored and att_vjp.args[2] == "fused":
+        bound.seen(A, key, lambda: _BoundGAT.bind(E, H, W, af_src, af_dst, b, a, concat, out))
+    return out, functools.partial(_gat_vjp, E, H, W, a_src, a_dst, b, X, af_src, af_dst, fd, heads, concat,
+                                  on_device, att_vjp, out.shape)
 
-    def vjp(g, input_grad=True):
-        g = features_on(E, g, "g")
-        if g.shape != out.shape:
-            raise ValueError(f"g must have the output's shape {out.shape}, got {g.shape}")
-        db = None if b is None else column_sums(g).astype(b.dtype, copy=False)
-        ga = g if concat or heads == 1 else xp.repeat(g[:, None, :] / heads, heads, axis=1).reshape(n, heads * D)
-        dX, ds_src, ds_dst = att_vjp(ga)
-        if on_device:
-            dX = layer_ops.head_dots_grad(xp.ascontiguousarray(dX, dtype=X.dtype), xp.ascontiguousarray(ds_src, fd),
-                                         xp.ascontiguousarray(ds_dst, fd), af_src, af_dst, heads)
-            # da[h] = sum_i ds[i, h] X[i, h]: the diagonal blocks of dsᵀ X (a product, not a reduction along the
-            # long axis, which is slow on the GPU; one per vector, as joining the two costs more than a product)
-            Xf = X.astype(fd, copy=False)
-            R_src, R_dst = mm(ds_src.T, Xf), mm(ds_dst.T, Xf)
+
+def _gat_vjp(E, H, W, a_src, a_dst, b, X, af_src, af_dst, fd, heads, concat, on_device, att_vjp, shape, g,
+             input_grad=True):
+    """:func:`gat_conv`'s vjp: ``X = H W``, ``af_*`` the attention vectors in the scores' type ``fd``, ``att_vjp``
+    the attention's."""
+    xp = E.xp
+    n, D = X.shape[0], X.shape[1] // heads
+    g = features_on(E, g, "g")
+    if g.shape != shape:
+        raise ValueError(f"g must have the output's shape {shape}, got {g.shape}")
+    db = None if b is None else column_sums(g).astype(b.dtype, copy=False)
+    ga = g if concat or heads == 1 else xp.repeat(g[:, None, :] / heads, heads, axis=1).reshape(n, heads * D)
+    dX, ds_src, ds_dst = att_vjp(ga)
+    if on_device:
+        dX = layer_ops.head_dots_grad(xp.ascontiguousarray(dX, dtype=X.dtype), xp.ascontiguousarray(ds_src, fd),
+                                     xp.ascontiguousarray(ds_dst, fd), af_src, af_dst, heads)
+        # da[h] = sum_i ds[i, h] X[i, h]: the diagonal blocks of dsᵀ X (a product, not a reduction along the
+        # long axis, which is slow on the GPU; one per vector, as joining the two costs more than a product)
+        Xf = X.astype(fd, copy=False)
+        R_src, R_dst = mm(ds_src.T, Xf), mm(ds_dst.T, Xf)
+        da_src, da_dst = (R_src, R_dst) if heads == 1 else layer_ops.head_blocks(R_src, R_dst, heads)
+    else:
+        X3 = X.reshape(n, heads, D).astype(fd, copy=False)
+        dX = dX.astype(fd, copy=False).reshape(n, heads, D)
+        dX = (dX + ds_src[:, :, None] * af_src + ds_dst[:, :, None] * af_dst).reshape(n, heads * D)
+        dX = dX.astype(X.dtype, copy=False)
+        # sums over the n rows as 1ᵀ M (column_sums), as on the GPU
+        da_src = column_sums((X3 * ds_src[:, :, None]).reshape(n, heads * D)).reshape(heads, D)
+        da_dst = column_sums((X3 * ds_dst[:, :, None]).reshape(n, heads * D)).reshape(heads, D)
+    da_src, da_dst = da_src.astype(a_src.dtype, copy=False), da_dst.astype(a_dst.dtype, copy=False)
+    dH = mm(dX, W.T) if input_grad else None  # (a first layer's input needs none: n x features skipped)
+    return dH, mm(H.T, dX).astype(W.dtype, copy=False), da_src, da_dst, db
+
+
+class _BoundGAT:
+    """A bound :func:`gat_conv` call (:mod:`._bound`) on the fused path with the scores from the product's kernel:
+    the product and the attention pass, with the general vjp.  Built from a general call's operands, whose
+    signature and options the bound call's key proves."""
+
+    __slots__ = ("E", "scores", "a", "concat", "backward")
+
+    @classmethod
+    def bind(cls, E, H, W, af_src, af_dst, b, a, concat, out):
+        """The bound call, or None where a call would do more than its launches (a copy of W or of the attention
+        vectors, the heads' mean, a bias of another layout)."""
+        scores = layer_ops.dense_mm_bound(H, W, None, af_src, af_dst, a["heads"])
+        if (scores is None or not (af_src.flags.c_contiguous and af_dst.flags.c_contiguous)
+                or not (concat or a["heads"] == 1) or b is not None and not b.flags.c_contiguous):
+            return None
+        self = cls.__new__(cls)
+        self.E, self.scores, self.concat = E, scores, concat
+        self.a = dict(a, V=None, s_src=None, s_dst=None, seed=None)  # (the call's own arrays: none kept)
+        self.backward = bound.Calls()
+        return self
+
+    def __call__(self, H, W, a_src, a_dst, b, rng):
+        a = dict(self.a)
+        X, s_src, s_dst = self.scores(H, W, a_src, a_dst)
+        seed = None if not a["dropout"] else (rng.random(1) * 2.0**32).astype(np.uint32)
+        a.update(V=X, s_src=s_src, s_dst=s_dst, seed=seed)
+        att, lse = engine.fused(self.E.matrix, **_kernel_args(a))
+        out = att if b is None else layer_ops.tail(att, b, None, 0.0, None)  # (one float32 add: att + b's bits)
+        return out, functools.partial(self.vjp, H, W, a_src, a_dst, b, a, att, lse)
+
+    def vjp(self, H, W, a_src, a_dst, b, a, att, lse, g, input_grad=True):
+        input_grad = bool(input_grad)
+        key = bound.signature(self.E.matrix, (g,), input_grad)
+        if key is not None:
+            call = self.backward.bound.get(key)
+            if call is not None:
+                return call(H, W, a_src, a_dst, b, a, att, lse, g)
+        att_vjp = functools.partial(_attend_vjp, self.E, a, "fused", att, lse)
+        grads = _gat_vjp(self.E, H, W, a_src, a_dst, b, a["V"], a_src, a_dst, a["fd"], a["heads"], self.concat, True,
+                         att_vjp, att.shape, g, input_grad)
+        if key is not None:
+            self.backward.seen(key, lambda: self._bind_vjp(H, W, a, g, input_grad))
+        return grads
+
+    def _bind_vjp(self, H, W, a, g, input_grad):
+        """The bound vjp of g's signature: :func:`_gat_vjp`'s launches on the fused path, its products bound on
+        operands of their signatures (fresh arrays stand in for the intermediate results); None where the general
+        vjp would copy g."""
+        if not g.flags.c_contiguous:
+            return None
+        xp, T, heads = self.E.xp, self.E.matrix, a["heads"]
+        n, HD = a["V"].shape
+        f32 = np.float32
+        dX, ds = xp.empty((n, HD), f32), xp.empty((n, heads), f32)
+        sums = sums_bound(g)
+        R = atb_bound(ds, a["V"])
+        dH = mm_t_bound(dX, W) if input_grad else None
+        dW = atb_bound(H, dX)
+
+        def call(H, W, a_src, a_dst, b, a, att, lse, g):
+            db = None if b is None else sums(g)
+            X = a["V"]
+            dX, ds_src, ds_dst = engine.fused_backward(T, X, g, att, lse, **_kernel_args(a, with_v=False))
+            dX = layer_ops.head_dots_grad(dX, ds_src, ds_dst, a_src, a_dst, heads)
+            R_src, R_dst = R(ds_src, X), R(ds_dst, X)
             da_src, da_dst = (R_src, R_dst) if heads == 1 else layer_ops.head_blocks(R_src, R_dst, heads)
-        else:
-            dX = dX.astype(fd, copy=False).reshape(n, heads, D)
-            dX = (dX + ds_src[:, :, None] * af_src + ds_dst[:, :, None] * af_dst).reshape(n, heads * D)
-            dX = dX.astype(X.dtype, copy=False)
-            # sums over the n rows as 1ᵀ M (column_sums), as on the GPU
-            da_src = column_sums((X3 * ds_src[:, :, None]).reshape(n, heads * D)).reshape(heads, D)
-            da_dst = column_sums((X3 * ds_dst[:, :, None]).reshape(n, heads * D)).reshape(heads, D)
-        da_src, da_dst = da_src.astype(a_src.dtype, copy=False), da_dst.astype(a_dst.dtype, copy=False)
-        dH = mm(dX, W.T) if input_grad else None  # (a first layer's input needs none: n x features skipped)
-        return dH, mm(H.T, dX).astype(W.dtype, copy=False), da_src, da_dst, db
+            return None if dH is None else dH(dX, W), dW(H, dX), da_src, da_dst, db
 
-    return out, vjp
+        return call
 
 
 def _edge_softmax(E, z, xp):
@@ -541,9 +635,16 @@ def agnn_conv(A, H, beta, *, precision=None, fused=None):
     >>> print(out.tolist())
     [[0.5, 0.5], [0.5, 0.5]]
     """
+    key = None
+    if (precision is None or type(precision) is str) and (fused is None or type(fused) is bool):
+        key = bound.signature(A, (H, beta), ("agnn_conv", precision, fused))
+        if key is not None:
+            call = bound.find(A, key)
+            if call is not None:
+                return call(H, beta)
     E = edges_of(A, precision)
     xp = E.xp
-    H = features_on(E, H, "H")
+    H, beta_in = features_on(E, H, "H"), beta
     check_2d("H", H, E.shape[0])
     if E.shape[0] != E.shape[1]:
         raise ValueError(f"agnn_conv needs a square graph, got shape {E.shape}")
@@ -552,6 +653,7 @@ def agnn_conv(A, H, beta, *, precision=None, fused=None):
     if beta.shape != (1,):
         raise ValueError(f"beta must be a scalar or have shape (1,), got {beta.shape}")
     on_device = xp is not np and layer_ops.takes(H.dtype)
+    given = (H, beta_in)  # (a bound call takes them as they are: bound only where nothing was converted)
     if on_device:  # one kernel each way (about eight array passes otherwise)
         H = xp.ascontiguousarray(H)
         Hn, norm = layer_ops.row_normalize(H, _NORM_EPS)
@@ -560,20 +662,44 @@ def agnn_conv(A, H, beta, *, precision=None, fused=None):
     if fused is not None:
         fused = check_bool("fused", fused)
     _check_weights(E)
-    out, att_vjp = _attend(E, dict(heads=1, score="cosine", V=H, fd=np.dtype(fd), s_src=None, s_dst=None, Q=Hn, K=Hn,
-                                   beta=beta, slope=0.2, dropout=0.0, seed=None, fused=fused))
+    a = dict(heads=1, score="cosine", V=H, fd=np.dtype(fd), s_src=None, s_dst=None, Q=Hn, K=Hn, beta=beta, slope=0.2,
+             dropout=0.0, seed=None, fused=fused)
+    out, att_vjp = _attend(E, a)
+    if key is not None and on_device and att_vjp.args[2] == "fused" and given[0] is H and given[1].shape == (1,):
+        bound.seen(A, key, lambda: _BoundAGNN(E, a))
+    return out, functools.partial(_agnn_vjp, E, H, Hn, norm, None if on_device else inv, fd, att_vjp)
 
-    def vjp(g):
-        dH, dQ, dK, dbeta = att_vjp(g)
-        if on_device:
-            return layer_ops.row_normalize_grad(xp.ascontiguousarray(dH, dtype=H.dtype), xp.ascontiguousarray(dQ, fd),
-                                               xp.ascontiguousarray(dK, fd), Hn, norm, _NORM_EPS), dbeta
-        dHn = dQ + dK
-        # d(h / max(|h|, eps)): project out the radial part where |h| > eps.
-        radial = xp.where(norm > _NORM_EPS, (Hn * dHn).sum(axis=1), 0)
-        # In float32 for 16-bit H: rows of norm ~0 get 1 / eps-sized terms (a later relu mask zeroes them).
-        dH = dH.astype(fd, copy=False)
-        dH += (dHn - Hn * radial[:, None]) * inv[:, None]
-        return dH, dbeta
 
-    return out, vjp
+def _agnn_vjp(E, H, Hn, norm, inv, fd, att_vjp, g):
+    """:func:`agnn_conv`'s vjp: ``Hn`` the rows normalised, ``norm`` their norms, ``inv`` ``1 / max(norm, eps)``
+    on the host (None on the device, whose kernel divides), ``att_vjp`` the attention's."""
+    xp = E.xp
+    dH, dQ, dK, dbeta = att_vjp(g)
+    if inv is None:
+        return layer_ops.row_normalize_grad(xp.ascontiguousarray(dH, dtype=H.dtype), xp.ascontiguousarray(dQ, fd),
+                                           xp.ascontiguousarray(dK, fd), Hn, norm, _NORM_EPS), dbeta
+    dHn = dQ + dK
+    # d(h / max(|h|, eps)): project out the radial part where |h| > eps.
+    radial = xp.where(norm > _NORM_EPS, (Hn * dHn).sum(axis=1), 0)
+    # In float32 for 16-bit H: rows of norm ~0 get 1 / eps-sized terms (a later relu mask zeroes them).
+    dH = dH.astype(fd, copy=False)
+    dH += (dHn - Hn * radial[:, None]) * inv[:, None]
+    return dH, dbeta
+
+
+class _BoundAGNN:
+    """A bound :func:`agnn_conv` call (:mod:`._bound`) on the fused path: the rows' normalisation and the attention
+    pass, with the general vjp.  Built where the general call converted nothing (H C-contiguous, beta of shape
+    (1,)), as the bound call's key proves."""
+
+    __slots__ = ("E", "a")
+
+    def __init__(self, E, a):
+        self.E, self.a = E, dict(a, V=None, Q=None, K=None, beta=None)  # (the call's own arrays: none kept)
+
+    def __call__(self, H, beta):
+        Hn, norm = layer_ops.row_normalize(H, _NORM_EPS)
+        a = dict(self.a, V=H, Q=Hn, K=Hn, beta=beta)
+        out, lse = engine.fused(self.E.matrix, **_kernel_args(a))
+        att_vjp = functools.partial(_attend_vjp, self.E, a, "fused", out, lse)
+        return out, functools.partial(_agnn_vjp, self.E, H, Hn, norm, None, a["fd"], att_vjp)
