@@ -612,3 +612,29 @@ def test_bound_gat_and_agnn_conv_are_the_general_calls(cp, monkeypatch, heads, D
     calls = _bound_calls(A)
     assert len(calls) == 2  # one gat_conv signature, one agnn_conv
     assert [len(c.backward.bound) for c in calls.values() if hasattr(c, "backward")] == [2]
+
+
+@pytest.mark.parametrize("model", ["gcn", "gat", "agnn"])
+def test_bound_models_are_the_general_models(cp, monkeypatch, model):
+    """The models reach bound calls through their edge views (dropout drawn from one seed on both runs): a
+    training step's logits and gradients are the general code's, bit for bit, once bound."""
+    g = tg.load_cora()
+    A = (nn.gcn_norm if model == "gcn" else nn.add_self_loops)(g.adj)
+    X = cp.asarray(g.features.toarray().astype(np.float32))
+    init, apply = getattr(nn, f"{model}_init"), getattr(nn, f"{model}_apply")
+    params = init((X.shape[1], 16, 7), nn.default_rng(0, like=A))
+    dlogits = cp.asarray(np.random.default_rng(1).standard_normal((X.shape[0], 7), dtype=np.float32))
+    for step in range(8):
+        runs = []
+        for general in (True, False):
+            def step_of(rng=nn.default_rng(step, like=A)):
+                logits, vjp = apply(params, A, X, rng=rng)
+                return logits, vjp(dlogits)
+
+            runs.append(_general(monkeypatch, step_of) if general else step_of())
+        (want, want_grads), (got, grads) = runs
+        np.testing.assert_array_equal(got.get(), want.get())
+        assert sorted(grads) == sorted(want_grads)
+        for k in grads:
+            np.testing.assert_array_equal(grads[k].get(), want_grads[k].get())
+    assert _bound_calls(A)  # (GAT: both layers, the first's product on cuBLAS)

@@ -23,7 +23,7 @@ from .._device import FallbackWarning
 from .._validation import check_bool, check_count, is_half
 from . import _bound as bound
 from ._edges import TiledEdges, array_on, edges_of, features_on
-from ._layers import atb_bound, check_2d, column_sums, mm, mm_t_bound, sums_bound
+from ._layers import atb_bound, check_2d, column_sums, mm, mm_bound, mm_t_bound, sums_bound
 
 __all__ = ["graph_attention", "gat_conv", "agnn_conv", "SCORES"]
 
@@ -447,8 +447,8 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
     out = att if concat or heads == 1 else att.reshape(n, heads, D).mean(axis=1)
     if b is not None:
         out = out + b.astype(out.dtype, copy=False)
-    if key is not None and on_device and scored and att_vjp.args[2] == "fused":
-        bound.seen(A, key, lambda: _BoundGAT.bind(E, H, W, af_src, af_dst, b, a, concat, out))
+    if key is not None and on_device and att_vjp.args[2] == "fused":  # (the path _attend took)
+        bound.seen(A, key, lambda: _BoundGAT.bind(E, H, W, af_src, af_dst, b, a, concat, scored))
     return out, functools.partial(_gat_vjp, E, H, W, a_src, a_dst, b, X, af_src, af_dst, fd, heads, concat,
                                   on_device, att_vjp, out.shape)
 
@@ -487,29 +487,34 @@ def _gat_vjp(E, H, W, a_src, a_dst, b, X, af_src, af_dst, fd, heads, concat, on_
 
 
 class _BoundGAT:
-    """A bound :func:`gat_conv` call (:mod:`._bound`) on the fused path with the scores from the product's kernel:
-    the product and the attention pass, with the general vjp.  Built from a general call's operands, whose
-    signature and options the bound call's key proves."""
+    """A bound :func:`gat_conv` call (:mod:`._bound`) on the fused path: the product with the scores (from its
+    kernel, or from one read of X where that kernel does not take the product), the attention pass and the bias;
+    and its bound vjps.  Built from a general call's operands, whose signature and options the key proves."""
 
-    __slots__ = ("E", "scores", "a", "concat", "backward")
+    __slots__ = ("E", "scores", "product", "a", "concat", "backward")
 
     @classmethod
-    def bind(cls, E, H, W, af_src, af_dst, b, a, concat, out):
+    def bind(cls, E, H, W, af_src, af_dst, b, a, concat, scored):
         """The bound call, or None where a call would do more than its launches (a copy of W or of the attention
         vectors, the heads' mean, a bias of another layout)."""
-        scores = layer_ops.dense_mm_bound(H, W, None, af_src, af_dst, a["heads"])
-        if (scores is None or not (af_src.flags.c_contiguous and af_dst.flags.c_contiguous)
+        scores = layer_ops.dense_mm_bound(H, W, None, af_src, af_dst, a["heads"]) if scored else None
+        if (scored and scores is None or not (af_src.flags.c_contiguous and af_dst.flags.c_contiguous)
                 or not (concat or a["heads"] == 1) or b is not None and not b.flags.c_contiguous):
             return None
         self = cls.__new__(cls)
         self.E, self.scores, self.concat = E, scores, concat
+        self.product = None if scored else mm_bound(H, W)
         self.a = dict(a, V=None, s_src=None, s_dst=None, seed=None)  # (the call's own arrays: none kept)
         self.backward = bound.Calls()
         return self
 
     def __call__(self, H, W, a_src, a_dst, b, rng):
         a = dict(self.a)
-        X, s_src, s_dst = self.scores(H, W, a_src, a_dst)
+        if self.product is None:
+            X, s_src, s_dst = self.scores(H, W, a_src, a_dst)
+        else:  # (X is a new C-contiguous array: head_dots reads it as it is)
+            X = self.product(H, W)
+            s_src, s_dst = layer_ops.head_dots(X, a_src, a_dst, a["heads"])
         seed = None if not a["dropout"] else (rng.random(1) * 2.0**32).astype(np.uint32)
         a.update(V=X, s_src=s_src, s_dst=s_dst, seed=seed)
         att, lse = engine.fused(self.E.matrix, **_kernel_args(a))

@@ -16,8 +16,9 @@ import numpy as np
 
 from .._tiled import TiledMatrix
 from .._tuning import overrides_key
+from ._edges import TiledEdges
 
-__all__ = ["signature", "find", "seen", "Calls", "KEEP", "BIND_AFTER"]
+__all__ = ["matrix", "signature", "find", "seen", "Calls", "KEEP", "BIND_AFTER"]
 
 #: Bound calls kept per graph (signatures), oldest dropped: a model has a few layers, each a signature or two.
 KEEP = 32
@@ -28,15 +29,25 @@ BIND_AFTER = 2
 _F32 = np.dtype(np.float32)
 
 
+def matrix(A):
+    """The :class:`~tcgnn_py.TiledMatrix` a layer runs on: A, or the matrix of A's edge view; None for others."""
+    t = type(A)
+    return A if t is TiledMatrix else A.matrix if t is TiledEdges else None
+
+
 def signature(A, arrays, options):
-    """The key of a layer call on ``A`` with these operands (None entries stay None) and hashable ``options``, or
-    None where no bound call may serve it: A not a :class:`~tcgnn_py.TiledMatrix`, an operand not a float32 CuPy
-    array, or a capture in progress."""
+    """The key of a layer call on ``A`` (a :class:`~tcgnn_py.TiledMatrix` or its edge view, whose precision
+    counts) with these operands (None entries stay None) and hashable ``options``, or None where no bound call
+    may serve it: another A, an operand not a float32 CuPy array, or a capture in progress."""
     cp = sys.modules.get("cupy")
-    if type(A) is not TiledMatrix or cp is None:
+    T = matrix(A)
+    if T is None or cp is None:
+        return None
+    precision = A is not T and A.precision  # (an edge view's products run at its own)
+    if precision is not False and precision is not None and type(precision) is not str:
         return None
     nd = cp.ndarray
-    key = [options, id(A.values)]  # (a bound call keeps its values alive: the id stays theirs)
+    key = [options, id(T.values), precision]  # (a bound call keeps its values alive: the id is theirs)
     for x in arrays:
         if x is None:
             key.append(None)
@@ -53,13 +64,13 @@ def signature(A, arrays, options):
 
 def find(A, key):
     """The bound call of ``key`` on A's graph, or None."""
-    calls = A.tiling.peek("layer calls")
+    calls = matrix(A).tiling.peek("layer calls")
     return None if calls is None else calls.bound.get(key)
 
 
 def seen(A, key, binder):
     """Count a general call of ``key`` on A's graph (:meth:`Calls.seen`)."""
-    A.tiling.cached("layer calls", Calls).seen(key, binder)
+    matrix(A).tiling.cached("layer calls", Calls).seen(key, binder)
 
 
 class Calls:

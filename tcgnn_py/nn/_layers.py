@@ -196,7 +196,7 @@ def gcn_conv(A, H, W, b=None, *, precision=None):
         mid = E.spmm(H)
         out = mm(mid, W, b)
     if key is not None:
-        bound.seen(A, key, lambda: _BoundGCN(A, precision, narrow_first, H, W, b, mid, out))
+        bound.seen(A, key, lambda: _BoundGCN(E.matrix, E.precision, narrow_first, H, W, b, mid, out))
     return out, functools.partial(_gcn_vjp, E, H, W, b, mid, narrow_first, out.shape)
 
 
