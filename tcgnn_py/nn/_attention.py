@@ -220,14 +220,17 @@ def graph_attention(A, V, *, heads=1, score="additive", s_src=None, s_dst=None, 
     [[0.25, 0.75], [0.25, 0.75]]
     """
     E = edges_of(A, precision)
-    return _attend(E, _inputs(E, V, heads, score, s_src, s_dst, Q, K, beta, negative_slope, dropout, seed, fused))
+    out, vjp, _ = _attend(E, _inputs(E, V, heads, score, s_src, s_dst, Q, K, beta, negative_slope, dropout, seed,
+                                     fused))
+    return out, vjp
 
 
 def _attend(E, a):
-    """:func:`graph_attention` of checked arguments ``a`` (:func:`_inputs`'s dict): the layers, whose own
-    checks and arithmetic already give V, the scores and the seed their types and shapes, come in here."""
+    """``(out, vjp, path)``: :func:`graph_attention` of checked arguments ``a`` (:func:`_inputs`'s dict) and the
+    path it took (None without features).  The layers, whose own checks and arithmetic already give V, the
+    scores and the seed their types and shapes, come in here."""
     if a["V"].shape[1] == 0:  # no features: nothing to attend to, and no gradient flows
-        return _no_features(E, a)
+        return (*_no_features(E, a), None)
     path = _path(E, a)
     if path == "fused":
         out, lse = engine.fused(E.matrix, **_kernel_args(a))
@@ -235,7 +238,7 @@ def _attend(E, a):
         out, lse = _unfused(E, a)
     else:
         out, lse = _reference_pass(E, a)
-    return out, functools.partial(_attend_vjp, E, a, path, out, lse)
+    return out, functools.partial(_attend_vjp, E, a, path, out, lse), path
 
 
 def _attend_vjp(E, a, path, out, lse, g):
@@ -443,11 +446,11 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
     _check_weights(E)
     a = dict(heads=heads, score="additive", V=X, fd=np.dtype(fd), s_src=s_src, s_dst=s_dst, Q=None, K=None,
              beta=None, slope=slope, dropout=drop, seed=seed, fused=fused)
-    att, att_vjp = _attend(E, a)
+    att, att_vjp, path = _attend(E, a)
     out = att if concat or heads == 1 else att.reshape(n, heads, D).mean(axis=1)
     if b is not None:
         out = out + b.astype(out.dtype, copy=False)
-    if key is not None and on_device and att_vjp.args[2] == "fused":  # (the path _attend took)
+    if key is not None and on_device and path == "fused":
         bound.seen(A, key, lambda: _BoundGAT.bind(E, H, W, af_src, af_dst, b, a, concat, scored))
     return out, functools.partial(_gat_vjp, E, H, W, a_src, a_dst, b, X, af_src, af_dst, fd, heads, concat,
                                   on_device, att_vjp, out.shape)
@@ -669,8 +672,8 @@ def agnn_conv(A, H, beta, *, precision=None, fused=None):
     _check_weights(E)
     a = dict(heads=1, score="cosine", V=H, fd=np.dtype(fd), s_src=None, s_dst=None, Q=Hn, K=Hn, beta=beta, slope=0.2,
              dropout=0.0, seed=None, fused=fused)
-    out, att_vjp = _attend(E, a)
-    if key is not None and on_device and att_vjp.args[2] == "fused" and given[0] is H and given[1].shape == (1,):
+    out, att_vjp, path = _attend(E, a)
+    if key is not None and on_device and path == "fused" and given[0] is H and given[1].shape == (1,):
         bound.seen(A, key, lambda: _BoundAGNN(E, a))
     return out, functools.partial(_agnn_vjp, E, H, Hn, norm, None if on_device else inv, fd, att_vjp)
 
