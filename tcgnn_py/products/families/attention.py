@@ -20,6 +20,7 @@ from .._launch import Scratch
 from .._plans import sm_count
 
 __all__ = ["csr_structure", "transpose_structure", "work_units", "csr_weights", "fused", "fused_backward", "reach",
+           "fused_bound", "fused_backward_bound",
            "WEIGHTS_KEEP", "BOUND_KEEP", "FILL_WARPS"]
 
 
@@ -280,6 +281,82 @@ def fused(T, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed):
            lambda: _fwd_template(T, fwd_name, w, heads, HD // heads, slope, dropout, additive, stream),
            stream)(V, *scores, out, lse, *seed)
     return out, lse
+
+
+def fused_bound(T, V, heads, score, slope, dropout):
+    """:func:`fused` for operands of this signature, already as the kernel reads them (C-contiguous; the scores
+    float32, Q and K of V's dtype, the seed uint32), as ``f(V, s_src, s_dst[, seed])`` or ``f(V, Q, K, beta)``
+    -> ``(out, lse)``, its pass bound now: a bound layer call's, whose key proves the signature.  None for a
+    graph without rows."""
+    cp = get_cupy()
+    n, HD = T.shape[0], V.shape[1]
+    if not n:
+        return None
+    additive = score == "additive"
+    name, _ = _names(V.dtype, ka.ADDITIVE if additive else ka.COSINE, HD // heads)
+    stream = cp.cuda.get_current_stream()
+    w = csr_weights(T, np.float32)
+    bound = _bound(T, w, ("fwd", name, heads, slope, dropout),
+                   lambda: _fwd_template(T, name, w, heads, HD // heads, slope, dropout, additive, stream), stream)
+    nd, dtype, f32 = cp.ndarray, V.dtype, np.float32
+    shape, lse_shape = (n, HD), (n, heads)
+    if not additive:
+        def cosine(V, Q, K, beta):
+            out, lse = nd(shape, dtype), nd(lse_shape, f32)
+            bound(V, Q, K, beta, out, lse)
+            return out, lse
+
+        return cosine
+
+    def scored(V, s_src, s_dst, seed=None):
+        out, lse = nd(shape, dtype), nd(lse_shape, f32)
+        bound(V, s_src, s_dst, out, lse) if seed is None else bound(V, s_src, s_dst, out, lse, seed)
+        return out, lse
+
+    return scored
+
+
+def fused_backward_bound(T, V, heads, score, slope, dropout):
+    """:func:`fused_backward` for operands of this signature, already as the kernels read them (as
+    :func:`fused_bound`; g C-contiguous of V's dtype, float32 V), as ``f(V, G, out, s_src, s_dst, lse[, seed])
+    -> (dV, ds_src, ds_dst)`` or ``f(V, G, out, Q, K, beta, lse) -> (dV, dQ, dK, dbeta shares)``, its passes
+    bound now (a bound layer call's).  None for a graph without rows or columns."""
+    cp = get_cupy()
+    n, k = T.shape
+    HD = V.shape[1]
+    D = HD // heads
+    if not (n and k) or V.dtype != np.float32:
+        return None
+    f32 = np.float32
+    stream = cp.cuda.get_current_stream()
+    w = csr_weights(T, f32)
+    additive = score == "additive"
+    rows_name, cols_name = _names(V.dtype, ka.ADDITIVE if additive else ka.COSINE, D)[1]
+    rows = _bound(T, w, ("bwd rows", rows_name, heads, slope, dropout),
+                  lambda: _rows_template(T, rows_name, w, heads, D, slope, dropout, additive, stream), stream)
+    cols = _bound(T, w, ("bwd cols", cols_name, heads),
+                  lambda: _cols_template(T, cols_name, w, heads, D, additive, stream), stream)
+    nd = cp.ndarray
+    fac_shape = (w.shape[0] * heads, 2)
+    if additive:
+        def scored(V, G, out, s_src, s_dst, lse, *seed):
+            dV, fac = nd((k, HD), f32), nd(fac_shape, f32)
+            ds_dst, ds_src = nd((n, heads), f32), nd((k, heads), f32)
+            rows(V, G, out, s_src, s_dst, lse, ds_dst, fac, *seed)
+            cols(fac, G, dV, ds_src)
+            return dV, ds_src, ds_dst
+
+        return scored
+    shares = work_units(T, "rows", heads)[0].shape[:1]
+
+    def cosine(V, G, out, Q, K, beta, lse):
+        dV, fac = nd((k, HD), f32), nd(fac_shape, f32)
+        dQ, dK, dbeta = nd((n, D), f32), nd((k, D), f32), nd(shares, f32)
+        rows(V, G, out, Q, K, beta, lse, dQ, dbeta, fac)
+        cols(fac, G, Q, dV, dK)
+        return dV, dQ, dK, dbeta
+
+    return cosine
 
 
 def _fwd_template(T, name, w, heads, D, slope, dropout, additive, stream):

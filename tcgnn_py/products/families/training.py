@@ -23,7 +23,8 @@ __all__ = ["TAIL_TYPES", "ACTIVATIONS", "ADAM_MULTI", "takes", "acc_dtype", "tai
            "dense_atb_takes", "dense_atb", "add_bias", "dense_mm_bound", "dense_atb_bound", "add_bias_bound",
            "DENSE_ATB_MAX", "DENSE_ATB_MAX_ROWS",
            "head_dots", "head_dots_grad", "head_blocks", "row_normalize", "row_normalize_grad",
-           "total", "adam_tick",
+           "total", "adam_tick", "bias_add_bound", "head_dots_bound", "head_dots_grad_bound", "head_blocks_bound",
+           "total_bound", "row_normalize_bound", "row_normalize_grad_bound",
            "adam_table", "adam_multi"]
 
 TAIL_TYPES = kn.TAIL_TYPES
@@ -69,6 +70,12 @@ def _run(name, n, args, grid=None, block=THREADS):
            get_cupy().cuda.get_current_stream().ptr)
 
 
+def _bind(name, grid, block, args, variable):
+    """The :class:`~tcgnn_py.kernels.driver.BoundLaunch` of :func:`_run`'s launch of ``name`` on the current stream:
+    ``args`` fixed (None at the ``variable`` positions, the arrays a call writes, in order)."""
+    return BoundLaunch(_function(name), grid, block, args, variable, get_cupy().cuda.get_current_stream().ptr)
+
+
 def tail(x, b, act, p, seed):
     """``dropout(act(x + b))`` in one pass, a new array of x's dtype: ``b`` one value per column of x or None,
     ``act`` a key of :data:`ACTIVATIONS`, ``seed`` (a float64 device draw) None for no dropout.  Arrays
@@ -79,6 +86,25 @@ def tail(x, b, act, p, seed):
              (x, b, out, x.size, x.shape[-1] if x.ndim else 1, ACTIVATIONS[act], np.float32(p), 1 / (1 - p),
               seed))
     return out
+
+
+def bias_add_bound(x, b):
+    """``f(x, b) -> x + b`` (a new array; :func:`tail` without activation and dropout) for operands of the
+    signature of these, its launch bound now (a bound layer call's)."""
+    nd = get_cupy().ndarray
+    shape, dtype, size = x.shape, x.dtype, x.size
+    if not size:
+        return None
+    bound = _bind(_name(kn.tail_name, dtype), _grid(size), THREADS,
+                  (None, None, None, size, shape[-1] if len(shape) else 1, ACTIVATIONS[None], np.float32(0.0), 1.0,
+                   None), (0, 1, 2))
+
+    def f(x, b):
+        out = nd(shape, dtype)
+        bound(x, b, out)
+        return out
+
+    return f
 
 
 def tail_grad(g, x, b, act, p, seed):
@@ -439,6 +465,25 @@ def head_dots(x, a_src, a_dst, heads):
     return s_src, s_dst
 
 
+def head_dots_bound(x, heads):
+    """``f(x, a_src, a_dst) -> (s_src, s_dst)``: :func:`head_dots` for operands of the signature of these, its
+    launch bound now (a bound layer call's); None for an empty x."""
+    n = x.shape[0]
+    if not (n and heads):
+        return None
+    nd = get_cupy().ndarray
+    acc, shape = acc_dtype(x.dtype), (n, heads)
+    bound = _bind(_name(kn.head_dots_name, x.dtype), _grid(n * heads), THREADS,
+                  (None, None, None, None, None, n, heads, x.shape[1] // heads), range(5))
+
+    def f(x, a_src, a_dst):
+        s_src, s_dst = nd(shape, acc), nd(shape, acc)
+        bound(x, a_src, a_dst, s_src, s_dst)
+        return s_src, s_dst
+
+    return f
+
+
 def head_dots_grad(g, ds_src, ds_dst, a_src, a_dst, heads):
     """``g + ds_src a_src + ds_dst a_dst`` head by head (the vjp of :func:`head_dots` added to ``g``), in the
     compute type and stored in g's dtype; ``g`` ``(n, heads * D)`` and ``ds_*`` ``(n, heads)`` C-contiguous."""
@@ -447,6 +492,43 @@ def head_dots_grad(g, ds_src, ds_dst, a_src, a_dst, heads):
         _run(_name(kn.head_dots_grad_name, g.dtype), g.size, (g, ds_src, ds_dst, a_src, a_dst, dx, g.shape[0],
                                                               heads, g.shape[1] // heads))
     return dx
+
+
+def head_dots_grad_bound(g, heads):
+    """``f(g, ds_src, ds_dst, a_src, a_dst) -> dx``: :func:`head_dots_grad` for operands of the signature of these,
+    its launch bound now (a bound layer call's); None for an empty g."""
+    if not g.size:
+        return None
+    nd = get_cupy().ndarray
+    shape, dtype = g.shape, g.dtype
+    bound = _bind(_name(kn.head_dots_grad_name, dtype), _grid(g.size), THREADS,
+                  (None,) * 6 + (shape[0], heads, shape[1] // heads), range(6))
+
+    def f(g, ds_src, ds_dst, a_src, a_dst):
+        dx = nd(shape, dtype)
+        bound(g, ds_src, ds_dst, a_src, a_dst, dx)
+        return dx
+
+    return f
+
+
+def head_blocks_bound(r_src, heads):
+    """``f(r_src, r_dst) -> (a_src, a_dst)``: :func:`head_blocks` for operands of the signature of these, its
+    launch bound now (a bound layer call's); None where there is nothing to gather."""
+    D = r_src.shape[1] // heads
+    if not heads * D:
+        return None
+    nd = get_cupy().ndarray
+    shape, dtype = (heads, D), r_src.dtype
+    bound = _bind(_name(kn.head_blocks_name, dtype), _grid(2 * heads * D), THREADS,
+                  (None, None, None, None, heads, D), range(4))
+
+    def f(r_src, r_dst):
+        a_src, a_dst = nd(shape, dtype), nd(shape, dtype)
+        bound(r_src, r_dst, a_src, a_dst)
+        return a_src, a_dst
+
+    return f
 
 
 def head_blocks(r_src, r_dst, heads):
@@ -468,6 +550,20 @@ def total(x, shape=()):
     return out
 
 
+def total_bound(x, shape=()):
+    """``f(x)``: :func:`total` for x of the signature of this one, its launch bound now (a bound layer call's)."""
+    nd = get_cupy().ndarray
+    dtype = x.dtype
+    bound = _bind(_name(kn.sum_name, dtype), 1, kn.SUM_THREADS, (None, x.size, None), (0, 2))
+
+    def f(x):
+        out = nd(shape, dtype)
+        bound(x, out)
+        return out
+
+    return f
+
+
 def _warp_grid(rows):
     return min(max(1, -(-rows * 32 // THREADS)), MAX_BLOCKS)
 
@@ -481,6 +577,44 @@ def row_normalize(x, eps):
     if n:
         _run(_name(kn.row_normalize_name, x.dtype), 0, (x, xn, norm, n, d, float(eps)), grid=_warp_grid(n))
     return xn, norm
+
+
+def row_normalize_bound(x, eps):
+    """``f(x) -> (xn, norm)``: :func:`row_normalize` for x of the signature of this one, its launch bound now (a
+    bound layer call's); None for an empty x."""
+    n, d = x.shape
+    if not n:
+        return None
+    nd = get_cupy().ndarray
+    shape, dtype, acc = x.shape, x.dtype, acc_dtype(x.dtype)
+    bound = _bind(_name(kn.row_normalize_name, dtype), _warp_grid(n), THREADS, (None, None, None, n, d, float(eps)),
+                  range(3))
+
+    def f(x):
+        xn, norm = nd(shape, dtype), nd((n,), acc)
+        bound(x, xn, norm)
+        return xn, norm
+
+    return f
+
+
+def row_normalize_grad_bound(xn, eps):
+    """``f(dv, dq, dk, xn, norm) -> dh``: :func:`row_normalize_grad` for operands of the signature of these, its
+    launch bound now (a bound layer call's); None for an empty xn."""
+    n, d = xn.shape
+    if not n:
+        return None
+    nd = get_cupy().ndarray
+    acc = acc_dtype(xn.dtype)
+    bound = _bind(_name(kn.row_normalize_grad_name, xn.dtype), _warp_grid(n), THREADS,
+                  (None,) * 6 + (n, d, float(eps)), range(6))
+
+    def f(dv, dq, dk, xn, norm):
+        dh = nd((n, d), acc)
+        bound(dv, dq, dk, xn, norm, dh)
+        return dh
+
+    return f
 
 
 def row_normalize_grad(dv, dq, dk, xn, norm, eps):
