@@ -451,7 +451,7 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
     if b is not None:
         out = out + b.astype(out.dtype, copy=False)
     if key is not None and on_device and path == "fused":
-        bound.seen(A, key, lambda: _BoundGAT.bind(E, H, W, af_src, af_dst, b, a, concat, scored))
+        bound.seen(A, key, lambda: _BoundGAT.bind(E, H, W, af_src, af_dst, b, a, concat, scored, att))
     return out, functools.partial(_gat_vjp, E, H, W, a_src, a_dst, b, X, af_src, af_dst, fd, heads, concat,
                                   on_device, att_vjp, out.shape)
 
@@ -491,75 +491,93 @@ def _gat_vjp(E, H, W, a_src, a_dst, b, X, af_src, af_dst, fd, heads, concat, on_
 
 class _BoundGAT:
     """A bound :func:`gat_conv` call (:mod:`._bound`) on the fused path: the product with the scores (from its
-    kernel, or from one read of X where that kernel does not take the product), the attention pass and the bias;
-    and its bound vjps.  Built from a general call's operands, whose signature and options the key proves."""
+    kernel, or from one read of X where that kernel does not take the product), the attention pass and the bias,
+    each a bound launch; and its bound vjps.  Built from a general call's operands and results, whose signature
+    and options the key proves."""
 
-    __slots__ = ("E", "scores", "product", "a", "concat", "backward")
+    __slots__ = ("E", "scores", "product", "dots", "attend", "bias", "a", "concat", "backward")
 
     @classmethod
-    def bind(cls, E, H, W, af_src, af_dst, b, a, concat, scored):
+    def bind(cls, E, H, W, af_src, af_dst, b, a, concat, scored, att):
         """The bound call, or None where a call would do more than its launches (a copy of W or of the attention
         vectors, the heads' mean, a bias of another layout)."""
-        scores = layer_ops.dense_mm_bound(H, W, None, af_src, af_dst, a["heads"]) if scored else None
+        heads, X = a["heads"], a["V"]
+        scores = layer_ops.dense_mm_bound(H, W, None, af_src, af_dst, heads) if scored else None
         if (scored and scores is None or not (af_src.flags.c_contiguous and af_dst.flags.c_contiguous)
-                or not (concat or a["heads"] == 1) or b is not None and not b.flags.c_contiguous):
+                or not (concat or heads == 1) or b is not None and not b.flags.c_contiguous):
             return None
         self = cls.__new__(cls)
         self.E, self.scores, self.concat = E, scores, concat
         self.product = None if scored else mm_bound(H, W)
+        self.dots = None if scored else layer_ops.head_dots_bound(X, heads)
+        self.attend = engine.fused_bound(E.matrix, X, heads, "additive", a["slope"], a["dropout"])
+        self.bias = None if b is None else layer_ops.bias_add_bound(att, b)
+        if self.attend is None or not scored and self.dots is None or b is not None and self.bias is None:
+            return None
         self.a = dict(a, V=None, s_src=None, s_dst=None, seed=None)  # (the call's own arrays: none kept)
         self.backward = bound.Calls()
         return self
 
     def __call__(self, H, W, a_src, a_dst, b, rng):
-        a = dict(self.a)
         if self.product is None:
             X, s_src, s_dst = self.scores(H, W, a_src, a_dst)
-        else:  # (X is a new C-contiguous array: head_dots reads it as it is)
+        else:
             X = self.product(H, W)
-            s_src, s_dst = layer_ops.head_dots(X, a_src, a_dst, a["heads"])
-        seed = None if not a["dropout"] else (rng.random(1) * 2.0**32).astype(np.uint32)
-        a.update(V=X, s_src=s_src, s_dst=s_dst, seed=seed)
-        att, lse = engine.fused(self.E.matrix, **_kernel_args(a))
-        out = att if b is None else layer_ops.tail(att, b, None, 0.0, None)  # (one float32 add: att + b's bits)
-        return out, functools.partial(self.vjp, H, W, a_src, a_dst, b, a, att, lse)
+            s_src, s_dst = self.dots(X, a_src, a_dst)
+        if self.a["dropout"]:
+            seed = (rng.random(1) * 2.0**32).astype(np.uint32)  # drawn on rng's device, as the general call
+            att, lse = self.attend(X, s_src, s_dst, seed)
+        else:
+            seed = None
+            att, lse = self.attend(X, s_src, s_dst)
+        out = att if b is None else self.bias(att, b)  # (one float32 add: the bits of the general att + b)
+        return out, functools.partial(self.vjp, H, W, a_src, a_dst, b, X, s_src, s_dst, seed, att, lse)
 
-    def vjp(self, H, W, a_src, a_dst, b, a, att, lse, g, input_grad=True):
+    def vjp(self, H, W, a_src, a_dst, b, X, s_src, s_dst, seed, att, lse, g, input_grad=True):
         input_grad = bool(input_grad)
         key = bound.signature(self.E.matrix, (g,), input_grad)
         if key is not None:
             call = self.backward.bound.get(key)
             if call is not None:
-                return call(H, W, a_src, a_dst, b, a, att, lse, g)
+                return call(H, W, a_src, a_dst, b, X, s_src, s_dst, seed, att, lse, g)
+        a = dict(self.a, V=X, s_src=s_src, s_dst=s_dst, seed=seed)
         att_vjp = functools.partial(_attend_vjp, self.E, a, "fused", att, lse)
-        grads = _gat_vjp(self.E, H, W, a_src, a_dst, b, a["V"], a_src, a_dst, a["fd"], a["heads"], self.concat, True,
+        grads = _gat_vjp(self.E, H, W, a_src, a_dst, b, X, a_src, a_dst, a["fd"], a["heads"], self.concat, True,
                          att_vjp, att.shape, g, input_grad)
         if key is not None:
-            self.backward.seen(key, lambda: self._bind_vjp(H, W, a, g, input_grad))
+            self.backward.seen(key, lambda: self._bind_vjp(H, W, X, g, input_grad))
         return grads
 
-    def _bind_vjp(self, H, W, a, g, input_grad):
-        """The bound vjp of g's signature: :func:`_gat_vjp`'s launches on the fused path, its products bound on
-        operands of their signatures (fresh arrays stand in for the intermediate results); None where the general
-        vjp would copy g."""
+    def _bind_vjp(self, H, W, X, g, input_grad):
+        """The bound vjp of g's signature: :func:`_gat_vjp`'s launches on the fused path, each bound on operands
+        of its signature (fresh arrays stand in for the intermediate results); None where the general vjp would
+        copy g."""
         if not g.flags.c_contiguous:
             return None
-        xp, T, heads = self.E.xp, self.E.matrix, a["heads"]
-        n, HD = a["V"].shape
+        xp, T, a = self.E.xp, self.E.matrix, self.a
+        heads = a["heads"]
+        n, HD = X.shape
         f32 = np.float32
         dX, ds = xp.empty((n, HD), f32), xp.empty((n, heads), f32)
+        back = engine.fused_backward_bound(T, X, heads, "additive", a["slope"], a["dropout"])
+        grad_dots = layer_ops.head_dots_grad_bound(dX, heads)
+        blocks = None if heads == 1 else layer_ops.head_blocks_bound(xp.empty((heads, HD), f32), heads)
+        if back is None or grad_dots is None or heads > 1 and blocks is None:
+            return None
         sums = sums_bound(g)
-        R = atb_bound(ds, a["V"])
+        R = atb_bound(ds, X)
         dH = mm_t_bound(dX, W) if input_grad else None
         dW = atb_bound(H, dX)
 
-        def call(H, W, a_src, a_dst, b, a, att, lse, g):
+        def call(H, W, a_src, a_dst, b, X, s_src, s_dst, seed, att, lse, g):
             db = None if b is None else sums(g)
-            X = a["V"]
-            dX, ds_src, ds_dst = engine.fused_backward(T, X, g, att, lse, **_kernel_args(a, with_v=False))
-            dX = layer_ops.head_dots_grad(dX, ds_src, ds_dst, a_src, a_dst, heads)
+            if seed is None:
+                dX, ds_src, ds_dst = back(X, g, att, s_src, s_dst, lse)
+            else:
+                dX, ds_src, ds_dst = back(X, g, att, s_src, s_dst, lse, seed)
+            dX = grad_dots(dX, ds_src, ds_dst, a_src, a_dst)
             R_src, R_dst = R(ds_src, X), R(ds_dst, X)
-            da_src, da_dst = (R_src, R_dst) if heads == 1 else layer_ops.head_blocks(R_src, R_dst, heads)
+            da_src, da_dst = (R_src, R_dst) if blocks is None else blocks(R_src, R_dst)
             return None if dH is None else dH(dX, W), dW(H, dX), da_src, da_dst, db
 
         return call
@@ -674,7 +692,7 @@ def agnn_conv(A, H, beta, *, precision=None, fused=None):
              dropout=0.0, seed=None, fused=fused)
     out, att_vjp, path = _attend(E, a)
     if key is not None and on_device and path == "fused" and given[0] is H and given[1].shape == (1,):
-        bound.seen(A, key, lambda: _BoundAGNN(E, a))
+        bound.seen(A, key, lambda: _BoundAGNN.bind(E, a))
     return out, functools.partial(_agnn_vjp, E, H, Hn, norm, None if on_device else inv, fd, att_vjp)
 
 
@@ -697,17 +715,55 @@ def _agnn_vjp(E, H, Hn, norm, inv, fd, att_vjp, g):
 
 class _BoundAGNN:
     """A bound :func:`agnn_conv` call (:mod:`._bound`) on the fused path: the rows' normalisation and the attention
-    pass, with the general vjp.  Built where the general call converted nothing (H C-contiguous, beta of shape
-    (1,)), as the bound call's key proves."""
+    pass, bound launches, and its bound vjps.  Built where the general call converted nothing (H C-contiguous,
+    beta of shape (1,)), as the bound call's key proves."""
 
-    __slots__ = ("E", "a")
+    __slots__ = ("E", "a", "normalize", "attend", "backward")
 
-    def __init__(self, E, a):
+    @classmethod
+    def bind(cls, E, a):
+        """The bound call, or None for a graph without rows."""
+        self = cls.__new__(cls)
+        H = a["V"]
         self.E, self.a = E, dict(a, V=None, Q=None, K=None, beta=None)  # (the call's own arrays: none kept)
+        self.normalize = layer_ops.row_normalize_bound(H, _NORM_EPS)
+        self.attend = engine.fused_bound(E.matrix, H, 1, "cosine", a["slope"], a["dropout"])
+        self.backward = bound.Calls()
+        return None if self.normalize is None or self.attend is None else self
 
     def __call__(self, H, beta):
-        Hn, norm = layer_ops.row_normalize(H, _NORM_EPS)
+        Hn, norm = self.normalize(H)
+        out, lse = self.attend(H, Hn, Hn, beta)
+        return out, functools.partial(self.vjp, H, beta, Hn, norm, out, lse)
+
+    def vjp(self, H, beta, Hn, norm, out, lse, g):
+        key = bound.signature(self.E.matrix, (g,), None)
+        if key is not None:
+            call = self.backward.bound.get(key)
+            if call is not None:
+                return call(H, beta, Hn, norm, out, lse, g)
         a = dict(self.a, V=H, Q=Hn, K=Hn, beta=beta)
-        out, lse = engine.fused(self.E.matrix, **_kernel_args(a))
         att_vjp = functools.partial(_attend_vjp, self.E, a, "fused", out, lse)
-        return out, functools.partial(_agnn_vjp, self.E, H, Hn, norm, None, a["fd"], att_vjp)
+        grads = _agnn_vjp(self.E, H, Hn, norm, None, a["fd"], att_vjp, g)
+        if key is not None:
+            self.backward.seen(key, lambda: self._bind_vjp(H, Hn, g))
+        return grads
+
+    def _bind_vjp(self, H, Hn, g):
+        """The bound vjp of g's signature: the fused backward, the sum of the temperature's shares and the
+        normalisation's vjp, each bound; None where the general vjp would copy g."""
+        if not g.flags.c_contiguous:
+            return None
+        T, a, f32 = self.E.matrix, self.a, np.float32
+        back = engine.fused_backward_bound(T, H, 1, "cosine", a["slope"], a["dropout"])
+        grad = layer_ops.row_normalize_grad_bound(Hn, _NORM_EPS)
+        if back is None or grad is None:
+            return None
+        total = layer_ops.total_bound(self.E.xp.empty(engine.work_units(T, "rows", 1)[0].shape[:1], f32), (1,))
+
+        def call(H, beta, Hn, norm, out, lse, g):
+            dV, dQ, dK, shares = back(H, g, out, Hn, Hn, beta, lse)
+            dbeta = total(shares)
+            return grad(dV, dQ, dK, Hn, norm), dbeta
+
+        return call
