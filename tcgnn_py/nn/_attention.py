@@ -71,6 +71,11 @@ def _seed(E, seed):
 _CHECKED_KEEP = 4
 
 
+def _draw_seed(rng):
+    """An attention dropout seed: one uint32 drawn on rng's device (no host read, so a capture can hold it)."""
+    return (rng.random(1) * 2.0**32).astype(np.uint32)
+
+
 def _check_weights(E):
     """Refuse negative entries of the graph (the softmax's weights ``a_ij``): ``a exp(z)`` must be a
     non-negative measure, or the fused pass (log weights) and the unfused one (weights times exponentials)
@@ -442,7 +447,7 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
     if drop:
         if rng is None:
             raise ValueError("attention dropout in training needs rng (tcgnn_py.nn.default_rng(seed, like=A))")
-        seed = (rng.random(1) * 2.0**32).astype(np.uint32)  # drawn on rng's device: no host read
+        seed = _draw_seed(rng)
     _check_weights(E)
     a = dict(heads=heads, score="additive", V=X, fd=np.dtype(fd), s_src=s_src, s_dst=s_dst, Q=None, K=None,
              beta=None, slope=slope, dropout=drop, seed=seed, fused=fused)
@@ -525,7 +530,7 @@ class _BoundGAT:
             X = self.product(H, W)
             s_src, s_dst = self.dots(X, a_src, a_dst)
         if self.a["dropout"]:
-            seed = (rng.random(1) * 2.0**32).astype(np.uint32)  # drawn on rng's device, as the general call
+            seed = _draw_seed(rng)
             att, lse = self.attend(X, s_src, s_dst, seed)
         else:
             seed = None

@@ -76,16 +76,36 @@ def _bind(name, grid, block, args, variable):
     return BoundLaunch(_function(name), grid, block, args, variable, get_cupy().cuda.get_current_stream().ptr)
 
 
+#: The small kernels' bound launches by signature (device and stream included), shared by the general functions.
+_small = {}
+
+
+def _kept(key, bind, *sample):
+    """``bind(*sample)`` -- a bound form of one signature ``key`` -- made once per device and stream and kept: the
+    general functions launch through their bound forms, so each kernel's arguments are written in one place."""
+    cp = get_cupy()
+    key += (cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr)
+    f = _small.get(key)
+    if f is None:
+        f = _keep(_small, key, bind(*sample))
+    return f
+
+
 def tail(x, b, act, p, seed):
     """``dropout(act(x + b))`` in one pass, a new array of x's dtype: ``b`` one value per column of x or None,
     ``act`` a key of :data:`ACTIVATIONS`, ``seed`` (a float64 device draw) None for no dropout.  Arrays
     C-contiguous, of one dtype in :data:`TAIL_TYPES`."""
     out = get_cupy().ndarray(x.shape, x.dtype)  # x C-contiguous: cupy.empty_like without its wrapper
     if x.size:
-        _run(_name(kn.tail_name, x.dtype), x.size,
-             (x, b, out, x.size, x.shape[-1] if x.ndim else 1, ACTIVATIONS[act], np.float32(p), 1 / (1 - p),
-              seed))
+        _run(_name(kn.tail_name, x.dtype), x.size, _tail_args(x, b, out, act, p, seed, x))
     return out
+
+
+def _tail_args(x, b, out, act, p, seed, like):
+    """The arguments of ``tcgnn_tail`` (the one place they are written): ``like`` gives the size and the row
+    width (x itself, or a sample of x's signature where x is None, a bound launch's operand)."""
+    return (x, b, out, like.size, like.shape[-1] if like.ndim else 1, ACTIVATIONS[act], np.float32(p), 1 / (1 - p),
+            seed)
 
 
 def bias_add_bound(x, b):
@@ -95,9 +115,8 @@ def bias_add_bound(x, b):
     shape, dtype, size = x.shape, x.dtype, x.size
     if not size:
         return None
-    bound = _bind(_name(kn.tail_name, dtype), _grid(size), THREADS,
-                  (None, None, None, size, shape[-1] if len(shape) else 1, ACTIVATIONS[None], np.float32(0.0), 1.0,
-                   None), (0, 1, 2))
+    bound = _bind(_name(kn.tail_name, dtype), _grid(size), THREADS, _tail_args(None, None, None, None, 0.0, None, x),
+                  (0, 1, 2))
 
     def f(x, b):
         out = nd(shape, dtype)
@@ -455,14 +474,11 @@ def head_dots(x, a_src, a_dst, heads):
     """``(s_src, s_dst)``, each ``(n, heads)`` in :func:`acc_dtype`: per row of ``x`` (``heads`` heads of D
     features, C-contiguous) and head its dot products with that head's row of ``a_src`` and of ``a_dst``
     (``(heads, D)``, C-contiguous, of the compute type), from one read of x."""
-    cp = get_cupy()
     n = x.shape[0]
-    acc = acc_dtype(x.dtype)
-    s_src, s_dst = cp.ndarray((n, heads), acc), cp.ndarray((n, heads), acc)
     if n and heads:
-        _run(_name(kn.head_dots_name, x.dtype), n * heads, (x, a_src, a_dst, s_src, s_dst, n, heads,
-                                                            x.shape[1] // heads))
-    return s_src, s_dst
+        return _kept(("head_dots", x.shape, x.dtype, heads), head_dots_bound, x, heads)(x, a_src, a_dst)
+    cp, acc = get_cupy(), acc_dtype(x.dtype)
+    return cp.ndarray((n, heads), acc), cp.ndarray((n, heads), acc)
 
 
 def head_dots_bound(x, heads):
@@ -487,11 +503,10 @@ def head_dots_bound(x, heads):
 def head_dots_grad(g, ds_src, ds_dst, a_src, a_dst, heads):
     """``g + ds_src a_src + ds_dst a_dst`` head by head (the vjp of :func:`head_dots` added to ``g``), in the
     compute type and stored in g's dtype; ``g`` ``(n, heads * D)`` and ``ds_*`` ``(n, heads)`` C-contiguous."""
-    dx = get_cupy().ndarray(g.shape, g.dtype)
     if g.size:
-        _run(_name(kn.head_dots_grad_name, g.dtype), g.size, (g, ds_src, ds_dst, a_src, a_dst, dx, g.shape[0],
-                                                              heads, g.shape[1] // heads))
-    return dx
+        return _kept(("head_dots_grad", g.shape, g.dtype, heads), head_dots_grad_bound, g, heads)(
+            g, ds_src, ds_dst, a_src, a_dst)
+    return get_cupy().ndarray(g.shape, g.dtype)
 
 
 def head_dots_grad_bound(g, heads):
@@ -534,20 +549,17 @@ def head_blocks_bound(r_src, heads):
 def head_blocks(r_src, r_dst, heads):
     """``(a_src, a_dst)``, each ``(heads, D)``: the diagonal blocks ``R[h, h * D : (h + 1) * D]`` of two
     C-contiguous ``(heads, heads * D)`` arrays of one dtype, in one launch."""
-    cp = get_cupy()
     D = r_src.shape[1] // heads
-    a_src, a_dst = cp.ndarray((heads, D), r_src.dtype), cp.ndarray((heads, D), r_src.dtype)
     if heads * D:
-        _run(_name(kn.head_blocks_name, r_src.dtype), 2 * heads * D, (r_src, r_dst, a_src, a_dst, heads, D))
-    return a_src, a_dst
+        return _kept(("head_blocks", r_src.shape, r_src.dtype, heads), head_blocks_bound, r_src, heads)(r_src, r_dst)
+    cp = get_cupy()
+    return cp.ndarray((heads, D), r_src.dtype), cp.ndarray((heads, D), r_src.dtype)
 
 
 def total(x, shape=()):
     """The sum of a C-contiguous ``x``'s elements in one fixed order (deterministic), as an array of ``shape``
     (one element) and x's dtype on the device, accumulated in :func:`acc_dtype`: one launch."""
-    out = get_cupy().ndarray(shape, x.dtype)
-    _run(_name(kn.sum_name, x.dtype), 0, (x, x.size, out), grid=1, block=kn.SUM_THREADS)
-    return out
+    return _kept(("total", x.size, x.dtype, shape), total_bound, x, shape)(x)
 
 
 def total_bound(x, shape=()):
@@ -571,12 +583,11 @@ def _warp_grid(rows):
 def row_normalize(x, eps):
     """``(x / max(|x_i|, eps), |x_i|)`` per row of a C-contiguous ``(n, d)`` x: the rows in x's dtype, the norms
     in :func:`acc_dtype`; a warp per row."""
-    cp = get_cupy()
-    n, d = x.shape
-    xn, norm = cp.ndarray(x.shape, x.dtype), cp.ndarray((n,), acc_dtype(x.dtype))
+    n = x.shape[0]
     if n:
-        _run(_name(kn.row_normalize_name, x.dtype), 0, (x, xn, norm, n, d, float(eps)), grid=_warp_grid(n))
-    return xn, norm
+        return _kept(("row_normalize", x.shape, x.dtype, float(eps)), row_normalize_bound, x, eps)(x)
+    cp = get_cupy()
+    return cp.ndarray(x.shape, x.dtype), cp.ndarray((n,), acc_dtype(x.dtype))
 
 
 def row_normalize_bound(x, eps):
@@ -621,13 +632,10 @@ def row_normalize_grad(dv, dq, dk, xn, norm, eps):
     """``dv + (dn - xn <xn, dn>) / max(norm, eps)`` per row with ``dn = dq + dk`` (the radial part only where
     ``norm > eps``): the vjp of :func:`row_normalize` added to ``dv``.  ``dv``, ``xn`` of x's dtype, ``dq``,
     ``dk``, ``norm`` and the result of the compute type; all C-contiguous."""
-    cp = get_cupy()
-    n, d = xn.shape
-    dh = cp.ndarray((n, d), acc_dtype(xn.dtype))
-    if n:
-        _run(_name(kn.row_normalize_grad_name, xn.dtype), 0, (dv, dq, dk, xn, norm, dh, n, d, float(eps)),
-             grid=_warp_grid(n))
-    return dh
+    if xn.shape[0]:
+        return _kept(("row_normalize_grad", xn.shape, xn.dtype, float(eps)), row_normalize_grad_bound, xn, eps)(
+            dv, dq, dk, xn, norm)
+    return get_cupy().ndarray(xn.shape, acc_dtype(xn.dtype))
 
 
 def adam_tick(t, coef, lr, b1, b2):
