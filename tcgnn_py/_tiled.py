@@ -661,13 +661,22 @@ def spmm(T, X, out=None, *, precision=None):
 def bound_spmm(T, X, precision=None):
     """``f(X) -> T @ X`` for a CuPy X of this X's signature (a new result, ``precision`` a name or None): the
     product's bound plan with T's values, without the lookup of :func:`spmm` (a bound layer call's, whose key
-    proves the signature); :func:`spmm` itself where the signature has not bound (yet: it then binds by itself)."""
-    plan = T._plans.get(signature(T._values, X, None, precision))
-    bound = None if plan is None else plan.bound
-    if bound is None:
-        return lambda X: spmm(T, X, precision=precision)
-    values, casts = T._values, T._casts
-    return lambda X: bound(values, casts, X, None)
+    proves the signature).  Until the signature's plan has bound (its launch is final only once the timed choice's
+    candidates have compiled, seconds after a layer's second call), ``f`` runs :func:`spmm` and looks again."""
+    key = signature(T._values, X, None, precision)
+    plans, values, casts = T._plans, T._values, T._casts
+    bound = None
+
+    def f(X):
+        nonlocal bound
+        if bound is None:
+            plan = plans.get(key)
+            bound = None if plan is None else plan.bound
+            if bound is None:
+                return spmm(T, X, precision=precision)
+        return bound(values, casts, X, None)
+
+    return f
 
 
 def sddmm(T, Xa, Xb=None, *, multiply_values=False, precision=None):

@@ -580,6 +580,31 @@ def test_bound_gcn_conv_serves_its_signature_only(cp, monkeypatch):
         nn.gcn_conv(A, H, W[:-1], b)
 
 
+def test_bound_spmm_runs_the_plan_once_it_binds(cp, monkeypatch):
+    """A bound layer call's product, bound before its plan has (the plan waits for the timed choice's compiles,
+    which outlast a layer's second call), runs the general product only until the plan binds, then its launch."""
+    from tcgnn_py import _tiled
+    from tcgnn_py.kernels.registry import wait_for_compiles
+
+    rng = np.random.default_rng()
+    n = 600
+    A = tg.TiledMatrix(int_graph(rng, n, n, degree=8).astype(np.float32))
+    X = cp.asarray(ints(rng, n, 24))
+    want = A.toarray().astype(np.float64) @ X.get()
+    f = _tiled.bound_spmm(A, X)  # no plan yet: the general product
+    general = []
+    real = _tiled.spmm
+    monkeypatch.setattr(_tiled, "spmm", lambda *a, **k: general.append(1) or real(*a, **k))
+    np.testing.assert_array_equal(f(X).get(), want)
+    assert general
+    wait_for_compiles()
+    f(X)  # (a general call binds the plan where the first could not)
+    general.clear()
+    for _ in range(3):
+        np.testing.assert_array_equal(f(X).get(), want)
+    assert not general
+
+
 @pytest.mark.parametrize("heads, D, bias, drop", [(1, 16, True, 0.0), (4, 8, False, 0.0), (2, 16, True, 0.3)])
 def test_bound_gat_and_agnn_conv_are_the_general_calls(cp, monkeypatch, heads, D, bias, drop):
     """gat_conv and agnn_conv bind from a signature's second call on the fused path, and their vjps from a bound
