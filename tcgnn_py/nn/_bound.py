@@ -51,14 +51,15 @@ def signature(A, arrays, options):
     for x in arrays:
         if x is None:
             key.append(None)
-        elif type(x) is not nd or x.dtype != _F32:
+        elif type(x) is not nd or x.dtype is not _F32 and x.dtype != _F32:
             return None
         else:
             key += (x.shape, x.strides, x.data.ptr & 15)
     stream = cp.cuda.get_current_stream()
-    if stream.is_capturing():
+    ptr = stream.ptr
+    if ptr and stream.is_capturing():  # (the legacy default stream, 0, is never captured)
         return None
-    key += (stream.ptr, cp.cuda.runtime.getDevice(), overrides_key())
+    key += (ptr, cp.cuda.runtime.getDevice(), overrides_key())
     return tuple(key)
 
 
