@@ -144,6 +144,8 @@ class BoundLaunch:
         self._buf, ptrs = _slots(len(args))
         self._buf[: len(args)] = [slot_value(a) for a in args]
         self._variable = tuple(v if isinstance(v, tuple) else (v,) for v in variable)
+        # each array at one position (the usual case): its slot written without an inner loop
+        self._single = tuple(v[0] for v in self._variable) if all(len(v) == 1 for v in self._variable) else None
         self._launch = _cuda()
         self._ptrs = ptrs
         self._args = (function_ptr, *_dims(grid), *_dims(block), shared_mem, stream_ptr, ctypes.addressof(ptrs), 0)
@@ -151,12 +153,16 @@ class BoundLaunch:
         self._then = then
 
     def __call__(self, *arrays):
-        buf = self._buf
+        buf, single = self._buf, self._single
         with self._lock:
-            for slots, a in zip(self._variable, arrays):
-                p = a.data.ptr
-                for i in slots:
-                    buf[i] = p
+            if single is not None:
+                for i, a in zip(single, arrays):
+                    buf[i] = a.data.ptr
+            else:
+                for slots, a in zip(self._variable, arrays):
+                    p = a.data.ptr
+                    for i in slots:
+                        buf[i] = p
             self._launch(*self._args)
         if self._then is not None:
             after, i = self._then
