@@ -334,11 +334,16 @@ def test_dense_mm_scores_are_head_dots(cp, heads, D):
 @pytest.mark.parametrize("N, p, q", [(1, 1, 1), (31, 3, 7), (64, 8, 64), (1000, 9, 60), (22470, 64, 64),
                                      (5000, 16, 13), (100001, 64, 16), (300001, 5, 64)])
 @pytest.mark.parametrize("layout", ["c", "strided"])
-def test_dense_atb_is_the_product(cp, N, p, q, layout):
+@pytest.mark.parametrize("launches", [1, 2])
+def test_dense_atb_is_the_product(cp, monkeypatch, N, p, q, layout, launches):
     """Aᵀ B summed over the long dimension in slices, and B's column sums (A None), against NumPy: exact on small
-    integers (every partial sum is below 2^24), the same bits on a second run, rows of any stride."""
+    integers (every partial sum is below 2^24), the same bits on a second run, rows of any stride.  The slices are
+    added by the blocks of one cooperative launch, or (a GPU that cannot hold them all at once) by a second one."""
     from tcgnn_py.products import training as t
 
+    monkeypatch.setattr(t, "_atb", {})  # (launches bound here only)
+    if launches == 2:
+        monkeypatch.setattr(t, "_resident", lambda function, threads: 0)
     rng = np.random.default_rng()
     lim = 8 if N < 200000 else 2
     A = rng.integers(-lim, lim + 1, (N, p + 3)).astype(np.float32)

@@ -46,7 +46,7 @@ from tcgnn_py.products import training as t  # noqa: E402
 
 r = np.random.default_rng(4)
 for m, k, n in ((1, 1, 1), (129, 7, 3), (1001, 64, 64), (257, 33, 17), (65, 128, 60), (3001, 16, 50),
-                (500, 40, 32)):
+                (500, 40, 32), (9001, 16, 64)):
     H = cp.asarray(r.standard_normal((m, k + 3)), dtype=np.float32)
     W = cp.asarray(r.standard_normal((k, n)), dtype=np.float32)
     for a, b in ((H[:, :k], W), (cp.ascontiguousarray(H[:, :k]), cp.asfortranarray(W))):

@@ -24,7 +24,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["launch", "BoundLaunch", "slot_value"]
+__all__ = ["launch", "BoundLaunch", "slot_value", "resident_blocks"]
 
 
 @functools.cache
@@ -48,6 +48,42 @@ def _cuda():
             raise RuntimeError(f"cuLaunchKernel failed with CUDA error {err}")
 
     return ctypes_launch
+
+
+@functools.cache
+def _cooperative():
+    """``f(function, gx, gy, gz, bx, by, bz, shared, stream, params_address)``: ``cuLaunchCooperativeKernel`` (every
+    block resident at once, so blocks may wait for each other), as :func:`_cuda` finds it."""
+    try:
+        from cupy_backends.cuda.api import driver
+
+        return driver.launchCooperativeKernel  # raises CUDADriverError
+    except (ImportError, AttributeError):
+        pass
+    lib = ctypes.CDLL("libcuda.so.1")
+    u, vp = ctypes.c_uint, ctypes.c_void_p
+    f = lib.cuLaunchCooperativeKernel
+    f.argtypes = [vp, u, u, u, u, u, u, u, vp, vp]
+    f.restype = ctypes.c_int
+
+    def ctypes_launch(*args):
+        err = f(*args)
+        if err:
+            raise RuntimeError(f"cuLaunchCooperativeKernel failed with CUDA error {err}")
+
+    return ctypes_launch
+
+
+def resident_blocks(function_ptr, threads, shared_mem=0):
+    """How many blocks of ``threads`` of a loaded function one SM holds at once
+    (``cuOccupancyMaxActiveBlocksPerMultiprocessor``): a cooperative launch takes at most that many per SM."""
+    lib = ctypes.CDLL("libcuda.so.1")
+    n = ctypes.c_int()
+    err = lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), ctypes.c_void_p(function_ptr),
+                                                          ctypes.c_int(threads), ctypes.c_size_t(shared_mem))
+    if err:
+        raise RuntimeError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor failed with CUDA error {err}")
+    return n.value
 
 
 def _slots(n):
@@ -137,18 +173,23 @@ class BoundLaunch:
     then : (BoundLaunch, int), optional
         A launch that follows on the same stream, taking the call's array at that index (a product's fixup):
         one call runs both.
+    cooperative : bool, default False
+        A cooperative launch (:func:`_cooperative`): the grid must fit the GPU at once (:func:`resident_blocks`).
     """
 
-    def __init__(self, function_ptr, grid, block, args, variable, stream_ptr, shared_mem=0, then=None):
+    def __init__(self, function_ptr, grid, block, args, variable, stream_ptr, shared_mem=0, then=None,
+                 cooperative=False):
         self._keep = tuple(args)  # the fixed arrays must outlive the addresses kept here
         self._buf, ptrs = _slots(len(args))
         self._buf[: len(args)] = [slot_value(a) for a in args]
         self._variable = tuple(v if isinstance(v, tuple) else (v,) for v in variable)
         # each array at one position (the usual case): its slot written without an inner loop
         self._single = tuple(v[0] for v in self._variable) if all(len(v) == 1 for v in self._variable) else None
-        self._launch = _cuda()
+        self._launch = _cooperative() if cooperative else _cuda()
         self._ptrs = ptrs
-        self._args = (function_ptr, *_dims(grid), *_dims(block), shared_mem, stream_ptr, ctypes.addressof(ptrs), 0)
+        self._args = (function_ptr, *_dims(grid), *_dims(block), shared_mem, stream_ptr, ctypes.addressof(ptrs))
+        if not cooperative:
+            self._args += (0,)  # (cuLaunchKernel's extra options: none)
         self._lock = threading.Lock()  # the slots are shared: one launch at a time
         self._then = then
 

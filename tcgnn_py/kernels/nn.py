@@ -232,16 +232,48 @@ __global__ void __launch_bounds__(NT) tcgnn_dense_mm(const float* __restrict__ A
     }
 }
 
+// C[o] = sum over s of P[s * pq + o], s = 0 .. S - 1, for the 32 outputs o0 .. o0 + 31 (tcgnn_dense_atb's slices:
+// the same sums on every run): a block's G warps each add the slices g, g + G, ... (four loads in flight), then
+// the G warp sums are added in warp order.  The partials are read from L2, as other blocks of a launch wrote them.
+template <int G>
+__device__ __forceinline__ void dn_slice_sum(const float* P, float* C, int S, int pq, int o0, float (*part)[33]) {
+    const int g = threadIdx.x / 32, lane = threadIdx.x % 32, o = o0 + lane;
+    float v = 0.f;
+    if (o < pq) {
+        int s = g;
+        for (; s + 3 * G < S; s += 4 * G) {
+            const float x0 = __ldcg(P + (long long)s * pq + o), x1 = __ldcg(P + (long long)(s + G) * pq + o);
+            const float x2 = __ldcg(P + (long long)(s + 2 * G) * pq + o);
+            const float x3 = __ldcg(P + (long long)(s + 3 * G) * pq + o);
+            v += x0; v += x1; v += x2; v += x3;
+        }
+        for (; s < S; s += G) v += __ldcg(P + (long long)s * pq + o);
+    }
+    part[g][lane] = v;
+    __syncthreads();
+    if (g == 0 && o < pq) {
+        float t = part[0][lane];
+#pragma unroll
+        for (int k = 1; k < G; ++k) t += part[k][lane];
+        C[o] = t;
+    }
+    __syncthreads();
+}
+
 // Partial sums of C = Aᵀ B over a slice of the long dimension, float32: A is N x p and B is N x q, both with unit
 // column stride and row strides lda, ldb (A nullptr: a column of ones, p = 1, so C holds B's column sums); block
 // (s, I, J) sums the rows [s * chunk, (s + 1) * chunk) of the (NT / (BQ / 4) * TI) x BQ tile (I, J) of C into
 // P + s * p * q (p x q, C-contiguous), or into C itself where one slice covers N (P == C).  32 rows of A and B
 // at a time are staged by cp.async, the next copied while this one is summed; each thread owns TI x 4 elements
 // and reads its rows' values of A and its 4 columns of B as float4s.
+// With a barrier (two counters, zero before the first launch; a cooperative launch, so every block is resident)
+// the blocks then wait for each other and add the slices into C themselves, 32 outputs at a time (dn_slice_sum);
+// without, tcgnn_dense_atb_sum adds them in a second launch.
 template <int BQ, int TI, int NT>
 __global__ void __launch_bounds__(NT) tcgnn_dense_atb(const float* __restrict__ A, const float* __restrict__ B,
                                                       float* __restrict__ P, long long N, int p, int q,
-                                                      long long lda, long long ldb, long long chunk, int vec) {
+                                                      long long lda, long long ldb, long long chunk, int vec,
+                                                      float* __restrict__ C, unsigned int* __restrict__ barrier) {
     constexpr int GX = BQ / 4, BP = NT / GX * TI, R = 32, PA = BP + 4, PB = BQ + 4;
     __shared__ __align__(16) float As[2 * R * PA];
     __shared__ __align__(16) float Bs[2 * R * PB];
@@ -319,33 +351,35 @@ __global__ void __launch_bounds__(NT) tcgnn_dense_atb(const float* __restrict__ 
         for (int j = 0; j < 4; ++j)
             if (j0 + tx * 4 + j < q) out[(long long)row * q + j0 + tx * 4 + j] = acc[i][j];
     }
+    if (barrier == nullptr) return;
+    const unsigned int blocks = gridDim.x * gridDim.y * gridDim.z;
+    __syncthreads();
+    if (tid == 0) {  // a grid barrier: barrier[0] counts arrivals, barrier[1] is the generation the last one ends
+        volatile unsigned int* generation = barrier + 1;
+        const unsigned int mine = *generation;
+        __threadfence();  // this block's partials are visible before its arrival
+        if (atomicAdd(barrier, 1u) == blocks - 1) {
+            barrier[0] = 0u;
+            __threadfence();
+            atomicAdd(barrier + 1, 1u);
+        } else {
+            while (*generation == mine) {}
+        }
+        __threadfence();
+    }
+    __syncthreads();
+    __shared__ float part[NT / 32][33];
+    const unsigned int b = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    const int pq = p * q;
+    for (long long o0 = (long long)b * 32; o0 < pq; o0 += (long long)blocks * 32)
+        dn_slice_sum<NT / 32>(P, C, gridDim.x, pq, (int)o0, part);
 }
 
-// C[o] = sum over s of P[s * pq + o], s = 0 .. S - 1 in that order (tcgnn_dense_atb's slices: the same sums on
-// every run): a block's 256 threads are 8 groups of 32 outputs, group g adding the slices g, g + 8, ... (four
-// loads in flight), then the 8 group sums added in group order.
+// The slices' sum of tcgnn_dense_atb launched without a barrier: a block per 32 outputs (dn_slice_sum, 8 warps).
 __global__ void __launch_bounds__(256) tcgnn_dense_atb_sum(const float* __restrict__ P, float* __restrict__ C,
                                                            int S, int pq) {
     __shared__ float part[8][33];
-    const int g = threadIdx.x / 32, lane = threadIdx.x % 32, o = blockIdx.x * 32 + lane;
-    float v = 0.f;
-    if (o < pq) {
-        int s = g;
-        for (; s + 24 < S; s += 32) {
-            const float x0 = P[(long long)s * pq + o], x1 = P[(long long)(s + 8) * pq + o];
-            const float x2 = P[(long long)(s + 16) * pq + o], x3 = P[(long long)(s + 24) * pq + o];
-            v += x0; v += x1; v += x2; v += x3;
-        }
-        for (; s < S; s += 8) v += P[(long long)s * pq + o];
-    }
-    part[g][lane] = v;
-    __syncthreads();
-    if (g == 0 && o < pq) {
-        float t = part[0][lane];
-#pragma unroll
-        for (int k = 1; k < 8; ++k) t += part[k][lane];
-        C[o] = t;
-    }
+    dn_slice_sum<8>(P, C, S, pq, blockIdx.x * 32, part);
 }
 
 // x[i, c] += b[c] in place over an n x cols C-contiguous x, in the compute type: a layer's bias after a sparse

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..._device import get_cupy
 from ...kernels import nn as kn
-from ...kernels.driver import BoundLaunch, launch, slot_value
+from ...kernels.driver import BoundLaunch, launch, resident_blocks, slot_value
 from ...kernels.registry import background_compiles, compile_in_background, get_kernel
 from .._launch import Scratch
 
@@ -347,34 +347,48 @@ def _atb_bind(a, b, key, stream, capturing):
     bq, ti, nt = kn.DENSE_ATB_TILES[0 if p > 8 else 1]
     bp = nt // (bq // 4) * ti
     tiles = -(-p // bp) * -(-q // bq)
-    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    device = cp.cuda.Device().attributes
+    sms = device["MultiProcessorCount"]
     chunk = max(DENSE_ATB_MIN_ROWS, -(-N * tiles // (DENSE_ATB_BLOCKS_PER_SM * sms)))
     chunk = -(-chunk // 32) * 32
     slices = max(1, -(-N // chunk))
     vec = int(b.strides[0] % 16 == 0 and q % 4 == 0 and b.data.ptr % 16 == 0)
     grid = (slices, -(-p // bp), -(-q // bq))
     lda = 0 if a is None else a.strides[0] // 4
-    args = [a, None, None, N, p, q, lda, b.strides[0] // 4, chunk, vec]
+    # A B P N p q lda ldb chunk vec C barrier
+    args = [a, None, None, N, p, q, lda, b.strides[0] // 4, chunk, vec, None, None]
+    function = _function(kn.dense_atb_name(bq, ti, nt))
+    operands = (0,) if a is not None else ()
     if slices == 1:  # one slice: the sums go to C
-        return (BoundLaunch(_function(kn.dense_atb_name(bq, ti, nt)), grid, nt, args,
-                            ((0,) if a is not None else ()) + (1, 2), stream), None, p)
-    size = (slices * p * q,)  # the slices' partial sums: the graph's own under a capture, else kept per stream
-    scratch = cp.ndarray(size, _F32) if capturing else Scratch("atb", size, _F32).get(_atb_scratch, stream)
-    args[2] = scratch
-    first = BoundLaunch(_function(kn.dense_atb_name(bq, ti, nt)), grid, nt, args,
-                        ((0,) if a is not None else ()) + (1,), stream)
-    total = BoundLaunch(_function(kn.DENSE_ATB_SUM), -(-p * q // 32), 256, [scratch, None, slices, p * q], (1,),
+        return BoundLaunch(function, grid, nt, args, operands + (1, 2), stream), None, p
+
+    def scratch(kind, shape, dtype, zeros=False):  # the graph's own under a capture, else kept per stream
+        if capturing:
+            return (cp.zeros if zeros else cp.ndarray)(shape, dtype)
+        return Scratch(kind, shape, dtype, zeros).get(_atb_scratch, stream)
+
+    args[2] = scratch("atb", (slices * p * q,), _F32)  # the slices' partial sums
+    if device.get("CooperativeLaunch") and slices * tiles <= sms * _resident(function, nt):  # the blocks add them
+        args[11] = scratch("atb barrier", (2,), np.uint32, zeros=True)
+        return BoundLaunch(function, grid, nt, args, operands + (1, 10), stream, cooperative=True), None, p
+    first = BoundLaunch(function, grid, nt, args, operands + (1,), stream)
+    total = BoundLaunch(_function(kn.DENSE_ATB_SUM), -(-p * q // 32), 256, [args[2], None, slices, p * q], (1,),
                         stream)
     return first, total, p
 
+
+@functools.cache
+def _resident(function, threads):
+    return resident_blocks(function, threads)
 
 def dense_atb(a, b):
     """``aᵀ b`` for operands :func:`dense_atb_takes` takes, a new ``(p, q)`` float32 array; ``a`` None: ``b``'s
     column sums, shape ``(q,)``.
 
-    The long dimension is cut into slices that blocks sum in parallel and a second launch adds in slice order, so
-    the result is the same on every run; both launches are bound per signature (together less host time than a
-    ``cublasLtMatmul`` call).
+    The long dimension is cut into slices that blocks sum in parallel and then add in slice order, so the result
+    is the same on every run: in one cooperative launch whose blocks wait for each other where the GPU holds them
+    all at once (a second launch costs more host time than the wait), else by a second launch.  The launches are
+    bound per signature (less host time than a ``cublasLtMatmul`` call).
     """
     cp = get_cupy()
     first, total, p = _atb_launches(cp, a, b)
