@@ -77,7 +77,7 @@ def test_a_failed_driver_launch_raises():
     """The bound plans' launch reports the driver's error instead of returning as if it had run."""
     import cupy as cp
 
-    from tcgnn_py.kernels.driver import BoundLaunch, launch
+    from tcgnn_py.kernels.driver import bound_launch, launch
 
     k = cp.RawKernel(r'extern "C" __global__ void tc_empty(float* p) { if (p) p[0] = 1.f; }', "tc_empty")
     k((1,), (1,), (None,))  # loads the module
@@ -85,10 +85,10 @@ def test_a_failed_driver_launch_raises():
     with pytest.raises(Exception, match="INVALID_VALUE|invalid"):
         launch(k.kernel.ptr, 1, 4096, [0], stream)  # 4096 threads per block: more than any GPU takes
     y = cp.zeros(1, cp.float32)
-    BoundLaunch(k.kernel.ptr, 1, 1, [None], (0,), stream)(y)
+    bound_launch(k.kernel.ptr, 1, 1, [None], (0,), stream)(y)
     assert float(y[0]) == 1.0  # synchronize!
     with pytest.raises(Exception, match="INVALID_VALUE|invalid"):
-        BoundLaunch(k.kernel.ptr, 1, 4096, [None], (0,), stream)(y)
+        bound_launch(k.kernel.ptr, 1, 4096, [None], (0,), stream)(y)
 
 
 @pytest.mark.gpu
@@ -96,7 +96,7 @@ def test_a_bound_launch_runs_its_follower_on_the_call_s_array():
     """``then``: one call runs the launch, then the follower (a fixup) on the array at the index given, in order."""
     import cupy as cp
 
-    from tcgnn_py.kernels.driver import BoundLaunch
+    from tcgnn_py.kernels.driver import bound_launch
 
     src = r'''extern "C" __global__ void tc_set(float* a, float* p) { p[0] = 1.f; a[0] = 7.f; }
     extern "C" __global__ void tc_twice(float* p) { p[0] = 2.f * p[0] + 1.f; }'''
@@ -104,8 +104,8 @@ def test_a_bound_launch_runs_its_follower_on_the_call_s_array():
     first, after = m.get_function("tc_set"), m.get_function("tc_twice")
     stream = cp.cuda.get_current_stream().ptr
     a, y = cp.zeros(1, cp.float32), cp.zeros(1, cp.float32)
-    fix = BoundLaunch(after.kernel.ptr, 1, 1, [None], (0,), stream)
-    BoundLaunch(first.kernel.ptr, 1, 1, [None, None], (0, 1), stream, then=(fix, 1))(a, y)
+    fix = bound_launch(after.kernel.ptr, 1, 1, [None], (0,), stream)
+    bound_launch(first.kernel.ptr, 1, 1, [None, None], (0, 1), stream, then=(fix, 1))(a, y)
     assert a.tolist() == [7.0] and y.tolist() == [3.0]  # synchronize!
 
 

@@ -1,11 +1,10 @@
 """Layer 1: kernel launches straight through the CUDA driver, for the products' bound plans.
 
-A launch from Python costs more in argument handling than in the driver:
-CuPy wraps every argument, and a Numba kernel takes seven parameters per array.  :func:`launch` passes ``cuLaunchKernel`` a buffer with
-one 8-byte slot per parameter -- pointers, 64-bit integers, and 32-bit values
-in the low half of their slot (little-endian, so the driver reads them
-correctly) -- and :class:`BoundLaunch` keeps that buffer between calls, so a
-repeated product only writes its operands' addresses.
+A launch from Python costs more in argument handling than in the driver: CuPy wraps every argument, and a Numba
+kernel takes seven parameters per array.  :func:`launch` passes ``cuLaunchKernel`` a buffer with one 8-byte slot
+per parameter -- pointers, 64-bit integers, and 32-bit values in the low half of their slot (little-endian, so the
+driver reads them correctly) -- and :func:`bound_launch` keeps that buffer between calls, so a repeated product
+only writes its operands' addresses.
 
 The call itself goes through CuPy's Cython binding of ``cuLaunchKernel``
 (``cupy.cuda.driver.launchKernel``, which releases the GIL around the driver
@@ -24,7 +23,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["launch", "BoundLaunch", "slot_value", "resident_blocks"]
+__all__ = ["launch", "bound_launch", "slot_value", "resident_blocks"]
 
 
 @functools.cache
@@ -155,8 +154,14 @@ def launch(function_ptr, grid, block, values, stream_ptr, shared_mem=0):
     _cuda()(function_ptr, *_dims(grid), *_dims(block), shared_mem, stream_ptr, ctypes.addressof(ptrs), 0)
 
 
-class BoundLaunch:
-    """A launch whose parameters are fixed but for a few slots (the operands), set per call.
+def bound_launch(function_ptr, grid, block, args, variable, stream_ptr, shared_mem=0, then=None, cooperative=False):
+    """A launch whose parameters are fixed but for a few slots (the operands), as ``f(*arrays)`` that writes the
+    arrays' addresses into their slots and launches.
+
+    ``f`` is a closure, not an object: a call is the few statements it needs (each attribute lookup or loop step
+    costs about as much on the host as a kernel runs on a small graph).  The slots are shared between calls, so
+    a lock makes a call's writes and its launch one step (the driver reads the slots during the call, with the
+    GIL released).
 
     Parameters
     ----------
@@ -166,45 +171,99 @@ class BoundLaunch:
     args : sequence
         The arguments; those at ``variable`` positions are placeholders.
     variable : sequence of int or of tuples of int
-        For each array :meth:`__call__` takes, in order, the argument position
-        (or positions) that receive its address.
+        For each array ``f`` takes, in order, the argument position (or positions) that receive its address.
     stream_ptr : int
     shared_mem : int
-    then : (BoundLaunch, int), optional
-        A launch that follows on the same stream, taking the call's array at that index (a product's fixup):
-        one call runs both.
+    then : (callable, int), optional
+        A bound launch that follows on the same stream, taking the call's array at that index (a product's
+        fixup): one call runs both.
     cooperative : bool, default False
         A cooperative launch (:func:`_cooperative`): the grid must fit the GPU at once (:func:`resident_blocks`).
     """
+    keep = tuple(args)  # the fixed arrays must outlive the addresses kept here
+    buf, ptrs = _slots(len(args))
+    buf[: len(args)] = [slot_value(a) for a in args]
+    variable = tuple(v if isinstance(v, tuple) else (v,) for v in variable)
+    launch = _cooperative() if cooperative else _cuda()
+    params = (function_ptr, *_dims(grid), *_dims(block), shared_mem, stream_ptr, ctypes.addressof(ptrs))
+    if not cooperative:
+        params += (0,)  # (cuLaunchKernel's extra options: none)
+    lock = threading.Lock()
+    enter, leave = lock.acquire, lock.release
+    if then is None and all(len(v) == 1 for v in variable) and len(variable) <= 4:
+        return _fixed(buf, tuple(v[0] for v in variable), launch, params, enter, leave, (keep, ptrs))
 
-    def __init__(self, function_ptr, grid, block, args, variable, stream_ptr, shared_mem=0, then=None,
-                 cooperative=False):
-        self._keep = tuple(args)  # the fixed arrays must outlive the addresses kept here
-        self._buf, ptrs = _slots(len(args))
-        self._buf[: len(args)] = [slot_value(a) for a in args]
-        self._variable = tuple(v if isinstance(v, tuple) else (v,) for v in variable)
-        # each array at one position (the usual case): its slot written without an inner loop
-        self._single = tuple(v[0] for v in self._variable) if all(len(v) == 1 for v in self._variable) else None
-        self._launch = _cooperative() if cooperative else _cuda()
-        self._ptrs = ptrs
-        self._args = (function_ptr, *_dims(grid), *_dims(block), shared_mem, stream_ptr, ctypes.addressof(ptrs))
-        if not cooperative:
-            self._args += (0,)  # (cuLaunchKernel's extra options: none)
-        self._lock = threading.Lock()  # the slots are shared: one launch at a time
-        self._then = then
+    def call(*arrays):
+        enter()
+        try:
+            for slots, a in zip(variable, arrays):
+                p = a.data.ptr
+                for i in slots:
+                    buf[i] = p
+            launch(*params)
+        finally:
+            leave()
+        if then is not None:
+            then[0](arrays[then[1]])
 
-    def __call__(self, *arrays):
-        buf, single = self._buf, self._single
-        with self._lock:
-            if single is not None:
-                for i, a in zip(single, arrays):
-                    buf[i] = a.data.ptr
-            else:
-                for slots, a in zip(self._variable, arrays):
-                    p = a.data.ptr
-                    for i in slots:
-                        buf[i] = p
-            self._launch(*self._args)
-        if self._then is not None:
-            after, i = self._then
-            after(arrays[i])
+    call.kept = (keep, ptrs)
+    return call
+
+
+def _fixed(buf, at, launch, params, enter, leave, kept):
+    """:func:`bound_launch`'s call for up to four arrays, each at one position, written out."""
+    if len(at) == 1:
+        (i,) = at
+
+        def call(a):
+            enter()
+            try:
+                buf[i] = a.data.ptr
+                launch(*params)
+            finally:
+                leave()
+    elif len(at) == 2:
+        i, j = at
+
+        def call(a, b):
+            enter()
+            try:
+                buf[i] = a.data.ptr
+                buf[j] = b.data.ptr
+                launch(*params)
+            finally:
+                leave()
+    elif len(at) == 3:
+        i, j, k = at
+
+        def call(a, b, c):
+            enter()
+            try:
+                buf[i] = a.data.ptr
+                buf[j] = b.data.ptr
+                buf[k] = c.data.ptr
+                launch(*params)
+            finally:
+                leave()
+    elif len(at) == 4:
+        i, j, k, m = at
+
+        def call(a, b, c, d):
+            enter()
+            try:
+                buf[i] = a.data.ptr
+                buf[j] = b.data.ptr
+                buf[k] = c.data.ptr
+                buf[m] = d.data.ptr
+                launch(*params)
+            finally:
+                leave()
+    else:
+        def call():
+            enter()
+            try:
+                launch(*params)
+            finally:
+                leave()
+    call.kept = kept
+    return call

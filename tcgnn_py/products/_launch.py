@@ -119,7 +119,7 @@ class Launch(NamedTuple):
     def bind(self):
         """``f(*arrays)``: this launch (and its fixup) through the driver, everything but the call's arrays fixed,
         on the stream current now (plans are kept per stream)."""
-        from ..kernels.driver import BoundLaunch
+        from ..kernels.driver import bound_launch
 
         names = self._arrays()
         slots = tuple(object() for _ in range(len(names) + self.n_extra))  # stand-ins for the call's arrays
@@ -127,7 +127,7 @@ class Launch(NamedTuple):
         variable = [tuple(i for i, a in enumerate(args) if a is s) for s in slots]  # Y may fill the partial's too
         args = tuple(None if any(a is s for s in slots) else a for a in args)
         then = None if self.fixup is None else (self.fixup.bind(), names.index("Y"))
-        return BoundLaunch(self.kernel.kernel.ptr, self.grid, self.block, args, variable, _stream(), self.smem, then)
+        return bound_launch(self.kernel.kernel.ptr, self.grid, self.block, args, variable, _stream(), self.smem, then)
 
 
 def fixup(kernel, plan, M, H, D, partial, scratch):

@@ -14,7 +14,7 @@ from ... import _reference as ref
 from ..._device import get_cupy
 from ...kernels import attention as ka
 from ...kernels.attention import attention_unit
-from ...kernels.driver import BoundLaunch
+from ...kernels.driver import bound_launch
 from ...kernels.registry import get_kernel
 from .._launch import Scratch
 from .._plans import sm_count
@@ -96,7 +96,7 @@ BOUND_KEEP = 32
 
 
 def _bound(T, w, key, template, stream):
-    """The :class:`~tcgnn_py.kernels.driver.BoundLaunch` of one pass signature, kept on T's tiling: a training
+    """The :func:`~tcgnn_py.kernels.driver.bound_launch` of one pass signature, kept on T's tiling: a training
     step's passes write only their operands' addresses (a pass takes about twenty arguments).
 
     ``key`` names the kernel and every fixed argument but the weights ``w`` (a :func:`csr_weights` array, matched
@@ -110,7 +110,7 @@ def _bound(T, w, key, template, stream):
     if hit is not None and hit[0] is w:
         return hit[1]
     name, grid, args, variable = template()
-    bound = BoundLaunch(get_kernel("attention", name).kernel.ptr, grid, 32 * ka.ATTENTION_WARPS, args, variable,
+    bound = bound_launch(get_kernel("attention", name).kernel.ptr, grid, 32 * ka.ATTENTION_WARPS, args, variable,
                         stream.ptr)
     if not stream.is_capturing():
         if len(kept) >= BOUND_KEEP:

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..._device import get_cupy
 from ...kernels import nn as kn
-from ...kernels.driver import BoundLaunch, launch, resident_blocks, slot_value
+from ...kernels.driver import bound_launch, launch, resident_blocks, slot_value
 from ...kernels.registry import background_compiles, compile_in_background, get_kernel
 from .._launch import Scratch
 
@@ -71,9 +71,9 @@ def _run(name, n, args, grid=None, block=THREADS):
 
 
 def _bind(name, grid, block, args, variable):
-    """The :class:`~tcgnn_py.kernels.driver.BoundLaunch` of :func:`_run`'s launch of ``name`` on the current stream:
+    """The :func:`~tcgnn_py.kernels.driver.bound_launch` of :func:`_run`'s launch of ``name`` on the current stream:
     ``args`` fixed (None at the ``variable`` positions, the arrays a call writes, in order)."""
-    return BoundLaunch(_function(name), grid, block, args, variable, get_cupy().cuda.get_current_stream().ptr)
+    return bound_launch(_function(name), grid, block, args, variable, get_cupy().cuda.get_current_stream().ptr)
 
 
 #: The small kernels' bound launches by signature (device and stream included), shared by the general functions.
@@ -226,7 +226,7 @@ def _dense_bind(a, b, bias, scores, key, stream):
             None, None, None, None, n // max(scores, 1)]
     variable = (0, 1) + ((2,) if bias is not None else ()) + (3,) + ((11, 12, 13, 14) if scores else ())
     name = kn.dense_mm_name(bn, tm, nt, bt)
-    bound = BoundLaunch(_function(name), (-(-m // (nt // (bn // 4) * tm)), -(-n // bn)), nt, args, variable, stream)
+    bound = bound_launch(_function(name), (-(-m // (nt // (bn // 4) * tm)), -(-n // bn)), nt, args, variable, stream)
     return _keep(_dense, key, bound)
 
 
@@ -360,7 +360,7 @@ def _atb_bind(a, b, key, stream, capturing):
     function = _function(kn.dense_atb_name(bq, ti, nt))
     operands = (0,) if a is not None else ()
     if slices == 1:  # one slice: the sums go to C
-        return BoundLaunch(function, grid, nt, args, operands + (1, 2), stream), None, p
+        return bound_launch(function, grid, nt, args, operands + (1, 2), stream), None, p
 
     def scratch(kind, shape, dtype, zeros=False):  # the graph's own under a capture, else kept per stream
         if capturing:
@@ -370,9 +370,9 @@ def _atb_bind(a, b, key, stream, capturing):
     args[2] = scratch("atb", (slices * p * q,), _F32)  # the slices' partial sums
     if device.get("CooperativeLaunch") and slices * tiles <= sms * _resident(function, nt):  # the blocks add them
         args[11] = scratch("atb barrier", (2,), np.uint32, zeros=True)
-        return BoundLaunch(function, grid, nt, args, operands + (1, 10), stream, cooperative=True), None, p
-    first = BoundLaunch(function, grid, nt, args, operands + (1,), stream)
-    total = BoundLaunch(_function(kn.DENSE_ATB_SUM), -(-p * q // 32), 256, [args[2], None, slices, p * q], (1,),
+        return bound_launch(function, grid, nt, args, operands + (1, 10), stream, cooperative=True), None, p
+    first = bound_launch(function, grid, nt, args, operands + (1,), stream)
+    total = bound_launch(_function(kn.DENSE_ATB_SUM), -(-p * q // 32), 256, [args[2], None, slices, p * q], (1,),
                         stream)
     return first, total, p
 
@@ -470,7 +470,7 @@ def _bias_launch(cp, x):
     key = (x.shape, x.dtype, cp.cuda.runtime.getDevice(), stream)
     bound = _biases.get(key)
     if bound is None:
-        bound = BoundLaunch(_function(_name(kn.add_bias_name, x.dtype)), _grid(x.size), THREADS,
+        bound = bound_launch(_function(_name(kn.add_bias_name, x.dtype)), _grid(x.size), THREADS,
                             [None, None, x.size, x.shape[-1]], (0, 1), stream)
         _keep(_biases, key, bound)
     return bound
