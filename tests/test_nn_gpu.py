@@ -371,6 +371,28 @@ def test_dense_atb_is_the_product(cp, monkeypatch, N, p, q, layout, launches):
                                atol=1e-3 * np.sqrt(N))
 
 
+@pytest.mark.parametrize("N", [2708, 65536])
+def test_dense_atb_adds_its_slices_in_one_order(cp, monkeypatch, N):
+    """The slices are added in one order whoever adds them (the blocks of the cooperative launch, or a second
+    launch), for both tiles: random floats give the same bits both ways."""
+    from tcgnn_py.products import training as t
+
+    results = []
+    for launches in (1, 2):
+        monkeypatch.setattr(t, "_atb", {})
+        if launches == 2:
+            monkeypatch.setattr(t, "_resident", lambda function, threads: 0)
+        run = []
+        for p, q in ((64, 64), (1, 64), (5, 13)):
+            r = np.random.default_rng(p * q)
+            a = cp.asarray(r.standard_normal((N, p), dtype=np.float32))
+            b = cp.asarray(r.standard_normal((N, q), dtype=np.float32))
+            run += [t.dense_atb(a, b).get(), t.dense_atb(None, b).get()]
+        results.append(run)
+    for got, want in zip(*results):
+        np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
 def test_add_bias_in_place(cp, dtype):
     """A layer's bias after its sparse product, in place, bound per signature: exact on small integers."""

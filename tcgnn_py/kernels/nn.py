@@ -233,28 +233,31 @@ __global__ void __launch_bounds__(NT) tcgnn_dense_mm(const float* __restrict__ A
 }
 
 // C[o] = sum over s of P[s * pq + o], s = 0 .. S - 1, for the 32 outputs o0 .. o0 + 31 (tcgnn_dense_atb's slices:
-// the same sums on every run): a block's G warps each add the slices g, g + G, ... (four loads in flight), then
-// the G warp sums are added in warp order.  The partials are read from L2, as other blocks of a launch wrote them.
-template <int G>
+// the same sums on every run, and on every launch shape): 8 groups each add the slices g, g + 8, ... (four loads
+// in flight), a block's W warps taking groups W apart, then the 8 group sums are added in group order.  The
+// partials are read from L2, as other blocks of a launch wrote them.
+template <int W>
 __device__ __forceinline__ void dn_slice_sum(const float* P, float* C, int S, int pq, int o0, float (*part)[33]) {
-    const int g = threadIdx.x / 32, lane = threadIdx.x % 32, o = o0 + lane;
-    float v = 0.f;
-    if (o < pq) {
-        int s = g;
-        for (; s + 3 * G < S; s += 4 * G) {
-            const float x0 = __ldcg(P + (long long)s * pq + o), x1 = __ldcg(P + (long long)(s + G) * pq + o);
-            const float x2 = __ldcg(P + (long long)(s + 2 * G) * pq + o);
-            const float x3 = __ldcg(P + (long long)(s + 3 * G) * pq + o);
-            v += x0; v += x1; v += x2; v += x3;
+    const int lane = threadIdx.x % 32, o = o0 + lane;
+    for (int g = threadIdx.x / 32; g < 8; g += W) {
+        float v = 0.f;
+        if (o < pq) {
+            int s = g;
+            for (; s + 24 < S; s += 32) {
+                const float x0 = __ldcg(P + (long long)s * pq + o), x1 = __ldcg(P + (long long)(s + 8) * pq + o);
+                const float x2 = __ldcg(P + (long long)(s + 16) * pq + o);
+                const float x3 = __ldcg(P + (long long)(s + 24) * pq + o);
+                v += x0; v += x1; v += x2; v += x3;
+            }
+            for (; s < S; s += 8) v += __ldcg(P + (long long)s * pq + o);
         }
-        for (; s < S; s += G) v += __ldcg(P + (long long)s * pq + o);
+        part[g][lane] = v;
     }
-    part[g][lane] = v;
     __syncthreads();
-    if (g == 0 && o < pq) {
+    if (threadIdx.x < 32 && o < pq) {
         float t = part[0][lane];
 #pragma unroll
-        for (int k = 1; k < G; ++k) t += part[k][lane];
+        for (int k = 1; k < 8; ++k) t += part[k][lane];
         C[o] = t;
     }
     __syncthreads();
@@ -368,7 +371,7 @@ __global__ void __launch_bounds__(NT) tcgnn_dense_atb(const float* __restrict__ 
         __threadfence();
     }
     __syncthreads();
-    __shared__ float part[NT / 32][33];
+    __shared__ float part[8][33];
     const unsigned int b = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
     const int pq = p * q;
     for (long long o0 = (long long)b * 32; o0 < pq; o0 += (long long)blocks * 32)
