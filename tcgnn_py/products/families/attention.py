@@ -111,7 +111,7 @@ def _bound(T, w, key, template, stream):
         return hit[1]
     name, grid, args, variable = template()
     bound = bound_launch(get_kernel("attention", name).kernel.ptr, grid, 32 * ka.ATTENTION_WARPS, args, variable,
-                        stream.ptr)
+                         stream.ptr)
     if not stream.is_capturing():
         if len(kept) >= BOUND_KEEP:
             del kept[next(iter(kept))]

@@ -373,13 +373,15 @@ def _atb_bind(a, b, key, stream, capturing):
         return bound_launch(function, grid, nt, args, operands + (1, 10), stream, cooperative=True), None, p
     first = bound_launch(function, grid, nt, args, operands + (1,), stream)
     total = bound_launch(_function(kn.DENSE_ATB_SUM), -(-p * q // 32), 256, [args[2], None, slices, p * q], (1,),
-                        stream)
+                         stream)
     return first, total, p
 
 
 @functools.cache
 def _resident(function, threads):
+    """:func:`~tcgnn_py.kernels.driver.resident_blocks`, asked once per kernel and block size."""
     return resident_blocks(function, threads)
+
 
 def dense_atb(a, b):
     """``aᵀ b`` for operands :func:`dense_atb_takes` takes, a new ``(p, q)`` float32 array; ``a`` None: ``b``'s
@@ -471,7 +473,7 @@ def _bias_launch(cp, x):
     bound = _biases.get(key)
     if bound is None:
         bound = bound_launch(_function(_name(kn.add_bias_name, x.dtype)), _grid(x.size), THREADS,
-                            [None, None, x.size, x.shape[-1]], (0, 1), stream)
+                             [None, None, x.size, x.shape[-1]], (0, 1), stream)
         _keep(_biases, key, bound)
     return bound
 
