@@ -29,46 +29,34 @@ __all__ = ["launch", "bound_launch", "slot_value", "resident_blocks"]
 @functools.cache
 def _cuda():
     """``f(function, gx, gy, gz, bx, by, bz, shared, stream, params_address, 0)``; raises on a failed launch."""
-    try:
-        from cupy_backends.cuda.api import driver
-
-        return driver.launchKernel  # raises CUDADriverError
-    except (ImportError, AttributeError):
-        pass
-    lib = ctypes.CDLL("libcuda.so.1")
-    u, vp = ctypes.c_uint, ctypes.c_void_p
-    f = lib.cuLaunchKernel
-    f.argtypes = [vp, u, u, u, u, u, u, u, vp, vp, vp]
-    f.restype = ctypes.c_int
-
-    def ctypes_launch(*args):
-        err = f(*args)
-        if err:
-            raise RuntimeError(f"cuLaunchKernel failed with CUDA error {err}")
-
-    return ctypes_launch
+    return _launcher("launchKernel", "cuLaunchKernel", extra=True)
 
 
 @functools.cache
 def _cooperative():
     """``f(function, gx, gy, gz, bx, by, bz, shared, stream, params_address)``: ``cuLaunchCooperativeKernel`` (every
-    block resident at once, so blocks may wait for each other), as :func:`_cuda` finds it."""
+    block resident at once, so blocks may wait for each other); raises on a failed launch."""
+    return _launcher("launchCooperativeKernel", "cuLaunchCooperativeKernel", extra=False)
+
+
+def _launcher(binding, symbol, extra):
+    """CuPy's Cython binding ``binding`` of the driver's ``symbol`` (which raises CUDADriverError), else the symbol
+    through ``ctypes``, raising on an error code; ``extra``: it takes cuLaunchKernel's last argument."""
     try:
         from cupy_backends.cuda.api import driver
 
-        return driver.launchCooperativeKernel  # raises CUDADriverError
+        return getattr(driver, binding)
     except (ImportError, AttributeError):
         pass
-    lib = ctypes.CDLL("libcuda.so.1")
     u, vp = ctypes.c_uint, ctypes.c_void_p
-    f = lib.cuLaunchCooperativeKernel
-    f.argtypes = [vp, u, u, u, u, u, u, u, vp, vp]
+    f = getattr(ctypes.CDLL("libcuda.so.1"), symbol)
+    f.argtypes = [vp, u, u, u, u, u, u, u, vp, vp] + ([vp] if extra else [])
     f.restype = ctypes.c_int
 
     def ctypes_launch(*args):
         err = f(*args)
         if err:
-            raise RuntimeError(f"cuLaunchCooperativeKernel failed with CUDA error {err}")
+            raise RuntimeError(f"{symbol} failed with CUDA error {err}")
 
     return ctypes_launch
 
