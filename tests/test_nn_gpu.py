@@ -393,6 +393,19 @@ def test_dense_atb_adds_its_slices_in_one_order(cp, monkeypatch, N):
         np.testing.assert_array_equal(got, want)
 
 
+def test_seed_bits_are_the_cast_of_the_draw(cp):
+    """An attention dropout seed from a float64 draw in one launch: the bits of (draw * 2**32).astype(uint32),
+    at the ends of [0, 1) too."""
+    from tcgnn_py.products import training as t
+
+    draws = cp.asarray([0.0, 2.0**-32, 0.5, 0.123456789, 1 - 2.0**-33, 1 - 2.0**-53])
+    for i in range(draws.size):
+        draw = draws[i:i + 1]
+        got = t.seed_bits(draw)
+        assert got.dtype == np.uint32 and got.shape == (1,)
+        np.testing.assert_array_equal(got.get(), (draw * 2.0**32).astype(np.uint32).get())
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
 def test_add_bias_in_place(cp, dtype):
     """A layer's bias after its sparse product, in place, bound per signature: exact on small integers."""

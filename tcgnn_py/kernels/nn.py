@@ -10,7 +10,7 @@ from .registry import VALUE_TYPES, register
 __all__ = ["SOURCE", "NAMES", "FAMILIES", "TICK", "adam_multi_name", "ADAM_MULTI", "ADAM_SLOTS",
            "tail_name", "tail_grad_name", "cross_entropy_name", "index_weights_name", "head_dots_name",
            "head_dots_grad_name", "add_bias_name", "dense_mm_name", "DENSE_TILES", "dense_atb_name",
-           "DENSE_ATB_TILES", "DENSE_ATB_SUM", "DENSE_NAMES",
+           "DENSE_ATB_TILES", "DENSE_ATB_SUM", "DENSE_NAMES", "SEED_BITS",
            "row_normalize_name", "row_normalize_grad_name", "sum_name", "head_blocks_name", "SUM_THREADS",
            "ACTIVATIONS", "TAIL_TYPES"]
 
@@ -385,6 +385,12 @@ __global__ void __launch_bounds__(256) tcgnn_dense_atb_sum(const float* __restri
     dn_slice_sum<8>(P, C, S, pq, blockIdx.x * 32, part);
 }
 
+// An attention dropout seed from a float64 draw x in [0, 1): y = (unsigned)(x * 2^32), the bits NumPy's
+// (x * 2**32).astype(uint32) gives (the product is exact, the cast truncates).
+__global__ void tcgnn_seed_bits(const double* __restrict__ x, unsigned int* __restrict__ y) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) y[0] = (unsigned int)(x[0] * 4294967296.0);
+}
+
 // x[i, c] += b[c] in place over an n x cols C-contiguous x, in the compute type: a layer's bias after a sparse
 // product, in one launch bound per signature (no CuPy elementwise call).
 template <typename T>
@@ -658,6 +664,8 @@ def dense_atb_name(bq, ti, nt):
 
 #: The slices' sum of ``tcgnn_dense_atb``.
 DENSE_ATB_SUM = "tcgnn_dense_atb_sum"
+#: An attention dropout seed's bits from a float64 draw.
+SEED_BITS = "tcgnn_seed_bits"
 
 
 def dense_mm_name(bn, tm, nt, bt):
@@ -671,7 +679,7 @@ DENSE_NAMES = (*(dense_mm_name(*tile, bt) for tile in DENSE_TILES for bt in (Fal
                *(dense_atb_name(*tile) for tile in DENSE_ATB_TILES), DENSE_ATB_SUM)
 
 TICK = "tcgnn_adam_tick"
-NAMES = (TICK, *(adam_multi_name(t) for t in VALUE_TYPES),
+NAMES = (TICK, SEED_BITS, *(adam_multi_name(t) for t in VALUE_TYPES),
          *(f(t) for f in (tail_name, tail_grad_name, cross_entropy_name, index_weights_name, head_dots_name,
                           head_dots_grad_name, row_normalize_name, row_normalize_grad_name, sum_name,
                           head_blocks_name, add_bias_name) for t in TAIL_TYPES),

@@ -72,8 +72,12 @@ _CHECKED_KEEP = 4
 
 
 def _draw_seed(rng):
-    """An attention dropout seed: one uint32 drawn on rng's device (no host read, so a capture can hold it)."""
-    return (rng.random(1) * 2.0**32).astype(np.uint32)
+    """An attention dropout seed: one uint32 drawn on rng's device (no host read, so a capture can hold it), the
+    bits of ``(rng.random(1) * 2**32).astype(uint32)``."""
+    draw = rng.random(1)
+    if type(draw) is np.ndarray:
+        return (draw * 2.0**32).astype(np.uint32)
+    return layer_ops.seed_bits(draw)
 
 
 def _check_weights(E):

@@ -24,7 +24,7 @@ __all__ = ["TAIL_TYPES", "ACTIVATIONS", "ADAM_MULTI", "takes", "acc_dtype", "tai
            "DENSE_ATB_MAX", "DENSE_ATB_MAX_ROWS",
            "head_dots", "head_dots_grad", "head_blocks", "row_normalize", "row_normalize_grad",
            "total", "adam_tick", "bias_add_bound", "head_dots_bound", "head_dots_grad_bound", "head_blocks_bound",
-           "total_bound", "row_normalize_bound", "row_normalize_grad_bound",
+           "total_bound", "row_normalize_bound", "row_normalize_grad_bound", "seed_bits", "seed_bits_bound",
            "adam_table", "adam_multi"]
 
 TAIL_TYPES = kn.TAIL_TYPES
@@ -570,6 +570,25 @@ def head_blocks(r_src, r_dst, heads):
         return _kept(("head_blocks", r_src.shape, r_src.dtype, heads), head_blocks_bound, r_src, heads)(r_src, r_dst)
     cp = get_cupy()
     return cp.ndarray((heads, D), r_src.dtype), cp.ndarray((heads, D), r_src.dtype)
+
+
+def seed_bits(draw):
+    """``(draw * 2**32).astype(uint32)`` of a float64 device draw in ``[0, 1)`` of one element (an attention dropout
+    seed), in one launch: CuPy's product and cast are two elementwise calls, several times the host time."""
+    return _kept(("seed_bits",), seed_bits_bound)(draw)
+
+
+def seed_bits_bound():
+    """``f(draw)``: :func:`seed_bits`, its launch bound now (a bound layer call's)."""
+    nd, u32 = get_cupy().ndarray, np.dtype(np.uint32)
+    bound = _bind(kn.SEED_BITS, 1, 32, (None, None), (0, 1))
+
+    def f(draw):
+        seed = nd((1,), u32)
+        bound(draw, seed)
+        return seed
+
+    return f
 
 
 def total(x, shape=()):
