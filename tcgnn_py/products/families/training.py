@@ -360,7 +360,7 @@ def _atb_bind(a, b, key, stream, capturing):
     function = _function(kn.dense_atb_name(bq, ti, nt))
     operands = (0,) if a is not None else ()
     if slices == 1:  # one slice: the sums go to C
-        return bound_launch(function, grid, nt, args, operands + (1, 2), stream), None, p
+        return bound_launch(function, grid, nt, args, operands + (1, 2), stream), p
 
     def scratch(kind, shape, dtype, zeros=False):  # the graph's own under a capture, else kept per stream
         if capturing:
@@ -370,11 +370,16 @@ def _atb_bind(a, b, key, stream, capturing):
     args[2] = scratch("atb", (slices * p * q,), _F32)  # the slices' partial sums
     if device.get("CooperativeLaunch") and slices * tiles <= sms * _resident(function, nt):  # the blocks add them
         args[11] = scratch("atb barrier", (2,), np.uint32, zeros=True)
-        return bound_launch(function, grid, nt, args, operands + (1, 10), stream, cooperative=True), None, p
+        return bound_launch(function, grid, nt, args, operands + (1, 10), stream, cooperative=True), p
     first = bound_launch(function, grid, nt, args, operands + (1,), stream)
     total = bound_launch(_function(kn.DENSE_ATB_SUM), -(-p * q // 32), 256, [args[2], None, slices, p * q], (1,),
                          stream)
-    return first, total, p
+
+    def two(*arrays):  # the operands, then C
+        first(*arrays[:-1])
+        total(arrays[-1])
+
+    return two, p
 
 
 @functools.cache
@@ -393,19 +398,19 @@ def dense_atb(a, b):
     bound per signature (less host time than a ``cublasLtMatmul`` call).
     """
     cp = get_cupy()
-    first, total, p = _atb_launches(cp, a, b)
-    c = cp.ndarray((p, b.shape[1]) if a is not None else (b.shape[1],), _F32)
-    if total is None:
-        first(*((a,) if a is not None else ()), b, c)
+    run, p = _atb_launches(cp, a, b)
+    if a is None:
+        c = cp.ndarray((b.shape[1],), _F32)
+        run(b, c)
     else:
-        first(*((a,) if a is not None else ()), b)
-        total(c)
+        c = cp.ndarray((p, b.shape[1]), _F32)
+        run(a, b, c)
     return c
 
 
 def _atb_launches(cp, a, b):
-    """``(first, total, p)`` of :func:`dense_atb` for operands of this signature on the current stream: kept, but
-    under a capture, whose partial sums are the graph's own."""
+    """``(run, p)`` of :func:`dense_atb` for operands of this signature on the current stream, ``run(*operands,
+    C)`` its launch (or launches): kept, but under a capture, whose partial sums are the graph's own."""
     stream = cp.cuda.get_current_stream()
     ptr = stream.ptr
     key = (None if a is None else (a.shape, a.strides[0]), b.shape, b.strides[0], b.data.ptr & 15,
@@ -423,37 +428,25 @@ def dense_atb_bound(a, b):
     """:func:`dense_atb` for operands of the signature of these, as ``f(a, b)`` (``f(b)`` for ``a`` None), its
     launches bound now: a bound layer call's (not under a capture, whose partial sums are the graph's own)."""
     cp = get_cupy()
-    first, total, p = _atb_launches(cp, a, b)
+    run, p = _atb_launches(cp, a, b)
     nd = cp.ndarray
-    shape = (p, b.shape[1]) if a is not None else (b.shape[1],)
     if a is None:
-        if total is None:
-            def sums(b):
-                c = nd(shape, _F32)
-                first(b, c)
-                return c
-        else:
-            def sums(b):
-                c = nd(shape, _F32)
-                first(b)
-                total(c)
-                return c
-        return sums
-    if total is None:
-        def one(a, b):
+        shape = (b.shape[1],)
+
+        def sums(b):
             c = nd(shape, _F32)
-            first(a, b, c)
+            run(b, c)
             return c
 
-        return one
+        return sums
+    shape = (p, b.shape[1])
 
-    def two(a, b):
+    def product(a, b):
         c = nd(shape, _F32)
-        first(a, b)
-        total(c)
+        run(a, b, c)
         return c
 
-    return two
+    return product
 
 
 _biases = {}
