@@ -79,7 +79,7 @@ def mm(a, b, bias=None):
             c += bias
         return c
     if fused.dense_takes(a, b):
-        if bias is None or bias.dtype == a.dtype and bias.flags.c_contiguous:
+        if _bias_in_epilogue(a, bias):
             return fused.dense_mm(a, b, bias)
         c = fused.dense_mm(a, b)
     elif a.ndim == 2 and fused.dense_atb_takes(a.T, b):  # a weight's gradient Hᵀ G: a sum over the rows
@@ -93,11 +93,23 @@ def mm(a, b, bias=None):
     return c
 
 
+def _bias_in_epilogue(a, bias):
+    """Whether the training family's product ``a @ b`` adds ``bias`` in its epilogue: none, or one of a's dtype,
+    contiguous (the kernel reads it so)."""
+    return bias is None or bias.dtype == a.dtype and bias.flags.c_contiguous
+
+
+def _bias_kernel_takes(x, b):
+    """Whether :func:`tcgnn_py.products.training.add_bias` adds ``b`` to ``x`` in place: on the GPU, one dtype the
+    kernel takes, both contiguous, x 2-D."""
+    return (array_module(x) is not np and x.dtype == b.dtype and fused.takes(x.dtype) and x.flags.c_contiguous
+            and b.flags.c_contiguous and x.ndim == 2)
+
+
 def add_bias(x, b):
     """``x += b`` (one value per column); on the GPU one bound launch where the dtypes match and both are
     contiguous (:func:`tcgnn_py.products.training.add_bias`), else the broadcast add."""
-    if (array_module(x) is not np and x.dtype == b.dtype and fused.takes(x.dtype) and x.flags.c_contiguous
-            and b.flags.c_contiguous and x.ndim == 2):
+    if _bias_kernel_takes(x, b):
         return fused.add_bias(x, b)
     x += b
     return x
@@ -290,8 +302,7 @@ class _BoundGCN:
 def mm_bound(a, b, bias=None):
     """``f(a, b[, bias])``: :func:`mm` for operands of the signature of these, bound where the training family's
     kernel runs it (a bound layer call's), else :func:`mm` itself."""
-    if array_module(a) is not np and fused.dense_takes(a, b) and (
-            bias is None or bias.dtype == a.dtype and bias.flags.c_contiguous):
+    if array_module(a) is not np and fused.dense_takes(a, b) and _bias_in_epilogue(a, bias):
         f = fused.dense_mm_bound(a, b, bias)
         if f is not None:
             return f
@@ -325,8 +336,7 @@ def sums_bound(g):
 
 def bias_bound(x, b):
     """``f(x, b)``: :func:`add_bias` (in place) for operands of the signature of these."""
-    if (array_module(x) is not np and x.dtype == b.dtype and fused.takes(x.dtype) and x.flags.c_contiguous
-            and b.flags.c_contiguous and x.ndim == 2):
+    if _bias_kernel_takes(x, b):
         return fused.add_bias_bound(x, b)
     return add_bias
 
