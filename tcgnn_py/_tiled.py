@@ -658,23 +658,29 @@ def spmm(T, X, out=None, *, precision=None):
     return T._matmul_dispatch(X, out=out, precision=precision)
 
 
-def bound_spmm(T, X, precision=None):
+def bound_spmm(T, X, precision=None, keep=False):
     """``f(X) -> T @ X`` for a CuPy X of this X's signature (a new result, ``precision`` a name or None): the
     product's bound plan with T's values, without the lookup of :func:`spmm` (a bound layer call's, whose key
     proves the signature).  Until the signature's plan has bound (its launch is final only once the timed choice's
-    candidates have compiled, seconds after a layer's second call), ``f`` runs :func:`spmm` and looks again."""
+    candidates have compiled, seconds after a layer's second call), ``f`` runs :func:`spmm` and looks again.
+
+    ``keep``: once bound, every call writes and returns one array, its first bound result, for a caller that reads
+    it before its next call on the stream (a bound layer call's intermediate)."""
     key = signature(T._values, X, None, precision)
     plans, values, casts = T._plans, T._values, T._casts
-    bound = None
+    bound = out = None
 
     def f(X):
-        nonlocal bound
+        nonlocal bound, out
         if bound is None:
             plan = plans.get(key)
             bound = None if plan is None else plan.bound
             if bound is None:
                 return spmm(T, X, precision=precision)
-        return bound(values, casts, X, None)
+            if keep:  # (the plan's own result: its shape and type)
+                out = bound(values, casts, X, None)
+                return out
+        return bound(values, casts, X, out)
 
     return f
 

@@ -680,6 +680,38 @@ def test_bound_gat_and_agnn_conv_are_the_general_calls(cp, monkeypatch, heads, D
     assert sorted(len(c.backward.bound) for c in calls.values()) == [1, 2]  # agnn's vjp, gat's with and without dH
 
 
+@pytest.mark.parametrize("d_in, d_out", [(24, 16), (16, 24)])
+@pytest.mark.parametrize("heads", [1, 4])
+def test_bound_calls_results_outlive_later_calls(cp, monkeypatch, d_in, d_out, heads):
+    """A bound call's intermediates are its own, written anew by every call; its results are new arrays: three
+    bound forward calls, then their vjps in reverse order, leave every result the general code's, bit for bit,
+    read after all of them ran."""
+    rng = np.random.default_rng()
+    n, f32 = 500, np.float32
+    G = random_graph(rng, n, density=0.02)
+    A, S = nn.gcn_norm(G, dtype=f32), nn.add_self_loops(G, dtype=f32)
+    D = d_out // heads
+    W = cp.asarray(rng.standard_normal((d_in, d_out), dtype=f32) / 4)
+    b = cp.asarray(rng.standard_normal(d_out, dtype=f32))
+    a1, a2 = (cp.asarray(rng.standard_normal((heads, D), dtype=f32)) for _ in range(2))
+    beta = cp.asarray([0.5], f32)
+    layers = {"gcn": lambda H: nn.gcn_conv(A, H, W, b), "gat": lambda H: nn.gat_conv(S, H, W, a1, a2, b, heads=heads),
+              "agnn": lambda H: nn.agnn_conv(S, H, beta)}
+    for name, layer in layers.items():
+        Hs = [cp.asarray(rng.standard_normal((n, d_in), dtype=f32)) for _ in range(3)]
+        gs = [cp.asarray(rng.standard_normal((n, d_in if name == "agnn" else d_out), dtype=f32)) for _ in range(3)]
+        for _ in range(5):  # the forward call and its vjp bound
+            layer(Hs[0])[1](gs[0])
+        calls = [layer(H) for H in Hs]
+        grads = [calls[i][1](gs[i]) for i in (2, 1, 0)][::-1]
+        for H, g, (out, _), got in zip(Hs, gs, calls, grads):
+            want, vjp = _general(monkeypatch, layer, H)
+            np.testing.assert_array_equal(out.get(), want.get(), err_msg=name)
+            for x, y in zip(got, _general(monkeypatch, vjp, g)):
+                np.testing.assert_array_equal(x.get(), y.get(), err_msg=name)
+    assert len(_bound_calls(A)) == 1 and len(_bound_calls(S)) == 2
+
+
 @pytest.mark.parametrize("model", ["gcn", "gat", "agnn"])
 def test_bound_models_are_the_general_models(cp, monkeypatch, model):
     """The models reach bound calls through their edge views (dropout drawn from one seed on both runs): a

@@ -568,13 +568,14 @@ class _BoundGAT:
         n, HD = X.shape
         f32 = np.float32
         dX, ds = xp.empty((n, HD), f32), xp.empty((n, heads), f32)
-        back = engine.fused_backward_bound(T, X, heads, "additive", a["slope"], a["dropout"])
-        grad_dots = layer_ops.head_dots_grad_bound(dX, heads)
+        keep = bound.keeps(dX.shape)  # (the attention's gradients and dX: intermediates, as R of several heads)
+        back = engine.fused_backward_bound(T, X, heads, "additive", a["slope"], a["dropout"], keep=keep)
+        grad_dots = layer_ops.head_dots_grad_bound(dX, heads, keep=keep)
         blocks = None if heads == 1 else layer_ops.head_blocks_bound(xp.empty((heads, HD), f32), heads)
         if back is None or grad_dots is None or heads > 1 and blocks is None:
             return None
         sums = sums_bound(g)
-        R = atb_bound(ds, X)
+        R_s, R_d = (atb_bound(ds, X, keep=heads > 1 and keep) for _ in range(2))  # (kept: one array each)
         dH = mm_t_bound(dX, W) if input_grad else None
         dW = atb_bound(H, dX)
 
@@ -585,7 +586,7 @@ class _BoundGAT:
             else:
                 dX, ds_src, ds_dst = back(X, g, att, s_src, s_dst, lse, seed)
             dX = grad_dots(dX, ds_src, ds_dst, a_src, a_dst)
-            R_src, R_dst = R(ds_src, X), R(ds_dst, X)
+            R_src, R_dst = R_s(ds_src, X), R_d(ds_dst, X)
             da_src, da_dst = (R_src, R_dst) if blocks is None else blocks(R_src, R_dst)
             return None if dH is None else dH(dX, W), dW(H, dX), da_src, da_dst, db
 
@@ -764,7 +765,8 @@ class _BoundAGNN:
         if not g.flags.c_contiguous:
             return None
         T, a, f32 = self.E.matrix, self.a, np.float32
-        back = engine.fused_backward_bound(T, H, 1, "cosine", a["slope"], a["dropout"])
+        keep = bound.keeps(H.shape)  # (the attention's gradients: intermediates)
+        back = engine.fused_backward_bound(T, H, 1, "cosine", a["slope"], a["dropout"], keep=keep)
         grad = layer_ops.row_normalize_grad_bound(Hn, _NORM_EPS)
         if back is None or grad is None:
             return None

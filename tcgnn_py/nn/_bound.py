@@ -8,8 +8,12 @@ compiling after it), and from then on a call of that signature allocates its res
 its checks are proved by the signature the general call passed.  Only float32 CuPy operands take bound calls (a
 training step's); every other call, and every call under a CUDA-graph capture (whose scratch buffers are the
 graph's own), runs the general code.
+
+A bound call's intermediates (an array made and read within the call, never returned) are its own, made when it
+binds and written anew by every call, where they are small (:data:`KEEP_BYTES`); its results are new arrays.
 """
 
+import math
 import sys
 
 import numpy as np
@@ -18,13 +22,16 @@ from .._tiled import TiledMatrix
 from .._tuning import overrides_key
 from ._edges import TiledEdges
 
-__all__ = ["matrix", "signature", "find", "seen", "Calls", "KEEP", "BIND_AFTER"]
+__all__ = ["matrix", "signature", "find", "seen", "keeps", "Calls", "KEEP", "BIND_AFTER", "KEEP_BYTES"]
 
 #: Bound calls kept per graph (signatures), oldest dropped: a model has a few layers, each a signature or two.
 KEEP = 32
 #: General calls of a signature before it binds: the first plans and compiles its launches (a timed choice among
 #: launches may keep compiling after it), the second finds them final.
 BIND_AFTER = 2
+#: The largest intermediate a bound call keeps as its own (bytes): below it an allocation's host time is a visible
+#: share of the call, above it the kernels outlast the host, and arrays kept per signature would add up over layers.
+KEEP_BYTES = 1 << 24
 
 _F32 = np.dtype(np.float32)
 
@@ -61,6 +68,12 @@ def signature(A, arrays, options):
         return None
     key += (ptr, cp.cuda.runtime.getDevice(), overrides_key())
     return tuple(key)
+
+
+def keeps(*shapes):
+    """Whether a bound call keeps float32 intermediates of these shapes as its own (each within :data:`KEEP_BYTES`)
+    rather than allocating them per call."""
+    return all(4 * math.prod(shape) <= KEEP_BYTES for shape in shapes)
 
 
 def find(A, key):

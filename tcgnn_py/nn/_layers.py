@@ -209,11 +209,11 @@ def gcn_conv(A, H, W, b=None, *, precision=None):
         out = mm(mid, W, b)
     if key is not None:
         bound.seen(A, key, lambda: _BoundGCN(E.matrix, E.precision, narrow_first, H, W, b, mid, out))
-    return out, functools.partial(_gcn_vjp, E, H, W, b, mid, narrow_first, out.shape)
+    return out, functools.partial(_gcn_vjp, E, H, W, b, None if narrow_first else mid, narrow_first, out.shape)
 
 
 def _gcn_vjp(E, H, W, b, mid, narrow_first, shape, g, input_grad=True):
-    """:func:`gcn_conv`'s vjp: ``mid`` is ``H W`` where the product ran narrow first, else ``A H``."""
+    """:func:`gcn_conv`'s vjp: ``mid`` is ``A H`` where the product ran wide first, else None (``H W``, not read)."""
     g = features_on(E, g, "g")
     if g.shape != shape:
         raise ValueError(f"g must have the output's shape {shape}, got {g.shape}")
@@ -232,7 +232,8 @@ class _BoundGCN:
     """A bound :func:`gcn_conv` call (:mod:`._bound`): the products of one signature, bound, and its bound vjps.
 
     Built from a general call's operands and results, whose signature the bound call's key proves; each product
-    is the training family's or the engine's bound launch where they run it, else the general function.
+    is the training family's or the engine's bound launch where they run it, else the general function.  ``H W``
+    where it runs first, and ``dZ = Aᵀ g`` or ``g Wᵀ`` in the vjp, are the bound call's own (:mod:`._bound`).
     """
 
     __slots__ = ("A", "precision", "narrow_first", "dense", "spmm", "bias", "backward")
@@ -240,7 +241,7 @@ class _BoundGCN:
     def __init__(self, A, precision, narrow_first, H, W, b, mid, out):
         self.A, self.precision, self.narrow_first = A, precision, narrow_first
         if narrow_first:
-            self.dense = mm_bound(H, W)
+            self.dense = mm_bound(H, W, keep=bound.keeps(mid.shape))
             self.spmm = bound_spmm(A, mid, precision)
             self.bias = None if b is None else bias_bound(out, b)
         else:
@@ -250,8 +251,8 @@ class _BoundGCN:
 
     def __call__(self, H, W, b):
         if self.narrow_first:
-            mid = self.dense(H, W)
-            out = self.spmm(mid)
+            out = self.spmm(self.dense(H, W))
+            mid = None  # (H W: the vjp reads none)
             if b is not None:
                 self.bias(out, b)
         else:
@@ -278,8 +279,8 @@ class _BoundGCN:
         AT, precision = self.A.T, self.precision
         sums = None if b is None else sums_bound(g)
         if self.narrow_first:
-            spmm_t = bound_spmm(AT, g, precision)
             dZ = xp.empty((AT.shape[0], g.shape[1]), g.dtype)
+            spmm_t = bound_spmm(AT, g, precision, keep=bound.keeps(dZ.shape))
             dW = atb_bound(H, dZ)
             dH = mm_t_bound(dZ, W) if input_grad else None
 
@@ -289,7 +290,7 @@ class _BoundGCN:
                 return (None if dH is None else dH(dZ, W)), dw, (None if sums is None else sums(g))
         else:
             dW = atb_bound(mid, g)
-            dG = mm_t_bound(g, W) if input_grad else None
+            dG = mm_t_bound(g, W, keep=bound.keeps((g.shape[0], W.shape[0]))) if input_grad else None
             spmm_t = None if dG is None else bound_spmm(AT, xp.empty((g.shape[0], W.shape[0]), g.dtype), precision)
 
             def call(H, W, b, mid, g):
@@ -299,31 +300,32 @@ class _BoundGCN:
         return call
 
 
-def mm_bound(a, b, bias=None):
+def mm_bound(a, b, bias=None, keep=False):
     """``f(a, b[, bias])``: :func:`mm` for operands of the signature of these, bound where the training family's
-    kernel runs it (a bound layer call's), else :func:`mm` itself."""
+    kernel runs it (a bound layer call's), else :func:`mm` itself.  ``keep``: a bound product's result is one array,
+    written by every call (an intermediate of the bound call)."""
     if array_module(a) is not np and fused.dense_takes(a, b) and _bias_in_epilogue(a, bias):
-        f = fused.dense_mm_bound(a, b, bias)
+        f = fused.dense_mm_bound(a, b, bias, keep=keep)
         if f is not None:
             return f
     return mm
 
 
-def mm_t_bound(a, w):
+def mm_t_bound(a, w, keep=False):
     """``f(a, w) -> a @ w.T`` for operands of the signature of these (``w`` passed, not its transposed view: the
-    bound kernel reads its address with the view's strides fixed)."""
+    bound kernel reads its address with the view's strides fixed); ``keep`` as in :func:`mm_bound`."""
     if array_module(a) is not np and fused.dense_takes(a, w.T):
-        f = fused.dense_mm_bound(a, w.T)
+        f = fused.dense_mm_bound(a, w.T, keep=keep)
         if f is not None:
             return f
     return lambda a, w: mm(a, w.T)
 
 
-def atb_bound(a, b):
+def atb_bound(a, b, keep=False):
     """``f(a, b) -> aᵀ b`` (a weight's gradient) for operands of the signature of these: :func:`mm` of ``a.T``,
-    bound where it runs the training family's sums over rows."""
+    bound where it runs the training family's sums over rows; ``keep`` as in :func:`mm_bound`."""
     if array_module(a) is not np and not fused.dense_takes(a.T, b) and fused.dense_atb_takes(a, b):
-        return fused.dense_atb_bound(a, b)
+        return fused.dense_atb_bound(a, b, keep=keep)
     return lambda a, b: mm(a.T, b)
 
 

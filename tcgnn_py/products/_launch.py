@@ -25,6 +25,7 @@ __all__ = [
     "SDDMM_OPERANDS",
     "SPMM_OPERANDS",
     "Scratch",
+    "same_array",
     "cast_plan",
     "f32_plan",
     "fixup",
@@ -57,6 +58,13 @@ class Scratch(NamedTuple):
             cp = get_cupy()
             buf = store[self, stream] = (cp.zeros if self.zeros else cp.empty)(self.shape, self.dtype)
         return buf
+
+
+def same_array(array):
+    """``f(shape, dtype) -> array``: in place of ``cupy.ndarray`` in a bound function's call, the one array made at
+    its binding, written anew by every call (a bound layer call's intermediate, read before the call's next one on
+    its stream: calls on one stream run in order)."""
+    return lambda shape, dtype: array
 
 
 #: The arrays an SpMM launch takes per call, between its fixed head and tail: ``partial`` is its partial tiles

@@ -16,7 +16,7 @@ from ...kernels import attention as ka
 from ...kernels.attention import attention_unit
 from ...kernels.driver import bound_launch
 from ...kernels.registry import get_kernel
-from .._launch import Scratch
+from .._launch import Scratch, same_array
 from .._plans import sm_count
 
 __all__ = ["csr_structure", "transpose_structure", "work_units", "csr_weights", "fused", "fused_backward", "reach",
@@ -316,11 +316,14 @@ def fused_bound(T, V, heads, score, slope, dropout):
     return scored
 
 
-def fused_backward_bound(T, V, heads, score, slope, dropout):
+def fused_backward_bound(T, V, heads, score, slope, dropout, keep=False):
     """:func:`fused_backward` for operands of this signature, already as the kernels read them (as
     :func:`fused_bound`; g C-contiguous of V's dtype, float32 V), as ``f(V, G, out, s_src, s_dst, lse[, seed])
     -> (dV, ds_src, ds_dst)`` or ``f(V, G, out, Q, K, beta, lse) -> (dV, dQ, dK, dbeta shares)``, its passes
-    bound now (a bound layer call's).  None for a graph without rows or columns."""
+    bound now (a bound layer call's).  None for a graph without rows or columns.
+
+    ``keep``: the results and the passes' working array are arrays made now, written anew by every call, for a
+    caller that reads them before its next call on this stream (calls on one stream run in order)."""
     cp = get_cupy()
     n, k = T.shape
     HD = V.shape[1]
@@ -336,22 +339,28 @@ def fused_backward_bound(T, V, heads, score, slope, dropout):
                   lambda: _rows_template(T, rows_name, w, heads, D, slope, dropout, additive, stream), stream)
     cols = _bound(T, w, ("bwd cols", cols_name, heads),
                   lambda: _cols_template(T, cols_name, w, heads, D, additive, stream), stream)
-    nd = cp.ndarray
     fac_shape = (w.shape[0] * heads, 2)
+    shapes = ((k, HD), fac_shape) + (((n, heads), (k, heads)) if additive else
+                                     ((n, D), (k, D), work_units(T, "rows", heads)[0].shape[:1]))
+    # each array's maker: cupy.ndarray, or (keep) the one array made now
+    nd = tuple(same_array(cp.ndarray(shape, f32)) if keep else cp.ndarray for shape in shapes)
     if additive:
+        nd_v, nd_fac, nd_dst, nd_src = nd
+
         def scored(V, G, out, s_src, s_dst, lse, *seed):
-            dV, fac = nd((k, HD), f32), nd(fac_shape, f32)
-            ds_dst, ds_src = nd((n, heads), f32), nd((k, heads), f32)
+            dV, fac = nd_v((k, HD), f32), nd_fac(fac_shape, f32)
+            ds_dst, ds_src = nd_dst((n, heads), f32), nd_src((k, heads), f32)
             rows(V, G, out, s_src, s_dst, lse, ds_dst, fac, *seed)
             cols(fac, G, dV, ds_src)
             return dV, ds_src, ds_dst
 
         return scored
-    shares = work_units(T, "rows", heads)[0].shape[:1]
+    nd_v, nd_fac, nd_q, nd_k, nd_shares = nd
+    shares = shapes[-1]
 
     def cosine(V, G, out, Q, K, beta, lse):
-        dV, fac = nd((k, HD), f32), nd(fac_shape, f32)
-        dQ, dK, dbeta = nd((n, D), f32), nd((k, D), f32), nd(shares, f32)
+        dV, fac = nd_v((k, HD), f32), nd_fac(fac_shape, f32)
+        dQ, dK, dbeta = nd_q((n, D), f32), nd_k((k, D), f32), nd_shares(shares, f32)
         rows(V, G, out, Q, K, beta, lse, dQ, dbeta, fac)
         cols(fac, G, Q, dV, dK)
         return dV, dQ, dK, dbeta

@@ -16,7 +16,7 @@ from ..._device import get_cupy
 from ...kernels import nn as kn
 from ...kernels.driver import bound_launch, launch, resident_blocks, slot_value
 from ...kernels.registry import background_compiles, compile_in_background, get_kernel
-from .._launch import Scratch
+from .._launch import Scratch, same_array
 
 __all__ = ["TAIL_TYPES", "ACTIVATIONS", "ADAM_MULTI", "takes", "acc_dtype", "tail", "tail_grad", "cross_entropy",
            "index_weights", "dense_takes", "dense_mm", "dense_scores_take", "DENSE_MAX_K", "DENSE_MAX_N",
@@ -268,12 +268,15 @@ def _dense_launch(cp, a, b, bias, scores):
     return _dense.get(key) or _dense_bind(a, b, bias, scores, key, stream)
 
 
-def dense_mm_bound(a, b, bias=None, a_src=None, a_dst=None, heads=1):
+def dense_mm_bound(a, b, bias=None, a_src=None, a_dst=None, heads=1, keep=False):
     """:func:`dense_mm` for operands of the signature of these, as ``f(a, b[, bias])`` (``f(a, b, a_src, a_dst)``
     with scores), its launch bound now: a bound layer call's, whose key proves the signature, so a call allocates
     and launches only.  ``b`` may be passed as any array at ``b``'s address (``W`` for a bound ``W.T``: the launch
     reads the address, its strides are fixed).  None where a call does more than launch: an empty ``a``, scores
-    of a transposed ``b`` (copied) or with a bias."""
+    of a transposed ``b`` (copied) or with a bias.
+
+    ``keep``: without scores, every call writes and returns one array made now (``same_array``), for a caller
+    that reads it before its next call on this stream."""
     cp = get_cupy()
     m, n = a.shape[0], b.shape[1]
     scores = 0 if a_src is None else heads
@@ -282,6 +285,8 @@ def dense_mm_bound(a, b, bias=None, a_src=None, a_dst=None, heads=1):
     nd = cp.ndarray
     bound = _dense_launch(cp, a, b, bias, scores)
     shape, s_shape = (m, n), (m, scores)
+    if keep and not scores:
+        nd = same_array(nd(shape, _F32))
     if scores:
         def scored(a, b, a_src, a_dst):
             c, s_src, s_dst = nd(shape, _F32), nd(s_shape, _F32), nd(s_shape, _F32)
@@ -424,12 +429,15 @@ def _atb_launches(cp, a, b):
     return hit
 
 
-def dense_atb_bound(a, b):
+def dense_atb_bound(a, b, keep=False):
     """:func:`dense_atb` for operands of the signature of these, as ``f(a, b)`` (``f(b)`` for ``a`` None), its
-    launches bound now: a bound layer call's (not under a capture, whose partial sums are the graph's own)."""
+    launches bound now: a bound layer call's (not under a capture, whose partial sums are the graph's own).
+    ``keep``: the result is one array made now."""
     cp = get_cupy()
     run, p = _atb_launches(cp, a, b)
     nd = cp.ndarray
+    if keep:
+        nd = same_array(nd((b.shape[1],) if a is None else (p, b.shape[1]), _F32))
     if a is None:
         shape = (b.shape[1],)
 
@@ -518,13 +526,15 @@ def head_dots_grad(g, ds_src, ds_dst, a_src, a_dst, heads):
     return get_cupy().ndarray(g.shape, g.dtype)
 
 
-def head_dots_grad_bound(g, heads):
+def head_dots_grad_bound(g, heads, keep=False):
     """``f(g, ds_src, ds_dst, a_src, a_dst) -> dx``: :func:`head_dots_grad` for operands of the signature of these,
-    its launch bound now (a bound layer call's); None for an empty g."""
+    its launch bound now (a bound layer call's); None for an empty g.  ``keep``: dx is one array made now."""
     if not g.size:
         return None
     nd = get_cupy().ndarray
     shape, dtype = g.shape, g.dtype
+    if keep:
+        nd = same_array(nd(shape, dtype))
     bound = _bind(_name(kn.head_dots_grad_name, dtype), _grid(g.size), THREADS,
                   (None,) * 6 + (shape[0], heads, shape[1] // heads), range(6))
 
