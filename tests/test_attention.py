@@ -428,6 +428,32 @@ def test_bound_passes_follow_their_operands(cp, score, dropout):
     assert all(int(c.any()) == 0 for c in counters)  # synchronize!
 
 
+@pytest.mark.parametrize("dropout", [0.0, 0.5])
+@pytest.mark.parametrize("heads, D", [(1, 64), (3, 20)])
+def test_bound_pass_adds_the_bias_as_it_stores(cp, dropout, heads, D):
+    """The additive pass given a layer's bias stores out and out + b: out and lse the bits of the pass without
+    it, out + b the float32 sum of the two -- on rows of every length, a long row's parts merged."""
+    from tcgnn_py.products import attention as engine
+
+    rng = np.random.default_rng()
+    A = _graph(rng, 700, density=0.01).tolil()
+    A[3, :600] = 1.5
+    T = tg.TiledMatrix(sp.csr_array(A.tocsr()))
+    n, f32 = A.shape[0], np.float32
+    V = cp.asarray(rng.standard_normal((n, heads * D)), f32)
+    s_src, s_dst = (cp.asarray(rng.standard_normal((n, heads)), f32) for _ in range(2))
+    b = cp.asarray(rng.standard_normal(heads * D), f32)
+    seed = (cp.asarray([7], np.uint32),) if dropout else ()
+    plain = engine.fused_bound(T, V, heads, "additive", 0.2, dropout)
+    biased = engine.fused_bound(T, V, heads, "additive", 0.2, dropout, bias=True)
+    for _ in range(2):  # (the second call on the stream's scratch, its counters back at zero)
+        out, lse = plain(V, s_src, s_dst, *seed)
+        got, got_lse, got_b = biased(V, s_src, s_dst, b, *seed)
+        assert got.get().tobytes() == out.get().tobytes() and got_lse.get().tobytes() == lse.get().tobytes()
+        assert got_b.get().tobytes() == (out + b).get().tobytes()
+        assert np.isfinite(out.get()).all() and out.get()[3].any()
+
+
 @pytest.mark.parametrize("score", ["additive", "cosine"])
 def test_fused_hub_of_200k_entries(cp, score):
     """A row and a column of about 200,000 entries each (thousands of parts, merged), 199,000 one-entry rows and

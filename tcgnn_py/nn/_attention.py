@@ -460,7 +460,7 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
     if b is not None:
         out = out + b.astype(out.dtype, copy=False)
     if key is not None and on_device and path == "fused":
-        bound.seen(A, key, lambda: _BoundGAT.bind(E, H, W, af_src, af_dst, b, a, concat, scored, att))
+        bound.seen(A, key, lambda: _BoundGAT.bind(E, H, W, af_src, af_dst, b, a, concat, scored))
     return out, functools.partial(_gat_vjp, E, H, W, a_src, a_dst, b, X, af_src, af_dst, fd, heads, concat,
                                   on_device, att_vjp, out.shape)
 
@@ -500,14 +500,14 @@ def _gat_vjp(E, H, W, a_src, a_dst, b, X, af_src, af_dst, fd, heads, concat, on_
 
 class _BoundGAT:
     """A bound :func:`gat_conv` call (:mod:`._bound`) on the fused path: the product with the scores (from its
-    kernel, or from one read of X where that kernel does not take the product), the attention pass and the bias,
-    each a bound launch; and its bound vjps.  Built from a general call's operands and results, whose signature
-    and options the key proves."""
+    kernel, or from one read of X where that kernel does not take the product) and the attention pass, which adds
+    the bias as it stores, each a bound launch; and its bound vjps.  Built from a general call's operands and
+    results, whose signature and options the key proves."""
 
-    __slots__ = ("E", "scores", "product", "dots", "attend", "bias", "a", "concat", "backward")
+    __slots__ = ("E", "scores", "product", "dots", "attend", "a", "concat", "backward")
 
     @classmethod
-    def bind(cls, E, H, W, af_src, af_dst, b, a, concat, scored, att):
+    def bind(cls, E, H, W, af_src, af_dst, b, a, concat, scored):
         """The bound call, or None where a call would do more than its launches (a copy of W or of the attention
         vectors, the heads' mean, a bias of another layout)."""
         heads, X = a["heads"], a["V"]
@@ -519,9 +519,8 @@ class _BoundGAT:
         self.E, self.scores, self.concat = E, scores, concat
         self.product = None if scored else mm_bound(H, W)
         self.dots = None if scored else layer_ops.head_dots_bound(X, heads)
-        self.attend = engine.fused_bound(E.matrix, X, heads, "additive", a["slope"], a["dropout"])
-        self.bias = None if b is None else layer_ops.bias_add_bound(att, b)
-        if self.attend is None or not scored and self.dots is None or b is not None and self.bias is None:
+        self.attend = engine.fused_bound(E.matrix, X, heads, "additive", a["slope"], a["dropout"], b is not None)
+        if self.attend is None or not scored and self.dots is None:
             return None
         self.a = dict(a, V=None, s_src=None, s_dst=None, seed=None)  # (the call's own arrays: none kept)
         self.backward = bound.Calls()
@@ -533,13 +532,12 @@ class _BoundGAT:
         else:
             X = self.product(H, W)
             s_src, s_dst = self.dots(X, a_src, a_dst)
-        if self.a["dropout"]:
-            seed = _draw_seed(rng)
-            att, lse = self.attend(X, s_src, s_dst, seed)
-        else:
-            seed = None
-            att, lse = self.attend(X, s_src, s_dst)
-        out = att if b is None else self.bias(att, b)  # (one float32 add: the bits of the general att + b)
+        seed = _draw_seed(rng) if self.a["dropout"] else None
+        if b is None:
+            att, lse = self.attend(X, s_src, s_dst) if seed is None else self.attend(X, s_src, s_dst, seed)
+            out = att
+        else:  # (one float32 add as the pass stores att: the bits of the general att + b)
+            att, lse, out = self.attend(X, s_src, s_dst, b) if seed is None else self.attend(X, s_src, s_dst, b, seed)
         return out, functools.partial(self.vjp, H, W, a_src, a_dst, b, X, s_src, s_dst, seed, att, lse)
 
     def vjp(self, H, W, a_src, a_dst, b, X, s_src, s_dst, seed, att, lse, g, input_grad=True):

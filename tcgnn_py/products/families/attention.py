@@ -277,29 +277,44 @@ def fused(T, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed):
     stream = cp.cuda.get_current_stream()
     seed = (cp.ascontiguousarray(seed, np.uint32),) if dropout else ()
     w = csr_weights(T, f32)
-    _bound(T, w, ("fwd", fwd_name, heads, slope, dropout),
+    _bound(T, w, ("fwd", fwd_name, heads, slope, dropout, False),
            lambda: _fwd_template(T, fwd_name, w, heads, HD // heads, slope, dropout, additive, stream),
            stream)(V, *scores, out, lse, *seed)
     return out, lse
 
 
-def fused_bound(T, V, heads, score, slope, dropout):
+def fused_bound(T, V, heads, score, slope, dropout, bias=False):
     """:func:`fused` for operands of this signature, already as the kernel reads them (C-contiguous; the scores
     float32, Q and K of V's dtype, the seed uint32), as ``f(V, s_src, s_dst[, seed])`` or ``f(V, Q, K, beta)``
     -> ``(out, lse)``, its pass bound now: a bound layer call's, whose key proves the signature.  None for a
-    graph without rows."""
+    graph without rows.
+
+    ``bias`` (additive scores): ``f(V, s_src, s_dst, b[, seed]) -> (out, lse, out + b)``, the pass adding a layer's
+    bias (float32, one value per feature) as it stores ``out`` (a launch less than adding it after)."""
     cp = get_cupy()
     n, HD = T.shape[0], V.shape[1]
     if not n:
         return None
     additive = score == "additive"
+    biased = bool(bias) and additive
     name, _ = _names(V.dtype, ka.ADDITIVE if additive else ka.COSINE, HD // heads)
     stream = cp.cuda.get_current_stream()
     w = csr_weights(T, np.float32)
-    bound = _bound(T, w, ("fwd", name, heads, slope, dropout),
-                   lambda: _fwd_template(T, name, w, heads, HD // heads, slope, dropout, additive, stream), stream)
+    bound = _bound(T, w, ("fwd", name, heads, slope, dropout, biased),
+                   lambda: _fwd_template(T, name, w, heads, HD // heads, slope, dropout, additive, stream, biased),
+                   stream)
     nd, dtype, f32 = cp.ndarray, V.dtype, np.float32
     shape, lse_shape = (n, HD), (n, heads)
+    if biased:
+        def with_bias(V, s_src, s_dst, b, seed=None):
+            out, lse, out_b = nd(shape, dtype), nd(lse_shape, f32), nd(shape, dtype)
+            if seed is None:
+                bound(V, s_src, s_dst, out, lse, b, out_b)
+            else:
+                bound(V, s_src, s_dst, out, lse, seed, b, out_b)
+            return out, lse, out_b
+
+        return with_bias
     if not additive:
         def cosine(V, Q, K, beta):
             out, lse = nd(shape, dtype), nd(lse_shape, f32)
@@ -368,18 +383,20 @@ def fused_backward_bound(T, V, heads, score, slope, dropout, keep=False):
     return cosine
 
 
-def _fwd_template(T, name, w, heads, D, slope, dropout, additive, stream):
+def _fwd_template(T, name, w, heads, D, slope, dropout, additive, stream, biased=False):
     """The forward pass's arguments (None where each call writes its operands) and their variable positions:
-    ``V``, the scores' operands, ``out, lse`` and the seed, in the order the call passes them.  The long rows'
-    parts and counters are the stream's, fixed in the launch."""
+    ``V``, the scores' operands, ``out, lse``, the seed, and (``biased``) a bias and the biased result, in the
+    order the call passes them.  The long rows' parts and counters are the stream's, fixed in the launch."""
     units, k0, n_slots = work_units(T, "rows", heads)
     part, counters = _parts(T, "fwd", n_slots, 2 * heads + heads * D, n_slots * heads, stream)
     nu = int(units.shape[0])
     # units indices w | V s_src s_dst Q K beta | out lse | part k0 counters n_units heads D slope dropout seed
+    # | bias biased
     args = (units, csr_structure(T)[0], w) + (None,) * 8 + (part, k0, counters, nu, int(heads), int(D),
-                                                          np.float32(slope), np.float32(dropout), None)
+                                                          np.float32(slope), np.float32(dropout), None, None, None)
     variable = [3] + ([4, 5] if additive else [6, 7, 8]) + [9, 10]
-    variable += [len(args) - 1] if dropout else []
+    variable += [len(args) - 3] if dropout else []
+    variable += [len(args) - 2, len(args) - 1] if biased else []
     return name, _grid(nu * heads), args, variable  # a warp per row (part) and head
 
 

@@ -23,7 +23,7 @@ __all__ = ["TAIL_TYPES", "ACTIVATIONS", "ADAM_MULTI", "takes", "acc_dtype", "tai
            "dense_atb_takes", "dense_atb", "add_bias", "dense_mm_bound", "dense_atb_bound", "add_bias_bound",
            "DENSE_ATB_MAX", "DENSE_ATB_MAX_ROWS",
            "head_dots", "head_dots_grad", "head_blocks", "row_normalize", "row_normalize_grad",
-           "total", "adam_tick", "bias_add_bound", "head_dots_bound", "head_dots_grad_bound", "head_blocks_bound",
+           "total", "adam_tick", "head_dots_bound", "head_dots_grad_bound", "head_blocks_bound",
            "total_bound", "row_normalize_bound", "row_normalize_grad_bound", "seed_bits", "seed_bits_bound",
            "adam_table", "adam_multi"]
 
@@ -97,33 +97,9 @@ def tail(x, b, act, p, seed):
     C-contiguous, of one dtype in :data:`TAIL_TYPES`."""
     out = get_cupy().ndarray(x.shape, x.dtype)  # x C-contiguous: cupy.empty_like without its wrapper
     if x.size:
-        _run(_name(kn.tail_name, x.dtype), x.size, _tail_args(x, b, out, act, p, seed, x))
+        _run(_name(kn.tail_name, x.dtype), x.size,
+             (x, b, out, x.size, x.shape[-1] if x.ndim else 1, ACTIVATIONS[act], np.float32(p), 1 / (1 - p), seed))
     return out
-
-
-def _tail_args(x, b, out, act, p, seed, like):
-    """The arguments of ``tcgnn_tail`` (the one place they are written): ``like`` gives the size and the row
-    width (x itself, or a sample of x's signature where x is None, a bound launch's operand)."""
-    return (x, b, out, like.size, like.shape[-1] if like.ndim else 1, ACTIVATIONS[act], np.float32(p), 1 / (1 - p),
-            seed)
-
-
-def bias_add_bound(x, b):
-    """``f(x, b) -> x + b`` (a new array; :func:`tail` without activation and dropout) for operands of the
-    signature of these, its launch bound now (a bound layer call's)."""
-    nd = get_cupy().ndarray
-    shape, dtype, size = x.shape, x.dtype, x.size
-    if not size:
-        return None
-    bound = _bind(_name(kn.tail_name, dtype), _grid(size), THREADS, _tail_args(None, None, None, None, 0.0, None, x),
-                  (0, 1, 2))
-
-    def f(x, b):
-        out = nd(shape, dtype)
-        bound(x, b, out)
-        return out
-
-    return f
 
 
 def tail_grad(g, x, b, act, p, seed):
