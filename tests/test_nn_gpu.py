@@ -406,6 +406,26 @@ def test_seed_bits_are_the_cast_of_the_draw(cp):
         np.testing.assert_array_equal(got.get(), (draw * 2.0**32).astype(np.uint32).get())
 
 
+@pytest.mark.parametrize("n, shares", [(1, 1), (7, 300), (5000, 257), (5000, 20000)])
+def test_row_normalize_grad_sums_the_shares_in_its_launch(cp, n, shares):
+    """The normalisation's vjp given AGNN's temperature-gradient shares: dh the bits of the vjp alone, and the
+    shares' sum those of ``total`` (its last block sums them in the same order), whatever the grid."""
+    from tcgnn_py.products import training as t
+
+    rng = np.random.default_rng()
+    f32 = np.float32
+    dv, dq, dk, x = (cp.asarray(rng.standard_normal((n, 24), dtype=f32)) for _ in range(4))
+    xn, norm = t.row_normalize(x, 1e-12)
+    s = cp.asarray(rng.standard_normal(shares, dtype=f32))
+    f = t.row_normalize_grad_bound(xn, 1e-12, s)
+    for _ in range(2):
+        dh, total = f(dv, dq, dk, xn, norm, s)
+        assert total.shape == (1,) and total.dtype == f32
+        np.testing.assert_array_equal(dh.get(), t.row_normalize_grad(dv, dq, dk, xn, norm, 1e-12).get())
+        np.testing.assert_array_equal(total.get(), t.total(s, (1,)).get())
+        s = cp.asarray(rng.standard_normal(shares, dtype=f32))
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
 def test_add_bias_in_place(cp, dtype):
     """A layer's bias after its sparse product, in place, bound per signature: exact on small integers."""

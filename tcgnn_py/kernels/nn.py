@@ -554,15 +554,38 @@ __global__ void tcgnn_row_normalize(const T* __restrict__ x, T* __restrict__ xn,
     }
 }
 
+// The sum of x[0 .. n) in one fixed order, by one block of NN_SUM_THREADS (the module's SUM_THREADS) threads: thread
+// t adds x[t], x[t + NN_SUM_THREADS], ... in the compute type, then a tree over the threads; out[0] is the sum in
+// x's type.  Deterministic: every caller of one length and type gets the same bits.
+template <typename T>
+__device__ __forceinline__ void nn_block_sum(const T* __restrict__ x, long long n, T* __restrict__ out) {
+    typedef typename nn_acc<T>::type A;
+    __shared__ A part[NN_SUM_THREADS];
+    A s = A(0);
+    for (long long i = threadIdx.x; i < n; i += NN_SUM_THREADS) s += nn_of(x[i]);
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (int w = NN_SUM_THREADS / 2; w > 0; w >>= 1) {
+        if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) tc_put(out, part[0]);
+}
+
 // The normalisation's vjp added to the attention's, a warp per row: with dn = dq + dk,
 // dh = dv + (dn - xn <xn, dn>) / max(norm, eps); the radial part only where norm > eps (below it the
-// normalisation is a scaling by 1 / eps).  dh in the compute type.
+// normalisation is a scaling by 1 / eps).  dh in the compute type.  Given shares (AGNN's temperature gradient, one
+// share per row unit), the last block also writes their sum to total, in tcgnn_sum's order (blocks of
+// NN_SUM_THREADS threads): a launch less.
 template <typename T>
 __global__ void tcgnn_row_normalize_grad(const T* __restrict__ dv, const typename nn_acc<T>::type* __restrict__ dq,
                                          const typename nn_acc<T>::type* __restrict__ dk, const T* __restrict__ xn,
                                          const typename nn_acc<T>::type* __restrict__ norm,
-                                         typename nn_acc<T>::type* __restrict__ dh, long long n, int d, double eps) {
+                                         typename nn_acc<T>::type* __restrict__ dh, long long n, int d, double eps,
+                                         const float* __restrict__ shares, long long n_shares,
+                                         float* __restrict__ total) {
     typedef typename nn_acc<T>::type A;
+    if (shares != nullptr && blockIdx.x == gridDim.x - 1) nn_block_sum(shares, n_shares, total);
     const int lane = threadIdx.x & 31;
     const long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
     for (long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < n; r += warps) {
@@ -580,23 +603,12 @@ __global__ void tcgnn_row_normalize_grad(const T* __restrict__ dv, const typenam
     }
 }
 
-// The sum of x[0 .. n) in one fixed order, one block of NN_SUM_THREADS (the module's SUM_THREADS) threads: thread
-// t adds x[t], x[t + NN_SUM_THREADS], ... in the compute type, then a tree over the threads; out[0] is the sum in
-// x's type.  Deterministic, and one launch where a library reduction costs several times its kernel on the host;
-// what it sums is one value per row (a loss) or per unit (AGNN's temperature gradient), at one SM's bandwidth.
+// nn_block_sum in one launch of one block: one launch where a library reduction costs several times its kernel on
+// the host; what it sums is one value per row (a loss) or per unit (AGNN's temperature gradient), at one SM's
+// bandwidth.
 template <typename T>
 __global__ void __launch_bounds__(NN_SUM_THREADS) tcgnn_sum(const T* __restrict__ x, long long n, T* __restrict__ out) {
-    typedef typename nn_acc<T>::type A;
-    __shared__ A part[NN_SUM_THREADS];
-    A s = A(0);
-    for (long long i = threadIdx.x; i < n; i += NN_SUM_THREADS) s += nn_of(x[i]);
-    part[threadIdx.x] = s;
-    __syncthreads();
-    for (int w = NN_SUM_THREADS / 2; w > 0; w >>= 1) {
-        if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) tc_put(out, part[0]);
+    nn_block_sum(x, n, out);
 }
 
 // GAT's attention vectors' gradients from R_src = ds_srcᵀ X and R_dst = ds_dstᵀ X ((heads, heads * D) each,

@@ -758,21 +758,20 @@ class _BoundAGNN:
         return grads
 
     def _bind_vjp(self, H, Hn, g):
-        """The bound vjp of g's signature: the fused backward, the sum of the temperature's shares and the
-        normalisation's vjp, each bound; None where the general vjp would copy g."""
+        """The bound vjp of g's signature: the fused backward and the normalisation's vjp, whose launch also sums
+        the temperature's shares, each bound; None where the general vjp would copy g."""
         if not g.flags.c_contiguous:
             return None
         T, a, f32 = self.E.matrix, self.a, np.float32
         keep = bound.keeps(H.shape)  # (the attention's gradients: intermediates)
         back = engine.fused_backward_bound(T, H, 1, "cosine", a["slope"], a["dropout"], keep=keep)
-        grad = layer_ops.row_normalize_grad_bound(Hn, _NORM_EPS)
+        shares = self.E.xp.empty(engine.work_units(T, "rows", 1)[0].shape[:1], f32)
+        grad = layer_ops.row_normalize_grad_bound(Hn, _NORM_EPS, shares)
         if back is None or grad is None:
             return None
-        total = layer_ops.total_bound(self.E.xp.empty(engine.work_units(T, "rows", 1)[0].shape[:1], f32), (1,))
 
         def call(H, beta, Hn, norm, out, lse, g):
             dV, dQ, dK, shares = back(H, g, out, Hn, Hn, beta, lse)
-            dbeta = total(shares)
-            return grad(dV, dQ, dK, Hn, norm), dbeta
+            return grad(dV, dQ, dK, Hn, norm, shares)  # (dH, and dbeta: the shares summed in the same launch)
 
         return call

@@ -590,8 +590,8 @@ def total_bound(x, shape=()):
     return f
 
 
-def _warp_grid(rows):
-    return min(max(1, -(-rows * 32 // THREADS)), MAX_BLOCKS)
+def _warp_grid(rows, threads=THREADS):
+    return min(max(1, -(-rows * 32 // threads)), MAX_BLOCKS)
 
 
 def row_normalize(x, eps):
@@ -623,16 +623,29 @@ def row_normalize_bound(x, eps):
     return f
 
 
-def row_normalize_grad_bound(xn, eps):
+def row_normalize_grad_bound(xn, eps, shares=None):
     """``f(dv, dq, dk, xn, norm) -> dh``: :func:`row_normalize_grad` for operands of the signature of these, its
-    launch bound now (a bound layer call's); None for an empty xn."""
+    launch bound now (a bound layer call's); None for an empty xn.
+
+    With ``shares`` (AGNN's temperature-gradient shares, float32, of the signature of this array), ``f(dv, dq, dk,
+    xn, norm, shares) -> (dh, total)``: the same launch also sums the shares, as :func:`total` of shape (1,)."""
     n, d = xn.shape
     if not n:
         return None
     nd = get_cupy().ndarray
     acc = acc_dtype(xn.dtype)
-    bound = _bind(_name(kn.row_normalize_grad_name, xn.dtype), _warp_grid(n), THREADS,
-                  (None,) * 6 + (n, d, float(eps)), range(6))
+    args = (None,) * 6 + (n, d, float(eps), None, 0 if shares is None else shares.size, None)
+    bound = _bind(_name(kn.row_normalize_grad_name, xn.dtype), _warp_grid(n, kn.SUM_THREADS), kn.SUM_THREADS, args,
+                  tuple(range(6)) + (() if shares is None else (9, 11)))
+    if shares is not None:
+        one = (1,)
+
+        def with_total(dv, dq, dk, xn, norm, shares):
+            dh, total = nd((n, d), acc), nd(one, _F32)
+            bound(dv, dq, dk, xn, norm, dh, shares, total)
+            return dh, total
+
+        return with_total
 
     def f(dv, dq, dk, xn, norm):
         dh = nd((n, d), acc)
