@@ -445,7 +445,7 @@ def test_bound_pass_adds_the_bias_as_it_stores(cp, dropout, heads, D):
     b = cp.asarray(rng.standard_normal(heads * D), f32)
     seed = (cp.asarray([7], np.uint32),) if dropout else ()
     plain = engine.fused_bound(T, V, heads, "additive", 0.2, dropout)
-    biased = engine.fused_bound(T, V, heads, "additive", 0.2, dropout, bias=True)
+    biased = engine.fused_bound(T, V, heads, "additive", 0.2, dropout, with_bias=True)
     for _ in range(2):  # (the second call on the stream's scratch, its counters back at zero)
         out, lse = plain(V, s_src, s_dst, *seed)
         got, got_lse, got_b = biased(V, s_src, s_dst, b, *seed)

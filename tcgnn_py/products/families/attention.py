@@ -283,20 +283,20 @@ def fused(T, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed):
     return out, lse
 
 
-def fused_bound(T, V, heads, score, slope, dropout, bias=False):
+def fused_bound(T, V, heads, score, slope, dropout, with_bias=False):
     """:func:`fused` for operands of this signature, already as the kernel reads them (C-contiguous; the scores
     float32, Q and K of V's dtype, the seed uint32), as ``f(V, s_src, s_dst[, seed])`` or ``f(V, Q, K, beta)``
     -> ``(out, lse)``, its pass bound now: a bound layer call's, whose key proves the signature.  None for a
     graph without rows.
 
-    ``bias`` (additive scores): ``f(V, s_src, s_dst, b[, seed]) -> (out, lse, out + b)``, the pass adding a layer's
-    bias (float32, one value per feature) as it stores ``out`` (a launch less than adding it after)."""
+    ``with_bias`` (additive scores): ``f(V, s_src, s_dst, b[, seed]) -> (out, lse, out + b)``, the pass adding a
+    layer's bias (float32, one value per feature) as it stores ``out`` (a launch less than adding it after)."""
     cp = get_cupy()
     n, HD = T.shape[0], V.shape[1]
     if not n:
         return None
     additive = score == "additive"
-    biased = bool(bias) and additive
+    biased = with_bias and additive
     name, _ = _names(V.dtype, ka.ADDITIVE if additive else ka.COSINE, HD // heads)
     stream = cp.cuda.get_current_stream()
     w = csr_weights(T, np.float32)
