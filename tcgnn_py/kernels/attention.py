@@ -172,20 +172,21 @@ __device__ __forceinline__ bool tc_att_last(int* counter, int parts, int lane) {
     return last;
 }
 
-// Element `at` of the forward's result, and (biased not null) of the result plus a layer's bias (column `col`):
-// the stored value plus the bias in float32, the bits of the training family's bias kernel on the stored result.
-template <typename T>
+// Element `at` of the forward's result, and (BIAS, biased not null) of the result plus a layer's bias (column
+// `col`): the stored value plus the bias in float32, the bits of the training family's bias kernel on the stored
+// result.  BIAS is the additive kind's alone: the cosine pass compiles to its code without a bias.
+template <bool BIAS, typename T>
 __device__ __forceinline__ void tc_att_put(T* __restrict__ out, T* __restrict__ biased, const float* __restrict__ bias,
                                            long long at, int col, float v) {
     tc_put(out + at, v);
-    if (biased != nullptr) tc_put(biased + at, tc_load(out + at) + bias[col]);
+    if (BIAS && biased != nullptr) tc_put(biased + at, tc_load(out + at) + bias[col]);
 }
 
 // A long row's forward parts (slots p0[k * (2 heads + HD)], k < parts), merged for head h in part order by one
 // warp: M = max m_k, L = sum l_k exp(m_k - M), out = sum acc_k exp(m_k - M) / L, lse = M + log L.  Fixed lanes
 // and tree order: deterministic.  Each part's factor exp(m_k - M) is worked out once, 32 parts at a time, into
 // the warp's 32 floats of shared memory ``s_scale`` (-1: a part whose entries all weigh 0, which adds nothing).
-template <typename T, int C>
+template <typename T, int C, bool BIAS>
 __device__ __noinline__ void tc_att_merge(const float* __restrict__ p0, int parts, long long row, int h, int heads,
                                           int D, T* __restrict__ out, float* __restrict__ lse,
                                           float* __restrict__ s_scale, int lane, const float* __restrict__ bias,
@@ -235,7 +236,7 @@ __device__ __noinline__ void tc_att_merge(const float* __restrict__ p0, int part
 #pragma unroll
     for (int c = 0; c < C; ++c) {
         const int f = lane + 32 * c;
-        if (f < D) tc_att_put(out, biased, bias, row * HD + h * D + f, h * D + f, L != 0.f ? A[c] / L : 0.f);
+        if (f < D) tc_att_put<BIAS>(out, biased, bias, row * HD + h * D + f, h * D + f, L != 0.f ? A[c] / L : 0.f);
     }
     if (lane == 0) lse[row * heads + h] = L != 0.f ? M + logf(L) : TC_NEG_INF;
 }
@@ -431,8 +432,8 @@ tcgnn_attention_fwd(const int4* __restrict__ units, const int* __restrict__ indi
         const int2 k0 = k0s[uid];  // (the row's first slot, its parts): the last part to finish merges them
         int* counter = counters + (long long)k0.x * heads + h;
         if (tc_att_last(counter, k0.y, lane)) {
-            tc_att_merge<T, C>(part + (long long)k0.x * (2 * heads + HD), k0.y, row, h, heads, D, out, lse,
-                               s_p[warp], lane, bias, biased);
+            tc_att_merge<T, C, KIND == 0>(part + (long long)k0.x * (2 * heads + HD), k0.y, row, h, heads, D, out,
+                                          lse, s_p[warp], lane, bias, biased);
             if (lane == 0) *counter = 0;  // ready for the next call on this stream
         }
         return;
@@ -440,7 +441,8 @@ tcgnn_attention_fwd(const int4* __restrict__ units, const int* __restrict__ indi
 #pragma unroll
     for (int c = 0; c < C; ++c) {
         const int f = lane + 32 * c;
-        if (f < D) tc_att_put(out, biased, bias, row * HD + h * D + f, h * D + f, l != 0.f ? acc[c] / l : 0.f);
+        if (f < D)
+            tc_att_put<KIND == 0>(out, biased, bias, row * HD + h * D + f, h * D + f, l != 0.f ? acc[c] / l : 0.f);
     }
     if (lane == 0) lse[row * heads + h] = l != 0.f ? m + logf(l) : TC_NEG_INF;
 }
