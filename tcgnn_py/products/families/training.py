@@ -433,26 +433,16 @@ def dense_atb_bound(a, b, keep=False):
     return product
 
 
-_biases = {}
-
-
 def add_bias(x, b):
     """``x += b`` in place (``x`` C-contiguous of :data:`TAIL_TYPES`, ``b`` one value per column, same dtype,
     contiguous) in one launch bound per signature, no CuPy elementwise call; returns ``x``."""
     if x.size:
-        _bias_launch(get_cupy(), x)(x, b)
+        _kept(("add_bias", x.shape, x.dtype), _bias_bind, x)(x, b)
     return x
 
 
-def _bias_launch(cp, x):
-    stream = cp.cuda.get_current_stream().ptr
-    key = (x.shape, x.dtype, cp.cuda.runtime.getDevice(), stream)
-    bound = _biases.get(key)
-    if bound is None:
-        bound = bound_launch(_function(_name(kn.add_bias_name, x.dtype)), _grid(x.size), THREADS,
-                             [None, None, x.size, x.shape[-1]], (0, 1), stream)
-        _keep(_biases, key, bound)
-    return bound
+def _bias_bind(x):
+    return _bind(_name(kn.add_bias_name, x.dtype), _grid(x.size), THREADS, (None, None, x.size, x.shape[-1]), (0, 1))
 
 
 def add_bias_bound(x, b):
@@ -460,7 +450,7 @@ def add_bias_bound(x, b):
     launch bound now: a bound layer call's."""
     if not x.size:
         return lambda x, b: None
-    return _bias_launch(get_cupy(), x)
+    return _kept(("add_bias", x.shape, x.dtype), _bias_bind, x)
 
 
 def head_dots(x, a_src, a_dst, heads):
