@@ -306,7 +306,7 @@ def fused_bound(T, V, heads, score, slope, dropout, with_bias=False):
     nd, dtype, f32 = cp.ndarray, V.dtype, np.float32
     shape, lse_shape = (n, HD), (n, heads)
     if biased:
-        def with_bias(V, s_src, s_dst, b, seed=None):
+        def scored_biased(V, s_src, s_dst, b, seed=None):
             out, lse, out_b = nd(shape, dtype), nd(lse_shape, f32), nd(shape, dtype)
             if seed is None:
                 bound(V, s_src, s_dst, out, lse, b, out_b)
@@ -314,7 +314,7 @@ def fused_bound(T, V, heads, score, slope, dropout, with_bias=False):
                 bound(V, s_src, s_dst, out, lse, seed, b, out_b)
             return out, lse, out_b
 
-        return with_bias
+        return scored_biased
     if not additive:
         def cosine(V, Q, K, beta):
             out, lse = nd(shape, dtype), nd(lse_shape, f32)
