@@ -285,7 +285,8 @@ def test_adam_multi_tensor_matches_host(cp, rng):
 
 @pytest.mark.parametrize("m, k, n", [(1, 1, 1), (129, 7, 3), (1001, 64, 64), (257, 33, 17), (3000, 64, 16),
                                      (77, 128, 64), (300, 100, 48), (65, 32, 60), (40000, 16, 64), (5000, 128, 32),
-                                     (70001, 124, 50)])
+                                     (70001, 124, 50), (5000, 64, 256), (1000, 36, 100), (300, 256, 512),
+                                     (4096, 200, 64), (9000, 128, 144)])
 @pytest.mark.parametrize("layout", ["c", "b_transposed", "a_strided_bias"])
 def test_dense_mm_is_the_product(cp, m, k, n, layout):
     """The layers' dense product against NumPy, every tile and partial tile of rows, columns and k (k % 4 != 0
@@ -307,7 +308,8 @@ def test_dense_mm_is_the_product(cp, m, k, n, layout):
         np.testing.assert_array_equal(c.get(), want.astype(dt))
 
 
-@pytest.mark.parametrize("heads, D", [(1, 64), (8, 8), (4, 16), (2, 32), (3, 4), (1, 32), (5, 4), (1, 16)])
+@pytest.mark.parametrize("heads, D", [(1, 64), (8, 8), (4, 16), (2, 32), (3, 4), (1, 32), (5, 4), (1, 16),
+                                      (4, 64), (3, 32), (8, 64), (17, 8)])
 def test_dense_mm_scores_are_head_dots(cp, heads, D):
     """GAT's scores from the product's kernel equal :func:`head_dots` of its result: exact on small integers."""
     from tcgnn_py.products import training as t
@@ -332,7 +334,8 @@ def test_dense_mm_scores_are_head_dots(cp, heads, D):
 
 
 @pytest.mark.parametrize("N, p, q", [(1, 1, 1), (31, 3, 7), (64, 8, 64), (1000, 9, 60), (22470, 64, 64),
-                                     (5000, 16, 13), (100001, 64, 16), (300001, 5, 64)])
+                                     (5000, 16, 13), (100001, 64, 16), (300001, 5, 64), (3000, 64, 256),
+                                     (50000, 4, 256), (1000, 8, 512), (4096, 33, 130)])
 @pytest.mark.parametrize("layout", ["c", "strided"])
 @pytest.mark.parametrize("launches", [1, 2])
 def test_dense_atb_is_the_product(cp, monkeypatch, N, p, q, layout, launches):
@@ -354,8 +357,10 @@ def test_dense_atb_is_the_product(cp, monkeypatch, N, p, q, layout, launches):
     else:
         A, B = A[:, :p].copy(), B[:, :q].copy()
         a, b = cp.asarray(A), cp.asarray(B)
-    takes = N <= t.DENSE_ATB_MAX_ROWS  # (longer: cuBLAS's; the kernel is still right)
-    assert t.dense_atb_takes(a, b) == takes and t.dense_atb_takes(None, b) == takes
+    # (longer, or wider where A is neither short nor of a few columns: cuBLAS's; the kernel is still right)
+    fits = N <= t.DENSE_ATB_MAX_ROWS and (q <= t.DENSE_ATB_MAX or N <= t.DENSE_SHORT_ROWS)
+    assert t.dense_atb_takes(a, b) == (fits or N <= t.DENSE_ATB_MAX_ROWS and 1 < p <= t.DENSE_ATB_FEW)
+    assert t.dense_atb_takes(None, b) == fits
     want = A.T.astype(np.float64) @ B
     for _ in range(2):  # planned, then bound
         c = t.dense_atb(a, b)
@@ -447,7 +452,8 @@ def test_dense_mm_routes_the_others_to_cublas(cp):
     from tcgnn_py.products import training as t
 
     rng = np.random.default_rng()
-    cases = [(ints(rng, 50, t.DENSE_MAX_K + 1), ints(rng, t.DENSE_MAX_K + 1, 8)),
+    cases = [(ints(rng, t.DENSE_SHORT_ROWS + 1, t.DENSE_MAX_K + 1), ints(rng, t.DENSE_MAX_K + 1, 8)),
+             (ints(rng, 50, t.DENSE_SHORT_K + 1), ints(rng, t.DENSE_SHORT_K + 1, 8)),
              (ints(rng, 50, 8), ints(rng, 8, t.DENSE_MAX_N + 1)), (ints(rng, 50, 8), ints(rng, 8, 40)),
              (ints(rng, 50, 8, dtype=np.float64), ints(rng, 8, 8)),
              (ints(rng, 50, 8, dtype=np.float64), ints(rng, 8, 8, dtype=np.float64)),
@@ -461,8 +467,11 @@ def test_dense_mm_routes_the_others_to_cublas(cp):
     assert t.dense_atb_takes(a, a) and not t.dense_atb_takes(a.T, b)  # Hᵀ G: a sum over rows, its own kernel
     np.testing.assert_array_equal(mm(a.T, a).get(), a.get().T.astype(np.float64) @ a.get())
     wide = cp.asarray(ints(rng, 40, t.DENSE_ATB_MAX + 1))
-    assert not t.dense_atb_takes(wide, a) and not t.dense_atb_takes(None, wide)
+    assert not t.dense_atb_takes(wide, a) and t.dense_atb_takes(None, wide)  # (40 rows: short)
     np.testing.assert_array_equal(mm(wide.T, a).get(), wide.get().T.astype(np.float64) @ a.get())
+    tall = cp.asarray(ints(rng, t.DENSE_SHORT_ROWS + 1, t.DENSE_ATB_MAX + 1))
+    assert not t.dense_atb_takes(None, tall) and not t.dense_atb_takes(tall[:, :t.DENSE_ATB_FEW + 1], tall)
+    np.testing.assert_array_equal(mm(tall[:, :9].T, tall).get(), tall[:, :9].get().T.astype(np.float64) @ tall.get())
     bias = ints(rng, 6, dtype=np.float64)
     c = mm(a, b, cp.asarray(bias))
     assert c.dtype == np.float32

@@ -46,7 +46,7 @@ from tcgnn_py.products import training as t  # noqa: E402
 
 r = np.random.default_rng(4)
 for m, k, n in ((1, 1, 1), (129, 7, 3), (1001, 64, 64), (257, 33, 17), (65, 128, 60), (3001, 16, 50),
-                (500, 40, 32), (9001, 16, 64)):
+                (500, 40, 32), (9001, 16, 64), (1001, 64, 256), (300, 256, 500), (4096, 200, 100)):
     H = cp.asarray(r.standard_normal((m, k + 3)), dtype=np.float32)
     W = cp.asarray(r.standard_normal((k, n)), dtype=np.float32)
     for a, b in ((H[:, :k], W), (cp.ascontiguousarray(H[:, :k]), cp.asfortranarray(W))):
@@ -57,5 +57,9 @@ for m, k, n in ((1, 1, 1), (129, 7, 3), (1001, 64, 64), (257, 33, 17), (65, 128,
     w = min(k, t.DENSE_ATB_MAX)
     for a in (H[:, :w], None):
         t.dense_atb(a, cp.ascontiguousarray(H[:, 1:w + 1]))
+for N, p, q in ((3000, 64, 256), (5001, 4, 250), (1000, 8, 512)):  # B wider than a tile
+    B = cp.asarray(r.standard_normal((N, q + 1)), dtype=np.float32)
+    for a in (B[:, :p], None):
+        t.dense_atb(a, B[:, 1:])
 cp.cuda.Device().synchronize()
 print("memcheck nn workload ok")

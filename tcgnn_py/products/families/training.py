@@ -20,6 +20,7 @@ from .._launch import Scratch, same_array
 
 __all__ = ["TAIL_TYPES", "ACTIVATIONS", "ADAM_MULTI", "takes", "acc_dtype", "tail", "tail_grad", "cross_entropy",
            "index_weights", "dense_takes", "dense_mm", "dense_scores_take", "DENSE_MAX_K", "DENSE_MAX_N",
+           "DENSE_SHORT_ROWS", "DENSE_SHORT_K", "DENSE_ATB_MAX_WIDE", "DENSE_ATB_FEW",
            "dense_atb_takes", "dense_atb", "add_bias", "dense_mm_bound", "dense_atb_bound", "add_bias_bound",
            "DENSE_ATB_MAX", "DENSE_ATB_MAX_ROWS",
            "head_dots", "head_dots_grad", "head_blocks", "row_normalize", "row_normalize_grad",
@@ -137,9 +138,14 @@ def index_weights(n, index, value, dtype):
 #: The widest inner dimension ``k`` of a product :func:`dense_mm` runs: up to it the kernel takes at most about as
 #: long as cuBLAS on the GPU; wider ones (a first layer's input features) go to cuBLAS.
 DENSE_MAX_K = 128
-#: The widest output :func:`dense_mm` runs: one tile of columns.  Widths from 33 to 47 go to cuBLAS too: they
-#: leave over a quarter of the 64-column tile idle, where cuBLAS's narrower tiles run faster.
-DENSE_MAX_N = 64
+#: The widest output :func:`dense_mm` runs: up to it its 64-column tiles take about as long as cuBLAS (wide ones
+#: less).  Widths that leave over a quarter of the last 64-column tile idle go to cuBLAS, whose narrower tiles run
+#: them faster (33 to 47, 65 to 95, ...; up to 32 the kernel's own narrower tiles serve).
+DENSE_MAX_N = 512
+#: Products over at most this many rows (a small graph's layers) run here up to :data:`DENSE_SHORT_K` too: the
+#: kernel's time for them stays below the host time of a cuBLAS call, which a layer this small waits on.
+DENSE_SHORT_ROWS = 4096
+DENSE_SHORT_K = 256
 #: Bound dense products kept (signatures: shapes, strides, alignment, bias, scores, device and stream), oldest
 #: dropped.
 DENSE_KEEP = 64
@@ -157,22 +163,27 @@ def _keep(store, key, value):
 
 @functools.lru_cache(maxsize=256)
 def _dense_signature(dt_a, dt_b, shape_a, shape_b, strides_a):
-    return (dt_a == dt_b == _F32 and len(shape_a) == len(shape_b) == 2 and shape_a[1] == shape_b[0]
-            and 0 < shape_a[1] <= DENSE_MAX_K and 0 < shape_b[1] <= DENSE_MAX_N and not 32 < shape_b[1] < 48
-            and strides_a[1] == 4 and strides_a[0] % 4 == 0)
+    if not (dt_a == dt_b == _F32 and len(shape_a) == len(shape_b) == 2 and shape_a[1] == shape_b[0]):
+        return False
+    m, k = shape_a
+    n = shape_b[1]
+    return (0 < k <= (DENSE_SHORT_K if m <= DENSE_SHORT_ROWS else DENSE_MAX_K) and 0 < n <= DENSE_MAX_N
+            and (n <= 32 or 4 * (-n % 64) <= -(-n // 64) * 64) and strides_a[1] == 4 and strides_a[0] % 4 == 0)
 
 
 def dense_takes(a, b):
     """Whether :func:`dense_mm` runs ``a @ b``: float32 (cuBLAS's tensor cores serve float64 and 16 bits faster
     than this kernel's CUDA cores), ``a`` 2-D with unit column stride (rows of any stride), ``b`` 2-D of any
-    strides (a transposed view too), ``k`` and the output's width within :data:`DENSE_MAX_K` and
-    :data:`DENSE_MAX_N`.  Answered from a cache of signatures, as it is asked per product."""
+    strides (a transposed view too), ``k`` within :data:`DENSE_MAX_K` (:data:`DENSE_SHORT_K` over at most
+    :data:`DENSE_SHORT_ROWS` rows) and the output's width within :data:`DENSE_MAX_N`, its last tile at least
+    three quarters used.  Answered from a cache of signatures, as it is asked per product."""
     return _dense_signature(a.dtype, b.dtype, a.shape, b.shape, a.strides)
 
 
 def dense_scores_take(D):
-    """Whether :func:`dense_mm` computes GAT's scores for heads of ``D`` features (its lanes sum a head)."""
-    return D % 4 == 0 and D // 4 <= 32 and (D // 4) & (D // 4 - 1) == 0
+    """Whether :func:`dense_mm` computes GAT's scores for heads of ``D`` features: its lanes sum a head, so a head
+    is a power of two of 4-column groups within a 64-column tile."""
+    return D % 4 == 0 and D // 4 <= 16 and (D // 4) & (D // 4 - 1) == 0
 
 
 def _dense_tile(n):
@@ -288,6 +299,11 @@ def dense_mm_bound(a, b, bias=None, a_src=None, a_dst=None, heads=1, keep=False)
 
 #: The most rows and columns of ``Aᵀ B`` :func:`dense_atb` computes (a tile of 64 x 64; wider go to cuBLAS).
 DENSE_ATB_MAX = 64
+#: The most columns of ``Aᵀ B`` :func:`dense_atb` computes where it has at most :data:`DENSE_ATB_FEW` rows (GAT's
+#: score gradients, a row per head), or where N is at most :data:`DENSE_SHORT_ROWS`: there its time is about
+#: cuBLAS's (at most 1.2x), and over so few rows within the host time of a cuBLAS call.
+DENSE_ATB_MAX_WIDE = 512
+DENSE_ATB_FEW = 8
 #: The longest dimension :func:`dense_atb` takes: up to it the kernel runs about as long as cuBLAS and costs less on
 #: the host; beyond it cuBLAS's faster sums save more GPU time than its host cost.
 DENSE_ATB_MAX_ROWS = 65536
@@ -303,18 +319,23 @@ _atb_scratch = {}
 @functools.lru_cache(maxsize=256)
 def _atb_signature(dt_a, dt_b, shape_a, shape_b, strides_a, strides_b):
     if (dt_b != _F32 or len(shape_b) != 2 or strides_b[1] != 4 or strides_b[0] % 4 or shape_b[0] > DENSE_ATB_MAX_ROWS
-            or not 0 < shape_b[1] <= DENSE_ATB_MAX):
+            or not 0 < shape_b[1] <= DENSE_ATB_MAX_WIDE):
+        return False
+    N, q = shape_b
+    p = 1 if dt_a is None else shape_a[1] if len(shape_a) == 2 else 0
+    if q > DENSE_ATB_MAX and not (N <= DENSE_SHORT_ROWS or 1 < p <= DENSE_ATB_FEW):
         return False
     if dt_a is None:
         return True
-    return (dt_a == _F32 and len(shape_a) == 2 and shape_a[0] == shape_b[0] and 0 < shape_a[1] <= DENSE_ATB_MAX
+    return (dt_a == _F32 and len(shape_a) == 2 and shape_a[0] == N and 0 < p <= DENSE_ATB_MAX
             and strides_a[1] == 4 and strides_a[0] % 4 == 0)
 
 
 def dense_atb_takes(a, b):
     """Whether :func:`dense_atb` runs ``aᵀ b`` (``a`` None: ``b``'s column sums): float32, both ``(N, ·)`` with
-    unit column stride, at most :data:`DENSE_ATB_MAX` columns each and N at most :data:`DENSE_ATB_MAX_ROWS`.
-    Answered from a cache of signatures."""
+    unit column stride, at most :data:`DENSE_ATB_MAX` columns each (``b`` up to :data:`DENSE_ATB_MAX_WIDE` where
+    ``a`` has at most :data:`DENSE_ATB_FEW` or N is at most :data:`DENSE_SHORT_ROWS`) and N at most
+    :data:`DENSE_ATB_MAX_ROWS`.  Answered from a cache of signatures."""
     if a is None:
         return _atb_signature(None, b.dtype, None, b.shape, None, b.strides)
     return _atb_signature(a.dtype, b.dtype, a.shape, b.shape, a.strides, b.strides)
