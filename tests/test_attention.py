@@ -4,7 +4,7 @@ float64 computation, gradients against finite differences, edge cases; the GPU k
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from _env import cupy_fixture
+from _env import cupy_fixture, ints
 
 import tcgnn_py as tg
 from tcgnn_py import _reference as ref
@@ -279,6 +279,30 @@ def test_fused_nan_and_empty_rows(cp):
     assert np.isnan(out.get()[1]).all() and not np.isnan(out.get()[[0, 2]]).any()
     out, _ = nn.graph_attention(T, V, s_src=cp.full((3, 1), -1e30, cp.float32), s_dst=s)
     assert np.isfinite(out.get()).all()
+
+
+@pytest.mark.parametrize("shape", [(0, 4), (4, 0), (3, 5)])
+@pytest.mark.parametrize("score", ["additive", "cosine"])
+def test_fused_passes_on_graphs_without_rows_columns_or_entries(cp, shape, score):
+    """The fused passes where the graph has no rows (no forward or rows pass), no columns (no columns pass) or no
+    entries: the host's shapes and values (zeros; the cosine temperature's gradient 0)."""
+    n, k = shape
+    A = sp.csr_array(shape, dtype=np.float32)
+    rng = np.random.default_rng(5)
+    V, g = ints(rng, k, 6), ints(rng, n, 6)
+    if score == "additive":
+        kw = dict(heads=2, s_src=ints(rng, k, 2), s_dst=ints(rng, n, 2))
+    else:
+        kw = dict(score="cosine", Q=ints(rng, n, 6), K=ints(rng, k, 6), beta=np.ones(1, np.float32))
+    res = []
+    for device, xp in (("cpu", np), ("cuda", cp)):
+        T = tg.TiledMatrix(A, device=device)
+        out, vjp = nn.graph_attention(T, xp.asarray(V), fused=True if device == "cuda" else None,
+                                      **{key: xp.asarray(a) for key, a in kw.items()})
+        res.append([out, *vjp(xp.asarray(g))])
+    for i, (want, got) in enumerate(zip(*res)):
+        assert got.shape == want.shape, i
+        np.testing.assert_array_equal(cp.asnumpy(got), want)
 
 
 def _dbeta_scale(A, V, g, inputs, dropout, seed):

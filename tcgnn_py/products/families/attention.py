@@ -155,46 +155,21 @@ def fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, sl
     the columns, which sums them; each with its long owners cut into parts, which the owner's last part to finish
     sums.  ``(dV, ds_src, ds_dst)`` for ``"additive"``, ``(dV, dQ, dK, dbeta shares)`` for ``"cosine"``: the
     temperature's gradient as one share per row unit, which the caller sums in order (the training family's
-    one-launch sum, a sibling this family does not import)."""
+    one-launch sum, a sibling this family does not import).  The operands as the kernels read them, then
+    :func:`fused_backward_bound`'s passes."""
     cp = get_cupy()
-    n, k = T.shape
-    HD = V.shape[1]
-    D = HD // heads
     f32 = np.float32
-    G = cp.ascontiguousarray(g, V.dtype)
-    stream = cp.cuda.get_current_stream()
-    w = csr_weights(T, f32)
     V = cp.ascontiguousarray(V)
+    G = cp.ascontiguousarray(g, V.dtype)
     seed = (cp.ascontiguousarray(seed, np.uint32),) if dropout else ()
-    dV = cp.ndarray((k, HD), f32)
-    # (P m, the score's gradient) per entry and head: the rows pass writes them, the columns pass sums them
-    fac = cp.ndarray((w.shape[0] * heads, 2), f32)
-    additive = score == "additive"
-    kid = ka.ADDITIVE if additive else ka.COSINE
-    rows_name, cols_name = _names(V.dtype, kid, D)[1]
-    if additive:
-        scores = (cp.ascontiguousarray(s_src, f32), cp.ascontiguousarray(s_dst, f32))
-        ds_dst, ds_src = cp.ndarray((n, heads), f32), cp.ndarray((k, heads), f32)
-        rows_out, cols_out, dbeta = (ds_dst,), ds_src, None
-    else:
-        scores = (cp.ascontiguousarray(Q, V.dtype), cp.ascontiguousarray(K, V.dtype), cp.ascontiguousarray(beta, f32))
-        dQ, dK = cp.ndarray((n, D), f32), cp.ndarray((k, D), f32)
-        cols_out = dK
-        dbeta = cp.ndarray((0,), f32)  # no row units: no shares
-    if n:  # (every row and column has at least one unit)
-        if not additive:
-            dbeta = cp.ndarray(work_units(T, "rows", heads)[0].shape[:1], f32)  # the row units' shares
-            rows_out = (dQ, dbeta)
-        _bound(T, w, ("bwd rows", rows_name, heads, slope, dropout),
-               lambda: _rows_template(T, rows_name, w, heads, D, slope, dropout, additive, stream),
-               stream)(V, G, out, *scores, lse, *rows_out, fac, *seed)
-    if k:
-        partners = (G,) if additive else (G, scores[0])
-        _bound(T, w, ("bwd cols", cols_name, heads),
-               lambda: _cols_template(T, cols_name, w, heads, D, additive, stream),
-               stream)(fac, *partners, dV, cols_out)
-    dV = dV.astype(V.dtype, copy=False)
-    return (dV, ds_src, ds_dst) if additive else (dV, dQ, dK, dbeta)
+    run = fused_backward_bound(T, V, heads, score, slope, dropout)
+    if score == "additive":
+        dV, ds_src, ds_dst = run(V, G, out, cp.ascontiguousarray(s_src, f32), cp.ascontiguousarray(s_dst, f32), lse,
+                                 *seed)
+        return dV.astype(V.dtype, copy=False), ds_src, ds_dst
+    dV, dQ, dK, dbeta = run(V, G, out, cp.ascontiguousarray(Q, V.dtype), cp.ascontiguousarray(K, V.dtype),
+                            cp.ascontiguousarray(beta, f32), lse, *seed)
+    return dV.astype(V.dtype, copy=False), dQ, dK, dbeta
 
 
 def _rows_template(T, name, w, heads, D, slope, dropout, additive, stream):
@@ -259,35 +234,27 @@ def csr_weights(T, dtype):
 
 def fused(T, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed):
     """``(out, lse)`` on the GPU: one warp per row, or per part of a long row, whose last part to finish merges the
-    row's parts (:mod:`tcgnn_py.kernels.attention`)."""
+    row's parts (:mod:`tcgnn_py.kernels.attention`).  The operands as the kernel reads them, then
+    :func:`fused_bound`'s pass."""
     cp = get_cupy()
     n, HD = T.shape[0], V.shape[1]
-    additive = score == "additive"
-    fwd_name, _ = _names(V.dtype, ka.ADDITIVE if additive else ka.COSINE, HD // heads)
-    out = cp.ndarray((n, HD), V.dtype)
-    lse = cp.ndarray((n, heads), np.float32)
     if n == 0:
-        return out, lse
+        return cp.ndarray((0, HD), V.dtype), cp.ndarray((0, heads), np.float32)
     f32 = np.float32
     V = cp.ascontiguousarray(V)
-    if additive:
+    if score == "additive":
         scores = (cp.ascontiguousarray(s_src, f32), cp.ascontiguousarray(s_dst, f32))
     else:
         scores = (cp.ascontiguousarray(Q, V.dtype), cp.ascontiguousarray(K, V.dtype), cp.ascontiguousarray(beta, f32))
-    stream = cp.cuda.get_current_stream()
     seed = (cp.ascontiguousarray(seed, np.uint32),) if dropout else ()
-    w = csr_weights(T, f32)
-    _bound(T, w, ("fwd", fwd_name, heads, slope, dropout, False),
-           lambda: _fwd_template(T, fwd_name, w, heads, HD // heads, slope, dropout, additive, stream),
-           stream)(V, *scores, out, lse, *seed)
-    return out, lse
+    return fused_bound(T, V, heads, score, slope, dropout)(V, *scores, *seed)
 
 
 def fused_bound(T, V, heads, score, slope, dropout, with_bias=False):
     """:func:`fused` for operands of this signature, already as the kernel reads them (C-contiguous; the scores
-    float32, Q and K of V's dtype, the seed uint32), as ``f(V, s_src, s_dst[, seed])`` or ``f(V, Q, K, beta)``
-    -> ``(out, lse)``, its pass bound now: a bound layer call's, whose key proves the signature.  None for a
-    graph without rows.
+    float32, Q and K of V's dtype, the seed uint32), as ``f(V, s_src, s_dst[, seed])`` or ``f(V, Q, K, beta[,
+    seed])`` -> ``(out, lse)``, its pass bound now (a bound layer call's, whose key proves the signature; the
+    general call's, after its conversions).  None for a graph without rows.
 
     ``with_bias`` (additive scores): ``f(V, s_src, s_dst, b[, seed]) -> (out, lse, out + b)``, the pass adding a
     layer's bias (float32, one value per feature) as it stores ``out`` (a launch less than adding it after)."""
@@ -316,9 +283,9 @@ def fused_bound(T, V, heads, score, slope, dropout, with_bias=False):
 
         return scored_biased
     if not additive:
-        def cosine(V, Q, K, beta):
+        def cosine(V, Q, K, beta, *seed):
             out, lse = nd(shape, dtype), nd(lse_shape, f32)
-            bound(V, Q, K, beta, out, lse)
+            bound(V, Q, K, beta, out, lse, *seed)
             return out, lse
 
         return cosine
@@ -333,9 +300,10 @@ def fused_bound(T, V, heads, score, slope, dropout, with_bias=False):
 
 def fused_backward_bound(T, V, heads, score, slope, dropout, keep=False):
     """:func:`fused_backward` for operands of this signature, already as the kernels read them (as
-    :func:`fused_bound`; g C-contiguous of V's dtype, float32 V), as ``f(V, G, out, s_src, s_dst, lse[, seed])
-    -> (dV, ds_src, ds_dst)`` or ``f(V, G, out, Q, K, beta, lse) -> (dV, dQ, dK, dbeta shares)``, its passes
-    bound now (a bound layer call's).  None for a graph without rows or columns.
+    :func:`fused_bound`; g C-contiguous of V's dtype), as ``f(V, G, out, s_src, s_dst, lse[, seed]) -> (dV,
+    ds_src, ds_dst)`` or ``f(V, G, out, Q, K, beta, lse[, seed]) -> (dV, dQ, dK, dbeta shares)``, dV float32,
+    its passes bound now (a bound layer call's, whose key proves the signature; the general call's, after its
+    conversions).  A graph without rows has no rows pass, one without columns no columns pass.
 
     ``keep``: the results and the passes' working array are arrays made now, written anew by every call, for a
     caller that reads them before its next call on this stream (calls on one stream run in order)."""
@@ -343,20 +311,20 @@ def fused_backward_bound(T, V, heads, score, slope, dropout, keep=False):
     n, k = T.shape
     HD = V.shape[1]
     D = HD // heads
-    if not (n and k) or V.dtype != np.float32:
-        return None
     f32 = np.float32
     stream = cp.cuda.get_current_stream()
     w = csr_weights(T, f32)
     additive = score == "additive"
     rows_name, cols_name = _names(V.dtype, ka.ADDITIVE if additive else ka.COSINE, D)[1]
-    rows = _bound(T, w, ("bwd rows", rows_name, heads, slope, dropout),
-                  lambda: _rows_template(T, rows_name, w, heads, D, slope, dropout, additive, stream), stream)
-    cols = _bound(T, w, ("bwd cols", cols_name, heads),
-                  lambda: _cols_template(T, cols_name, w, heads, D, additive, stream), stream)
+    none = lambda *arrays: None  # noqa: E731  (a pass without owners)
+    rows = none if not n else _bound(T, w, ("bwd rows", rows_name, heads, slope, dropout),
+                                     lambda: _rows_template(T, rows_name, w, heads, D, slope, dropout, additive,
+                                                            stream), stream)
+    cols = none if not k else _bound(T, w, ("bwd cols", cols_name, heads),
+                                     lambda: _cols_template(T, cols_name, w, heads, D, additive, stream), stream)
     fac_shape = (w.shape[0] * heads, 2)
-    shapes = ((k, HD), fac_shape) + (((n, heads), (k, heads)) if additive else
-                                     ((n, D), (k, D), work_units(T, "rows", heads)[0].shape[:1]))
+    shares = (work_units(T, "rows", heads)[0].shape[0] if n else 0,)  # (cosine: a share per row unit)
+    shapes = ((k, HD), fac_shape) + (((n, heads), (k, heads)) if additive else ((n, D), (k, D), shares))
     # each array's maker: cupy.ndarray, or (keep) the one array made now
     nd = tuple(same_array(cp.ndarray(shape, f32)) if keep else cp.ndarray for shape in shapes)
     if additive:
@@ -371,12 +339,11 @@ def fused_backward_bound(T, V, heads, score, slope, dropout, keep=False):
 
         return scored
     nd_v, nd_fac, nd_q, nd_k, nd_shares = nd
-    shares = shapes[-1]
 
-    def cosine(V, G, out, Q, K, beta, lse):
+    def cosine(V, G, out, Q, K, beta, lse, *seed):
         dV, fac = nd_v((k, HD), f32), nd_fac(fac_shape, f32)
         dQ, dK, dbeta = nd_q((n, D), f32), nd_k((k, D), f32), nd_shares(shares, f32)
-        rows(V, G, out, Q, K, beta, lse, dQ, dbeta, fac)
+        rows(V, G, out, Q, K, beta, lse, dQ, dbeta, fac, *seed)
         cols(fac, G, Q, dV, dK)
         return dV, dQ, dK, dbeta
 
