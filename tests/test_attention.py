@@ -291,14 +291,14 @@ def test_fused_passes_on_graphs_without_rows_columns_or_entries(cp, shape, score
     rng = np.random.default_rng(5)
     V, g = ints(rng, k, 6), ints(rng, n, 6)
     if score == "additive":
-        kw = dict(heads=2, s_src=ints(rng, k, 2), s_dst=ints(rng, n, 2))
+        options, arrays = dict(heads=2), dict(s_src=ints(rng, k, 2), s_dst=ints(rng, n, 2))
     else:
-        kw = dict(score="cosine", Q=ints(rng, n, 6), K=ints(rng, k, 6), beta=np.ones(1, np.float32))
+        options, arrays = dict(score="cosine"), dict(Q=ints(rng, n, 6), K=ints(rng, k, 6), beta=np.ones(1, np.float32))
     res = []
     for device, xp in (("cpu", np), ("cuda", cp)):
         T = tg.TiledMatrix(A, device=device)
-        out, vjp = nn.graph_attention(T, xp.asarray(V), fused=True if device == "cuda" else None,
-                                      **{key: xp.asarray(a) for key, a in kw.items()})
+        out, vjp = nn.graph_attention(T, xp.asarray(V), fused=True if device == "cuda" else None, **options,
+                                      **{key: xp.asarray(a) for key, a in arrays.items()})
         res.append([out, *vjp(xp.asarray(g))])
     for i, (want, got) in enumerate(zip(*res)):
         assert got.shape == want.shape, i
