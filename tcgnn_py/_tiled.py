@@ -7,8 +7,8 @@ import numpy as np
 from .tiles import _nm_group, _sgt
 from . import _reference as ref
 from ._device import DeviceMismatchError, array_module, get_cupy, is_cupy_array, to_host, use_gpu
-from .products import DEVICE_VALUES, MISMATCH, as_operand, check_out, result_dtype, sddmm_raw, signature, spmm_raw, \
-    timed_choices
+from .products import DEVICE_VALUES, MISMATCH, as_operand, check_out, recycled, result_dtype, sddmm_raw, signature, \
+    spmm_raw, timed_choices
 from .tiles._tiling import STRUCTURE, Tiling, TileStats, resolve_layout
 from ._tuning import options
 from ._validation import (
@@ -665,22 +665,26 @@ def bound_spmm(T, X, precision=None, keep=False):
     candidates have compiled, seconds after a layer's second call), ``f`` runs :func:`spmm` and looks again.
 
     ``keep``: once bound, every call writes and returns one array, its first bound result, for a caller that reads
-    it before its next call on the stream (a bound layer call's intermediate)."""
+    it before its next call on the stream (a bound layer call's intermediate); else the results are
+    :func:`~tcgnn_py.products._launch.recycled`."""
     key = signature(T._values, X, None, precision)
     plans, values, casts = T._plans, T._values, T._casts
-    bound = out = None
+    bound = out = make = None
 
     def f(X):
-        nonlocal bound, out
+        nonlocal bound, out, make
         if bound is None:
             plan = plans.get(key)
             bound = None if plan is None else plan.bound
             if bound is None:
                 return spmm(T, X, precision=precision)
-            if keep:  # (the plan's own result: its shape and type)
-                out = bound(values, casts, X, None)
-                return out
-        return bound(values, casts, X, out)
+            Y = bound(values, casts, X, None)  # (the plan's own result: its shape and type)
+            if keep:
+                out = Y
+            else:
+                make = recycled(Y.shape, Y.dtype)
+            return Y
+        return bound(values, casts, X, out if make is None else make(None, None))
 
     return f
 

@@ -741,6 +741,63 @@ def test_bound_calls_results_outlive_later_calls(cp, monkeypatch, d_in, d_out, h
     assert len(_bound_calls(A)) == 1 and len(_bound_calls(S)) == 2
 
 
+@pytest.mark.parametrize("name", ["gcn", "gcn wide first", "gat", "gat 4 heads", "agnn"])
+def test_bound_calls_reuse_only_the_results_nobody_holds(cp, monkeypatch, name):
+    """A bound call's results come back in a later call once nothing holds them (their memory, as the pool would
+    hand it out again), never while anything does: in a training loop's steady state a call allocates nothing,
+    while results held, directly or through a view, keep their values; every result the general code's."""
+    rng = np.random.default_rng()
+    n, f32 = 400, np.float32
+    G = random_graph(rng, n, density=0.02)
+    A = nn.gcn_norm(G, dtype=f32) if name.startswith("gcn") else nn.add_self_loops(G, dtype=f32)
+    d_in, d_out = (8, 16) if name == "gcn wide first" else (16, 16)
+    heads = 4 if name == "gat 4 heads" else 1
+    W = cp.asarray(rng.standard_normal((d_in, d_out), dtype=f32) / 4)
+    b = cp.asarray(rng.standard_normal(d_out, dtype=f32))
+    a1, a2 = (cp.asarray(rng.standard_normal((heads, d_out // heads), dtype=f32)) for _ in range(2))
+    beta = cp.asarray([0.5], f32)
+    layer = {"gcn": lambda H: nn.gcn_conv(A, H, W, b), "gat": lambda H: nn.gat_conv(A, H, W, a1, a2, b, heads=heads),
+             "agnn": lambda H: nn.agnn_conv(A, H, beta)}[name.split()[0]]
+    H = cp.asarray(rng.standard_normal((n, d_in), dtype=f32))
+    g = cp.asarray(rng.standard_normal((n, d_in if name == "agnn" else d_out), dtype=f32))
+    want, vjp = _general(monkeypatch, layer, H)
+    want_grads = _general(monkeypatch, vjp, g)
+
+    def check(out, grads, rows=slice(None)):
+        np.testing.assert_array_equal(out.get(), want[rows].get())
+        for x, y in zip(grads, want_grads):
+            assert (x is None) == (y is None)
+            if x is not None:
+                np.testing.assert_array_equal(x.get(), y.get())
+
+    for _ in range(8):  # the call and its vjp bound (the vjp's binding follows the call's), their results made
+        out, vjp = layer(H)
+        grads = vjp(g)
+    allocations = []
+    pool = cp.cuda.get_allocator()
+
+    def counting(size):
+        allocations.append(size)
+        return pool(size)
+
+    cp.cuda.set_allocator(counting)
+    try:
+        for _ in range(4):  # a training loop: a step's results are dropped once the next step has returned
+            out, vjp = layer(H)
+            grads = vjp(g)
+    finally:
+        cp.cuda.set_allocator(pool)
+    assert allocations == []
+    check(out, grads)
+    held, held_grads = out[2:], grads  # this step's results, held (the output through a view)
+    del out, vjp, grads
+    for _ in range(3):
+        out, vjp = layer(H)
+        grads = vjp(g)
+        check(out, grads)
+    check(held, held_grads, slice(2, None))
+
+
 @pytest.mark.parametrize("model", ["gcn", "gat", "agnn"])
 def test_bound_models_are_the_general_models(cp, monkeypatch, model):
     """The models reach bound calls through their edge views (dropout drawn from one seed on both runs): a

@@ -329,3 +329,31 @@ def test_provisional_launch_is_replanned_once_its_compiles_finish():
     assert _launches.planned(t, key, plan) == "final" and t.store[key] == "final"
     assert ("provisional", key) not in t.store
     assert _launches.planned(t, key, plan) == "final"  # cached from now on
+
+
+def test_recycled_results_come_back_only_when_nothing_holds_them():
+    """A bound call's result maker hands back an array it made before once nothing else holds it (nor a view of
+    it), keeps at most RECYCLE_RING per result, and leaves results above RECYCLE_BYTES to the maker itself."""
+    from tcgnn_py.products._launch import RECYCLE_BYTES, RECYCLE_RING, recycled
+
+    made = []
+
+    def new(shape, dtype):
+        made.append(np.ndarray(shape, dtype))
+        return made[-1]
+
+    f = recycled((3, 4), np.float32, new)
+    a = f(None, None)
+    b = f(None, None)  # a held: a second array
+    assert a is not b and len(made) == 2 and a.shape == (3, 4) and a.dtype == np.float32
+    made.clear()
+    del a
+    c = f(None, None)  # a's array, free again
+    assert not made
+    view = c[1:]
+    del c
+    d = f(None, None)  # c held through a view, b held: a new one, which takes the oldest's place in the ring
+    assert len(made) == 1 and d is made[0] and view.base is not d and RECYCLE_RING == 2
+    del view, d, b
+    assert f(None, None) is not f(None, None)  # (the first held while the second is made)
+    assert recycled((RECYCLE_BYTES // 4 + 1,), np.float32, new) is new

@@ -518,8 +518,9 @@ class _BoundGAT:
         self = cls.__new__(cls)
         self.E, self.scores, self.concat = E, scores, concat
         self.product = None if scored else mm_bound(H, W)
-        self.dots = None if scored else layer_ops.head_dots_bound(X, heads)
-        self.attend = engine.fused_bound(E.matrix, X, heads, "additive", a["slope"], a["dropout"], b is not None)
+        self.dots = None if scored else layer_ops.head_dots_bound(X, heads, recycle=True)
+        self.attend = engine.fused_bound(E.matrix, X, heads, "additive", a["slope"], a["dropout"], b is not None,
+                                         recycle=True)
         if self.attend is None or not scored and self.dots is None:
             return None
         self.a = dict(a, V=None, s_src=None, s_dst=None, seed=None)  # (the call's own arrays: none kept)
@@ -567,9 +568,10 @@ class _BoundGAT:
         f32 = np.float32
         dX, ds = xp.empty((n, HD), f32), xp.empty((n, heads), f32)
         keep = bound.keeps(dX.shape)  # (the attention's gradients and dX: intermediates, as R of several heads)
-        back = engine.fused_backward_bound(T, X, heads, "additive", a["slope"], a["dropout"], keep=keep)
+        back = engine.fused_backward_bound(T, X, heads, "additive", a["slope"], a["dropout"], keep=keep,
+                                           recycle=True)
         grad_dots = layer_ops.head_dots_grad_bound(dX, heads, keep=keep)
-        blocks = None if heads == 1 else layer_ops.head_blocks_bound(xp.empty((heads, HD), f32), heads)
+        blocks = None if heads == 1 else layer_ops.head_blocks_bound(xp.empty((heads, HD), f32), heads, recycle=True)
         if back is None or grad_dots is None or heads > 1 and blocks is None:
             return None
         sums = sums_bound(g)
@@ -734,8 +736,8 @@ class _BoundAGNN:
         self = cls.__new__(cls)
         H = a["V"]
         self.E, self.a = E, dict(a, V=None, Q=None, K=None, beta=None)  # (the call's own arrays: none kept)
-        self.normalize = layer_ops.row_normalize_bound(H, _NORM_EPS)
-        self.attend = engine.fused_bound(E.matrix, H, 1, "cosine", a["slope"], a["dropout"])
+        self.normalize = layer_ops.row_normalize_bound(H, _NORM_EPS, recycle=True)
+        self.attend = engine.fused_bound(E.matrix, H, 1, "cosine", a["slope"], a["dropout"], recycle=True)
         self.backward = bound.Calls()
         return None if self.normalize is None or self.attend is None else self
 
@@ -764,9 +766,9 @@ class _BoundAGNN:
             return None
         T, a, f32 = self.E.matrix, self.a, np.float32
         keep = bound.keeps(H.shape)  # (the attention's gradients: intermediates)
-        back = engine.fused_backward_bound(T, H, 1, "cosine", a["slope"], a["dropout"], keep=keep)
+        back = engine.fused_backward_bound(T, H, 1, "cosine", a["slope"], a["dropout"], keep=keep, recycle=True)
         shares = self.E.xp.empty(engine.work_units(T, "rows", 1)[0].shape[:1], f32)
-        grad = layer_ops.row_normalize_grad_bound(Hn, _NORM_EPS, shares)
+        grad = layer_ops.row_normalize_grad_bound(Hn, _NORM_EPS, shares, recycle=True)
         if back is None or grad is None:
             return None
 

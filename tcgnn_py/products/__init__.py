@@ -16,8 +16,9 @@ elementwise tails, the cross-entropy and Adam, which ``nn`` runs).  Below it:
 
 from ._dispatch import (DEVICE_VALUES, MISMATCH, Plan, as_operand, check_out, result_dtype, sddmm_raw, signature,
                         spmm_raw, timed_choices)
+from ._launch import recycled
 from ._problem import Operand, Problem
 from .families import attention, training
 
 __all__ = ["DEVICE_VALUES", "MISMATCH", "Operand", "Plan", "Problem", "as_operand", "attention", "check_out",
-           "result_dtype", "sddmm_raw", "signature", "spmm_raw", "timed_choices", "training"]
+           "recycled", "result_dtype", "sddmm_raw", "signature", "spmm_raw", "timed_choices", "training"]

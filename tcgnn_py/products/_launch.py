@@ -8,7 +8,9 @@ form: 16-bit, ``(hi, lo)`` pairs, N:M fragments) are a family's ``plan(problem)`
 :func:`sddmm_plan` its ``plan_sddmm(problem)``.
 """
 
+import math
 import sys
+import threading
 from typing import NamedTuple
 
 import numpy as np
@@ -26,6 +28,9 @@ __all__ = [
     "SPMM_OPERANDS",
     "Scratch",
     "same_array",
+    "recycled",
+    "RECYCLE_RING",
+    "RECYCLE_BYTES",
     "cast_plan",
     "f32_plan",
     "fixup",
@@ -65,6 +70,54 @@ def same_array(array):
     its binding, written anew by every call (a bound layer call's intermediate, read before the call's next one on
     its stream: calls on one stream run in order)."""
     return lambda shape, dtype: array
+
+
+#: Arrays a bound call keeps per result for reuse: a training loop holds one call's results until the next call
+#: of its layer has returned (the step's vjp is replaced then), so the results of the call before are free again.
+RECYCLE_RING = 2
+#: The largest result a bound call reuses (bytes): below it a new array's host time (its allocation and its
+#: ``cupy.ndarray``, a few microseconds) is a visible share of a call; above it the kernels outlast the host, and
+#: arrays kept per call would add up over layers.
+RECYCLE_BYTES = 1 << 24
+
+
+def _free_references():
+    """``sys.getrefcount`` of an array that only a ring and the loop over it hold, as :func:`recycled` asks it."""
+    ring = [object()]
+    for x in ring:
+        return sys.getrefcount(x)
+
+
+_FREE = _free_references()
+
+
+def recycled(shape, dtype, new=None):
+    """``f(shape, dtype) -> array``: in place of ``cupy.ndarray`` (or ``new``) in a bound layer call, for a result
+    of this shape and dtype: one the call returned before that nothing else holds any more, else a new one, kept
+    in the place of the oldest (:data:`RECYCLE_RING` per result).  A result nobody holds is free memory, which
+    the pool would hand out again on this stream (whose calls run in order); the array itself comes back, without
+    the host time of a new ``cupy.ndarray``.  Above :data:`RECYCLE_BYTES`, ``cupy.ndarray`` itself.  Only for
+    bound calls, never under a capture (whose arrays the graph holds)."""
+    new = new or get_cupy().ndarray
+    if math.prod(shape) * np.dtype(dtype).itemsize > RECYCLE_BYTES:
+        return new
+    ring, turn = [], [0]
+    references, free, lock = sys.getrefcount, _FREE, threading.Lock()
+
+    def make(shape_, dtype_):  # (the result's shape and dtype, fixed when the call binds)
+        with lock:
+            for x in ring:
+                if references(x) == free:
+                    return x
+            x = new(shape, dtype)
+            if len(ring) < RECYCLE_RING:
+                ring.append(x)
+            else:
+                ring[turn[0]] = x
+                turn[0] = (turn[0] + 1) % RECYCLE_RING
+            return x
+
+    return make
 
 
 #: The arrays an SpMM launch takes per call, between its fixed head and tail: ``partial`` is its partial tiles

@@ -16,7 +16,7 @@ from ...kernels import attention as ka
 from ...kernels.attention import attention_unit
 from ...kernels.driver import bound_launch
 from ...kernels.registry import get_kernel
-from .._launch import Scratch, same_array
+from .._launch import Scratch, recycled, same_array
 from .._plans import sm_count
 
 __all__ = ["csr_structure", "transpose_structure", "work_units", "csr_weights", "fused", "fused_backward", "reach",
@@ -250,14 +250,15 @@ def fused(T, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed):
     return fused_bound(T, V, heads, score, slope, dropout)(V, *scores, *seed)
 
 
-def fused_bound(T, V, heads, score, slope, dropout, with_bias=False):
+def fused_bound(T, V, heads, score, slope, dropout, with_bias=False, recycle=False):
     """:func:`fused` for operands of this signature, already as the kernel reads them (C-contiguous; the scores
     float32, Q and K of V's dtype, the seed uint32), as ``f(V, s_src, s_dst[, seed])`` or ``f(V, Q, K, beta[,
     seed])`` -> ``(out, lse)``, its pass bound now (a bound layer call's, whose key proves the signature; the
     general call's, after its conversions).  None for a graph without rows.
 
     ``with_bias`` (additive scores): ``f(V, s_src, s_dst, b[, seed]) -> (out, lse, out + b)``, the pass adding a
-    layer's bias (float32, one value per feature) as it stores ``out`` (a launch less than adding it after)."""
+    layer's bias (float32, one value per feature) as it stores ``out`` (a launch less than adding it after).
+    ``recycle``: the results are :func:`~tcgnn_py.products._launch.recycled` (a bound layer call's)."""
     cp = get_cupy()
     n, HD = T.shape[0], V.shape[1]
     if not n:
@@ -270,11 +271,13 @@ def fused_bound(T, V, heads, score, slope, dropout, with_bias=False):
     bound = _bound(T, w, ("fwd", name, heads, slope, dropout, biased),
                    lambda: _fwd_template(T, name, w, heads, HD // heads, slope, dropout, additive, stream, biased),
                    stream)
-    nd, dtype, f32 = cp.ndarray, V.dtype, np.float32
+    dtype, f32 = V.dtype, np.float32
     shape, lse_shape = (n, HD), (n, heads)
+    nd, nd_lse, nd_b = ((recycled(shape, dtype), recycled(lse_shape, f32), recycled(shape, dtype)) if recycle else
+                        (cp.ndarray,) * 3)
     if biased:
         def scored_biased(V, s_src, s_dst, b, seed=None):
-            out, lse, out_b = nd(shape, dtype), nd(lse_shape, f32), nd(shape, dtype)
+            out, lse, out_b = nd(shape, dtype), nd_lse(lse_shape, f32), nd_b(shape, dtype)
             if seed is None:
                 bound(V, s_src, s_dst, out, lse, b, out_b)
             else:
@@ -284,21 +287,21 @@ def fused_bound(T, V, heads, score, slope, dropout, with_bias=False):
         return scored_biased
     if not additive:
         def cosine(V, Q, K, beta, *seed):
-            out, lse = nd(shape, dtype), nd(lse_shape, f32)
+            out, lse = nd(shape, dtype), nd_lse(lse_shape, f32)
             bound(V, Q, K, beta, out, lse, *seed)
             return out, lse
 
         return cosine
 
     def scored(V, s_src, s_dst, seed=None):
-        out, lse = nd(shape, dtype), nd(lse_shape, f32)
+        out, lse = nd(shape, dtype), nd_lse(lse_shape, f32)
         bound(V, s_src, s_dst, out, lse) if seed is None else bound(V, s_src, s_dst, out, lse, seed)
         return out, lse
 
     return scored
 
 
-def fused_backward_bound(T, V, heads, score, slope, dropout, keep=False):
+def fused_backward_bound(T, V, heads, score, slope, dropout, keep=False, recycle=False):
     """:func:`fused_backward` for operands of this signature, already as the kernels read them (as
     :func:`fused_bound`; g C-contiguous of V's dtype), as ``f(V, G, out, s_src, s_dst, lse[, seed]) -> (dV,
     ds_src, ds_dst)`` or ``f(V, G, out, Q, K, beta, lse[, seed]) -> (dV, dQ, dK, dbeta shares)``, dV float32,
@@ -306,7 +309,8 @@ def fused_backward_bound(T, V, heads, score, slope, dropout, keep=False):
     conversions).  A graph without rows has no rows pass, one without columns no columns pass.
 
     ``keep``: the results and the passes' working array are arrays made now, written anew by every call, for a
-    caller that reads them before its next call on this stream (calls on one stream run in order)."""
+    caller that reads them before its next call on this stream (calls on one stream run in order); else
+    ``recycle``: the results are :func:`~tcgnn_py.products._launch.recycled` (a bound layer call's)."""
     cp = get_cupy()
     n, k = T.shape
     HD = V.shape[1]
@@ -325,8 +329,9 @@ def fused_backward_bound(T, V, heads, score, slope, dropout, keep=False):
     fac_shape = (w.shape[0] * heads, 2)
     shares = (work_units(T, "rows", heads)[0].shape[0] if n else 0,)  # (cosine: a share per row unit)
     shapes = ((k, HD), fac_shape) + (((n, heads), (k, heads)) if additive else ((n, D), (k, D), shares))
-    # each array's maker: cupy.ndarray, or (keep) the one array made now
-    nd = tuple(same_array(cp.ndarray(shape, f32)) if keep else cp.ndarray for shape in shapes)
+    # each array's maker: cupy.ndarray, (keep) the one array made now, or (recycle) the call's results again
+    nd = tuple(same_array(cp.ndarray(shape, f32)) if keep else recycled(shape, f32) if recycle else cp.ndarray
+               for shape in shapes)
     if additive:
         nd_v, nd_fac, nd_dst, nd_src = nd
 

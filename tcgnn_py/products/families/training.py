@@ -16,7 +16,7 @@ from ..._device import get_cupy
 from ...kernels import nn as kn
 from ...kernels.driver import bound_launch, launch, resident_blocks, slot_value
 from ...kernels.registry import background_compiles, compile_in_background, get_kernel
-from .._launch import Scratch, same_array
+from .._launch import Scratch, recycled, same_array
 
 __all__ = ["TAIL_TYPES", "ACTIVATIONS", "ADAM_MULTI", "takes", "acc_dtype", "tail", "tail_grad", "cross_entropy",
            "index_weights", "dense_takes", "dense_mm", "dense_scores_take", "DENSE_MAX_K", "DENSE_MAX_N",
@@ -263,20 +263,20 @@ def dense_mm_bound(a, b, bias=None, a_src=None, a_dst=None, heads=1, keep=False)
     of a transposed ``b`` (copied) or with a bias.
 
     ``keep``: without scores, every call writes and returns one array made now (``same_array``), for a caller
-    that reads it before its next call on this stream."""
+    that reads it before its next call on this stream; else the results are :func:`recycled`."""
     cp = get_cupy()
     m, n = a.shape[0], b.shape[1]
     scores = 0 if a_src is None else heads
     if not m or scores and (_transposed(b) or bias is not None):
         return None
-    nd = cp.ndarray
     bound = _dense_launch(cp, a, b, bias, scores)
     shape, s_shape = (m, n), (m, scores)
-    if keep and not scores:
-        nd = same_array(nd(shape, _F32))
+    nd = same_array(cp.ndarray(shape, _F32)) if keep and not scores else recycled(shape, _F32)
     if scores:
+        nd_src, nd_dst = recycled(s_shape, _F32), recycled(s_shape, _F32)
+
         def scored(a, b, a_src, a_dst):
-            c, s_src, s_dst = nd(shape, _F32), nd(s_shape, _F32), nd(s_shape, _F32)
+            c, s_src, s_dst = nd(shape, _F32), nd_src(s_shape, _F32), nd_dst(s_shape, _F32)
             bound(a, b, c, a_src, a_dst, s_src, s_dst)
             return c, s_src, s_dst
 
@@ -429,12 +429,11 @@ def _atb_launches(cp, a, b):
 def dense_atb_bound(a, b, keep=False):
     """:func:`dense_atb` for operands of the signature of these, as ``f(a, b)`` (``f(b)`` for ``a`` None), its
     launches bound now: a bound layer call's (not under a capture, whose partial sums are the graph's own).
-    ``keep``: the result is one array made now."""
+    ``keep``: the result is one array made now; else it is :func:`recycled`."""
     cp = get_cupy()
     run, p = _atb_launches(cp, a, b)
-    nd = cp.ndarray
-    if keep:
-        nd = same_array(nd((b.shape[1],) if a is None else (p, b.shape[1]), _F32))
+    out = (b.shape[1],) if a is None else (p, b.shape[1])
+    nd = same_array(cp.ndarray(out, _F32)) if keep else recycled(out, _F32)
     if a is None:
         shape = (b.shape[1],)
 
@@ -485,19 +484,25 @@ def head_dots(x, a_src, a_dst, heads):
     return cp.ndarray((n, heads), acc), cp.ndarray((n, heads), acc)
 
 
-def head_dots_bound(x, heads):
+def _results(shape, dtype, recycle):
+    """The maker of a bound form's result: :func:`recycled` for a bound layer call's (``recycle``), else
+    ``cupy.ndarray`` (the general functions launch through the same forms, under a capture too)."""
+    return recycled(shape, dtype) if recycle else get_cupy().ndarray
+
+
+def head_dots_bound(x, heads, recycle=False):
     """``f(x, a_src, a_dst) -> (s_src, s_dst)``: :func:`head_dots` for operands of the signature of these, its
-    launch bound now (a bound layer call's); None for an empty x."""
+    launch bound now (a bound layer call's, whose results are recycled where ``recycle``); None for an empty x."""
     n = x.shape[0]
     if not (n and heads):
         return None
-    nd = get_cupy().ndarray
     acc, shape = acc_dtype(x.dtype), (n, heads)
+    nd_src, nd_dst = _results(shape, acc, recycle), _results(shape, acc, recycle)
     bound = _bind(_name(kn.head_dots_name, x.dtype), _grid(n * heads), THREADS,
                   (None, None, None, None, None, n, heads, x.shape[1] // heads), range(5))
 
     def f(x, a_src, a_dst):
-        s_src, s_dst = nd(shape, acc), nd(shape, acc)
+        s_src, s_dst = nd_src(shape, acc), nd_dst(shape, acc)
         bound(x, a_src, a_dst, s_src, s_dst)
         return s_src, s_dst
 
@@ -533,19 +538,20 @@ def head_dots_grad_bound(g, heads, keep=False):
     return f
 
 
-def head_blocks_bound(r_src, heads):
+def head_blocks_bound(r_src, heads, recycle=False):
     """``f(r_src, r_dst) -> (a_src, a_dst)``: :func:`head_blocks` for operands of the signature of these, its
-    launch bound now (a bound layer call's); None where there is nothing to gather."""
+    launch bound now (a bound layer call's, whose results are recycled where ``recycle``); None where there is
+    nothing to gather."""
     D = r_src.shape[1] // heads
     if not heads * D:
         return None
-    nd = get_cupy().ndarray
     shape, dtype = (heads, D), r_src.dtype
+    nd_src, nd_dst = _results(shape, dtype, recycle), _results(shape, dtype, recycle)
     bound = _bind(_name(kn.head_blocks_name, dtype), _grid(2 * heads * D), THREADS,
                   (None, None, None, None, heads, D), range(4))
 
     def f(r_src, r_dst):
-        a_src, a_dst = nd(shape, dtype), nd(shape, dtype)
+        a_src, a_dst = nd_src(shape, dtype), nd_dst(shape, dtype)
         bound(r_src, r_dst, a_src, a_dst)
         return a_src, a_dst
 
@@ -615,36 +621,36 @@ def row_normalize(x, eps):
     return cp.ndarray(x.shape, x.dtype), cp.ndarray((n,), acc_dtype(x.dtype))
 
 
-def row_normalize_bound(x, eps):
+def row_normalize_bound(x, eps, recycle=False):
     """``f(x) -> (xn, norm)``: :func:`row_normalize` for x of the signature of this one, its launch bound now (a
-    bound layer call's); None for an empty x."""
+    bound layer call's, whose results are recycled where ``recycle``); None for an empty x."""
     n, d = x.shape
     if not n:
         return None
-    nd = get_cupy().ndarray
     shape, dtype, acc = x.shape, x.dtype, acc_dtype(x.dtype)
+    nd_xn, nd_norm = _results(shape, dtype, recycle), _results((n,), acc, recycle)
     bound = _bind(_name(kn.row_normalize_name, dtype), _warp_grid(n), THREADS, (None, None, None, n, d, float(eps)),
                   range(3))
 
     def f(x):
-        xn, norm = nd(shape, dtype), nd((n,), acc)
+        xn, norm = nd_xn(shape, dtype), nd_norm((n,), acc)
         bound(x, xn, norm)
         return xn, norm
 
     return f
 
 
-def row_normalize_grad_bound(xn, eps, shares=None):
+def row_normalize_grad_bound(xn, eps, shares=None, recycle=False):
     """``f(dv, dq, dk, xn, norm) -> dh``: :func:`row_normalize_grad` for operands of the signature of these, its
-    launch bound now (a bound layer call's); None for an empty xn.
+    launch bound now (a bound layer call's, whose results are recycled where ``recycle``); None for an empty xn.
 
     With ``shares`` (AGNN's temperature-gradient shares, float32, of the signature of this array), ``f(dv, dq, dk,
     xn, norm, shares) -> (dh, total)``: the same launch also sums the shares, as :func:`total` of shape (1,)."""
     n, d = xn.shape
     if not n:
         return None
-    nd = get_cupy().ndarray
     acc = acc_dtype(xn.dtype)
+    nd_dh, nd_total = _results((n, d), acc, recycle), _results((1,), _F32, recycle)
     args = (None,) * 6 + (n, d, float(eps), None, 0 if shares is None else shares.size, None)
     bound = _bind(_name(kn.row_normalize_grad_name, xn.dtype), _warp_grid(n, kn.SUM_THREADS), kn.SUM_THREADS, args,
                   tuple(range(6)) + (() if shares is None else (9, 11)))
@@ -652,14 +658,14 @@ def row_normalize_grad_bound(xn, eps, shares=None):
         one = (1,)
 
         def with_total(dv, dq, dk, xn, norm, shares):
-            dh, total = nd((n, d), acc), nd(one, _F32)
+            dh, total = nd_dh((n, d), acc), nd_total(one, _F32)
             bound(dv, dq, dk, xn, norm, dh, shares, total)
             return dh, total
 
         return with_total
 
     def f(dv, dq, dk, xn, norm):
-        dh = nd((n, d), acc)
+        dh = nd_dh((n, d), acc)
         bound(dv, dq, dk, xn, norm, dh)
         return dh
 
