@@ -10,7 +10,8 @@ training step's); every other call, and every call under a CUDA-graph capture (w
 graph's own), runs the general code.
 
 A bound call's intermediates (an array made and read within the call, never returned) are its own, made when it
-binds and written anew by every call, where they are small (:data:`KEEP_BYTES`); its results are new arrays.
+binds and written anew by every call, where they are small (:data:`KEEP_BYTES`); its results are recycled
+(:func:`tcgnn_py.products.recycled`): an array it returned serves again once nothing holds it.
 """
 
 import math
