@@ -572,7 +572,7 @@ class _BoundGAT:
                                            recycle=True)
         grad_dots = layer_ops.head_dots_grad_bound(dX, heads, keep=keep)
         blocks = None if heads == 1 else layer_ops.head_blocks_bound(xp.empty((heads, HD), f32), heads, recycle=True)
-        if back is None or grad_dots is None or heads > 1 and blocks is None:
+        if grad_dots is None or heads > 1 and blocks is None:
             return None
         sums = sums_bound(g)
         R_s, R_d = (atb_bound(ds, X, keep=heads > 1 and keep) for _ in range(2))  # (kept: one array each)
@@ -769,7 +769,7 @@ class _BoundAGNN:
         back = engine.fused_backward_bound(T, H, 1, "cosine", a["slope"], a["dropout"], keep=keep, recycle=True)
         shares = self.E.xp.empty(engine.work_units(T, "rows", 1)[0].shape[:1], f32)
         grad = layer_ops.row_normalize_grad_bound(Hn, _NORM_EPS, shares, recycle=True)
-        if back is None or grad is None:
+        if grad is None:
             return None
 
         def call(H, beta, Hn, norm, out, lse, g):

@@ -650,12 +650,13 @@ def row_normalize_grad_bound(xn, eps, shares=None, recycle=False):
     if not n:
         return None
     acc = acc_dtype(xn.dtype)
-    nd_dh, nd_total = _results((n, d), acc, recycle), _results((1,), _F32, recycle)
+    nd_dh = _results((n, d), acc, recycle)
     args = (None,) * 6 + (n, d, float(eps), None, 0 if shares is None else shares.size, None)
     bound = _bind(_name(kn.row_normalize_grad_name, xn.dtype), _warp_grid(n, kn.SUM_THREADS), kn.SUM_THREADS, args,
                   tuple(range(6)) + (() if shares is None else (9, 11)))
     if shares is not None:
         one = (1,)
+        nd_total = _results(one, _F32, recycle)
 
         def with_total(dv, dq, dk, xn, norm, shares):
             dh, total = nd_dh((n, d), acc), nd_total(one, _F32)
