@@ -17,6 +17,7 @@ from ._reference import edge_rows
 __all__ = [
     "INDEX_MAX",
     "coerce_csr",
+    "coerce_graph",
     "check_csr_arrays",
     "value_dtype",
     "check_real_dtype",
@@ -32,6 +33,7 @@ __all__ = [
     "Pattern",
     "check_pattern",
     "check_exact",
+    "check_fits",
     "cast_values",
     "distinct_entries",
 ]
@@ -271,6 +273,38 @@ def check_exact(arr, what, target=None):
     return arr
 
 
+def _is_float(dtype):
+    return dtype.kind == "f" or dtype.name == "bfloat16"
+
+
+def _float_max(dtype):
+    if dtype.name == "bfloat16":
+        import ml_dtypes
+
+        return float(ml_dtypes.finfo(dtype).max)
+    return float(np.finfo(dtype).max)
+
+
+def check_fits(arr, what, target):
+    """``arr`` unchanged, or ``ValueError`` where a finite float value would become an infinity in ``target``.
+
+    For a float type the library picks (a matrix's own): rounding to it is expected, an overflow is not (as
+    :func:`check_exact` refuses integers it would round).  Only a narrowing cast is checked: one host read then.
+    """
+    target = as_dtype(target)
+    if not (_is_float(arr.dtype) and _is_float(target)) or _float_max(arr.dtype) <= _float_max(target) or not arr.size:
+        return arr
+    xp = array_module(arr)
+    with np.errstate(over="ignore"):
+        cast = arr.astype(target)
+    bad = xp.isfinite(arr) & ~xp.isfinite(cast)
+    if bool(bad.any()):  # synchronize!
+        v = float(arr[bad][0])  # synchronize!
+        raise ValueError(f"{what} holds {v!r}, beyond {target.name}'s range (largest {_float_max(target):.4g}): "
+                         f"pass dtype= a wider float type, or values within range")
+    return arr
+
+
 def cast_values(values, dtype, what="values"):
     """``values`` cast to ``dtype`` as NumPy casts them, then stored in the float type :func:`value_dtype` picks.
 
@@ -379,6 +413,29 @@ def coerce_csr(A, shape=None):
         "A must be a sparse matrix (scipy.sparse, cupyx.scipy.sparse or (data, indices, indptr)), "
         f"got {type(A).__name__}"
     )
+
+
+def coerce_graph(A, what):
+    """``(data, indices, indptr, n)`` of a graph's square adjacency matrix, from any input :func:`coerce_csr` takes
+    or a :class:`~tcgnn_py.TiledMatrix` (its canonical CSR arrays, on its device).
+
+    A ``(data, indices, indptr)`` triple is ``n x n`` with ``n = len(indptr) - 1``: a graph's vertices are its rows,
+    so columns past the last stored entry (vertices nothing points to) and a graph without entries keep their
+    size.  ``what`` names the operation in the error a rectangular matrix raises.
+    """
+    import scipy.sparse as sp
+
+    if not sp.issparse(A) and callable(getattr(A, "csr_arrays", None)):
+        data, indices, indptr = A.csr_arrays()
+        shape = tuple(A.shape)
+    elif isinstance(A, tuple) and len(A) == 3:
+        n = len(A[2]) - 1
+        data, indices, indptr, shape = coerce_csr(A, (n, n))
+    else:
+        data, indices, indptr, shape = coerce_csr(A)
+    if shape[0] != shape[1]:
+        raise ValueError(f"{what} needs a square matrix, got shape {shape}")
+    return data, indices, indptr, shape[0]
 
 
 def check_csr_arrays(data, indices, indptr, shape, full_check=True):

@@ -32,7 +32,7 @@ import scipy.sparse as sp
 from .._device import get_cupy, to_host, use_gpu
 from ..orders._locality import run_heads, symmetric_pattern
 from ..orders._permutation import Permutation
-from .._validation import check_count, coerce_csr
+from .._validation import check_count, coerce_graph
 
 __all__ = ["RowPartition", "balanced_bounds", "compact_columns", "plan", "spmm_reference", "Partition", "partition",
            "PARTITIONERS", "METIS_MAX_ENTRIES", "cut_stats"]
@@ -211,6 +211,8 @@ def _metis(parts, n, xadj, adjncy, vweights, eweights=None):
         import pymetis
     except ImportError:
         raise ImportError("partition='metis' and 'lp' need pymetis: pip install 'tcgnn_py[partition]' (or pymetis)") from None
+    if parts >= n:  # a vertex per part is the balanced cut (METIS would print "too many parts" to stdout)
+        return np.arange(n, dtype=np.int64)
     kw = {} if eweights is None else {"eweights": np.asarray(eweights, np.int64)}
     graph = pymetis.CSRAdjacency(np.asarray(xadj, np.int64), np.asarray(adjncy, np.int64))
     _, memb = pymetis.part_graph(parts, adjacency=graph, vweights=np.asarray(vweights, np.int64),
@@ -275,8 +277,9 @@ def partition(A, parts, method="auto", *, seed=0, device=None):
 
     Parameters
     ----------
-    A : sparse array or matrix, or ``(data, indices, indptr)``
-        The whole graph (its pattern: values are ignored; ``A + Aᵀ`` is what is cut).
+    A : sparse array or matrix, TiledMatrix, or ``(data, indices, indptr)``
+        The whole graph (its pattern: values are ignored; ``A + Aᵀ`` is what is cut).  A triple is
+        ``n x n`` with ``n = len(indptr) - 1``.
     parts : int
         The ranks the graph will be split over.
     method : {"auto", "metis", "lp", None}
@@ -304,10 +307,7 @@ def partition(A, parts, method="auto", *, seed=0, device=None):
     parts = check_count("parts", parts, 1)
     if method not in PARTITIONERS:
         raise ValueError(f"method must be one of {PARTITIONERS}, got {method!r:.60}")
-    data, indices, indptr, shape = coerce_csr(A, None)
-    if shape[0] != shape[1]:
-        raise ValueError(f"a graph partition needs a square matrix, got shape {shape}")
-    n = shape[0]
+    data, indices, indptr, n = coerce_graph(A, "a graph partition")
     t0 = time.perf_counter()
     host_ptr = to_host(indptr).astype(np.int64)
     if method is None or parts == 1 or n == 0:  # the graph's own order, blocks of balanced entries

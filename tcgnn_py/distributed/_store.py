@@ -12,7 +12,7 @@ import pathlib
 
 import numpy as np
 
-from .._validation import check_count, coerce_csr
+from .._validation import check_count, coerce_graph
 from ._matrix import DistributedMatrix, host_array, take_rows
 from ._partition import Partition, balanced_bounds, partition as find_partition
 
@@ -27,8 +27,8 @@ def save_rows(A, folder, parts, *, partition=None):
 
     Parameters
     ----------
-    A : sparse array or matrix, or ``(data, indices, indptr)``
-        A square graph (on the host).
+    A : sparse array or matrix, TiledMatrix, or ``(data, indices, indptr)``
+        A square graph (``n x n`` with ``n = len(indptr) - 1`` for a triple).
     folder : str or path
         Created if missing; the arrays in it are replaced.
     parts : int
@@ -43,11 +43,8 @@ def save_rows(A, folder, parts, *, partition=None):
         The row blocks written (the identity permutation without ``partition``).
     """
     parts = check_count("parts", parts, 1)
-    data, indices, indptr, shape = coerce_csr(A, None)
+    data, indices, indptr, n = coerce_graph(A, "a row-partitioned graph")
     data, indices, indptr = (host_array(v) for v in (data, indices, indptr))
-    n = shape[0]
-    if shape[0] != shape[1]:
-        raise ValueError(f"a row-partitioned graph needs a square matrix, got shape {shape}")
     if partition is not None and not isinstance(partition, Partition):
         partition = find_partition((data, indices, indptr), parts, partition)
     folder = pathlib.Path(folder)

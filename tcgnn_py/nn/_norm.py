@@ -5,7 +5,7 @@ import numpy as np
 from .._device import array_module, get_cupy, use_gpu
 from ..tiles._sgt import host_limit
 from .._tiled import TiledMatrix
-from .._validation import coerce_csr
+from .._validation import coerce_graph
 
 __all__ = ["add_self_loops", "gcn_norm"]
 
@@ -16,22 +16,14 @@ def _square_csr(A, device=None):
     A host input small enough for the host translation (:func:`tcgnn_py.tiles._sgt.host_limit`) is normalised on
     the host too, so the TiledMatrix built from it needs no kernel compile.
     """
-    if isinstance(A, TiledMatrix):
-        data, indices, indptr = A.csr_arrays()
-        shape = A.shape
-    else:
-        # A graph is square: (data, indices, indptr) needs no shape beyond indptr's.
-        n = len(A[2]) - 1 if isinstance(A, tuple) and len(A) == 3 else None
-        data, indices, indptr, shape = coerce_csr(A, None if n is None else (n, n))
-    if shape[0] != shape[1]:
-        raise ValueError(f"a graph's adjacency matrix must be square, got shape {shape}")
+    data, indices, indptr, n = coerce_graph(A, "a graph's adjacency matrix")
     if data.dtype.kind not in "biuf":
         raise TypeError(f"adjacency values must be real, got {data.dtype}")
     xp = array_module(indices)
     if xp is np and data.shape[0] > host_limit() and use_gpu(device):
         xp = get_cupy()
         data, indices, indptr = (xp.asarray(v) for v in (data, indices, indptr))
-    return data, indices, indptr, shape[0], xp
+    return data, indices, indptr, n, xp
 
 
 def _plus_identity(data, indices, indptr, n, xp, fill_value):
