@@ -17,7 +17,7 @@ from .._device import array_module
 from ..products import result_dtype
 from ..orders._permutation import Permutation
 from .._tiled import TiledMatrix, sddmm, spmm
-from .._validation import as_dtype, coerce_csr, is_half
+from .._validation import as_dtype, coerce_graph, is_half
 from ._partition import Partition, balanced_bounds, compact_columns, partition as find_partition
 
 __all__ = ["DistributedMatrix", "HALO_DTYPES", "host_array", "take_rows", "entry_rows"]
@@ -111,9 +111,9 @@ class DistributedMatrix:
 
     Parameters
     ----------
-    A : sparse array or matrix, or ``(data, indices, indptr)``
-        The whole matrix, or at least its CSR arrays, on every rank (NumPy, or CuPy on any device): each
-        rank takes its own rows.  A graph larger than one host's memory is loaded rank by rank instead
+    A : sparse array or matrix, TiledMatrix, or ``(data, indices, indptr)``
+        The whole matrix, or at least its CSR arrays (``n x n`` with ``n = len(indptr) - 1``), on every rank
+        (NumPy, or CuPy on any device): each rank takes its own rows.  A graph larger than one host's memory is loaded rank by rank instead
         (:func:`tcgnn_py.distributed.save_rows` and :func:`~tcgnn_py.distributed.load_rows`).
     ctx : Context
         From :func:`~tcgnn_py.distributed.init` or :func:`~tcgnn_py.distributed.spmd`.
@@ -150,12 +150,8 @@ class DistributedMatrix:
     """
 
     def __init__(self, A, ctx, *, partition=None, bounds=None, dtype=None, layout=None, halo_dtype=None):
-        n = len(A[2]) - 1 if isinstance(A, tuple) and len(A) == 3 else None  # a graph is square
-        data, indices, indptr, shape = coerce_csr(A, None if n is None else (n, n))
-        if shape[0] != shape[1]:
-            raise ValueError(f"a row-partitioned graph needs a square matrix, got shape {shape}")
+        data, indices, indptr, n = coerce_graph(A, "a row-partitioned graph")
         P, r = ctx.world_size, ctx.rank
-        n = shape[0]
         perm = None
         if partition is not None:
             if bounds is not None:
@@ -167,6 +163,10 @@ class DistributedMatrix:
                                  f"parts; this group has {P} ranks and the graph {n} vertices")
             bounds, perm = partition.bounds, partition.permutation
         host_indptr = host_array(indptr).astype(np.int64)
+        if bounds is not None:
+            given = np.asarray(bounds)
+            if given.dtype.kind not in "iu":
+                raise TypeError(f"bounds must be integers (row numbers), got {given.tolist()!r:.80}")
         bounds = balanced_bounds(host_indptr, P) if bounds is None else np.asarray(bounds, np.int64)
         if bounds.shape != (P + 1,) or bounds[0] != 0 or bounds[-1] != n or np.any(np.diff(bounds) < 0):
             raise ValueError(f"bounds must rise from 0 to {n} in {P + 1} steps, got {bounds.tolist()}")

@@ -10,6 +10,7 @@ replicated.
 """
 
 import dataclasses
+import hashlib
 import time
 
 import numpy as np
@@ -24,12 +25,23 @@ __all__ = ["DistributedEdges", "train", "DistTrainResult", "allreduce_grads", "l
 
 def local_indices(D, index_sets):
     """Each of ``index_sets`` (global vertex ids, e.g. a train / validation / test split) as this rank's local
-    row numbers: the ids among :attr:`DistributedMatrix.global_rows`, numbered as this rank's rows."""
+    row numbers: the ids among :attr:`DistributedMatrix.global_rows`, numbered as this rank's rows.
+
+    An id outside the graph (``0 <= id < n``) raises ``ValueError`` naming its set: another rank owns every
+    id this rank drops, and none owns one outside the graph.
+    """
     rows = np.asarray(host_array(D.global_rows), np.int64)
     order = np.argsort(rows)
+    n = D.shape[0]
     out = []
-    for ids in index_sets:
-        ids = np.asarray(host_array(ids), np.int64)
+    for k, ids in enumerate(index_sets):
+        ids = np.asarray(host_array(ids))
+        if ids.dtype.kind not in "iu" and ids.size:
+            raise TypeError(f"index set {k} must hold integer vertex ids, got {ids.dtype}")
+        ids = ids.astype(np.int64).ravel()
+        bad = ids[(ids < 0) | (ids >= n)]
+        if bad.size:
+            raise ValueError(f"index set {k} has {bad.size} ids outside the graph's 0..{n - 1}, e.g. {int(bad[0])}")
         pos = np.searchsorted(rows, ids, sorter=order)
         pos = np.minimum(pos, max(rows.shape[0] - 1, 0))
         hit = rows.shape[0] > 0
@@ -104,6 +116,33 @@ class DistributedEdges(EdgeView):
         return self.dist.rmatmul_t(ones, values=v, precision="fp32")[:, 0]
 
 
+def _digest(*arrays):
+    """62 bits of a hash of the arrays' values and shapes (the same arrays: the same number)."""
+    h = hashlib.blake2b(digest_size=8)
+    for a in arrays:
+        a = np.ascontiguousarray(host_array(a))  # synchronize! (once, when training starts)
+        h.update(repr((a.shape, a.dtype.str)).encode())
+        h.update(a.tobytes())
+    return int.from_bytes(h.digest(), "little") >> 2
+
+
+def check_replicated(ctx, params):
+    """``ValueError`` on every rank unless ``params`` (a dict of arrays) are the same on every rank: the same
+    names, shapes and bits.  Training keeps replicas equal only if they start equal (one seed for all ranks)."""
+    names = sorted(params)
+    head = ctx.allgather(ctx.xp.asarray([len(names), _digest(np.array(names, dtype=str))], np.int64))
+    head = host_array(head)  # synchronize!
+    if (head != head[0]).any():
+        raise ValueError("train: the ranks' params have different names; every rank must pass the same parameters")
+    mine = ctx.xp.asarray([_digest(params[k]) for k in names], np.int64)
+    every = host_array(ctx.allgather(mine))  # synchronize!
+    differ = [k for i, k in enumerate(names) if (every[:, i] != every[0, i]).any()]
+    if differ:
+        ranks = sorted({int(q) for q in np.nonzero((every != every[0]).any(axis=1))[0]})
+        raise ValueError(f"train: params {differ} differ between ranks (ranks {ranks} differ from rank 0); every "
+                         "rank must start from the same values, e.g. the same seed")
+
+
 def allreduce_grads(ctx, grads, *extra):
     """Sum ``grads`` (a dict of arrays) and the scalars ``extra`` over the ranks in one all-reduce.
 
@@ -151,7 +190,8 @@ def train(ctx, apply, params, A, X, labels, split, optimizer, *, epochs=200, rng
     ``X`` and ``labels`` its rows of the features and labels (``X[D.global_rows]``), ``split`` its
     ``(train, val, test)`` node indices in local numbering.  ``params`` start equal on every rank
     (same seed) and stay equal: the loss is the mean over all ranks' training nodes, and the
-    gradients are all-reduced before ``optimizer.step``.
+    gradients are all-reduced before ``optimizer.step``; parameters that differ between ranks when training
+    starts raise ``ValueError`` (a checksum of each, compared over the ranks).
 
     Returns a :class:`DistTrainResult` (the same accuracies on every rank).
 
@@ -178,6 +218,10 @@ def train(ctx, apply, params, A, X, labels, split, optimizer, *, epochs=200, rng
     xp = ctx.xp
     X = xp.asarray(X)
     labels = xp.asarray(labels)
+    if labels.shape != (E.shape[0],):
+        raise ValueError(f"labels has {labels.size} entries, this rank has {E.shape[0]} rows (its rows of the labels: "
+                         "labels[D.global_rows])")
+    check_replicated(ctx, params)
     train_idx, val_idx, test_idx = (xp.asarray(i, dtype=np.int64) for i in split)
     sizes = np.asarray([int(i.shape[0]) for i in (train_idx, val_idx, test_idx)], np.int64)
     totals = host_array(ctx.allgather(xp.asarray(sizes)).sum(axis=0))  # synchronize!
