@@ -19,7 +19,7 @@ from .orders._reorder import (
     reorder,
 )
 from ._synth import planted_partition_graph, power_law_graph
-from ._tiled import TiledMatrix, sddmm, spmm
+from ._tiled import TiledMatrix, issparse, sddmm, spmm
 from .tiles._tiling import LAYOUTS, Layout, Tiling, TileStats
 from ._tuning import options as tuning_options, tuning
 
@@ -36,6 +36,7 @@ __all__ = [
     "LAYOUTS",
     "spmm",
     "sddmm",
+    "issparse",
     "tuning",
     "tuning_options",
     "CUDAGraph",

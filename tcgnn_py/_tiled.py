@@ -1,5 +1,7 @@
 """Layer 3: :class:`TiledMatrix`, a sparse array in TC-GNN's tiled format."""
 
+import operator
+import sys
 import weakref
 
 import numpy as np
@@ -17,6 +19,7 @@ from ._validation import (
     check_csr_arrays,
     check_bool,
     check_exact,
+    check_fits,
     check_real_dtype,
     coerce_csr,
     isscalarlike,
@@ -25,7 +28,7 @@ from ._validation import (
     promote,
 )
 
-__all__ = ["TiledMatrix", "TileStats", "Tiling", "spmm", "sddmm", "bound_spmm"]
+__all__ = ["TiledMatrix", "TileStats", "Tiling", "spmm", "sddmm", "bound_spmm", "issparse"]
 
 
 def _upload(arrays):
@@ -153,10 +156,22 @@ class TiledMatrix:
     def _init(self, tiling, values):
         self._tiling = tiling
         self._values = values
+        self._read_only = None  # the host values' read-only view (:attr:`values`), made once asked for
         self._casts = {}  # values cast to a product's dtype
         self._transpose = None  # Aᵀ, once built (strong: A keeps its transpose)
         self._transpose_of = None  # weak reference back: no A <-> Aᵀ cycle holding device memory
         self._plans = tiling.plans()  # products' plans by operand signature, shared with the tiling's matrices
+
+    def __getstate__(self):
+        # A copy is its tiling and values (pickle, copy.deepcopy, multiprocessing); casts, plans and the transpose
+        # are caches that rebuild on first use, and the transpose's weak reference back could not be pickled.
+        return {"tiling": self._tiling, "values": self._values,
+                "device_values": bool(self._casts.get(DEVICE_VALUES))}
+
+    def __setstate__(self, state):
+        self._init(state["tiling"], state["values"])
+        if state["device_values"]:
+            self._casts[DEVICE_VALUES] = True
 
     # --- array protocol -------------------------------------------------
     @property
@@ -179,8 +194,19 @@ class TiledMatrix:
 
     @property
     def values(self):
-        """Stored values in tiled order (read-only by contract; ``tocsr().data`` is CSR order)."""
-        return self._values
+        """Stored values in tiled order (``tocsr().data`` is CSR order); new values go through :meth:`with_values`.
+
+        Read-only: on the host a read-only view (a write raises ``ValueError``).  CuPy has no read-only arrays, so
+        on the GPU a write would change this matrix's values for some products and not others (casts made before
+        keep the old ones): never write into it.
+        """
+        v = self._values
+        if isinstance(v, np.ndarray):
+            if self._read_only is None:  # one view per matrix: its id is stable, as the bound calls' keys need
+                self._read_only = v.view()
+                self._read_only.flags.writeable = False
+            v = self._read_only
+        return v
 
     @property
     def tile_shape(self):
@@ -308,7 +334,9 @@ class TiledMatrix:
             for float32, ``2**53`` for float64, ``2**11`` for float16, ``2**8``
             for bfloat16), else ``ValueError`` naming that type; a float ``dtype``
             you name is your cast, rounded as NumPy rounds, and float values are
-            rounded to the stored type.
+            rounded to the stored type, a finite value beyond its range
+            (``1e300`` into float32) raising ``ValueError`` rather than becoming
+            an infinity.
 
         Examples
         --------
@@ -329,9 +357,9 @@ class TiledMatrix:
         check_real_dtype(values.dtype, "values")
         if values.shape != (self.nnz,):
             raise ValueError(f"values must have shape ({self.nnz},), got {values.shape}")
-        if dtype is None:
+        if dtype is None:  # the matrix's own type must hold the values: integers exactly, floats within range
             dtype = self.dtype
-            check_exact(values, "values", dtype)
+            check_fits(check_exact(values, "values", dtype), "values", dtype)
         value_dtype(dtype)  # refuses what is not a real dtype before the values move
         given = values
         values = xp.asarray(values)
@@ -474,16 +502,18 @@ class TiledMatrix:
         return TiledMatrix._from_parts(self._tiling, values.astype(vdtype, copy=False))
 
     def __mul__(self, other):
-        """``T * scalar``: every stored value scaled (same tiling).  Elementwise products with arrays are
-        scipy's: ``T.tocsr() * X``; the matrix product is ``T @ X``."""
-        if isscalarlike(other):
-            return self._scaled(other, lambda v, s: v * s)
-        if isinstance(other, (str, bytes)):
+        """``T * other``: the elementwise product, as scipy's sparse arrays (:meth:`multiply`); the matrix product
+        is ``T @ X``."""
+        if isinstance(other, (str, bytes)) or not _operand_like(other):
             return NotImplemented
-        raise TypeError("TiledMatrix * array: elementwise products are scipy's (T.tocsr() * X); "
-                        "the matrix product is T @ X")
+        return self.multiply(other)
 
-    __rmul__ = __mul__
+    def __rmul__(self, other):
+        import scipy.sparse as sp
+
+        if isinstance(other, sp.spmatrix):  # scipy's matrices (not arrays) multiply matrices with `*`
+            return self.__rmatmul__(other)
+        return self.__mul__(other)
 
     def __truediv__(self, other):
         """``T / scalar``: every stored value divided (same tiling)."""
@@ -497,9 +527,168 @@ class TiledMatrix:
         return TiledMatrix._from_parts(self._tiling, -self._values)
 
     def __array__(self, dtype=None, copy=None):
+        if dtype is None and _asked_by_scipy_matmul(sys._getframe(1)):
+            # scipy.sparse's `B @ T` defers to T.__rmatmul__ when NumPy makes a 0-d object array of T (its rule for
+            # operands it does not know); only scipy's product is given one, every other caller the error below.
+            wrapped = np.empty((), dtype=object)
+            wrapped[()] = self
+            return wrapped
         raise TypeError("a TiledMatrix is sparse and does not convert to a dense array implicitly: use T.toarray() "
                         "for a dense NumPy array, or T.tocsr() for a scipy.sparse csr_array "
                         "(scipy.sparse.csr_array(T.tocsr()))")
+
+    # --- elementwise operations (scipy's sparse-array semantics) ----------------
+    def multiply(self, other):
+        """The elementwise product with a scalar, a dense array broadcast to ``T.shape``, or a sparse matrix.
+
+        A scalar or a dense array (NumPy, or CuPy for a matrix on the GPU) keeps the tiling: each stored value is
+        multiplied by the array's element at its place, so the result stores the same entries, as scipy's
+        ``multiply`` does.  A sparse ``other`` (a TiledMatrix or scipy's) gives the product of the two matrices'
+        entries, re-translated with this matrix's layout on its device.  The dtype is NumPy's promotion of both.
+
+        Examples
+        --------
+        >>> import numpy as np, scipy.sparse as sp, tcgnn_py as tg
+        >>> T = tg.TiledMatrix(sp.csr_array(np.array([[1.0, 0.0], [2.0, 3.0]], np.float32)))
+        >>> print(T.multiply(np.array([[10.0, 100.0]], np.float32)).toarray().tolist())
+        [[10.0, 0.0], [20.0, 300.0]]
+        """
+        if isscalarlike(other) and not isinstance(other, (str, bytes)):
+            return self._scaled(other, lambda v, s: v * s)
+        if _is_sparse(other):
+            return self._sparse_result(lambda a, b: a.multiply(b), other)
+        xp = self._tiling.xp
+        if xp is np and array_module(other) is not np:
+            raise DeviceMismatchError("a device array given for a matrix on the CPU")
+        X = xp.asarray(other)
+        check_real_dtype(X.dtype, "other")
+        try:
+            X = xp.broadcast_to(X, self.shape)
+        except ValueError:
+            raise ValueError(f"multiply: other of shape {X.shape} does not broadcast to the matrix's {self.shape}") \
+                from None
+        rows, cols = self._tiling.rows_cols()
+        dtype = value_dtype(promote(value_dtype(self.dtype), value_dtype(X.dtype)))
+        with np.errstate(over="ignore", invalid="ignore"):
+            values = self._values.astype(dtype, copy=False) * X[rows, cols].astype(dtype, copy=False)
+        return TiledMatrix._from_parts(self._tiling, values)
+
+    def _sparse_result(self, op, other, *, reflected=False):
+        """``op(a, b)`` of the canonical CSR forms (scipy's arithmetic, exact), re-translated as a TiledMatrix
+        with this matrix's layout, on its device, of NumPy's promotion of both dtypes."""
+        import scipy.sparse as sp
+
+        b = other if sp.issparse(other) else other.tocsr()
+        a = self.tocsr()
+        dtype = promote(value_dtype(self.dtype), value_dtype(other.dtype))
+        result = op(b, a) if reflected else op(a, b)
+        return TiledMatrix(sp.csr_array(result), layout=self.layout, device=self.device, dtype=dtype)
+
+    def _sum_with(self, other, sign, reflected=False):
+        if isinstance(other, (str, bytes)) or not _operand_like(other):
+            return NotImplemented
+        if isscalarlike(other):
+            if other == 0:
+                return -self if reflected and sign < 0 else self.copy()
+            raise NotImplementedError("adding a nonzero scalar to a sparse array is not supported")
+        if _is_sparse(other):
+            if other.shape != self.shape:
+                raise ValueError("inconsistent shapes")
+            return self._sparse_result(operator.add if sign > 0 else operator.sub, other, reflected=reflected)
+        raise TypeError("a TiledMatrix plus or minus a dense array is a dense array: write it densely, e.g. "
+                        "T.toarray() + X (or T.tocsr() + X, scipy's dense result)")
+
+    def __add__(self, other):
+        """``T + S`` with a sparse S (a TiledMatrix or scipy's): the sum, re-translated; ``T + 0`` is a copy."""
+        return self._sum_with(other, 1)
+
+    def __radd__(self, other):
+        return self._sum_with(other, 1, reflected=True)
+
+    def __sub__(self, other):
+        """``T - S`` with a sparse S (a TiledMatrix or scipy's): the difference, re-translated."""
+        return self._sum_with(other, -1)
+
+    def __rsub__(self, other):
+        return self._sum_with(other, -1, reflected=True)
+
+    def __abs__(self):
+        return TiledMatrix._from_parts(self._tiling, abs(self._values))
+
+    def power(self, n, dtype=None):
+        """Each stored value to the power ``n`` (a nonzero scalar), as scipy's ``power``: same tiling.
+
+        ``n = 0`` would make every implicit zero a one (a dense matrix): ``NotImplementedError``, as scipy's.
+        """
+        if not isscalarlike(n) or isinstance(n, (str, bytes)):
+            raise NotImplementedError("input is not scalar")
+        if not n:
+            raise NotImplementedError("zero power is not supported as it would densify the matrix.\n"
+                                      "Use `np.ones(A.shape, dtype=A.dtype)` for this case.")
+        values = self._values if dtype is None else cast_values(self._values, dtype)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            values = values ** n
+        return TiledMatrix._from_parts(self._tiling, values.astype(value_dtype(values.dtype), copy=False))
+
+    def __pow__(self, n):
+        return self.power(n)
+
+    def count_nonzero(self, axis=None):
+        """Entries that are not zero (stored zeros excluded), as scipy's: in all, or per row / column."""
+        if axis is None:
+            return int(self._tiling.xp.count_nonzero(self._values))  # synchronize!
+        return self.tocsr().count_nonzero(axis=axis)
+
+    def max(self, axis=None):
+        """The largest element, implicit zeros included: scipy's ``max`` of :meth:`tocsr`."""
+        return self.tocsr().max(axis=axis)
+
+    def min(self, axis=None):
+        """The smallest element, implicit zeros included: scipy's ``min`` of :meth:`tocsr`."""
+        return self.tocsr().min(axis=axis)
+
+    def mean(self, axis=None, dtype=None):
+        """The mean over all elements, implicit zeros included: scipy's ``mean`` of :meth:`tocsr`."""
+        return self.tocsr().mean(axis=axis, dtype=dtype)
+
+    def eliminate_zeros(self):
+        """Drop the stored zeros, in place (as scipy's): the matrix is re-translated without them, if it has any.
+
+        Matrices that shared this one's tiling keep theirs.
+        """
+        xp = self._tiling.xp
+        if not bool((self._values == 0).any()):  # synchronize!
+            return
+        data, indices, indptr = self.csr_arrays()
+        keep = data != 0
+        rows = xp.searchsorted(indptr, xp.arange(data.shape[0]), side="right") - 1
+        counts = xp.bincount(rows[keep], minlength=self.shape[0])
+        ptr = xp.zeros(self.shape[0] + 1, dtype=np.int64)
+        xp.cumsum(counts, out=ptr[1:])
+        if is_half(data.dtype):
+            data = data.astype(np.float32)  # exact; the build rounds back to the stored type, which holds them
+        T = TiledMatrix((data[keep], indices[keep], ptr), self.shape, dtype=self.dtype, layout=self.layout,
+                        device=self.device)
+        self._init(T._tiling, T._values)
+
+    def __getitem__(self, key):
+        """``T[i:j]`` (or ``T[i:j, :]``): those rows, as a new TiledMatrix on the same device and layout."""
+        if isinstance(key, tuple) and len(key) == 2 and key[1] == slice(None):
+            key = key[0]
+        if not isinstance(key, slice):
+            raise TypeError("a TiledMatrix takes row slices only, T[i:j] (a new TiledMatrix of those rows); for "
+                            f"other indexing use scipy's: T.tocsr()[...] (got {key!r:.60})")
+        start, stop, step = key.indices(self.shape[0])
+        data, indices, indptr = self.csr_arrays()
+        if step != 1:
+            rows = self.tocsr()[np.arange(start, stop, step)]
+            return TiledMatrix(rows, layout=self.layout, device=self.device, dtype=self.dtype)
+        stop = max(stop, start)
+        a, b = (int(v) for v in to_host(indptr[[start, stop]]))  # synchronize!
+        if is_half(data.dtype):
+            data = data.astype(np.float32)
+        return TiledMatrix((data[a:b], indices[a:b], indptr[start:stop + 1] - a), (stop - start, self.shape[1]),
+                           dtype=self.dtype, layout=self.layout, device=self.device)
 
     def _matmul_dispatch(self, other, out=None, precision=None):
         M, N = self.shape
@@ -582,6 +771,25 @@ def _is_sparse(x):
     import scipy.sparse as sp
 
     return sp.issparse(x) or isinstance(x, TiledMatrix)
+
+
+def _asked_by_scipy_matmul(frame):
+    """Whether NumPy's conversion was called from scipy.sparse's matmul dispatch (the caller's ``frame``)."""
+    return frame.f_code.co_name == "_matmul_dispatch" and frame.f_globals.get("__name__", "").startswith("scipy.sparse")
+
+
+def issparse(x):
+    """Whether ``x`` is a sparse matrix this library takes: a :class:`TiledMatrix`, or a ``scipy.sparse`` or
+    ``cupyx.scipy.sparse`` array or matrix (``scipy.sparse.issparse`` knows scipy's own types only).
+
+    Examples
+    --------
+    >>> import numpy as np, scipy.sparse as sp, tcgnn_py as tg
+    >>> A = sp.csr_array(np.eye(2, dtype=np.float32))
+    >>> tg.issparse(tg.TiledMatrix(A)), tg.issparse(A), tg.issparse(np.eye(2)), sp.issparse(tg.TiledMatrix(A))
+    (True, True, False, False)
+    """
+    return _is_sparse(x) or type(x).__module__.startswith("cupyx.scipy.sparse")
 
 
 def spmm(T, X, out=None, *, precision=None):

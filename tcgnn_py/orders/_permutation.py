@@ -55,6 +55,15 @@ class Permutation:
     def __len__(self):
         return self.perm.shape[0]
 
+    def __eq__(self, other):
+        """Equal when both renumber the vertices the same way (``perm``); how each was found is not compared."""
+        if not isinstance(other, Permutation):
+            return NotImplemented
+        return bool(np.array_equal(self.perm, other.perm))
+
+    def __hash__(self):
+        return hash(self.perm.tobytes())  # (perm is read-only: the hash never changes)
+
     def __repr__(self):
         return f"<Permutation of {len(self)} vertices" + (f", {self.report}>" if self.report else ">")
 

@@ -242,7 +242,9 @@ class Tiling:
             object.__setattr__(self, name, value)
 
     def __getstate__(self):
-        return {**self.__dict__, "xp": None}  # a module does not pickle: set again on loading
+        # The structure alone: a module does not pickle (set again on loading), and the cache -- plans, launches,
+        # the transpose, device buffers -- is derived data that rebuilds where the copy is used.
+        return {**self.__dict__, "xp": None, "_cache": {}}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -326,8 +328,9 @@ class Tiling:
             elif isinstance(v, dict):
                 for x in v.values():
                     walk(x)
-            elif not isinstance(v, Tiling) and hasattr(v, "nbytes") and hasattr(v, "shape"):
-                seen[id(v)] = int(v.nbytes)
+            elif (not isinstance(v, Tiling) and hasattr(v, "shape")
+                  and isinstance(getattr(v, "nbytes", None), (int, np.integer))):
+                seen[id(v)] = int(v.nbytes)  # an array (a type's nbytes, e.g. a cached cupy.ndarray, is a descriptor)
 
         walk(list(self._cache.values()))
         return sum(seen.values())
