@@ -127,7 +127,7 @@ def main(argv=None):
     ap.add_argument("--order", choices=ORDERS, default=None,
                     help="renumber each graph's vertices first and measure the renumbered graph")
     ap.add_argument("--device", choices=["cuda", "cpu"], default=None,
-                    help="cpu: the NumPy reference path against SciPy (default: gpu when usable)")
+                    help="cpu: the NumPy reference path against SciPy (default: cuda when usable)")
     ap.add_argument("--json", metavar="FILE", help="write every measurement and the environment here")
     ap.add_argument("--markdown", metavar="FILE", help="write the results page's tables here (Markdown)")
     ap.add_argument("--summary-min-nnz", type=int, default=0, metavar="N",

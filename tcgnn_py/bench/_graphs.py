@@ -59,6 +59,8 @@ def locate_graph(spec):
             raise ValueError(f"synthetic graphs are {kind}:N:K with integers N and K, got {spec!r}") from None
         if n < 1 or k < 0:
             raise ValueError(f"synthetic graphs are {kind}:N:K with N >= 1 and K >= 0, got {spec!r}")
+        if kind != "banded" and k > n * n:  # the generators' own limit, checked before anything is measured
+            raise ValueError(f"{kind}:N:K: {k} edges do not fit {n} nodes (at most N * N = {n * n})")
         return kind, n, k
     for root in data_roots():
         if (root / spec / "adj_csr.npz").exists():
