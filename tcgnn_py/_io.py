@@ -67,12 +67,26 @@ class Graph:
         )  # fmt: skip
 
 
-def _load_folder(name, opener):
+def _sparse_archive(f, where):
+    """The scipy sparse matrix saved in ``f`` (``scipy.sparse.save_npz``'s format) as a csr_array, or a
+    ``ValueError`` that says ``where`` is not one (never an unsafe load: the archive holds arrays only)."""
+    import zipfile
+
     import scipy.sparse as sp
 
+    try:
+        return sp.csr_array(sp.load_npz(f))
+    except (ValueError, KeyError, OSError, EOFError, zipfile.BadZipFile) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise ValueError(f"{where} is not a graph archive (a sparse matrix saved by scipy.sparse.save_npz): "
+                         f"{type(e).__name__}") from None
+
+
+def _load_folder(name, opener):
     def npz(fname):
         with opener(fname) as f:
-            return sp.csr_array(sp.load_npz(f))
+            return _sparse_archive(f, f"{name}/{fname}")
 
     def npy(fname):
         try:
@@ -114,7 +128,10 @@ def load_cora():
 
 
 def load_graph(path):
-    """Load a graph folder (``adj_csr.npz`` [+ features, labels, split]), an ``.npz`` or an ``.mtx``.
+    """Load a graph folder (``adj_csr.npz`` [+ features, labels, split]), an ``.npz`` or an ``.mtx`` (any case).
+
+    ``"cora"``, where no such folder or file exists, is the bundled graph (:func:`load_cora`).  A file that is not a
+    sparse matrix saved by ``scipy.sparse.save_npz`` raises ``ValueError``.
 
     Examples
     --------
@@ -132,12 +149,15 @@ def load_graph(path):
     except TypeError:
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}") from None
     name = os.path.basename(os.path.normpath(path))
+    suffix = os.path.splitext(path)[1].lower()
     if os.path.isdir(path):
         return _load_folder(name, lambda f: open(os.path.join(path, f), "rb"))
-    if path.endswith(".npz") and os.path.exists(path):
-        return Graph(name=name[:-4], adj=sp.csr_array(sp.load_npz(path)))
-    if path.endswith(".mtx") and os.path.exists(path):
+    if suffix == ".npz" and os.path.isfile(path):
+        return Graph(name=name[:-4], adj=_sparse_archive(path, repr(path)))
+    if suffix == ".mtx" and os.path.isfile(path):
         return Graph(name=name[:-4], adj=sp.csr_array(scipy.io.mmread(path)))
+    if path == "cora":
+        return load_cora()
     raise FileNotFoundError(
         f"no graph at {path!r}: expected a folder holding adj_csr.npz, an .npz or an .mtx file "
         "(only cora ships with the package: tg.load_cora())"

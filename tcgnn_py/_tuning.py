@@ -80,7 +80,7 @@ def warp_pair_option(hi):
     def check(value):
         if value is None:
             return None
-        if isinstance(value, (str, bytes)):
+        if not isinstance(value, (tuple, list)):  # a pair as written, not any iterable (an array, a set, a dict)
             raise TypeError
         pair = tuple(value)
         if len(pair) != 2:

@@ -23,7 +23,7 @@ from .._device import FallbackWarning
 from .._validation import check_bool, check_count, is_half
 from . import _bound as bound
 from ._edges import TiledEdges, array_on, edges_of, features_on
-from ._layers import atb_bound, check_2d, column_sums, mm, mm_bound, mm_t_bound, sums_bound
+from ._layers import atb_bound, check_2d, check_weight, column_sums, mm, mm_bound, mm_t_bound, sums_bound
 
 __all__ = ["graph_attention", "gat_conv", "agnn_conv", "SCORES"]
 
@@ -53,6 +53,10 @@ def _seed(E, seed):
     ``[0, 2**32)``; a uint32 array is taken as it is (no host read, so a CUDA graph can hold the call)."""
     if seed is None:
         raise TypeError("dropout needs seed: a one-element uint32 array on the graph's device")
+    if isinstance(seed, (int, np.integer)) and not isinstance(seed, (bool, np.bool_)):
+        if not 0 <= int(seed) < 2**32:  # (a Python int of any size: checked before NumPy would refuse its type)
+            raise ValueError(f"seed must be in [0, 2**32) (a uint32), got {int(seed)}")
+        seed = np.array([seed], np.uint32)
     seed = array_on(E, seed, "seed")
     if seed.dtype.kind not in "iu" or seed.dtype == np.bool_:
         raise TypeError(f"seed must be an integer array (uint32), got dtype {seed.dtype}")
@@ -410,7 +414,7 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
     H, W = features_on(E, H, "H"), features_on(E, W, "W")
     n = E.shape[0]
     check_2d("H", H, n)
-    check_2d("W", W, H.shape[1])
+    check_weight("gat_conv", H, W)
     if W.shape[1] % heads:
         raise ValueError(f"W's {W.shape[1]} columns are not {heads} heads of equal width")
     D = W.shape[1] // heads

@@ -59,6 +59,24 @@ def check_2d(name, X, rows=None):
         raise ValueError(f"{name} has {X.shape[0]} rows, the graph has {rows} nodes")
 
 
+def check_rows_index(xp, index, covers):
+    """``index`` as a non-empty 1-D integer array of rows (what ``covers`` covers), or an error naming it: an empty
+    one would make a mean of nothing (NaN), and a boolean mask would be taken as the row numbers 0 and 1."""
+    index = xp.asarray(index)
+    if index.ndim != 1 or not index.size:
+        raise ValueError(f"index must be a non-empty 1-D array of rows, got shape {index.shape}")
+    if index.dtype.kind not in "iu":
+        raise TypeError(f"index must be integers (the rows {covers} covers), got dtype {index.dtype}")
+    return index
+
+
+def check_weight(layer, H, W):
+    """``W`` 2-D with a row per feature of ``H``, or a ``ValueError`` naming the layer, H's width and W's height."""
+    check_2d("W", W)
+    if W.shape[0] != H.shape[1]:
+        raise ValueError(f"{layer}: H has {H.shape[1]} features, W expects {W.shape[0]}")
+
+
 def mm(a, b, bias=None):
     """``a @ b (+ bias)``; on the GPU a layer's own products run in bound launches of the training family
     (:func:`tcgnn_py.products.training.dense_mm` for ``H W``, the bias added there, and
@@ -192,9 +210,7 @@ def gcn_conv(A, H, W, b=None, *, precision=None):
     E = edges_of(A, precision)
     H, W = features_on(E, H, "H"), features_on(E, W, "W")
     check_2d("H", H, E.shape[1])
-    check_2d("W", W)
-    if W.shape[0] != H.shape[1]:
-        raise ValueError(f"gcn_conv: H has {H.shape[1]} features, W expects {W.shape[0]}")
+    check_weight("gcn_conv", H, W)
     if b is not None:
         b = features_on(E, b, "b")
         check_bias(b, W.shape[1])
@@ -355,7 +371,7 @@ def linear(H, W, b=None):
     """
     H, W = floats(H, "H"), floats(W, "W")
     check_2d("H", H)
-    check_2d("W", W, H.shape[1])
+    check_weight("linear", H, W)
     if b is not None:
         b = floats(b, "b")
         check_bias(b, W.shape[1])
@@ -574,11 +590,7 @@ def cross_entropy(logits, labels, index=None):
     if labels.dtype.kind not in "iu":
         raise TypeError(f"labels must be integers, got dtype {labels.dtype}")
     if index is not None:
-        index = xp.asarray(index)
-        if index.dtype.kind not in "iu":  # (a boolean mask would be taken as row numbers 0 and 1)
-            raise TypeError(f"index must be integers (the rows the loss covers), got dtype {index.dtype}")
-        if index.ndim != 1 or not index.size:
-            raise ValueError(f"index must be a non-empty 1-D array of rows, got shape {index.shape}")
+        index = check_rows_index(xp, index, "the loss")
     if xp is not np and k and fused.takes(logits.dtype):
         # one kernel: each row's softmax, loss and gradient in one pass (a dozen array passes otherwise)
         if index is None:
@@ -617,5 +629,9 @@ def accuracy(logits, labels, index=None):
     0.5
     """
     xp = array_module(logits)
-    idx = xp.arange(logits.shape[0]) if index is None else xp.asarray(index)
-    return float((logits[idx].argmax(axis=1) == xp.asarray(labels)[idx]).mean())  # synchronize!
+    check_2d("logits", logits)
+    idx = xp.arange(logits.shape[0]) if index is None else check_rows_index(xp, index, "the accuracy")
+    labels = xp.asarray(labels)
+    if labels.shape != (logits.shape[0],):
+        raise ValueError(f"labels has {labels.size} entries, logits has {logits.shape[0]} rows")
+    return float((logits[idx].argmax(axis=1) == labels[idx]).mean())  # synchronize!

@@ -69,6 +69,8 @@ def gcn_init(dims, rng, dtype=np.float32):
     >>> {k: v.shape for k, v in p.items()}
     {'W0': (1433, 16), 'b0': (16,), 'W1': (16, 7), 'b1': (7,)}
     """
+    if len(dims) < 2:
+        raise ValueError(f"dims must be (features, ..., classes): at least two widths, got {tuple(dims)}")
     xp = _xp_of(rng)
     params = {}
     for i, (d_in, d_out) in enumerate(zip(dims[:-1], dims[1:])):

@@ -92,6 +92,9 @@ def train(apply, params, A, X, labels, split, optimizer, *, epochs=200, rng=None
     if dtype is not None:
         X = X.astype(as_dtype(dtype), copy=False)  # once, not per epoch
     labels = xp.asarray(labels)
+    if labels.shape != (E.shape[0],):
+        raise ValueError(f"labels has {labels.size} entries, the graph has {E.shape[0]} nodes"
+                         + ("" if labels.ndim == 1 else f" (labels must be 1-D, got shape {labels.shape})"))
     train_idx, val_idx, test_idx = (xp.asarray(i) for i in split)
     on_device = xp is not np
     if cuda_graph and not on_device:
