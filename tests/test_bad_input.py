@@ -208,6 +208,15 @@ def test_distributed_timeouts(timeout):
         dist.init(timeout=timeout)
 
 
+def test_bench_device_help_names_the_choices(capsys):
+    from tcgnn_py.bench.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "(default: cuda when usable)" in " ".join(out.split()) and "gpu when" not in out
+
+
 def test_load_graph_says_what_it_takes():
     with pytest.raises(FileNotFoundError, match=r"no graph at 'pubmed': expected a folder.*only cora ships"):
         tg.load_graph("pubmed")
@@ -234,6 +243,8 @@ def test_bench_cli_ranges(args, message, capsys, monkeypatch):
     ("banded:10:-1", "N >= 1 and K >= 0"),
     ("powerlaw:0:5", "N >= 1 and K >= 0"),
     ("no_such_graph_here", "looked up as NAME/adj_csr.npz under $TCGNN_PY_DATA"),
+    ("powerlaw:10:1000", "powerlaw:N:K: 1000 edges do not fit 10 nodes (at most N * N = 100)"),
+    ("uniform:3:10", "uniform:N:K: 10 edges do not fit 3 nodes"),
 ])
 def test_bench_cli_graph_specs(spec, message, capsys, monkeypatch):
     from tcgnn_py.bench.__main__ import main
@@ -520,8 +531,9 @@ def test_scipy_users_first_methods():
     assert "T.tocsr()" in str(e.value.__cause__)
     with pytest.raises(TypeError, match=r"use T.toarray\(\) for a dense NumPy array"):
         np.asarray(T)
-    with pytest.raises(TypeError, match=r"elementwise products are scipy's \(T.tocsr\(\) \* X\)"):
-        T * np.ones((2, 3))
+    # `*` is the elementwise product, as for scipy's sparse arrays: same entries, same tiling
+    P = T * np.full((2, 3), 2, np.float32)
+    assert P.tiling is T.tiling and (P.tocsr() != A.multiply(np.full((2, 3), 2, np.float32))).nnz == 0
 
 
 @pytest.mark.parametrize("args, message", [
@@ -537,3 +549,132 @@ def test_bench_refuses_before_measuring(args, message, capsys, monkeypatch):
     with pytest.raises(SystemExit) as e:
         main(["cora", "--device", "cpu", *args])
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+# --- round 4: crashes on valid input, unclear errors, accepted invalid input, friction --------------------------
+
+
+def _square_with_empty_last_column():
+    return sp.csr_array(np.array([[0, 1, 0], [1, 0, 0], [0, 1, 0]], np.float32))
+
+
+@pytest.mark.parametrize("method", ["metis", "auto", "lp"])
+@pytest.mark.parametrize("graph", ["empty last column", "no entries"])
+def test_partitioned_graphs_keep_their_size(method, graph, tmp_path):
+    pytest.importorskip("pymetis", reason="the partitioners need pymetis (the partition extra)")
+    A = _square_with_empty_last_column() if graph == "empty last column" else sp.csr_array((3, 3), dtype=np.float32)
+    X = np.arange(3, dtype=np.float32).reshape(3, 1)
+
+    def rank(ctx):
+        D = dist.DistributedMatrix(A, ctx, partition=method)
+        return D.global_rows, D.matmul(X[D.global_rows])
+
+    out = dist.spmd(rank, 2, backend="reference")
+    rows = np.concatenate([r for r, _ in out])
+    Y = np.concatenate([host(y) for _, y in out])
+    assert sorted(rows.tolist()) == [0, 1, 2]
+    np.testing.assert_array_equal(Y[np.argsort(rows)], A @ X)
+    p = dist.save_rows(A, tmp_path / "rows", 2, partition=method)
+    assert len(p.permutation) == 3 and p.bounds[-1] == 3
+    assert dist.partition((A.data, A.indices, A.indptr), 2, method).bounds[-1] == 3  # a triple is n x n
+
+
+def test_metis_prints_nothing_when_parts_exceed_vertices(capfd):
+    pytest.importorskip("pymetis", reason="the partitioners need pymetis (the partition extra)")
+    for n, parts in ((2, 7), (3, 3), (5, 8)):
+        p = dist.partition(tg.power_law_graph(n, n, seed=1, symmetric=True), parts, "metis")
+        assert p.bounds[-1] == n and np.diff(p.bounds).max() <= 1  # a vertex per part: the balanced cut
+    assert capfd.readouterr().out == ""
+
+
+def test_a_distributed_matrix_takes_a_tiled_matrix():
+    A = tg.nn.gcn_norm(_square_with_empty_last_column())  # what the layers' preprocessing returns
+    X = np.arange(3, dtype=np.float32).reshape(3, 1)
+    out = dist.spmd(lambda ctx: (lambda D: (D.global_rows, D.matmul(X[D.global_rows])))(
+        dist.DistributedMatrix(A, ctx)), 2, backend="reference")
+    Y = np.concatenate([host(y) for _, y in out])
+    np.testing.assert_allclose(Y, A.tocsr() @ X, rtol=1e-6)
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: tg.nn.linear(np.ones((2, 4), np.float32), np.ones((3, 2), np.float32)), ValueError,
+     "linear: H has 4 features, W expects 3"),
+    (lambda: tg.nn.gat_conv(tg.nn.add_self_loops(sp.csr_array(np.eye(2, dtype=np.float32))), np.ones((2, 4)),
+                            np.ones((3, 2)), np.ones((1, 2)), np.ones((1, 2))), ValueError,
+     "gat_conv: H has 4 features, W expects 3"),
+    (lambda: tg.nn.gcn_init((4,), np.random.default_rng(0)), ValueError, "at least two widths"),
+    (lambda: tg.nn.accuracy(np.ones((3, 2)), np.array([0, 1, 0]), index=[]), ValueError,
+     "index must be a non-empty 1-D array"),
+    (lambda: tg.nn.accuracy(np.ones((3, 2)), np.array([0, 1, 0]), index=np.ones(3, bool)), TypeError,
+     "index must be integers"),
+    (lambda: tg.nn.accuracy(np.ones((3, 2)), np.array([0, 1])), ValueError, "labels has 2 entries, logits has 3 rows"),
+    (lambda: tg.TiledMatrix(sp.csr_array(np.eye(3, dtype=np.float32))).with_values(np.array([1e300, 1, 2])),
+     ValueError, r"values holds 1e\+300, beyond float32's range"),
+    (lambda: tg.TiledMatrix(sp.csr_array(np.eye(3, dtype=np.float32)), dtype=np.float16).with_values(
+        np.array([1e5, 1, 2], np.float32)), ValueError, "beyond float16's range"),
+    (lambda: tg.tuning(tf32_nwarps=np.array([4, 4])).__enter__(), TypeError, "tf32_nwarps takes None or a pair"),
+])
+def test_round_4_errors_name_what_is_wrong(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_train_says_the_labels_do_not_fit_the_graph():
+    g = tg.load_cora()
+    A, X = tg.nn.gcn_norm(g.adj, device="cpu"), g.features.toarray().astype(np.float32)
+    params = tg.nn.gcn_init((X.shape[1], 4, 7), np.random.default_rng(0))
+    with pytest.raises(ValueError, match="labels has 2 entries, the graph has 2708 nodes"):
+        tg.nn.train(tg.nn.gcn_apply, params, A, X, np.array([0, 1]), (g.train_idx, g.val_idx, g.test_idx),
+                    tg.nn.Adam(params), epochs=1, rng=np.random.default_rng(0))
+
+
+def test_values_cannot_be_written_on_the_host_and_overflow_is_refused():
+    T = tg.TiledMatrix(sp.csr_array(np.eye(3, dtype=np.float32)), device="cpu")
+    with pytest.raises(ValueError, match="read-only"):
+        T.values[0] = 5
+    assert T.values is T.values and T.toarray().diagonal().tolist() == [1, 1, 1]
+    assert T.with_values(np.array([1e300, 1, 2]), dtype=np.float64).dtype == np.float64  # a type you name holds it
+    assert np.isinf(T.with_values(np.array([np.inf, 1, 2])).toarray()[0, 0])  # an infinity stays one
+
+
+def test_bounds_must_be_integers():
+    A = _square_with_empty_last_column()
+    with pytest.raises(TypeError, match="bounds must be integers"):
+        dist.spmd(lambda ctx: dist.DistributedMatrix(A, ctx, bounds=[0, 1.7, 3]), 2, backend="reference")
+
+
+@pytest.mark.parametrize("seed", [2**32, 2**70, -1, -(2**70), 2**64 - 1])
+def test_python_int_seeds_out_of_range(seed):
+    A = tg.nn.add_self_loops(sp.csr_array(np.eye(3, dtype=np.float32)))
+    X = np.ones((3, 4), np.float32)
+    with pytest.raises(ValueError, match=r"seed must be in \[0, 2\*\*32\) \(a uint32\), got " + str(seed)):
+        tg.nn.graph_attention(A, X, score="cosine", Q=X, K=X, beta=np.ones(1, np.float32), dropout=0.5, seed=seed)
+    tg.nn.graph_attention(A, X, score="cosine", Q=X, K=X, beta=np.ones(1, np.float32), dropout=0.5, seed=2**32 - 1)
+
+
+def _dist_cora_training(ctx, seeds):
+    g = tg.load_cora()
+    S = tg.nn.gcn_norm(g.adj, device="cpu").tocsr()
+    X = g.features.toarray().astype(np.float32)
+    D = dist.DistributedMatrix(S, ctx)
+    local = dist.local_indices(D, (g.train_idx, g.val_idx, g.test_idx))
+    params = tg.nn.gcn_init((X.shape[1], 4, 7), np.random.default_rng(seeds[ctx.rank]))
+    return dist.train(ctx, tg.nn.gcn_apply, params, D, X[D.global_rows], g.labels[D.global_rows], local,
+                      tg.nn.Adam(params), epochs=1, rng=np.random.default_rng(ctx.rank), evaluate=False)
+
+
+def test_distributed_training_refuses_parameters_that_differ_between_ranks():
+    dist.spmd(_dist_cora_training, 2, backend="reference", args=((0, 0),))
+    with pytest.raises(ValueError, match=r"params \['W0', 'W1'\] differ between ranks \(ranks \[1\]"):
+        dist.spmd(_dist_cora_training, 2, backend="reference", args=((0, 1),))
+
+
+def test_local_indices_refuse_ids_outside_the_graph():
+    A = _square_with_empty_last_column()
+    for bad, message in (([0, 3], r"index set 1 has 1 ids outside the graph's 0..2, e.g. 3"),
+                         ([-1], r"index set 1 has 1 ids outside the graph's 0..2, e.g. -1")):
+        with pytest.raises(ValueError, match=message):
+            dist.spmd(lambda ctx: dist.local_indices(dist.DistributedMatrix(A, ctx), ([0], bad)), 2,
+                      backend="reference")
+    with pytest.raises(TypeError, match="index set 0 must hold integer vertex ids"):
+        dist.spmd(lambda ctx: dist.local_indices(dist.DistributedMatrix(A, ctx), ([0.5],)), 2, backend="reference")

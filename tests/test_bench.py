@@ -151,7 +151,8 @@ def test_cli_rejects_unknown_ops():
 # --- asv suite -------------------------------------------------------------
 
 sys.path.insert(0, str(ROOT / "asv_bench"))
-ASV_MODULES = ["benchmarks.spmm", "benchmarks.sddmm", "benchmarks.preprocess", "benchmarks.reorder", "benchmarks.gnn"]
+ASV_MODULES = ["benchmarks.spmm", "benchmarks.sddmm", "benchmarks.preprocess", "benchmarks.reorder", "benchmarks.gnn",
+               "benchmarks.host"]
 
 
 def _asv_classes():
@@ -172,27 +173,44 @@ def test_asv_config_is_valid_json5():
 
 
 def test_asv_suite_shape():
-    """Parameters match their names, every benchmark takes them, every track_ has a unit."""
+    """Parameters match their names; every benchmark takes them, after the cache where the class has a
+    setup_cache (asv passes no None cache); every track_ has a unit."""
     classes = list(_asv_classes())
-    assert {c.__name__ for c in classes} >= {"SpMM", "SDDMM", "SGT", "Reorder", "TileQuality", "TrainEpoch"}
+    assert {c.__name__ for c in classes} >= {"SpMM", "SDDMM", "SGT", "Reorder", "TileQuality", "TrainEpoch",
+                                             "CallCost", "LayerCallCost", "HostPath"}
     for cls in classes:
-        assert len(cls.params) == len(cls.param_names), cls
-        assert hasattr(cls, "setup_cache"), cls
+        params = getattr(cls, "params", [])
+        assert len(params) == len(getattr(cls, "param_names", [])), cls
+        cached = hasattr(cls, "setup_cache")
         methods = [m for m in dir(cls) if m.startswith(("time_", "track_"))]
         assert methods, cls
-        for m in methods:
+        for m in methods + ["setup"] + (["teardown"] if hasattr(cls, "teardown") else []):
             fn = getattr(cls, m)
-            assert len(inspect.signature(fn).parameters) == 2 + len(cls.params), (cls, m)
+            assert len(inspect.signature(fn).parameters) == 1 + cached + len(params), (cls, m)
             if m.startswith("track_"):
                 assert getattr(fn, "unit", None), (cls, m)
 
 
 @pytest.mark.skipif(GPU, reason="checks the no-GPU path")
 def test_asv_setup_without_gpu_reports_not_implemented():
-    from benchmarks.spmm import SpMM
+    from benchmarks.spmm import SpMM, SpMMHalf
 
-    with pytest.raises(NotImplementedError, match="needs a CUDA GPU"):
-        SpMM().setup({}, "cora", 64, "tcgnn_tf32")
+    cache = SpMM().setup_cache()
+    assert cache == {}  # no graph generated for benchmarks that skip; not None, which asv would not pass
+    for cls, args in ((SpMM, ("cora", 64, "tcgnn_tf32")), (SpMMHalf, ("cora", 64, "float16", "tcgnn_vector"))):
+        b = cls()
+        with pytest.raises(NotImplementedError, match="needs a CUDA GPU"):
+            b.setup(cache, *args)
+        b.teardown(cache, *args)  # asv tears a skipped setup down too
+
+
+def test_asv_host_benchmarks_run():
+    from benchmarks.host import HostPath
+
+    b = HostPath()
+    b.setup()
+    b.time_translate()
+    b.time_spmm()
 
 
 # --- on the device -----------------------------------------------------------
@@ -280,27 +298,31 @@ def test_asv_benchmarks_run_one_call_each():
     graphs = common.load(["cora"])
     for cls in _asv_classes():
         cache = cls().setup_cache() if cls.__name__ == "TrainEpoch" else graphs  # its own cache: problems
-        names = cls.param_names
+        cache = (cache,) if hasattr(cls, "setup_cache") else ()
+        names = getattr(cls, "param_names", [])
         for combo in _first_combos(cls):
             if "graph" in names:
                 combo = tuple("cora" if n == "graph" else v for n, v in zip(names, combo))
             if "D" in names:
                 combo = tuple(64 if n == "D" else v for n, v in zip(names, combo))
             b = cls()
-            b.setup(cache, *combo)
+            b.setup(*cache, *combo)
             for m in dir(cls):
                 if m.startswith(("time_", "track_")):
-                    getattr(b, m)(cache, *combo)
+                    getattr(b, m)(*cache, *combo)
             if hasattr(b, "teardown"):
-                b.teardown(cache, *combo)
+                b.teardown(*cache, *combo)
 
 
 def _first_combos(cls):
     """Every value of the last parameter, the first value of the others."""
     import itertools
 
-    firsts = [[p[0]] for p in cls.params[:-1]]
-    return itertools.product(*firsts, cls.params[-1])
+    params = getattr(cls, "params", [])
+    if not params:
+        return [()]
+    firsts = [[p[0]] for p in params[:-1]]
+    return itertools.product(*firsts, params[-1])
 
 
 @pytest.mark.parametrize("order", ["locality", "rcm", "degree"])
@@ -489,3 +511,45 @@ def test_attention_page_needs_the_attention_op(tmp_path, monkeypatch, capsys):
         main(["cora", "--device", "cpu", "--ops", "gcn", "--page", str(tmp_path / "a.md"),
               "--attention-page", str(tmp_path / "b.md")])
     assert e.value.code == 2 and "--attention-page" in capsys.readouterr().err
+
+
+def test_cache_nbytes_counts_each_cached_array_once_and_nothing_else():
+    """What the products cache: arrays, containers of them, and types (a kernel's array type), which have an
+    ``nbytes`` descriptor, not a size."""
+    T = TiledMatrix(sp.csr_array(np.eye(5, dtype=np.float32)), device="cpu")
+    t = T.tiling
+    T @ np.ones((5, 3), np.float32)
+    T.T
+    base = t.cache_nbytes()
+    a = np.zeros(10, np.float32)
+    t.put(("test", 1), a)
+    t.put(("test", 2), (a, [a, {"k": np.ones(3)}]))
+    t.put(("test", 3), np.ndarray)
+    t.put(("test", 4), (np.float32, np.dtype(np.float32), "text", 7, None))
+    if GPU:
+        import cupy
+
+        t.put(("test", 5), (cupy.ndarray, cupy.zeros(4, cupy.float64)))
+    assert t.cache_nbytes() == base + 40 + 24 + (32 if GPU else 0)
+
+
+_CLI_OPS = ("spmm", "sddmm", "sgt", "reorder", "gcn", "agnn", "gat", "attention")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("op", _CLI_OPS)
+def test_cli_runs_every_op(op, device, tmp_path, monkeypatch):
+    """Each --ops value alone, through the whole command (tables, JSON, page), on the host and on the GPU."""
+    from tcgnn_py.bench.__main__ import _OPS, main
+
+    assert set(_CLI_OPS) == set(_OPS)
+    if device == "cpu":
+        monkeypatch.setenv("TCGNN_PY_DEVICE", "cpu")
+    graph = "cora" if device == "cuda" else "powerlaw:60:300"
+    args = [graph, "--device", device, "--ops", op, "--repeat", "1", "--inputs", "1", "--epochs", "1",
+            "--json", str(tmp_path / "r.json"), "--page", str(tmp_path / "page.md")]
+    if op in ("spmm", "sddmm"):
+        args += ["--dims", "8"]
+    assert main(args) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["env"]["tcgnn_py"]
+    assert (tmp_path / "page.md").read_text().startswith("# Results")

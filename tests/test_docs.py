@@ -57,3 +57,14 @@ def test_the_launch_options_table_is_the_code():
     want = [(name, fam, repr(default), _tuning.allowed()[name])
             for fam, opts in _tuning.FAMILY_DEFAULTS.items() for name, default in opts.items()]
     assert rows == want
+
+
+def test_no_page_points_at_an_issue_number():
+    """Readers cannot follow the project's issue numbers: the pages and docstrings say what they mean instead (an
+    upstream project's issue, named with its project, can be followed)."""
+    own = r"(?<!numba )(?<!scipy )(?<!cupy )\bissues? #?\d+"
+    found = [f"{page.relative_to(ROOT)}: {m.group(0)}" for page in PAGES
+             for m in re.finditer(own, page.read_text(), flags=re.I)]
+    docstrings = [f"{path.relative_to(ROOT)}: {m.group(0)}" for path in sorted((ROOT / "tcgnn_py").rglob("*.py"))
+                  for m in re.finditer(own, path.read_text(), flags=re.I)]
+    assert found + docstrings == []

@@ -1,4 +1,6 @@
-"""Row partitions and halos (issue 20) on the reference path: several simulated parts, exact on integers."""
+"""Row partitions and halos on the reference path: several simulated parts, exact on integers."""
+
+import pathlib
 
 import numpy as np
 import pytest
@@ -65,3 +67,18 @@ def test_bad_input():
         part.balanced_bounds(np.array([0, 1]), 0)
     with pytest.raises(ValueError, match="bounds must rise"):
         part.plan(sp.csr_array((4, 4)), bounds=[0, 3, 2, 4])
+
+
+def test_doctests_that_need_pymetis_skip_without_it():
+    """Where the partition extra is missing, the doctests that run METIS skip with the reason (as the tests do)."""
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    code = ("import sys; sys.modules['pymetis'] = None; import pytest; "  # an import of pymetis now fails
+            "sys.exit(pytest.main(['-q', '-rs', '-p', 'no:xdist', "
+            "'tcgnn_py/distributed/_partition.py::tcgnn_py.distributed._partition.partition', "
+            "'tcgnn_py/distributed/_nn.py::tcgnn_py.distributed._nn.train']))")
+    run = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "2 skipped" in run.stdout and "needs pymetis (the partition extra)" in run.stdout, run.stdout[-2000:]

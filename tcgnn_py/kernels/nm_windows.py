@@ -1,4 +1,4 @@
-"""Layer 1: Numba CUDA kernel of the N:M window grouping (issue 19), one warp per row window.
+"""Layer 1: Numba CUDA kernel of the N:M window grouping, one warp per row window.
 
 It reproduces :func:`tcgnn_py.tiles._nm_windows.group_columns` slot for slot.  Lane
 ``l`` of the warp holds open group ``l``: its opening number, its columns

@@ -1,4 +1,4 @@
-"""Layer 2: the N:M window grouping (issue 19) on the GPU, beside its NumPy reference, and the N:M layouts.
+"""Layer 2: the N:M window grouping on the GPU, beside its NumPy reference, and the N:M layouts.
 
 ``group(rows, cols, shape, window, pattern, xp)`` returns what
 :func:`tcgnn_py.tiles._nm_windows.nm_groups` returns for ``slot_ptr`` and

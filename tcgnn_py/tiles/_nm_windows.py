@@ -1,4 +1,4 @@
-"""Layer 0: NumPy reference of the N:M window grouping for sparse tensor cores (issue 19).
+"""Layer 0: NumPy reference of the N:M window grouping for sparse tensor cores.
 
 A sparse tensor core (``mma.sp``) takes an A operand whose every row holds at
 most N nonzeros in each group of M consecutive K slots: 2:4 for float16 and

@@ -16,7 +16,7 @@ __all__ = ["SpmmVech", "VEC_HALF", "HALF_DEFAULT", "VEC_HALF_COOP", "spmm_vech_n
 
 #: (feature groups of 32, k16 chunks per step, stages) compiled for every type combination and aligned rows;
 #: HALF_DEFAULT also for unaligned rows (D % 8 != 0).  These are the timed choice's shapes: a shape that never
-#: wins the choice on the measured graphs is not compiled (the measurement is in issue 38's notes).
+#: wins the choice on the measured graphs is not compiled (``tools/timed_choice.py`` shows which shapes win).
 VEC_HALF = ((1, 1, 2), (2, 1, 2), (2, 1, 3))
 HALF_DEFAULT = (1, 1, 2)
 #: (feature groups, k16 chunks per step, stages) of the COOP launch (aligned rows).

@@ -446,8 +446,8 @@ tcgnn_sddmm_vec(const int4* __restrict__ units, int n_units, const int* __restri
 
 SOURCE = COMMON_SOURCE + FIXUP_SOURCE + VEC_COMMON_SOURCE + PUT4_SOURCE + _VEC
 #: Every SpMM config compiled: each one the statistics' rule or the timed choice picks, and a shape that never
-#: wins the timed choice on the measured graphs is neither a candidate nor compiled (the measurement is in
-#: issue 38's notes).  So register gathers serve only rows cp.async cannot copy (not 16-byte aligned).
+#: wins the timed choice on the measured graphs is neither a candidate nor compiled (``tools/timed_choice.py``
+#: shows which shapes win).  So register gathers serve only rows cp.async cannot copy (not 16-byte aligned).
 VEC_SPMM_CONFIGS = tuple(
     [SpmmVec(f, VEC_UNROLL, False, c) for f in VEC_SLICES for c in (True, False)]
     + [SpmmVecAsync(f, u, VEC_STAGES, c, True, True) for f in VEC_SLICES for u in VEC_ASYNC_UNROLL for c in (True, False)]
