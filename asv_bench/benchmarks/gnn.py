@@ -18,9 +18,11 @@ class TrainEpoch:
     timeout = 300
 
     def setup_cache(self):
+        import tcgnn_py as tg
         from tcgnn_py.bench import gnn_problem
 
-        return {g: gnn_problem(g) for g in self.params[0]}  # graph, features, labels, split
+        # graph, features, labels, split; nothing without a GPU (setup skips; never None, see common.gpu_cache)
+        return {g: gnn_problem(g) for g in self.params[0]} if tg.gpu_available() else {}
 
     def setup(self, problems, graph, model, impl):
         require_gpu()
@@ -44,10 +46,7 @@ class CallCost:
     params = (["T @ X", "spmm(out=)", "sddmm", "graph replay"],)
     param_names = ("call",)
 
-    def setup_cache(self):
-        return None  # the bundled Cora is loaded in setup (keeps the signature of the other benchmarks)
-
-    def setup(self, cache, call):
+    def setup(self, call):
         require_gpu()
         import cupy as cp
         import numpy as np
@@ -71,7 +70,7 @@ class CallCost:
             self.fn()
         _sync()
 
-    def time_100_calls(self, cache, call):
+    def time_100_calls(self, call):
         for _ in range(100):
             self.fn()
         _sync()
@@ -84,10 +83,7 @@ class LayerCallCost:
     params = (["fwd", "fwd+bwd"], ["gcn_conv", "agnn_conv", "gat_conv 8 heads", "cross_entropy"])
     param_names = ("pass", "layer")
 
-    def setup_cache(self):
-        return None  # the bundled Cora is loaded in setup (keeps the signature of the other benchmarks)
-
-    def setup(self, cache, pas, layer):
+    def setup(self, pas, layer):
         require_gpu()
         import cupy as cp
 
@@ -118,7 +114,7 @@ class LayerCallCost:
             self.fn()
         _sync()
 
-    def time_100_calls(self, cache, pas, layer):
+    def time_100_calls(self, pas, layer):
         for _ in range(100):
             self.fn()
         _sync()

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from .common import PREP_GRAPHS, load, require_gpu, sync
+from .common import PREP_GRAPHS, gpu_cache, require_gpu, sync
 
 
 class SGT:
@@ -11,7 +11,7 @@ class SGT:
     timeout = 600
 
     def setup_cache(self):
-        return load(PREP_GRAPHS)
+        return gpu_cache(PREP_GRAPHS)
 
     def setup(self, graphs, graph):
         require_gpu()

@@ -1,6 +1,6 @@
 """The N:M reorder (PPoPP'25): time and violations removed; the locality reorder: time and U/nnz."""
 
-from .common import REORDER_GRAPHS, load, require_gpu
+from .common import REORDER_GRAPHS, gpu_cache, require_gpu
 
 PATTERNS = ["2:4", "4:2:8"]
 
@@ -13,7 +13,7 @@ class Reorder:
     repeat = (1, 3, 30.0)
 
     def setup_cache(self):
-        return load(REORDER_GRAPHS)
+        return gpu_cache(REORDER_GRAPHS)
 
     def setup(self, graphs, graph, pattern):
         require_gpu()
@@ -48,7 +48,7 @@ class LocalityReorder:
     repeat = (1, 3, 30.0)
 
     def setup_cache(self):
-        return load(REORDER_GRAPHS + ["powerlaw:1000000:16000000"])
+        return gpu_cache(REORDER_GRAPHS + ["powerlaw:1000000:16000000"])
 
     def setup(self, graphs, graph):
         require_gpu()
