@@ -494,8 +494,12 @@ class TiledMatrix:
     def _scaled(self, scalar, op):
         if not isscalarlike(scalar) or isinstance(scalar, (str, bytes)):
             return NotImplemented
-        s = np.asarray(scalar)
-        check_real_dtype(s.dtype, "scalar")
+        if array_module(scalar) is not np:  # a 0-d device array
+            if self._tiling.xp is np:
+                raise DeviceMismatchError("a device scalar given for a matrix on the CPU")
+            check_real_dtype(scalar.dtype, "scalar")
+        else:
+            check_real_dtype(np.asarray(scalar).dtype, "scalar")
         with np.errstate(over="ignore", invalid="ignore"):
             values = op(self._values, scalar)  # NumPy's promotion: a Python float keeps float32 (and 16-bit) values
         vdtype = value_dtype(values.dtype)
