@@ -68,3 +68,20 @@ def test_no_page_points_at_an_issue_number():
     docstrings = [f"{path.relative_to(ROOT)}: {m.group(0)}" for path in sorted((ROOT / "tcgnn_py").rglob("*.py"))
                   for m in re.finditer(own, path.read_text(), flags=re.I)]
     assert found + docstrings == []
+
+
+def test_the_readme_speedups_are_the_results_pages():
+    """The README's table is the results page's run: its geomeans for the vector layout, per dtype and clock."""
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    readme = (ROOT / "README.md").read_text()
+    clocks = ("GPU-only (queued)", "back to back", "one call from idle")
+    for label, impl in (("float32 (TF32 tensor cores)", "tf32"), ("float16", "float16"), ("bfloat16", "bfloat16")):
+        row = re.search(rf"^\| {re.escape(label)} \| (.+) \|$", readme, flags=re.M)
+        assert row, label
+        cells = [c.strip() for c in row.group(1).split("|")]
+        want = [re.search(rf"spmm tcgnn_vector_{impl}, {re.escape(c)}: geomean ([\d.]+)x", page).group(1) + "×"
+                for c in clocks]
+        assert cells == want, label
+    gpu = re.search(r"One run of the harness on (NVIDIA \w+)", page).group(1)
+    points = re.search(r"geomean [\d.]+x over the best baseline at (\d+) points", page).group(1)
+    assert f"geomean over {points} points" in readme and f"{gpu}, the run of the results page" in readme
