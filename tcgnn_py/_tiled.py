@@ -665,8 +665,7 @@ class TiledMatrix:
             return
         data, indices, indptr = self.csr_arrays()
         keep = data != 0
-        rows = xp.searchsorted(indptr, xp.arange(data.shape[0]), side="right") - 1
-        counts = xp.bincount(rows[keep], minlength=self.shape[0])
+        counts = xp.bincount(ref.edge_rows(indptr, data.shape[0])[keep], minlength=self.shape[0])
         ptr = xp.zeros(self.shape[0] + 1, dtype=np.int64)
         xp.cumsum(counts, out=ptr[1:])
         if is_half(data.dtype):
@@ -683,10 +682,10 @@ class TiledMatrix:
             raise TypeError("a TiledMatrix takes row slices only, T[i:j] (a new TiledMatrix of those rows); for "
                             f"other indexing use scipy's: T.tocsr()[...] (got {key!r:.60})")
         start, stop, step = key.indices(self.shape[0])
-        data, indices, indptr = self.csr_arrays()
-        if step != 1:
+        if step != 1:  # scipy's fancy row indexing, on the host
             rows = self.tocsr()[np.arange(start, stop, step)]
             return TiledMatrix(rows, layout=self.layout, device=self.device, dtype=self.dtype)
+        data, indices, indptr = self.csr_arrays()
         stop = max(stop, start)
         a, b = (int(v) for v in to_host(indptr[[start, stop]]))  # synchronize!
         if is_half(data.dtype):
