@@ -8,7 +8,7 @@ Public names live here; the implementation is in private modules by concern
 from ._capture import CUDAGraph
 from ._device import DeviceMismatchError, FallbackWarning, NoGPUWarning, gpu_available
 from ._io import Graph, load_cora, load_graph
-from .orders._reorder import (
+from .orders import (
     LayoutLocality,
     LocalityReport,
     NMReport,
@@ -20,7 +20,7 @@ from .orders._reorder import (
 )
 from ._synth import planted_partition_graph, power_law_graph
 from ._tiled import TiledMatrix, issparse, sddmm, spmm
-from .tiles._tiling import LAYOUTS, Layout, Tiling, TileStats
+from .tiles import LAYOUTS, Layout, Tiling, TileStats
 from ._tuning import options as tuning_options, tuning
 
 from . import nn  # noqa: E402  (layer 4: imports the names above)

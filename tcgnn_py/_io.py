@@ -1,4 +1,4 @@
-"""Layer 0: loading graphs -- the bundled Cora and the shared data layout."""
+"""Layer 3: loading graphs -- the bundled Cora and the shared data layout."""
 
 import dataclasses
 import os
@@ -6,7 +6,7 @@ from importlib import resources
 
 import numpy as np
 
-from .orders._permutation import Permutation
+from .orders import Permutation
 
 __all__ = ["Graph", "load_cora", "load_graph"]
 

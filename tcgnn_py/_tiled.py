@@ -6,12 +6,12 @@ import weakref
 
 import numpy as np
 
-from .tiles import _nm_group, _sgt
+from . import tiles
 from . import _reference as ref
 from ._device import DeviceMismatchError, array_module, get_cupy, is_cupy_array, to_host, use_gpu
 from .products import DEVICE_VALUES, MISMATCH, as_operand, check_out, recycled, result_dtype, sddmm_raw, signature, \
     spmm_raw, timed_choices
-from .tiles._tiling import STRUCTURE, Tiling, TileStats, resolve_layout
+from .tiles import STRUCTURE, Tiling, TileStats, resolve_layout
 from ._tuning import options
 from ._validation import (
     as_dtype,
@@ -115,7 +115,7 @@ class TiledMatrix:
         opts = options()
         # A small host input is translated on the host and uploaded once: the same arrays as the kernels'
         # (tests compare them), without their first compile in this process.
-        host_build = on_device and array_module(indices) is np and data.shape[0] <= _sgt.host_limit()
+        host_build = on_device and array_module(indices) is np and data.shape[0] <= tiles.host_limit()
         if on_device and not host_build:
             # O(1) checks where the arrays are (free on the host); SGT's first kernel makes the O(nnz) ones.
             # Indices of another type are scanned before the int32 cast, which could wrap them into range.
@@ -136,11 +136,11 @@ class TiledMatrix:
             data = cast_values(data, dtype, "A")
         # Duplicates are summed in the build dtype (float32 for 16-bit values), then rounded once.
         data = data.astype(_build_dtype(vdtype), copy=False)
-        arrays = _sgt.tile(data, indices, indptr, shape, window, block)
+        arrays = tiles.tile(data, indices, indptr, shape, window, block)
         if host_build and (layout.pattern is None or data.shape[0] > opts["nm_group_host_max"]):
             arrays = _upload(arrays)  # the N:M grouping of a larger matrix runs on the GPU
         if layout.pattern is not None:
-            arrays = _nm_group.regroup(arrays, shape, layout)
+            arrays = tiles.regroup(arrays, shape, layout)
         if host_build and array_module(arrays["tile_pos"]) is np:
             arrays = _upload(arrays)
         tiling, values = Tiling.from_arrays(arrays, shape, (window, block), layout)

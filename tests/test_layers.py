@@ -149,6 +149,23 @@ def test_scripts_use_public_names_only(path):
     assert bad == []
 
 
+def test_packages_are_entered_by_their_front_doors():
+    """A module takes another package's names from that package (its ``__init__``), never from a private module
+    inside it (the package root's own private modules are everyone's layer-0 helpers)."""
+    bad = []
+    for name in MODULES:
+        for target, alias, line in _imports(name):
+            full = f"{target}.{alias}" if alias and f"{target}.{alias}" in MODULES else target
+            parts = full.split(".")
+            for i in range(2, len(parts)):
+                owner = ".".join(parts[:i])
+                if parts[i].startswith("_") and not parts[i].startswith("__"):
+                    if not (name == owner or name.startswith(owner + ".")):
+                        bad.append(f"{name}:{line} imports {full}")
+                    break
+    assert bad == []
+
+
 def test_the_contributors_layer_table_lists_every_module():
     """docs/contributing.md's layer table follows the code: each private module of the package root and each
     module of ``kernels/``, ``products/``, ``tiles/`` and ``orders/`` by name, the other packages by ``name/``,

@@ -18,7 +18,7 @@ def check(xp, A, pattern, window=16):
     A = sp.csr_array(A)
     r, c = A.nonzero()
     want = _nm_windows.nm_groups(r, c, A.shape, window, pattern)
-    slot_ptr, slot_cols = _nm_group.group(r, c, A.shape, window, pattern, xp)
+    slot_ptr, slot_cols = _nm_group.group_slots(r, c, A.shape, window, pattern, xp)
     np.testing.assert_array_equal(host(slot_ptr), want["slot_ptr"])
     np.testing.assert_array_equal(host(slot_cols), want["slot_cols"])
 
@@ -58,4 +58,4 @@ def test_hub_on_gpu(xp):
 
 def test_bad_pattern():
     with pytest.raises(ValueError, match="1:M and 2:M"):
-        _nm_group.group(np.array([0]), np.array([0]), (1, 1), 16, (3, 4))
+        _nm_group.group_slots(np.array([0]), np.array([0]), (1, 1), 16, (3, 4))

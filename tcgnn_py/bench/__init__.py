@@ -11,7 +11,7 @@ Examples
 [('spmm', 4, ['scipy', 'tcgnn_ref']), ('sddmm', 4, ['numpy_gather_dot', 'tcgnn_ref'])]
 """
 
-from ..tiles._sgt import translate as sgt_translate  # SGT alone (canonical CSR in), what the SGT timings time
+from ..tiles import translate as sgt_translate  # SGT alone (canonical CSR in), what the SGT timings time
 from . import _kernels  # noqa: F401  (registers the "baseline" kernel family)
 from ._baselines import CSR_ALG2, CSR_ALG3, CusparseRowMajor, CusparseSDDMM, GatherDotSDDMM
 from ._first import first_product_markdown, first_product_times

@@ -80,7 +80,7 @@ def train_step(problem, model, sparse, device=None, seed=0, cuda_graph=False):
     """
     from .. import nn
     from .._device import get_cupy, use_gpu
-    from ..nn._edges import CSREdges
+    from ..nn import CSREdges
 
     if model == "gat" and sparse == "csr":
         return None

@@ -11,9 +11,9 @@ import math
 
 import numpy as np
 
-from ..tiles import _sgt
+from .. import tiles
 from .._device import use_gpu
-from ..orders._reorder import locality_report, reorder
+from ..orders import locality_report, reorder
 from .._tiled import TiledMatrix, sddmm, spmm
 from ._baselines import CSR_ALG2, CSR_ALG3, CusparseRowMajor, CusparseSDDMM, GatherDotSDDMM
 from ._graphs import resolve_graph
@@ -89,7 +89,7 @@ def _prepare(A, Ad, xp, repeat, gpu):
         out["csr_upload_ms"] = clock(lambda: csp.csr_matrix(A), repeat)[0]
     arrays = (Ad.data, Ad.indices, Ad.indptr)
     x1 = xp.ones((A.shape[1], 1), np.float32)
-    out["sgt_ms"] = clock(lambda: _sgt.translate(*arrays, A.shape, 16, 8), repeat)[0]
+    out["sgt_ms"] = clock(lambda: tiles.translate(*arrays, A.shape, 16, 8), repeat)[0]
     # Ready to multiply: translation plus the work plan the first product builds.
     out["build_ms"] = clock(lambda: spmm(_tiled(Ad, gpu), x1), repeat)[0]
     out["from_host_ms"] = clock(lambda: _tiled(A, gpu), repeat)[0]
@@ -109,8 +109,7 @@ def vertex_order(A, order, device=None):
     import scipy.sparse as sp
     from scipy.sparse.csgraph import reverse_cuthill_mckee
 
-    from ..orders._locality import degree_order, symmetric_pattern
-    from ..orders._permutation import Permutation
+    from ..orders import Permutation, degree_order, symmetric_pattern
 
     if order == "locality":
         dev = "cuda" if use_gpu(device) else "cpu"

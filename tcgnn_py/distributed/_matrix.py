@@ -15,7 +15,7 @@ import numpy as np
 
 from .._device import array_module
 from ..products import result_dtype
-from ..orders._permutation import Permutation
+from ..orders import Permutation
 from .._tiled import TiledMatrix, sddmm, spmm
 from .._validation import as_dtype, coerce_graph, is_half
 from ._partition import Partition, balanced_bounds, compact_columns, partition as find_partition

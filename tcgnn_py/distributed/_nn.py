@@ -1,6 +1,6 @@
 """Layer 4: the GNN layers of :mod:`tcgnn_py.nn` on a row-partitioned graph, and full-batch training.
 
-A :class:`DistributedEdges` is an edge view (see :mod:`tcgnn_py.nn._edges`)
+A :class:`DistributedEdges` is an edge view (:class:`tcgnn_py.nn.EdgeView`)
 whose products exchange halo rows, so every layer of :mod:`tcgnn_py.nn`
 (``gcn_apply``, ``agnn_apply``, ``gat_apply``) runs on one rank's rows unchanged;
 the attention runs its unfused sequence there.  Their weight gradients come out as this rank's
@@ -16,8 +16,7 @@ import time
 import numpy as np
 
 from .._validation import is_half
-from ..nn._edges import EdgeView
-from ..nn._layers import cross_entropy
+from ..nn import EdgeView, cross_entropy
 from ._matrix import DistributedMatrix, host_array
 
 __all__ = ["DistributedEdges", "train", "DistTrainResult", "allreduce_grads", "local_indices"]

@@ -30,8 +30,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .._device import get_cupy, to_host, use_gpu
-from ..orders._locality import run_heads, symmetric_pattern
-from ..orders._permutation import Permutation
+from ..orders import Permutation, run_heads, symmetric_pattern
 from .._validation import check_count, coerce_graph
 
 __all__ = ["RowPartition", "balanced_bounds", "compact_columns", "plan", "spmm_reference", "Partition", "partition",

@@ -51,7 +51,7 @@ def save_rows(A, folder, parts, *, partition=None):
     folder.mkdir(parents=True, exist_ok=True)
     indptr = indptr.astype(np.int64)
     if partition is None:
-        from ..orders._permutation import Permutation
+        from ..orders import Permutation
 
         partition = Partition(Permutation(np.arange(n, dtype=np.int64)), balanced_bounds(indptr, parts), "none", 0.0)
     elif partition.parts != parts or len(partition.permutation) != n:

@@ -15,6 +15,7 @@ reference path) and CuPy on the GPU; everything runs on the graph's device.
 """
 
 from ._attention import agnn_conv, gat_conv, graph_attention
+from ._edges import CSREdges, EdgeView  # for the library's other packages (the distributed layers, the harness)
 from ._layers import accuracy, bias_act_dropout, cross_entropy, dropout, elu, gcn_conv, linear, relu
 from ._models import agnn_apply, agnn_init, default_rng, gat_apply, gat_init, gcn_apply, gcn_init, glorot
 from ._norm import add_self_loops, gcn_norm

@@ -3,7 +3,7 @@
 import numpy as np
 
 from .._device import array_module, get_cupy, use_gpu
-from ..tiles._sgt import host_limit
+from ..tiles import host_limit
 from .._tiled import TiledMatrix
 from .._validation import coerce_graph
 
@@ -13,7 +13,7 @@ __all__ = ["add_self_loops", "gcn_norm"]
 def _square_csr(A, device=None):
     """``(data, indices, indptr, n, xp)``: A's CSR arrays, moved to the GPU for ``device`` when large.
 
-    A host input small enough for the host translation (:func:`tcgnn_py.tiles._sgt.host_limit`) is normalised on
+    A host input small enough for the host translation (:func:`tcgnn_py.tiles.host_limit`) is normalised on
     the host too, so the TiledMatrix built from it needs no kernel compile.
     """
     data, indices, indptr, n = coerce_graph(A, "a graph's adjacency matrix")

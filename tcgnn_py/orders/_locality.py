@@ -40,7 +40,7 @@ import numpy as np
 
 from .._device import array_module, to_host
 from .._reference import edge_rows
-from ..tiles._tiling import resolve_layout
+from ..tiles import resolve_layout
 
 __all__ = ["LocalityReport", "LayoutLocality", "locality_order", "locality_stats", "CANDIDATES", "run_heads",
            "symmetric_pattern"]

@@ -22,7 +22,8 @@ import numpy as np
 from . import _locality as loc
 from . import _nm_reference as ref
 from .._reference import edge_rows
-from ..tiles._tiling import DEFAULT_LAYOUT, LAYOUTS, resolve_layout
+from .. import tiles
+from ..tiles import DEFAULT_LAYOUT, LAYOUTS, resolve_layout
 from .._device import to_host, use_gpu
 from .._tuning import options
 from ..kernels.launch import THREADS_PER_BLOCK as _TPB
@@ -415,19 +416,15 @@ def window_grouping(xp, rows, cols, inv, n, layout, unit_blocks):
     """``(padding slots, stored slots, windows of more than unit_blocks blocks, blocks of the longest window)`` of
     ``layout``'s N:M grouping of the pattern renumbered by ``inv``.
 
-    Host arrays: the reference grouping (:func:`tcgnn_py.tiles._nm_windows.nm_groups`); device arrays: the grouping
+    Host arrays: the reference grouping (:func:`tcgnn_py.tiles.nm_groups`); device arrays: the grouping
     kernel, which gives the same slots.
     """
-    from ..tiles import _nm_windows as nw
-
     r, c = to_host(inv[rows]), to_host(inv[cols])  # synchronize!
     if xp is np:
-        g = nw.nm_groups(r, c, (n, n), layout.window, layout.pattern)
+        g = tiles.nm_groups(r, c, (n, n), layout.window, layout.pattern)
         slot_ptr, pad, slots = g["slot_ptr"], g["padding"], g["slots"]
     else:
-        from ..tiles import _nm_group
-
-        slot_ptr, slot_cols = _nm_group.group(r, c, (n, n), layout.window, layout.pattern, xp)
+        slot_ptr, slot_cols = tiles.group_slots(r, c, (n, n), layout.window, layout.pattern, xp)
         pad, slots = int((slot_cols < 0).sum()), int(slot_cols.shape[0])  # synchronize!
     blocks = -(-xp.diff(slot_ptr) // layout.block)
     longest = int(blocks.max()) if blocks.shape[0] else 0  # synchronize! (CuPy's max takes no initial=)

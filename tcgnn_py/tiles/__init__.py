@@ -1,4 +1,14 @@
 """Layer 2: the tiled format -- SGT's translation into condensed tiles (:mod:`._sgt`), the ``Tiling`` it
 builds (:mod:`._tiling`), and the N:M layouts' window grouping (:mod:`._nm_group`, its reference
 :mod:`._nm_windows`).
+
+The names other packages use are here: they import this package, never its private modules.
 """
+
+from ._nm_group import group_slots, regroup
+from ._nm_windows import nm_groups
+from ._sgt import host_limit, tile, translate
+from ._tiling import DEFAULT_LAYOUT, LAYOUTS, STRUCTURE, Layout, Tiling, TileStats, resolve_layout
+
+__all__ = ["Tiling", "TileStats", "Layout", "LAYOUTS", "DEFAULT_LAYOUT", "STRUCTURE", "resolve_layout", "tile",
+           "translate", "host_limit", "regroup", "group_slots", "nm_groups"]

@@ -1,6 +1,6 @@
 """Layer 2: the N:M window grouping on the GPU, beside its NumPy reference, and the N:M layouts.
 
-``group(rows, cols, shape, window, pattern, xp)`` returns what
+``group_slots(rows, cols, shape, window, pattern, xp)`` returns what
 :func:`tcgnn_py.tiles._nm_windows.nm_groups` returns for ``slot_ptr`` and
 ``slot_cols`` (the same arrays, slot for slot), computed by the Numba kernel
 :func:`tcgnn_py.kernels.nm_windows.group_windows` -- on the GPU with CuPy
@@ -20,7 +20,7 @@ from .. import _reference
 from .._device import array_module, to_host
 from ..kernels.launch import launch_numba
 
-__all__ = ["group", "regroup"]
+__all__ = ["group_slots", "regroup"]
 
 
 def regroup(arrays, shape, layout):
@@ -43,7 +43,7 @@ def regroup(arrays, shape, layout):
         g = ref.nm_groups(rows, cols, shape, H, (n, m))
         slot_ptr, slot_cols = g["slot_ptr"], g["slot_cols"]
     else:
-        slot_ptr, slot_cols = group(to_host(rows), to_host(cols), shape, H, (n, m), xp)  # synchronize!
+        slot_ptr, slot_cols = group_slots(to_host(rows), to_host(cols), shape, H, (n, m), xp)  # synchronize!
     if slot_ptr.shape[0] < n_windows + 1:  # trailing empty windows
         slot_ptr = xp.concatenate((slot_ptr, xp.full(n_windows + 1 - slot_ptr.shape[0], slot_ptr[-1], np.int64)))
     n_cols = max(int(shape[1]), 1)
@@ -77,7 +77,7 @@ def regroup(arrays, shape, layout):
 _WARPS_PER_BLOCK = 4
 
 
-def group(rows, cols, shape, window=16, pattern=(2, 4), xp=np):
+def group_slots(rows, cols, shape, window=16, pattern=(2, 4), xp=np):
     """``(slot_ptr, slot_cols)`` of the N:M grouping of every row window (arrays of ``xp``)."""
     from ..kernels.nm_windows import MAX_M, group_windows
 
