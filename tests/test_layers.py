@@ -240,3 +240,13 @@ def test_the_autotuner_and_the_shared_modules_import_no_family():
     reach = {name: sorted(d for d in _edges(name) if d.startswith(FAMILIES))
              for name in MODULES if name.startswith(ENGINE + "._") and name != ENGINE + "._dispatch"}
     assert {name: deps for name, deps in reach.items() if deps} == {}
+
+
+def test_one_module_drops_a_caches_oldest_entry():
+    """Every bounded cache keeps its entries by one rule, ``_cache.keep``: no module evicts a dict's oldest entry
+    itself (``del d[next(iter(d))]``, ``d.pop(next(iter(d)))``)."""
+    evicting = re.compile(r"(del \w+\[next\(iter\(|\.pop\(next\(iter\()")
+    found = [f"{name}:{i}" for name, (path, _, _) in MODULES.items() if name != "tcgnn_py._cache"
+             for i, line in enumerate(path.read_text().splitlines(), 1) if evicting.search(line)]
+    assert found == []
+    assert evicting.search((ROOT / "_cache.py").read_text())  # (not vacuous: the rule's own line matches)

@@ -28,6 +28,8 @@ import functools
 
 import numpy as np
 
+from .._cache import keep
+
 __all__ = ["matmul", "LT_PLANS_MAX", "WORKSPACE_BYTES"]
 
 #: cuBLAS workspace per device (the guide's recommendation for Hopper is 32 MiB).
@@ -277,9 +279,7 @@ def _matmul(a, b, key):
         tail = (algo, hd.workspace.data.ptr, WORKSPACE_BYTES)
         _check(fn(*head, pb, lay_b, pa, lay_a, zero, pc, lay_c, pc, lay_c, *tail, stream), "cublasLtMatmul")
         if key is not None and _alignment(pc) == 256:  # (every new result is: the pool hands out 256-byte blocks)
-            if len(_bound) >= LT_PLANS_MAX:
-                _bound.pop(next(iter(_bound)))
-            _bound[key] = ((m, n), a.dtype, fn, head, (lay_b, lay_a, zero, lay_c), tail, plan)
+            keep(_bound, key, ((m, n), a.dtype, fn, head, (lay_b, lay_a, zero, lay_c), tail, plan), LT_PLANS_MAX)
         return c
     lib = _lib()
     _check(lib.cublasGemmEx(hd.on(lib, stream), op_b, op_a, n, m, k, one, pb, t, ldb, pa, t, lda, zero, pc, t, n,

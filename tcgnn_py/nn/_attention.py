@@ -21,6 +21,7 @@ from ..products import training as layer_ops
 from .. import _reference as ref
 from .._device import FallbackWarning
 from .._validation import check_bool, check_count, is_half
+from .._cache import keep
 from . import _bound as bound
 from ._edges import TiledEdges, array_on, edges_of, features_on
 from ._layers import atb_bound, check_2d, check_weight, column_sums, mm, mm_bound, mm_t_bound, sums_bound
@@ -96,9 +97,7 @@ def _check_weights(E):
     if values.shape[0] and bool((values < 0).any()):  # synchronize!
         raise ValueError("graph_attention: A holds negative values; its values are the softmax's weights "
                          "(a_ij exp(z_ij)), which must be >= 0 (use A.astype(bool) for an unweighted graph)")
-    if len(kept) >= _CHECKED_KEEP:
-        del kept[next(iter(kept))]
-    kept[id(values)] = values
+    keep(kept, id(values), values, _CHECKED_KEEP)
 
 
 def _inputs(E, V, heads, score, s_src, s_dst, Q, K, beta, negative_slope, dropout, seed, fused):

@@ -19,6 +19,7 @@ import sys
 
 import numpy as np
 
+from .._cache import keep
 from .._tiled import TiledMatrix
 from .._tuning import overrides_key
 from ._edges import TiledEdges
@@ -108,14 +109,7 @@ class Calls:
             return
         call = binder()
         if call is None:
-            _keep(self.counts, key, -1)
+            keep(self.counts, key, -1, KEEP)
             return
         self.counts.pop(key, None)
-        _keep(self.bound, key, call)
-
-
-def _keep(store, key, value):
-    """``store[key] = value``, the oldest entry dropped past :data:`KEEP`."""
-    if key not in store and len(store) >= KEEP:
-        del store[next(iter(store))]
-    store[key] = value
+        keep(self.bound, key, call, KEEP)

@@ -15,6 +15,7 @@ import numpy as np
 from .._device import DeviceMismatchError, array_module
 from .._tiled import bound_spmm
 from .._validation import check_bool, is_half, promote
+from .._cache import keep
 from ..products import training as fused
 from . import _bound as bound
 from ._edges import edges_of, features_on, floats
@@ -156,9 +157,7 @@ def _ones_row(xp, n, dtype):
         stream = xp.cuda.get_current_stream()
         if not stream.is_capturing():
             stream.synchronize()
-            if len(_ones) >= ONES_KEEP:
-                _ones.pop(next(iter(_ones)))
-            _ones[key] = value
+            keep(_ones, key, value, ONES_KEEP)
     return value
 
 

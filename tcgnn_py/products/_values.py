@@ -9,6 +9,7 @@ import functools
 import numpy as np
 
 from .. import _reference as ref
+from .._cache import keep
 from .._device import get_cupy, publish, to_host
 from .._tuning import options
 from ._plans import HOST_PLAN_MAX
@@ -51,17 +52,14 @@ def vec_dense_values(tiling, values):
         return hit[1]
     xp = tiling.xp
     dense = xp.zeros(tiling.n_blocks * 32, np.float32)
-    eb = lru.get("entry_blocks")
+    eb = tiling.peek("vec_dense_blocks")
     if eb is None:
         eb = ref.entry_blocks(tiling.block_ptr, tiling.nnz).astype(np.int64)
     dense[eb * 32 + tiling.tile_pos.astype(np.int64)] = values
     if xp.cuda.get_current_stream().is_capturing():
         return dense  # the graph holds the scatter; its arrays must not outlive it in a cache
-    lru["entry_blocks"] = eb
-    if len(lru) > VEC_DENSE_KEEP:  # the oldest array's (entry_blocks stays first)
-        del lru[next(k for k in lru if k != "entry_blocks")]
-    lru[id(values)] = (values, dense)
-    return dense
+    tiling.put("vec_dense_blocks", eb)
+    return keep(lru, id(values), (values, dense), VEC_DENSE_KEEP)[1]
 
 
 #: Marks a matrix's cache of casts when its values were made on the device (``with_values`` of a device array, as

@@ -15,6 +15,7 @@ from ..._device import get_cupy
 from ...kernels import attention as ka
 from ...kernels.attention import attention_unit
 from ...kernels.driver import bound_launch
+from ..._cache import keep
 from ...kernels.registry import get_kernel
 from .._launch import Scratch, recycled, same_array
 from .._plans import sm_count
@@ -113,9 +114,7 @@ def _bound(T, w, key, template, stream):
     bound = bound_launch(get_kernel("attention", name).kernel.ptr, grid, 32 * ka.ATTENTION_WARPS, args, variable,
                          stream.ptr)
     if not stream.is_capturing():
-        if len(kept) >= BOUND_KEEP:
-            del kept[next(iter(kept))]
-        kept[key] = (w, bound)
+        keep(kept, key, (w, bound), BOUND_KEEP)
     return bound
 
 
@@ -226,9 +225,7 @@ def csr_weights(T, dtype):
     w[T.tiling.perm] = values  # tiled entry e is CSR entry perm[e]
     if xp is not np and xp.cuda.get_current_stream().is_capturing():
         return w  # the graph holds the scatter; its arrays must not outlive it in a cache
-    if len(kept) >= WEIGHTS_KEEP:
-        del kept[next(iter(kept))]
-    kept[(id(values), dtype.char)] = (values, w)
+    keep(kept, (id(values), dtype.char), (values, w), WEIGHTS_KEEP)
     return w
 
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..._device import get_cupy
 from ...kernels import nn as kn
+from ..._cache import keep
 from ...kernels.driver import bound_launch, launch, resident_blocks, slot_value
 from ...kernels.registry import background_compiles, compile_in_background, get_kernel
 from .._launch import Scratch, recycled, same_array
@@ -155,10 +156,7 @@ _F32 = np.dtype(np.float32)
 
 def _keep(store, key, value):
     """``store[key] = value``, the oldest entry dropped past :data:`DENSE_KEEP` (the bound launches' caches)."""
-    if len(store) >= DENSE_KEEP:
-        del store[next(iter(store))]
-    store[key] = value
-    return value
+    return keep(store, key, value, DENSE_KEEP)
 
 
 @functools.lru_cache(maxsize=256)
