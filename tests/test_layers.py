@@ -250,3 +250,27 @@ def test_one_module_drops_a_caches_oldest_entry():
              for i, line in enumerate(path.read_text().splitlines(), 1) if evicting.search(line)]
     assert found == []
     assert evicting.search((ROOT / "_cache.py").read_text())  # (not vacuous: the rule's own line matches)
+
+
+def test_no_undefined_names_on_any_path():
+    """A name that is not defined fails here, without a GPU, even on a path only a GPU runs (pyflakes reads
+    every function whether or not a test calls it)."""
+    from pyflakes import api, messages, reporter
+
+    class Collect(reporter.Reporter):
+        def __init__(self):
+            self.found = []
+
+        def flake(self, message):
+            if isinstance(message, (messages.UndefinedName, messages.UndefinedLocal, messages.UndefinedExport)):
+                self.found.append(str(message))
+
+        def syntaxError(self, *args):
+            self.found.append(f"syntax error: {args}")
+
+        def unexpectedError(self, *args):
+            self.found.append(f"unexpected: {args}")
+
+    r = Collect()
+    api.checkRecursive([str(ROOT)], r)
+    assert r.found == []

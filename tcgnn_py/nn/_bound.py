@@ -103,7 +103,7 @@ class Calls:
         count it no further where that is None (the signature takes none)."""
         count = self.counts.get(key, 0) + 1
         if 0 < count < BIND_AFTER:
-            _keep(self.counts, key, count)
+            keep(self.counts, key, count, KEEP)
             return
         if count <= 0:
             return
