@@ -255,6 +255,7 @@ def test_one_module_drops_a_caches_oldest_entry():
 def test_no_undefined_names_on_any_path():
     """A name that is not defined fails here, without a GPU, even on a path only a GPU runs (pyflakes reads
     every function whether or not a test calls it)."""
+    pytest.importorskip("pyflakes", reason="pyflakes comes with the test extra")
     from pyflakes import api, messages, reporter
 
     class Collect(reporter.Reporter):

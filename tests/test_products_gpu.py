@@ -436,7 +436,8 @@ def test_dense_values_follow_each_matrix(cp):
                 np.testing.assert_array_equal((Tk @ X).get(), Ak @ X.get())
         ((_, launch),) = T.tiling.cached_items("launch")
         assert isinstance(launch, _launches.Launch) and launch.dense
-        assert len(T.tiling.peek("vec_dense")) == _values.VEC_DENSE_KEEP + 1  # and the entries' blocks
+        assert len(T.tiling.peek("vec_dense")) == _values.VEC_DENSE_KEEP  # (the entries' blocks are kept beside them)
+        assert T.tiling.peek("vec_dense_blocks") is not None
 
 
 def test_kernels_compile_once(cp):
