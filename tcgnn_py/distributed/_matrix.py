@@ -20,7 +20,7 @@ from .._tiled import TiledMatrix, sddmm, spmm
 from .._validation import as_dtype, coerce_graph, is_half
 from ._partition import Partition, balanced_bounds, compact_columns, partition as find_partition
 
-__all__ = ["DistributedMatrix", "HALO_DTYPES", "host_array", "take_rows", "entry_rows"]
+__all__ = ["DistributedMatrix", "HALO_DTYPES", "host_array", "take_rows", "entry_rows", "digest"]
 
 #: The largest finite float16: a float32 (or bfloat16) value beyond it would travel as an infinity.
 HALF_MAX = 65504.0
@@ -63,12 +63,20 @@ def _to(xp, a):
     return xp.asarray(a)
 
 
-def _fingerprint(bounds, perm):
-    """62 bits of a hash of the row bounds and the permutation (the same partition: the same number)."""
-    h = hashlib.blake2b(np.ascontiguousarray(bounds, np.int64).tobytes(), digest_size=8)
-    if perm is not None:
-        h.update(np.ascontiguousarray(perm.perm, np.int64).tobytes())
+def digest(*arrays):
+    """62 bits of a hash of the arrays' shapes, types and values (the same arrays: the same number), which ranks
+    compare to find out whether they were given the same ones.  Device arrays are read once."""
+    h = hashlib.blake2b(digest_size=8)
+    for a in arrays:
+        a = np.ascontiguousarray(host_array(a))  # synchronize! (device arrays)
+        h.update(repr((a.shape, a.dtype.str)).encode())
+        h.update(a.tobytes())
     return int.from_bytes(h.digest(), "little") >> 2
+
+
+def _fingerprint(bounds, perm):
+    """The :func:`digest` of the row bounds and the permutation (the same partition: the same number)."""
+    return digest(np.asarray(bounds, np.int64), *(() if perm is None else (perm.perm,)))
 
 
 #: How a partition's method travels from rank 0 (:func:`_shared_partition`).

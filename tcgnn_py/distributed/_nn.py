@@ -10,14 +10,13 @@ replicated.
 """
 
 import dataclasses
-import hashlib
 import time
 
 import numpy as np
 
 from .._validation import is_half
 from ..nn import EdgeView, cross_entropy
-from ._matrix import DistributedMatrix, host_array
+from ._matrix import DistributedMatrix, digest, host_array
 
 __all__ = ["DistributedEdges", "train", "DistTrainResult", "allreduce_grads", "local_indices"]
 
@@ -115,25 +114,15 @@ class DistributedEdges(EdgeView):
         return self.dist.rmatmul_t(ones, values=v, precision="fp32")[:, 0]
 
 
-def _digest(*arrays):
-    """62 bits of a hash of the arrays' values and shapes (the same arrays: the same number)."""
-    h = hashlib.blake2b(digest_size=8)
-    for a in arrays:
-        a = np.ascontiguousarray(host_array(a))  # synchronize! (once, when training starts)
-        h.update(repr((a.shape, a.dtype.str)).encode())
-        h.update(a.tobytes())
-    return int.from_bytes(h.digest(), "little") >> 2
-
-
 def check_replicated(ctx, params):
     """``ValueError`` on every rank unless ``params`` (a dict of arrays) are the same on every rank: the same
     names, shapes and bits.  Training keeps replicas equal only if they start equal (one seed for all ranks)."""
     names = sorted(params)
-    head = ctx.allgather(ctx.xp.asarray([len(names), _digest(np.array(names, dtype=str))], np.int64))
+    head = ctx.allgather(ctx.xp.asarray([len(names), digest(np.array(names, dtype=str))], np.int64))
     head = host_array(head)  # synchronize!
     if (head != head[0]).any():
         raise ValueError("train: the ranks' params have different names; every rank must pass the same parameters")
-    mine = ctx.xp.asarray([_digest(params[k]) for k in names], np.int64)
+    mine = ctx.xp.asarray([digest(params[k]) for k in names], np.int64)
     every = host_array(ctx.allgather(mine))  # synchronize!
     differ = [k for i, k in enumerate(names) if (every[:, i] != every[0, i]).any()]
     if differ:
