@@ -23,7 +23,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["launch", "bound_launch", "slot_value", "resident_blocks"]
+__all__ = ["launch", "bound_launch", "slot_value", "resident_blocks", "f32_bits", "f64_bits"]
 
 
 @functools.cache
@@ -89,12 +89,13 @@ _addressed = set()  # types whose instances' ``.data.ptr`` is their device addre
 _F32, _I32, _F64, _I64 = (struct.Struct(f) for f in ("<f", "<i", "<d", "<q"))
 
 
-def _f32_bits(x):
+def f32_bits(x):
     """The bits of float ``x`` (exactly a float32) as a signed 32-bit integer."""
     return _I32.unpack(_F32.pack(x))[0]
 
 
-def _f64_bits(x):
+def f64_bits(x):
+    """The bits of float ``x`` as a float64, as a signed 64-bit integer."""
     return _I64.unpack(_F64.pack(x))[0]
 
 
@@ -112,15 +113,15 @@ def slot_value(a):
     if t is int:
         return a
     if t is float:
-        return _f64_bits(a)
+        return f64_bits(a)
     if t is np.float32:
-        return _f32_bits(float(a))
+        return f32_bits(float(a))
     data = getattr(a, "data", None)
     if data is not None and hasattr(data, "ptr"):
         _addressed.add(t)
         return data.ptr
     if isinstance(a, (np.floating, float)):
-        return _f32_bits(float(a)) if isinstance(a, np.float32) else _f64_bits(float(a))
+        return f32_bits(float(a)) if isinstance(a, np.float32) else f64_bits(float(a))
     return int(a)
 
 

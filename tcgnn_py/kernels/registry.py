@@ -21,6 +21,7 @@ import concurrent.futures
 import functools
 import os
 import queue
+import re
 import threading
 
 from .._capture import before_capture
@@ -37,6 +38,8 @@ __all__ = [
     "stop_background_compiles",
     "wait_for_compiles",
     "compile_count",
+    "parameters",
+    "kernel_parameters",
 ]
 
 #: NVRTC options shared by every family (CuPy adds the target architecture).
@@ -247,3 +250,71 @@ def compile_count():
 
 
 before_capture(wait_for_compiles)  # no module loads by the worker while a CUDAGraph captures
+
+
+#: A scalar parameter's CUDA type -> how its 8-byte slot holds a value (:func:`~.driver.slot_value` writes the
+#: pointers).  A type that is a template parameter (``T``) is ``"value"``: the slot takes the value's own width.
+SCALAR_KINDS = {"int": "i32", "unsigned": "u32", "unsigned int": "u32", "long long": "i64",
+                "unsigned long long": "u64", "float": "f32", "double": "f64"}
+
+
+def _closing(text, i):
+    """The index of the parenthesis closing the one at ``i``."""
+    depth = 0
+    for k in range(i, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[k], 0)
+        if depth == 0:
+            return k
+    raise ValueError("unbalanced parentheses in a kernel declaration")
+
+
+def kernel_parameters(source):
+    """``{function: ((name, kind), ...)}`` of every ``__global__`` function in a CUDA ``source``, in declaration
+    order: ``kind`` is ``"ptr"`` for a pointer, else a :data:`SCALAR_KINDS` value (``"value"`` for a template
+    type).  The declaration is the one truth of a launch's argument order, so launches name their arguments and
+    this reads where each goes (comments are skipped; ``__launch_bounds__(...)`` may stand before the name)."""
+    text = re.sub(r"/\*.*?\*/", "", re.sub(r"//[^\n]*", "", source), flags=re.S)
+    out = {}
+    for m in re.finditer(r"\b__global__\b", text):
+        i = m.end()
+        bounds = re.match(r"\s*(?:void\s+)?__launch_bounds__\s*", text[i:])
+        if bounds:
+            i = _closing(text, i + bounds.end()) + 1
+        head = re.match(r"\s*(?:void\s+)?(\w+)\s*\(", text[i:])
+        if head is None:
+            raise ValueError(f"cannot read the __global__ declaration at: {text[m.start():m.start() + 80]!r}")
+        name, start = head.group(1), i + head.end() - 1
+        params = []
+        for decl in filter(None, (d.strip() for d in text[start + 1:_closing(text, start)].split(","))):
+            decl = " ".join(decl.replace("__restrict__", " ").split())
+            ctype, _, pname = decl.rpartition(" ")
+            pname = pname.lstrip("*&")
+            if "*" in decl:
+                kind = "ptr"
+            else:
+                ctype = " ".join(w for w in ctype.split() if w != "const")
+                kind = SCALAR_KINDS.get(ctype, "value" if re.fullmatch(r"[A-Z]\w*", ctype) else None)
+                if kind is None:
+                    raise ValueError(f"kernel {name}: parameter {pname!r} of type {ctype!r} has no slot kind")
+            params.append((pname, kind))
+        if out.get(name, params) != params:
+            raise ValueError(f"kernel {name} is declared twice with different parameters")
+        out[name] = tuple(params)
+    return out
+
+
+@functools.cache
+def _family_parameters(family, source):
+    return kernel_parameters(source)
+
+
+def parameters(family, name):
+    """``((name, kind), ...)``: the parameters of the kernel ``name`` of ``family`` (a name expression: its
+    function's name before any template arguments), read from the family's CUDA source once per family."""
+    if family not in _FAMILIES:
+        raise KeyError(f"no kernel family {family!r} is registered (registered: {sorted(_FAMILIES)})")
+    table = _family_parameters(family, _FAMILIES[family][0])
+    base = name.partition("<")[0].strip()
+    if base not in table:
+        raise KeyError(f"the kernel family {family!r} declares no __global__ function {base!r}")
+    return table[base]
