@@ -14,10 +14,9 @@ from ... import _reference as ref
 from ..._device import get_cupy
 from ...kernels import attention as ka
 from ...kernels.attention import attention_unit
-from ...kernels.driver import bound_launch
+from ...kernels.launches import Scratch, make
 from ..._cache import keep
-from ...kernels.registry import get_kernel
-from .._launch import Scratch, recycled, same_array
+from .._launch import recycled, same_array
 from .._plans import sm_count
 
 __all__ = ["csr_structure", "transpose_structure", "work_units", "csr_weights", "fused", "fused_backward", "reach",
@@ -97,22 +96,20 @@ BOUND_KEEP = 32
 
 
 def _bound(T, w, key, template, stream):
-    """The :func:`~tcgnn_py.kernels.driver.bound_launch` of one pass signature, kept on T's tiling: a training
-    step's passes write only their operands' addresses (a pass takes about twenty arguments).
+    """The bound launch (:meth:`~tcgnn_py.kernels.launches.Launch.bind`) of one pass signature, kept on T's tiling:
+    a training step's passes write only their operands' addresses (a pass takes about twenty arguments).
 
     ``key`` names the kernel and every fixed argument but the weights ``w`` (a :func:`csr_weights` array, matched
-    by identity) and the ``stream`` (CuPy's, whose scratch the launch holds); ``template()`` returns ``(kernel
-    name, grid, arguments, variable positions)``, None in the variable slots.  Not kept under a capture, whose
-    weights and scratch are the graph's own.
+    by identity) and the ``stream`` (CuPy's, whose scratch the launch holds); ``template()`` returns the pass's
+    :class:`~tcgnn_py.kernels.launches.Launch`.  Not kept under a capture, whose weights and scratch are the graph's
+    own.
     """
     kept = T.tiling.cached("attention_bound", dict)
     key = key + (id(w), stream.ptr)
     hit = kept.get(key)
     if hit is not None and hit[0] is w:
         return hit[1]
-    name, grid, args, variable = template()
-    bound = bound_launch(get_kernel("attention", name).kernel.ptr, grid, 32 * ka.ATTENTION_WARPS, args, variable,
-                         stream.ptr)
+    bound = template().bind()
     if not stream.is_capturing():
         keep(kept, key, (w, bound), BOUND_KEEP)
     return bound
@@ -120,7 +117,7 @@ def _bound(T, w, key, template, stream):
 
 def _scratch(T, kind, shape, stream, dtype=np.float32, zeros=False):
     """A buffer that one call's passes share (the long owners' parts and their counters): the products' per-stream
-    :class:`~tcgnn_py.products._launch.Scratch`, kept on the tiling, since calls on one stream run in order; a new one
+    :class:`~tcgnn_py.kernels.launches.Scratch`, kept on the tiling, since calls on one stream run in order; a new one
     under a capture, whose graph keeps it.  ``zeros``: it starts at zero (counters, which each pass leaves so)."""
     if stream.is_capturing():
         return (get_cupy().zeros if zeros else get_cupy().ndarray)(shape, dtype)
@@ -171,41 +168,41 @@ def fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, sl
     return dV.astype(V.dtype, copy=False), dQ, dK, dbeta
 
 
+def _pass(name, heads, D, units, k0, part, counters, operands, **fixed):
+    """One pass's :class:`~tcgnn_py.kernels.launches.Launch`: a warp per owner (part) and head over ``units``, the
+    long owners' ``part`` and ``counters`` fixed (the stream's), ``operands`` what each call passes."""
+    nu = int(units.shape[0])
+    return make("attention", name, _grid(nu * heads), 32 * ka.ATTENTION_WARPS, operands,
+                dict(units=units, part=part, k0s=k0, counters=counters, n_units=nu, D=int(D), **fixed))
+
+
 def _rows_template(T, name, w, heads, D, slope, dropout, additive, stream):
-    """The backward rows pass's arguments (None where each call writes its operands) and their variable positions:
-    ``V, G, out``, the scores' operands, ``lse``, the outputs (``ds``; or ``dQ`` and the dbeta shares), the
-    factors and the seed, in the order the call passes them.  The long rows' parts and counters are the stream's,
-    fixed in the launch."""
+    """The backward rows pass: each call passes ``V, G, out``, the scores' operands, ``lse``, the outputs (``ds``;
+    or ``dQ`` and the dbeta shares), the factors and the seed.  The long rows' parts and counters are the
+    stream's, fixed in the launch."""
     units, k0, n_slots = work_units(T, "rows", heads)
     part, counters = _parts(T, "bwd rows", n_slots, heads if additive else D, n_slots * heads, stream)
-    nu = int(units.shape[0])
-    partners = csr_structure(T)[0]
+    seed = ("seed",) if dropout else ()
+    fixed = dict(partners=csr_structure(T)[0], weights=w, drop_p=dropout, **({} if dropout else {"seed": None}))
     if additive:
-        # units partners w | V G out s_src s_dst lse ds fac | part k0 counters n_units heads D slope dropout seed
-        args = (units, partners, w) + (None,) * 8 + (part, k0, counters, nu, int(heads), int(D), np.float32(slope),
-                                                     np.float32(dropout), None)
-        variable = list(range(3, 11))
-    else:
-        # units partners w | V G out Q K beta lse dQ dbeta fac | part k0 counters n_units D dropout seed
-        args = (units, partners, w) + (None,) * 10 + (part, k0, counters, nu, int(D), np.float32(dropout), None)
-        variable = list(range(3, 13))
-    variable += [len(args) - 1] if dropout else []
-    return name, _grid(nu * heads), args, variable  # a warp per row (part) and head
+        return _pass(name, heads, D, units, k0, part, counters,
+                     ("V", "G", "O", "s_src", "s_dst", "lse", "ds", "fac") + seed, heads=int(heads), slope=slope,
+                     **fixed)
+    return _pass(name, heads, D, units, k0, part, counters,
+                 ("V", "G", "O", "Q", "K", "beta", "lse", "dQ", "dbeta", "fac") + seed, **fixed)
 
 
 def _cols_template(T, name, w, heads, D, additive, stream):
-    """The backward columns pass's arguments and their variable positions: the factors, the partners' rows (``G``,
-    and ``Q`` for cosine scores), ``dV`` and the other output (``ds_src`` or ``dK``).  The long columns' parts
-    and counters are the stream's, fixed in the launch."""
+    """The backward columns pass: each call passes the factors, the partners' rows (``G``, and ``Q`` for cosine
+    scores), ``dV`` and the other output (``ds_src`` or ``dK``, as ``dX``).  The long columns' parts and
+    counters are the stream's, fixed in the launch."""
     units, k0, n_slots = work_units(T, "cols", heads)
     part, counters = _parts(T, "bwd cols", n_slots, heads + heads * D if additive else 2 * D, n_slots * heads,
                             stream)
     _, rows, eids = transpose_structure(T)
-    nu = int(units.shape[0])
-    # units partners eids w fac G Q dV dX | part k0 counters n_units heads D
-    args = (units, rows, eids, w) + (None,) * 5 + (part, k0, counters, nu, int(heads), int(D))
-    variable = [4, 5] + ([] if additive else [6]) + [7, 8]
-    return name, _grid(nu * heads), args, variable  # a warp per column (part) and head
+    operands = ("fac", "G") + (() if additive else ("Q",)) + ("dV", "dX")
+    return _pass(name, heads, D, units, k0, part, counters, operands, partners=rows, eids=eids,
+                 weights=w, heads=int(heads), **({"Q": None} if additive else {}))
 
 
 #: CSR-order weights kept per tiling, for the latest distinct value arrays (matrices sharing the tiling).
@@ -353,20 +350,16 @@ def fused_backward_bound(T, V, heads, score, slope, dropout, keep=False, recycle
 
 
 def _fwd_template(T, name, w, heads, D, slope, dropout, additive, stream, biased=False):
-    """The forward pass's arguments (None where each call writes its operands) and their variable positions:
-    ``V``, the scores' operands, ``out, lse``, the seed, and (``biased``) a bias and the biased result, in the
-    order the call passes them.  The long rows' parts and counters are the stream's, fixed in the launch."""
+    """The forward pass: each call passes ``V``, the scores' operands, ``out, lse``, the seed, and (``biased``) a
+    bias and the biased result.  The long rows' parts and counters are the stream's, fixed in the launch."""
     units, k0, n_slots = work_units(T, "rows", heads)
     part, counters = _parts(T, "fwd", n_slots, 2 * heads + heads * D, n_slots * heads, stream)
-    nu = int(units.shape[0])
-    # units indices w | V s_src s_dst Q K beta | out lse | part k0 counters n_units heads D slope dropout seed
-    # | bias biased
-    args = (units, csr_structure(T)[0], w) + (None,) * 8 + (part, k0, counters, nu, int(heads), int(D),
-                                                          np.float32(slope), np.float32(dropout), None, None, None)
-    variable = [3] + ([4, 5] if additive else [6, 7, 8]) + [9, 10]
-    variable += [len(args) - 3] if dropout else []
-    variable += [len(args) - 2, len(args) - 1] if biased else []
-    return name, _grid(nu * heads), args, variable  # a warp per row (part) and head
+    scores = ("s_src", "s_dst") if additive else ("Q", "K", "beta")
+    operands = ("V",) + scores + ("out", "lse") + (("seed",) if dropout else ()) + (("bias", "biased") if biased
+                                                                                     else ())
+    unused = {n: None for n in ("s_src", "s_dst", "Q", "K", "beta", "seed", "bias", "biased") if n not in operands}
+    return _pass(name, heads, D, units, k0, part, counters, operands, indices=csr_structure(T)[0],
+                 weights=w, heads=int(heads), slope=slope, drop_p=dropout, **unused)
 
 
 @functools.cache

@@ -2,9 +2,9 @@
 the softmax cross-entropy, GAT's per-head scores and AGNN's row normalisation (each with its vjp), a sum in one
 fixed order, and Adam over many tensors in one launch.
 
-The one place the ``"nn"`` kernels' arguments are written (:mod:`tcgnn_py.kernels.nn`); launches go straight
-through the driver (:func:`tcgnn_py.kernels.driver.launch`), since a training step makes dozens of small ones
-and CuPy's argument handling would cost more than the kernels.  :mod:`tcgnn_py.nn` validates, keeps the host
+The one place the ``"nn"`` kernels' arguments are written (:mod:`tcgnn_py.kernels.nn`), each by its parameter's
+name (:func:`tcgnn_py.kernels.launches.make`); launches go straight through the driver, since a training step
+makes dozens of small ones and CuPy's argument handling would cost more than the kernels.  :mod:`tcgnn_py.nn` validates, keeps the host
 path and writes the vjps.
 """
 
@@ -15,9 +15,10 @@ import numpy as np
 from ..._device import get_cupy
 from ...kernels import nn as kn
 from ..._cache import keep
-from ...kernels.driver import bound_launch, launch, resident_blocks, slot_value
+from ...kernels.driver import resident_blocks, slot_value
+from ...kernels.launches import Scratch, make
 from ...kernels.registry import background_compiles, compile_in_background, get_kernel
-from .._launch import Scratch, recycled, same_array
+from .._launch import recycled, same_array
 
 __all__ = ["TAIL_TYPES", "ACTIVATIONS", "ADAM_MULTI", "takes", "acc_dtype", "tail", "tail_grad", "cross_entropy",
            "index_weights", "dense_takes", "dense_mm", "dense_scores_take", "DENSE_MAX_K", "DENSE_MAX_N",
@@ -65,21 +66,24 @@ def _function(name):
     return get_kernel("nn", name).kernel.ptr
 
 
-def _run(name, n, args, grid=None, block=THREADS):
-    """Launch ``name`` with ``args`` (arrays, None for a null pointer, ints, NumPy float32 and Python floats, as
-    :func:`~tcgnn_py.kernels.driver.slot_value` writes them) on the current stream."""
-    launch(_function(name), grid or _grid(n), block, [slot_value(a) for a in args],
-           get_cupy().cuda.get_current_stream().ptr)
+def _launch(name, grid, block, operands, **fixed):
+    """The :class:`~tcgnn_py.kernels.launches.Launch` of the ``"nn"`` kernel ``name``: ``operands`` what a call
+    passes, ``fixed`` every other parameter by name."""
+    return make("nn", name, grid, block, operands, fixed)
 
 
-def _bind(name, grid, block, args, variable):
-    """The :func:`~tcgnn_py.kernels.driver.bound_launch` of :func:`_run`'s launch of ``name`` on the current stream:
-    ``args`` fixed (None at the ``variable`` positions, the arrays a call writes, in order)."""
-    return bound_launch(_function(name), grid, block, args, variable, get_cupy().cuda.get_current_stream().ptr)
-
-
-#: The small kernels' bound launches by signature (device and stream included), shared by the general functions.
+#: The small kernels' launches and bound launches by signature (bound ones: device and stream included), shared
+#: by the general functions.
 _small = {}
+
+
+def _planned(key, build):
+    """``build()`` -- the :class:`~tcgnn_py.kernels.launches.Launch` of one signature ``key`` -- made once and
+    kept (a launch holds no stream or device; its kernel is looked up per call)."""
+    f = _small.get(key)
+    if f is None:
+        f = _keep(_small, key, build())
+    return f
 
 
 def _kept(key, bind, *sample):
@@ -99,8 +103,10 @@ def tail(x, b, act, p, seed):
     C-contiguous, of one dtype in :data:`TAIL_TYPES`."""
     out = get_cupy().ndarray(x.shape, x.dtype)  # x C-contiguous: cupy.empty_like without its wrapper
     if x.size:
-        _run(_name(kn.tail_name, x.dtype), x.size,
-             (x, b, out, x.size, x.shape[-1] if x.ndim else 1, ACTIVATIONS[act], np.float32(p), 1 / (1 - p), seed))
+        n, cols = x.size, x.shape[-1] if x.ndim else 1
+        _planned(("tail", x.dtype, n, cols, act, p), lambda: _launch(
+            _name(kn.tail_name, x.dtype), _grid(n), THREADS, ("x", "b", "out", "seed"), n=n, cols=cols,
+            act=ACTIVATIONS[act], p=p, scale=1 / (1 - p))).run(x, b, out, seed)
     return out
 
 
@@ -108,9 +114,10 @@ def tail_grad(g, x, b, act, p, seed):
     """The vjp of :func:`tail`: ``g`` times the recomputed mask and ``act'(x + b)`` (``x`` None without ``act``)."""
     dz = get_cupy().ndarray(g.shape, g.dtype)
     if g.size:
-        _run(_name(kn.tail_grad_name, g.dtype), g.size,
-             (g, x, b, dz, g.size, g.shape[-1] if g.ndim else 1, ACTIVATIONS[act], np.float32(p), 1 / (1 - p),
-              seed))
+        n, cols = g.size, g.shape[-1] if g.ndim else 1
+        _planned(("tail_grad", g.dtype, n, cols, act, p), lambda: _launch(
+            _name(kn.tail_grad_name, g.dtype), _grid(n), THREADS, ("g", "x", "b", "dz", "seed"), n=n, cols=cols,
+            act=ACTIVATIONS[act], p=p, scale=1 / (1 - p))).run(g, x, b, dz, seed)
     return dz
 
 
@@ -122,8 +129,9 @@ def cross_entropy(logits, labels, w, w0):
     loss = cp.ndarray((n,), logits.dtype)
     grad = cp.ndarray(logits.shape, logits.dtype)
     if n:
-        _run(_name(kn.cross_entropy_name, logits.dtype), n,
-             (logits, labels, w, float(w0), loss, grad, n, k))
+        _planned(("cross_entropy", logits.dtype, n, k, float(w0)), lambda: _launch(
+            _name(kn.cross_entropy_name, logits.dtype), _grid(n), THREADS, ("logits", "labels", "w", "loss", "grad"),
+            w0=w0, n=n, k=k)).run(logits, labels, w, loss, grad)
     return loss, grad
 
 
@@ -132,7 +140,10 @@ def index_weights(n, index, value, dtype):
     end, one outside ``[-n, n)`` skipped) and 0 elsewhere: one fill and one launch (a scatter costs several)."""
     w = get_cupy().zeros(n, dtype)
     if index.size:
-        _run(_name(kn.index_weights_name, w.dtype), index.size, (w, index, index.size, n, float(value)))
+        m = index.size
+        _planned(("index_weights", w.dtype, m, n, float(value)), lambda: _launch(
+            _name(kn.index_weights_name, w.dtype), _grid(m), THREADS, ("w", "index"), m=m, n=n, value=value)).run(
+            w, index)
     return w
 
 
@@ -197,7 +208,7 @@ def _warm_dense():
         compile_in_background("nn", kn.DENSE_NAMES + (kn.add_bias_name("float32"),))
 
 
-def _dense_bind(a, b, bias, scores, key, stream):
+def _dense_bind(a, b, bias, scores, key):
     _warm_dense()
     m, k = a.shape
     n = b.shape[1]
@@ -207,12 +218,15 @@ def _dense_bind(a, b, bias, scores, key, stream):
     if b.data.ptr % 16 == 0 and ((b.strides[1] % 16 == 0 and k % 4 == 0) if bt else
                                  (b.strides[1] == 4 and b.strides[0] % 16 == 0 and n % 4 == 0)):
         vec |= 2
-    args = [None, None, None, None, m, n, k, a.strides[0] // 4, b.strides[0] // 4, b.strides[1] // 4, vec,
-            None, None, None, None, n // max(scores, 1)]
-    variable = (0, 1) + ((2,) if bias is not None else ()) + (3,) + ((11, 12, 13, 14) if scores else ())
-    name = kn.dense_mm_name(bn, tm, nt, bt)
-    bound = bound_launch(_function(name), (-(-m // (nt // (bn // 4) * tm)), -(-n // bn)), nt, args, variable, stream)
-    return _keep(_dense, key, bound)
+    operands = ("A", "B") + (("bias",) if bias is not None else ()) + ("C",)
+    fixed = dict(m=m, n=n, k=k, lda=a.strides[0] // 4, sb=b.strides[0] // 4, tb=b.strides[1] // 4, vec=vec,
+                 D=n // max(scores, 1), **({} if bias is not None else {"bias": None}))
+    if scores:
+        operands += ("a_src", "a_dst", "s_src", "s_dst")
+    else:
+        fixed.update(a_src=None, a_dst=None, s_src=None, s_dst=None)
+    grid = (-(-m // (nt // (bn // 4) * tm)), -(-n // bn))
+    return _keep(_dense, key, _launch(kn.dense_mm_name(bn, tm, nt, bt), grid, nt, operands, **fixed).bind())
 
 
 def _transposed(b):
@@ -250,7 +264,7 @@ def _dense_launch(cp, a, b, bias, scores):
     stream = cp.cuda.get_current_stream().ptr
     key = (a.shape, b.shape, a.strides[0], b.strides, (a.data.ptr & 15) << 4 | b.data.ptr & 15, bias is None,
            scores, cp.cuda.runtime.getDevice(), stream)
-    return _dense.get(key) or _dense_bind(a, b, bias, scores, key, stream)
+    return _dense.get(key) or _dense_bind(a, b, bias, scores, key)
 
 
 def dense_mm_bound(a, b, bias=None, a_src=None, a_dst=None, heads=1, keep=False):
@@ -355,25 +369,26 @@ def _atb_bind(a, b, key, stream, capturing):
     vec = int(b.strides[0] % 16 == 0 and q % 4 == 0 and b.data.ptr % 16 == 0)
     grid = (slices, -(-p // bp), -(-q // bq))
     lda = 0 if a is None else a.strides[0] // 4
-    # A B P N p q lda ldb chunk vec C barrier
-    args = [a, None, None, N, p, q, lda, b.strides[0] // 4, chunk, vec, None, None]
-    function = _function(kn.dense_atb_name(bq, ti, nt))
-    operands = (0,) if a is not None else ()
-    if slices == 1:  # one slice: the sums go to C
-        return bound_launch(function, grid, nt, args, operands + (1, 2), stream), p
+    name = kn.dense_atb_name(bq, ti, nt)
+    fixed = dict(N=N, p=p, q=q, lda=lda, ldb=b.strides[0] // 4, chunk=chunk, vec=vec)
+    operands = ("A",) if a is not None else ()
+    if a is None:
+        fixed["A"] = None
+    if slices == 1:  # one slice: the sums go straight to the result (P)
+        return _launch(name, grid, nt, operands + ("B", "P"), C=None, barrier=None, **fixed).bind(), p
 
     def scratch(kind, shape, dtype, zeros=False):  # the graph's own under a capture, else kept per stream
         if capturing:
             return (cp.zeros if zeros else cp.ndarray)(shape, dtype)
         return Scratch(kind, shape, dtype, zeros).get(_atb_scratch, stream)
 
-    args[2] = scratch("atb", (slices * p * q,), _F32)  # the slices' partial sums
-    if device.get("CooperativeLaunch") and slices * tiles <= sms * _resident(function, nt):  # the blocks add them
-        args[11] = scratch("atb barrier", (2,), np.uint32, zeros=True)
-        return bound_launch(function, grid, nt, args, operands + (1, 10), stream, cooperative=True), p
-    first = bound_launch(function, grid, nt, args, operands + (1,), stream)
-    total = bound_launch(_function(kn.DENSE_ATB_SUM), -(-p * q // 32), 256, [args[2], None, slices, p * q], (1,),
-                         stream)
+    fixed["P"] = partial = scratch("atb", (slices * p * q,), _F32)  # the slices' partial sums
+    if device.get("CooperativeLaunch") and slices * tiles <= sms * _resident(_function(name), nt):  # blocks add them
+        coop = make("nn", name, grid, nt, operands + ("B", "C"),
+                    dict(barrier=scratch("atb barrier", (2,), np.uint32, zeros=True), **fixed), cooperative=True)
+        return coop.bind(), p
+    first = _launch(name, grid, nt, operands + ("B",), C=None, barrier=None, **fixed).bind()
+    total = _launch(kn.DENSE_ATB_SUM, -(-p * q // 32), 256, ("C",), P=partial, S=slices, pq=p * q).bind()
 
     def two(*arrays):  # the operands, then C
         first(*arrays[:-1])
@@ -460,7 +475,8 @@ def add_bias(x, b):
 
 
 def _bias_bind(x):
-    return _bind(_name(kn.add_bias_name, x.dtype), _grid(x.size), THREADS, (None, None, x.size, x.shape[-1]), (0, 1))
+    return _launch(_name(kn.add_bias_name, x.dtype), _grid(x.size), THREADS, ("x", "b"), n=x.size,
+                   cols=x.shape[-1]).bind()
 
 
 def add_bias_bound(x, b):
@@ -496,8 +512,8 @@ def head_dots_bound(x, heads, recycle=False):
         return None
     acc, shape = acc_dtype(x.dtype), (n, heads)
     nd_src, nd_dst = _results(shape, acc, recycle), _results(shape, acc, recycle)
-    bound = _bind(_name(kn.head_dots_name, x.dtype), _grid(n * heads), THREADS,
-                  (None, None, None, None, None, n, heads, x.shape[1] // heads), range(5))
+    bound = _launch(_name(kn.head_dots_name, x.dtype), _grid(n * heads), THREADS,
+                    ("x", "a_src", "a_dst", "s_src", "s_dst"), n=n, heads=heads, D=x.shape[1] // heads).bind()
 
     def f(x, a_src, a_dst):
         s_src, s_dst = nd_src(shape, acc), nd_dst(shape, acc)
@@ -525,8 +541,9 @@ def head_dots_grad_bound(g, heads, keep=False):
     shape, dtype = g.shape, g.dtype
     if keep:
         nd = same_array(nd(shape, dtype))
-    bound = _bind(_name(kn.head_dots_grad_name, dtype), _grid(g.size), THREADS,
-                  (None,) * 6 + (shape[0], heads, shape[1] // heads), range(6))
+    bound = _launch(_name(kn.head_dots_grad_name, dtype), _grid(g.size), THREADS,
+                    ("g", "ds_src", "ds_dst", "a_src", "a_dst", "dx"), n=shape[0], heads=heads,
+                    D=shape[1] // heads).bind()
 
     def f(g, ds_src, ds_dst, a_src, a_dst):
         dx = nd(shape, dtype)
@@ -545,8 +562,8 @@ def head_blocks_bound(r_src, heads, recycle=False):
         return None
     shape, dtype = (heads, D), r_src.dtype
     nd_src, nd_dst = _results(shape, dtype, recycle), _results(shape, dtype, recycle)
-    bound = _bind(_name(kn.head_blocks_name, dtype), _grid(2 * heads * D), THREADS,
-                  (None, None, None, None, heads, D), range(4))
+    bound = _launch(_name(kn.head_blocks_name, dtype), _grid(2 * heads * D), THREADS,
+                    ("r_src", "r_dst", "a_src", "a_dst"), heads=heads, D=D).bind()
 
     def f(r_src, r_dst):
         a_src, a_dst = nd_src(shape, dtype), nd_dst(shape, dtype)
@@ -575,7 +592,7 @@ def seed_bits(draw):
 def seed_bits_bound():
     """``f(draw)``: :func:`seed_bits`, its launch bound now (a bound layer call's)."""
     nd, u32 = get_cupy().ndarray, np.dtype(np.uint32)
-    bound = _bind(kn.SEED_BITS, 1, 32, (None, None), (0, 1))
+    bound = _launch(kn.SEED_BITS, 1, 32, ("x", "y")).bind()
 
     def f(draw):
         seed = nd((1,), u32)
@@ -595,7 +612,7 @@ def total_bound(x, shape=()):
     """``f(x)``: :func:`total` for x of the signature of this one, its launch bound now (a bound layer call's)."""
     nd = get_cupy().ndarray
     dtype = x.dtype
-    bound = _bind(_name(kn.sum_name, dtype), 1, kn.SUM_THREADS, (None, x.size, None), (0, 2))
+    bound = _launch(_name(kn.sum_name, dtype), 1, kn.SUM_THREADS, ("x", "out"), n=x.size).bind()
 
     def f(x):
         out = nd(shape, dtype)
@@ -627,8 +644,8 @@ def row_normalize_bound(x, eps, recycle=False):
         return None
     shape, dtype, acc = x.shape, x.dtype, acc_dtype(x.dtype)
     nd_xn, nd_norm = _results(shape, dtype, recycle), _results((n,), acc, recycle)
-    bound = _bind(_name(kn.row_normalize_name, dtype), _warp_grid(n), THREADS, (None, None, None, n, d, float(eps)),
-                  range(3))
+    bound = _launch(_name(kn.row_normalize_name, dtype), _warp_grid(n), THREADS, ("x", "xn", "norm"), n=n, d=d,
+                    eps=eps).bind()
 
     def f(x):
         xn, norm = nd_xn(shape, dtype), nd_norm((n,), acc)
@@ -649,9 +666,12 @@ def row_normalize_grad_bound(xn, eps, shares=None, recycle=False):
         return None
     acc = acc_dtype(xn.dtype)
     nd_dh = _results((n, d), acc, recycle)
-    args = (None,) * 6 + (n, d, float(eps), None, 0 if shares is None else shares.size, None)
-    bound = _bind(_name(kn.row_normalize_grad_name, xn.dtype), _warp_grid(n, kn.SUM_THREADS), kn.SUM_THREADS, args,
-                  tuple(range(6)) + (() if shares is None else (9, 11)))
+    operands = ("dv", "dq", "dk", "xn", "norm", "dh") + (() if shares is None else ("shares", "total"))
+    fixed = dict(n=n, d=d, eps=eps, n_shares=0 if shares is None else shares.size)
+    if shares is None:
+        fixed.update(shares=None, total=None)
+    bound = _launch(_name(kn.row_normalize_grad_name, xn.dtype), _warp_grid(n, kn.SUM_THREADS), kn.SUM_THREADS,
+                    operands, **fixed).bind()
     if shares is not None:
         one = (1,)
         nd_total = _results(one, _F32, recycle)
@@ -683,7 +703,8 @@ def row_normalize_grad(dv, dq, dk, xn, norm, eps):
 
 def adam_tick(t, coef, lr, b1, b2):
     """Advance the device step count ``t`` and write the bias corrections ``coef`` (one thread)."""
-    _run(kn.TICK, 1, (t, coef, float(lr), float(b1), float(b2)), grid=1, block=1)
+    _planned(("adam_tick", float(lr), float(b1), float(b2)), lambda: _launch(
+        kn.TICK, 1, 1, ("t", "coef"), lr=lr, b1=b1, b2=b2)).run(t, coef)
 
 
 def adam_table(params, moments, decays):
@@ -703,7 +724,7 @@ def adam_multi(table, sizes, grads, coef, b1, b2, eps):
     row = kn.ADAM_SLOTS * 8
     for start in range(0, len(grads), ADAM_MULTI):
         chunk = grads[start:start + ADAM_MULTI]
-        gs = list(chunk) + [None] * (ADAM_MULTI - len(chunk))
+        gs = {f"g{i}": chunk[i] if i < len(chunk) else None for i in range(ADAM_MULTI)}
         blocks = _grid(max(sizes[start:start + ADAM_MULTI]))
-        _run(name, 0, (table.data.ptr + row * start, coef, t(b1), t(b2), t(eps), *gs),
-             grid=(blocks, len(chunk)))
+        _launch(name, (blocks, len(chunk)), THREADS, (), table=table.data.ptr + row * start, coef=coef, b1=t(b1),
+                b2=t(b2), eps=t(eps), **gs).run()
