@@ -194,7 +194,7 @@ def _check_cached_products(cp, layout, split_sums):
             np.testing.assert_array_equal((T @ cp.asarray(x)).get(), A @ x)
     if split_sums:
         launches = [v for _, v in T.tiling.cached_items("launch")]
-        assert launches and all(launch.fixup is not None for launch in launches)
+        assert launches and all(launch.then is not None for launch in launches)
     big = cp.asarray(ints(rng, 499, 65))
     view = big[:, 1:]  # not 16-byte aligned, not contiguous
     for _ in range(2):

@@ -45,31 +45,126 @@ def test_adam_counts_steps_on_the_host():
     assert opt.t == 3
 
 
-def test_launch_argument_order(monkeypatch):
-    # run() and bind() assemble the arguments in one place (Launch._args): head, the call's arrays, the tail
-    # (a Scratch is this stream's buffer), the extras; "partial" is the launch's buffer, or Y without one.
+SOURCE = r"""
+template <typename T, int C>
+__global__ void __launch_bounds__(128, (C > 1 ? 4 : 8))
+tc_test(const int4* __restrict__ units, /* a comment, with, commas */ int n, float* __restrict__ Y,
+        float* partial, float slope, long long m, T v, const unsigned* __restrict__ seed) {}
+// __global__ void tc_commented(int x) {}
+extern "C" __global__ void tc_fix(float* __restrict__ partial, float* __restrict__ Y, int D) {}
+"""
+#: The same kernel with its parameters in another order: the launches follow the declaration.
+SWAPPED = SOURCE.replace("int n, float* __restrict__ Y,", "float* __restrict__ Y, int n,").replace(
+    "float slope, long long m,", "long long m, float slope,")
+
+
+def _array(ptr):
     import types
 
-    from tcgnn_py.products import _launch as _launches
+    return types.SimpleNamespace(data=types.SimpleNamespace(ptr=ptr))
 
-    monkeypatch.setattr(_launches, "_stream", lambda: 99)  # the current stream's pointer
-    calls = []
-    kernel = lambda grid, block, args, shared_mem=0: calls.append(args)  # noqa: E731
+
+def test_kernel_declarations_are_read_in_order():
+    from tcgnn_py.kernels.registry import kernel_parameters
+
+    got = kernel_parameters(SOURCE)
+    assert got == {"tc_test": (("units", "ptr"), ("n", "i32"), ("Y", "ptr"), ("partial", "ptr"), ("slope", "f32"),
+                               ("m", "i64"), ("v", "value"), ("seed", "ptr")),
+                   "tc_fix": (("partial", "ptr"), ("Y", "ptr"), ("D", "i32"))}
+    assert [p for p, _ in kernel_parameters(SWAPPED)["tc_test"]] == ["units", "Y", "n", "partial", "m", "slope", "v",
+                                                                     "seed"]
+    with pytest.raises(ValueError, match="no slot kind"):
+        kernel_parameters("__global__ void k(float2 x) {}")
+
+
+def test_every_registered_kernel_declares_parameters_a_launch_can_fill():
+    """Each ``__global__`` function of every family reads (each parameter a pointer or a known scalar), and each
+    compiled name expression names one of them."""
+    import tcgnn_py.bench  # noqa: F401  (registers the "baseline" family)
+    from tcgnn_py.kernels import registry
+
+    for family, (source, names) in registry.families().items():
+        table = registry.kernel_parameters(source)
+        assert table, family
+        for name in names:
+            params = registry.parameters(family, name)
+            assert params and len({p for p, _ in params}) == len(params), (family, name)
+
+
+@pytest.fixture
+def test_families():
+    from tcgnn_py.kernels.registry import register
+
+    register("launch test", SOURCE, ("tc_test<float, 1>", "tc_fix"))
+    register("launch test swapped", SWAPPED, ("tc_test<float, 1>", "tc_fix"))
+    return "launch test", "launch test swapped"
+
+
+def test_launch_arguments_go_where_the_kernel_declares_them(test_families, monkeypatch):
+    """A launch names its arguments; each lands in its parameter's slot as the declaration reads, in the declared
+    width: reordering the kernel's parameters reorders the slots, not the launches."""
+    from tcgnn_py.kernels import launches as kl
+    from tcgnn_py.kernels.driver import f32_bits, f64_bits
+
+    monkeypatch.setattr(kl, "current_stream", lambda: 99)
     store = {}
-    partial = types.SimpleNamespace(get=lambda store, stream: "P")  # a Scratch: this stream's buffer
-    t = _launches.Launch(kernel, (1,), (32,), 0, ("units", "bp"), (None, "M", "D"))
-    t.run("v", "X", "Y")
-    assert calls[-1] == ("units", "bp", "v", "X", "Y", "Y", None, "M", "D")
-    v = _launches.Launch(kernel, (1,), (32,), 0, ("units",), ("M",), partial=partial, scratch=store, n_extra=1)
-    v.run("v", "X", "Y", "u")
-    assert calls[-1] == ("units", "v", "X", "Y", "P", "M", "u")
-    f = _launches.Launch(kernel, (1,), (256,), 0, ("splits",), ("M", "D", "H"), ("partial", "Y"), partial, store)
-    main = v._replace(fixup=f)
-    main.run("v", "X", "Y", "u")
-    assert calls[-2:] == [("units", "v", "X", "Y", "P", "M", "u"), ("splits", "P", "Y", "M", "D", "H")]
-    s = _launches.Launch(kernel, (1,), (32,), 0, ("h",), ("t",), _launches.SDDMM_OPERANDS)
-    s.run("v", "a", "b", "e")
-    assert calls[-1] == ("h", "v", "a", "b", "e", "t")
+    buffers = {}
+    monkeypatch.setattr(kl.Scratch, "get", lambda self, store, stream: buffers.setdefault((self, stream),
+                                                                                          _array(70 + stream)))
+    units, seed = _array(10), _array(20)
+    for family in test_families:
+        L = kl.make(family, "tc_test<float, 1>", 4, 128, ("Y",), dict(units=units, n=5, slope=0.5, m=2**40,
+                                                                      v=np.float64(1.5), seed=seed,
+                                                                      partial=kl.Scratch("partial", (2,), "f")),
+                    scratch=store)
+        args = dict(zip([p for p, _ in kl.parameters(family, "tc_test")], L.arguments([_array(30)])))
+        assert args == {"units": 10, "n": 5, "Y": 30, "partial": 169, "slope": f32_bits(0.5), "m": 2**40,
+                        "v": f64_bits(1.5), "seed": 20}
+
+
+def test_a_launch_names_every_parameter_once(test_families):
+    from tcgnn_py.kernels.launches import Scratch, make
+
+    family = test_families[0]
+    full = dict(units=None, n=1, slope=0.0, m=0, v=0.0, seed=None, partial=None)
+    make(family, "tc_test<float, 1>", 1, 32, ("Y",), full)
+    with pytest.raises(TypeError, match="'seed' is not given"):
+        make(family, "tc_test<float, 1>", 1, 32, ("Y",), {k: v for k, v in full.items() if k != "seed"})
+    with pytest.raises(TypeError, match="no parameter 'out'"):
+        make(family, "tc_test<float, 1>", 1, 32, ("out",), full)
+    with pytest.raises(TypeError, match="'Y' is given twice"):
+        make(family, "tc_test<float, 1>", 1, 32, ("Y", "Y"), full)
+    with pytest.raises(TypeError, match="'n' is not a pointer parameter"):
+        make(family, "tc_test<float, 1>", 1, 32, ("Y", "n"), {k: v for k, v in full.items() if k != "n"})
+    with pytest.raises(TypeError, match="parameter 'n': an integer parameter takes an integer"):
+        make(family, "tc_test<float, 1>", 1, 32, ("Y",), dict(full, n=1.5))
+    with pytest.raises(OverflowError, match="parameter 'n'"):
+        make(family, "tc_test<float, 1>", 1, 32, ("Y",), dict(full, n=2**31))
+    with pytest.raises(TypeError, match="parameter 'units': a pointer parameter takes a device array"):
+        make(family, "tc_test<float, 1>", 1, 32, ("Y",), dict(full, units=np.zeros(2)))
+    with pytest.raises(TypeError, match="needs a scratch store"):
+        make(family, "tc_test<float, 1>", 1, 32, ("Y",), dict(full, partial=Scratch("p", (1,), "f")))
+    with pytest.raises(KeyError, match="no __global__ function 'tc_other'"):
+        make(family, "tc_other", 1, 32, (), {})
+
+
+def test_one_array_fills_every_parameter_named_with_it(test_families, monkeypatch):
+    """An operand given as a tuple of names (Y in the partial tiles' place, where a product has none) fills each;
+    a follower (a fixup) runs after the launch on the call's operand it names."""
+    from tcgnn_py.kernels import launches as kl
+
+    monkeypatch.setattr(kl, "current_stream", lambda: 99)
+    family = test_families[0]
+    ran = []
+    monkeypatch.setattr(kl, "launch", lambda function, grid, block, values, stream, smem=0: ran.append(values))
+    monkeypatch.setattr(kl.Launch, "function", lambda self: self.name)
+    fix = kl.make(family, "tc_fix", 2, 256, ("Y",), dict(partial=_array(5), D=3))
+    L = kl.make(family, "tc_test<float, 1>", 1, 32, ("units", ("Y", "partial")),
+                dict(n=1, slope=0.0, m=0, v=np.float32(2), seed=None), then=(fix, "Y"))
+    L.run(_array(1), _array(30))
+    assert ran == [[1, 1, 30, 30, 0, 0, np.float32(2).view(np.int32), 0], [5, 30, 3]]
+    with pytest.raises(TypeError, match="takes 2 operands"):
+        L.run(_array(1))
 
 
 @pytest.mark.gpu
@@ -109,36 +204,32 @@ def test_a_bound_launch_runs_its_follower_on_the_call_s_array():
     assert a.tolist() == [7.0] and y.tolist() == [3.0]  # synchronize!
 
 
-def test_bound_launch_extra_slots(monkeypatch):
-    """The bound launch writes each array's address where the kernel takes it, the 16-bit kernel's unscale last,
-    and Y in the partial tiles' place where the launch has none."""
-    import types
-
-    from tcgnn_py.products import _launch as _launches
+def test_a_bound_launch_writes_the_call_s_arrays_where_the_kernel_takes_them(test_families, monkeypatch):
+    """The bound launch holds every fixed slot and the stream's scratch, and writes each array's address where
+    the kernel takes it (one array in two places too)."""
+    import ctypes
 
     from tcgnn_py.kernels import driver
+    from tcgnn_py.kernels import launches as kl
 
     seen = []
 
     def fake_launch(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
-        import ctypes
-
-        ptrs = (ctypes.c_void_p * n_args).from_address(params)
+        ptrs = (ctypes.c_void_p * 8).from_address(params)
         seen.append([ctypes.c_int64.from_address(p).value for p in ptrs])
 
     monkeypatch.setattr(driver, "_cuda", lambda: fake_launch)
-    monkeypatch.setattr(_launches, "_stream", lambda: 99)  # the current stream's pointer
-    arr = lambda p: types.SimpleNamespace(data=types.SimpleNamespace(ptr=p))  # noqa: E731
-    kernel = types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=7))
-    head, tail = (arr(1), arr(2)), (np.int32(5), np.int32(6))
-    n_args = len(head) + 4 + len(tail) + 1
-    partial = types.SimpleNamespace(get=lambda store, stream: arr(40))
-    _launches.Launch(kernel, (3,), (128,), 0, head, tail, partial=partial, scratch={}, n_extra=1).bind()(
-        arr(10), arr(20), arr(30), arr(50))
-    assert seen[-1] == [1, 2, 10, 20, 30, 40, 5, 6, 50]
-    # Without partial tiles Y is the partial too.
-    _launches.Launch(kernel, (3,), (128,), 0, head, tail, n_extra=1).bind()(arr(10), arr(20), arr(30), arr(50))
-    assert seen[-1] == [1, 2, 10, 20, 30, 30, 5, 6, 50]
+    monkeypatch.setattr(kl, "current_stream", lambda: 99)
+    monkeypatch.setattr(kl.Launch, "function", lambda self: 7)
+    monkeypatch.setattr(kl.Scratch, "get", lambda self, store, stream: _array(40))
+    fixed = dict(n=5, slope=0.0, m=6, v=0, seed=_array(2))
+    bound = kl.make(test_families[0], "tc_test<float, 1>", 3, 128, ("units", "Y"),
+                    dict(fixed, partial=kl.Scratch("partial", (1,), "f")), scratch={}).bind()
+    bound(_array(10), _array(30))
+    assert seen[-1] == [10, 5, 30, 40, 0, 6, 0, 2]
+    kl.make(test_families[1], "tc_test<float, 1>", 3, 128, ("units", ("Y", "partial")), fixed).bind()(
+        _array(10), _array(30))
+    assert seen[-1] == [10, 30, 5, 30, 6, 0, 0, 2]  # (the swapped declaration: Y before n, m before slope)
 
 
 def test_the_blas_loader_takes_a_name_then_the_mapped_copy():

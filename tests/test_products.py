@@ -280,19 +280,29 @@ def test_the_timed_candidates_are_the_compiled_configs():
 
 @pytest.mark.filterwarnings("ignore::tcgnn_py.NoGPUWarning")
 @pytest.mark.parametrize("coop", [False, True])
-def test_the_timed_choice_names_the_kernels_each_candidate_launches(coop):
-    """What the timed choice compiles for a candidate (kernels(config), no launch built) is what its launch runs."""
+def test_the_timed_choice_names_the_kernels_each_candidate_launches(coop, monkeypatch):
+    """What the timed choice compiles for a candidate (kernels(config), no launch built) is what its launch
+    compiles and runs: its kernel and its fixup's (launches built on the host, the arrays' addresses left out)."""
+    from tcgnn_py.kernels import launches as kl
+    from tcgnn_py.products import _launch
+
     hub = sp.csr_array(sp.random(400, 400, density=0.02, format="csr", random_state=1) + star(399))  # split windows
     T = tg.TiledMatrix(hub, layout="vector")
     T.tiling.put("sm_count", 132)
     half = ("float16", True, "float32")
+    names = []
+    monkeypatch.setattr(_launch, "get_kernel", lambda family, name: names.append((family, name)))
+    monkeypatch.setattr(kl, "encode", lambda value, kind: 0)  # host arrays: no device address to write
     with tg.tuning(vec_coop=coop, vec_blocks_per_unit=2):
         for family, args in ((vec_family, ()), (half_family, (half,))):
             for c in family.candidates(T.tiling, 64, True, *args):
-                names = []
-                family.launch(T.tiling, np.dtype(np.float32), 64, True, *args, c,
-                              get=lambda fam, name: names.append((fam, name)))
-                assert tuple(names) == family.kernels(T.tiling, np.dtype(np.float32), c), c
+                names.clear()
+                launch = family.launch(T.tiling, np.dtype(np.float32), 64, True, *args, c)
+                want = family.kernels(T.tiling, np.dtype(np.float32), c)
+                assert sorted(set(names)) == sorted(want), c
+                runs = ((launch.family, launch.name),) + (() if launch.then is None else
+                                                          ((launch.then[0].family, launch.then[0].name),))
+                assert runs == want, c
 
 
 def test_pick_fastest_keeps_the_default_within_the_margin():

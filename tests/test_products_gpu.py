@@ -293,7 +293,8 @@ def test_split_windows_on_concurrent_streams(cp, case):
         counters = [k for k in kinds if k == "counters"]
         buffers = [k for k in kinds if k == "partial"]
         # One set of counters and one partial-tile buffer per stream, summed in the launch.
-        assert launch.fixup is None and launch.partial is not None and len(counters) == 4 and len(buffers) == 4
+        assert launch.then is None and any(s.kind == "partial" for _, s in launch.scratch_at)
+        assert len(counters) == 4 and len(buffers) == 4
 
 
 def _timed_cases(rng):
@@ -404,7 +405,7 @@ def test_timed_choice_runs_once_and_keeps_the_fastest(cp, monkeypatch):
     assert len(ms) == calls[0] > 1 and all(0 < t < 1e3 for t in times)
     ((_, launch),) = T.tiling.cached_items("launch")
     best = choices[_autotune.pick_fastest(times)]
-    assert launch.n_slices == -(-64 // (32 * best.kernel.FS)) and (launch.fixup is None) == best.kernel.COMBINE
+    assert launch.n_slices == -(-64 // (32 * best.kernel.FS)) and (launch.then is None) == best.kernel.COMBINE
     # The candidates shared one set of partial tiles (the hub's windows are split), not one each.
     assert len([k for k in launch.scratch if k[0][0] == "partial"]) == 1
     # A large product keeps the statistics' launch untimed.

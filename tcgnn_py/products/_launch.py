@@ -1,5 +1,6 @@
-"""Layer 2: the one type of a planned launch (:class:`Launch`), its per-stream scratch, the fixup, how one runs,
-and the two plans the product families fill in.
+"""Layer 2: the products' launches (:func:`spmm`, :func:`sddmm`, :func:`fixup`: the one
+:class:`~tcgnn_py.kernels.launches.Launch` with the products' operands), how one runs, and the two plans the
+product families fill in.
 
 A launch is planned once per signature and cached on the tiling under one key (:func:`launch_key`,
 :func:`half_launch_key`); :func:`planned` keeps a provisional launch aside while the timed choice's
@@ -17,6 +18,8 @@ import numpy as np
 
 from .._device import get_cupy
 from .._tuning import overrides_key
+from ..kernels.launches import Launch, Scratch, make
+from ..kernels.registry import get_kernel
 from ._modes import F32, Mode
 from ._problem import aligned16
 from ._values import values_as, vec_dense_values
@@ -24,45 +27,23 @@ from ._values import values_as, vec_dense_values
 __all__ = [
     "Launch",
     "Provisional",
-    "SDDMM_OPERANDS",
-    "SPMM_OPERANDS",
     "Scratch",
     "same_array",
     "recycled",
     "RECYCLE_RING",
     "RECYCLE_BYTES",
     "cast_plan",
+    "compiled",
     "f32_plan",
     "fixup",
     "half_launch_key",
     "launch_key",
     "planned",
     "run_spmm",
+    "sddmm",
     "sddmm_plan",
+    "spmm",
 ]
-
-
-def _stream():
-    """The current stream's pointer (CuPy is loaded wherever a launch runs); read per call, in this module."""
-    return sys.modules["cupy"].cuda.get_current_stream().ptr
-
-
-class Scratch(NamedTuple):
-    """A buffer a launch needs on each stream (partial tiles, counters of split windows): made on a stream's first
-    call and reused there (calls on one stream run in order).  Launches that share a store share equal buffers."""
-
-    kind: str  # what it holds: "partial", "counters", or an attention pass's ("fwd part", ...)
-    shape: tuple
-    dtype: object
-    zeros: bool = False  # counters start at zero (each call resets the ones it uses)
-
-    def get(self, store, stream):
-        """This buffer on ``stream`` (a stream pointer), from ``store``."""
-        buf = store.get((self, stream))
-        if buf is None:
-            cp = get_cupy()
-            buf = store[self, stream] = (cp.zeros if self.zeros else cp.empty)(self.shape, self.dtype)
-        return buf
 
 
 def same_array(array):
@@ -120,86 +101,43 @@ def recycled(shape, dtype, new=None):
     return make
 
 
-#: The arrays an SpMM launch takes per call, between its fixed head and tail: ``partial`` is its partial tiles
-#: (:attr:`Launch.partial`), or the result itself where it has none.
-SPMM_OPERANDS = ("values", "X", "Y", "partial")
+def compiled(family, name):
+    """Compile (or find) a launch's kernel now, as its product is planned: the timed choice then times no
+    compile, and a first product waits for its own kernels only."""
+    get_kernel(family, name)
 
 
-#: ... and an SDDMM's: the values, the two dense operands, the result.
-SDDMM_OPERANDS = ("values", "Xa", "Xb", "out")
+def spmm(family, name, grid, block, fixed, smem=0, values="values", partial=None, scratch=None, fixup=None,
+         extra=(), dense=False, n_slices=1):
+    """An SpMM's :class:`~tcgnn_py.kernels.launches.Launch` (its kernel compiled now, as the product is planned):
+    each call passes ``(values, X, Y, *extra)`` (``values``: the kernel's name for them); ``partial`` is the
+    stream's partial tiles (a :class:`Scratch` of ``scratch``), or None: Y fills the kernel's ``partial`` too;
+    ``fixup``, a launch after it on Y.  ``fixed``: every other parameter by name."""
+    compiled(family, name)
+    if partial is None:
+        y = ("Y", "partial")
+    else:
+        y, fixed = "Y", dict(fixed, partial=partial)
+    return make(family, name, grid, block, (values, "X", y) + tuple(extra), fixed, smem, scratch,
+                None if fixup is None else (fixup, "Y"), dense=dense, n_slices=n_slices)
 
 
-class Launch(NamedTuple):
-    """One planned kernel launch: the kernel, its geometry, and its arguments around what a call supplies.
-
-    The kernel's arguments are ``head + operands + tail + extra``: ``operands`` names the arrays a call
-    passes (in order; ``"partial"`` is this stream's :attr:`partial` buffer, or ``"Y"`` where there is none),
-    a :class:`Scratch` in ``tail`` is this stream's buffer, and ``n_extra`` arrays follow the tail (the 16-bit
-    kernels' unscale).  The one type of every product launch: :meth:`run` launches through CuPy, :meth:`bind`
-    fixes everything but the call's arrays for the driver, and a ``fixup`` launch (split windows' partial
-    tiles summed into Y) runs after it.
-    """
-
-    kernel: object
-    grid: tuple
-    block: tuple
-    smem: int = 0
-    head: tuple = ()
-    tail: tuple = ()
-    operands: tuple = SPMM_OPERANDS
-    partial: Scratch = None
-    scratch: dict = None  # the per-stream store (the timed choice's candidates share one)
-    fixup: "Launch" = None
-    dense: bool = False  # takes the values dense (vec_dense_values)
-    n_extra: int = 0
-    n_slices: int = 1  # CTAs (feature slices) per unit: what the launch covers, for reports
-
-    def _arrays(self):
-        """The names of the arrays a call passes, in order."""
-        return tuple(n for n in self.operands if n != "partial")
-
-    def _args(self, arrays):
-        """The kernel's arguments for a call's ``arrays`` (the one place their order is assembled)."""
-        names = self._arrays()
-        env = dict(zip(names, arrays))
-        tail = self.tail
-        if self.scratch is not None:  # this stream's buffers
-            stream = _stream()
-            tail = tuple(t.get(self.scratch, stream) if isinstance(t, Scratch) else t for t in tail)
-            if self.partial is not None:
-                env["partial"] = self.partial.get(self.scratch, stream)
-        env.setdefault("partial", env.get("Y"))
-        return self.head + tuple(env[n] for n in self.operands) + tail + tuple(arrays[len(names):])
-
-    def run(self, *arrays):
-        """Launch on the current stream with these arrays (:attr:`operands` but ``partial``, then the extras)."""
-        self.kernel(self.grid, self.block, self._args(arrays), shared_mem=self.smem)
-        if self.fixup is not None:
-            self.fixup.run(arrays[self._arrays().index("Y")])
-
-    def bind(self):
-        """``f(*arrays)``: this launch (and its fixup) through the driver, everything but the call's arrays fixed,
-        on the stream current now (plans are kept per stream)."""
-        from ..kernels.driver import bound_launch
-
-        names = self._arrays()
-        slots = tuple(object() for _ in range(len(names) + self.n_extra))  # stand-ins for the call's arrays
-        args = self._args(slots)
-        variable = [tuple(i for i, a in enumerate(args) if a is s) for s in slots]  # Y may fill the partial's too
-        args = tuple(None if any(a is s for s in slots) else a for a in args)
-        then = None if self.fixup is None else (self.fixup.bind(), names.index("Y"))
-        return bound_launch(self.kernel.kernel.ptr, self.grid, self.block, args, variable, _stream(), self.smem, then)
+def sddmm(family, name, grid, block, fixed, smem=0):
+    """An SDDMM's launch (its kernel compiled now): each call passes ``(values, Xa, Xb, out)``."""
+    compiled(family, name)
+    return make(family, name, grid, block, ("values", "Xa", "Xb", "out"), fixed, smem)
 
 
-def fixup(kernel, plan, M, H, D, partial, scratch):
+def fixup(family, name, plan, M, H, D, partial, scratch):
     """The fixup launch of a work ``plan``'s split windows (``M`` result rows, ``H`` rows per tile, ``D`` features):
     one CTA row per split window, its threads over the window's ``H x D`` outputs, summing the ``partial`` tiles
-    (the main launch's, from the same ``scratch`` store) in part order."""
+    (the main launch's, from the same ``scratch`` store) in part order.  Each call passes Y."""
     from ..kernels.products import FIXUP_THREADS
 
+    compiled(family, name)
     grid = (plan["splits"].shape[0], min(-(-(H * D) // FIXUP_THREADS), 1024))
-    return Launch(kernel, grid, (FIXUP_THREADS,), 0, (plan["splits"],), tuple(np.int32(v) for v in (M, D, H)),
-                  ("partial", "Y"), partial, scratch)
+    return make(family, name, grid, FIXUP_THREADS, ("Y",), dict(splits=plan["splits"], partial=partial, M=M, D=D,
+                                                                H=H), scratch=scratch)
 
 
 def launch_key(mode, dtype, D, vec):

@@ -5,13 +5,12 @@ launches of a kernel on either.
 The partition (blocks per unit) fixes the order of every sum; the families pick kernels for it.
 """
 
-import functools
 from typing import NamedTuple
 
 import numpy as np
 
 from .._tuning import options
-from ._launch import Launch, Scratch, fixup
+from ._launch import Scratch, compiled, fixup, spmm
 from ._plans import VEC_UNITS_PER_WINDOW_MAX, sm_count, sorted_units, vec_coop_units, vec_hist, vec_meta, vec_plan
 
 __all__ = ["Shape", "VEC_COOP_CTAS", "VEC_RESIDENT_WARPS", "VEC_UNIT_SIZES", "VEC_WIDE_WARPS", "async_rows",
@@ -72,13 +71,13 @@ def partition_units(tiling, bpu):
     return (plan,) + units + (vec_meta(tiling),)
 
 
-def partition_launch(tiling, D, slices, units, combine, kernel, smem, nw, fix_kernel, scratch, n_extra=0,
+def partition_launch(tiling, D, slices, units, combine, kernel, smem, nw, fix_kernel, scratch, extra=(),
                      dense=False):
-    """The launch of ``kernel`` on the usual ``units`` (:func:`partition_units`; not COOP), ``32 * slices`` features
-    per warp, ``nw`` warps per CTA and ``smem`` bytes: split windows summed in it (``combine``), or by
-    ``fix_kernel()``'s fixup launch.  ``scratch``: the per-stream store, shared by launches of one partition (the
-    timed choice's candidates); ``n_extra`` arrays follow the arguments (the 16-bit kernel's unscale); ``dense``: the
-    kernel reads the values dense."""
+    """The launch of ``kernel`` (``(family, name)``) on the usual ``units`` (:func:`partition_units`; not COOP),
+    ``32 * slices`` features per warp, ``nw`` warps per CTA and ``smem`` bytes: split windows summed in it
+    (``combine``), or by the fixup launch of ``fix_kernel`` (a name of the family).  ``scratch``: the per-stream
+    store, shared by launches of one partition (the timed choice's candidates); ``extra``: the operands after
+    ``(values, X, Y)`` (the 16-bit kernel's unscale); ``dense``: the kernel reads the values dense."""
     plan, units, unit_k0, meta = units
     n_slices = -(-D // (32 * slices))
     n_work, n_slots, M = units.shape[0] * n_slices, plan["n_slots"], tiling.shape[0]
@@ -87,21 +86,22 @@ def partition_launch(tiling, D, slices, units, combine, kernel, smem, nw, fix_ke
     partial = Scratch("partial", (n_slots, 8, D), np.float32) if n_slots else None
     fix = None
     if n_slots and not combine:
-        fix = fixup(fix_kernel(), plan, M, 8, D, partial, scratch)
-    return Launch(kernel, (-(-n_work // nw),), (32 * nw,), smem, (units, unit_k0, tiling.block_cols, meta),
-                  (counters,) + tuple(np.int32(v) for v in (M, D, n_slices, n_work)), partial=partial, scratch=scratch,
-                  fixup=fix, dense=dense, n_extra=n_extra, n_slices=n_slices)
+        fix = fixup(kernel[0], fix_kernel, plan, M, 8, D, partial, scratch)
+    fixed = dict(units=units, unit_k0=unit_k0, block_cols=tiling.block_cols, meta=meta, counters=counters, M=M, D=D,
+                 n_slices=n_slices, n_work=n_work)
+    return spmm(*kernel, -(-n_work // nw), 32 * nw, fixed, smem, partial=partial, scratch=scratch, fixup=fix,
+                extra=extra, dense=dense, n_slices=n_slices)
 
 
-def coop_launch(tiling, D, slices, kernel, smem, n_extra=0):
-    """The one-CTA-per-window launch of ``kernel`` (``32 * slices`` features per warp, 4 warps, ``smem`` bytes; no
-    partial tiles, counters or fixup)."""
+def coop_launch(tiling, D, slices, kernel, smem, extra=()):
+    """The one-CTA-per-window launch of ``kernel`` (``(family, name)``; ``32 * slices`` features per warp, 4 warps,
+    ``smem`` bytes; no partial tiles, counters or fixup)."""
     n_slices = -(-D // (32 * slices))
     units = vec_coop_units(tiling)
     n_windows, n_work = units.shape[0] // 4, units.shape[0] * n_slices
-    return Launch(kernel, (n_windows * n_slices,), (128,), smem, (units, units, tiling.block_cols, vec_meta(tiling)),
-                  (None,) + tuple(np.int32(v) for v in (tiling.shape[0], D, n_slices, n_work)),  # unit_k0: unread
-                  n_extra=n_extra, n_slices=n_slices)
+    fixed = dict(units=units, unit_k0=units, block_cols=tiling.block_cols, meta=vec_meta(tiling),  # unit_k0: unread
+                 counters=None, M=tiling.shape[0], D=D, n_slices=n_slices, n_work=n_work)
+    return spmm(*kernel, n_windows * n_slices, 128, fixed, smem, extra=extra, n_slices=n_slices)
 
 
 class Shape(NamedTuple):
@@ -111,16 +111,17 @@ class Shape(NamedTuple):
     bpu: int  # blocks per unit (the partition)
     combine: bool  # split windows summed in the launch (else: the fixup launch)
     coop: bool  # one CTA of 4 warps per window x slice
-    kernel: object  # the compiled kernel
+    kernel: tuple  # (family, name) of the kernel
     smem: tuple  # its shared memory in bytes for 1, 2, ... warps per CTA
     dense: bool = False  # it reads the values dense
 
 
-def layout_launches(tiling, D, shapes, fix_kernel, n_extra=0):
+def layout_launches(tiling, D, shapes, fix_kernel, extra=()):
     """The launches of ``shapes`` (:class:`Shape`) on the vector layout, built in one pass with one scratch store:
     one CTA of 4 warps per window x slice (``coop``, :func:`coop_launch`), or the usual units of ``bpu`` blocks
     (:func:`partition_launch`) with ``options()["vec_warps"]`` warps per CTA, halved while a CTA would take more
-    shared memory than it may; ``fix_kernel()``: the fixup kernel, where split windows are not summed in the launch.
+    shared memory than it may; ``fix_kernel``: the fixup kernel's name in the shapes' family, where split windows
+    are not summed in the launch; ``extra``: the operands after ``(values, X, Y)``.
 
     Launches of one geometry (the timed choice's candidates) are built once and differ only in their kernel, shared
     memory and ``dense`` flag.
@@ -128,7 +129,6 @@ def layout_launches(tiling, D, shapes, fix_kernel, n_extra=0):
     from ..kernels.products import SPMM_SMEM_LIMIT
 
     warps, scratch, frames, units, out = options()["vec_warps"], {}, {}, {}, []
-    fix_kernel = functools.cache(fix_kernel)  # looked up once, for every launch that needs a fixup
     for s in shapes:
         nw = 4 if s.coop else warps
         while not s.coop and nw > 1 and s.smem[nw - 1] > SPMM_SMEM_LIMIT:
@@ -136,15 +136,16 @@ def layout_launches(tiling, D, shapes, fix_kernel, n_extra=0):
         geometry = (s.coop, s.slices, s.bpu, s.combine, nw)
         frame = frames.get(geometry)
         if frame is not None:
-            out.append(frame._replace(kernel=s.kernel, smem=s.smem[nw - 1], dense=s.dense))
+            compiled(*s.kernel)
+            out.append(frame.with_kernel(s.kernel[1], s.smem[nw - 1], s.dense))
             continue
         if s.coop:
-            frame = coop_launch(tiling, D, s.slices, s.kernel, s.smem[nw - 1], n_extra=n_extra)
+            frame = coop_launch(tiling, D, s.slices, s.kernel, s.smem[nw - 1], extra=extra)
         else:
             if s.bpu not in units:
                 units[s.bpu] = partition_units(tiling, s.bpu)
             frame = partition_launch(tiling, D, s.slices, units[s.bpu], s.combine, s.kernel, s.smem[nw - 1], nw,
-                                     fix_kernel, scratch, n_extra=n_extra, dense=s.dense)
+                                     fix_kernel, scratch, extra=extra, dense=s.dense)
         out.append(frames.setdefault(geometry, frame))
     return out
 

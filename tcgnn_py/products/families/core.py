@@ -7,7 +7,7 @@ import numpy as np
 
 from ..._tuning import declare, int_option, options
 from ...kernels import products as kp
-from .._launch import SDDMM_OPERANDS, Launch, Scratch, f32_plan, sddmm_plan, fixup
+from .._launch import Scratch, f32_plan, fixup, sddmm, sddmm_plan, spmm
 from .._plans import SDDMM_BLOCKS_PER_WARP, spmm_plan
 
 __all__ = ["MAX_WARPS", "plan", "plan_sddmm", "sddmm_launch", "spmm_launch"]
@@ -28,7 +28,6 @@ def spmm_launch(tiling, dtype, D, vec=False, operands=None):
     """The CUDA-core SpMM's launch for ``D`` features of ``dtype``; split windows summed by the fixup launch.
     ``vec`` and ``operands`` are unused (any alignment; nothing is timed)."""
     from ...kernels import products as kp
-    from ...kernels.registry import get_kernel
 
     H, W, M = tiling.tile_shape[0], tiling.layout.block, tiling.shape[0]
     nwarps = options()["core_nwarps"]
@@ -36,12 +35,13 @@ def spmm_launch(tiling, dtype, D, vec=False, operands=None):
     scratch, partial, fix = {}, None, None
     if plan["n_slots"]:  # split windows: partial tiles, summed by the fixup launch
         partial = Scratch("partial", (plan["n_slots"], tiling.layout.window, D), dtype)
-        fix = fixup(get_kernel("core", kp.fixup_name(dtype.name)), plan, M, tiling.layout.window, D, partial, scratch)
-    return Launch(get_kernel("core", kp.spmm_core_name(dtype.name, H, tiling.tile_pos.dtype.name)),
-                  (plan["units"].shape[0], -(-D // 32)), (32 * nwarps,), kp.core_spmm_smem(nwarps, H, dtype.itemsize),
-                  (plan["units"], tiling.block_ptr, tiling.block_cols, tiling.tile_pos),
-                  tuple(np.int32(v) for v in (M, D, W, W.bit_length() - 1)), partial=partial, scratch=scratch,
-                  fixup=fix, n_slices=-(-D // 32))
+        fix = fixup("core", kp.fixup_name(dtype.name), plan, M, tiling.layout.window, D, partial, scratch)
+    fixed = dict(units=plan["units"], block_ptr=tiling.block_ptr, block_cols=tiling.block_cols,
+                 tile_pos=tiling.tile_pos, M=M, D=D, W=W, wshift=W.bit_length() - 1)
+    return spmm("core", kp.spmm_core_name(dtype.name, H, tiling.tile_pos.dtype.name),
+                (plan["units"].shape[0], -(-D // 32)), 32 * nwarps, fixed,
+                kp.core_spmm_smem(nwarps, H, dtype.itemsize), partial=partial, scratch=scratch, fixup=fix,
+                n_slices=-(-D // 32))
 
 
 def plan_sddmm(problem):
@@ -51,14 +51,13 @@ def plan_sddmm(problem):
 
 
 def sddmm_launch(tiling, dtype, D, aligned, multiply_values):
-    """The CUDA-core SDDMM's :class:`Launch` (any tile shape, any alignment; ``run(values, Xa, Xb, out)``)."""
+    """The CUDA-core SDDMM's launch (any tile shape, any alignment; ``run(values, Xa, Xb, out)``)."""
     from ...kernels import products as kp
-    from ...kernels.registry import get_kernel
 
     H, W = tiling.tile_shape
     bpw, warps, n_blocks = SDDMM_BLOCKS_PER_WARP, kp.SDDMM_WARPS, tiling.n_blocks
-    head = (tiling.win_ptr, np.int32(tiling.n_windows), tiling.block_ptr, tiling.block_cols, tiling.tile_pos)
-    tail = (np.int32(n_blocks), np.int32(D), np.int32(H), np.int32(W), np.int32(W.bit_length() - 1),
-            np.int32(multiply_values), np.int32(bpw))
-    return Launch(get_kernel("core", kp.sddmm_core_name(np.dtype(dtype).name, tiling.tile_pos.dtype.name)),
-                  (-(-n_blocks // (bpw * warps)),), (32 * warps,), 0, head, tail, SDDMM_OPERANDS)
+    fixed = dict(win_ptr=tiling.win_ptr, n_windows=tiling.n_windows, block_ptr=tiling.block_ptr,
+                 block_cols=tiling.block_cols, tile_pos=tiling.tile_pos, n_blocks=n_blocks, D=D, H=H, W=W,
+                 wshift=W.bit_length() - 1, multiply=int(multiply_values), bpw=bpw)
+    return sddmm("core", kp.sddmm_core_name(np.dtype(dtype).name, tiling.tile_pos.dtype.name),
+                 -(-n_blocks // (bpw * warps)), 32 * warps, fixed)

@@ -118,30 +118,25 @@ def default(tiling, D, vec, half):
     return Config(base, bpu)
 
 
-def launch(tiling, dtype, D, vec, half, config=None, get=None):
-    """The launch of ``config`` (default: :func:`default`) for ``half`` ``(X type, split values, Y type)``;
-    ``get(family, name)``: where kernels come from (default: compiled on first use)."""
-    return launches(tiling, dtype, D, vec, [config or default(tiling, D, vec, half)], get)[0]
+def launch(tiling, dtype, D, vec, half, config=None):
+    """The launch of ``config`` (default: :func:`default`) for ``half`` ``(X type, split values, Y type)``, its
+    kernels compiled on first use."""
+    return launches(tiling, dtype, D, vec, [config or default(tiling, D, vec, half)])[0]
 
 
-def launches(tiling, dtype, D, vec, configs, get=None):
+def launches(tiling, dtype, D, vec, configs):
     """The launches of ``configs``, built in one pass (:func:`.._vec_layout.layout_launches`: those of one partition
     share its scratch, and those of one geometry differ only in their kernel)."""
     from ...kernels import products as kp
-    from ...kernels.registry import get_kernel
 
     for c in configs:
         k = c.kernel
         if not k.COOP and (k.FS, k.KS, k.NS) not in kp.VEC_HALF:
             raise ValueError(f"no 16-bit SpMM compiled for (slices, ks, stages) = {(k.FS, k.KS, k.NS)}: see "
                              "kernels.products.VEC_HALF")
-    get = get or get_kernel
-    compiled = [_compiled(c.kernel) for c in configs]
-    fns = [get("half", name) for name, _ in compiled]
-    shapes = [Shape(c.kernel.FS, c.bpu, c.kernel.COMBINE, c.kernel.COOP, fn, smem)
-              for c, fn, (_, smem) in zip(configs, fns, compiled)]
-    return layout_launches(tiling, D, shapes, lambda: get("half", kp.fixup_name("float32", np.dtype(dtype).name)),
-                           n_extra=1)
+    shapes = [Shape(c.kernel.FS, c.bpu, c.kernel.COMBINE, c.kernel.COOP, ("half", name), smem)
+              for c, (name, smem) in ((c, _compiled(c.kernel)) for c in configs)]
+    return layout_launches(tiling, D, shapes, kp.fixup_name("float32", np.dtype(dtype).name), extra=("unscale_p",))
 
 
 def candidates(tiling, D, vec, half):

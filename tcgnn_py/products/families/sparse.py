@@ -29,7 +29,7 @@ import numpy as np
 from ... import _reference as ref
 from ..._device import get_cupy, publish
 from ..._tuning import declare, int_option, options, overrides_key
-from .._launch import Launch, Scratch, cast_plan, fixup
+from .._launch import Scratch, cast_plan, fixup, spmm
 from .._plans import VEC_UNITS_PER_WINDOW_MAX, spmm_plan
 from .._values import half_values, values_as
 
@@ -151,10 +151,9 @@ def _sp_key(xdt):
 
 
 def _sp_launch(tiling, xname, split, yname, D, aligned):
-    """The :class:`Launch` of ``tcgnn_spmm_sp`` (``run(values, X, Y, unscale)``): balanced units of 4 warps, split
-    windows' partial rows summed by the fixup launch."""
+    """The launch of ``tcgnn_spmm_sp`` (``run(values, X, Y, unscale)``): balanced units of 4 warps, split windows'
+    partial rows summed by the fixup launch."""
     from ...kernels import products as kp
-    from ...kernels.registry import get_kernel
 
     cfg = kp.sp_spmm_config(xname, split, yname, aligned)
     n_slices = -(-D // (8 * cfg.NT))
@@ -164,12 +163,12 @@ def _sp_launch(tiling, xname, split, yname, D, aligned):
     scratch, partial, fix = {}, None, None
     if plan["n_slots"]:  # split windows: their parts' partial rows summed by the fixup launch
         partial = Scratch("partial", (plan["n_slots"], 16, D), F32)
-        fix = fixup(get_kernel("sparse", kp.fixup_name("float32", yname)), plan, M, 16, D, partial, scratch)
-    head = (units, unit_k0, tiling.block_cols, sp_meta(tiling)[0])
+        fix = fixup("sparse", kp.fixup_name("float32", yname), plan, M, 16, D, partial, scratch)
     # unit_k0 again where the in-launch sums' counters go: unread (the compiled shapes sum split windows by the fixup)
-    tail = (unit_k0,) + tuple(np.int32(v) for v in (M, D, n_slices, n_work))
-    return Launch(get_kernel("sparse", cfg.name), (-(-n_work // 4),), (128,), 0, head, tail, partial=partial,
-                  scratch=scratch, fixup=fix, n_extra=1, n_slices=n_slices)
+    fixed = dict(units=units, unit_k0=unit_k0, block_cols=tiling.block_cols, meta=sp_meta(tiling)[0],
+                 counters=unit_k0, M=M, D=D, n_slices=n_slices, n_work=n_work)
+    return spmm("sparse", cfg.name, -(-n_work // 4), 128, fixed, values="avals", partial=partial, scratch=scratch,
+                fixup=fix, extra=("unscale_p",), n_slices=n_slices)
 
 
 def sp_launch_key(x_dtype, split, dtype, D, aligned):

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..._tuning import declare, int_option, member_option, options, warp_pair_option
 from ...kernels import products as kp
-from .._launch import SDDMM_OPERANDS, Launch, Scratch, f32_plan, sddmm_plan
+from .._launch import Scratch, f32_plan, sddmm, sddmm_plan, spmm
 from .._plans import SDDMM_BLOCKS_PER_WARP, spmm_plan, tile_mask
 
 __all__ = ["FEW_CTAS", "WHOLE_WINDOW_BLOCKS", "plan", "plan_sddmm", "sddmm_launch", "spmm_launch", "work_shape"]
@@ -41,7 +41,6 @@ def spmm_launch(tiling, dtype, D, vec, operands=None):
     """The 16x8 TF32 SpMM's launch for ``D`` features (``vec``: 16-byte aligned rows); split windows (at most
     ``UNITS_PER_WINDOW_MAX`` parts) summed in the launch.  ``operands`` is unused: nothing is timed."""
     from ...kernels import products as kp
-    from ...kernels.registry import get_kernel
 
     cfg = options()["tf32_kernel"] or kp.tf32_spmm_config(1 if D <= 32 else 2, vec)
     if cfg not in kp.TF32_SPMM_CONFIGS:
@@ -69,10 +68,11 @@ def spmm_launch(tiling, dtype, D, vec, operands=None):
     counters = Scratch("counters", (n_slots * n_slabs,), np.int32, zeros=True) if n_slots else None
     partial = Scratch("partial", (n_slots, 16, D), dtype) if n_slots else None
     # Slabs of one unit side by side (1-D grid): they share its metadata in L2.
-    head = (plan["units"], tiling.block_ptr, tiling.block_cols, tile_mask(tiling))
-    tail = (counters, plan["unit_k0"] if n_slots else None) + tuple(np.int32(v) for v in (tiling.shape[0], D, n_slabs))
-    return Launch(get_kernel("tf32", cfg.name), (plan["units"].shape[0] * n_slabs, 1), (32 * nwarps,),
-                  smem_of(nwarps), head, tail, partial=partial, scratch={}, n_slices=n_slabs)
+    fixed = dict(units=plan["units"], block_ptr=tiling.block_ptr, block_cols=tiling.block_cols,
+                 block_mask=tile_mask(tiling), counters=counters, unit_k0=plan["unit_k0"] if n_slots else None,
+                 M=tiling.shape[0], D=D, n_slabs=n_slabs)
+    return spmm("tf32", cfg.name, (plan["units"].shape[0] * n_slabs, 1), 32 * nwarps, fixed, smem_of(nwarps),
+                partial=partial, scratch={}, n_slices=n_slabs)
 
 
 def work_shape(tiling, n_slabs):
@@ -105,12 +105,12 @@ def plan_sddmm(problem):
 
 
 def sddmm_launch(tiling, dtype, D, aligned, multiply_values):
-    """The 16x8 TF32 SDDMM's :class:`Launch` (float32; ``run(values, Xa, Xb, out)``)."""
+    """The 16x8 TF32 SDDMM's launch (float32; ``run(values, Xa, Xb, out)``)."""
     from ...kernels import products as kp
-    from ...kernels.registry import get_kernel
 
     bpw, warps, n_blocks = SDDMM_BLOCKS_PER_WARP, kp.SDDMM_WARPS, tiling.n_blocks
-    head = (tiling.win_ptr, np.int32(tiling.n_windows), tiling.block_ptr, tiling.block_cols, tiling.tile_pos)
-    tail = (np.int32(tiling.shape[0]), np.int32(n_blocks), np.int32(D), np.int32(multiply_values), np.int32(bpw))
-    return Launch(get_kernel("tf32", kp.sddmm_tf32_name(aligned)), (-(-n_blocks // (bpw * warps)),), (32 * warps,),
-                  warps * kp.SDDMM_TF32_SMEM_PER_WARP, head, tail, SDDMM_OPERANDS)
+    fixed = dict(win_ptr=tiling.win_ptr, n_windows=tiling.n_windows, block_ptr=tiling.block_ptr,
+                 block_cols=tiling.block_cols, tile_pos=tiling.tile_pos, M=tiling.shape[0], n_blocks=n_blocks, D=D,
+                 multiply=int(multiply_values), bpw=bpw)
+    return sddmm("tf32", kp.sddmm_tf32_name(aligned), -(-n_blocks // (bpw * warps)), 32 * warps, fixed,
+                 warps * kp.SDDMM_TF32_SMEM_PER_WARP)

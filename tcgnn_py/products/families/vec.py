@@ -13,7 +13,7 @@ import numpy as np
 from ..._tuning import bool_option, declare, int_option, member_option, options, positive_option
 from ...kernels import products as kp
 from .._autotune import choose
-from .._launch import SDDMM_OPERANDS, Launch, f32_plan, sddmm_plan
+from .._launch import f32_plan, sddmm, sddmm_plan
 from .._plans import spmm_plan, vec_plan
 from .._values import VEC_DENSE_BYTES_MAX, vec_dense_values
 from .._vec_layout import Shape, async_rows, layout_launches, partition, vec_coop
@@ -131,27 +131,23 @@ def default(tiling, D, vec):
                                   PV=True, COOP=coop), bpu)
 
 
-def launch(tiling, dtype, D, vec, config=None, get=None):
-    """The launch of ``config`` (default: :func:`default`); ``get(family, name)``: where kernels come from
-    (default: compiled on first use)."""
-    return launches(tiling, dtype, D, vec, [config or default(tiling, D, vec)], get)[0]
+def launch(tiling, dtype, D, vec, config=None):
+    """The launch of ``config`` (default: :func:`default`), its kernels compiled on first use."""
+    return launches(tiling, dtype, D, vec, [config or default(tiling, D, vec)])[0]
 
 
-def launches(tiling, dtype, D, vec, configs, get=None):
+def launches(tiling, dtype, D, vec, configs):
     """The launches of ``configs``, built in one pass (:func:`.._vec_layout.layout_launches`: those of one partition
     share its scratch, and those of one geometry differ only in their kernel)."""
     from ...kernels import products as kp
-    from ...kernels.registry import get_kernel
 
-    get = get or get_kernel
-    compiled = [_compiled(c.kernel) for c in configs]
-    fns = [get("vec", name) for name, _ in compiled]
     shapes = []
-    for c, fn, (_, smem) in zip(configs, fns, compiled):
+    for c in configs:
         k = c.kernel
+        name, smem = _compiled(k)
         coop = isinstance(k, kp.SpmmVecAsync) and k.COOP
-        shapes.append(Shape(k.FS, c.bpu, k.COMBINE, coop, fn, smem, getattr(k, "DV", False) and not coop))
-    return layout_launches(tiling, D, shapes, lambda: get("vec", kp.fixup_name(np.dtype(dtype).name)))
+        shapes.append(Shape(k.FS, c.bpu, k.COMBINE, coop, ("vec", name), smem, getattr(k, "DV", False) and not coop))
+    return layout_launches(tiling, D, shapes, kp.fixup_name(np.dtype(dtype).name))
 
 
 def candidates(tiling, D, vec):
@@ -203,12 +199,10 @@ def plan_sddmm(problem):
 
 
 def sddmm_launch(tiling, dtype, D, aligned, multiply_values):
-    """The vector SDDMM's :class:`Launch` (float32; ``run(values, Xa, Xb, out)``)."""
+    """The vector SDDMM's launch (float32; ``run(values, Xa, Xb, out)``)."""
     from ...kernels import products as kp
-    from ...kernels.registry import get_kernel
 
     units = spmm_plan(tiling, kp.VEC_SDDMM_BLOCKS, np.iinfo(np.int32).max)["units"]
-    head = (units, np.int32(units.shape[0]), tiling.block_ptr, tiling.block_cols, tiling.tile_pos)
-    return Launch(get_kernel("vec", kp.sddmm_vec_name(aligned)), (-(-units.shape[0] // kp.VEC_WARPS),),
-                  (32 * kp.VEC_WARPS,), 0, head, (np.int32(tiling.shape[0]), np.int32(D), np.int32(multiply_values)),
-                  SDDMM_OPERANDS)
+    fixed = dict(units=units, n_units=units.shape[0], block_ptr=tiling.block_ptr, block_cols=tiling.block_cols,
+                 tile_pos=tiling.tile_pos, M=tiling.shape[0], D=D, multiply=int(multiply_values))
+    return sddmm("vec", kp.sddmm_vec_name(aligned), -(-units.shape[0] // kp.VEC_WARPS), 32 * kp.VEC_WARPS, fixed)
