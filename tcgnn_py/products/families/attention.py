@@ -168,11 +168,12 @@ def fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, sl
     return dV.astype(V.dtype, copy=False), dQ, dK, dbeta
 
 
-def _pass(name, heads, D, units, k0, part, counters, operands, **fixed):
-    """One pass's :class:`~tcgnn_py.kernels.launches.Launch`: a warp per owner (part) and head over ``units``, the
-    long owners' ``part`` and ``counters`` fixed (the stream's), ``operands`` what each call passes."""
+def _pass(name, n_heads, D, units, k0, part, counters, operands, **fixed):
+    """One pass's :class:`~tcgnn_py.kernels.launches.Launch`: a warp per owner (part) and each of ``n_heads`` heads
+    over ``units``, the long owners' ``part`` and ``counters`` fixed (the stream's), ``operands`` what each call
+    passes."""
     nu = int(units.shape[0])
-    return make("attention", name, _grid(nu * heads), 32 * ka.ATTENTION_WARPS, operands,
+    return make("attention", name, _grid(nu * n_heads), 32 * ka.ATTENTION_WARPS, operands,
                 dict(units=units, part=part, k0s=k0, counters=counters, n_units=nu, D=int(D), **fixed))
 
 
