@@ -151,6 +151,7 @@ class GatherDotSDDMM:
     def __init__(self, A, Xs, out):
         import cupy as cp
 
+        from ..kernels.launches import make
         from ..kernels.registry import get_kernel
         from ._kernels import BASELINE_GROUPS, BASELINE_THREADS, baseline_sddmm_name
 
@@ -159,15 +160,13 @@ class GatherDotSDDMM:
         self.Xs, self.out = Xs, out
         D = Xs[0].shape[1]
         self.group = next(g for g in BASELINE_GROUPS if g >= min(D, 32))
-        self.kernel = get_kernel("baseline", baseline_sddmm_name(self.group))
-        threads = BASELINE_THREADS
-        self.grid = (-(-A.nnz * self.group // threads),)
-        self.block = (threads,)
-        self.args = (np.int64(A.nnz), np.int32(D))
+        name = baseline_sddmm_name(self.group)
+        get_kernel("baseline", name)  # compiled now, not in the timed calls
+        self.launch = make("baseline", name, -(-A.nnz * self.group // BASELINE_THREADS), BASELINE_THREADS,
+                           (("Xa", "Xb"),), dict(rows=self.rows, cols=self.cols, out=out, nnz=A.nnz, D=D))
 
     def __call__(self, i):
-        X = self.Xs[i]
-        self.kernel(self.grid, self.block, (self.rows, self.cols, X, X, self.out) + self.args)
+        self.launch.run(self.Xs[i])
 
     def close(self):
         pass

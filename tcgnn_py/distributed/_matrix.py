@@ -359,15 +359,13 @@ class DistributedMatrix:
         limit = HALF_MAX if halo.name == "float16" and X.dtype.name != "float16" else 0.0  # float16 X always fits
         if xp is not np and X.dtype.name in ("float32", "float16", "bfloat16") and out.shape[0]:
             from ..kernels import dist as kd
-            from ..kernels.registry import get_kernel
+            from ..kernels.launches import make
 
             flag = self._buffer(("overflow",), (1,), np.uint32)
             if limit:
                 flag.fill(0)
-            D = X.shape[1]
-            get_kernel("dist", kd.pack_name(X.dtype.name, halo.name))(
-                (min(out.shape[0], 65535 * 8),), (kd.ROW_THREADS,),
-                (X, index, np.int64(out.shape[0]), np.int32(D), out, flag, np.float32(limit)))
+            make("dist", kd.pack_name(X.dtype.name, halo.name), min(out.shape[0], 65535 * 8), kd.ROW_THREADS, (),
+                 dict(X=X, idx=index, n_rows=out.shape[0], D=X.shape[1], out=out, overflow=flag, limit=limit)).run()
             return flag if limit else None
         if out.shape[0]:
             rows = X[index]
@@ -481,12 +479,11 @@ class DistributedMatrix:
             return
         if xp is not np and Y.dtype == np.float32 and Z.dtype.name in ("float32", "float16", "bfloat16"):
             from ..kernels import dist as kd
-            from ..kernels.registry import get_kernel
+            from ..kernels.launches import make
 
             Z = xp.ascontiguousarray(Z)
-            get_kernel("dist", kd.add_name(Z.dtype.name))(
-                (min(rows.shape[0], 65535 * 8),), (kd.ROW_THREADS,),
-                (Y, rows, np.int64(rows.shape[0]), np.int32(Y.shape[1]), Z))
+            make("dist", kd.add_name(Z.dtype.name), min(rows.shape[0], 65535 * 8), kd.ROW_THREADS, (),
+                 dict(Y=Y, rows=rows, n_rows=rows.shape[0], D=Y.shape[1], Z=Z)).run()
         else:
             Y[rows] += Z.astype(Y.dtype, copy=False)
 

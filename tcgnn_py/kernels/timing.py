@@ -7,9 +7,8 @@ launch choice (:func:`tcgnn_py.products._autotune.choose`) and the benchmarks' G
 clock (:func:`tcgnn_py.bench.time_queued`) use it.
 """
 
-import numpy as np
-
-from .registry import get_kernel, register
+from .launches import make
+from .registry import register
 
 __all__ = ["SOURCE", "NAMES", "FAMILIES", "SPIN", "spin", "time_round_robin"]
 
@@ -34,7 +33,7 @@ register("timing", SOURCE, NAMES)
 
 def spin(ms):
     """Hold the current stream for ``ms`` milliseconds of GPU time (one thread)."""
-    get_kernel("timing", SPIN)((1,), (1,), (np.int64(ms * 1e6),))
+    make("timing", SPIN, 1, 1, (), {"ns": int(ms * 1e6)}).run()
 
 
 def time_round_robin(fns, rounds=3, spin_ms=3.0):
