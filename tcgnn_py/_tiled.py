@@ -160,7 +160,7 @@ class TiledMatrix:
         self._casts = {}  # values cast to a product's dtype
         self._transpose = None  # Aᵀ, once built (strong: A keeps its transpose)
         self._transpose_of = None  # weak reference back: no A <-> Aᵀ cycle holding device memory
-        self._plans = tiling.plans()  # products' plans by operand signature, shared with the tiling's matrices
+        self._plans = tiling.bound()  # products' plans by operand signature, shared with the tiling's matrices
 
     def __getstate__(self):
         # A copy is its tiling and values (pickle, copy.deepcopy, multiprocessing); casts, plans and the transpose

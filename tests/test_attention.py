@@ -441,7 +441,7 @@ def test_bound_passes_follow_their_operands(cp, score, dropout):
     want_values = run(tg.TiledMatrix(A).with_values(values), first)
     T = tg.TiledMatrix(A)
     run(T, second)  # binds T's passes and keeps their scratch (the parts, <g_i, out_i>) for this stream
-    assert T.tiling.peek("attention_bound") and T.tiling.peek("attention_scratch")
+    assert T.tiling.cached_items("attention") and T.tiling.peek("attention_scratch")
     same(run(T, first), want)
     same(run(T.with_values(values), first), want_values)
     with cp.cuda.Stream():

@@ -92,11 +92,12 @@ def test_every_registered_kernel_declares_parameters_a_launch_can_fill():
 
 
 @pytest.fixture
-def test_families():
-    from tcgnn_py.kernels.registry import register
+def test_families(monkeypatch):
+    """Two families registered for the test only: the kernel, and its parameters in another order."""
+    from tcgnn_py.kernels import registry
 
-    register("launch test", SOURCE, ("tc_test<float, 1>", "tc_fix"))
-    register("launch test swapped", SWAPPED, ("tc_test<float, 1>", "tc_fix"))
+    monkeypatch.setitem(registry._FAMILIES, "launch test", (SOURCE, ("tc_test<float, 1>", "tc_fix")))
+    monkeypatch.setitem(registry._FAMILIES, "launch test swapped", (SWAPPED, ("tc_test<float, 1>", "tc_fix")))
     return "launch test", "launch test swapped"
 
 

@@ -28,7 +28,7 @@ import functools
 
 import numpy as np
 
-from .._cache import keep
+from .._cache import BOUND
 
 __all__ = ["matmul", "LT_PLANS_MAX", "WORKSPACE_BYTES"]
 
@@ -208,9 +208,10 @@ def _operand(a):
     return _OP_N, max(k, 1), a
 
 
-#: Per operand signature (dtypes, shapes, strides, the addresses' low bits, device): the planned call's fixed
-#: arguments, so a repeated product is one dictionary lookup, one allocation and one ``cublasLtMatmul``.
-_bound = {}
+#: Per operand signature (dtypes, shapes, strides, the addresses' low bits, device), in the store of bound calls
+#: (:data:`tcgnn_py._cache.BOUND`): the planned call's fixed arguments, so a repeated product is one dictionary
+#: lookup, one allocation and one ``cublasLtMatmul``.
+_bound = BOUND
 
 
 def matmul(a, b):
@@ -223,7 +224,7 @@ def matmul(a, b):
 
     pa, pb = a.data.ptr, b.data.ptr
     device = cupy.cuda.runtime.getDevice()
-    key = (a.dtype, b.dtype, a.shape, b.shape, a.strides, b.strides, (pa & 255) << 8 | (pb & 255), device)
+    key = ("blas", a.dtype, b.dtype, a.shape, b.shape, a.strides, b.strides, (pa & 255) << 8 | (pb & 255), device)
     bound = _bound.get(key)
     if bound is None:
         return _matmul(a, b, key)
@@ -279,7 +280,7 @@ def _matmul(a, b, key):
         tail = (algo, hd.workspace.data.ptr, WORKSPACE_BYTES)
         _check(fn(*head, pb, lay_b, pa, lay_a, zero, pc, lay_c, pc, lay_c, *tail, stream), "cublasLtMatmul")
         if key is not None and _alignment(pc) == 256:  # (every new result is: the pool hands out 256-byte blocks)
-            keep(_bound, key, ((m, n), a.dtype, fn, head, (lay_b, lay_a, zero, lay_c), tail, plan), LT_PLANS_MAX)
+            _bound.put(key, ((m, n), a.dtype, fn, head, (lay_b, lay_a, zero, lay_c), tail, plan), ("blas", device))
         return c
     lib = _lib()
     _check(lib.cublasGemmEx(hd.on(lib, stream), op_b, op_a, n, m, k, one, pb, t, ldb, pa, t, lda, zero, pc, t, n,

@@ -19,14 +19,16 @@ import sys
 
 import numpy as np
 
-from .._cache import keep
+from .._cache import Store, keep
 from .._tiled import TiledMatrix
 from .._tuning import overrides_key
 from ._edges import TiledEdges
 
 __all__ = ["matrix", "signature", "find", "seen", "keeps", "Calls", "KEEP", "BIND_AFTER", "KEEP_BYTES"]
 
-#: Bound calls kept per graph (signatures), oldest dropped: a model has a few layers, each a signature or two.
+#: Signatures whose general calls are counted per graph, and bound backward calls kept per bound forward call
+#: (each device and stream), oldest dropped: a model has a few layers, each a signature or two.  A graph's bound
+#: forward calls are kept in its tiling's store of bound calls.
 KEEP = 32
 #: General calls of a signature before it binds: the first plans and compiles its launches (a timed choice among
 #: launches may keep compiling after it), the second finds them final.
@@ -56,7 +58,7 @@ def signature(A, arrays, options):
     if precision is not False and precision is not None and type(precision) is not str:
         return None
     nd = cp.ndarray
-    key = [options, id(T.values), precision]  # (a bound call keeps its values alive: the id is theirs)
+    key = ["layer", options, id(T.values), precision]  # (a bound call keeps its values alive: the id is theirs)
     for x in arrays:
         if x is None:
             key.append(None)
@@ -79,24 +81,25 @@ def keeps(*shapes):
 
 
 def find(A, key):
-    """The bound call of ``key`` on A's graph, or None."""
-    calls = matrix(A).tiling.peek("layer calls")
-    return None if calls is None else calls.bound.get(key)
+    """The bound call of ``key`` on A's graph (in its tiling's store of bound calls), or None."""
+    return matrix(A).tiling.bound().get(key)
 
 
 def seen(A, key, binder):
     """Count a general call of ``key`` on A's graph (:meth:`Calls.seen`)."""
-    matrix(A).tiling.cached("layer calls", Calls).seen(key, binder)
+    tiling = matrix(A).tiling
+    tiling.cached("layer calls", lambda: Calls(tiling.bound())).seen(key, binder)
 
 
 class Calls:
-    """Bound calls by signature (a graph's forward calls, or one bound forward call's backward calls), and the
-    general calls seen of each signature not bound yet."""
+    """Bound calls by signature in a :class:`~tcgnn_py._cache.Store` (a graph's forward calls in its tiling's, or
+    one bound forward call's backward calls in its own), and the general calls seen of each signature not bound
+    yet."""
 
     __slots__ = ("bound", "counts")
 
-    def __init__(self):
-        self.bound, self.counts = {}, {}
+    def __init__(self, store=None):
+        self.bound, self.counts = Store(KEEP) if store is None else store, {}
 
     def seen(self, key, binder):
         """Count a general call of ``key``; at the :data:`BIND_AFTER`-th, keep ``binder()`` as its bound call, or
@@ -112,4 +115,4 @@ class Calls:
             keep(self.counts, key, -1, KEEP)
             return
         self.counts.pop(key, None)
-        keep(self.bound, key, call, KEEP)
+        self.bound.put(key, call, key[-3:-1])  # (a signature ends with the stream, the device, the overrides)

@@ -66,10 +66,14 @@ def signature(values, X, out=None, precision=None, op=None):
 
 
 def _plan(tiling, key, build):
-    plans = tiling.plans()
+    """The plan of signature ``key`` in the tiling's store of bound calls, built and kept on its first call (not
+    under a capture)."""
+    plans = tiling.bound()
     plan = plans.get(key)
     if plan is None:
-        plan = plans[key] = build()
+        cp = sys.modules["cupy"]
+        stream = cp.cuda.get_current_stream()
+        plan = plans.put(key, build(), (cp.cuda.runtime.getDevice(), stream.ptr), stream.is_capturing())
     return plan
 
 

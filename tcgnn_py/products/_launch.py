@@ -157,8 +157,18 @@ class Provisional(NamedTuple):
     futures: list  # the background compiles it waits for
 
 
+def kept(tiling, key):
+    """The final launch kept under ``key`` in the tiling's store of bound calls, or None."""
+    return tiling.bound().get(key)
+
+
+def keep_launch(tiling, key, launch):
+    """Keep a final launch in the tiling's store (among its launches, at most ``BOUND_KEEP``); returns it."""
+    return tiling.bound().put(key, launch, "launches")
+
+
 def planned(tiling, key, plan):
-    """The launch of ``plan()``, cached on the tiling under ``key`` once it is final.
+    """The launch of ``plan()``, kept in the tiling's store under ``key`` once it is final.
 
     A :class:`Provisional` launch (the timed choice ran while some candidates were
     compiling) is kept aside and used until those compiles finish; the next call then
@@ -175,7 +185,7 @@ def planned(tiling, key, plan):
     if isinstance(launch, Provisional):
         tiling.put(aside, launch)
         return launch.launch
-    return tiling.cached(key, lambda: launch)
+    return kept(tiling, key) or keep_launch(tiling, key, launch)
 
 
 def run_spmm(launch, tiling, values, X, Y):
@@ -212,7 +222,7 @@ def f32_plan(problem, spmm_launch):
         if X is None:
             return Y
         values = values_as(values, kdt, casts)
-        launch = tiling.peek(keys[direct])  # planned once: no closure per call
+        launch = kept(tiling, keys[direct])  # planned once: no closure per call
         if launch is None:
             launch = planned(tiling, keys[direct], lambda: spmm_launch(tiling, kdt, D, vecs[direct], (values, X, Y)))
         run_spmm(launch, tiling, values, X, Y)
@@ -222,7 +232,7 @@ def f32_plan(problem, spmm_launch):
         return problem.plan(run)
 
     def binder(values, casts, X, out, general):
-        launch = tiling.peek(keys[True])
+        launch = kept(tiling, keys[True])
         if not isinstance(launch, Launch):
             return None
         bound = launch.bind()
@@ -268,7 +278,7 @@ def cast_plan(problem, x_dtype, key, make, launch_key_of, plan_launch):
         split, vals, unscale = make(values, casts)
         extra = vals if unscale is None else unscale
         k = launch_key_of(split, aligns[direct])
-        launch = tiling.peek(k)
+        launch = kept(tiling, k)
         if launch is None:
             launch = planned(tiling, k, lambda: plan_launch(split, aligns[direct], (vals, X, Y, extra)))
         launch.run(vals, X, Y, extra)
@@ -282,7 +292,7 @@ def cast_plan(problem, x_dtype, key, make, launch_key_of, plan_launch):
         if hit is None:
             return None
         split = hit[0]
-        launch = tiling.peek(launch_key_of(split, aligns[True]))
+        launch = kept(tiling, launch_key_of(split, aligns[True]))
         if not isinstance(launch, Launch):
             return None
         bound = launch.bind()
@@ -311,7 +321,7 @@ def sddmm_plan(problem, sddmm_launch):
     key = ("sddmm_launch", problem.mode, kdt.char, D, aligned, mv)
 
     def launch():
-        return tiling.cached(key, lambda: sddmm_launch(tiling, kdt, D, aligned, mv))
+        return kept(tiling, key) or keep_launch(tiling, key, sddmm_launch(tiling, kdt, D, aligned, mv))
 
     def run(values, casts, Xa, Xb, e):
         cp = get_cupy()

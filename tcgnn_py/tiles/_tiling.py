@@ -13,6 +13,7 @@ import dataclasses
 import numpy as np
 
 from .. import _reference as ref
+from .._cache import BOUND_KEEP, Store
 from .._device import array_module, publish, to_host
 from .._validation import check_tile_shape
 
@@ -296,13 +297,14 @@ class Tiling:
         """The derived data cached under ``key``, or ``default`` (never builds: a planned launch's lookup)."""
         return self._cache.get(key, default)
 
-    def plans(self):
-        """The products' plans on this tiling by operand signature (``products.signature``), shared by the
-        matrices on it (``with_values``): one dict, made once."""
-        plans = self._cache.get("plans")
-        if plans is None:
-            plans = self._cache["plans"] = {}
-        return plans
+    def bound(self):
+        """This graph's store of bound calls (:class:`tcgnn_py._cache.Store`): the products' plans by operand
+        signature (``products.signature``), their launches, the layers' bound calls and the attention passes,
+        shared by the matrices on the tiling (``with_values``), at most ``BOUND_KEEP`` per device and stream."""
+        store = self._cache.get("bound")
+        if store is None:
+            store = self._cache["bound"] = Store(BOUND_KEEP)
+        return store
 
     def put(self, key, value):
         """Cache ``value`` under ``key`` (replacing any), as :meth:`cached` would have built it."""
@@ -314,8 +316,10 @@ class Tiling:
         self._cache.pop(key, None)
 
     def cached_items(self, kind):
-        """``(key, value)`` of what is cached under tuple keys starting with ``kind`` (e.g. ``"launch"``), oldest first."""
-        return [(k, v) for k, v in self._cache.items() if isinstance(k, tuple) and k and k[0] == kind]
+        """``(key, value)`` of what is cached or bound (:meth:`bound`) under tuple keys starting with ``kind`` (e.g.
+        ``"launch"``), oldest first."""
+        items = list(self._cache.items()) + list(self._cache.get("bound", {}).items())
+        return [(k, v) for k, v in items if isinstance(k, tuple) and k and k[0] == kind]
 
     def cache_nbytes(self):
         """Bytes of the arrays held by cached derived data (work plans, masks, entry rows, ...), each once."""

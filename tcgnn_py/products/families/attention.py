@@ -21,7 +21,7 @@ from .._plans import sm_count
 
 __all__ = ["csr_structure", "transpose_structure", "work_units", "csr_weights", "fused", "fused_backward", "reach",
            "fused_bound", "fused_backward_bound",
-           "WEIGHTS_KEEP", "BOUND_KEEP", "FILL_WARPS"]
+           "WEIGHTS_KEEP", "FILL_WARPS"]
 
 
 def csr_structure(T):
@@ -91,27 +91,22 @@ def work_units(T, kind, heads):
 FILL_WARPS = 64
 
 
-#: Bound passes kept per tiling (signatures: kernel, heads, settings, stream and weights array), oldest dropped.
-BOUND_KEEP = 32
-
-
 def _bound(T, w, key, template, stream):
     """The bound launch (:meth:`~tcgnn_py.kernels.launches.Launch.bind`) of one pass signature, kept on T's tiling:
     a training step's passes write only their operands' addresses (a pass takes about twenty arguments).
 
     ``key`` names the kernel and every fixed argument but the weights ``w`` (a :func:`csr_weights` array, matched
     by identity) and the ``stream`` (CuPy's, whose scratch the launch holds); ``template()`` returns the pass's
-    :class:`~tcgnn_py.kernels.launches.Launch`.  Not kept under a capture, whose weights and scratch are the graph's
-    own.
+    :class:`~tcgnn_py.kernels.launches.Launch`.  Kept in the tiling's store of bound calls, but under a capture,
+    whose weights and scratch are the graph's own.
     """
-    kept = T.tiling.cached("attention_bound", dict)
-    key = key + (id(w), stream.ptr)
+    kept = T.tiling.bound()
+    key = ("attention",) + key + (id(w), stream.ptr)
     hit = kept.get(key)
     if hit is not None and hit[0] is w:
         return hit[1]
     bound = template().bind()
-    if not stream.is_capturing():
-        keep(kept, key, (w, bound), BOUND_KEEP)
+    kept.put(key, (w, bound), (get_cupy().cuda.runtime.getDevice(), stream.ptr), stream.is_capturing())
     return bound
 
 

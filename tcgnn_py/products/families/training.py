@@ -14,7 +14,7 @@ import numpy as np
 
 from ..._device import get_cupy
 from ...kernels import nn as kn
-from ..._cache import keep
+from ..._cache import BOUND
 from ...kernels.driver import resident_blocks, slot_value
 from ...kernels.launches import Scratch, make
 from ...kernels.registry import background_compiles, compile_in_background, get_kernel
@@ -72,28 +72,26 @@ def _launch(name, grid, block, operands, **fixed):
     return make("nn", name, grid, block, operands, fixed)
 
 
-#: The small kernels' launches and bound launches by signature (bound ones: device and stream included), shared
-#: by the general functions.
-_small = {}
-
-
 def _planned(key, build):
     """``build()`` -- the :class:`~tcgnn_py.kernels.launches.Launch` of one signature ``key`` -- made once and
-    kept (a launch holds no stream or device; its kernel is looked up per call)."""
-    f = _small.get(key)
+    kept in the store of bound calls (a launch holds no stream or device; its kernel is looked up per call)."""
+    f = BOUND.get(key)
     if f is None:
-        f = _keep(_small, key, build())
+        f = BOUND.put(key, build(), "nn launches")
     return f
 
 
 def _kept(key, bind, *sample):
-    """``bind(*sample)`` -- a bound form of one signature ``key`` -- made once per device and stream and kept: the
-    general functions launch through their bound forms, so each kernel's arguments are written in one place."""
+    """``bind(*sample)`` -- a bound form of one signature ``key`` -- made once per device and stream and kept in
+    the store of bound calls (not under a capture): the general functions launch through their bound forms, so
+    each kernel's arguments are written in one place."""
     cp = get_cupy()
-    key += (cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr)
-    f = _small.get(key)
+    stream = cp.cuda.get_current_stream()
+    place = (cp.cuda.runtime.getDevice(), stream.ptr)
+    key += place
+    f = BOUND.get(key)
     if f is None:
-        f = _keep(_small, key, bind(*sample))
+        f = BOUND.put(key, bind(*sample), place, stream.is_capturing())
     return f
 
 
@@ -158,16 +156,7 @@ DENSE_MAX_N = 512
 #: kernel's time for them stays below the host time of a cuBLAS call, which a layer this small waits on.
 DENSE_SHORT_ROWS = 4096
 DENSE_SHORT_K = 256
-#: Bound dense products kept (signatures: shapes, strides, alignment, bias, scores, device and stream), oldest
-#: dropped.
-DENSE_KEEP = 64
-_dense = {}
 _F32 = np.dtype(np.float32)
-
-
-def _keep(store, key, value):
-    """``store[key] = value``, the oldest entry dropped past :data:`DENSE_KEEP` (the bound launches' caches)."""
-    return keep(store, key, value, DENSE_KEEP)
 
 
 @functools.lru_cache(maxsize=256)
@@ -208,7 +197,7 @@ def _warm_dense():
         compile_in_background("nn", kn.DENSE_NAMES + (kn.add_bias_name("float32"),))
 
 
-def _dense_bind(a, b, bias, scores, key):
+def _dense_bind(a, b, bias, scores, key, place):
     _warm_dense()
     m, k = a.shape
     n = b.shape[1]
@@ -226,7 +215,8 @@ def _dense_bind(a, b, bias, scores, key):
     else:
         fixed.update(a_src=None, a_dst=None, s_src=None, s_dst=None)
     grid = (-(-m // (nt // (bn // 4) * tm)), -(-n // bn))
-    return _keep(_dense, key, _launch(kn.dense_mm_name(bn, tm, nt, bt), grid, nt, operands, **fixed).bind())
+    bound = _launch(kn.dense_mm_name(bn, tm, nt, bt), grid, nt, operands, **fixed).bind()
+    return BOUND.put(key, bound, place, get_cupy().cuda.get_current_stream().is_capturing())
 
 
 def _transposed(b):
@@ -261,10 +251,10 @@ def dense_mm(a, b, bias=None, a_src=None, a_dst=None, heads=1):
 
 def _dense_launch(cp, a, b, bias, scores):
     """The bound launch of ``tcgnn_dense_mm`` for operands of this signature on the current stream (kept)."""
-    stream = cp.cuda.get_current_stream().ptr
-    key = (a.shape, b.shape, a.strides[0], b.strides, (a.data.ptr & 15) << 4 | b.data.ptr & 15, bias is None,
-           scores, cp.cuda.runtime.getDevice(), stream)
-    return _dense.get(key) or _dense_bind(a, b, bias, scores, key)
+    place = (cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr)
+    key = ("dense", a.shape, b.shape, a.strides[0], b.strides, (a.data.ptr & 15) << 4 | b.data.ptr & 15,
+           bias is None, scores) + place
+    return BOUND.get(key) or _dense_bind(a, b, bias, scores, key, place)
 
 
 def dense_mm_bound(a, b, bias=None, a_src=None, a_dst=None, heads=1, keep=False):
@@ -324,7 +314,6 @@ DENSE_ATB_MAX_ROWS = 65536
 DENSE_ATB_MIN_ROWS = 64
 #: Blocks per SM ``tcgnn_dense_atb`` aims at (its slices of the long dimension): enough to hide the copies.
 DENSE_ATB_BLOCKS_PER_SM = 2
-_atb = {}
 _atb_scratch = {}
 
 
@@ -428,14 +417,12 @@ def _atb_launches(cp, a, b):
     C)`` its launch (or launches): kept, but under a capture, whose partial sums are the graph's own."""
     stream = cp.cuda.get_current_stream()
     ptr = stream.ptr
-    key = (None if a is None else (a.shape, a.strides[0]), b.shape, b.strides[0], b.data.ptr & 15,
-           cp.cuda.runtime.getDevice(), ptr)
-    hit = _atb.get(key)
+    place = (cp.cuda.runtime.getDevice(), ptr)
+    key = ("atb", None if a is None else (a.shape, a.strides[0]), b.shape, b.strides[0], b.data.ptr & 15) + place
+    hit = BOUND.get(key)
     if hit is None:
         capturing = stream.is_capturing()
-        hit = _atb_bind(a, b, key, ptr, capturing)
-        if not capturing:
-            _keep(_atb, key, hit)
+        hit = BOUND.put(key, _atb_bind(a, b, key, ptr, capturing), place, capturing)
     return hit
 
 
