@@ -553,3 +553,41 @@ def test_cli_runs_every_op(op, device, tmp_path, monkeypatch):
     assert main(args) == 0
     assert json.loads((tmp_path / "r.json").read_text())["env"]["tcgnn_py"]
     assert (tmp_path / "page.md").read_text().startswith("# Results")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", ["gcn", "agnn", "gat"])
+def test_the_pure_jax_models_are_the_harness_models(model):
+    """The harness's JAX column trains the same model: with the same parameters and no dropout its logits are
+    tcgnn_py.nn's (float32 products on both sides), and its jitted step lowers the training loss."""
+    from tcgnn_py.bench import _jax_models
+
+    if not _jax_models.available():
+        pytest.skip("the pure-JAX baselines need JAX and optax (the GPU image has both)")
+    import cupy as cp
+    import jax
+    import jax.numpy as jnp
+
+    from tcgnn_py import nn
+    from tcgnn_py.bench import gnn_problem
+
+    problem = gnn_problem("cora")
+    dims = (problem["X"].shape[1], 8 if model == "gat" else 16, problem["n_classes"])
+    params = _jax_models.init(model, dims, seed=1)
+    A = (nn.gcn_norm if model == "gcn" else nn.add_self_loops)(problem["adj"], device="cuda")
+    apply = {"gcn": nn.gcn_apply, "agnn": nn.agnn_apply, "gat": nn.gat_apply}[model]
+    ours, _ = apply({k: cp.asarray(v) for k, v in params.items()}, A, cp.asarray(problem["X"]), training=False,
+                    precision="fp32")
+    rows, cols, weights, n = _jax_models.graph_arrays(problem["adj"], model)
+    graph = (jnp.asarray(rows), jnp.asarray(cols), jnp.asarray(weights), n)
+    with jax.default_matmul_precision("highest"):
+        theirs = _jax_models.forward(model, {k: jnp.asarray(v) for k, v in params.items()}, graph,
+                                     jnp.asarray(problem["X"]))
+    np.testing.assert_allclose(np.asarray(theirs), ours.get(), rtol=1e-4, atol=2e-5)
+
+    step, sync = _jax_models.build(problem, model)
+    before = step.loss()
+    for _ in range(60):
+        step()
+    sync()
+    assert step.loss() < 0.8 * before

@@ -4,7 +4,8 @@ Both run the layers of :mod:`tcgnn_py.nn`; they differ only in the sparse
 operations under them: the tiled tensor-core SpMM/SDDMM, or cupyx
 ``A @ X`` / ``A.T @ X`` and a CuPy gather-and-dot SDDMM (on the host: the
 reference path beside scipy; GAT's fused attention has no such counterpart, so its cupyx column stays
-empty).  ``extra`` adds implementations from outside the
+empty).  Where JAX is installed, the same models in pure JAX, each step one jitted function
+(:mod:`._jax_models`), fill a ``jax`` column.  ``extra`` adds implementations from outside the
 library (``tools/gnn_epoch_table.py --baselines FILE`` adds other frameworks' models there).
 
 An epoch is one full-batch training step: forward with dropout, cross-entropy
@@ -13,6 +14,7 @@ on the training nodes, backward, Adam.  The clock is the host's around
 every implementation; the median of ``repeat`` such batches is reported.
 """
 
+import functools
 import statistics
 import time
 
@@ -194,9 +196,11 @@ def load_baselines(path):
 def bench_gnn(spec, models=MODELS, epochs=20, repeat=3, device=None, extra=None):
     """Rows ``{graph, model, impl, ms, nodes, nnz, features, ...}`` of time per training epoch.
 
-    ``extra`` maps an implementation name to ``build(problem, model) -> (step, sync)`` or None.
+    ``extra`` maps an implementation name to ``build(problem, model) -> (step, sync)`` or None; on the GPU the
+    pure-JAX models come first among them where JAX is installed.
     """
     from .._device import use_gpu
+    from . import _jax_models
 
     gpu = use_gpu(device)
     problem = gnn_problem(spec)
@@ -206,6 +210,9 @@ def bench_gnn(spec, models=MODELS, epochs=20, repeat=3, device=None, extra=None)
     else:
         impls = {"tcgnn_ref": ("tiled", False), "scipy": ("csr", False)}
     sync = _cupy_sync if gpu else (lambda: None)
+    if gpu and _jax_models.available():
+        jax = functools.partial(_jax_models.build, hidden=HIDDEN, gat=(GAT_HEADS, GAT_HIDDEN))
+        extra = {"jax": jax, **(extra or {})}
     rows = []
     for model in models:
         times = {}

@@ -1,0 +1,156 @@
+"""Layer 4 (bench): the harness's three models in pure JAX -- the baseline a JAX user would write.
+
+GCN, AGNN and GAT as :func:`tcgnn_py.bench.train_step` trains them (the same widths, dropout, loss on the training
+nodes and Adam with the same weight decay), the aggregation a ``jax.ops.segment_sum`` over the edges, the whole
+step -- forward, loss, backward, Adam -- one ``jax.jit`` function, so XLA fuses and prunes it end to end.  They
+need no PyTorch, so they live here; JAX (and optax, its optimizer library) load only when a model is built, and
+the harness adds the column only where JAX is installed (:func:`available`).
+
+JAX is told not to take most of the GPU's memory up front (``XLA_PYTHON_CLIENT_PREALLOCATE=false``, unless the
+environment says otherwise): it shares the device with CuPy's pool in one process.
+"""
+
+import importlib.util
+import os
+
+import numpy as np
+
+__all__ = ["available", "build", "forward", "graph_arrays", "init", "MODELS"]
+
+MODELS = ("gcn", "agnn", "gat")
+
+
+def available():
+    """Whether JAX and optax can be imported here (the harness's ``jax`` column needs both)."""
+    return all(importlib.util.find_spec(m) is not None for m in ("jax", "optax"))
+
+
+def _jax():
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    import jax
+
+    return jax
+
+
+def graph_arrays(adj, model):
+    """``(rows, cols, weights, n)`` of the graph ``model`` runs on, as NumPy arrays in CSR order: Kipf & Welling's
+    ``D^-1/2 (A + I) D^-1/2`` for GCN, ``A + I`` (the weights the attention's softmax carries) for AGNN and GAT --
+    the same matrices as :func:`tcgnn_py.nn.gcn_norm` and :func:`tcgnn_py.nn.add_self_loops`."""
+    import scipy.sparse as sp
+
+    from .. import nn
+
+    A = (nn.gcn_norm if model == "gcn" else nn.add_self_loops)(adj, dtype=np.float64, device="cpu")
+    csr = sp.csr_array(A.tocsr())
+    csr.sort_indices()
+    rows = np.repeat(np.arange(csr.shape[0]), np.diff(csr.indptr))
+    return rows.astype(np.int32), csr.indices.astype(np.int32), csr.data.astype(np.float32), csr.shape[0]
+
+
+def init(model, dims, seed=0, heads=8):
+    """The parameters of ``model`` for ``dims = (features, hidden, classes)``, drawn as :mod:`tcgnn_py.nn` draws
+    them (its ``*_init`` with a NumPy generator of ``seed``), as float32 NumPy arrays."""
+    from .. import nn
+
+    rng = np.random.default_rng(seed)
+    if model == "gcn":
+        return nn.gcn_init(dims, rng)
+    if model == "agnn":
+        return nn.agnn_init(dims, rng)
+    return nn.gat_init(dims, rng, heads=heads)
+
+
+def _softmax_rows(scores, rows, weights, n):
+    """Per entry, ``weights * exp(scores)`` normalised over its row (``scores`` ``(nnz, heads)``)."""
+    jax = _jax()
+    jnp = jax.numpy
+    top = jax.ops.segment_max(scores, rows, num_segments=n, indices_are_sorted=True)
+    ex = weights[:, None] * jnp.exp(scores - top[rows])
+    total = jax.ops.segment_sum(ex, rows, num_segments=n, indices_are_sorted=True)
+    return ex / total[rows]
+
+
+def forward(model, params, graph, X, key=None, p=0.0):
+    """The logits of ``model`` (``params`` a dict of JAX arrays; ``graph`` :func:`graph_arrays` as JAX arrays)
+    on features ``X``; dropout of rate ``p`` drawn from ``key`` (none where ``key`` is None)."""
+    jax = _jax()
+    jnp = jax.numpy
+    rows, cols, weights, n = graph
+    keys = iter(jax.random.split(key, 8)) if key is not None else None
+
+    def drop(x):
+        if keys is None or not p:
+            return x
+        return jnp.where(jax.random.bernoulli(next(keys), 1 - p, x.shape), x / (1 - p), 0)
+
+    def aggregate(w, h):  # sum over each row's entries of w_e h_col (w: (nnz,) or (nnz, heads))
+        msg = (w[:, :, None] * h[cols].reshape(cols.shape[0], w.shape[1], -1)).reshape(cols.shape[0], -1) \
+            if w.ndim == 2 else w[:, None] * h[cols]
+        return jax.ops.segment_sum(msg, rows, num_segments=n, indices_are_sorted=True)
+
+    if model == "gcn":
+        h = jax.nn.relu(aggregate(weights, drop(X) @ params["W0"]) + params["b0"])
+        return aggregate(weights, drop(h) @ params["W1"]) + params["b1"]
+    if model == "agnn":
+        h = jax.nn.relu(drop(X) @ params["W_in"] + params["b_in"])
+        betas = [jnp.ones(1, h.dtype)] + [params[f"beta{k}"] for k in range(1, 1 + sum(k.startswith("beta")
+                                                                                    for k in params))]
+        for beta in betas:
+            hn = h / jnp.maximum(jnp.linalg.norm(h, axis=1, keepdims=True), 1e-12)
+            cos = jnp.sum(hn[rows] * hn[cols], axis=1, keepdims=True)
+            h = aggregate(_softmax_rows(beta * cos, rows, weights, n)[:, 0], h)
+        return drop(h) @ params["W_out"] + params["b_out"]
+
+    def gat(h, W, a_src, a_dst, heads):
+        wh = (h @ W).reshape(n, heads, -1)
+        s_src, s_dst = jnp.sum(wh * a_src, axis=2), jnp.sum(wh * a_dst, axis=2)  # (n, heads)
+        att = drop(_softmax_rows(jax.nn.leaky_relu(s_src[cols] + s_dst[rows], 0.2), rows, weights, n))
+        return aggregate(att, wh.reshape(n, -1))
+
+    heads = params["a_src1"].shape[0]
+    h = jax.nn.elu(gat(drop(X), params["W1"], params["a_src1"], params["a_dst1"], heads) + params["b1"])
+    return gat(drop(h), params["W2"], params["a_src2"], params["a_dst2"], 1) + params["b2"]
+
+
+def build(problem, model, hidden=16, gat=(8, 8)):
+    """``(step, sync)`` of one jitted training step of ``model`` on the harness's ``problem``
+    (:func:`tcgnn_py.bench.gnn_problem`), as :func:`tcgnn_py.bench.bench_gnn`'s ``extra`` takes it (which
+    passes its ``hidden`` width and GAT's ``(heads, hidden)``); ``step.loss()`` is the training loss without
+    dropout."""
+    jax = _jax()
+    import optax
+
+    jnp = jax.numpy
+    X = jnp.asarray(problem["X"])
+    labels, idx = jnp.asarray(problem["labels"]), jnp.asarray(problem["train_idx"])
+    rows, cols, weights, n = graph_arrays(problem["adj"], model)
+    graph = (jnp.asarray(rows), jnp.asarray(cols), jnp.asarray(weights), n)
+    c = problem["n_classes"]
+    if model == "gcn":
+        params, lr, p, decayed = init(model, (X.shape[1], hidden, c)), 0.01, 0.5, {"W0", "b0"}
+    elif model == "agnn":
+        params, lr, p, decayed = init(model, (X.shape[1], hidden, c)), 0.01, 0.5, None
+    else:
+        params, lr, p, decayed = init(model, (X.shape[1], gat[1], c), heads=gat[0]), 0.005, 0.6, None
+    params = {k: jnp.asarray(v) for k, v in params.items()}
+    mask = None if decayed is None else {k: k in decayed for k in params}
+    tx = optax.chain(optax.add_decayed_weights(5e-4, mask), optax.adam(lr))  # L2 in the gradient, as nn.Adam
+
+    def loss(params, key):
+        logits = forward(model, params, graph, X, key, p)
+        return optax.softmax_cross_entropy_with_integer_labels(logits[idx], labels[idx]).mean()
+
+    @jax.jit
+    def step(params, state, key):
+        key, sub = jax.random.split(key)
+        grads = jax.grad(loss)(params, sub)
+        updates, state = tx.update(grads, state, params)
+        return optax.apply_updates(params, updates), state, key
+
+    carry = [params, tx.init(params), jax.random.key(0)]
+
+    def run():
+        carry[:] = step(*carry)
+
+    run.loss = lambda: float(loss(carry[0], None))  # the training loss without dropout, for checks
+    return run, lambda: jax.block_until_ready(carry)
