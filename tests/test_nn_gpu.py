@@ -342,9 +342,10 @@ def test_dense_atb_is_the_product(cp, monkeypatch, N, p, q, layout, launches):
     """Aᵀ B summed over the long dimension in slices, and B's column sums (A None), against NumPy: exact on small
     integers (every partial sum is below 2^24), the same bits on a second run, rows of any stride.  The slices are
     added by the blocks of one cooperative launch, or (a GPU that cannot hold them all at once) by a second one."""
+    from tcgnn_py._cache import BOUND_KEEP, Store
     from tcgnn_py.products import training as t
 
-    monkeypatch.setattr(t, "_atb", {})  # (launches bound here only)
+    monkeypatch.setattr(t, "BOUND", Store(BOUND_KEEP))  # (launches bound here only)
     if launches == 2:
         monkeypatch.setattr(t, "_resident", lambda function, threads: 0)
     rng = np.random.default_rng()
@@ -380,11 +381,12 @@ def test_dense_atb_is_the_product(cp, monkeypatch, N, p, q, layout, launches):
 def test_dense_atb_adds_its_slices_in_one_order(cp, monkeypatch, N):
     """The slices are added in one order whoever adds them (the blocks of the cooperative launch, or a second
     launch), for both tiles: random floats give the same bits both ways."""
+    from tcgnn_py._cache import BOUND_KEEP, Store
     from tcgnn_py.products import training as t
 
     results = []
     for launches in (1, 2):
-        monkeypatch.setattr(t, "_atb", {})
+        monkeypatch.setattr(t, "BOUND", Store(BOUND_KEEP))
         if launches == 2:
             monkeypatch.setattr(t, "_resident", lambda function, threads: 0)
         run = []
