@@ -19,6 +19,7 @@ from .._cache import keep
 from ..products import training as fused
 from . import _bound as bound
 from ._edges import edges_of, features_on, floats
+from ._record import Op, Tape, general, replay
 
 __all__ = [
     "gcn_conv",
@@ -214,105 +215,76 @@ def gcn_conv(A, H, W, b=None, *, precision=None):
         b = features_on(E, b, "b")
         check_bias(b, W.shape[1])
     narrow_first = W.shape[1] <= W.shape[0]
-    if narrow_first:
-        mid = mm(H, W)
-        out = E.spmm(mid)
-        if b is not None:
-            add_bias(out, b)
-    else:
-        mid = E.spmm(H)
-        out = mm(mid, W, b)
+    tape = general if key is None else Tape()
+    out, mid = _gcn(tape, E, H, W, b, narrow_first)
     if key is not None:
-        bound.seen(A, key, lambda: _BoundGCN(E.matrix, E.precision, narrow_first, H, W, b, mid, out))
-    return out, functools.partial(_gcn_vjp, E, H, W, b, None if narrow_first else mid, narrow_first, out.shape)
+        bound.seen(A, key, lambda: _BoundGCN(E, narrow_first, replay(tape, (H, W, b), (out, mid))))
+    return out, functools.partial(_gcn_vjp, E, H, W, b, mid, narrow_first, out.shape)
 
 
-def _gcn_vjp(E, H, W, b, mid, narrow_first, shape, g, input_grad=True):
-    """:func:`gcn_conv`'s vjp: ``mid`` is ``A H`` where the product ran wide first, else None (``H W``, not read)."""
+def _gcn(t, E, H, W, b, narrow_first):
+    """:func:`gcn_conv`'s forward on tape ``t`` (:mod:`._record`): ``(out, mid)``, ``mid = A H`` where the product
+    runs wide first (the vjp reads it), else None."""
+    if narrow_first:
+        out = t(SPMM, E, t(MM, H, W))
+        if b is not None:
+            out = t(ADD_BIAS, out, b)
+        return out, None
+    mid = t(SPMM, E, H)
+    return t(MM, mid, W, b), mid
+
+
+def _gcn_grads(t, E, H, W, b, mid, g, narrow_first, input_grad):
+    """:func:`gcn_conv`'s vjp on tape ``t``: ``(dH, dW, db)``."""
+    if narrow_first:
+        dZ = t(SPMM_T, E, g)
+        dW = t(ATB, H, dZ)
+        dH = t(MM_T, dZ, W) if input_grad else None
+    else:
+        dW = t(ATB, mid, g)
+        dH = t(SPMM_T, E, t(MM_T, g, W)) if input_grad else None
+    return dH, dW, (t(SUMS, g) if b is not None else None)
+
+
+def _checked_cotangent(E, g, shape):
     g = features_on(E, g, "g")
     if g.shape != shape:
         raise ValueError(f"g must have the output's shape {shape}, got {g.shape}")
-    if narrow_first:
-        dZ = E.spmm_t(g)
-        dW = mm(H.T, dZ)
-        dH = mm(dZ, W.T) if input_grad else None
-    else:
-        dW = mm(mid.T, g)
-        dH = E.spmm_t(mm(g, W.T)) if input_grad else None
-    db = column_sums(g) if b is not None else None
-    return dH, dW, db
+    return g
+
+
+def _gcn_vjp(E, H, W, b, mid, narrow_first, shape, g, input_grad=True):
+    """:func:`gcn_conv`'s general vjp."""
+    return _gcn_grads(general, E, H, W, b, mid, _checked_cotangent(E, g, shape), narrow_first, input_grad)
 
 
 class _BoundGCN:
-    """A bound :func:`gcn_conv` call (:mod:`._bound`): the products of one signature, bound, and its bound vjps.
+    """A bound :func:`gcn_conv` call (:mod:`._bound`): the general call's record replayed (:mod:`._record`), and
+    its vjp's record bound per cotangent signature."""
 
-    Built from a general call's operands and results, whose signature the bound call's key proves; each product
-    is the training family's or the engine's bound launch where they run it, else the general function.  ``H W``
-    where it runs first, and ``dZ = Aᵀ g`` or ``g Wᵀ`` in the vjp, are the bound call's own (:mod:`._bound`).
-    """
+    __slots__ = ("E", "narrow_first", "forward", "backward")
 
-    __slots__ = ("A", "precision", "narrow_first", "dense", "spmm", "bias", "backward")
-
-    def __init__(self, A, precision, narrow_first, H, W, b, mid, out):
-        self.A, self.precision, self.narrow_first = A, precision, narrow_first
-        if narrow_first:
-            self.dense = mm_bound(H, W, keep=bound.keeps(mid.shape))
-            self.spmm = bound_spmm(A, mid, precision)
-            self.bias = None if b is None else bias_bound(out, b)
-        else:
-            self.spmm = bound_spmm(A, H, precision)
-            self.dense = mm_bound(mid, W, b)
+    def __init__(self, E, narrow_first, forward):
+        self.E, self.narrow_first, self.forward = E, narrow_first, forward
         self.backward = bound.Calls()
 
     def __call__(self, H, W, b):
-        if self.narrow_first:
-            out = self.spmm(self.dense(H, W))
-            mid = None  # (H W: the vjp reads none)
-            if b is not None:
-                self.bias(out, b)
-        else:
-            mid = self.spmm(H)
-            out = self.dense(mid, W) if b is None else self.dense(mid, W, b)
+        out, mid = self.forward(H, W, b)
         return out, functools.partial(self.vjp, H, W, b, mid, out.shape)
 
     def vjp(self, H, W, b, mid, shape, g, input_grad=True):
         input_grad = bool(input_grad)
-        key = bound.signature(self.A, (g,), input_grad)
+        key = bound.signature(self.E.matrix, (g,), input_grad)
         if key is not None:
             call = self.backward.bound.get(key)
             if call is not None:
                 return call(H, W, b, mid, g)
-        grads = _gcn_vjp(edges_of(self.A, self.precision), H, W, b, mid, self.narrow_first, shape, g, input_grad)
+        g = _checked_cotangent(self.E, g, shape)
+        tape = general if key is None else Tape()
+        grads = _gcn_grads(tape, self.E, H, W, b, mid, g, self.narrow_first, input_grad)
         if key is not None:
-            self.backward.seen(key, lambda: self._bind_vjp(H, W, b, mid, g, input_grad))
+            self.backward.seen(key, lambda: replay(tape, (H, W, b, mid, g), grads))
         return grads
-
-    def _bind_vjp(self, H, W, b, mid, g, input_grad):
-        """The bound vjp of g's signature: as :func:`_gcn_vjp`, each product bound on operands of its signature
-        (fresh arrays stand in for the intermediate results)."""
-        xp = array_module(g)
-        AT, precision = self.A.T, self.precision
-        sums = None if b is None else sums_bound(g)
-        if self.narrow_first:
-            dZ = xp.empty((AT.shape[0], g.shape[1]), g.dtype)
-            spmm_t = bound_spmm(AT, g, precision, keep=bound.keeps(dZ.shape))
-            dW = atb_bound(H, dZ)
-            dH = mm_t_bound(dZ, W) if input_grad else None
-
-            def call(H, W, b, mid, g):
-                dZ = spmm_t(g)
-                dw = dW(H, dZ)
-                return (None if dH is None else dH(dZ, W)), dw, (None if sums is None else sums(g))
-        else:
-            dW = atb_bound(mid, g)
-            dG = mm_t_bound(g, W, keep=bound.keeps((g.shape[0], W.shape[0]))) if input_grad else None
-            spmm_t = None if dG is None else bound_spmm(AT, xp.empty((g.shape[0], W.shape[0]), g.dtype), precision)
-
-            def call(H, W, b, mid, g):
-                dw = dW(mid, g)
-                return (None if dG is None else spmm_t(dG(g, W))), dw, (None if sums is None else sums(g))
-
-        return call
 
 
 def mm_bound(a, b, bias=None, keep=False):
@@ -356,6 +328,58 @@ def bias_bound(x, b):
     if _bias_kernel_takes(x, b):
         return fused.add_bias_bound(x, b)
     return add_bias
+
+
+def _spmm(E, X):
+    return E.spmm(X)
+
+
+def _spmm_bound(E, X, keep=False):
+    return bound_spmm(E.matrix, X, E.precision, keep=keep)
+
+
+def _spmm_t(E, X):
+    return E.spmm_t(X)
+
+
+def _spmm_t_bound(E, X, keep=False):
+    return bound_spmm(E.matrix.T, X, E.precision, keep=keep)
+
+
+def _mm_op_bound(a, b, bias=None, keep=False):
+    return mm_bound(a, b, bias, keep=keep)
+
+
+def _atb(a, b):
+    return mm(a.T, b)
+
+
+def _mm_t(a, w):
+    return mm(a, w.T)
+
+
+def _sums_bound(g, keep=False):
+    return sums_bound(g)
+
+
+def _add_bias_bound(x, b, keep=False):
+    f = bias_bound(x, b)
+
+    def add(x, b):  # (in place: the step's result is x)
+        f(x, b)
+        return x
+
+    return add
+
+
+#: The layers' primitives (:class:`._record.Op`): each general form beside its bound form.
+MM = Op(mm, _mm_op_bound)  # a @ b (+ bias)
+ATB = Op(_atb, atb_bound)  # aᵀ b
+MM_T = Op(_mm_t, mm_t_bound)  # a wᵀ
+SUMS = Op(column_sums, _sums_bound)  # the sums over rows
+ADD_BIAS = Op(add_bias, _add_bias_bound)  # x += b, in place
+SPMM = Op(_spmm, _spmm_bound)  # A X on an edge view E
+SPMM_T = Op(_spmm_t, _spmm_t_bound)  # Aᵀ X
 
 
 def linear(H, W, b=None):
