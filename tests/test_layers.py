@@ -218,7 +218,8 @@ FAMILIES = "tcgnn_py.products.families"
 
 def test_the_engine_is_one_package_with_a_family_per_module():
     assert {n for n in MODULES if n.startswith(FAMILIES + ".")} == {
-        f"{FAMILIES}.{f}" for f in ("tf32", "core", "vec", "half", "sparse", "attention", "training")}
+        f"{FAMILIES}.{f}" for f in ("tf32", "core", "vec", "half", "sparse", "attention", "dense", "pointwise",
+                                     "optimizer")}
 
 
 def test_tiled_matrix_and_nn_enter_the_engine_by_its_front_door():

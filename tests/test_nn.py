@@ -364,41 +364,41 @@ def test_train_reaches_accuracy_on_cora_quickly():
 def test_dense_kernel_takes_what_it_can_tile():
     """The layers' dense kernels take float32, rows of unit column stride, k and widths they tile; the product's
     kernel sums a head's scores in lanes of a power of two."""
-    from tcgnn_py.products import training as t
+    from tcgnn_py.products import dense
 
     a, b = np.zeros((10, 8), np.float32), np.zeros((8, 4), np.float32)
-    assert t.dense_takes(a, b) and t.dense_takes(a[:, :4], b[:4]) and t.dense_takes(a, b.T.copy().T)
-    assert not t.dense_takes(a.T, a) and not t.dense_takes(a, b.astype(np.float64))
-    assert not t.dense_takes(a.astype(np.float64), b.astype(np.float64))
-    assert not t.dense_takes(a.astype(np.float16), b.astype(np.float16))
-    assert not t.dense_takes(a.astype(np.int64), b.astype(np.int64)) and not t.dense_takes(a, np.zeros((9, 4)))
-    assert not t.dense_takes(np.zeros((3, 0), np.float32), np.zeros((0, 4), np.float32))
-    k, n, short, m = t.DENSE_MAX_K, t.DENSE_MAX_N, t.DENSE_SHORT_ROWS, t.DENSE_SHORT_ROWS + 1
-    assert t.dense_takes(np.zeros((m, k), np.float32), np.zeros((k, n), np.float32))
-    assert not t.dense_takes(np.zeros((m, k + 1), np.float32), np.zeros((k + 1, 4), np.float32))
+    assert dense.dense_takes(a, b) and dense.dense_takes(a[:, :4], b[:4]) and dense.dense_takes(a, b.T.copy().T)
+    assert not dense.dense_takes(a.T, a) and not dense.dense_takes(a, b.astype(np.float64))
+    assert not dense.dense_takes(a.astype(np.float64), b.astype(np.float64))
+    assert not dense.dense_takes(a.astype(np.float16), b.astype(np.float16))
+    assert not dense.dense_takes(a.astype(np.int64), b.astype(np.int64)) and not dense.dense_takes(a, np.zeros((9, 4)))
+    assert not dense.dense_takes(np.zeros((3, 0), np.float32), np.zeros((0, 4), np.float32))
+    k, n, short, m = dense.DENSE_MAX_K, dense.DENSE_MAX_N, dense.DENSE_SHORT_ROWS, dense.DENSE_SHORT_ROWS + 1
+    assert dense.dense_takes(np.zeros((m, k), np.float32), np.zeros((k, n), np.float32))
+    assert not dense.dense_takes(np.zeros((m, k + 1), np.float32), np.zeros((k + 1, 4), np.float32))
     # over a short A (a small graph's layer) k goes up to DENSE_SHORT_K
-    sk = t.DENSE_SHORT_K
-    assert t.dense_takes(np.zeros((short, sk), np.float32), np.zeros((sk, 4), np.float32))
-    assert not t.dense_takes(np.zeros((short, sk + 1), np.float32), np.zeros((sk + 1, 4), np.float32))
-    assert not t.dense_takes(a, np.zeros((8, n + 1), np.float32))
+    sk = dense.DENSE_SHORT_K
+    assert dense.dense_takes(np.zeros((short, sk), np.float32), np.zeros((sk, 4), np.float32))
+    assert not dense.dense_takes(np.zeros((short, sk + 1), np.float32), np.zeros((sk + 1, 4), np.float32))
+    assert not dense.dense_takes(a, np.zeros((8, n + 1), np.float32))
     # widths whose last 64-column tile is over a quarter idle go to cuBLAS (up to 32, narrower tiles serve)
-    idle = [w for w in range(1, n + 1) if not t.dense_takes(a, np.zeros((8, w), np.float32))]
+    idle = [w for w in range(1, n + 1) if not dense.dense_takes(a, np.zeros((8, w), np.float32))]
     assert idle[:3 * 15 + 31 + 15] == [*range(33, 48), *range(65, 96), *range(129, 144)]
     assert all(4 * (-w % 64) > -(-w // 64) * 64 for w in idle) and n % 64 == 0 and n not in idle
-    assert [D for D in range(1, 200) if t.dense_scores_take(D)] == [4, 8, 16, 32, 64]
+    assert [D for D in range(1, 200) if dense.dense_scores_take(D)] == [4, 8, 16, 32, 64]
     # Aᵀ B over the rows: both (N, ·) float32 with unit column stride, at most DENSE_ATB_MAX columns each
     h, g = np.zeros((50, 8), np.float32), np.zeros((50, 6), np.float32)
-    assert t.dense_atb_takes(h, g) and t.dense_atb_takes(None, g) and t.dense_atb_takes(h[:, :3], g[:, 1:])
-    assert not t.dense_atb_takes(h.T, g) and not t.dense_atb_takes(h, g[:49]) and not t.dense_atb_takes(h, g[0])
-    assert not t.dense_atb_takes(h.astype(np.float64), g) and not t.dense_atb_takes(None, g.astype(np.float16))
-    assert not t.dense_atb_takes(np.zeros((50, t.DENSE_ATB_MAX + 1), np.float32), g)
+    assert dense.dense_atb_takes(h, g) and dense.dense_atb_takes(None, g) and dense.dense_atb_takes(h[:, :3], g[:, 1:])
+    assert not dense.dense_atb_takes(h.T, g) and not dense.dense_atb_takes(h, g[:49]) and not dense.dense_atb_takes(h, g[0])
+    assert not dense.dense_atb_takes(h.astype(np.float64), g) and not dense.dense_atb_takes(None, g.astype(np.float16))
+    assert not dense.dense_atb_takes(np.zeros((50, dense.DENSE_ATB_MAX + 1), np.float32), g)
     # B wider than a tile: up to DENSE_ATB_MAX_WIDE where A has at most DENSE_ATB_FEW columns or N is short
-    wide, few = t.DENSE_ATB_MAX_WIDE, t.DENSE_ATB_FEW
-    for N, p, q, takes in ((m, few + 1, t.DENSE_ATB_MAX + 1, False), (m, 2, wide, True), (m, few, wide, True),
+    wide, few = dense.DENSE_ATB_MAX_WIDE, dense.DENSE_ATB_FEW
+    for N, p, q, takes in ((m, few + 1, dense.DENSE_ATB_MAX + 1, False), (m, 2, wide, True), (m, few, wide, True),
                            (m, few + 1, wide, False), (m, 1, wide, False), (short, 64, wide, True),
                            (short, 64, wide + 1, False), (m, 64, 64, True)):
-        assert t.dense_atb_takes(np.zeros((N, p), np.float32), np.zeros((N, q), np.float32)) == takes, (N, p, q)
-    assert not t.dense_atb_takes(None, np.zeros((m, t.DENSE_ATB_MAX + 1), np.float32))
-    assert t.dense_atb_takes(None, np.zeros((short, wide), np.float32))
-    long = np.zeros((t.DENSE_ATB_MAX_ROWS + 1, 4), np.float32)
-    assert not t.dense_atb_takes(long, long) and t.dense_atb_takes(long[1:], long[1:])
+        assert dense.dense_atb_takes(np.zeros((N, p), np.float32), np.zeros((N, q), np.float32)) == takes, (N, p, q)
+    assert not dense.dense_atb_takes(None, np.zeros((m, dense.DENSE_ATB_MAX + 1), np.float32))
+    assert dense.dense_atb_takes(None, np.zeros((short, wide), np.float32))
+    long = np.zeros((dense.DENSE_ATB_MAX_ROWS + 1, 4), np.float32)
+    assert not dense.dense_atb_takes(long, long) and dense.dense_atb_takes(long[1:], long[1:])

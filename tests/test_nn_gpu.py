@@ -292,7 +292,7 @@ def test_dense_mm_is_the_product(cp, m, k, n, layout):
     """The layers' dense product against NumPy, every tile and partial tile of rows, columns and k (k % 4 != 0
     reads A by values, else by float4s), B as a transposed view, A as a slice of wider rows, with a bias: exact on
     small integers (every sum is)."""
-    from tcgnn_py.products import training as t
+    from tcgnn_py.products import dense
 
     rng = np.random.default_rng()
     dt = np.dtype(np.float32)
@@ -300,10 +300,10 @@ def test_dense_mm_is_the_product(cp, m, k, n, layout):
     a = cp.asarray(A).astype(dt)[:, :k] if layout == "a_strided_bias" else cp.asarray(A[:, :k]).astype(dt)
     bd = cp.asarray(B.T).astype(dt).T if layout == "b_transposed" else cp.asarray(B).astype(dt)
     bias = cp.asarray(b).astype(dt) if layout == "a_strided_bias" else None
-    assert t.dense_takes(a, bd)
+    assert dense.dense_takes(a, bd)
     want = A[:, :k].astype(np.float64) @ B + (b if bias is not None else 0)
     for _ in range(2):  # planned, then bound
-        c = t.dense_mm(a, bd, bias)
+        c = dense.dense_mm(a, bd, bias)
         assert c.dtype == dt and c.shape == (m, n) and c.flags.c_contiguous
         np.testing.assert_array_equal(c.get(), want.astype(dt))
 
@@ -312,14 +312,14 @@ def test_dense_mm_is_the_product(cp, m, k, n, layout):
                                       (4, 64), (3, 32), (8, 64), (17, 8)])
 def test_dense_mm_scores_are_head_dots(cp, heads, D):
     """GAT's scores from the product's kernel equal :func:`head_dots` of its result: exact on small integers."""
-    from tcgnn_py.products import training as t
+    from tcgnn_py.products import dense
 
     rng = np.random.default_rng()
     dt = acc = np.float32
     n, k = 1001, 24
     H, W, a1, a2 = ints(rng, n, k), ints(rng, k, heads * D), ints(rng, heads, D), ints(rng, heads, D)
-    assert t.dense_scores_take(D)
-    X, s1, s2 = t.dense_mm(cp.asarray(H).astype(dt), cp.asarray(W).astype(dt), None, cp.asarray(a1, acc),
+    assert dense.dense_scores_take(D)
+    X, s1, s2 = dense.dense_mm(cp.asarray(H).astype(dt), cp.asarray(W).astype(dt), None, cp.asarray(a1, acc),
                            cp.asarray(a2, acc), heads)
     X3 = (H.astype(np.float64) @ W).reshape(n, heads, D)  # |.| <= 1536 and the dots <= 2^24: exact in float32
     np.testing.assert_array_equal(X.get(), X3.reshape(n, heads * D))
@@ -327,7 +327,7 @@ def test_dense_mm_scores_are_head_dots(cp, heads, D):
     np.testing.assert_array_equal(s1.get(), (X3 * a1).sum(axis=2))
     np.testing.assert_array_equal(s2.get(), (X3 * a2).sum(axis=2))
     if heads * D > 1:  # W as a transposed view: the same (its lanes need adjacent columns, so W is copied first)
-        Xt, t1, t2 = t.dense_mm(cp.asarray(H).astype(dt), cp.asarray(W.T).astype(dt).T, None, cp.asarray(a1, acc),
+        Xt, t1, t2 = dense.dense_mm(cp.asarray(H).astype(dt), cp.asarray(W.T).astype(dt).T, None, cp.asarray(a1, acc),
                                 cp.asarray(a2, acc), heads)
         for got, want in ((Xt, X), (t1, s1), (t2, s2)):
             np.testing.assert_array_equal(got.get(), want.get())
@@ -343,11 +343,11 @@ def test_dense_atb_is_the_product(cp, monkeypatch, N, p, q, layout, launches):
     integers (every partial sum is below 2^24), the same bits on a second run, rows of any stride.  The slices are
     added by the blocks of one cooperative launch, or (a GPU that cannot hold them all at once) by a second one."""
     from tcgnn_py._cache import BOUND_KEEP, Store
-    from tcgnn_py.products import training as t
+    from tcgnn_py.products import dense
 
-    monkeypatch.setattr(t, "BOUND", Store(BOUND_KEEP))  # (launches bound here only)
+    monkeypatch.setattr(dense, "BOUND", Store(BOUND_KEEP))  # (launches bound here only)
     if launches == 2:
-        monkeypatch.setattr(t, "_resident", lambda function, threads: 0)
+        monkeypatch.setattr(dense, "_resident", lambda function, threads: 0)
     rng = np.random.default_rng()
     lim = 8 if N < 200000 else 2
     A = rng.integers(-lim, lim + 1, (N, p + 3)).astype(np.float32)
@@ -359,21 +359,21 @@ def test_dense_atb_is_the_product(cp, monkeypatch, N, p, q, layout, launches):
         A, B = A[:, :p].copy(), B[:, :q].copy()
         a, b = cp.asarray(A), cp.asarray(B)
     # (longer, or wider where A is neither short nor of a few columns: cuBLAS's; the kernel is still right)
-    fits = N <= t.DENSE_ATB_MAX_ROWS and (q <= t.DENSE_ATB_MAX or N <= t.DENSE_SHORT_ROWS)
-    assert t.dense_atb_takes(a, b) == (fits or N <= t.DENSE_ATB_MAX_ROWS and 1 < p <= t.DENSE_ATB_FEW)
-    assert t.dense_atb_takes(None, b) == fits
+    fits = N <= dense.DENSE_ATB_MAX_ROWS and (q <= dense.DENSE_ATB_MAX or N <= dense.DENSE_SHORT_ROWS)
+    assert dense.dense_atb_takes(a, b) == (fits or N <= dense.DENSE_ATB_MAX_ROWS and 1 < p <= dense.DENSE_ATB_FEW)
+    assert dense.dense_atb_takes(None, b) == fits
     want = A.T.astype(np.float64) @ B
     for _ in range(2):  # planned, then bound
-        c = t.dense_atb(a, b)
+        c = dense.dense_atb(a, b)
         assert c.dtype == np.float32 and c.shape == (p, q)
         np.testing.assert_array_equal(c.get(), want)
-        s = t.dense_atb(None, b)
+        s = dense.dense_atb(None, b)
         assert s.shape == (q,)
         np.testing.assert_array_equal(s.get(), B.sum(axis=0, dtype=np.float64))
     x, y = cp.asarray(rng.standard_normal((N, p), dtype=np.float32)), cp.asarray(rng.standard_normal((N, q),
                                                                                                       dtype=np.float32))
-    np.testing.assert_array_equal(t.dense_atb(x, y).get(), t.dense_atb(x, y).get())
-    np.testing.assert_allclose(t.dense_atb(x, y).get(), x.get().T.astype(np.float64) @ y.get(), rtol=1e-4,
+    np.testing.assert_array_equal(dense.dense_atb(x, y).get(), dense.dense_atb(x, y).get())
+    np.testing.assert_allclose(dense.dense_atb(x, y).get(), x.get().T.astype(np.float64) @ y.get(), rtol=1e-4,
                                atol=1e-3 * np.sqrt(N))
 
 
@@ -382,19 +382,19 @@ def test_dense_atb_adds_its_slices_in_one_order(cp, monkeypatch, N):
     """The slices are added in one order whoever adds them (the blocks of the cooperative launch, or a second
     launch), for both tiles: random floats give the same bits both ways."""
     from tcgnn_py._cache import BOUND_KEEP, Store
-    from tcgnn_py.products import training as t
+    from tcgnn_py.products import dense
 
     results = []
     for launches in (1, 2):
-        monkeypatch.setattr(t, "BOUND", Store(BOUND_KEEP))
+        monkeypatch.setattr(dense, "BOUND", Store(BOUND_KEEP))
         if launches == 2:
-            monkeypatch.setattr(t, "_resident", lambda function, threads: 0)
+            monkeypatch.setattr(dense, "_resident", lambda function, threads: 0)
         run = []
         for p, q in ((64, 64), (1, 64), (5, 13)):
             r = np.random.default_rng(p * q)
             a = cp.asarray(r.standard_normal((N, p), dtype=np.float32))
             b = cp.asarray(r.standard_normal((N, q), dtype=np.float32))
-            run += [t.dense_atb(a, b).get(), t.dense_atb(None, b).get()]
+            run += [dense.dense_atb(a, b).get(), dense.dense_atb(None, b).get()]
         results.append(run)
     for got, want in zip(*results):
         np.testing.assert_array_equal(got, want)
@@ -403,12 +403,12 @@ def test_dense_atb_adds_its_slices_in_one_order(cp, monkeypatch, N):
 def test_seed_bits_are_the_cast_of_the_draw(cp):
     """An attention dropout seed from a float64 draw in one launch: the bits of (draw * 2**32).astype(uint32),
     at the ends of [0, 1) too."""
-    from tcgnn_py.products import training as t
+    from tcgnn_py.products import pointwise
 
     draws = cp.asarray([0.0, 2.0**-32, 0.5, 0.123456789, 1 - 2.0**-33, 1 - 2.0**-53])
     for i in range(draws.size):
         draw = draws[i:i + 1]
-        got = t.seed_bits(draw)
+        got = pointwise.seed_bits(draw)
         assert got.dtype == np.uint32 and got.shape == (1,)
         np.testing.assert_array_equal(got.get(), (draw * 2.0**32).astype(np.uint32).get())
 
@@ -417,19 +417,19 @@ def test_seed_bits_are_the_cast_of_the_draw(cp):
 def test_row_normalize_grad_sums_the_shares_in_its_launch(cp, n, shares):
     """The normalisation's vjp given AGNN's temperature-gradient shares: dh the bits of the vjp alone, and the
     shares' sum those of ``total`` (its last block sums them in the same order), whatever the grid."""
-    from tcgnn_py.products import training as t
+    from tcgnn_py.products import pointwise
 
     rng = np.random.default_rng()
     f32 = np.float32
     dv, dq, dk, x = (cp.asarray(rng.standard_normal((n, 24), dtype=f32)) for _ in range(4))
-    xn, norm = t.row_normalize(x, 1e-12)
+    xn, norm = pointwise.row_normalize(x, 1e-12)
     s = cp.asarray(rng.standard_normal(shares, dtype=f32))
-    f = t.row_normalize_grad_bound(xn, 1e-12, s)
+    f = pointwise.row_normalize_grad_bound(xn, 1e-12, s)
     for _ in range(2):
         dh, total = f(dv, dq, dk, xn, norm, s)
         assert total.shape == (1,) and total.dtype == f32
-        np.testing.assert_array_equal(dh.get(), t.row_normalize_grad(dv, dq, dk, xn, norm, 1e-12).get())
-        np.testing.assert_array_equal(total.get(), t.total(s, (1,)).get())
+        np.testing.assert_array_equal(dh.get(), pointwise.row_normalize_grad(dv, dq, dk, xn, norm, 1e-12).get())
+        np.testing.assert_array_equal(total.get(), pointwise.total(s, (1,)).get())
         s = cp.asarray(rng.standard_normal(shares, dtype=f32))
 
 
@@ -451,28 +451,28 @@ def test_dense_mm_routes_the_others_to_cublas(cp):
     """``mm`` runs its own kernel only for what it takes: wide k or outputs, other dtypes, mixed dtypes and rows of
     non-unit stride go to cuBLAS or CuPy, with the same results; a bias of another dtype is added after."""
     from tcgnn_py.nn._layers import mm
-    from tcgnn_py.products import training as t
+    from tcgnn_py.products import dense
 
     rng = np.random.default_rng()
-    cases = [(ints(rng, t.DENSE_SHORT_ROWS + 1, t.DENSE_MAX_K + 1), ints(rng, t.DENSE_MAX_K + 1, 8)),
-             (ints(rng, 50, t.DENSE_SHORT_K + 1), ints(rng, t.DENSE_SHORT_K + 1, 8)),
-             (ints(rng, 50, 8), ints(rng, 8, t.DENSE_MAX_N + 1)), (ints(rng, 50, 8), ints(rng, 8, 40)),
+    cases = [(ints(rng, dense.DENSE_SHORT_ROWS + 1, dense.DENSE_MAX_K + 1), ints(rng, dense.DENSE_MAX_K + 1, 8)),
+             (ints(rng, 50, dense.DENSE_SHORT_K + 1), ints(rng, dense.DENSE_SHORT_K + 1, 8)),
+             (ints(rng, 50, 8), ints(rng, 8, dense.DENSE_MAX_N + 1)), (ints(rng, 50, 8), ints(rng, 8, 40)),
              (ints(rng, 50, 8, dtype=np.float64), ints(rng, 8, 8)),
              (ints(rng, 50, 8, dtype=np.float64), ints(rng, 8, 8, dtype=np.float64)),
              (ints(rng, 50, 8, dtype=np.float16), ints(rng, 8, 8, dtype=np.float16))]
     for A, B in cases:
         a, b = cp.asarray(A), cp.asarray(B)
-        assert not t.dense_takes(a, b)
+        assert not dense.dense_takes(a, b)
         np.testing.assert_array_equal(mm(a, b).get(), A.astype(np.float64) @ B)
     a, b = cp.asarray(ints(rng, 40, 8)), cp.asarray(ints(rng, 8, 6))
-    assert not t.dense_takes(a.T, a) and not t.dense_takes(a.astype(np.int32), b.astype(np.int32))
-    assert t.dense_atb_takes(a, a) and not t.dense_atb_takes(a.T, b)  # Hᵀ G: a sum over rows, its own kernel
+    assert not dense.dense_takes(a.T, a) and not dense.dense_takes(a.astype(np.int32), b.astype(np.int32))
+    assert dense.dense_atb_takes(a, a) and not dense.dense_atb_takes(a.T, b)  # Hᵀ G: a sum over rows, its own kernel
     np.testing.assert_array_equal(mm(a.T, a).get(), a.get().T.astype(np.float64) @ a.get())
-    wide = cp.asarray(ints(rng, 40, t.DENSE_ATB_MAX + 1))
-    assert not t.dense_atb_takes(wide, a) and t.dense_atb_takes(None, wide)  # (40 rows: short)
+    wide = cp.asarray(ints(rng, 40, dense.DENSE_ATB_MAX + 1))
+    assert not dense.dense_atb_takes(wide, a) and dense.dense_atb_takes(None, wide)  # (40 rows: short)
     np.testing.assert_array_equal(mm(wide.T, a).get(), wide.get().T.astype(np.float64) @ a.get())
-    tall = cp.asarray(ints(rng, t.DENSE_SHORT_ROWS + 1, t.DENSE_ATB_MAX + 1))
-    assert not t.dense_atb_takes(None, tall) and not t.dense_atb_takes(tall[:, :t.DENSE_ATB_FEW + 1], tall)
+    tall = cp.asarray(ints(rng, dense.DENSE_SHORT_ROWS + 1, dense.DENSE_ATB_MAX + 1))
+    assert not dense.dense_atb_takes(None, tall) and not dense.dense_atb_takes(tall[:, :dense.DENSE_ATB_FEW + 1], tall)
     np.testing.assert_array_equal(mm(tall[:, :9].T, tall).get(), tall[:, :9].get().T.astype(np.float64) @ tall.get())
     bias = ints(rng, 6, dtype=np.float64)
     c = mm(a, b, cp.asarray(bias))
@@ -484,7 +484,7 @@ def test_dense_mm_routes_the_others_to_cublas(cp):
 @pytest.mark.parametrize("heads, D", [(1, 64), (8, 8), (3, 5)])
 def test_head_dots_on_device_are_the_formula(cp, dtype, heads, D):
     """GAT's per-head scores and their vjp against NumPy: exact on small integers (every product and sum is)."""
-    from tcgnn_py.products import training as k
+    from tcgnn_py.products import pointwise
 
     rng = np.random.default_rng()
     dt = _dtype(dtype)
@@ -492,12 +492,12 @@ def test_head_dots_on_device_are_the_formula(cp, dtype, heads, D):
     n = 1001
     X, g = ints(rng, n, heads * D), ints(rng, n, heads * D)
     a1, a2, d1, d2 = ints(rng, heads, D), ints(rng, heads, D), ints(rng, n, heads), ints(rng, n, heads)
-    s1, s2 = k.head_dots(cp.asarray(X).astype(dt), cp.asarray(a1, acc), cp.asarray(a2, acc), heads)
+    s1, s2 = pointwise.head_dots(cp.asarray(X).astype(dt), cp.asarray(a1, acc), cp.asarray(a2, acc), heads)
     X3 = X.reshape(n, heads, D).astype(np.float64)
     assert s1.dtype == acc and s1.shape == (n, heads)
     np.testing.assert_array_equal(s1.get(), (X3 * a1).sum(axis=2))
     np.testing.assert_array_equal(s2.get(), (X3 * a2).sum(axis=2))
-    dx = k.head_dots_grad(cp.asarray(g).astype(dt), cp.asarray(d1, acc), cp.asarray(d2, acc), cp.asarray(a1, acc),
+    dx = pointwise.head_dots_grad(cp.asarray(g).astype(dt), cp.asarray(d1, acc), cp.asarray(d2, acc), cp.asarray(a1, acc),
                           cp.asarray(a2, acc), heads)
     want = g.reshape(n, heads, D) + d1[:, :, None] * a1 + d2[:, :, None] * a2  # |.| <= 136: exact in bfloat16
     assert dx.dtype == dt
@@ -508,12 +508,12 @@ def test_head_dots_on_device_are_the_formula(cp, dtype, heads, D):
 @pytest.mark.parametrize("heads, D", [(1, 64), (2, 3), (8, 8), (4, 33)])
 def test_head_blocks_gather_the_diagonal_blocks(cp, dtype, heads, D):
     """GAT's attention-vector gradients: row h's h-th block of D columns of each of two arrays, exactly."""
-    from tcgnn_py.products import training as k
+    from tcgnn_py.products import pointwise
 
     rng = np.random.default_rng()
     dt = _dtype(dtype)
     R1, R2 = ints(rng, heads, heads * D), ints(rng, heads, heads * D)
-    a1, a2 = k.head_blocks(cp.asarray(R1).astype(dt), cp.asarray(R2).astype(dt), heads)
+    a1, a2 = pointwise.head_blocks(cp.asarray(R1).astype(dt), cp.asarray(R2).astype(dt), heads)
     for got, R in ((a1, R1), (a2, R2)):
         assert got.dtype == dt and got.shape == (heads, D) and got.flags.c_contiguous
         want = np.stack([R[h, h * D:(h + 1) * D] for h in range(heads)])
@@ -526,18 +526,18 @@ def test_total_is_one_fixed_order_sum(cp, dtype, n):
     """The one-launch sum: exact on small integers (every partial sum is, in the compute type) and rounded once into
     x's type, 0 for no elements, the requested shape, and the same bits on every call for random floats (one
     fixed order)."""
-    from tcgnn_py.products import training as k
+    from tcgnn_py.products import pointwise
 
     rng = np.random.default_rng()
     dt = _dtype(dtype)
     x = ints(rng, n, dtype=np.float64)
-    got = k.total(cp.asarray(x).astype(dt))
+    got = pointwise.total(cp.asarray(x).astype(dt))
     assert got.shape == () and got.dtype == dt
     assert float(got) == float(np.array(x.sum()).astype(dt))  # exact, then rounded once  # synchronize!
-    assert k.total(cp.asarray(x).astype(dt), (1,)).shape == (1,)
+    assert pointwise.total(cp.asarray(x).astype(dt), (1,)).shape == (1,)
     r = cp.asarray(rng.standard_normal(n)).astype(dt)
-    first = k.total(r)
-    assert all(k.total(r).tobytes() == first.tobytes() for _ in range(3))
+    first = pointwise.total(r)
+    assert all(pointwise.total(r).tobytes() == first.tobytes() for _ in range(3))
     if n and dtype in ("float32", "float64"):
         np.testing.assert_allclose(float(first), float(r.astype(np.float64).sum()), rtol=1e-4, atol=1e-4)
 
@@ -547,7 +547,7 @@ def test_total_is_one_fixed_order_sum(cp, dtype, n):
 def test_row_normalize_on_device_is_the_formula(cp, dtype, d):
     """AGNN's row normalisation and its vjp against NumPy in float64, zero rows included (norm below eps: no
     radial part, a 1 / eps scale), within the rounding of the stored type."""
-    from tcgnn_py.products import training as k
+    from tcgnn_py.products import pointwise
 
     rng = np.random.default_rng()
     dt = _dtype(dtype)
@@ -555,7 +555,7 @@ def test_row_normalize_on_device_is_the_formula(cp, dtype, d):
     n, eps = 517, 1e-12
     H = ints(rng, n, d).astype(np.float64)
     H[[0, 7, 300]] = 0
-    xn, norm = k.row_normalize(cp.asarray(H).astype(dt), eps)
+    xn, norm = pointwise.row_normalize(cp.asarray(H).astype(dt), eps)
     want_norm = np.sqrt((H * H).sum(axis=1))
     inv = 1 / np.maximum(want_norm, eps)
     tol = {"float64": 1e-15, "float32": 3e-7, "float16": 1e-3, "bfloat16": 8e-3}[dtype]
@@ -563,7 +563,7 @@ def test_row_normalize_on_device_is_the_formula(cp, dtype, d):
     np.testing.assert_allclose(norm.get(), want_norm, rtol=3e-7 if acc == np.float32 else 1e-15)
     np.testing.assert_allclose(xn.get().astype(np.float64), H * inv[:, None], rtol=tol, atol=tol)
     dv, dq, dk = ints(rng, n, d), ints(rng, n, d), ints(rng, n, d)
-    dh = k.row_normalize_grad(cp.asarray(dv).astype(dt), cp.asarray(dq, acc), cp.asarray(dk, acc), xn, norm, eps)
+    dh = pointwise.row_normalize_grad(cp.asarray(dv).astype(dt), cp.asarray(dq, acc), cp.asarray(dk, acc), xn, norm, eps)
     xn64, dn = xn.get().astype(np.float64), (dq + dk).astype(np.float64)
     radial = np.where(want_norm > eps, (xn64 * dn).sum(axis=1), 0)
     want = dv.astype(np.float64) + (dn - xn64 * radial[:, None]) * inv[:, None]

@@ -42,7 +42,7 @@ for half in ("float16", "bfloat16"):
         print(f"memcheck nn {name} {half}: loss {float(loss):.3f}")
 # the layers' dense kernels at their edges: partial tiles of rows, columns and k, values and float4 copies, B
 # transposed, A as a slice of wider rows, the bias and GAT's scores, one slice and many of a long dimension
-from tcgnn_py.products import training as t  # noqa: E402
+from tcgnn_py.products import dense# noqa: E402
 
 r = np.random.default_rng(4)
 for m, k, n in ((1, 1, 1), (129, 7, 3), (1001, 64, 64), (257, 33, 17), (65, 128, 60), (3001, 16, 50),
@@ -50,16 +50,16 @@ for m, k, n in ((1, 1, 1), (129, 7, 3), (1001, 64, 64), (257, 33, 17), (65, 128,
     H = cp.asarray(r.standard_normal((m, k + 3)), dtype=np.float32)
     W = cp.asarray(r.standard_normal((k, n)), dtype=np.float32)
     for a, b in ((H[:, :k], W), (cp.ascontiguousarray(H[:, :k]), cp.asfortranarray(W))):
-        t.dense_mm(a, b, cp.ones(n, np.float32))
-    if n % 4 == 0 and t.dense_scores_take(n // 4):
+        dense.dense_mm(a, b, cp.ones(n, np.float32))
+    if n % 4 == 0 and dense.dense_scores_take(n // 4):
         a1 = cp.ones((4, n // 4), np.float32)
-        t.dense_mm(cp.ascontiguousarray(H[:, :k]), W, None, a1, a1, 4)
-    w = min(k, t.DENSE_ATB_MAX)
+        dense.dense_mm(cp.ascontiguousarray(H[:, :k]), W, None, a1, a1, 4)
+    w = min(k, dense.DENSE_ATB_MAX)
     for a in (H[:, :w], None):
-        t.dense_atb(a, cp.ascontiguousarray(H[:, 1:w + 1]))
+        dense.dense_atb(a, cp.ascontiguousarray(H[:, 1:w + 1]))
 for N, p, q in ((3000, 64, 256), (5001, 4, 250), (1000, 8, 512)):  # B wider than a tile
     B = cp.asarray(r.standard_normal((N, q + 1)), dtype=np.float32)
     for a in (B[:, :p], None):
-        t.dense_atb(a, B[:, 1:])
+        dense.dense_atb(a, B[:, 1:])
 cp.cuda.Device().synchronize()
 print("memcheck nn workload ok")

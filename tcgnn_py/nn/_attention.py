@@ -17,7 +17,7 @@ import warnings
 import numpy as np
 
 from ..products import attention as engine
-from ..products import training as layer_ops
+from ..products import dense, pointwise
 from .. import _reference as ref
 from .._device import FallbackWarning
 from .._validation import check_bool, check_count, is_half
@@ -82,7 +82,7 @@ def _draw_seed(rng):
     draw = rng.random(1)
     if type(draw) is np.ndarray:
         return (draw * 2.0**32).astype(np.uint32)
-    return layer_ops.seed_bits(draw)
+    return pointwise.seed_bits(draw)
 
 
 def _check_weights(E):
@@ -263,7 +263,7 @@ def _attend_vjp(E, a, path, out, lse, g):
         if a["score"] == "additive":
             return grads
         dV, dQ, dK, shares = grads  # the temperature's gradient, one share per row unit: summed in order
-        return dV, dQ, dK, layer_ops.total(shares, (1,))
+        return dV, dQ, dK, pointwise.total(shares, (1,))
     return _backward(E, a, g, out, lse)
 
 
@@ -434,19 +434,19 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
         raise ValueError(f"gat_conv needs a square graph (X = H W is both sides), got shape {E.shape}")
     # the scores come with X from its product where the product's kernel takes them (one launch, X read by none),
     # else from one read of X (six array passes otherwise), and their vjp likewise
-    scored = xp is not np and layer_ops.dense_takes(H, W) and layer_ops.dense_scores_take(D)
-    fd = layer_ops.acc_dtype(H.dtype) if scored else None
+    scored = xp is not np and dense.dense_takes(H, W) and dense.dense_scores_take(D)
+    fd = pointwise.acc_dtype(H.dtype) if scored else None
     if not scored:
         X = mm(H, W)
         fd = np.float32 if is_half(X.dtype) else X.dtype
     af_src, af_dst = a_src.astype(fd, copy=False), a_dst.astype(fd, copy=False)
-    on_device = xp is not np and (scored or layer_ops.takes(X.dtype))
+    on_device = xp is not np and (scored or pointwise.takes(X.dtype))
     if on_device:
         af_src, af_dst = xp.ascontiguousarray(af_src), xp.ascontiguousarray(af_dst)
     if scored:
-        X, s_src, s_dst = layer_ops.dense_mm(H, W, None, af_src, af_dst, heads)
+        X, s_src, s_dst = dense.dense_mm(H, W, None, af_src, af_dst, heads)
     elif on_device:
-        s_src, s_dst = layer_ops.head_dots(xp.ascontiguousarray(X), af_src, af_dst, heads)
+        s_src, s_dst = pointwise.head_dots(xp.ascontiguousarray(X), af_src, af_dst, heads)
     else:
         X3 = X.reshape(n, heads, D).astype(fd, copy=False)
         s_src, s_dst = (X3 * af_src).sum(axis=2), (X3 * af_dst).sum(axis=2)
@@ -481,13 +481,13 @@ def _gat_vjp(E, H, W, a_src, a_dst, b, X, af_src, af_dst, fd, heads, concat, on_
     ga = g if concat or heads == 1 else xp.repeat(g[:, None, :] / heads, heads, axis=1).reshape(n, heads * D)
     dX, ds_src, ds_dst = att_vjp(ga)
     if on_device:
-        dX = layer_ops.head_dots_grad(xp.ascontiguousarray(dX, dtype=X.dtype), xp.ascontiguousarray(ds_src, fd),
+        dX = pointwise.head_dots_grad(xp.ascontiguousarray(dX, dtype=X.dtype), xp.ascontiguousarray(ds_src, fd),
                                      xp.ascontiguousarray(ds_dst, fd), af_src, af_dst, heads)
         # da[h] = sum_i ds[i, h] X[i, h]: the diagonal blocks of dsᵀ X (a product, not a reduction along the
         # long axis, which is slow on the GPU; one per vector, as joining the two costs more than a product)
         Xf = X.astype(fd, copy=False)
         R_src, R_dst = mm(ds_src.T, Xf), mm(ds_dst.T, Xf)
-        da_src, da_dst = (R_src, R_dst) if heads == 1 else layer_ops.head_blocks(R_src, R_dst, heads)
+        da_src, da_dst = (R_src, R_dst) if heads == 1 else pointwise.head_blocks(R_src, R_dst, heads)
     else:
         X3 = X.reshape(n, heads, D).astype(fd, copy=False)
         dX = dX.astype(fd, copy=False).reshape(n, heads, D)
@@ -514,14 +514,14 @@ class _BoundGAT:
         """The bound call, or None where a call would do more than its launches (a copy of W or of the attention
         vectors, the heads' mean, a bias of another layout)."""
         heads, X = a["heads"], a["V"]
-        scores = layer_ops.dense_mm_bound(H, W, None, af_src, af_dst, heads) if scored else None
+        scores = dense.dense_mm_bound(H, W, None, af_src, af_dst, heads) if scored else None
         if (scored and scores is None or not (af_src.flags.c_contiguous and af_dst.flags.c_contiguous)
                 or not (concat or heads == 1) or b is not None and not b.flags.c_contiguous):
             return None
         self = cls.__new__(cls)
         self.E, self.scores, self.concat = E, scores, concat
         self.product = None if scored else mm_bound(H, W)
-        self.dots = None if scored else layer_ops.head_dots_bound(X, heads, recycle=True)
+        self.dots = None if scored else pointwise.head_dots_bound(X, heads, recycle=True)
         self.attend = engine.fused_bound(E.matrix, X, heads, "additive", a["slope"], a["dropout"], b is not None,
                                          recycle=True)
         if self.attend is None or not scored and self.dots is None:
@@ -573,8 +573,8 @@ class _BoundGAT:
         keep = bound.keeps(dX.shape)  # (the attention's gradients and dX: intermediates, as R of several heads)
         back = engine.fused_backward_bound(T, X, heads, "additive", a["slope"], a["dropout"], keep=keep,
                                            recycle=True)
-        grad_dots = layer_ops.head_dots_grad_bound(dX, heads, keep=keep)
-        blocks = None if heads == 1 else layer_ops.head_blocks_bound(xp.empty((heads, HD), f32), heads, recycle=True)
+        grad_dots = pointwise.head_dots_grad_bound(dX, heads, keep=keep)
+        blocks = None if heads == 1 else pointwise.head_blocks_bound(xp.empty((heads, HD), f32), heads, recycle=True)
         if grad_dots is None or heads > 1 and blocks is None:
             return None
         sums = sums_bound(g)
@@ -691,11 +691,11 @@ def agnn_conv(A, H, beta, *, precision=None, fused=None):
     beta = features_on(E, beta, "beta").astype(fd, copy=False).reshape(-1)
     if beta.shape != (1,):
         raise ValueError(f"beta must be a scalar or have shape (1,), got {beta.shape}")
-    on_device = xp is not np and layer_ops.takes(H.dtype)
+    on_device = xp is not np and pointwise.takes(H.dtype)
     given = (H, beta_in)  # (a bound call takes them as they are: bound only where nothing was converted)
     if on_device:  # one kernel each way (about eight array passes otherwise)
         H = xp.ascontiguousarray(H)
-        Hn, norm = layer_ops.row_normalize(H, _NORM_EPS)
+        Hn, norm = pointwise.row_normalize(H, _NORM_EPS)
     else:
         Hn, norm, inv = _normalize_rows(H, xp)
     if fused is not None:
@@ -715,7 +715,7 @@ def _agnn_vjp(E, H, Hn, norm, inv, fd, att_vjp, g):
     xp = E.xp
     dH, dQ, dK, dbeta = att_vjp(g)
     if inv is None:
-        return layer_ops.row_normalize_grad(xp.ascontiguousarray(dH, dtype=H.dtype), xp.ascontiguousarray(dQ, fd),
+        return pointwise.row_normalize_grad(xp.ascontiguousarray(dH, dtype=H.dtype), xp.ascontiguousarray(dQ, fd),
                                            xp.ascontiguousarray(dK, fd), Hn, norm, _NORM_EPS), dbeta
     dHn = dQ + dK
     # d(h / max(|h|, eps)): project out the radial part where |h| > eps.
@@ -739,7 +739,7 @@ class _BoundAGNN:
         self = cls.__new__(cls)
         H = a["V"]
         self.E, self.a = E, dict(a, V=None, Q=None, K=None, beta=None)  # (the call's own arrays: none kept)
-        self.normalize = layer_ops.row_normalize_bound(H, _NORM_EPS, recycle=True)
+        self.normalize = pointwise.row_normalize_bound(H, _NORM_EPS, recycle=True)
         self.attend = engine.fused_bound(E.matrix, H, 1, "cosine", a["slope"], a["dropout"], recycle=True)
         self.backward = bound.Calls()
         return None if self.normalize is None or self.attend is None else self
@@ -771,7 +771,7 @@ class _BoundAGNN:
         keep = bound.keeps(H.shape)  # (the attention's gradients: intermediates)
         back = engine.fused_backward_bound(T, H, 1, "cosine", a["slope"], a["dropout"], keep=keep, recycle=True)
         shares = self.E.xp.empty(engine.work_units(T, "rows", 1)[0].shape[:1], f32)
-        grad = layer_ops.row_normalize_grad_bound(Hn, _NORM_EPS, shares, recycle=True)
+        grad = pointwise.row_normalize_grad_bound(Hn, _NORM_EPS, shares, recycle=True)
         if grad is None:
             return None
 

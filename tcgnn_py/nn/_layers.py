@@ -16,7 +16,7 @@ from .._device import DeviceMismatchError, array_module
 from .._tiled import bound_spmm
 from .._validation import check_bool, is_half, promote
 from .._cache import keep
-from ..products import training as fused
+from ..products import dense, pointwise
 from . import _bound as bound
 from ._edges import edges_of, features_on, floats
 from ._record import Op, Tape, general, replay
@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 #: Activations of :func:`bias_act_dropout` (the training family's vocabulary, which its kernels number).
-ACTIVATIONS = tuple(fused.ACTIVATIONS)
+ACTIVATIONS = tuple(pointwise.ACTIVATIONS)
 #: Columns of ones kept for :func:`column_sums` (by device, length and dtype): a few, since a model has few widths.
 ONES_KEEP = 16
 _ones = {}
@@ -81,8 +81,8 @@ def check_weight(layer, H, W):
 
 def mm(a, b, bias=None):
     """``a @ b (+ bias)``; on the GPU a layer's own products run in bound launches of the training family
-    (:func:`tcgnn_py.products.training.dense_mm` for ``H W``, the bias added there, and
-    :func:`~tcgnn_py.products.training.dense_atb` for a weight's gradient ``Hᵀ G``), the others through
+    (:func:`tcgnn_py.products.dense.dense_mm` for ``H W``, the bias added there, and
+    :func:`~tcgnn_py.products.dense.dense_atb` for a weight's gradient ``Hᵀ G``), the others through
     :func:`tcgnn_py.kernels.blas.matmul` (cuBLAS that CUDA graphs can capture): cuBLAS costs more on the host
     per call than such a product takes on the GPU.
 
@@ -98,12 +98,12 @@ def mm(a, b, bias=None):
         if bias is not None:
             c += bias
         return c
-    if fused.dense_takes(a, b):
+    if dense.dense_takes(a, b):
         if _bias_in_epilogue(a, bias):
-            return fused.dense_mm(a, b, bias)
-        c = fused.dense_mm(a, b)
-    elif a.ndim == 2 and fused.dense_atb_takes(a.T, b):  # a weight's gradient Hᵀ G: a sum over the rows
-        c = fused.dense_atb(a.T, b)
+            return dense.dense_mm(a, b, bias)
+        c = dense.dense_mm(a, b)
+    elif a.ndim == 2 and dense.dense_atb_takes(a.T, b):  # a weight's gradient Hᵀ G: a sum over the rows
+        c = dense.dense_atb(a.T, b)
     else:
         from ..kernels.blas import matmul
 
@@ -120,30 +120,30 @@ def _bias_in_epilogue(a, bias):
 
 
 def _bias_kernel_takes(x, b):
-    """Whether :func:`tcgnn_py.products.training.add_bias` adds ``b`` to ``x`` in place: on the GPU, one dtype the
+    """Whether :func:`tcgnn_py.products.pointwise.add_bias` adds ``b`` to ``x`` in place: on the GPU, one dtype the
     kernel takes, both contiguous, x 2-D."""
-    return (array_module(x) is not np and x.dtype == b.dtype and fused.takes(x.dtype) and x.flags.c_contiguous
+    return (array_module(x) is not np and x.dtype == b.dtype and pointwise.takes(x.dtype) and x.flags.c_contiguous
             and b.flags.c_contiguous and x.ndim == 2)
 
 
 def add_bias(x, b):
     """``x += b`` (one value per column); on the GPU one bound launch where the dtypes match and both are
-    contiguous (:func:`tcgnn_py.products.training.add_bias`), else the broadcast add."""
+    contiguous (:func:`tcgnn_py.products.pointwise.add_bias`), else the broadcast add."""
     if _bias_kernel_takes(x, b):
-        return fused.add_bias(x, b)
+        return pointwise.add_bias(x, b)
     x += b
     return x
 
 
 def column_sums(g):
-    """``g.sum(axis=0)``; on the GPU as ``1ᵀ g`` (:func:`tcgnn_py.products.training.dense_atb`, else cuBLAS),
+    """``g.sum(axis=0)``; on the GPU as ``1ᵀ g`` (:func:`tcgnn_py.products.dense.dense_atb`, else cuBLAS),
     since CuPy reduces a tall, narrow array along its long axis with one block per column (milliseconds at a
     million rows)."""
     xp = array_module(g)
     if xp is np:
         return g.sum(axis=0)
-    if fused.dense_atb_takes(None, g):
-        return fused.dense_atb(None, g)
+    if dense.dense_atb_takes(None, g):
+        return dense.dense_atb(None, g)
     return mm(_ones_row(xp, g.shape[0], g.dtype), g).reshape(g.shape[1])
 
 
@@ -291,8 +291,8 @@ def mm_bound(a, b, bias=None, keep=False):
     """``f(a, b[, bias])``: :func:`mm` for operands of the signature of these, bound where the training family's
     kernel runs it (a bound layer call's), else :func:`mm` itself.  ``keep``: a bound product's result is one array,
     written by every call (an intermediate of the bound call)."""
-    if array_module(a) is not np and fused.dense_takes(a, b) and _bias_in_epilogue(a, bias):
-        f = fused.dense_mm_bound(a, b, bias, keep=keep)
+    if array_module(a) is not np and dense.dense_takes(a, b) and _bias_in_epilogue(a, bias):
+        f = dense.dense_mm_bound(a, b, bias, keep=keep)
         if f is not None:
             return f
     return mm
@@ -301,8 +301,8 @@ def mm_bound(a, b, bias=None, keep=False):
 def mm_t_bound(a, w, keep=False):
     """``f(a, w) -> a @ w.T`` for operands of the signature of these (``w`` passed, not its transposed view: the
     bound kernel reads its address with the view's strides fixed); ``keep`` as in :func:`mm_bound`."""
-    if array_module(a) is not np and fused.dense_takes(a, w.T):
-        f = fused.dense_mm_bound(a, w.T, keep=keep)
+    if array_module(a) is not np and dense.dense_takes(a, w.T):
+        f = dense.dense_mm_bound(a, w.T, keep=keep)
         if f is not None:
             return f
     return lambda a, w: mm(a, w.T)
@@ -311,22 +311,22 @@ def mm_t_bound(a, w, keep=False):
 def atb_bound(a, b, keep=False):
     """``f(a, b) -> aᵀ b`` (a weight's gradient) for operands of the signature of these: :func:`mm` of ``a.T``,
     bound where it runs the training family's sums over rows; ``keep`` as in :func:`mm_bound`."""
-    if array_module(a) is not np and not fused.dense_takes(a.T, b) and fused.dense_atb_takes(a, b):
-        return fused.dense_atb_bound(a, b, keep=keep)
+    if array_module(a) is not np and not dense.dense_takes(a.T, b) and dense.dense_atb_takes(a, b):
+        return dense.dense_atb_bound(a, b, keep=keep)
     return lambda a, b: mm(a.T, b)
 
 
 def sums_bound(g):
     """``f(g)``: :func:`column_sums` for ``g`` of the signature of this one."""
-    if array_module(g) is not np and fused.dense_atb_takes(None, g):
-        return fused.dense_atb_bound(None, g)
+    if array_module(g) is not np and dense.dense_atb_takes(None, g):
+        return dense.dense_atb_bound(None, g)
     return column_sums
 
 
 def bias_bound(x, b):
     """``f(x, b)``: :func:`add_bias` (in place) for operands of the signature of these."""
     if _bias_kernel_takes(x, b):
-        return fused.add_bias_bound(x, b)
+        return pointwise.add_bias_bound(x, b)
     return add_bias
 
 
@@ -419,7 +419,7 @@ def relu(H):
     """
     H = floats(H, "H")
     xp = array_module(H)
-    if xp is not np and fused.takes(H.dtype):
+    if xp is not np and pointwise.takes(H.dtype):
         return _device_tail(xp, H, None, "relu", 0.0, None)
     keep = H > 0
     return xp.where(keep, H, 0).astype(H.dtype, copy=False), lambda g: g * keep
@@ -437,7 +437,7 @@ def elu(H):
     """
     H = floats(H, "H")
     xp = array_module(H)
-    if xp is not np and fused.takes(H.dtype):
+    if xp is not np and pointwise.takes(H.dtype):
         return _device_tail(xp, H, None, "elu", 0.0, None)
     keep = H > 0
     e = xp.exp(xp.minimum(H, 0))
@@ -479,7 +479,7 @@ def dropout(H, p, rng, *, training=True):
     xp = array_module(H)
     if xp is not np and isinstance(rng, np.random.Generator):
         raise TypeError("dropout on a device array needs a cupy.random.Generator (cupy.random.default_rng)")
-    if xp is not np and fused.takes(H.dtype):
+    if xp is not np and pointwise.takes(H.dtype):
         return _device_tail(xp, H, None, None, p, rng.random(1))
     keep = rng.random(H.shape, dtype=np.float32) >= p
     scale = H.dtype.type(1 / (1 - p))
@@ -533,7 +533,7 @@ def bias_act_dropout(H, b=None, act=None, p=0.0, rng=None, *, training=True):
         check_bias(b, H.shape[1], "H's columns")
     if p and rng is None:
         raise ValueError("dropout in training needs rng (tcgnn_py.nn.default_rng(seed, like=A))")
-    if xp is not np and fused.takes(H.dtype):
+    if xp is not np and pointwise.takes(H.dtype):
         if p and isinstance(rng, np.random.Generator):
             raise TypeError("dropout on a device array needs a cupy.random.Generator (cupy.random.default_rng)")
         out, tail_vjp = _device_tail(xp, H, b, act, p, rng.random(1) if p else None)
@@ -563,19 +563,19 @@ def _device_tail(xp, H, b, act, p, seed):
     x = xp.ascontiguousarray(H)
     if b is not None:
         b = xp.ascontiguousarray(b, dtype=x.dtype)
-    out = fused.tail(x, b, act, p, seed)
+    out = pointwise.tail(x, b, act, p, seed)
 
     def vjp(g):
         g = xp.asarray(g)
         if g.shape != out.shape:
             raise ValueError(f"g must have the output's shape {out.shape}, got {g.shape}")
         g = xp.ascontiguousarray(g)
-        if not fused.takes(g.dtype):
+        if not pointwise.takes(g.dtype):
             g = g.astype(x.dtype)
         xs, bs = (x, b) if act is not None else (None, None)
         if g.dtype != x.dtype and act is not None:
             xs, bs = x.astype(g.dtype), None if b is None else b.astype(g.dtype)
-        return fused.tail_grad(g, xs, bs, act, p, seed)
+        return pointwise.tail_grad(g, xs, bs, act, p, seed)
 
     return out, vjp
 
@@ -614,15 +614,15 @@ def cross_entropy(logits, labels, index=None):
         raise TypeError(f"labels must be integers, got dtype {labels.dtype}")
     if index is not None:
         index = check_rows_index(xp, index, "the loss")
-    if xp is not np and k and fused.takes(logits.dtype):
+    if xp is not np and k and pointwise.takes(logits.dtype):
         # one kernel: each row's softmax, loss and gradient in one pass (a dozen array passes otherwise)
         if index is None:
             w, w0 = None, 1 / n if n else 0.0
         else:  # the rows' weights by one launch (a scatter costs several)
-            w, w0 = fused.index_weights(n, index.astype(np.int64, copy=False), 1 / index.shape[0], logits.dtype), 0.0
-        loss, grad = fused.cross_entropy(xp.ascontiguousarray(logits), labels.reshape(n).astype(np.int64, copy=False),
+            w, w0 = pointwise.index_weights(n, index.astype(np.int64, copy=False), 1 / index.shape[0], logits.dtype), 0.0
+        loss, grad = pointwise.cross_entropy(xp.ascontiguousarray(logits), labels.reshape(n).astype(np.int64, copy=False),
                                             w, w0)
-        return fused.total(loss), grad  # in one fixed order, one launch
+        return pointwise.total(loss), grad  # in one fixed order, one launch
     if xp is np:
         y = labels if index is None else labels[np.asarray(index)]
         if y.size and (y.min() < 0 or y.max() >= k):

@@ -5,7 +5,7 @@ import math
 import numpy as np
 
 from .._device import array_module
-from ..products import training as fused
+from ..products import optimizer
 
 __all__ = ["Adam"]
 
@@ -103,15 +103,15 @@ class Adam:
             groups.setdefault(p.dtype, []).append((k, g))
         for group in groups.values():
             table, sizes = self._table(tuple(k for k, _ in group))
-            fused.adam_multi(table, sizes, [g for _, g in group], coef, b1, b2, self.eps)
+            optimizer.adam_multi(table, sizes, [g for _, g in group], coef, b1, b2, self.eps)
 
     def _table(self, names):
-        """The device table of the parameters ``names`` and their moments (``fused.adam_table``), made once per
+        """The device table of the parameters ``names`` and their moments (``optimizer.adam_table``), made once per
         set of names and rebuilt where a parameter or moment array was replaced."""
         arrays = tuple((self.params[k], *self.state[k]) for k in names)
         kept = self._tables.get(names)
         if kept is None or any(a is not b for new, old in zip(arrays, kept[0]) for a, b in zip(new, old)):
-            table = fused.adam_table([a[0] for a in arrays], [a[1:] for a in arrays],
+            table = optimizer.adam_table([a[0] for a in arrays], [a[1:] for a in arrays],
                                      [self.weight_decay[k] for k in names])
             kept = self._tables[names] = (arrays, table, [a[0].size for a in arrays])
         return kept[1], kept[2]
@@ -123,5 +123,5 @@ class Adam:
         if self._device_t is None:
             self._device_t = (cupy.zeros(1, np.int64), cupy.zeros(2, np.float64))
         t, coef = self._device_t
-        fused.adam_tick(t, coef, self.lr, *self.betas)
+        optimizer.adam_tick(t, coef, self.lr, *self.betas)
         return coef

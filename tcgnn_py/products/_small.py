@@ -1,0 +1,72 @@
+"""Layer 2: what the small-kernel families (dense, pointwise, optimizer) share: the ``"nn"`` kernels'
+launches by parameter name, their grids, and the two ways a signature's launch is kept in the store of bound
+calls (:data:`tcgnn_py._cache.BOUND`): the :class:`~tcgnn_py.kernels.launches.Launch` itself (:func:`planned`),
+or its bound form per device and stream (:func:`bound_once`).
+"""
+
+import functools
+
+import numpy as np
+
+from .._cache import BOUND
+from .._device import get_cupy
+from ..kernels.launches import make
+from ..kernels.registry import get_kernel
+from ._launch import recycled
+
+__all__ = ["THREADS", "MAX_BLOCKS", "grid", "name", "function", "launch", "planned", "bound_once", "results"]
+
+#: Threads per block of the grid-stride kernels, and the most blocks (enough to fill any GPU; more only loop).
+THREADS = 256
+MAX_BLOCKS = 4096
+
+
+def grid(n):
+    """Blocks of :data:`THREADS` over ``n`` elements, at most :data:`MAX_BLOCKS` (grid-stride kernels)."""
+    return min(max(1, -(-n // THREADS)), MAX_BLOCKS)
+
+
+@functools.cache
+def name(namer, dtype):
+    """``namer(dtype's name)``, the kernel of a dtype: asked per call, so kept."""
+    return namer(np.dtype(dtype).name)
+
+
+def function(name):
+    """The loaded ``CUfunction`` of the ``"nn"`` kernel ``name`` on the current device (compiled on first use)."""
+    return get_kernel("nn", name).kernel.ptr
+
+
+def launch(name, grid, block, operands, **fixed):
+    """The :class:`~tcgnn_py.kernels.launches.Launch` of the ``"nn"`` kernel ``name``: ``operands`` what a call
+    passes, ``fixed`` every other parameter by name."""
+    return make("nn", name, grid, block, operands, fixed)
+
+
+def planned(key, build):
+    """``build()`` -- the :class:`~tcgnn_py.kernels.launches.Launch` of one signature ``key`` -- made once and
+    kept in the store of bound calls (a launch holds no stream or device; its kernel is looked up per call)."""
+    f = BOUND.get(key)
+    if f is None:
+        f = BOUND.put(key, build(), "nn launches")
+    return f
+
+
+def bound_once(key, bind, *sample):
+    """``bind(*sample)`` -- a bound form of one signature ``key`` -- made once per device and stream and kept in
+    the store of bound calls (not under a capture): the general functions launch through their bound forms, so
+    each kernel's arguments are written in one place."""
+    cp = get_cupy()
+    stream = cp.cuda.get_current_stream()
+    place = (cp.cuda.runtime.getDevice(), stream.ptr)
+    key += place
+    f = BOUND.get(key)
+    if f is None:
+        f = BOUND.put(key, bind(*sample), place, stream.is_capturing())
+    return f
+
+
+def results(shape, dtype, recycle):
+    """The maker of a bound form's result: :func:`recycled` for a bound layer call's (``recycle``), else
+    ``cupy.ndarray`` (the general functions launch through the same forms, under a capture too)."""
+    return recycled(shape, dtype) if recycle else get_cupy().ndarray

@@ -1,0 +1,350 @@
+"""Layer 2: the dense family on the GPU -- a layer's own dense products, ``H W`` (the bias and GAT's
+per-head scores in its epilogue) and ``Hᵀ G`` summed over the long dimension in slices, each bound per operand
+signature in the store of bound calls: less host time than a cuBLAS call, which a small layer waits on.
+:mod:`tcgnn_py.nn` decides where they run (:func:`dense_takes`, :func:`dense_atb_takes`); the kernels are the
+``"nn"`` family's (:mod:`tcgnn_py.kernels.nn`), their arguments named here.
+"""
+
+import functools
+
+import numpy as np
+
+from ..._cache import BOUND
+from ..._device import get_cupy
+from ...kernels import nn as kn
+from ...kernels.driver import resident_blocks
+from ...kernels.launches import Scratch, make
+from ...kernels.registry import background_compiles, compile_in_background
+from .._launch import recycled, same_array
+from .. import _small as sk
+
+__all__ = ["DENSE_MAX_K", "DENSE_MAX_N", "DENSE_SHORT_ROWS", "DENSE_SHORT_K", "dense_takes", "dense_scores_take",
+           "dense_mm", "dense_mm_bound", "DENSE_ATB_MAX", "DENSE_ATB_MAX_WIDE", "DENSE_ATB_FEW", "DENSE_ATB_MAX_ROWS",
+           "DENSE_ATB_MIN_ROWS", "DENSE_ATB_BLOCKS_PER_SM", "dense_atb_takes", "dense_atb", "dense_atb_bound"]
+
+#: The widest inner dimension ``k`` of a product :func:`dense_mm` runs: up to it the kernel takes at most about as
+#: long as cuBLAS on the GPU; wider ones (a first layer's input features) go to cuBLAS.
+DENSE_MAX_K = 128
+
+
+#: The widest output :func:`dense_mm` runs: up to it its 64-column tiles take about as long as cuBLAS (wide ones
+#: less).  Widths that leave over a quarter of the last 64-column tile idle go to cuBLAS, whose narrower tiles run
+#: them faster (33 to 47, 65 to 95, ...; up to 32 the kernel's own narrower tiles serve).
+DENSE_MAX_N = 512
+
+
+#: Products over at most this many rows (a small graph's layers) run here up to :data:`DENSE_SHORT_K` too: the
+#: kernel's time for them stays below the host time of a cuBLAS call, which a layer this small waits on.
+DENSE_SHORT_ROWS = 4096
+
+
+DENSE_SHORT_K = 256
+
+
+_F32 = np.dtype(np.float32)
+
+
+@functools.lru_cache(maxsize=256)
+def _dense_signature(dt_a, dt_b, shape_a, shape_b, strides_a):
+    if not (dt_a == dt_b == _F32 and len(shape_a) == len(shape_b) == 2 and shape_a[1] == shape_b[0]):
+        return False
+    m, k = shape_a
+    n = shape_b[1]
+    return (0 < k <= (DENSE_SHORT_K if m <= DENSE_SHORT_ROWS else DENSE_MAX_K) and 0 < n <= DENSE_MAX_N
+            and (n <= 32 or 4 * (-n % 64) <= -(-n // 64) * 64) and strides_a[1] == 4 and strides_a[0] % 4 == 0)
+
+
+def dense_takes(a, b):
+    """Whether :func:`dense_mm` runs ``a @ b``: float32 (cuBLAS's tensor cores serve float64 and 16 bits faster
+    than this kernel's CUDA cores), ``a`` 2-D with unit column stride (rows of any stride), ``b`` 2-D of any
+    strides (a transposed view too), ``k`` within :data:`DENSE_MAX_K` (:data:`DENSE_SHORT_K` over at most
+    :data:`DENSE_SHORT_ROWS` rows) and the output's width within :data:`DENSE_MAX_N`, its last tile at least
+    three quarters used.  Answered from a cache of signatures, as it is asked per product."""
+    return _dense_signature(a.dtype, b.dtype, a.shape, b.shape, a.strides)
+
+
+def dense_scores_take(D):
+    """Whether :func:`dense_mm` computes GAT's scores for heads of ``D`` features: its lanes sum a head, so a head
+    is a power of two of 4-column groups within a 64-column tile."""
+    return D % 4 == 0 and D // 4 <= 16 and (D // 4) & (D // 4 - 1) == 0
+
+
+def _dense_tile(n):
+    """``(BN, TM, NT)`` of ``tcgnn_dense_mm`` for a result of ``n`` columns: the narrowest tile that holds them."""
+    return kn.DENSE_TILES[0 if n <= 16 else 1 if n <= 32 else 2]
+
+
+def _warm_dense():
+    """Queue the layers' dense kernels on the background compiler when one is first bound: a layer's backward
+    needs the siblings of its forward's kernel (the transposed-B product, the sums over rows, the bias), and
+    they compile while the forward runs instead of one by one when the backward asks."""
+    if background_compiles() and not get_cupy().cuda.get_current_stream().is_capturing():  # (no module loads then)
+        compile_in_background("nn", kn.DENSE_NAMES + (kn.add_bias_name("float32"),))
+
+
+def _dense_bind(a, b, bias, scores, key, place):
+    _warm_dense()
+    m, k = a.shape
+    n = b.shape[1]
+    bn, tm, nt = _dense_tile(n)
+    bt = _transposed(b)
+    vec = int(a.strides[0] % 16 == 0 and k % 4 == 0 and a.data.ptr % 16 == 0)
+    if b.data.ptr % 16 == 0 and ((b.strides[1] % 16 == 0 and k % 4 == 0) if bt else
+                                 (b.strides[1] == 4 and b.strides[0] % 16 == 0 and n % 4 == 0)):
+        vec |= 2
+    operands = ("A", "B") + (("bias",) if bias is not None else ()) + ("C",)
+    fixed = dict(m=m, n=n, k=k, lda=a.strides[0] // 4, sb=b.strides[0] // 4, tb=b.strides[1] // 4, vec=vec,
+                 D=n // max(scores, 1), **({} if bias is not None else {"bias": None}))
+    if scores:
+        operands += ("a_src", "a_dst", "s_src", "s_dst")
+    else:
+        fixed.update(a_src=None, a_dst=None, s_src=None, s_dst=None)
+    grid = (-(-m // (nt // (bn // 4) * tm)), -(-n // bn))
+    bound = sk.launch(kn.dense_mm_name(bn, tm, nt, bt), grid, nt, operands, **fixed).bind()
+    return BOUND.put(key, bound, place, get_cupy().cuda.get_current_stream().is_capturing())
+
+
+def _transposed(b):
+    """Whether ``b`` is a transposed view (unit row stride): the kernel then keeps its slices by columns."""
+    return b.strides[0] == 4 and b.strides[1] != 4 and b.shape[1] > 1
+
+
+def dense_mm(a, b, bias=None, a_src=None, a_dst=None, heads=1):
+    """``a @ b (+ bias)`` in one launch, for operands :func:`dense_takes` takes: a new C-contiguous float32 array,
+    each element summed one product at a time (cuBLAS's float32 compute, no TF32).
+
+    A layer's product costs its launch: the launch is bound once per signature and later calls write only the
+    operands' addresses (less host time than a ``cublasLtMatmul`` call).  With ``a_src`` and ``a_dst``
+    (``(heads, D)`` float32, C-contiguous; :func:`dense_scores_take` of D) it also returns GAT's scores, as
+    :func:`head_dots` of the result: ``(out, s_src, s_dst)``.
+    """
+    cp = get_cupy()
+    m = a.shape[0]
+    n = b.shape[1]
+    scores = 0 if a_src is None else heads
+    if scores and _transposed(b):  # the scores' lanes sum adjacent columns: a layer's W is C-contiguous anyway
+        b = cp.ascontiguousarray(b)
+    c = cp.ndarray((m, n), _F32)
+    if scores:
+        s_src, s_dst = cp.ndarray((m, heads), _F32), cp.ndarray((m, heads), _F32)
+    if m:
+        bound = _dense_launch(cp, a, b, bias, scores)
+        operands = (a, b) + ((bias,) if bias is not None else ()) + (c,)
+        bound(*operands, a_src, a_dst, s_src, s_dst) if scores else bound(*operands)
+    return (c, s_src, s_dst) if scores else c
+
+
+def _dense_launch(cp, a, b, bias, scores):
+    """The bound launch of ``tcgnn_dense_mm`` for operands of this signature on the current stream (kept)."""
+    place = (cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr)
+    key = ("dense", a.shape, b.shape, a.strides[0], b.strides, (a.data.ptr & 15) << 4 | b.data.ptr & 15,
+           bias is None, scores) + place
+    return BOUND.get(key) or _dense_bind(a, b, bias, scores, key, place)
+
+
+def dense_mm_bound(a, b, bias=None, a_src=None, a_dst=None, heads=1, keep=False):
+    """:func:`dense_mm` for operands of the signature of these, as ``f(a, b[, bias])`` (``f(a, b, a_src, a_dst)``
+    with scores), its launch bound now: a bound layer call's, whose key proves the signature, so a call allocates
+    and launches only.  ``b`` may be passed as any array at ``b``'s address (``W`` for a bound ``W.T``: the launch
+    reads the address, its strides are fixed).  None where a call does more than launch: an empty ``a``, scores
+    of a transposed ``b`` (copied) or with a bias.
+
+    ``keep``: without scores, every call writes and returns one array made now (``same_array``), for a caller
+    that reads it before its next call on this stream; else the results are :func:`recycled`."""
+    cp = get_cupy()
+    m, n = a.shape[0], b.shape[1]
+    scores = 0 if a_src is None else heads
+    if not m or scores and (_transposed(b) or bias is not None):
+        return None
+    bound = _dense_launch(cp, a, b, bias, scores)
+    shape, s_shape = (m, n), (m, scores)
+    nd = same_array(cp.ndarray(shape, _F32)) if keep and not scores else recycled(shape, _F32)
+    if scores:
+        nd_src, nd_dst = recycled(s_shape, _F32), recycled(s_shape, _F32)
+
+        def scored(a, b, a_src, a_dst):
+            c, s_src, s_dst = nd(shape, _F32), nd_src(s_shape, _F32), nd_dst(s_shape, _F32)
+            bound(a, b, c, a_src, a_dst, s_src, s_dst)
+            return c, s_src, s_dst
+
+        return scored
+    if bias is not None:
+        def biased(a, b, bias):
+            c = nd(shape, _F32)
+            bound(a, b, bias, c)
+            return c
+
+        return biased
+
+    def plain(a, b):
+        c = nd(shape, _F32)
+        bound(a, b, c)
+        return c
+
+    return plain
+
+
+#: The most rows and columns of ``Aᵀ B`` :func:`dense_atb` computes (a tile of 64 x 64; wider go to cuBLAS).
+DENSE_ATB_MAX = 64
+
+
+#: The most columns of ``Aᵀ B`` :func:`dense_atb` computes where it has at most :data:`DENSE_ATB_FEW` rows (GAT's
+#: score gradients, a row per head), or where N is at most :data:`DENSE_SHORT_ROWS`: there its time is about
+#: cuBLAS's (at most 1.2x), and over so few rows within the host time of a cuBLAS call.
+DENSE_ATB_MAX_WIDE = 512
+
+
+DENSE_ATB_FEW = 8
+
+
+#: The longest dimension :func:`dense_atb` takes: up to it the kernel runs about as long as cuBLAS and costs less on
+#: the host; beyond it cuBLAS's faster sums save more GPU time than its host cost.
+DENSE_ATB_MAX_ROWS = 65536
+
+
+#: Rows of the long dimension a block of ``tcgnn_dense_atb`` sums at least: fewer would cost more in partial sums
+#: written and added than in products.
+DENSE_ATB_MIN_ROWS = 64
+
+
+#: Blocks per SM ``tcgnn_dense_atb`` aims at (its slices of the long dimension): enough to hide the copies.
+DENSE_ATB_BLOCKS_PER_SM = 2
+
+
+_atb_scratch = {}
+
+
+@functools.lru_cache(maxsize=256)
+def _atb_signature(dt_a, dt_b, shape_a, shape_b, strides_a, strides_b):
+    if (dt_b != _F32 or len(shape_b) != 2 or strides_b[1] != 4 or strides_b[0] % 4 or shape_b[0] > DENSE_ATB_MAX_ROWS
+            or not 0 < shape_b[1] <= DENSE_ATB_MAX_WIDE):
+        return False
+    N, q = shape_b
+    p = 1 if dt_a is None else shape_a[1] if len(shape_a) == 2 else 0
+    if q > DENSE_ATB_MAX and not (N <= DENSE_SHORT_ROWS or 1 < p <= DENSE_ATB_FEW):
+        return False
+    if dt_a is None:
+        return True
+    return (dt_a == _F32 and len(shape_a) == 2 and shape_a[0] == N and 0 < p <= DENSE_ATB_MAX
+            and strides_a[1] == 4 and strides_a[0] % 4 == 0)
+
+
+def dense_atb_takes(a, b):
+    """Whether :func:`dense_atb` runs ``aᵀ b`` (``a`` None: ``b``'s column sums): float32, both ``(N, ·)`` with
+    unit column stride, at most :data:`DENSE_ATB_MAX` columns each (``b`` up to :data:`DENSE_ATB_MAX_WIDE` where
+    ``a`` has at most :data:`DENSE_ATB_FEW` or N is at most :data:`DENSE_SHORT_ROWS`) and N at most
+    :data:`DENSE_ATB_MAX_ROWS`.  Answered from a cache of signatures."""
+    if a is None:
+        return _atb_signature(None, b.dtype, None, b.shape, None, b.strides)
+    return _atb_signature(a.dtype, b.dtype, a.shape, b.shape, a.strides, b.strides)
+
+
+def _atb_bind(a, b, key, stream, capturing):
+    _warm_dense()
+    cp = get_cupy()
+    N, q = b.shape
+    p = 1 if a is None else a.shape[1]
+    bq, ti, nt = kn.DENSE_ATB_TILES[0 if p > 8 else 1]
+    bp = nt // (bq // 4) * ti
+    tiles = -(-p // bp) * -(-q // bq)
+    device = cp.cuda.Device().attributes
+    sms = device["MultiProcessorCount"]
+    chunk = max(DENSE_ATB_MIN_ROWS, -(-N * tiles // (DENSE_ATB_BLOCKS_PER_SM * sms)))
+    chunk = -(-chunk // 32) * 32
+    slices = max(1, -(-N // chunk))
+    vec = int(b.strides[0] % 16 == 0 and q % 4 == 0 and b.data.ptr % 16 == 0)
+    grid = (slices, -(-p // bp), -(-q // bq))
+    lda = 0 if a is None else a.strides[0] // 4
+    name = kn.dense_atb_name(bq, ti, nt)
+    fixed = dict(N=N, p=p, q=q, lda=lda, ldb=b.strides[0] // 4, chunk=chunk, vec=vec)
+    operands = ("A",) if a is not None else ()
+    if a is None:
+        fixed["A"] = None
+    if slices == 1:  # one slice: the sums go straight to the result (P)
+        return sk.launch(name, grid, nt, operands + ("B", "P"), C=None, barrier=None, **fixed).bind(), p
+
+    def scratch(kind, shape, dtype, zeros=False):  # the graph's own under a capture, else kept per stream
+        if capturing:
+            return (cp.zeros if zeros else cp.ndarray)(shape, dtype)
+        return Scratch(kind, shape, dtype, zeros).get(_atb_scratch, stream)
+
+    fixed["P"] = partial = scratch("atb", (slices * p * q,), _F32)  # the slices' partial sums
+    if device.get("CooperativeLaunch") and slices * tiles <= sms * _resident(sk.function(name), nt):  # blocks add them
+        coop = make("nn", name, grid, nt, operands + ("B", "C"),
+                    dict(barrier=scratch("atb barrier", (2,), np.uint32, zeros=True), **fixed), cooperative=True)
+        return coop.bind(), p
+    first = sk.launch(name, grid, nt, operands + ("B",), C=None, barrier=None, **fixed).bind()
+    total = sk.launch(kn.DENSE_ATB_SUM, -(-p * q // 32), 256, ("C",), P=partial, S=slices, pq=p * q).bind()
+
+    def two(*arrays):  # the operands, then C
+        first(*arrays[:-1])
+        total(arrays[-1])
+
+    return two, p
+
+
+@functools.cache
+def _resident(function, threads):
+    """:func:`~tcgnn_py.kernels.driver.resident_blocks`, asked once per kernel and block size."""
+    return resident_blocks(function, threads)
+
+
+def dense_atb(a, b):
+    """``aᵀ b`` for operands :func:`dense_atb_takes` takes, a new ``(p, q)`` float32 array; ``a`` None: ``b``'s
+    column sums, shape ``(q,)``.
+
+    The long dimension is cut into slices that blocks sum in parallel and then add in slice order, so the result
+    is the same on every run: in one cooperative launch whose blocks wait for each other where the GPU holds them
+    all at once (a second launch costs more host time than the wait), else by a second launch.  The launches are
+    bound per signature (less host time than a ``cublasLtMatmul`` call).
+    """
+    cp = get_cupy()
+    run, p = _atb_launches(cp, a, b)
+    if a is None:
+        c = cp.ndarray((b.shape[1],), _F32)
+        run(b, c)
+    else:
+        c = cp.ndarray((p, b.shape[1]), _F32)
+        run(a, b, c)
+    return c
+
+
+def _atb_launches(cp, a, b):
+    """``(run, p)`` of :func:`dense_atb` for operands of this signature on the current stream, ``run(*operands,
+    C)`` its launch (or launches): kept, but under a capture, whose partial sums are the graph's own."""
+    stream = cp.cuda.get_current_stream()
+    ptr = stream.ptr
+    place = (cp.cuda.runtime.getDevice(), ptr)
+    key = ("atb", None if a is None else (a.shape, a.strides[0]), b.shape, b.strides[0], b.data.ptr & 15) + place
+    hit = BOUND.get(key)
+    if hit is None:
+        capturing = stream.is_capturing()
+        hit = BOUND.put(key, _atb_bind(a, b, key, ptr, capturing), place, capturing)
+    return hit
+
+
+def dense_atb_bound(a, b, keep=False):
+    """:func:`dense_atb` for operands of the signature of these, as ``f(a, b)`` (``f(b)`` for ``a`` None), its
+    launches bound now: a bound layer call's (not under a capture, whose partial sums are the graph's own).
+    ``keep``: the result is one array made now; else it is :func:`recycled`."""
+    cp = get_cupy()
+    run, p = _atb_launches(cp, a, b)
+    out = (b.shape[1],) if a is None else (p, b.shape[1])
+    nd = same_array(cp.ndarray(out, _F32)) if keep else recycled(out, _F32)
+    if a is None:
+        shape = (b.shape[1],)
+
+        def sums(b):
+            c = nd(shape, _F32)
+            run(b, c)
+            return c
+
+        return sums
+    shape = (p, b.shape[1])
+
+    def product(a, b):
+        c = nd(shape, _F32)
+        run(a, b, c)
+        return c
+
+    return product

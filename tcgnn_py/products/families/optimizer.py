@@ -1,0 +1,43 @@
+"""Layer 2: the optimizer family on the GPU -- Adam over many tensors in one launch per eight, its step
+count and bias corrections advanced on the device (:mod:`tcgnn_py.nn`'s ``Adam`` keeps the state).
+"""
+
+import numpy as np
+
+from ..._device import get_cupy
+from ...kernels import nn as kn
+from ...kernels.driver import slot_value
+from .. import _small as sk
+
+__all__ = ["ADAM_MULTI", "adam_tick", "adam_table", "adam_multi"]
+
+ADAM_MULTI = kn.ADAM_MULTI
+
+
+def adam_tick(t, coef, lr, b1, b2):
+    """Advance the device step count ``t`` and write the bias corrections ``coef`` (one thread)."""
+    sk.planned(("adam_tick", float(lr), float(b1), float(b2)), lambda: sk.launch(
+        kn.TICK, 1, 1, ("t", "coef"), lr=lr, b1=b1, b2=b2)).run(t, coef)
+
+
+def adam_table(params, moments, decays):
+    """The device table of :func:`adam_multi`: per parameter its address, its moments' addresses, its size and its
+    weight decay (made once per set of arrays; a host-to-device copy, so not under a capture)."""
+    rows = [(p.data.ptr, m.data.ptr, v.data.ptr, p.size, slot_value(float(wd)))
+            for p, (m, v), wd in zip(params, moments, decays)]
+    return get_cupy().asarray(np.array(rows, dtype=np.int64).reshape(len(rows), kn.ADAM_SLOTS))
+
+
+def adam_multi(table, sizes, grads, coef, b1, b2, eps):
+    """One Adam step of the tensors in ``table`` (:func:`adam_table`; ``sizes`` their element counts) with
+    ``grads`` (C-contiguous, of the parameters' dtype, in the table's order): one launch per 8 tensors."""
+    dtype = grads[0].dtype
+    t = dtype.type
+    name = sk.name(kn.adam_multi_name, dtype)
+    row = kn.ADAM_SLOTS * 8
+    for start in range(0, len(grads), ADAM_MULTI):
+        chunk = grads[start:start + ADAM_MULTI]
+        gs = {f"g{i}": chunk[i] if i < len(chunk) else None for i in range(ADAM_MULTI)}
+        blocks = sk.grid(max(sizes[start:start + ADAM_MULTI]))
+        sk.launch(name, (blocks, len(chunk)), sk.THREADS, (), table=table.data.ptr + row * start, coef=coef, b1=t(b1),
+                b2=t(b2), eps=t(eps), **gs).run()

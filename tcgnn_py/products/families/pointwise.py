@@ -1,0 +1,323 @@
+"""Layer 2: the pointwise family on the GPU -- a layer's elementwise tail (bias, activation, dropout) and
+its vjp, the softmax cross-entropy, GAT's per-head scores and head blocks, AGNN's row normalisation (each with its
+vjp), a bias added in place, a sum in one fixed order and the attention's dropout seed.
+
+The ``"nn"`` kernels' arguments are written here by parameter name (:func:`tcgnn_py.kernels.launches.make`); the
+launches go straight through the driver, kept per signature, since a training step makes dozens of small ones and
+CuPy's argument handling would cost more than the kernels.  :mod:`tcgnn_py.nn` validates, keeps the host path and
+writes the vjps.
+"""
+
+import functools
+
+import numpy as np
+
+from ..._device import get_cupy
+from ...kernels import nn as kn
+from .._launch import same_array
+from .. import _small as sk
+
+__all__ = ["TAIL_TYPES", "ACTIVATIONS", "takes", "acc_dtype", "tail", "tail_grad", "cross_entropy", "index_weights",
+           "add_bias", "add_bias_bound", "head_dots", "head_dots_bound", "head_dots_grad", "head_dots_grad_bound",
+           "head_blocks_bound", "head_blocks", "seed_bits", "seed_bits_bound", "total", "total_bound",
+           "row_normalize", "row_normalize_bound", "row_normalize_grad_bound", "row_normalize_grad"]
+
+_F32 = np.dtype(np.float32)
+
+TAIL_TYPES = kn.TAIL_TYPES
+
+
+ACTIVATIONS = kn.ACTIVATIONS
+
+
+@functools.cache
+def takes(dtype):
+    """Whether the elementwise and row-wise kernels take arrays of ``dtype`` (one of :data:`TAIL_TYPES`); asked per
+    call, so answered from a cache rather than from the dtype's name."""
+    return np.dtype(dtype).name in TAIL_TYPES
+
+
+@functools.cache
+def acc_dtype(dtype):
+    """The kernels' compute type for elements of ``dtype``: float64 for float64, float32 otherwise (16-bit
+    elements are computed in float32)."""
+    return np.dtype(np.float64 if np.dtype(dtype) == np.float64 else np.float32)
+
+
+def tail(x, b, act, p, seed):
+    """``dropout(act(x + b))`` in one pass, a new array of x's dtype: ``b`` one value per column of x or None,
+    ``act`` a key of :data:`ACTIVATIONS`, ``seed`` (a float64 device draw) None for no dropout.  Arrays
+    C-contiguous, of one dtype in :data:`TAIL_TYPES`."""
+    out = get_cupy().ndarray(x.shape, x.dtype)  # x C-contiguous: cupy.empty_like without its wrapper
+    if x.size:
+        n, cols = x.size, x.shape[-1] if x.ndim else 1
+        sk.planned(("tail", x.dtype, n, cols, act, p), lambda: sk.launch(
+            sk.name(kn.tail_name, x.dtype), sk.grid(n), sk.THREADS, ("x", "b", "out", "seed"), n=n, cols=cols,
+            act=ACTIVATIONS[act], p=p, scale=1 / (1 - p))).run(x, b, out, seed)
+    return out
+
+
+def tail_grad(g, x, b, act, p, seed):
+    """The vjp of :func:`tail`: ``g`` times the recomputed mask and ``act'(x + b)`` (``x`` None without ``act``)."""
+    dz = get_cupy().ndarray(g.shape, g.dtype)
+    if g.size:
+        n, cols = g.size, g.shape[-1] if g.ndim else 1
+        sk.planned(("tail_grad", g.dtype, n, cols, act, p), lambda: sk.launch(
+            sk.name(kn.tail_grad_name, g.dtype), sk.grid(n), sk.THREADS, ("g", "x", "b", "dz", "seed"), n=n, cols=cols,
+            act=ACTIVATIONS[act], p=p, scale=1 / (1 - p))).run(g, x, b, dz, seed)
+    return dz
+
+
+def cross_entropy(logits, labels, w, w0):
+    """``(loss per row, dlogits)`` of the weighted softmax cross-entropy: ``labels`` int64 (n,), ``w`` one weight
+    per row (of logits' dtype) or None for ``w0`` on every row; logits C-contiguous (n, k), k >= 1."""
+    cp = get_cupy()
+    n, k = logits.shape
+    loss = cp.ndarray((n,), logits.dtype)
+    grad = cp.ndarray(logits.shape, logits.dtype)
+    if n:
+        sk.planned(("cross_entropy", logits.dtype, n, k, float(w0)), lambda: sk.launch(
+            sk.name(kn.cross_entropy_name, logits.dtype), sk.grid(n), sk.THREADS, ("logits", "labels", "w", "loss", "grad"),
+            w0=w0, n=n, k=k)).run(logits, labels, w, loss, grad)
+    return loss, grad
+
+
+def index_weights(n, index, value, dtype):
+    """``w`` of ``n`` rows of ``dtype``, ``value`` on the rows ``index`` (int64, a negative one counted from the
+    end, one outside ``[-n, n)`` skipped) and 0 elsewhere: one fill and one launch (a scatter costs several)."""
+    w = get_cupy().zeros(n, dtype)
+    if index.size:
+        m = index.size
+        sk.planned(("index_weights", w.dtype, m, n, float(value)), lambda: sk.launch(
+            sk.name(kn.index_weights_name, w.dtype), sk.grid(m), sk.THREADS, ("w", "index"), m=m, n=n, value=value)).run(
+            w, index)
+    return w
+
+
+def add_bias(x, b):
+    """``x += b`` in place (``x`` C-contiguous of :data:`TAIL_TYPES`, ``b`` one value per column, same dtype,
+    contiguous) in one launch bound per signature, no CuPy elementwise call; returns ``x``."""
+    if x.size:
+        sk.bound_once(("add_bias", x.shape, x.dtype), _bias_bind, x)(x, b)
+    return x
+
+
+def _bias_bind(x):
+    return sk.launch(sk.name(kn.add_bias_name, x.dtype), sk.grid(x.size), sk.THREADS, ("x", "b"), n=x.size,
+                   cols=x.shape[-1]).bind()
+
+
+def add_bias_bound(x, b):
+    """:func:`add_bias` for operands of the signature of these, as ``f(x, b)`` (in place, returns nothing), its
+    launch bound now: a bound layer call's."""
+    if not x.size:
+        return lambda x, b: None
+    return sk.bound_once(("add_bias", x.shape, x.dtype), _bias_bind, x)
+
+
+def head_dots(x, a_src, a_dst, heads):
+    """``(s_src, s_dst)``, each ``(n, heads)`` in :func:`acc_dtype`: per row of ``x`` (``heads`` heads of D
+    features, C-contiguous) and head its dot products with that head's row of ``a_src`` and of ``a_dst``
+    (``(heads, D)``, C-contiguous, of the compute type), from one read of x."""
+    n = x.shape[0]
+    if n and heads:
+        return sk.bound_once(("head_dots", x.shape, x.dtype, heads), head_dots_bound, x, heads)(x, a_src, a_dst)
+    cp, acc = get_cupy(), acc_dtype(x.dtype)
+    return cp.ndarray((n, heads), acc), cp.ndarray((n, heads), acc)
+
+
+def head_dots_bound(x, heads, recycle=False):
+    """``f(x, a_src, a_dst) -> (s_src, s_dst)``: :func:`head_dots` for operands of the signature of these, its
+    launch bound now (a bound layer call's, whose results are recycled where ``recycle``); None for an empty x."""
+    n = x.shape[0]
+    if not (n and heads):
+        return None
+    acc, shape = acc_dtype(x.dtype), (n, heads)
+    nd_src, nd_dst = sk.results(shape, acc, recycle), sk.results(shape, acc, recycle)
+    bound = sk.launch(sk.name(kn.head_dots_name, x.dtype), sk.grid(n * heads), sk.THREADS,
+                    ("x", "a_src", "a_dst", "s_src", "s_dst"), n=n, heads=heads, D=x.shape[1] // heads).bind()
+
+    def f(x, a_src, a_dst):
+        s_src, s_dst = nd_src(shape, acc), nd_dst(shape, acc)
+        bound(x, a_src, a_dst, s_src, s_dst)
+        return s_src, s_dst
+
+    return f
+
+
+def head_dots_grad(g, ds_src, ds_dst, a_src, a_dst, heads):
+    """``g + ds_src a_src + ds_dst a_dst`` head by head (the vjp of :func:`head_dots` added to ``g``), in the
+    compute type and stored in g's dtype; ``g`` ``(n, heads * D)`` and ``ds_*`` ``(n, heads)`` C-contiguous."""
+    if g.size:
+        return sk.bound_once(("head_dots_grad", g.shape, g.dtype, heads), head_dots_grad_bound, g, heads)(
+            g, ds_src, ds_dst, a_src, a_dst)
+    return get_cupy().ndarray(g.shape, g.dtype)
+
+
+def head_dots_grad_bound(g, heads, keep=False):
+    """``f(g, ds_src, ds_dst, a_src, a_dst) -> dx``: :func:`head_dots_grad` for operands of the signature of these,
+    its launch bound now (a bound layer call's); None for an empty g.  ``keep``: dx is one array made now."""
+    if not g.size:
+        return None
+    nd = get_cupy().ndarray
+    shape, dtype = g.shape, g.dtype
+    if keep:
+        nd = same_array(nd(shape, dtype))
+    bound = sk.launch(sk.name(kn.head_dots_grad_name, dtype), sk.grid(g.size), sk.THREADS,
+                    ("g", "ds_src", "ds_dst", "a_src", "a_dst", "dx"), n=shape[0], heads=heads,
+                    D=shape[1] // heads).bind()
+
+    def f(g, ds_src, ds_dst, a_src, a_dst):
+        dx = nd(shape, dtype)
+        bound(g, ds_src, ds_dst, a_src, a_dst, dx)
+        return dx
+
+    return f
+
+
+def head_blocks_bound(r_src, heads, recycle=False):
+    """``f(r_src, r_dst) -> (a_src, a_dst)``: :func:`head_blocks` for operands of the signature of these, its
+    launch bound now (a bound layer call's, whose results are recycled where ``recycle``); None where there is
+    nothing to gather."""
+    D = r_src.shape[1] // heads
+    if not heads * D:
+        return None
+    shape, dtype = (heads, D), r_src.dtype
+    nd_src, nd_dst = sk.results(shape, dtype, recycle), sk.results(shape, dtype, recycle)
+    bound = sk.launch(sk.name(kn.head_blocks_name, dtype), sk.grid(2 * heads * D), sk.THREADS,
+                    ("r_src", "r_dst", "a_src", "a_dst"), heads=heads, D=D).bind()
+
+    def f(r_src, r_dst):
+        a_src, a_dst = nd_src(shape, dtype), nd_dst(shape, dtype)
+        bound(r_src, r_dst, a_src, a_dst)
+        return a_src, a_dst
+
+    return f
+
+
+def head_blocks(r_src, r_dst, heads):
+    """``(a_src, a_dst)``, each ``(heads, D)``: the diagonal blocks ``R[h, h * D : (h + 1) * D]`` of two
+    C-contiguous ``(heads, heads * D)`` arrays of one dtype, in one launch."""
+    D = r_src.shape[1] // heads
+    if heads * D:
+        return sk.bound_once(("head_blocks", r_src.shape, r_src.dtype, heads), head_blocks_bound, r_src, heads)(r_src, r_dst)
+    cp = get_cupy()
+    return cp.ndarray((heads, D), r_src.dtype), cp.ndarray((heads, D), r_src.dtype)
+
+
+def seed_bits(draw):
+    """``(draw * 2**32).astype(uint32)`` of a float64 device draw in ``[0, 1)`` of one element (an attention dropout
+    seed), in one launch: CuPy's product and cast are two elementwise calls, several times the host time."""
+    return sk.bound_once(("seed_bits",), seed_bits_bound)(draw)
+
+
+def seed_bits_bound():
+    """``f(draw)``: :func:`seed_bits`, its launch bound now (a bound layer call's)."""
+    nd, u32 = get_cupy().ndarray, np.dtype(np.uint32)
+    bound = sk.launch(kn.SEED_BITS, 1, 32, ("x", "y")).bind()
+
+    def f(draw):
+        seed = nd((1,), u32)
+        bound(draw, seed)
+        return seed
+
+    return f
+
+
+def total(x, shape=()):
+    """The sum of a C-contiguous ``x``'s elements in one fixed order (deterministic), as an array of ``shape``
+    (one element) and x's dtype on the device, accumulated in :func:`acc_dtype`: one launch."""
+    return sk.bound_once(("total", x.size, x.dtype, shape), total_bound, x, shape)(x)
+
+
+def total_bound(x, shape=()):
+    """``f(x)``: :func:`total` for x of the signature of this one, its launch bound now (a bound layer call's)."""
+    nd = get_cupy().ndarray
+    dtype = x.dtype
+    bound = sk.launch(sk.name(kn.sum_name, dtype), 1, kn.SUM_THREADS, ("x", "out"), n=x.size).bind()
+
+    def f(x):
+        out = nd(shape, dtype)
+        bound(x, out)
+        return out
+
+    return f
+
+
+def _warp_grid(rows, threads=sk.THREADS):
+    return min(max(1, -(-rows * 32 // threads)), sk.MAX_BLOCKS)
+
+
+def row_normalize(x, eps):
+    """``(x / max(|x_i|, eps), |x_i|)`` per row of a C-contiguous ``(n, d)`` x: the rows in x's dtype, the norms
+    in :func:`acc_dtype`; a warp per row."""
+    n = x.shape[0]
+    if n:
+        return sk.bound_once(("row_normalize", x.shape, x.dtype, float(eps)), row_normalize_bound, x, eps)(x)
+    cp = get_cupy()
+    return cp.ndarray(x.shape, x.dtype), cp.ndarray((n,), acc_dtype(x.dtype))
+
+
+def row_normalize_bound(x, eps, recycle=False):
+    """``f(x) -> (xn, norm)``: :func:`row_normalize` for x of the signature of this one, its launch bound now (a
+    bound layer call's, whose results are recycled where ``recycle``); None for an empty x."""
+    n, d = x.shape
+    if not n:
+        return None
+    shape, dtype, acc = x.shape, x.dtype, acc_dtype(x.dtype)
+    nd_xn, nd_norm = sk.results(shape, dtype, recycle), sk.results((n,), acc, recycle)
+    bound = sk.launch(sk.name(kn.row_normalize_name, dtype), _warp_grid(n), sk.THREADS, ("x", "xn", "norm"), n=n, d=d,
+                    eps=eps).bind()
+
+    def f(x):
+        xn, norm = nd_xn(shape, dtype), nd_norm((n,), acc)
+        bound(x, xn, norm)
+        return xn, norm
+
+    return f
+
+
+def row_normalize_grad_bound(xn, eps, shares=None, recycle=False):
+    """``f(dv, dq, dk, xn, norm) -> dh``: :func:`row_normalize_grad` for operands of the signature of these, its
+    launch bound now (a bound layer call's, whose results are recycled where ``recycle``); None for an empty xn.
+
+    With ``shares`` (AGNN's temperature-gradient shares, float32, of the signature of this array), ``f(dv, dq, dk,
+    xn, norm, shares) -> (dh, total)``: the same launch also sums the shares, as :func:`total` of shape (1,)."""
+    n, d = xn.shape
+    if not n:
+        return None
+    acc = acc_dtype(xn.dtype)
+    nd_dh = sk.results((n, d), acc, recycle)
+    operands = ("dv", "dq", "dk", "xn", "norm", "dh") + (() if shares is None else ("shares", "total"))
+    fixed = dict(n=n, d=d, eps=eps, n_shares=0 if shares is None else shares.size)
+    if shares is None:
+        fixed.update(shares=None, total=None)
+    bound = sk.launch(sk.name(kn.row_normalize_grad_name, xn.dtype), _warp_grid(n, kn.SUM_THREADS), kn.SUM_THREADS,
+                    operands, **fixed).bind()
+    if shares is not None:
+        one = (1,)
+        nd_total = sk.results(one, _F32, recycle)
+
+        def with_total(dv, dq, dk, xn, norm, shares):
+            dh, total = nd_dh((n, d), acc), nd_total(one, _F32)
+            bound(dv, dq, dk, xn, norm, dh, shares, total)
+            return dh, total
+
+        return with_total
+
+    def f(dv, dq, dk, xn, norm):
+        dh = nd_dh((n, d), acc)
+        bound(dv, dq, dk, xn, norm, dh)
+        return dh
+
+    return f
+
+
+def row_normalize_grad(dv, dq, dk, xn, norm, eps):
+    """``dv + (dn - xn <xn, dn>) / max(norm, eps)`` per row with ``dn = dq + dk`` (the radial part only where
+    ``norm > eps``): the vjp of :func:`row_normalize` added to ``dv``.  ``dv``, ``xn`` of x's dtype, ``dq``,
+    ``dk``, ``norm`` and the result of the compute type; all C-contiguous."""
+    if xn.shape[0]:
+        return sk.bound_once(("row_normalize_grad", xn.shape, xn.dtype, float(eps)), row_normalize_grad_bound, xn, eps)(
+            dv, dq, dk, xn, norm)
+    return get_cupy().ndarray(xn.shape, acc_dtype(xn.dtype))
