@@ -24,7 +24,8 @@ from .._validation import check_bool, check_count, is_half
 from .._cache import keep
 from . import _bound as bound
 from ._edges import TiledEdges, array_on, edges_of, features_on
-from ._layers import atb_bound, check_2d, check_weight, column_sums, mm, mm_bound, mm_t_bound, sums_bound
+from ._record import Bound, Op, Tape, cotangent, general, replay
+from ._layers import ATB, MM, MM_T, SUMS, check_2d, check_weight, column_sums, mm
 
 __all__ = ["graph_attention", "gat_conv", "agnn_conv", "SCORES"]
 
@@ -237,13 +238,13 @@ def graph_attention(A, V, *, heads=1, score="additive", s_src=None, s_dst=None, 
     return out, vjp
 
 
-def _attend(E, a):
+def _attend(E, a, path=None):
     """``(out, vjp, path)``: :func:`graph_attention` of checked arguments ``a`` (:func:`_inputs`'s dict) and the
-    path it took (None without features).  The layers, whose own checks and arithmetic already give V, the
-    scores and the seed their types and shapes, come in here."""
+    path it took (None without features; ``path``: the one :func:`_path` chose already).  The layers, whose own
+    checks and arithmetic already give V, the scores and the seed their types and shapes, come in here."""
     if a["V"].shape[1] == 0:  # no features: nothing to attend to, and no gradient flows
         return (*_no_features(E, a), None)
-    path = _path(E, a)
+    path = path or _path(E, a)
     if path == "fused":
         out, lse = engine.fused(E.matrix, **_kernel_args(a))
     elif path == "unfused":
@@ -408,6 +409,7 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
                 return call(H, W, a_src, a_dst, b, rng)
     E = edges_of(A, precision)
     xp = E.xp
+    given = (H, W, a_src, a_dst, b, rng)  # (a bound call takes them as they are: bound only where none converted)
     heads = check_count("heads", heads, 1)
     concat, training = check_bool("concat", concat), check_bool("training", training)
     H, W = features_on(E, H, "H"), features_on(E, W, "W")
@@ -435,37 +437,83 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
     # the scores come with X from its product where the product's kernel takes them (one launch, X read by none),
     # else from one read of X (six array passes otherwise), and their vjp likewise
     scored = xp is not np and dense.dense_takes(H, W) and dense.dense_scores_take(D)
+    tape = general if key is None or xp is np else Tape()  # (the device's steps, :mod:`._record`)
     fd = pointwise.acc_dtype(H.dtype) if scored else None
     if not scored:
-        X = mm(H, W)
+        X = tape(MM, H, W)
         fd = np.float32 if is_half(X.dtype) else X.dtype
-    af_src, af_dst = a_src.astype(fd, copy=False), a_dst.astype(fd, copy=False)
     on_device = xp is not np and (scored or pointwise.takes(X.dtype))
-    if on_device:
-        af_src, af_dst = xp.ascontiguousarray(af_src), xp.ascontiguousarray(af_dst)
+    af_src, af_dst = _vectors(xp if on_device else None, a_src, a_dst, fd)
     if scored:
-        X, s_src, s_dst = dense.dense_mm(H, W, None, af_src, af_dst, heads)
+        X, s_src, s_dst = tape(SCORED_MM, H, W, af_src, af_dst, heads)
     elif on_device:
-        s_src, s_dst = pointwise.head_dots(xp.ascontiguousarray(X), af_src, af_dst, heads)
+        s_src, s_dst = tape(HEAD_DOTS, X, af_src, af_dst, heads)  # (X C-contiguous: a product's result)
     else:
         X3 = X.reshape(n, heads, D).astype(fd, copy=False)
         s_src, s_dst = (X3 * af_src).sum(axis=2), (X3 * af_dst).sum(axis=2)
-    seed = None
-    if drop:
-        if rng is None:
-            raise ValueError("attention dropout in training needs rng (tcgnn_py.nn.default_rng(seed, like=A))")
-        seed = _draw_seed(rng)
+    if drop and rng is None:
+        raise ValueError("attention dropout in training needs rng (tcgnn_py.nn.default_rng(seed, like=A))")
     _check_weights(E)
     a = dict(heads=heads, score="additive", V=X, fd=np.dtype(fd), s_src=s_src, s_dst=s_dst, Q=None, K=None,
-             beta=None, slope=slope, dropout=drop, seed=seed, fused=fused)
-    att, att_vjp, path = _attend(E, a)
+             beta=None, slope=slope, dropout=drop, seed=None, fused=fused)
+    path = _path(E, a) if on_device and X.shape[1] else None
+    if path == "fused" and (concat or heads == 1):  # the fused path, written once (:func:`_gat_attend`)
+        seed = tape(SEED, rng) if drop else None
+        results = _gat_attend(tape, E, heads, slope, drop, X, s_src, s_dst, b, seed)
+        grads = functools.partial(_gat_grads, E, heads, slope, drop, fd)
+        if key is not None:
+            bound.seen(A, key, lambda: Bound(E, replay(tape, given, results), grads, _input_grad))
+        return results[0], functools.partial(_gat_fused_vjp, E, grads, (H, W, a_src, a_dst, b, rng) + results)
+    a["seed"] = _draw_seed(rng) if drop else None
+    att, att_vjp, path = _attend(E, a, path)
     out = att if concat or heads == 1 else att.reshape(n, heads, D).mean(axis=1)
     if b is not None:
         out = out + b.astype(out.dtype, copy=False)
-    if key is not None and on_device and path == "fused":
-        bound.seen(A, key, lambda: _BoundGAT.bind(E, H, W, af_src, af_dst, b, a, concat, scored))
     return out, functools.partial(_gat_vjp, E, H, W, a_src, a_dst, b, X, af_src, af_dst, fd, heads, concat,
                                   on_device, att_vjp, out.shape)
+
+
+def _vectors(xp, a_src, a_dst, fd):
+    """The attention vectors in the scores' type ``fd`` (C-contiguous on the device, ``xp`` not None): the arrays
+    given where they are so already."""
+    af_src, af_dst = a_src.astype(fd, copy=False), a_dst.astype(fd, copy=False)
+    if xp is not None:
+        af_src, af_dst = xp.ascontiguousarray(af_src), xp.ascontiguousarray(af_dst)
+    return af_src, af_dst
+
+
+def _gat_attend(t, E, heads, slope, dropout, X, s_src, s_dst, b, seed):
+    """:func:`gat_conv`'s fused attention on tape ``t`` (:mod:`._record`), the bias added as the pass stores:
+    ``(out, att, lse, X, s_src, s_dst, seed)``, what the vjp reads after ``out``."""
+    res = t(ADDITIVE, E, heads, slope, dropout, X, s_src, s_dst, b, seed)
+    return (res[0] if b is None else res[2]), res[0], res[1], X, s_src, s_dst, seed
+
+
+def _gat_grads(E, heads, slope, dropout, fd, t, H, W, a_src, a_dst, b, rng, out, att, lse, X, s_src, s_dst, seed,
+               g, input_grad=True):
+    """:func:`gat_conv`'s vjp on the fused path, on tape ``t``: ``(dH, dW, da_src, da_dst, db)``."""
+    xp = E.xp
+    af_src, af_dst = _vectors(xp, a_src, a_dst, fd)
+    db = None if b is None else t(SUMS, g).astype(b.dtype, copy=False)
+    dX, ds_src, ds_dst = t(ADDITIVE_GRADS, E, heads, slope, dropout, X, g, att, s_src, s_dst, lse, seed)
+    dX = t(HEAD_DOTS_GRAD, dX, ds_src, ds_dst, af_src, af_dst, heads)
+    # da[h] = sum_i ds[i, h] X[i, h]: the diagonal blocks of dsᵀ X (a product, not a reduction along the long axis,
+    # which is slow on the GPU; one per vector, as joining the two costs more than a product)
+    Xf = X.astype(fd, copy=False)
+    R_src, R_dst = t(ATB, ds_src, Xf), t(ATB, ds_dst, Xf)
+    da_src, da_dst = (R_src, R_dst) if heads == 1 else t(HEAD_BLOCKS, R_src, R_dst, heads)
+    dH = t(MM_T, dX, W) if input_grad else None  # (a first layer's input needs none: n x features skipped)
+    return (dH, t(ATB, H, dX).astype(W.dtype, copy=False), da_src.astype(a_src.dtype, copy=False),
+            da_dst.astype(a_dst.dtype, copy=False), db)
+
+
+def _gat_fused_vjp(E, grads, saved, g, input_grad=True):
+    """:func:`gat_conv`'s general vjp on the fused path."""
+    return grads(general, *saved, cotangent(E, g, saved[6].shape), bool(input_grad))
+
+
+def _input_grad(input_grad=True):
+    return (bool(input_grad),)
 
 
 def _gat_vjp(E, H, W, a_src, a_dst, b, X, af_src, af_dst, fd, heads, concat, on_device, att_vjp, shape, g,
@@ -499,101 +547,6 @@ def _gat_vjp(E, H, W, a_src, a_dst, b, X, af_src, af_dst, fd, heads, concat, on_
     da_src, da_dst = da_src.astype(a_src.dtype, copy=False), da_dst.astype(a_dst.dtype, copy=False)
     dH = mm(dX, W.T) if input_grad else None  # (a first layer's input needs none: n x features skipped)
     return dH, mm(H.T, dX).astype(W.dtype, copy=False), da_src, da_dst, db
-
-
-class _BoundGAT:
-    """A bound :func:`gat_conv` call (:mod:`._bound`) on the fused path: the product with the scores (from its
-    kernel, or from one read of X where that kernel does not take the product) and the attention pass, which adds
-    the bias as it stores, each a bound launch; and its bound vjps.  Built from a general call's operands and
-    results, whose signature and options the key proves."""
-
-    __slots__ = ("E", "scores", "product", "dots", "attend", "a", "concat", "backward")
-
-    @classmethod
-    def bind(cls, E, H, W, af_src, af_dst, b, a, concat, scored):
-        """The bound call, or None where a call would do more than its launches (a copy of W or of the attention
-        vectors, the heads' mean, a bias of another layout)."""
-        heads, X = a["heads"], a["V"]
-        scores = dense.dense_mm_bound(H, W, None, af_src, af_dst, heads) if scored else None
-        if (scored and scores is None or not (af_src.flags.c_contiguous and af_dst.flags.c_contiguous)
-                or not (concat or heads == 1) or b is not None and not b.flags.c_contiguous):
-            return None
-        self = cls.__new__(cls)
-        self.E, self.scores, self.concat = E, scores, concat
-        self.product = None if scored else mm_bound(H, W)
-        self.dots = None if scored else pointwise.head_dots_bound(X, heads, recycle=True)
-        self.attend = engine.fused_bound(E.matrix, X, heads, "additive", a["slope"], a["dropout"], b is not None,
-                                         recycle=True)
-        if self.attend is None or not scored and self.dots is None:
-            return None
-        self.a = dict(a, V=None, s_src=None, s_dst=None, seed=None)  # (the call's own arrays: none kept)
-        self.backward = bound.Calls()
-        return self
-
-    def __call__(self, H, W, a_src, a_dst, b, rng):
-        if self.product is None:
-            X, s_src, s_dst = self.scores(H, W, a_src, a_dst)
-        else:
-            X = self.product(H, W)
-            s_src, s_dst = self.dots(X, a_src, a_dst)
-        seed = _draw_seed(rng) if self.a["dropout"] else None
-        if b is None:
-            att, lse = self.attend(X, s_src, s_dst) if seed is None else self.attend(X, s_src, s_dst, seed)
-            out = att
-        else:  # (one float32 add as the pass stores att: the bits of the general att + b)
-            att, lse, out = self.attend(X, s_src, s_dst, b) if seed is None else self.attend(X, s_src, s_dst, b, seed)
-        return out, functools.partial(self.vjp, H, W, a_src, a_dst, b, X, s_src, s_dst, seed, att, lse)
-
-    def vjp(self, H, W, a_src, a_dst, b, X, s_src, s_dst, seed, att, lse, g, input_grad=True):
-        input_grad = bool(input_grad)
-        key = bound.signature(self.E.matrix, (g,), input_grad)
-        if key is not None:
-            call = self.backward.bound.get(key)
-            if call is not None:
-                return call(H, W, a_src, a_dst, b, X, s_src, s_dst, seed, att, lse, g)
-        a = dict(self.a, V=X, s_src=s_src, s_dst=s_dst, seed=seed)
-        att_vjp = functools.partial(_attend_vjp, self.E, a, "fused", att, lse)
-        grads = _gat_vjp(self.E, H, W, a_src, a_dst, b, X, a_src, a_dst, a["fd"], a["heads"], self.concat, True,
-                         att_vjp, att.shape, g, input_grad)
-        if key is not None:
-            self.backward.seen(key, lambda: self._bind_vjp(H, W, X, g, input_grad))
-        return grads
-
-    def _bind_vjp(self, H, W, X, g, input_grad):
-        """The bound vjp of g's signature: :func:`_gat_vjp`'s launches on the fused path, each bound on operands
-        of its signature (fresh arrays stand in for the intermediate results); None where the general vjp would
-        copy g."""
-        if not g.flags.c_contiguous:
-            return None
-        xp, T, a = self.E.xp, self.E.matrix, self.a
-        heads = a["heads"]
-        n, HD = X.shape
-        f32 = np.float32
-        dX, ds = xp.empty((n, HD), f32), xp.empty((n, heads), f32)
-        keep = bound.keeps(dX.shape)  # (the attention's gradients and dX: intermediates, as R of several heads)
-        back = engine.fused_backward_bound(T, X, heads, "additive", a["slope"], a["dropout"], keep=keep,
-                                           recycle=True)
-        grad_dots = pointwise.head_dots_grad_bound(dX, heads, keep=keep)
-        blocks = None if heads == 1 else pointwise.head_blocks_bound(xp.empty((heads, HD), f32), heads, recycle=True)
-        if grad_dots is None or heads > 1 and blocks is None:
-            return None
-        sums = sums_bound(g)
-        R_s, R_d = (atb_bound(ds, X, keep=heads > 1 and keep) for _ in range(2))  # (kept: one array each)
-        dH = mm_t_bound(dX, W) if input_grad else None
-        dW = atb_bound(H, dX)
-
-        def call(H, W, a_src, a_dst, b, X, s_src, s_dst, seed, att, lse, g):
-            db = None if b is None else sums(g)
-            if seed is None:
-                dX, ds_src, ds_dst = back(X, g, att, s_src, s_dst, lse)
-            else:
-                dX, ds_src, ds_dst = back(X, g, att, s_src, s_dst, lse, seed)
-            dX = grad_dots(dX, ds_src, ds_dst, a_src, a_dst)
-            R_src, R_dst = R_s(ds_src, X), R_d(ds_dst, X)
-            da_src, da_dst = (R_src, R_dst) if blocks is None else blocks(R_src, R_dst)
-            return None if dH is None else dH(dX, W), dW(H, dX), da_src, da_dst, db
-
-        return call
 
 
 def _edge_softmax(E, z, xp):
@@ -683,30 +636,58 @@ def agnn_conv(A, H, beta, *, precision=None, fused=None):
                 return call(H, beta)
     E = edges_of(A, precision)
     xp = E.xp
-    H, beta_in = features_on(E, H, "H"), beta
+    given = (H, beta)  # (a bound call takes them as they are: bound only where nothing was converted)
+    H = features_on(E, H, "H")
     check_2d("H", H, E.shape[0])
     if E.shape[0] != E.shape[1]:
         raise ValueError(f"agnn_conv needs a square graph, got shape {E.shape}")
     fd = np.float32 if is_half(H.dtype) else H.dtype  # 16-bit features: the attention runs in float32
-    beta = features_on(E, beta, "beta").astype(fd, copy=False).reshape(-1)
+    beta = features_on(E, beta, "beta").astype(fd, copy=False)
+    if beta.shape != (1,):  # (one of shape (1,) stays the array given)
+        beta = beta.reshape(-1)
     if beta.shape != (1,):
         raise ValueError(f"beta must be a scalar or have shape (1,), got {beta.shape}")
     on_device = xp is not np and pointwise.takes(H.dtype)
-    given = (H, beta_in)  # (a bound call takes them as they are: bound only where nothing was converted)
     if on_device:  # one kernel each way (about eight array passes otherwise)
         H = xp.ascontiguousarray(H)
-        Hn, norm = pointwise.row_normalize(H, _NORM_EPS)
-    else:
-        Hn, norm, inv = _normalize_rows(H, xp)
     if fused is not None:
         fused = check_bool("fused", fused)
     _check_weights(E)
-    a = dict(heads=1, score="cosine", V=H, fd=np.dtype(fd), s_src=None, s_dst=None, Q=Hn, K=Hn, beta=beta, slope=0.2,
-             dropout=0.0, seed=None, fused=fused)
-    out, att_vjp, path = _attend(E, a)
-    if key is not None and on_device and path == "fused" and given[0] is H and given[1].shape == (1,):
-        bound.seen(A, key, lambda: _BoundAGNN.bind(E, a))
+    a = dict(heads=1, score="cosine", V=H, fd=np.dtype(fd), s_src=None, s_dst=None, Q=H, K=H, beta=beta, slope=0.2,
+             dropout=0.0, seed=None, fused=fused)  # (Q and K: the rows normalised, of H's dtype and width)
+    path = _path(E, a) if on_device and H.shape[1] else None
+    if path == "fused":
+        tape = general if key is None else Tape()
+        results = _agnn(tape, E, H, beta)
+        if key is not None:
+            bound.seen(A, key, lambda: Bound(E, replay(tape, given, results), functools.partial(_agnn_grads, E)))
+        return results[0], functools.partial(_agnn_fused_vjp, E, (H, beta) + results)
+    if on_device:
+        Hn, norm = pointwise.row_normalize(H, _NORM_EPS)
+    else:
+        Hn, norm, inv = _normalize_rows(H, xp)
+    a.update(Q=Hn, K=Hn)
+    out, att_vjp, _ = _attend(E, a, path)
     return out, functools.partial(_agnn_vjp, E, H, Hn, norm, None if on_device else inv, fd, att_vjp)
+
+
+def _agnn(t, E, H, beta):
+    """:func:`agnn_conv`'s fused forward on tape ``t`` (:mod:`._record`): ``(out, lse, Hn, norm)``."""
+    Hn, norm = t(ROW_NORMALIZE, H)
+    out, lse = t(COSINE, E, H, Hn, Hn, beta)
+    return out, lse, Hn, norm
+
+
+def _agnn_grads(E, t, H, beta, out, lse, Hn, norm, g):
+    """:func:`agnn_conv`'s fused vjp on tape ``t``: ``(dH, dbeta)``, the temperature's shares summed in the
+    normalisation's vjp launch."""
+    dV, dQ, dK, shares = t(COSINE_GRADS, E, H, g, out, Hn, Hn, beta, lse)
+    return t(ROW_NORMALIZE_GRAD, dV, dQ, dK, Hn, norm, shares)
+
+
+def _agnn_fused_vjp(E, saved, g):
+    """:func:`agnn_conv`'s general vjp on the fused path."""
+    return _agnn_grads(E, general, *saved, cotangent(E, g, saved[2].shape))
 
 
 def _agnn_vjp(E, H, Hn, norm, inv, fd, att_vjp, g):
@@ -726,57 +707,100 @@ def _agnn_vjp(E, H, Hn, norm, inv, fd, att_vjp, g):
     return dH, dbeta
 
 
-class _BoundAGNN:
-    """A bound :func:`agnn_conv` call (:mod:`._bound`) on the fused path: the rows' normalisation and the attention
-    pass, bound launches, and its bound vjps.  Built where the general call converted nothing (H C-contiguous,
-    beta of shape (1,)), as the bound call's key proves."""
+def _row_normalize(H):
+    return pointwise.row_normalize(H, _NORM_EPS)
 
-    __slots__ = ("E", "a", "normalize", "attend", "backward")
 
-    @classmethod
-    def bind(cls, E, a):
-        """The bound call, or None for a graph without rows."""
-        self = cls.__new__(cls)
-        H = a["V"]
-        self.E, self.a = E, dict(a, V=None, Q=None, K=None, beta=None)  # (the call's own arrays: none kept)
-        self.normalize = pointwise.row_normalize_bound(H, _NORM_EPS, recycle=True)
-        self.attend = engine.fused_bound(E.matrix, H, 1, "cosine", a["slope"], a["dropout"], recycle=True)
-        self.backward = bound.Calls()
-        return None if self.normalize is None or self.attend is None else self
+def _row_normalize_bound(H, keep=False):
+    return pointwise.row_normalize_bound(H, _NORM_EPS, recycle=True)
 
-    def __call__(self, H, beta):
-        Hn, norm = self.normalize(H)
-        out, lse = self.attend(H, Hn, Hn, beta)
-        return out, functools.partial(self.vjp, H, beta, Hn, norm, out, lse)
 
-    def vjp(self, H, beta, Hn, norm, out, lse, g):
-        key = bound.signature(self.E.matrix, (g,), None)
-        if key is not None:
-            call = self.backward.bound.get(key)
-            if call is not None:
-                return call(H, beta, Hn, norm, out, lse, g)
-        a = dict(self.a, V=H, Q=Hn, K=Hn, beta=beta)
-        att_vjp = functools.partial(_attend_vjp, self.E, a, "fused", out, lse)
-        grads = _agnn_vjp(self.E, H, Hn, norm, None, a["fd"], att_vjp, g)
-        if key is not None:
-            self.backward.seen(key, lambda: self._bind_vjp(H, Hn, g))
-        return grads
+def _cosine(E, V, Q, K, beta):
+    return engine.fused(E.matrix, V, 1, "cosine", None, None, Q, K, beta, 0.2, 0.0, None)
 
-    def _bind_vjp(self, H, Hn, g):
-        """The bound vjp of g's signature: the fused backward and the normalisation's vjp, whose launch also sums
-        the temperature's shares, each bound; None where the general vjp would copy g."""
-        if not g.flags.c_contiguous:
-            return None
-        T, a, f32 = self.E.matrix, self.a, np.float32
-        keep = bound.keeps(H.shape)  # (the attention's gradients: intermediates)
-        back = engine.fused_backward_bound(T, H, 1, "cosine", a["slope"], a["dropout"], keep=keep, recycle=True)
-        shares = self.E.xp.empty(engine.work_units(T, "rows", 1)[0].shape[:1], f32)
-        grad = pointwise.row_normalize_grad_bound(Hn, _NORM_EPS, shares, recycle=True)
-        if grad is None:
-            return None
 
-        def call(H, beta, Hn, norm, out, lse, g):
-            dV, dQ, dK, shares = back(H, g, out, Hn, Hn, beta, lse)
-            return grad(dV, dQ, dK, Hn, norm, shares)  # (dH, and dbeta: the shares summed in the same launch)
+def _cosine_bound(E, V, Q, K, beta, keep=False):
+    return engine.fused_bound(E.matrix, V, 1, "cosine", 0.2, 0.0, recycle=True)
 
-        return call
+
+def _cosine_grads(E, V, G, out, Q, K, beta, lse):
+    return engine.fused_backward(E.matrix, V, G, out, lse, 1, "cosine", None, None, Q, K, beta, 0.2, 0.0, None)
+
+
+def _cosine_grads_bound(E, V, G, out, Q, K, beta, lse, keep=False):
+    if not G.flags.c_contiguous:  # (the general pass copies it)
+        return None
+    return engine.fused_backward_bound(E.matrix, V, 1, "cosine", 0.2, 0.0, keep=keep, recycle=True)
+
+
+def _row_normalize_grad(dV, dQ, dK, Hn, norm, shares):
+    return pointwise.row_normalize_grad(dV, dQ, dK, Hn, norm, _NORM_EPS, shares)
+
+
+def _row_normalize_grad_bound(dV, dQ, dK, Hn, norm, shares, keep=False):
+    return pointwise.row_normalize_grad_bound(Hn, _NORM_EPS, shares, recycle=True)
+
+
+#: AGNN's primitives (:class:`._record.Op`) on the fused path: the rows normalised, the cosine attention pass, its
+#: vjp (``(dV, dQ, dK, the temperature's shares)``), the normalisation's vjp with the shares summed.
+ROW_NORMALIZE = Op(_row_normalize, _row_normalize_bound)
+COSINE = Op(_cosine, _cosine_bound)
+COSINE_GRADS = Op(_cosine_grads, _cosine_grads_bound)
+ROW_NORMALIZE_GRAD = Op(_row_normalize_grad, _row_normalize_grad_bound)
+
+
+def _scored_mm(H, W, a_src, a_dst, heads):
+    return dense.dense_mm(H, W, None, a_src, a_dst, heads)
+
+
+def _scored_mm_bound(H, W, a_src, a_dst, heads, keep=False):
+    return dense.dense_mm_bound(H, W, None, a_src, a_dst, heads)
+
+
+def _head_dots_bound(X, a_src, a_dst, heads, keep=False):
+    return pointwise.head_dots_bound(X, heads, recycle=True)
+
+
+def _seed_bound(rng, keep=False):
+    return _draw_seed
+
+
+def _additive(E, heads, slope, dropout, V, s_src, s_dst, b, seed):
+    return engine.fused(E.matrix, V, heads, "additive", s_src, s_dst, None, None, None, slope, dropout, seed, b)
+
+
+def _additive_bound(E, heads, slope, dropout, V, s_src, s_dst, b, seed, keep=False):
+    if b is not None and not b.flags.c_contiguous:  # (the general pass copies it)
+        return None
+    return engine.fused_bound(E.matrix, V, heads, "additive", slope, dropout, b is not None, recycle=True)
+
+
+def _additive_grads(E, heads, slope, dropout, V, G, out, s_src, s_dst, lse, seed):
+    return engine.fused_backward(E.matrix, V, G, out, lse, heads, "additive", s_src, s_dst, None, None, None, slope,
+                                 dropout, seed)
+
+
+def _additive_grads_bound(E, heads, slope, dropout, V, G, out, s_src, s_dst, lse, seed, keep=False):
+    if not G.flags.c_contiguous:  # (the general pass copies it)
+        return None
+    return engine.fused_backward_bound(E.matrix, V, heads, "additive", slope, dropout, keep=keep, recycle=True)
+
+
+def _head_dots_grad_bound(dX, ds_src, ds_dst, a_src, a_dst, heads, keep=False):
+    return pointwise.head_dots_grad_bound(dX, heads, keep=keep)
+
+
+def _head_blocks_bound(R_src, R_dst, heads, keep=False):
+    return pointwise.head_blocks_bound(R_src, heads, recycle=True)
+
+
+#: GAT's primitives on the fused path: the product with the scores in its epilogue (else the product and one read
+#: of X for the scores), the dropout seed, the additive attention pass (the bias added as it stores), its vjp, the
+#: scores' vjp added to dX, the heads' diagonal blocks.
+SCORED_MM = Op(_scored_mm, _scored_mm_bound)
+HEAD_DOTS = Op(pointwise.head_dots, _head_dots_bound)
+SEED = Op(_draw_seed, _seed_bound)
+ADDITIVE = Op(_additive, _additive_bound)
+ADDITIVE_GRADS = Op(_additive_grads, _additive_grads_bound)
+HEAD_DOTS_GRAD = Op(pointwise.head_dots_grad, _head_dots_grad_bound)
+HEAD_BLOCKS = Op(pointwise.head_blocks, _head_blocks_bound)

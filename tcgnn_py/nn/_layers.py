@@ -19,7 +19,7 @@ from .._cache import keep
 from ..products import dense, pointwise
 from . import _bound as bound
 from ._edges import edges_of, features_on, floats
-from ._record import Op, Tape, general, replay
+from ._record import Bound, Op, Tape, cotangent, general, replay
 
 __all__ = [
     "gcn_conv",
@@ -216,13 +216,14 @@ def gcn_conv(A, H, W, b=None, *, precision=None):
         check_bias(b, W.shape[1])
     narrow_first = W.shape[1] <= W.shape[0]
     tape = general if key is None else Tape()
-    out, mid = _gcn(tape, E, H, W, b, narrow_first)
+    out, mid = _gcn(tape, E, narrow_first, H, W, b)
     if key is not None:
-        bound.seen(A, key, lambda: _BoundGCN(E, narrow_first, replay(tape, (H, W, b), (out, mid))))
-    return out, functools.partial(_gcn_vjp, E, H, W, b, mid, narrow_first, out.shape)
+        bound.seen(A, key, lambda: Bound(E, replay(tape, (H, W, b), (out, mid)),
+                                         functools.partial(_gcn_grads, E, narrow_first), _input_grad))
+    return out, functools.partial(_gcn_vjp, E, narrow_first, (H, W, b, out, mid))
 
 
-def _gcn(t, E, H, W, b, narrow_first):
+def _gcn(t, E, narrow_first, H, W, b):
     """:func:`gcn_conv`'s forward on tape ``t`` (:mod:`._record`): ``(out, mid)``, ``mid = A H`` where the product
     runs wide first (the vjp reads it), else None."""
     if narrow_first:
@@ -234,7 +235,7 @@ def _gcn(t, E, H, W, b, narrow_first):
     return t(MM, mid, W, b), mid
 
 
-def _gcn_grads(t, E, H, W, b, mid, g, narrow_first, input_grad):
+def _gcn_grads(E, narrow_first, t, H, W, b, out, mid, g, input_grad=True):
     """:func:`gcn_conv`'s vjp on tape ``t``: ``(dH, dW, db)``."""
     if narrow_first:
         dZ = t(SPMM_T, E, g)
@@ -246,45 +247,13 @@ def _gcn_grads(t, E, H, W, b, mid, g, narrow_first, input_grad):
     return dH, dW, (t(SUMS, g) if b is not None else None)
 
 
-def _checked_cotangent(E, g, shape):
-    g = features_on(E, g, "g")
-    if g.shape != shape:
-        raise ValueError(f"g must have the output's shape {shape}, got {g.shape}")
-    return g
+def _gcn_vjp(E, narrow_first, saved, g, input_grad=True):
+    """:func:`gcn_conv`'s general vjp (``saved``: the forward's inputs and results)."""
+    return _gcn_grads(E, narrow_first, general, *saved, cotangent(E, g, saved[3].shape), bool(input_grad))
 
 
-def _gcn_vjp(E, H, W, b, mid, narrow_first, shape, g, input_grad=True):
-    """:func:`gcn_conv`'s general vjp."""
-    return _gcn_grads(general, E, H, W, b, mid, _checked_cotangent(E, g, shape), narrow_first, input_grad)
-
-
-class _BoundGCN:
-    """A bound :func:`gcn_conv` call (:mod:`._bound`): the general call's record replayed (:mod:`._record`), and
-    its vjp's record bound per cotangent signature."""
-
-    __slots__ = ("E", "narrow_first", "forward", "backward")
-
-    def __init__(self, E, narrow_first, forward):
-        self.E, self.narrow_first, self.forward = E, narrow_first, forward
-        self.backward = bound.Calls()
-
-    def __call__(self, H, W, b):
-        out, mid = self.forward(H, W, b)
-        return out, functools.partial(self.vjp, H, W, b, mid, out.shape)
-
-    def vjp(self, H, W, b, mid, shape, g, input_grad=True):
-        input_grad = bool(input_grad)
-        key = bound.signature(self.E.matrix, (g,), input_grad)
-        if key is not None:
-            call = self.backward.bound.get(key)
-            if call is not None:
-                return call(H, W, b, mid, g)
-        g = _checked_cotangent(self.E, g, shape)
-        tape = general if key is None else Tape()
-        grads = _gcn_grads(tape, self.E, H, W, b, mid, g, self.narrow_first, input_grad)
-        if key is not None:
-            self.backward.seen(key, lambda: replay(tape, (H, W, b, mid, g), grads))
-        return grads
+def _input_grad(input_grad=True):
+    return (bool(input_grad),)
 
 
 def mm_bound(a, b, bias=None, keep=False):

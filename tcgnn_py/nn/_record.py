@@ -14,14 +14,16 @@ A step's result that the call returns (or keeps for its vjp) is recycled by its 
 its bound call serves, as a product's plan is.
 """
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
 
 from .._device import is_cupy_array
 from . import _bound as bound
+from ._edges import features_on
 
-__all__ = ["Op", "Tape", "general", "replay"]
+__all__ = ["Op", "Tape", "Bound", "general", "replay", "cotangent"]
 
 
 class Op(NamedTuple):
@@ -56,28 +58,82 @@ class Tape:
         return out
 
 
+def _variable(x):
+    """Whether an input is passed anew by each call (an array, or an object such as a random generator), rather
+    than a constant of the signature (None, a number, a string)."""
+    return x is not None and not isinstance(x, (bool, int, float, str))
+
+
 def replay(tape, inputs, outputs):
     """``f(*inputs) -> outputs``: the record of ``tape`` bound, for inputs of the signature of ``inputs`` (None
-    entries stay None); ``outputs`` are arrays of the record (or None) the call returns, in order."""
-    where = {id(x): i for i, x in enumerate(inputs) if _is_array(x)}
+    entries stay None); ``outputs`` are values of the record (or None) the call returns, in order.  None where an
+    op has no bound form for its operands, or an operand is an array made outside the record (a conversion of an
+    input, or a view: the call would do more than its launches; an op takes the base array instead).
+
+    A step's operands that are arrays or the call's inputs are passed anew (its bound form takes those, in order);
+    the others are fixed as recorded.  A step whose result is a tuple provides each element."""
+    where = {id(x): i for i, x in enumerate(inputs) if _variable(x)}
     escapes = {id(o) for o in outputs if o is not None}
     n, steps = len(inputs), []
     for op, args, out in tape.steps:
-        arrays = [a for a in args if _is_array(a)]
-        missing = [a for a in arrays if id(a) not in where]
-        if missing:
-            raise ValueError(f"{op.run.__name__}: an operand comes from outside the record (a view made between "
-                             "steps? pass its base to an op that takes it)")
-        f = op.bind(*args, keep=id(out) not in escapes and bound.keeps(out.shape))
-        steps.append((f, tuple(where[id(a)] for a in arrays)))
-        where[id(out)] = n  # (an op in place returns its operand: later steps read this step's)
-        n += 1
+        variable = [a for a in args if id(a) in where or _is_array(a)]
+        if any(id(a) not in where for a in variable):
+            return None  # an array made outside the record (an input converted): a call would do more than launch
+        parts = out if type(out) is tuple else (out,)
+        f = op.bind(*args, keep=all(id(o) not in escapes and bound.keeps(o.shape) for o in parts))
+        if f is None:
+            return None
+        steps.append((f, tuple(where[id(a)] for a in variable), type(out) is tuple))
+        for o in parts:  # (an op in place returns its operand: later steps read this step's)
+            where[id(o)] = n
+            n += 1
     at = tuple(None if o is None else where[id(o)] for o in outputs)
 
     def call(*inputs):
         env = list(inputs)
-        for f, args in steps:
-            env.append(f(*[env[i] for i in args]))
+        for f, args, several in steps:
+            if several:
+                env.extend(f(*[env[i] for i in args]))
+            else:
+                env.append(f(*[env[i] for i in args]))
         return tuple(None if i is None else env[i] for i in at)
 
     return call
+
+
+class Bound:
+    """A bound layer call (:mod:`._bound`): its forward record replayed (``forward(*inputs) -> (out, ...)``), and
+    its vjp -- ``grads(t, *inputs, *results, g, *options)`` on a tape -- recorded and bound per cotangent signature
+    in its own store.  ``options(*args, **kwargs)`` reads the vjp's options after ``g`` (a tuple, in the key)."""
+
+    __slots__ = ("E", "forward", "grads", "options", "backward")
+
+    def __init__(self, E, forward, grads, options=lambda: ()):
+        self.E, self.forward, self.grads, self.options = E, forward, grads, options
+        self.backward = bound.Calls()
+
+    def __call__(self, *inputs):
+        results = self.forward(*inputs)
+        return results[0], functools.partial(self.vjp, inputs + results, len(inputs))
+
+    def vjp(self, saved, n_inputs, g, *args, **kwargs):
+        options = self.options(*args, **kwargs)
+        key = bound.signature(self.E.matrix, (g,), options)
+        if key is not None:
+            call = self.backward.bound.get(key)
+            if call is not None:
+                return call(*saved, g)
+        g = cotangent(self.E, g, saved[n_inputs].shape)
+        tape = general if key is None else Tape()
+        grads = self.grads(tape, *saved, g, *options)
+        if key is not None:
+            self.backward.seen(key, lambda: replay(tape, saved + (g,), grads))
+        return grads
+
+
+def cotangent(E, g, shape):
+    """``g`` on E's device, checked to have the output's ``shape`` (a vjp's first check)."""
+    g = features_on(E, g, "g")
+    if g.shape != shape:
+        raise ValueError(f"g must have the output's shape {shape}, got {g.shape}")
+    return g

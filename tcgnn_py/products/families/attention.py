@@ -222,12 +222,22 @@ def csr_weights(T, dtype):
     return w
 
 
-def fused(T, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed):
+def fused(T, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed, bias=None):
     """``(out, lse)`` on the GPU: one warp per row, or per part of a long row, whose last part to finish merges the
     row's parts (:mod:`tcgnn_py.kernels.attention`).  The operands as the kernel reads them, then
-    :func:`fused_bound`'s pass."""
+    :func:`fused_bound`'s pass.  With a ``bias`` (additive scores), ``(out, lse, out + bias)``: added as the pass
+    stores ``out`` where V and the bias are float32 (the bits of the sum), else after it."""
     cp = get_cupy()
     n, HD = T.shape[0], V.shape[1]
+    if bias is not None:
+        if V.dtype != np.float32 or bias.dtype != np.float32 or not n:
+            out, lse = fused(T, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed)
+            return out, lse, out + bias.astype(out.dtype, copy=False)
+        f32 = np.float32
+        seed = (cp.ascontiguousarray(seed, np.uint32),) if dropout else ()
+        V = cp.ascontiguousarray(V)
+        return fused_bound(T, V, heads, score, slope, dropout, with_bias=True)(
+            V, cp.ascontiguousarray(s_src, f32), cp.ascontiguousarray(s_dst, f32), cp.ascontiguousarray(bias), *seed)
     if n == 0:
         return cp.ndarray((0, HD), V.dtype), cp.ndarray((0, heads), np.float32)
     f32 = np.float32

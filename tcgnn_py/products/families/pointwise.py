@@ -313,11 +313,14 @@ def row_normalize_grad_bound(xn, eps, shares=None, recycle=False):
     return f
 
 
-def row_normalize_grad(dv, dq, dk, xn, norm, eps):
+def row_normalize_grad(dv, dq, dk, xn, norm, eps, shares=None):
     """``dv + (dn - xn <xn, dn>) / max(norm, eps)`` per row with ``dn = dq + dk`` (the radial part only where
     ``norm > eps``): the vjp of :func:`row_normalize` added to ``dv``.  ``dv``, ``xn`` of x's dtype, ``dq``,
-    ``dk``, ``norm`` and the result of the compute type; all C-contiguous."""
+    ``dk``, ``norm`` and the result of the compute type; all C-contiguous.  With ``shares`` (float32), ``(dh,
+    total)``: the same launch also sums them (:func:`row_normalize_grad_bound`)."""
     if xn.shape[0]:
-        return sk.bound_once(("row_normalize_grad", xn.shape, xn.dtype, float(eps)), row_normalize_grad_bound, xn, eps)(
-            dv, dq, dk, xn, norm)
-    return get_cupy().ndarray(xn.shape, acc_dtype(xn.dtype))
+        key = ("row_normalize_grad", xn.shape, xn.dtype, float(eps), None if shares is None else shares.size)
+        f = sk.bound_once(key, row_normalize_grad_bound, xn, eps, shares)
+        return f(dv, dq, dk, xn, norm) if shares is None else f(dv, dq, dk, xn, norm, shares)
+    dh = get_cupy().ndarray(xn.shape, acc_dtype(xn.dtype))
+    return dh if shares is None else (dh, total(shares, (1,)))
