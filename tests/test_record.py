@@ -54,7 +54,8 @@ def test_an_op_without_a_bound_form_leaves_the_call_general():
 
 def test_inputs_that_are_not_arrays_are_passed_anew():
     """An input such as a random generator reaches its steps per call; numbers stay constants of the record."""
-    draw = Op(lambda rng, scale: scale * rng.random(2), lambda rng, scale, keep=False: lambda rng: scale * rng.random(2))
+    draw = Op(lambda rng, scale: scale * rng.random(2),
+              lambda rng, scale, keep=False: lambda rng: scale * rng.random(2))
     tape = Tape()
     rng = np.random.default_rng(0)
     out = tape(draw, rng, 3.0)

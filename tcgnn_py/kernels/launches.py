@@ -52,8 +52,9 @@ _MASK = {"i32": 0xFFFFFFFF, "u32": 0xFFFFFFFF}
 
 def encode(value, kind):
     """The 8-byte slot of ``value`` for a parameter of ``kind`` (:data:`.registry.SCALAR_KINDS`, ``"ptr"``): an
-    array's address (or an int address), 0 for None, an integer, a float's bits in the declared width; ``"value"`` (a template
-    type) by the value's own type (:func:`.driver.slot_value`).  A value that does not fit raises."""
+    array's address (or an int address), 0 for None, an integer, a float's bits in the declared width;
+    ``"value"`` (a template type) by the value's own type (:func:`.driver.slot_value`).  A value that does not fit
+    raises."""
     if kind == "ptr":
         if value is None:
             return 0

@@ -588,9 +588,10 @@ def cross_entropy(logits, labels, index=None):
         if index is None:
             w, w0 = None, 1 / n if n else 0.0
         else:  # the rows' weights by one launch (a scatter costs several)
-            w, w0 = pointwise.index_weights(n, index.astype(np.int64, copy=False), 1 / index.shape[0], logits.dtype), 0.0
-        loss, grad = pointwise.cross_entropy(xp.ascontiguousarray(logits), labels.reshape(n).astype(np.int64, copy=False),
-                                            w, w0)
+            w = pointwise.index_weights(n, index.astype(np.int64, copy=False), 1 / index.shape[0], logits.dtype)
+            w0 = 0.0
+        loss, grad = pointwise.cross_entropy(xp.ascontiguousarray(logits),
+                                             labels.reshape(n).astype(np.int64, copy=False), w, w0)
         return pointwise.total(loss), grad  # in one fixed order, one launch
     if xp is np:
         y = labels if index is None else labels[np.asarray(index)]

@@ -77,7 +77,8 @@ def cross_entropy(logits, labels, w, w0):
     grad = cp.ndarray(logits.shape, logits.dtype)
     if n:
         sk.planned(("cross_entropy", logits.dtype, n, k, float(w0)), lambda: sk.launch(
-            sk.name(kn.cross_entropy_name, logits.dtype), sk.grid(n), sk.THREADS, ("logits", "labels", "w", "loss", "grad"),
+            sk.name(kn.cross_entropy_name, logits.dtype), sk.grid(n), sk.THREADS,
+            ("logits", "labels", "w", "loss", "grad"),
             w0=w0, n=n, k=k)).run(logits, labels, w, loss, grad)
     return loss, grad
 
@@ -89,7 +90,8 @@ def index_weights(n, index, value, dtype):
     if index.size:
         m = index.size
         sk.planned(("index_weights", w.dtype, m, n, float(value)), lambda: sk.launch(
-            sk.name(kn.index_weights_name, w.dtype), sk.grid(m), sk.THREADS, ("w", "index"), m=m, n=n, value=value)).run(
+            sk.name(kn.index_weights_name, w.dtype), sk.grid(m), sk.THREADS, ("w", "index"), m=m, n=n,
+            value=value)).run(
             w, index)
     return w
 
@@ -200,7 +202,8 @@ def head_blocks(r_src, r_dst, heads):
     C-contiguous ``(heads, heads * D)`` arrays of one dtype, in one launch."""
     D = r_src.shape[1] // heads
     if heads * D:
-        return sk.bound_once(("head_blocks", r_src.shape, r_src.dtype, heads), head_blocks_bound, r_src, heads)(r_src, r_dst)
+        key = ("head_blocks", r_src.shape, r_src.dtype, heads)
+        return sk.bound_once(key, head_blocks_bound, r_src, heads)(r_src, r_dst)
     cp = get_cupy()
     return cp.ndarray((heads, D), r_src.dtype), cp.ndarray((heads, D), r_src.dtype)
 
