@@ -225,7 +225,7 @@ def test_nccl_communicator_is_torn_down_once():
     CuPy's abort / destroy release the GIL in the NCCL call and forget the handle after it: two concurrent
     calls freed it twice (heap corruption at exit on 2 H200s). Here the NCCL call takes time, and only one
     call must reach the communicator, whatever the mix."""
-    from tcgnn_py.distributed._context import _NcclContext
+    from tcgnn_py.distributed._nccl import NcclContext
 
     class SlowComm:
         def __init__(self):
@@ -238,7 +238,7 @@ def test_nccl_communicator_is_torn_down_once():
         def destroy(self):
             self.calls.append("destroy")
 
-    ctx = _NcclContext.__new__(_NcclContext)  # no GPU: the teardown state only
+    ctx = NcclContext.__new__(NcclContext)  # no GPU: the teardown state only
     dist.Context.__init__(ctx, 0, 2, 1.0)
     ctx.comm, ctx._host_barrier, ctx._wake, ctx._stop, ctx.job = SlowComm(), None, False, threading.Event(), None
     ctx._init_teardown()
