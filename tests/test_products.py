@@ -114,6 +114,32 @@ def test_sddmm_zero_width():
     assert S.nnz == T.nnz and not np.any(host(S.tocsr().data))
 
 
+def test_fixed_size_parts_are_the_attention_passes_units():
+    """``even=False``: every owner cut into parts of ``unit`` items but the last, as the fused attention passes
+    take them (a row of 0 entries keeps one empty unit); an owner's parts own consecutive slots, which its k0 row
+    names with the number of its parts."""
+    from tcgnn_py.products._plans import build_plan
+
+    rng = np.random.default_rng(3)
+    deg = rng.integers(0, 40, 200)
+    deg[[5, 17]] = [0, 1000]
+    ptr = np.concatenate([[0], np.cumsum(deg)]).astype(np.int32)
+    unit = 7
+    plan = build_plan(np, ptr, unit, np.iinfo(np.int32).max, even=False)
+    want, k0, slot = [], [], 0
+    for r, d in enumerate(deg):
+        parts = max(-(-int(d) // unit), 1)
+        first = slot if parts > 1 else -1
+        for j in range(parts):
+            lo = ptr[r] + j * unit
+            want.append([r, lo, min(lo + unit, ptr[r + 1]), slot + j if parts > 1 else -1])
+            k0.append([first, parts])
+        slot += parts if parts > 1 else 0
+    np.testing.assert_array_equal(plan["units"], want)
+    np.testing.assert_array_equal(plan["unit_k0"], k0)
+    assert plan["n_slots"] == slot
+
+
 def test_work_plan_covers_every_block_once():
     """The SpMM units partition each window's blocks; split windows own consecutive slots."""
     from tcgnn_py.products._plans import UNITS_PER_WINDOW_MAX, build_plan

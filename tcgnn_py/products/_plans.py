@@ -152,8 +152,11 @@ def _plan_where_planned(tiling, blocks_per_unit, max_units):
                          lambda: build_plan(xp, arrays("win_ptr"), blocks_per_unit, max_units))
 
 
-def build_plan(xp, win_ptr, blocks_per_unit, max_units=UNITS_PER_WINDOW_MAX):
-    """The plan of :func:`spmm_plan` from ``win_ptr`` (any device)."""
+def build_plan(xp, win_ptr, blocks_per_unit, max_units=UNITS_PER_WINDOW_MAX, even=True):
+    """The plan of :func:`spmm_plan` from ``win_ptr`` (any device): each owner (a window of blocks, a row of
+    entries) cut into ``ceil(items / blocks_per_unit)`` units (1 to ``max_units``), of near-equal lengths
+    (``even``), else of ``blocks_per_unit`` items each but the last (the attention passes' parts).  A unit is
+    ``(owner, first, end, slot or -1)``; the owners cut in several give their units consecutive slots."""
     nb = xp.diff(win_ptr).astype(np.int64)
     k = xp.clip(-(-nb // blocks_per_unit), 1, max_units)
     unit_ptr = xp.concatenate((xp.zeros(1, np.int64), xp.cumsum(k)))
@@ -164,7 +167,12 @@ def build_plan(xp, win_ptr, blocks_per_unit, max_units=UNITS_PER_WINDOW_MAX):
     kw, nbw, start = k[uw], nb[uw], win_ptr[uw].astype(np.int64)
     split = kw > 1
     slot = xp.where(split, xp.cumsum(split) - 1, -1)
-    units = xp.stack([uw, start + j * nbw // kw, start + (j + 1) * nbw // kw, slot], axis=1)
+    if even:
+        first, end = start + j * nbw // kw, start + (j + 1) * nbw // kw
+    else:
+        first = start + j * blocks_per_unit
+        end = xp.minimum(first + blocks_per_unit, start + nbw)
+    units = xp.stack([uw, first, end, slot], axis=1)
     sw = xp.flatnonzero(k > 1)
     splits = xp.stack([sw, slot[unit_ptr[sw]], k[sw], xp.zeros_like(sw)], axis=1)
     unit_k0 = xp.stack([slot[unit_ptr[uw]], kw], axis=1)

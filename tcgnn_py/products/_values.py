@@ -15,7 +15,7 @@ from .._tuning import options
 from ._plans import HOST_PLAN_MAX
 
 __all__ = ["DEVICE_VALUES", "VEC_DENSE_BYTES_MAX", "VEC_DENSE_KEEP", "half_key", "half_values", "values_as",
-           "vec_dense_values"]
+           "values_form", "vec_dense_values"]
 
 
 def values_as(values, dtype, cache):
@@ -37,29 +37,38 @@ VEC_DENSE_BYTES_MAX = 1 << 30
 VEC_DENSE_KEEP = 4
 
 
-def vec_dense_values(tiling, values):
-    """``(n_blocks * 32,)`` float32: ``values`` at ``32 * block + tile position``, zeros elsewhere.
-
-    Built on first use for a values array and kept on the tiling for the last
-    :data:`VEC_DENSE_KEEP` arrays, each held with its values (so that the memory
-    of an array in use is never another's; values are read-only by contract).
-    """
-    lru = tiling.peek("vec_dense")
+def values_form(tiling, kind, values, build, limit):
+    """``build(values)``, a form of a matrix's values (another order or layout), made once per values array and
+    kept on the tiling under ``kind`` for the last ``limit`` arrays, each held with its values (so that the memory
+    of an array in use is never another's; values are read-only by contract).  Not kept when made under a
+    capture: the graph holds the scatter, and its arrays must not outlive it in a cache."""
+    lru = tiling.peek(kind)
     if lru is None:
-        lru = tiling.put("vec_dense", {})
+        lru = tiling.put(kind, {})
     hit = lru.get(id(values))
     if hit is not None and hit[0] is values:
         return hit[1]
-    xp = tiling.xp
-    dense = xp.zeros(tiling.n_blocks * 32, np.float32)
-    eb = tiling.peek("vec_dense_blocks")
-    if eb is None:
-        eb = ref.entry_blocks(tiling.block_ptr, tiling.nnz).astype(np.int64)
-    dense[eb * 32 + tiling.tile_pos.astype(np.int64)] = values
-    if xp.cuda.get_current_stream().is_capturing():
-        return dense  # the graph holds the scatter; its arrays must not outlive it in a cache
-    tiling.put("vec_dense_blocks", eb)
-    return keep(lru, id(values), (values, dense), VEC_DENSE_KEEP)[1]
+    form = build(values)
+    if tiling.xp is not np and tiling.xp.cuda.get_current_stream().is_capturing():
+        return form
+    return keep(lru, id(values), (values, form), limit)[1]
+
+
+def vec_dense_values(tiling, values):
+    """``(n_blocks * 32,)`` float32: ``values`` at ``32 * block + tile position``, zeros elsewhere, for the last
+    :data:`VEC_DENSE_KEEP` values arrays (:func:`values_form`)."""
+    def build(values):
+        xp = tiling.xp
+        dense = xp.zeros(tiling.n_blocks * 32, np.float32)
+        eb = tiling.peek("vec_dense_blocks")
+        if eb is None:
+            eb = ref.entry_blocks(tiling.block_ptr, tiling.nnz).astype(np.int64)
+            if not xp.cuda.get_current_stream().is_capturing():
+                tiling.put("vec_dense_blocks", eb)
+        dense[eb * 32 + tiling.tile_pos.astype(np.int64)] = values
+        return dense
+
+    return values_form(tiling, "vec_dense", values, build, VEC_DENSE_KEEP)
 
 
 #: Marks a matrix's cache of casts when its values were made on the device (``with_values`` of a device array, as

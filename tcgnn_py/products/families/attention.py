@@ -15,9 +15,9 @@ from ..._device import get_cupy
 from ...kernels import attention as ka
 from ...kernels.attention import attention_unit
 from ...kernels.launches import Scratch, make
-from ..._cache import keep
 from .._launch import recycled, same_array
-from .._plans import sm_count
+from .._plans import build_plan, sm_count
+from .._values import values_form
 
 __all__ = ["csr_structure", "transpose_structure", "work_units", "csr_weights", "fused", "fused_backward", "reach",
            "fused_bound", "fused_backward_bound",
@@ -66,22 +66,16 @@ def work_units(T, kind, heads):
 
     def build():
         xp = get_cupy()
-        ptr = (csr_structure(T)[1] if kind == "rows" else transpose_structure(T)[0]).astype(np.int64)
-        deg = xp.diff(ptr)
-        parts = xp.maximum(-(-deg // unit), 1)
-        uptr = xp.concatenate([xp.zeros(1, np.int64), xp.cumsum(parts)])
-        uid = xp.arange(int(uptr[-1]), dtype=np.int64)  # synchronize! once per tiling, kind and part size
-        owner = xp.searchsorted(uptr, uid, side="right") - 1
-        start = ptr[owner] + (uid - uptr[owner]) * unit
-        end = xp.minimum(start + unit, ptr[owner + 1])
-        split = parts[owner] > 1
-        slot = xp.where(split, xp.cumsum(split) - 1, -1)
-        units = xp.stack([owner, start, end, slot], axis=1).astype(np.int32)
-        k0 = xp.stack([slot[uptr[owner]], parts[owner]], axis=1).astype(np.int32)
+        ptr = csr_structure(T)[1] if kind == "rows" else transpose_structure(T)[0]
+        # the products' work plan, parts of ``unit`` entries (no cap on an owner's parts)
+        plan = build_plan(xp, ptr, unit, np.iinfo(np.int32).max, even=False)
+        units = plan["units"]
+        length = (units[:, 2] - units[:, 1]).astype(np.int64)
+        uid = xp.arange(units.shape[0], dtype=np.int64)
         # longest units first (ties in owner order; unique keys, one order): a block's warps, of similar lengths,
         # end together, so its slots free for the next block rather than waiting on one long warp
-        order = xp.argsort((unit - (end - start)) * uid.shape[0] + uid)
-        return units[order], k0[order], int(split.sum())  # synchronize!
+        order = xp.argsort((unit - length) * uid.shape[0] + uid)
+        return units[order], plan["unit_k0"][order], plan["n_slots"]
 
     return T.tiling.cached(("attention_units", kind, unit), build)
 
@@ -208,18 +202,14 @@ WEIGHTS_KEEP = 4
 def csr_weights(T, dtype):
     """The entries' values in CSR order, as ``dtype`` (the softmax weights): made once per values array and
     dtype, and kept on the tiling with the values (a training step does not rebuild them)."""
-    values, dtype = T.values, np.dtype(dtype)
-    kept = T.tiling.cached("attention_weights", dict)
-    hit = kept.get((id(values), dtype.char))
-    if hit is not None and hit[0] is values:
-        return hit[1]
-    xp = np if T.device == "cpu" else get_cupy()
-    w = xp.empty(values.shape[0], dtype)
-    w[T.tiling.perm] = values  # tiled entry e is CSR entry perm[e]
-    if xp is not np and xp.cuda.get_current_stream().is_capturing():
-        return w  # the graph holds the scatter; its arrays must not outlive it in a cache
-    keep(kept, (id(values), dtype.char), (values, w), WEIGHTS_KEEP)
-    return w
+    dtype = np.dtype(dtype)
+
+    def build(values):
+        w = T.tiling.xp.empty(values.shape[0], dtype)
+        w[T.tiling.perm] = values  # tiled entry e is CSR entry perm[e]
+        return w
+
+    return values_form(T.tiling, ("attention_weights", dtype.char), T.values, build, WEIGHTS_KEEP)
 
 
 def fused(T, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed, bias=None):
