@@ -1,17 +1,19 @@
 """Layer 2: the timed choice among a family's bit-identical launches: it knows no family.
 
-A family hands :func:`choose` its candidate configurations (the statistics' default first), the kernels
-each needs, how to build their launches (in one pass) and how to call them on the operands being planned;
-the autotuner compiles what is missing in the background, times the rest, and keeps the
-default unless another is clearly faster (:func:`pick_fastest`).  Every candidate gives the same
-bits, so the choice changes speed only.
+A family hands :func:`choose` itself and its candidate configurations (the statistics' default first); the
+family says which kernels a configuration runs (``family.kernels``) and builds their launches in one pass
+(``family.launches``); the autotuner compiles what is missing in the background, times the rest on the operands
+being planned, and keeps the default unless another is clearly faster (:func:`pick_fastest`).  Every candidate
+gives the same bits, so the choice changes speed only.
 """
 
 import dataclasses
+import functools
 
 from .._device import get_cupy
 from .._tuning import overrides_key
 from ._launch import Provisional
+from ._values import vec_dense_values
 
 __all__ = ["TIMED_MARGIN", "TIMED_MAX_WORK", "TIMED_ROUNDS", "choose", "pick_fastest", "timed_choices"]
 
@@ -35,14 +37,16 @@ def pick_fastest(ms, margin=TIMED_MARGIN):
     return best if ms[best] < (1.0 - margin) * ms[0] else 0
 
 
-def choose(tiling, key, candidates, needs, build, calls_of, work):
-    """The launch of the fastest of ``candidates`` (configurations, the default first), or a :class:`Provisional`.
+def choose(family, tiling, dtype, D, vec, key, candidates, operands):
+    """The launch of the fastest of ``candidates`` (``family``'s configurations, the default first), or a
+    :class:`Provisional`.
 
-    ``needs[i]`` names the ``(family, name)`` kernels candidate ``i`` runs (nothing compiled, no launch built);
-    ``build(configs)`` builds their launches in one pass (they share one partition and its scratch);
-    ``calls_of(launches)`` gives a call of each on the operands of the product being planned (it writes that
-    product's result, which the planned call writes again); ``work`` is the product's blocks x features.  GPU time
-    only (queued behind a spin kernel), one warm-up and :data:`TIMED_ROUNDS` calls each.
+    ``family.kernels(tiling, dtype, config)`` names the ``(family, name)`` kernels a candidate runs (nothing
+    compiled, no launch built); ``family.launches(tiling, dtype, D, vec, configs)`` builds their launches in one
+    pass (they share one partition and its scratch).  Each is called on ``operands``, the product being planned
+    (``values, X, Y, ...``: it writes that product's result, which the planned call writes again; a launch that
+    reads the values dense gets them so).  GPU time only (queued behind a spin kernel), one warm-up and
+    :data:`TIMED_ROUNDS` calls each.
     Under CUDA-graph capture nothing can be timed, and products above :data:`TIMED_MAX_WORK` are not: the
     default is kept.  A first product does not wait for a family's worth of compiles: candidates whose
     kernels are not compiled yet compile in the background and are left out, and the launch stays
@@ -52,8 +56,13 @@ def choose(tiling, key, candidates, needs, build, calls_of, work):
     from ..kernels.registry import background_compiles, compile_in_background, is_compiled
     from ..kernels.timing import time_round_robin
 
-    if len(candidates) == 1 or work > TIMED_MAX_WORK or get_cupy().cuda.get_current_stream().is_capturing():
+    def build(configs):
+        return family.launches(tiling, dtype, D, vec, configs)
+
+    if (len(candidates) == 1 or tiling.n_blocks * D > TIMED_MAX_WORK
+            or get_cupy().cuda.get_current_stream().is_capturing()):
         return build(candidates[:1])[0]
+    needs = [family.kernels(tiling, dtype, c) for c in candidates]
     missing = {k for ks in needs[1:] for k in ks if not is_compiled(*k)} - set(needs[0])
     futures = []
     if missing and background_compiles():
@@ -62,12 +71,19 @@ def choose(tiling, key, candidates, needs, build, calls_of, work):
         candidates = [c for i, c in enumerate(candidates) if i == 0 or not missing.intersection(needs[i])]
     launches = build(candidates)
     if len(launches) > 1:
-        ms = time_round_robin(calls_of(launches), TIMED_ROUNDS)
+        ms = time_round_robin(_calls(tiling, launches, operands), TIMED_ROUNDS)
         tiling.put(key + (overrides_key(),), tuple(zip(candidates, ms)))
         best = launches[pick_fastest(ms)]
     else:
         best = launches[0]
     return Provisional(best, futures) if futures else best
+
+
+def _calls(tiling, launches, operands):
+    """A call of each launch on ``operands`` (``values`` first: dense where a launch reads them so)."""
+    values, rest = operands[0], tuple(operands[1:])
+    dense = vec_dense_values(tiling, values) if any(la.dense for la in launches) else None
+    return [functools.partial(la.run, dense if la.dense else values, *rest) for la in launches]
 
 
 def timed_choices(tiling):

@@ -5,6 +5,7 @@ launches of a kernel on either.
 The partition (blocks per unit) fixes the order of every sum; the families pick kernels for it.
 """
 
+import dataclasses
 from typing import NamedTuple
 
 import numpy as np
@@ -13,7 +14,7 @@ from .._tuning import options
 from ._launch import Scratch, compiled, fixup, spmm
 from ._plans import VEC_UNITS_PER_WINDOW_MAX, sm_count, sorted_units, vec_coop_units, vec_hist, vec_meta, vec_plan
 
-__all__ = ["Shape", "VEC_COOP_CTAS", "VEC_RESIDENT_WARPS", "VEC_UNIT_SIZES", "VEC_WIDE_WARPS", "async_rows",
+__all__ = ["Config", "Shape", "VEC_COOP_CTAS", "VEC_RESIDENT_WARPS", "VEC_UNIT_SIZES", "VEC_WIDE_WARPS", "async_rows",
            "coop_launch", "layout_launches", "partition", "partition_launch", "partition_units", "vec_coop",
            "vec_unit_size"]
 
@@ -102,6 +103,15 @@ def coop_launch(tiling, D, slices, kernel, smem, extra=()):
     fixed = dict(units=units, unit_k0=units, block_cols=tiling.block_cols, meta=vec_meta(tiling),  # unit_k0: unread
                  counters=None, M=tiling.shape[0], D=D, n_slices=n_slices, n_work=n_work)
     return spmm(*kernel, n_windows * n_slices, 128, fixed, smem, extra=extra, n_slices=n_slices)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One launch on the vector layout, float32 or 16-bit X: the kernel's config (``SpmmVec``, ``SpmmVecAsync`` or
+    ``SpmmVech``) and the blocks per unit, which fix the partition of each window, hence the order of every sum."""
+
+    kernel: object
+    bpu: int
 
 
 class Shape(NamedTuple):

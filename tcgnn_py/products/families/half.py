@@ -6,6 +6,7 @@ The matrix's values go as X's type, or as (hi, lo) pairs of it (:func:`.._values
 
 import dataclasses
 import functools
+import sys
 
 import numpy as np
 
@@ -15,7 +16,7 @@ from .._autotune import choose
 from .._launch import cast_plan, half_launch_key
 from .._plans import vec_plan
 from .._values import half_key, half_values
-from .._vec_layout import Shape, layout_launches, partition, vec_coop
+from .._vec_layout import Config, Shape, layout_launches, partition, vec_coop
 
 __all__ = ["Config", "candidates", "default", "kernels", "launch", "launches", "plan", "spmm_launch"]
 
@@ -43,24 +44,13 @@ declare("half", {
 })
 
 
-@dataclasses.dataclass(frozen=True)
-class Config:
-    """One launch of the 16-bit vector SpMM: the kernel (``SpmmVech``, its types and alignment the operands')
-    and the blocks per unit, which fix the partition of each window, hence the order of every sum."""
-
-    kernel: object
-    bpu: int
-
-
 def spmm_launch(tiling, dtype, D, vec, half, operands=None):
     """The 16-bit vector SpMM's launch: ``half`` is ``(X type, split values, Y type)``; with ``operands``
     ``(values, X, Y, unscale)`` of the call being planned, the timed choice among :func:`candidates`."""
     if operands is None or not options()["vec_timed_choice"]:
         return launch(tiling, dtype, D, vec, half)
-    configs = candidates(tiling, D, vec, half)
-    return choose(tiling, ("timed", half, D, vec), configs, _kernels(tiling, dtype, configs),
-                  lambda configs: launches(tiling, dtype, D, vec, configs),
-                  lambda launches: [functools.partial(la.run, *operands) for la in launches], tiling.n_blocks * D)
+    return choose(sys.modules[__name__], tiling, dtype, D, vec, ("timed", half, D, vec),
+                  candidates(tiling, D, vec, half), operands)
 
 
 @functools.cache

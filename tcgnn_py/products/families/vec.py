@@ -7,6 +7,7 @@ which keep its partition, so every candidate gives the same bits.
 
 import dataclasses
 import functools
+import sys
 
 import numpy as np
 
@@ -15,8 +16,8 @@ from ...kernels import products as kp
 from .._autotune import choose
 from .._launch import f32_plan, sddmm, sddmm_plan
 from .._plans import spmm_plan, vec_plan
-from .._values import VEC_DENSE_BYTES_MAX, vec_dense_values
-from .._vec_layout import Shape, async_rows, layout_launches, partition, vec_coop
+from .._values import VEC_DENSE_BYTES_MAX
+from .._vec_layout import Config, Shape, async_rows, layout_launches, partition, vec_coop
 
 __all__ = ["MAX_WARPS", "Config", "candidates", "default", "kernels", "launch", "launches", "plan", "plan_sddmm",
            "sddmm_launch", "spmm_launch"]
@@ -48,15 +49,6 @@ declare("vec", {
 })
 
 
-@dataclasses.dataclass(frozen=True)
-class Config:
-    """One launch of the vector SpMM: the kernel (``SpmmVec`` register gathers, or ``SpmmVecAsync``) and the
-    blocks per unit, which fix the partition of each window, hence the order of every sum."""
-
-    kernel: object
-    bpu: int
-
-
 def plan(problem):
     """The :class:`.._problem.Plan` of a float32 ``A @ X`` on TF32 tensor cores, vector layout: this family's launch
     (:func:`spmm_launch`), planned once per width and alignment (:func:`.._launch.f32_plan`)."""
@@ -71,15 +63,8 @@ def spmm_launch(tiling, dtype, D, vec, operands=None):
     """
     if operands is None or not options()["vec_timed_choice"]:
         return launch(tiling, dtype, D, vec)
-    values, X, Y = operands
-
-    def calls_of(launches):
-        dense = vec_dense_values(tiling, values) if any(la.dense for la in launches) else None
-        return [functools.partial(la.run, dense if la.dense else values, X, Y) for la in launches]
-
-    configs = candidates(tiling, D, vec)
-    return choose(tiling, ("timed", "float32", D, vec), configs, _kernels(tiling, dtype, configs),
-                  lambda configs: launches(tiling, dtype, D, vec, configs), calls_of, tiling.n_blocks * D)
+    return choose(sys.modules[__name__], tiling, dtype, D, vec, ("timed", "float32", D, vec),
+                  candidates(tiling, D, vec), operands)
 
 
 @functools.cache
