@@ -66,8 +66,8 @@ def choose(family, tiling, dtype, D, vec, key, candidates, operands):
     missing = {k for ks in needs[1:] for k in ks if not is_compiled(*k)} - set(needs[0])
     futures = []
     if missing and background_compiles():
-        for family in sorted({f for f, _ in missing}):
-            futures += compile_in_background(family, sorted(n for f, n in missing if f == family))
+        for kernel_family in sorted({f for f, _ in missing}):  # (the kernels' registry family)
+            futures += compile_in_background(kernel_family, sorted(n for f, n in missing if f == kernel_family))
         candidates = [c for i, c in enumerate(candidates) if i == 0 or not missing.intersection(needs[i])]
     launches = build(candidates)
     if len(launches) > 1:
