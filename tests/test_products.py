@@ -398,3 +398,42 @@ def test_recycled_results_come_back_only_when_nothing_holds_them():
     del view, d, b
     assert f(None, None) is not f(None, None)  # (the first held while the second is made)
     assert recycled((RECYCLE_BYTES // 4 + 1,), np.float32, new) is new
+
+
+def test_the_timed_choice_takes_a_family_compiles_what_is_missing_and_keeps_the_fastest(monkeypatch):
+    """choose() asks the family for each candidate's kernels and launches: candidates whose kernels are missing
+    compile in the background and are left out (the launch stays provisional), the others are timed and the
+    fastest kept beyond the margin.  On the host, with the GPU's pieces standing in."""
+    import types
+
+    from tcgnn_py.kernels import registry, timing
+    from tcgnn_py.products import _autotune
+
+    compiled = {("fam", "a"), ("fam", "b")}
+    started = []
+    monkeypatch.setattr(registry, "is_compiled", lambda family, name: (family, name) in compiled)
+    monkeypatch.setattr(registry, "background_compiles", lambda: True)
+    monkeypatch.setattr(registry, "compile_in_background", lambda family, names: started.append((family, names))
+                        or ["future"])
+    monkeypatch.setattr(timing, "time_round_robin", lambda calls, rounds: [1.0, 0.5][:len(calls)])
+    stream = types.SimpleNamespace(is_capturing=lambda: False)
+    monkeypatch.setattr(_autotune, "get_cupy", lambda: types.SimpleNamespace(
+        cuda=types.SimpleNamespace(get_current_stream=lambda: stream)))
+
+    class Launch(types.SimpleNamespace):
+        dense = False
+
+        def run(self, *operands):
+            pass
+
+    family = types.SimpleNamespace(
+        kernels=lambda tiling, dtype, config: (("fam", config),),
+        launches=lambda tiling, dtype, D, vec, configs: [Launch(config=c) for c in configs])
+    kept = {}
+    tiling = types.SimpleNamespace(n_blocks=10, put=lambda key, value: kept.setdefault(key, value))
+    got = _autotune.choose(family, tiling, np.float32, 64, True, ("timed", "float32", 64, True), ["a", "b", "c"],
+                           ("values", "X", "Y"))
+    assert isinstance(got, _autotune.Provisional) and got.futures == ["future"]
+    assert started == [("fam", ["c"])]  # the missing kernel, in the background; c left out of the timing
+    assert got.launch.config == "b"  # 0.5 ms against the default's 1.0
+    assert [c for c, _ in next(iter(kept.values()))] == ["a", "b"]
