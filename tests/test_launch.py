@@ -240,3 +240,98 @@ def test_the_blas_loader_takes_a_name_then_the_mapped_copy():
     assert _load(("libnot-there.so.0", "libc.so.6"), lambda line: False)._name == "libc.so.6"
     mapped = _load(("libnot-there.so.0",), lambda line: "/libc.so" in line or "/libc-" in line)
     assert mapped._name.startswith("/") and "libc" in mapped._name
+
+
+#: Each kernel family and the modules that write its launches.
+LAUNCH_SITES = {
+    "attention": ("products/families/attention.py",),
+    "nn": ("products/families/dense.py", "products/families/pointwise.py", "products/families/optimizer.py"),
+    "tf32": ("products/families/tf32.py", "products/_launch.py"),
+    "core": ("products/families/core.py", "products/_launch.py"),
+    "vec": ("products/families/vec.py", "products/_vec_layout.py", "products/_launch.py"),
+    "half": ("products/families/half.py", "products/_vec_layout.py", "products/_launch.py"),
+    "sparse": ("products/families/sparse.py", "products/_launch.py"),
+    "dist": ("distributed/_matrix.py",),
+    "timing": ("kernels/timing.py",),
+    "baseline": ("bench/_baselines.py",),
+}
+#: Keywords of the launch helpers that are not kernel parameters.
+_HELPER_KEYWORDS = {"smem", "scratch", "then", "cooperative", "dense", "n_slices", "partial", "fixup", "extra",
+                    "values"}
+
+
+def _named_parameters(tree):
+    """Every name a module's launch calls give a kernel parameter: the operands' strings, the keyword arguments
+    and ``fixed`` dicts of ``make``, ``spmm``, ``sddmm`` (their first argument a family's name), ``launch`` and
+    ``_pass`` (``values=`` and ``extra=`` name the products' values and extra operands), and what the module puts
+    in a dict named ``fixed``."""
+    import ast
+
+    def strings(node):
+        return {c.value for c in ast.walk(node) if isinstance(c, ast.Constant) and type(c.value) is str}
+
+    def keys(node):  # dict(a=...) and {"a": ...}
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "dict":
+            return {kw.arg for kw in node.keywords if kw.arg}
+        if isinstance(node, ast.Dict):
+            return {k.value for k in node.keys if isinstance(k, ast.Constant)}
+        return set()
+
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "fixed" for t in node.targets):
+            names |= keys(node.value)
+        if isinstance(node, ast.Subscript) and getattr(node.value, "id", "") == "fixed" and \
+                isinstance(node.slice, ast.Constant):
+            names.add(node.slice.value)
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        fname = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+        if fname == "update" and getattr(f.value, "id", "") == "fixed":
+            names |= {kw.arg for kw in node.keywords if kw.arg}
+            continue
+        for kw in node.keywords:  # (the products' extra operands, wherever they are handed on)
+            if kw.arg == "extra":
+                names |= strings(kw.value)
+        family_first = node.args and isinstance(node.args[0], ast.Constant) and type(node.args[0].value) is str
+        if not (fname in ("launch", "_pass", "_launch", "make") or fname in ("spmm", "sddmm") and family_first):
+            continue
+        for kw in node.keywords:
+            if kw.arg and kw.arg not in _HELPER_KEYWORDS:
+                names.add(kw.arg)
+            if kw.arg in ("values", "extra"):
+                names |= strings(kw.value)
+        for arg in node.args[2 if family_first else 1:]:
+            if isinstance(arg, (ast.Tuple, ast.BinOp)):  # operands: ("V", "G", ...) + seed
+                names |= strings(arg)
+            names |= keys(arg)
+    return names
+
+
+@pytest.mark.parametrize("family", sorted(LAUNCH_SITES))
+def test_every_kernel_parameter_is_named_by_its_launches_and_no_other_name(family):
+    """The launches name their arguments after the kernels' parameters, read from the CUDA declarations, and a
+    launch must name every parameter: a parameter renamed in a kernel is named by no launch, and a name mistyped
+    here is no kernel's -- either fails this host test, not a GPU run.  (A reordered parameter needs no test: the
+    launches follow the declaration, :func:`test_launch_arguments_go_where_the_kernel_declares_them`.)"""
+    import ast
+    import pathlib
+
+    import tcgnn_py
+    import tcgnn_py.bench  # noqa: F401  (registers the "baseline" family)
+    from tcgnn_py.kernels import registry
+
+    root = pathlib.Path(tcgnn_py.__file__).parent
+    trees = [ast.parse((root / m).read_text()) for m in LAUNCH_SITES[family]]
+    named = set().union(*(_named_parameters(t) for t in trees))  # what the launch calls name, read strictly
+    mentioned = named.union(*({n.value for n in ast.walk(t) if isinstance(n, ast.Constant) and type(n.value) is str}
+                              | {n.arg for n in ast.walk(t) if isinstance(n, ast.keyword) and n.arg} for t in trees))
+    if family == "nn":  # (the multi-tensor Adam names its gradients g0, g1, ... by their index)
+        from tcgnn_py.kernels import nn as kn
+
+        mentioned |= {f"g{i}" for i in range(kn.ADAM_MULTI)}
+    declared = {p for params in registry.kernel_parameters(registry.families()[family][0]).values() for p, _ in params}
+    assert sorted(declared - mentioned) == []  # a parameter no launch names (renamed in its kernel?)
+    if family not in ("tf32", "core", "vec", "half", "sparse"):  # (their modules share the products' names)
+        assert sorted(named - declared) == []  # a name no kernel declares
