@@ -24,7 +24,7 @@ from .._validation import check_bool, check_count, is_half
 from .._cache import keep
 from . import _bound as bound
 from ._edges import TiledEdges, array_on, edges_of, features_on
-from ._record import Bound, Op, Tape, cotangent, general, replay
+from ._record import Bound, Op, Tape, general, general_vjp, input_grad_option, no_options, replay
 from ._layers import ATB, MM, MM_T, SUMS, check_2d, check_weight, column_sums, mm
 
 __all__ = ["graph_attention", "gat_conv", "agnn_conv", "SCORES"]
@@ -462,8 +462,9 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
         results = _gat_attend(tape, E, heads, slope, drop, X, s_src, s_dst, b, seed)
         grads = functools.partial(_gat_grads, E, heads, slope, drop, fd)
         if key is not None:
-            bound.seen(A, key, lambda: Bound(E, replay(tape, given, results), grads, _input_grad))
-        return results[0], functools.partial(_gat_fused_vjp, E, grads, (H, W, a_src, a_dst, b, rng) + results)
+            bound.seen(A, key, lambda: Bound(E, replay(tape, given, results), grads, input_grad_option))
+        return results[0], functools.partial(general_vjp, E, grads, input_grad_option,
+                                             (H, W, a_src, a_dst, b, rng) + results, 6)
     a["seed"] = _draw_seed(rng) if drop else None
     att, att_vjp, path = _attend(E, a, path)
     out = att if concat or heads == 1 else att.reshape(n, heads, D).mean(axis=1)
@@ -505,15 +506,6 @@ def _gat_grads(E, heads, slope, dropout, fd, t, H, W, a_src, a_dst, b, rng, out,
     dH = t(MM_T, dX, W) if input_grad else None  # (a first layer's input needs none: n x features skipped)
     return (dH, t(ATB, H, dX).astype(W.dtype, copy=False), da_src.astype(a_src.dtype, copy=False),
             da_dst.astype(a_dst.dtype, copy=False), db)
-
-
-def _gat_fused_vjp(E, grads, saved, g, input_grad=True):
-    """:func:`gat_conv`'s general vjp on the fused path."""
-    return grads(general, *saved, cotangent(E, g, saved[6].shape), bool(input_grad))
-
-
-def _input_grad(input_grad=True):
-    return (bool(input_grad),)
 
 
 def _gat_vjp(E, H, W, a_src, a_dst, b, X, af_src, af_dst, fd, heads, concat, on_device, att_vjp, shape, g,
@@ -659,9 +651,10 @@ def agnn_conv(A, H, beta, *, precision=None, fused=None):
     if path == "fused":
         tape = general if key is None else Tape()
         results = _agnn(tape, E, H, beta)
+        grads = functools.partial(_agnn_grads, E)
         if key is not None:
-            bound.seen(A, key, lambda: Bound(E, replay(tape, given, results), functools.partial(_agnn_grads, E)))
-        return results[0], functools.partial(_agnn_fused_vjp, E, (H, beta) + results)
+            bound.seen(A, key, lambda: Bound(E, replay(tape, given, results), grads))
+        return results[0], functools.partial(general_vjp, E, grads, no_options, (H, beta) + results, 2)
     if on_device:
         Hn, norm = pointwise.row_normalize(H, _NORM_EPS)
     else:
@@ -683,11 +676,6 @@ def _agnn_grads(E, t, H, beta, out, lse, Hn, norm, g):
     normalisation's vjp launch."""
     dV, dQ, dK, shares = t(COSINE_GRADS, E, H, g, out, Hn, Hn, beta, lse)
     return t(ROW_NORMALIZE_GRAD, dV, dQ, dK, Hn, norm, shares)
-
-
-def _agnn_fused_vjp(E, saved, g):
-    """:func:`agnn_conv`'s general vjp on the fused path."""
-    return _agnn_grads(E, general, *saved, cotangent(E, g, saved[2].shape))
 
 
 def _agnn_vjp(E, H, Hn, norm, inv, fd, att_vjp, g):

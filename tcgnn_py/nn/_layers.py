@@ -19,7 +19,7 @@ from .._cache import keep
 from ..products import dense, pointwise
 from . import _bound as bound
 from ._edges import edges_of, features_on, floats
-from ._record import Bound, Op, Tape, cotangent, general, replay
+from ._record import Bound, Op, Tape, general, general_vjp, input_grad_option, replay
 
 __all__ = [
     "gcn_conv",
@@ -217,10 +217,10 @@ def gcn_conv(A, H, W, b=None, *, precision=None):
     narrow_first = W.shape[1] <= W.shape[0]
     tape = general if key is None else Tape()
     out, mid = _gcn(tape, E, narrow_first, H, W, b)
+    grads = functools.partial(_gcn_grads, E, narrow_first)
     if key is not None:
-        bound.seen(A, key, lambda: Bound(E, replay(tape, (H, W, b), (out, mid)),
-                                         functools.partial(_gcn_grads, E, narrow_first), _input_grad))
-    return out, functools.partial(_gcn_vjp, E, narrow_first, (H, W, b, out, mid))
+        bound.seen(A, key, lambda: Bound(E, replay(tape, (H, W, b), (out, mid)), grads, input_grad_option))
+    return out, functools.partial(general_vjp, E, grads, input_grad_option, (H, W, b, out, mid), 3)
 
 
 def _gcn(t, E, narrow_first, H, W, b):
@@ -245,15 +245,6 @@ def _gcn_grads(E, narrow_first, t, H, W, b, out, mid, g, input_grad=True):
         dW = t(ATB, mid, g)
         dH = t(SPMM_T, E, t(MM_T, g, W)) if input_grad else None
     return dH, dW, (t(SUMS, g) if b is not None else None)
-
-
-def _gcn_vjp(E, narrow_first, saved, g, input_grad=True):
-    """:func:`gcn_conv`'s general vjp (``saved``: the forward's inputs and results)."""
-    return _gcn_grads(E, narrow_first, general, *saved, cotangent(E, g, saved[3].shape), bool(input_grad))
-
-
-def _input_grad(input_grad=True):
-    return (bool(input_grad),)
 
 
 def mm_bound(a, b, bias=None, keep=False):

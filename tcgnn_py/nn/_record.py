@@ -23,7 +23,8 @@ from .._device import is_cupy_array
 from . import _bound as bound
 from ._edges import features_on
 
-__all__ = ["Op", "Tape", "Bound", "general", "replay", "cotangent"]
+__all__ = ["Op", "Tape", "Bound", "general", "replay", "cotangent", "general_vjp", "input_grad_option",
+           "no_options"]
 
 
 class Op(NamedTuple):
@@ -108,7 +109,8 @@ class Bound:
 
     __slots__ = ("E", "forward", "grads", "options", "backward")
 
-    def __init__(self, E, forward, grads, options=lambda: ()):
+    def __init__(self, E, forward, grads, options=None):
+        options = no_options if options is None else options
         self.E, self.forward, self.grads, self.options = E, forward, grads, options
         self.backward = bound.Calls()
 
@@ -129,6 +131,23 @@ class Bound:
         if key is not None:
             self.backward.seen(key, lambda: replay(tape, saved + (g,), grads))
         return grads
+
+
+def general_vjp(E, grads, options, saved, n_inputs, g, *args, **kwargs):
+    """A layer's general vjp: ``g`` checked against the output (``saved[n_inputs]``, after the inputs), and its
+    ``grads(t, *saved, g, *options(*args, **kwargs))`` run on :func:`general` (as :class:`Bound` runs them before
+    it binds)."""
+    return grads(general, *saved, cotangent(E, g, saved[n_inputs].shape), *options(*args, **kwargs))
+
+
+def input_grad_option(input_grad=True):
+    """The options of a vjp that takes ``input_grad`` (whether the input's gradient is wanted)."""
+    return (bool(input_grad),)
+
+
+def no_options():
+    """The options of a vjp that takes none."""
+    return ()
 
 
 def cotangent(E, g, shape):
