@@ -16,7 +16,7 @@ import numbers
 import operator
 from types import MappingProxyType
 
-__all__ = ["tuning", "options", "overrides_key", "FAMILY_DEFAULTS", "FAMILY_ORDER", "DEFAULTS", "allowed", "declare",
+__all__ = ["tuning", "options", "overrides_key", "state", "FAMILY_DEFAULTS", "FAMILY_ORDER", "DEFAULTS", "allowed", "declare",
            "bool_option", "int_option", "member_option", "positive_option", "warp_pair_option"]
 
 #: The families that declare launch options, in the order the docs' table lists them.
@@ -139,6 +139,11 @@ _CURRENT = contextvars.ContextVar("tcgnn_py_tuning", default=(DEFAULTS, ()))
 def options():
     """The launch options in effect here: the defaults, or the innermost :func:`tuning` block's."""
     return _CURRENT.get()[0]
+
+
+#: ``state() -> (options, overrides key)`` in effect here: the context variable's own ``get`` (a call that runs no
+#: Python frame, for the per-call lookups of bound calls).
+state = _CURRENT.get
 
 
 def overrides_key():

@@ -437,3 +437,33 @@ def test_the_timed_choice_takes_a_family_compiles_what_is_missing_and_keeps_the_
     assert started == [("fam", ["c"])]  # the missing kernel, in the background; c left out of the timing
     assert got.launch.config == "b"  # 0.5 ms against the default's 1.0
     assert [c for c, _ in next(iter(kept.values()))] == ["a", "b"]
+
+
+def test_made_results_come_new_kept_or_recycled_in_one_call():
+    """A bound form's several results in one call: "new" makes them anew, "keep" hands back the arrays made at
+    binding, "recycle" each as ``recycled`` (an array back once nothing holds it); a large one is always new."""
+    from tcgnn_py.products._launch import RECYCLE_BYTES, made
+
+    count = []
+
+    def new(shape, dtype):
+        count.append(shape)
+        return np.ndarray(shape, dtype)
+
+    specs = (((2, 3), np.float32), ((4,), np.uint32))
+    a, b = made(specs, "new", new)()
+    c, d = made(specs, "new", new)()
+    assert a.shape == (2, 3) and b.dtype == np.uint32 and a is not c and len(count) == 4
+    keep = made(specs, "keep", new)
+    (a, b), (c, d) = keep(), keep()
+    assert a is c and b is d and a.shape == (2, 3) and b.shape == (4,)
+    recycle = made(specs + (((RECYCLE_BYTES // 4 + 1,), np.float32),), "recycle", new)
+    count.clear()
+    a, b, big = recycle()
+    a2, b2, big2 = recycle()  # all held: new ones
+    assert a2 is not a and len(count) == 6
+    del a, b
+    a3, b3, big3 = recycle()  # the first two free again; the large one is never kept
+    assert len(count) == 7 and a3.shape == (2, 3) and big3 is not big and big3 is not big2
+    with pytest.raises(ValueError, match="how must be"):
+        made(specs, "reuse", new)

@@ -99,3 +99,21 @@ def test_none_inputs_and_outputs_stay_none():
     call = replay(tape, (H, W, None), (out, None))
     got, none = call(2 * H, W, None)
     assert none is None and got.tolist() == [[4.0, 4.0], [4.0, 4.0]]
+
+
+def test_a_forward_replay_returns_its_output_and_a_vjp_of_what_the_call_saw_and_made():
+    """``replay(..., vjp=f)`` is a layer's bound forward call: ``(outputs[0], partial(f, inputs + outputs,
+    len(inputs)))``, the vjp reading this call's inputs and results (not the recording's)."""
+    log = []
+    MM, _, _ = _ops(log)
+    H, W = np.ones((2, 2)), np.eye(2)
+    tape = Tape()
+    out = tape(MM, H, W, None)
+    seen = []
+    call = replay(tape, (H, W), (out,), vjp=lambda saved, n, g: seen.append((saved, n, g)))
+    H2 = 3 * H
+    got, vjp = call(H2, W)
+    np.testing.assert_array_equal(got, H2)
+    vjp("g")
+    (saved, n, g), = seen
+    assert n == 2 and g == "g" and saved[0] is H2 and saved[1] is W and saved[2] is got

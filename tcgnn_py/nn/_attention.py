@@ -12,6 +12,7 @@ Features of a boolean or integer type become the float type that holds them, as 
 import functools
 import math
 import numbers
+import sys
 import warnings
 
 import numpy as np
@@ -24,7 +25,7 @@ from .._validation import check_bool, check_count, is_half
 from .._cache import keep
 from . import _bound as bound
 from ._edges import TiledEdges, array_on, edges_of, features_on
-from ._record import Bound, Op, Tape, general, general_vjp, input_grad_option, no_options, replay
+from ._record import Op, Tape, bind, general, general_vjp, input_grad_option, no_options
 from ._layers import ATB, MM, MM_T, SUMS, check_2d, check_weight, column_sums, mm
 
 __all__ = ["graph_attention", "gat_conv", "agnn_conv", "SCORES"]
@@ -401,12 +402,11 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
     if (type(heads) is int and type(concat) is bool and type(training) is bool and type(negative_slope) is float
             and type(dropout) is float and (fused is None or type(fused) is bool)
             and (precision is None or type(precision) is str)):  # options of one type each: a key proves them
-        key = bound.signature(A, (H, W, a_src, a_dst, b), ("gat_conv", heads, concat, negative_slope,
-                                                           dropout if training else 0.0, precision, fused, rng is None))
-        if key is not None:
-            call = bound.find(A, key)
-            if call is not None:
-                return call(H, W, a_src, a_dst, b, rng)
+        key, call = bound.lookup(A, (H, W, a_src, a_dst, b), ("gat_conv", heads, concat, negative_slope,
+                                                              dropout if training else 0.0, precision, fused,
+                                                              rng is None))
+        if call is not None:
+            return call(H, W, a_src, a_dst, b, rng)
     E = edges_of(A, precision)
     xp = E.xp
     given = (H, W, a_src, a_dst, b, rng)  # (a bound call takes them as they are: bound only where none converted)
@@ -462,7 +462,7 @@ def gat_conv(A, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
         results = _gat_attend(tape, E, heads, slope, drop, X, s_src, s_dst, b, seed)
         grads = functools.partial(_gat_grads, E, heads, slope, drop, fd)
         if key is not None:
-            bound.seen(A, key, lambda: Bound(E, replay(tape, given, results), grads, input_grad_option))
+            bound.seen(A, key, lambda: bind(E, tape, given, results, grads, input_grad_option))
         return results[0], functools.partial(general_vjp, E, grads, input_grad_option,
                                              (H, W, a_src, a_dst, b, rng) + results, 6)
     a["seed"] = _draw_seed(rng) if drop else None
@@ -621,11 +621,9 @@ def agnn_conv(A, H, beta, *, precision=None, fused=None):
     """
     key = None
     if (precision is None or type(precision) is str) and (fused is None or type(fused) is bool):
-        key = bound.signature(A, (H, beta), ("agnn_conv", precision, fused))
-        if key is not None:
-            call = bound.find(A, key)
-            if call is not None:
-                return call(H, beta)
+        key, call = bound.lookup(A, (H, beta), ("agnn_conv", precision, fused))
+        if call is not None:
+            return call(H, beta)
     E = edges_of(A, precision)
     xp = E.xp
     given = (H, beta)  # (a bound call takes them as they are: bound only where nothing was converted)
@@ -653,7 +651,7 @@ def agnn_conv(A, H, beta, *, precision=None, fused=None):
         results = _agnn(tape, E, H, beta)
         grads = functools.partial(_agnn_grads, E)
         if key is not None:
-            bound.seen(A, key, lambda: Bound(E, replay(tape, given, results), grads))
+            bound.seen(A, key, lambda: bind(E, tape, given, results, grads))
         return results[0], functools.partial(general_vjp, E, grads, no_options, (H, beta) + results, 2)
     if on_device:
         Hn, norm = pointwise.row_normalize(H, _NORM_EPS)
@@ -750,7 +748,10 @@ def _head_dots_bound(X, a_src, a_dst, heads, keep=False):
 
 
 def _seed_bound(rng, keep=False):
-    return _draw_seed
+    cp = sys.modules.get("cupy")
+    if cp is None or not isinstance(rng, cp.random.Generator):  # (a host generator's seed is made on the host)
+        return _draw_seed
+    return pointwise.seed_bits_bound(draws=True)
 
 
 def _additive(E, heads, slope, dropout, V, s_src, s_dst, b, seed):

@@ -21,10 +21,10 @@ import numpy as np
 
 from .._cache import Store, keep
 from .._tiled import TiledMatrix
-from .._tuning import overrides_key
+from .._tuning import state
 from ._edges import TiledEdges
 
-__all__ = ["matrix", "signature", "find", "seen", "keeps", "Calls", "KEEP", "BIND_AFTER", "KEEP_BYTES"]
+__all__ = ["matrix", "lookup", "seen", "keeps", "Calls", "KEEP", "BIND_AFTER", "KEEP_BYTES"]
 
 #: Signatures whose general calls are counted per graph, and bound backward calls kept per bound forward call
 #: (each device and stream), oldest dropped: a model has a few layers, each a signature or two.  A graph's bound
@@ -46,43 +46,43 @@ def matrix(A):
     return A if t is TiledMatrix else A.matrix if t is TiledEdges else None
 
 
-def signature(A, arrays, options):
-    """The key of a layer call on ``A`` (a :class:`~tcgnn_py.TiledMatrix` or its edge view, whose precision
-    counts) with these operands (None entries stay None) and hashable ``options``, or None where no bound call
-    may serve it: another A, an operand not a float32 CuPy array, or a capture in progress."""
+def lookup(A, arrays, options, store=None):
+    """``(key, call)``: the key of a layer call on ``A`` (a :class:`~tcgnn_py.TiledMatrix` or its edge view, whose
+    precision counts) with these operands (None entries stay None) and hashable ``options``, and its bound call in
+    ``store`` (by default A's graph's store of bound calls) or None; ``(None, None)`` where no bound call may serve
+    it: another A, an operand not a float32 CuPy array, or a capture in progress.
+
+    One function, its reads written out (no property, no helper): a steady layer call is a few Python calls."""
     cp = sys.modules.get("cupy")
-    T = matrix(A)
+    t = type(A)
+    T = A if t is TiledMatrix else A.matrix if t is TiledEdges else None
     if T is None or cp is None:
-        return None
+        return None, None
     precision = A is not T and A.precision  # (an edge view's products run at its own)
     if precision is not False and precision is not None and type(precision) is not str:
-        return None
+        return None, None
     nd = cp.ndarray
-    key = ["layer", options, id(T.values), precision]  # (a bound call keeps its values alive: the id is theirs)
+    key = ["layer", options, id(T._values), precision]  # (a bound call keeps its values alive: the id is theirs)
     for x in arrays:
         if x is None:
             key.append(None)
         elif type(x) is not nd or x.dtype is not _F32 and x.dtype != _F32:
-            return None
+            return None, None
         else:
             key += (x.shape, x.strides, x.data.ptr & 15)
     stream = cp.cuda.get_current_stream()
     ptr = stream.ptr
     if ptr and stream.is_capturing():  # (the legacy default stream, 0, is never captured)
-        return None
-    key += (ptr, cp.cuda.runtime.getDevice(), overrides_key())
-    return tuple(key)
+        return None, None
+    key += (ptr, cp.cuda.runtime.getDevice(), state()[1])
+    key = tuple(key)
+    return key, (T._tiling.bound() if store is None else store).get(key)
 
 
 def keeps(*shapes):
     """Whether a bound call keeps float32 intermediates of these shapes as its own (each within :data:`KEEP_BYTES`)
     rather than allocating them per call."""
     return all(4 * math.prod(shape) <= KEEP_BYTES for shape in shapes)
-
-
-def find(A, key):
-    """The bound call of ``key`` on A's graph (in its tiling's store of bound calls), or None."""
-    return matrix(A).tiling.bound().get(key)
 
 
 def seen(A, key, binder):

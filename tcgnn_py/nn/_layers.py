@@ -19,7 +19,7 @@ from .._cache import keep
 from ..products import dense, pointwise
 from . import _bound as bound
 from ._edges import edges_of, features_on, floats
-from ._record import Bound, Op, Tape, general, general_vjp, input_grad_option, replay
+from ._record import Op, Tape, bind, general, general_vjp, input_grad_option
 
 __all__ = [
     "gcn_conv",
@@ -202,11 +202,9 @@ def gcn_conv(A, H, W, b=None, *, precision=None):
     """
     key = None
     if precision is None or type(precision) is str:
-        key = bound.signature(A, (H, W, b), ("gcn_conv", precision))
-        if key is not None:
-            call = bound.find(A, key)
-            if call is not None:
-                return call(H, W, b)
+        key, call = bound.lookup(A, (H, W, b), ("gcn_conv", precision))
+        if call is not None:
+            return call(H, W, b)
     E = edges_of(A, precision)
     H, W = features_on(E, H, "H"), features_on(E, W, "W")
     check_2d("H", H, E.shape[1])
@@ -219,7 +217,7 @@ def gcn_conv(A, H, W, b=None, *, precision=None):
     out, mid = _gcn(tape, E, narrow_first, H, W, b)
     grads = functools.partial(_gcn_grads, E, narrow_first)
     if key is not None:
-        bound.seen(A, key, lambda: Bound(E, replay(tape, (H, W, b), (out, mid)), grads, input_grad_option))
+        bound.seen(A, key, lambda: bind(E, tape, (H, W, b), (out, mid), grads, input_grad_option))
     return out, functools.partial(general_vjp, E, grads, input_grad_option, (H, W, b, out, mid), 3)
 
 

@@ -23,7 +23,7 @@ from .._device import is_cupy_array
 from . import _bound as bound
 from ._edges import features_on
 
-__all__ = ["Op", "Tape", "Bound", "general", "replay", "cotangent", "general_vjp", "input_grad_option",
+__all__ = ["Op", "Tape", "Bound", "bind", "general", "replay", "cotangent", "general_vjp", "input_grad_option",
            "no_options"]
 
 
@@ -65,14 +65,16 @@ def _variable(x):
     return x is not None and not isinstance(x, (bool, int, float, str))
 
 
-def replay(tape, inputs, outputs):
+def replay(tape, inputs, outputs, vjp=None):
     """``f(*inputs) -> outputs``: the record of ``tape`` bound, for inputs of the signature of ``inputs`` (None
     entries stay None); ``outputs`` are values of the record (or None) the call returns, in order.  None where an
     op has no bound form for its operands, or an operand is an array made outside the record (a conversion of an
     input, or a view: the call would do more than its launches; an op takes the base array instead).
 
     A step's operands that are arrays or the call's inputs are passed anew (its bound form takes those, in order);
-    the others are fixed as recorded.  A step whose result is a tuple provides each element."""
+    the others are fixed as recorded.  A step whose result is a tuple provides each element.  With ``vjp``, the
+    call returns ``(outputs[0], partial(vjp, inputs + outputs, len(inputs)))`` instead (a layer's bound forward
+    call: its output and its vjp, which reads what the call saw and made)."""
     where = {id(x): i for i, x in enumerate(inputs) if _variable(x)}
     escapes = {id(o) for o in outputs if o is not None}
     n, steps = len(inputs), []
@@ -88,49 +90,56 @@ def replay(tape, inputs, outputs):
         for o in parts:  # (an op in place returns its operand: later steps read this step's)
             where[id(o)] = n
             n += 1
-    at = tuple(None if o is None else where[id(o)] for o in outputs)
+    at = tuple(-1 if o is None else where[id(o)] for o in outputs)  # (-1: the None the call's list ends with)
+    steps = tuple(steps)
+    n_inputs, partial = len(inputs), functools.partial
 
-    def call(*inputs):
+    def call(*inputs):  # (list displays, not generators: a generator's every step is a Python call)
         env = list(inputs)
         for f, args, several in steps:
             if several:
                 env.extend(f(*[env[i] for i in args]))
             else:
                 env.append(f(*[env[i] for i in args]))
-        return tuple(None if i is None else env[i] for i in at)
+        env.append(None)
+        results = tuple([env[i] for i in at])
+        if vjp is None:
+            return results
+        return results[0], partial(vjp, inputs + results, n_inputs)
 
     return call
 
 
 class Bound:
-    """A bound layer call (:mod:`._bound`): its forward record replayed (``forward(*inputs) -> (out, ...)``), and
+    """A layer's bound calls (:mod:`._bound`): its forward record replayed (``call(*inputs) -> (out, vjp)``), and
     its vjp -- ``grads(t, *inputs, *results, g, *options)`` on a tape -- recorded and bound per cotangent signature
     in its own store.  ``options(*args, **kwargs)`` reads the vjp's options after ``g`` (a tuple, in the key)."""
 
-    __slots__ = ("E", "forward", "grads", "options", "backward")
+    __slots__ = ("E", "call", "grads", "options", "defaults", "backward")
 
-    def __init__(self, E, forward, grads, options=None):
+    def __init__(self, E, tape, inputs, results, grads, options=None):
         options = no_options if options is None else options
-        self.E, self.forward, self.grads, self.options = E, forward, grads, options
+        self.E, self.grads, self.options, self.defaults = E, grads, options, options()
         self.backward = bound.Calls()
-
-    def __call__(self, *inputs):
-        results = self.forward(*inputs)
-        return results[0], functools.partial(self.vjp, inputs + results, len(inputs))
+        self.call = replay(tape, inputs, results, self.vjp)
 
     def vjp(self, saved, n_inputs, g, *args, **kwargs):
-        options = self.options(*args, **kwargs)
-        key = bound.signature(self.E.matrix, (g,), options)
-        if key is not None:
-            call = self.backward.bound.get(key)
-            if call is not None:
-                return call(*saved, g)
+        options = self.options(*args, **kwargs) if args or kwargs else self.defaults
+        key, call = bound.lookup(self.E.matrix, (g,), options, self.backward.bound)
+        if call is not None:
+            return call(*saved, g)
         g = cotangent(self.E, g, saved[n_inputs].shape)
         tape = general if key is None else Tape()
         grads = self.grads(tape, *saved, g, *options)
         if key is not None:
             self.backward.seen(key, lambda: replay(tape, saved + (g,), grads))
         return grads
+
+
+def bind(E, tape, inputs, results, grads, options=None):
+    """A layer's bound forward call from its general call's record (``tape`` over ``inputs`` -> ``results``),
+    ``call(*inputs) -> (results[0], vjp)``, the vjp :class:`Bound`'s; None where the record takes no bound call."""
+    return Bound(E, tape, inputs, results, grads, options).call
 
 
 def general_vjp(E, grads, options, saved, n_inputs, g, *args, **kwargs):

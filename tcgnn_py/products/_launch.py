@@ -9,6 +9,7 @@ form: 16-bit, ``(hi, lo)`` pairs, N:M fragments) are a family's ``plan(problem)`
 :func:`sddmm_plan` its ``plan_sddmm(problem)``.
 """
 
+import functools
 import math
 import sys
 import threading
@@ -30,6 +31,7 @@ __all__ = [
     "Scratch",
     "same_array",
     "recycled",
+    "made",
     "RECYCLE_RING",
     "RECYCLE_BYTES",
     "cast_plan",
@@ -82,21 +84,51 @@ def recycled(shape, dtype, new=None):
     new = new or get_cupy().ndarray
     if math.prod(shape) * np.dtype(dtype).itemsize > RECYCLE_BYTES:
         return new
-    ring, turn = [], [0]
+    return _rings(((shape, dtype),), new, True)
+
+
+def made(specs, how, new=None):
+    """``make()``: a bound form's results of ``specs`` (``(shape, dtype)`` each) made by one call, as an iterable
+    to unpack.  ``how``: ``"new"`` new arrays (``new``, by default ``cupy.ndarray``); ``"keep"`` the arrays made
+    now, written anew by every call (a bound layer call's intermediates, read before its next call on the stream);
+    ``"recycle"`` each as :func:`recycled` does (a bound layer call's results).  The first two are C calls, the
+    third one Python call for all: a Python call costs a visible share of a small layer's step."""
+    new = new or get_cupy().ndarray
+    specs = tuple((tuple(shape), np.dtype(dtype)) for shape, dtype in specs)
+    if how == "new":
+        return functools.partial(map, new, [shape for shape, _ in specs], [dtype for _, dtype in specs])
+    if how == "keep":
+        return functools.partial(iter, [new(shape, dtype) for shape, dtype in specs])
+    if how != "recycle":
+        raise ValueError(f"how must be 'new', 'keep' or 'recycle', got {how!r}")
+    return _rings(specs, new, False)
+
+
+def _rings(specs, new, one):
+    """:func:`recycled`'s maker for each of ``specs`` (one list of results, or the array alone where ``one``)."""
+    rings = [([] if math.prod(shape) * np.dtype(dtype).itemsize <= RECYCLE_BYTES else None, [0], shape, dtype)
+             for shape, dtype in specs]
     references, free, lock = sys.getrefcount, _FREE, threading.Lock()
 
-    def make(shape_, dtype_):  # (the result's shape and dtype, fixed when the call binds)
+    def make(*_):  # (recycled's callers pass the result's shape and dtype, fixed when the call binds)
+        out = []
         with lock:
-            for x in ring:
-                if references(x) == free:
-                    return x
-            x = new(shape, dtype)
-            if len(ring) < RECYCLE_RING:
-                ring.append(x)
-            else:
-                ring[turn[0]] = x
-                turn[0] = (turn[0] + 1) % RECYCLE_RING
-            return x
+            for ring, turn, shape, dtype in rings:
+                if ring is None:
+                    out.append(new(shape, dtype))
+                    continue
+                for x in ring:
+                    if references(x) == free:
+                        break
+                else:
+                    x = new(shape, dtype)
+                    if len(ring) < RECYCLE_RING:
+                        ring.append(x)
+                    else:
+                        ring[turn[0]] = x
+                        turn[0] = (turn[0] + 1) % RECYCLE_RING
+                out.append(x)
+        return out[0] if one else out
 
     return make
 

@@ -12,9 +12,9 @@ from .._cache import BOUND
 from .._device import get_cupy
 from ..kernels.launches import make
 from ..kernels.registry import get_kernel
-from ._launch import recycled
+from ._launch import made, recycled
 
-__all__ = ["THREADS", "MAX_BLOCKS", "grid", "name", "function", "launch", "planned", "bound_once", "results"]
+__all__ = ["THREADS", "MAX_BLOCKS", "grid", "name", "function", "launch", "planned", "bound_once", "result", "results"]
 
 #: Threads per block of the grid-stride kernels, and the most blocks (enough to fill any GPU; more only loop).
 THREADS = 256
@@ -66,7 +66,14 @@ def bound_once(key, bind, *sample):
     return f
 
 
-def results(shape, dtype, recycle):
-    """The maker of a bound form's result: :func:`recycled` for a bound layer call's (``recycle``), else
-    ``cupy.ndarray`` (the general functions launch through the same forms, under a capture too)."""
+def result(shape, dtype, recycle):
+    """The maker of a bound form's result, ``f(shape, dtype)`` in place of ``cupy.ndarray``: :func:`recycled` for a
+    bound layer call's (``recycle``), else ``cupy.ndarray`` (the general functions launch through the same forms,
+    under a capture too)."""
     return recycled(shape, dtype) if recycle else get_cupy().ndarray
+
+
+def results(specs, recycle):
+    """The maker of a bound form's several results (``(shape, dtype)`` each), in one call (:func:`made`): recycled
+    for a bound layer call's, else new, as :func:`result`."""
+    return made(specs, "recycle" if recycle else "new")

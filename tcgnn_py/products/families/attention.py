@@ -15,7 +15,7 @@ from ..._device import get_cupy
 from ...kernels import attention as ka
 from ...kernels.attention import attention_unit
 from ...kernels.launches import Scratch, make
-from .._launch import recycled, same_array
+from .._launch import made
 from .._plans import build_plan, sm_count
 from .._values import values_form
 
@@ -263,11 +263,11 @@ def fused_bound(T, V, heads, score, slope, dropout, with_bias=False, recycle=Fal
                    stream)
     dtype, f32 = V.dtype, np.float32
     shape, lse_shape = (n, HD), (n, heads)
-    nd, nd_lse, nd_b = ((recycled(shape, dtype), recycled(lse_shape, f32), recycled(shape, dtype)) if recycle else
-                        (cp.ndarray,) * 3)
+    make = made(((shape, dtype), (lse_shape, f32)) + (((shape, dtype),) if biased else ()),
+                "recycle" if recycle else "new")
     if biased:
         def scored_biased(V, s_src, s_dst, b, seed=None):
-            out, lse, out_b = nd(shape, dtype), nd_lse(lse_shape, f32), nd_b(shape, dtype)
+            out, lse, out_b = make()
             if seed is None:
                 bound(V, s_src, s_dst, out, lse, b, out_b)
             else:
@@ -277,14 +277,14 @@ def fused_bound(T, V, heads, score, slope, dropout, with_bias=False, recycle=Fal
         return scored_biased
     if not additive:
         def cosine(V, Q, K, beta, *seed):
-            out, lse = nd(shape, dtype), nd_lse(lse_shape, f32)
+            out, lse = make()
             bound(V, Q, K, beta, out, lse, *seed)
             return out, lse
 
         return cosine
 
     def scored(V, s_src, s_dst, seed=None):
-        out, lse = nd(shape, dtype), nd_lse(lse_shape, f32)
+        out, lse = make()
         bound(V, s_src, s_dst, out, lse) if seed is None else bound(V, s_src, s_dst, out, lse, seed)
         return out, lse
 
@@ -319,25 +319,19 @@ def fused_backward_bound(T, V, heads, score, slope, dropout, keep=False, recycle
     fac_shape = (w.shape[0] * heads, 2)
     shares = (work_units(T, "rows", heads)[0].shape[0] if n else 0,)  # (cosine: a share per row unit)
     shapes = ((k, HD), fac_shape) + (((n, heads), (k, heads)) if additive else ((n, D), (k, D), shares))
-    # each array's maker: cupy.ndarray, (keep) the one array made now, or (recycle) the call's results again
-    nd = tuple(same_array(cp.ndarray(shape, f32)) if keep else recycled(shape, f32) if recycle else cp.ndarray
-               for shape in shapes)
+    # the arrays: new, (keep) the ones made now, or (recycle) the call's results again
+    make = made([(shape, f32) for shape in shapes], "keep" if keep else "recycle" if recycle else "new")
     if additive:
-        nd_v, nd_fac, nd_dst, nd_src = nd
-
         def scored(V, G, out, s_src, s_dst, lse, *seed):
-            dV, fac = nd_v((k, HD), f32), nd_fac(fac_shape, f32)
-            ds_dst, ds_src = nd_dst((n, heads), f32), nd_src((k, heads), f32)
+            dV, fac, ds_dst, ds_src = make()
             rows(V, G, out, s_src, s_dst, lse, ds_dst, fac, *seed)
             cols(fac, G, dV, ds_src)
             return dV, ds_src, ds_dst
 
         return scored
-    nd_v, nd_fac, nd_q, nd_k, nd_shares = nd
 
     def cosine(V, G, out, Q, K, beta, lse, *seed):
-        dV, fac = nd_v((k, HD), f32), nd_fac(fac_shape, f32)
-        dQ, dK, dbeta = nd_q((n, D), f32), nd_k((k, D), f32), nd_shares(shares, f32)
+        dV, fac, dQ, dK, dbeta = make()
         rows(V, G, out, Q, K, beta, lse, dQ, dbeta, fac, *seed)
         cols(fac, G, Q, dV, dK)
         return dV, dQ, dK, dbeta

@@ -15,7 +15,7 @@ from ...kernels import nn as kn
 from ...kernels.driver import resident_blocks
 from ...kernels.launches import Scratch, make
 from ...kernels.registry import background_compiles, compile_in_background
-from .._launch import recycled, same_array
+from .._launch import made, recycled, same_array
 from .. import _small as sk
 
 __all__ = ["DENSE_MAX_K", "DENSE_MAX_N", "DENSE_SHORT_ROWS", "DENSE_SHORT_K", "dense_takes", "dense_scores_take",
@@ -158,12 +158,12 @@ def dense_mm_bound(a, b, bias=None, a_src=None, a_dst=None, heads=1, keep=False)
         return None
     bound = _dense_launch(cp, a, b, bias, scores)
     shape, s_shape = (m, n), (m, scores)
-    nd = same_array(cp.ndarray(shape, _F32)) if keep and not scores else recycled(shape, _F32)
+    nd = same_array(cp.ndarray(shape, _F32)) if keep else recycled(shape, _F32)
     if scores:
-        nd_src, nd_dst = recycled(s_shape, _F32), recycled(s_shape, _F32)
+        make = made(((shape, _F32), (s_shape, _F32), (s_shape, _F32)), "recycle")
 
         def scored(a, b, a_src, a_dst):
-            c, s_src, s_dst = nd(shape, _F32), nd_src(s_shape, _F32), nd_dst(s_shape, _F32)
+            c, s_src, s_dst = make()
             bound(a, b, c, a_src, a_dst, s_src, s_dst)
             return c, s_src, s_dst
 

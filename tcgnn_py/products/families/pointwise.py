@@ -135,12 +135,12 @@ def head_dots_bound(x, heads, recycle=False):
     if not (n and heads):
         return None
     acc, shape = acc_dtype(x.dtype), (n, heads)
-    nd_src, nd_dst = sk.results(shape, acc, recycle), sk.results(shape, acc, recycle)
+    make = sk.results(((shape, acc), (shape, acc)), recycle)
     bound = sk.launch(sk.name(kn.head_dots_name, x.dtype), sk.grid(n * heads), sk.THREADS,
                     ("x", "a_src", "a_dst", "s_src", "s_dst"), n=n, heads=heads, D=x.shape[1] // heads).bind()
 
     def f(x, a_src, a_dst):
-        s_src, s_dst = nd_src(shape, acc), nd_dst(shape, acc)
+        s_src, s_dst = make()
         bound(x, a_src, a_dst, s_src, s_dst)
         return s_src, s_dst
 
@@ -161,8 +161,8 @@ def head_dots_grad_bound(g, heads, keep=False):
     its launch bound now (a bound layer call's); None for an empty g.  ``keep``: dx is one array made now."""
     if not g.size:
         return None
-    nd = get_cupy().ndarray
     shape, dtype = g.shape, g.dtype
+    nd = get_cupy().ndarray
     if keep:
         nd = same_array(nd(shape, dtype))
     bound = sk.launch(sk.name(kn.head_dots_grad_name, dtype), sk.grid(g.size), sk.THREADS,
@@ -185,12 +185,12 @@ def head_blocks_bound(r_src, heads, recycle=False):
     if not heads * D:
         return None
     shape, dtype = (heads, D), r_src.dtype
-    nd_src, nd_dst = sk.results(shape, dtype, recycle), sk.results(shape, dtype, recycle)
+    make = sk.results(((shape, dtype), (shape, dtype)), recycle)
     bound = sk.launch(sk.name(kn.head_blocks_name, dtype), sk.grid(2 * heads * D), sk.THREADS,
                     ("r_src", "r_dst", "a_src", "a_dst"), heads=heads, D=D).bind()
 
     def f(r_src, r_dst):
-        a_src, a_dst = nd_src(shape, dtype), nd_dst(shape, dtype)
+        a_src, a_dst = make()
         bound(r_src, r_dst, a_src, a_dst)
         return a_src, a_dst
 
@@ -214,10 +214,19 @@ def seed_bits(draw):
     return sk.bound_once(("seed_bits",), seed_bits_bound)(draw)
 
 
-def seed_bits_bound():
-    """``f(draw)``: :func:`seed_bits`, its launch bound now (a bound layer call's)."""
+def seed_bits_bound(draws=False):
+    """``f(draw)``: :func:`seed_bits`, its launch bound now (a bound layer call's); ``draws``: ``f(rng)``, the draw
+    ``rng.random(1)`` (a CuPy generator's) made by the call itself."""
     nd, u32 = get_cupy().ndarray, np.dtype(np.uint32)
     bound = sk.launch(kn.SEED_BITS, 1, 32, ("x", "y")).bind()
+
+    if draws:
+        def drawn(rng):
+            seed = nd((1,), u32)
+            bound(rng.random(1), seed)
+            return seed
+
+        return drawn
 
     def f(draw):
         seed = nd((1,), u32)
@@ -268,12 +277,12 @@ def row_normalize_bound(x, eps, recycle=False):
     if not n:
         return None
     shape, dtype, acc = x.shape, x.dtype, acc_dtype(x.dtype)
-    nd_xn, nd_norm = sk.results(shape, dtype, recycle), sk.results((n,), acc, recycle)
+    make = sk.results(((shape, dtype), ((n,), acc)), recycle)
     bound = sk.launch(sk.name(kn.row_normalize_name, dtype), _warp_grid(n), sk.THREADS, ("x", "xn", "norm"), n=n, d=d,
                     eps=eps).bind()
 
     def f(x):
-        xn, norm = nd_xn(shape, dtype), nd_norm((n,), acc)
+        xn, norm = make()
         bound(x, xn, norm)
         return xn, norm
 
@@ -290,7 +299,6 @@ def row_normalize_grad_bound(xn, eps, shares=None, recycle=False):
     if not n:
         return None
     acc = acc_dtype(xn.dtype)
-    nd_dh = sk.results((n, d), acc, recycle)
     operands = ("dv", "dq", "dk", "xn", "norm", "dh") + (() if shares is None else ("shares", "total"))
     fixed = dict(n=n, d=d, eps=eps, n_shares=0 if shares is None else shares.size)
     if shares is None:
@@ -298,15 +306,16 @@ def row_normalize_grad_bound(xn, eps, shares=None, recycle=False):
     bound = sk.launch(sk.name(kn.row_normalize_grad_name, xn.dtype), _warp_grid(n, kn.SUM_THREADS), kn.SUM_THREADS,
                     operands, **fixed).bind()
     if shares is not None:
-        one = (1,)
-        nd_total = sk.results(one, _F32, recycle)
+        make = sk.results((((n, d), acc), ((1,), _F32)), recycle)
 
         def with_total(dv, dq, dk, xn, norm, shares):
-            dh, total = nd_dh((n, d), acc), nd_total(one, _F32)
+            dh, total = make()
             bound(dv, dq, dk, xn, norm, dh, shares, total)
             return dh, total
 
         return with_total
+
+    nd_dh = sk.result((n, d), acc, recycle)
 
     def f(dv, dq, dk, xn, norm):
         dh = nd_dh((n, d), acc)
