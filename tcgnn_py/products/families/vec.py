@@ -72,9 +72,8 @@ def _compiled(kernel):
     """``(name, shared memory for 1, 2, ... warps per CTA)`` of a kernel config, worked out once per process."""
     from ...kernels import products as kp
 
-    async_ = isinstance(kernel, kp.SpmmVecAsync)
-    return kernel.name, tuple(kp.vec_async_smem(nw, kernel.FS, kernel.U, kernel.NS) if async_ else 0
-                              for nw in range(1, MAX_WARPS + 1))
+    per_warp = kp.vec_async_smem(1, kernel.FS, kernel.U, kernel.NS) if isinstance(kernel, kp.SpmmVecAsync) else 0
+    return kernel.name, tuple([nw * per_warp for nw in range(1, MAX_WARPS + 1)])  # (each warp its own stages)
 
 
 def _kernels(tiling, dtype, configs):
@@ -170,11 +169,27 @@ def candidates(tiling, D, vec):
 @functools.cache
 def _variants(kernel, shapes):
     """The compiled ones among ``kernel`` and ``kernel`` with each of ``shapes`` (``((field, value), ...)``) replaced,
-    in order, without repeats: worked out once per process, as kernel configs are built and hashed in Python."""
+    in order, without repeats: worked out once per process, by the configs' fields (a config's ``==`` and hash are
+    Python calls each, and a search of the compiled ones would compare with each)."""
+    compiled = _compiled_by_fields()
+    names = [f.name for f in dataclasses.fields(kernel)]
+    base = dict(zip(names, _fields(kernel)[1:]))
+    keys = [_fields(kernel)] + [(type(kernel),) + tuple([dict(shape).get(k, v) for k, v in base.items()])
+                                for shape in shapes]
+    return tuple([compiled[key] for key in dict.fromkeys(keys) if key in compiled])
+
+
+def _fields(kernel):
+    """A kernel config as ``(type, *field values)``: a key that hashes and compares without a Python call."""
+    return (type(kernel),) + tuple([getattr(kernel, f.name) for f in dataclasses.fields(kernel)])
+
+
+@functools.cache
+def _compiled_by_fields():
+    """The compiled vector SpMM configs by :func:`_fields`."""
     from ...kernels import products as kp
 
-    out = dict.fromkeys([kernel] + [dataclasses.replace(kernel, **dict(shape)) for shape in shapes])
-    return tuple(k for k in out if k in kp.VEC_SPMM_CONFIGS)
+    return {_fields(c): c for c in kp.VEC_SPMM_CONFIGS}
 
 
 def plan_sddmm(problem):
