@@ -35,6 +35,7 @@ from ._device import array_module
 
 __all__ = [
     "attention",
+    "seed_stream",
     "canonicalize_csr",
     "sum_runs",
     "translate",
@@ -209,6 +210,21 @@ def attention_scores(rows, cols, heads, kind, s_src=None, s_dst=None, Q=None, K=
         return xp.where(pre > 0, pre, pre * slope), pre
     c = (Q[rows] * K[cols]).sum(axis=1)
     return (beta.reshape(()) * c)[:, None], c[:, None]
+
+
+def seed_stream(key, count, words):
+    """The seeds of a device seed stream (the ``tcgnn_draw`` kernel): for each draw ``c = 1 .. count``, the
+    ``words`` (1 or 2) 32-bit halves, low first, of splitmix64 of ``key + c * 0x9E3779B97F4A7C15`` (uint64
+    arithmetic) -- an array ``(count, words)`` of uint32."""
+    M = (1 << 64) - 1
+    out = np.empty((count, words), np.uint32)
+    for c in range(1, count + 1):
+        z = (int(key) + c * 0x9E3779B97F4A7C15) & M
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M
+        z ^= z >> 31
+        out[c - 1] = [z & 0xFFFFFFFF, z >> 32][:words]
+    return out
 
 
 def attention_keep(entries, heads, seed, p):

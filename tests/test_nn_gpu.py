@@ -12,6 +12,7 @@ from test_nn import random_graph
 
 from _env import cupy_fixture, int_graph, ints
 import tcgnn_py as tg
+from tcgnn_py import _reference as ref
 from tcgnn_py.nn._edges import CSREdges
 
 nn = tg.nn
@@ -173,11 +174,19 @@ def _dtype(name):
     return np.dtype(name)
 
 
-def _keep(size, draw, p):
+def _first_seed(rng_seed, words=2):
+    """The first seed a fresh ``cupy.random.default_rng(rng_seed)`` gives the layers: its seed stream keyed by the
+    bits of one float64 draw (``pointwise.draw``; the reference ``seed_stream``)."""
+    import cupy
+
+    key = np.float64(cupy.random.default_rng(rng_seed).random(1).get()[0]).view(np.uint64)
+    return ref.seed_stream(key, 1, words)[0]
+
+
+def _keep(size, w, p):
     """The feature dropout's mask in NumPy (``nn_keep`` of tcgnn_py.kernels.nn): a hash of each element's index and
-    the two words of the float64 draw."""
+    the seed's two words ``w``."""
     i = np.arange(size, dtype=np.uint64)
-    w = np.frombuffer(np.float64(draw).tobytes(), np.uint32)
     x = (i & np.uint64(0xFFFFFFFF)).astype(np.uint32) ^ ((i >> np.uint64(32)).astype(np.uint32) * np.uint32(0x27D4EB2F))
     x ^= np.full(size, w[0] ^ w[1], np.uint32) * np.uint32(0x9E3779B9)
     x ^= x >> np.uint32(16)
@@ -201,7 +210,7 @@ def test_bias_act_dropout_on_device_is_the_formula(cp, dtype, act, p):
     H, b, g = ints(rng, n, d) / 4, ints(rng, d) / 4, ints(rng, n, d)
     out, vjp = nn.bias_act_dropout(cp.asarray(H).astype(dt), cp.asarray(b).astype(dt), act, p,
                                    cp.random.default_rng(7))
-    draw = cp.random.default_rng(7).random(1).get()[0]
+    draw = _first_seed(7)
     z = (H + b).astype(acc)
     a = {None: z, "relu": np.maximum(z, 0), "elu": np.where(z > 0, z, np.expm1(np.minimum(z, 0)))}[act]
     mask = np.where(_keep(n * d, draw, p).reshape(n, d), acc(1 / (1 - p)), acc(0)) if p else np.ones((n, d), acc)
@@ -398,6 +407,33 @@ def test_dense_atb_adds_its_slices_in_one_order(cp, monkeypatch, N):
         results.append(run)
     for got, want in zip(*results):
         np.testing.assert_array_equal(got, want)
+
+
+def test_seed_streams_draw_the_reference_seeds_and_a_replayed_capture_draws_anew(cp):
+    """A generator's seed stream: keyed by one draw, each call the next splitmix64 output (one or two words, as
+    the reference), the count advanced on the device, so a captured draw gives a new seed on every replay; a
+    second generator has its own stream."""
+    from tcgnn_py.products import pointwise
+
+    rng = cp.random.default_rng(11)
+    key = np.float64(cp.random.default_rng(11).random(1).get()[0]).view(np.uint64)
+    want = ref.seed_stream(key, 4, 2)
+    got = [pointwise.draw(rng).get(), pointwise.draw(rng, 1).get()]
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1][:1])
+    other = pointwise.draw(cp.random.default_rng(12))
+    assert not np.array_equal(other.get(), want[0])
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        np.testing.assert_array_equal(pointwise.draw(rng).get(), want[2])  # (bound before the capture)
+        stream.begin_capture()
+        seed = pointwise.draw(rng)
+        graph = stream.end_capture()
+        graph.launch()
+        first = seed.get()
+        graph.launch()
+        second = seed.get()
+    np.testing.assert_array_equal(np.stack([first, second]), ref.seed_stream(key, 5, 2)[3:])
 
 
 def test_seed_bits_are_the_cast_of_the_draw(cp):

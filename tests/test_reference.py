@@ -40,3 +40,14 @@ def test_power_law_graph_arguments():
         with pytest.raises(error, match=message):
             tg.power_law_graph(*args)
     assert tg.power_law_graph(1, 1).nnz == 1
+
+
+def test_seed_streams_are_splitmix64():
+    """The device seed stream's reference: draw c of key k is splitmix64's output for the state k + c * golden
+    (so key 0 gives splitmix64's published sequence from seed 0), its low word first."""
+    from tcgnn_py._reference import seed_stream
+
+    got = seed_stream(0, 2, 2)
+    assert [int(got[0, 0]) | int(got[0, 1]) << 32, int(got[1, 0]) | int(got[1, 1]) << 32] == [
+        0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4]
+    np.testing.assert_array_equal(seed_stream(0, 2, 1), got[:, :1])

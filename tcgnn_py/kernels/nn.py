@@ -10,7 +10,7 @@ from .registry import VALUE_TYPES, register
 __all__ = ["SOURCE", "NAMES", "FAMILIES", "TICK", "adam_multi_name", "ADAM_MULTI", "ADAM_SLOTS",
            "tail_name", "tail_grad_name", "cross_entropy_name", "index_weights_name", "head_dots_name",
            "head_dots_grad_name", "add_bias_name", "dense_mm_name", "DENSE_TILES", "dense_atb_name",
-           "DENSE_ATB_TILES", "DENSE_ATB_SUM", "DENSE_NAMES", "SEED_BITS",
+           "DENSE_ATB_TILES", "DENSE_ATB_SUM", "DENSE_NAMES", "SEED_BITS", "DRAW",
            "row_normalize_name", "row_normalize_grad_name", "sum_name", "head_blocks_name", "SUM_THREADS",
            "ACTIVATIONS", "TAIL_TYPES"]
 
@@ -391,6 +391,21 @@ __global__ void tcgnn_seed_bits(const double* __restrict__ x, unsigned int* __re
     if (blockIdx.x == 0 && threadIdx.x == 0) y[0] = (unsigned int)(x[0] * 4294967296.0);
 }
 
+// A seed stream's next seed: state = {key, count}; out = the `words` (1 or 2) 32-bit halves of
+// splitmix64(key + (count + 1) * golden), low first, and count advanced.  One thread on the device: a captured step
+// (a CUDA graph) draws anew on every replay, and no call reads the host.
+__global__ void tcgnn_draw(unsigned long long* __restrict__ state, unsigned int* __restrict__ out, int words) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    unsigned long long c = state[1] + 1;
+    state[1] = c;
+    unsigned long long z = state[0] + c * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    out[0] = (unsigned int)z;
+    if (words > 1) out[1] = (unsigned int)(z >> 32);
+}
+
 // x[i, c] += b[c] in place over an n x cols C-contiguous x, in the compute type: a layer's bias after a sparse
 // product, in one launch bound per signature (no CuPy elementwise call).
 template <typename T>
@@ -402,7 +417,7 @@ __global__ void tcgnn_add_bias(T* __restrict__ x, const T* __restrict__ b, long 
 
 // Feature dropout: element i is kept where the 24 high bits of a hash of (i, seed) are at least p * 2^24 (the
 // attention dropout's mixing), so the backward pass recomputes the mask instead of keeping an n x F array.
-// seed: the two words of one float64 draw in [0, 1) (rng.random(1), a device array: no host read).
+// seed: two words on the device (a seed stream's draw, or a float64 draw rng.random(1)): no host read.
 __device__ __forceinline__ bool nn_keep(long long i, const unsigned* seed, float p) {
     unsigned x = (unsigned)i ^ ((unsigned)((unsigned long long)i >> 32) * 0x27D4EB2Fu) ^
                  ((seed[0] ^ seed[1]) * 0x9E3779B9u);
@@ -678,6 +693,8 @@ def dense_atb_name(bq, ti, nt):
 DENSE_ATB_SUM = "tcgnn_dense_atb_sum"
 #: An attention dropout seed's bits from a float64 draw.
 SEED_BITS = "tcgnn_seed_bits"
+#: A seed stream's next seed (:func:`tcgnn_py._reference.seed_stream`).
+DRAW = "tcgnn_draw"
 
 
 def dense_mm_name(bn, tm, nt, bt):
@@ -691,7 +708,7 @@ DENSE_NAMES = (*(dense_mm_name(*tile, bt) for tile in DENSE_TILES for bt in (Fal
                *(dense_atb_name(*tile) for tile in DENSE_ATB_TILES), DENSE_ATB_SUM)
 
 TICK = "tcgnn_adam_tick"
-NAMES = (TICK, SEED_BITS, *(adam_multi_name(t) for t in VALUE_TYPES),
+NAMES = (TICK, SEED_BITS, DRAW, *(adam_multi_name(t) for t in VALUE_TYPES),
          *(f(t) for f in (tail_name, tail_grad_name, cross_entropy_name, index_weights_name, head_dots_name,
                           head_dots_grad_name, row_normalize_name, row_normalize_grad_name, sum_name,
                           head_blocks_name, add_bias_name) for t in TAIL_TYPES),

@@ -79,8 +79,12 @@ _CHECKED_KEEP = 4
 
 
 def _draw_seed(rng):
-    """An attention dropout seed: one uint32 drawn on rng's device (no host read, so a capture can hold it), the
-    bits of ``(rng.random(1) * 2**32).astype(uint32)``."""
+    """An attention dropout seed: one uint32, on rng's device: on the GPU the next of rng's seed stream
+    (:func:`tcgnn_py.products.pointwise.draw`, no host read, so a capture can hold it); on the host the bits of
+    ``(rng.random(1) * 2**32).astype(uint32)``."""
+    cp = sys.modules.get("cupy")
+    if cp is not None and isinstance(rng, cp.random.Generator):
+        return pointwise.draw(rng, 1)
     draw = rng.random(1)
     if type(draw) is np.ndarray:
         return (draw * 2.0**32).astype(np.uint32)
@@ -751,7 +755,7 @@ def _seed_bound(rng, keep=False):
     cp = sys.modules.get("cupy")
     if cp is None or not isinstance(rng, cp.random.Generator):  # (a host generator's seed is made on the host)
         return _draw_seed
-    return pointwise.seed_bits_bound(draws=True)
+    return pointwise.draw_bound(1)
 
 
 def _additive(E, heads, slope, dropout, V, s_src, s_dst, b, seed):

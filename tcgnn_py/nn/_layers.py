@@ -410,9 +410,10 @@ def dropout(H, p, rng, *, training=True):
     H : array
     p : float in [0, 1)
     rng : numpy.random.Generator or cupy.random.Generator
-        On H's device (``numpy.random.default_rng`` / ``cupy.random.default_rng``).  On the GPU one number is
-        drawn per call and the mask is a hash of it and each element's index, so the backward pass recomputes
-        the mask instead of keeping an array of H's size.
+        On H's device (``numpy.random.default_rng`` / ``cupy.random.default_rng``).  On the GPU each call
+        takes the next seed of rng's seed stream on the device (:func:`tcgnn_py.products.pointwise.draw`: one
+        number drawn from rng at its first use keys it) and the mask is a hash of the seed and each element's
+        index, so the backward pass recomputes the mask instead of keeping an array of H's size.
     training : bool, default True
         False (or ``p == 0``) returns H unchanged.
 
@@ -438,7 +439,7 @@ def dropout(H, p, rng, *, training=True):
     if xp is not np and isinstance(rng, np.random.Generator):
         raise TypeError("dropout on a device array needs a cupy.random.Generator (cupy.random.default_rng)")
     if xp is not np and pointwise.takes(H.dtype):
-        return _device_tail(xp, H, None, None, p, rng.random(1))
+        return _device_tail(xp, H, None, None, p, pointwise.draw(rng))
     keep = rng.random(H.shape, dtype=np.float32) >= p
     scale = H.dtype.type(1 / (1 - p))
     mask = keep.astype(H.dtype) * scale
@@ -494,7 +495,7 @@ def bias_act_dropout(H, b=None, act=None, p=0.0, rng=None, *, training=True):
     if xp is not np and pointwise.takes(H.dtype):
         if p and isinstance(rng, np.random.Generator):
             raise TypeError("dropout on a device array needs a cupy.random.Generator (cupy.random.default_rng)")
-        out, tail_vjp = _device_tail(xp, H, b, act, p, rng.random(1) if p else None)
+        out, tail_vjp = _device_tail(xp, H, b, act, p, pointwise.draw(rng) if p else None)
 
         def vjp(g):
             dz = tail_vjp(g)

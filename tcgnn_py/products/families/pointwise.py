@@ -12,6 +12,7 @@ import functools
 
 import numpy as np
 
+from ..._cache import keep
 from ..._device import get_cupy
 from ...kernels import nn as kn
 from .._launch import same_array
@@ -19,7 +20,8 @@ from .. import _small as sk
 
 __all__ = ["TAIL_TYPES", "ACTIVATIONS", "takes", "acc_dtype", "tail", "tail_grad", "cross_entropy", "index_weights",
            "add_bias", "add_bias_bound", "head_dots", "head_dots_bound", "head_dots_grad", "head_dots_grad_bound",
-           "head_blocks_bound", "head_blocks", "seed_bits", "seed_bits_bound", "total", "total_bound",
+           "head_blocks_bound", "head_blocks", "seed_bits", "seed_bits_bound", "seed_stream", "draw",
+           "draw_bound", "STREAMS_KEEP", "total", "total_bound",
            "row_normalize", "row_normalize_bound", "row_normalize_grad_bound", "row_normalize_grad"]
 
 _F32 = np.dtype(np.float32)
@@ -214,19 +216,10 @@ def seed_bits(draw):
     return sk.bound_once(("seed_bits",), seed_bits_bound)(draw)
 
 
-def seed_bits_bound(draws=False):
-    """``f(draw)``: :func:`seed_bits`, its launch bound now (a bound layer call's); ``draws``: ``f(rng)``, the draw
-    ``rng.random(1)`` (a CuPy generator's) made by the call itself."""
+def seed_bits_bound():
+    """``f(draw)``: :func:`seed_bits`, its launch bound now."""
     nd, u32 = get_cupy().ndarray, np.dtype(np.uint32)
     bound = sk.launch(kn.SEED_BITS, 1, 32, ("x", "y")).bind()
-
-    if draws:
-        def drawn(rng):
-            seed = nd((1,), u32)
-            bound(rng.random(1), seed)
-            return seed
-
-        return drawn
 
     def f(draw):
         seed = nd((1,), u32)
@@ -234,6 +227,60 @@ def seed_bits_bound(draws=False):
         return seed
 
     return f
+
+
+#: Seed streams kept (per generator and device), oldest dropped: a model draws from a generator or a few.
+STREAMS_KEEP = 16
+_STREAMS = {}
+
+
+def seed_stream(rng):
+    """The device state ``[key, count]`` (uint64) of CuPy generator ``rng``'s seed stream on this device, made at
+    its first use from one ``rng.random(1)``; None under a capture where none was made before (what a capture
+    records runs again on every replay: a key drawn there would be drawn anew each time)."""
+    cp = get_cupy()
+    place = (id(rng), cp.cuda.runtime.getDevice())
+    entry = _STREAMS.get(place)
+    if entry is not None and entry[0] is rng:  # (the entry holds rng: its id is not reused while kept)
+        return entry[1]
+    if cp.cuda.get_current_stream().is_capturing():
+        return None
+    state = cp.zeros(2, np.uint64)
+    state[:1] = rng.random(1).view(np.uint64)
+    keep(_STREAMS, place, (rng, state), STREAMS_KEEP)
+    return state
+
+
+def draw(rng, words=2):
+    """A seed from CuPy generator ``rng``: ``words`` (1 or 2) uint32 on the device, the next of its seed stream
+    (:func:`seed_stream`; ``tcgnn_draw``, one thread: no host read, and a CUDA-graph replay draws anew).  Under a
+    capture before the stream's first use, ``rng.random(1)`` (two words) or its :func:`seed_bits` (one).
+
+    A draw is one small launch: cuRAND's generator fills a grid of its own states for any size, several times
+    the time of the dropout it seeds on a small graph."""
+    state = seed_stream(rng)
+    if state is None:
+        x = rng.random(1)
+        return x if words == 2 else seed_bits(x)
+    return sk.bound_once(("draw", words), draw_bound, words)(rng)
+
+
+def draw_bound(words):
+    """``f(rng)``: :func:`draw`, its launch bound now (a bound layer call's, the stream found per call)."""
+    cp = get_cupy()
+    nd, u32, streams = cp.ndarray, np.dtype(np.uint32), _STREAMS
+    device = cp.cuda.runtime.getDevice()
+    bound = sk.launch(kn.DRAW, 1, 32, ("state", "out"), words=words).bind()
+
+    def drawn(rng):
+        entry = streams.get((id(rng), device))
+        if entry is None or entry[0] is not rng:
+            return draw(rng, words)
+        out = nd((words,), u32)
+        bound(entry[1], out)
+        return out
+
+    return drawn
 
 
 def total(x, shape=()):
