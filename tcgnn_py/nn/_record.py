@@ -122,6 +122,8 @@ class Bound:
         self.E, self.grads, self.options, self.defaults = E, grads, options, options()
         self.backward = bound.Calls()
         self.call = replay(tape, inputs, results, self.vjp)
+        if self.call is not None:
+            self.call.backward = self.backward  # (what a graph's store shows of the call: its bound vjps)
 
     def vjp(self, saved, n_inputs, g, *args, **kwargs):
         options = self.options(*args, **kwargs) if args or kwargs else self.defaults
@@ -138,7 +140,8 @@ class Bound:
 
 def bind(E, tape, inputs, results, grads, options=None):
     """A layer's bound forward call from its general call's record (``tape`` over ``inputs`` -> ``results``),
-    ``call(*inputs) -> (results[0], vjp)``, the vjp :class:`Bound`'s; None where the record takes no bound call."""
+    ``call(*inputs) -> (results[0], vjp)``, the vjp :class:`Bound`'s (``call.backward``: its store of bound vjps);
+    None where the record takes no bound call."""
     return Bound(E, tape, inputs, results, grads, options).call
 
 
