@@ -31,6 +31,11 @@ def _doctest_needs(item):
     return None
 
 
+#: Package modules that import an optional extra at import time: not collected for doctests without it (the tests
+#: of that extra skip with the reason).
+collect_ignore_glob = [] if _importable("jax") else ["tcgnn_py/jax/*"]
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         needs = _doctest_needs(item)

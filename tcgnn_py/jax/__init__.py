@@ -1,0 +1,21 @@
+"""Layer 4: tcgnn_py inside ``jax.jit`` and ``jax.grad`` -- the products as JAX operations through XLA's FFI.
+
+Optional (``pip install 'tcgnn_py[jax]'``): ``import tcgnn_py`` never imports JAX; this package does.  A
+:class:`~tcgnn_py.TiledMatrix` is static in a jitted function (close over it, or pass it as a static argument):
+the program refers to it by a key in :mod:`._matrices`, which keeps it alive until :func:`release`.
+
+* :func:`spmm` -- ``T @ x``, differentiable in ``x`` (its vjp ``Tᵀ g``);
+* :func:`gcn_conv` -- a GCN layer whose dense parts are ``jnp`` (XLA's own GEMMs) and whose aggregation is
+  :func:`spmm`.
+
+On the GPU an operation runs the library's kernels on XLA's stream over XLA's buffers; on JAX's CPU backend the
+reference path (the same functions, so CI tests them whole).  JAX preallocates most of the GPU at start: set
+``XLA_PYTHON_CLIENT_PREALLOCATE=false`` (or a smaller ``XLA_PYTHON_CLIENT_MEM_FRACTION``) so that the library's
+CuPy pool has room for its plans.
+"""
+
+from ._layers import gcn_conv
+from ._matrices import registered, release
+from ._ops import SPMM_TARGET, spmm
+
+__all__ = ["spmm", "gcn_conv", "release", "registered", "SPMM_TARGET"]

@@ -1,0 +1,67 @@
+"""Layer 4: the matrices jitted programs refer to, by an integer a program carries as an FFI attribute.
+
+A :class:`~tcgnn_py.TiledMatrix` is static in a jitted function (its structure decides the launches, as a shape
+does), so a program holds it as a number: the key it was given here when traced.  The registry keeps each matrix
+alive (a compiled program may run it at any later time) until :func:`release`; a released key gives a clear error.
+A matrix's host copy (the CPU backend's) is made on its first host call and kept beside it.
+"""
+
+import itertools
+import threading
+
+from .._tiled import TiledMatrix
+
+__all__ = ["key_of", "matrix", "host_matrix", "release", "registered"]
+
+_KEYS = {}  # id(T) -> key
+_MATRICES = {}  # key -> [T, host copy or None]
+_COUNTER = itertools.count(1)
+_LOCK = threading.Lock()
+
+
+def key_of(T):
+    """The key of ``T`` (registered now if it was not)."""
+    if not isinstance(T, TiledMatrix):
+        raise TypeError(f"T must be a tcgnn_py.TiledMatrix, got {type(T).__name__}")
+    with _LOCK:
+        key = _KEYS.get(id(T))
+        if key is None or _MATRICES.get(key, (None,))[0] is not T:
+            key = next(_COUNTER)
+            _KEYS[id(T)] = key
+            _MATRICES[key] = [T, None]
+        return key
+
+
+def _entry(key):
+    entry = _MATRICES.get(key)
+    if entry is None:
+        raise LookupError(f"matrix {key} was released (tcgnn_py.jax.release): a program that uses it must be "
+                          "traced again with a registered matrix")
+    return entry
+
+
+def matrix(key):
+    """The matrix of ``key``."""
+    return _entry(key)[0]
+
+
+def host_matrix(key):
+    """The matrix of ``key`` on the host (itself there, else a host copy made once)."""
+    entry = _entry(key)
+    if entry[1] is None:
+        T = entry[0]
+        entry[1] = T if T.device == "cpu" else TiledMatrix(T, dtype=T.dtype, layout=T.layout.name, device="cpu")
+    return entry[1]
+
+
+def release(T):
+    """Forget ``T``: programs traced with it raise an error when run after this (they hold its key, not it)."""
+    with _LOCK:
+        key = _KEYS.pop(id(T), None)
+        if key is not None and _MATRICES.get(key, (None,))[0] is T:
+            del _MATRICES[key]
+
+
+def registered():
+    """How many matrices the registry holds."""
+    return len(_MATRICES)

@@ -1,0 +1,159 @@
+"""tcgnn_py.jax: the products as JAX operations through XLA's FFI -- values, gradients, transforms and errors.
+
+On JAX's CPU backend (CI) the FFI target's host implementation runs the reference product, so the whole path --
+trace-time checks, the ctypes handler, XLA's call frame, the custom vjp -- is tested without a GPU; the GPU test
+runs the same checks on the GPU backend.
+"""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from _env import GPU, int_graph, ints
+
+jax = pytest.importorskip("jax", reason="tcgnn_py.jax needs JAX (pip install 'tcgnn_py[jax]')")
+jnp = pytest.importorskip("jax.numpy")
+
+import tcgnn_py as tg  # noqa: E402
+from tcgnn_py import jax as tgj  # noqa: E402
+
+
+def _matrix(rng, n, k, device="cpu", **kw):
+    A = int_graph(rng, n, k, degree=min(8, max(1, k // 3))).astype(np.float32)
+    return A, tg.TiledMatrix(A, device=device, **kw)
+
+
+@pytest.mark.parametrize("layout", ["tcgnn", "vector"])
+@pytest.mark.parametrize("n, k, D", [(37, 37, 5), (100, 61, 16), (16, 200, 1)])
+def test_jitted_spmm_is_the_product(layout, n, k, D):
+    """Exact on small integers, through jit, for 2-D and 1-D x, and for T.T."""
+    rng = np.random.default_rng(0)
+    A, T = _matrix(rng, n, k, layout=layout)
+    M = A.toarray().astype(np.float64)
+    x = ints(rng, k, D)
+    f = jax.jit(lambda x: tgj.spmm(T, x))
+    np.testing.assert_array_equal(np.asarray(f(jnp.asarray(x))), M @ x)
+    np.testing.assert_array_equal(np.asarray(tgj.spmm(T, jnp.asarray(x[:, 0]))), M @ x[:, 0])
+    y = ints(rng, n, D)
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda y: tgj.spmm(T.T, y))(jnp.asarray(y))), M.T @ y)
+
+
+def test_spmm_gradients_are_the_transposed_product():
+    """The vjp is Tᵀ g: check_grads in reverse mode, exact on integers, and in x's dtype."""
+    from jax.test_util import check_grads
+
+    rng = np.random.default_rng(1)
+    A, T = _matrix(rng, 40, 30)
+    M = A.toarray()
+    x = jnp.asarray(rng.standard_normal((30, 4)).astype(np.float32))
+    check_grads(lambda x: tgj.spmm(T, x), (x,), order=1, modes=["rev"], atol=1e-2, rtol=1e-2)
+    g = ints(rng, 40, 4)
+    _, vjp = jax.vjp(lambda x: tgj.spmm(T, x), x)
+    np.testing.assert_array_equal(np.asarray(vjp(jnp.asarray(g))[0]), M.T @ g)
+    dx = jax.jit(jax.grad(lambda x: tgj.spmm(T, x).sum()))(jnp.ones((30, 4), jnp.float16))
+    assert dx.dtype == jnp.float16
+    np.testing.assert_array_equal(np.asarray(dx, np.float32), np.broadcast_to(M.sum(axis=0)[:, None], (30, 4)))
+
+
+def test_dtypes_follow_spmm_and_vmap_runs_each_batch():
+    rng = np.random.default_rng(2)
+    A, T = _matrix(rng, 20, 20)
+    M = A.toarray()
+    for dtype in (jnp.float16, jnp.bfloat16, jnp.float32, jnp.int32):
+        assert tgj.spmm(T, jnp.ones((20, 3), dtype)).dtype == jnp.float32  # (as NumPy / JAX promote)
+    xs = ints(rng, 3, 20, 4)
+    got = jax.vmap(lambda x: tgj.spmm(T, x))(jnp.asarray(xs))
+    np.testing.assert_array_equal(np.asarray(got), np.einsum("ij,bjd->bid", M, xs))
+
+
+def test_bad_operands_fail_at_trace_time_with_spmm_wording():
+    rng = np.random.default_rng(3)
+    _, T = _matrix(rng, 20, 10)
+    with pytest.raises(ValueError, match=r"matmul: dimension mismatch with signature \(n,k=10\),\(k=3,m\)"):
+        jax.jit(lambda x: tgj.spmm(T, x))(jnp.ones((3, 2)))
+    with pytest.raises(ValueError, match="must be 1-D or 2-D"):
+        tgj.spmm(T, jnp.ones((10, 2, 2)))
+    with pytest.raises(TypeError, match="float or integer"):
+        tgj.spmm(T, jnp.ones((10, 2), bool))
+    with pytest.raises(TypeError, match="must be a tcgnn_py.TiledMatrix"):
+        tgj.spmm(sp.eye(10, format="csr"), jnp.ones((10, 2)))
+    T64 = tg.TiledMatrix(sp.csr_array(np.eye(10)), device="cpu")
+    if not jax.config.jax_enable_x64:
+        with pytest.raises(TypeError, match="needs jax_enable_x64"):
+            tgj.spmm(T64, jnp.ones((10, 2)))
+
+
+def test_a_released_matrix_fails_its_compiled_program_with_a_clear_error():
+    """The registry keeps a matrix alive for its programs until release; a program run after that raises an
+    error naming the cause (an XLA error from the handler, never a crash)."""
+    rng = np.random.default_rng(4)
+    A, T = _matrix(rng, 12, 12)
+    f = jax.jit(lambda x: tgj.spmm(T, x))
+    x = jnp.ones((12, 2))
+    f(x).block_until_ready()
+    count = tgj.registered()
+    tgj.release(T)
+    assert tgj.registered() == count - 1
+    with pytest.raises(Exception, match="was released"):
+        f(x).block_until_ready()
+    np.testing.assert_array_equal(np.asarray(tgj.spmm(T, x)), A.toarray() @ np.ones((12, 2)))  # traced anew
+
+
+def test_gcn_conv_and_its_gradients_against_dense_jax():
+    """A GCN layer (either order of its products) and its gradients in every operand: the same as the dense
+    formula in jnp (exact on integers)."""
+    rng = np.random.default_rng(5)
+    A, T = _matrix(rng, 30, 30)
+    M = jnp.asarray(A.toarray())
+    for f_in, f_out in ((8, 3), (3, 8)):
+        H, W, b = (jnp.asarray(ints(rng, *s)) for s in ((30, f_in), (f_in, f_out), (f_out,)))
+
+        def dense(H, W, b):
+            return M @ (H @ W) + b
+
+        np.testing.assert_array_equal(np.asarray(jax.jit(lambda H, W, b: tgj.gcn_conv(T, H, W, b))(H, W, b)),
+                                      np.asarray(dense(H, W, b)))
+        g = jnp.asarray(ints(rng, 30, f_out))
+        got = jax.vjp(lambda H, W, b: tgj.gcn_conv(T, H, W, b), H, W, b)[1](g)
+        want = jax.vjp(dense, H, W, b)[1](g)
+        for a, w in zip(got, want):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(w))
+    with pytest.raises(ValueError, match="do not multiply"):
+        tgj.gcn_conv(T, jnp.ones((30, 4)), jnp.ones((5, 2)))
+
+
+def test_importing_tcgnn_py_does_not_import_jax():
+    code = "import sys, tcgnn_py; assert 'jax' not in sys.modules, 'jax imported'"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ, TCGNN_PY_DEVICE="cpu"))
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="the GPU implementation needs CuPy and a GPU")
+def test_jitted_spmm_on_the_gpu_is_the_product():
+    """On JAX's GPU backend: the library's kernels on XLA's stream over XLA's buffers, exact on integers, with
+    gradients; a host matrix is refused with a clear error."""
+    if jax.default_backend() != "gpu":
+        pytest.skip("JAX has no GPU backend here")
+    rng = np.random.default_rng(6)
+    for layout in ("tcgnn", "vector"):
+        A, T = _matrix(rng, 300, 200, device="cuda", layout=layout)
+        M = A.toarray().astype(np.float64)
+        f = jax.jit(lambda x: tgj.spmm(T, x))
+        for D in (1, 16, 64):
+            x = ints(rng, 200, D)
+            for _ in range(3):  # (planned, then bound)
+                np.testing.assert_array_equal(np.asarray(f(jnp.asarray(x))), M @ x)
+        g = ints(rng, 300, 16)
+        _, vjp = jax.vjp(lambda x: tgj.spmm(T, x), jnp.asarray(ints(rng, 200, 16)))
+        np.testing.assert_array_equal(np.asarray(vjp(jnp.asarray(g))[0]), M.T @ g)
+        h = jnp.asarray(ints(rng, 200, 16), jnp.float16)
+        np.testing.assert_array_equal(np.asarray(tgj.spmm(T, h)), M @ np.asarray(h, np.float64))
+    _, Th = _matrix(rng, 20, 20)
+    with pytest.raises(Exception, match="T is on the host"):
+        jax.jit(lambda x: tgj.spmm(Th, x))(jnp.ones((20, 2))).block_until_ready()
