@@ -30,6 +30,8 @@ def test_wait_for_compiles_returns_when_nothing_is_pending():
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+# (JAX, loaded in this worker by the JAX tests, warns at any fork; the child here runs no JAX)
+@pytest.mark.filterwarnings(r"ignore:os\.fork\(\) was called:RuntimeWarning")
 def test_forked_child_forgets_the_worker():
     """A child forked while compiles were queued gets no worker thread: it must not wait on them."""
     registry._worker.append(object())
