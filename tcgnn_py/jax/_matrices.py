@@ -3,7 +3,8 @@
 A :class:`~tcgnn_py.TiledMatrix` is static in a jitted function (its structure decides the launches, as a shape
 does), so a program holds it as a number: the key it was given here when traced.  The registry keeps each matrix
 alive (a compiled program may run it at any later time) until :func:`release`; a released key gives a clear error.
-A matrix's host copy (the CPU backend's) is made on its first host call and kept beside it.
+A matrix's copy on the other side (the CPU backend's of a GPU matrix, the GPU backend's of a host one) is made on
+its first call there and kept beside it.
 """
 
 import itertools
@@ -11,10 +12,10 @@ import threading
 
 from .._tiled import TiledMatrix
 
-__all__ = ["key_of", "matrix", "host_matrix", "release", "registered"]
+__all__ = ["key_of", "matrix", "host_matrix", "device_matrix", "release", "registered"]
 
 _KEYS = {}  # id(T) -> key
-_MATRICES = {}  # key -> [T, host copy or None]
+_MATRICES = {}  # key -> [T, host copy or None, device copy or None]
 _COUNTER = itertools.count(1)
 _LOCK = threading.Lock()
 
@@ -28,7 +29,7 @@ def key_of(T):
         if key is None or _MATRICES.get(key, (None,))[0] is not T:
             key = next(_COUNTER)
             _KEYS[id(T)] = key
-            _MATRICES[key] = [T, None]
+            _MATRICES[key] = [T, None, None]
         return key
 
 
@@ -52,6 +53,16 @@ def host_matrix(key):
         T = entry[0]
         entry[1] = T if T.device == "cpu" else TiledMatrix(T, dtype=T.dtype, layout=T.layout.name, device="cpu")
     return entry[1]
+
+
+def device_matrix(key):
+    """The matrix of ``key`` on the GPU (itself there, else a device copy made once): a program on JAX's GPU
+    backend may close over a matrix built on the host."""
+    entry = _entry(key)
+    if entry[2] is None:
+        T = entry[0]
+        entry[2] = T if T.device == "cuda" else TiledMatrix(T, dtype=T.dtype, layout=T.layout.name, device="cuda")
+    return entry[2]
 
 
 def release(T):

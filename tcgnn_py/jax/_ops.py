@@ -40,10 +40,7 @@ def _spmm_device(stream, args, rets, attrs):
     """The GPU implementation: the library's product on XLA's stream, its operand and result XLA's buffers."""
     import cupy as cp
 
-    T = _matrices.matrix(attrs["matrix"])
-    if T.device != "cuda":
-        raise ValueError("T is on the host: a jitted product on the GPU needs a TiledMatrix on the GPU "
-                         "(TiledMatrix(A, device='cuda'))")
+    T = _matrices.device_matrix(attrs["matrix"])
     s = _STREAMS.get(stream)
     if s is None:
         s = keep(_STREAMS, stream, cp.cuda.ExternalStream(stream), STREAMS_KEEP)
