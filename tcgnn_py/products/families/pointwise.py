@@ -229,8 +229,9 @@ def seed_bits_bound():
     return f
 
 
-#: Seed streams kept (per generator and device), oldest dropped: a model draws from a generator or a few.
-STREAMS_KEEP = 16
+#: Seed streams kept (per generator and device), oldest dropped: a model draws from a generator or a few, and a
+#: captured step's launches hold its stream's state by address, so a stream stays while many others come and go.
+STREAMS_KEEP = 1024
 _STREAMS = {}
 
 
