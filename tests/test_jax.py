@@ -59,15 +59,18 @@ def test_spmm_gradients_are_the_transposed_product():
     np.testing.assert_array_equal(np.asarray(dx, np.float32), np.broadcast_to(M.sum(axis=0)[:, None], (30, 4)))
 
 
-def test_dtypes_follow_spmm_and_vmap_runs_each_batch():
+def test_dtypes_follow_spmm_and_vmap_folds_the_batch_into_one_product():
     rng = np.random.default_rng(2)
     A, T = _matrix(rng, 20, 20)
     M = A.toarray()
     for dtype in (jnp.float16, jnp.bfloat16, jnp.float32, jnp.int32):
         assert tgj.spmm(T, jnp.ones((20, 3), dtype)).dtype == jnp.float32  # (as NumPy / JAX promote)
     xs = ints(rng, 3, 20, 4)
-    got = jax.vmap(lambda x: tgj.spmm(T, x))(jnp.asarray(xs))
-    np.testing.assert_array_equal(np.asarray(got), np.einsum("ij,bjd->bid", M, xs))
+    f = jax.vmap(lambda x: tgj.spmm(T, x))
+    np.testing.assert_array_equal(np.asarray(jax.jit(f)(jnp.asarray(xs))), np.einsum("ij,bjd->bid", M, xs))
+    assert str(jax.make_jaxpr(f)(jnp.asarray(xs))).count("ffi_call") == 1  # the batch folded into the width
+    g = jax.vmap(jax.grad(lambda x: (tgj.spmm(T, x) ** 2).sum()))(jnp.asarray(xs))
+    np.testing.assert_array_equal(np.asarray(g), 2 * np.einsum("ji,bjd->bid", M, np.einsum("ij,bjd->bid", M, xs)))
 
 
 def test_bad_operands_fail_at_trace_time_with_spmm_wording():
