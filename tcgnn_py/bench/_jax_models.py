@@ -15,9 +15,12 @@ import os
 
 import numpy as np
 
-__all__ = ["available", "build", "forward", "graph_arrays", "init", "MODELS"]
+__all__ = ["available", "build", "forward", "graph_arrays", "init", "MODELS", "AGGREGATIONS"]
 
 MODELS = ("gcn", "agnn", "gat")
+#: GCN's aggregation in the JAX models: ``jax.ops.segment_sum`` over the edges (what GNNs in JAX write), a
+#: ``jax.experimental.sparse.BCOO`` product, or this library's product inside the jitted step (``tcgnn_py.jax``).
+AGGREGATIONS = ("segment_sum", "bcoo", "tcgnn")
 
 
 def available():
@@ -70,9 +73,10 @@ def _softmax_rows(scores, rows, weights, n):
     return ex / total[rows]
 
 
-def forward(model, params, graph, X, key=None, p=0.0):
+def forward(model, params, graph, X, key=None, p=0.0, product=None):
     """The logits of ``model`` (``params`` a dict of JAX arrays; ``graph`` :func:`graph_arrays` as JAX arrays)
-    on features ``X``; dropout of rate ``p`` drawn from ``key`` (none where ``key`` is None)."""
+    on features ``X``; dropout of rate ``p`` drawn from ``key`` (none where ``key`` is None).  ``product(h)``:
+    GCN's aggregation ``A h`` another way than ``segment_sum`` (:data:`AGGREGATIONS`)."""
     jax = _jax()
     jnp = jax.numpy
     rows, cols, weights, n = graph
@@ -89,8 +93,9 @@ def forward(model, params, graph, X, key=None, p=0.0):
         return jax.ops.segment_sum(msg, rows, num_segments=n, indices_are_sorted=True)
 
     if model == "gcn":
-        h = jax.nn.relu(aggregate(weights, drop(X) @ params["W0"]) + params["b0"])
-        return aggregate(weights, drop(h) @ params["W1"]) + params["b1"]
+        agg = (lambda h: aggregate(weights, h)) if product is None else product
+        h = jax.nn.relu(agg(drop(X) @ params["W0"]) + params["b0"])
+        return agg(drop(h) @ params["W1"]) + params["b1"]
     if model == "agnn":
         h = jax.nn.relu(drop(X) @ params["W_in"] + params["b_in"])
         betas = [jnp.ones(1, h.dtype)] + [params[f"beta{k}"] for k in range(1, 1 + sum(k.startswith("beta")
@@ -112,19 +117,36 @@ def forward(model, params, graph, X, key=None, p=0.0):
     return gat(drop(h), params["W2"], params["a_src2"], params["a_dst2"], 1) + params["b2"]
 
 
-def build(problem, model, hidden=16, gat=(8, 8)):
+def build(problem, model, hidden=16, gat=(8, 8), aggregation="segment_sum"):
     """``(step, sync)`` of one jitted training step of ``model`` on the harness's ``problem``
     (:func:`tcgnn_py.bench.gnn_problem`), as :func:`tcgnn_py.bench.bench_gnn`'s ``extra`` takes it (which
     passes its ``hidden`` width and GAT's ``(heads, hidden)``); ``step.loss()`` is the training loss without
-    dropout."""
+    dropout.  ``aggregation`` (:data:`AGGREGATIONS`) other than ``segment_sum`` is GCN's only: None for the
+    attention models."""
     jax = _jax()
-    import optax
-
     jnp = jax.numpy
     X = jnp.asarray(problem["X"])
     labels, idx = jnp.asarray(problem["labels"]), jnp.asarray(problem["train_idx"])
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+    if aggregation != "segment_sum" and model != "gcn":
+        return None
     rows, cols, weights, n = graph_arrays(problem["adj"], model)
     graph = (jnp.asarray(rows), jnp.asarray(cols), jnp.asarray(weights), n)
+    product = None
+    if aggregation == "bcoo":
+        from jax.experimental import sparse
+
+        B = sparse.BCOO((graph[2], jnp.stack([graph[0], graph[1]], axis=1)), shape=(n, n), indices_sorted=True)
+        product = B.__matmul__
+    elif aggregation == "tcgnn":
+        from .. import nn
+        from ..jax import spmm
+
+        T = nn.gcn_norm(problem["adj"])  # (on the GPU where the harness runs there, as the other columns)
+        product = lambda h: spmm(T, h)  # noqa: E731
+    import optax
+
     c = problem["n_classes"]
     if model == "gcn":
         params, lr, p, decayed = init(model, (X.shape[1], hidden, c)), 0.01, 0.5, {"W0", "b0"}
@@ -137,7 +159,7 @@ def build(problem, model, hidden=16, gat=(8, 8)):
     tx = optax.chain(optax.add_decayed_weights(5e-4, mask), optax.adam(lr))  # L2 in the gradient, as nn.Adam
 
     def loss(params, key):
-        logits = forward(model, params, graph, X, key, p)
+        logits = forward(model, params, graph, X, key, p, product)
         return optax.softmax_cross_entropy_with_integer_labels(logits[idx], labels[idx]).mean()
 
     @jax.jit
