@@ -533,7 +533,7 @@ def test_cache_nbytes_counts_each_cached_array_once_and_nothing_else():
     assert t.cache_nbytes() == base + 40 + 24 + (32 if GPU else 0)
 
 
-_CLI_OPS = ("spmm", "sddmm", "sgt", "reorder", "gcn", "agnn", "gat", "attention")
+_CLI_OPS = ("spmm", "sddmm", "sgt", "reorder", "gcn", "agnn", "gat", "attention", "jax")
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -543,6 +543,8 @@ def test_cli_runs_every_op(op, device, tmp_path, monkeypatch):
     from tcgnn_py.bench.__main__ import _OPS, main
 
     assert set(_CLI_OPS) == set(_OPS)
+    if op == "jax":
+        pytest.importorskip("jax", reason="--ops jax needs JAX")
     if device == "cpu":
         monkeypatch.setenv("TCGNN_PY_DEVICE", "cpu")
     graph = "cora" if device == "cuda" else "powerlaw:60:300"
@@ -620,3 +622,17 @@ def test_the_jax_gcn_aggregates_alike_by_segment_sum_bcoo_and_this_library():
     assert _jax_models.build(problem, "gat", aggregation="tcgnn") is None
     with pytest.raises(ValueError, match="aggregation must be one of"):
         _jax_models.build(problem, "gcn", aggregation="scatter")
+
+
+def test_the_jax_op_times_the_jitted_aggregations_and_the_loop(tmp_path):
+    """``--ops jax``: per graph, the jitted aggregation by tcgnn_py.jax, segment_sum and BCOO, and the jitted loop
+    of products (on the host: JAX's CPU backend, the reference product; no GPU-only column)."""
+    pytest.importorskip("jax", reason="--ops jax needs JAX")
+    from tcgnn_py.bench.__main__ import main
+
+    out = tmp_path / "r.json"
+    assert main(["cora", "--ops", "jax", "--device", "cpu", "--repeat", "2", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["jax"]
+    assert {(r["kind"], r["impl"]) for r in rows} == {("aggregate", "tcgnn_py.jax"), ("aggregate", "segment_sum"),
+                                                      ("aggregate", "BCOO"), ("loop", "tcgnn_py.jax")}
+    assert all(r["us"] > 0 and r["graph"] == "cora" for r in rows)

@@ -29,7 +29,10 @@ back, and GPU-only (calls queued behind a spin kernel, the host's time outside):
   tcgnn_py.nn, beside the same models on cupyx sparse ops;
 * with attention: one graph-attention layer (GAT with 1 and 4 heads, AGNN),
   forward and forward + backward, fused against the library's unfused
-  sequence and against the --baselines file's layers.
+  sequence and against the --baselines file's layers;
+* with jax (JAX installed): one jitted aggregation A @ X (D = 64) by
+  tcgnn_py.jax against jax.ops.segment_sum and a BCOO product, and a jitted
+  loop of 1,000 products against the product's GPU-only time.
 
 Bandwidths are given under two traffic bounds (per-edge gather and window reuse)
 as GB/s and as a share of the measured copy bandwidth. --device cpu runs the
@@ -38,6 +41,7 @@ NumPy reference path against SciPy with the host clock.
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import pathlib
@@ -48,7 +52,7 @@ import sys
 from ._report import markdown, plot_speedups, print_graph, print_reorder, summary
 from ._run import DEFAULT_DIMS, ORDERS
 
-_OPS = ("spmm", "sddmm", "sgt", "reorder", "gcn", "agnn", "gat", "attention")
+_OPS = ("spmm", "sddmm", "sgt", "reorder", "gcn", "agnn", "gat", "attention", "jax")
 
 
 def _ints(text):
@@ -112,7 +116,7 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("graphs", nargs="+", metavar="GRAPH")
     ap.add_argument("--ops", type=_ops, default=("spmm", "sddmm"),
-                    help="comma-separated from spmm, sddmm, sgt, reorder, gcn, agnn, gat, attention (default "
+                    help="comma-separated from spmm, sddmm, sgt, reorder, gcn, agnn, gat, attention, jax (default "
                          "spmm,sddmm; preprocessing is measured unless only models are asked for)")
     ap.add_argument("--dims", type=_ints, default=None,
                     help="feature widths of the spmm and sddmm ops (default 32,64,128,256; the attention op times 64 "
@@ -171,6 +175,8 @@ def main(argv=None):
         print("--dims sets the spmm and sddmm widths; the attention op times 64 features per head")
     if args.dims is None:
         args.dims = DEFAULT_DIMS
+    if "jax" in args.ops and importlib.util.find_spec("jax") is None:
+        ap.error("--ops jax needs JAX (pip install 'tcgnn_py[jax]')")
     if args.attention_page is not None and (args.page is None or "attention" not in args.ops):
         ap.error("--attention-page splits the attention tables off --page: it needs --page and --ops attention")
     for flag in ("json", "markdown", "plot", "page", "attention_page"):  # an output that cannot be written fails now, not after the run
@@ -203,9 +209,9 @@ def main(argv=None):
         print(f"--dtypes {','.join(d for d in args.dtypes if d != 'float32')}: not run on the host "
               "(the 16-bit products are measured on the GPU's 16-bit tensor cores only)")
     models = tuple(op for op in args.ops if op in ("gcn", "agnn", "gat"))
-    graphs, reorders, gnn, attention = [], [], [], []
+    graphs, reorders, gnn, attention, jaxrows = [], [], [], [], []
     for spec in args.graphs:
-        if set(args.ops) - set(models) - {"attention"}:  # products, sgt, reorder: with the preprocessing figures
+        if set(args.ops) - set(models) - {"attention", "jax"}:  # products, sgt, reorder: with preprocessing
             g = bench_graph(spec, products, args.dims, args.repeat, args.inputs, "cuda" if gpu else "cpu",
                             env["copy_bandwidth_gbps"] * 1e9, dtypes=args.dtypes, order=args.order)
             print_graph(g)
@@ -216,6 +222,10 @@ def main(argv=None):
             gnn += bench_gnn(spec, models, args.epochs, device="cuda" if gpu else "cpu", extra=extra)
         if "attention" in args.ops:
             attention += bench_attention(spec, args.repeat, "cuda" if gpu else "cpu", extra_attention)
+        if "jax" in args.ops:
+            from ._jax_ops import bench_jax
+
+            jaxrows += bench_jax(spec, args.repeat, "cuda" if gpu else "cpu")
     for line in summary(graphs, args.summary_min_nnz):
         print(line)
     if reorders:
@@ -224,10 +234,14 @@ def main(argv=None):
         print("\nms per training epoch\n" + gnn_markdown(gnn))
     if attention:
         print("\nus per attention call\n" + attention_markdown(attention))
+    if jaxrows:
+        from ._jax_ops import jax_markdown
+
+        print("\ninside jax.jit (us per call)\n" + jax_markdown(jaxrows))
     if args.json:
         pathlib.Path(args.json).write_text(
-            json.dumps({"env": env, "graphs": graphs, "reorder": reorders, "gnn": gnn, "attention": attention},
-                       indent=1))
+            json.dumps({"env": env, "graphs": graphs, "reorder": reorders, "gnn": gnn, "attention": attention,
+                        "jax": jaxrows}, indent=1))
     if args.markdown:
         tables = markdown(graphs, reorders, summary_min_nnz=args.summary_min_nnz)
         pathlib.Path(args.markdown).write_text(tables + (gnn_markdown(gnn) if gnn else "")
@@ -245,7 +259,8 @@ def main(argv=None):
         split = args.attention_page is not None
         pathlib.Path(args.page).write_text(results_page(env, graphs, reorders, gnn, args, first,
                                                         None if split else attention,
-                                                        attention_link=args.attention_page if split else None))
+                                                        attention_link=args.attention_page if split else None,
+                                                        jaxrows=jaxrows))
         print(f"page: {args.page}")
         if split:
             pathlib.Path(args.attention_page).write_text(results_page(
@@ -256,7 +271,7 @@ def main(argv=None):
 
 
 def results_page(env, graphs, reorders, gnn, args, first=None, attention=None, attention_link=None,
-                 epochs_link=None):
+                 epochs_link=None, jaxrows=None):
     """The results page of one run: where and what ran, the geomeans, every table, the plot, the attention
     layers, the first product.  ``attention_link``: the page of the same run holding the attention tables;
     ``epochs_link`` (on that page): the page holding the run's other tables."""
@@ -301,6 +316,14 @@ def results_page(env, graphs, reorders, gnn, args, first=None, attention=None, a
                   "`tcgnn_py.nn.graph_attention` alone, fused or the unfused sequence it replaces (every entry's "
                   "score, an edge softmax and SpMM per head; the backward likewise); `layer`: the whole layer, "
                   "dense products included. Cells: GPU-only (back to back).", "", attention_markdown(attention), ""]
+    if jaxrows:
+        from ._jax_ops import jax_markdown
+
+        lines += ["## Inside jax.jit (us per call)", "",
+                  "One jitted aggregation `A @ X` (64 features) by `tcgnn_py.jax.spmm`, `jax.ops.segment_sum` over "
+                  "the edges and a `jax.experimental.sparse.BCOO` product (host clock around the call and "
+                  "`block_until_ready`); a jitted loop of 1,000 products per product, beside the product's GPU-only "
+                  "time: the difference is the host cost of a call inside XLA.", "", jax_markdown(jaxrows), ""]
     if first:
         lines += ["## Time to the first product", "", first, ""]
     return "\n".join(lines).rstrip() + "\n"
