@@ -129,6 +129,93 @@ def test_gcn_conv_and_its_gradients_against_dense_jax():
         tgj.gcn_conv(T, jnp.ones((30, 4)), jnp.ones((5, 2)))
 
 
+def _dense(T, values):
+    rows, cols = tgj.entries(T)
+    D = np.zeros(T.shape)
+    D[rows, cols] = np.asarray(values)
+    return D
+
+
+@pytest.mark.parametrize("layout", ["tcgnn", "vector"])
+def test_sddmm_and_spmm_with_values_are_the_products_and_differentiate(layout):
+    """SDDMM in T's stored order (entries()) and the product with those values in place of T's: exact on integers
+    through jit, gradients by check_grads and exact vjps (an SDDMM for the values, transposed products for the
+    operands)."""
+    from jax.test_util import check_grads
+
+    rng = np.random.default_rng(7)
+    A, T = _matrix(rng, 45, 33, layout=layout)
+    rows, cols = tgj.entries(T)
+    assert rows.dtype == np.int32 and rows.shape == (T.nnz,)
+    np.testing.assert_array_equal(_dense(T, T.values), A.toarray())  # (the order of T's own values)
+    a, b, x = (jnp.asarray(ints(rng, *s)) for s in ((45, 6), (33, 6), (33, 5)))
+    e = jax.jit(lambda a, b: tgj.sddmm(T, a, b))(a, b)
+    np.testing.assert_array_equal(np.asarray(e), (np.asarray(a)[rows] * np.asarray(b)[cols]).sum(axis=1))
+    v = jnp.asarray(ints(rng, T.nnz))
+    V = _dense(T, v)
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda v, x: tgj.spmm(T, x, values=v))(v, x)), V @ x)
+    g = ints(rng, 45, 5)
+    dv, dx = jax.vjp(lambda v, x: tgj.spmm(T, x, values=v), v, x)[1](jnp.asarray(g))
+    np.testing.assert_array_equal(np.asarray(dv), (g[rows] * np.asarray(x)[cols]).sum(axis=1))
+    np.testing.assert_array_equal(np.asarray(dx), V.T @ g)
+    ge = ints(rng, T.nnz)
+    da, db = jax.vjp(lambda a, b: tgj.sddmm(T, a, b), a, b)[1](jnp.asarray(ge))
+    G = _dense(T, ge)
+    np.testing.assert_array_equal(np.asarray(da), G @ np.asarray(b))
+    np.testing.assert_array_equal(np.asarray(db), G.T @ np.asarray(a))
+    xf = jnp.asarray(rng.standard_normal((33, 3)).astype(np.float32))
+    vf = jnp.asarray(rng.standard_normal(T.nnz).astype(np.float32))
+    check_grads(lambda v, x: tgj.spmm(T, x, values=v), (vf, xf), order=1, modes=["rev"], atol=1e-2, rtol=1e-2)
+
+
+def test_attention_as_matrix_operations_matches_dense_jax():
+    """An AGNN-style layer written as matrix operations -- cosine scores by SDDMM, a softmax over each row's
+    entries in jnp (segment ops over entries()), the aggregation by spmm with those values -- and its gradient
+    are the dense formula's."""
+    rng = np.random.default_rng(8)
+    A, T = _matrix(rng, 40, 40)
+    A = abs(A)
+    T = tg.TiledMatrix(A, device="cpu")
+    rows, _ = tgj.entries(T)
+    w = jnp.asarray(np.asarray(T.values))
+    mask = jnp.asarray(A.toarray() != 0)
+    Wd = jnp.asarray(A.toarray())
+    H = jnp.asarray(rng.standard_normal((40, 8)).astype(np.float32))
+
+    def ours(H):
+        Hn = H / jnp.linalg.norm(H, axis=1, keepdims=True)
+        z = tgj.sddmm(T, Hn)
+        top = jax.ops.segment_max(z, rows, 40)
+        ex = w * jnp.exp(z - top[rows])
+        P = ex / jax.ops.segment_sum(ex, rows, 40)[rows]
+        return tgj.spmm(T, H, values=P)
+
+    def dense(H):
+        Hn = H / jnp.linalg.norm(H, axis=1, keepdims=True)
+        z = jnp.where(mask, Hn @ Hn.T, -jnp.inf)
+        ex = Wd * jnp.exp(z - z.max(axis=1, keepdims=True))
+        return (ex / ex.sum(axis=1, keepdims=True)) @ H
+
+    with jax.default_matmul_precision("highest"):
+        np.testing.assert_allclose(np.asarray(jax.jit(ours)(H)), np.asarray(dense(H)), rtol=1e-5, atol=1e-5)
+        gs = [jax.grad(lambda H: (f(H) ** 2).sum())(H) for f in (ours, dense)]
+    np.testing.assert_allclose(np.asarray(gs[0]), np.asarray(gs[1]), rtol=1e-4, atol=1e-4)
+
+
+def test_bad_values_and_sddmm_operands_fail_at_trace_time():
+    rng = np.random.default_rng(9)
+    _, T = _matrix(rng, 20, 10)
+    with pytest.raises(ValueError, match=rf"values must have shape \({T.nnz},\)"):
+        tgj.spmm(T, jnp.ones((10, 2)), values=jnp.ones(T.nnz + 1))
+    with pytest.raises(TypeError, match="values must be a float array"):
+        tgj.spmm(T, jnp.ones((10, 2)), values=jnp.ones(T.nnz, jnp.int32))
+    with pytest.raises(ValueError, match=r"sddmm: dimension mismatch with signature \(n=20,k=10\),\(n=20,d=3\),"
+                                         r"\(k=10,d=2\)->\(n,k\)"):
+        tgj.sddmm(T, jnp.ones((20, 3)), jnp.ones((10, 2)))
+    with pytest.raises(TypeError, match="Xb must be a float or integer array"):
+        tgj.sddmm(T, jnp.ones((20, 2)), jnp.ones((10, 2), bool))
+
+
 def test_importing_tcgnn_py_does_not_import_jax():
     code = "import sys, tcgnn_py; assert 'jax' not in sys.modules, 'jax imported'"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -157,6 +244,14 @@ def test_jitted_spmm_on_the_gpu_is_the_product():
         np.testing.assert_array_equal(np.asarray(vjp(jnp.asarray(g))[0]), M.T @ g)
         h = jnp.asarray(ints(rng, 200, 16), jnp.float16)
         np.testing.assert_array_equal(np.asarray(tgj.spmm(T, h)), M @ np.asarray(h, np.float64))
+        rows, cols = tgj.entries(T)
+        a, b = jnp.asarray(ints(rng, 300, 8)), jnp.asarray(ints(rng, 200, 8))
+        np.testing.assert_array_equal(np.asarray(jax.jit(lambda a, b: tgj.sddmm(T, a, b))(a, b)),
+                                      (np.asarray(a)[rows] * np.asarray(b)[cols]).sum(axis=1))
+        v = jnp.asarray(ints(rng, T.nnz))
+        V = np.zeros(T.shape)
+        V[rows, cols] = np.asarray(v)
+        np.testing.assert_array_equal(np.asarray(tgj.spmm(T, jnp.asarray(x), values=v)), V @ x)
     A, Th = _matrix(rng, 20, 20)
     np.testing.assert_array_equal(np.asarray(jax.jit(lambda x: tgj.spmm(Th, x))(jnp.ones((20, 2)))),
                                   A.toarray() @ np.ones((20, 2)))

@@ -4,7 +4,9 @@ Optional (``pip install 'tcgnn_py[jax]'``): ``import tcgnn_py`` never imports JA
 :class:`~tcgnn_py.TiledMatrix` is static in a jitted function (close over it, or pass it as a static argument):
 the program refers to it by a key in :mod:`._matrices`, which keeps it alive until :func:`release`.
 
-* :func:`spmm` -- ``T @ x``, differentiable in ``x`` (its vjp ``Tᵀ g``);
+* :func:`spmm` -- ``T @ x``, differentiable in ``x`` (its vjp ``Tᵀ g``), or with the entries' values given
+  (differentiable in them too);
+* :func:`sddmm` -- ``<a_i, b_j>`` for every stored ``(i, j)``, in T's stored order (:func:`entries`);
 * :func:`gcn_conv` -- a GCN layer whose dense parts are ``jnp`` (XLA's own GEMMs) and whose aggregation is
   :func:`spmm`.
 
@@ -16,6 +18,6 @@ CuPy pool has room for its plans.
 
 from ._layers import gcn_conv
 from ._matrices import registered, release
-from ._ops import SPMM_TARGET, spmm
+from ._ops import SDDMM_TARGET, SPMM_TARGET, entries, sddmm, spmm
 
-__all__ = ["spmm", "gcn_conv", "release", "registered", "SPMM_TARGET"]
+__all__ = ["spmm", "sddmm", "entries", "gcn_conv", "release", "registered", "SPMM_TARGET", "SDDMM_TARGET"]

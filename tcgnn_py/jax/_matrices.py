@@ -10,12 +10,14 @@ its first call there and kept beside it.
 import itertools
 import threading
 
+import numpy as np
+
 from .._tiled import TiledMatrix
 
-__all__ = ["key_of", "matrix", "host_matrix", "device_matrix", "release", "registered"]
+__all__ = ["key_of", "matrix", "host_matrix", "device_matrix", "entries", "release", "registered"]
 
 _KEYS = {}  # id(T) -> key
-_MATRICES = {}  # key -> [T, host copy or None, device copy or None]
+_MATRICES = {}  # key -> [T, host copy or None, device copy or None(, entries once asked)]
 _COUNTER = itertools.count(1)
 _LOCK = threading.Lock()
 
@@ -63,6 +65,18 @@ def device_matrix(key):
         T = entry[0]
         entry[2] = T if T.device == "cuda" else TiledMatrix(T, dtype=T.dtype, layout=T.layout.name, device="cuda")
     return entry[2]
+
+
+def entries(key):
+    """``(rows, cols, src)`` of the matrix of ``key``, NumPy int32 in its stored (tiled) order: each entry's row
+    and column, and where the transpose's entries come from (``values_t = values[src]``), worked out once on the
+    host (the translation is the same there as on the GPU)."""
+    entry = _entry(key)
+    if len(entry) == 3:
+        tiling = host_matrix(key).tiling
+        rows, cols = tiling.rows_cols()
+        entry.append((rows.astype(np.int32), cols.astype(np.int32), tiling.transpose()[1].astype(np.int32)))
+    return entry[3]
 
 
 def release(T):
