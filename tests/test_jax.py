@@ -216,6 +216,51 @@ def test_bad_values_and_sddmm_operands_fail_at_trace_time():
         tgj.sddmm(T, jnp.ones((20, 2)), jnp.ones((10, 2), bool))
 
 
+@pytest.mark.parametrize("heads, concat", [(1, True), (4, True), (4, False)])
+def test_attention_layers_are_tcgnn_py_nn_layers(heads, concat):
+    """gat_conv and agnn_conv in JAX (matrix operations over the library's products) give tcgnn_py.nn's outputs and
+    gradients (its host path) on a real graph with self-loops."""
+    from tcgnn_py import nn
+
+    rng = np.random.default_rng(10)
+    T = nn.add_self_loops(tg.load_cora().adj, device="cpu")
+    n = T.shape[0]
+    H = rng.standard_normal((n, 12)).astype(np.float32)
+    W = (rng.standard_normal((12, 8 * heads)) / 4).astype(np.float32)
+    a1, a2 = (rng.standard_normal((heads, 8)).astype(np.float32) for _ in range(2))
+    b = rng.standard_normal(8 * heads if concat else 8).astype(np.float32)
+    g = rng.standard_normal((n, 8 * heads if concat else 8)).astype(np.float32)
+    with jax.default_matmul_precision("highest"):
+        want, vjp = nn.gat_conv(T, H, W, a1, a2, b, heads=heads, concat=concat)
+        got, jvjp = jax.vjp(lambda H, W, a1, a2, b: tgj.gat_conv(T, H, W, a1, a2, b, heads=heads, concat=concat),
+                            *(jnp.asarray(v) for v in (H, W, a1, a2, b)))
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5)
+        for mine, theirs in zip(jvjp(jnp.asarray(g)), vjp(g)):
+            np.testing.assert_allclose(np.asarray(mine), theirs, rtol=1e-3, atol=1e-4)
+        if heads == 1:
+            beta = np.array([0.7], np.float32)
+            want, vjp = nn.agnn_conv(T, H, beta)
+            got, jvjp = jax.vjp(lambda H, beta: tgj.agnn_conv(T, H, beta), jnp.asarray(H), jnp.asarray(beta))
+            np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5)
+            g = rng.standard_normal((n, 12)).astype(np.float32)  # (AGNN keeps H's width)
+            for mine, theirs in zip(jvjp(jnp.asarray(g)), vjp(g)):
+                np.testing.assert_allclose(np.asarray(mine), theirs, rtol=1e-3, atol=1e-3)
+
+
+def test_attention_layers_check_their_operands():
+    rng = np.random.default_rng(11)
+    _, T = _matrix(rng, 10, 10)
+    H, W = jnp.ones((10, 4)), jnp.ones((4, 6))
+    with pytest.raises(ValueError, match="not 4 heads of equal width"):
+        tgj.gat_conv(T, H, W, jnp.ones((4, 1)), jnp.ones((4, 1)), heads=4)
+    with pytest.raises(ValueError, match=r"a_src must have shape \(2, 3\)"):
+        tgj.gat_conv(T, H, W, jnp.ones((2, 2)), jnp.ones((2, 3)), heads=2)
+    with pytest.raises(ValueError, match="attention dropout needs key"):
+        tgj.gat_conv(T, H, W, jnp.ones((1, 6)), jnp.ones((1, 6)), dropout=0.5)
+    with pytest.raises(ValueError, match="needs a square graph"):
+        tgj.agnn_conv(_matrix(rng, 10, 7)[1], H, 1.0)
+
+
 def test_importing_tcgnn_py_does_not_import_jax():
     code = "import sys, tcgnn_py; assert 'jax' not in sys.modules, 'jax imported'"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -1,10 +1,36 @@
-"""Layer 4: GNN layers in JAX whose aggregation is the library's product (:func:`._ops.spmm`)."""
+"""Layer 4: GNN layers in JAX whose sparse products are the library's (:mod:`._ops`), their dense parts ``jnp``.
 
+The attention layers are written as matrix operations: scores on the entries (:func:`._ops.sddmm`, or gathers of
+per-node scores), a softmax over each row's entries by segment operations over :func:`._ops.entries`, the
+aggregation by :func:`._ops.spmm` with those values -- the semantics of :func:`tcgnn_py.nn.agnn_conv` and
+:func:`tcgnn_py.nn.gat_conv` (A's values weight the softmax: ``P_ij ∝ a_ij exp(z_ij)``).
+"""
+
+import numpy as np
+
+import jax
 import jax.numpy as jnp
 
-from ._ops import spmm
+from ._ops import entries, sddmm, spmm
 
-__all__ = ["gcn_conv"]
+__all__ = ["gcn_conv", "agnn_conv", "gat_conv"]
+
+#: The norm below which a row of AGNN's features counts as zero (as tcgnn_py.nn's).
+NORM_EPS = 1e-12
+
+
+def _edge_softmax(T, z):
+    """``P_e ∝ a_e exp(z_e)`` over each row's entries (``z`` ``(nnz,)`` or ``(nnz, heads)``, T's stored order),
+    stable (each row's maximum subtracted); an entry of weight 0 takes no part."""
+    rows, _ = entries(T)
+    n = T.shape[0]
+    w = jnp.asarray(np.asarray(T.values if T.device == "cpu" else T.values.get(), np.float32))
+    w = w if z.ndim == 1 else w[:, None]
+    z = jnp.where(w != 0, z, -jnp.inf)
+    top = jax.ops.segment_max(z, rows, num_segments=n)
+    ex = jnp.where(w != 0, w * jnp.exp(z - top[rows]), 0)
+    total = jax.ops.segment_sum(ex, rows, num_segments=n)
+    return ex / jnp.where(total > 0, total, 1)[rows]
 
 
 def gcn_conv(T, H, W, b=None):
@@ -26,4 +52,76 @@ def gcn_conv(T, H, W, b=None):
     if H.ndim != 2 or W.ndim != 2 or H.shape[1] != W.shape[0]:
         raise ValueError(f"gcn_conv: H {H.shape} and W {W.shape} do not multiply (H must be (n, f), W (f, d))")
     out = spmm(T, H @ W) if W.shape[1] <= W.shape[0] else spmm(T, H) @ W
+    return out if b is None else out + jnp.asarray(b)
+
+
+def agnn_conv(T, H, beta):
+    """Attention-based propagation (AGNN) in JAX, as :func:`tcgnn_py.nn.agnn_conv`.
+
+    ``out_i = sum_j P_ij h_j``, ``P_ij ∝ a_ij exp(beta cos(h_i, h_j))`` over row i's stored entries; the cosines by :func:`sddmm`, the
+    aggregation by :func:`spmm` with the attention as the entries' values.  ``T`` square, static; ``beta`` a
+    scalar (learnable: differentiable, as H is).
+
+    Examples
+    --------
+    >>> import numpy as np, scipy.sparse as sp, jax.numpy as jnp, tcgnn_py as tg
+    >>> from tcgnn_py import jax as tgj
+    >>> T = tg.nn.add_self_loops(sp.csr_array(np.array([[0, 1], [1, 0]])), device="cpu")
+    >>> tgj.agnn_conv(T, jnp.eye(2), 0.0).tolist()
+    [[0.5, 0.5], [0.5, 0.5]]
+    """
+    H = jnp.asarray(H)
+    if T.shape[0] != T.shape[1]:
+        raise ValueError(f"agnn_conv needs a square graph, got shape {T.shape}")
+    if H.ndim != 2 or H.shape[0] != T.shape[0]:
+        raise ValueError(f"agnn_conv: H must have shape ({T.shape[0]}, d), got {H.shape}")
+    Hn = H / jnp.maximum(jnp.linalg.norm(H, axis=1, keepdims=True), NORM_EPS)
+    P = _edge_softmax(T, jnp.reshape(jnp.asarray(beta, H.dtype), ()) * sddmm(T, Hn))
+    return spmm(T, H, values=P.astype(H.dtype))
+
+
+def gat_conv(T, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_slope=0.2, dropout=0.0, key=None):
+    """Graph attention (GAT) in JAX, as :func:`tcgnn_py.nn.gat_conv`.
+
+    ``X = H @ W`` split into ``heads`` heads of D features; per head
+    ``out_i = sum_j softmax_j(LeakyReLU(a_dst·X_i + a_src·X_j)) X_j`` over row i's
+    stored entries (weighted by A's values); heads concatenated or averaged; ``+ b``.  ``dropout`` on the
+    attention, drawn from the JAX PRNG ``key`` (needed where ``dropout > 0``).  The aggregation of each head is
+    :func:`spmm` with its attention as the entries' values.
+
+    Examples
+    --------
+    >>> import numpy as np, scipy.sparse as sp, jax.numpy as jnp, tcgnn_py as tg
+    >>> from tcgnn_py import jax as tgj
+    >>> T = tg.nn.add_self_loops(sp.csr_array(np.array([[0, 1], [1, 0]])), device="cpu")
+    >>> z = jnp.zeros((1, 2))
+    >>> tgj.gat_conv(T, jnp.eye(2), jnp.eye(2), z, z).tolist()
+    [[0.5, 0.5], [0.5, 0.5]]
+    """
+    H, W = jnp.asarray(H), jnp.asarray(W)
+    n = T.shape[0]
+    if T.shape[0] != T.shape[1]:
+        raise ValueError(f"gat_conv needs a square graph (X = H W is both sides), got shape {T.shape}")
+    if H.ndim != 2 or W.ndim != 2 or H.shape[0] != n or H.shape[1] != W.shape[0]:
+        raise ValueError(f"gat_conv: H {H.shape} and W {W.shape} do not multiply (H must be ({n}, f), W (f, d))")
+    if type(heads) is not int or heads < 1 or W.shape[1] % heads:
+        raise ValueError(f"W's {W.shape[1]} columns are not {heads} heads of equal width")
+    D = W.shape[1] // heads
+    a_src, a_dst = jnp.asarray(a_src), jnp.asarray(a_dst)
+    for name, a in (("a_src", a_src), ("a_dst", a_dst)):
+        if a.shape != (heads, D):
+            raise ValueError(f"{name} must have shape {(heads, D)}, got {a.shape}")
+    if dropout and key is None:
+        raise ValueError("attention dropout needs key (a jax.random key)")
+    rows, cols = entries(T)
+    X = H @ W
+    X3 = X.reshape(n, heads, D)
+    s_src, s_dst = (X3 * a_src).sum(axis=2), (X3 * a_dst).sum(axis=2)  # (n, heads)
+    P = _edge_softmax(T, jax.nn.leaky_relu(s_dst[rows] + s_src[cols], negative_slope))  # (nnz, heads)
+    if dropout:
+        P = jnp.where(jax.random.bernoulli(key, 1 - dropout, P.shape), P / (1 - dropout), 0)
+    P = P.astype(X.dtype)
+    out = jnp.concatenate([spmm(T, X[:, h * D:(h + 1) * D], values=P[:, h]) for h in range(heads)], axis=1)
+    if not concat and heads > 1:
+        out = out.reshape(n, heads, D).mean(axis=1)
     return out if b is None else out + jnp.asarray(b)
