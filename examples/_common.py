@@ -80,3 +80,70 @@ def report(name, r, epochs, device, min_acc, dtype="float32"):
           f"{100 * r.val_acc:.1f}%); last epoch {100 * r.final_test_acc:.1f}%, loss {r.final_loss:.3f}")
     print(f"  time per epoch {1e3 * r.epoch_time:.2f} ms (median training step)")
     assert r.test_acc >= min_acc, f"test accuracy {r.test_acc:.3f} < {min_acc}"
+
+
+def jax_setup(args, name):
+    """Before importing JAX: ``--device cpu`` is JAX's CPU backend too, and JAX leaves the GPU's memory to be
+    shared with the library's CuPy pool; the JAX examples run float32 only, and XLA decides what it captures."""
+    import os
+
+    if args.dtype != "float32" or args.cuda_graph:
+        raise SystemExit(f"{name}: float32 only, and XLA decides what it captures (no --dtype, no --cuda-graph)")
+    if args.device == "cpu":
+        os.environ["JAX_PLATFORMS"] = "cpu"
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+
+def jax_train(name, g, forward, params, *, lr, decayed, epochs, min_acc, seed=0):
+    """Train ``forward(params, key) -> logits`` (``key`` None: no dropout) on Cora's split with one jitted step --
+    the loss's gradient with L2 decay on the ``decayed`` parameters (as PyTorch's Adam) and Adam -- keep the
+    epoch of best validation accuracy, report as the other examples, and fail below ``min_acc``."""
+    import time
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    labels = jnp.asarray(g.labels)
+    train, val, test = (jnp.asarray(i) for i in (g.train_idx, g.val_idx, g.test_idx))
+
+    def loss(params, key):
+        logp = jax.nn.log_softmax(forward(params, key)[train])
+        return -jnp.take_along_axis(logp, labels[train][:, None], axis=1).mean()
+
+    @jax.jit
+    def step(params, m, v, t, key):
+        value, grads = jax.value_and_grad(loss)(params, key)
+        grads = {k: grads[k] + (5e-4 * params[k] if k in decayed else 0) for k in grads}
+        t = t + 1
+        m = {k: 0.9 * m[k] + 0.1 * grads[k] for k in grads}
+        v = {k: 0.999 * v[k] + 0.001 * grads[k] ** 2 for k in grads}
+        c2 = jnp.sqrt(1 - 0.999 ** t)
+        params = {k: params[k] - lr * c2 / (1 - 0.9 ** t) * m[k] / (jnp.sqrt(v[k]) + 1e-8 * c2) for k in params}
+        return params, m, v, t, value
+
+    @jax.jit
+    def accuracies(params):
+        pred = forward(params, None).argmax(axis=1)
+        return tuple((pred[i] == labels[i]).mean() for i in (val, test))
+
+    m = {k: jnp.zeros_like(p) for k, p in params.items()}
+    v = {k: jnp.zeros_like(p) for k, p in params.items()}
+    t, key = jnp.zeros((), jnp.float32), jax.random.PRNGKey(seed + 1)
+    best, times = (-1.0, 0.0, 0), []
+    for epoch in range(epochs):
+        key, sub = jax.random.split(key)
+        start = time.perf_counter()
+        params, m, v, t, value = step(params, m, v, t, sub)
+        value.block_until_ready()
+        times.append(time.perf_counter() - start)
+        val_acc, test_acc = (float(a) for a in accuracies(params))
+        if val_acc > best[0]:
+            best = (val_acc, test_acc, epoch)
+    gpu = jax.default_backend() == "gpu"
+    device = "GPU (JAX with CUDA, tcgnn_py's kernels)" if gpu else "CPU (JAX, reference path)"
+    print(f"{name} in JAX on Cora, {device}, float32: {epochs} epochs")
+    print(f"  test accuracy {100 * best[1]:.1f}% (epoch {best[2] + 1}, best validation {100 * best[0]:.1f}%); "
+          f"last loss {float(value):.3f}")
+    print(f"  time per epoch {1e3 * float(np.median(times)):.2f} ms (median jitted step)")
+    assert best[1] >= min_acc, f"test accuracy {best[1]:.3f} < {min_acc}"

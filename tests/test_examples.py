@@ -108,19 +108,21 @@ def test_locality_example_on_gpu():
     print(res.stdout)
 
 
-def test_jax_example_on_cpu():
-    """The jitted GCN step in JAX on its CPU backend (the reference product): 60 epochs, >= 75 %."""
-    pytest.importorskip("jax", reason="examples/gcn_jax.py needs JAX (pip install 'tcgnn_py[jax]')")
-    res = run_example("gcn_jax.py", "--device", "cpu", "--epochs", "60", "--min-accuracy", "0.75")
+@pytest.mark.parametrize("name, model", [("gcn_jax.py", "GCN"), ("gat_jax.py", "GAT")])
+def test_jax_example_on_cpu(name, model):
+    """The jitted training step in JAX on its CPU backend (the reference products): 60 epochs, >= 75 %."""
+    pytest.importorskip("jax", reason="the JAX examples need JAX (pip install 'tcgnn_py[jax]')")
+    res = run_example(name, "--device", "cpu", "--epochs", "60", "--min-accuracy", "0.75")
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "GCN in JAX on Cora, CPU (JAX, reference path), float32: 60 epochs" in res.stdout
+    assert f"{model} in JAX on Cora, CPU (JAX, reference path), float32: 60 epochs" in res.stdout
 
 
 @pytest.mark.gpu
-def test_jax_example_on_gpu():
-    """The issue's run: 200 jitted epochs on JAX's GPU backend with the library's kernels, >= 80 %."""
-    pytest.importorskip("jax", reason="examples/gcn_jax.py needs JAX (pip install 'tcgnn_py[jax]')")
-    res = run_example("gcn_jax.py")
+@pytest.mark.parametrize("name", ["gcn_jax.py", "gat_jax.py"])
+def test_jax_example_on_gpu(name):
+    """200 jitted epochs on JAX's GPU backend with the library's kernels, >= 80 %."""
+    pytest.importorskip("jax", reason="the JAX examples need JAX (pip install 'tcgnn_py[jax]')")
+    res = run_example(name)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "GPU (JAX with CUDA, tcgnn_py's kernels), float32: 200 epochs" in res.stdout
     print(res.stdout)
