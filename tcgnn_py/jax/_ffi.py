@@ -12,10 +12,17 @@ import enum
 
 import numpy as np
 
+from .._cache import keep
+
 __all__ = ["Buffer", "register", "dtype_of", "API_VERSION"]
 
 #: The FFI API version (major, minor) the handlers declare: the one XLA's typed FFI has spoken since its release.
 API_VERSION = (0, 1)
+#: CuPy views of XLA's device buffers kept (by address, shape and dtype), oldest dropped.  A view holds no memory
+#: (XLA owns it); one of an address XLA has reused for another buffer is only used when XLA hands that buffer.
+VIEWS_KEEP = 256
+
+_VIEWS = {}
 
 
 class _Stage(enum.IntEnum):  # XLA_FFI_ExecutionStage
@@ -145,33 +152,52 @@ class Buffer:
         return np.frombuffer(raw, self.dtype).reshape(self.shape)
 
     def cupy(self):
-        """A CuPy view of a device buffer (the GPU backend's), owned by XLA."""
-        import cupy as cp
+        """A CuPy view of a device buffer (the GPU backend's), owned by XLA: kept per address, shape and dtype
+        (:data:`VIEWS_KEEP`), as a jitted loop hands its calls the same few buffers again."""
+        key = (self.ptr, self.shape, self.dtype)
+        view = _VIEWS.get(key)
+        if view is None:
+            import cupy as cp
 
-        memory = cp.cuda.UnownedMemory(self.ptr, self.nbytes, self)
-        return cp.ndarray(self.shape, self.dtype, cp.cuda.MemoryPointer(memory, 0))
+            memory = cp.cuda.UnownedMemory(self.ptr, self.nbytes, None)
+            view = keep(_VIEWS, key, cp.ndarray(self.shape, self.dtype, cp.cuda.MemoryPointer(memory, 0)), VIEWS_KEEP)
+        return view
+
+
+_I64 = 5  # XLA_FFI_DataType S64: the attributes' integers
+_I64_PTR = ctypes.POINTER(ctypes.c_int64)
+_BUFFER_PTR = ctypes.POINTER(_Buffer)
 
 
 def _buffers(items):
+    """The buffers of an argument or result list (each attribute read once: a ctypes read costs as much as a line
+    of Python, and a call inside a jitted loop pays them all)."""
     out = []
+    ptrs = items.items
     for i in range(items.size):
-        b = ctypes.cast(items.items[i], ctypes.POINTER(_Buffer)).contents
-        out.append(Buffer(b.data or 0, dtype_of(b.dtype), tuple(b.dims[d] for d in range(b.rank))))
+        b = ctypes.cast(ptrs[i], _BUFFER_PTR).contents
+        code = b.dtype
+        out.append(Buffer(b.data or 0, _DTYPES[code] if code in _DTYPES else dtype_of(code), tuple(b.dims[:b.rank])))
     return out
 
 
 def _attrs(attrs):
     """The call's attributes: integer scalars and strings by name."""
     out = {}
+    types, names, values = attrs.types, attrs.names, attrs.attrs
     for i in range(attrs.size):
-        span = attrs.names[i].contents
+        span = names[i].contents
         name = ctypes.string_at(span.ptr, span.len).decode()
-        if attrs.types[i] == _SCALAR:
-            s = ctypes.cast(attrs.attrs[i], ctypes.POINTER(_Scalar)).contents
-            out[name] = int(np.frombuffer(ctypes.string_at(s.value, dtype_of(s.dtype).itemsize),
-                                          dtype_of(s.dtype))[0])
-        elif attrs.types[i] == _STRING:
-            s = ctypes.cast(attrs.attrs[i], ctypes.POINTER(_ByteSpan)).contents
+        kind = types[i]
+        if kind == _SCALAR:
+            s = ctypes.cast(values[i], ctypes.POINTER(_Scalar)).contents
+            if s.dtype == _I64:
+                out[name] = ctypes.cast(s.value, _I64_PTR)[0]
+            else:
+                dt = dtype_of(s.dtype)
+                out[name] = np.frombuffer(ctypes.string_at(s.value, dt.itemsize), dt)[0].item()
+        elif kind == _STRING:
+            s = ctypes.cast(values[i], ctypes.POINTER(_ByteSpan)).contents
             out[name] = ctypes.string_at(s.ptr, s.len).decode()
     return out
 
