@@ -27,8 +27,6 @@ def plan(problem):
 def spmm_launch(tiling, dtype, D, vec=False, operands=None):
     """The CUDA-core SpMM's launch for ``D`` features of ``dtype``; split windows summed by the fixup launch.
     ``vec`` and ``operands`` are unused (any alignment; nothing is timed)."""
-    from ...kernels import products as kp
-
     H, W, M = tiling.tile_shape[0], tiling.layout.block, tiling.shape[0]
     nwarps = options()["core_nwarps"]
     plan = spmm_plan(tiling, nwarps * (options()["blocks_per_warp"] or 16))
@@ -52,8 +50,6 @@ def plan_sddmm(problem):
 
 def sddmm_launch(tiling, dtype, D, aligned, multiply_values):
     """The CUDA-core SDDMM's launch (any tile shape, any alignment; ``run(values, Xa, Xb, out)``)."""
-    from ...kernels import products as kp
-
     H, W = tiling.tile_shape
     bpw, warps, n_blocks = SDDMM_BLOCKS_PER_WARP, kp.SDDMM_WARPS, tiling.n_blocks
     fixed = dict(win_ptr=tiling.win_ptr, n_windows=tiling.n_windows, block_ptr=tiling.block_ptr,

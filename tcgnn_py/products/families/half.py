@@ -56,15 +56,11 @@ def spmm_launch(tiling, dtype, D, vec, half, operands=None):
 @functools.cache
 def _compiled(kernel):
     """``(name, shared memory for 1, 2, ... warps per CTA)`` of a kernel config, worked out once per process."""
-    from ...kernels import products as kp
-
     return kernel.name, tuple(kp.vech_smem(nw, kernel.FS, kernel.KS, kernel.NS) for nw in range(1, kp.VEC_WARPS + 1))
 
 
 def _kernels(tiling, dtype, configs):
     """:func:`kernels` of each of ``configs``, which share one partition (the timed choice's candidates)."""
-    from ...kernels import products as kp
-
     compiled = [_compiled(c.kernel) for c in configs]
     fixup = (configs and vec_plan(tiling, configs[0].bpu)["n_slots"]
              and ("half", kp.fixup_name("float32", np.dtype(dtype).name)))
@@ -87,8 +83,6 @@ def default(tiling, D, vec, half):
     ``options()["half_kernel"]`` pins the shape (its ``FS, KS, NS, COMBINE, COOP``; the types and alignment come
     from the operands) on aligned rows.
     """
-    from ...kernels import products as kp
-
     forced = options()["half_kernel"]
     if forced is not None and (forced.FS, forced.KS, forced.NS) not in (kp.VEC_HALF_COOP if forced.COOP
                                                                         else kp.VEC_HALF):
@@ -117,8 +111,6 @@ def launch(tiling, dtype, D, vec, half, config=None):
 def launches(tiling, dtype, D, vec, configs):
     """The launches of ``configs``, built in one pass (:func:`.._vec_layout.layout_launches`: those of one partition
     share its scratch, and those of one geometry differ only in their kernel)."""
-    from ...kernels import products as kp
-
     for c in configs:
         k = c.kernel
         if not k.COOP and (k.FS, k.KS, k.NS) not in kp.VEC_HALF:
@@ -139,8 +131,6 @@ def candidates(tiling, D, vec, half):
     output is the same MMAs in the same order, and split windows are summed in part
     order by the launch or by the fixup.  Unaligned rows have one compiled shape.
     """
-    from ...kernels import products as kp
-
     def fits(slices):  # 64 features per warp only for D > 32, and within the cap
         return slices == 1 or (16 * slices < D and slices <= options()["vec_max_slices"])
 

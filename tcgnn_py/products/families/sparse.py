@@ -29,6 +29,7 @@ import numpy as np
 from ... import _reference as ref
 from ..._device import get_cupy, publish
 from ..._tuning import declare, int_option, options, overrides_key
+from ...kernels import products as kp
 from .._launch import Scratch, cast_plan, fixup, spmm
 from .._plans import VEC_UNITS_PER_WINDOW_MAX, spmm_plan
 from .._values import half_values, values_as
@@ -153,8 +154,6 @@ def _sp_key(xdt):
 def _sp_launch(tiling, xname, split, yname, D, aligned):
     """The launch of ``tcgnn_spmm_sp`` (``run(values, X, Y, unscale)``): balanced units of 4 warps, split windows'
     partial rows summed by the fixup launch."""
-    from ...kernels import products as kp
-
     cfg = kp.sp_spmm_config(xname, split, yname, aligned)
     n_slices = -(-D // (8 * cfg.NT))
     plan = spmm_plan(tiling, options()["sp_blocks_per_unit"], VEC_UNITS_PER_WINDOW_MAX)

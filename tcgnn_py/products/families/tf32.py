@@ -40,8 +40,6 @@ def plan(problem):
 def spmm_launch(tiling, dtype, D, vec, operands=None):
     """The 16x8 TF32 SpMM's launch for ``D`` features (``vec``: 16-byte aligned rows); split windows (at most
     ``UNITS_PER_WINDOW_MAX`` parts) summed in the launch.  ``operands`` is unused: nothing is timed."""
-    from ...kernels import products as kp
-
     cfg = options()["tf32_kernel"] or kp.tf32_spmm_config(1 if D <= 32 else 2, vec)
     if cfg not in kp.TF32_SPMM_CONFIGS:
         raise ValueError(f"tf32_kernel={cfg!r} is not compiled: see kernels.products.TF32_SPMM_CONFIGS")
@@ -106,8 +104,6 @@ def plan_sddmm(problem):
 
 def sddmm_launch(tiling, dtype, D, aligned, multiply_values):
     """The 16x8 TF32 SDDMM's launch (float32; ``run(values, Xa, Xb, out)``)."""
-    from ...kernels import products as kp
-
     bpw, warps, n_blocks = SDDMM_BLOCKS_PER_WARP, kp.SDDMM_WARPS, tiling.n_blocks
     fixed = dict(win_ptr=tiling.win_ptr, n_windows=tiling.n_windows, block_ptr=tiling.block_ptr,
                  block_cols=tiling.block_cols, tile_pos=tiling.tile_pos, M=tiling.shape[0], n_blocks=n_blocks, D=D,

@@ -70,16 +70,12 @@ def spmm_launch(tiling, dtype, D, vec, operands=None):
 @functools.cache
 def _compiled(kernel):
     """``(name, shared memory for 1, 2, ... warps per CTA)`` of a kernel config, worked out once per process."""
-    from ...kernels import products as kp
-
     per_warp = kp.vec_async_smem(1, kernel.FS, kernel.U, kernel.NS) if isinstance(kernel, kp.SpmmVecAsync) else 0
     return kernel.name, tuple([nw * per_warp for nw in range(1, MAX_WARPS + 1)])  # (each warp its own stages)
 
 
 def _kernels(tiling, dtype, configs):
     """:func:`kernels` of each of ``configs``, which share one partition (the timed choice's candidates)."""
-    from ...kernels import products as kp
-
     compiled = [_compiled(c.kernel) for c in configs]
     fixup = configs and vec_plan(tiling, configs[0].bpu)["n_slots"] and ("vec", kp.fixup_name(np.dtype(dtype).name))
     return [(("vec", name),) + ((fixup,) if fixup and not getattr(c.kernel, "COOP", False) and not c.kernel.COMBINE
@@ -99,8 +95,6 @@ def default(tiling, D, vec):
     ``options()["vec_kernel"]`` (a config of :data:`.kernels.products.VEC_SPMM_CONFIGS`) pins the kernel; the
     partition is the statistics' all the same, and rows cp.async cannot copy take the rule's kernel.
     """
-    from ...kernels import products as kp
-
     forced = options()["vec_kernel"]
     if forced is not None and forced not in kp.VEC_SPMM_CONFIGS:
         raise ValueError(f"vec_kernel={forced!r} is not compiled: see kernels.products.VEC_SPMM_CONFIGS")
@@ -123,8 +117,6 @@ def launch(tiling, dtype, D, vec, config=None):
 def launches(tiling, dtype, D, vec, configs):
     """The launches of ``configs``, built in one pass (:func:`.._vec_layout.layout_launches`: those of one partition
     share its scratch, and those of one geometry differ only in their kernel)."""
-    from ...kernels import products as kp
-
     shapes = []
     for c in configs:
         k = c.kernel
@@ -148,8 +140,6 @@ def candidates(tiling, D, vec):
     or the fixup launch.  Other rows have one launch, the register gathers.
     Each is the default's kernel config with fields replaced, kept if compiled.
     """
-    from ...kernels import products as kp
-
     first = default(tiling, D, vec)
     k = first.kernel
     if options()["vec_kernel"] is not None or not async_rows(D, vec):
@@ -187,8 +177,6 @@ def _fields(kernel):
 @functools.cache
 def _compiled_by_fields():
     """The compiled vector SpMM configs by :func:`_fields`."""
-    from ...kernels import products as kp
-
     return {_fields(c): c for c in kp.VEC_SPMM_CONFIGS}
 
 
@@ -200,8 +188,6 @@ def plan_sddmm(problem):
 
 def sddmm_launch(tiling, dtype, D, aligned, multiply_values):
     """The vector SDDMM's launch (float32; ``run(values, Xa, Xb, out)``)."""
-    from ...kernels import products as kp
-
     units = spmm_plan(tiling, kp.VEC_SDDMM_BLOCKS, np.iinfo(np.int32).max)["units"]
     fixed = dict(units=units, n_units=units.shape[0], block_ptr=tiling.block_ptr, block_cols=tiling.block_cols,
                  tile_pos=tiling.tile_pos, M=tiling.shape[0], D=D, multiply=int(multiply_values))
