@@ -50,21 +50,21 @@ def matrix(key):
 
 def host_matrix(key):
     """The matrix of ``key`` on the host (itself there, else a host copy made once)."""
-    entry = _entry(key)
-    if entry[1] is None:
-        T = entry[0]
-        entry[1] = T if T.device == "cpu" else TiledMatrix(T, dtype=T.dtype, layout=T.layout.name, device="cpu")
-    return entry[1]
+    return _on(key, 1, "cpu")
 
 
 def device_matrix(key):
     """The matrix of ``key`` on the GPU (itself there, else a device copy made once): a program on JAX's GPU
     backend may close over a matrix built on the host."""
+    return _on(key, 2, "cuda")
+
+
+def _on(key, slot, device):
     entry = _entry(key)
-    if entry[2] is None:
+    if entry[slot] is None:
         T = entry[0]
-        entry[2] = T if T.device == "cuda" else TiledMatrix(T, dtype=T.dtype, layout=T.layout.name, device="cuda")
-    return entry[2]
+        entry[slot] = T if T.device == device else TiledMatrix(T, dtype=T.dtype, layout=T.layout.name, device=device)
+    return entry[slot]
 
 
 def entries(key):
