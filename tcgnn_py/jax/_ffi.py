@@ -159,6 +159,8 @@ class Buffer:
         if view is None:
             import cupy as cp
 
+            if not self.nbytes:  # (an empty buffer may have no address to view)
+                return cp.ndarray(self.shape, self.dtype)
             memory = cp.cuda.UnownedMemory(self.ptr, self.nbytes, None)
             view = keep(_VIEWS, key, cp.ndarray(self.shape, self.dtype, cp.cuda.MemoryPointer(memory, 0)), VIEWS_KEEP)
         return view
