@@ -300,3 +300,66 @@ def test_jitted_spmm_on_the_gpu_is_the_product():
     A, Th = _matrix(rng, 20, 20)
     np.testing.assert_array_equal(np.asarray(jax.jit(lambda x: tgj.spmm(Th, x))(jnp.ones((20, 2)))),
                                   A.toarray() @ np.ones((20, 2)))
+
+
+def test_the_handler_answers_the_metadata_query_and_turns_exceptions_into_xla_errors():
+    """The ctypes handler on hand-built call frames: it finds the metadata extension behind another one and
+    writes the API version and traits; on execution it decodes buffers and attributes, and an exception comes back
+    as an error made by the API's Error_Create (its code and message), never raised into XLA."""
+    import ctypes
+
+    from tcgnn_py.jax import _ffi
+
+    seen = []
+
+    def run(stream, args, rets, attrs):
+        seen.append((stream, [(b.dtype, b.shape) for b in args], attrs))
+        if attrs["matrix"] < 0:
+            raise ValueError("negative key")
+        rets[0].numpy()[...] = args[0].numpy() * 2
+
+    _ffi.register("tcgnn_py_test_handler", "cpu", run, traits=1)
+    handler = _ffi._HANDLERS[("tcgnn_py_test_handler", "cpu")]
+
+    meta = _ffi._Metadata(ctypes.sizeof(_ffi._Metadata), _ffi._Version(), 0xFF)
+    meta_ext = _ffi._MetadataExtension(_ffi._Extension(ctypes.sizeof(_ffi._MetadataExtension), _ffi._METADATA),
+                                       ctypes.pointer(meta))
+    other = _ffi._Extension(ctypes.sizeof(_ffi._Extension), 999,
+                            ctypes.cast(ctypes.pointer(meta_ext), ctypes.POINTER(_ffi._Extension)))
+    frame = _ffi._CallFrame(ctypes.sizeof(_ffi._CallFrame), ctypes.pointer(other))
+    assert handler(ctypes.pointer(frame)) is None
+    assert (meta.api_version.major_version, meta.api_version.minor_version, meta.traits) == (*_ffi.API_VERSION, 1)
+    assert seen == []
+
+    errors = []
+
+    def error_create(args_ptr):
+        args = args_ptr.contents
+        errors.append((args.errc, args.message.decode()))
+        return 4242
+
+    api = _ffi._Api(error_create=_ffi._ErrorCreate(error_create))
+    x, y = np.arange(6, dtype=np.float32).reshape(2, 3), np.zeros((2, 3), np.float32)
+    dims = [(ctypes.c_int64 * 2)(*a.shape) for a in (x, y)]
+    bufs = [_ffi._Buffer(ctypes.sizeof(_ffi._Buffer), None, 11, a.ctypes.data, 2, d) for a, d in zip((x, y), dims)]
+    lists = [_ffi._List(ctypes.sizeof(_ffi._List), None, 1, (ctypes.c_int * 1)(1),
+                        (ctypes.c_void_p * 1)(ctypes.addressof(b))) for b in bufs]
+
+    def attrs(key):
+        value = ctypes.c_int64(key)
+        scalar = _ffi._Scalar(5, ctypes.addressof(value))
+        name = b"matrix"
+        span = _ffi._ByteSpan(ctypes.cast(ctypes.c_char_p(name), ctypes.c_void_p), len(name))
+        keep = (value, scalar, name, span)
+        return keep, _ffi._Attrs(ctypes.sizeof(_ffi._Attrs), None, 1, (ctypes.c_int * 1)(_ffi._SCALAR),
+                                 (ctypes.POINTER(_ffi._ByteSpan) * 1)(ctypes.pointer(span)),
+                                 (ctypes.c_void_p * 1)(ctypes.addressof(scalar)))
+
+    for key, want in ((7, None), (-1, 4242)):
+        keep, a = attrs(key)
+        frame = _ffi._CallFrame(ctypes.sizeof(_ffi._CallFrame), None, ctypes.pointer(api), None, 3, lists[0],
+                                lists[1], a)
+        assert handler(ctypes.pointer(frame)) == want
+    assert seen[0] == (0, [(np.dtype(np.float32), (2, 3))], {"matrix": 7}) and seen[1][2] == {"matrix": -1}
+    np.testing.assert_array_equal(y, 2 * x)
+    assert errors == [(3, "ValueError: negative key")]
