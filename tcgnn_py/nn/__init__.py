@@ -4,7 +4,8 @@ Functional layers return ``(out, vjp)``, where ``vjp`` maps the gradient of the
 output to the gradients of the inputs.  Arrays are NumPy on the CPU (the
 reference path) and CuPy on the GPU; everything runs on the graph's device.
 
-- Graph preprocessing: :func:`gcn_norm`, :func:`add_self_loops`.
+- Graph preprocessing: :func:`gcn_norm`, :func:`add_self_loops`; batches of small graphs: :func:`batch` (one
+  block-diagonal graph) and :func:`readout` (per-graph sum, mean or max).
 - Layers: :func:`gcn_conv`, :func:`agnn_conv`, :func:`gat_conv`, :func:`graph_attention` (fused),
   :func:`linear`, :func:`relu`, :func:`elu`, :func:`dropout`,
   :func:`bias_act_dropout` (a layer's elementwise tail in one pass); loss :func:`cross_entropy`; metric :func:`accuracy`.
@@ -15,6 +16,7 @@ reference path) and CuPy on the GPU; everything runs on the graph's device.
 """
 
 from ._attention import agnn_conv, gat_conv, graph_attention
+from ._batch import GraphBatch, batch, readout
 from ._edges import CSREdges, EdgeView  # for the library's other packages (the distributed layers, the harness)
 from ._layers import accuracy, bias_act_dropout, cross_entropy, dropout, elu, gcn_conv, linear, relu
 from ._models import agnn_apply, agnn_init, default_rng, gat_apply, gat_init, gcn_apply, gcn_init, glorot
@@ -47,4 +49,7 @@ __all__ = [
     "Adam",
     "train",
     "TrainResult",
+    "batch",
+    "GraphBatch",
+    "readout",
 ]

@@ -1,0 +1,181 @@
+"""Layer 4: batches of small graphs -- one block-diagonal matrix, and per-graph readouts with their vjps.
+
+Graph classification trains on many small graphs; a batch of them is one block-diagonal adjacency (PyG's
+``Batch``, DGL's ``dgl.batch``), so every layer runs once per batch.  :func:`batch` joins graphs and keeps their
+node offsets ``ptr`` (graph g owns nodes ``ptr[g]:ptr[g + 1]``, on the host: sizes are host facts); the
+layers take the joined matrix (``gcn_norm(b.adj)``); :func:`readout` sums, averages or takes the maximum of each
+graph's node features.  Sums and means are products with the pooling matrix (``P[g, i] = 1`` or ``1 / n_g`` for i
+in g) on CUDA cores in the data's precision (:func:`tcgnn_py.spmm`, ``precision="fp32"``): deterministic, and
+their vjp is the transposed product (a mean is the product with ``1 / n_g``: within a rounding of ``sum / n_g``).
+A graph of no nodes reads out zeros.
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+import scipy.sparse as sp
+
+from .._device import array_module
+from .._tiled import TiledMatrix, spmm
+from ._edges import floats
+
+__all__ = ["GraphBatch", "batch", "readout", "READOUTS"]
+
+#: The per-graph readouts :func:`readout` computes.
+READOUTS = ("sum", "mean", "max")
+
+
+class GraphBatch(NamedTuple):
+    """Graphs joined into one: ``adj`` the block-diagonal adjacency (``scipy.sparse.csr_array``), ``ptr`` the node
+    offsets (int64, ``n_graphs + 1``), ``graph`` each node's graph (int64, ``n_nodes``)."""
+
+    adj: object
+    ptr: np.ndarray
+    graph: np.ndarray
+
+    @property
+    def n_graphs(self):
+        return self.ptr.shape[0] - 1
+
+    @property
+    def sizes(self):
+        """Nodes per graph."""
+        return np.diff(self.ptr)
+
+
+def batch(graphs):
+    """Join square adjacency matrices into one block-diagonal graph, keeping where each graph's nodes are.
+
+    Parameters
+    ----------
+    graphs : sequence of sparse arrays or matrices (or dense arrays), each square
+        A graph of no nodes is allowed (its readout is zeros).
+
+    Returns
+    -------
+    GraphBatch
+        ``adj`` (CSR, the first graph's nodes first), ``ptr`` and ``graph``.
+
+    Examples
+    --------
+    >>> import numpy as np, scipy.sparse as sp, tcgnn_py as tg
+    >>> b = tg.nn.batch([sp.csr_array(np.ones((2, 2))), sp.csr_array((0, 0)), sp.csr_array(np.ones((1, 1)))])
+    >>> b.adj.shape, b.ptr.tolist(), b.graph.tolist()
+    ((3, 3), [0, 2, 2, 3], [0, 0, 2])
+    """
+    if isinstance(graphs, (str, bytes)) or not hasattr(graphs, "__len__"):
+        raise TypeError(f"graphs must be a sequence of adjacency matrices, got {type(graphs).__name__}")
+    if len(graphs) == 0:
+        raise ValueError("graphs must hold at least one graph")
+    blocks = []
+    for i, g in enumerate(graphs):
+        if isinstance(g, TiledMatrix):
+            g = g.tocsr()
+        g = sp.csr_array(g)
+        if g.ndim != 2 or g.shape[0] != g.shape[1]:
+            raise ValueError(f"graphs[{i}] must be a square adjacency matrix, got shape {g.shape}")
+        blocks.append(g)
+    sizes = np.array([g.shape[0] for g in blocks], np.int64)
+    ptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    adj = sp.csr_array(sp.block_diag(blocks, format="csr")) if ptr[-1] else sp.csr_array((0, 0))
+    return GraphBatch(adj, ptr, np.repeat(np.arange(len(blocks), dtype=np.int64), sizes))
+
+
+def _check_ptr(ptr, n):
+    ptr = np.asarray(ptr)
+    if ptr.ndim != 1 or ptr.shape[0] < 2 or ptr.dtype.kind not in "iu":
+        raise ValueError(f"ptr must be 1-D integer node offsets of at least one graph, got shape {ptr.shape} and "
+                         f"dtype {ptr.dtype}")
+    if ptr[0] != 0 or ptr[-1] != n or np.any(np.diff(ptr) < 0):
+        raise ValueError(f"ptr must rise from 0 to the {n} rows of H, got {ptr[0]} ... {ptr[-1]}"
+                         + (" (falling somewhere)" if np.any(np.diff(ptr) < 0) else ""))
+    return ptr.astype(np.int64)
+
+
+def _pooling(ptr, how, device, dtype):
+    """The ``(n_graphs, n)`` pooling matrix of ``ptr`` as a TiledMatrix: ones, or ``1 / n_g`` for a mean."""
+    sizes = np.diff(ptr)
+    G, n = sizes.shape[0], int(ptr[-1])
+    values = np.ones(n, dtype) if how == "sum" else np.repeat(1 / np.maximum(sizes, 1), sizes).astype(dtype)
+    P = sp.csr_array((values, np.arange(n, dtype=np.int64), ptr), shape=(G, n))
+    return TiledMatrix(P, dtype=dtype, device=device)
+
+
+def readout(H, ptr, how="sum"):
+    """Each graph's node features summed, averaged or maxed: ``out[g] = reduce(H[ptr[g]:ptr[g + 1]])``.
+
+    Parameters
+    ----------
+    H : array, shape (n, d)
+        Node features of a batch (NumPy or CuPy, float32 or float64).
+    ptr : array_like of int, shape (n_graphs + 1,)
+        Node offsets (:attr:`GraphBatch.ptr`).
+    how : {"sum", "mean", "max"}
+
+    Returns
+    -------
+    out : array, shape (n_graphs, d)
+        A graph of no nodes gives zeros (as PyG's readouts).
+    vjp : callable
+        ``vjp(g) -> dH``: the transposed pooling product; for ``max`` each output's gradient goes to the first
+        node that holds the maximum (deterministic where several do).
+
+    Examples
+    --------
+    >>> import numpy as np, tcgnn_py as tg
+    >>> H = np.array([[1.0], [3.0], [5.0]], dtype=np.float32)
+    >>> [tg.nn.readout(H, [0, 2, 2, 3], how)[0].ravel().tolist() for how in ("sum", "mean", "max")]
+    [[4.0, 0.0, 5.0], [2.0, 0.0, 5.0], [3.0, 0.0, 5.0]]
+    """
+    if how not in READOUTS:
+        raise ValueError(f"how must be one of {READOUTS}, got {how!r}")
+    H = floats(H, "H")
+    if H.ndim != 2:
+        raise ValueError(f"H must be 2-D (nodes x features), got shape {H.shape}")
+    if H.dtype not in (np.float32, np.float64):
+        raise TypeError(f"readout takes float32 or float64 features, got {H.dtype}")
+    xp = array_module(H)
+    n, d = H.shape
+    ptr = _check_ptr(ptr, n)
+    device = "cpu" if xp is np else "cuda"
+    G = ptr.shape[0] - 1
+    if how != "max":
+        P = _pooling(ptr, how, device, H.dtype)
+        out = spmm(P, xp.ascontiguousarray(H), precision="fp32") if n else xp.zeros((G, d), H.dtype)
+
+        def vjp(g):
+            g = xp.ascontiguousarray(xp.asarray(g, dtype=H.dtype))
+            if g.shape != (G, d):
+                raise ValueError(f"g must have the output's shape {(G, d)}, got {g.shape}")
+            return spmm(P.T, g, precision="fp32") if n else xp.zeros((0, d), H.dtype)
+
+        return out, vjp
+    sizes = np.diff(ptr)
+    graph = xp.asarray(np.repeat(np.arange(G, dtype=np.int64), sizes))
+    out = xp.full((G, d), -xp.inf, H.dtype)
+    _scatter(xp, "max", out, graph, H)
+    out[xp.asarray(sizes == 0)] = 0
+    # the first node of each graph that holds each column's maximum: the one the gradient goes to
+    index = xp.where(H == out[graph], xp.arange(n, dtype=np.int64)[:, None], n)
+    first = xp.full((G, d), n, np.int64)
+    _scatter(xp, "min", first, graph, index)
+
+    def vjp(g):
+        g = xp.asarray(g, dtype=H.dtype)
+        if g.shape != (G, d):
+            raise ValueError(f"g must have the output's shape {(G, d)}, got {g.shape}")
+        dH = xp.zeros((n + 1, d), H.dtype)  # (row n: the empty graphs' sink)
+        dH[first, xp.arange(d)[None, :]] = g
+        return dH[:n]
+
+    return out, vjp
+
+
+def _scatter(xp, op, out, rows, values):
+    """``out[rows[i]] = op(out[rows[i]], values[i])`` row by row (order-independent: max and min)."""
+    if xp is np:
+        (np.maximum if op == "max" else np.minimum).at(out, rows, values)
+    else:
+        import cupyx
+
+        (cupyx.scatter_max if op == "max" else cupyx.scatter_min)(out, rows, values)

@@ -1,0 +1,105 @@
+"""Batches of small graphs: one block-diagonal graph with its node offsets, and per-graph readouts with vjps."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from _env import GPU, int_graph, ints
+
+import tcgnn_py as tg
+from tcgnn_py import nn
+
+
+def _reference(H, ptr, how):
+    out = np.zeros((len(ptr) - 1, H.shape[1]), np.float64)
+    for k in range(len(ptr) - 1):
+        seg = H[ptr[k]:ptr[k + 1]].astype(np.float64)
+        if len(seg):
+            out[k] = {"sum": seg.sum(0), "mean": seg.mean(0), "max": seg.max(0)}[how]
+    return out
+
+
+def _reference_vjp(H, ptr, how, g):
+    dH = np.zeros(H.shape, np.float64)
+    for k in range(len(ptr) - 1):
+        a, b = ptr[k], ptr[k + 1]
+        if a == b:
+            continue
+        if how == "max":
+            first = a + np.argmax(H[a:b] == H[a:b].max(axis=0), axis=0)  # (the first node holding the maximum)
+            dH[first, np.arange(H.shape[1])] = g[k]
+        else:
+            dH[a:b] = g[k] / ((b - a) if how == "mean" else 1)
+    return dH
+
+
+def test_batch_joins_graphs_block_diagonally_and_keeps_their_offsets():
+    rng = np.random.default_rng(0)
+    graphs = [int_graph(rng, n, n, degree=3) for n in (5, 0, 1, 12)]
+    b = nn.batch(graphs)
+    assert b.ptr.tolist() == [0, 5, 5, 6, 18] and b.n_graphs == 4 and b.sizes.tolist() == [5, 0, 1, 12]
+    assert b.graph.tolist() == [0] * 5 + [2] + [3] * 12
+    np.testing.assert_array_equal(b.adj.toarray(), sp.block_diag([g.toarray() for g in graphs]).toarray())
+    T = tg.TiledMatrix(b.adj, device="cpu")  # (the batch is a graph as any other)
+    np.testing.assert_array_equal(T.toarray(), b.adj.toarray())
+
+
+def test_batch_refuses_what_is_not_a_sequence_of_square_graphs():
+    with pytest.raises(ValueError, match="at least one graph"):
+        nn.batch([])
+    with pytest.raises(TypeError, match="must be a sequence"):
+        nn.batch(5)
+    with pytest.raises(ValueError, match=r"graphs\[1\] must be a square adjacency matrix, got shape \(2, 3\)"):
+        nn.batch([sp.eye(2), sp.csr_array((2, 3))])
+
+
+@pytest.mark.parametrize("how", nn._batch.READOUTS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_readouts_and_their_vjps_are_the_per_graph_reductions(how, dtype):
+    """Sum and max exact on integers (the sum a product on CUDA cores / the reference, the max a scatter), the
+    mean within rounding (a product with 1 / n_g); vjps as the reference's, max's to the first maximum; a graph
+    of no nodes reads out zeros and takes no gradient."""
+    rng = np.random.default_rng(1)
+    ptr = np.array([0, 3, 3, 7, 8, 20])
+    H = ints(rng, 20, 6).astype(dtype)
+    H[3:7, 0] = 2  # (ties: the gradient goes to the first)
+    out, vjp = nn.readout(H, ptr, how)
+    assert out.dtype == dtype and out.shape == (5, 6)
+    g = ints(rng, 5, 6).astype(dtype)
+    dH = vjp(g)
+    tol = dict(rtol=1e-6, atol=1e-6) if how == "mean" else dict(rtol=0, atol=0)
+    np.testing.assert_allclose(out, _reference(H, ptr, how), **tol)
+    np.testing.assert_allclose(dH, _reference_vjp(H, ptr, how, g), **tol)
+
+
+def test_readout_checks_its_operands():
+    H = np.ones((4, 2), np.float32)
+    with pytest.raises(ValueError, match="how must be one of"):
+        nn.readout(H, [0, 4], "median")
+    with pytest.raises(ValueError, match="must rise from 0 to the 4 rows of H"):
+        nn.readout(H, [0, 3], "sum")
+    with pytest.raises(ValueError, match="falling somewhere"):
+        nn.readout(H, [0, 3, 2, 4], "sum")
+    with pytest.raises(ValueError, match="1-D integer node offsets"):
+        nn.readout(H, [0.0, 4.0], "sum")
+    with pytest.raises(TypeError, match="float32 or float64"):
+        nn.readout(H.astype(np.float16), [0, 4], "sum")
+    with pytest.raises(ValueError, match=r"g must have the output's shape \(1, 2\)"):
+        nn.readout(H, [0, 4], "max")[1](np.ones((2, 2)))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="the device readouts need CuPy and a GPU")
+@pytest.mark.parametrize("how", nn._batch.READOUTS)
+def test_device_readouts_are_the_host_readouts(how):
+    import cupy as cp
+
+    rng = np.random.default_rng(2)
+    ptr = np.array([0, 30, 30, 31, 500, 1000])
+    H = ints(rng, 1000, 40)
+    g = ints(rng, 5, 40)
+    out, vjp = nn.readout(H, ptr, how)
+    dout, dvjp = nn.readout(cp.asarray(H), ptr, how)
+    tol = dict(rtol=1e-6, atol=1e-6) if how == "mean" else dict(rtol=0, atol=0)
+    np.testing.assert_allclose(dout.get(), out, **tol)
+    np.testing.assert_allclose(dvjp(cp.asarray(g)).get(), vjp(g), **tol)
