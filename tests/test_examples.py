@@ -126,3 +126,33 @@ def test_jax_example_on_gpu(name):
     assert res.returncode == 0, res.stdout + res.stderr
     assert "GPU (JAX with CUDA, tcgnn_py's kernels), float32: 200 epochs" in res.stdout
     print(res.stdout)
+
+
+def _proteins():
+    from _env import DATA_DIRS
+
+    return next((d / "proteins_full" for d in DATA_DIRS if (d / "proteins_full" / "graph_indicator.npy").exists()),
+                None)
+
+
+def test_graph_classification_example_on_cpu():
+    """Batches of small graphs on the reference path: PROTEINS_full, 10 epochs of 14 steps (each a new
+    block-diagonal matrix), >= 65 % test accuracy."""
+    folder = _proteins()
+    if folder is None:
+        pytest.skip("proteins_full is not in the data folders")
+    res = run_example("graph_classification.py", "--device", "cpu", "--epochs", "10", "--min-accuracy", "0.65",
+                      "--data", str(folder))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "PROTEINS_full, CPU (NumPy reference path), float32: 10 epochs" in res.stdout
+
+
+@pytest.mark.gpu
+def test_graph_classification_example_on_gpu():
+    """200 epochs on the GPU, >= 70 % test accuracy (asserted by the example)."""
+    folder = _proteins()
+    if folder is None:
+        pytest.skip("proteins_full is not in the data folders")
+    res = run_example("graph_classification.py", "--data", str(folder))
+    assert res.returncode == 0, res.stdout + res.stderr
+    print(res.stdout)
