@@ -153,12 +153,12 @@ def readout(H, ptr, how="sum"):
     sizes = np.diff(ptr)
     graph = xp.asarray(np.repeat(np.arange(G, dtype=np.int64), sizes))
     out = xp.full((G, d), -xp.inf, H.dtype)
-    _scatter(xp, "max", out, graph, H)
+    xp.maximum.at(out, graph, H)  # order-independent: deterministic
     out[xp.asarray(sizes == 0)] = 0
     # the first node of each graph that holds each column's maximum: the one the gradient goes to
     index = xp.where(H == out[graph], xp.arange(n, dtype=np.int64)[:, None], n)
     first = xp.full((G, d), n, np.int64)
-    _scatter(xp, "min", first, graph, index)
+    xp.minimum.at(first, graph, index)
 
     def vjp(g):
         g = xp.asarray(g, dtype=H.dtype)
@@ -170,12 +170,3 @@ def readout(H, ptr, how="sum"):
 
     return out, vjp
 
-
-def _scatter(xp, op, out, rows, values):
-    """``out[rows[i]] = op(out[rows[i]], values[i])`` row by row (order-independent: max and min)."""
-    if xp is np:
-        (np.maximum if op == "max" else np.minimum).at(out, rows, values)
-    else:
-        import cupyx
-
-        (cupyx.scatter_max if op == "max" else cupyx.scatter_min)(out, rows, values)

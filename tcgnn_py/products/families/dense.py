@@ -158,7 +158,6 @@ def dense_mm_bound(a, b, bias=None, a_src=None, a_dst=None, heads=1, keep=False)
         return None
     bound = _dense_launch(cp, a, b, bias, scores)
     shape, s_shape = (m, n), (m, scores)
-    nd = same_array(cp.ndarray(shape, _F32)) if keep else recycled(shape, _F32)
     if scores:
         make = made(((shape, _F32), (s_shape, _F32), (s_shape, _F32)), "recycle")
 
@@ -168,6 +167,7 @@ def dense_mm_bound(a, b, bias=None, a_src=None, a_dst=None, heads=1, keep=False)
             return c, s_src, s_dst
 
         return scored
+    nd = same_array(cp.ndarray(shape, _F32)) if keep else recycled(shape, _F32)
     if bias is not None:
         def biased(a, b, bias):
             c = nd(shape, _F32)
