@@ -624,15 +624,20 @@ def test_the_jax_gcn_aggregates_alike_by_segment_sum_bcoo_and_this_library():
         _jax_models.build(problem, "gcn", aggregation="scatter")
 
 
-def test_the_jax_op_times_the_jitted_aggregations_and_the_loop(tmp_path):
-    """``--ops jax``: per graph, the jitted aggregation by tcgnn_py.jax, segment_sum and BCOO, and the jitted loop
-    of products (on the host: JAX's CPU backend, the reference product; no GPU-only column)."""
+def test_the_jax_op_times_the_jitted_aggregations(tmp_path):
+    """``--ops jax``: per graph, the jitted aggregation by tcgnn_py.jax, segment_sum and BCOO, in a chain and in
+    one call (on the host: JAX's CPU backend, the reference product; no GPU-only column)."""
     pytest.importorskip("jax", reason="--ops jax needs JAX")
     from tcgnn_py.bench.__main__ import main
 
     out = tmp_path / "r.json"
     assert main(["cora", "--ops", "jax", "--device", "cpu", "--repeat", "2", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["jax"]
-    assert {(r["kind"], r["impl"]) for r in rows} == {("aggregate", "tcgnn_py.jax"), ("aggregate", "segment_sum"),
-                                                      ("aggregate", "BCOO"), ("loop", "tcgnn_py.jax")}
-    assert all(r["us"] > 0 and r["graph"] == "cora" for r in rows)
+    assert [(r["kind"], r["impl"]) for r in rows] == [("aggregate", "tcgnn_py.jax"), ("aggregate", "segment_sum"),
+                                                      ("aggregate", "BCOO")]
+    assert all(r["us"] > 0 and r["call_us"] > 0 and r["graph"] == "cora" and "gpu_us" not in r for r in rows)
+    import scipy.sparse as sp
+
+    sp.save_npz(tmp_path / "wide.npz", sp.random(30, 20, density=0.2, format="csr", random_state=0))
+    with pytest.raises(ValueError, match="must be square"):
+        main([str(tmp_path / "wide.npz"), "--ops", "jax", "--device", "cpu", "--repeat", "2"])

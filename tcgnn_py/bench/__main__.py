@@ -30,9 +30,10 @@ back, and GPU-only (calls queued behind a spin kernel, the host's time outside):
 * with attention: one graph-attention layer (GAT with 1 and 4 heads, AGNN),
   forward and forward + backward, fused against the library's unfused
   sequence and against the --baselines file's layers;
-* with jax (JAX installed): one jitted aggregation A @ X (D = 64) by
-  tcgnn_py.jax against jax.ops.segment_sum and a BCOO product, and a jitted
-  loop of 1,000 products against the product's GPU-only time.
+* with jax (JAX installed): the jitted aggregation A @ X (D = 64) by
+  tcgnn_py.jax against jax.ops.segment_sum and a BCOO product, per
+  aggregation of a jitted chain and in one call, and the chain's time per
+  product against the product's GPU-only time (the host cost inside XLA).
 
 Bandwidths are given under two traffic bounds (per-edge gather and window reuse)
 as GB/s and as a share of the measured copy bandwidth. --device cpu runs the
@@ -320,10 +321,12 @@ def results_page(env, graphs, reorders, gnn, args, first=None, attention=None, a
         from ._jax_ops import jax_markdown
 
         lines += ["## Inside jax.jit (us per call)", "",
-                  "One jitted aggregation `A @ X` (64 features) by `tcgnn_py.jax.spmm`, `jax.ops.segment_sum` over "
-                  "the edges and a `jax.experimental.sparse.BCOO` product (host clock around the call and "
-                  "`block_until_ready`); a jitted loop of 1,000 products per product, beside the product's GPU-only "
-                  "time: the difference is the host cost of a call inside XLA.", "", jax_markdown(jaxrows), ""]
+                  "The aggregation `A @ X` (64 features, A row-normalised) by `tcgnn_py.jax.spmm`, "
+                  "`jax.ops.segment_sum` over the edges and a `jax.experimental.sparse.BCOO` product: microseconds "
+                  "per aggregation of one jitted chain of 100, and of one jitted call (host clock around the call "
+                  "and `block_until_ready`: JAX's dispatch of a program included); this library's product "
+                  "GPU-only, and the chain's time per product minus it: the host cost of a call inside XLA beyond "
+                  "the GPU's work.", "", jax_markdown(jaxrows), ""]
     if first:
         lines += ["## Time to the first product", "", first, ""]
     return "\n".join(lines).rstrip() + "\n"
