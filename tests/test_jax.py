@@ -50,7 +50,8 @@ def test_spmm_gradients_are_the_transposed_product():
     A, T = _matrix(rng, 40, 30)
     M = A.toarray()
     x = jnp.asarray(rng.standard_normal((30, 4)).astype(np.float32))
-    check_grads(lambda x: tgj.spmm(T, x), (x,), order=1, modes=["rev"], atol=1e-2, rtol=1e-2)
+    with jax.default_matmul_precision("highest"):  # (float32 products: finite differences need them on a GPU)
+        check_grads(lambda x: tgj.spmm(T, x), (x,), order=1, modes=["rev"], atol=1e-2, rtol=1e-2)
     g = ints(rng, 40, 4)
     _, vjp = jax.vjp(lambda x: tgj.spmm(T, x), x)
     np.testing.assert_array_equal(np.asarray(vjp(jnp.asarray(g))[0]), M.T @ g)
@@ -165,7 +166,8 @@ def test_sddmm_and_spmm_with_values_are_the_products_and_differentiate(layout):
     np.testing.assert_array_equal(np.asarray(db), G.T @ np.asarray(a))
     xf = jnp.asarray(rng.standard_normal((33, 3)).astype(np.float32))
     vf = jnp.asarray(rng.standard_normal(T.nnz).astype(np.float32))
-    check_grads(lambda v, x: tgj.spmm(T, x, values=v), (vf, xf), order=1, modes=["rev"], atol=1e-2, rtol=1e-2)
+    with jax.default_matmul_precision("highest"):
+        check_grads(lambda v, x: tgj.spmm(T, x, values=v), (vf, xf), order=1, modes=["rev"], atol=1e-2, rtol=1e-2)
 
 
 def test_attention_as_matrix_operations_matches_dense_jax():
@@ -200,6 +202,34 @@ def test_attention_as_matrix_operations_matches_dense_jax():
         np.testing.assert_allclose(np.asarray(jax.jit(ours)(H)), np.asarray(dense(H)), rtol=1e-5, atol=1e-5)
         gs = [jax.grad(lambda H: (f(H) ** 2).sum())(H) for f in (ours, dense)]
     np.testing.assert_allclose(np.asarray(gs[0]), np.asarray(gs[1]), rtol=1e-4, atol=1e-4)
+
+
+def test_the_precision_is_the_librarys_or_jaxs_and_reaches_the_call():
+    """precision=None follows jax.default_matmul_precision where the call is traced ("highest": float32 products,
+    as XLA's GEMMs); the library's names and JAX's are taken; anything else fails at trace time, naming it."""
+    rng = np.random.default_rng(11)
+    _, T = _matrix(rng, 30, 20)
+    x = jnp.ones((20, 3))
+
+    def attrs(f):
+        import re
+
+        from tcgnn_py.jax import _ops
+
+        codes = {int(c) for c in re.findall(r"op = (\d+) : i64", jax.jit(f).lower(x).as_text())}
+        return sorted({_ops._CODES[c & 7] for c in codes})
+
+    assert attrs(lambda x: tgj.spmm(T, x)) == [""]
+    with jax.default_matmul_precision("highest"):
+        assert attrs(lambda x: tgj.spmm(T, x)) == ["fp32"]
+        assert attrs(lambda x: tgj.sddmm(T.T, x, jnp.ones((30, 3)))) == ["fp32"]
+    assert attrs(lambda x: tgj.spmm(T, x, precision=jax.lax.Precision.HIGHEST)) == ["fp32"]
+    assert attrs(lambda x: tgj.spmm(T, x, precision="tensorfloat32")) == ["tf32"]
+    assert attrs(lambda x: jax.grad(lambda x: tgj.spmm(T, x, precision="fp32").sum())(x)) == ["fp32"]
+    with pytest.raises(ValueError, match="spmm: precision must be None, one of .* got 'double'"):
+        tgj.spmm(T, x, precision="double")
+    with pytest.raises(ValueError, match="sddmm: precision must be"):
+        tgj.sddmm(T, jnp.ones((30, 3)), x, precision=3)
 
 
 def test_bad_values_and_sddmm_operands_fail_at_trace_time():
@@ -284,6 +314,13 @@ def test_jitted_spmm_on_the_gpu_is_the_product():
             x = ints(rng, 200, D)
             for _ in range(3):  # (planned, then bound)
                 np.testing.assert_array_equal(np.asarray(f(jnp.asarray(x))), M @ x)
+        xf = rng.standard_normal((200, 16)).astype(np.float32)
+        want = M @ xf.astype(np.float64)
+
+        def err(y):
+            return np.abs(np.asarray(y, np.float64) - want).max() / np.abs(want).max()
+
+        assert err(tgj.spmm(T, jnp.asarray(xf), precision="fp32")) < 1e-6 < err(tgj.spmm(T, jnp.asarray(xf)))
         g = ints(rng, 300, 16)
         _, vjp = jax.vjp(lambda x: tgj.spmm(T, x), jnp.asarray(ints(rng, 200, 16)))
         np.testing.assert_array_equal(np.asarray(vjp(jnp.asarray(g))[0]), M.T @ g)
@@ -312,11 +349,11 @@ def test_the_handler_answers_the_metadata_query_and_turns_exceptions_into_xla_er
 
     seen = []
 
-    def run(stream, args, rets, attrs):
-        seen.append((stream, [(b.dtype, b.shape) for b in args], attrs))
-        if attrs["matrix"] < 0:
+    def run(stream, args, rets, value):
+        seen.append((stream, args, value))
+        if value < 0:
             raise ValueError("negative key")
-        rets[0].numpy()[...] = args[0].numpy() * 2
+        _ffi.host_view(rets[0])[...] = _ffi.host_view(args[0]) * 2
 
     _ffi.register("tcgnn_py_test_handler", "cpu", run, traits=1)
     handler = _ffi._HANDLERS[("tcgnn_py_test_handler", "cpu")]
@@ -345,21 +382,25 @@ def test_the_handler_answers_the_metadata_query_and_turns_exceptions_into_xla_er
     lists = [_ffi._List(ctypes.sizeof(_ffi._List), None, 1, (ctypes.c_int * 1)(1),
                         (ctypes.c_void_p * 1)(ctypes.addressof(b))) for b in bufs]
 
-    def attrs(key):
+    def attrs(key, kind=_ffi._SCALAR, dtype=5):
         value = ctypes.c_int64(key)
-        scalar = _ffi._Scalar(5, ctypes.addressof(value))
-        name = b"matrix"
+        scalar = _ffi._Scalar(dtype, ctypes.addressof(value))
+        name = b"op"
         span = _ffi._ByteSpan(ctypes.cast(ctypes.c_char_p(name), ctypes.c_void_p), len(name))
         keep = (value, scalar, name, span)
-        return keep, _ffi._Attrs(ctypes.sizeof(_ffi._Attrs), None, 1, (ctypes.c_int * 1)(_ffi._SCALAR),
+        return keep, _ffi._Attrs(ctypes.sizeof(_ffi._Attrs), None, 1, (ctypes.c_int * 1)(kind),
                                  (ctypes.POINTER(_ffi._ByteSpan) * 1)(ctypes.pointer(span)),
                                  (ctypes.c_void_p * 1)(ctypes.addressof(scalar)))
 
-    for key, want in ((7, None), (-1, 4242)):
-        keep, a = attrs(key)
+    for (key, kind, dtype), want in (((7, _ffi._SCALAR, 5), None), ((-1, _ffi._SCALAR, 5), 4242),
+                                     ((7, _ffi._SCALAR, 4), 4242), ((7, 4, 5), 4242)):
+        keep, a = attrs(key, kind, dtype)
         frame = _ffi._CallFrame(ctypes.sizeof(_ffi._CallFrame), None, ctypes.pointer(api), None, 3, lists[0],
                                 lists[1], a)
         assert handler(ctypes.pointer(frame)) == want
-    assert seen[0] == (0, [(np.dtype(np.float32), (2, 3))], {"matrix": 7}) and seen[1][2] == {"matrix": -1}
+    assert seen == [(0, ((x.ctypes.data, 11, (2, 3)),), 7), (0, ((x.ctypes.data, 11, (2, 3)),), -1)]
     np.testing.assert_array_equal(y, 2 * x)
-    assert errors == [(3, "ValueError: negative key")]
+    assert errors == [(3, "ValueError: negative key"),
+                      (3, "TypeError: a call of this FFI target carries one int64 attribute, got XLA data type 4"),
+                      (3, "TypeError: a call of this FFI target carries one int64 attribute, got 1 attribute(s), the first of "
+                          "XLA attribute type 4")]

@@ -4,7 +4,12 @@ XLA's FFI is a C ABI of plain structs (``xla/ffi/api/c_api.h``): a handler recei
 execution context, the stage, the argument and result buffers, the attributes) and returns NULL or an error made
 by the API.  The structs below are the parts of that header a handler reads; their layout is the header's.  A
 handler first answers XLA's metadata query (the API version it speaks and its traits), then runs.  Nothing here
-knows an operation: :func:`register` takes ``run(stream, args, rets, attrs)`` and does the rest.
+knows an operation: :func:`register` takes ``run(stream, args, rets, value)`` and does the rest.
+
+A call's work on the host is what a call inside a jitted loop costs beyond its kernels, so the handler reads
+little: each buffer as a hashable ``(address, dtype code, shape)`` (an operation keys what it keeps for a call by
+them) and one integer attribute, in which an operation encodes what it needs (names and several attributes
+would each cost a decode per call).
 """
 
 import ctypes
@@ -14,11 +19,11 @@ import numpy as np
 
 from .._cache import keep
 
-__all__ = ["Buffer", "register", "dtype_of", "API_VERSION"]
+__all__ = ["register", "dtype_of", "host_view", "device_view", "API_VERSION"]
 
 #: The FFI API version (major, minor) the handlers declare: the one XLA's typed FFI has spoken since its release.
 API_VERSION = (0, 1)
-#: CuPy views of XLA's device buffers kept (by address, shape and dtype), oldest dropped.  A view holds no memory
+#: CuPy views of XLA's device buffers kept (by address, dtype and shape), oldest dropped.  A view holds no memory
 #: (XLA owns it); one of an address XLA has reused for another buffer is only used when XLA hands that buffer.
 VIEWS_KEEP = 256
 
@@ -33,7 +38,7 @@ class _Stage(enum.IntEnum):  # XLA_FFI_ExecutionStage
 
 
 _METADATA = 1  # XLA_FFI_Extension_Type: the metadata query
-_SCALAR, _STRING = 3, 4  # XLA_FFI_AttrType
+_SCALAR = 3  # XLA_FFI_AttrType
 _ERROR_INVALID_ARGUMENT, _ERROR_INTERNAL = 3, 13  # XLA_FFI_Error_Code
 
 #: XLA_FFI_DataType codes of the dtypes the operations take.
@@ -133,75 +138,53 @@ class _CallFrame(ctypes.Structure):
 _Handler = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.POINTER(_CallFrame))
 
 
-class Buffer:
-    """An FFI buffer as the handler sees it: its address, dtype and shape (no copy; XLA owns the memory)."""
+def host_view(buffer):
+    """A NumPy view of a host buffer ``(address, dtype code, shape)`` (the CPU backend's)."""
+    ptr, code, shape = buffer
+    dtype = dtype_of(code)
+    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = (ctypes.c_char * n).from_address(ptr) if n else bytearray()
+    return np.frombuffer(raw, dtype).reshape(shape)
 
-    __slots__ = ("ptr", "dtype", "shape")
 
-    def __init__(self, ptr, dtype, shape):
-        self.ptr, self.dtype, self.shape = ptr, dtype, shape
+def device_view(buffer, kept=True):
+    """A CuPy view of a device buffer ``(address, dtype code, shape)`` (the GPU backend's), owned by XLA: kept per
+    buffer (:data:`VIEWS_KEEP`), as a jitted loop hands its calls the same few buffers again -- or a new view
+    (``kept=False``) for an operand that must not be known by its identity (values a cache would keep a form of:
+    XLA writes new values at the same address)."""
+    view = _VIEWS.get(buffer) if kept else None
+    if view is None:
+        import cupy as cp
 
-    @property
-    def nbytes(self):
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
-
-    def numpy(self):
-        """A NumPy view of a host buffer (the CPU backend's)."""
-        n = self.nbytes
-        raw = (ctypes.c_char * n).from_address(self.ptr) if n else bytearray()
-        return np.frombuffer(raw, self.dtype).reshape(self.shape)
-
-    def cupy(self):
-        """A CuPy view of a device buffer (the GPU backend's), owned by XLA: kept per address, shape and dtype
-        (:data:`VIEWS_KEEP`), as a jitted loop hands its calls the same few buffers again."""
-        key = (self.ptr, self.shape, self.dtype)
-        view = _VIEWS.get(key)
-        if view is None:
-            import cupy as cp
-
-            if not self.nbytes:  # (an empty buffer may have no address to view)
-                return cp.ndarray(self.shape, self.dtype)
-            memory = cp.cuda.UnownedMemory(self.ptr, self.nbytes, None)
-            view = keep(_VIEWS, key, cp.ndarray(self.shape, self.dtype, cp.cuda.MemoryPointer(memory, 0)), VIEWS_KEEP)
-        return view
+        ptr, code, shape = buffer
+        dtype = dtype_of(code)
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if not n:  # (an empty buffer may have no address to view)
+            return cp.ndarray(shape, dtype)
+        view = cp.ndarray(shape, dtype, cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(ptr, n, None), 0))
+        if kept:
+            keep(_VIEWS, buffer, view, VIEWS_KEEP)
+    return view
 
 
 _I64 = 5  # XLA_FFI_DataType S64: the attributes' integers
-_I64_PTR = ctypes.POINTER(ctypes.c_int64)
-_BUFFER_PTR = ctypes.POINTER(_Buffer)
 
 
 def _buffers(items):
-    """The buffers of an argument or result list (each attribute read once: a ctypes read costs as much as a line
-    of Python, and a call inside a jitted loop pays them all)."""
-    out = []
-    ptrs = items.items
-    for i in range(items.size):
-        b = ctypes.cast(ptrs[i], _BUFFER_PTR).contents
-        code = b.dtype
-        out.append(Buffer(b.data or 0, _DTYPES[code] if code in _DTYPES else dtype_of(code), tuple(b.dims[:b.rank])))
-    return out
+    """The buffers of an argument or result list, each ``(address, dtype code, shape)``."""
+    return tuple([(b.data or 0, b.dtype, tuple(b.dims[:b.rank]))
+                  for b in map(_Buffer.from_address, items.items[:items.size])])
 
 
-def _attrs(attrs):
-    """The call's attributes: integer scalars and strings by name."""
-    out = {}
-    types, names, values = attrs.types, attrs.names, attrs.attrs
-    for i in range(attrs.size):
-        span = names[i].contents
-        name = ctypes.string_at(span.ptr, span.len).decode()
-        kind = types[i]
-        if kind == _SCALAR:
-            s = ctypes.cast(values[i], ctypes.POINTER(_Scalar)).contents
-            if s.dtype == _I64:
-                out[name] = ctypes.cast(s.value, _I64_PTR)[0]
-            else:
-                dt = dtype_of(s.dtype)
-                out[name] = np.frombuffer(ctypes.string_at(s.value, dt.itemsize), dt)[0].item()
-        elif kind == _STRING:
-            s = ctypes.cast(values[i], ctypes.POINTER(_ByteSpan)).contents
-            out[name] = ctypes.string_at(s.ptr, s.len).decode()
-    return out
+def _value(attrs):
+    """The call's one attribute, an int64 scalar."""
+    if attrs.size != 1 or attrs.types[0] != _SCALAR:
+        first = f", the first of XLA attribute type {attrs.types[0]}" if attrs.size else ""
+        raise TypeError(f"a call of this FFI target carries one int64 attribute, got {attrs.size} attribute(s){first}")
+    s = _Scalar.from_address(attrs.attrs[0])
+    if s.dtype != _I64:
+        raise TypeError(f"a call of this FFI target carries one int64 attribute, got XLA data type {s.dtype}")
+    return ctypes.c_int64.from_address(s.value).value
 
 
 def _error(api, code, message):
@@ -213,10 +196,11 @@ _HANDLERS = {}  # name and platform -> the ctypes callback (it must outlive ever
 
 
 def register(name, platform, run, traits=0):
-    """Register ``run(stream, args, rets, attrs)`` as FFI target ``name`` on ``platform`` ("cpu" or "CUDA").
+    """Register ``run(stream, args, rets, value)`` as FFI target ``name`` on ``platform`` ("cpu" or "CUDA").
 
-    ``args`` and ``rets`` are :class:`Buffer` lists, ``attrs`` a dict, ``stream`` XLA's stream (a ``cudaStream_t``
-    as an int; 0 on the host).  An exception becomes an XLA error whose message is the exception's, raised by the
+    ``args`` and ``rets`` are tuples of buffers, each ``(address, dtype code, shape)`` (:func:`host_view`,
+    :func:`device_view`); ``value`` the int64 attribute every call of the target carries; ``stream`` XLA's stream
+    (a ``cudaStream_t`` as an int; 0 on the host).  An exception becomes an XLA error whose message is the exception's, raised by the
     jitted call (``ValueError`` and ``TypeError`` as invalid arguments): a handler never takes the process down.
     ``traits``: ``XLA_FFI_Handler_Traits`` bits (0: XLA runs the call itself, never inside a command buffer)."""
     import jax
@@ -246,7 +230,7 @@ def register(name, platform, run, traits=0):
                 if failed:
                     return failed
                 stream = get.stream or 0
-            run(stream, _buffers(frame.args), _buffers(frame.rets), _attrs(frame.attrs))
+            run(stream, _buffers(frame.args), _buffers(frame.rets), _value(frame.attrs))
             return None
         except (ValueError, TypeError, LookupError) as exc:
             return _error(frame.api, _ERROR_INVALID_ARGUMENT, f"{type(exc).__name__}: {exc}")

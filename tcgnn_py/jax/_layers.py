@@ -3,7 +3,8 @@
 The attention layers are written as matrix operations: scores on the entries (:func:`._ops.sddmm`, or gathers of
 per-node scores), a softmax over each row's entries by segment operations over :func:`._ops.entries`, the
 aggregation by :func:`._ops.spmm` with those values -- the semantics of :func:`tcgnn_py.nn.agnn_conv` and
-:func:`tcgnn_py.nn.gat_conv` (A's values weight the softmax: ``P_ij ∝ a_ij exp(z_ij)``).
+:func:`tcgnn_py.nn.gat_conv` (A's values weight the softmax: ``P_ij ∝ a_ij exp(z_ij)``).  Their products run at
+JAX's default matmul precision where they are traced (:func:`._ops.spmm`), as their ``jnp`` GEMMs do.
 """
 
 import numpy as np

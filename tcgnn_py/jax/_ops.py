@@ -5,7 +5,7 @@ As ``jax.experimental.sparse``: :func:`spmm` checks its operands at trace time (
 implementation per platform, registered by table (:data:`_IMPLEMENTATIONS`): on the GPU the library's product on
 XLA's stream over views of XLA's buffers (no copy, no host read once the product's signature is planned), on the
 host the reference product (what CI runs).  The matrix is static: a program carries its registry key
-(:mod:`._matrices`) as an attribute.
+(:mod:`._matrices`) and the precision as its one integer attribute.
 """
 
 import functools
@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from .._cache import keep
 from .._tiled import spmm as tiled_spmm
-from ..products import MISMATCH, result_dtype, sddmm_raw, spmm_raw
+from ..products import MISMATCH, result_dtype, sddmm_raw, signature, spmm_raw
 from . import _ffi, _matrices
 
 __all__ = ["spmm", "sddmm", "entries", "SPMM_TARGET", "SDDMM_TARGET"]
@@ -32,45 +32,107 @@ STREAMS_KEEP = 16
 _STREAMS = {}
 
 
-def _spmm_host(stream, args, rets, attrs):
+#: The precisions a call may carry, by their code in its attribute (``key * 8 + code``): the library's default
+#: ("" -- TF32 tensor cores for float32 operands), then :func:`tcgnn_py.spmm`'s names.
+_CODES = ("", "tf32", "fp32", "fp16", "bf16")
+
+
+def _attribute(key, precision):
+    """The one integer a call carries (:mod:`._ffi` reads one attribute): the matrix's key and the precision."""
+    return np.int64(key * 8 + _CODES.index(precision))
+
+
+def _spmm_host(stream, args, rets, code):
     """The host implementation: the reference product of the matrix's host copy into XLA's result buffer (with
     two operands, ``values`` in the matrix's stored order and x)."""
-    T, (y,) = _matrices.host_matrix(attrs["matrix"]), rets
+    T, precision = _matrices.host_matrix(code >> 3), _CODES[code & 7] or None
+    y = _ffi.host_view(rets[0])
     if len(args) == 1:
-        tiled_spmm(T, args[0].numpy(), out=y.numpy())
+        tiled_spmm(T, _ffi.host_view(args[0]), out=y, precision=precision)
     else:
-        spmm_raw(T.tiling, args[0].numpy(), args[1].numpy(), y.dtype, out=y.numpy())
+        spmm_raw(T.tiling, _ffi.host_view(args[0]), _ffi.host_view(args[1]), y.dtype, precision, out=y)
 
 
-def _sddmm_host(stream, args, rets, attrs):
-    T, (a, b), (y,) = _matrices.host_matrix(attrs["matrix"]), args, rets
-    y.numpy()[...] = sddmm_raw(T.tiling, T.values, a.numpy(), b.numpy(), y.dtype)
+def _sddmm_host(stream, args, rets, code):
+    T, (a, b) = _matrices.host_matrix(code >> 3), (_ffi.host_view(buf) for buf in args)
+    y = _ffi.host_view(rets[0])
+    y[...] = sddmm_raw(T.tiling, T.values, a, b, y.dtype, precision=_CODES[code & 7] or None)
 
 
-def _spmm_device(stream, args, rets, attrs):
-    """The GPU implementation: the library's product on XLA's stream, its operand and result XLA's buffers."""
-    T = _matrices.device_matrix(attrs["matrix"])
+def _spmm_device(stream, args, rets, code):
+    """The GPU implementation: the library's product on XLA's stream, its operand and result XLA's buffers.  Once
+    the product's launch is bound, a call of these buffers on this stream is that bound launch alone (kept in the
+    matrix's store of bound calls): no lookup by signature, no view made.  With the entries' values given, the
+    values are viewed anew each call (the library keeps forms of a values array by its identity; XLA writes new
+    values at an address it reuses) and the product goes the general way."""
+    T = _matrices.device_matrix(code >> 3)
+    store = T.tiling.bound()
+    key = ("jax", stream, code, args, rets)
+    call = store.get(key)
+    if call is not None:
+        call()
+        return
+    precision, Y = _CODES[code & 7] or None, _ffi.device_view(rets[0])
     with _stream(stream):
-        if len(args) == 1:
-            tiled_spmm(T, args[0].cupy(), out=rets[0].cupy())
-        else:
-            spmm_raw(T.tiling, args[0].cupy(), args[1].cupy(), rets[0].dtype, out=rets[0].cupy())
+        if len(args) == 2:
+            V, X = _ffi.device_view(args[0], kept=False), _ffi.device_view(args[1])
+            spmm_raw(T.tiling, V, X, Y.dtype, precision, out=Y)
+            return
+        X = _ffi.device_view(args[0])
+        tiled_spmm(T, X, out=Y, precision=precision)
+        _keep_bound(store, key, stream, signature(T._values, X, Y, precision), (T._values, T._casts, X, Y))
 
 
-def _sddmm_device(stream, args, rets, attrs):
-    """The GPU implementation of SDDMM: the library's kernels on XLA's stream, into XLA's result buffer."""
-    T = _matrices.device_matrix(attrs["matrix"])
+def _sddmm_device(stream, args, rets, code):
+    """The GPU implementation of SDDMM: the library's kernels on XLA's stream, into XLA's result buffer; bound as
+    the product is."""
+    T = _matrices.device_matrix(code >> 3)
+    store = T.tiling.bound()
+    key = ("jax", stream, code, args, rets)
+    call = store.get(key)
+    if call is not None:
+        call()
+        return
+    precision = _CODES[code & 7] or None
+    a, b, y = (_ffi.device_view(buf) for buf in args + rets)
     with _stream(stream):
-        sddmm_raw(T.tiling, T.values, args[0].cupy(), args[1].cupy(), rets[0].dtype, out=rets[0].cupy())
+        sddmm_raw(T.tiling, T.values, a, b, y.dtype, precision=precision, out=y)
+        _keep_bound(store, key, stream, signature(T.values, a, b, precision, ("sddmm", False, True)),
+                    (T.values, {}, a, b, y))
+
+
+def _keep_bound(store, key, stream, signature_, operands):
+    """Keep, under ``key``, the bound launch of the plan of ``signature_`` with these operands, once it has one (its
+    launch final); until then the calls go the general way."""
+    plan = store.get(signature_)
+    if plan is not None and plan.bound is not None:
+        import cupy as cp
+
+        store.put(key, functools.partial(plan.bound, *operands), (cp.cuda.runtime.getDevice(), stream))
+
+
+class _StreamHandle:
+    """A stream address under the CUDA stream protocol (``__cuda_stream__``), what CuPy's ``from_external`` takes."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def __cuda_stream__(self):
+        return (0, self.ptr)
 
 
 def _stream(ptr):
-    """A CuPy view of XLA's stream (kept per address)."""
+    """A CuPy view of XLA's stream (kept per address): ``Stream.from_external`` where CuPy has it (its
+    ``ExternalStream`` is deprecated there), ``ExternalStream`` on older CuPy."""
     s = _STREAMS.get(ptr)
     if s is None:
         import cupy as cp
 
-        s = keep(_STREAMS, ptr, cp.cuda.ExternalStream(ptr), STREAMS_KEEP)
+        external = getattr(cp.cuda.Stream, "from_external", None)
+        s = external(_StreamHandle(ptr)) if external is not None else cp.cuda.ExternalStream(ptr)
+        keep(_STREAMS, ptr, s, STREAMS_KEEP)
     return s
 
 
@@ -91,25 +153,52 @@ def _registered(target):
     return target
 
 
-def _call(target, key, shape, dtype, *operands):
+#: JAX's names of a matmul precision (``jax.default_matmul_precision``, ``jax.lax.Precision``) as the library's:
+#: float32 where JAX asks for at least it (``"high"`` is bf16_3x there: nearer float32 than TF32), the library's
+#: default otherwise (TF32 tensor cores for float32 operands, as XLA's own GEMMs on the GPU).
+_JAX_PRECISIONS = {"highest": "fp32", "float32": "fp32", "high": "fp32", "bfloat16_3x": "fp32",
+                   "tensorfloat32": "tf32", "default": "", "fastest": "", "bfloat16": ""}
+#: The library's names (:func:`tcgnn_py.spmm`'s ``precision``).
+_PRECISIONS = ("tf32", "fp32", "fp16", "bf16")
+
+
+def _precision(precision, what):
+    """The library's precision name ("" for its default) of ``precision``: one of the library's names, JAX's (a
+    string or ``jax.lax.Precision``), or None -- JAX's default matmul precision where the call is traced (so
+    ``with jax.default_matmul_precision("highest")`` makes the products float32, as it does XLA's GEMMs)."""
+    if precision is None:
+        precision = jax.config.jax_default_matmul_precision
+        if precision is None:
+            return ""
+    name = precision.name if isinstance(precision, jax.lax.Precision) else precision
+    if isinstance(name, str):
+        if name in _PRECISIONS:
+            return name
+        if name.lower() in _JAX_PRECISIONS:
+            return _JAX_PRECISIONS[name.lower()]
+    raise ValueError(f"{what}: precision must be None, one of {_PRECISIONS}, or a JAX matmul precision "
+                     f"({', '.join(sorted(_JAX_PRECISIONS))} or jax.lax.Precision), got {precision!r}")
+
+
+def _call(target, key, shape, dtype, precision, *operands):
     call = jax.ffi.ffi_call(_registered(target), jax.ShapeDtypeStruct(shape, dtype), vmap_method="sequential")
-    return call(*operands, matrix=np.int64(key))
+    return call(*operands, op=_attribute(key, precision))
 
 
-def _raw(key, x, dtype):
+def _raw(key, x, dtype, precision):
     """The FFI call ``T @ x`` for T of ``key`` and a 2-D x, the result of ``dtype``."""
-    return _call(SPMM_TARGET, key, (_matrices.matrix(key).shape[0], x.shape[1]), dtype, x)
+    return _call(SPMM_TARGET, key, (_matrices.matrix(key).shape[0], x.shape[1]), dtype, precision, x)
 
 
 @functools.cache
-def _product(key, dtype):
+def _product(key, dtype, precision):
     """``f(x) = T @ x`` for T of ``key``, a result of ``dtype``: the FFI call, batched under ``jax.vmap`` by
     folding the batch into the feature width (one product of ``B * D`` columns, the kernels' best case, instead of
     B products)."""
 
     @jax.custom_batching.custom_vmap
     def f(x):
-        return _raw(key, x, dtype)
+        return _raw(key, x, dtype, precision)
 
     @f.def_vmap
     def rule(axis_size, in_batched, x):
@@ -122,19 +211,20 @@ def _product(key, dtype):
     return f
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _spmm(key, dtype, x_dtype, x):
-    return _product(key, dtype)(x)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def _spmm(key, dtype, x_dtype, precision, x):
+    return _product(key, dtype, precision)(x)
 
 
-def _spmm_fwd(key, dtype, x_dtype, x):
-    return _product(key, dtype)(x), None
+def _spmm_fwd(key, dtype, x_dtype, precision, x):
+    return _product(key, dtype, precision)(x), None
 
 
-def _spmm_bwd(key, dtype, x_dtype, _, g):
+def _spmm_bwd(key, dtype, x_dtype, precision, _, g):
     """``dx = Tᵀ g``: the transposed matrix's product (its translation cached on T), cast to x's dtype."""
     T = _matrices.matrix(key)
-    return (_product(_matrices.key_of(T.T), result_dtype(T.dtype, np.dtype(g.dtype)))(g).astype(x_dtype),)
+    dtype = result_dtype(T.dtype, np.dtype(g.dtype))
+    return (_product(_matrices.key_of(T.T), dtype, precision)(g).astype(x_dtype),)
 
 
 _spmm.defvjp(_spmm_fwd, _spmm_bwd)
@@ -148,15 +238,15 @@ def _dtype(*dtypes):
     return np.dtype(jax.dtypes.canonicalize_dtype(out))
 
 
-def _with_values(key, values, x):
+def _with_values(key, precision, values, x):
     """``A(values) @ x``: the matrix of ``key`` with its entries' values given (stored order)."""
     return _call(SPMM_TARGET, key, (_matrices.matrix(key).shape[0], x.shape[1]), _dtype(values.dtype, x.dtype),
-                values, x)
+                 precision, values, x)
 
 
-def _sampled(key, a, b):
+def _sampled(key, precision, a, b):
     """``<a_i, b_j>`` for every stored ``(i, j)`` of the matrix of ``key``, in its stored order."""
-    return _call(SDDMM_TARGET, key, (_matrices.matrix(key).nnz,), _dtype(a.dtype, b.dtype), a, b)
+    return _call(SDDMM_TARGET, key, (_matrices.matrix(key).nnz,), _dtype(a.dtype, b.dtype), precision, a, b)
 
 
 def _transposed(key, values):
@@ -164,39 +254,41 @@ def _transposed(key, values):
     return _matrices.key_of(_matrices.matrix(key).T), values[_matrices.entries(key)[2]]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _spmm_values(key, values, x):
-    return _with_values(key, values, x)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _spmm_values(key, precision, values, x):
+    return _with_values(key, precision, values, x)
 
 
-def _spmm_values_fwd(key, values, x):
-    return _with_values(key, values, x), (values, x)
+def _spmm_values_fwd(key, precision, values, x):
+    return _with_values(key, precision, values, x), (values, x)
 
 
-def _spmm_values_bwd(key, res, g):
+def _spmm_values_bwd(key, precision, res, g):
     """``d values = <g_i, x_j>`` per entry (an SDDMM), ``dx = A(values)ᵀ g`` (the transpose's product)."""
     values, x = res
     kt, vt = _transposed(key, values)
-    return _sampled(key, g, x).astype(values.dtype), _with_values(kt, vt, g).astype(x.dtype)
+    return (_sampled(key, precision, g, x).astype(values.dtype),
+            _with_values(kt, precision, vt, g).astype(x.dtype))
 
 
 _spmm_values.defvjp(_spmm_values_fwd, _spmm_values_bwd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _sddmm(key, a, b):
-    return _sampled(key, a, b)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _sddmm(key, precision, a, b):
+    return _sampled(key, precision, a, b)
 
 
-def _sddmm_fwd(key, a, b):
-    return _sampled(key, a, b), (a, b)
+def _sddmm_fwd(key, precision, a, b):
+    return _sampled(key, precision, a, b), (a, b)
 
 
-def _sddmm_bwd(key, res, g):
+def _sddmm_bwd(key, precision, res, g):
     """``da = A(g) b``, ``db = A(g)ᵀ a``: products with the cotangent as the entries' values."""
     a, b = res
     kt, gt = _transposed(key, g)
-    return _with_values(key, g, b).astype(a.dtype), _with_values(kt, gt, a).astype(b.dtype)
+    return (_with_values(key, precision, g, b).astype(a.dtype),
+            _with_values(kt, precision, gt, a).astype(b.dtype))
 
 
 _sddmm.defvjp(_sddmm_fwd, _sddmm_bwd)
@@ -229,7 +321,7 @@ def entries(T):
     return rows, cols
 
 
-def sddmm(T, a, b=None):
+def sddmm(T, a, b=None, *, precision=None):
     """``e_ij = <a_i, b_j>`` for every stored ``(i, j)`` of T, inside or outside ``jax.jit``, differentiable in
     ``a`` and ``b``: T's sparsity pattern samples the dense product (T's values are not multiplied in).
 
@@ -240,6 +332,8 @@ def sddmm(T, a, b=None):
     a : jax array, shape (n, d) or (n,)
     b : jax array, shape (k, d) or (k,), optional
         Defaults to ``a`` (T must then be square).
+    precision : str or jax.lax.Precision, optional
+        As in :func:`spmm`.
 
     Returns
     -------
@@ -267,10 +361,10 @@ def sddmm(T, a, b=None):
     if a.shape[0] != n or b.shape[0] != k or a.shape[1] != b.shape[1]:
         raise ValueError(f"sddmm: dimension mismatch with signature (n={n},k={k}),(n={a.shape[0]},d={a.shape[1]}),"
                          f"(k={b.shape[0]},d={b.shape[1]})->(n,k)")
-    return _sddmm(key, a, b)
+    return _sddmm(key, _precision(precision, "sddmm"), a, b)
 
 
-def spmm(T, x, values=None):
+def spmm(T, x, values=None, *, precision=None):
     """``T @ x`` inside or outside ``jax.jit``, differentiable in ``x`` (and in ``values``).
 
     Parameters
@@ -283,6 +377,12 @@ def spmm(T, x, values=None):
         The entries' values in T's stored order (:func:`entries`; what :func:`sddmm` returns) in place of T's
         own: attention as matrix operations (scores by SDDMM, a softmax over each row's entries in ``jnp``, the
         aggregation here).  Its gradient is an SDDMM.
+    precision : str or jax.lax.Precision, optional
+        The product's precision, as :func:`tcgnn_py.spmm`'s (``"tf32"``, ``"fp32"``, ``"fp16"``, ``"bf16"``) or
+        JAX's (``"highest"`` and ``"float32"`` are ``"fp32"``).  None follows JAX's default matmul precision
+        where the call is traced: the library's default (TF32 tensor cores for float32 operands, as XLA's GEMMs
+        on the GPU) unless ``jax.default_matmul_precision`` asks for float32.  Its gradient runs at the same
+        precision.
 
     Returns
     -------
@@ -303,6 +403,7 @@ def spmm(T, x, values=None):
     [[2.0, 2.0, 2.0], [1.0, 1.0, 1.0]]
     """
     key = _matrices.key_of(T)
+    precision = _precision(precision, "spmm")
     x = jnp.asarray(x)
     n, k = T.shape
     if x.ndim not in (1, 2):
@@ -325,9 +426,9 @@ def spmm(T, x, values=None):
             raise ValueError(f"spmm: values must have shape ({T.nnz},) (one per stored entry), got {values.shape}")
         if not jnp.issubdtype(values.dtype, jnp.floating):
             raise TypeError(f"spmm: values must be a float array, got dtype {values.dtype}")
-        y = _spmm_values(key, values, x[:, None] if x.ndim == 1 else x)
+        y = _spmm_values(key, precision, values, x[:, None] if x.ndim == 1 else x)
         return y[:, 0] if x.ndim == 1 else y
     xd = np.dtype(x.dtype)
     if x.ndim == 1:
-        return _spmm(key, out, xd, x[:, None])[:, 0]
-    return _spmm(key, out, xd, x)
+        return _spmm(key, out, xd, precision, x[:, None])[:, 0]
+    return _spmm(key, out, xd, precision, x)
