@@ -25,8 +25,8 @@ g, X = load(tg)
 A = tg.nn.add_self_loops(g.adj)  # each node attends to itself and its neighbours; static in the jitted step
 X = jnp.asarray(X)
 dims = (X.shape[1], 8, int(g.labels.max()) + 1)
-rng = tg.nn.default_rng(args.seed, like=A)
-params = {k: jnp.asarray(v) for k, v in tg.nn.gat_init(dims, rng, heads=8).items()}
+# drawn on the host: jnp.asarray of a CuPy array views CuPy's memory without holding it (see the JAX guide)
+params = {k: jnp.asarray(v) for k, v in tg.nn.gat_init(dims, tg.nn.default_rng(args.seed), heads=8).items()}
 P = 0.6
 
 

@@ -25,7 +25,8 @@ g, X = load(tg)
 A = tg.nn.gcn_norm(g.adj)  # D^-1/2 (A + I) D^-1/2, static in the jitted step
 X = jnp.asarray(X)
 dims = (X.shape[1], 16, int(g.labels.max()) + 1)
-params = {k: jnp.asarray(v) for k, v in tg.nn.gcn_init(dims, tg.nn.default_rng(args.seed, like=A)).items()}
+# drawn on the host: jnp.asarray of a CuPy array views CuPy's memory without holding it (see the JAX guide)
+params = {k: jnp.asarray(v) for k, v in tg.nn.gcn_init(dims, tg.nn.default_rng(args.seed)).items()}
 
 
 def dropout(key, h, p=0.5):
