@@ -595,33 +595,32 @@ def test_the_pure_jax_models_are_the_harness_models(model):
     assert step.loss() < 0.8 * before
 
 
-def test_the_jax_gcn_aggregates_alike_by_segment_sum_bcoo_and_this_library():
-    """The JAX GCN's three aggregations (the epoch table's JAX columns) give the same logits, on JAX's CPU backend
-    (this library's product through tcgnn_py.jax's host implementation); attention models take segment_sum only."""
+@pytest.mark.parametrize("model", ["gcn", "agnn", "gat"])
+def test_the_jax_models_aggregate_alike_by_segment_sum_bcoo_and_this_library(model):
+    """The JAX models' three aggregations (the epoch table's JAX columns) give the same logits, on JAX's CPU
+    backend (this library's products through tcgnn_py.jax's host implementation, the graph in its matrix's stored
+    order)."""
     jax = pytest.importorskip("jax", reason="the JAX models need JAX")
     import jax.numpy as jnp
-    from jax.experimental import sparse
 
     from tcgnn_py import nn
     from tcgnn_py.bench import _jax_models, gnn_problem
-    from tcgnn_py.jax import spmm
 
     problem = gnn_problem("cora")
-    dims = (problem["X"].shape[1], 16, problem["n_classes"])
-    params = {k: jnp.asarray(v) for k, v in _jax_models.init("gcn", dims, seed=1).items()}
-    rows, cols, weights, n = _jax_models.graph_arrays(problem["adj"], "gcn")
-    graph = (jnp.asarray(rows), jnp.asarray(cols), jnp.asarray(weights), n)
-    B = sparse.BCOO((graph[2], jnp.stack([graph[0], graph[1]], axis=1)), shape=(n, n))
-    T = nn.gcn_norm(problem["adj"], device="cpu")
+    dims = (problem["X"].shape[1], 8 if model == "gat" else 16, problem["n_classes"])
+    params = {k: jnp.asarray(v) for k, v in _jax_models.init(model, dims, seed=1).items()}
+    T = (nn.gcn_norm if model == "gcn" else nn.add_self_loops)(problem["adj"], device="cpu")
     X = jnp.asarray(problem["X"])
     with jax.default_matmul_precision("highest"):
-        want = _jax_models.forward("gcn", params, graph, X)
-        for product in (B.__matmul__, lambda h: spmm(T, h)):
-            got = _jax_models.forward("gcn", params, graph, X, product=product)
+        graph, _, _ = _jax_models.aggregations(problem["adj"], model, "segment_sum")
+        want = _jax_models.forward(model, params, graph, X)
+        for aggregation in ("bcoo", "tcgnn"):
+            graph, product, cosines = _jax_models.aggregations(problem["adj"], model, aggregation, T)
+            got = _jax_models.forward(model, params, graph, X, product=product, cosines=cosines,
+                                      rows_sorted=aggregation != "tcgnn")
             np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=2e-5)
-    assert _jax_models.build(problem, "gat", aggregation="tcgnn") is None
     with pytest.raises(ValueError, match="aggregation must be one of"):
-        _jax_models.build(problem, "gcn", aggregation="scatter")
+        _jax_models.build(problem, model, aggregation="scatter")
 
 
 def test_the_jax_op_times_the_jitted_aggregations(tmp_path):

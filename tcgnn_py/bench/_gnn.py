@@ -5,8 +5,8 @@ operations under them: the tiled tensor-core SpMM/SDDMM, or cupyx
 ``A @ X`` / ``A.T @ X`` and a CuPy gather-and-dot SDDMM (on the host: the
 reference path beside scipy; GAT's fused attention has no such counterpart, so its cupyx column stays
 empty).  Where JAX is installed, the same models in pure JAX, each step one jitted function
-(:mod:`._jax_models`), fill a ``jax`` column (aggregation by ``segment_sum``), and GCN's ``jax_bcoo`` (a BCOO
-product) and ``jax_tcgnn`` (this library's product inside the jitted step, ``tcgnn_py.jax``) columns.  ``extra`` adds implementations from outside the
+(:mod:`._jax_models`), fill a ``jax`` column (aggregation by ``segment_sum``), ``jax_bcoo`` (BCOO products) and
+``jax_tcgnn`` (this library's products inside the jitted step, ``tcgnn_py.jax``) columns.  ``extra`` adds implementations from outside the
 library (``tools/gnn_epoch_table.py --baselines FILE`` adds other frameworks' models there).
 
 An epoch is one full-batch training step: forward with dropout, cross-entropy
@@ -211,7 +211,7 @@ def bench_gnn(spec, models=MODELS, epochs=20, repeat=3, device=None, extra=None)
     else:
         impls = {"tcgnn_ref": ("tiled", False), "scipy": ("csr", False)}
     sync = _cupy_sync if gpu else (lambda: None)
-    if gpu and _jax_models.available():  # segment_sum (what GNNs in JAX write), BCOO, and tcgnn_py.jax (GCN's)
+    if gpu and _jax_models.available():  # segment_sum (what GNNs in JAX write), BCOO, tcgnn_py.jax
         jax = {name: functools.partial(_jax_models.build, hidden=HIDDEN, gat=(GAT_HEADS, GAT_HIDDEN),
                                        aggregation=aggregation)
                for name, aggregation in (("jax", "segment_sum"), ("jax_bcoo", "bcoo"), ("jax_tcgnn", "tcgnn"))}

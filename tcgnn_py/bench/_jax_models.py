@@ -15,11 +15,12 @@ import os
 
 import numpy as np
 
-__all__ = ["available", "build", "forward", "graph_arrays", "init", "MODELS", "AGGREGATIONS"]
+__all__ = ["available", "aggregations", "build", "forward", "graph_arrays", "init", "MODELS", "AGGREGATIONS"]
 
 MODELS = ("gcn", "agnn", "gat")
-#: GCN's aggregation in the JAX models: ``jax.ops.segment_sum`` over the edges (what GNNs in JAX write), a
-#: ``jax.experimental.sparse.BCOO`` product, or this library's product inside the jitted step (``tcgnn_py.jax``).
+#: The aggregations of the JAX models: ``jax.ops.segment_sum`` over the edges (what GNNs in JAX write), a
+#: ``jax.experimental.sparse.BCOO`` product, or this library's products inside the jitted step (``tcgnn_py.jax``:
+#: its product, with the attention as the entries' values for AGNN and GAT, and AGNN's cosines by its SDDMM).
 AGGREGATIONS = ("segment_sum", "bcoo", "tcgnn")
 
 
@@ -63,20 +64,25 @@ def init(model, dims, seed=0, heads=8):
     return nn.gat_init(dims, rng, heads=heads)
 
 
-def _softmax_rows(scores, rows, weights, n):
+def _softmax_rows(scores, rows, weights, n, rows_sorted=True):
     """Per entry, ``weights * exp(scores)`` normalised over its row (``scores`` ``(nnz, heads)``)."""
     jax = _jax()
     jnp = jax.numpy
-    top = jax.ops.segment_max(scores, rows, num_segments=n, indices_are_sorted=True)
+    top = jax.ops.segment_max(scores, rows, num_segments=n, indices_are_sorted=rows_sorted)
     ex = weights[:, None] * jnp.exp(scores - top[rows])
-    total = jax.ops.segment_sum(ex, rows, num_segments=n, indices_are_sorted=True)
+    total = jax.ops.segment_sum(ex, rows, num_segments=n, indices_are_sorted=rows_sorted)
     return ex / total[rows]
 
 
-def forward(model, params, graph, X, key=None, p=0.0, product=None):
+def forward(model, params, graph, X, key=None, p=0.0, product=None, cosines=None, rows_sorted=True):
     """The logits of ``model`` (``params`` a dict of JAX arrays; ``graph`` :func:`graph_arrays` as JAX arrays)
-    on features ``X``; dropout of rate ``p`` drawn from ``key`` (none where ``key`` is None).  ``product(h)``:
-    GCN's aggregation ``A h`` another way than ``segment_sum`` (:data:`AGGREGATIONS`)."""
+    on features ``X``; dropout of rate ``p`` drawn from ``key`` (none where ``key`` is None).
+
+    ``product(w, h)``: the aggregation ``sum_e w_e h_col(e)`` over each row's entries another way than
+    ``segment_sum`` (:data:`AGGREGATIONS`; ``w`` the graph's ``weights`` or the attention, ``(nnz,)`` or
+    ``(nnz, heads)`` for ``h`` of ``heads`` blocks of columns); ``cosines(hn)``: AGNN's ``<hn_row, hn_col>`` per
+    entry another way than gathers; ``rows_sorted``: whether the graph's entries are in row order (CSR's; a
+    tiled matrix's stored order is not)."""
     jax = _jax()
     jnp = jax.numpy
     rows, cols, weights, n = graph
@@ -87,29 +93,33 @@ def forward(model, params, graph, X, key=None, p=0.0, product=None):
             return x
         return jnp.where(jax.random.bernoulli(next(keys), 1 - p, x.shape), x / (1 - p), 0)
 
-    def aggregate(w, h):  # sum over each row's entries of w_e h_col (w: (nnz,) or (nnz, heads))
+    def segments(w, h):  # sum over each row's entries of w_e h_col (w: (nnz,) or (nnz, heads))
         msg = (w[:, :, None] * h[cols].reshape(cols.shape[0], w.shape[1], -1)).reshape(cols.shape[0], -1) \
             if w.ndim == 2 else w[:, None] * h[cols]
-        return jax.ops.segment_sum(msg, rows, num_segments=n, indices_are_sorted=True)
+        return jax.ops.segment_sum(msg, rows, num_segments=n, indices_are_sorted=rows_sorted)
+
+    aggregate = segments if product is None else product
+    if cosines is None:
+        def cosines(hn):
+            return jnp.sum(hn[rows] * hn[cols], axis=1)
 
     if model == "gcn":
-        agg = (lambda h: aggregate(weights, h)) if product is None else product
-        h = jax.nn.relu(agg(drop(X) @ params["W0"]) + params["b0"])
-        return agg(drop(h) @ params["W1"]) + params["b1"]
+        h = jax.nn.relu(aggregate(weights, drop(X) @ params["W0"]) + params["b0"])
+        return aggregate(weights, drop(h) @ params["W1"]) + params["b1"]
     if model == "agnn":
         h = jax.nn.relu(drop(X) @ params["W_in"] + params["b_in"])
         betas = [jnp.ones(1, h.dtype)] + [params[f"beta{k}"] for k in range(1, 1 + sum(k.startswith("beta")
                                                                                     for k in params))]
         for beta in betas:
             hn = h / jnp.maximum(jnp.linalg.norm(h, axis=1, keepdims=True), 1e-12)
-            cos = jnp.sum(hn[rows] * hn[cols], axis=1, keepdims=True)
-            h = aggregate(_softmax_rows(beta * cos, rows, weights, n)[:, 0], h)
+            cos = cosines(hn)[:, None]
+            h = aggregate(_softmax_rows(beta * cos, rows, weights, n, rows_sorted)[:, 0], h)
         return drop(h) @ params["W_out"] + params["b_out"]
 
     def gat(h, W, a_src, a_dst, heads):
         wh = (h @ W).reshape(n, heads, -1)
         s_src, s_dst = jnp.sum(wh * a_src, axis=2), jnp.sum(wh * a_dst, axis=2)  # (n, heads)
-        att = drop(_softmax_rows(jax.nn.leaky_relu(s_src[cols] + s_dst[rows], 0.2), rows, weights, n))
+        att = drop(_softmax_rows(jax.nn.leaky_relu(s_src[cols] + s_dst[rows], 0.2), rows, weights, n, rows_sorted))
         return aggregate(att, wh.reshape(n, -1))
 
     heads = params["a_src1"].shape[0]
@@ -117,34 +127,67 @@ def forward(model, params, graph, X, key=None, p=0.0, product=None):
     return gat(drop(h), params["W2"], params["a_src2"], params["a_dst2"], 1) + params["b2"]
 
 
+def aggregations(adj, model, aggregation, T=None):
+    """``(graph, product, cosines)`` for :func:`forward`: the graph's arrays (JAX arrays; in ``T``'s stored order
+    for this library's products, ``T`` the model's matrix as :mod:`tcgnn_py.nn` makes it) and the aggregation's
+    functions (None: segment operations)."""
+    jax = _jax()
+    jnp = jax.numpy
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+    if aggregation == "tcgnn":
+        from ..jax import entries, sddmm, spmm
+
+        rows, cols = entries(T)
+        weights = np.asarray(T.values if T.device == "cpu" else T.values.get(), np.float32)
+        graph = (jnp.asarray(rows), jnp.asarray(cols), jnp.asarray(weights), T.shape[0])
+
+        def product(w, h):
+            if w is graph[2]:
+                return spmm(T, h)  # (its own values: the bound product)
+            return _per_head(jnp, w, h, lambda wk, hk: spmm(T, hk, values=wk))
+
+        return graph, product, lambda hn: sddmm(T, hn)
+    rows, cols, weights, n = graph_arrays(adj, model)
+    graph = (jnp.asarray(rows), jnp.asarray(cols), jnp.asarray(weights), n)
+    if aggregation == "segment_sum":
+        return graph, None, None
+    from jax.experimental import sparse
+
+    index = jnp.stack([graph[0], graph[1]], axis=1)
+
+    def product(w, h):
+        return _per_head(jnp, w, h, lambda wk, hk: sparse.BCOO((wk, index), shape=(n, n), indices_sorted=True) @ hk)
+
+    return graph, product, None
+
+
+def _per_head(jnp, w, h, aggregate):
+    """``aggregate(w_k, h_k)`` per head (``w`` ``(nnz,)``: one head; ``(nnz, heads)``: ``h``'s columns in as many
+    blocks), the heads side by side."""
+    if w.ndim == 1:
+        return aggregate(w, h)
+    heads = w.shape[1]
+    D = h.shape[1] // heads
+    return jnp.concatenate([aggregate(w[:, k], h[:, k * D:(k + 1) * D]) for k in range(heads)], axis=1)
+
+
 def build(problem, model, hidden=16, gat=(8, 8), aggregation="segment_sum"):
     """``(step, sync)`` of one jitted training step of ``model`` on the harness's ``problem``
     (:func:`tcgnn_py.bench.gnn_problem`), as :func:`tcgnn_py.bench.bench_gnn`'s ``extra`` takes it (which
     passes its ``hidden`` width and GAT's ``(heads, hidden)``); ``step.loss()`` is the training loss without
-    dropout.  ``aggregation`` (:data:`AGGREGATIONS`) other than ``segment_sum`` is GCN's only: None for the
-    attention models."""
+    dropout.  ``aggregation``: one of :data:`AGGREGATIONS` (:func:`aggregations`)."""
     jax = _jax()
     jnp = jax.numpy
     X = jnp.asarray(problem["X"])
     labels, idx = jnp.asarray(problem["labels"]), jnp.asarray(problem["train_idx"])
-    if aggregation not in AGGREGATIONS:
-        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
-    if aggregation != "segment_sum" and model != "gcn":
-        return None
-    rows, cols, weights, n = graph_arrays(problem["adj"], model)
-    graph = (jnp.asarray(rows), jnp.asarray(cols), jnp.asarray(weights), n)
-    product = None
-    if aggregation == "bcoo":
-        from jax.experimental import sparse
-
-        B = sparse.BCOO((graph[2], jnp.stack([graph[0], graph[1]], axis=1)), shape=(n, n), indices_sorted=True)
-        product = B.__matmul__
-    elif aggregation == "tcgnn":
+    T = None
+    if aggregation == "tcgnn":
         from .. import nn
-        from ..jax import spmm
 
-        T = nn.gcn_norm(problem["adj"])  # (on the GPU where the harness runs there, as the other columns)
-        product = lambda h: spmm(T, h)  # noqa: E731
+        # (on the GPU where the harness runs there, as the other columns)
+        T = (nn.gcn_norm if model == "gcn" else nn.add_self_loops)(problem["adj"])
+    graph, product, cosines = aggregations(problem["adj"], model, aggregation, T)
     import optax
 
     c = problem["n_classes"]
@@ -159,7 +202,7 @@ def build(problem, model, hidden=16, gat=(8, 8), aggregation="segment_sum"):
     tx = optax.chain(optax.add_decayed_weights(5e-4, mask), optax.adam(lr))  # L2 in the gradient, as nn.Adam
 
     def loss(params, key):
-        logits = forward(model, params, graph, X, key, p, product)
+        logits = forward(model, params, graph, X, key, p, product, cosines, aggregation != "tcgnn")
         return optax.softmax_cross_entropy_with_integer_labels(logits[idx], labels[idx]).mean()
 
     @jax.jit
