@@ -23,9 +23,9 @@ def fake_device(monkeypatch):
 
 
 def _kernels():
-    from tcgnn_py.kernels import locality, nm_windows, reorder, sgt
+    from tcgnn_py.kernels import locality, nm_windows, reorder, sample, sgt
 
-    return {**sgt.KERNELS, **reorder.KERNELS, **locality.KERNELS, **nm_windows.KERNELS}
+    return {**sgt.KERNELS, **reorder.KERNELS, **locality.KERNELS, **nm_windows.KERNELS, **sample.KERNELS}
 
 
 #: Warp intrinsics each kernel must compile to: the reason it exists in this form.
@@ -46,7 +46,7 @@ INTRINSICS = {
 NAMES = [
     "check_csr", "rank_edges", "window_blocks", "condense_edges", "count_block_rows", "scatter_edges", "sum_runs", "scan_tile_totals", "scan_tiles",
     "pack_bits", "vector_codes", "count_meta_violations", "stage2_round", "gains_batch",
-    "best_partner", "group_windows",
+    "best_partner", "group_windows", "sample_rows",
 ]  # fmt: skip
 
 

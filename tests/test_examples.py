@@ -75,7 +75,8 @@ def test_dlpack_example_skips_cleanly_without_a_gpu():
     assert res.returncode == 0 and res.stdout.startswith("skipped"), res.stdout + res.stderr
 
 
-@pytest.mark.parametrize("name", ["quickstart.py", "dlpack_interop.py", "gcn_cora.py", "agnn_cora.py", "gat_cora.py"])
+@pytest.mark.parametrize("name", ["quickstart.py", "dlpack_interop.py", "gcn_cora.py", "agnn_cora.py", "gat_cora.py",
+                                  "sage_sampled.py"])
 def test_every_example_takes_the_same_device_flag(name):
     res = run_example(name, "--help")
     assert res.returncode == 0 and "--device {auto,cuda,cpu}" in res.stdout, res.stdout
@@ -155,4 +156,21 @@ def test_graph_classification_example_on_gpu():
         pytest.skip("proteins_full is not in the data folders")
     res = run_example("graph_classification.py", "--data", str(folder))
     assert res.returncode == 0, res.stdout + res.stderr
+    print(res.stdout)
+
+
+def test_sampled_sage_example_on_cpu():
+    """GraphSAGE on neighbor-sampled blocks of Cora on the reference path: 20 epochs, >= 75 % test accuracy, with
+    the next batch sampled on a worker thread."""
+    res = run_example("sage_sampled.py", "--device", "cpu", "--epochs", "20", "--min-accuracy", "0.75", "--prefetch")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "GraphSAGE on cora, sampled [10, 5], batches of 64, CPU (NumPy reference path): 20 epochs" in res.stdout
+
+
+@pytest.mark.gpu
+def test_sampled_sage_example_on_gpu():
+    """200 epochs of sampled steps on the GPU (the sampler's kernel, blocks made on the device), >= 75 %."""
+    res = run_example("sage_sampled.py")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "GPU (CuPy, tensor cores): 200 epochs" in res.stdout
     print(res.stdout)

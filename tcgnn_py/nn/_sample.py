@@ -1,0 +1,227 @@
+"""Layer 4: neighbor-sampled blocks (GraphSAGE's mini-batches) and the GraphSAGE layer on them.
+
+A batch of seed nodes is trained on the nodes its model can see: hop ``h`` draws at most ``fanouts[h]``
+neighbors of every node of hop ``h - 1`` (uniform, without replacement; PyG's ``NeighborLoader`` and DGL's
+``sample_neighbors``), and each hop is a bipartite :class:`Block`: a row per destination node, a column per
+source node, the destinations first among the sources (DGL's convention: a layer reads its destinations'
+own features as ``H_src[:n_dst]``).  The blocks come input layer first, as a model applies them.
+
+Sampling is seeded and counter-based: draw ``t`` of node ``v`` is a hash of ``(key, v, t)``
+(:mod:`tcgnn_py.sampling`), so the GPU kernel and its host reference give the same neighbors.
+"""
+
+import concurrent.futures
+
+import numpy as np
+
+from .._device import array_module, get_cupy, use_gpu
+from .._tiled import TiledMatrix, spmm
+from ..sampling import GOLDEN, sample_neighbors
+from ._models import glorot
+
+__all__ = ["Block", "sample_blocks", "NeighborLoader", "sage_init", "sage_conv"]
+
+_M64 = (1 << 64) - 1
+
+
+class Block:
+    """One hop of a sampled batch: ``adj`` (``n_dst x n_src`` :class:`~tcgnn_py.TiledMatrix`, each row the mean
+    over its sampled neighbors: ``1 / count`` on its entries), ``src`` (the global ids of its source nodes, the
+    destinations first) and ``n_dst``."""
+
+    __slots__ = ("adj", "src", "n_dst")
+
+    def __init__(self, adj, src, n_dst):
+        self.adj, self.src, self.n_dst = adj, src, n_dst
+
+    @property
+    def dst(self):
+        """The destination nodes' global ids (the first ``n_dst`` sources)."""
+        return self.src[:self.n_dst]
+
+    def __repr__(self):
+        return f"Block(n_dst={self.n_dst}, n_src={self.adj.shape[1]}, nnz={self.adj.nnz}, device={self.adj.device!r})"
+
+
+def _graph(A, device):
+    """``(indptr int64, indices int32, n)`` of a square sparse matrix, on ``device``'s side."""
+    import scipy.sparse as sp
+
+    from .._validation import coerce_csr
+
+    if isinstance(A, tuple) and len(A) == 3 and isinstance(A[2], int):  # (an earlier _graph: kept as it is)
+        return A
+    _, indices, indptr, shape = coerce_csr(A if not sp.issparse(A) else sp.csr_array(A))
+    if shape[0] != shape[1]:
+        raise ValueError(f"A must be square (a graph to sample), got shape {shape}")
+    xp = array_module(indptr)
+    if device is not None and (device == "cuda") != (xp is not np):
+        xp = get_cupy() if device == "cuda" else np
+        indptr = xp.asarray(indptr) if xp is not np else get_cupy().asnumpy(indptr)
+        indices = xp.asarray(indices) if xp is not np else get_cupy().asnumpy(indices)
+    return xp.asarray(indptr, np.int64), xp.asarray(indices, np.int32), shape[0]
+
+
+def _fanouts(fanouts):
+    fanouts = [fanouts] if isinstance(fanouts, (int, np.integer)) else list(fanouts)
+    if not fanouts or any(not isinstance(k, (int, np.integer)) or isinstance(k, bool) or (k < 1 and k != -1)
+                          for k in fanouts):
+        raise ValueError(f"fanouts must be a non-empty list of positive ints (-1: every neighbor), got {fanouts!r}")
+    return [int(k) for k in fanouts]
+
+
+def _key(seed, hop):
+    """The sampler's key of ``hop`` for ``seed`` (any Python int): splitmix64 of both."""
+    z = (int(seed) * 0x100000001B3 + (hop + 1) * GOLDEN) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def sample_blocks(A, seeds, fanouts, *, seed=0, device=None, layout=None):
+    """The blocks of a batch: hop ``h`` samples at most ``fanouts[h]`` neighbors (-1: all) of each node the hop
+    before reached (the seeds first); returned input layer first (``blocks[-1].dst`` are the seeds).
+
+    Parameters
+    ----------
+    A : sparse array or matrix (scipy or cupyx), or ``(data, indices, indptr)``
+        The graph, square; row ``v`` lists the nodes ``v`` aggregates from.  Sampling runs where its arrays are
+        (or on ``device``).
+    seeds : array of int
+        Distinct node ids, in ``[0, n)``.
+    fanouts : int or list of int
+    seed : int
+        The sampler's seed: the same seed draws the same blocks, on the host and on the GPU.
+    layout : str, optional
+        The blocks' :class:`~tcgnn_py.TiledMatrix` layout.
+
+    Examples
+    --------
+    >>> import numpy as np, scipy.sparse as sp, tcgnn_py as tg
+    >>> A = sp.csr_array(np.ones((4, 4)) - np.eye(4))
+    >>> blocks = tg.nn.sample_blocks(A, [0], [2, -1], seed=1, device="cpu")
+    >>> [(b.n_dst, b.adj.shape[1]) for b in blocks], blocks[-1].dst.tolist()
+    ([(3, 4), (1, 3)], [0])
+    """
+    indptr, indices, n = _graph(A, device)
+    xp = array_module(indptr)
+    fanouts = _fanouts(fanouts)
+    host = np.asarray(seeds) if xp is np or array_module(seeds) is np else None
+    if host is not None:
+        if host.ndim != 1 or not (np.issubdtype(host.dtype, np.integer) or host.size == 0):
+            raise ValueError(f"seeds must be a 1-D array of node ids, got shape {host.shape} and dtype {host.dtype}")
+        if host.size and (host.min() < 0 or host.max() >= n):
+            raise ValueError(f"seeds must be node ids in [0, {n}), got ids from {host.min()} to {host.max()}")
+        if np.unique(host).size != host.size:
+            raise ValueError("seeds must be distinct node ids")
+    nodes = xp.asarray(seeds if host is None else host, np.int64)
+    hops = []
+    for h, k in enumerate(fanouts):
+        ptr, cols = sample_neighbors(indptr, indices, nodes, k, _key(seed, h))
+        uniq = xp.unique(cols)
+        src = xp.concatenate([nodes, uniq[~xp.isin(uniq, nodes)].astype(np.int64)])
+        order = xp.argsort(src)
+        local = order[xp.searchsorted(src[order], cols)].astype(np.int32)
+        rows = xp.searchsorted(ptr, xp.arange(cols.shape[0]), side="right") - 1  # each entry's row
+        values = (1.0 / xp.maximum(xp.diff(ptr), 1)).astype(np.float32)[rows]
+        adj = TiledMatrix((values, local, ptr), shape=(nodes.shape[0], src.shape[0]), layout=layout,
+                          device="cpu" if xp is np else "cuda")
+        hops.append(Block(adj, src, int(nodes.shape[0])))
+        nodes = src
+    return hops[::-1]
+
+
+class NeighborLoader:
+    """Batches of ``nodes`` (shuffled per epoch, seeded) with their :func:`sample_blocks`: iterate for
+    ``(seeds, blocks)``; ``len`` is the batches per epoch.
+
+    ``prefetch``: sample batch k+1 on a worker thread while batch k is used (on the GPU the worker issues to its
+    own thread's current stream, CuPy's default: the batches' kernels stay in order with the training's).
+    Epoch ``e`` batch ``b`` samples with seed ``(seed, e, b)``: a run is reproducible."""
+
+    def __init__(self, A, nodes, fanouts, batch_size, *, shuffle=True, seed=0, device=None, layout=None,
+                 prefetch=False):
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        self._device = device if device is not None else ("cuda" if use_gpu(None) else "cpu")
+        self._graph = _graph(A, self._device)
+        self.fanouts = _fanouts(fanouts)
+        nodes = np.asarray(nodes if array_module(nodes) is np else get_cupy().asnumpy(nodes))
+        n = self._graph[2]
+        if nodes.ndim != 1 or (nodes.size and (nodes.min() < 0 or nodes.max() >= n)):
+            raise ValueError(f"nodes must be a 1-D array of node ids in [0, {n})")
+        self.nodes, self.batch_size, self.shuffle, self.seed = nodes.astype(np.int64), int(batch_size), shuffle, seed
+        self.layout, self.prefetch, self.epoch = layout, prefetch, 0
+
+    def __len__(self):
+        return -(-len(self.nodes) // self.batch_size)
+
+    def _batch(self, epoch, b, seeds):
+        key = (int(self.seed) * 1_000_003 + epoch) * 1_000_003 + b
+        return seeds, sample_blocks(self._graph, seeds, self.fanouts, seed=key, layout=self.layout)
+
+    def __iter__(self):
+        epoch, self.epoch = self.epoch, self.epoch + 1
+        order = np.random.default_rng((self.seed, epoch)).permutation(self.nodes) if self.shuffle else self.nodes
+        batches = [order[i:i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        if not self.prefetch:
+            for b, seeds in enumerate(batches):
+                yield self._batch(epoch, b, seeds)
+            return
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            nxt = pool.submit(self._batch, epoch, 0, batches[0]) if batches else None
+            for b in range(len(batches)):
+                cur = nxt.result()
+                nxt = pool.submit(self._batch, epoch, b + 1, batches[b + 1]) if b + 1 < len(batches) else None
+                yield cur
+
+
+def sage_init(dims, rng, dtype=np.float32):
+    """Parameters ``W_self{i}, W_neigh{i}, b{i}`` of a GraphSAGE model with layer widths ``dims`` (Glorot weights,
+    zero biases), on the generator's device."""
+    if len(dims) < 2:
+        raise ValueError(f"dims must be (features, ..., classes): at least two widths, got {tuple(dims)}")
+    xp = np if isinstance(rng, np.random.Generator) else get_cupy()
+    params = {}
+    for i, (d_in, d_out) in enumerate(zip(dims[:-1], dims[1:])):
+        params[f"W_self{i}"] = glorot((d_in, d_out), rng, dtype)
+        params[f"W_neigh{i}"] = glorot((d_in, d_out), rng, dtype)
+        params[f"b{i}"] = xp.zeros(d_out, dtype=dtype)
+    return params
+
+
+def sage_conv(block, H, W_self, W_neigh, b=None):
+    """GraphSAGE with the mean aggregator (Hamilton et al. 2017; PyG's ``SAGEConv``): ``out = H_dst W_self +
+    mean_{j in N(i)} h_j W_neigh + b`` over a :class:`Block` (``H`` the source nodes' features, ``H_dst =
+    H[:n_dst]``).  Returns ``(out, vjp)``, ``vjp(g) -> (dH, dW_self, dW_neigh, db)`` (``db`` None without ``b``).
+
+    Examples
+    --------
+    >>> import numpy as np, scipy.sparse as sp, tcgnn_py as tg
+    >>> A = sp.csr_array(np.array([[0, 1], [1, 0]], dtype=np.float32))
+    >>> (block,) = tg.nn.sample_blocks(A, [0], [-1], device="cpu")
+    >>> out, vjp = tg.nn.sage_conv(block, np.array([[1.0], [3.0]]), np.eye(1), 2 * np.eye(1))
+    >>> out.tolist()
+    [[7.0]]
+    """
+    if not isinstance(block, Block):
+        raise TypeError(f"sage_conv expects a Block (tcgnn_py.nn.sample_blocks), got {type(block).__name__}")
+    A, n_dst = block.adj, block.n_dst
+    if H.ndim != 2 or H.shape[0] != A.shape[1]:
+        raise ValueError(f"sage_conv: H must have shape ({A.shape[1]}, f) (one row per source node), got {H.shape}")
+    for name, W in (("W_self", W_self), ("W_neigh", W_neigh)):
+        if W.ndim != 2 or W.shape[0] != H.shape[1]:
+            raise ValueError(f"sage_conv: {name} must have shape ({H.shape[1]}, d), got {W.shape}")
+    agg = spmm(A, H)
+    out = H[:n_dst] @ W_self + agg @ W_neigh
+    if b is not None:
+        out = out + b
+
+    def vjp(g):
+        xp = array_module(g)
+        dH = spmm(A.T, g @ W_neigh.T)
+        dH = dH.astype(H.dtype, copy=False)
+        dH[:n_dst] += g @ W_self.T
+        return dH, H[:n_dst].T @ g, agg.T @ g, None if b is None else xp.sum(g, axis=0)
+
+    return out, vjp

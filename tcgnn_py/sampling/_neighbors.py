@@ -1,0 +1,72 @@
+"""Layer 2: the neighbor sampler -- at most ``fanout`` neighbors of each node of a batch, uniform without
+replacement, seeded: the ``sample_rows`` Numba kernel (:mod:`tcgnn_py.kernels.sample`) on the GPU, its NumPy
+reference on the host, the same neighbors for the same key.
+"""
+
+import numpy as np
+
+from .._device import array_module
+
+__all__ = ["sample_reference", "sample_neighbors", "GOLDEN", "NODE_MIX"]
+
+_M64 = (1 << 64) - 1
+#: splitmix64's increment and the node's multiplier in a draw's counter (as :mod:`tcgnn_py.kernels.sample`: a test
+#: checks it).
+GOLDEN, NODE_MIX = 0x9E3779B97F4A7C15, 0xD1B54A32D192ED03
+
+
+def _draws(key, v, k):
+    """The draws ``t = 0 .. k-1`` of node ``v`` (Python ints): :func:`tcgnn_py.kernels.sample.draw`."""
+    base = (int(key) ^ (int(v) * NODE_MIX)) & _M64
+    out = []
+    for t in range(k):
+        z = (base + (t + 1) * GOLDEN) & _M64
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+        out.append(z ^ (z >> 31))
+    return out
+
+
+def sample_reference(indptr, indices, nodes, fanout, key):
+    """``(ptr, cols)``: for each node of ``nodes``, at most ``fanout`` of its neighbors (``cols[ptr[i]:ptr[i+1]]``,
+    global ids, int32; ``fanout < 0``: all), uniform without replacement -- every neighbor in CSR order where the
+    degree is at most ``fanout``, else Floyd's algorithm over the neighbor positions.  NumPy; the GPU kernel's
+    oracle."""
+    nodes = np.asarray(nodes, np.int64)
+    deg = (indptr[nodes + 1] - indptr[nodes]).astype(np.int64)
+    counts = deg if fanout < 0 else np.minimum(deg, fanout)
+    ptr = np.zeros(len(nodes) + 1, np.int64)
+    np.cumsum(counts, out=ptr[1:])
+    cols = np.empty(int(ptr[-1]), np.int32)
+    for i, v in enumerate(nodes.tolist()):
+        start, d, o = int(indptr[v]), int(deg[i]), int(ptr[i])
+        if fanout < 0 or d <= fanout:
+            cols[o:o + d] = indices[start:start + d]
+            continue
+        picked = []
+        for t, z in enumerate(_draws(key, v, fanout)):
+            j = d - fanout + t
+            r = z % (j + 1)
+            picked.append(j if r in picked else r)
+        cols[o:o + fanout] = indices[start + np.asarray(picked, np.int64)]
+    return ptr, cols
+
+
+def sample_neighbors(indptr, indices, nodes, fanout, key):
+    """:func:`sample_reference` where the arrays are: NumPy on the host, the ``sample_rows`` kernel on the GPU
+    (``indptr`` int64, ``indices`` int32, ``nodes`` int64 CuPy arrays)."""
+    xp = array_module(indptr)
+    if xp is np:
+        return sample_reference(indptr, indices, nodes, fanout, key)
+    from ..kernels.numba_launch import launch
+    from ..kernels.sample import sample_rows
+
+    deg = indptr[nodes + 1] - indptr[nodes]
+    counts = deg if fanout < 0 else xp.minimum(deg, fanout)
+    ptr = xp.zeros(nodes.shape[0] + 1, np.int64)
+    xp.cumsum(counts, out=ptr[1:])
+    cols = xp.empty(int(ptr[-1]), np.int32)  # synchronize! (the sample's size)
+    if nodes.shape[0]:
+        launch(sample_rows, (nodes.shape[0] + 127) // 128, 128, indptr, indices, nodes, int(fanout),
+               np.uint64(key), ptr, cols)
+    return ptr, cols

@@ -1,0 +1,204 @@
+"""Neighbor-sampled blocks and GraphSAGE on them: the sampler's reference (uniform without replacement, seeded),
+its Numba kernel against it (simulator and GPU), the blocks' structure, the loader, the layer and bad input."""
+
+import warnings
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from _env import GPU, host
+
+import tcgnn_py as tg
+from tcgnn_py import sampling as _sample
+
+
+def _graph(n=40, seed=0, hub=True):
+    """A graph with leaves, mid-degree nodes and (``hub``) a node joined to all others."""
+    rng = np.random.default_rng(seed)
+    A = sp.random_array((n, n), density=0.12, rng=rng, format="csr")
+    A = sp.csr_array(((A + A.T) > 0).astype(np.float32))
+    if hub:
+        A = sp.lil_array(A)
+        A[0, 1:] = 1
+        A[1:, 0] = 1
+        A = sp.csr_array(A)
+    A.setdiag(0)
+    A.eliminate_zeros()
+    A.sort_indices()
+    return A
+
+
+def test_the_reference_draws_are_the_kernels():
+    from tcgnn_py.kernels import sample
+
+    assert (_sample.GOLDEN, _sample.NODE_MIX) == (sample.GOLDEN, sample.NODE_MIX)
+
+
+@pytest.mark.parametrize("fanout", [1, 3, 7, -1])
+def test_the_sample_is_uniform_without_replacement_and_seeded(fanout):
+    A = _graph()
+    nodes = np.arange(A.shape[0])
+    ptr, cols = _sample.sample_reference(A.indptr.astype(np.int64), A.indices, nodes, fanout, key=5)
+    deg = np.diff(A.indptr)
+    np.testing.assert_array_equal(np.diff(ptr), deg if fanout < 0 else np.minimum(deg, fanout))
+    for v in nodes:
+        got = cols[ptr[v]:ptr[v + 1]]
+        nbrs = A.indices[A.indptr[v]:A.indptr[v + 1]]
+        assert len(set(got.tolist())) == len(got) and set(got.tolist()) <= set(nbrs.tolist())
+        if fanout < 0 or deg[v] <= fanout:
+            np.testing.assert_array_equal(got, nbrs)  # all of them, in CSR order
+    again = _sample.sample_reference(A.indptr.astype(np.int64), A.indices, nodes, fanout, key=5)
+    np.testing.assert_array_equal(again[1], cols)
+    if fanout > 0:
+        other = _sample.sample_reference(A.indptr.astype(np.int64), A.indices, nodes, fanout, key=6)[1]
+        assert not np.array_equal(other, cols)
+
+
+def test_each_neighbor_of_a_hub_is_drawn_as_often():
+    """Degree 39, fanout 5, 4,000 keys: every neighbor's share is 5/39 (binomial, within 5 standard deviations)."""
+    A = _graph()
+    indptr = A.indptr.astype(np.int64)
+    counts = np.zeros(A.shape[0])
+    trials = 4000
+    for key in range(trials):
+        _, cols = _sample.sample_reference(indptr, A.indices, np.array([0]), 5, key)
+        counts[cols] += 1
+    p = 5 / 39
+    share = counts[1:] / trials
+    assert np.abs(share - p).max() < 5 * np.sqrt(p * (1 - p) / trials)
+
+
+@pytest.mark.kernels
+def test_the_kernel_draws_the_references_sample(xp):
+    from tcgnn_py.kernels.numba_launch import launch
+    from tcgnn_py.kernels.sample import sample_rows
+
+    A = _graph(24 if not GPU else 300, seed=1)
+    indptr, nodes = A.indptr.astype(np.int64), np.array([0, 3, 5, 2, 17, 11], np.int64)
+    for fanout in (2, 4, -1):
+        ptr, want = _sample.sample_reference(indptr, A.indices, nodes, fanout, key=99)
+        got = xp.zeros(len(want), np.int32)
+        with warnings.catch_warnings():  # (the simulator hashes with NumPy scalars, which warn where uint64 wraps)
+            warnings.filterwarnings("ignore", "overflow encountered in scalar", RuntimeWarning)
+            launch(sample_rows, 1, 32, xp.asarray(indptr), xp.asarray(A.indices.astype(np.int32)),
+                   xp.asarray(nodes), fanout, np.uint64(99), xp.asarray(ptr), got)
+        np.testing.assert_array_equal(host(got), want)
+
+
+def test_blocks_are_bipartite_hops_destinations_first():
+    A = _graph(60, seed=2)
+    seeds = np.array([4, 9, 0, 33])
+    blocks = tg.nn.sample_blocks(A, seeds, [3, 2], seed=7, device="cpu")
+    assert [type(b) for b in blocks] == [tg.nn.Block] * 2
+    np.testing.assert_array_equal(blocks[-1].dst, seeds)
+    assert blocks[0].n_dst == blocks[1].adj.shape[1]
+    np.testing.assert_array_equal(blocks[0].dst, blocks[1].src)  # a hop's sources are the next hop's destinations
+    dense = A.toarray()
+    for block, k in zip(blocks[::-1], (3, 2)):
+        M = block.adj.toarray()
+        assert M.shape == (block.n_dst, len(block.src)) and len(set(block.src.tolist())) == len(block.src)
+        for i, v in enumerate(block.dst.tolist()):
+            row = M[i]
+            picked = block.src[np.flatnonzero(row)]
+            assert len(picked) == min(k, int(dense[v].sum())) and dense[v, picked].all()
+            np.testing.assert_allclose(row[row != 0], 1 / len(picked))  # the mean over the sampled neighbors
+    again = tg.nn.sample_blocks(A, seeds, [3, 2], seed=7, device="cpu")
+    assert all((a.adj.toarray() == b.adj.toarray()).all() and (a.src == b.src).all() for a, b in zip(blocks, again))
+
+
+def test_an_empty_batch_and_an_isolated_node_have_their_defined_blocks():
+    A = _graph(20, seed=3, hub=False)
+    lonely = int(np.flatnonzero(np.diff(A.indptr) == 0)[0]) if (np.diff(A.indptr) == 0).any() else None
+    (block,) = tg.nn.sample_blocks(A, np.array([], np.int64), [4], device="cpu")
+    assert block.n_dst == 0 and block.adj.shape == (0, 0)
+    if lonely is not None:
+        (block,) = tg.nn.sample_blocks(A, [lonely], [4], device="cpu")
+        assert block.adj.shape == (1, 1) and block.adj.nnz == 0
+        out, _ = tg.nn.sage_conv(block, np.ones((1, 2), np.float32), np.eye(2, dtype=np.float32),
+                                 np.eye(2, dtype=np.float32))
+        np.testing.assert_array_equal(out, [[1, 1]])  # its own features only: no neighbor to average
+
+
+def test_bad_sampling_input_fails_with_clear_errors():
+    A = _graph(10, seed=4)
+    with pytest.raises(ValueError, match="fanouts must be a non-empty list of positive ints"):
+        tg.nn.sample_blocks(A, [1], [0], device="cpu")
+    for bad in ([], [2.5], [True], [-2]):
+        with pytest.raises(ValueError, match="fanouts must be"):
+            tg.nn.sample_blocks(A, [1], bad, device="cpu")
+    with pytest.raises(ValueError, match=r"seeds must be node ids in \[0, 10\), got ids from -1 to 3"):
+        tg.nn.sample_blocks(A, [3, -1], [2], device="cpu")
+    with pytest.raises(ValueError, match=r"got ids from 0 to 10"):
+        tg.nn.sample_blocks(A, [0, 10], [2], device="cpu")
+    with pytest.raises(ValueError, match="seeds must be distinct"):
+        tg.nn.sample_blocks(A, [2, 2], [2], device="cpu")
+    with pytest.raises(ValueError, match="seeds must be a 1-D array of node ids"):
+        tg.nn.sample_blocks(A, [[1]], [2], device="cpu")
+    with pytest.raises(ValueError, match="A must be square"):
+        tg.nn.sample_blocks(sp.csr_array(np.ones((3, 4))), [0], [2], device="cpu")
+    with pytest.raises(ValueError, match="batch_size must be a positive int"):
+        tg.nn.NeighborLoader(A, [0, 1], [2], 0, device="cpu")
+    with pytest.raises(ValueError, match=r"nodes must be a 1-D array of node ids in \[0, 10\)"):
+        tg.nn.NeighborLoader(A, [0, 12], [2], 4, device="cpu")
+
+
+def test_sage_conv_and_its_vjp_are_the_dense_formula():
+    A = _graph(50, seed=5)
+    rng = np.random.default_rng(0)
+    blocks = tg.nn.sample_blocks(A, rng.permutation(50)[:7], [4, 3], seed=1, device="cpu")
+    for block in blocks:
+        M = block.adj.toarray().astype(np.float64)
+        n_src, n = len(block.src), block.n_dst
+        H = rng.integers(-4, 5, (n_src, 3)).astype(np.float32)
+        Ws, Wn = (rng.integers(-3, 4, (3, 2)).astype(np.float32) for _ in range(2))
+        b = np.array([1.0, -2.0], np.float32)
+        out, vjp = tg.nn.sage_conv(block, H, Ws, Wn, b)
+        np.testing.assert_allclose(out, H[:n] @ Ws + M @ H @ Wn + b, rtol=1e-5, atol=1e-5)
+        g = rng.integers(-3, 4, (n, 2)).astype(np.float32)
+        dH, dWs, dWn, db = vjp(g)
+        want = M.T @ g @ Wn.T
+        want[:n] += g @ Ws.T
+        np.testing.assert_allclose(dH, want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(dWs, H[:n].T @ g, rtol=1e-6)
+        np.testing.assert_allclose(dWn, (M @ H).T @ g, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(db, g.sum(axis=0))
+    with pytest.raises(TypeError, match="sage_conv expects a Block"):
+        tg.nn.sage_conv(A, H, Ws, Wn)
+    with pytest.raises(ValueError, match=r"H must have shape \(\d+, f\)"):
+        tg.nn.sage_conv(blocks[0], H[:1], Ws, Wn)
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_the_loader_covers_every_node_once_an_epoch_reproducibly(prefetch):
+    A = _graph(45, seed=6)
+    nodes = np.arange(3, 40)
+    loader = tg.nn.NeighborLoader(A, nodes, [3, 2], 8, seed=2, device="cpu", prefetch=prefetch)
+    assert len(loader) == 5
+    epochs = [[(s, [b.src for b in blocks]) for s, blocks in loader] for _ in range(2)]
+    for epoch in epochs:
+        np.testing.assert_array_equal(np.sort(np.concatenate([s for s, _ in epoch])), nodes)
+    assert not all(np.array_equal(a[0], b[0]) for a, b in zip(*epochs))  # shuffled anew
+    twin = tg.nn.NeighborLoader(A, nodes, [3, 2], 8, seed=2, device="cpu", prefetch=not prefetch)
+    for (s, srcs), (t, blocks) in zip(epochs[0], twin):
+        np.testing.assert_array_equal(s, t)
+        assert all(np.array_equal(a, b.src) for a, b in zip(srcs, blocks))
+
+
+@pytest.mark.gpu
+def test_blocks_on_the_gpu_are_the_hosts_and_sage_trains():
+    import cupy as cp
+
+    A = _graph(300, seed=7)
+    seeds = np.random.default_rng(1).permutation(300)[:64]
+    host_blocks = tg.nn.sample_blocks(A, seeds, [5, 3], seed=11, device="cpu")
+    dev_blocks = tg.nn.sample_blocks(A, seeds, [5, 3], seed=11, device="cuda")
+    for a, b in zip(host_blocks, dev_blocks):
+        assert b.adj.device == "cuda"
+        np.testing.assert_array_equal(a.src, b.src.get())
+        np.testing.assert_array_equal(a.adj.toarray(), b.adj.toarray())
+    H = cp.asarray(np.random.default_rng(2).integers(-4, 5, (len(dev_blocks[0].src), 4)).astype(np.float32))
+    W = cp.eye(4, dtype=cp.float32)
+    out, vjp = tg.nn.sage_conv(dev_blocks[0], H, W, W)
+    want, _ = tg.nn.sage_conv(host_blocks[0], H.get(), W.get(), W.get())
+    np.testing.assert_allclose(out.get(), want, rtol=1e-3, atol=1e-3)
+    assert all(g is None or g.shape for g in vjp(cp.ones_like(out)))
