@@ -10,6 +10,11 @@ neighbors (fanout -1), in batches; the model of the best validation epoch is the
     python examples/sage_sampled.py                                   # GPU if usable, Cora
     python examples/sage_sampled.py --device cpu --epochs 20 --min-accuracy 0.7
     python examples/sage_sampled.py --graph citeseer                  # a labelled graph under the data roots
+    python examples/sage_sampled.py --graph synthetic:1000000 --batch-size 1024 --epochs 5
+
+``--graph synthetic:N``: N nodes in 16 planted communities (10 entries a node, 80 % inside), the community as
+the label, 32 features (a weak one-hot of the label under unit noise); training nodes N / 20 (at least 10,000
+where N allows), validation and test 10,000 each (or N / 10).
 """
 
 import os
@@ -21,7 +26,7 @@ from _common import parse_args
 
 def extra(p):
     p.add_argument("--graph", default="cora", help="a graph folder name under $TCGNN_PY_DATA, .gpu/data or "
-                   "../shared/data with labels (cora: the bundled copy where none has it)")
+                   "../shared/data with labels (cora: the bundled copy where none has it), or synthetic:N")
     p.add_argument("--fanouts", default="10,5", help="neighbors sampled per hop, from the seeds out (default 10,5)")
     p.add_argument("--batch-size", type=int, default=64, help="seed nodes per step (default 64)")
     p.add_argument("--prefetch", action="store_true", help="sample the next batch on a worker thread")
@@ -39,21 +44,34 @@ nn = tg.nn
 root = pathlib.Path(__file__).resolve().parents[1]
 roots = [pathlib.Path(p) for p in (os.environ.get("TCGNN_PY_DATA"), root / ".gpu" / "data", root.parent / "shared" / "data")
          if p]
-folder = next((r / args.graph for r in roots if (r / args.graph / "adj_csr.npz").exists()), None)
-g = tg.load_graph(folder) if folder is not None else tg.load_graph(args.graph)
-if g.labels is None or g.features is None:
-    raise SystemExit(f"sage_sampled.py: graph {args.graph!r} has no labels or no features")
-A = g.adj.tocsr()
-X = g.features.toarray().astype(np.float32)
-X /= np.maximum(X.sum(axis=1, keepdims=True), 1)
-labels = g.labels.astype(np.int64)
-n = A.shape[0]
-if g.train_idx is not None:
-    train, val, test = g.train_idx, g.val_idx, g.test_idx
-else:  # a seeded 60 / 20 / 20 split of the labelled nodes
-    order = np.random.default_rng(args.seed).permutation(np.flatnonzero(labels >= 0))
-    k = len(order) // 5
-    train, val, test = order[2 * k:], order[:k], order[k:2 * k]
+if args.graph.startswith("synthetic:"):
+    # planted communities (10 entries a node, 80 % inside a community), the community as the label, features a
+    # weak one-hot of it under unit noise: what a node's neighbors share is what makes it learnable
+    n, C = int(args.graph.split(":")[1]), 16
+    A = tg.planted_partition_graph(n, 10 * n, communities=C, p_in=0.8, seed=args.seed, shuffle=False)
+    labels = (np.arange(n, dtype=np.int64) * C) // n
+    rs = np.random.default_rng(args.seed)
+    X = rs.standard_normal((n, 32), dtype=np.float32)
+    X[np.arange(n), labels] += 0.5
+    order = rs.permutation(n)
+    k = min(n // 10, 10_000)
+    train, val, test = order[2 * k:2 * k + max(k, n // 20)], order[:k], order[k:2 * k]
+else:
+    folder = next((r / args.graph for r in roots if (r / args.graph / "adj_csr.npz").exists()), None)
+    g = tg.load_graph(folder) if folder is not None else tg.load_graph(args.graph)
+    if g.labels is None or g.features is None:
+        raise SystemExit(f"sage_sampled.py: graph {args.graph!r} has no labels or no features")
+    A = g.adj.tocsr()
+    X = g.features.toarray().astype(np.float32)
+    X /= np.maximum(X.sum(axis=1, keepdims=True), 1)
+    labels = g.labels.astype(np.int64)
+    n = A.shape[0]
+    if g.train_idx is not None:
+        train, val, test = g.train_idx, g.val_idx, g.test_idx
+    else:  # a seeded 60 / 20 / 20 split of the labelled nodes
+        order = np.random.default_rng(args.seed).permutation(np.flatnonzero(labels >= 0))
+        k = len(order) // 5
+        train, val, test = order[2 * k:], order[:k], order[k:2 * k]
 fanouts = [int(f) for f in args.fanouts.split(",")]
 
 probe = nn.gcn_norm(A[:2][:, :2])

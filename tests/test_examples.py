@@ -167,6 +167,15 @@ def test_sampled_sage_example_on_cpu():
     assert "GraphSAGE on cora, sampled [10, 5], batches of 64, CPU (NumPy reference path): 20 epochs" in res.stdout
 
 
+def test_sampled_sage_example_on_a_synthetic_graph_on_cpu():
+    """The seeded synthetic graph (planted communities as labels, noisy features): 3,000 nodes, 20 epochs, well
+    above the 1/16 of chance."""
+    res = run_example("sage_sampled.py", "--device", "cpu", "--graph", "synthetic:3000", "--epochs", "20",
+                      "--min-accuracy", "0.3")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "GraphSAGE on synthetic:3000" in res.stdout
+
+
 @pytest.mark.gpu
 def test_sampled_sage_example_on_gpu():
     """200 epochs of sampled steps on the GPU (the sampler's kernel, blocks made on the device), >= 75 %."""
