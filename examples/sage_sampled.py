@@ -42,8 +42,8 @@ import tcgnn_py as tg  # noqa: E402
 
 nn = tg.nn
 root = pathlib.Path(__file__).resolve().parents[1]
-roots = [pathlib.Path(p) for p in (os.environ.get("TCGNN_PY_DATA"), root / ".gpu" / "data", root.parent / "shared" / "data")
-         if p]
+roots = [pathlib.Path(p)
+         for p in (os.environ.get("TCGNN_PY_DATA"), root / ".gpu" / "data", root.parent / "shared" / "data") if p]
 if args.graph.startswith("synthetic:"):
     # planted communities (10 entries a node, 80 % inside a community), the community as the label, features a
     # weak one-hot of it under unit noise: what a node's neighbors share is what makes it learnable

@@ -533,7 +533,7 @@ def test_cache_nbytes_counts_each_cached_array_once_and_nothing_else():
     assert t.cache_nbytes() == base + 40 + 24 + (32 if GPU else 0)
 
 
-_CLI_OPS = ("spmm", "sddmm", "sgt", "reorder", "gcn", "agnn", "gat", "attention", "jax")
+_CLI_OPS = ("spmm", "sddmm", "sgt", "reorder", "gcn", "agnn", "gat", "attention", "jax", "sample")
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])

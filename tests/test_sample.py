@@ -145,7 +145,8 @@ def test_bad_sampling_input_fails_with_clear_errors():
 def test_sage_conv_and_its_vjp_are_the_dense_formula():
     A = _graph(50, seed=5)
     rng = np.random.default_rng(0)
-    blocks = tg.nn.sample_blocks(A, rng.permutation(50)[:7], [4, 3], seed=1, device="cpu")
+    seeds = rng.permutation(50)[:7]
+    blocks = tg.nn.sample_blocks(A, seeds, [4, 3], seed=1, device="cpu")
     for block in blocks:
         M = block.adj.toarray().astype(np.float64)
         n_src, n = len(block.src), block.n_dst
@@ -162,6 +163,15 @@ def test_sage_conv_and_its_vjp_are_the_dense_formula():
         np.testing.assert_allclose(dWs, H[:n].T @ g, rtol=1e-6)
         np.testing.assert_allclose(dWn, (M @ H).T @ g, rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(db, g.sum(axis=0))
+    csr_blocks = tg.nn.sample_blocks(A, seeds, [4, 3], seed=1, device="cpu", format="csr")
+    assert isinstance(csr_blocks[0].adj, sp.csr_array)
+    out, vjp = tg.nn.sage_conv(blocks[-1], H, Ws, Wn, b)
+    out_csr, vjp_csr = tg.nn.sage_conv(csr_blocks[-1], H, Ws, Wn, b)  # (the same seed: the same sample)
+    np.testing.assert_allclose(out_csr, out, rtol=1e-6)
+    for mine, theirs in zip(vjp_csr(g), vjp(g)):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-6)
+    with pytest.raises(ValueError, match="format must be 'tiled' or 'csr'"):
+        tg.nn.sample_blocks(A, [1], [2], device="cpu", format="coo")
     with pytest.raises(TypeError, match="sage_conv expects a Block"):
         tg.nn.sage_conv(A, H, Ws, Wn)
     with pytest.raises(ValueError, match=r"H must have shape \(\d+, f\)"):

@@ -1,7 +1,9 @@
 """Time per training epoch of GCN and AGNN (tcgnn_py.nn): tiled tensor cores against cupyx sparse ops; the host cost
-of repeated layer calls."""
+of repeated layer calls; the neighbor sampler's blocks."""
 
-from .common import require_gpu, settle
+import numpy as np
+
+from .common import gpu_cache, require_gpu, settle
 
 
 def _sync():
@@ -117,4 +119,34 @@ class LayerCallCost:
     def time_100_calls(self, pas, layer):
         for _ in range(100):
             self.fn()
+        _sync()
+
+
+class SampledBlocks:
+    """The neighbor sampler on the GPU (its kernel, relabelling, CSR blocks) and blocks as tiled matrices: fan-outs
+    (15, 10, 5) around 1,024 seeds."""
+
+    params = [["cora", "blogcatalog3"]]
+    param_names = ["graph"]
+
+    def setup_cache(self):
+        return gpu_cache(self.params[0])
+
+    def setup(self, graphs, name):
+        require_gpu()
+        import tcgnn_py as tg
+
+        A = graphs[name]
+        self.loaders = {f: tg.nn.NeighborLoader(A, [0], [15, 10, 5], 1, device="cuda", format=f)
+                        for f in ("csr", "tiled")}
+        self.seeds = np.random.default_rng(0).permutation(A.shape[0])[:1024]
+        for loader in self.loaders.values():
+            loader.sample(self.seeds, seed=0)  # (compiles the sampler and the translation)
+
+    def time_sample_csr(self, graphs, name):
+        self.loaders["csr"].sample(self.seeds, seed=1)
+        _sync()
+
+    def time_sample_tiled(self, graphs, name):
+        self.loaders["tiled"].sample(self.seeds, seed=1)
         _sync()

@@ -23,3 +23,17 @@ class HostPath:
 
     def time_spmm(self):
         self.T @ self.X
+
+
+class HostSampler:
+    """The neighbor sampler's reference on Cora: fan-outs (15, 10, 5) around 256 seeds, CSR blocks."""
+
+    def setup(self):
+        import tcgnn_py as tg
+
+        A = tg.load_cora().adj
+        self.loader = tg.nn.NeighborLoader(A, [0], [15, 10, 5], 1, device="cpu", format="csr")
+        self.seeds = np.random.default_rng(0).permutation(A.shape[0])[:256]
+
+    def time_sample_blocks(self):
+        self.loader.sample(self.seeds, seed=1)

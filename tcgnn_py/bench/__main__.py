@@ -30,6 +30,8 @@ back, and GPU-only (calls queued behind a spin kernel, the host's time outside):
 * with attention: one graph-attention layer (GAT with 1 and 4 heads, AGNN),
   forward and forward + backward, fused against the library's unfused
   sequence and against the --baselines file's layers;
+* with sample: the neighbor sampler's sampled entries per second, and a
+  sampled GraphSAGE epoch on tiled blocks beside cupyx's (scipy's) products;
 * with jax (JAX installed): the jitted aggregation A @ X (D = 64) by
   tcgnn_py.jax against jax.ops.segment_sum and a BCOO product, per
   aggregation of a jitted chain and in one call, and the chain's time per
@@ -53,7 +55,7 @@ import sys
 from ._report import markdown, plot_speedups, print_graph, print_reorder, summary
 from ._run import DEFAULT_DIMS, ORDERS
 
-_OPS = ("spmm", "sddmm", "sgt", "reorder", "gcn", "agnn", "gat", "attention", "jax")
+_OPS = ("spmm", "sddmm", "sgt", "reorder", "gcn", "agnn", "gat", "attention", "jax", "sample")
 
 
 def _ints(text):
@@ -117,7 +119,7 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("graphs", nargs="+", metavar="GRAPH")
     ap.add_argument("--ops", type=_ops, default=("spmm", "sddmm"),
-                    help="comma-separated from spmm, sddmm, sgt, reorder, gcn, agnn, gat, attention, jax (default "
+                    help="comma-separated from spmm, sddmm, sgt, reorder, gcn, agnn, gat, attention, jax, sample (default "
                          "spmm,sddmm; preprocessing is measured unless only models are asked for)")
     ap.add_argument("--dims", type=_ints, default=None,
                     help="feature widths of the spmm and sddmm ops (default 32,64,128,256; the attention op times 64 "
@@ -210,9 +212,9 @@ def main(argv=None):
         print(f"--dtypes {','.join(d for d in args.dtypes if d != 'float32')}: not run on the host "
               "(the 16-bit products are measured on the GPU's 16-bit tensor cores only)")
     models = tuple(op for op in args.ops if op in ("gcn", "agnn", "gat"))
-    graphs, reorders, gnn, attention, jaxrows = [], [], [], [], []
+    graphs, reorders, gnn, attention, jaxrows, samplerows = [], [], [], [], [], []
     for spec in args.graphs:
-        if set(args.ops) - set(models) - {"attention", "jax"}:  # products, sgt, reorder: with preprocessing
+        if set(args.ops) - set(models) - {"attention", "jax", "sample"}:  # products, sgt, reorder: with preprocessing
             g = bench_graph(spec, products, args.dims, args.repeat, args.inputs, "cuda" if gpu else "cpu",
                             env["copy_bandwidth_gbps"] * 1e9, dtypes=args.dtypes, order=args.order)
             print_graph(g)
@@ -227,6 +229,12 @@ def main(argv=None):
             from ._jax_ops import bench_jax
 
             jaxrows += bench_jax(spec, args.repeat, "cuda" if gpu else "cpu")
+        if "sample" in args.ops:
+            from ._sample import bench_sample, sample_markdown
+
+            rows = bench_sample(spec, min(args.repeat, 5), "cuda" if gpu else "cpu")
+            print(sample_markdown(rows))  # (per graph as it is measured)
+            samplerows += rows
     for line in summary(graphs, args.summary_min_nnz):
         print(line)
     if reorders:
@@ -242,7 +250,7 @@ def main(argv=None):
     if args.json:
         pathlib.Path(args.json).write_text(
             json.dumps({"env": env, "graphs": graphs, "reorder": reorders, "gnn": gnn, "attention": attention,
-                        "jax": jaxrows}, indent=1))
+                        "jax": jaxrows, "sample": samplerows}, indent=1))
     if args.markdown:
         tables = markdown(graphs, reorders, summary_min_nnz=args.summary_min_nnz)
         pathlib.Path(args.markdown).write_text(tables + (gnn_markdown(gnn) if gnn else "")
@@ -261,7 +269,7 @@ def main(argv=None):
         pathlib.Path(args.page).write_text(results_page(env, graphs, reorders, gnn, args, first,
                                                         None if split else attention,
                                                         attention_link=args.attention_page if split else None,
-                                                        jaxrows=jaxrows))
+                                                        jaxrows=jaxrows, samplerows=samplerows))
         print(f"page: {args.page}")
         if split:
             pathlib.Path(args.attention_page).write_text(results_page(
@@ -272,7 +280,7 @@ def main(argv=None):
 
 
 def results_page(env, graphs, reorders, gnn, args, first=None, attention=None, attention_link=None,
-                 epochs_link=None, jaxrows=None):
+                 epochs_link=None, jaxrows=None, samplerows=None):
     """The results page of one run: where and what ran, the geomeans, every table, the plot, the attention
     layers, the first product.  ``attention_link``: the page of the same run holding the attention tables;
     ``epochs_link`` (on that page): the page holding the run's other tables."""
@@ -327,6 +335,15 @@ def results_page(env, graphs, reorders, gnn, args, first=None, attention=None, a
                   "and `block_until_ready`: JAX's dispatch of a program included); this library's product "
                   "GPU-only, and the chain's time per product minus it: the host cost of a call inside XLA beyond "
                   "the GPU's work.", "", jax_markdown(jaxrows), ""]
+    if samplerows:
+        from ._sample import BATCH, FANOUTS, HIDDEN, STEPS, sample_markdown
+
+        lines += ["## Sampled training", "",
+                  f"The neighbor sampler (fan-outs {list(FANOUTS)}, batches of {BATCH} random seeds, CSR blocks: "
+                  "sampled entries per second and milliseconds per batch), and a sampled training epoch "
+                  f"({STEPS} batches of the training nodes, sampling included) of GraphSAGE ({len(FANOUTS)} mean "
+                  f"layers of {HIDDEN}) on tiled blocks and this library's products, beside the same pipeline on "
+                  "CSR blocks and cupyx's products (scipy's on the host).", "", sample_markdown(samplerows), ""]
     if first:
         lines += ["## Time to the first product", "", first, ""]
     return "\n".join(lines).rstrip() + "\n"

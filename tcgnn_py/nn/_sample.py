@@ -25,9 +25,9 @@ _M64 = (1 << 64) - 1
 
 
 class Block:
-    """One hop of a sampled batch: ``adj`` (``n_dst x n_src`` :class:`~tcgnn_py.TiledMatrix`, each row the mean
-    over its sampled neighbors: ``1 / count`` on its entries), ``src`` (the global ids of its source nodes, the
-    destinations first) and ``n_dst``."""
+    """One hop of a sampled batch: ``adj`` (``n_dst x n_src``, each row the mean over its sampled neighbors:
+    ``1 / count`` on its entries; a :class:`~tcgnn_py.TiledMatrix`, or a scipy / cupyx CSR matrix where sampled
+    with ``format="csr"``), ``src`` (the global ids of its source nodes, the destinations first) and ``n_dst``."""
 
     __slots__ = ("adj", "src", "n_dst")
 
@@ -40,7 +40,7 @@ class Block:
         return self.src[:self.n_dst]
 
     def __repr__(self):
-        return f"Block(n_dst={self.n_dst}, n_src={self.adj.shape[1]}, nnz={self.adj.nnz}, device={self.adj.device!r})"
+        return f"Block(n_dst={self.n_dst}, n_src={self.adj.shape[1]}, nnz={self.adj.nnz}, {type(self.adj).__name__})"
 
 
 def _graph(A, device):
@@ -78,7 +78,7 @@ def _key(seed, hop):
     return z ^ (z >> 31)
 
 
-def sample_blocks(A, seeds, fanouts, *, seed=0, device=None, layout=None):
+def sample_blocks(A, seeds, fanouts, *, seed=0, device=None, layout=None, format="tiled"):
     """The blocks of a batch: hop ``h`` samples at most ``fanouts[h]`` neighbors (-1: all) of each node the hop
     before reached (the seeds first); returned input layer first (``blocks[-1].dst`` are the seeds).
 
@@ -94,6 +94,10 @@ def sample_blocks(A, seeds, fanouts, *, seed=0, device=None, layout=None):
         The sampler's seed: the same seed draws the same blocks, on the host and on the GPU.
     layout : str, optional
         The blocks' :class:`~tcgnn_py.TiledMatrix` layout.
+    format : {"tiled", "csr"}
+        The blocks' matrices: :class:`~tcgnn_py.TiledMatrix` (the library's products), or CSR (scipy's
+        ``csr_array`` on the host, cupyx's ``csr_matrix`` on the GPU: the same blocks for products of those
+        libraries).
 
     Examples
     --------
@@ -103,6 +107,8 @@ def sample_blocks(A, seeds, fanouts, *, seed=0, device=None, layout=None):
     >>> [(b.n_dst, b.adj.shape[1]) for b in blocks], blocks[-1].dst.tolist()
     ([(3, 4), (1, 3)], [0])
     """
+    if format not in ("tiled", "csr"):
+        raise ValueError(f"format must be 'tiled' or 'csr', got {format!r}")
     indptr, indices, n = _graph(A, device)
     xp = array_module(indptr)
     fanouts = _fanouts(fanouts)
@@ -124,11 +130,24 @@ def sample_blocks(A, seeds, fanouts, *, seed=0, device=None, layout=None):
         local = order[xp.searchsorted(src[order], cols)].astype(np.int32)
         rows = xp.searchsorted(ptr, xp.arange(cols.shape[0]), side="right") - 1  # each entry's row
         values = (1.0 / xp.maximum(xp.diff(ptr), 1)).astype(np.float32)[rows]
-        adj = TiledMatrix((values, local, ptr), shape=(nodes.shape[0], src.shape[0]), layout=layout,
-                          device="cpu" if xp is np else "cuda")
+        shape = (nodes.shape[0], src.shape[0])
+        if format == "csr":
+            adj = _csr(xp, values, local, ptr, shape)
+        else:
+            adj = TiledMatrix((values, local, ptr), shape=shape, layout=layout, device="cpu" if xp is np else "cuda")
         hops.append(Block(adj, src, int(nodes.shape[0])))
         nodes = src
     return hops[::-1]
+
+
+def _csr(xp, values, indices, indptr, shape):
+    if xp is np:
+        import scipy.sparse as sp
+
+        return sp.csr_array((values, indices, indptr), shape=shape)
+    import cupyx.scipy.sparse as csp
+
+    return csp.csr_matrix((values, indices, indptr), shape=shape)
 
 
 class NeighborLoader:
@@ -140,7 +159,7 @@ class NeighborLoader:
     Epoch ``e`` batch ``b`` samples with seed ``(seed, e, b)``: a run is reproducible."""
 
     def __init__(self, A, nodes, fanouts, batch_size, *, shuffle=True, seed=0, device=None, layout=None,
-                 prefetch=False):
+                 prefetch=False, format="tiled"):
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         self._device = device if device is not None else ("cuda" if use_gpu(None) else "cpu")
@@ -151,14 +170,18 @@ class NeighborLoader:
         if nodes.ndim != 1 or (nodes.size and (nodes.min() < 0 or nodes.max() >= n)):
             raise ValueError(f"nodes must be a 1-D array of node ids in [0, {n})")
         self.nodes, self.batch_size, self.shuffle, self.seed = nodes.astype(np.int64), int(batch_size), shuffle, seed
-        self.layout, self.prefetch, self.epoch = layout, prefetch, 0
+        self.layout, self.prefetch, self.format, self.epoch = layout, prefetch, format, 0
 
     def __len__(self):
         return -(-len(self.nodes) // self.batch_size)
 
+    def sample(self, seeds, seed=0):
+        """:func:`sample_blocks` of ``seeds`` on this loader's graph (moved to its device once), fan-outs, layout
+        and format."""
+        return sample_blocks(self._graph, seeds, self.fanouts, seed=seed, layout=self.layout, format=self.format)
+
     def _batch(self, epoch, b, seeds):
-        key = (int(self.seed) * 1_000_003 + epoch) * 1_000_003 + b
-        return seeds, sample_blocks(self._graph, seeds, self.fanouts, seed=key, layout=self.layout)
+        return seeds, self.sample(seeds, (int(self.seed) * 1_000_003 + epoch) * 1_000_003 + b)
 
     def __iter__(self):
         epoch, self.epoch = self.epoch, self.epoch + 1
@@ -193,7 +216,8 @@ def sage_init(dims, rng, dtype=np.float32):
 def sage_conv(block, H, W_self, W_neigh, b=None):
     """GraphSAGE with the mean aggregator (Hamilton et al. 2017; PyG's ``SAGEConv``): ``out = H_dst W_self +
     mean_{j in N(i)} h_j W_neigh + b`` over a :class:`Block` (``H`` the source nodes' features, ``H_dst =
-    H[:n_dst]``).  Returns ``(out, vjp)``, ``vjp(g) -> (dH, dW_self, dW_neigh, db)`` (``db`` None without ``b``).
+    H[:n_dst]``; the library's products on a tiled block, scipy's or cupyx's on a CSR one).  Returns
+    ``(out, vjp)``, ``vjp(g) -> (dH, dW_self, dW_neigh, db)`` (``db`` None without ``b``).
 
     Examples
     --------
@@ -212,14 +236,15 @@ def sage_conv(block, H, W_self, W_neigh, b=None):
     for name, W in (("W_self", W_self), ("W_neigh", W_neigh)):
         if W.ndim != 2 or W.shape[0] != H.shape[1]:
             raise ValueError(f"sage_conv: {name} must have shape ({H.shape[1]}, d), got {W.shape}")
-    agg = spmm(A, H)
+    tiled = isinstance(A, TiledMatrix)
+    agg = spmm(A, H) if tiled else A @ H
     out = H[:n_dst] @ W_self + agg @ W_neigh
     if b is not None:
         out = out + b
 
     def vjp(g):
         xp = array_module(g)
-        dH = spmm(A.T, g @ W_neigh.T)
+        dH = spmm(A.T, g @ W_neigh.T) if tiled else A.T @ (g @ W_neigh.T)
         dH = dH.astype(H.dtype, copy=False)
         dH[:n_dst] += g @ W_self.T
         return dH, H[:n_dst].T @ g, agg.T @ g, None if b is None else xp.sum(g, axis=0)
