@@ -1,5 +1,5 @@
 """Workload for compute-sanitizer memcheck of tcgnn_py.nn: every kernel the layers launch, row counts not multiples
-of 16, and the dense kernels at the edges of their tiles."""
+of 16, the dense kernels at the edges of their tiles, and the neighbor sampler with GraphSAGE on its blocks."""
 
 import cupy as cp
 import numpy as np
@@ -61,5 +61,24 @@ for N, p, q in ((3000, 64, 256), (5001, 4, 250), (1000, 8, 512)):  # B wider tha
     B = cp.asarray(r.standard_normal((N, q + 1)), dtype=np.float32)
     for a in (B[:, :p], None):
         dense.dense_atb(a, B[:, 1:])
+# the neighbor sampler: hubs past the fan-out (Floyd's draws), leaves under it, -1 (every neighbor); each hop's
+# neighbors against the host reference, and GraphSAGE on the device's blocks, tiled and CSR
+from tcgnn_py.sampling import sample_neighbors, sample_reference  # noqa: E402
+
+G = A0.tocsr()
+indptr, indices = G.indptr.astype(np.int64), G.indices.astype(np.int32)
+seeds = np.random.default_rng(5).permutation(3001)[:301]
+for fanout in (1, 5, 15, -1):
+    ptr, cols = sample_neighbors(cp.asarray(indptr), cp.asarray(indices), cp.asarray(seeds), fanout, 77)
+    want = sample_reference(indptr, indices, seeds, fanout, 77)
+    assert (ptr.get() == want[0]).all() and (cols.get() == want[1]).all(), fanout
+for fmt in ("tiled", "csr"):
+    blocks = nn.sample_blocks(G, seeds, [15, 10, 5], seed=3, device="cuda", format=fmt)
+    h = cp.asarray(np.random.default_rng(6).standard_normal((len(blocks[0].src), 37)), dtype=np.float32)
+    params = nn.sage_init((37, 16, 16, 5), cp.random.default_rng(1))
+    for i, block in enumerate(blocks):
+        h, vjp = nn.sage_conv(block, h, params[f"W_self{i}"], params[f"W_neigh{i}"], params[f"b{i}"])
+    vjp(cp.ones_like(h))
+    print(f"memcheck nn sampled blocks ({fmt}): {[b.adj.nnz for b in blocks]} entries")
 cp.cuda.Device().synchronize()
 print("memcheck nn workload ok")
