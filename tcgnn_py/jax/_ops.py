@@ -62,7 +62,7 @@ def _sddmm_host(stream, args, rets, code):
 def _spmm_device(stream, args, rets, code):
     """The GPU implementation: the library's product on XLA's stream, its operand and result XLA's buffers.  Once
     the product's launch is bound, a call of these buffers on this stream is that bound launch alone (kept in the
-    matrix's store of bound calls): no lookup by signature, no view made.  With the entries' values given, the
+    matrix's store of bound calls), on XLA's stream as CuPy's current one: no lookup by signature, no view made.  With the entries' values given, the
     values are viewed anew each call (the library keeps forms of a values array by its identity; XLA writes new
     values at an address it reuses) and the product goes the general way."""
     T = _matrices.device_matrix(code >> 3)
@@ -70,7 +70,8 @@ def _spmm_device(stream, args, rets, code):
     key = ("jax", stream, code, args, rets)
     call = store.get(key)
     if call is not None:
-        call()
+        with _stream(stream):  # (what the bound call makes anew -- a values form dropped since -- is made there)
+            call()
         return
     precision, Y = _CODES[code & 7] or None, _ffi.device_view(rets[0])
     with _stream(stream):
@@ -91,7 +92,8 @@ def _sddmm_device(stream, args, rets, code):
     key = ("jax", stream, code, args, rets)
     call = store.get(key)
     if call is not None:
-        call()
+        with _stream(stream):
+            call()
         return
     precision = _CODES[code & 7] or None
     a, b, y = (_ffi.device_view(buf) for buf in args + rets)
