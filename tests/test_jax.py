@@ -402,5 +402,99 @@ def test_the_handler_answers_the_metadata_query_and_turns_exceptions_into_xla_er
     np.testing.assert_array_equal(y, 2 * x)
     assert errors == [(3, "ValueError: negative key"),
                       (3, "TypeError: a call of this FFI target carries one int64 attribute, got XLA data type 4"),
-                      (3, "TypeError: a call of this FFI target carries one int64 attribute, got 1 attribute(s), the first of "
-                          "XLA attribute type 4")]
+                      (3, "TypeError: a call of this FFI target carries one int64 attribute, got 1 attribute(s), "
+                          "the first of XLA attribute type 4")]
+
+
+@pytest.mark.parametrize("score", ["additive", "cosine"])
+def test_graph_attention_is_the_librarys_through_jit_with_its_vjp(score):
+    """tgj.graph_attention (the fused operation's FFI targets; the host's implementation is nn.graph_attention)
+    against nn.graph_attention: outputs and every gradient, dropout drawn from the same seed; and the matrix
+    operations it falls back on where the fused kernels do not reach give the same attention."""
+    from tcgnn_py import nn
+    from tcgnn_py.jax import _attention
+
+    rng = np.random.default_rng(12)
+    T = nn.add_self_loops(tg.load_cora().adj, device="cpu")
+    n = T.shape[0]
+    heads = 2 if score == "additive" else 1
+    V = rng.standard_normal((n, 4 * heads)).astype(np.float32)
+    if score == "additive":
+        ops = dict(s_src=rng.standard_normal((n, heads)).astype(np.float32),
+                   s_dst=rng.standard_normal((n, heads)).astype(np.float32))
+    else:
+        Qn = V / np.linalg.norm(V, axis=1, keepdims=True)
+        ops = dict(Q=Qn, K=Qn, beta=np.array([0.7], np.float32))
+    g = rng.standard_normal((n, 4 * heads)).astype(np.float32)
+    key = jax.random.PRNGKey(3)
+    for dropout in (0.0, 0.5):
+        seed = np.asarray(jax.random.bits(key, (1,), jnp.uint32)) if dropout else None
+        want, vjp = nn.graph_attention(T, V, heads=heads, score=score, dropout=dropout, seed=seed, **ops)
+
+        def f(V, ops):
+            return tgj.graph_attention(T, V, heads=heads, score=score, dropout=dropout, key=key, **ops)
+
+        jops = {k: jnp.asarray(v) for k, v in ops.items()}
+        got, jvjp = jax.vjp(jax.jit(f), jnp.asarray(V), jops)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
+        dV, dops = jvjp(jnp.asarray(g))
+        theirs = vjp(g)
+        names = ("s_src", "s_dst") if score == "additive" else ("Q", "K", "beta")
+        np.testing.assert_allclose(np.asarray(dV), theirs[0], rtol=1e-4, atol=1e-5)
+        for name, t in zip(names, theirs[1:]):
+            np.testing.assert_allclose(np.asarray(dops[name]).reshape(np.shape(t)), t, rtol=1e-4, atol=1e-5)
+    ops_t = tuple(jnp.asarray(ops[k]) for k in (("s_src", "s_dst") if score == "additive" else ("Q", "K", "beta")))
+    with jax.default_matmul_precision("highest"):
+        unfused = _attention._unfused(T, jnp.asarray(V), heads, score, ops_t, 0.2, 0.0, None)
+    want, _ = nn.graph_attention(T, V, heads=heads, score=score, **ops)
+    np.testing.assert_allclose(np.asarray(unfused), want, rtol=1e-5, atol=1e-6)
+
+
+def test_graph_attention_names_bad_arguments():
+    rng = np.random.default_rng(13)
+    A, T = _matrix(rng, 12, 12)
+    V, s = jnp.ones((12, 4)), jnp.zeros((12, 2))
+    with pytest.raises(ValueError, match="score must be one of"):
+        tgj.graph_attention(T, V, heads=2, score="dot", s_src=s, s_dst=s)
+    with pytest.raises(ValueError, match="heads must be a positive int"):
+        tgj.graph_attention(T, V, heads=0, s_src=s, s_dst=s)
+    with pytest.raises(ValueError, match=r"V must have shape \(12, heads \* D\) with heads=3"):
+        tgj.graph_attention(T, V, heads=3, s_src=s, s_dst=s)
+    with pytest.raises(ValueError, match=r"s_dst must have shape \(12, 2\)"):
+        tgj.graph_attention(T, V, heads=2, s_src=s, s_dst=jnp.zeros((12, 1)))
+    with pytest.raises(TypeError, match="score='additive' takes s_src and s_dst"):
+        tgj.graph_attention(T, V, heads=2, s_src=s)
+    with pytest.raises(TypeError, match="score='cosine' takes Q, K and beta"):
+        tgj.graph_attention(T, V, score="cosine", Q=V, K=V)
+    with pytest.raises(ValueError, match="score='cosine' has one head"):
+        tgj.graph_attention(T, V, heads=2, score="cosine", Q=V, K=V, beta=1.0)
+    with pytest.raises(ValueError, match="attention dropout needs key"):
+        tgj.graph_attention(T, V, heads=2, s_src=s, s_dst=s, dropout=0.5)
+    with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\)"):
+        tgj.graph_attention(T, V, heads=2, s_src=s, s_dst=s, dropout=1.0, key=jax.random.PRNGKey(0))
+
+
+def test_graph_attention_on_the_gpu_is_the_fused_librarys():
+    """On JAX's GPU backend: the fused kernels' forward and backward on XLA's stream, against nn.graph_attention on
+    the same device (the same kernels), dropout from the same seed."""
+    if jax.default_backend() != "gpu":
+        pytest.skip("JAX has no GPU backend here")
+    import cupy as cp
+
+    from tcgnn_py import nn
+
+    rng = np.random.default_rng(14)
+    T = nn.add_self_loops(tg.load_cora().adj, device="cuda")
+    n = T.shape[0]
+    V = rng.standard_normal((n, 16)).astype(np.float32)
+    s_src, s_dst = (rng.standard_normal((n, 4)).astype(np.float32) for _ in range(2))
+    g = rng.standard_normal((n, 16)).astype(np.float32)
+    key = jax.random.PRNGKey(5)
+    seed = np.asarray(jax.random.bits(key, (1,), jnp.uint32))
+    want, vjp = nn.graph_attention(T, cp.asarray(V), heads=4, s_src=cp.asarray(s_src), s_dst=cp.asarray(s_dst),
+                                   dropout=0.3, seed=cp.asarray(seed))
+    f = jax.jit(lambda V, a, b: tgj.graph_attention(T, V, heads=4, s_src=a, s_dst=b, dropout=0.3, key=key))
+    got, jvjp = jax.vjp(f, *(jnp.asarray(x) for x in (V, s_src, s_dst)))
+    np.testing.assert_allclose(np.asarray(got), want.get(), rtol=1e-5, atol=1e-6)
+    for mine, theirs in zip(jvjp(jnp.asarray(g)), vjp(cp.asarray(g))):
+        np.testing.assert_allclose(np.asarray(mine), theirs.get(), rtol=1e-4, atol=1e-5)

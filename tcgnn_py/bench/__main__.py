@@ -119,8 +119,8 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("graphs", nargs="+", metavar="GRAPH")
     ap.add_argument("--ops", type=_ops, default=("spmm", "sddmm"),
-                    help="comma-separated from spmm, sddmm, sgt, reorder, gcn, agnn, gat, attention, jax, sample (default "
-                         "spmm,sddmm; preprocessing is measured unless only models are asked for)")
+                    help="comma-separated from spmm, sddmm, sgt, reorder, gcn, agnn, gat, attention, jax, sample "
+                         "(default spmm,sddmm; preprocessing is measured unless only models are asked for)")
     ap.add_argument("--dims", type=_ints, default=None,
                     help="feature widths of the spmm and sddmm ops (default 32,64,128,256; the attention op times 64 "
                          "features per head, the models their own widths)")

@@ -6,8 +6,9 @@ operations under them: the tiled tensor-core SpMM/SDDMM, or cupyx
 reference path beside scipy; GAT's fused attention has no such counterpart, so its cupyx column stays
 empty).  Where JAX is installed, the same models in pure JAX, each step one jitted function
 (:mod:`._jax_models`), fill a ``jax`` column (aggregation by ``segment_sum``), ``jax_bcoo`` (BCOO products) and
-``jax_tcgnn`` (this library's products inside the jitted step, ``tcgnn_py.jax``) columns.  ``extra`` adds implementations from outside the
-library (``tools/gnn_epoch_table.py --baselines FILE`` adds other frameworks' models there).
+``jax_tcgnn`` (this library's products inside the jitted step, ``tcgnn_py.jax``) columns.  ``extra`` adds
+implementations from outside the library (``tools/gnn_epoch_table.py --baselines FILE`` adds other frameworks'
+models there).
 
 An epoch is one full-batch training step: forward with dropout, cross-entropy
 on the training nodes, backward, Adam.  The clock is the host's around

@@ -68,7 +68,8 @@ def _chained(jax, step, length):
 
 def bench_jax(spec, repeat=20, device=None, loop=LOOP):
     """Rows ``{graph, nnz, width, kind, impl, us, call_us}`` (``kind`` "aggregate"; on the GPU this library's
-    row adds ``gpu_us`` and ``host_us``; on the host the chain is at most 10 long).  The graph must be square (the chain multiplies its own result)."""
+    row adds ``gpu_us`` and ``host_us``; on the host the chain is at most 10 long).  The graph must be square (the
+    chain multiplies its own result)."""
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     import jax
     import jax.numpy as jnp

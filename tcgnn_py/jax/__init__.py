@@ -7,9 +7,11 @@ the program refers to it by a key in :mod:`._matrices`, which keeps it alive unt
 * :func:`spmm` -- ``T @ x``, differentiable in ``x`` (its vjp ``Tᵀ g``), or with the entries' values given
   (differentiable in them too);
 * :func:`sddmm` -- ``<a_i, b_j>`` for every stored ``(i, j)``, in T's stored order (:func:`entries`);
+* :func:`graph_attention` -- the fused graph attention of :func:`tcgnn_py.nn.graph_attention` (additive or
+  cosine scores, forward and backward kernels) where it reaches, else the same as matrix operations;
 * :func:`gcn_conv` -- a GCN layer whose dense parts are ``jnp`` (XLA's own GEMMs) and whose aggregation is
-  :func:`spmm`; :func:`agnn_conv` and :func:`gat_conv` -- the attention layers as matrix operations (scores,
-  a softmax over each row's entries in ``jnp``, the aggregation by :func:`spmm` with the attention as values).
+  :func:`spmm`; :func:`agnn_conv` and :func:`gat_conv` -- the attention layers, their scores' operands in
+  ``jnp`` and the attention by :func:`graph_attention`.
 
 On the GPU an operation runs the library's kernels on XLA's stream over XLA's buffers; on JAX's CPU backend the
 reference path (the same functions, so CI tests them whole).  JAX preallocates most of the GPU at start: set
@@ -17,8 +19,10 @@ reference path (the same functions, so CI tests them whole).  JAX preallocates m
 CuPy pool has room for its plans.
 """
 
+from ._attention import ATTENTION_BWD_TARGET, ATTENTION_TARGET, graph_attention
 from ._layers import agnn_conv, gat_conv, gcn_conv
 from ._matrices import registered, release
 from ._ops import SDDMM_TARGET, SPMM_TARGET, entries, sddmm, spmm
 
-__all__ = ["spmm", "sddmm", "entries", "gcn_conv", "agnn_conv", "gat_conv", "release", "registered", "SPMM_TARGET", "SDDMM_TARGET"]
+__all__ = ["spmm", "sddmm", "entries", "graph_attention", "gcn_conv", "agnn_conv", "gat_conv", "release", "registered",
+           "SPMM_TARGET", "SDDMM_TARGET", "ATTENTION_TARGET", "ATTENTION_BWD_TARGET"]

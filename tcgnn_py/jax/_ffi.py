@@ -200,8 +200,9 @@ def register(name, platform, run, traits=0):
 
     ``args`` and ``rets`` are tuples of buffers, each ``(address, dtype code, shape)`` (:func:`host_view`,
     :func:`device_view`); ``value`` the int64 attribute every call of the target carries; ``stream`` XLA's stream
-    (a ``cudaStream_t`` as an int; 0 on the host).  An exception becomes an XLA error whose message is the exception's, raised by the
-    jitted call (``ValueError`` and ``TypeError`` as invalid arguments): a handler never takes the process down.
+    (a ``cudaStream_t`` as an int; 0 on the host).  An exception becomes an XLA error whose message is the
+    exception's, raised by the jitted call (``ValueError`` and ``TypeError`` as invalid arguments): a handler
+    never takes the process down.
     ``traits``: ``XLA_FFI_Handler_Traits`` bits (0: XLA runs the call itself, never inside a command buffer)."""
     import jax
 

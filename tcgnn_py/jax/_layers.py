@@ -1,37 +1,20 @@
 """Layer 4: GNN layers in JAX whose sparse products are the library's (:mod:`._ops`), their dense parts ``jnp``.
 
-The attention layers are written as matrix operations: scores on the entries (:func:`._ops.sddmm`, or gathers of
-per-node scores), a softmax over each row's entries by segment operations over :func:`._ops.entries`, the
-aggregation by :func:`._ops.spmm` with those values -- the semantics of :func:`tcgnn_py.nn.agnn_conv` and
+The attention layers compute their scores' operands in ``jnp`` and attend by :func:`._attention.graph_attention`
+(the fused kernels where they reach, else matrix operations) -- the semantics of :func:`tcgnn_py.nn.agnn_conv` and
 :func:`tcgnn_py.nn.gat_conv` (A's values weight the softmax: ``P_ij ∝ a_ij exp(z_ij)``).  Their products run at
 JAX's default matmul precision where they are traced (:func:`._ops.spmm`), as their ``jnp`` GEMMs do.
 """
 
-import numpy as np
-
-import jax
 import jax.numpy as jnp
 
-from ._ops import entries, sddmm, spmm
+from ._attention import graph_attention
+from ._ops import spmm
 
 __all__ = ["gcn_conv", "agnn_conv", "gat_conv"]
 
 #: The norm below which a row of AGNN's features counts as zero (as tcgnn_py.nn's).
 NORM_EPS = 1e-12
-
-
-def _edge_softmax(T, z):
-    """``P_e ∝ a_e exp(z_e)`` over each row's entries (``z`` ``(nnz,)`` or ``(nnz, heads)``, T's stored order),
-    stable (each row's maximum subtracted); an entry of weight 0 takes no part."""
-    rows, _ = entries(T)
-    n = T.shape[0]
-    w = jnp.asarray(np.asarray(T.values if T.device == "cpu" else T.values.get(), np.float32))
-    w = w if z.ndim == 1 else w[:, None]
-    z = jnp.where(w != 0, z, -jnp.inf)
-    top = jax.ops.segment_max(z, rows, num_segments=n)
-    ex = jnp.where(w != 0, w * jnp.exp(z - top[rows]), 0)
-    total = jax.ops.segment_sum(ex, rows, num_segments=n)
-    return ex / jnp.where(total > 0, total, 1)[rows]
 
 
 def gcn_conv(T, H, W, b=None):
@@ -59,8 +42,8 @@ def gcn_conv(T, H, W, b=None):
 def agnn_conv(T, H, beta):
     """Attention-based propagation (AGNN) in JAX, as :func:`tcgnn_py.nn.agnn_conv`.
 
-    ``out_i = sum_j P_ij h_j``, ``P_ij ∝ a_ij exp(beta cos(h_i, h_j))`` over row i's stored entries; the cosines by :func:`sddmm`, the
-    aggregation by :func:`spmm` with the attention as the entries' values.  ``T`` square, static; ``beta`` a
+    ``out_i = sum_j P_ij h_j``, ``P_ij ∝ a_ij exp(beta cos(h_i, h_j))`` over row i's stored entries, by
+    :func:`graph_attention` (cosine scores).  ``T`` square, static; ``beta`` a
     scalar (learnable: differentiable, as H is).
 
     Examples
@@ -77,8 +60,7 @@ def agnn_conv(T, H, beta):
     if H.ndim != 2 or H.shape[0] != T.shape[0]:
         raise ValueError(f"agnn_conv: H must have shape ({T.shape[0]}, d), got {H.shape}")
     Hn = H / jnp.maximum(jnp.linalg.norm(H, axis=1, keepdims=True), NORM_EPS)
-    P = _edge_softmax(T, jnp.reshape(jnp.asarray(beta, H.dtype), ()) * sddmm(T, Hn))
-    return spmm(T, H, values=P.astype(H.dtype))
+    return graph_attention(T, H, score="cosine", Q=Hn, K=Hn, beta=jnp.reshape(jnp.asarray(beta, H.dtype), (1,)))
 
 
 def gat_conv(T, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_slope=0.2, dropout=0.0, key=None):
@@ -87,8 +69,8 @@ def gat_conv(T, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
     ``X = H @ W`` split into ``heads`` heads of D features; per head
     ``out_i = sum_j softmax_j(LeakyReLU(a_dst·X_i + a_src·X_j)) X_j`` over row i's
     stored entries (weighted by A's values); heads concatenated or averaged; ``+ b``.  ``dropout`` on the
-    attention, drawn from the JAX PRNG ``key`` (needed where ``dropout > 0``).  The aggregation of each head is
-    :func:`spmm` with its attention as the entries' values.
+    attention, drawn from the JAX PRNG ``key`` (needed where ``dropout > 0``).  The attention is
+    :func:`graph_attention` (additive scores).
 
     Examples
     --------
@@ -114,15 +96,11 @@ def gat_conv(T, H, W, a_src, a_dst, b=None, *, heads=1, concat=True, negative_sl
             raise ValueError(f"{name} must have shape {(heads, D)}, got {a.shape}")
     if dropout and key is None:
         raise ValueError("attention dropout needs key (a jax.random key)")
-    rows, cols = entries(T)
     X = H @ W
     X3 = X.reshape(n, heads, D)
     s_src, s_dst = (X3 * a_src).sum(axis=2), (X3 * a_dst).sum(axis=2)  # (n, heads)
-    P = _edge_softmax(T, jax.nn.leaky_relu(s_dst[rows] + s_src[cols], negative_slope))  # (nnz, heads)
-    if dropout:
-        P = jnp.where(jax.random.bernoulli(key, 1 - dropout, P.shape), P / (1 - dropout), 0)
-    P = P.astype(X.dtype)
-    out = jnp.concatenate([spmm(T, X[:, h * D:(h + 1) * D], values=P[:, h]) for h in range(heads)], axis=1)
+    out = graph_attention(T, X, heads=heads, s_src=s_src, s_dst=s_dst, negative_slope=negative_slope,
+                          dropout=dropout, key=key)
     if not concat and heads > 1:
         out = out.reshape(n, heads, D).mean(axis=1)
     return out if b is None else out + jnp.asarray(b)

@@ -62,19 +62,20 @@ def _sddmm_host(stream, args, rets, code):
 def _spmm_device(stream, args, rets, code):
     """The GPU implementation: the library's product on XLA's stream, its operand and result XLA's buffers.  Once
     the product's launch is bound, a call of these buffers on this stream is that bound launch alone (kept in the
-    matrix's store of bound calls), on XLA's stream as CuPy's current one: no lookup by signature, no view made.  With the entries' values given, the
-    values are viewed anew each call (the library keeps forms of a values array by its identity; XLA writes new
-    values at an address it reuses) and the product goes the general way."""
+    matrix's store of bound calls), on XLA's stream as CuPy's current one: no lookup by signature, no view made.
+    With the entries' values given, the values are viewed anew each call (the library keeps forms of a values
+    array by its identity; XLA writes new values at an address it reuses) and the product goes the general
+    way."""
     T = _matrices.device_matrix(code >> 3)
     store = T.tiling.bound()
     key = ("jax", stream, code, args, rets)
     call = store.get(key)
     if call is not None:
-        with _stream(stream):  # (what the bound call makes anew -- a values form dropped since -- is made there)
+        with xla_stream(stream):  # (what the bound call makes anew -- a values form dropped since -- is made there)
             call()
         return
     precision, Y = _CODES[code & 7] or None, _ffi.device_view(rets[0])
-    with _stream(stream):
+    with xla_stream(stream):
         if len(args) == 2:
             V, X = _ffi.device_view(args[0], kept=False), _ffi.device_view(args[1])
             spmm_raw(T.tiling, V, X, Y.dtype, precision, out=Y)
@@ -92,12 +93,12 @@ def _sddmm_device(stream, args, rets, code):
     key = ("jax", stream, code, args, rets)
     call = store.get(key)
     if call is not None:
-        with _stream(stream):
+        with xla_stream(stream):
             call()
         return
     precision = _CODES[code & 7] or None
     a, b, y = (_ffi.device_view(buf) for buf in args + rets)
-    with _stream(stream):
+    with xla_stream(stream):
         sddmm_raw(T.tiling, T.values, a, b, y.dtype, precision=precision, out=y)
         _keep_bound(store, key, stream, signature(T.values, a, b, precision, ("sddmm", False, True)),
                     (T.values, {}, a, b, y))
@@ -125,7 +126,7 @@ class _StreamHandle:
         return (0, self.ptr)
 
 
-def _stream(ptr):
+def xla_stream(ptr):
     """A CuPy view of XLA's stream (kept per address): ``Stream.from_external`` where CuPy has it (its
     ``ExternalStream`` is deprecated there), ``ExternalStream`` on older CuPy."""
     s = _STREAMS.get(ptr)

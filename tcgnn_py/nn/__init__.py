@@ -7,9 +7,10 @@ reference path) and CuPy on the GPU; everything runs on the graph's device.
 - Graph preprocessing: :func:`gcn_norm`, :func:`add_self_loops`; batches of small graphs: :func:`batch` (one
   block-diagonal graph) and :func:`readout` (per-graph sum, mean or max); neighbor-sampled mini-batches:
   :func:`sample_blocks` (a batch's bipartite :class:`Block` per hop) and :class:`NeighborLoader`.
-- Layers: :func:`gcn_conv`, :func:`sage_conv` (on a :class:`Block`), :func:`agnn_conv`, :func:`gat_conv`, :func:`graph_attention` (fused),
-  :func:`linear`, :func:`relu`, :func:`elu`, :func:`dropout`,
-  :func:`bias_act_dropout` (a layer's elementwise tail in one pass); loss :func:`cross_entropy`; metric :func:`accuracy`.
+- Layers: :func:`gcn_conv`, :func:`sage_conv` (on a :class:`Block`), :func:`agnn_conv`, :func:`gat_conv`,
+  :func:`graph_attention` (fused), :func:`linear`, :func:`relu`, :func:`elu`, :func:`dropout`,
+  :func:`bias_act_dropout` (a layer's elementwise tail in one pass); loss :func:`cross_entropy`; metric
+  :func:`accuracy`.
 - Models: :func:`gcn_init` / :func:`gcn_apply`, :func:`sage_init`, :func:`agnn_init` / :func:`agnn_apply`,
   :func:`gat_init` / :func:`gat_apply`.
 - Training: :class:`Adam`, :func:`glorot`, :func:`default_rng`, :func:`train` (full-batch, with model
