@@ -233,6 +233,37 @@ def test_a_bound_launch_writes_the_call_s_arrays_where_the_kernel_takes_them(tes
     assert seen[-1] == [10, 30, 5, 30, 6, 0, 0, 2]  # (the swapped declaration: Y before n, m before slope)
 
 
+def test_a_fixed_launch_writes_every_slot_once_and_replays_them(test_families, monkeypatch):
+    """``Launch.fixed(*arrays)``: every slot written when it is made (the arrays', the fixed ones, the stream's
+    scratch), each call the same launch with nothing written; it holds what its addresses point at."""
+    import ctypes
+
+    from tcgnn_py.kernels import driver
+    from tcgnn_py.kernels import launches as kl
+
+    seen = []
+
+    def fake_launch(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        ptrs = (ctypes.c_void_p * 8).from_address(params)
+        seen.append((function, stream, [ctypes.c_int64.from_address(p).value for p in ptrs]))
+
+    monkeypatch.setattr(driver, "_cuda", lambda: fake_launch)
+    monkeypatch.setattr(kl, "current_stream", lambda: 99)
+    monkeypatch.setattr(kl.Launch, "function", lambda self: 7)
+    scratch = _array(40)
+    monkeypatch.setattr(kl.Scratch, "get", lambda self, store, stream: scratch)
+    L = kl.make(test_families[0], "tc_test<float, 1>", 3, 128, ("units", "Y"),
+                dict(n=5, slope=0.0, m=6, v=0, seed=_array(2), partial=kl.Scratch("partial", (1,), "f")), scratch={})
+    units, Y = _array(10), _array(30)
+    replay = L.fixed(units, Y)
+    replay()
+    replay()
+    assert seen == [(7, 99, [10, 5, 30, 40, 0, 6, 0, 2])] * 2
+    assert units in replay.held and Y in replay.held and scratch in replay.held
+    with pytest.raises(TypeError, match="takes 2 operands"):
+        L.fixed(units)
+
+
 def test_the_blas_loader_takes_a_name_then_the_mapped_copy():
     """cuBLAS and cuBLASLt load by name, else from the copy already mapped into the process (libc stands in)."""
     from tcgnn_py.kernels.blas import _load

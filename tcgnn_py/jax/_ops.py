@@ -61,8 +61,8 @@ def _sddmm_host(stream, args, rets, code):
 
 def _spmm_device(stream, args, rets, code):
     """The GPU implementation: the library's product on XLA's stream, its operand and result XLA's buffers.  Once
-    the product's launch is bound, a call of these buffers on this stream is that bound launch alone (kept in the
-    matrix's store of bound calls), on XLA's stream as CuPy's current one: no lookup by signature, no view made.
+    the product's launch is bound, a call of these buffers on this stream is that launch alone (kept in the
+    matrix's store of bound calls: :func:`_keep_bound`): no lookup by signature, no view made.
     With the entries' values given, the values are viewed anew each call (the library keeps forms of a values
     array by its identity; XLA writes new values at an address it reuses) and the product goes the general
     way."""
@@ -71,8 +71,7 @@ def _spmm_device(stream, args, rets, code):
     key = ("jax", stream, code, args, rets)
     call = store.get(key)
     if call is not None:
-        with xla_stream(stream):  # (what the bound call makes anew -- a values form dropped since -- is made there)
-            call()
+        call()
         return
     precision, Y = _CODES[code & 7] or None, _ffi.device_view(rets[0])
     with xla_stream(stream):
@@ -93,8 +92,7 @@ def _sddmm_device(stream, args, rets, code):
     key = ("jax", stream, code, args, rets)
     call = store.get(key)
     if call is not None:
-        with xla_stream(stream):
-            call()
+        call()
         return
     precision = _CODES[code & 7] or None
     a, b, y = (_ffi.device_view(buf) for buf in args + rets)
@@ -105,13 +103,26 @@ def _sddmm_device(stream, args, rets, code):
 
 
 def _keep_bound(store, key, stream, signature_, operands):
-    """Keep, under ``key``, the bound launch of the plan of ``signature_`` with these operands, once it has one (its
-    launch final); until then the calls go the general way."""
+    """Keep, under ``key``, a call of the bound launch of the plan of ``signature_`` with these operands, once it has
+    one (its launch final; until then the calls go the general way): its replay with every kernel slot written
+    now where the plan gives one (the operands are XLA's buffers of ``key``: their addresses are the key's), else
+    the bound launch, run with XLA's stream as CuPy's current one (what it makes anew -- a values form dropped
+    since -- is made there)."""
     plan = store.get(signature_)
-    if plan is not None and plan.bound is not None:
-        import cupy as cp
+    if plan is None or plan.bound is None:
+        return
+    import cupy as cp
 
-        store.put(key, functools.partial(plan.bound, *operands), (cp.cuda.runtime.getDevice(), stream))
+    fixed = getattr(plan.bound, "fixed", None)
+    call = fixed(*operands) if fixed is not None else None
+    if call is None:
+        bound = plan.bound
+
+        def call():
+            with xla_stream(stream):
+                bound(*operands)
+
+    store.put(key, call, (cp.cuda.runtime.getDevice(), stream))
 
 
 class _StreamHandle:

@@ -180,7 +180,7 @@ def bound_launch(function_ptr, grid, block, args, variable, stream_ptr, shared_m
     lock = threading.Lock()
     enter, leave = lock.acquire, lock.release
     if then is None and all(len(v) == 1 for v in variable) and len(variable) <= 4:
-        return _fixed(buf, tuple(v[0] for v in variable), launch, params, enter, leave, (keep, ptrs))
+        return _fixed(buf, tuple(v[0] for v in variable), launch, params, enter, leave, (keep, buf, ptrs))
 
     def call(*arrays):
         enter()
@@ -195,7 +195,7 @@ def bound_launch(function_ptr, grid, block, args, variable, stream_ptr, shared_m
         if then is not None:
             then[0](arrays[then[1]])
 
-    call.kept = (keep, ptrs)
+    call.kept = (keep, buf, ptrs)
     return call
 
 

@@ -145,6 +145,29 @@ class Launch(NamedTuple):
         f.held = held
         return f
 
+    def fixed(self, *arrays):
+        """``f()``: this launch (and the one after it) with these arrays, every slot written now, on the stream
+        current now -- a replay that writes nothing per call, for a caller whose operands keep their addresses (a
+        JAX program's buffers).  ``f.held`` keeps the arrays and the stream's scratch alive."""
+        if len(arrays) != len(self.slots):
+            raise TypeError(f"{self.name} takes {len(self.slots)} operands ({self.operands}), not {len(arrays)}")
+        stream = current_stream()
+        values = self.arguments(arrays, stream)
+        held = self.held + tuple(s.get(self.scratch, stream) for _, s in self.scratch_at) + arrays
+        f = bound_launch(self.function(), self.grid, self.block, values, (), stream, self.smem, None,
+                         self.cooperative)
+        if self.then is None:
+            f.held = held
+            return f
+        follow = self.then[0].fixed(arrays[self.then[1]])
+
+        def both():
+            f()
+            follow()
+
+        both.held = (held, f, follow)
+        return both
+
     def with_kernel(self, name, smem, dense=None):
         """This launch with the kernel ``name`` of the same family and parameters (another variant of one
         geometry: the timed choice's candidates), its shared memory ``smem``."""

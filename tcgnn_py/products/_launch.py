@@ -281,6 +281,12 @@ def f32_plan(problem, spmm_launch):
             bound(values, X, Y)
             return Y
 
+        def fixed(values, casts, X, out):  # (the dense values' array, held by the replay, keeps its address)
+            if out is None:
+                return None
+            return launch.fixed(vec_dense_values(tiling, values) if launch.dense else values, X, out)
+
+        f.fixed = fixed
         return f
 
     return problem.plan(run, binder)

@@ -55,6 +55,8 @@ class Plan:
     signature can never take a bound launch: CUDA cores, a copy of X or of the result) returns,
     once the launch is final, ``f(values, casts, *operands)`` that only allocates and launches --
     None while it is not (the timed choice's candidates still compile): the next call tries again.
+    Where ``f.fixed(values, casts, *operands)`` exists it gives a replay of those very operands,
+    every kernel slot written once (or None where the call cannot take one).
     """
 
     __slots__ = ("general", "binder", "bound")
@@ -189,6 +191,9 @@ def _guard_overlap(binder):
                 return general(values, casts, X, out)
             return f(values, casts, X, out)
 
+        fixed = getattr(f, "fixed", None)
+        if fixed is not None:  # (no replay for an out that overlaps X: that call goes the general way)
+            guarded.fixed = lambda values, casts, X, out: None if overlaps(out, X) else fixed(values, casts, X, out)
         return guarded
 
     return bind
