@@ -498,3 +498,25 @@ def test_graph_attention_on_the_gpu_is_the_fused_librarys():
     np.testing.assert_allclose(np.asarray(got), want.get(), rtol=1e-5, atol=1e-6)
     for mine, theirs in zip(jvjp(jnp.asarray(g)), vjp(cp.asarray(g))):
         np.testing.assert_allclose(np.asarray(mine), theirs.get(), rtol=1e-4, atol=1e-5)
+
+
+def test_graph_attention_passes_check_grads_and_vmaps():
+    """The fused operation's custom vjp against finite differences (float32 products: highest precision), and
+    jax.vmap over a batch of values (one call per element, the attention the same)."""
+    from jax.test_util import check_grads
+
+    rng = np.random.default_rng(15)
+    A, T = _matrix(rng, 30, 30)
+    T = tg.TiledMatrix(abs(A), device="cpu")
+    V = jnp.asarray(rng.standard_normal((30, 6)).astype(np.float32))
+    s_src, s_dst = (jnp.asarray(rng.standard_normal((30, 2)).astype(np.float32)) for _ in range(2))
+
+    def f(V, a, b):
+        return tgj.graph_attention(T, V, heads=2, s_src=a, s_dst=b)
+
+    with jax.default_matmul_precision("highest"):
+        check_grads(f, (V, s_src, s_dst), order=1, modes=["rev"], atol=2e-2, rtol=2e-2)
+    Vs = jnp.stack([V, 2 * V, -V])
+    got = jax.vmap(lambda V: f(V, s_src, s_dst))(Vs)
+    for i in range(3):
+        np.testing.assert_allclose(np.asarray(got[i]), np.asarray(f(Vs[i], s_src, s_dst)), rtol=1e-6, atol=1e-6)
