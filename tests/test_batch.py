@@ -106,3 +106,22 @@ def test_device_readouts_are_the_host_readouts(how):
     tol = dict(rtol=1e-6, atol=1e-6) if how == "mean" else dict(rtol=0, atol=0)
     np.testing.assert_allclose(dout.get(), out, **tol)
     np.testing.assert_allclose(dvjp(cp.asarray(g)).get(), vjp(g), **tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="joining on the device needs CuPy and a GPU")
+def test_graphs_on_the_gpu_are_joined_there_as_on_the_host():
+    import cupyx.scipy.sparse as csp
+
+    rng = np.random.default_rng(3)
+    graphs = [sp.random_array((n, n), density=0.3, rng=rng, format="csr", dtype=np.float32) for n in (5, 0, 1, 40)]
+    graphs.append(sp.csr_array((3, 3), dtype=np.float32))  # a graph of nodes and no edges
+    want = nn.batch(graphs)
+    got = nn.batch([csp.csr_matrix(g) for g in graphs])
+    assert type(got.adj).__module__.startswith("cupyx")
+    np.testing.assert_array_equal(got.ptr, want.ptr)
+    np.testing.assert_array_equal(got.graph, want.graph)
+    np.testing.assert_array_equal(got.adj.get().toarray(), want.adj.toarray())
+    empty = nn.batch([csp.csr_matrix((2, 2), dtype=np.float32)])
+    assert empty.adj.shape == (2, 2) and empty.adj.nnz == 0
+    assert nn.gcn_norm(got.adj).device == "cuda"  # (a TiledMatrix from the joined device CSR)

@@ -26,8 +26,9 @@ READOUTS = ("sum", "mean", "max")
 
 
 class GraphBatch(NamedTuple):
-    """Graphs joined into one: ``adj`` the block-diagonal adjacency (``scipy.sparse.csr_array``), ``ptr`` the node
-    offsets (int64, ``n_graphs + 1``), ``graph`` each node's graph (int64, ``n_nodes``)."""
+    """Graphs joined into one: ``adj`` the block-diagonal adjacency (``scipy.sparse.csr_array``, or cupyx's
+    ``csr_matrix`` for graphs on the GPU), ``ptr`` the node offsets (int64, ``n_graphs + 1``), ``graph`` each
+    node's graph (int64, ``n_nodes``)."""
 
     adj: object
     ptr: np.ndarray
@@ -49,7 +50,9 @@ def batch(graphs):
     Parameters
     ----------
     graphs : sequence of sparse arrays or matrices (or dense arrays), each square
-        A graph of no nodes is allowed (its readout is zeros).
+        A graph of no nodes is allowed (its readout is zeros).  Where every graph is a cupyx sparse matrix (a
+        dataset kept on the GPU), they are joined there and ``adj`` is a cupyx CSR matrix: nothing crosses to
+        the host but their sizes.
 
     Returns
     -------
@@ -67,18 +70,39 @@ def batch(graphs):
         raise TypeError(f"graphs must be a sequence of adjacency matrices, got {type(graphs).__name__}")
     if len(graphs) == 0:
         raise ValueError("graphs must hold at least one graph")
+    on_device = all(type(g).__module__.startswith("cupyx.scipy.sparse") for g in graphs)
     blocks = []
     for i, g in enumerate(graphs):
         if isinstance(g, TiledMatrix):
             g = g.tocsr()
-        g = sp.csr_array(g)
+        g = g.tocsr() if on_device else sp.csr_array(g)
         if g.ndim != 2 or g.shape[0] != g.shape[1]:
             raise ValueError(f"graphs[{i}] must be a square adjacency matrix, got shape {g.shape}")
         blocks.append(g)
     sizes = np.array([g.shape[0] for g in blocks], np.int64)
     ptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    graph = np.repeat(np.arange(len(blocks), dtype=np.int64), sizes)
+    if on_device:
+        return GraphBatch(_join_on_device(blocks, ptr), ptr, graph)
     adj = sp.csr_array(sp.block_diag(blocks, format="csr")) if ptr[-1] else sp.csr_array((0, 0))
-    return GraphBatch(adj, ptr, np.repeat(np.arange(len(blocks), dtype=np.int64), sizes))
+    return GraphBatch(adj, ptr, graph)
+
+
+def _join_on_device(blocks, ptr):
+    """The block-diagonal CSR of cupyx CSR graphs, joined on the GPU: each graph's columns shifted by its first
+    node, its row pointers by the entries before it (the sizes, host facts, are all the host reads)."""
+    import cupy as cp
+    import cupyx.scipy.sparse as csp
+
+    nnz = np.concatenate([[0], np.cumsum([g.nnz for g in blocks])]).astype(np.int64)
+    n = int(ptr[-1])
+    indptr = cp.concatenate([g.indptr[:-1].astype(np.int64) + int(nnz[i]) for i, g in enumerate(blocks)]
+                            + [cp.full(1, nnz[-1], np.int64)])
+    if not nnz[-1]:
+        return csp.csr_matrix((n, n), dtype=blocks[0].dtype)
+    indices = cp.concatenate([g.indices.astype(np.int32) + np.int32(ptr[i]) for i, g in enumerate(blocks)])
+    data = cp.concatenate([g.data for g in blocks])
+    return csp.csr_matrix((data, indices, indptr), shape=(n, n))
 
 
 def _check_ptr(ptr, n):
