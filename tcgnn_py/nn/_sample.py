@@ -88,7 +88,7 @@ def sample_blocks(A, seeds, fanouts, *, seed=0, device=None, layout=None, format
         The graph, square; row ``v`` lists the nodes ``v`` aggregates from.  Sampling runs where its arrays are
         (or on ``device``).
     seeds : array of int
-        Distinct node ids, in ``[0, n)``.
+        Distinct node ids, in ``[0, n)`` (NumPy or CuPy; CuPy seeds are checked on the device, two reads back).
     fanouts : int or list of int
     seed : int
         The sampler's seed: the same seed draws the same blocks, on the host and on the GPU.
@@ -112,15 +112,16 @@ def sample_blocks(A, seeds, fanouts, *, seed=0, device=None, layout=None, format
     indptr, indices, n = _graph(A, device)
     xp = array_module(indptr)
     fanouts = _fanouts(fanouts)
-    host = np.asarray(seeds) if xp is np or array_module(seeds) is np else None
-    if host is not None:
-        if host.ndim != 1 or not (np.issubdtype(host.dtype, np.integer) or host.size == 0):
-            raise ValueError(f"seeds must be a 1-D array of node ids, got shape {host.shape} and dtype {host.dtype}")
-        if host.size and (host.min() < 0 or host.max() >= n):
-            raise ValueError(f"seeds must be node ids in [0, {n}), got ids from {host.min()} to {host.max()}")
-        if np.unique(host).size != host.size:
+    given = np.asarray(seeds) if xp is np or array_module(seeds) is np else seeds
+    if given.ndim != 1 or not (given.dtype.kind in "iu" or given.size == 0):
+        raise ValueError(f"seeds must be a 1-D array of node ids, got shape {given.shape} and dtype {given.dtype}")
+    if given.size:
+        lo, hi = int(given.min()), int(given.max())  # synchronize! (device seeds: a kernel would read past indptr)
+        if lo < 0 or hi >= n:
+            raise ValueError(f"seeds must be node ids in [0, {n}), got ids from {lo} to {hi}")
+        if int(array_module(given).unique(given).size) != given.size:  # synchronize!
             raise ValueError("seeds must be distinct node ids")
-    nodes = xp.asarray(seeds if host is None else host, np.int64)
+    nodes = xp.asarray(given, np.int64)
     hops = []
     for h, k in enumerate(fanouts):
         ptr, cols = sample_neighbors(indptr, indices, nodes, k, _key(seed, h))
