@@ -20,7 +20,7 @@ __all__ = ["tuning", "options", "overrides_key", "state", "FAMILY_DEFAULTS", "FA
            "bool_option", "int_option", "member_option", "positive_option", "warp_pair_option"]
 
 #: The families that declare launch options, in the order the docs' table lists them.
-FAMILY_ORDER = ("tf32", "core", "vec", "half", "build", "sparse")
+FAMILY_ORDER = ("tf32", "core", "vec", "half", "build", "sparse", "plan")
 
 _FAMILIES = {}  # family -> {option: default}, in FAMILY_ORDER
 _DEFAULTS = {}  # option -> default, all families together (option names are unique across families)

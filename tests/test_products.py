@@ -430,13 +430,54 @@ def test_the_timed_choice_takes_a_family_compiles_what_is_missing_and_keeps_the_
         kernels=lambda tiling, dtype, config: (("fam", config),),
         launches=lambda tiling, dtype, D, vec, configs: [Launch(config=c) for c in configs])
     kept = {}
-    tiling = types.SimpleNamespace(n_blocks=10, put=lambda key, value: kept.setdefault(key, value))
+    tiling = types.SimpleNamespace(n_blocks=10, put=lambda key, value: kept.setdefault(key, value), peek=kept.get)
     got = _autotune.choose(family, tiling, np.float32, 64, True, ("timed", "float32", 64, True), ["a", "b", "c"],
                            ("values", "X", "Y"))
     assert isinstance(got, _autotune.Provisional) and got.futures == ["future"]
     assert started == [("fam", ["c"])]  # the missing kernel, in the background; c left out of the timing
     assert got.launch.config == "b"  # 0.5 ms against the default's 1.0
     assert [c for c, _ in next(iter(kept.values()))] == ["a", "b"]
+
+
+def test_timed_after_keeps_the_default_untimed_for_that_many_calls(monkeypatch):
+    """tuning(timed_after=N): a signature's first planning times nothing -- the default launch, provisional, for
+    N more calls (planned() asks whether it is done once a call) -- and the planning after them times."""
+    import types
+
+    from tcgnn_py.kernels import registry, timing
+    from tcgnn_py.products import _autotune
+
+    timed = []
+    monkeypatch.setattr(registry, "is_compiled", lambda family, name: True)
+    monkeypatch.setattr(timing, "time_round_robin", lambda calls, rounds: timed.append(len(calls)) or [1.0, 0.5])
+    stream = types.SimpleNamespace(is_capturing=lambda: False)
+    monkeypatch.setattr(_autotune, "get_cupy", lambda: types.SimpleNamespace(
+        cuda=types.SimpleNamespace(get_current_stream=lambda: stream)))
+
+    class Launch(types.SimpleNamespace):
+        dense = False
+
+        def run(self, *operands):
+            pass
+
+    family = types.SimpleNamespace(kernels=lambda tiling, dtype, config: (("fam", config),),
+                                   launches=lambda tiling, dtype, D, vec, configs: [Launch(config=c) for c in configs])
+    kept = {}
+    tiling = types.SimpleNamespace(n_blocks=10, put=kept.__setitem__, peek=kept.get)
+    args = (family, tiling, np.float32, 64, True, ("timed", "float32", 64, True), ["a", "b"], ("values", "X", "Y"))
+    with tg.tuning(timed_after=2):
+        first = _autotune.choose(*args)
+        assert isinstance(first, _autotune.Provisional) and first.launch.config == "a" and timed == []
+        assert [f.done() for f in first.futures for _ in range(3)] == [False, False, True]
+        again = _autotune.choose(*args)
+    assert again.config == "b" and timed == [2]  # the planning after them timed both
+    assert _autotune.choose(*args).config == "b" and timed == [2, 2]  # (timed_after=0: every planning times)
+    kept.clear()
+    kept["timed_after"] = 1  # a short-lived matrix's tiling says so itself
+    assert isinstance(_autotune.choose(*args), _autotune.Provisional) and timed == [2, 2]
+    with pytest.raises(ValueError, match="tuning option timed_after takes an int >= 0"):
+        with tg.tuning(timed_after=-1):
+            pass
 
 
 def test_made_results_come_new_kept_or_recycled_in_one_call():

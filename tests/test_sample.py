@@ -106,6 +106,16 @@ def test_blocks_are_bipartite_hops_destinations_first():
     assert all((a.adj.toarray() == b.adj.toarray()).all() and (a.src == b.src).all() for a, b in zip(blocks, again))
 
 
+def test_a_blocks_products_keep_the_default_launch_untimed_transpose_included():
+    """A block serves a few products and is dropped: its tiling (and its transpose's) asks the timed choice to wait
+    (``timed_after``), so a step's blocks never pay for timing a family's candidates."""
+    A = _graph(40, seed=8)
+    (block,) = tg.nn.sample_blocks(A, [1, 2, 3], [4], device="cpu")
+    assert block.adj.tiling.peek("timed_after") == tg.nn._sample.BLOCK_TIMED_AFTER > 3
+    assert block.adj.T.tiling.peek("timed_after") == tg.nn._sample.BLOCK_TIMED_AFTER
+    assert tg.TiledMatrix(A, device="cpu").T.tiling.peek("timed_after") is None
+
+
 def test_an_empty_batch_and_an_isolated_node_have_their_defined_blocks():
     A = _graph(20, seed=3, hub=False)
     lonely = int(np.flatnonzero(np.diff(A.indptr) == 0)[0]) if (np.diff(A.indptr) == 0).any() else None

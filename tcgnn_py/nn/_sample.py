@@ -22,6 +22,10 @@ from ._models import glorot
 __all__ = ["Block", "sample_blocks", "NeighborLoader", "sage_init", "sage_conv"]
 
 _M64 = (1 << 64) - 1
+#: A block's products run the default launch for this many calls before their timed choice (the ``timed_after``
+#: launch option, set on the block's tiling): a block serves a step's few products and is dropped, and timing a
+#: family's candidates costs what hundreds of its products do.
+BLOCK_TIMED_AFTER = 64
 
 
 class Block:
@@ -136,6 +140,7 @@ def sample_blocks(A, seeds, fanouts, *, seed=0, device=None, layout=None, format
             adj = _csr(xp, values, local, ptr, shape)
         else:
             adj = TiledMatrix((values, local, ptr), shape=shape, layout=layout, device="cpu" if xp is np else "cuda")
+            adj.tiling.put("timed_after", BLOCK_TIMED_AFTER)
         hops.append(Block(adj, src, int(nodes.shape[0])))
         nodes = src
     return hops[::-1]
