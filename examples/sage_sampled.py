@@ -90,25 +90,7 @@ loader = nn.NeighborLoader(A, train, fanouts, args.batch_size, seed=args.seed, d
 
 def forward(blocks, training):
     """Logits of the last block's destinations, and the backward pass (grads by name)."""
-    h, tape = Xd[blocks[0].src], []
-    for i, block in enumerate(blocks):
-        h, vjp = nn.sage_conv(block, h, params[f"W_self{i}"], params[f"W_neigh{i}"], params[f"b{i}"])
-        tape.append(vjp)
-        if i + 1 < len(blocks):
-            h, relu_vjp = nn.relu(h)
-            h, drop_vjp = nn.dropout(h, 0.5, rng, training=training)
-            tape.append((relu_vjp, drop_vjp))
-
-    def backward(g):
-        grads = {}
-        for i in range(len(blocks) - 1, -1, -1):
-            g, grads[f"W_self{i}"], grads[f"W_neigh{i}"], grads[f"b{i}"] = tape.pop()(g)
-            if i:
-                relu_vjp, drop_vjp = tape.pop()
-                g = relu_vjp(drop_vjp(g))
-        return grads
-
-    return h, backward
+    return nn.sage_apply(params, blocks, Xd[blocks[0].src], p=0.5, rng=rng, training=training)
 
 
 def evaluate(nodes):

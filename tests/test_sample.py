@@ -222,3 +222,26 @@ def test_blocks_on_the_gpu_are_the_hosts_and_sage_trains():
     want, _ = tg.nn.sage_conv(host_blocks[0], H.get(), W.get(), W.get())
     np.testing.assert_allclose(out.get(), want, rtol=1e-3, atol=1e-3)
     assert all(g is None or g.shape for g in vjp(cp.ones_like(out)))
+
+
+def test_sage_apply_is_its_layers_in_order():
+    """sage_apply: sage_conv per block, ReLU between (no dropout at p=0), and its grads the layers' vjps chained."""
+    A = _graph(60, seed=9)
+    rng = np.random.default_rng(4)
+    blocks = tg.nn.sample_blocks(A, rng.permutation(60)[:9], [5, 3], seed=2, device="cpu")
+    params = tg.nn.sage_init((6, 5, 3), np.random.default_rng(0))
+    H = rng.standard_normal((len(blocks[0].src), 6)).astype(np.float32)
+    logits, vjp = tg.nn.sage_apply(params, blocks, H)
+    h1, v1 = tg.nn.sage_conv(blocks[0], H, params["W_self0"], params["W_neigh0"], params["b0"])
+    r1, rv = tg.nn.relu(h1)
+    want, v2 = tg.nn.sage_conv(blocks[1], r1, params["W_self1"], params["W_neigh1"], params["b1"])
+    np.testing.assert_allclose(logits, want, rtol=1e-6)
+    g = rng.standard_normal(want.shape).astype(np.float32)
+    grads = vjp(g)
+    dr, dWs1, dWn1, db1 = v2(g)
+    _, dWs0, dWn0, db0 = v1(rv(dr))
+    for name, w in (("W_self1", dWs1), ("W_neigh1", dWn1), ("b1", db1), ("W_self0", dWs0), ("W_neigh0", dWn0),
+                    ("b0", db0)):
+        np.testing.assert_allclose(grads[name], w, rtol=1e-6, err_msg=name)
+    with pytest.raises(ValueError, match="the parameters have 2 layers, the batch 1 blocks"):
+        tg.nn.sage_apply(params, blocks[1:], H)

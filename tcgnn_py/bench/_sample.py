@@ -51,19 +51,9 @@ def _step_fn(problem, fmt, device, seed=0):
         except StopIteration:
             batches = iter(loader)
             _, blocks = next(batches)
-        h, tape = X[blocks[0].src], []
-        for i, block in enumerate(blocks):
-            h, vjp = nn.sage_conv(block, h, params[f"W_self{i}"], params[f"W_neigh{i}"], params[f"b{i}"])
-            tape.append(vjp)
-            if i + 1 < len(blocks):
-                h, relu_vjp = nn.relu(h)
-                tape.append(relu_vjp)
-        _, g = nn.cross_entropy(h, y[blocks[-1].dst])
-        grads = {}
-        for i in range(len(blocks) - 1, -1, -1):
-            g, grads[f"W_self{i}"], grads[f"W_neigh{i}"], grads[f"b{i}"] = tape.pop()(g)
-            if i:
-                g = tape.pop()(g)
+        logits, vjp = nn.sage_apply(params, blocks, X[blocks[0].src])
+        _, g = nn.cross_entropy(logits, y[blocks[-1].dst])
+        grads = vjp(g)
         opt.step(grads)
 
     return step

@@ -114,20 +114,9 @@ _IMPLEMENTATIONS = {ATTENTION_TARGET: {"cpu": _forward_host, "CUDA": _forward_de
                     ATTENTION_BWD_TARGET: {"cpu": _backward_host, "CUDA": _backward_device}}
 
 
-@functools.cache
-def _registered(target):
-    for platform, run in _IMPLEMENTATIONS[target].items():
-        try:
-            _ffi.register(target, platform, run)
-        except Exception as exc:  # (a JAX without that platform's plugin: its calls never lower there)
-            if platform == "cpu":
-                raise
-            del exc
-    return target
-
-
 def _call(target, shapes, key, *operands):
-    call = jax.ffi.ffi_call(_registered(target), [jax.ShapeDtypeStruct(s, d) for s, d in shapes],
+    name = _ffi.register_target(target, _IMPLEMENTATIONS[target])
+    call = jax.ffi.ffi_call(name, [jax.ShapeDtypeStruct(s, d) for s, d in shapes],
                             vmap_method="sequential")
     return call(*operands, op=np.int64(key))
 

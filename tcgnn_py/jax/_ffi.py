@@ -19,7 +19,7 @@ import numpy as np
 
 from .._cache import keep
 
-__all__ = ["register", "dtype_of", "host_view", "device_view", "API_VERSION"]
+__all__ = ["register", "register_target", "dtype_of", "host_view", "device_view", "API_VERSION"]
 
 #: The FFI API version (major, minor) the handlers declare: the one XLA's typed FFI has spoken since its release.
 API_VERSION = (0, 1)
@@ -193,6 +193,21 @@ def _error(api, code, message):
 
 
 _HANDLERS = {}  # name and platform -> the ctypes callback (it must outlive every program that calls it)
+_TARGETS = set()  # the names register_target has registered
+
+
+def register_target(name, runs):
+    """Register ``runs`` (``{platform: run}``) as FFI target ``name``, once; returns ``name``.  A platform this JAX
+    lacks (no CUDA plugin) is left out: its calls never lower there."""
+    if name not in _TARGETS:
+        for platform, run in runs.items():
+            try:
+                register(name, platform, run)
+            except Exception:  # noqa: BLE001
+                if platform == "cpu":
+                    raise
+        _TARGETS.add(name)
+    return name
 
 
 def register(name, platform, run, traits=0):

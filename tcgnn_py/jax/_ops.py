@@ -155,18 +155,6 @@ _IMPLEMENTATIONS = {SPMM_TARGET: {"cpu": _spmm_host, "CUDA": _spmm_device},
                     SDDMM_TARGET: {"cpu": _sddmm_host, "CUDA": _sddmm_device}}
 
 
-@functools.cache
-def _registered(target):
-    for platform, run in _IMPLEMENTATIONS[target].items():
-        try:
-            _ffi.register(target, platform, run)
-        except Exception as exc:  # (a JAX without that platform's plugin: its calls never lower there)
-            if platform == "cpu":
-                raise
-            del exc
-    return target
-
-
 #: JAX's names of a matmul precision (``jax.default_matmul_precision``, ``jax.lax.Precision``) as the library's:
 #: float32 where JAX asks for at least it (``"high"`` is bf16_3x there: nearer float32 than TF32), the library's
 #: default otherwise (TF32 tensor cores for float32 operands, as XLA's own GEMMs on the GPU).
@@ -195,7 +183,8 @@ def _precision(precision, what):
 
 
 def _call(target, key, shape, dtype, precision, *operands):
-    call = jax.ffi.ffi_call(_registered(target), jax.ShapeDtypeStruct(shape, dtype), vmap_method="sequential")
+    name = _ffi.register_target(target, _IMPLEMENTATIONS[target])
+    call = jax.ffi.ffi_call(name, jax.ShapeDtypeStruct(shape, dtype), vmap_method="sequential")
     return call(*operands, op=_attribute(key, precision))
 
 

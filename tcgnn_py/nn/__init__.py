@@ -11,8 +11,8 @@ reference path) and CuPy on the GPU; everything runs on the graph's device.
   :func:`graph_attention` (fused), :func:`linear`, :func:`relu`, :func:`elu`, :func:`dropout`,
   :func:`bias_act_dropout` (a layer's elementwise tail in one pass); loss :func:`cross_entropy`; metric
   :func:`accuracy`.
-- Models: :func:`gcn_init` / :func:`gcn_apply`, :func:`sage_init`, :func:`agnn_init` / :func:`agnn_apply`,
-  :func:`gat_init` / :func:`gat_apply`.
+- Models: :func:`gcn_init` / :func:`gcn_apply`, :func:`sage_init` / :func:`sage_apply`, :func:`agnn_init` /
+  :func:`agnn_apply`, :func:`gat_init` / :func:`gat_apply`.
 - Training: :class:`Adam`, :func:`glorot`, :func:`default_rng`, :func:`train` (full-batch, with model
   selection on the validation split).
 """
@@ -24,7 +24,7 @@ from ._layers import accuracy, bias_act_dropout, cross_entropy, dropout, elu, gc
 from ._models import agnn_apply, agnn_init, default_rng, gat_apply, gat_init, gcn_apply, gcn_init, glorot
 from ._norm import add_self_loops, gcn_norm
 from ._optim import Adam
-from ._sample import Block, NeighborLoader, sage_conv, sage_init, sample_blocks
+from ._sample import Block, NeighborLoader, sage_apply, sage_conv, sage_init, sample_blocks
 from ._train import TrainResult, train
 
 __all__ = [
@@ -60,4 +60,5 @@ __all__ = [
     "NeighborLoader",
     "sage_init",
     "sage_conv",
+    "sage_apply",
 ]

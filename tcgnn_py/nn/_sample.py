@@ -17,9 +17,10 @@ import numpy as np
 from .._device import array_module, get_cupy, use_gpu
 from .._tiled import TiledMatrix, spmm
 from ..sampling import GOLDEN, sample_neighbors
+from ._layers import dropout as drop, relu
 from ._models import glorot
 
-__all__ = ["Block", "sample_blocks", "NeighborLoader", "sage_init", "sage_conv"]
+__all__ = ["Block", "sample_blocks", "NeighborLoader", "sage_init", "sage_conv", "sage_apply"]
 
 _M64 = (1 << 64) - 1
 #: A block's products run the default launch for this many calls before their timed choice (the ``timed_after``
@@ -256,3 +257,35 @@ def sage_conv(block, H, W_self, W_neigh, b=None):
         return dH, H[:n_dst].T @ g, agg.T @ g, None if b is None else xp.sum(g, axis=0)
 
     return out, vjp
+
+
+def sage_apply(params, blocks, H, *, p=0.0, rng=None, training=True):
+    """A GraphSAGE model (:func:`sage_init`'s parameters) over a batch's blocks, input hop first: :func:`sage_conv`
+    per block, ReLU and dropout of rate ``p`` between them (drawn from ``rng`` where ``training``).
+
+    ``H`` holds the first block's sources' features (``X[blocks[0].src]``).  Returns ``(logits, vjp)``: the
+    logits of the last block's destinations (the batch's seeds), and ``vjp(g) -> grads`` by parameter name.
+    """
+    layers = sum(1 for name in params if name.startswith("W_self"))
+    if layers != len(blocks):
+        raise ValueError(f"sage_apply: the parameters have {layers} layers, the batch {len(blocks)} blocks")
+    tape = []
+    h = H
+    for i, block in enumerate(blocks):
+        h, vjp = sage_conv(block, h, params[f"W_self{i}"], params[f"W_neigh{i}"], params.get(f"b{i}"))
+        tape.append(vjp)
+        if i + 1 < len(blocks):
+            h, relu_vjp = relu(h)
+            h, drop_vjp = drop(h, p, rng, training=training) if p else (h, None)
+            tape.append((relu_vjp, drop_vjp))
+
+    def vjp(g):
+        grads = {}
+        for i in range(len(blocks) - 1, -1, -1):
+            g, grads[f"W_self{i}"], grads[f"W_neigh{i}"], grads[f"b{i}"] = tape.pop()(g)
+            if i:
+                relu_vjp, drop_vjp = tape.pop()
+                g = relu_vjp(g if drop_vjp is None else drop_vjp(g))
+        return grads
+
+    return h, vjp
