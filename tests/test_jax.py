@@ -452,7 +452,8 @@ def test_graph_attention_is_the_librarys_through_jit_with_its_vjp(score):
 
 def test_graph_attention_names_bad_arguments():
     rng = np.random.default_rng(13)
-    A, T = _matrix(rng, 12, 12)
+    A, _ = _matrix(rng, 12, 12)
+    T = tg.TiledMatrix(abs(A), device="cpu")
     V, s = jnp.ones((12, 4)), jnp.zeros((12, 2))
     with pytest.raises(ValueError, match="score must be one of"):
         tgj.graph_attention(T, V, heads=2, score="dot", s_src=s, s_dst=s)
@@ -472,6 +473,9 @@ def test_graph_attention_names_bad_arguments():
         tgj.graph_attention(T, V, heads=2, s_src=s, s_dst=s, dropout=0.5)
     with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\)"):
         tgj.graph_attention(T, V, heads=2, s_src=s, s_dst=s, dropout=1.0, key=jax.random.PRNGKey(0))
+    negative = tg.TiledMatrix(sp.csr_array(-np.eye(12, dtype=np.float32)), device="cpu")
+    with pytest.raises(ValueError, match="T holds negative values"):
+        tgj.graph_attention(negative, V, heads=2, s_src=s, s_dst=s)
 
 
 def test_graph_attention_on_the_gpu_is_the_fused_librarys():

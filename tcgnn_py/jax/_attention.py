@@ -235,6 +235,9 @@ def graph_attention(T, V, *, heads=1, score="additive", s_src=None, s_dst=None, 
             raise ValueError(f"Q and K must have shapes ({n}, d) and ({k}, d), got {ops[0].shape} and {ops[1].shape}")
     if not 0 <= dropout < 1:
         raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+    if T.nnz and bool((T.values < 0).any()):  # synchronize! (when traced: T is static)
+        raise ValueError("graph_attention: T holds negative values; its values are the softmax's weights "
+                         "(a_ij exp(z_ij)), which must be >= 0 (use A.astype(bool) for an unweighted graph)")
     if dropout and key is None:
         raise ValueError("attention dropout needs key (a jax.random key)")
     fused = jax.default_backend() == "cpu" or engine.reach(V, heads, score, ops[0] if score == "cosine" else None) \
