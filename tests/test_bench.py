@@ -599,7 +599,7 @@ def test_the_pure_jax_models_are_the_harness_models(model):
 def test_the_jax_models_aggregate_alike_by_segment_sum_bcoo_and_this_library(model):
     """The JAX models' three aggregations (the epoch table's JAX columns) give the same logits, on JAX's CPU
     backend (this library's products through tcgnn_py.jax's host implementation, the graph in its matrix's stored
-    order)."""
+    order; for AGNN and GAT also its fused attention, as the jax_tcgnn column trains them)."""
     jax = pytest.importorskip("jax", reason="the JAX models need JAX")
     import jax.numpy as jnp
 
@@ -612,13 +612,14 @@ def test_the_jax_models_aggregate_alike_by_segment_sum_bcoo_and_this_library(mod
     T = (nn.gcn_norm if model == "gcn" else nn.add_self_loops)(problem["adj"], device="cpu")
     X = jnp.asarray(problem["X"])
     with jax.default_matmul_precision("highest"):
-        graph, _, _ = _jax_models.aggregations(problem["adj"], model, "segment_sum")
+        graph, _, _, _ = _jax_models.aggregations(problem["adj"], model, "segment_sum")
         want = _jax_models.forward(model, params, graph, X)
         for aggregation in ("bcoo", "tcgnn"):
-            graph, product, cosines = _jax_models.aggregations(problem["adj"], model, aggregation, T)
-            got = _jax_models.forward(model, params, graph, X, product=product, cosines=cosines,
-                                      rows_sorted=aggregation != "tcgnn")
-            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=2e-5)
+            graph, product, cosines, attend = _jax_models.aggregations(problem["adj"], model, aggregation, T)
+            for fused in (None, attend) if attend else (None,):  # (the library's products, or its fused attention)
+                got = _jax_models.forward(model, params, graph, X, product=product, cosines=cosines,
+                                          rows_sorted=aggregation != "tcgnn", attend=fused)
+                np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=2e-5)
     with pytest.raises(ValueError, match="aggregation must be one of"):
         _jax_models.build(problem, model, aggregation="scatter")
 

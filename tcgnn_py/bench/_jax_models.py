@@ -20,7 +20,7 @@ __all__ = ["available", "aggregations", "build", "forward", "graph_arrays", "ini
 MODELS = ("gcn", "agnn", "gat")
 #: The aggregations of the JAX models: ``jax.ops.segment_sum`` over the edges (what GNNs in JAX write), a
 #: ``jax.experimental.sparse.BCOO`` product, or this library's products inside the jitted step (``tcgnn_py.jax``:
-#: its product, with the attention as the entries' values for AGNN and GAT, and AGNN's cosines by its SDDMM).
+#: its product for GCN, its fused attention for AGNN and GAT).
 AGGREGATIONS = ("segment_sum", "bcoo", "tcgnn")
 
 
@@ -74,7 +74,7 @@ def _softmax_rows(scores, rows, weights, n, rows_sorted=True):
     return ex / total[rows]
 
 
-def forward(model, params, graph, X, key=None, p=0.0, product=None, cosines=None, rows_sorted=True):
+def forward(model, params, graph, X, key=None, p=0.0, product=None, cosines=None, rows_sorted=True, attend=None):
     """The logits of ``model`` (``params`` a dict of JAX arrays; ``graph`` :func:`graph_arrays` as JAX arrays)
     on features ``X``; dropout of rate ``p`` drawn from ``key`` (none where ``key`` is None).
 
@@ -82,7 +82,9 @@ def forward(model, params, graph, X, key=None, p=0.0, product=None, cosines=None
     ``segment_sum`` (:data:`AGGREGATIONS`; ``w`` the graph's ``weights`` or the attention, ``(nnz,)`` or
     ``(nnz, heads)`` for ``h`` of ``heads`` blocks of columns); ``cosines(hn)``: AGNN's ``<hn_row, hn_col>`` per
     entry another way than gathers; ``rows_sorted``: whether the graph's entries are in row order (CSR's; a
-    tiled matrix's stored order is not)."""
+    tiled matrix's stored order is not); ``attend(V, heads, score, operands, p, key)``: AGNN's and GAT's whole
+    attention (scores, softmax over each row's entries, dropout of rate ``p`` on it, aggregation) in one
+    operation (this library's fused one), in place of those steps."""
     jax = _jax()
     jnp = jax.numpy
     rows, cols, weights, n = graph
@@ -112,6 +114,9 @@ def forward(model, params, graph, X, key=None, p=0.0, product=None, cosines=None
                                                                                     for k in params))]
         for beta in betas:
             hn = h / jnp.maximum(jnp.linalg.norm(h, axis=1, keepdims=True), 1e-12)
+            if attend is not None:
+                h = attend(h, 1, "cosine", dict(Q=hn, K=hn, beta=jnp.reshape(beta, (1,))), 0.0, None)
+                continue
             cos = cosines(hn)[:, None]
             h = aggregate(_softmax_rows(beta * cos, rows, weights, n, rows_sorted)[:, 0], h)
         return drop(h) @ params["W_out"] + params["b_out"]
@@ -119,6 +124,10 @@ def forward(model, params, graph, X, key=None, p=0.0, product=None, cosines=None
     def gat(h, W, a_src, a_dst, heads):
         wh = (h @ W).reshape(n, heads, -1)
         s_src, s_dst = jnp.sum(wh * a_src, axis=2), jnp.sum(wh * a_dst, axis=2)  # (n, heads)
+        if attend is not None:
+            dropping = keys is not None and p
+            return attend(wh.reshape(n, -1), heads, "additive", dict(s_src=s_src, s_dst=s_dst, negative_slope=0.2),
+                          p if dropping else 0.0, next(keys) if dropping else None)
         att = drop(_softmax_rows(jax.nn.leaky_relu(s_src[cols] + s_dst[rows], 0.2), rows, weights, n, rows_sorted))
         return aggregate(att, wh.reshape(n, -1))
 
@@ -128,15 +137,15 @@ def forward(model, params, graph, X, key=None, p=0.0, product=None, cosines=None
 
 
 def aggregations(adj, model, aggregation, T=None):
-    """``(graph, product, cosines)`` for :func:`forward`: the graph's arrays (JAX arrays; in ``T``'s stored order
-    for this library's products, ``T`` the model's matrix as :mod:`tcgnn_py.nn` makes it) and the aggregation's
-    functions (None: segment operations)."""
+    """``(graph, product, cosines, attend)`` for :func:`forward`: the graph's arrays (JAX arrays; in ``T``'s stored
+    order for this library's products, ``T`` the model's matrix as :mod:`tcgnn_py.nn` makes it) and the
+    aggregation's functions (None: segment operations; ``attend``: this library's fused attention)."""
     jax = _jax()
     jnp = jax.numpy
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
     if aggregation == "tcgnn":
-        from ..jax import entries, sddmm, spmm
+        from ..jax import entries, graph_attention, sddmm, spmm
 
         rows, cols = entries(T)
         weights = np.asarray(T.values if T.device == "cpu" else T.values.get(), np.float32)
@@ -147,11 +156,14 @@ def aggregations(adj, model, aggregation, T=None):
                 return spmm(T, h)  # (its own values: the bound product)
             return _per_head(jnp, w, h, lambda wk, hk: spmm(T, hk, values=wk))
 
-        return graph, product, lambda hn: sddmm(T, hn)
+        def attend(V, heads, score, operands, p, key):
+            return graph_attention(T, V, heads=heads, score=score, dropout=p, key=key, **operands)
+
+        return graph, product, lambda hn: sddmm(T, hn), attend
     rows, cols, weights, n = graph_arrays(adj, model)
     graph = (jnp.asarray(rows), jnp.asarray(cols), jnp.asarray(weights), n)
     if aggregation == "segment_sum":
-        return graph, None, None
+        return graph, None, None, None
     from jax.experimental import sparse
 
     index = jnp.stack([graph[0], graph[1]], axis=1)
@@ -159,7 +171,7 @@ def aggregations(adj, model, aggregation, T=None):
     def product(w, h):
         return _per_head(jnp, w, h, lambda wk, hk: sparse.BCOO((wk, index), shape=(n, n), indices_sorted=True) @ hk)
 
-    return graph, product, None
+    return graph, product, None, None
 
 
 def _per_head(jnp, w, h, aggregate):
@@ -187,7 +199,7 @@ def build(problem, model, hidden=16, gat=(8, 8), aggregation="segment_sum"):
 
         # (on the GPU where the harness runs there, as the other columns)
         T = (nn.gcn_norm if model == "gcn" else nn.add_self_loops)(problem["adj"])
-    graph, product, cosines = aggregations(problem["adj"], model, aggregation, T)
+    graph, product, cosines, attend = aggregations(problem["adj"], model, aggregation, T)
     import optax
 
     c = problem["n_classes"]
@@ -202,7 +214,7 @@ def build(problem, model, hidden=16, gat=(8, 8), aggregation="segment_sum"):
     tx = optax.chain(optax.add_decayed_weights(5e-4, mask), optax.adam(lr))  # L2 in the gradient, as nn.Adam
 
     def loss(params, key):
-        logits = forward(model, params, graph, X, key, p, product, cosines, aggregation != "tcgnn")
+        logits = forward(model, params, graph, X, key, p, product, cosines, aggregation != "tcgnn", attend)
         return optax.softmax_cross_entropy_with_integer_labels(logits[idx], labels[idx]).mean()
 
     @jax.jit
