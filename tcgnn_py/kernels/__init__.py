@@ -7,8 +7,15 @@ Numba CUDA kernels (imported lazily: importing them imports Numba):
 ``reorder``
     The N:M reorder's bit packing, position codes, meta-block counts and
     stage-2 swap rounds.
+``locality``
+    The locality reorder's coarsening step (each vertex's best partner).
+``nm_windows``
+    The N:M layouts' window grouping, one warp per row window.
+``sample``
+    The neighbor sampler: each node's draws, Floyd's algorithm past the
+    fan-out.
 ``warp``
-    What both share: ``FULL_MASK`` and the warp-level binary search.
+    What they share: ``FULL_MASK`` and the warp-level binary search.
 
 CuPy RawModule kernel families (CUDA C++ kept as Python strings), compiled
 once per process and device through :func:`registry.get_kernel`:
