@@ -524,3 +524,43 @@ def test_graph_attention_passes_check_grads_and_vmaps():
     got = jax.vmap(lambda V: f(V, s_src, s_dst))(Vs)
     for i in range(3):
         np.testing.assert_allclose(np.asarray(got[i]), np.asarray(f(Vs[i], s_src, s_dst)), rtol=1e-6, atol=1e-6)
+
+
+def test_a_bound_call_is_kept_as_its_fixed_replay_or_its_bound_launch_on_xlas_stream(monkeypatch):
+    """_keep_bound (the GPU handler's, with the GPU's pieces standing in): nothing until the plan has bound; the
+    plan's fixed replay of these operands where it gives one; else its bound launch, run inside XLA's stream."""
+    import contextlib
+
+    from tcgnn_py._cache import Store
+    from tcgnn_py.jax import _ops
+
+    entered = []
+    monkeypatch.setattr(_ops, "_device", lambda: 0)
+    monkeypatch.setattr(_ops, "xla_stream", lambda ptr: contextlib.nullcontext(entered.append(ptr)))
+
+    class Plan:
+        def __init__(self, bound):
+            self.bound = bound
+
+    ran = []
+
+    def bound(*operands):
+        ran.append(operands)
+
+    store = Store(8)
+    _ops._keep_bound(store, "k0", 5, "sig", ("X", "Y"))  # no plan yet
+    store["sig"] = Plan(None)
+    _ops._keep_bound(store, "k0", 5, "sig", ("X", "Y"))  # a plan not bound yet
+    assert "k0" not in store
+    store["sig"] = Plan(bound)
+    _ops._keep_bound(store, "k1", 5, "sig", ("X", "Y"))
+    store["k1"]()
+    assert ran == [("X", "Y")] and entered == [5]
+    bound.fixed = lambda *operands: (lambda: ran.append(("replay",) + operands))
+    _ops._keep_bound(store, "k2", 5, "sig", ("X", "Y"))
+    store["k2"]()
+    assert ran[-1] == ("replay", "X", "Y") and entered == [5]  # (a replay holds its stream: no switch)
+    bound.fixed = lambda *operands: None  # (an out that overlaps X: no replay)
+    _ops._keep_bound(store, "k3", 5, "sig", ("X", "Y"))
+    store["k3"]()
+    assert ran[-1] == ("X", "Y") and entered == [5, 5]

@@ -262,6 +262,14 @@ def test_a_fixed_launch_writes_every_slot_once_and_replays_them(test_families, m
     assert units in replay.held and Y in replay.held and scratch in replay.held
     with pytest.raises(TypeError, match="takes 2 operands"):
         L.fixed(units)
+    # a launch with a follower (a fixup): the follower fixed too, on the operand it takes, after the launch
+    fixup = kl.make(test_families[0], "tc_test<float, 1>", 1, 32, ("Y",),
+                    dict(units=_array(11), n=1, slope=0.0, m=2, v=0, seed=_array(3),
+                         partial=kl.Scratch("p", (1,), "f")), scratch={})
+    seen.clear()
+    both = L._replace(then=(fixup, 1)).fixed(units, Y)
+    both()
+    assert [slots for _, _, slots in seen] == [[10, 5, 30, 40, 0, 6, 0, 2], [11, 1, 30, 40, 0, 2, 0, 3]]
 
 
 def test_the_blas_loader_takes_a_name_then_the_mapped_copy():

@@ -111,8 +111,6 @@ def _keep_bound(store, key, stream, signature_, operands):
     plan = store.get(signature_)
     if plan is None or plan.bound is None:
         return
-    import cupy as cp
-
     fixed = getattr(plan.bound, "fixed", None)
     call = fixed(*operands) if fixed is not None else None
     if call is None:
@@ -122,7 +120,14 @@ def _keep_bound(store, key, stream, signature_, operands):
             with xla_stream(stream):
                 bound(*operands)
 
-    store.put(key, call, (cp.cuda.runtime.getDevice(), stream))
+    store.put(key, call, (_device(), stream))
+
+
+def _device():
+    """The current CUDA device's id (a bound call's place in a store is its device and stream)."""
+    import cupy as cp
+
+    return cp.cuda.runtime.getDevice()
 
 
 class _StreamHandle:
