@@ -24,6 +24,7 @@ from .. import nn
 from ..products import attention as engine
 from ..products import pointwise
 from . import _ffi, _matrices
+from ._ops import entries, sddmm, spmm, xla_stream
 
 __all__ = ["graph_attention", "ATTENTION_TARGET", "ATTENTION_BWD_TARGET"]
 
@@ -82,8 +83,6 @@ def _backward_host(stream, args, rets, code):
 
 
 def _forward_device(stream, args, rets, code):
-    from ._ops import xla_stream
-
     mkey, heads, score, slope, dropout = _PARAMS[code]
     T = _matrices.device_matrix(mkey)
     with xla_stream(stream):
@@ -96,8 +95,6 @@ def _forward_device(stream, args, rets, code):
 
 
 def _backward_device(stream, args, rets, code):
-    from ._ops import xla_stream
-
     mkey, heads, score, slope, dropout = _PARAMS[code]
     T = _matrices.device_matrix(mkey)
     with xla_stream(stream):
@@ -150,8 +147,6 @@ _fused.defvjp(_fused_fwd, _fused_bwd)
 def edge_softmax(T, z):
     """``P_e ∝ a_e exp(z_e)`` over each row's entries (``z`` ``(nnz,)`` or ``(nnz, heads)``, T's stored order),
     stable (each row's maximum subtracted); an entry of weight 0 takes no part."""
-    from ._ops import entries
-
     rows, _ = entries(T)
     n = T.shape[0]
     w = jnp.asarray(np.asarray(T.values if T.device == "cpu" else T.values.get(), np.float32))
@@ -166,8 +161,6 @@ def edge_softmax(T, z):
 def _unfused(T, V, heads, score, ops, slope, dropout, key):
     """The sequence the fused kernels replace, as matrix operations (the library's SDDMM and products with the
     attention as the entries' values, a softmax over each row's entries in ``jnp``)."""
-    from ._ops import entries, sddmm, spmm
-
     rows, cols = entries(T)
     if score == "additive":
         s_src, s_dst = ops

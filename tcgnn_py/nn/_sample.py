@@ -16,13 +16,12 @@ import numpy as np
 
 from .._device import array_module, get_cupy, use_gpu
 from .._tiled import TiledMatrix, spmm
-from ..sampling import GOLDEN, sample_neighbors
+from ..sampling import GOLDEN, sample_neighbors, splitmix64
 from ._layers import dropout as drop, relu
 from ._models import glorot
 
 __all__ = ["Block", "sample_blocks", "NeighborLoader", "sage_init", "sage_conv", "sage_apply"]
 
-_M64 = (1 << 64) - 1
 #: A block's products run the default launch for this many calls before their timed choice (the ``timed_after``
 #: launch option, set on the block's tiling): a block serves a step's few products and is dropped, and timing a
 #: family's candidates costs what hundreds of its products do.
@@ -77,10 +76,7 @@ def _fanouts(fanouts):
 
 def _key(seed, hop):
     """The sampler's key of ``hop`` for ``seed`` (any Python int): splitmix64 of both."""
-    z = (int(seed) * 0x100000001B3 + (hop + 1) * GOLDEN) & _M64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
-    return z ^ (z >> 31)
+    return splitmix64(int(seed) * 0x100000001B3 + (hop + 1) * GOLDEN)
 
 
 def sample_blocks(A, seeds, fanouts, *, seed=0, device=None, layout=None, format="tiled"):

@@ -7,7 +7,7 @@ import numpy as np
 
 from .._device import array_module
 
-__all__ = ["sample_reference", "sample_neighbors", "GOLDEN", "NODE_MIX"]
+__all__ = ["sample_reference", "sample_neighbors", "splitmix64", "GOLDEN", "NODE_MIX"]
 
 _M64 = (1 << 64) - 1
 #: splitmix64's increment and the node's multiplier in a draw's counter (as :mod:`tcgnn_py.kernels.sample`: a test
@@ -15,16 +15,18 @@ _M64 = (1 << 64) - 1
 GOLDEN, NODE_MIX = 0x9E3779B97F4A7C15, 0xD1B54A32D192ED03
 
 
+def splitmix64(z):
+    """splitmix64's output of the counter ``z`` (a Python int, taken mod 2**64)."""
+    z &= _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
 def _draws(key, v, k):
     """The draws ``t = 0 .. k-1`` of node ``v`` (Python ints): :func:`tcgnn_py.kernels.sample.draw`."""
     base = (int(key) ^ (int(v) * NODE_MIX)) & _M64
-    out = []
-    for t in range(k):
-        z = (base + (t + 1) * GOLDEN) & _M64
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
-        out.append(z ^ (z >> 31))
-    return out
+    return [splitmix64(base + (t + 1) * GOLDEN) for t in range(k)]
 
 
 def sample_reference(indptr, indices, nodes, fanout, key):
