@@ -107,6 +107,28 @@ def test_a_released_matrix_fails_its_compiled_program_with_a_clear_error():
     np.testing.assert_array_equal(np.asarray(tgj.spmm(T, x)), A.toarray() @ np.ones((12, 2)))  # traced anew
 
 
+def test_a_device_copy_is_published_after_the_device_wait(monkeypatch):
+    """A program's first call of a matrix on the GPU waits for the device once, after the copy is made and before
+    the handler may use it (XLA's stream is not ordered after the streams the copy was made on); later calls
+    find it without waiting."""
+    from tcgnn_py.jax import _matrices
+
+    rng = np.random.default_rng(9)
+    _, T = _matrix(rng, 12, 12)
+    key, events = _matrices.key_of(T), []
+
+    class Copy:
+        def __init__(self, T, **kw):
+            events.append(("copy", kw["device"]))
+
+    monkeypatch.setattr(_matrices, "TiledMatrix", Copy)
+    monkeypatch.setattr(_matrices, "_synchronize", lambda: events.append(("wait", _matrices._MATRICES[key][2])))
+    first = _matrices.device_matrix(key)
+    assert isinstance(first, Copy) and events == [("copy", "cuda"), ("wait", None)]  # (not yet published)
+    assert _matrices.device_matrix(key) is first and len(events) == 2
+    tgj.release(T)
+
+
 def test_gcn_conv_and_its_gradients_against_dense_jax():
     """A GCN layer (either order of its products) and its gradients in every operand: the same as the dense
     formula in jnp (exact on integers)."""
@@ -296,6 +318,35 @@ def test_importing_tcgnn_py_does_not_import_jax():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=dict(os.environ, TCGNN_PY_DEVICE="cpu"))
     assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="the GPU implementation needs CuPy and a GPU")
+def test_a_matrix_still_being_written_is_complete_at_its_first_jitted_call():
+    """Work queued on CuPy's stream before a matrix's first jitted call (here a kernel that writes its values
+    after spinning ~0.1 s) is complete when XLA's stream reads the matrix, with nothing synchronized by the
+    caller."""
+    import cupy as cp
+
+    if jax.default_backend() != "gpu":
+        pytest.skip("JAX has no GPU backend here")
+    late = cp.RawKernel(r"""
+    extern "C" __global__ void late(const float* src, float* dst, int n, long long cycles) {
+        long long t0 = clock64();
+        while (clock64() - t0 < cycles) {}
+        for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+    }""", "late")
+    rng = np.random.default_rng(11)
+    A = int_graph(rng, 64, 64, degree=6).astype(np.float32)
+    T = tg.TiledMatrix(A, device="cuda")
+    T.values[...] = 0
+    cp.cuda.get_current_stream().synchronize()
+    T2 = T.with_values(cp.asarray(ints(rng, T.nnz)))  # (the values to come, in the matrix's stored order)
+    late((1,), (128,), (T2.values, T.values, np.int32(T.nnz), np.int64(2 * 10**8)))
+    x = ints(rng, 64, 8)
+    got = np.asarray(jax.jit(lambda x: tgj.spmm(T, x))(jnp.asarray(x)))
+    np.testing.assert_array_equal(got, T2.toarray().astype(np.float64) @ x)
+    tgj.release(T)
 
 
 @pytest.mark.gpu

@@ -55,18 +55,29 @@ def host_matrix(key):
 
 def device_matrix(key):
     """The matrix of ``key`` on the GPU (itself there, else a device copy made once): a program on JAX's GPU
-    backend may close over a matrix built on the host."""
+    backend may close over a matrix built on the host.  Its first call here waits for the device once, as XLA's
+    stream is not ordered after the streams the matrix (or its copy) was built on: without the wait a program's
+    first product may read a matrix still being written."""
     entry = _MATRICES.get(key)
     if entry is not None and entry[2] is not None:  # (a call's first step: one lookup)
         return entry[2]
-    return _on(key, 2, "cuda")
+    return _on(key, 2, "cuda", _synchronize)
 
 
-def _on(key, slot, device):
+def _synchronize():
+    import cupy
+
+    cupy.cuda.runtime.deviceSynchronize()  # synchronize! (once per matrix: what built it is complete)
+
+
+def _on(key, slot, device, ready=None):
     entry = _entry(key)
     if entry[slot] is None:
         T = entry[0]
-        entry[slot] = T if T.device == device else TiledMatrix(T, dtype=T.dtype, layout=T.layout.name, device=device)
+        copy = T if T.device == device else TiledMatrix(T, dtype=T.dtype, layout=T.layout.name, device=device)
+        if ready is not None:
+            ready()
+        entry[slot] = copy
     return entry[slot]
 
 
