@@ -324,7 +324,7 @@ def test_importing_tcgnn_py_does_not_import_jax():
 @pytest.mark.skipif(not GPU, reason="the GPU implementation needs CuPy and a GPU")
 def test_a_matrix_still_being_written_is_complete_at_its_first_jitted_call():
     """Work queued on CuPy's stream before a matrix's first jitted call (here a kernel that writes its values
-    after spinning ~0.1 s) is complete when XLA's stream reads the matrix, with nothing synchronized by the
+    after spinning ~0.5 s) is complete when XLA's stream reads the matrix, with nothing synchronized by the
     caller."""
     import cupy as cp
 
@@ -342,10 +342,11 @@ def test_a_matrix_still_being_written_is_complete_at_its_first_jitted_call():
     T.values[...] = 0
     cp.cuda.get_current_stream().synchronize()
     T2 = T.with_values(cp.asarray(ints(rng, T.nnz)))  # (the values to come, in the matrix's stored order)
-    late((1,), (128,), (T2.values, T.values, np.int32(T.nnz), np.int64(2 * 10**8)))
-    x = ints(rng, 64, 8)
-    got = np.asarray(jax.jit(lambda x: tgj.spmm(T, x))(jnp.asarray(x)))
-    np.testing.assert_array_equal(got, T2.toarray().astype(np.float64) @ x)
+    x = jnp.asarray(ints(rng, 64, 8))
+    f = jax.jit(lambda x: tgj.spmm(T, x)).lower(x).compile()  # (compiled first: the call follows the kernel at once)
+    late((1,), (128,), (T2.values, T.values, np.int32(T.nnz), np.int64(10**9)))
+    got = np.asarray(f(x))
+    np.testing.assert_array_equal(got, T2.toarray().astype(np.float64) @ np.asarray(x))
     tgj.release(T)
 
 

@@ -85,6 +85,28 @@ def test_the_kernel_draws_the_references_sample(xp):
         np.testing.assert_array_equal(host(got), want)
 
 
+@pytest.mark.parametrize("where", ["cpu", "cuda"])
+def test_relabel_is_the_sort_based_definition_call_after_call(where):
+    """A hop's sources are its destinations then the other sampled nodes ascending, each entry's column its node's
+    position there -- as ``unique`` and ``isin`` define them -- and the dense map is whole again after each call."""
+    if where == "cuda" and not GPU:
+        pytest.skip("the GPU side needs CuPy and a GPU")
+    xp = np if where == "cpu" else __import__("cupy")
+    rng = np.random.default_rng(3)
+    n = 50
+    relabel = _sample.Relabel(n, xp)
+    for _ in range(6):
+        nodes = rng.permutation(n)[:rng.integers(0, 12)].astype(np.int64)
+        cols = rng.integers(0, n, rng.integers(0, 40)).astype(np.int32)
+        src, local = relabel(xp.asarray(nodes), xp.asarray(cols))
+        uniq = np.unique(cols)
+        want = np.concatenate([nodes, uniq[~np.isin(uniq, nodes)]])
+        np.testing.assert_array_equal(host(src), want)
+        assert host(src).dtype == np.int64 and host(local).dtype == np.int32
+        np.testing.assert_array_equal(want[host(local)], cols)
+        assert (host(relabel.slot) == -1).all() and not host(relabel.mark).any()
+
+
 def test_blocks_are_bipartite_hops_destinations_first():
     A = _graph(60, seed=2)
     seeds = np.array([4, 9, 0, 33])

@@ -16,7 +16,7 @@ import numpy as np
 
 from .._device import array_module, get_cupy, use_gpu
 from .._tiled import TiledMatrix, spmm
-from ..sampling import GOLDEN, sample_neighbors, splitmix64
+from ..sampling import GOLDEN, Relabel, sample_neighbors, splitmix64
 from ._layers import dropout as drop, relu
 from ._models import glorot
 
@@ -47,13 +47,28 @@ class Block:
         return f"Block(n_dst={self.n_dst}, n_src={self.adj.shape[1]}, nnz={self.adj.nnz}, {type(self.adj).__name__})"
 
 
+class _Graph:
+    """A graph to sample: ``indptr`` int64, ``indices`` int32, ``n`` nodes, on one side, with its relabelling map
+    (made at its first batch, kept for the next ones)."""
+
+    __slots__ = ("indptr", "indices", "n", "_relabel")
+
+    def __init__(self, indptr, indices, n):
+        self.indptr, self.indices, self.n, self._relabel = indptr, indices, n, None
+
+    def relabel(self):
+        if self._relabel is None:
+            self._relabel = Relabel(self.n, array_module(self.indptr))
+        return self._relabel
+
+
 def _graph(A, device):
-    """``(indptr int64, indices int32, n)`` of a square sparse matrix, on ``device``'s side."""
+    """The :class:`_Graph` of a square sparse matrix, on ``device``'s side."""
     import scipy.sparse as sp
 
     from .._validation import coerce_csr
 
-    if isinstance(A, tuple) and len(A) == 3 and isinstance(A[2], int):  # (an earlier _graph: kept as it is)
+    if isinstance(A, _Graph):  # (an earlier _graph: kept as it is)
         return A
     _, indices, indptr, shape = coerce_csr(A if not sp.issparse(A) else sp.csr_array(A))
     if shape[0] != shape[1]:
@@ -63,7 +78,7 @@ def _graph(A, device):
         xp = get_cupy() if device == "cuda" else np
         indptr = xp.asarray(indptr) if xp is not np else get_cupy().asnumpy(indptr)
         indices = xp.asarray(indices) if xp is not np else get_cupy().asnumpy(indices)
-    return xp.asarray(indptr, np.int64), xp.asarray(indices, np.int32), shape[0]
+    return _Graph(xp.asarray(indptr, np.int64), xp.asarray(indices, np.int32), shape[0])
 
 
 def _fanouts(fanouts):
@@ -110,7 +125,8 @@ def sample_blocks(A, seeds, fanouts, *, seed=0, device=None, layout=None, format
     """
     if format not in ("tiled", "csr"):
         raise ValueError(f"format must be 'tiled' or 'csr', got {format!r}")
-    indptr, indices, n = _graph(A, device)
+    graph = _graph(A, device)
+    indptr, indices, n = graph.indptr, graph.indices, graph.n
     xp = array_module(indptr)
     fanouts = _fanouts(fanouts)
     given = np.asarray(seeds) if xp is np or array_module(seeds) is np else seeds
@@ -126,10 +142,7 @@ def sample_blocks(A, seeds, fanouts, *, seed=0, device=None, layout=None, format
     hops = []
     for h, k in enumerate(fanouts):
         ptr, cols = sample_neighbors(indptr, indices, nodes, k, _key(seed, h))
-        uniq = xp.unique(cols)
-        src = xp.concatenate([nodes, uniq[~xp.isin(uniq, nodes)].astype(np.int64)])
-        order = xp.argsort(src)
-        local = order[xp.searchsorted(src[order], cols)].astype(np.int32)
+        src, local = graph.relabel()(nodes, cols)
         rows = xp.searchsorted(ptr, xp.arange(cols.shape[0]), side="right") - 1  # each entry's row
         values = (1.0 / xp.maximum(xp.diff(ptr), 1)).astype(np.float32)[rows]
         shape = (nodes.shape[0], src.shape[0])
@@ -169,7 +182,7 @@ class NeighborLoader:
         self._graph = _graph(A, self._device)
         self.fanouts = _fanouts(fanouts)
         nodes = np.asarray(nodes if array_module(nodes) is np else get_cupy().asnumpy(nodes))
-        n = self._graph[2]
+        n = self._graph.n
         if nodes.ndim != 1 or (nodes.size and (nodes.min() < 0 or nodes.max() >= n)):
             raise ValueError(f"nodes must be a 1-D array of node ids in [0, {n})")
         self.nodes, self.batch_size, self.shuffle, self.seed = nodes.astype(np.int64), int(batch_size), shuffle, seed

@@ -3,11 +3,13 @@ replacement, seeded: the ``sample_rows`` Numba kernel (:mod:`tcgnn_py.kernels.sa
 reference on the host, the same neighbors for the same key.
 """
 
+import threading
+
 import numpy as np
 
 from .._device import array_module
 
-__all__ = ["sample_reference", "sample_neighbors", "splitmix64", "GOLDEN", "NODE_MIX"]
+__all__ = ["sample_reference", "sample_neighbors", "Relabel", "splitmix64", "GOLDEN", "NODE_MIX"]
 
 _M64 = (1 << 64) - 1
 #: splitmix64's increment and the node's multiplier in a draw's counter (as :mod:`tcgnn_py.kernels.sample`: a test
@@ -72,3 +74,38 @@ def sample_neighbors(indptr, indices, nodes, fanout, key):
         launch(sample_rows, (nodes.shape[0] + 127) // 128, 128, indptr, indices, nodes, int(fanout),
                np.uint64(key), ptr, cols)
     return ptr, cols
+
+
+class Relabel:
+    """A hop's source nodes and each sampled entry's column among them, by a dense map of one graph's ``n`` nodes
+    (NumPy or CuPy, as ``xp``): its slots are made once and reset after each call, so a hop costs a few passes
+    over what it sampled and one scan of the marks -- no sort (a sort-based ``unique`` / ``isin`` per hop costs
+    several times more on the GPU)."""
+
+    def __init__(self, n, xp):
+        self.slot = xp.full(n, -1, np.int32)  # node -> its column in the hop's sources, -1 where none
+        self.mark = xp.zeros(n, np.int8)  # the nodes the hop sampled that are not its destinations
+        self._xp, self._lock = xp, threading.Lock()
+
+    def __call__(self, nodes, cols):
+        """``(src, local)``: ``src`` the destinations ``nodes`` (distinct, int64) then the other nodes of ``cols``
+        ascending (int64), ``local[i]`` the position of ``cols[i]`` in ``src`` (int32)."""
+        xp, slot, mark = self._xp, self.slot, self.mark
+        with self._lock:
+            new = None
+            try:
+                mark[cols] = 1
+                mark[nodes] = 0
+                new = xp.flatnonzero(mark)  # synchronize! (how many new sources)
+                mark[new] = 0
+                n_dst = nodes.shape[0]
+                slot[nodes] = xp.arange(n_dst, dtype=np.int32)
+                slot[new] = xp.arange(n_dst, n_dst + new.shape[0], dtype=np.int32)
+                local = slot[cols]
+            finally:  # (the map is whole again for the next call, whatever happened)
+                slot[nodes] = -1
+                if new is None:
+                    mark[...] = 0
+                else:
+                    slot[new] = -1
+        return xp.concatenate([nodes, new.astype(np.int64)]), local
