@@ -126,6 +126,10 @@ def test_blocks_are_bipartite_hops_destinations_first():
             np.testing.assert_allclose(row[row != 0], 1 / len(picked))  # the mean over the sampled neighbors
     again = tg.nn.sample_blocks(A, seeds, [3, 2], seed=7, device="cpu")
     assert all((a.adj.toarray() == b.adj.toarray()).all() and (a.src == b.src).all() for a, b in zip(blocks, again))
+    for block, csr in zip(blocks, (b.adj for b in tg.nn.sample_blocks(A, seeds, [3, 2], seed=7, device="cpu",
+                                                                      format="csr"))):
+        assert all((np.diff(csr.indices[a:b]) > 0).all() for a, b in zip(csr.indptr[:-1], csr.indptr[1:]))  # (sorted)
+        np.testing.assert_array_equal(csr.toarray(), block.adj.toarray())
 
 
 def test_a_blocks_products_keep_the_default_launch_untimed_transpose_included():

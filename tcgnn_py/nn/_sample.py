@@ -144,6 +144,9 @@ def sample_blocks(A, seeds, fanouts, *, seed=0, device=None, layout=None, format
         ptr, cols = sample_neighbors(indptr, indices, nodes, k, _key(seed, h))
         src, local = graph.relabel()(nodes, cols)
         rows = xp.searchsorted(ptr, xp.arange(cols.shape[0]), side="right") - 1  # each entry's row
+        # Each row's columns ascending: a canonical CSR, which the translation takes as it is (unsorted rows cost
+        # a failed pass and a sort inside it).  A row's values are all equal, so only the columns move.
+        local = local[xp.argsort(rows * src.shape[0] + local)]
         values = (1.0 / xp.maximum(xp.diff(ptr), 1)).astype(np.float32)[rows]
         shape = (nodes.shape[0], src.shape[0])
         if format == "csr":
