@@ -322,36 +322,6 @@ def test_importing_tcgnn_py_does_not_import_jax():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="the GPU implementation needs CuPy and a GPU")
-def test_a_matrix_still_being_written_is_complete_at_its_first_jitted_call():
-    """Work queued on CuPy's stream before a matrix's first jitted call (here a kernel that writes its values
-    after spinning ~0.5 s) is complete when XLA's stream reads the matrix, with nothing synchronized by the
-    caller."""
-    import cupy as cp
-
-    if jax.default_backend() != "gpu":
-        pytest.skip("JAX has no GPU backend here")
-    late = cp.RawKernel(r"""
-    extern "C" __global__ void late(const float* src, float* dst, int n, long long cycles) {
-        long long t0 = clock64();
-        while (clock64() - t0 < cycles) {}
-        for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
-    }""", "late")
-    rng = np.random.default_rng(11)
-    A = int_graph(rng, 64, 64, degree=6).astype(np.float32)
-    T = tg.TiledMatrix(A, device="cuda")
-    T.values[...] = 0
-    cp.cuda.get_current_stream().synchronize()
-    T2 = T.with_values(cp.asarray(ints(rng, T.nnz)))  # (the values to come, in the matrix's stored order)
-    x = jnp.asarray(ints(rng, 64, 8))
-    f = jax.jit(lambda x: tgj.spmm(T, x)).lower(x).compile()  # (compiled first: the call follows the kernel at once)
-    late((1,), (128,), (T2.values, T.values, np.int32(T.nnz), np.int64(10**9)))
-    got = np.asarray(f(x))
-    np.testing.assert_array_equal(got, T2.toarray().astype(np.float64) @ np.asarray(x))
-    tgj.release(T)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not GPU, reason="the GPU implementation needs CuPy and a GPU")
 def test_jitted_spmm_on_the_gpu_is_the_product():
     """On JAX's GPU backend: the library's kernels on XLA's stream over XLA's buffers, exact on integers, with
     gradients; a matrix built on the host runs through its device copy."""

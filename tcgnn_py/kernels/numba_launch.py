@@ -29,6 +29,8 @@ from .._device import patch_numpy_for_numba
 patch_numpy_for_numba()  # before Numba compiles anything (numba-cuda 0.30 calls numpy.row_stack)
 from numba import config, cuda  # noqa: E402
 
+config.CUDA_LOW_OCCUPANCY_WARNINGS = 0  # (small graphs launch small grids by nature: every launch comes here)
+
 from .driver import launch as driver_launch  # noqa: E402
 from .driver import slot_value
 

@@ -1,17 +1,14 @@
 """Layer 1: what the Numba kernels share -- the full warp mask, a binary search, a lane-group scan.
 
 Importing this module imports Numba; it also applies the NumPy alias that
-numba-cuda 0.30 needs on NumPy 2.5 and silences Numba's low-occupancy warning
-(small graphs launch small grids by nature).
+numba-cuda 0.30 needs on NumPy 2.5.
 """
 
 from .._device import patch_numpy_for_numba
 
 patch_numpy_for_numba()
 
-from numba import config, cuda  # noqa: E402
-
-config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
+from numba import cuda  # noqa: E402
 
 __all__ = ["FULL_MASK", "lower_bound", "inclusive_scan"]
 
