@@ -425,6 +425,45 @@ def test_baselines_file_adds_columns_to_the_epoch_table(tmp_path, monkeypatch):
     assert "otherlib 9.9" in text and "otherlib" in text.split("## Training epochs (ms)")[1]
 
 
+FAKE_SAMPLE_BASELINES = FAKE_BASELINES + """
+import os
+
+
+def sample_builders():
+    def build(problem, hidden):
+        def train(seeds, blocks):
+            with open(os.environ["TCGNN_PY_TEST_SEEN"], "a") as f:
+                kinds = ",".join(type(b.adj).__name__ for b in blocks)
+                f.write(f"{len(seeds)} {kinds} {blocks[-1].dst.tolist() == list(seeds)}\\n")
+        return train
+    return {"otherlib": build, "absent": lambda problem, hidden: None}
+"""
+
+
+def test_baselines_file_trains_its_layers_on_the_samplers_blocks(tmp_path, monkeypatch, capsys):
+    """``sample_builders()`` adds a column to the sampled table: its ``train`` gets each batch's seeds and the
+    sampler's CSR blocks, with the sampling and without it; a build that returns None adds none."""
+    from tcgnn_py.bench import _sample
+    from tcgnn_py.bench.__main__ import main
+
+    monkeypatch.setenv("TCGNN_PY_DEVICE", "cpu")
+    monkeypatch.setenv("TCGNN_PY_TEST_SEEN", str(tmp_path / "seen.txt"))
+    (tmp_path / "other.py").write_text(FAKE_SAMPLE_BASELINES)
+    assert main(["banded:300:3", "--device", "cpu", "--ops", "sample", "--repeat", "1",
+                 "--baselines", str(tmp_path / "other.py")]) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("| graph | nnz | sampled"))
+    assert "epoch ms otherlib (trained only)" in header and "× otherlib (× trained only)" in header
+    assert "absent" not in header
+    row = next(line for line in out.splitlines() if line.startswith("| banded:300:3 |"))
+    assert len(row.split("|")) == len(header.split("|"))
+    seen = (tmp_path / "seen.txt").read_text().splitlines()
+    # a first step, three warm-up steps, then STEPS with the sampling and STEPS on batches sampled before
+    assert len(seen) == 4 + 2 * _sample.STEPS
+    kinds = "csr_array," * (len(_sample.FANOUTS) - 1) + "csr_array"
+    assert all(line.split()[1:] == [kinds, "True"] and int(line.split()[0]) > 0 for line in seen)
+
+
 def test_baselines_file_that_is_missing_is_an_argument_error(tmp_path, monkeypatch, capsys):
     from tcgnn_py.bench.__main__ import main
 

@@ -31,7 +31,9 @@ back, and GPU-only (calls queued behind a spin kernel, the host's time outside):
   forward and forward + backward, fused against the library's unfused
   sequence and against the --baselines file's layers;
 * with sample: the neighbor sampler's sampled entries per second, and a
-  sampled GraphSAGE epoch on tiled blocks beside cupyx's (scipy's) products;
+  sampled GraphSAGE epoch on tiled blocks beside cupyx's (scipy's) products
+  and the --baselines file's layers on the same blocks, each with the
+  sampling and without it;
 * with jax (JAX installed): the jitted aggregation A @ X (D = 64) by
   tcgnn_py.jax against jax.ops.segment_sum and a BCOO product, per
   aggregation of a jitted chain and in one call, and the chain's time per
@@ -195,10 +197,10 @@ def main(argv=None):
             locate_graph(spec)
         except (FileNotFoundError, ValueError) as e:
             ap.error(f"graph {spec!r}: {e}")
-    extra, extra_attention = {}, {}
+    extra, extra_attention, extra_sample = {}, {}, {}
     if args.baselines:
         try:
-            extra, versions, extra_attention = load_baselines(args.baselines)
+            extra, versions, extra_attention, extra_sample = load_baselines(args.baselines)
         except (OSError, ValueError, ImportError, AttributeError) as e:
             ap.error(f"--baselines {args.baselines}: {e}")
     env = environment(gpu, argv)
@@ -232,7 +234,7 @@ def main(argv=None):
         if "sample" in args.ops:
             from ._sample import bench_sample, sample_markdown
 
-            rows = bench_sample(spec, min(args.repeat, 5), "cuda" if gpu else "cpu")
+            rows = bench_sample(spec, min(args.repeat, 5), "cuda" if gpu else "cpu", extra_sample)
             print(sample_markdown(rows))  # (per graph as it is measured)
             samplerows += rows
     for line in summary(graphs, args.summary_min_nnz):

@@ -7,7 +7,9 @@ Per graph (features and labels as the epoch table's, :func:`tcgnn_py.bench.gnn_p
 * ``epoch``: milliseconds per sampled training epoch (:data:`STEPS` batches of the training nodes, sampling
   included) of a GraphSAGE of ``len(FANOUTS)`` mean layers (:data:`HIDDEN` features, ReLU, Adam): on tiled
   blocks with this library's products (``tcgnn_py``), and on CSR blocks with cupyx's products (``cupyx``;
-  scipy's on the host) -- what a CuPy user would write around the same sampler.
+  scipy's on the host) -- what a CuPy user would write around the same sampler -- and on the same CSR blocks with
+  another framework's layers (the ``--baselines`` file's ``sample_builders()``); each also without the sampling
+  (``ms_trained``: the same number of batches sampled beforehand, then trained on).
 """
 
 import statistics
@@ -27,45 +29,85 @@ STEPS = 10
 HIDDEN = 64
 
 
-def _step_fn(problem, fmt, device, seed=0):
-    """One sampled training step per call, on ``fmt`` blocks ("tiled" or "csr")."""
+def _loader(problem, fmt, device, seed=0):
+    """The training nodes' sampled batches, :data:`FANOUTS` and :data:`BATCH`, on ``fmt`` blocks, as an endless
+    ``next_batch() -> (seeds, blocks)``."""
     from .. import nn
 
-    gpu = device == "cuda"
+    loader = nn.NeighborLoader(problem["adj"], problem["train_idx"], list(FANOUTS), BATCH, seed=seed,
+                               device=device, format=fmt)
+    batches = iter(())
+
+    def next_batch():
+        nonlocal batches
+        try:
+            return next(batches)
+        except StopIteration:
+            batches = iter(loader)
+            return next(batches)
+
+    return next_batch
+
+
+def _trainer(problem, device, seed=0):
+    """``train(seeds, blocks)``: one GraphSAGE step (:data:`HIDDEN` features, ReLU, Adam) on a batch's blocks,
+    tiled (this library's products) or CSR (scipy's or cupyx's)."""
+    from .. import nn
+
     xp = np
-    if gpu:
+    if device == "cuda":
         import cupy as xp
     X, y = xp.asarray(problem["X"]), xp.asarray(problem["labels"])
     rng = np.random.default_rng(seed)
     dims = (X.shape[1],) + (HIDDEN,) * (len(FANOUTS) - 1) + (problem["n_classes"],)
     params = {k: xp.asarray(v) for k, v in nn.sage_init(dims, rng).items()}
     opt = nn.Adam(params, lr=0.01)
-    loader = nn.NeighborLoader(problem["adj"], problem["train_idx"], list(FANOUTS), BATCH, seed=seed,
-                               device=device, format=fmt)
-    batches = iter(())
 
-    def step():
-        nonlocal batches
-        try:
-            _, blocks = next(batches)
-        except StopIteration:
-            batches = iter(loader)
-            _, blocks = next(batches)
+    def train(seeds, blocks):
         logits, vjp = nn.sage_apply(params, blocks, X[blocks[0].src])
         _, g = nn.cross_entropy(logits, y[blocks[-1].dst])
-        grads = vjp(g)
-        opt.step(grads)
+        opt.step(vjp(g))
 
-    return step
+    return train
 
 
 def _no_sync():
     return None
 
 
-def bench_sample(spec, repeat=5, device=None):
+def _epochs(next_batch, train, sync, repeat):
+    """Median milliseconds of :data:`STEPS` steps with the sampling (each step samples its batch, then trains) and
+    without it (the same number of batches sampled beforehand, then trained on)."""
+    for _ in range(3):
+        train(*next_batch())
+    sync()
+    with_sampling, trained = [], []
+    for _ in range(repeat):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(STEPS):
+            train(*next_batch())
+        sync()
+        with_sampling.append(1e3 * (time.perf_counter() - t0))
+        batches = [next_batch() for _ in range(STEPS)]
+        sync()
+        t0 = time.perf_counter()
+        for batch in batches:
+            train(*batch)
+        sync()
+        trained.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(with_sampling), statistics.median(trained)
+
+
+def bench_sample(spec, repeat=5, device=None, extra=None):
     """Rows ``{graph, nnz, kind, impl, ...}``: the sampler's ``entries_per_s`` and ``ms`` per batch, and each
-    implementation's ``ms`` per sampled epoch."""
+    implementation's ``ms`` per sampled epoch (sampling included) and ``ms_trained`` (the same batches sampled
+    beforehand).
+
+    ``extra`` maps another framework's name to ``build(problem, hidden) -> train(seeds, blocks)`` or None: a
+    GraphSAGE of the same widths trained on the same CSR blocks (scipy's on the host, cupyx's on the GPU;
+    :class:`tcgnn_py.nn.Block`), kept outside this package (the ``--baselines`` file's ``sample_builders()``).
+    """
     from .. import nn
     from .._device import use_gpu
     from ..kernels.registry import wait_for_compiles
@@ -77,7 +119,7 @@ def bench_sample(spec, repeat=5, device=None):
     if gpu:
         import cupy
 
-        sync = cupy.cuda.Device().synchronize
+        sync = cupy.cuda.Device().synchronize  # (every stream: another framework's too)
     problem = gnn_problem(spec)
     A = problem["adj"]
     n = A.shape[0]
@@ -96,35 +138,40 @@ def bench_sample(spec, repeat=5, device=None):
     ms = 1e3 * statistics.median(t for t, _ in samples)
     rows = [dict(base, kind="sampler", impl="tcgnn_py", ms=ms,
                  entries_per_s=statistics.median(e / t for t, e in samples))]
-    for impl, fmt in (("tcgnn_py", "tiled"), ("cupyx" if gpu else "scipy", "csr")):
-        step = _step_fn(problem, fmt, device)
-        for _ in range(3):
-            step()
+    impls = [("tcgnn_py", "tiled", _trainer(problem, device)),
+             ("cupyx" if gpu else "scipy", "csr", _trainer(problem, device))]
+    for name, build in (extra or {}).items():
+        train = build(problem, HIDDEN)
+        if train is not None:
+            impls.append((name, "csr", train))
+    for impl, fmt, train in impls:
+        next_batch = _loader(problem, fmt, device)
+        train(*next_batch())
         sync()
         wait_for_compiles()
-        step()
-        times = []
-        for _ in range(repeat):
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(STEPS):
-                step()
-            sync()
-            times.append(1e3 * (time.perf_counter() - t0))
-        rows.append(dict(base, kind="epoch", impl=impl, ms=statistics.median(times)))
+        ms, trained = _epochs(next_batch, train, sync, repeat)
+        rows.append(dict(base, kind="epoch", impl=impl, ms=ms, ms_trained=trained))
     return rows
 
 
 def sample_markdown(rows):
-    """Table: per graph, the sampler's millions of sampled entries per second and milliseconds per batch, and the
-    sampled epoch's milliseconds per implementation with this library's speedup."""
-    lines = [f"| graph | nnz | sampled M entries/s | sampling ms / batch of {BATCH} | epoch ms tcgnn_py | "
-             "epoch ms (cupyx or scipy) | × |", "|---|---|---|---|---|---|---|"]
+    """Table: per graph, the sampler's millions of sampled entries per second and milliseconds per batch, and each
+    implementation's milliseconds per sampled epoch (in brackets: the same batches sampled beforehand), with this
+    library's speedup over each (its epoch with the sampling over theirs with it, and over theirs without it)."""
+    impls = list(dict.fromkeys(r["impl"] for r in rows if r["kind"] == "epoch"))
+    others = [i for i in impls if i != "tcgnn_py"]
+    lines = [f"| graph | nnz | sampled M entries/s | sampling ms / batch of {BATCH} | "
+             + " | ".join(f"epoch ms {i} (trained only)" for i in impls) + " | "
+             + " | ".join(f"× {i} (× trained only)" for i in others) + " |",
+             "|---|---|---|---|" + "---|" * (len(impls) + len(others))]
     for g in dict.fromkeys(r["graph"] for r in rows):
         mine = [r for r in rows if r["graph"] == g]
         s = next(r for r in mine if r["kind"] == "sampler")
-        ours = next(r["ms"] for r in mine if r["kind"] == "epoch" and r["impl"] == "tcgnn_py")
-        theirs = next(r["ms"] for r in mine if r["kind"] == "epoch" and r["impl"] != "tcgnn_py")
-        lines.append(f"| {g} | {s['nnz']:,} | {s['entries_per_s'] / 1e6:.1f} | {s['ms']:.2f} | {ours:.1f} | "
-                     f"{theirs:.1f} | {theirs / ours:.2f}× |")
+        epoch = {r["impl"]: r for r in mine if r["kind"] == "epoch"}
+        cells = [f"{epoch[i]['ms']:.1f} ({epoch[i]['ms_trained']:.1f})" if i in epoch else "–" for i in impls]
+        ours = epoch.get("tcgnn_py")
+        ratios = [f"{epoch[i]['ms'] / ours['ms']:.2f}× ({epoch[i]['ms_trained'] / ours['ms']:.2f}×)"
+                  if ours and i in epoch else "–" for i in others]
+        lines.append(f"| {g} | {s['nnz']:,} | {s['entries_per_s'] / 1e6:.1f} | {s['ms']:.2f} | "
+                     + " | ".join(cells + ratios) + " |")
     return "\n".join(lines)
