@@ -172,6 +172,15 @@ def test_bad_sampling_input_fails_with_clear_errors():
         tg.nn.sample_blocks(A, [[1]], [2], device="cpu")
     with pytest.raises(ValueError, match="A must be square"):
         tg.nn.sample_blocks(sp.csr_array(np.ones((3, 4))), [0], [2], device="cpu")
+    one = np.ones(2, np.float32)  # (arrays scipy's constructor takes without a full check)
+    for indices, indptr, message in (([0, 3], [0, 1, 2, 2], r"indices must be < 3"),
+                                     ([0, -1], [0, 1, 2, 2], "indices must be >= 0"),
+                                     ([0, 1], [0, 2, 1, 2], "indptr must be a non-decreasing sequence")):
+        bad = sp.csr_array((one, np.array(indices), np.array(indptr)), shape=(3, 3), copy=False)
+        with pytest.raises(ValueError, match=message):
+            tg.nn.sample_blocks(bad, [0], [2], device="cpu")
+        with pytest.raises(ValueError, match=message):
+            tg.nn.NeighborLoader(bad, [0], [2], 1, device="cpu")
     with pytest.raises(ValueError, match="batch_size must be a positive int"):
         tg.nn.NeighborLoader(A, [0, 1], [2], 0, device="cpu")
     with pytest.raises(ValueError, match=r"nodes must be a 1-D array of node ids in \[0, 10\)"):

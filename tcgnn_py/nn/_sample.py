@@ -78,7 +78,30 @@ def _graph(A, device):
         xp = get_cupy() if device == "cuda" else np
         indptr = xp.asarray(indptr) if xp is not np else get_cupy().asnumpy(indptr)
         indices = xp.asarray(indices) if xp is not np else get_cupy().asnumpy(indices)
-    return _Graph(xp.asarray(indptr, np.int64), xp.asarray(indices, np.int32), shape[0])
+    indptr, indices = xp.asarray(indptr, np.int64), xp.asarray(indices)
+    _check_graph(xp, indptr, indices, shape[0])
+    return _Graph(indptr, indices.astype(np.int32, copy=False), shape[0])
+
+
+def _check_graph(xp, indptr, indices, n):
+    """scipy's full check of a graph's CSR arrays, in its words, once per graph (a loader's, or each call's
+    matrix): the sampler's kernel reads ``indices[indptr[v]:indptr[v + 1]]`` and its map has ``n`` slots, so an
+    entry out of range would be read or written past them."""
+    if indptr.shape[0] != n + 1:
+        raise ValueError(f"index pointer size {indptr.shape[0]} should be {n + 1}")
+    first, last = (int(v) for v in (indptr[0], indptr[-1]))  # synchronize!
+    if first != 0:
+        raise ValueError("index pointer should start with 0")
+    if last > indices.shape[0]:
+        raise ValueError("Last value of index pointer should be less than the size of index and data arrays")
+    if n and bool(xp.any(indptr[1:] < indptr[:-1])):  # synchronize!
+        raise ValueError("indptr must be a non-decreasing sequence")
+    if last:
+        lo, hi = (int(v) for v in (indices[:last].min(), indices[:last].max()))  # synchronize!
+        if hi >= n:
+            raise ValueError(f"indices must be < {n}")
+        if lo < 0:
+            raise ValueError("indices must be >= 0")
 
 
 def _fanouts(fanouts):
