@@ -345,7 +345,9 @@ def results_page(env, graphs, reorders, gnn, args, first=None, attention=None, a
                   "sampled entries per second and milliseconds per batch), and a sampled training epoch "
                   f"({STEPS} batches of the training nodes, sampling included) of GraphSAGE ({len(FANOUTS)} mean "
                   f"layers of {HIDDEN}) on tiled blocks and this library's products, beside the same pipeline on "
-                  "CSR blocks and cupyx's products (scipy's on the host).", "", sample_markdown(samplerows), ""]
+                  "CSR blocks and cupyx's products (scipy's on the host) and the `--baselines` file's layers on the "
+                  "same CSR blocks; in brackets, each epoch on the same number of batches sampled beforehand "
+                  "(the training alone).", "", sample_markdown(samplerows), ""]
     if first:
         lines += ["## Time to the first product", "", first, ""]
     return "\n".join(lines).rstrip() + "\n"

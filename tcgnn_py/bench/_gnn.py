@@ -188,7 +188,7 @@ def load_baselines(path):
     the ``extra`` that :func:`bench_gnn` takes; ``attention_builders()`` returns ``{name: build(problem,
     score, heads) -> (fwd(i), fwd_bwd(i)) or None}``, the ``extra`` of :func:`bench_attention`;
     ``sample_builders()`` returns ``{name: build(problem, hidden) -> train(seeds, blocks) or None}``, the ``extra``
-    of :func:`tcgnn_py.bench.bench_sample` (``{}`` where the file has none).  Other frameworks' models live in
+    of the sampled table's ``bench_sample`` (``{}`` where the file has none).  Other frameworks' models live in
     such a file, so this package imports none of them.
     """
     mod = _load(path)
