@@ -139,7 +139,25 @@ def test_a_blocks_products_keep_the_default_launch_untimed_transpose_included():
     (block,) = tg.nn.sample_blocks(A, [1, 2, 3], [4], device="cpu")
     assert block.adj.tiling.peek("timed_after") == tg.nn._sample.BLOCK_TIMED_AFTER > 3
     assert block.adj.T.tiling.peek("timed_after") == tg.nn._sample.BLOCK_TIMED_AFTER
+    assert block.adj_t.tiling.peek("timed_after") == tg.nn._sample.BLOCK_TIMED_AFTER
     assert tg.TiledMatrix(A, device="cpu").T.tiling.peek("timed_after") is None
+
+
+@pytest.mark.parametrize("layout", ["vector", "tcgnn"])
+def test_a_blocks_transpose_from_its_entries_is_the_tilings_transpose(layout):
+    """``adj_t``, made from the sampled entries, is ``adj.T`` made from the tiling: the same translation, array for
+    array (so a backward's products are the same bit for bit), made once; a CSR block's is its matrix's ``.T``."""
+    from tcgnn_py.tiles import STRUCTURE
+
+    A = _graph(80, seed=10)
+    for block in tg.nn.sample_blocks(A, np.arange(0, 80, 7), [5, 3], seed=4, device="cpu", layout=layout):
+        mine, theirs = block.adj_t, block.adj.T
+        assert mine is block.adj_t and mine.shape == block.adj.shape[::-1] and mine.layout == theirs.layout
+        for name in STRUCTURE:
+            np.testing.assert_array_equal(getattr(mine.tiling, name), getattr(theirs.tiling, name))
+        np.testing.assert_array_equal(mine.values, theirs.values)
+    (csr,) = tg.nn.sample_blocks(A, [3, 9], [4], device="cpu", format="csr")
+    np.testing.assert_array_equal(csr.adj_t.toarray(), csr.adj.toarray().T)
 
 
 def test_an_empty_batch_and_an_isolated_node_have_their_defined_blocks():

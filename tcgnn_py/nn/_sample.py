@@ -16,6 +16,7 @@ import numpy as np
 
 from .._device import array_module, get_cupy, use_gpu
 from .._tiled import TiledMatrix, spmm
+from ..tiles import coo_to_csr_order
 from ..sampling import GOLDEN, Relabel, sample_neighbors, splitmix64
 from ._layers import dropout as drop, relu
 from ._models import glorot
@@ -31,17 +32,38 @@ BLOCK_TIMED_AFTER = 64
 class Block:
     """One hop of a sampled batch: ``adj`` (``n_dst x n_src``, each row the mean over its sampled neighbors:
     ``1 / count`` on its entries; a :class:`~tcgnn_py.TiledMatrix`, or a scipy / cupyx CSR matrix where sampled
-    with ``format="csr"``), ``src`` (the global ids of its source nodes, the destinations first) and ``n_dst``."""
+    with ``format="csr"``), ``src`` (the global ids of its source nodes, the destinations first) and ``n_dst``.
+    ``adj_t`` is ``adj``'s transpose, what a layer's backward multiplies by."""
 
-    __slots__ = ("adj", "src", "n_dst")
+    __slots__ = ("adj", "src", "n_dst", "_entries", "_adj_t")
 
-    def __init__(self, adj, src, n_dst):
+    def __init__(self, adj, src, n_dst, entries=None):
         self.adj, self.src, self.n_dst = adj, src, n_dst
+        self._entries, self._adj_t = entries, None
 
     @property
     def dst(self):
         """The destination nodes' global ids (the first ``n_dst`` sources)."""
         return self.src[:self.n_dst]
+
+    @property
+    def adj_t(self):
+        """``adj``'s transpose (``n_src x n_dst``), made on first use.  A tiled block built from its sampled entries
+        makes it from them -- one sort by column and one translation -- rather than from the tiling (whose
+        transpose first recovers every entry's row and column, then sorts and translates): the same matrix,
+        translated from the same CSR."""
+        if self._adj_t is None:
+            if self._entries is None:
+                self._adj_t = self.adj.T
+            else:
+                rows, cols, values = self._entries
+                shape = self.adj.shape[::-1]
+                order, indices, indptr = coo_to_csr_order(cols, rows, shape)
+                t = TiledMatrix((values[order], indices, indptr), shape=shape, layout=self.adj.layout.name,
+                                device=self.adj.device)
+                t.tiling.put("timed_after", BLOCK_TIMED_AFTER)
+                self._adj_t, self._entries = t, None
+        return self._adj_t
 
     def __repr__(self):
         return f"Block(n_dst={self.n_dst}, n_src={self.adj.shape[1]}, nnz={self.adj.nnz}, {type(self.adj).__name__})"
@@ -172,12 +194,14 @@ def sample_blocks(A, seeds, fanouts, *, seed=0, device=None, layout=None, format
         local = local[xp.argsort(rows * src.shape[0] + local)]
         values = (1.0 / xp.maximum(xp.diff(ptr), 1)).astype(np.float32)[rows]
         shape = (nodes.shape[0], src.shape[0])
+        entries = None
         if format == "csr":
             adj = _csr(xp, values, local, ptr, shape)
         else:
             adj = TiledMatrix((values, local, ptr), shape=shape, layout=layout, device="cpu" if xp is np else "cuda")
             adj.tiling.put("timed_after", BLOCK_TIMED_AFTER)
-        hops.append(Block(adj, src, int(nodes.shape[0])))
+            entries = (rows.astype(np.int32), local, values)  # (adj_t is made from them, if a backward asks)
+        hops.append(Block(adj, src, int(nodes.shape[0]), entries))
         nodes = src
     return hops[::-1]
 
@@ -286,7 +310,7 @@ def sage_conv(block, H, W_self, W_neigh, b=None):
 
     def vjp(g):
         xp = array_module(g)
-        dH = spmm(A.T, g @ W_neigh.T) if tiled else A.T @ (g @ W_neigh.T)
+        dH = spmm(block.adj_t, g @ W_neigh.T) if tiled else block.adj_t @ (g @ W_neigh.T)
         dH = dH.astype(H.dtype, copy=False)
         dH[:n_dst] += g @ W_self.T
         return dH, H[:n_dst].T @ g, agg.T @ g, None if b is None else xp.sum(g, axis=0)
