@@ -464,6 +464,52 @@ def test_baselines_file_trains_its_layers_on_the_samplers_blocks(tmp_path, monke
     assert all(line.split()[1:] == [kinds, "True"] and int(line.split()[0]) > 0 for line in seen)
 
 
+FAKE_CLASSIFY_BASELINES = FAKE_BASELINES + """
+import os
+
+
+def classify_builders():
+    def build(problem, hidden, layers):
+        def step(ids, learn):
+            with open(os.environ["TCGNN_PY_TEST_SEEN"], "a") as f:
+                f.write(f"{len(ids)} {learn} {hidden} {layers}\\n")
+            return 0.0, len(ids) if not learn else 0
+        return step
+    return {"otherlib": build}
+"""
+
+
+def test_graph_classification_table_and_its_csr_normalisation(tmp_path, monkeypatch, capsys):
+    """``--ops classify`` on a folder of small graphs: this library's column, the CSR pipeline's (whose
+    normalisation is gcn_norm's), and the baselines file's ``classify_builders()`` on the same batches of graph
+    ids, every epoch's and then the test set's; the results page has the section."""
+    from tcgnn_py import nn
+    from tcgnn_py.bench import _classify
+    from tcgnn_py.bench.__main__ import main
+
+    A = sp.csr_array(sp.random_array((30, 30), density=0.2, rng=np.random.default_rng(1)) > 0, dtype=np.float32)
+    np.testing.assert_allclose(_classify._csr_norm(A, np).toarray(), nn.gcn_norm(A, device="cpu").toarray(),
+                               rtol=1e-6, atol=1e-7)
+    monkeypatch.setenv("TCGNN_PY_DEVICE", "cpu")
+    monkeypatch.setenv("TCGNN_PY_TEST_SEEN", str(tmp_path / "seen.txt"))
+    folder = _graph_set(tmp_path / "graphs")
+    (tmp_path / "other.py").write_text(FAKE_CLASSIFY_BASELINES)
+    page = tmp_path / "page.md"
+    assert main([str(folder), "--device", "cpu", "--ops", "classify", "--epochs", "2",
+                 "--baselines", str(tmp_path / "other.py"), "--page", str(page)]) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("| graphs | count |"))
+    assert header.count("epoch ms") == 3 and "× scipy" in header and "× otherlib" in header
+    row = next(line for line in out.splitlines() if line.startswith("| graphs | 40 |"))
+    assert "(100.0 %)" in row.split("|")[5]  # (the fake counts every test graph right)
+    seen = [line.split() for line in (tmp_path / "seen.txt").read_text().splitlines()]
+    n_train = int(0.8 * 40)
+    assert [int(s[0]) for s in seen if s[1] == "True"] == [n_train] * 2  # one batch of every training graph, twice
+    assert [int(s[0]) for s in seen if s[1] == "False"] == [40 - n_train]
+    assert all(s[2:] == [str(_classify.HIDDEN), str(_classify.LAYERS)] for s in seen)
+    assert "## Graph classification" in page.read_text()
+
+
 def test_baselines_file_that_is_missing_is_an_argument_error(tmp_path, monkeypatch, capsys):
     from tcgnn_py.bench.__main__ import main
 
@@ -572,7 +618,25 @@ def test_cache_nbytes_counts_each_cached_array_once_and_nothing_else():
     assert t.cache_nbytes() == base + 40 + 24 + (32 if GPU else 0)
 
 
-_CLI_OPS = ("spmm", "sddmm", "sgt", "reorder", "gcn", "agnn", "gat", "attention", "jax", "sample")
+_CLI_OPS = ("spmm", "sddmm", "sgt", "reorder", "gcn", "agnn", "gat", "attention", "jax", "sample", "classify")
+
+
+def _graph_set(folder, n_graphs=40, seed=0):
+    """A folder of small graphs as ``proteins_full`` holds them: one block-diagonal ``adj_csr.npz``, node labels,
+    ``graph_indicator.npy`` and ``graph_labels.npy`` (1 and 2, as the set's)."""
+    rng = np.random.default_rng(seed)
+    graphs = []
+    for _ in range(n_graphs):
+        n = int(rng.integers(1, 12))
+        g = sp.random_array((n, n), density=0.3, rng=rng, format="csr")
+        graphs.append(((g + g.T) > 0).astype(np.float32))
+    folder.mkdir()
+    sp.save_npz(folder / "adj_csr.npz", sp.csr_array(sp.block_diag(graphs, format="csr")))
+    sizes = [g.shape[0] for g in graphs]
+    np.save(folder / "labels.npy", rng.integers(0, 3, sum(sizes)))
+    np.save(folder / "graph_indicator.npy", np.repeat(np.arange(n_graphs), sizes))
+    np.save(folder / "graph_labels.npy", rng.integers(1, 3, n_graphs))
+    return folder
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -587,6 +651,8 @@ def test_cli_runs_every_op(op, device, tmp_path, monkeypatch):
     if device == "cpu":
         monkeypatch.setenv("TCGNN_PY_DEVICE", "cpu")
     graph = "cora" if device == "cuda" else "powerlaw:60:300"
+    if op == "classify":
+        graph = str(_graph_set(tmp_path / "graphs"))
     args = [graph, "--device", device, "--ops", op, "--repeat", "1", "--inputs", "1", "--epochs", "1",
             "--json", str(tmp_path / "r.json"), "--page", str(tmp_path / "page.md")]
     if op in ("spmm", "sddmm"):

@@ -36,7 +36,7 @@ def main():
     builders, versions = {}, {}
     if args.baselines:
         try:
-            builders, versions, _, _ = load_baselines(args.baselines)
+            builders, versions, *_ = load_baselines(args.baselines)
         except ImportError as exc:
             print(f"baselines of {args.baselines} not available ({exc}): tcgnn_py and cupyx only")
 

@@ -34,6 +34,10 @@ back, and GPU-only (calls queued behind a spin kernel, the host's time outside):
   sampled GraphSAGE epoch on tiled blocks beside cupyx's (scipy's) products
   and the --baselines file's layers on the same blocks, each with the
   sampling and without it;
+* with classify (a folder of small graphs, such as proteins_full): a graph
+  classification epoch on batches joined into one matrix every step, with
+  its test accuracy, beside the same layers on cupyx's (scipy's) products
+  and the --baselines file's models;
 * with jax (JAX installed): the jitted aggregation A @ X (D = 64) by
   tcgnn_py.jax against jax.ops.segment_sum and a BCOO product, per
   aggregation of a jitted chain and in one call, and the chain's time per
@@ -57,7 +61,7 @@ import sys
 from ._report import markdown, plot_speedups, print_graph, print_reorder, summary
 from ._run import DEFAULT_DIMS, ORDERS
 
-_OPS = ("spmm", "sddmm", "sgt", "reorder", "gcn", "agnn", "gat", "attention", "jax", "sample")
+_OPS = ("spmm", "sddmm", "sgt", "reorder", "gcn", "agnn", "gat", "attention", "jax", "sample", "classify")
 
 
 def _ints(text):
@@ -121,7 +125,8 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("graphs", nargs="+", metavar="GRAPH")
     ap.add_argument("--ops", type=_ops, default=("spmm", "sddmm"),
-                    help="comma-separated from spmm, sddmm, sgt, reorder, gcn, agnn, gat, attention, jax, sample "
+                    help="comma-separated from spmm, sddmm, sgt, reorder, gcn, agnn, gat, attention, jax, sample, "
+                         "classify "
                          "(default spmm,sddmm; preprocessing is measured unless only models are asked for)")
     ap.add_argument("--dims", type=_ints, default=None,
                     help="feature widths of the spmm and sddmm ops (default 32,64,128,256; the attention op times 64 "
@@ -131,7 +136,8 @@ def main(argv=None):
                          "16-bit ones run the vector layout's 16-bit kernel beside cuSPARSE fp32 and 16-bit")
     ap.add_argument("--repeat", type=int, default=20, help="timed calls per median (default 20)")
     ap.add_argument("--inputs", type=int, default=4, help="fresh random inputs rotated between calls")
-    ap.add_argument("--epochs", type=int, default=20, help="training epochs per timed batch (gcn, agnn, gat)")
+    ap.add_argument("--epochs", type=int, default=20,
+                    help="training epochs per timed batch (gcn, agnn, gat), and of each classify run")
     ap.add_argument("--pattern", default="2:4", help="N:M or V:N:M pattern of the reorder, or 'locality'")
     ap.add_argument("--order", choices=ORDERS, default=None,
                     help="renumber each graph's vertices first and measure the renumbered graph")
@@ -197,10 +203,10 @@ def main(argv=None):
             locate_graph(spec)
         except (FileNotFoundError, ValueError) as e:
             ap.error(f"graph {spec!r}: {e}")
-    extra, extra_attention, extra_sample = {}, {}, {}
+    extra, extra_attention, extra_sample, extra_classify = {}, {}, {}, {}
     if args.baselines:
         try:
-            extra, versions, extra_attention, extra_sample = load_baselines(args.baselines)
+            extra, versions, extra_attention, extra_sample, extra_classify = load_baselines(args.baselines)
         except (OSError, ValueError, ImportError, AttributeError) as e:
             ap.error(f"--baselines {args.baselines}: {e}")
     env = environment(gpu, argv)
@@ -214,9 +220,9 @@ def main(argv=None):
         print(f"--dtypes {','.join(d for d in args.dtypes if d != 'float32')}: not run on the host "
               "(the 16-bit products are measured on the GPU's 16-bit tensor cores only)")
     models = tuple(op for op in args.ops if op in ("gcn", "agnn", "gat"))
-    graphs, reorders, gnn, attention, jaxrows, samplerows = [], [], [], [], [], []
+    graphs, reorders, gnn, attention, jaxrows, samplerows, classifyrows = [], [], [], [], [], [], []
     for spec in args.graphs:
-        if set(args.ops) - set(models) - {"attention", "jax", "sample"}:  # products, sgt, reorder: with preprocessing
+        if set(args.ops) - set(models) - {"attention", "jax", "sample", "classify"}:  # products, sgt, reorder
             g = bench_graph(spec, products, args.dims, args.repeat, args.inputs, "cuda" if gpu else "cpu",
                             env["copy_bandwidth_gbps"] * 1e9, dtypes=args.dtypes, order=args.order)
             print_graph(g)
@@ -237,6 +243,15 @@ def main(argv=None):
             rows = bench_sample(spec, min(args.repeat, 5), "cuda" if gpu else "cpu", extra_sample)
             print(sample_markdown(rows))  # (per graph as it is measured)
             samplerows += rows
+        if "classify" in args.ops:
+            from ._classify import bench_classify, classify_markdown
+
+            try:
+                rows = bench_classify(spec, args.epochs, "cuda" if gpu else "cpu", extra_classify)
+            except FileNotFoundError as e:
+                ap.error(f"--ops classify: {e}")
+            print(classify_markdown(rows))  # (per folder as it is measured)
+            classifyrows += rows
     for line in summary(graphs, args.summary_min_nnz):
         print(line)
     if reorders:
@@ -252,7 +267,7 @@ def main(argv=None):
     if args.json:
         pathlib.Path(args.json).write_text(
             json.dumps({"env": env, "graphs": graphs, "reorder": reorders, "gnn": gnn, "attention": attention,
-                        "jax": jaxrows, "sample": samplerows}, indent=1))
+                        "jax": jaxrows, "sample": samplerows, "classify": classifyrows}, indent=1))
     if args.markdown:
         tables = markdown(graphs, reorders, summary_min_nnz=args.summary_min_nnz)
         pathlib.Path(args.markdown).write_text(tables + (gnn_markdown(gnn) if gnn else "")
@@ -271,7 +286,8 @@ def main(argv=None):
         pathlib.Path(args.page).write_text(results_page(env, graphs, reorders, gnn, args, first,
                                                         None if split else attention,
                                                         attention_link=args.attention_page if split else None,
-                                                        jaxrows=jaxrows, samplerows=samplerows))
+                                                        jaxrows=jaxrows, samplerows=samplerows,
+                                                        classifyrows=classifyrows))
         print(f"page: {args.page}")
         if split:
             pathlib.Path(args.attention_page).write_text(results_page(
@@ -282,7 +298,7 @@ def main(argv=None):
 
 
 def results_page(env, graphs, reorders, gnn, args, first=None, attention=None, attention_link=None,
-                 epochs_link=None, jaxrows=None, samplerows=None):
+                 epochs_link=None, jaxrows=None, samplerows=None, classifyrows=None):
     """The results page of one run: where and what ran, the geomeans, every table, the plot, the attention
     layers, the first product.  ``attention_link``: the page of the same run holding the attention tables;
     ``epochs_link`` (on that page): the page holding the run's other tables."""
@@ -348,6 +364,16 @@ def results_page(env, graphs, reorders, gnn, args, first=None, attention=None, a
                   "CSR blocks and cupyx's products (scipy's on the host) and the `--baselines` file's layers on the "
                   "same CSR blocks; in brackets, each epoch on the same number of batches sampled beforehand "
                   "(the training alone).", "", sample_markdown(samplerows), ""]
+    if classifyrows:
+        from ._classify import BATCH as C_BATCH, HIDDEN as C_HIDDEN, LAYERS, classify_markdown
+
+        lines += ["## Graph classification", "",
+                  f"Batches of {C_BATCH} small graphs joined into one block-diagonal graph and normalised every step "
+                  f"(a new matrix each time); {LAYERS} GCN layers of {C_HIDDEN}, a mean readout and a linear "
+                  "classifier, Adam; milliseconds per training epoch (the median) and the test accuracy "
+                  "after them (80 / 20 split): this library's matrices and products, the same layers on CSR "
+                  "(cupyx's, scipy's on the host), and the `--baselines` file's models on the same batches.", "",
+                  classify_markdown(classifyrows), ""]
     if first:
         lines += ["## Time to the first product", "", first, ""]
     return "\n".join(lines).rstrip() + "\n"

@@ -181,21 +181,24 @@ def _load(path):
 
 
 def load_baselines(path):
-    """``(builders, versions, attention, sample)`` from a Python file (kept outside this package) that defines
-    ``builders()`` and, optionally, ``attention_builders()`` and ``sample_builders()``.
+    """``(builders, versions, attention, sample, classify)`` from a Python file (kept outside this package) that
+    defines ``builders()`` and, optionally, ``attention_builders()``, ``sample_builders()`` and
+    ``classify_builders()``.
 
     ``builders()`` returns ``({name: build(problem, model) -> (step, sync) or None}, {package: version})``:
     the ``extra`` that :func:`bench_gnn` takes; ``attention_builders()`` returns ``{name: build(problem,
     score, heads) -> (fwd(i), fwd_bwd(i)) or None}``, the ``extra`` of :func:`bench_attention`;
     ``sample_builders()`` returns ``{name: build(problem, hidden) -> train(seeds, blocks) or None}``, the ``extra``
-    of the sampled table's ``bench_sample`` (``{}`` where the file has none).  Other frameworks' models live in
-    such a file, so this package imports none of them.
+    of the sampled table's ``bench_sample``; ``classify_builders()`` returns ``{name: build(problem, hidden,
+    layers) -> step(ids, learn) or None}``, the ``extra`` of the graph-classification table's ``bench_classify``
+    (``{}`` where the file has none).  Other frameworks' models live in such a file, so this package imports none
+    of them.
     """
     mod = _load(path)
     builders, versions = mod.builders()
-    attention = mod.attention_builders() if hasattr(mod, "attention_builders") else {}
-    sample = mod.sample_builders() if hasattr(mod, "sample_builders") else {}
-    return builders, versions, attention, sample
+    optional = [getattr(mod, name)() if hasattr(mod, name) else {}
+                for name in ("attention_builders", "sample_builders", "classify_builders")]
+    return (builders, versions, *optional)
 
 
 def bench_gnn(spec, models=MODELS, epochs=20, repeat=3, device=None, extra=None):
