@@ -400,6 +400,24 @@ def test_recycled_results_come_back_only_when_nothing_holds_them():
     assert recycled((RECYCLE_BYTES // 4 + 1,), np.float32, new) is new
 
 
+def _host_stand_ins(monkeypatch, _autotune):
+    """The GPU pieces the timed choice asks for, on the host: a stream that is not capturing, and the launch type
+    a stand-in family builds (it runs nothing)."""
+    import types
+
+    stream = types.SimpleNamespace(is_capturing=lambda: False)
+    monkeypatch.setattr(_autotune, "get_cupy", lambda: types.SimpleNamespace(
+        cuda=types.SimpleNamespace(get_current_stream=lambda: stream)))
+
+    class Launch(types.SimpleNamespace):
+        dense = False
+
+        def run(self, *operands):
+            pass
+
+    return Launch
+
+
 def test_the_timed_choice_takes_a_family_compiles_what_is_missing_and_keeps_the_fastest(monkeypatch):
     """choose() asks the family for each candidate's kernels and launches: candidates whose kernels are missing
     compile in the background and are left out (the launch stays provisional), the others are timed and the
@@ -416,15 +434,7 @@ def test_the_timed_choice_takes_a_family_compiles_what_is_missing_and_keeps_the_
     monkeypatch.setattr(registry, "compile_in_background", lambda family, names: started.append((family, names))
                         or ["future"])
     monkeypatch.setattr(timing, "time_round_robin", lambda calls, rounds: [1.0, 0.5][:len(calls)])
-    stream = types.SimpleNamespace(is_capturing=lambda: False)
-    monkeypatch.setattr(_autotune, "get_cupy", lambda: types.SimpleNamespace(
-        cuda=types.SimpleNamespace(get_current_stream=lambda: stream)))
-
-    class Launch(types.SimpleNamespace):
-        dense = False
-
-        def run(self, *operands):
-            pass
+    Launch = _host_stand_ins(monkeypatch, _autotune)
 
     family = types.SimpleNamespace(
         kernels=lambda tiling, dtype, config: (("fam", config),),
@@ -450,15 +460,7 @@ def test_timed_after_keeps_the_default_untimed_for_that_many_calls(monkeypatch):
     timed = []
     monkeypatch.setattr(registry, "is_compiled", lambda family, name: True)
     monkeypatch.setattr(timing, "time_round_robin", lambda calls, rounds: timed.append(len(calls)) or [1.0, 0.5])
-    stream = types.SimpleNamespace(is_capturing=lambda: False)
-    monkeypatch.setattr(_autotune, "get_cupy", lambda: types.SimpleNamespace(
-        cuda=types.SimpleNamespace(get_current_stream=lambda: stream)))
-
-    class Launch(types.SimpleNamespace):
-        dense = False
-
-        def run(self, *operands):
-            pass
+    Launch = _host_stand_ins(monkeypatch, _autotune)
 
     family = types.SimpleNamespace(kernels=lambda tiling, dtype, config: (("fam", config),),
                                    launches=lambda tiling, dtype, D, vec, configs: [Launch(config=c) for c in configs])
