@@ -170,6 +170,8 @@ class _Histogram:
         self.store = {"vec_hist": np.asarray(blocks_per_window, np.int64), "sm_count": sms}
 
     def cached(self, key, build):
+        if key not in self.store:
+            self.store[key] = build()
         return self.store[key]
 
     def peek(self, key, default=None):

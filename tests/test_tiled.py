@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from _env import GPU, graph_dir
+from _env import GPU, block_meta, graph_dir
 from _zoo import raw_with_duplicates, star, zoo
 
 import tcgnn_py as tg
@@ -419,3 +419,17 @@ def test_the_transpose_keeps_no_map_back_until_asked():
     assert (Tt.tocsr() != sp.csr_array(A.T.astype(np.float32))).nnz == 0
     X = rng.integers(-8, 9, (200, 3)).astype(np.float32)
     np.testing.assert_array_equal(back @ X, A @ X)
+
+
+@pytest.mark.parametrize("tile_shape", [(8, 4), (16, 8)])
+def test_block_meta_is_what_planning_computes(tile_shape):
+    # The translation's block metadata stands in for what the products' planning computes from the entries: the
+    # vector layout's (mask, first entry) pairs and the TF32 tiles' 4-word masks, the same numbers.
+    from tcgnn_py.products import _plans
+
+    A = sp.csr_array(zoo("tiny")["n17"], dtype=np.float32)
+    T = tg.TiledMatrix(A, tile_shape=tile_shape, device="cpu")
+    arrays = T.tiling.arrays()
+    planned = _plans.vec_meta(T.tiling) if tile_shape == (8, 4) else _plans.tile_mask(T.tiling)
+    assert T.tiling.peek("block_meta") is None  # (a host translation: planning computed it)
+    np.testing.assert_array_equal(planned, block_meta(arrays, tile_shape))

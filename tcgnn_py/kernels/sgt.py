@@ -27,6 +27,8 @@ serialise), with one host read at the end:
    ``shfl_up`` scan gives each row's offset inside the block.
 5. A third scan gives ``block_ptr``; :func:`scatter_edges` -- per edge: its
    slot in the tiled arrays.
+6. For a small tiling, :func:`block_meta` -- per block: its occupancy mask and
+   first entry, which planning its products would otherwise read back.
 
 The number of blocks is known only on the device: buffers are sized by the
 bound ``nnz // W + windows`` (a window of ``m`` entries has at most
@@ -51,6 +53,7 @@ __all__ = [
     "condense_edges",
     "count_block_rows",
     "scatter_edges",
+    "block_meta",
     "sum_runs",
     "scan_tile_totals",
     "scan_tiles",
@@ -258,6 +261,28 @@ def scatter_edges(
     perm[out] = e
 
 
+@cuda.jit(cache=True)
+def block_meta(win_ptr, block_ptr, tile_pos, words, meta, status):
+    """Per block ``b``: its occupancy words -- bit ``p % 32`` of ``meta[b, p // 32]`` set when tile position ``p``
+    is stored, ``p // 32 < words`` -- and, where ``meta`` has a column more, its first entry ``block_ptr[b]``.
+
+    Launched over the buffers' bound: rows past ``win_ptr[-1]`` are left alone.
+    """
+    if status[0] != 0:
+        return
+    b = cuda.grid(1)
+    if b >= meta.shape[0] or b >= win_ptr[win_ptr.shape[0] - 1]:
+        return
+    for w in range(words):
+        meta[b, w] = 0
+    start = block_ptr[b]
+    for e in range(start, block_ptr[b + 1]):
+        p = np.uint32(tile_pos[e])
+        meta[b, p >> 5] |= np.uint32(1) << (p & np.uint32(31))
+    if meta.shape[1] > words:
+        meta[b, words] = start
+
+
 #: Entries per thread of the tiled scan (a CTA of ``t`` threads scans tiles of ``SCAN_ITEMS * t`` entries).
 SCAN_ITEMS = 4
 #: Threads per CTA of the tiled scan.
@@ -374,6 +399,7 @@ KERNELS = {
         scatter_edges,
         f"({_I}, {_I}, float32[::1], int64, int64, {_I}, {_I}, {_I}, {_I}, uint8[::1], float32[::1], {_I}, {_I})",
     ),
+    "block_meta": (block_meta, f"({_I}, {_I}, uint8[::1], int64, uint32[:, ::1], {_I})"),
     "sum_runs": (sum_runs, "(int32[::1], float32[::1], float32[::1])"),
     "scan_tile_totals": (scan_tile_totals, f"({_I}, {_I}, {_I})"),
     "scan_tiles": (scan_tiles, f"({_I}, {_I}, {_I}, {_I})"),

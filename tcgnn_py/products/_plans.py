@@ -9,10 +9,10 @@ import numpy as np
 
 from .. import _reference as ref
 from .._device import get_cupy, to_host
+from ..tiles import HOST_PLAN_MAX
 
 
 __all__ = [
-    "HOST_PLAN_MAX",
     "SDDMM_BLOCKS_PER_WARP",
     "UNITS_PER_WINDOW_MAX",
     "VEC_UNITS_PER_WINDOW_MAX",
@@ -79,13 +79,22 @@ def _longest_first(xp, units, unit_k0):
 
 
 def vec_hist(tiling):
-    """Blocks per window on the host (cached on the tiling)."""
-    return tiling.cached("vec_hist", lambda: np.diff(to_host(tiling.win_ptr)).astype(np.int64))  # synchronize!
+    """Blocks per window on the host (cached on the tiling), from its window pointers there (the translation's
+    copy, where it made one)."""
+    return tiling.cached("vec_hist", lambda: np.diff(_host(tiling, "win_ptr")).astype(np.int64))
+
+
+def _host(tiling, name):
+    """A structure array of the tiling on the host (cached: the translation may have put the copy there)."""
+    return tiling.cached(("host", name), lambda: to_host(getattr(tiling, name)))  # synchronize!
 
 
 def vec_meta(tiling):
     """``(n_blocks, 2)`` uint32 of an 8x4 tiling: occupancy mask (bit ``4 * row + slot``) and first entry."""
     def build():
+        meta = tiling.peek("block_meta")  # (the translation's, where it made them: the same pairs)
+        if meta is not None and meta.shape[1] == 2:
+            return meta
         xp, arrays = _planner(tiling)
         block_ptr = arrays("block_ptr")
         mask = block_mask(xp, block_ptr, arrays("tile_pos"), tiling.n_blocks)[:, 0]
@@ -97,36 +106,65 @@ def vec_meta(tiling):
 def tile_mask(tiling):
     """:func:`block_mask` of the tiling (cached on it)."""
     def build():
+        meta = tiling.peek("block_meta")  # (the translation's, where it made them: the same words)
+        if meta is not None and meta.shape[1] == 4:
+            return meta
         xp, arrays = _planner(tiling)
         return _uploaded(tiling, block_mask(xp, arrays("block_ptr"), arrays("tile_pos"), tiling.n_blocks))
 
     return tiling.cached("mask", build)
 
 
-#: Tilings of at most this many stored entries build their launch plans on the host, with NumPy, and upload them:
-#: on the device, a fresh process would first compile some 45 of CuPy's own kernels (about 0.3 s each, with empty
-#: caches) for plans that take microseconds to compute.  Larger ones build them where they live.
-HOST_PLAN_MAX = 1 << 22
-
-
 def _planner(tiling):
     """``(xp, arrays)``: where the tiling's plans are computed, and its structure arrays there (cached)."""
     if tiling.xp is np or tiling.nnz > HOST_PLAN_MAX:
         return tiling.xp, lambda name: getattr(tiling, name)
-    return np, lambda name: tiling.cached(("host", name), lambda: to_host(getattr(tiling, name)))  # synchronize!
+    return np, lambda name: _host(tiling, name)
+
+
+#: Byte alignment of each array in a plan's one upload (:func:`_uploaded`): kernels read plans as int4 / uint4.
+_UPLOAD_ALIGN = 256
 
 
 def _uploaded(tiling, value):
-    """A plan built by :func:`_planner`, with its arrays on the tiling's device."""
+    """A plan built by :func:`_planner`, with its arrays on the tiling's device: copied in one upload (views of one
+    device buffer, each :data:`_UPLOAD_ALIGN`-aligned) -- a plan of several arrays is planned on a new matrix's
+    first product, and each copy of its own would cost that call a round trip."""
     if tiling.xp is np:
         return value
-    if isinstance(value, np.ndarray):
-        return tiling.xp.asarray(value)
-    if isinstance(value, dict):
-        return {k: _uploaded(tiling, v) for k, v in value.items()}
-    if isinstance(value, tuple):
-        return tuple(_uploaded(tiling, v) for v in value)
-    return value
+    arrays = []
+
+    def collect(v):
+        if isinstance(v, np.ndarray):
+            arrays.append(v)
+        elif isinstance(v, dict):
+            for w in v.values():
+                collect(w)
+        elif isinstance(v, tuple):
+            for w in v:
+                collect(w)
+
+    collect(value)
+    offsets, total = [], 0
+    for a in arrays:
+        offsets.append(total)
+        total += -(-a.nbytes // _UPLOAD_ALIGN) * _UPLOAD_ALIGN
+    staged = np.empty(max(total, 1), np.uint8)
+    for a, o in zip(arrays, offsets):
+        staged[o:o + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    buffer = tiling.xp.asarray(staged)
+    views = iter([buffer[o:o + a.nbytes].view(a.dtype).reshape(a.shape) for a, o in zip(arrays, offsets)])
+
+    def place(v):
+        if isinstance(v, np.ndarray):
+            return next(views)
+        if isinstance(v, dict):
+            return {k: place(w) for k, w in v.items()}
+        if isinstance(v, tuple):
+            return tuple(place(w) for w in v)
+        return v
+
+    return place(value)
 
 
 def spmm_plan(tiling, blocks_per_unit, max_units=None):

@@ -12,7 +12,7 @@ from .. import _reference as ref
 from .._cache import keep
 from .._device import get_cupy, publish, to_host
 from .._tuning import options
-from ._plans import HOST_PLAN_MAX
+from ..tiles import HOST_PLAN_MAX
 
 __all__ = ["DEVICE_VALUES", "VEC_DENSE_BYTES_MAX", "VEC_DENSE_KEEP", "half_key", "half_values", "values_as",
            "values_form", "vec_dense_values"]

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._tuning import options
+from .._tuning import options, overrides_key
 from ._launch import Scratch, compiled, fixup, spmm
 from ._plans import VEC_UNITS_PER_WINDOW_MAX, sm_count, sorted_units, vec_coop_units, vec_hist, vec_meta, vec_plan
 
@@ -202,7 +202,12 @@ def vec_unit_size(tiling, n_slices, half=False):
     No separate rule for hub windows: the caps bound their units, and a rule of its
     own cut them too finely.
     """
-    nb, sms = vec_hist(tiling), sm_count(tiling)
+    return tiling.cached(("vec_unit_size", n_slices, half, overrides_key()),
+                         lambda: _unit_size(vec_hist(tiling), sm_count(tiling), n_slices, half))
+
+
+def _unit_size(nb, sms, n_slices, half):
+    """:func:`vec_unit_size` of blocks-per-window ``nb`` on ``sms`` multiprocessors."""
     target = options()["vec_target_warps"] * sms
     longest = int(nb.max(initial=0))
     floor = -(-longest // VEC_UNITS_PER_WINDOW_MAX)

@@ -17,7 +17,25 @@ from ..kernels.launch import grid as _grid
 from ..kernels.launch import launch_numba as _launch
 
 __all__ = ["tile", "translate", "translate_kernels", "canonicalize_kernels", "coo_to_csr", "coo_to_csr_order",
-           "host_limit", "kernels_ran"]
+           "host_limit", "kernels_ran", "HOST_PLAN_MAX", "DERIVED", "block_meta_layout"]
+
+#: Tilings of at most this many stored entries plan their products on the host, with NumPy, and upload the plans:
+#: on the device, a fresh process would first compile some 45 of CuPy's own kernels (about 0.3 s each, with empty
+#: caches) for plans that take microseconds to compute.  Their translation on the GPU hands over what that planning
+#: reads (the tiling's derived data, :data:`DERIVED`): planning them reads nothing back.
+HOST_PLAN_MAX = 1 << 22
+#: Derived data a translation may hand over beside the structure: its key in the translation's output -> its key in
+#: the tiling's cache.  The window pointers on the host, and each block's metadata (:func:`block_meta_layout`).
+DERIVED = {"host_win_ptr": ("host", "win_ptr"), "block_meta": "block_meta"}
+
+
+def block_meta_layout(window, block):
+    """``(words, columns)`` of a tiling's block metadata: the occupancy mask in ``ceil(window * block / 32)`` words,
+    then, where one word holds it, the block's first entry -- what the product kernels read per block (the vector
+    kernels a (mask, first entry) pair, the TF32 kernels a 4-word mask beside ``block_ptr``)."""
+    words = -(-window * block // 32)
+    return words, words + 1 if words == 1 else words
+
 
 _RAN = [False]  # the translation kernels have run on the GPU in this process (compiled or loaded)
 
@@ -134,7 +152,11 @@ def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None
     rows and checks the arrays: invalid arrays raise ``ValueError``; with
     ``check``, non-canonical ones (unsorted or duplicate columns) return None,
     and without it they raise too.  The host reads the device once, at the end
-    (the errors and the number of blocks).
+    (the errors and the number of blocks, then a tiling of at most
+    :data:`HOST_PLAN_MAX` entries' window pointers).  Such a tiling also gets
+    its blocks' metadata (``"block_meta"``, ``"host_win_ptr"``: the tiling's
+    derived data, :data:`DERIVED`), which planning its products on the
+    host would otherwise read back entry by entry.
     """
     from ..kernels import sgt as k
 
@@ -152,6 +174,8 @@ def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None
             "tile_pos": cp.zeros(0, ref.tile_pos_dtype(H, W)),
             "values": cp.zeros(0, data.dtype),
             "perm": cp.zeros(0, np.int32),
+            "block_meta": cp.zeros((0, block_meta_layout(H, W)[1]), np.uint32),
+            "host_win_ptr": np.zeros(n_windows + 1, np.int32),
         }
     if nnz * H > INDEX_MAX:
         # rank_edges runs H threads per entry with int32 thread ids.
@@ -193,6 +217,11 @@ def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None
     perm = cp.empty(nnz, np.int32)
     _launch(k.scatter_edges, _grid(nnz), _TPB,
             indptr, edge_row, data, H, W, win_ptr, kidx, block_ptr, row_off, tile_pos, values, perm, status)
+    meta = None
+    if nnz <= HOST_PLAN_MAX:  # (a small tiling's products plan on the host: what they read, ready)
+        words, columns = block_meta_layout(H, W)
+        meta = cp.empty((bound, columns), np.uint32)
+        _launch(k.block_meta, _grid(bound), _TPB, win_ptr, block_ptr, tile_pos, words, meta, status)
     err, n_blocks = (int(v) for v in to_host(status))  # synchronize! (the translation's one host read)
     for bit, message in _check_messages(n_cols):
         if err & bit:
@@ -205,9 +234,11 @@ def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None
         _RAN[0] = True
     block_cols = block_cols[: n_blocks * W]
     block_ptr = block_ptr[: n_blocks + 1]
+    meta = meta if meta is None else meta[:n_blocks]
     if (bound - n_blocks) * W * 4 > _SLACK_BYTES:  # give the bound's spare room back
         block_cols, block_ptr = block_cols.copy(), block_ptr.copy()
-    return {
+        meta = meta if meta is None else meta.copy()
+    out = {
         "win_ptr": win_ptr,
         "block_cols": block_cols.reshape(n_blocks, W),
         "block_ptr": block_ptr,
@@ -215,6 +246,10 @@ def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None
         "values": values,
         "perm": perm,
     }
+    if meta is not None:
+        out["block_meta"] = meta
+        out["host_win_ptr"] = to_host(win_ptr)  # synchronize! (after the read above: a copy only)
+    return out
 
 
 def _scan(cp, k, src, dst, status, threads=None):

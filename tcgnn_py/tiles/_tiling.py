@@ -16,6 +16,7 @@ from .. import _reference as ref
 from .._cache import BOUND_KEEP, Store
 from .._device import array_module, publish, to_host
 from .._validation import check_tile_shape
+from ._sgt import DERIVED
 
 __all__ = ["Tiling", "TileStats", "Layout", "LAYOUTS", "DEFAULT_LAYOUT", "resolve_layout", "STRUCTURE"]
 
@@ -253,12 +254,14 @@ class Tiling:
 
     @classmethod
     def from_arrays(cls, arrays, shape, tile_shape=(16, 8), layout=None):
-        """``(tiling, values)`` from a dict of trusted tiled arrays (SGT's output); no copies."""
+        """``(tiling, values)`` from a dict of trusted tiled arrays (SGT's output, with any :data:`DERIVED` data it
+        handed over); no copies."""
         tiling = cls(
             *(arrays[k] for k in STRUCTURE),
             shape=(int(shape[0]), int(shape[1])),
             layout=Layout(int(tile_shape[0]), int(tile_shape[1])) if layout is None else layout,
         )
+        tiling._cache.update({key: arrays[name] for name, key in DERIVED.items() if name in arrays})
         return tiling, arrays["values"]
 
     # --- plain facts ------------------------------------------------------
