@@ -163,6 +163,19 @@ def test_work_plan_covers_every_block_once():
     assert plan["n_slots"] == int((units[:, 3] >= 0).sum())
 
 
+
+@pytest.mark.parametrize("bpu", [1, 16, 64])
+def test_vec_counts_are_the_plans(bpu):
+    """What choosing a launch reads of a plan -- its units, slots and most parts -- counted from the histogram alone
+    (empty windows, split ones and a hub capped at the most units a window takes)."""
+    from tcgnn_py.products._plans import VEC_UNITS_PER_WINDOW_MAX, build_plan, vec_counts
+
+    win_ptr = np.array([0, 0, 3, 3, 100, 101, 101 + 3 * VEC_UNITS_PER_WINDOW_MAX * 64], np.int32)
+    plan = build_plan(np, win_ptr, bpu, VEC_UNITS_PER_WINDOW_MAX)
+    counts = vec_counts(_Histogram(np.diff(win_ptr)), bpu)
+    assert counts == {"units": plan["units"].shape[0], "n_slots": plan["n_slots"], "max_parts": plan["max_parts"]}
+    assert vec_counts(_Histogram(np.zeros(0, np.int64)), bpu) == {"units": 0, "n_slots": 0, "max_parts": 0}
+
 class _Histogram:
     """A tiling as the unit-size rule sees it: its blocks-per-window histogram and an SM count."""
 

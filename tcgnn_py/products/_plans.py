@@ -23,6 +23,7 @@ __all__ = [
     "spmm_plan",
     "tile_mask",
     "vec_coop_units",
+    "vec_counts",
     "vec_hist",
     "vec_meta",
     "vec_plan",
@@ -41,6 +42,16 @@ VEC_UNITS_PER_WINDOW_MAX = 1024
 
 def vec_plan(tiling, bpu):
     return spmm_plan(tiling, bpu, VEC_UNITS_PER_WINDOW_MAX)
+
+
+def vec_counts(tiling, bpu):
+    """``{"units", "n_slots", "max_parts"}`` of :func:`vec_plan` on ``bpu`` blocks per unit, from the blocks-per-window
+    histogram on the host (cached): what choosing a launch reads of a plan, without building or uploading one."""
+    def build():
+        k = np.clip(-(-vec_hist(tiling) // bpu), 1, VEC_UNITS_PER_WINDOW_MAX)
+        return {"units": int(k.sum()), "n_slots": int(k[k > 1].sum()), "max_parts": int(k.max(initial=0))}
+
+    return tiling.cached(("vec_counts", bpu), build)
 
 
 def vec_coop_units(tiling):

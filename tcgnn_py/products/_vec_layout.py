@@ -12,7 +12,8 @@ import numpy as np
 
 from .._tuning import options, overrides_key
 from ._launch import Scratch, compiled, fixup, spmm
-from ._plans import VEC_UNITS_PER_WINDOW_MAX, sm_count, sorted_units, vec_coop_units, vec_hist, vec_meta, vec_plan
+from ._plans import (VEC_UNITS_PER_WINDOW_MAX, sm_count, sorted_units, vec_coop_units, vec_counts, vec_hist,
+                     vec_meta, vec_plan)
 
 __all__ = ["Config", "Shape", "VEC_COOP_CTAS", "VEC_RESIDENT_WARPS", "VEC_UNIT_SIZES", "VEC_WIDE_WARPS", "async_rows",
            "coop_launch", "layout_launches", "partition", "partition_launch", "partition_units", "vec_coop",
@@ -54,10 +55,10 @@ def partition(tiling, D, half=False, slices=None):
         slices = 1
         if D > 32 and options()["vec_max_slices"] >= 2:
             n2, bpu2 = shape(2)
-            if vec_plan(tiling, bpu2)["units"].shape[0] * n2 >= VEC_WIDE_WARPS * sm_count(tiling):
+            if vec_counts(tiling, bpu2)["units"] * n2 >= VEC_WIDE_WARPS * sm_count(tiling):
                 slices = 2
     bpu = shape(slices)[1]
-    max_parts = vec_plan(tiling, bpu)["max_parts"]
+    max_parts = vec_counts(tiling, bpu)["max_parts"]
     return slices, bpu, 0 < max_parts <= options()["vec_combine_parts_max"] and options()["vec_combine"]
 
 

@@ -14,7 +14,7 @@ from ..._tuning import bool_option, declare, int_option, options
 from ...kernels import products as kp
 from .._autotune import choose
 from .._launch import cast_plan, half_launch_key
-from .._plans import vec_plan
+from .._plans import vec_counts
 from .._values import half_key, half_values
 from .._vec_layout import Config, Shape, layout_launches, partition, vec_coop
 
@@ -62,7 +62,7 @@ def _compiled(kernel):
 def _kernels(tiling, dtype, configs):
     """:func:`kernels` of each of ``configs``, which share one partition (the timed choice's candidates)."""
     compiled = [_compiled(c.kernel) for c in configs]
-    fixup = (configs and vec_plan(tiling, configs[0].bpu)["n_slots"]
+    fixup = (configs and vec_counts(tiling, configs[0].bpu)["n_slots"]
              and ("half", kp.fixup_name("float32", np.dtype(dtype).name)))
     return [(("half", name),) + ((fixup,) if fixup and not c.kernel.COOP and not c.kernel.COMBINE else ())
             for c, (name, _) in zip(configs, compiled)]
@@ -141,7 +141,7 @@ def candidates(tiling, D, vec, half):
     if k.COOP:  # its own partition (4 parts per window): candidates among its own shapes
         shapes = tuple((("FS", f), ("KS", ks), ("NS", ns)) for f, ks, ns in kp.VEC_HALF_COOP if fits(f))
     else:
-        sums = (True, False) if vec_plan(tiling, first.bpu)["n_slots"] > 0 else (False,)
+        sums = (True, False) if vec_counts(tiling, first.bpu)["n_slots"] > 0 else (False,)
         shapes = tuple((("FS", f), ("KS", ks), ("NS", ns), ("COMBINE", c)) for f, ks, ns in kp.VEC_HALF if fits(f)
                        for c in sums)
     return [Config(kernel, first.bpu) for kernel in _variants(k, shapes)]

@@ -15,7 +15,7 @@ from ..._tuning import bool_option, declare, int_option, member_option, options,
 from ...kernels import products as kp
 from .._autotune import choose
 from .._launch import f32_plan, sddmm, sddmm_plan
-from .._plans import spmm_plan, vec_plan
+from .._plans import spmm_plan, vec_counts
 from .._values import VEC_DENSE_BYTES_MAX
 from .._vec_layout import Config, Shape, async_rows, layout_launches, partition, vec_coop
 
@@ -77,7 +77,7 @@ def _compiled(kernel):
 def _kernels(tiling, dtype, configs):
     """:func:`kernels` of each of ``configs``, which share one partition (the timed choice's candidates)."""
     compiled = [_compiled(c.kernel) for c in configs]
-    fixup = configs and vec_plan(tiling, configs[0].bpu)["n_slots"] and ("vec", kp.fixup_name(np.dtype(dtype).name))
+    fixup = configs and vec_counts(tiling, configs[0].bpu)["n_slots"] and ("vec", kp.fixup_name(np.dtype(dtype).name))
     return [(("vec", name),) + ((fixup,) if fixup and not getattr(c.kernel, "COOP", False) and not c.kernel.COMBINE
                                 else ()) for c, (name, _) in zip(configs, compiled)]
 
@@ -151,7 +151,7 @@ def candidates(tiling, D, vec):
         gathers = [(("U", u), ("DV", False), ("L1", l1)) for u in kp.VEC_ASYNC_UNROLL for l1 in (False, True)]
         if tiling.n_blocks * 32 * 4 <= VEC_DENSE_BYTES_MAX:
             gathers.insert(2, (("U", kp.VEC_UNROLL), ("DV", True), ("L1", False)))
-        sums = (True, False) if vec_plan(tiling, first.bpu)["n_slots"] > 0 else (False,)
+        sums = (True, False) if vec_counts(tiling, first.bpu)["n_slots"] > 0 else (False,)
         shapes = tuple((("FS", f), ("COMBINE", c)) + g for f in widths for g in gathers for c in sums)
     return [Config(kernel, first.bpu) for kernel in _variants(k, shapes)]
 
