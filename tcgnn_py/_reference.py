@@ -42,6 +42,7 @@ __all__ = [
     "tiled_to_csr",
     "tiled_rows_cols",
     "entry_blocks",
+    "block_meta",
     "edge_rows",
     "spmm",
     "sddmm",
@@ -143,6 +144,25 @@ def entry_blocks(block_ptr, nnz):
     """Block of every tiled entry (any device)."""
     xp = array_module(block_ptr)
     return xp.searchsorted(block_ptr, xp.arange(nnz), side="right") - 1
+
+
+def block_meta(block_ptr, tile_pos, words, columns):
+    """``(n_blocks, columns)`` uint32: each block's occupancy words -- bit ``p % 32`` of word ``p // 32`` set when
+    tile position ``p`` is stored -- then, where ``columns > words``, its first entry (host arrays).
+
+    Positions within a block are distinct, so summing ``1 << bit`` per word is an OR; float64 holds those sums
+    (< 2**32) exactly.
+    """
+    n = block_ptr.shape[0] - 1
+    pos = tile_pos.astype(np.int64)
+    blocks = np.repeat(np.arange(n, dtype=np.int64), np.diff(block_ptr))
+    words_of = np.bincount(blocks * words + (pos >> 5), weights=(1 << (pos & 31)).astype(np.float64),
+                           minlength=n * words)
+    meta = np.zeros((n, columns), np.uint32)
+    meta[:, :words] = words_of.astype(np.uint32).reshape(n, words)
+    if columns > words:
+        meta[:, words] = block_ptr[:-1]
+    return meta
 
 
 def tiled_rows_cols(win_ptr, block_cols, block_ptr, tile_pos, window):

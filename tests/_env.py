@@ -171,17 +171,3 @@ def cupy_fixture():
     import pytest
 
     return pytest.fixture(scope="module", name="cp")(_cp)
-
-
-def block_meta(arrays, tile_shape):
-    """Each block's occupancy words (bit ``p % 32`` of word ``p // 32`` for tile position ``p``), then its first
-    entry where one word holds the mask: the translation's ``block_meta``, written with NumPy."""
-    words, columns = tcgnn_py.tiles.block_meta_layout(*tile_shape)
-    block_ptr, pos = arrays["block_ptr"], arrays["tile_pos"].astype(np.int64)
-    n = block_ptr.shape[0] - 1
-    meta = np.zeros((n, columns), np.uint32)
-    np.bitwise_or.at(meta, (np.repeat(np.arange(n), np.diff(block_ptr)), pos >> 5), (1 << (pos & 31)).astype(np.uint32))
-    if columns > words:
-        meta[:, words] = block_ptr[:-1]
-    return meta
-

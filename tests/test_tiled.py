@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from _env import GPU, block_meta, graph_dir
+from _env import GPU, graph_dir
 from _zoo import raw_with_duplicates, star, zoo
 
 import tcgnn_py as tg
@@ -423,13 +423,36 @@ def test_the_transpose_keeps_no_map_back_until_asked():
 
 @pytest.mark.parametrize("tile_shape", [(8, 4), (16, 8)])
 def test_block_meta_is_what_planning_computes(tile_shape):
-    # The translation's block metadata stands in for what the products' planning computes from the entries: the
-    # vector layout's (mask, first entry) pairs and the TF32 tiles' 4-word masks, the same numbers.
+    # The translation's block metadata (the reference's, which the kernel's matches) stands in for what the products'
+    # planning computes from the entries: the vector layout's (mask, first entry) pairs and the TF32 tiles' 4-word
+    # masks, the same numbers.
+    from tcgnn_py import _reference as ref
     from tcgnn_py.products import _plans
 
-    A = sp.csr_array(zoo("tiny")["n17"], dtype=np.float32)
-    T = tg.TiledMatrix(A, tile_shape=tile_shape, device="cpu")
-    arrays = T.tiling.arrays()
+    T = tg.TiledMatrix(sp.csr_array(zoo("tiny")["n17"], dtype=np.float32), tile_shape=tile_shape, device="cpu")
     planned = _plans.vec_meta(T.tiling) if tile_shape == (8, 4) else _plans.tile_mask(T.tiling)
-    assert T.tiling.peek("block_meta") is None  # (a host translation: planning computed it)
-    np.testing.assert_array_equal(planned, block_meta(arrays, tile_shape))
+    assert T.tiling.peek("block_meta") is None  # (a host tiling: planning computed it)
+    meta = ref.block_meta(T.tiling.block_ptr, T.tiling.tile_pos, *tg.tiles.block_meta_layout(*tile_shape))
+    np.testing.assert_array_equal(planned, meta)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("where", ["host", "kernels"])
+def test_a_small_tiling_plans_from_what_its_translation_handed_over(where):
+    # Translated on the host and uploaded, or by the kernels: the tiling holds its blocks' metadata and its window
+    # pointers on the host, so planning its first product reads nothing back; the product is exact.
+    import cupy as cp
+    from tcgnn_py import _reference as ref
+
+    A = ZOO["n16k1"].astype(np.float32)
+    A.data[:] = np.arange(A.nnz) % 7 - 3
+    with tg.tuning(sgt_host_max=A.nnz if where == "host" else -1):
+        T = tg.TiledMatrix(A)
+    t = T.tiling
+    host = {k: cp.asnumpy(getattr(t, k)) for k in ("win_ptr", "block_ptr", "tile_pos")}
+    np.testing.assert_array_equal(t.peek(("host", "win_ptr")), host["win_ptr"])
+    assert isinstance(t.peek(("host", "win_ptr")), np.ndarray)
+    meta = ref.block_meta(host["block_ptr"], host["tile_pos"], *tg.tiles.block_meta_layout(*t.tile_shape))
+    np.testing.assert_array_equal(cp.asnumpy(t.peek("block_meta")), meta)
+    X = np.arange(A.shape[1] * 8, dtype=np.float32).reshape(-1, 8) % 5 - 2
+    np.testing.assert_array_equal(cp.asnumpy(T @ cp.asarray(X)), A @ X)
