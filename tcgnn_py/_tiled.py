@@ -446,6 +446,12 @@ class TiledMatrix:
     def T(self):
         return self.transpose()
 
+    def _own_transpose(self):
+        """Make this matrix its own transpose (``T.T is T``), for a builder that has checked its values are exactly
+        symmetric: its products by Aᵀ then need no second translation and no second plan."""
+        self._transpose = self
+        return self
+
     # --- statistics and checks ------------------------------------------
     def tile_stats(self):
         """:class:`TileStats` of the translation (computed once per tiling)."""

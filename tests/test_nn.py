@@ -67,6 +67,21 @@ def test_gcn_norm_matches_dense_formula(rng):
     assert nn.gcn_norm(A).dtype == np.float32
 
 
+
+def test_gcn_norm_of_an_undirected_graph_is_its_own_transpose(rng):
+    # Exactly symmetric values (one scale d_i d_j per pair): T.T is T, and its product is the transpose's.
+    A = random_graph(rng, 29)
+    A = sp.csr_array(A + A.T)
+    T = nn.gcn_norm(A, device="cpu")
+    assert T.T is T and (T.tocsr() != T.tocsr().T).nnz == 0
+    X = rng.standard_normal((29, 3))
+    np.testing.assert_allclose(T.T @ X, T.toarray().T @ X, rtol=1e-6)
+    # A directed graph's is not: its transpose is translated as usual.
+    D = sp.csr_array(sp.triu(A, k=1))
+    S = nn.gcn_norm(D, device="cpu")
+    assert S.T is not S
+    np.testing.assert_array_equal(S.T.toarray(), S.toarray().T)
+
 def test_gcn_norm_without_self_loops_and_isolated_rows(rng):
     A = random_graph(rng, 20).tolil()
     A[4, :] = 0  # a row that sums to zero gets a zero scale

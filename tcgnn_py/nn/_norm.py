@@ -103,7 +103,9 @@ def gcn_norm(A, *, add_self_loops=True, dtype=np.float32, layout=None, tile_shap
     Returns
     -------
     TiledMatrix
-        On the GPU when one is usable (``device=None``).  The normalisation runs in float64.
+        On the GPU when one is usable (``device=None``).  The normalisation runs in float64.  Where it ran on the
+        host (a small host graph, or ``device="cpu"``) and the result is exactly symmetric (an undirected graph),
+        the matrix is its own transpose: ``T.T is T``.
 
     Examples
     --------
@@ -119,5 +121,10 @@ def gcn_norm(A, *, add_self_loops=True, dtype=np.float32, layout=None, tile_shap
         raise ValueError("gcn_norm: a row of A (+ I) sums to a negative value; D^-1/2 is undefined")
     dinv = xp.where(deg > 0, 1.0 / xp.sqrt(xp.where(deg > 0, deg, 1.0)), 0.0)
     rows = xp.searchsorted(S.indptr, xp.arange(S.nnz), side="right") - 1
-    S.data = S.data * dinv[rows] * dinv[S.indices]
-    return _tiled(S, dtype, layout, tile_shape, device)
+    S.data = S.data * (dinv[rows] * dinv[S.indices])  # (one scale d_i d_j for (i, j) and (j, i): symmetry is kept)
+    T = _tiled(S, dtype, layout, tile_shape, device)
+    # A symmetric graph's matrix, checked exactly on the host (where it was normalised), is its own transpose: a
+    # layer's backward multiplies by it again instead of translating Aᵀ.
+    if xp is np and (S != S.T).nnz == 0:
+        T._own_transpose()
+    return T
