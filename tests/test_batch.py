@@ -47,6 +47,18 @@ def test_batch_joins_graphs_block_diagonally_and_keeps_their_offsets():
     np.testing.assert_array_equal(T.toarray(), b.adj.toarray())
 
 
+
+def test_batch_is_scipys_block_diag():
+    # Dense, boolean and float graphs with explicit zeros, and graphs of no entries: the values, dtype and stored
+    # entries of scipy's block_diag (a canonical CSR when each graph's is).
+    graphs = [np.array([[0, 1], [1, 0]], bool), sp.csr_array((np.array([0.0, 2.5]), ([0, 1], [1, 0])), shape=(2, 2)),
+              sp.csr_array((3, 3)), sp.csr_array(np.eye(1, dtype=np.float32))]
+    got, want = nn.batch(graphs).adj, sp.csr_array(sp.block_diag([sp.csr_array(g) for g in graphs], format="csr"))
+    assert got.dtype == want.dtype and got.nnz == want.nnz and got.has_canonical_format
+    np.testing.assert_array_equal(got.toarray(), want.toarray())
+    empty = nn.batch([sp.csr_array((2, 2), dtype=np.float32), sp.csr_array((0, 0), dtype=np.float32)]).adj
+    assert empty.shape == (2, 2) and empty.nnz == 0 and empty.dtype == np.float32
+
 def test_batch_refuses_what_is_not_a_sequence_of_square_graphs():
     with pytest.raises(ValueError, match="at least one graph"):
         nn.batch([])

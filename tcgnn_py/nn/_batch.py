@@ -82,27 +82,29 @@ def batch(graphs):
     sizes = np.array([g.shape[0] for g in blocks], np.int64)
     ptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     graph = np.repeat(np.arange(len(blocks), dtype=np.int64), sizes)
+    return GraphBatch(_join(blocks, ptr, on_device), ptr, graph)
+
+
+def _join(blocks, ptr, on_device):
+    """The block-diagonal CSR of CSR graphs (cupyx's, joined on the GPU: the sizes, host facts, are all the host
+    reads; else scipy's), each graph's columns shifted by its first node and its row pointers by the entries
+    before it -- one concatenation per array, where ``scipy.sparse.block_diag`` goes through COO."""
     if on_device:
-        return GraphBatch(_join_on_device(blocks, ptr), ptr, graph)
-    adj = sp.csr_array(sp.block_diag(blocks, format="csr")) if ptr[-1] else sp.csr_array((0, 0))
-    return GraphBatch(adj, ptr, graph)
+        import cupy as xp
+        import cupyx.scipy.sparse as sparse
 
-
-def _join_on_device(blocks, ptr):
-    """The block-diagonal CSR of cupyx CSR graphs, joined on the GPU: each graph's columns shifted by its first
-    node, its row pointers by the entries before it (the sizes, host facts, are all the host reads)."""
-    import cupy as cp
-    import cupyx.scipy.sparse as csp
-
+        make = sparse.csr_matrix
+    else:
+        xp, make = np, sp.csr_array
     nnz = np.concatenate([[0], np.cumsum([g.nnz for g in blocks])]).astype(np.int64)
     n = int(ptr[-1])
-    indptr = cp.concatenate([g.indptr[:-1].astype(np.int64) + int(nnz[i]) for i, g in enumerate(blocks)]
-                            + [cp.full(1, nnz[-1], np.int64)])
     if not nnz[-1]:
-        return csp.csr_matrix((n, n), dtype=blocks[0].dtype)
-    indices = cp.concatenate([g.indices.astype(np.int32) + np.int32(ptr[i]) for i, g in enumerate(blocks)])
-    data = cp.concatenate([g.data for g in blocks])
-    return csp.csr_matrix((data, indices, indptr), shape=(n, n))
+        return make((n, n), dtype=np.result_type(*[g.dtype for g in blocks]))
+    indptr = xp.concatenate([g.indptr[:-1].astype(np.int64) + int(nnz[i]) for i, g in enumerate(blocks)]
+                            + [xp.full(1, nnz[-1], np.int64)])
+    indices = xp.concatenate([g.indices.astype(np.int32) + np.int32(ptr[i]) for i, g in enumerate(blocks)])
+    data = xp.concatenate([g.data for g in blocks])
+    return make((data, indices, indptr), shape=(n, n))
 
 
 def _check_ptr(ptr, n):
