@@ -6,7 +6,8 @@ node offsets ``ptr`` (graph g owns nodes ``ptr[g]:ptr[g + 1]``, on the host: siz
 layers take the joined matrix (``gcn_norm(b.adj)``); :func:`readout` sums, averages or takes the maximum of each
 graph's node features.  Sums and means are products with the pooling matrix (``P[g, i] = 1`` or ``1 / n_g`` for i
 in g) on CUDA cores in the data's precision (:func:`tcgnn_py.spmm`, ``precision="fp32"``): deterministic, and
-their vjp is the transposed product (a mean is the product with ``1 / n_g``: within a rounding of ``sum / n_g``).
+their vjp is the transposed product, which has one entry per node: each node's graph's gradient gathered (times
+``1 / n_g`` for a mean, which is the product with ``1 / n_g``: within a rounding of ``sum / n_g``).
 A graph of no nodes reads out zeros.
 """
 
@@ -119,12 +120,13 @@ def _check_ptr(ptr, n):
 
 
 def _pooling(ptr, how, device, dtype):
-    """The ``(n_graphs, n)`` pooling matrix of ``ptr`` as a TiledMatrix: ones, or ``1 / n_g`` for a mean."""
+    """``(P, values)``: the ``(n_graphs, n)`` pooling matrix of ``ptr`` as a TiledMatrix, and its values per node
+    (host): ones, or ``1 / n_g`` for a mean."""
     sizes = np.diff(ptr)
     G, n = sizes.shape[0], int(ptr[-1])
     values = np.ones(n, dtype) if how == "sum" else np.repeat(1 / np.maximum(sizes, 1), sizes).astype(dtype)
     P = sp.csr_array((values, np.arange(n, dtype=np.int64), ptr), shape=(G, n))
-    return TiledMatrix(P, dtype=dtype, device=device)
+    return TiledMatrix(P, dtype=dtype, device=device), values
 
 
 def readout(H, ptr, how="sum"):
@@ -165,19 +167,22 @@ def readout(H, ptr, how="sum"):
     ptr = _check_ptr(ptr, n)
     device = "cpu" if xp is np else "cuda"
     G = ptr.shape[0] - 1
+    sizes = np.diff(ptr)
+    graph = xp.asarray(np.repeat(np.arange(G, dtype=np.int64), sizes))
     if how != "max":
-        P = _pooling(ptr, how, device, H.dtype)
+        P, values = _pooling(ptr, how, device, H.dtype)
         out = spmm(P, xp.ascontiguousarray(H), precision="fp32") if n else xp.zeros((G, d), H.dtype)
 
         def vjp(g):
-            g = xp.ascontiguousarray(xp.asarray(g, dtype=H.dtype))
+            g = xp.asarray(g, dtype=H.dtype)
             if g.shape != (G, d):
                 raise ValueError(f"g must have the output's shape {(G, d)}, got {g.shape}")
-            return spmm(P.T, g, precision="fp32") if n else xp.zeros((0, d), H.dtype)
+            # Pᵀ has one entry per node (its graph's): the transposed product is a gather, times the value of a mean
+            # (one rounding, as the product's single term).
+            dH = g[graph]
+            return dH if how == "sum" else dH * xp.asarray(values)[:, None]
 
         return out, vjp
-    sizes = np.diff(ptr)
-    graph = xp.asarray(np.repeat(np.arange(G, dtype=np.int64), sizes))
     out = xp.full((G, d), -xp.inf, H.dtype)
     xp.maximum.at(out, graph, H)  # order-independent: deterministic
     out[xp.asarray(sizes == 0)] = 0
