@@ -464,6 +464,17 @@ def test_baselines_file_trains_its_layers_on_the_samplers_blocks(tmp_path, monke
     assert all(line.split()[1:] == [kinds, "True"] and int(line.split()[0]) > 0 for line in seen)
 
 
+
+def test_sampled_table_compares_like_for_like():
+    """Each speedup divides the same measure: epoch by epoch (sampling included), trained only by trained only."""
+    from tcgnn_py.bench._sample import sample_markdown
+
+    rows = [{"graph": "g", "kind": "sampler", "nnz": 10, "entries_per_s": 2e6, "ms": 1.0},
+            {"graph": "g", "kind": "epoch", "impl": "tcgnn_py", "ms": 200.0, "ms_trained": 100.0},
+            {"graph": "g", "kind": "epoch", "impl": "other", "ms": 100.0, "ms_trained": 50.0}]
+    row = sample_markdown(rows).splitlines()[-1]
+    assert row.endswith("| 200.0 (100.0) | 100.0 (50.0) | 0.50× (0.50×) |")
+
 FAKE_CLASSIFY_BASELINES = FAKE_BASELINES + """
 import os
 
