@@ -19,7 +19,7 @@ __all__ = [
     "block_mask",
     "build_plan",
     "sm_count",
-    "sorted_units",
+    "sorted_plan",
     "spmm_plan",
     "tile_mask",
     "vec_coop_units",
@@ -75,12 +75,14 @@ def sm_count(tiling):
     return tiling.cached("sm_count", lambda: get_cupy().cuda.Device().attributes["MultiProcessorCount"])
 
 
-def sorted_units(tiling, bpu):
-    """The vector plan's units and split rows, longest first, computed where :func:`_planner` computes."""
+def sorted_plan(tiling, bpu):
+    """``(plan, units, unit_k0)``: the vector plan's splits and counts (the plan without its units), and its units
+    and split rows longest first, computed where :func:`_planner` computes and uploaded together."""
     xp, _ = _planner(tiling)
     on_host = xp is not tiling.xp
     plan = _plan_where_planned(tiling, bpu, VEC_UNITS_PER_WINDOW_MAX) if on_host else vec_plan(tiling, bpu)
-    return _uploaded(tiling, _longest_first(xp, plan["units"], plan["unit_k0"]))
+    rest = {k: v for k, v in plan.items() if k not in ("units", "unit_k0")}
+    return _uploaded(tiling, (rest,) + _longest_first(xp, plan["units"], plan["unit_k0"]))
 
 
 def _longest_first(xp, units, unit_k0):
@@ -156,6 +158,8 @@ def _uploaded(tiling, value):
                 collect(w)
 
     collect(value)
+    if not arrays:
+        return value
     offsets, total = [], 0
     for a in arrays:
         offsets.append(total)

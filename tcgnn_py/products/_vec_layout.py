@@ -12,7 +12,7 @@ import numpy as np
 
 from .._tuning import options, overrides_key
 from ._launch import Scratch, compiled, fixup, spmm
-from ._plans import (VEC_UNITS_PER_WINDOW_MAX, sm_count, sorted_units, vec_coop_units, vec_counts, vec_hist,
+from ._plans import (VEC_UNITS_PER_WINDOW_MAX, sm_count, sorted_plan, vec_coop_units, vec_counts, vec_hist,
                      vec_meta, vec_plan)
 
 __all__ = ["Config", "Shape", "VEC_COOP_CTAS", "VEC_RESIDENT_WARPS", "VEC_UNIT_SIZES", "VEC_WIDE_WARPS", "async_rows",
@@ -63,14 +63,13 @@ def partition(tiling, D, half=False, slices=None):
 
 
 def partition_units(tiling, bpu):
-    """``(plan, units, unit_k0, meta)`` of the usual launch on ``bpu`` blocks per unit: its plan (:func:`.vec_plan`),
-    its units in launch order (longest first, unless ``options()["vec_sort_units"]`` is off: the grid's tail is then
-    made of short ones) and the blocks' metadata."""
-    plan = vec_plan(tiling, bpu)
-    units = plan["units"], plan["unit_k0"]
+    """``(plan, units, unit_k0, meta)`` of the usual launch on ``bpu`` blocks per unit: its plan's splits and counts
+    (:func:`.vec_plan`), its units in launch order (longest first, unless ``options()["vec_sort_units"]`` is off:
+    the grid's tail is then made of short ones) and the blocks' metadata."""
     if options()["vec_sort_units"]:
-        units = tiling.cached(("vec_sorted", bpu), lambda: sorted_units(tiling, bpu))
-    return (plan,) + units + (vec_meta(tiling),)
+        return tiling.cached(("vec_sorted", bpu), lambda: sorted_plan(tiling, bpu)) + (vec_meta(tiling),)
+    plan = vec_plan(tiling, bpu)
+    return plan, plan["units"], plan["unit_k0"], vec_meta(tiling)
 
 
 def partition_launch(tiling, D, slices, units, combine, kernel, smem, nw, fix_kernel, scratch, extra=(),
