@@ -81,6 +81,11 @@ def test_gcn_norm_of_an_undirected_graph_is_its_own_transpose(rng):
     S = nn.gcn_norm(D, device="cpu")
     assert S.T is not S
     np.testing.assert_array_equal(S.T.toarray(), S.toarray().T)
+    # An explicit zero stored on one side only: equal values, not the same stored entries (a product by inf tells).
+    Z = sp.csr_array((np.array([1.0, 1.0, 0.0]), np.array([1, 0, 2]), np.array([0, 1, 3, 3])), shape=(3, 3))
+    Tz = nn.gcn_norm(Z, device="cpu", add_self_loops=False)
+    assert Tz.T is not Tz and Tz.T.nnz == Tz.nnz
+    np.testing.assert_array_equal(Tz.T.toarray(), Tz.toarray().T)
 
 def test_gcn_norm_without_self_loops_and_isolated_rows(rng):
     A = random_graph(rng, 20).tolil()

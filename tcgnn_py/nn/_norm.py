@@ -125,6 +125,15 @@ def gcn_norm(A, *, add_self_loops=True, dtype=np.float32, layout=None, tile_shap
     T = _tiled(S, dtype, layout, tile_shape, device)
     # A symmetric graph's matrix, checked exactly on the host (where it was normalised), is its own transpose: a
     # layer's backward multiplies by it again instead of translating Aᵀ.
-    if xp is np and (S != S.T).nnz == 0:
+    if xp is np and _symmetric(S):
         T._own_transpose()
     return T
+
+
+def _symmetric(S):
+    """Whether a canonical scipy CSR matrix equals its transpose exactly: the same stored entries (explicit zeros
+    included, which a product by inf or nan can tell apart) and the same values."""
+    St = S.T.tocsr()
+    St.sort_indices()
+    return (S.shape[0] == S.shape[1] and np.array_equal(S.indptr, St.indptr) and np.array_equal(S.indices, St.indices)
+            and np.array_equal(S.data, St.data))
