@@ -149,7 +149,8 @@ def edge_softmax(T, z):
     stable (each row's maximum subtracted); an entry of weight 0 takes no part."""
     rows, _ = entries(T)
     n = T.shape[0]
-    w = jnp.asarray(np.asarray(T.values if T.device == "cpu" else T.values.get(), np.float32))
+    # (the registry's host copy, which entries() made: a GPU matrix's values are not read back at each trace)
+    w = jnp.asarray(np.asarray(_matrices.host_matrix(_matrices.key_of(T)).values, np.float32))
     w = w if z.ndim == 1 else w[:, None]
     z = jnp.where(w != 0, z, -jnp.inf)
     top = jax.ops.segment_max(z, rows, num_segments=n)
