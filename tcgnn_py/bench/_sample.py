@@ -157,8 +157,9 @@ def bench_sample(spec, repeat=5, device=None, extra=None):
 def sample_markdown(rows):
     """Table: per graph, the sampler's millions of sampled entries per second and milliseconds per batch, and each
     implementation's milliseconds per sampled epoch (in brackets: the same batches sampled beforehand), with this
-    library's speedup over each, like for like (epoch with the sampling over epoch with it; in brackets, trained
-    only over trained only)."""
+    library's speedup over each: its epoch with the sampling over theirs with it, and (in brackets) over theirs
+    trained only -- the sampling counted on this library's side alone, the comparison the sampled-training target
+    makes."""
     impls = list(dict.fromkeys(r["impl"] for r in rows if r["kind"] == "epoch"))
     others = [i for i in impls if i != "tcgnn_py"]
     lines = [f"| graph | nnz | sampled M entries/s | sampling ms / batch of {BATCH} | "
@@ -171,7 +172,7 @@ def sample_markdown(rows):
         epoch = {r["impl"]: r for r in mine if r["kind"] == "epoch"}
         cells = [f"{epoch[i]['ms']:.1f} ({epoch[i]['ms_trained']:.1f})" if i in epoch else "–" for i in impls]
         ours = epoch.get("tcgnn_py")
-        ratios = [f"{epoch[i]['ms'] / ours['ms']:.2f}× ({epoch[i]['ms_trained'] / ours['ms_trained']:.2f}×)"
+        ratios = [f"{epoch[i]['ms'] / ours['ms']:.2f}× ({epoch[i]['ms_trained'] / ours['ms']:.2f}×)"
                   if ours and i in epoch else "–" for i in others]
         lines.append(f"| {g} | {s['nnz']:,} | {s['entries_per_s'] / 1e6:.1f} | {s['ms']:.2f} | "
                      + " | ".join(cells + ratios) + " |")
