@@ -121,7 +121,7 @@ def translate(data, indices, indptr, shape, window=16, block=8):
 
     block_cols = np.full(n_blocks * W, -1, dtype=np.int32)
     block_cols[b * W + slot] = indices
-    order = np.lexsort((pos, b))
+    order = np.argsort(b * (H * W) + pos, kind="stable")  # by block, then position (distinct keys: one sort)
     block_ptr = np.concatenate(([0], np.cumsum(np.bincount(b, minlength=n_blocks)))).astype(np.int32)
     return {
         "win_ptr": win_ptr,
