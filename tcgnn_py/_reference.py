@@ -148,17 +148,21 @@ def entry_blocks(block_ptr, nnz):
 
 def block_meta(block_ptr, tile_pos, words, columns):
     """``(n_blocks, columns)`` uint32: each block's occupancy words -- bit ``p % 32`` of word ``p // 32`` set when
-    tile position ``p`` is stored -- then, where ``columns > words``, its first entry (host arrays).
+    tile position ``p`` is stored -- then, where ``columns > words``, its first entry (any device).
 
     Positions within a block are distinct, so summing ``1 << bit`` per word is an OR; float64 holds those sums
     (< 2**32) exactly.
     """
+    xp = array_module(block_ptr)
     n = block_ptr.shape[0] - 1
     pos = tile_pos.astype(np.int64)
-    blocks = np.repeat(np.arange(n, dtype=np.int64), np.diff(block_ptr))
-    words_of = np.bincount(blocks * words + (pos >> 5), weights=(1 << (pos & 31)).astype(np.float64),
+    if xp is np:  # (each block's entries by repeat on the host, by search where repeat takes no device counts)
+        blocks = np.repeat(np.arange(n, dtype=np.int64), np.diff(block_ptr))
+    else:
+        blocks = entry_blocks(block_ptr, pos.shape[0]).astype(np.int64)
+    words_of = xp.bincount(blocks * words + (pos >> 5), weights=(1 << (pos & 31)).astype(np.float64),
                            minlength=n * words)
-    meta = np.zeros((n, columns), np.uint32)
+    meta = xp.zeros((n, columns), np.uint32)
     meta[:, :words] = words_of.astype(np.uint32).reshape(n, words)
     if columns > words:
         meta[:, words] = block_ptr[:-1]

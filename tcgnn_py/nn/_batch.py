@@ -168,7 +168,7 @@ def readout(H, ptr, how="sum"):
     device = "cpu" if xp is np else "cuda"
     G = ptr.shape[0] - 1
     sizes = np.diff(ptr)
-    graph = xp.asarray(np.repeat(np.arange(G, dtype=np.int64), sizes))
+    graph_of = np.repeat(np.arange(G, dtype=np.int64), sizes)  # (host: uploaded where a vjp or max needs it)
     if how != "max":
         P, values = _pooling(ptr, how, device, H.dtype)
         out = spmm(P, xp.ascontiguousarray(H), precision="fp32") if n else xp.zeros((G, d), H.dtype)
@@ -179,10 +179,11 @@ def readout(H, ptr, how="sum"):
                 raise ValueError(f"g must have the output's shape {(G, d)}, got {g.shape}")
             # Pᵀ has one entry per node (its graph's): the transposed product is a gather, times the value of a mean
             # (one rounding, as the product's single term).
-            dH = g[graph]
+            dH = g[xp.asarray(graph_of)]
             return dH if how == "sum" else dH * xp.asarray(values)[:, None]
 
         return out, vjp
+    graph = xp.asarray(graph_of)
     out = xp.full((G, d), -xp.inf, H.dtype)
     xp.maximum.at(out, graph, H)  # order-independent: deterministic
     out[xp.asarray(sizes == 0)] = 0

@@ -16,7 +16,6 @@ __all__ = [
     "SDDMM_BLOCKS_PER_WARP",
     "UNITS_PER_WINDOW_MAX",
     "VEC_UNITS_PER_WINDOW_MAX",
-    "block_mask",
     "build_plan",
     "sm_count",
     "sorted_plan",
@@ -48,7 +47,7 @@ def vec_counts(tiling, bpu):
     """``{"units", "n_slots", "max_parts"}`` of :func:`vec_plan` on ``bpu`` blocks per unit, from the blocks-per-window
     histogram on the host (cached): what choosing a launch reads of a plan, without building or uploading one."""
     def build():
-        k = np.clip(-(-vec_hist(tiling) // bpu), 1, VEC_UNITS_PER_WINDOW_MAX)
+        k = _parts(np, vec_hist(tiling), bpu, VEC_UNITS_PER_WINDOW_MAX)
         return {"units": int(k.sum()), "n_slots": int(k[k > 1].sum()), "max_parts": int(k.max(initial=0))}
 
     return tiling.cached(("vec_counts", bpu), build)
@@ -108,22 +107,21 @@ def vec_meta(tiling):
         meta = tiling.peek("block_meta")  # (the translation's, where it made them: the same pairs)
         if meta is not None and meta.shape[1] == 2:
             return meta
-        xp, arrays = _planner(tiling)
-        block_ptr = arrays("block_ptr")
-        mask = block_mask(xp, block_ptr, arrays("tile_pos"), tiling.n_blocks)[:, 0]
-        return _uploaded(tiling, xp.ascontiguousarray(xp.stack([mask, block_ptr[:-1].astype(np.uint32)], axis=1)))
+        _, arrays = _planner(tiling)
+        return _uploaded(tiling, ref.block_meta(arrays("block_ptr"), arrays("tile_pos"), 1, 2))
 
     return tiling.cached("vec_meta", build)
 
 
 def tile_mask(tiling):
-    """:func:`block_mask` of the tiling (cached on it)."""
+    """``(n_blocks, 4)`` uint32 of a 16x8 tiling: bit ``p`` of block ``b`` set when tile position ``p`` is stored
+    (cached on it)."""
     def build():
         meta = tiling.peek("block_meta")  # (the translation's, where it made them: the same words)
         if meta is not None and meta.shape[1] == 4:
             return meta
-        xp, arrays = _planner(tiling)
-        return _uploaded(tiling, block_mask(xp, arrays("block_ptr"), arrays("tile_pos"), tiling.n_blocks))
+        _, arrays = _planner(tiling)
+        return _uploaded(tiling, ref.block_meta(arrays("block_ptr"), arrays("tile_pos"), 4, 4))
 
     return tiling.cached("mask", build)
 
@@ -205,13 +203,19 @@ def _plan_where_planned(tiling, blocks_per_unit, max_units):
                          lambda: build_plan(xp, arrays("win_ptr"), blocks_per_unit, max_units))
 
 
+def _parts(xp, nb, blocks_per_unit, max_units):
+    """Units of each owner of ``nb`` items: ``ceil(nb / blocks_per_unit)``, at least 1 (an empty window's unit
+    writes its zero rows), at most ``max_units``."""
+    return xp.clip(-(-nb // blocks_per_unit), 1, max_units)
+
+
 def build_plan(xp, win_ptr, blocks_per_unit, max_units=UNITS_PER_WINDOW_MAX, even=True):
     """The plan of :func:`spmm_plan` from ``win_ptr`` (any device): each owner (a window of blocks, a row of
     entries) cut into ``ceil(items / blocks_per_unit)`` units (1 to ``max_units``), of near-equal lengths
     (``even``), else of ``blocks_per_unit`` items each but the last (the attention passes' parts).  A unit is
     ``(owner, first, end, slot or -1)``; the owners cut in several give their units consecutive slots."""
     nb = xp.diff(win_ptr).astype(np.int64)
-    k = xp.clip(-(-nb // blocks_per_unit), 1, max_units)
+    k = _parts(xp, nb, blocks_per_unit, max_units)
     unit_ptr = xp.concatenate((xp.zeros(1, np.int64), xp.cumsum(k)))
     n_units = int(unit_ptr[-1])  # synchronize!
     uid = xp.arange(n_units, dtype=np.int64)
@@ -237,15 +241,3 @@ def build_plan(xp, win_ptr, blocks_per_unit, max_units=UNITS_PER_WINDOW_MAX, eve
         "max_parts": int(k.max()) if k.shape[0] else 0,  # synchronize!
     }
 
-
-def block_mask(xp, block_ptr, tile_pos, n_blocks):
-    """``(n_blocks, 4)`` uint32: bit ``p`` of block ``b`` set when tile position ``p`` is stored.
-
-    Positions within a block are distinct, so summing ``1 << bit`` per word is
-    an OR; float64 holds those sums (< 2**32) exactly.
-    """
-    entry_block = ref.entry_blocks(block_ptr, tile_pos.shape[0])
-    pos = tile_pos.astype(np.int64)
-    words = xp.bincount(entry_block.astype(np.int64) * 4 + (pos >> 5), weights=(1 << (pos & 31)).astype(np.float64),
-                        minlength=4 * n_blocks)
-    return xp.ascontiguousarray(words.astype(np.uint32).reshape(n_blocks, 4))
