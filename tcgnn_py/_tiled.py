@@ -120,7 +120,7 @@ class TiledMatrix:
         opts = options()
         # A small host input is translated on the host and uploaded once: the same arrays as the kernels'
         # (tests compare them), without their first compile in this process.
-        host_build = on_device and array_module(indices) is np and data.shape[0] <= tiles.host_limit()
+        host_build = on_device and array_module(indices) is np and tiles.on_host(data.shape[0])
         if on_device and not host_build:
             # O(1) checks where the arrays are (free on the host); SGT's first kernel makes the O(nnz) ones.
             # Indices of another type are scanned before the int32 cast, which could wrap them into range.

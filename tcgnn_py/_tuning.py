@@ -207,8 +207,11 @@ def tuning(**overrides):
 declare("build", {
     "sgt_host_max": (1 << 18, int_option(-1)),  # host input of up to this many entries: SGT on the host, one upload
     # ... and up to this many while the SGT kernels have not run in this process (a transpose too): their first
-    # compile costs seconds, a host pass of 2M entries a few tenths of one
-    "sgt_host_cold_max": (1 << 21, int_option(-1)),
+    # compile costs seconds, a host pass of 4M entries about half of one
+    "sgt_host_cold_max": (1 << 22, int_option(-1)),
+    # after this many such cold builds, the next one compiles the SGT kernels in a background thread, for the
+    # builds after it (-1: never)
+    "sgt_compile_after": (1, int_option(-1)),
     "nm_group_host_max": (1 << 16, int_option(-1)),  # ... and the N:M layouts' grouping too, up to this many
     "reorder_host_max": (1 << 14, int_option(-1)),  # reorder(A, N:M pattern), device=None: on the host up to this
     "locality_host_max": (1 << 16, int_option(-1)),  # reorder(A, "locality") / locality_report: the same

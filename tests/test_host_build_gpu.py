@@ -97,8 +97,9 @@ import tcgnn_py as tg
 from tcgnn_py.tiles import _sgt
 A = tg.power_law_graph(40000, 400000, seed=5)  # above sgt_host_max, below sgt_host_cold_max
 X = cp.asarray(np.random.default_rng(0).integers(-8, 9, (A.shape[0], 16)).astype(np.float32))
-T = tg.TiledMatrix(A)
-Y, YT = (T @ X).get(), (T.T @ X).get()
+with tg.tuning(sgt_compile_after=-1):  # (no background compile: the kernels stay cold until used)
+    T = tg.TiledMatrix(A)
+    Y, YT = (T @ X).get(), (T.T @ X).get()
 cold = _sgt.kernels_ran()
 with tg.tuning(sgt_host_max=-1):
     K = tg.TiledMatrix(A)  # the kernels, now
@@ -125,3 +126,46 @@ def test_a_first_build_above_the_host_limit_waits_no_compile(cp):
     assert _tuning.DEFAULTS["sgt_host_max"] < out["nnz"] <= _tuning.DEFAULTS["sgt_host_cold_max"]
     assert out == dict(out, ran_before=False, ran_after=True, same=True, exact=True, warm_exact=True,
                        T_host_limit=_tuning.DEFAULTS["sgt_host_max"])
+
+
+_BEHIND = r"""
+import json
+import numpy as np, cupy as cp
+import tcgnn_py as tg
+from tcgnn_py.kernels import sgt as k
+from tcgnn_py.tiles import _sgt
+A = tg.power_law_graph(40000, 400000, seed=5)  # above sgt_host_max, below sgt_host_cold_max
+X = cp.asarray(np.random.default_rng(0).integers(-8, 9, (A.shape[0], 16)).astype(np.float32))
+T = tg.TiledMatrix(A)  # on the host; the first such build starts no compile
+first = _sgt._WARMING.get("thread")
+T = tg.TiledMatrix(A)  # on the host again, and the kernels' compile starts behind it
+thread = _sgt._WARMING.get("thread")
+Y = (T @ X).get()
+thread.join(300)
+compiled = {name: len(kernel.overloads) for name, (kernel, _) in k.KERNELS.items()}
+K = tg.TiledMatrix(A)  # the kernels, now: nothing compiles
+same = all(bool((getattr(T.tiling, a) == getattr(K.tiling, a)).all())
+           for a in ("win_ptr", "block_cols", "block_ptr", "tile_pos", "perm"))
+Bd = (A.astype(np.float64) @ X.get()).astype(np.float32)
+print(json.dumps(dict(first=first is not None, started=thread is not None, ready=_sgt.kernels_ran(), limit=_sgt.host_limit(),
+                      compiled_again=[n for n, c in compiled.items() if len(k.KERNELS[n][0].overloads) != c],
+                      compiled=sorted(n for n, c in compiled.items() if c), same=same,
+                      exact=bool((Y == Bd).all() and ((K @ X).get() == Bd).all()))))
+"""
+
+
+@pytest.mark.gpu
+def test_a_second_cold_build_on_the_host_compiles_the_kernels_behind_it(cp):
+    """The second build sent to the host only because the kernels have not run compiles them in the background
+    (the first does not): once that ends, the next build of the size goes to the kernels and compiles nothing more (their signatures are the
+    launches'), with the same arrays and exact products."""
+    from tcgnn_py.kernels import sgt as k
+
+    res = subprocess.run([sys.executable, "-c", _BEHIND], capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    from tcgnn_py import _tuning
+
+    assert out == dict(first=False, started=True, ready=True, limit=_tuning.DEFAULTS["sgt_host_max"], compiled_again=[],
+                       compiled=sorted(k.KERNELS), same=True, exact=True)

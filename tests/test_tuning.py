@@ -128,7 +128,7 @@ def test_the_host_translation_limit_is_the_larger_one_until_the_kernels_have_run
     device tilings: the cold limit only while they have not; ``sgt_host_max=-1``: never on the host."""
     from tcgnn_py.tiles import _sgt
 
-    small, cold = 1 << 18, 1 << 21  # the defaults
+    small, cold = 1 << 18, 1 << 22  # the defaults
     monkeypatch.setattr(_sgt, "_RAN", [False])
     assert (_sgt.host_limit(), _sgt.host_limit(device_input=True)) == (cold, cold)
     with tg.tuning(sgt_host_cold_max=-1):
@@ -137,3 +137,30 @@ def test_the_host_translation_limit_is_the_larger_one_until_the_kernels_have_run
         assert (_sgt.host_limit(), _sgt.host_limit(device_input=True)) == (-1, -1)
     monkeypatch.setattr(_sgt, "_RAN", [True])
     assert (_sgt.host_limit(), _sgt.host_limit(device_input=True)) == (small, -1)
+
+
+def test_the_second_build_on_the_host_only_because_the_kernels_are_cold_compiles_them_behind(monkeypatch):
+    """``on_host``: the host limits decide; builds that go to the host only because the kernels have not run (above
+    ``sgt_host_max``, or any transpose) are counted, and the one after the first ``sgt_compile_after`` starts
+    their background compile (-1: none does); a small build, or one past the limits, is not counted."""
+    from tcgnn_py.tiles import _sgt
+
+    started = []
+    monkeypatch.setattr(_sgt, "warm_kernels", lambda: started.append(1))
+    monkeypatch.setattr(_sgt, "_RAN", [False])
+    small, cold = 1 << 18, 1 << 22
+    monkeypatch.setattr(_sgt, "_WARMING", {})
+    cases = [(small, False, True, 0), (cold + 1, False, False, 0), (cold + 1, True, False, 0),
+             (small + 1, False, True, 0), (cold, False, True, 1), (1, True, True, 2)]
+    for nnz, device_input, host, starts in cases:
+        assert (_sgt.on_host(nnz, device_input), len(started)) == (host, starts), (nnz, device_input)
+    for after, want in ((0, 1), (1, 0), (2, 0), (-1, 0)):
+        monkeypatch.setattr(_sgt, "_WARMING", {})
+        started.clear()
+        with tg.tuning(sgt_compile_after=after):
+            assert _sgt.on_host(small + 1) and len(started) == want, after
+    with tg.tuning(sgt_compile_after=-1):
+        assert _sgt.on_host(1, device_input=True) and _sgt.on_host(1, device_input=True) and len(started) == 0
+    monkeypatch.setattr(_sgt, "_RAN", [True])
+    started.clear()
+    assert (_sgt.on_host(small), _sgt.on_host(small + 1), _sgt.on_host(1, True), started) == (True, False, False, [])

@@ -17,7 +17,7 @@ from ..kernels.launch import grid as _grid
 from ..kernels.launch import launch_numba as _launch
 
 __all__ = ["tile", "translate", "translate_kernels", "canonicalize_kernels", "coo_to_csr", "coo_to_csr_order",
-           "host_limit", "kernels_ran", "HOST_PLAN_MAX", "DERIVED", "block_meta_layout"]
+           "host_limit", "on_host", "kernels_ran", "warm_kernels", "HOST_PLAN_MAX", "DERIVED", "block_meta_layout"]
 
 #: Tilings of at most this many stored entries plan their products on the host, with NumPy, and upload the plans:
 #: on the device, a fresh process would first compile some 45 of CuPy's own kernels (about 0.3 s each, with empty
@@ -37,12 +37,58 @@ def block_meta_layout(window, block):
     return words, words + 1 if words == 1 else words
 
 
-_RAN = [False]  # the translation kernels have run on the GPU in this process (compiled or loaded)
+_RAN = [False]  # the translation kernels have run, or been compiled and loaded, on the GPU in this process
+_WARMING = {}  # "thread": the one background compile of the kernels in this process, "stop": asked to end early,
+#               "cold": the builds sent to the host only because the kernels had not run
 
 
 def kernels_ran():
-    """Whether the translation kernels have run on the GPU in this process (their first compile is behind us)."""
+    """Whether the translation kernels are ready on the GPU in this process: they have run, or a background
+    compile (:func:`warm_kernels`) has compiled and loaded them -- their first compile is behind us."""
     return _RAN[0]
+
+
+def warm_kernels():
+    """Compile and load the translation kernels in a background thread, once a process, for the current device.
+
+    Cold builds translated on the host start it (:func:`on_host`), so that later builds of their size use the
+    kernels without waiting for their compile (seconds).  A
+    failure is left to the kernels' next use, which compiles them itself and raises it there.  At exit the thread
+    stops after the kernel it is compiling.  Returns the thread.
+    """
+    thread = _WARMING.get("thread")
+    if thread is not None or _RAN[0]:
+        return thread
+    import atexit
+    import threading
+
+    import cupy
+
+    device = cupy.cuda.Device().id
+
+    def run():
+        from numba import cuda
+
+        from ..kernels import sgt as k
+
+        try:
+            with cuda.gpus[device]:
+                for kernel, signature in k.KERNELS.values():
+                    if _WARMING.get("stop"):
+                        return
+                    kernel.compile(signature)  # (compiles, caches on disk, loads into the device's context)
+        except Exception:  # noqa: BLE001 -- reported by the kernels' next use, which compiles them in the caller
+            return
+        _RAN[0] = True
+
+    def stop():
+        _WARMING["stop"] = True
+        thread.join()
+
+    thread = _WARMING["thread"] = threading.Thread(target=run, name="tcgnn_py SGT compile", daemon=True)
+    thread.start()
+    atexit.register(stop)
+    return thread
 
 
 def host_limit(device_input=False):
@@ -58,6 +104,24 @@ def host_limit(device_input=False):
         return -1
     cold = -1 if _RAN[0] else opts["sgt_host_cold_max"]
     return cold if device_input else max(opts["sgt_host_max"], cold)
+
+
+def on_host(nnz, device_input=False):
+    """Whether a translation of ``nnz`` entries runs on the host now (:func:`host_limit`).
+
+    Builds sent there only because the kernels have not run yet are counted; the one after the first
+    ``sgt_compile_after`` starts the kernels' compile in the background (:func:`warm_kernels`), so that later
+    builds find them ready.  The first such build does not, by default: the compile shares the interpreter with
+    the caller, and a process that builds one large matrix reaches its first product sooner without it.
+    """
+    if nnz > host_limit(device_input):
+        return False
+    opts = options()
+    if nnz > (-1 if device_input else opts["sgt_host_max"]):
+        cold = _WARMING["cold"] = _WARMING.get("cold", 0) + 1
+        if 0 <= opts["sgt_compile_after"] < cold:
+            warm_kernels()
+    return True
 
 
 def tile(data, indices, indptr, shape, window=16, block=8):
@@ -125,7 +189,7 @@ def translate(data, indices, indptr, shape, window=16, block=8, *, host_when_col
         return ref.translate(data, indices, indptr, shape, window, block)
     import cupy
 
-    if host_when_cold and indices.shape[0] <= host_limit(device_input=True):
+    if host_when_cold and on_host(indices.shape[0], device_input=True):
         out = ref.translate(*(to_host(a) for a in (data, indices, indptr)), shape, window, block)  # synchronize!
         return {k: cupy.asarray(v) for k, v in out.items()}
     out = translate_kernels(cupy, data, indices, indptr, shape, window, block, check=True)
