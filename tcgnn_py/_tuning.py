@@ -205,13 +205,18 @@ def tuning(**overrides):
 # kernels, whose first compile in a process costs seconds while a small input's NumPy pass costs ms.  -1: never on
 # the host.
 declare("build", {
-    "sgt_host_max": (1 << 18, int_option(-1)),  # host input of up to this many entries: SGT on the host, one upload
+    # a host input of up to this many entries: SGT on the host, one upload (past it, once compiled, the kernels
+    # are the faster, launches and all)
+    "sgt_host_max": (1 << 11, int_option(-1)),
     # ... and up to this many while the SGT kernels have not run in this process (a transpose too): their first
     # compile costs seconds, a host pass of 4M entries about half of one
     "sgt_host_cold_max": (1 << 22, int_option(-1)),
     # after this many such cold builds, the next one compiles the SGT kernels in a background thread, for the
     # builds after it (-1: never)
     "sgt_compile_after": (1, int_option(-1)),
+    # gcn_norm / add_self_loops of a host graph on the host up to this many entries (or the translation's own
+    # host limit, the larger): one upload, and a symmetric graph's tiling is checked there to be its own transpose
+    "norm_host_max": (1 << 18, int_option(-1)),
     "nm_group_host_max": (1 << 16, int_option(-1)),  # ... and the N:M layouts' grouping too, up to this many
     "reorder_host_max": (1 << 14, int_option(-1)),  # reorder(A, N:M pattern), device=None: on the host up to this
     "locality_host_max": (1 << 16, int_option(-1)),  # reorder(A, "locality") / locality_report: the same

@@ -128,7 +128,7 @@ def test_the_host_translation_limit_is_the_larger_one_until_the_kernels_have_run
     device tilings: the cold limit only while they have not; ``sgt_host_max=-1``: never on the host."""
     from tcgnn_py.tiles import _sgt
 
-    small, cold = 1 << 18, 1 << 22  # the defaults
+    small, cold = 1 << 11, 1 << 22  # the defaults
     monkeypatch.setattr(_sgt, "_RAN", [False])
     assert (_sgt.host_limit(), _sgt.host_limit(device_input=True)) == (cold, cold)
     with tg.tuning(sgt_host_cold_max=-1):
@@ -148,7 +148,7 @@ def test_the_second_build_on_the_host_only_because_the_kernels_are_cold_compiles
     started = []
     monkeypatch.setattr(_sgt, "warm_kernels", lambda: started.append(1))
     monkeypatch.setattr(_sgt, "_RAN", [False])
-    small, cold = 1 << 18, 1 << 22
+    small, cold = 1 << 11, 1 << 22
     monkeypatch.setattr(_sgt, "_WARMING", {})
     cases = [(small, False, True, 0), (cold + 1, False, False, 0), (cold + 1, True, False, 0),
              (small + 1, False, True, 0), (cold, False, True, 1), (1, True, True, 2)]

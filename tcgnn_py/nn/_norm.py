@@ -3,6 +3,7 @@
 import numpy as np
 
 from .._device import array_module, get_cupy, use_gpu
+from .._tuning import options
 from ..tiles import host_limit
 from .._tiled import TiledMatrix
 from .._validation import coerce_graph
@@ -13,14 +14,15 @@ __all__ = ["add_self_loops", "gcn_norm"]
 def _square_csr(A, device=None):
     """``(data, indices, indptr, n, xp)``: A's CSR arrays, moved to the GPU for ``device`` when large.
 
-    A host input small enough for the host translation (:func:`tcgnn_py.tiles.host_limit`) is normalised on
-    the host too, so the TiledMatrix built from it needs no kernel compile.
+    A host input of up to ``norm_host_max`` entries, or small enough for the host translation
+    (:func:`tcgnn_py.tiles.host_limit`), is normalised on the host: one upload, no kernel compile, and a
+    symmetric graph is recognised there (its tiling is its own transpose).
     """
     data, indices, indptr, n = coerce_graph(A, "a graph's adjacency matrix")
     if data.dtype.kind not in "biuf":
         raise TypeError(f"adjacency values must be real, got {data.dtype}")
     xp = array_module(indices)
-    if xp is np and data.shape[0] > host_limit() and use_gpu(device):
+    if xp is np and data.shape[0] > max(host_limit(), options()["norm_host_max"]) and use_gpu(device):
         xp = get_cupy()
         data, indices, indptr = (xp.asarray(v) for v in (data, indices, indptr))
     return data, indices, indptr, n, xp
