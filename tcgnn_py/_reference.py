@@ -107,7 +107,16 @@ def translate(data, indices, indptr, shape, window=16, block=8):
     win = rows // H
     # Distinct (window, column) pairs in ascending order give the condensed ids.
     key = win * max(n_cols, 1) + indices
-    uniq, inverse = np.unique(key, return_inverse=True)
+    # np.unique(key, return_inverse=True), by a stable sort: each row's keys are sorted runs, which it merges
+    # instead of sorting from scratch
+    by_key = np.argsort(key, kind="stable")
+    sorted_key = key[by_key]
+    new = np.empty(key.shape[0], np.bool_)
+    new[:1] = True
+    np.not_equal(sorted_key[1:], sorted_key[:-1], out=new[1:])
+    inverse = np.empty(key.shape[0], np.int64)
+    inverse[by_key] = np.cumsum(new) - 1
+    uniq = sorted_key[new]
     uniq_win = uniq // max(n_cols, 1)
     distinct = np.bincount(uniq_win, minlength=n_windows)
     first_of_win = np.concatenate(([0], np.cumsum(distinct)))
