@@ -52,9 +52,9 @@ def warm_kernels():
     """Compile and load the translation kernels in a background thread, once a process, for the current device.
 
     Cold builds translated on the host start it (:func:`on_host`), so that later builds of their size use the
-    kernels without waiting for their compile (seconds).  A
-    failure is left to the kernels' next use, which compiles them itself and raises it there.  At exit the thread
-    stops after the kernel it is compiling.  Returns the thread.
+    kernels without waiting for their compile (seconds).  A failure is left to the kernels' next use, which
+    compiles them itself and raises it there.  Numba compiles one kernel at a time, so a kernel of another
+    family compiled meanwhile waits for the one in hand; at exit the thread stops after it.  Returns the thread.
     """
     thread = _WARMING.get("thread")
     if thread is not None or _RAN[0]:
