@@ -169,3 +169,24 @@ def test_a_second_cold_build_on_the_host_compiles_the_kernels_behind_it(cp):
 
     assert out == dict(first=False, started=True, ready=True, limit=_tuning.DEFAULTS["sgt_host_max"], compiled_again=[],
                        compiled=sorted(k.KERNELS), same=True, exact=True)
+
+
+_EXIT = r"""
+import tcgnn_py as tg
+from tcgnn_py.tiles import _sgt
+A = tg.power_law_graph(40000, 400000, seed=5)
+tg.TiledMatrix(A)
+tg.TiledMatrix(A)  # the second cold build: the kernels compile behind it
+print("compiling at exit:", _sgt._WARMING["thread"].is_alive(), flush=True)
+"""
+
+
+@pytest.mark.gpu
+def test_a_process_ends_cleanly_while_the_kernels_compile_behind_it(cp, tmp_path):
+    """A process that ends while the background compile runs (an empty kernel cache: it compiles for seconds)
+    stops it after the kernel in hand and exits with status 0, no traceback and no fatal error."""
+    res = subprocess.run([sys.executable, "-c", _EXIT], capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, PYTHONUNBUFFERED="1", NUMBA_CACHE_DIR=str(tmp_path)))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "compiling at exit: True" in res.stdout
+    assert "Traceback" not in res.stderr and "Fatal" not in res.stderr, res.stderr[-3000:]
