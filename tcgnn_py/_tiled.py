@@ -31,17 +31,6 @@ from ._validation import (
 __all__ = ["TiledMatrix", "TileStats", "Tiling", "spmm", "sddmm", "bound_spmm", "issparse"]
 
 
-def _upload(arrays, tile_shape, derived=True):
-    """The tiled arrays copied to the GPU (one copy each, on the current stream), with (``derived``) the derived data a
-    device translation hands over (:data:`tiles.DERIVED`), made here on the host where the arrays are."""
-    cp = get_cupy()
-    out = {k: cp.asarray(v) for k, v in arrays.items() if k not in tiles.DERIVED}
-    if derived and arrays["tile_pos"].shape[0] <= tiles.HOST_PLAN_MAX:
-        meta = ref.block_meta(arrays["block_ptr"], arrays["tile_pos"], *tiles.block_meta_layout(*tile_shape))
-        out["block_meta"], out["host_win_ptr"] = cp.asarray(meta), arrays["win_ptr"]
-    return out
-
-
 class TiledMatrix:
     """A sparse matrix translated into dense ``H x W`` tensor-core tiles.
 
@@ -144,11 +133,11 @@ class TiledMatrix:
         arrays = tiles.tile(data, indices, indptr, shape, window, block)
         if host_build and (layout.pattern is None or data.shape[0] > opts["nm_group_host_max"]):
             # the N:M grouping of a larger matrix runs on the GPU (and makes new arrays: derived data of its own)
-            arrays = _upload(arrays, (window, block), derived=layout.pattern is None)
+            arrays = tiles.upload(arrays, (window, block), derived=layout.pattern is None)
         if layout.pattern is not None:
             arrays = tiles.regroup(arrays, shape, layout)
         if host_build and array_module(arrays["tile_pos"]) is np:
-            arrays = _upload(arrays, layout.tile_shape)
+            arrays = tiles.upload(arrays, layout.tile_shape)
         tiling, values = Tiling.from_arrays(arrays, shape, (window, block), layout)
         self._init(tiling, values.astype(vdtype, copy=False))
 

@@ -105,9 +105,14 @@ with tg.tuning(sgt_host_max=-1):
     K = tg.TiledMatrix(A)  # the kernels, now
 same = all(bool((getattr(T.tiling, k) == getattr(K.tiling, k)).all())
            for k in ("win_ptr", "block_cols", "block_ptr", "tile_pos", "perm"))
+# T's transpose was worked out on the host while cold (with its derived data); K's on the device, by the kernels
+same_T = all(bool((getattr(T.T.tiling, k) == getattr(K.T.tiling, k)).all())
+             for k in ("win_ptr", "block_cols", "block_ptr", "tile_pos", "perm")) and bool((T.T.values == K.T.values).all())
+derived_T = T.T.tiling.peek("block_meta") is not None and isinstance(T.T.tiling.peek(("host", "win_ptr")), np.ndarray)
 W = tg.TiledMatrix(A)  # warm: the kernels again
 Bd = (A.astype(np.float64) @ X.get()).astype(np.float32), (A.T.astype(np.float64) @ X.get()).astype(np.float32)
-print(json.dumps(dict(nnz=int(A.nnz), ran_before=cold, ran_after=_sgt.kernels_ran(), same=same,
+print(json.dumps(dict(nnz=int(A.nnz), ran_before=cold, ran_after=_sgt.kernels_ran(), same=same, same_T=same_T,
+                      derived_T=derived_T,
                       exact=bool((Y == Bd[0]).all() and (YT == Bd[1]).all()),
                       warm_exact=bool(((W @ X).get() == Bd[0]).all()), T_host_limit=_sgt.host_limit())))
 """
@@ -116,7 +121,8 @@ print(json.dumps(dict(nnz=int(A.nnz), ran_before=cold, ran_after=_sgt.kernels_ra
 @pytest.mark.gpu
 def test_a_first_build_above_the_host_limit_waits_no_compile(cp):
     """In a new process, a host graph above ``sgt_host_max`` and its transpose are translated on the host while the
-    kernels have not run (no compile on first use); once they have, the same graph goes to them: equal arrays."""
+    kernels have not run (no compile on first use; the transpose worked out there whole, with its derived data);
+    once they have, the same graph and its transpose go to them: equal arrays."""
     res = subprocess.run([sys.executable, "-c", _COLD], capture_output=True, text=True, timeout=600,
                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
     assert res.returncode == 0, res.stderr[-3000:]
@@ -124,7 +130,8 @@ def test_a_first_build_above_the_host_limit_waits_no_compile(cp):
     from tcgnn_py import _tuning
 
     assert _tuning.DEFAULTS["sgt_host_max"] < out["nnz"] <= _tuning.DEFAULTS["sgt_host_cold_max"]
-    assert out == dict(out, ran_before=False, ran_after=True, same=True, exact=True, warm_exact=True,
+    assert out == dict(out, ran_before=False, ran_after=True, same=True, same_T=True, derived_T=True, exact=True,
+                       warm_exact=True,
                        T_host_limit=_tuning.DEFAULTS["sgt_host_max"])
 
 

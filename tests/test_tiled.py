@@ -456,3 +456,36 @@ def test_a_small_tiling_plans_from_what_its_translation_handed_over(where):
     np.testing.assert_array_equal(cp.asnumpy(t.peek("block_meta")), meta)
     X = np.arange(A.shape[1] * 8, dtype=np.float32).reshape(-1, 8) % 5 - 2
     np.testing.assert_array_equal(cp.asnumpy(T @ cp.asarray(X)), A @ X)
+
+
+def test_a_cold_device_tilings_transpose_is_worked_out_on_the_host(monkeypatch):
+    """While the SGT kernels have not run, a device tiling's transpose is made on the host, from one read of the
+    structure, and uploaded with the derived data a host build hands over: the host transpose's arrays and map,
+    counted as a cold build.  (NumPy stands in for CuPy here, so the branch runs without a GPU; the GPU suite runs
+    it on a device.)"""
+    import sys
+    import types
+
+    from tcgnn_py import _reference as ref
+    from tcgnn_py.tiles import _sgt, _tiling
+
+    fake = types.SimpleNamespace(asarray=np.asarray, ndarray=type("ndarray", (), {}))  # the upload
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(_sgt, "_RAN", [False])
+    monkeypatch.setattr(_sgt, "_WARMING", {})
+    monkeypatch.setattr(_tiling, "publish", lambda: None)
+    rng = np.random.default_rng(5)
+    A = sp.random_array((300, 200), density=0.05, rng=rng, format="csr", dtype=np.float32)
+    T = tg.TiledMatrix(A, device="cpu")
+    want_t, want_src = tg.tiles.Tiling.from_arrays(T.tiling.arrays(), T.shape, T.tiling.tile_shape)[0].transpose()
+    device, _ = tg.tiles.Tiling.from_arrays(T.tiling.arrays(), T.shape, T.tiling.tile_shape)
+    object.__setattr__(device, "xp", types.SimpleNamespace(asarray=lambda a: ("uploaded", a)))  # a device tiling
+    got_t, got_src = device.transpose()
+    assert got_src[0] == "uploaded" and np.array_equal(got_src[1], want_src)
+    for k in ("win_ptr", "block_cols", "block_ptr", "tile_pos", "perm"):
+        assert np.array_equal(getattr(got_t, k), getattr(want_t, k)), k
+        assert getattr(got_t, k).dtype == getattr(want_t, k).dtype, k
+    meta = ref.block_meta(want_t.block_ptr, want_t.tile_pos, *tg.tiles.block_meta_layout(*T.tiling.tile_shape))
+    np.testing.assert_array_equal(got_t.peek("block_meta"), meta)
+    assert np.array_equal(got_t.peek(("host", "win_ptr")), want_t.win_ptr)
+    assert _sgt._WARMING["cold"] == 1 and device.transpose()[0] is got_t  # counted once, kept

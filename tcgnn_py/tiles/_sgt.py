@@ -17,7 +17,7 @@ from ..kernels.launch import grid as _grid
 from ..kernels.launch import launch_numba as _launch
 
 __all__ = ["tile", "translate", "translate_kernels", "canonicalize_kernels", "coo_to_csr", "coo_to_csr_order",
-           "host_limit", "on_host", "kernels_ran", "warm_kernels", "HOST_PLAN_MAX", "DERIVED", "block_meta_layout"]
+           "host_limit", "on_host", "upload", "kernels_ran", "warm_kernels", "HOST_PLAN_MAX", "DERIVED", "block_meta_layout"]
 
 #: Tilings of at most this many stored entries plan their products on the host, with NumPy, and upload the plans:
 #: on the device, a fresh process would first compile some 45 of CuPy's own kernels (about 0.3 s each, with empty
@@ -122,6 +122,19 @@ def on_host(nnz, device_input=False):
         if 0 <= opts["sgt_compile_after"] < cold:
             warm_kernels()
     return True
+
+
+def upload(arrays, tile_shape, derived=True):
+    """The tiled arrays of a host translation copied to the GPU (one copy each, on the current stream), with
+    (``derived``) the derived data a device translation hands over (:data:`DERIVED`), made here on the host where
+    the arrays are."""
+    import cupy
+
+    out = {k: cupy.asarray(v) for k, v in arrays.items() if k not in DERIVED}
+    if derived and arrays["tile_pos"].shape[0] <= HOST_PLAN_MAX:
+        meta = ref.block_meta(arrays["block_ptr"], arrays["tile_pos"], *block_meta_layout(*tile_shape))
+        out["block_meta"], out["host_win_ptr"] = cupy.asarray(meta), arrays["win_ptr"]
+    return out
 
 
 def tile(data, indices, indptr, shape, window=16, block=8):

@@ -255,14 +255,14 @@ class Tiling:
     @classmethod
     def from_arrays(cls, arrays, shape, tile_shape=(16, 8), layout=None):
         """``(tiling, values)`` from a dict of trusted tiled arrays (SGT's output, with any :data:`DERIVED` data it
-        handed over); no copies."""
+        handed over; ``values`` None where the dict has none); no copies."""
         tiling = cls(
             *(arrays[k] for k in STRUCTURE),
             shape=(int(shape[0]), int(shape[1])),
             layout=Layout(int(tile_shape[0]), int(tile_shape[1])) if layout is None else layout,
         )
         tiling._cache.update({key: arrays[name] for name, key in DERIVED.items() if name in arrays})
-        return tiling, arrays["values"]
+        return tiling, arrays.get("values")
 
     # --- plain facts ------------------------------------------------------
     @property
@@ -371,19 +371,30 @@ class Tiling:
             return hit
         from . import _sgt  # layer 2 sibling; SGT runs on the tiling's device
 
-        rows, cols = self.rows_cols()
-        shape_t = self.shape[::-1]
-        order, indices, indptr = _sgt.coo_to_csr_order(cols, rows, shape_t)
         xp = self.xp
-        # Structure only: float32 zeros stand in for the values (the SGT kernels are compiled for them).
-        arrays_t = _sgt.translate(xp.zeros(self.nnz, np.float32), indices, indptr, shape_t, *self.tile_shape,
-                                  host_when_cold=True)
-        if self.layout.pattern is not None:
-            from . import _nm_group
+        shape_t = self.shape[::-1]
+        if xp is not np and self.layout.pattern is None and _sgt.on_host(self.nnz, device_input=True):
+            # The SGT kernels have not run, so the translation would go to the host anyway: the whole transpose is
+            # worked out there, from one read of the structure, and uploaded with its derived data as a host build
+            # is -- the steps around the translation compile none of CuPy's kernels on the device.
+            host, _ = Tiling.from_arrays({k: to_host(getattr(self, k)) for k in STRUCTURE},  # synchronize!
+                                         self.shape, self.tile_shape, self.layout)
+            host_t, src = host.transpose()
+            tiling_t, _ = Tiling.from_arrays(_sgt.upload(host_t.arrays(), self.tile_shape), shape_t, self.tile_shape,
+                                             self.layout)
+            src = xp.asarray(src)
+        else:
+            rows, cols = self.rows_cols()
+            order, indices, indptr = _sgt.coo_to_csr_order(cols, rows, shape_t)
+            # Structure only: float32 zeros stand in for the values (the SGT kernels are compiled for them).
+            arrays_t = _sgt.translate(xp.zeros(self.nnz, np.float32), indices, indptr, shape_t, *self.tile_shape,
+                                      host_when_cold=True)
+            if self.layout.pattern is not None:
+                from . import _nm_group
 
-            arrays_t = _nm_group.regroup(arrays_t, shape_t, self.layout)
-        tiling_t, _ = Tiling.from_arrays(arrays_t, shape_t, self.tile_shape, self.layout)
-        src = order[tiling_t.perm].astype(np.int32)  # tiled entry of Aᵀ -> tiled entry of A
+                arrays_t = _nm_group.regroup(arrays_t, shape_t, self.layout)
+            tiling_t, _ = Tiling.from_arrays(arrays_t, shape_t, self.tile_shape, self.layout)
+            src = order[tiling_t.perm].astype(np.int32)  # tiled entry of Aᵀ -> tiled entry of A
         if xp is not np:
             publish()  # complete before another stream uses it
         # A tiling <-> transpose cycle: both are long-lived structure, freed together.
