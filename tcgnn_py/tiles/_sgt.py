@@ -17,7 +17,8 @@ from ..kernels.launch import grid as _grid
 from ..kernels.launch import launch_numba as _launch
 
 __all__ = ["tile", "translate", "translate_kernels", "canonicalize_kernels", "coo_to_csr", "coo_to_csr_order",
-           "host_limit", "on_host", "upload", "kernels_ran", "warm_kernels", "HOST_PLAN_MAX", "DERIVED", "block_meta_layout"]
+           "host_limit", "on_host", "upload", "kernels_ran", "warm_kernels", "HOST_PLAN_MAX", "DERIVED",
+           "block_meta_layout"]
 
 #: Tilings of at most this many stored entries plan their products on the host, with NumPy, and upload the plans:
 #: on the device, a fresh process would first compile some 45 of CuPy's own kernels (about 0.3 s each, with empty
