@@ -103,27 +103,26 @@ def _host(tiling, name):
 
 def vec_meta(tiling):
     """``(n_blocks, 2)`` uint32 of an 8x4 tiling: occupancy mask (bit ``4 * row + slot``) and first entry."""
-    def build():
-        meta = tiling.peek("block_meta")  # (the translation's, where it made them: the same pairs)
-        if meta is not None and meta.shape[1] == 2:
-            return meta
-        _, arrays = _planner(tiling)
-        return _uploaded(tiling, ref.block_meta(arrays("block_ptr"), arrays("tile_pos"), 1, 2))
-
-    return tiling.cached("vec_meta", build)
+    return _block_meta(tiling, "vec_meta", 1, 2)
 
 
 def tile_mask(tiling):
     """``(n_blocks, 4)`` uint32 of a 16x8 tiling: bit ``p`` of block ``b`` set when tile position ``p`` is stored
     (cached on it)."""
+    return _block_meta(tiling, "mask", 4, 4)
+
+
+def _block_meta(tiling, key, words, columns):
+    """The tiling's block metadata (:func:`tcgnn_py._reference.block_meta`) cached under ``key``: the translation's,
+    where it made them (the same words), else computed where :func:`_planner` computes."""
     def build():
-        meta = tiling.peek("block_meta")  # (the translation's, where it made them: the same words)
-        if meta is not None and meta.shape[1] == 4:
+        meta = tiling.peek("block_meta")
+        if meta is not None and meta.shape[1] == columns:
             return meta
         _, arrays = _planner(tiling)
-        return _uploaded(tiling, ref.block_meta(arrays("block_ptr"), arrays("tile_pos"), 4, 4))
+        return _uploaded(tiling, ref.block_meta(arrays("block_ptr"), arrays("tile_pos"), words, columns))
 
-    return tiling.cached("mask", build)
+    return tiling.cached(key, build)
 
 
 def _planner(tiling):
@@ -144,18 +143,7 @@ def _uploaded(tiling, value):
     if tiling.xp is np:
         return value
     arrays = []
-
-    def collect(v):
-        if isinstance(v, np.ndarray):
-            arrays.append(v)
-        elif isinstance(v, dict):
-            for w in v.values():
-                collect(w)
-        elif isinstance(v, tuple):
-            for w in v:
-                collect(w)
-
-    collect(value)
+    _map_arrays(value, arrays.append)
     if not arrays:
         return value
     offsets, total = [], 0
@@ -167,17 +155,19 @@ def _uploaded(tiling, value):
         staged[o:o + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
     buffer = tiling.xp.asarray(staged)
     views = iter([buffer[o:o + a.nbytes].view(a.dtype).reshape(a.shape) for a, o in zip(arrays, offsets)])
+    return _map_arrays(value, lambda a: next(views))
 
-    def place(v):
-        if isinstance(v, np.ndarray):
-            return next(views)
-        if isinstance(v, dict):
-            return {k: place(w) for k, w in v.items()}
-        if isinstance(v, tuple):
-            return tuple(place(w) for w in v)
-        return v
 
-    return place(value)
+def _map_arrays(value, f):
+    """``value`` (a plan: NumPy arrays in dicts and tuples, beside plain values) with ``f(a)`` for each array ``a``,
+    in a fixed order."""
+    if isinstance(value, np.ndarray):
+        return f(value)
+    if isinstance(value, dict):
+        return {k: _map_arrays(v, f) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_map_arrays(v, f) for v in value)
+    return value
 
 
 def spmm_plan(tiling, blocks_per_unit, max_units=None):
