@@ -94,16 +94,15 @@ def step(ids, learn):
 
 
 times = []
-with tg.tuning(timed_after=64):  # each step's matrix serves a few products: no timed launch choice per step
-    for epoch in range(args.epochs):
-        rng.shuffle(train)
-        start = time.perf_counter()
-        for s in range(0, len(train), args.batch_size):
-            step(train[s:s + args.batch_size], True)
-        times.append(time.perf_counter() - start)
-    correct = sum(step(test[s:s + args.batch_size], False)[1] for s in range(0, len(test), args.batch_size))
-    train_correct = sum(step(train[s:s + args.batch_size], False)[1]
-                        for s in range(0, len(train), args.batch_size))
+for epoch in range(args.epochs):
+    rng.shuffle(train)
+    start = time.perf_counter()
+    for s in range(0, len(train), args.batch_size):
+        step(train[s:s + args.batch_size], True)
+    times.append(time.perf_counter() - start)
+correct = sum(step(test[s:s + args.batch_size], False)[1] for s in range(0, len(test), args.batch_size))
+train_correct = sum(step(train[s:s + args.batch_size], False)[1]
+                    for s in range(0, len(train), args.batch_size))
 acc = correct / len(test)
 device = "GPU (CuPy, tensor cores)" if on_gpu else "CPU (NumPy reference path)"
 print(f"GCN graph classification on PROTEINS_full, {device}, float32: {args.epochs} epochs, "

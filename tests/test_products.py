@@ -456,8 +456,9 @@ def test_the_timed_choice_takes_a_family_compiles_what_is_missing_and_keeps_the_
         launches=lambda tiling, dtype, D, vec, configs: [Launch(config=c) for c in configs])
     kept = {}
     tiling = types.SimpleNamespace(n_blocks=10, put=lambda key, value: kept.setdefault(key, value), peek=kept.get)
-    got = _autotune.choose(family, tiling, np.float32, 64, True, ("timed", "float32", 64, True), ["a", "b", "c"],
-                           ("values", "X", "Y"))
+    with tg.tuning(timed_after=0):  # (timed on the first call)
+        got = _autotune.choose(family, tiling, np.float32, 64, True, ("timed", "float32", 64, True), ["a", "b", "c"],
+                               ("values", "X", "Y"))
     assert isinstance(got, _autotune.Provisional) and got.futures == ["future"]
     assert started == [("fam", ["c"])]  # the missing kernel, in the background; c left out of the timing
     assert got.launch.config == "b"  # 0.5 ms against the default's 1.0
@@ -488,13 +489,49 @@ def test_timed_after_keeps_the_default_untimed_for_that_many_calls(monkeypatch):
         assert [f.done() for f in first.futures for _ in range(3)] == [False, False, True]
         again = _autotune.choose(*args)
     assert again.config == "b" and timed == [2]  # the planning after them timed both
-    assert _autotune.choose(*args).config == "b" and timed == [2, 2]  # (timed_after=0: every planning times)
-    kept.clear()
-    kept["timed_after"] = 1  # a short-lived matrix's tiling says so itself
-    assert isinstance(_autotune.choose(*args), _autotune.Provisional) and timed == [2, 2]
+    with tg.tuning(timed_after=0):
+        assert _autotune.choose(*args).config == "b" and timed == [2, 2]  # (every planning times)
+    kept.clear()  # a new tiling, under the defaults: TIMED_AFTER calls untimed
+    default = _autotune.choose(*args)
+    assert isinstance(default, _autotune.Provisional) and timed == [2, 2] and _autotune.TIMED_AFTER > 8
+    assert default.futures[0].left == _autotune.TIMED_AFTER == tg.tuning_options()["timed_after"]
     with pytest.raises(ValueError, match="tuning option timed_after takes an int >= 0"):
         with tg.tuning(timed_after=-1):
             pass
+
+
+def test_a_bound_call_counts_toward_the_timed_choice():
+    """A launch bound while its Countdown runs (the statistics' launch, before the timed choice): each bound call
+    counts; the call that ends the count goes the general way (where the choice is made), and the call after it
+    binds the launch chosen, which counts nothing."""
+    from tcgnn_py.products import _launch, _problem
+
+    log, chosen, countdown = [], [], _launch.Countdown(2)
+
+    def general(values, casts, X):
+        log.append("general")
+        return "general"
+
+    def binder(values, casts, X, general):
+        name = "chosen" if chosen else "default"
+
+        def f(values, casts, X):
+            log.append(name)
+            return name
+
+        f.countdown, f.fixed = (None if chosen else countdown), (lambda values, casts, X: name)
+        return f
+
+    plan = _problem.Plan(general, binder)
+    for _ in range(3):
+        plan(None, None, "X")
+    assert plan.bound.fixed(None, None, "X") == "default"  # (a replay keeps the launch it was made with)
+    plan(None, None, "X")  # the count ends: the general way, unbound
+    assert plan.bound is None and log == ["general", "default", "default", "general"]
+    chosen.append(True)  # (what that general call's planning made final)
+    for _ in range(3):
+        plan(None, None, "X")
+    assert log[4:] == ["general", "chosen", "chosen"] and countdown.left == -1
 
 
 def test_made_results_come_new_kept_or_recycled_in_one_call():

@@ -356,22 +356,27 @@ def _check_timed_candidates(cp, rng, D, coop):
 
 
 def compile_candidates(A, X):
-    """Compile every candidate of the timed choice for ``A @ X`` in this process (a throwaway product starts them)."""
+    """Compile every candidate of the timed choice for ``A @ X`` in this process (a throwaway product, timed on its
+    first call, starts them)."""
     from tcgnn_py.kernels import registry
 
-    tg.TiledMatrix(A, dtype=np.float32, layout="vector") @ X
+    with tg.tuning(timed_after=0):
+        tg.TiledMatrix(A, dtype=np.float32, layout="vector") @ X
     registry.wait_for_compiles()
 
 
 def test_first_product_waits_for_its_own_kernels_only(cp):
-    """A fresh process: the first product runs a provisional launch while the candidates compile in the
-    background; once they are done, the next call times them all and caches the winner (same bits)."""
+    """A fresh process, timed on the first call: the first product runs a provisional launch while the candidates
+    compile in the background; once they are done, the next call times them all and caches the winner (same
+    bits)."""
     import subprocess
     import sys
 
     code = """
 import numpy as np, cupy as cp, tcgnn_py as tg
 from tcgnn_py.kernels import registry
+timed_first = tg.tuning(timed_after=0)  # (held: the block ends when its manager is collected)
+timed_first.__enter__()
 A = tg.power_law_graph(3000, 30000, seed=1)
 T = tg.TiledMatrix(A, dtype=np.float32)
 X = cp.asarray(np.random.default_rng(0).integers(-8, 9, (A.shape[1], 64)).astype(np.float32))
@@ -390,6 +395,32 @@ print(n1, n("provisional"), n("launch"), len(timed), bool((Y1 == Y2).all() and (
     assert (n1, n2, launches, same) == ("1", "0", "1", "True") and int(timed) > 1, res.stdout
 
 
+def test_a_new_matrix_runs_the_statistics_launch_bound_then_times_once(cp, monkeypatch):
+    """Under the defaults a product's first call times nothing and is bound from the start; the call after
+    ``TIMED_AFTER`` more makes the timed choice, once, and the call after it binds the launch chosen: every call
+    the same bits."""
+    from tcgnn_py.products import signature
+
+    rng = np.random.default_rng()
+    _, A = next(_timed_cases(rng))
+    X = cp.asarray(ints(rng, A.shape[1], 64))
+    compile_candidates(A, X)
+    calls = count_timing(monkeypatch)
+    T = tg.TiledMatrix(A, dtype=np.float32)
+    want = A @ X.get()
+    np.testing.assert_array_equal((T @ X).get(), want)
+    plan = T.tiling.bound()[signature(T.values, X)]
+    assert calls == [] and plan.bound is not None and not T.tiling.cached_items("launch")
+    for _ in range(_autotune.TIMED_AFTER):
+        np.testing.assert_array_equal((T @ X).get(), want)
+    assert calls == []
+    np.testing.assert_array_equal((T @ X).get(), want)  # the call that ends the count: the timed choice
+    assert len(calls) == 1 and calls[0] > 1 and plan.bound is None
+    for _ in range(2):
+        np.testing.assert_array_equal((T @ X).get(), want)
+    assert len(calls) == 1 and plan.bound is not None and len(T.tiling.cached_items("launch")) == 1
+
+
 def test_timed_choice_runs_once_and_keeps_the_fastest(cp, monkeypatch):
     rng = np.random.default_rng()
     _, A = next(_timed_cases(rng))
@@ -397,26 +428,27 @@ def test_timed_choice_runs_once_and_keeps_the_fastest(cp, monkeypatch):
     X = cp.asarray(ints(rng, A.shape[1], 64))
     compile_candidates(A, X)
     calls = count_timing(monkeypatch)
-    for _ in range(3):  # slow path, then the cached one
-        np.testing.assert_array_equal((T @ X).get(), A @ X.get())
-    assert len(calls) == 1
-    ((_, ms),) = T.tiling.cached_items("timed")
-    choices, times = zip(*ms)  # (candidate, ms) pairs, the default first
-    assert len(ms) == calls[0] > 1 and all(0 < t < 1e3 for t in times)
-    ((_, launch),) = T.tiling.cached_items("launch")
-    best = choices[_autotune.pick_fastest(times)]
-    assert launch.n_slices == -(-64 // (32 * best.kernel.FS)) and (launch.then is None) == best.kernel.COMBINE
-    # The candidates shared one set of partial tiles (the hub's windows are split), not one each.
-    assert len([k for k in launch.scratch if k[0][0] == "partial"]) == 1
-    # A large product keeps the statistics' launch untimed.
-    monkeypatch.setattr(_autotune, "TIMED_MAX_WORK", 0)
-    X40 = ints(rng, A.shape[1], 40)
-    np.testing.assert_array_equal((T @ cp.asarray(X40)).get(), A @ X40)
-    assert len(calls) == 1  # a new width, planned untimed
-    # Pinned: no timing, the statistics' choice.
-    with tg.tuning(vec_timed_choice=False):
-        np.testing.assert_array_equal((T @ X).get(), A @ X.get())
+    with tg.tuning(timed_after=0):  # timed on the first call
+        for _ in range(3):  # slow path, then the cached one
+            np.testing.assert_array_equal((T @ X).get(), A @ X.get())
         assert len(calls) == 1
+        ((_, ms),) = T.tiling.cached_items("timed")
+        choices, times = zip(*ms)  # (candidate, ms) pairs, the default first
+        assert len(ms) == calls[0] > 1 and all(0 < t < 1e3 for t in times)
+        ((_, launch),) = T.tiling.cached_items("launch")
+        best = choices[_autotune.pick_fastest(times)]
+        assert launch.n_slices == -(-64 // (32 * best.kernel.FS)) and (launch.then is None) == best.kernel.COMBINE
+        # The candidates shared one set of partial tiles (the hub's windows are split), not one each.
+        assert len([k for k in launch.scratch if k[0][0] == "partial"]) == 1
+        # A large product keeps the statistics' launch untimed.
+        monkeypatch.setattr(_autotune, "TIMED_MAX_WORK", 0)
+        X40 = ints(rng, A.shape[1], 40)
+        np.testing.assert_array_equal((T @ cp.asarray(X40)).get(), A @ X40)
+        assert len(calls) == 1  # a new width, planned untimed
+        # Pinned: no timing, the statistics' choice.
+        with tg.tuning(vec_timed_choice=False):
+            np.testing.assert_array_equal((T @ X).get(), A @ X.get())
+            assert len(calls) == 1
 
 
 def test_dense_values_follow_each_matrix(cp):

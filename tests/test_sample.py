@@ -132,17 +132,6 @@ def test_blocks_are_bipartite_hops_destinations_first():
         np.testing.assert_array_equal(csr.toarray(), block.adj.toarray())
 
 
-def test_a_blocks_products_keep_the_default_launch_untimed_transpose_included():
-    """A block serves a few products and is dropped: its tiling (and its transpose's) asks the timed choice to wait
-    (``timed_after``), so a step's blocks never pay for timing a family's candidates."""
-    A = _graph(40, seed=8)
-    (block,) = tg.nn.sample_blocks(A, [1, 2, 3], [4], device="cpu")
-    assert block.adj.tiling.peek("timed_after") == tg.nn._sample.BLOCK_TIMED_AFTER > 3
-    assert block.adj.T.tiling.peek("timed_after") == tg.nn._sample.BLOCK_TIMED_AFTER
-    assert block.adj_t.tiling.peek("timed_after") == tg.nn._sample.BLOCK_TIMED_AFTER
-    assert tg.TiledMatrix(A, device="cpu").T.tiling.peek("timed_after") is None
-
-
 @pytest.mark.parametrize("layout", ["vector", "tcgnn"])
 def test_a_blocks_transpose_from_its_entries_is_the_tilings_transpose(layout):
     """``adj_t``, made from the sampled entries, is ``adj.T`` made from the tiling: the same translation, array for

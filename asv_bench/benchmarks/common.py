@@ -88,15 +88,10 @@ def sync():
 
 
 def settle(fn):
-    """Call ``fn`` until its launch is the one a loop settles on: the first call plans it and starts the timed
-    choice's candidates compiling in the background; once they have, the next call makes the choice final."""
-    from tcgnn_py.bench import wait_for_compiles
+    """Call ``fn`` until its launches are the ones a long loop settles on (:func:`tcgnn_py.bench.settle`)."""
+    from tcgnn_py.bench import settle as settled
 
-    fn()
-    sync()
-    wait_for_compiles()
-    fn()
-    sync()
+    settled(fn, sync)
 
 
 class Rotating:

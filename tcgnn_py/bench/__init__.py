@@ -19,11 +19,13 @@ from ._gnn import HIDDEN, bench_gnn, gnn_markdown, gnn_problem, load_baselines, 
 from ._graphs import SYNTHETIC, resolve_graph
 from ._run import bench_graph, bench_reorder, distinct_window_columns, traffic_bytes
 from ._report import CLOCKS
-from ._timing import copy_bandwidth, time_back_to_back, time_events, time_host, time_per_call, time_queued, time_rotating
+from ._timing import (copy_bandwidth, settle, time_back_to_back, time_events, time_host, time_per_call, time_queued,
+                      time_rotating)
 from ..kernels.registry import wait_for_compiles  # a product's timed choice compiles its candidates in the background
 
 __all__ = [
     "bench_graph",
+    "settle",
     "first_product_times",
     "first_product_markdown",
     "sgt_translate",

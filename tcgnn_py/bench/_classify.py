@@ -136,7 +136,6 @@ def bench_classify(spec, epochs=EPOCHS, device=None, extra=None, seed=0):
     ``extra`` maps another framework's name to ``build(problem, hidden, layers) -> step(ids, learn)`` or None
     (the ``--baselines`` file's ``classify_builders()``), ``step`` returning ``(loss, correct)`` as here.
     """
-    from .. import tuning
     from .._device import use_gpu
 
     gpu = use_gpu(device)
@@ -158,16 +157,15 @@ def bench_classify(spec, epochs=EPOCHS, device=None, extra=None, seed=0):
         order = np.random.default_rng(seed)
         train, test = problem["train"].copy(), problem["test"]
         times = []
-        with tuning(timed_after=64):  # (each step's matrix serves a few products: no timed choice per step)
-            for _ in range(epochs):
-                order.shuffle(train)
-                sync()
-                t0 = time.perf_counter()
-                for s in range(0, len(train), BATCH):
-                    step(train[s:s + BATCH], True)
-                sync()
-                times.append(1e3 * (time.perf_counter() - t0))
-            correct = sum(step(test[s:s + BATCH], False)[1] for s in range(0, len(test), BATCH))
+        for _ in range(epochs):
+            order.shuffle(train)
+            sync()
+            t0 = time.perf_counter()
+            for s in range(0, len(train), BATCH):
+                step(train[s:s + BATCH], True)
+            sync()
+            times.append(1e3 * (time.perf_counter() - t0))
+        correct = sum(step(test[s:s + BATCH], False)[1] for s in range(0, len(test), BATCH))
         rows.append({"graph": problem["name"], "graphs": len(problem["graphs"]), "impl": impl,
                      "ms": statistics.median(times[1:] or times), "accuracy": correct / len(test)})
     return rows

@@ -146,16 +146,12 @@ def _cupy_sync():
 def time_epochs(step, sync, epochs=20, repeat=3, warmup=3):
     """Median milliseconds per epoch over ``repeat`` batches of ``epochs`` back-to-back steps.
 
-    Timed after ``warmup`` steps, the background compiles they started, and ``warmup`` steps more: until its
-    timed choice's candidates are compiled a product runs provisionally (a loop of 200 epochs is past that in
-    its first second), and a compile on the worker thread would slow whatever runs beside it.
+    Timed after the steps that settle its products' launches (:func:`tcgnn_py.bench.settle`: a loop of 200 epochs
+    runs the launches its timed choices keep from its 66th), and ``warmup`` steps more.
     """
-    from ..kernels.registry import wait_for_compiles
+    from ._timing import settle
 
-    for _ in range(warmup):
-        step()
-    sync()
-    wait_for_compiles()
+    settle(step, sync)
     for _ in range(warmup):
         step()
     sync()

@@ -43,15 +43,11 @@ def _median_us(fn, x, repeat):
 
 
 def _settle(chain, one, x):
-    """Run both programs, wait for the background compiles of the product's timed choice, and run them again:
-    timed after, a product runs its final launch, bound (:func:`tcgnn_py.bench.wait_for_compiles`)."""
-    from ..kernels.registry import wait_for_compiles
+    """Run both programs until their product's launch is the one a long loop settles on
+    (:func:`tcgnn_py.bench.settle`): its timed choice made, the launch chosen bound."""
+    from ._timing import settle
 
-    for f in (chain, one):
-        f(x).block_until_ready()
-    wait_for_compiles()
-    for f in (chain, one, chain, one):
-        f(x).block_until_ready()
+    settle(lambda: [f(x).block_until_ready() for f in (chain, one)])
 
 
 def _chained(jax, step, length):

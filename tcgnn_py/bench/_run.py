@@ -17,7 +17,7 @@ from ..orders import locality_report, reorder
 from .._tiled import TiledMatrix, sddmm, spmm
 from ._baselines import CSR_ALG2, CSR_ALG3, CusparseRowMajor, CusparseSDDMM, GatherDotSDDMM
 from ._graphs import resolve_graph
-from ._timing import time_back_to_back, time_events, time_host, time_queued, time_rotating
+from ._timing import settle, time_back_to_back, time_events, time_host, time_queued, time_rotating
 
 __all__ = ["bench_graph", "bench_reorder", "traffic_bytes", "distinct_window_columns", "vertex_order", "DEFAULT_DIMS",
            "TOLERANCE", "OURS", "ORDERS"]
@@ -27,6 +27,8 @@ __all__ = ["bench_graph", "bench_reorder", "traffic_bytes", "distinct_window_col
 ORDERS = ("locality", "rcm", "degree")
 
 DEFAULT_DIMS = (32, 64, 128, 256)
+#: Features of the first product in "CSR -> ready": the width its payback column is read at.
+READY_D = 64
 
 #: Largest relative Frobenius error against the checking baseline before timing
 #: (TF32 products, and everything else: fp32, the reference path, other baselines).
@@ -76,7 +78,8 @@ def _tiled(A, gpu, layout=None):
 
 
 def _prepare(A, Ad, xp, repeat, gpu):
-    """Preprocessing times (ms): SGT alone (16-row windows), CSR -> ready TiledMatrix, host scipy -> TiledMatrix.
+    """Preprocessing times (ms): SGT alone (16-row windows), CSR -> ready TiledMatrix (and its first product at
+    :data:`READY_D` features), host scipy -> TiledMatrix.
 
     The builds are of the default layout, what ``TiledMatrix(A)`` gives a user (and the main column's payback).
     ``Ad`` is A where the products run: a cupyx matrix on the GPU, A itself on the host.
@@ -88,10 +91,10 @@ def _prepare(A, Ad, xp, repeat, gpu):
 
         out["csr_upload_ms"] = clock(lambda: csp.csr_matrix(A), repeat)[0]
     arrays = (Ad.data, Ad.indices, Ad.indptr)
-    x1 = xp.ones((A.shape[1], 1), np.float32)
+    x = xp.ones((A.shape[1], READY_D), np.float32)
     out["sgt_ms"] = clock(lambda: tiles.translate(*arrays, A.shape, 16, 8), repeat)[0]
-    # Ready to multiply: translation plus the work plan the first product builds.
-    out["build_ms"] = clock(lambda: spmm(_tiled(Ad, gpu), x1), repeat)[0]
+    # Ready to multiply: translation plus what the first product plans.
+    out["build_ms"] = clock(lambda: spmm(_tiled(Ad, gpu), x), repeat)[0]
     out["from_host_ms"] = clock(lambda: _tiled(A, gpu), repeat)[0]
     out["sgt_ns_per_edge"] = out["sgt_ms"] * 1e6 / max(A.nnz, 1)
     return out
@@ -222,11 +225,8 @@ def _measure(op, impls, baselines, n_inputs, repeat, gpu, derive):
         row["us_gpu"] = {}
     for name, (fn, getter) in impls.items():
         got = _result(fn(0), getter)
-        if gpu:  # the timed choice's other candidates compile in the background: time the launch a loop settles on
-            from ..kernels.registry import wait_for_compiles
-
-            wait_for_compiles()
-            fn(0)
+        if gpu:  # (a matrix that lives long: the launch its timed choice keeps)
+            settle(lambda: fn(0))
         if ref is None:
             ref = got.copy()
             row["err"][name] = 0.0

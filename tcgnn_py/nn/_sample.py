@@ -23,12 +23,6 @@ from ._models import glorot
 
 __all__ = ["Block", "sample_blocks", "NeighborLoader", "sage_init", "sage_conv", "sage_apply"]
 
-#: A block's products run the default launch for this many calls before their timed choice (the ``timed_after``
-#: launch option, set on the block's tiling): a block serves a step's few products and is dropped, and timing a
-#: family's candidates costs what hundreds of its products do.
-BLOCK_TIMED_AFTER = 64
-
-
 class Block:
     """One hop of a sampled batch: ``adj`` (``n_dst x n_src``, each row the mean over its sampled neighbors:
     ``1 / count`` on its entries; a :class:`~tcgnn_py.TiledMatrix`, or a scipy / cupyx CSR matrix where sampled
@@ -59,10 +53,9 @@ class Block:
                 rows, cols, values = self._entries
                 shape = self.adj.shape[::-1]
                 order, indices, indptr = coo_to_csr_order(cols, rows, shape)
-                t = TiledMatrix((values[order], indices, indptr), shape=shape, layout=self.adj.layout.name,
-                                device=self.adj.device)
-                t.tiling.put("timed_after", BLOCK_TIMED_AFTER)
-                self._adj_t, self._entries = t, None
+                self._adj_t = TiledMatrix((values[order], indices, indptr), shape=shape,
+                                          layout=self.adj.layout.name, device=self.adj.device)
+                self._entries = None
         return self._adj_t
 
     def __repr__(self):
@@ -199,7 +192,6 @@ def sample_blocks(A, seeds, fanouts, *, seed=0, device=None, layout=None, format
             adj = _csr(xp, values, local, ptr, shape)
         else:
             adj = TiledMatrix((values, local, ptr), shape=shape, layout=layout, device="cpu" if xp is np else "cuda")
-            adj.tiling.put("timed_after", BLOCK_TIMED_AFTER)
             entries = (rows.astype(np.int32), local, values)  # (adj_t is made from them, if a backward asks)
         hops.append(Block(adj, src, int(nodes.shape[0]), entries))
         nodes = src

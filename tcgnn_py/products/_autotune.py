@@ -12,10 +12,10 @@ import functools
 
 from .._device import get_cupy
 from .._tuning import declare, int_option, options, overrides_key
-from ._launch import Provisional
+from ._launch import Countdown, Provisional
 from ._values import vec_dense_values
 
-__all__ = ["TIMED_MARGIN", "TIMED_MAX_WORK", "TIMED_ROUNDS", "choose", "pick_fastest", "timed_choices"]
+__all__ = ["TIMED_AFTER", "TIMED_MARGIN", "TIMED_MAX_WORK", "TIMED_ROUNDS", "choose", "pick_fastest", "timed_choices"]
 
 #: The timed choice replaces the default launch only with one at least this much faster: timing noise
 #: must not flip a product between launches from one process to the next.
@@ -27,24 +27,12 @@ TIMED_ROUNDS = 3
 TIMED_MAX_WORK = 10**8
 
 
-# Calls of a product (its matrix and operand signature) before its timed choice runs: 0 times on the first call; N
-# keeps the default launch untimed for N calls, then times -- a matrix made, used a few times and dropped (a
-# batch's, a sampled block's) never pays for the timing, one that lives long does, once.
-declare("plan", {"timed_after": (0, int_option(0))})
-
-
-class _AfterCalls:
-    """A stand-in for a background compile that is done once ``planned`` has asked ``n`` times (a
-    :class:`Provisional` launch's wait for a later call)."""
-
-    __slots__ = ("left",)
-
-    def __init__(self, n):
-        self.left = n
-
-    def done(self):
-        self.left -= 1
-        return self.left < 0
+#: Calls of a product (its matrix and operand signature) on the statistics' launch before its timed choice runs:
+#: timing a family's candidates costs what tens to hundreds of the product's calls do, which a matrix made, used a
+#: few times and dropped (a batch's, a sampled block's) never earns back, and one that lives long does.  The
+#: default of the ``timed_after`` option; 0 times on the first call.
+TIMED_AFTER = 64
+declare("plan", {"timed_after": (TIMED_AFTER, int_option(0))})
 
 
 def pick_fastest(ms, margin=TIMED_MARGIN):
@@ -70,9 +58,9 @@ def choose(family, tiling, dtype, D, vec, key, candidates, operands):
     Under CUDA-graph capture nothing can be timed, and products above :data:`TIMED_MAX_WORK` are not: the
     default is kept.  A first product does not wait for a family's worth of compiles: candidates whose
     kernels are not compiled yet compile in the background and are left out, and the launch stays
-    provisional until they are done.  With the ``timed_after`` option N > 0 (or, without it, a tiling that holds
-    ``"timed_after"``: a matrix made to be used a few times) nothing is timed on a signature's first call: the
-    default launch runs, provisional, for N more calls, and the call after them times.  The times
+    provisional until they are done.  With the ``timed_after`` option N > 0 (:data:`TIMED_AFTER` by default)
+    nothing is timed on a signature's first call: the default launch runs, provisional and bound, for N more calls
+    (a :class:`Countdown`), and the call after them times.  The times
     are kept on the tiling under ``key + (tuning in effect,)``, where ``key`` is ``("timed", operands, D,
     aligned)`` (``operands``: X's type, or a tuple that starts with it).
     """
@@ -85,11 +73,11 @@ def choose(family, tiling, dtype, D, vec, key, candidates, operands):
     if (len(candidates) == 1 or tiling.n_blocks * D > TIMED_MAX_WORK
             or get_cupy().cuda.get_current_stream().is_capturing()):
         return build(candidates[:1])[0]
-    after = options()["timed_after"] or tiling.peek("timed_after") or 0  # (a matrix made short-lived says so)
+    after = options()["timed_after"]
     deferred = ("timed deferred",) + key[1:] + (overrides_key(),)
     if after and tiling.peek(deferred) is None:  # (the default now; timed on the call after the next ``after``)
         tiling.put(deferred, True)
-        return Provisional(build(candidates[:1])[0], [_AfterCalls(after)])
+        return Provisional(build(candidates[:1])[0], [Countdown(after)])
     needs = [family.kernels(tiling, dtype, c) for c in candidates]
     missing = {k for ks in needs[1:] for k in ks if not is_compiled(*k)} - set(needs[0])
     futures = []

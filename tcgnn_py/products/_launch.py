@@ -4,7 +4,7 @@ product families fill in.
 
 A launch is planned once per signature and cached on the tiling under one key (:func:`launch_key`,
 :func:`half_launch_key`); :func:`planned` keeps a provisional launch aside while the timed choice's
-candidates compile.  :func:`f32_plan` (values in the product's own type) and :func:`cast_plan` (values in a cast
+candidates compile, or while its :class:`Countdown` of calls runs (the ``timed_after`` option).  :func:`f32_plan` (values in the product's own type) and :func:`cast_plan` (values in a cast
 form: 16-bit, ``(hi, lo)`` pairs, N:M fragments) are a family's ``plan(problem)`` given its launch, and
 :func:`sddmm_plan` its ``plan_sddmm(problem)``.
 """
@@ -26,8 +26,10 @@ from ._problem import aligned16
 from ._values import values_as, vec_dense_values
 
 __all__ = [
+    "Countdown",
     "Launch",
     "Provisional",
+    "bindable",
     "Scratch",
     "same_array",
     "recycled",
@@ -183,15 +185,45 @@ def half_launch_key(x_dtype, split, dtype, D, aligned):
 
 
 class Provisional(NamedTuple):
-    """A launch chosen while some of the timed choice's candidates were still compiling in the background."""
+    """A launch in use until its ``futures`` are done: the timed choice's candidates compiling in the background,
+    or a :class:`Countdown` of calls before the timed choice."""
 
     launch: object
-    futures: list  # the background compiles it waits for
+    futures: list  # the background compiles it waits for, or one Countdown
+
+
+class Countdown:
+    """A stand-in for a background compile that is done once it has been asked ``n + 1`` times: the calls a
+    product runs the default launch before its timed choice.  The general path asks once a call
+    (:func:`planned`), and so does a call bound to the launch (:func:`bindable`): both count."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, n):
+        self.left = n
+
+    def done(self):
+        self.left -= 1
+        return self.left < 0
 
 
 def kept(tiling, key):
     """The final launch kept under ``key`` in the tiling's store of bound calls, or None."""
     return tiling.bound().get(key)
+
+
+def bindable(tiling, key):
+    """``(launch, countdown)``: what a binder binds under ``key``: the final launch (``countdown`` None), or the
+    default launch a :class:`Countdown` keeps in use before the timed choice, with that countdown (a bound call
+    counts as a call, and goes the general way once it is done, where the choice runs); ``(None, None)`` while
+    there is neither (the timed choice's candidates compile)."""
+    launch = kept(tiling, key)
+    if launch is not None:
+        return launch, None
+    prov = tiling.peek(("provisional", key))
+    if prov is not None and len(prov.futures) == 1 and isinstance(prov.futures[0], Countdown):
+        return prov.launch, prov.futures[0]
+    return None, None
 
 
 def keep_launch(tiling, key, launch):
@@ -203,9 +235,9 @@ def planned(tiling, key, plan):
     """The launch of ``plan()``, kept in the tiling's store under ``key`` once it is final.
 
     A :class:`Provisional` launch (the timed choice ran while some candidates were
-    compiling) is kept aside and used until those compiles finish; the next call then
-    plans again, timing every candidate, and that launch is the one cached (and bound
-    by the plans).  Every candidate gives the same bits, so only speed changes.
+    compiling, or waits for its :class:`Countdown`) is kept aside and used until those are
+    done; the next call then plans again, timing every candidate, and that launch is the one
+    cached (and bound by the plans).  Every candidate gives the same bits, so only speed changes.
     """
     aside = ("provisional", key)
     prov = tiling.peek(aside)
@@ -264,7 +296,7 @@ def f32_plan(problem, spmm_launch):
         return problem.plan(run)
 
     def binder(values, casts, X, out, general):
-        launch = kept(tiling, keys[True])
+        launch, countdown = bindable(tiling, keys[True])
         if not isinstance(launch, Launch):
             return None
         bound = launch.bind()
@@ -286,7 +318,7 @@ def f32_plan(problem, spmm_launch):
                 return None
             return launch.fixed(vec_dense_values(tiling, values) if launch.dense else values, X, out)
 
-        f.fixed = fixed
+        f.fixed, f.countdown = fixed, countdown
         return f
 
     return problem.plan(run, binder)
@@ -299,7 +331,8 @@ def cast_plan(problem, x_dtype, key, make, launch_key_of, plan_launch):
     ``make(values, casts)`` gives ``(split, values, unscale)``, kept per matrix in ``casts[key]``; the launch for
     that form, under ``launch_key_of(split, aligned)``, is ``plan_launch(split, aligned, (values, X, Y, extra))``,
     planned once and kept on the tiling; a call runs it on ``(values, X, Y, unscale or values)``.  Bound once the
-    general path's first call has cast the values and the launch is final (X passed as it is): per call the bound
+    general path's first call has cast the values and the launch is final or counting down (:func:`bindable`; X
+    passed as it is): per call the bound
     launch takes the matrix's cast values, and matrices sharing the tiling (``with_values``) each bring their own;
     one whose values take the other form (``(hi, lo)`` pairs against values exact in X's type: another kernel)
     goes the general way.
@@ -330,7 +363,7 @@ def cast_plan(problem, x_dtype, key, make, launch_key_of, plan_launch):
         if hit is None:
             return None
         split = hit[0]
-        launch = kept(tiling, launch_key_of(split, aligns[True]))
+        launch, countdown = bindable(tiling, launch_key_of(split, aligns[True]))
         if not isinstance(launch, Launch):
             return None
         bound = launch.bind()
@@ -344,6 +377,7 @@ def cast_plan(problem, x_dtype, key, make, launch_key_of, plan_launch):
             bound(vals, X, Y, vals if unscale is None else unscale)
             return Y
 
+        f.countdown = countdown
         return f
 
     return problem.plan(run, binder)

@@ -56,7 +56,10 @@ class Plan:
     once the launch is final, ``f(values, casts, *operands)`` that only allocates and launches --
     None while it is not (the timed choice's candidates still compile): the next call tries again.
     Where ``f.fixed(values, casts, *operands)`` exists it gives a replay of those very operands,
-    every kernel slot written once (or None where the call cannot take one).
+    every kernel slot written once (or None where the call cannot take one).  Where ``f.countdown`` is
+    not None (the default launch, in use for a number of calls before the timed choice) each bound call
+    counts, and the call that ends the count goes the general way, which makes the choice; the call
+    after it binds the launch chosen.
     """
 
     __slots__ = ("general", "binder", "bound")
@@ -72,8 +75,25 @@ class Plan:
             return bound(values, casts, *operands)
         Y = self.general(values, casts, *operands)
         if self.binder is not None:
-            self.bound = self.binder(values, casts, *operands, general=self.general)
+            f = self.binder(values, casts, *operands, general=self.general)
+            self.bound = f if getattr(f, "countdown", None) is None else self._counted(f)
         return Y
+
+    def _counted(self, f):
+        """``f`` counting its calls on ``f.countdown``: when it is done, unbound, and the call goes the general
+        way (its timed choice, then a launch that is final)."""
+        countdown, general = f.countdown, self.general
+
+        def counted(values, casts, *operands):
+            if countdown.done():
+                self.bound = None
+                return general(values, casts, *operands)
+            return f(values, casts, *operands)
+
+        fixed = getattr(f, "fixed", None)
+        if fixed is not None:  # (a replay keeps the launch it was made with: every launch gives the same bits)
+            counted.fixed = fixed
+        return counted
 
 
 class Problem(NamedTuple):
@@ -194,6 +214,7 @@ def _guard_overlap(binder):
         fixed = getattr(f, "fixed", None)
         if fixed is not None:  # (no replay for an out that overlaps X: that call goes the general way)
             guarded.fixed = lambda values, casts, X, out: None if overlaps(out, X) else fixed(values, casts, X, out)
+        guarded.countdown = getattr(f, "countdown", None)
         return guarded
 
     return bind

@@ -399,8 +399,6 @@ class Tiling:
             publish()  # complete before another stream uses it
         # A tiling <-> transpose cycle: both are long-lived structure, freed together.
         tiling_t._cache["transpose"] = (self, None)
-        if "timed_after" in self._cache:  # (a short-lived matrix's transpose is as short-lived: its products too)
-            tiling_t._cache["timed_after"] = self._cache["timed_after"]
         self._cache["transpose"] = (tiling_t, src)
         return tiling_t, src
 
