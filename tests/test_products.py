@@ -525,13 +525,20 @@ def test_a_bound_call_counts_toward_the_timed_choice():
     plan = _problem.Plan(general, binder)
     for _ in range(3):
         plan(None, None, "X")
-    assert plan.bound.fixed(None, None, "X") == "default"  # (a replay keeps the launch it was made with)
-    plan(None, None, "X")  # the count ends: the general way, unbound
-    assert plan.bound is None and log == ["general", "default", "default", "general"]
-    chosen.append(True)  # (what that general call's planning made final)
-    for _ in range(3):
-        plan(None, None, "X")
-    assert log[4:] == ["general", "chosen", "chosen"] and countdown.left == -1
+    held = plan.bound  # (what bound_spmm keeps)
+    assert held.fixed(None, None, "X") == "default" and held.countdown is countdown  # (a replay keeps its launch)
+
+    def chooses(values, casts, X):  # the call that ends the count: the general way, where the choice is made
+        chosen.append(True)
+        return general(values, casts, X)
+
+    plan.general = chooses
+    plan(None, None, "X")
+    assert log == ["general", "default", "default", "general"]
+    assert plan.bound is not None and getattr(plan.bound, "countdown", None) is None  # the launch chosen, bound
+    for call in (plan, held, plan):
+        call(None, None, "X")
+    assert log[4:] == ["chosen"] * 3 and countdown.left < 0  # (the kept one reaches it through the plan)
 
 
 def test_made_results_come_new_kept_or_recycled_in_one_call():

@@ -397,8 +397,9 @@ print(n1, n("provisional"), n("launch"), len(timed), bool((Y1 == Y2).all() and (
 
 def test_a_new_matrix_runs_the_statistics_launch_bound_then_times_once(cp, monkeypatch):
     """Under the defaults a product's first call times nothing and is bound from the start; the call after
-    ``TIMED_AFTER`` more makes the timed choice, once, and the call after it binds the launch chosen: every call
-    the same bits."""
+    ``TIMED_AFTER`` more makes the timed choice, once, and binds the launch chosen (a call kept by
+    ``bound_spmm`` reaches it too): every call the same bits."""
+    from tcgnn_py import _tiled
     from tcgnn_py.products import signature
 
     rng = np.random.default_rng()
@@ -410,15 +411,16 @@ def test_a_new_matrix_runs_the_statistics_launch_bound_then_times_once(cp, monke
     want = A @ X.get()
     np.testing.assert_array_equal((T @ X).get(), want)
     plan = T.tiling.bound()[signature(T.values, X)]
-    assert calls == [] and plan.bound is not None and not T.tiling.cached_items("launch")
-    for _ in range(_autotune.TIMED_AFTER):
+    assert calls == [] and plan.bound.countdown is not None and not T.tiling.cached_items("launch")
+    kept = _tiled.bound_spmm(T, X)  # (binds the plan's counting call)
+    for _ in range(_autotune.TIMED_AFTER):  # (calls 2 to 65: the count at 0)
         np.testing.assert_array_equal((T @ X).get(), want)
     assert calls == []
-    np.testing.assert_array_equal((T @ X).get(), want)  # the call that ends the count: the timed choice
-    assert len(calls) == 1 and calls[0] > 1 and plan.bound is None
-    for _ in range(2):
-        np.testing.assert_array_equal((T @ X).get(), want)
-    assert len(calls) == 1 and plan.bound is not None and len(T.tiling.cached_items("launch")) == 1
+    np.testing.assert_array_equal(kept(X).get(), want)  # the call that ends the count: the timed choice
+    assert len(calls) == 1 and calls[0] > 1 and getattr(plan.bound, "countdown", 0) is None
+    for call in (lambda: T @ X, lambda: kept(X)):
+        np.testing.assert_array_equal(call().get(), want)
+    assert len(calls) == 1 and len(T.tiling.cached_items("launch")) == 1
 
 
 def test_timed_choice_runs_once_and_keeps_the_fastest(cp, monkeypatch):

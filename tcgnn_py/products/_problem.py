@@ -80,16 +80,19 @@ class Plan:
         return Y
 
     def _counted(self, f):
-        """``f`` counting its calls on ``f.countdown``: when it is done, unbound, and the call goes the general
-        way (its timed choice, then a launch that is final)."""
-        countdown, general = f.countdown, self.general
+        """``f`` counting its calls on ``f.countdown``: once it is done, unbound, and its calls go through the plan
+        (the first the general way, which makes the timed choice; then the launch chosen, bound), so a caller
+        that kept it (:func:`tcgnn_py._tiled.bound_spmm`) reaches the launch chosen too."""
+        countdown = f.countdown
 
         def counted(values, casts, *operands):
             if countdown.done():
-                self.bound = None
-                return general(values, casts, *operands)
+                if self.bound is counted:
+                    self.bound = None
+                return self(values, casts, *operands)
             return f(values, casts, *operands)
 
+        counted.countdown = countdown  # (a caller that keeps a replay waits for the launch chosen)
         fixed = getattr(f, "fixed", None)
         if fixed is not None:  # (a replay keeps the launch it was made with: every launch gives the same bits)
             counted.fixed = fixed
