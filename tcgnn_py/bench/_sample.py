@@ -77,8 +77,10 @@ def _no_sync():
 
 def _epochs(next_batch, train, sync, repeat):
     """Median milliseconds of :data:`STEPS` steps with the sampling (each step samples its batch, then trains) and
-    without it (the same number of batches sampled beforehand, then trained on)."""
-    for _ in range(3):
+    without it (the same number of batches sampled beforehand, then trained on), after an epoch's steps: every
+    batch is a new set of matrices, and the first ones meet kernels not yet compiled (a training loop of many
+    epochs does so once)."""
+    for _ in range(STEPS):
         train(*next_batch())
     sync()
     with_sampling, trained = [], []
