@@ -549,8 +549,9 @@ def test_graph_attention_passes_check_grads_and_vmaps():
 
 
 def test_a_bound_call_is_kept_as_its_fixed_replay_or_its_bound_launch_on_xlas_stream(monkeypatch):
-    """_keep_bound (the GPU handler's, with the GPU's pieces standing in): nothing until the plan has bound; the
-    plan's fixed replay of these operands where it gives one; else its bound launch, run inside XLA's stream."""
+    """_keep_bound (the GPU handler's, with the GPU's pieces standing in): nothing until the plan has bound (to a
+    launch past its timed choice); the plan's fixed replay of these operands where it gives one; else its bound
+    launch, run inside XLA's stream."""
     import contextlib
 
     from tcgnn_py._cache import Store
@@ -573,6 +574,15 @@ def test_a_bound_call_is_kept_as_its_fixed_replay_or_its_bound_launch_on_xlas_st
     _ops._keep_bound(store, "k0", 5, "sig", ("X", "Y"))  # no plan yet
     store["sig"] = Plan(None)
     _ops._keep_bound(store, "k0", 5, "sig", ("X", "Y"))  # a plan not bound yet
+    assert "k0" not in store
+
+    def counting(*operands):
+        raise AssertionError("not kept")
+
+    counting.countdown = object()
+    counting.fixed = lambda *operands: (lambda: None)
+    store["sig"] = Plan(counting)
+    _ops._keep_bound(store, "k0", 5, "sig", ("X", "Y"))  # bound to the statistics' launch before the timed choice
     assert "k0" not in store
     store["sig"] = Plan(bound)
     _ops._keep_bound(store, "k1", 5, "sig", ("X", "Y"))
