@@ -7,7 +7,8 @@
 
 For each graph and width: the best of cuSPARSE ALG2 / ALG3 (row-major) and ``tg.spmm(T, X, out=Y)`` on the
 default layout inside ``with tcgnn_py.tuning(knob=value)`` (a fresh ``TiledMatrix`` per value, so each plans
-and times its own launch, settled: :func:`tcgnn_py.bench.settle`), on the GPU-only, back-to-back and from-idle clocks of ``tools/_sweep.py``.
+and times its own launch, settled: :func:`tcgnn_py.bench.settle`), on the GPU-only, back-to-back and from-idle
+clocks of ``tools/_sweep.py``.
 Every product is checked exact on small-integer data first.  The geomean summary has one line per clock
 and value; the last column is the launch each value's timed choice kept.
 """

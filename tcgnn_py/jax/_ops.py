@@ -104,10 +104,10 @@ def _sddmm_device(stream, args, rets, code):
 
 def _keep_bound(store, key, stream, signature_, operands):
     """Keep, under ``key``, a call of the bound launch of the plan of ``signature_`` with these operands, once it has
-    one (its launch final, the timed choice made; until then the calls go the general way): its replay with every kernel slot written
-    now where the plan gives one (the operands are XLA's buffers of ``key``: their addresses are the key's), else
-    the bound launch, run with XLA's stream as CuPy's current one (what it makes anew -- a values form dropped
-    since -- is made there)."""
+    one (its launch final, the timed choice made; until then the calls go the general way): its replay with every
+    kernel slot written now where the plan gives one (the operands are XLA's buffers of ``key``: their addresses
+    are the key's), else the bound launch, run with XLA's stream as CuPy's current one (what it makes anew -- a
+    values form dropped since -- is made there)."""
     plan = store.get(signature_)
     if plan is None or plan.bound is None or getattr(plan.bound, "countdown", None) is not None:
         return  # (none yet, or the statistics' launch before the timed choice: a replay would keep it for good)

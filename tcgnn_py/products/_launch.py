@@ -4,9 +4,10 @@ product families fill in.
 
 A launch is planned once per signature and cached on the tiling under one key (:func:`launch_key`,
 :func:`half_launch_key`); :func:`planned` keeps a provisional launch aside while the timed choice's
-candidates compile, or while its :class:`Countdown` of calls runs (the ``timed_after`` option).  :func:`f32_plan` (values in the product's own type) and :func:`cast_plan` (values in a cast
-form: 16-bit, ``(hi, lo)`` pairs, N:M fragments) are a family's ``plan(problem)`` given its launch, and
-:func:`sddmm_plan` its ``plan_sddmm(problem)``.
+candidates compile, or while its :class:`Countdown` of calls runs (the ``timed_after`` option).
+:func:`f32_plan` (values in the product's own type) and :func:`cast_plan` (values in a cast form: 16-bit,
+``(hi, lo)`` pairs, N:M fragments) are a family's ``plan(problem)`` given its launch, and :func:`sddmm_plan` its
+``plan_sddmm(problem)``.
 """
 
 import functools
@@ -332,8 +333,7 @@ def cast_plan(problem, x_dtype, key, make, launch_key_of, plan_launch):
     that form, under ``launch_key_of(split, aligned)``, is ``plan_launch(split, aligned, (values, X, Y, extra))``,
     planned once and kept on the tiling; a call runs it on ``(values, X, Y, unscale or values)``.  Bound once the
     general path's first call has cast the values and the launch is final or counting down (:func:`bindable`; X
-    passed as it is): per call the bound
-    launch takes the matrix's cast values, and matrices sharing the tiling (``with_values``) each bring their own;
+    passed as it is): per call the bound launch takes the matrix's cast values, and matrices sharing the tiling (``with_values``) each bring their own;
     one whose values take the other form (``(hi, lo)`` pairs against values exact in X's type: another kernel)
     goes the general way.
     """

@@ -58,8 +58,8 @@ class Plan:
     Where ``f.fixed(values, casts, *operands)`` exists it gives a replay of those very operands,
     every kernel slot written once (or None where the call cannot take one).  Where ``f.countdown`` is
     not None (the default launch, in use for a number of calls before the timed choice) each bound call
-    counts, and the call that ends the count goes the general way, which makes the choice; the call
-    after it binds the launch chosen.
+    counts, and the call that ends the count goes the general way, which makes the choice and binds the
+    launch chosen (or, while its candidates compile, nothing yet).
     """
 
     __slots__ = ("general", "binder", "bound")
