@@ -458,8 +458,8 @@ def test_baselines_file_trains_its_layers_on_the_samplers_blocks(tmp_path, monke
     row = next(line for line in out.splitlines() if line.startswith("| banded:300:3 |"))
     assert len(row.split("|")) == len(header.split("|"))
     seen = (tmp_path / "seen.txt").read_text().splitlines()
-    # a first step, three warm-up steps, then STEPS with the sampling and STEPS on batches sampled before
-    assert len(seen) == 4 + 2 * _sample.STEPS
+    # a first step, an epoch's warm-up steps, then STEPS with the sampling and STEPS on batches sampled before
+    assert len(seen) == 1 + 3 * _sample.STEPS
     kinds = "csr_array," * (len(_sample.FANOUTS) - 1) + "csr_array"
     assert all(line.split()[1:] == [kinds, "True"] and int(line.split()[0]) > 0 for line in seen)
 
