@@ -500,6 +500,29 @@ def test_timed_after_keeps_the_default_untimed_for_that_many_calls(monkeypatch):
             pass
 
 
+def test_a_binder_binds_the_final_launch_or_a_counting_one_and_nothing_else():
+    """bindable(): the final launch kept under the key; else the launch a Countdown keeps in use, with it, while
+    the count runs; nothing for a launch waiting for compiles, or once the count has ended (the next planning
+    takes it up)."""
+    import types
+
+    from tcgnn_py.products import _launch
+
+    cache, store = {}, {}
+    tiling = types.SimpleNamespace(peek=cache.get, bound=lambda: store)
+    assert _launch.bindable(tiling, "k") == (None, None)
+    countdown = _launch.Countdown(1)
+    cache[("provisional", "k")] = _launch.Provisional("default", [countdown])
+    assert _launch.bindable(tiling, "k") == ("default", countdown)
+    cache[("provisional", "k")] = _launch.Provisional("default", ["a compile"])
+    assert _launch.bindable(tiling, "k") == (None, None)
+    cache[("provisional", "k")] = _launch.Provisional("default", [countdown])
+    assert not countdown.done() and countdown.done()  # (asked n + 1 times: done)
+    assert _launch.bindable(tiling, "k") == (None, None)
+    store["k"] = "chosen"
+    assert _launch.bindable(tiling, "k") == ("chosen", None)
+
+
 def test_a_bound_call_counts_toward_the_timed_choice():
     """A launch bound while its Countdown runs (the statistics' launch, before the timed choice): each bound call
     counts; the call that ends the count goes the general way (where the choice is made), and the call after it

@@ -217,12 +217,13 @@ def bindable(tiling, key):
     """``(launch, countdown)``: what a binder binds under ``key``: the final launch (``countdown`` None), or the
     default launch a :class:`Countdown` keeps in use before the timed choice, with that countdown (a bound call
     counts as a call, and goes the general way once it is done, where the choice runs); ``(None, None)`` while
-    there is neither (the timed choice's candidates compile)."""
+    there is neither (the timed choice's candidates compile, or a count ended that no planning has taken up)."""
     launch = kept(tiling, key)
     if launch is not None:
         return launch, None
     prov = tiling.peek(("provisional", key))
-    if prov is not None and len(prov.futures) == 1 and isinstance(prov.futures[0], Countdown):
+    if prov is not None and len(prov.futures) == 1 and isinstance(prov.futures[0], Countdown) \
+            and prov.futures[0].left >= 0:
         return prov.launch, prov.futures[0]
     return None, None
 
