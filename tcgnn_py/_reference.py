@@ -103,34 +103,44 @@ def translate(data, indices, indptr, shape, window=16, block=8):
     n_rows, n_cols = shape
     H, W = window, block
     n_windows = -(-n_rows // H)
-    rows = np.repeat(np.arange(n_rows, dtype=np.int64), np.diff(indptr))
+    nnz = indices.shape[0]
+    # Rows, windows, entry counts and positions in int32 where they fit, the (window, column) keys in int64: a host
+    # translation's time goes into passes over arrays of nnz entries, so narrower ones cost less.
+    small = np.int32 if max(n_rows, nnz) < 2**31 - 1 else np.int64
+    rows = np.repeat(np.arange(n_rows, dtype=small), np.diff(indptr))
     win = rows // H
     # Distinct (window, column) pairs in ascending order give the condensed ids.
-    key = win * max(n_cols, 1) + indices
+    key = win.astype(np.int64) * max(n_cols, 1) + indices
     # np.unique(key, return_inverse=True), by a stable sort: each row's keys are sorted runs, which it merges
     # instead of sorting from scratch
     by_key = np.argsort(key, kind="stable")
     sorted_key = key[by_key]
-    new = np.empty(key.shape[0], np.bool_)
+    del key
+    new = np.empty(nnz, np.bool_)
     new[:1] = True
     np.not_equal(sorted_key[1:], sorted_key[:-1], out=new[1:])
-    inverse = np.empty(key.shape[0], np.int64)
-    inverse[by_key] = np.cumsum(new) - 1
+    inverse = np.empty(nnz, small)
+    inverse[by_key] = np.cumsum(new, dtype=small) - 1
+    del by_key
     uniq = sorted_key[new]
+    del sorted_key, new
     uniq_win = uniq // max(n_cols, 1)
     distinct = np.bincount(uniq_win, minlength=n_windows)
-    first_of_win = np.concatenate(([0], np.cumsum(distinct)))
+    first_of_win = np.concatenate(([0], np.cumsum(distinct))).astype(small)
     k = inverse - first_of_win[win]  # condensed index within the window
+    del inverse
     blocks_per_win = -(-distinct // W)
     win_ptr = np.concatenate(([0], np.cumsum(blocks_per_win))).astype(np.int32)
     n_blocks = int(win_ptr[-1])
-    b = win_ptr[win].astype(np.int64) + k // W
+    b = win_ptr[win].astype(small) + k // W
     slot = k % W
     pos = (rows - win * H) * W + slot
+    del rows, win, k
+    flat = np.int32 if n_blocks * H * W < 2**31 else np.int64  # (a block's slots and tile positions, flattened)
 
     block_cols = np.full(n_blocks * W, -1, dtype=np.int32)
-    block_cols[b * W + slot] = indices
-    order = np.argsort(b * (H * W) + pos, kind="stable")  # by block, then position (distinct keys: one sort)
+    block_cols[b.astype(flat) * W + slot] = indices
+    order = np.argsort(b.astype(flat) * (H * W) + pos, kind="stable")  # by block, then position (distinct keys)
     block_ptr = np.concatenate(([0], np.cumsum(np.bincount(b, minlength=n_blocks)))).astype(np.int32)
     return {
         "win_ptr": win_ptr,
