@@ -412,7 +412,7 @@ def test_a_new_matrix_runs_the_statistics_launch_bound_then_times_once(cp, monke
     np.testing.assert_array_equal((T @ X).get(), want)
     plan = T.tiling.bound()[signature(T.values, X)]
     assert calls == [] and plan.bound.countdown is not None and not T.tiling.cached_items("launch")
-    kept = _tiled.bound_spmm(T, X)  # (binds the plan's counting call)
+    kept = _tiled.bound_spmm(T, X)  # (its first call takes up the plan's counting call)
     for _ in range(_autotune.TIMED_AFTER):  # (calls 2 to 65: the count at 0)
         np.testing.assert_array_equal((T @ X).get(), want)
     assert calls == []
