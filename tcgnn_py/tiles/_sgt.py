@@ -205,7 +205,7 @@ def translate(data, indices, indptr, shape, window=16, block=8, *, host_when_col
 
     if host_when_cold and on_host(indices.shape[0], device_input=True):
         out = ref.translate(*(to_host(a) for a in (data, indices, indptr)), shape, window, block)  # synchronize!
-        return {k: cupy.asarray(v) for k, v in out.items()}
+        return upload(out, (window, block), derived=False)  # (a caller may regroup them: no derived data)
     out = translate_kernels(cupy, data, indices, indptr, shape, window, block, check=True)
     if out is None:
         raise ValueError("translate needs canonical CSR arrays (sorted, distinct column indices in each row)")
