@@ -5,6 +5,7 @@ trace-time checks, the ctypes handler, XLA's call frame, the custom vjp -- is te
 runs the same checks on the GPU backend.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -318,6 +319,57 @@ def test_importing_tcgnn_py_does_not_import_jax():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=dict(os.environ, TCGNN_PY_DEVICE="cpu"))
     assert res.returncode == 0, res.stderr
+
+
+_RECORDED_STEP = """
+import json, os, sys
+os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+import numpy as np, scipy.sparse as sp, jax, jax.numpy as jnp
+import tcgnn_py as tg
+from tcgnn_py import jax as tgj
+rng = np.random.default_rng(3)
+A = 0.1 * sp.random(500, 500, density=0.02, random_state=3, format="csr", dtype=np.float32)  # (norm about 1)
+T = tg.TiledMatrix(A, device="cuda")
+X = jnp.asarray(rng.standard_normal((500, 32), dtype=np.float32))
+p = [jnp.asarray(0.1 * rng.standard_normal(s, dtype=np.float32)) for s in ((32, 64), (64, 8))]
+
+def loss(p):
+    return jnp.mean(tgj.spmm(T, jax.nn.relu(tgj.spmm(T, X @ p[0])) @ p[1]) ** 2)
+
+@jax.jit
+def step(p):
+    return [w - 0.01 * g for w, g in zip(p, jax.grad(loss)(p))], loss(p)
+
+losses = []
+for _ in range(40):  # (3 products a step: past the timed choice where XLA runs the calls itself)
+    p, l = step(p)
+    losses.append(l)
+np.save(sys.argv[1], np.concatenate([np.asarray(w).ravel() for w in p] + [np.asarray(losses)]))
+from tcgnn_py.jax import _ffi
+print(json.dumps({"recorded": len(_ffi._WARMED), "held": tgj.recorded_nbytes()}))
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="XLA's command buffers are CUDA graphs: they need CuPy and a GPU")
+def test_a_jitted_training_step_gives_the_same_bits_with_xlas_command_buffers_on_and_off(tmp_path):
+    """A jitted training step (products of T and, in its gradient, of T.T, between XLA's own GEMMs) run 40 times
+    with XLA's command buffers at their defaults -- XLA records the products into CUDA graphs: each signature is
+    warmed up on a stream of its own first -- and with them off, in fresh processes: the same bits."""
+    if jax.default_backend() != "gpu":
+        pytest.skip("JAX has no GPU backend here")
+    runs = {}
+    for mode, flags in (("on", ""), ("off", "--xla_gpu_enable_command_buffer=")):
+        env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + flags).strip())
+        res = subprocess.run([sys.executable, "-c", _RECORDED_STEP, str(tmp_path / mode)], capture_output=True,
+                             text=True, env=env, timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+        runs[mode] = (json.loads(res.stdout.strip().splitlines()[-1]), np.load(tmp_path / f"{mode}.npy"))
+    assert runs["on"][0]["recorded"] > 0, "XLA recorded no product into a command buffer"
+    assert runs["off"][0]["recorded"] == 0
+    losses = runs["on"][1][-40:]
+    assert np.isfinite(runs["on"][1]).all() and losses[-1] < losses[0]  # (it trains)
+    np.testing.assert_array_equal(runs["on"][1], runs["off"][1])
 
 
 @pytest.mark.gpu

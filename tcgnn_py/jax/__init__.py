@@ -16,13 +16,15 @@ the program refers to it by a key in :mod:`._matrices`, which keeps it alive unt
 On the GPU an operation runs the library's kernels on XLA's stream over XLA's buffers; on JAX's CPU backend the
 reference path (the same functions, so CI tests them whole).  JAX preallocates most of the GPU at start: set
 ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` (or a smaller ``XLA_PYTHON_CLIENT_MEM_FRACTION``) so that the library's
-CuPy pool has room for its plans.
+CuPy pool has room for its plans.  XLA may record the products into its command buffers (CUDA graphs):
+:func:`recorded_nbytes` is what recorded calls hold.
 """
 
 from ._attention import ATTENTION_BWD_TARGET, ATTENTION_TARGET, graph_attention
+from ._ffi import recorded_nbytes
 from ._layers import agnn_conv, gat_conv, gcn_conv
 from ._matrices import registered, release
 from ._ops import SDDMM_TARGET, SPMM_TARGET, entries, sddmm, spmm
 
 __all__ = ["spmm", "sddmm", "entries", "graph_attention", "gcn_conv", "agnn_conv", "gat_conv", "release", "registered",
-           "SPMM_TARGET", "SDDMM_TARGET", "ATTENTION_TARGET", "ATTENTION_BWD_TARGET"]
+           "recorded_nbytes", "SPMM_TARGET", "SDDMM_TARGET", "ATTENTION_TARGET", "ATTENTION_BWD_TARGET"]

@@ -10,8 +10,17 @@ A call's work on the host is what a call inside a jitted loop costs beyond its k
 little: each buffer as a hashable ``(address, dtype code, shape)`` (an operation keys what it keeps for a call by
 them) and one integer attribute, in which an operation encodes what it needs (names and several attributes
 would each cost a decode per call).
+
+XLA may record a call into a command buffer (a CUDA graph) and replay it without calling the handler: the GPU
+targets declare that trait (:data:`COMMAND_BUFFER_COMPATIBLE`).  A call XLA records runs on a capturing stream,
+where nothing may wait for the device, upload or allocate, and which records what it first plans, compiles and
+uploads: a signature's first recorded call therefore runs once before, on a stream of its own with private
+buffers of the same shapes (a warm-up, as before any CUDA graph), and the recorded call then only launches.
+What a recorded call allocates (scratch of the recording stream, a temporary) is baked into the graph, so it is
+never freed (:func:`recorded_nbytes`): a product into XLA's result buffer allocates nothing once warmed up.
 """
 
+import contextlib
 import ctypes
 import enum
 
@@ -19,10 +28,20 @@ import numpy as np
 
 from .._cache import keep
 
-__all__ = ["register", "register_target", "dtype_of", "host_view", "device_view", "API_VERSION"]
+__all__ = ["register", "register_target", "dtype_of", "host_view", "device_view", "API_VERSION",
+           "COMMAND_BUFFER_COMPATIBLE", "WARMED_KEEP", "recorded_nbytes"]
 
 #: The FFI API version (major, minor) the handlers declare: the one XLA's typed FFI has spoken since its release.
 API_VERSION = (0, 1)
+#: ``XLA_FFI_Handler_Traits`` bit: XLA may record the handler's calls into command buffers (CUDA graphs) and replay
+#: them; a call launches the same kernels whenever it runs with the same buffers.
+COMMAND_BUFFER_COMPATIBLE = 1
+#: Signatures (target, attribute, buffer shapes and dtypes, device) warmed up before a recorded call, kept; one
+#: dropped is warmed up again at its next recording (a repeat costs a call's work, never a wrong result).
+WARMED_KEEP = 1024
+#: CUDA's ``CUstreamCaptureMode``: a thread in relaxed mode may make calls that a capture in progress elsewhere
+#: forbids by default (allocate, copy from the host, wait for another stream).
+_CAPTURE_MODE_RELAXED = 2
 #: CuPy views of XLA's device buffers kept (by address, dtype and shape), oldest dropped.  A view holds no memory
 #: (XLA owns it); one of an address XLA has reused for another buffer is only used when XLA hands that buffer.
 VIEWS_KEEP = 256
@@ -192,17 +211,96 @@ def _error(api, code, message):
     return api.contents.error_create(ctypes.byref(args))
 
 
+def _capturing(stream):
+    """Whether XLA is recording the call on ``stream`` into a command buffer."""
+    import cupy as cp
+
+    return bool(stream) and cp.cuda.runtime.streamIsCapturing(stream)
+
+
+@contextlib.contextmanager
+def _relaxed():
+    """This thread in relaxed capture mode (restored after): XLA records in thread-local mode, where the thread
+    that captures may not allocate, upload or wait, not even on another stream -- what a warm-up does."""
+    driver = _driver()
+    mode = ctypes.c_int(_CAPTURE_MODE_RELAXED)
+    err = driver.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode))
+    if err:
+        raise RuntimeError(f"cuThreadExchangeStreamCaptureMode failed with CUDA driver error {err}")
+    try:
+        yield
+    finally:
+        driver.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode))
+
+
+_DRIVER = []
+
+
+def _driver():
+    """The CUDA driver library (``ctypes``), loaded once."""
+    if not _DRIVER:
+        _DRIVER.append(ctypes.CDLL("libcuda.so.1"))
+    return _DRIVER[0]
+
+
+_WARMED = {}
+_SIDE = {}  # device -> the warm-ups' stream
+_HELD = []  # what recorded calls allocated: graphs XLA keeps may replay into it, so it is never freed
+
+
+def recorded_nbytes():
+    """Bytes allocated by calls XLA recorded into command buffers, held for good (their graphs write them)."""
+    return sum(m.mem.size for m in _HELD)
+
+
+def _held(nbytes):
+    """CuPy's allocator while a call is recorded: memory from CuPy's pool, kept referenced for good, so no later
+    allocation is handed an address a graph writes."""
+    import cupy as cp
+
+    m = cp.get_default_memory_pool().malloc(nbytes)
+    _HELD.append(m)
+    return m
+
+
+def _recorded(name, run, stream, args, rets, value):
+    """``run`` on XLA's capturing ``stream``, after a warm-up on a stream of its own where its signature has not
+    had one: private zeroed buffers of the same shapes and dtypes, waited for, so what a first call plans,
+    compiles, uploads and allocates is ready, and the recorded call only launches."""
+    import cupy as cp
+
+    with _relaxed():
+        device = cp.cuda.runtime.getDevice()
+        key = (name, value, tuple((c, s) for _, c, s in args), tuple((c, s) for _, c, s in rets), device)
+        if key not in _WARMED:
+            side = _SIDE.get(device)
+            if side is None:
+                side = _SIDE[device] = cp.cuda.Stream(non_blocking=True)
+            with side:
+                private = [cp.zeros(shape, dtype_of(code)) for _, code, shape in args + rets]
+                buffers = [(a.data.ptr, code, shape) for a, (_, code, shape) in zip(private, args + rets)]
+                run(side.ptr, tuple(buffers[:len(args)]), tuple(buffers[len(args):]), value)
+            side.synchronize()
+            del private
+            keep(_WARMED, key, True, WARMED_KEEP)
+        with cp.cuda.using_allocator(_held):
+            run(stream, args, rets, value)
+
+
 _HANDLERS = {}  # name and platform -> the ctypes callback (it must outlive every program that calls it)
 _TARGETS = set()  # the names register_target has registered
 
 
-def register_target(name, runs):
+def register_target(name, runs, recorded=False):
     """Register ``runs`` (``{platform: run}``) as FFI target ``name``, once; returns ``name``.  A platform this JAX
-    lacks (no CUDA plugin) is left out: its calls never lower there."""
+    lacks (no CUDA plugin) is left out: its calls never lower there.  ``recorded``: XLA may record the GPU's calls
+    into its command buffers (:data:`COMMAND_BUFFER_COMPATIBLE`) -- for targets whose warmed-up call allocates
+    nothing per call, as what a recorded call allocates is held for good."""
     if name not in _TARGETS:
         for platform, run in runs.items():
+            traits = COMMAND_BUFFER_COMPATIBLE if recorded and platform != "cpu" else 0
             try:
-                register(name, platform, run)
+                register(name, platform, run, traits=traits)
             except Exception:  # noqa: BLE001
                 if platform == "cpu":
                     raise
@@ -218,7 +316,8 @@ def register(name, platform, run, traits=0):
     (a ``cudaStream_t`` as an int; 0 on the host).  An exception becomes an XLA error whose message is the
     exception's, raised by the jitted call (``ValueError`` and ``TypeError`` as invalid arguments): a handler
     never takes the process down.
-    ``traits``: ``XLA_FFI_Handler_Traits`` bits (0: XLA runs the call itself, never inside a command buffer)."""
+    ``traits``: ``XLA_FFI_Handler_Traits`` bits (0: XLA runs the call itself, never inside a command buffer;
+    :data:`COMMAND_BUFFER_COMPATIBLE`: XLA may record it, and a call on a capturing stream is warmed up first)."""
     import jax
 
     key = (name, platform.lower())
@@ -246,7 +345,11 @@ def register(name, platform, run, traits=0):
                 if failed:
                     return failed
                 stream = get.stream or 0
-            run(stream, _buffers(frame.args), _buffers(frame.rets), _value(frame.attrs))
+            args, rets, value = _buffers(frame.args), _buffers(frame.rets), _value(frame.attrs)
+            if traits & COMMAND_BUFFER_COMPATIBLE and on_device and _capturing(stream):
+                _recorded(name, run, stream, args, rets, value)
+            else:
+                run(stream, args, rets, value)
             return None
         except (ValueError, TypeError, LookupError) as exc:
             return _error(frame.api, _ERROR_INVALID_ARGUMENT, f"{type(exc).__name__}: {exc}")

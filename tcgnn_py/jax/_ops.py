@@ -188,7 +188,11 @@ def _precision(precision, what):
 
 
 def _call(target, key, shape, dtype, precision, *operands):
-    name = _ffi.register_target(target, _IMPLEMENTATIONS[target])
+    """The FFI call of ``target`` on the matrix of ``key``.  A GPU matrix is made ready here, at trace time (its
+    one wait for the device): XLA may record the call into a command buffer, where nothing may wait."""
+    if _matrices.matrix(key).device == "cuda":
+        _matrices.device_matrix(key)
+    name = _ffi.register_target(target, _IMPLEMENTATIONS[target], recorded=True)
     call = jax.ffi.ffi_call(name, jax.ShapeDtypeStruct(shape, dtype), vmap_method="sequential")
     return call(*operands, op=_attribute(key, precision))
 
