@@ -300,6 +300,20 @@ def test_attention_layers_are_tcgnn_py_nn_layers(heads, concat):
                 np.testing.assert_allclose(np.asarray(mine), theirs, rtol=1e-3, atol=1e-3)
 
 
+def test_agnn_conv_has_finite_gradients_at_a_zero_row():
+    """A row of zeros (after a ReLU, a node whose features all died) has no direction: its normalised row is zero
+    in value, as tcgnn_py.nn's, and its gradients are finite -- the norm's root is not differentiated at zero."""
+    from tcgnn_py import nn
+
+    T = nn.add_self_loops(sp.csr_array(np.array([[0, 1, 0], [1, 0, 1], [0, 1, 0]], np.float32)), device="cpu")
+    H = np.array([[1, 2], [0, 0], [3, 1]], np.float32)
+    out, vjp = jax.vjp(lambda H, beta: tgj.agnn_conv(T, H, beta), jnp.asarray(H), jnp.float32(0.5))
+    want, _ = nn.agnn_conv(T, H, 0.5)
+    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-6)
+    for grad in vjp(jnp.ones((3, 2), jnp.float32)):
+        assert np.isfinite(np.asarray(grad)).all()
+
+
 def test_attention_layers_check_their_operands():
     rng = np.random.default_rng(11)
     _, T = _matrix(rng, 10, 10)

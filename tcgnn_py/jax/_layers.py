@@ -59,7 +59,10 @@ def agnn_conv(T, H, beta):
         raise ValueError(f"agnn_conv needs a square graph, got shape {T.shape}")
     if H.ndim != 2 or H.shape[0] != T.shape[0]:
         raise ValueError(f"agnn_conv: H must have shape ({T.shape[0]}, d), got {H.shape}")
-    Hn = H / jnp.maximum(jnp.linalg.norm(H, axis=1, keepdims=True), NORM_EPS)
+    # The norms in float32 (a float16 eps is 0), of the squares clamped before the root: the root's gradient at a
+    # zero row is infinite, and JAX multiplies it by the clamp's zero (NaN); the clamped square's gradient is 0.
+    squares = jnp.sum(jnp.square(H.astype(jnp.float32)), axis=1, keepdims=True)
+    Hn = (H / jnp.sqrt(jnp.maximum(squares, NORM_EPS * NORM_EPS))).astype(H.dtype)
     return graph_attention(T, H, score="cosine", Q=Hn, K=Hn, beta=jnp.reshape(jnp.asarray(beta, H.dtype), (1,)))
 
 
