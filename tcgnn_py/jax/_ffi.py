@@ -16,8 +16,10 @@ targets declare that trait (:data:`COMMAND_BUFFER_COMPATIBLE`).  A call XLA reco
 where nothing may wait for the device, upload or allocate, and which records what it first plans, compiles and
 uploads: a signature's first recorded call therefore runs once before, on a stream of its own with private
 buffers of the same shapes (a warm-up, as before any CUDA graph), and the recorded call then only launches.
-What a recorded call allocates (scratch of the recording stream, a temporary) is baked into the graph, so it is
-never freed (:func:`recorded_nbytes`): a product into XLA's result buffer allocates nothing once warmed up.
+What a recorded call allocates (scratch of the recording stream, a temporary) is baked into its graph, so it comes
+from a memory pool of that call's own (its signature and XLA's buffers), which no other code is handed and only a
+later recording of the same call reuses (:func:`recorded_nbytes`): the graphs holding one call's recordings run in
+order on XLA's stream, each done with its temporaries when it ends.
 """
 
 import contextlib
@@ -245,28 +247,19 @@ def _driver():
 
 _WARMED = {}
 _SIDE = {}  # device -> the warm-ups' stream
-_HELD = []  # what recorded calls allocated: graphs XLA keeps may replay into it, so it is never freed
+_POOLS = {}  # a recorded call's signature and buffers -> the memory pool of what its recordings allocate
 
 
 def recorded_nbytes():
-    """Bytes allocated by calls XLA recorded into command buffers, held for good (their graphs write them)."""
-    return sum(m.mem.size for m in _HELD)
-
-
-def _held(nbytes):
-    """CuPy's allocator while a call is recorded: memory from CuPy's pool, kept referenced for good, so no later
-    allocation is handed an address a graph writes."""
-    import cupy as cp
-
-    m = cp.get_default_memory_pool().malloc(nbytes)
-    _HELD.append(m)
-    return m
+    """Bytes held by the memory pools of calls XLA recorded into command buffers (their graphs may write them)."""
+    return sum(pool.total_bytes() for pool in _POOLS.values())
 
 
 def _recorded(name, run, stream, args, rets, value):
     """``run`` on XLA's capturing ``stream``, after a warm-up on a stream of its own where its signature has not
     had one: private zeroed buffers of the same shapes and dtypes, waited for, so what a first call plans,
-    compiles, uploads and allocates is ready, and the recorded call only launches."""
+    compiles, uploads and allocates is ready, and the recorded call only launches -- allocating, where it must,
+    from the call's own memory pool."""
     import cupy as cp
 
     with _relaxed():
@@ -283,7 +276,10 @@ def _recorded(name, run, stream, args, rets, value):
             side.synchronize()
             del private
             keep(_WARMED, key, True, WARMED_KEEP)
-        with cp.cuda.using_allocator(_held):
+        pool = _POOLS.get(key + (stream, args, rets))
+        if pool is None:
+            pool = _POOLS[key + (stream, args, rets)] = cp.cuda.MemoryPool()
+        with cp.cuda.using_allocator(pool.malloc):
             run(stream, args, rets, value)
 
 
@@ -291,11 +287,10 @@ _HANDLERS = {}  # name and platform -> the ctypes callback (it must outlive ever
 _TARGETS = set()  # the names register_target has registered
 
 
-def register_target(name, runs, recorded=False):
+def register_target(name, runs, recorded=True):
     """Register ``runs`` (``{platform: run}``) as FFI target ``name``, once; returns ``name``.  A platform this JAX
     lacks (no CUDA plugin) is left out: its calls never lower there.  ``recorded``: XLA may record the GPU's calls
-    into its command buffers (:data:`COMMAND_BUFFER_COMPATIBLE`) -- for targets whose warmed-up call allocates
-    nothing per call, as what a recorded call allocates is held for good."""
+    into its command buffers (:data:`COMMAND_BUFFER_COMPATIBLE`)."""
     if name not in _TARGETS:
         for platform, run in runs.items():
             traits = COMMAND_BUFFER_COMPATIBLE if recorded and platform != "cpu" else 0

@@ -192,7 +192,7 @@ def _call(target, key, shape, dtype, precision, *operands):
     one wait for the device): XLA may record the call into a command buffer, where nothing may wait."""
     if _matrices.matrix(key).device == "cuda":
         _matrices.device_matrix(key)
-    name = _ffi.register_target(target, _IMPLEMENTATIONS[target], recorded=True)
+    name = _ffi.register_target(target, _IMPLEMENTATIONS[target])
     call = jax.ffi.ffi_call(name, jax.ShapeDtypeStruct(shape, dtype), vmap_method="sequential")
     return call(*operands, op=_attribute(key, precision))
 
