@@ -5,15 +5,19 @@ nothing here imports them at module level.  :func:`gpu_available` decides once
 per process whether the GPU path is usable; everything else asks it.
 """
 
+import contextlib
 import functools
 import importlib.util
 import os
 import sys
+import threading
 import warnings
 
 import numpy as np
 
 __all__ = [
+    "zeroed_apart",
+    "zeros",
     "NoGPUWarning",
     "FallbackWarning",
     "DeviceMismatchError",
@@ -170,6 +174,37 @@ def publish(value=None):
     if not stream.is_capturing():
         stream.synchronize()  # synchronize!
     return value
+
+
+_ZEROED_APART = threading.local()
+
+
+@contextlib.contextmanager
+def zeroed_apart(stream):
+    """While a call is recorded into a graph that is later updated in place by a new recording (XLA's command
+    buffers), buffers that must start at zero (:func:`zeros`) are zeroed on ``stream`` (a CuPy stream that is not
+    capturing), waited for: a memset node in a call's first recording alone would change the graph's shape, and
+    an in-place update takes only recordings of one shape.  The thread must be allowed to wait (relaxed capture
+    mode)."""
+    before = getattr(_ZEROED_APART, "stream", None)
+    _ZEROED_APART.stream = stream
+    try:
+        yield
+    finally:
+        _ZEROED_APART.stream = before
+
+
+def zeros(shape, dtype):
+    """``cupy.zeros``, or zeroed apart where :func:`zeroed_apart` is in effect (on this thread)."""
+    cp = get_cupy()
+    stream = getattr(_ZEROED_APART, "stream", None)
+    if stream is None:
+        return cp.zeros(shape, dtype)
+    buf = cp.empty(shape, dtype)
+    with stream:
+        buf.fill(0)
+    stream.synchronize()  # synchronize! (the side stream only: what is recorded next reads zeros)
+    return buf
 
 
 def is_device_array(x):

@@ -348,22 +348,29 @@ X = jnp.asarray(rng.standard_normal((500, 32), dtype=np.float32))
 p = [jnp.asarray(0.1 * rng.standard_normal(s, dtype=np.float32)) for s in ((32, 64), (64, 8), (64, 16), (2, 8), (2, 8))]
 p.append(jnp.float32(1.0))
 
-def loss(p, key):
+def products(p):
     h = jax.nn.relu(tgj.spmm(T, X @ p[0]))
+    return h, jnp.mean(tgj.spmm(T, h @ p[1]) ** 2)
+
+def attention(p, key):
+    h, value = products(p)
     z = tgj.agnn_conv(T, tgj.gat_conv(T, h, p[2], p[3], p[4], heads=2, dropout=0.2, key=key), p[5])
-    return jnp.mean(tgj.spmm(T, h @ p[1]) ** 2) + jnp.mean(z ** 2)
+    return value + jnp.mean(z ** 2)
 
-@jax.jit
-def step(p, key):
-    key, sub = jax.random.split(key)
-    value, grads = jax.value_and_grad(loss)(p, sub)
-    return [w - 0.01 * g for w, g in zip(p, grads)], value, key
+def trained(loss):
+    @jax.jit
+    def step(p, key):
+        key, sub = jax.random.split(key)
+        value, grads = jax.value_and_grad(loss)(p, sub)
+        return [w - 0.01 * g for w, g in zip(p, grads)], value, key
 
-losses, key = [], jax.random.key(0)
-for _ in range(40):  # (3 products a step: past the timed choice where XLA runs the calls itself)
-    p, value, key = step(p, key)
-    losses.append(value)
-np.save(sys.argv[1], np.concatenate([np.asarray(w).ravel() for w in p] + [np.asarray(losses)]))
+    q, key, losses = list(p), jax.random.key(0), []
+    for _ in range(40):  # (3 products a step: past the timed choice where XLA runs the calls itself)
+        q, value, key = step(q, key)
+        losses.append(value)
+    return np.concatenate([np.asarray(w).ravel() for w in q] + [np.asarray(losses)])
+
+np.savez(sys.argv[1], products=trained(lambda p, key: products(p)[1]), attention=trained(attention))
 from tcgnn_py.jax import _ffi
 print(json.dumps({"recorded": sorted({k[0] for k in _ffi._WARMED}), "held": tgj.recorded_nbytes()}))
 """
@@ -372,26 +379,37 @@ print(json.dumps({"recorded": sorted({k[0] for k in _ffi._WARMED}), "held": tgj.
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="XLA's command buffers are CUDA graphs: they need CuPy and a GPU")
 def test_a_jitted_training_step_gives_the_same_bits_with_xlas_command_buffers_on_and_off(tmp_path):
-    """A jitted training step (products of T and, in its gradient, of T.T, a GAT layer with attention dropout and
-    an AGNN layer, between XLA's own GEMMs) run 40 times with XLA's command buffers at their defaults -- XLA
-    records the operations into CUDA graphs: each signature is warmed up on a stream of its own first -- and with
-    them off, in fresh processes: the same bits."""
+    """Jitted training steps run 40 times with the targets recordable (``TCGNN_PY_JAX_COMMAND_BUFFERS=1``) and XLA's
+    command buffers at their defaults -- XLA records the library's operations into CUDA graphs, each signature
+    warmed up on a stream of its own first, and updates them in place as buffers change -- and with them off, and
+    by default (nothing recorded), in fresh processes.  A step of products (of T and, in its
+    gradient, of T.T, between XLA's GEMMs) gives the same bits; one with a GAT layer (attention dropout) and an
+    AGNN layer too gives the same values within float32 rounding, as XLA's own fused operations around the
+    attention are not bit-identical with command buffers on and off."""
     if jax.default_backend() != "gpu":
         pytest.skip("JAX has no GPU backend here")
+    from tcgnn_py.jax._ffi import RECORDED_ENV
+
     runs = {}
-    for mode, flags in (("on", ""), ("off", "--xla_gpu_enable_command_buffer=")):
+    for mode, flags, recorded in (("on", "", "1"), ("off", "--xla_gpu_enable_command_buffer=", "1"),
+                                  ("default", "", "0")):
         env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + flags).strip())
+        env[RECORDED_ENV] = recorded
         res = subprocess.run([sys.executable, "-c", _RECORDED_STEP, str(tmp_path / mode)], capture_output=True,
                              text=True, env=env, timeout=300)
         assert res.returncode == 0, res.stderr[-3000:]
-        runs[mode] = (json.loads(res.stdout.strip().splitlines()[-1]), np.load(tmp_path / f"{mode}.npy"))
+        saved = np.load(tmp_path / f"{mode}.npz")
+        runs[mode] = (json.loads(res.stdout.strip().splitlines()[-1]), saved["products"], saved["attention"])
     from tcgnn_py.jax import ATTENTION_BWD_TARGET, ATTENTION_TARGET, SPMM_TARGET
 
     assert runs["on"][0]["recorded"] == sorted([SPMM_TARGET, ATTENTION_TARGET, ATTENTION_BWD_TARGET])
-    assert runs["off"][0]["recorded"] == []
-    losses = runs["on"][1][-40:]  # (the last 40 values saved)
-    assert np.isfinite(runs["on"][1]).all() and losses[-1] < losses[0]  # (it trains)
+    assert runs["off"][0]["recorded"] == runs["default"][0]["recorded"] == []
+    for on in runs["on"][1:]:
+        losses = on[-40:]  # (the last 40 values saved)
+        assert np.isfinite(on).all() and losses[-1] < losses[0]  # (it trains)
     np.testing.assert_array_equal(runs["on"][1], runs["off"][1])
+    np.testing.assert_array_equal(runs["on"][1], runs["default"][1])
+    np.testing.assert_allclose(runs["on"][2], runs["off"][2], rtol=1e-5, atol=1e-8)
 
 
 @pytest.mark.gpu
@@ -433,6 +451,21 @@ def test_jitted_spmm_on_the_gpu_is_the_product():
     A, Th = _matrix(rng, 20, 20)
     np.testing.assert_array_equal(np.asarray(jax.jit(lambda x: tgj.spmm(Th, x))(jnp.ones((20, 2)))),
                                   A.toarray() @ np.ones((20, 2)))
+
+
+def test_the_gpu_targets_are_recordable_where_the_environment_asks(monkeypatch):
+    """register_target declares the command-buffer trait on the GPU platform only, and by default only where
+    TCGNN_PY_JAX_COMMAND_BUFFERS=1; the host target never."""
+    from tcgnn_py.jax import _ffi
+
+    seen = []
+    monkeypatch.setattr(_ffi, "register", lambda name, platform, run, traits=0: seen.append((name, platform, traits)))
+    for n, (env, recorded) in enumerate([("0", None), ("1", None), ("0", True), ("1", False)]):
+        monkeypatch.setenv(_ffi.RECORDED_ENV, env)
+        _ffi.register_target(f"tcgnn_py_test_traits_{n}", {"cpu": None, "CUDA": None}, recorded=recorded)
+    bit = _ffi.COMMAND_BUFFER_COMPATIBLE
+    assert [(p, t) for _, p, t in seen] == [("cpu", 0), ("CUDA", 0), ("cpu", 0), ("CUDA", bit), ("cpu", 0),
+                                            ("CUDA", bit), ("cpu", 0), ("CUDA", 0)]
 
 
 def test_the_handler_answers_the_metadata_query_and_turns_exceptions_into_xla_errors():

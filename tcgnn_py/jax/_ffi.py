@@ -11,8 +11,8 @@ little: each buffer as a hashable ``(address, dtype code, shape)`` (an operation
 them) and one integer attribute, in which an operation encodes what it needs (names and several attributes
 would each cost a decode per call).
 
-XLA may record a call into a command buffer (a CUDA graph) and replay it without calling the handler: the GPU
-targets declare that trait (:data:`COMMAND_BUFFER_COMPATIBLE`).  A call XLA records runs on a capturing stream,
+XLA may record a call into a command buffer (a CUDA graph) and replay it without calling the handler, where the
+GPU targets declare that trait (:data:`COMMAND_BUFFER_COMPATIBLE`; opt-in, :data:`RECORDED_ENV`).  A call XLA records runs on a capturing stream,
 where nothing may wait for the device, upload or allocate, and which records what it first plans, compiles and
 uploads: a signature's first recorded call therefore runs once before, on a stream of its own with private
 buffers of the same shapes (a warm-up, as before any CUDA graph), and the recorded call then only launches.
@@ -25,13 +25,15 @@ order on XLA's stream, each done with its temporaries when it ends.
 import contextlib
 import ctypes
 import enum
+import os
 
 import numpy as np
 
 from .._cache import keep
+from .._device import zeroed_apart
 
 __all__ = ["register", "register_target", "dtype_of", "host_view", "device_view", "API_VERSION",
-           "COMMAND_BUFFER_COMPATIBLE", "WARMED_KEEP", "recorded_nbytes"]
+           "COMMAND_BUFFER_COMPATIBLE", "RECORDED_ENV", "WARMED_KEEP", "recorded_nbytes"]
 
 #: The FFI API version (major, minor) the handlers declare: the one XLA's typed FFI has spoken since its release.
 API_VERSION = (0, 1)
@@ -259,16 +261,17 @@ def _recorded(name, run, stream, args, rets, value):
     """``run`` on XLA's capturing ``stream``, after a warm-up on a stream of its own where its signature has not
     had one: private zeroed buffers of the same shapes and dtypes, waited for, so what a first call plans,
     compiles, uploads and allocates is ready, and the recorded call only launches -- allocating, where it must,
-    from the call's own memory pool."""
+    from the call's own memory pool, and zeroing apart (:func:`tcgnn_py._device.zeroed_apart`): XLA updates a
+    recorded call in place with its next recording, which must have the same nodes."""
     import cupy as cp
 
     with _relaxed():
         device = cp.cuda.runtime.getDevice()
         key = (name, value, tuple((c, s) for _, c, s in args), tuple((c, s) for _, c, s in rets), device)
+        side = _SIDE.get(device)
+        if side is None:
+            side = _SIDE[device] = cp.cuda.Stream(non_blocking=True)
         if key not in _WARMED:
-            side = _SIDE.get(device)
-            if side is None:
-                side = _SIDE[device] = cp.cuda.Stream(non_blocking=True)
             with side:
                 private = [cp.zeros(shape, dtype_of(code)) for _, code, shape in args + rets]
                 buffers = [(a.data.ptr, code, shape) for a, (_, code, shape) in zip(private, args + rets)]
@@ -279,7 +282,7 @@ def _recorded(name, run, stream, args, rets, value):
         pool = _POOLS.get(key + (stream, args, rets))
         if pool is None:
             pool = _POOLS[key + (stream, args, rets)] = cp.cuda.MemoryPool()
-        with cp.cuda.using_allocator(pool.malloc):
+        with cp.cuda.using_allocator(pool.malloc), zeroed_apart(side):  # (every recording of the same shape)
             run(stream, args, rets, value)
 
 
@@ -287,10 +290,17 @@ _HANDLERS = {}  # name and platform -> the ctypes callback (it must outlive ever
 _TARGETS = set()  # the names register_target has registered
 
 
-def register_target(name, runs, recorded=True):
+#: Set to 1 before a process registers the targets (its first traced call) to let XLA record the GPU's calls into
+#: its command buffers; off by default while a recorded call's in-place update is not shown sound on every program.
+RECORDED_ENV = "TCGNN_PY_JAX_COMMAND_BUFFERS"
+
+
+def register_target(name, runs, recorded=None):
     """Register ``runs`` (``{platform: run}``) as FFI target ``name``, once; returns ``name``.  A platform this JAX
     lacks (no CUDA plugin) is left out: its calls never lower there.  ``recorded``: XLA may record the GPU's calls
-    into its command buffers (:data:`COMMAND_BUFFER_COMPATIBLE`)."""
+    into its command buffers (:data:`COMMAND_BUFFER_COMPATIBLE`); None: where :data:`RECORDED_ENV` is ``1``."""
+    if recorded is None:
+        recorded = os.environ.get(RECORDED_ENV, "0") == "1"
     if name not in _TARGETS:
         for platform, run in runs.items():
             traits = COMMAND_BUFFER_COMPATIBLE if recorded and platform != "cpu" else 0

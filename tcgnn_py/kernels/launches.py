@@ -17,7 +17,7 @@ import functools
 import sys
 from typing import NamedTuple
 
-from .._device import get_cupy
+from .._device import get_cupy, zeros
 from .driver import bound_launch, f32_bits, f64_bits, launch, slot_value
 from .registry import get_kernel, parameters
 
@@ -42,8 +42,7 @@ class Scratch(NamedTuple):
         """This buffer on ``stream`` (a stream pointer), from ``store``."""
         buf = store.get((self, stream))
         if buf is None:
-            cp = get_cupy()
-            buf = store[self, stream] = (cp.zeros if self.zeros else cp.empty)(self.shape, self.dtype)
+            buf = store[self, stream] = (zeros if self.zeros else get_cupy().empty)(self.shape, self.dtype)
         return buf
 
 
