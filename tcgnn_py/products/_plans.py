@@ -85,9 +85,18 @@ def sorted_plan(tiling, bpu):
 
 
 def _longest_first(xp, units, unit_k0):
-    """Units (and their split rows) sorted by decreasing block count, stable."""
-    order = xp.argsort(-(units[:, 2] - units[:, 1]).astype(np.int64), kind="stable")
-    return xp.ascontiguousarray(units[order]), xp.ascontiguousarray(unit_k0[order])
+    """Units (and their split rows) sorted by decreasing block count, stable: on the host, by the counts' distance
+    from the longest in the narrowest unsigned type that holds it (NumPy's stable sort of 8- and 16-bit keys is
+    a radix sort, linear; a first product plans here)."""
+    length = units[:, 2] - units[:, 1]
+    if xp is np and length.shape[0]:
+        key = int(length.max()) - length
+        top = int(key.max())
+        key = key.astype(np.uint8 if top < 1 << 8 else np.uint16 if top < 1 << 16 else np.int64)
+    else:
+        key = -length.astype(np.int64)
+    order = xp.argsort(key, kind="stable")
+    return units.take(order, axis=0), unit_k0.take(order, axis=0)  # (rows gathered: a contiguous copy)
 
 
 def vec_hist(tiling):
@@ -196,7 +205,7 @@ def _plan_where_planned(tiling, blocks_per_unit, max_units):
 def _parts(xp, nb, blocks_per_unit, max_units):
     """Units of each owner of ``nb`` items: ``ceil(nb / blocks_per_unit)``, at least 1 (an empty window's unit
     writes its zero rows), at most ``max_units``."""
-    return xp.clip(-(-nb // blocks_per_unit), 1, max_units)
+    return xp.minimum(xp.maximum(-(-nb // blocks_per_unit), 1), max_units)  # (clip's own overhead is a call's)
 
 
 def build_plan(xp, win_ptr, blocks_per_unit, max_units=UNITS_PER_WINDOW_MAX, even=True):
@@ -204,6 +213,8 @@ def build_plan(xp, win_ptr, blocks_per_unit, max_units=UNITS_PER_WINDOW_MAX, eve
     entries) cut into ``ceil(items / blocks_per_unit)`` units (1 to ``max_units``), of near-equal lengths
     (``even``), else of ``blocks_per_unit`` items each but the last (the attention passes' parts).  A unit is
     ``(owner, first, end, slot or -1)``; the owners cut in several give their units consecutive slots."""
+    if xp is np:
+        return _host_plan(np.asarray(win_ptr), blocks_per_unit, max_units, even)
     nb = xp.diff(win_ptr).astype(np.int64)
     k = _parts(xp, nb, blocks_per_unit, max_units)
     unit_ptr = xp.concatenate((xp.zeros(1, np.int64), xp.cumsum(k)))
@@ -231,3 +242,44 @@ def build_plan(xp, win_ptr, blocks_per_unit, max_units=UNITS_PER_WINDOW_MAX, eve
         "max_parts": int(k.max()) if k.shape[0] else 0,  # synchronize!
     }
 
+
+
+def _host_plan(win_ptr, blocks_per_unit, max_units, even):
+    """:func:`build_plan` with NumPy, in fewer passes (the same arrays): each owner's units by ``repeat``, the
+    units written into their int32 columns, the unsplit owners' units (most of them) without division.  A new
+    matrix's first product plans here, on a few thousand windows, where each NumPy call's overhead is the cost."""
+    start = win_ptr[:-1].astype(np.int64)
+    nb = win_ptr[1:] - start
+    k = _parts(np, nb, blocks_per_unit, max_units)
+    n_owners = k.shape[0]
+    n_units = int(k.sum())
+    split_owner = k > 1
+    sw = np.flatnonzero(split_owner)
+    units = np.empty((n_units, 4), np.int32)
+    unit_k0 = np.empty((n_units, 2), np.int32)
+    if sw.shape[0] == 0:  # (no owner cut: a unit per owner)
+        units[:, 0] = np.arange(n_owners)
+        units[:, 1] = start
+        units[:, 2] = win_ptr[1:] if even else np.minimum(start + blocks_per_unit, win_ptr[1:])
+        units[:, 3] = -1
+        unit_k0[:, 0] = -1
+        unit_k0[:, 1] = 1
+        return {"units": units, "unit_k0": unit_k0, "splits": np.empty((0, 4), np.int32), "n_slots": 0,
+                "max_parts": int(k.max()) if n_owners else 0}
+    uw = np.repeat(np.arange(n_owners), k)
+    unit_ptr = np.concatenate((np.zeros(1, np.int64), np.cumsum(k)))
+    j = np.arange(n_units) - unit_ptr[:-1][uw]
+    kw, nbw, first_block = k[uw], nb[uw], start[uw]
+    split = kw > 1
+    slot = np.where(split, np.cumsum(split) - 1, -1)
+    if even:
+        first, end = first_block + j * nbw // kw, first_block + (j + 1) * nbw // kw
+    else:
+        first = first_block + j * blocks_per_unit
+        end = np.minimum(first + blocks_per_unit, first_block + nbw)
+    units[:, 0], units[:, 1], units[:, 2], units[:, 3] = uw, first, end, slot
+    unit_k0[:, 0], unit_k0[:, 1] = slot[unit_ptr[:-1][uw]], kw
+    splits = np.zeros((sw.shape[0], 4), np.int32)
+    splits[:, 0], splits[:, 1], splits[:, 2] = sw, slot[unit_ptr[sw]], k[sw]
+    return {"units": units, "unit_k0": unit_k0, "splits": splits, "n_slots": int(split.sum()),
+            "max_parts": int(k.max())}

@@ -203,24 +203,35 @@ def vec_unit_size(tiling, n_slices, half=False):
     own cut them too finely.
     """
     return tiling.cached(("vec_unit_size", n_slices, half, overrides_key()),
-                         lambda: _unit_size(vec_hist(tiling), sm_count(tiling), n_slices, half))
+                         lambda: _unit_size(_size_stats(tiling), sm_count(tiling), n_slices, half))
 
 
-def _unit_size(nb, sms, n_slices, half):
-    """:func:`vec_unit_size` of blocks-per-window ``nb`` on ``sms`` multiprocessors."""
+def _size_stats(tiling):
+    """``(longest window, blocks, units per size of VEC_UNIT_SIZES)`` of the blocks-per-window histogram (cached on
+    the tiling): what :func:`_unit_size` reads, for every width, in one pass over the windows."""
+    def build():
+        nb = np.asarray(vec_hist(tiling))
+        empty = int(np.count_nonzero(nb == 0))  # (an empty window keeps one unit)
+        units = tuple([int(((nb + (size - 1)) // size).sum()) + empty for size in VEC_UNIT_SIZES])
+        return int(nb.max(initial=0)), int(nb.sum()), units
+
+    return tiling.cached("vec_size_stats", build)
+
+
+def _unit_size(stats, sms, n_slices, half):
+    """:func:`vec_unit_size` of the histogram's :func:`_size_stats` on ``sms`` multiprocessors."""
+    longest, blocks, units_per_size = stats
     target = options()["vec_target_warps"] * sms
-    longest = int(nb.max(initial=0))
     floor = -(-longest // VEC_UNITS_PER_WINDOW_MAX)
     factor = options()["vec_tail_factor"]
     # The grid's critical path is its longest unit: keep it within `factor` x the mean work of a resident warp.
-    per_warp = int(nb.sum()) * n_slices / (VEC_RESIDENT_WARPS * sms)
+    per_warp = blocks * n_slices / (VEC_RESIDENT_WARPS * sms)
     cap = np.inf if factor is None else factor * per_warp
     tail_floor = options()["half_tail_floor" if half else "vec_tail_floor"]
     if tail_floor:
         cap = min(cap, max(per_warp, tail_floor))
     best = VEC_UNIT_SIZES[0]
-    for size in VEC_UNIT_SIZES:
-        units = int(np.maximum(-(-nb // size), 1).sum())
+    for size, units in zip(VEC_UNIT_SIZES, units_per_size):
         if units * n_slices >= target and min(size, longest) <= max(cap, VEC_UNIT_SIZES[0]):
             best = size
     return max(best, floor)
