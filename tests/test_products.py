@@ -164,6 +164,33 @@ def test_work_plan_covers_every_block_once():
 
 
 
+def test_the_host_plan_is_the_device_plans():
+    """build_plan and the longest-first order on the host (NumPy's own passes: repeat, int32 columns, radix-sorted
+    narrow keys) give the arrays of the device path's (the same functions run through an array module that is not
+    NumPy itself, as CuPy is), on histograms with empty windows, hubs and none cut, both kinds of cut."""
+    import types
+
+    from tcgnn_py.products._plans import _longest_first, build_plan
+
+    device_like = types.SimpleNamespace(**{name: getattr(np, name) for name in dir(np) if not name.startswith("__")})
+    rng = np.random.default_rng(5)
+    for trial in range(300):
+        nb = [rng.integers(0, 4, 50), rng.integers(0, 300, 200), (rng.pareto(1.1, 400) * 40).astype(np.int64),
+              np.zeros(30, np.int64), np.zeros(0, np.int64)][trial % 5]
+        win_ptr = np.concatenate(([0], np.cumsum(nb))).astype(np.int32)
+        bpu, max_units, even = (int(rng.choice([1, 4, 16, 128])), int(rng.choice([1, 8, 64, 1 << 30])),
+                                bool(trial % 2))
+        host, device = build_plan(np, win_ptr, bpu, max_units, even), build_plan(device_like, win_ptr, bpu,
+                                                                                 max_units, even)
+        for key in ("units", "unit_k0", "splits"):
+            assert host[key].dtype == np.int32 and host[key].flags.c_contiguous
+            np.testing.assert_array_equal(host[key], device[key])
+        assert (host["n_slots"], host["max_parts"]) == (device["n_slots"], device["max_parts"])
+        for mine, theirs in zip(_longest_first(np, host["units"], host["unit_k0"]),
+                                _longest_first(device_like, device["units"], device["unit_k0"])):
+            np.testing.assert_array_equal(mine, theirs)
+
+
 @pytest.mark.parametrize("bpu", [1, 16, 64])
 def test_vec_counts_are_the_plans(bpu):
     """What choosing a launch reads of a plan -- its units, slots and most parts -- counted from the histogram alone
