@@ -12,11 +12,11 @@ them) and one integer attribute, in which an operation encodes what it needs (na
 would each cost a decode per call).
 
 XLA may record a call into a command buffer (a CUDA graph) and replay it without calling the handler, where the
-GPU targets declare that trait (:data:`COMMAND_BUFFER_COMPATIBLE`; opt-in, :data:`RECORDED_ENV`).  A call XLA records runs on a capturing stream,
-where nothing may wait for the device, upload or allocate, and which records what it first plans, compiles and
-uploads: a signature's first recorded call therefore runs once before, on a stream of its own with private
-buffers of the same shapes (a warm-up, as before any CUDA graph), and the recorded call then only launches.
-What a recorded call allocates (scratch of the recording stream, a temporary) is baked into its graph, so it comes
+GPU targets declare that trait (:data:`COMMAND_BUFFER_COMPATIBLE`; opt-in, :data:`RECORDED_ENV`).  A call XLA
+records runs on a capturing stream, where nothing may wait for the device or upload, and which records what it
+first plans, compiles and uploads: a signature's first recorded call therefore runs once before, on a stream of
+its own with private buffers of the same shapes (a warm-up, as before any CUDA graph), and the recorded call then
+launches.  What a recorded call allocates (scratch of the recording stream, a temporary) is baked into its graph, so it comes
 from a memory pool of that call's own (its signature and XLA's buffers), which no other code is handed and only a
 later recording of the same call reuses (:func:`recorded_nbytes`): the graphs holding one call's recordings run in
 order on XLA's stream, each done with its temporaries when it ends.
