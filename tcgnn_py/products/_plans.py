@@ -222,14 +222,9 @@ def build_plan(xp, win_ptr, blocks_per_unit, max_units=UNITS_PER_WINDOW_MAX, eve
     uid = xp.arange(n_units, dtype=np.int64)
     uw = xp.searchsorted(unit_ptr, uid, side="right") - 1
     j = uid - unit_ptr[uw]
-    kw, nbw, start = k[uw], nb[uw], win_ptr[uw].astype(np.int64)
+    kw = k[uw]
+    slot, first, end = _cuts(xp, j, kw, nb[uw], win_ptr[uw].astype(np.int64), blocks_per_unit, even)
     split = kw > 1
-    slot = xp.where(split, xp.cumsum(split) - 1, -1)
-    if even:
-        first, end = start + j * nbw // kw, start + (j + 1) * nbw // kw
-    else:
-        first = start + j * blocks_per_unit
-        end = xp.minimum(first + blocks_per_unit, start + nbw)
     units = xp.stack([uw, first, end, slot], axis=1)
     sw = xp.flatnonzero(k > 1)
     splits = xp.stack([sw, slot[unit_ptr[sw]], k[sw], xp.zeros_like(sw)], axis=1)
@@ -242,6 +237,18 @@ def build_plan(xp, win_ptr, blocks_per_unit, max_units=UNITS_PER_WINDOW_MAX, eve
         "max_parts": int(k.max()) if k.shape[0] else 0,  # synchronize!
     }
 
+
+
+def _cuts(xp, j, kw, nbw, start, blocks_per_unit, even):
+    """``(slot, first, end)`` of each unit: ``j``-th of its owner's ``kw`` parts of the ``nbw`` items from
+    ``start`` (:func:`build_plan`'s cut, ``even`` or by ``blocks_per_unit``); the units of owners cut in several
+    take consecutive slots, the others -1."""
+    split = kw > 1
+    slot = xp.where(split, xp.cumsum(split) - 1, -1)
+    if even:
+        return slot, start + j * nbw // kw, start + (j + 1) * nbw // kw
+    first = start + j * blocks_per_unit
+    return slot, first, xp.minimum(first + blocks_per_unit, start + nbw)
 
 
 def _host_plan(win_ptr, blocks_per_unit, max_units, even):
@@ -269,14 +276,9 @@ def _host_plan(win_ptr, blocks_per_unit, max_units, even):
     uw = np.repeat(np.arange(n_owners), k)
     unit_ptr = np.concatenate((np.zeros(1, np.int64), np.cumsum(k)))
     j = np.arange(n_units) - unit_ptr[:-1][uw]
-    kw, nbw, first_block = k[uw], nb[uw], start[uw]
+    kw = k[uw]
+    slot, first, end = _cuts(np, j, kw, nb[uw], start[uw], blocks_per_unit, even)
     split = kw > 1
-    slot = np.where(split, np.cumsum(split) - 1, -1)
-    if even:
-        first, end = first_block + j * nbw // kw, first_block + (j + 1) * nbw // kw
-    else:
-        first = first_block + j * blocks_per_unit
-        end = np.minimum(first + blocks_per_unit, first_block + nbw)
     units[:, 0], units[:, 1], units[:, 2], units[:, 3] = uw, first, end, slot
     unit_k0[:, 0], unit_k0[:, 1] = slot[unit_ptr[:-1][uw]], kw
     splits = np.zeros((sw.shape[0], 4), np.int32)
