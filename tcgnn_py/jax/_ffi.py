@@ -16,10 +16,10 @@ GPU targets declare that trait (:data:`COMMAND_BUFFER_COMPATIBLE`; opt-in, :data
 records runs on a capturing stream, where nothing may wait for the device or upload, and which records what it
 first plans, compiles and uploads: a signature's first recorded call therefore runs once before, on a stream of
 its own with private buffers of the same shapes (a warm-up, as before any CUDA graph), and the recorded call then
-launches.  What a recorded call allocates (scratch of the recording stream, a temporary) is baked into its graph, so it comes
-from a memory pool of that call's own (its signature and XLA's buffers), which no other code is handed and only a
-later recording of the same call reuses (:func:`recorded_nbytes`): the graphs holding one call's recordings run in
-order on XLA's stream, each done with its temporaries when it ends.
+launches.  What a recorded call allocates (scratch of the recording stream, a temporary) is baked into its graph,
+so it comes from a memory pool of that call's own (its signature and XLA's buffers), which no other code is handed
+and only a later recording of the same call reuses (:func:`recorded_nbytes`): the graphs holding one call's
+recordings run in order on XLA's stream, each done with its temporaries when it ends.
 """
 
 import contextlib

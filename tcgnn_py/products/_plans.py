@@ -223,8 +223,7 @@ def build_plan(xp, win_ptr, blocks_per_unit, max_units=UNITS_PER_WINDOW_MAX, eve
     uw = xp.searchsorted(unit_ptr, uid, side="right") - 1
     j = uid - unit_ptr[uw]
     kw = k[uw]
-    slot, first, end = _cuts(xp, j, kw, nb[uw], win_ptr[uw].astype(np.int64), blocks_per_unit, even)
-    split = kw > 1
+    split, slot, first, end = _cuts(xp, j, kw, nb[uw], win_ptr[uw].astype(np.int64), blocks_per_unit, even)
     units = xp.stack([uw, first, end, slot], axis=1)
     sw = xp.flatnonzero(k > 1)
     splits = xp.stack([sw, slot[unit_ptr[sw]], k[sw], xp.zeros_like(sw)], axis=1)
@@ -238,17 +237,16 @@ def build_plan(xp, win_ptr, blocks_per_unit, max_units=UNITS_PER_WINDOW_MAX, eve
     }
 
 
-
 def _cuts(xp, j, kw, nbw, start, blocks_per_unit, even):
-    """``(slot, first, end)`` of each unit: ``j``-th of its owner's ``kw`` parts of the ``nbw`` items from
+    """``(split, slot, first, end)`` of each unit: ``j``-th of its owner's ``kw`` parts of the ``nbw`` items from
     ``start`` (:func:`build_plan`'s cut, ``even`` or by ``blocks_per_unit``); the units of owners cut in several
-    take consecutive slots, the others -1."""
+    (``split``) take consecutive slots, the others -1."""
     split = kw > 1
     slot = xp.where(split, xp.cumsum(split) - 1, -1)
     if even:
-        return slot, start + j * nbw // kw, start + (j + 1) * nbw // kw
+        return split, slot, start + j * nbw // kw, start + (j + 1) * nbw // kw
     first = start + j * blocks_per_unit
-    return slot, first, xp.minimum(first + blocks_per_unit, start + nbw)
+    return split, slot, first, xp.minimum(first + blocks_per_unit, start + nbw)
 
 
 def _host_plan(win_ptr, blocks_per_unit, max_units, even):
@@ -260,8 +258,7 @@ def _host_plan(win_ptr, blocks_per_unit, max_units, even):
     k = _parts(np, nb, blocks_per_unit, max_units)
     n_owners = k.shape[0]
     n_units = int(k.sum())
-    split_owner = k > 1
-    sw = np.flatnonzero(split_owner)
+    sw = np.flatnonzero(k > 1)
     units = np.empty((n_units, 4), np.int32)
     unit_k0 = np.empty((n_units, 2), np.int32)
     if sw.shape[0] == 0:  # (no owner cut: a unit per owner)
@@ -275,12 +272,12 @@ def _host_plan(win_ptr, blocks_per_unit, max_units, even):
                 "max_parts": int(k.max()) if n_owners else 0}
     uw = np.repeat(np.arange(n_owners), k)
     unit_ptr = np.concatenate((np.zeros(1, np.int64), np.cumsum(k)))
-    j = np.arange(n_units) - unit_ptr[:-1][uw]
+    owner_first = unit_ptr[:-1][uw]  # (each unit's owner's first unit)
     kw = k[uw]
-    slot, first, end = _cuts(np, j, kw, nb[uw], start[uw], blocks_per_unit, even)
-    split = kw > 1
+    split, slot, first, end = _cuts(np, np.arange(n_units) - owner_first, kw, nb[uw], start[uw], blocks_per_unit,
+                                    even)
     units[:, 0], units[:, 1], units[:, 2], units[:, 3] = uw, first, end, slot
-    unit_k0[:, 0], unit_k0[:, 1] = slot[unit_ptr[:-1][uw]], kw
+    unit_k0[:, 0], unit_k0[:, 1] = slot[owner_first], kw
     splits = np.zeros((sw.shape[0], 4), np.int32)
     splits[:, 0], splits[:, 1], splits[:, 2] = sw, slot[unit_ptr[sw]], k[sw]
     return {"units": units, "unit_k0": unit_k0, "splits": splits, "n_slots": int(split.sum()),
