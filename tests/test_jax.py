@@ -607,9 +607,12 @@ def test_graph_attention_names_bad_arguments():
         tgj.graph_attention(negative, V, heads=2, s_src=s, s_dst=s)
 
 
-def test_graph_attention_on_the_gpu_is_the_fused_librarys():
-    """On JAX's GPU backend: the fused kernels' forward and backward on XLA's stream, against nn.graph_attention on
-    the same device (the same kernels), dropout from the same seed."""
+@pytest.mark.parametrize("score, dtype", [("additive", np.float32), ("additive", np.float16),
+                                          ("cosine", np.float32), ("cosine", np.float16)])
+def test_graph_attention_on_the_gpu_is_the_fused_librarys(score, dtype):
+    """On JAX's GPU backend: the fused kernels' forward and backward on XLA's stream, writing XLA's buffers (a
+    16-bit backward's float32 gradients cast into them), against nn.graph_attention on the same device (the same
+    kernels), dropout from the same seed."""
     if jax.default_backend() != "gpu":
         pytest.skip("JAX has no GPU backend here")
     import cupy as cp
@@ -619,18 +622,31 @@ def test_graph_attention_on_the_gpu_is_the_fused_librarys():
     rng = np.random.default_rng(14)
     T = nn.add_self_loops(tg.load_cora().adj, device="cuda")
     n = T.shape[0]
-    V = rng.standard_normal((n, 16)).astype(np.float32)
-    s_src, s_dst = (rng.standard_normal((n, 4)).astype(np.float32) for _ in range(2))
-    g = rng.standard_normal((n, 16)).astype(np.float32)
+    heads = 4 if score == "additive" else 1
+    V = rng.standard_normal((n, 16)).astype(dtype)
+    if score == "additive":
+        ops = dict(s_src=rng.standard_normal((n, heads)).astype(np.float32),
+                   s_dst=rng.standard_normal((n, heads)).astype(np.float32))
+    else:
+        ops = dict(Q=rng.standard_normal((n, 16)).astype(dtype), K=rng.standard_normal((n, 16)).astype(dtype),
+                   beta=np.asarray([1.5], np.float32))
+    g = rng.standard_normal((n, 16)).astype(dtype)
     key = jax.random.PRNGKey(5)
     seed = np.asarray(jax.random.bits(key, (1,), jnp.uint32))
-    want, vjp = nn.graph_attention(T, cp.asarray(V), heads=4, s_src=cp.asarray(s_src), s_dst=cp.asarray(s_dst),
-                                   dropout=0.3, seed=cp.asarray(seed))
-    f = jax.jit(lambda V, a, b: tgj.graph_attention(T, V, heads=4, s_src=a, s_dst=b, dropout=0.3, key=key))
-    got, jvjp = jax.vjp(f, *(jnp.asarray(x) for x in (V, s_src, s_dst)))
-    np.testing.assert_allclose(np.asarray(got), want.get(), rtol=1e-5, atol=1e-6)
-    for mine, theirs in zip(jvjp(jnp.asarray(g)), vjp(cp.asarray(g))):
-        np.testing.assert_allclose(np.asarray(mine), theirs.get(), rtol=1e-4, atol=1e-5)
+    want, vjp = nn.graph_attention(T, cp.asarray(V), heads=heads, score=score, dropout=0.3, seed=cp.asarray(seed),
+                                   **{k: cp.asarray(v) for k, v in ops.items()})
+    f = jax.jit(lambda V, ops: tgj.graph_attention(T, V, heads=heads, score=score, dropout=0.3, key=key, **ops))
+    got, jvjp = jax.vjp(f, jnp.asarray(V), {k: jnp.asarray(v) for k, v in ops.items()})
+    assert got.dtype == dtype
+    np.testing.assert_allclose(np.asarray(got, np.float32), want.get().astype(np.float32), rtol=1e-5, atol=1e-6)
+    dV, dops = jvjp(jnp.asarray(g))
+    theirs = vjp(cp.asarray(g))
+    assert dV.dtype == dtype
+    np.testing.assert_allclose(np.asarray(dV, np.float32), theirs[0].get().astype(np.float32), rtol=1e-4,
+                               atol=1e-5)
+    for name, mine in zip(ops, theirs[1:]):
+        np.testing.assert_allclose(np.asarray(dops[name], np.float32).ravel(),
+                                   mine.get().astype(np.float32).ravel(), rtol=1e-4, atol=1e-5, err_msg=name)
 
 
 def test_graph_attention_passes_check_grads_and_vmaps():

@@ -5,10 +5,10 @@ and the backward (``V``, the cotangent, ``out``, the log-sum-exp and the scores'
 tied by a ``custom_vjp`` whose residuals are the forward's outputs, so the backward recomputes the attention from
 them as the library's does.  A call's parameters (the matrix, heads, score, slope, dropout) are static: a program
 carries their key in :data:`_PARAMS` as its one integer attribute.  On the GPU the targets run the fused kernels
-(:mod:`tcgnn_py.products.attention`) on XLA's stream and copy their results into XLA's buffers; on the host they
-run :func:`tcgnn_py.nn.graph_attention` (the backward recomputes the forward there: its log-sum-exp output is
-zeros).  Where the fused kernels do not reach (more than 8 heads, wider heads, other dtypes),
-:func:`graph_attention` is the unfused sequence of matrix operations.
+(:mod:`tcgnn_py.products.attention`) on XLA's stream, writing XLA's buffers (a 16-bit backward's float32
+gradients are cast into them); on the host they run :func:`tcgnn_py.nn.graph_attention` (the backward recomputes
+the forward there: its log-sum-exp output is zeros).  Where the fused kernels do not reach (more than 8 heads,
+wider heads, other dtypes), :func:`graph_attention` is the unfused sequence of matrix operations.
 """
 
 import functools
@@ -87,11 +87,8 @@ def _forward_device(stream, args, rets, code):
     T = _matrices.device_matrix(mkey)
     with xla_stream(stream):
         V, *ops, seed = _arrays(args, _ffi.device_view)
-        out, lse = engine.fused(T, V, heads, score, slope=slope, dropout=dropout, seed=seed,
-                                **_score_args(score, ops))
-        out_buf, lse_buf = _arrays(rets, _ffi.device_view)
-        out_buf[...] = out
-        lse_buf[...] = lse
+        into = _arrays(rets, _ffi.device_view)  # (out of V's dtype, lse float32, as the pass writes them)
+        engine.fused(T, V, heads, score, slope=slope, dropout=dropout, seed=seed, into=into, **_score_args(score, ops))
 
 
 def _backward_device(stream, args, rets, code):
@@ -99,12 +96,18 @@ def _backward_device(stream, args, rets, code):
     T = _matrices.device_matrix(mkey)
     with xla_stream(stream):
         V, g, out, lse, *ops, seed = _arrays(args, _ffi.device_view)
+        bufs = _arrays(rets, _ffi.device_view)
+        width = heads if score == "additive" else V.shape[1]  # (of ds_src and ds_dst, or dQ and dK)
+        into = None
+        if all(b.dtype == np.float32 for b in bufs[:3]):  # (the passes write float32: a 16-bit dV is cast after)
+            into = (bufs[0], *(b.reshape(b.size // width, width) for b in bufs[1:3]))
         grads = engine.fused_backward(T, V, g, out, lse, heads, score, slope=slope, dropout=dropout, seed=seed,
-                                      **_score_args(score, ops))
+                                      into=into, **_score_args(score, ops))
         if score == "cosine":
             grads = (*grads[:3], pointwise.total(grads[3], (1,)))  # the temperature's shares, summed in order
-        for buf, grad in zip(_arrays(rets, _ffi.device_view), grads):
-            buf[...] = grad.reshape(buf.shape)
+        for buf, grad in zip(bufs, grads):
+            if grad is not buf and grad.base is not buf:
+                buf[...] = grad.reshape(buf.shape)
 
 
 _IMPLEMENTATIONS = {ATTENTION_TARGET: {"cpu": _forward_host, "CUDA": _forward_device},

@@ -135,13 +135,14 @@ def _names(dtype, kid, D):
             tuple(ka.attention_bwd_config(name, kid, mode, D).name for mode in (0, 1)))
 
 
-def fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed):
+def fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed, into=None):
     """The fused backward on the GPU: a pass over the rows, which also writes each entry's two factors, and one over
     the columns, which sums them; each with its long owners cut into parts, which the owner's last part to finish
     sums.  ``(dV, ds_src, ds_dst)`` for ``"additive"``, ``(dV, dQ, dK, dbeta shares)`` for ``"cosine"``: the
     temperature's gradient as one share per row unit, which the caller sums in order (the training family's
     one-launch sum, a sibling this family does not import).  The operands as the kernels read them, then
-    :func:`fused_backward_bound`'s passes."""
+    :func:`fused_backward_bound`'s passes.  ``into``: the arrays the passes write ``dV`` (float32) and
+    ``(ds_src, ds_dst)`` or ``(dQ, dK)`` into (a caller's buffers, as C-contiguous float32 of their shapes)."""
     cp = get_cupy()
     f32 = np.float32
     V = cp.ascontiguousarray(V)
@@ -150,10 +151,10 @@ def fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, sl
     run = fused_backward_bound(T, V, heads, score, slope, dropout)
     if score == "additive":
         dV, ds_src, ds_dst = run(V, G, out, cp.ascontiguousarray(s_src, f32), cp.ascontiguousarray(s_dst, f32), lse,
-                                 *seed)
+                                 *seed, into=into)
         return dV.astype(V.dtype, copy=False), ds_src, ds_dst
     dV, dQ, dK, dbeta = run(V, G, out, cp.ascontiguousarray(Q, V.dtype), cp.ascontiguousarray(K, V.dtype),
-                            cp.ascontiguousarray(beta, f32), lse, *seed)
+                            cp.ascontiguousarray(beta, f32), lse, *seed, into=into)
     return dV.astype(V.dtype, copy=False), dQ, dK, dbeta
 
 
@@ -212,11 +213,13 @@ def csr_weights(T, dtype):
     return values_form(T.tiling, ("attention_weights", dtype.char), T.values, build, WEIGHTS_KEEP)
 
 
-def fused(T, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed, bias=None):
+def fused(T, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed, bias=None, into=None):
     """``(out, lse)`` on the GPU: one warp per row, or per part of a long row, whose last part to finish merges the
     row's parts (:mod:`tcgnn_py.kernels.attention`).  The operands as the kernel reads them, then
     :func:`fused_bound`'s pass.  With a ``bias`` (additive scores), ``(out, lse, out + bias)``: added as the pass
-    stores ``out`` where V and the bias are float32 (the bits of the sum), else after it."""
+    stores ``out`` where V and the bias are float32 (the bits of the sum), else after it.  ``into``: the arrays
+    ``(out, lse)`` the pass writes (a caller's buffers, as C-contiguous arrays of the results' shapes and dtypes;
+    without a bias)."""
     cp = get_cupy()
     n, HD = T.shape[0], V.shape[1]
     if bias is not None:
@@ -229,7 +232,7 @@ def fused(T, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed, bi
         return fused_bound(T, V, heads, score, slope, dropout, with_bias=True)(
             V, cp.ascontiguousarray(s_src, f32), cp.ascontiguousarray(s_dst, f32), cp.ascontiguousarray(bias), *seed)
     if n == 0:
-        return cp.ndarray((0, HD), V.dtype), cp.ndarray((0, heads), np.float32)
+        return into or (cp.ndarray((0, HD), V.dtype), cp.ndarray((0, heads), np.float32))
     f32 = np.float32
     V = cp.ascontiguousarray(V)
     if score == "additive":
@@ -237,14 +240,15 @@ def fused(T, V, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed, bi
     else:
         scores = (cp.ascontiguousarray(Q, V.dtype), cp.ascontiguousarray(K, V.dtype), cp.ascontiguousarray(beta, f32))
     seed = (cp.ascontiguousarray(seed, np.uint32),) if dropout else ()
-    return fused_bound(T, V, heads, score, slope, dropout)(V, *scores, *seed)
+    return fused_bound(T, V, heads, score, slope, dropout)(V, *scores, *seed, into=into)
 
 
 def fused_bound(T, V, heads, score, slope, dropout, with_bias=False, recycle=False):
     """:func:`fused` for operands of this signature, already as the kernel reads them (C-contiguous; the scores
     float32, Q and K of V's dtype, the seed uint32), as ``f(V, s_src, s_dst[, seed])`` or ``f(V, Q, K, beta[,
     seed])`` -> ``(out, lse)``, its pass bound now (a bound layer call's, whose key proves the signature; the
-    general call's, after its conversions).  None for a graph without rows.
+    general call's, after its conversions); a call's ``into=(out, lse)`` are arrays the pass writes instead.  None
+    for a graph without rows.
 
     ``with_bias`` (additive scores): ``f(V, s_src, s_dst, b[, seed]) -> (out, lse, out + b)``, the pass adding a
     layer's bias (float32, one value per feature) as it stores ``out`` (a launch less than adding it after).
@@ -276,15 +280,15 @@ def fused_bound(T, V, heads, score, slope, dropout, with_bias=False, recycle=Fal
 
         return scored_biased
     if not additive:
-        def cosine(V, Q, K, beta, *seed):
-            out, lse = make()
+        def cosine(V, Q, K, beta, *seed, into=None):
+            out, lse = into or make()
             bound(V, Q, K, beta, out, lse, *seed)
             return out, lse
 
         return cosine
 
-    def scored(V, s_src, s_dst, seed=None):
-        out, lse = make()
+    def scored(V, s_src, s_dst, seed=None, into=None):
+        out, lse = into or make()
         bound(V, s_src, s_dst, out, lse) if seed is None else bound(V, s_src, s_dst, out, lse, seed)
         return out, lse
 
@@ -300,7 +304,9 @@ def fused_backward_bound(T, V, heads, score, slope, dropout, keep=False, recycle
 
     ``keep``: the results and the passes' working array are arrays made now, written anew by every call, for a
     caller that reads them before its next call on this stream (calls on one stream run in order); else
-    ``recycle``: the results are :func:`~tcgnn_py.products._launch.recycled` (a bound layer call's)."""
+    ``recycle``: the results are :func:`~tcgnn_py.products._launch.recycled` (a bound layer call's).  A call's
+    ``into=(dV, ds_src, ds_dst)`` or ``(dV, dQ, dK)`` are arrays the passes write instead (the working array and
+    the shares made anew)."""
     cp = get_cupy()
     n, k = T.shape
     HD = V.shape[1]
@@ -322,16 +328,22 @@ def fused_backward_bound(T, V, heads, score, slope, dropout, keep=False, recycle
     # the arrays: new, (keep) the ones made now, or (recycle) the call's results again
     make = made([(shape, f32) for shape in shapes], "keep" if keep else "recycle" if recycle else "new")
     if additive:
-        def scored(V, G, out, s_src, s_dst, lse, *seed):
-            dV, fac, ds_dst, ds_src = make()
+        def scored(V, G, out, s_src, s_dst, lse, *seed, into=None):
+            if into is None:
+                dV, fac, ds_dst, ds_src = make()
+            else:
+                (dV, ds_src, ds_dst), fac = into, cp.ndarray(fac_shape, f32)
             rows(V, G, out, s_src, s_dst, lse, ds_dst, fac, *seed)
             cols(fac, G, dV, ds_src)
             return dV, ds_src, ds_dst
 
         return scored
 
-    def cosine(V, G, out, Q, K, beta, lse, *seed):
-        dV, fac, dQ, dK, dbeta = make()
+    def cosine(V, G, out, Q, K, beta, lse, *seed, into=None):
+        if into is None:
+            dV, fac, dQ, dK, dbeta = make()
+        else:
+            (dV, dQ, dK), fac, dbeta = into, cp.ndarray(fac_shape, f32), cp.ndarray(shares, f32)
         rows(V, G, out, Q, K, beta, lse, dQ, dbeta, fac, *seed)
         cols(fac, G, Q, dV, dK)
         return dV, dQ, dK, dbeta
