@@ -379,10 +379,10 @@ print(json.dumps({"recorded": sorted({k[0] for k in _ffi._WARMED}), "held": tgj.
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="XLA's command buffers are CUDA graphs: they need CuPy and a GPU")
 def test_a_jitted_training_step_gives_the_same_bits_with_xlas_command_buffers_on_and_off(tmp_path):
-    """Jitted training steps run 40 times with the targets recordable (``TCGNN_PY_JAX_COMMAND_BUFFERS=1``) and XLA's
-    command buffers at their defaults -- XLA records the library's operations into CUDA graphs, each signature
-    warmed up on a stream of its own first, and updates them in place as buffers change -- and with them off, and
-    by default (nothing recorded), in fresh processes.  A step of products (of T and, in its
+    """Jitted training steps run 40 times by default (the targets recordable, XLA's command buffers on: XLA records
+    the library's operations into CUDA graphs, each signature warmed up on a stream of its own first, and updates
+    them in place as buffers change), with XLA's command buffers off, and with the targets not recordable
+    (``TCGNN_PY_JAX_COMMAND_BUFFERS=0``), in fresh processes.  A step of products (of T and, in its
     gradient, of T.T, between XLA's GEMMs) gives the same bits; one with a GAT layer (attention dropout) and an
     AGNN layer too gives the same values within float32 rounding, as XLA's own fused operations around the
     attention are not bit-identical with command buffers on and off."""
@@ -391,10 +391,12 @@ def test_a_jitted_training_step_gives_the_same_bits_with_xlas_command_buffers_on
     from tcgnn_py.jax._ffi import RECORDED_ENV
 
     runs = {}
-    for mode, flags, recorded in (("on", "", "1"), ("off", "--xla_gpu_enable_command_buffer=", "1"),
-                                  ("default", "", "0")):
+    for mode, flags, recorded in (("on", "", None), ("off", "--xla_gpu_enable_command_buffer=", None),
+                                  ("unrecorded", "", "0")):
         env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + flags).strip())
-        env[RECORDED_ENV] = recorded
+        env.pop(RECORDED_ENV, None)
+        if recorded is not None:
+            env[RECORDED_ENV] = recorded
         res = subprocess.run([sys.executable, "-c", _RECORDED_STEP, str(tmp_path / mode)], capture_output=True,
                              text=True, env=env, timeout=300)
         assert res.returncode == 0, res.stderr[-3000:]
@@ -403,12 +405,12 @@ def test_a_jitted_training_step_gives_the_same_bits_with_xlas_command_buffers_on
     from tcgnn_py.jax import ATTENTION_BWD_TARGET, ATTENTION_TARGET, SPMM_TARGET
 
     assert runs["on"][0]["recorded"] == sorted([SPMM_TARGET, ATTENTION_TARGET, ATTENTION_BWD_TARGET])
-    assert runs["off"][0]["recorded"] == runs["default"][0]["recorded"] == []
+    assert runs["off"][0]["recorded"] == runs["unrecorded"][0]["recorded"] == []
     for on in runs["on"][1:]:
         losses = on[-40:]  # (the last 40 values saved)
         assert np.isfinite(on).all() and losses[-1] < losses[0]  # (it trains)
     np.testing.assert_array_equal(runs["on"][1], runs["off"][1])
-    np.testing.assert_array_equal(runs["on"][1], runs["default"][1])
+    np.testing.assert_array_equal(runs["on"][1], runs["unrecorded"][1])
     np.testing.assert_allclose(runs["on"][2], runs["off"][2], rtol=1e-5, atol=1e-8)
 
 
@@ -454,18 +456,21 @@ def test_jitted_spmm_on_the_gpu_is_the_product():
 
 
 def test_the_gpu_targets_are_recordable_where_the_environment_asks(monkeypatch):
-    """register_target declares the command-buffer trait on the GPU platform only, and by default only where
-    TCGNN_PY_JAX_COMMAND_BUFFERS=1; the host target never."""
+    """register_target declares the command-buffer trait on the GPU platform only, and by default unless
+    TCGNN_PY_JAX_COMMAND_BUFFERS=0; the host target never."""
     from tcgnn_py.jax import _ffi
 
     seen = []
     monkeypatch.setattr(_ffi, "register", lambda name, platform, run, traits=0: seen.append((name, platform, traits)))
-    for n, (env, recorded) in enumerate([("0", None), ("1", None), ("0", True), ("1", False)]):
-        monkeypatch.setenv(_ffi.RECORDED_ENV, env)
+    for n, (env, recorded) in enumerate([("0", None), ("1", None), ("0", True), ("1", False), (None, None)]):
+        if env is None:
+            monkeypatch.delenv(_ffi.RECORDED_ENV, raising=False)
+        else:
+            monkeypatch.setenv(_ffi.RECORDED_ENV, env)
         _ffi.register_target(f"tcgnn_py_test_traits_{n}", {"cpu": None, "CUDA": None}, recorded=recorded)
     bit = _ffi.COMMAND_BUFFER_COMPATIBLE
     assert [(p, t) for _, p, t in seen] == [("cpu", 0), ("CUDA", 0), ("cpu", 0), ("CUDA", bit), ("cpu", 0),
-                                            ("CUDA", bit), ("cpu", 0), ("CUDA", 0)]
+                                            ("CUDA", bit), ("cpu", 0), ("CUDA", 0), ("cpu", 0), ("CUDA", bit)]
 
 
 def test_the_handler_answers_the_metadata_query_and_turns_exceptions_into_xla_errors():

@@ -12,7 +12,7 @@ them) and one integer attribute, in which an operation encodes what it needs (na
 would each cost a decode per call).
 
 XLA may record a call into a command buffer (a CUDA graph) and replay it without calling the handler, where the
-GPU targets declare that trait (:data:`COMMAND_BUFFER_COMPATIBLE`; opt-in, :data:`RECORDED_ENV`).  A call XLA
+GPU targets declare that trait (:data:`COMMAND_BUFFER_COMPATIBLE`; :data:`RECORDED_ENV` ``0`` turns it off).  A call XLA
 records runs on a capturing stream, where nothing may wait for the device or upload, and which records what it
 first plans, compiles and uploads: a signature's first recorded call therefore runs once before, on a stream of
 its own with private buffers of the same shapes (a warm-up, as before any CUDA graph), and the recorded call then
@@ -290,17 +290,17 @@ _HANDLERS = {}  # name and platform -> the ctypes callback (it must outlive ever
 _TARGETS = set()  # the names register_target has registered
 
 
-#: Set to 1 before a process registers the targets (its first traced call) to let XLA record the GPU's calls into
-#: its command buffers; off by default while a recorded call's in-place update is not shown sound on every program.
+#: Set to 0 before a process registers the targets (its first traced call) to keep XLA from recording the GPU's
+#: calls into its command buffers (XLA then runs each call itself and cuts its command buffers around it).
 RECORDED_ENV = "TCGNN_PY_JAX_COMMAND_BUFFERS"
 
 
 def register_target(name, runs, recorded=None):
     """Register ``runs`` (``{platform: run}``) as FFI target ``name``, once; returns ``name``.  A platform this JAX
     lacks (no CUDA plugin) is left out: its calls never lower there.  ``recorded``: XLA may record the GPU's calls
-    into its command buffers (:data:`COMMAND_BUFFER_COMPATIBLE`); None: where :data:`RECORDED_ENV` is ``1``."""
+    into its command buffers (:data:`COMMAND_BUFFER_COMPATIBLE`); None: unless :data:`RECORDED_ENV` is ``0``."""
     if recorded is None:
-        recorded = os.environ.get(RECORDED_ENV, "0") == "1"
+        recorded = os.environ.get(RECORDED_ENV, "1") != "0"
     if name not in _TARGETS:
         for platform, run in runs.items():
             traits = COMMAND_BUFFER_COMPATIBLE if recorded and platform != "cpu" else 0
