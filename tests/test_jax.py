@@ -649,9 +649,10 @@ def test_graph_attention_on_the_gpu_is_the_fused_librarys(score, dtype):
     assert dV.dtype == dtype
     np.testing.assert_allclose(np.asarray(dV, np.float32), theirs[0].get().astype(np.float32), rtol=1e-4,
                                atol=1e-5)
-    for name, mine in zip(ops, theirs[1:]):
+    for name, mine in zip(ops, theirs[1:]):  # (each of its operand's dtype: 16-bit Q and K, float32 nn's)
         np.testing.assert_allclose(np.asarray(dops[name], np.float32).ravel(),
-                                   mine.get().astype(np.float32).ravel(), rtol=1e-4, atol=1e-5, err_msg=name)
+                                   mine.get().astype(dops[name].dtype).astype(np.float32).ravel(), rtol=1e-4,
+                                   atol=1e-5, err_msg=name)
 
 
 def test_graph_attention_passes_check_grads_and_vmaps():
