@@ -758,3 +758,17 @@ def test_the_jax_op_times_the_jitted_aggregations(tmp_path):
     sp.save_npz(tmp_path / "wide.npz", sp.random(30, 20, density=0.2, format="csr", random_state=0))
     with pytest.raises(ValueError, match="must be square"):
         main([str(tmp_path / "wide.npz"), "--ops", "jax", "--device", "cpu", "--repeat", "2"])
+
+
+@pytest.mark.parametrize("ops, with_jax", [("gcn", False), ("gcn,jax", True)])
+def test_the_epoch_tables_jax_columns_come_with_ops_jax(ops, with_jax, tmp_path, monkeypatch):
+    """The harness asks the epoch table for its JAX columns only with ``--ops jax`` (XLA's compile of each model's
+    step would otherwise lengthen every run of the epoch table, the results page's among them)."""
+    pytest.importorskip("jax", reason="--ops jax needs JAX")
+    from tcgnn_py.bench import __main__ as cli, _gnn
+
+    asked = []
+    monkeypatch.setenv("TCGNN_PY_DEVICE", "cpu")
+    monkeypatch.setattr(_gnn, "bench_gnn", lambda *a, with_jax=True, **k: asked.append(with_jax) or [])
+    assert cli.main(["powerlaw:60:300", "--device", "cpu", "--ops", ops, "--repeat", "1", "--epochs", "1"]) == 0
+    assert asked == [with_jax]

@@ -41,7 +41,9 @@ back, and GPU-only (calls queued behind a spin kernel, the host's time outside):
 * with jax (JAX installed): the jitted aggregation A @ X (D = 64) by
   tcgnn_py.jax against jax.ops.segment_sum and a BCOO product, per
   aggregation of a jitted chain and in one call, and the chain's time per
-  product against the product's GPU-only time (the host cost inside XLA).
+  product against the product's GPU-only time (the host cost inside XLA);
+  with gcn, agnn or gat too, the epoch table's JAX columns: the same models
+  jitted in JAX with segment_sum, BCOO and tcgnn_py.jax aggregations.
 
 Bandwidths are given under two traffic bounds (per-edge gather and window reuse)
 as GB/s and as a share of the measured copy bandwidth. --device cpu runs the
@@ -230,7 +232,8 @@ def main(argv=None):
         if "reorder" in args.ops:
             reorders.append(bench_reorder(spec, args.pattern, "cuda" if gpu else "cpu"))
         if models:
-            gnn += bench_gnn(spec, models, args.epochs, device="cuda" if gpu else "cpu", extra=extra)
+            gnn += bench_gnn(spec, models, args.epochs, device="cuda" if gpu else "cpu", extra=extra,
+                             with_jax="jax" in args.ops)
         if "attention" in args.ops:
             attention += bench_attention(spec, args.repeat, "cuda" if gpu else "cpu", extra_attention)
         if "jax" in args.ops:

@@ -197,11 +197,12 @@ def load_baselines(path):
     return (builders, versions, *optional)
 
 
-def bench_gnn(spec, models=MODELS, epochs=20, repeat=3, device=None, extra=None):
+def bench_gnn(spec, models=MODELS, epochs=20, repeat=3, device=None, extra=None, with_jax=True):
     """Rows ``{graph, model, impl, ms, nodes, nnz, features, ...}`` of time per training epoch.
 
     ``extra`` maps an implementation name to ``build(problem, model) -> (step, sync)`` or None; on the GPU the
-    pure-JAX models come first among them where JAX is installed.
+    JAX models come first among them where JAX is installed and ``with_jax`` (XLA compiles each model's step
+    first, up to tens of seconds on wide inputs, so a caller may leave them out).
     """
     from .._device import use_gpu
     from . import _jax_models
@@ -214,7 +215,7 @@ def bench_gnn(spec, models=MODELS, epochs=20, repeat=3, device=None, extra=None)
     else:
         impls = {"tcgnn_ref": ("tiled", False), "scipy": ("csr", False)}
     sync = _cupy_sync if gpu else (lambda: None)
-    if gpu and _jax_models.available():  # segment_sum (what GNNs in JAX write), BCOO, tcgnn_py.jax
+    if gpu and with_jax and _jax_models.available():  # segment_sum (what GNNs in JAX write), BCOO, tcgnn_py.jax
         jax = {name: functools.partial(_jax_models.build, hidden=HIDDEN, gat=(GAT_HEADS, GAT_HIDDEN),
                                        aggregation=aggregation)
                for name, aggregation in (("jax", "segment_sum"), ("jax_bcoo", "bcoo"), ("jax_tcgnn", "tcgnn"))}
