@@ -725,3 +725,22 @@ def test_a_bound_call_is_kept_as_its_fixed_replay_or_its_bound_launch_on_xlas_st
     _ops._keep_bound(store, "k3", 5, "sig", ("X", "Y"))
     store["k3"]()
     assert ran[-1] == ("X", "Y") and entered == [5, 5]
+
+
+def test_the_attention_backwards_working_array_is_an_xla_buffer():
+    """The fused backward's target declares its working array (two float32 factors per entry and head) as one
+    of its results, so XLA allocates it with the program's temporaries: the handler allocates no array of that
+    size beside XLA's (in a recorded call it would stay in the call's pool)."""
+    from tcgnn_py import nn
+
+    rng = np.random.default_rng(21)
+    T = nn.add_self_loops(tg.load_cora().adj, device="cpu")
+    n, heads = T.shape[0], 2
+    V, s = jnp.asarray(ints(rng, n, 4 * heads)), jnp.asarray(ints(rng, n, heads))
+
+    def loss(V):
+        return tgj.graph_attention(T, V, heads=heads, s_src=s, s_dst=s).sum()
+
+    text = jax.jit(jax.grad(loss)).lower(V).as_text()
+    calls = [line for line in text.splitlines() if "tcgnn_py_attention_bwd" in line]
+    assert calls and all(f"tensor<{T.nnz * heads}x2xf32>" in line for line in calls), calls

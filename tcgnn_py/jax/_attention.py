@@ -1,14 +1,15 @@
 """Layer 4: the fused graph attention (:func:`tcgnn_py.nn.graph_attention`) as JAX operations through XLA's FFI.
 
 Two FFI targets: the forward (``V`` and the scores' operands -> ``out`` and one log-sum-exp per row and head)
-and the backward (``V``, the cotangent, ``out``, the log-sum-exp and the scores' operands -> their gradients),
-tied by a ``custom_vjp`` whose residuals are the forward's outputs, so the backward recomputes the attention from
-them as the library's does.  A call's parameters (the matrix, heads, score, slope, dropout) are static: a program
-carries their key in :data:`_PARAMS` as its one integer attribute.  On the GPU the targets run the fused kernels
-(:mod:`tcgnn_py.products.attention`) on XLA's stream, writing XLA's buffers (a 16-bit backward's float32
-gradients are cast into them); on the host they run :func:`tcgnn_py.nn.graph_attention` (the backward recomputes
-the forward there: its log-sum-exp output is zeros).  Where the fused kernels do not reach (more than 8 heads,
-wider heads, other dtypes), :func:`graph_attention` is the unfused sequence of matrix operations.
+and the backward (``V``, the cotangent, ``out``, the log-sum-exp and the scores' operands -> their gradients and
+the working array of the GPU's passes), tied by a ``custom_vjp`` whose residuals are the forward's outputs, so the
+backward recomputes the attention from them as the library's does.  A call's parameters (the matrix, heads,
+score, slope, dropout) are static: a program carries their key in :data:`_PARAMS` as its one integer attribute.
+On the GPU the targets run the fused kernels (:mod:`tcgnn_py.products.attention`) on XLA's stream, writing
+XLA's buffers (a 16-bit backward's float32 gradients are cast into them); on the host they run
+:func:`tcgnn_py.nn.graph_attention` (the backward recomputes the forward there: its log-sum-exp output is zeros,
+and the working array is left as XLA made it).  Where the fused kernels do not reach (more than 8 heads, wider
+heads, other dtypes), :func:`graph_attention` is the unfused sequence of matrix operations.
 """
 
 import functools
@@ -78,7 +79,7 @@ def _backward_host(stream, args, rets, code):
     mkey, heads, score, slope, dropout = _PARAMS[code]
     V, g, _, _, *ops, seed = _arrays(args, _ffi.host_view)
     _, vjp = _host_attention(_matrices.host_matrix(mkey), heads, score, slope, dropout, V, ops, seed)
-    for buf, grad in zip(_arrays(rets, _ffi.host_view), vjp(g)):
+    for buf, grad in zip(_arrays(rets, _ffi.host_view)[:-1], vjp(g)):  # (not the GPU's working array)
         buf[...] = np.reshape(grad, buf.shape)
 
 
@@ -96,13 +97,13 @@ def _backward_device(stream, args, rets, code):
     T = _matrices.device_matrix(mkey)
     with xla_stream(stream):
         V, g, out, lse, *ops, seed = _arrays(args, _ffi.device_view)
-        bufs = _arrays(rets, _ffi.device_view)
+        *bufs, work = _arrays(rets, _ffi.device_view)  # (the gradients, then the factors' working array)
         width = heads if score == "additive" else V.shape[1]  # (of ds_src and ds_dst, or dQ and dK)
         into = None
         if all(b.dtype == np.float32 for b in bufs[:3]):  # (the passes write float32: a 16-bit dV is cast after)
             into = (bufs[0], *(b.reshape(b.size // width, width) for b in bufs[1:3]))
         grads = engine.fused_backward(T, V, g, out, lse, heads, score, slope=slope, dropout=dropout, seed=seed,
-                                      into=into, **_score_args(score, ops))
+                                      into=into, work=work, **_score_args(score, ops))
         if score == "cosine":
             grads = (*grads[:3], pointwise.total(grads[3], (1,)))  # the temperature's shares, summed in order
         for buf, grad in zip(bufs, grads):
@@ -139,8 +140,12 @@ def _fused_fwd(key, V, ops, seed):
 
 def _fused_bwd(key, res, g):
     V, ops, seed, out, lse = res
-    shapes = [(V.shape, V.dtype)] + [(x.shape, x.dtype) for x in ops]
-    grads = _call(ATTENTION_BWD_TARGET, shapes, key, V, g.astype(V.dtype), out, lse, *ops, seed)
+    mkey, heads = _PARAMS[key][:2]
+    # the gradients, then the backward's working array (two factors per entry and head), which XLA allocates
+    # with the program's other temporaries rather than the handler beside them
+    work = ((_matrices.matrix(mkey).nnz * heads, 2), jnp.float32)
+    shapes = [(V.shape, V.dtype)] + [(x.shape, x.dtype) for x in ops] + [work]
+    *grads, _ = _call(ATTENTION_BWD_TARGET, shapes, key, V, g.astype(V.dtype), out, lse, *ops, seed)
     return grads[0], tuple(grads[1:]), np.zeros(seed.shape, jax.dtypes.float0)
 
 

@@ -135,14 +135,16 @@ def _names(dtype, kid, D):
             tuple(ka.attention_bwd_config(name, kid, mode, D).name for mode in (0, 1)))
 
 
-def fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed, into=None):
+def fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, slope, dropout, seed, into=None,
+                   work=None):
     """The fused backward on the GPU: a pass over the rows, which also writes each entry's two factors, and one over
     the columns, which sums them; each with its long owners cut into parts, which the owner's last part to finish
     sums.  ``(dV, ds_src, ds_dst)`` for ``"additive"``, ``(dV, dQ, dK, dbeta shares)`` for ``"cosine"``: the
     temperature's gradient as one share per row unit, which the caller sums in order (the training family's
     one-launch sum, a sibling this family does not import).  The operands as the kernels read them, then
     :func:`fused_backward_bound`'s passes.  ``into``: the arrays the passes write ``dV`` (float32) and
-    ``(ds_src, ds_dst)`` or ``(dQ, dK)`` into (a caller's buffers, as C-contiguous float32 of their shapes)."""
+    ``(ds_src, ds_dst)`` or ``(dQ, dK)`` into (a caller's buffers, as C-contiguous float32 of their shapes);
+    ``work``: the factors' working array (float32, ``(nnz * heads, 2)``), a caller's buffer too."""
     cp = get_cupy()
     f32 = np.float32
     V = cp.ascontiguousarray(V)
@@ -151,10 +153,10 @@ def fused_backward(T, V, g, out, lse, heads, score, s_src, s_dst, Q, K, beta, sl
     run = fused_backward_bound(T, V, heads, score, slope, dropout)
     if score == "additive":
         dV, ds_src, ds_dst = run(V, G, out, cp.ascontiguousarray(s_src, f32), cp.ascontiguousarray(s_dst, f32), lse,
-                                 *seed, into=into)
+                                 *seed, into=into, work=work)
         return dV.astype(V.dtype, copy=False), ds_src, ds_dst
     dV, dQ, dK, dbeta = run(V, G, out, cp.ascontiguousarray(Q, V.dtype), cp.ascontiguousarray(K, V.dtype),
-                            cp.ascontiguousarray(beta, f32), lse, *seed, into=into)
+                            cp.ascontiguousarray(beta, f32), lse, *seed, into=into, work=work)
     return dV.astype(V.dtype, copy=False), dQ, dK, dbeta
 
 
@@ -305,8 +307,8 @@ def fused_backward_bound(T, V, heads, score, slope, dropout, keep=False, recycle
     ``keep``: the results and the passes' working array are arrays made now, written anew by every call, for a
     caller that reads them before its next call on this stream (calls on one stream run in order); else
     ``recycle``: the results are :func:`~tcgnn_py.products._launch.recycled` (a bound layer call's).  A call's
-    ``into=(dV, ds_src, ds_dst)`` or ``(dV, dQ, dK)`` are arrays the passes write instead (the working array and
-    the shares made anew)."""
+    ``into=(dV, ds_src, ds_dst)`` or ``(dV, dQ, dK)`` and ``work`` (the factors' working array, ``(nnz * heads,
+    2)`` float32) are arrays the passes write instead, each made anew where not given (the cosine shares too)."""
     cp = get_cupy()
     n, k = T.shape
     HD = V.shape[1]
@@ -328,22 +330,25 @@ def fused_backward_bound(T, V, heads, score, slope, dropout, keep=False, recycle
     # the arrays: new, (keep) the ones made now, or (recycle) the call's results again
     make = made([(shape, f32) for shape in shapes], "keep" if keep else "recycle" if recycle else "new")
     if additive:
-        def scored(V, G, out, s_src, s_dst, lse, *seed, into=None):
-            if into is None:
+        def scored(V, G, out, s_src, s_dst, lse, *seed, into=None, work=None):
+            if into is None and work is None:
                 dV, fac, ds_dst, ds_src = make()
             else:
-                (dV, ds_src, ds_dst), fac = into, cp.ndarray(fac_shape, f32)
+                dV, ds_src, ds_dst = into or [cp.ndarray(shapes[i], f32) for i in (0, 3, 2)]
+                fac = cp.ndarray(fac_shape, f32) if work is None else work
             rows(V, G, out, s_src, s_dst, lse, ds_dst, fac, *seed)
             cols(fac, G, dV, ds_src)
             return dV, ds_src, ds_dst
 
         return scored
 
-    def cosine(V, G, out, Q, K, beta, lse, *seed, into=None):
-        if into is None:
+    def cosine(V, G, out, Q, K, beta, lse, *seed, into=None, work=None):
+        if into is None and work is None:
             dV, fac, dQ, dK, dbeta = make()
         else:
-            (dV, dQ, dK), fac, dbeta = into, cp.ndarray(fac_shape, f32), cp.ndarray(shares, f32)
+            dV, dQ, dK = into or [cp.ndarray(shapes[i], f32) for i in (0, 2, 3)]
+            fac = cp.ndarray(fac_shape, f32) if work is None else work
+            dbeta = cp.ndarray(shares, f32)
         rows(V, G, out, Q, K, beta, lse, dQ, dbeta, fac, *seed)
         cols(fac, G, Q, dV, dK)
         return dV, dQ, dK, dbeta
