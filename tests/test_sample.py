@@ -85,6 +85,33 @@ def test_the_kernel_draws_the_references_sample(xp):
         np.testing.assert_array_equal(host(got), want)
 
 
+@pytest.mark.kernels
+def test_the_row_sort_kernel_makes_the_references_canonical_csr(xp):
+    """sort_rows (one thread per row: its columns sorted in place, each entry's row and 1 / count) against
+    row_entries' NumPy reference (a sort of all entries by row and column), ties and empty rows among them; on the
+    GPU also row_entries itself, which takes the kernel up to SORT_ROWS_MAX and the sort past it."""
+    from tcgnn_py.kernels.numba_launch import launch
+    from tcgnn_py.kernels.sample import sort_rows
+
+    rng = np.random.default_rng(5)
+    n_src = 60
+    for fanout in (1, 3, 7, _sample.SORT_ROWS_MAX + 5):
+        counts = rng.integers(0, fanout + 1, 40 if not GPU else 700)
+        ptr = np.zeros(len(counts) + 1, np.int64)
+        np.cumsum(counts, out=ptr[1:])
+        local = rng.integers(0, n_src, int(ptr[-1])).astype(np.int32)  # (repeats: ties in a row)
+        want = _sample.row_entries(ptr, local.copy(), n_src, fanout)
+        assert [w.dtype for w in want] == [np.int32, np.int32, np.float32]
+        got = (xp.empty(len(local), np.int32), xp.asarray(local), xp.empty(len(local), np.float32))
+        launch(sort_rows, -(-len(counts) // 128), 128, xp.asarray(ptr), got[1], got[0], got[2])
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(host(g), w)
+        if xp is not np:
+            for g, w in zip(_sample.row_entries(xp.asarray(ptr), xp.asarray(local), n_src, fanout), want):
+                assert g.dtype == w.dtype
+                np.testing.assert_array_equal(host(g), w)
+
+
 @pytest.mark.parametrize("where", ["cpu", "cuda"])
 def test_relabel_is_the_sort_based_definition_call_after_call(where):
     """A hop's sources are its destinations then the other sampled nodes ascending, each entry's column its node's

@@ -1,16 +1,17 @@
-"""Layer 1: Numba CUDA kernel of the neighbor sampler (:func:`tcgnn_py.nn.sample_blocks`).
+"""Layer 1: Numba CUDA kernels of the neighbor sampler (:func:`tcgnn_py.nn.sample_blocks`).
 
 :func:`sample_rows` draws, for each node of a batch, at most ``fanout`` of its neighbors uniformly without
 replacement: all of them where the degree is at most ``fanout``, else Floyd's algorithm over the neighbor
 positions (``fanout`` draws whatever the degree, so a hub costs what a leaf does).  Draw ``t`` of node ``v`` is
 :func:`draw` of ``(key, v, t)``, a counter-based hash: no state between threads, and the same numbers on the host
-(:func:`tcgnn_py.nn._sample.sample_reference`), which this kernel must match bit for bit.
+(:func:`tcgnn_py.sampling.sample_reference`), which this kernel must match bit for bit.  :func:`sort_rows`
+makes a hop's entries a canonical CSR: each row's columns ascending, with their rows and values.
 """
 
 import numpy as np
 from numba import cuda
 
-__all__ = ["sample_rows", "draw", "KERNELS", "GOLDEN", "NODE_MIX"]
+__all__ = ["sample_rows", "sort_rows", "draw", "KERNELS", "GOLDEN", "NODE_MIX"]
 
 #: splitmix64's increment (the golden ratio) and the node's multiplier in the draw's counter.
 GOLDEN = 0x9E3779B97F4A7C15
@@ -56,7 +57,30 @@ def sample_rows(indptr, indices, nodes, fanout, key, out_ptr, out_cols):
         out_cols[o + t] = indices[start + out_cols[o + t]]
 
 
+@cuda.jit(cache=True)
+def sort_rows(ptr, local, rows, values):
+    """Per row ``i`` of a sampled hop (one thread): its columns ``local[ptr[i]:ptr[i+1]]`` sorted ascending in
+    place (insertion: a row holds at most the fan-out's few entries), and each of its entries' row ``i`` and value
+    ``1 / count`` (the mean over the row's sampled neighbors, divided in float64 as NumPy's reference does)."""
+    i = cuda.grid(1)
+    if i >= ptr.shape[0] - 1:
+        return
+    s = ptr[i]
+    e = ptr[i + 1]
+    v = np.float32(1.0 / max(e - s, 1))
+    for t in range(s, e):
+        x = local[t]
+        j = t
+        while j > s and local[j - 1] > x:
+            local[j] = local[j - 1]
+            j -= 1
+        local[j] = x
+        rows[t] = i
+        values[t] = v
+
+
 #: Every kernel with example argument types, for ``compile_ptx`` checks in CI.
 KERNELS = {
     "sample_rows": (sample_rows, "(int64[::1], int32[::1], int64[::1], int64, uint64, int64[::1], int32[::1])"),
+    "sort_rows": (sort_rows, "(int64[::1], int32[::1], int32[::1], float32[::1])"),
 }

@@ -17,7 +17,7 @@ import numpy as np
 from .._device import array_module, get_cupy, use_gpu
 from .._tiled import TiledMatrix, spmm
 from ..tiles import coo_to_csr_order
-from ..sampling import GOLDEN, Relabel, sample_neighbors, splitmix64
+from ..sampling import GOLDEN, Relabel, row_entries, sample_neighbors, splitmix64
 from ._layers import dropout as drop, relu
 from ._models import glorot
 
@@ -181,18 +181,16 @@ def sample_blocks(A, seeds, fanouts, *, seed=0, device=None, layout=None, format
     for h, k in enumerate(fanouts):
         ptr, cols = sample_neighbors(indptr, indices, nodes, k, _key(seed, h))
         src, local = graph.relabel()(nodes, cols)
-        rows = xp.searchsorted(ptr, xp.arange(cols.shape[0]), side="right") - 1  # each entry's row
-        # Each row's columns ascending: a canonical CSR, which the translation takes as it is (unsorted rows cost
-        # a failed pass and a sort inside it).  A row's values are all equal, so only the columns move.
-        local = local[xp.argsort(rows * src.shape[0] + local)]
-        values = (1.0 / xp.maximum(xp.diff(ptr), 1)).astype(np.float32)[rows]
+        # each row's columns ascending: a canonical CSR, which the translation takes as it is (unsorted rows cost
+        # a failed pass and a sort inside it)
+        rows, local, values = row_entries(ptr, local, src.shape[0], k)
         shape = (nodes.shape[0], src.shape[0])
         entries = None
         if format == "csr":
             adj = _csr(xp, values, local, ptr, shape)
         else:
             adj = TiledMatrix((values, local, ptr), shape=shape, layout=layout, device="cpu" if xp is np else "cuda")
-            entries = (rows.astype(np.int32), local, values)  # (adj_t is made from them, if a backward asks)
+            entries = (rows, local, values)  # (adj_t is made from them, if a backward asks)
         hops.append(Block(adj, src, int(nodes.shape[0]), entries))
         nodes = src
     return hops[::-1]

@@ -9,7 +9,8 @@ import numpy as np
 
 from .._device import array_module
 
-__all__ = ["sample_reference", "sample_neighbors", "Relabel", "splitmix64", "GOLDEN", "NODE_MIX"]
+__all__ = ["sample_reference", "sample_neighbors", "row_entries", "Relabel", "splitmix64", "GOLDEN", "NODE_MIX",
+           "SORT_ROWS_MAX"]
 
 _M64 = (1 << 64) - 1
 #: splitmix64's increment and the node's multiplier in a draw's counter (as :mod:`tcgnn_py.kernels.sample`: a test
@@ -74,6 +75,34 @@ def sample_neighbors(indptr, indices, nodes, fanout, key):
         launch(sample_rows, (nodes.shape[0] + 127) // 128, 128, indptr, indices, nodes, int(fanout),
                np.uint64(key), ptr, cols)
     return ptr, cols
+
+
+#: The largest fan-out whose rows :func:`row_entries` sorts one thread per row on the GPU (insertion: quadratic in
+#: a row's length); larger ones, and every neighbor (-1), take the sort of all entries.
+SORT_ROWS_MAX = 64
+
+
+def row_entries(ptr, local, n_src, fanout):
+    """``(rows, local, values)`` of a hop's entries (``ptr`` its row pointer, int64; ``local`` each entry's source
+    column, int32, in the sampler's order): each row's columns ascending -- a canonical CSR, which the translation
+    takes as it is -- with each entry's row (int32) and value ``1 / count`` (float32, the mean over the row's
+    sampled neighbors; a row's values are all equal, so only the columns move).  On the GPU, fan-outs up to
+    :data:`SORT_ROWS_MAX` take the ``sort_rows`` kernel (one launch, ``local`` sorted in place); NumPy's sort of
+    all entries by ``(row, column)`` is the reference."""
+    xp = array_module(ptr)
+    if xp is not np and 0 <= fanout <= SORT_ROWS_MAX:
+        from ..kernels.numba_launch import launch
+        from ..kernels.sample import sort_rows
+
+        n_rows, nnz = ptr.shape[0] - 1, local.shape[0]
+        rows, values = xp.empty(nnz, np.int32), xp.empty(nnz, np.float32)
+        if n_rows:
+            launch(sort_rows, (n_rows + 127) // 128, 128, ptr, local, rows, values)
+        return rows, local, values
+    rows = xp.searchsorted(ptr, xp.arange(local.shape[0]), side="right") - 1
+    local = local[xp.argsort(rows * n_src + local)]
+    values = (1.0 / xp.maximum(xp.diff(ptr), 1)).astype(np.float32)[rows]
+    return rows.astype(np.int32), local, values
 
 
 class Relabel:
