@@ -146,8 +146,9 @@ def translate(data, indices, indptr, shape, window=16, block=8):
     flat = np.int32 if n_blocks * H * W < 2**31 else np.int64  # (a block's slots and tile positions, flattened)
 
     block_cols = np.full(n_blocks * W, -1, dtype=np.int32)
-    block_cols[b.astype(flat) * W + slot] = indices
-    order = np.argsort(b.astype(flat) * (H * W) + pos, kind="stable")  # by block, then position (distinct keys)
+    bf = b.astype(flat)
+    block_cols[bf * W + slot] = indices
+    order = np.argsort(bf * (H * W) + pos, kind="stable")  # by block, then position (distinct keys)
     block_ptr = np.concatenate(([0], np.cumsum(np.bincount(b, minlength=n_blocks)))).astype(np.int32)
     return {
         "win_ptr": win_ptr,

@@ -106,9 +106,9 @@ def _backward_device(stream, args, rets, code):
                                       into=into, work=work, **_score_args(score, ops))
         if score == "cosine":
             grads = (*grads[:3], pointwise.total(grads[3], (1,)))  # the temperature's shares, summed in order
-        for buf, grad in zip(bufs, grads):
-            if grad is not buf and grad.base is not buf:
-                buf[...] = grad.reshape(buf.shape)
+        done = 0 if into is None else 3  # (the passes wrote the first three in place)
+        for buf, grad in zip(bufs[done:], grads[done:]):
+            buf[...] = grad.reshape(buf.shape)
 
 
 _IMPLEMENTATIONS = {ATTENTION_TARGET: {"cpu": _forward_host, "CUDA": _forward_device},

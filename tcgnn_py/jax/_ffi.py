@@ -25,6 +25,7 @@ recordings run in order on XLA's stream, each done with its temporaries when it 
 import contextlib
 import ctypes
 import enum
+import functools
 import os
 
 import numpy as np
@@ -237,14 +238,10 @@ def _relaxed():
         driver.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode))
 
 
-_DRIVER = []
-
-
+@functools.cache
 def _driver():
     """The CUDA driver library (``ctypes``), loaded once."""
-    if not _DRIVER:
-        _DRIVER.append(ctypes.CDLL("libcuda.so.1"))
-    return _DRIVER[0]
+    return ctypes.CDLL("libcuda.so.1")
 
 
 _WARMED = {}

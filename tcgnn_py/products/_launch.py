@@ -335,8 +335,8 @@ def cast_plan(problem, x_dtype, key, make, launch_key_of, plan_launch):
     planned once and kept on the tiling; a call runs it on ``(values, X, Y, unscale or values)``.  Bound once the
     general path's first call has cast the values and the launch is final or counting down (:func:`bindable`; X
     passed as it is): per call the bound launch takes the matrix's cast values, and matrices sharing the tiling
-    (``with_values``) each bring their own; one whose values take the other form (``(hi, lo)`` pairs against values exact in X's type: another kernel)
-    goes the general way.
+    (``with_values``) each bring their own; one whose values take the other form (``(hi, lo)`` pairs against
+    values exact in X's type: another kernel) goes the general way.
     """
     tiling, kdt = problem.tiling, problem.kdt
     shape = (tiling.shape[0], problem.width)
