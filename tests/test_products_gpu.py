@@ -297,6 +297,29 @@ def test_split_windows_on_concurrent_streams(cp, case):
         assert len(counters) == 4 and len(buffers) == 4
 
 
+@pytest.mark.parametrize("case", list(SPLIT_TUNINGS) + ["core"])
+def test_products_over_many_widths_share_their_partial_tiles(cp, case):
+    """Launches of one tiling share split windows' partial tiles per power of two of D (a stream runs its calls in
+    order), so a program cycling through widths holds a few buffers, not one per width; each width stays exact."""
+    layout, tuning = SPLIT_TUNINGS.get(case, ("tcgnn", {}))
+    precision = "fp32" if case == "core" else None  # (CUDA cores)
+    rng = np.random.default_rng()
+    hub = star(1500)
+    hub.resize((2001, 2001))
+    A = sp.csr_array(int_graph(rng, 2001, 2001, degree=20) + hub)
+    with tg.tuning(**tuning):
+        T = tg.TiledMatrix(A, dtype=np.float32, layout=layout)
+        for dt in (np.float32, np.float16):
+            for D in range(1, 41):
+                X = ints(rng, 2001, D).astype(dt)
+                Y = tg.spmm(T, cp.asarray(X), precision=precision)
+                np.testing.assert_array_equal(Y.get(), (A @ X.astype(np.float64)).astype(Y.dtype))
+    partial = [s for s, _ in T.tiling.peek("scratch", {}) if s.kind == "partial"]
+    widths = {s.shape[2] for s in partial}
+    assert partial and widths <= {1, 2, 4, 8, 16, 32, 64}
+    assert len(partial) < 20  # per kind of tile and power of two, not one per width (80 widths and dtypes ran)
+
+
 def _timed_cases(rng):
     """Graphs whose candidates differ: hub windows (split, so in-launch sums against the fixup), rectangular."""
     hub = star(3000)

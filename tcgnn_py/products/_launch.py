@@ -32,6 +32,7 @@ __all__ = [
     "Provisional",
     "bindable",
     "Scratch",
+    "partial_scratch",
     "same_array",
     "recycled",
     "made",
@@ -155,6 +156,18 @@ def spmm(family, name, grid, block, fixed, smem=0, values="values", partial=None
         y, fixed = "Y", dict(fixed, partial=partial)
     return make(family, name, grid, block, (values, "X", y) + tuple(extra), fixed, smem, scratch,
                 None if fixup is None else (fixup, "Y"), dense=dense, n_slices=n_slices)
+
+
+def partial_scratch(tiling, n_slots, rows, D, dtype):
+    """``(partial, store)``: the partial tiles of ``n_slots`` split windows (``rows`` x ``D`` of ``dtype`` each) as a
+    :class:`Scratch`, and the tiling's store of per-stream buffers it comes from.
+
+    The buffer is sized for D rounded up to a power of two and shared by the tiling's launches of that size on a
+    stream (calls on one stream run in order, and a launch's fixup reads its partials before the next launch
+    starts), so products over many widths hold a few buffers (one per power of two), not one per width.
+    """
+    return (Scratch("partial", (n_slots, rows, 1 << (D - 1).bit_length()), np.dtype(dtype)),
+            tiling.cached("scratch", dict))
 
 
 def sddmm(family, name, grid, block, fixed, smem=0):

@@ -11,7 +11,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .._tuning import options, overrides_key
-from ._launch import Scratch, compiled, fixup, spmm
+from ._launch import Scratch, compiled, fixup, partial_scratch, spmm
 from ._plans import (VEC_UNITS_PER_WINDOW_MAX, sm_count, sorted_plan, vec_coop_units, vec_counts, vec_hist,
                      vec_meta, vec_plan)
 
@@ -72,19 +72,18 @@ def partition_units(tiling, bpu):
     return plan, plan["units"], plan["unit_k0"], vec_meta(tiling)
 
 
-def partition_launch(tiling, D, slices, units, combine, kernel, smem, nw, fix_kernel, scratch, extra=(),
-                     dense=False):
+def partition_launch(tiling, D, slices, units, combine, kernel, smem, nw, fix_kernel, extra=(), dense=False):
     """The launch of ``kernel`` (``(family, name)``) on the usual ``units`` (:func:`partition_units`; not COOP),
     ``32 * slices`` features per warp, ``nw`` warps per CTA and ``smem`` bytes: split windows summed in it
-    (``combine``), or by the fixup launch of ``fix_kernel`` (a name of the family).  ``scratch``: the per-stream
-    store, shared by launches of one partition (the timed choice's candidates); ``extra``: the operands after
-    ``(values, X, Y)`` (the 16-bit kernel's unscale); ``dense``: the kernel reads the values dense."""
+    (``combine``), or by the fixup launch of ``fix_kernel`` (a name of the family), their buffers the tiling's
+    (:func:`.._launch.partial_scratch`); ``extra``: the operands after ``(values, X, Y)`` (the 16-bit kernel's
+    unscale); ``dense``: the kernel reads the values dense."""
     plan, units, unit_k0, meta = units
     n_slices = -(-D // (32 * slices))
     n_work, n_slots, M = units.shape[0] * n_slices, plan["n_slots"], tiling.shape[0]
     # split windows summed in the launch: one counter per (first slot, slice)
     counters = Scratch("counters", (n_slots * n_slices,), np.int32, zeros=True) if n_slots and combine else None
-    partial = Scratch("partial", (n_slots, 8, D), np.float32) if n_slots else None
+    partial, scratch = partial_scratch(tiling, n_slots, 8, D, np.float32) if n_slots else (None, None)
     fix = None
     if n_slots and not combine:
         fix = fixup(kernel[0], fix_kernel, plan, M, 8, D, partial, scratch)
@@ -127,7 +126,7 @@ class Shape(NamedTuple):
 
 
 def layout_launches(tiling, D, shapes, fix_kernel, extra=()):
-    """The launches of ``shapes`` (:class:`Shape`) on the vector layout, built in one pass with one scratch store:
+    """The launches of ``shapes`` (:class:`Shape`) on the vector layout, built in one pass:
     one CTA of 4 warps per window x slice (``coop``, :func:`coop_launch`), or the usual units of ``bpu`` blocks
     (:func:`partition_launch`) with ``options()["vec_warps"]`` warps per CTA, halved while a CTA would take more
     shared memory than it may; ``fix_kernel``: the fixup kernel's name in the shapes' family, where split windows
@@ -138,7 +137,7 @@ def layout_launches(tiling, D, shapes, fix_kernel, extra=()):
     """
     from ..kernels.products import SPMM_SMEM_LIMIT
 
-    warps, scratch, frames, units, out = options()["vec_warps"], {}, {}, {}, []
+    warps, frames, units, out = options()["vec_warps"], {}, {}, []
     for s in shapes:
         nw = 4 if s.coop else warps
         while not s.coop and nw > 1 and s.smem[nw - 1] > SPMM_SMEM_LIMIT:
@@ -155,7 +154,7 @@ def layout_launches(tiling, D, shapes, fix_kernel, extra=()):
             if s.bpu not in units:
                 units[s.bpu] = partition_units(tiling, s.bpu)
             frame = partition_launch(tiling, D, s.slices, units[s.bpu], s.combine, s.kernel, s.smem[nw - 1], nw,
-                                     fix_kernel, scratch, extra=extra, dense=s.dense)
+                                     fix_kernel, extra=extra, dense=s.dense)
         out.append(frames.setdefault(geometry, frame))
     return out
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from ..._tuning import declare, int_option, options
 from ...kernels import products as kp
-from .._launch import Scratch, f32_plan, fixup, sddmm, sddmm_plan, spmm
+from .._launch import f32_plan, fixup, partial_scratch, sddmm, sddmm_plan, spmm
 from .._plans import SDDMM_BLOCKS_PER_WARP, spmm_plan
 
 __all__ = ["MAX_WARPS", "plan", "plan_sddmm", "sddmm_launch", "spmm_launch"]
@@ -30,9 +30,9 @@ def spmm_launch(tiling, dtype, D, vec=False, operands=None):
     H, W, M = tiling.tile_shape[0], tiling.layout.block, tiling.shape[0]
     nwarps = options()["core_nwarps"]
     plan = spmm_plan(tiling, nwarps * (options()["blocks_per_warp"] or 16))
-    scratch, partial, fix = {}, None, None
+    scratch, partial, fix = None, None, None
     if plan["n_slots"]:  # split windows: partial tiles, summed by the fixup launch
-        partial = Scratch("partial", (plan["n_slots"], tiling.layout.window, D), dtype)
+        partial, scratch = partial_scratch(tiling, plan["n_slots"], tiling.layout.window, D, dtype)
         fix = fixup("core", kp.fixup_name(dtype.name), plan, M, tiling.layout.window, D, partial, scratch)
     fixed = dict(units=plan["units"], block_ptr=tiling.block_ptr, block_cols=tiling.block_cols,
                  tile_pos=tiling.tile_pos, M=M, D=D, W=W, wshift=W.bit_length() - 1)

@@ -30,7 +30,7 @@ from ... import _reference as ref
 from ..._device import get_cupy, publish
 from ..._tuning import declare, int_option, options, overrides_key
 from ...kernels import products as kp
-from .._launch import Scratch, cast_plan, fixup, spmm
+from .._launch import cast_plan, fixup, partial_scratch, spmm
 from .._plans import VEC_UNITS_PER_WINDOW_MAX, spmm_plan
 from .._values import half_values, values_as
 
@@ -159,9 +159,9 @@ def _sp_launch(tiling, xname, split, yname, D, aligned):
     plan = spmm_plan(tiling, options()["sp_blocks_per_unit"], VEC_UNITS_PER_WINDOW_MAX)
     units, unit_k0, M = plan["units"], plan["unit_k0"], tiling.shape[0]
     n_work = units.shape[0] * n_slices
-    scratch, partial, fix = {}, None, None
+    scratch, partial, fix = None, None, None
     if plan["n_slots"]:  # split windows: their parts' partial rows summed by the fixup launch
-        partial = Scratch("partial", (plan["n_slots"], 16, D), F32)
+        partial, scratch = partial_scratch(tiling, plan["n_slots"], 16, D, F32)
         fix = fixup("sparse", kp.fixup_name("float32", yname), plan, M, 16, D, partial, scratch)
     # unit_k0 again where the in-launch sums' counters go: unread (the compiled shapes sum split windows by the fixup)
     fixed = dict(units=units, unit_k0=unit_k0, block_cols=tiling.block_cols, meta=sp_meta(tiling)[0],

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..._tuning import declare, int_option, member_option, options, warp_pair_option
 from ...kernels import products as kp
-from .._launch import Scratch, f32_plan, sddmm, sddmm_plan, spmm
+from .._launch import Scratch, f32_plan, partial_scratch, sddmm, sddmm_plan, spmm
 from .._plans import SDDMM_BLOCKS_PER_WARP, spmm_plan, tile_mask
 
 __all__ = ["FEW_CTAS", "WHOLE_WINDOW_BLOCKS", "plan", "plan_sddmm", "sddmm_launch", "spmm_launch", "work_shape"]
@@ -64,13 +64,13 @@ def spmm_launch(tiling, dtype, D, vec, operands=None):
     # Split windows: their parts write partial tiles, and a window's last part sums them (one counter per
     # (first slot, slab)).
     counters = Scratch("counters", (n_slots * n_slabs,), np.int32, zeros=True) if n_slots else None
-    partial = Scratch("partial", (n_slots, 16, D), dtype) if n_slots else None
+    partial, scratch = partial_scratch(tiling, n_slots, 16, D, dtype) if n_slots else (None, None)
     # Slabs of one unit side by side (1-D grid): they share its metadata in L2.
     fixed = dict(units=plan["units"], block_ptr=tiling.block_ptr, block_cols=tiling.block_cols,
                  block_mask=tile_mask(tiling), counters=counters, unit_k0=plan["unit_k0"] if n_slots else None,
                  M=tiling.shape[0], D=D, n_slabs=n_slabs)
     return spmm("tf32", cfg.name, (plan["units"].shape[0] * n_slabs, 1), 32 * nwarps, fixed, smem_of(nwarps),
-                partial=partial, scratch={}, n_slices=n_slabs)
+                partial=partial, scratch=scratch, n_slices=n_slabs)
 
 
 def work_shape(tiling, n_slabs):
