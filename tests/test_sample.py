@@ -307,10 +307,13 @@ def test_sage_apply_is_its_layers_in_order():
     np.testing.assert_allclose(logits, want, rtol=1e-6)
     g = rng.standard_normal(want.shape).astype(np.float32)
     grads = vjp(g)
+    # The first hop's input is data: no gradient of it, so its block's transpose is never made.
+    assert blocks[0]._adj_t is None and blocks[1]._adj_t is not None
     dr, dWs1, dWn1, db1 = v2(g)
     _, dWs0, dWn0, db0 = v1(rv(dr))
     for name, w in (("W_self1", dWs1), ("W_neigh1", dWn1), ("b1", db1), ("W_self0", dWs0), ("W_neigh0", dWn0),
                     ("b0", db0)):
         np.testing.assert_allclose(grads[name], w, rtol=1e-6, err_msg=name)
+    assert v1(rv(dr), input_grad=False)[0] is None
     with pytest.raises(ValueError, match="the parameters have 2 layers, the batch 1 blocks"):
         tg.nn.sage_apply(params, blocks[1:], H)

@@ -273,7 +273,9 @@ def sage_conv(block, H, W_self, W_neigh, b=None):
     """GraphSAGE with the mean aggregator (Hamilton et al. 2017; PyG's ``SAGEConv``): ``out = H_dst W_self +
     mean_{j in N(i)} h_j W_neigh + b`` over a :class:`Block` (``H`` the source nodes' features, ``H_dst =
     H[:n_dst]``; the library's products on a tiled block, scipy's or cupyx's on a CSR one).  Returns
-    ``(out, vjp)``, ``vjp(g) -> (dH, dW_self, dW_neigh, db)`` (``db`` None without ``b``).
+    ``(out, vjp)``, ``vjp(g) -> (dH, dW_self, dW_neigh, db)`` (``db`` None without ``b``);
+    ``vjp(g, input_grad=False)`` leaves ``dH`` None, for an input that is data (the first hop's features): its
+    product by the block's transpose, which would be made for it, is the backward's largest.
 
     Examples
     --------
@@ -298,11 +300,13 @@ def sage_conv(block, H, W_self, W_neigh, b=None):
     if b is not None:
         out = out + b
 
-    def vjp(g):
+    def vjp(g, input_grad=True):
         xp = array_module(g)
-        dH = spmm(block.adj_t, g @ W_neigh.T) if tiled else block.adj_t @ (g @ W_neigh.T)
-        dH = dH.astype(H.dtype, copy=False)
-        dH[:n_dst] += g @ W_self.T
+        dH = None
+        if input_grad:
+            dH = spmm(block.adj_t, g @ W_neigh.T) if tiled else block.adj_t @ (g @ W_neigh.T)
+            dH = dH.astype(H.dtype, copy=False)
+            dH[:n_dst] += g @ W_self.T
         return dH, H[:n_dst].T @ g, agg.T @ g, None if b is None else xp.sum(g, axis=0)
 
     return out, vjp
@@ -331,7 +335,7 @@ def sage_apply(params, blocks, H, *, p=0.0, rng=None, training=True):
     def vjp(g):
         grads = {}
         for i in range(len(blocks) - 1, -1, -1):
-            g, grads[f"W_self{i}"], grads[f"W_neigh{i}"], grads[f"b{i}"] = tape.pop()(g)
+            g, grads[f"W_self{i}"], grads[f"W_neigh{i}"], grads[f"b{i}"] = tape.pop()(g, input_grad=i > 0)
             if i:
                 relu_vjp, drop_vjp = tape.pop()
                 g = relu_vjp(g if drop_vjp is None else drop_vjp(g))
