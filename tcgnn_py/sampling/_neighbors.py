@@ -63,7 +63,7 @@ def sample_neighbors(indptr, indices, nodes, fanout, key):
     xp = array_module(indptr)
     if xp is np:
         return sample_reference(indptr, indices, nodes, fanout, key)
-    from ..kernels.numba_launch import launch
+    from ..kernels.launch import THREADS_PER_BLOCK, grid, launch_numba
     from ..kernels.sample import sample_rows
 
     deg = indptr[nodes + 1] - indptr[nodes]
@@ -72,8 +72,8 @@ def sample_neighbors(indptr, indices, nodes, fanout, key):
     xp.cumsum(counts, out=ptr[1:])
     cols = xp.empty(int(ptr[-1]), np.int32)  # synchronize! (the sample's size)
     if nodes.shape[0]:
-        launch(sample_rows, (nodes.shape[0] + 127) // 128, 128, indptr, indices, nodes, int(fanout),
-               np.uint64(key), ptr, cols)
+        launch_numba(sample_rows, grid(nodes.shape[0]), THREADS_PER_BLOCK, indptr, indices, nodes, int(fanout),
+                     np.uint64(key), ptr, cols)
     return ptr, cols
 
 
@@ -91,13 +91,13 @@ def row_entries(ptr, local, n_src, fanout):
     all entries by ``(row, column)`` is the reference."""
     xp = array_module(ptr)
     if xp is not np and 0 <= fanout <= SORT_ROWS_MAX:
-        from ..kernels.numba_launch import launch
+        from ..kernels.launch import THREADS_PER_BLOCK, grid, launch_numba
         from ..kernels.sample import sort_rows
 
         n_rows, nnz = ptr.shape[0] - 1, local.shape[0]
         rows, values = xp.empty(nnz, np.int32), xp.empty(nnz, np.float32)
         if n_rows:
-            launch(sort_rows, (n_rows + 127) // 128, 128, ptr, local, rows, values)
+            launch_numba(sort_rows, grid(n_rows), THREADS_PER_BLOCK, ptr, local, rows, values)
         return rows, local, values
     rows = xp.searchsorted(ptr, xp.arange(local.shape[0]), side="right") - 1
     local = local[xp.argsort(rows * n_src + local)]
