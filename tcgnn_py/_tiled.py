@@ -111,10 +111,11 @@ class TiledMatrix:
         # (tests compare them), without their first compile in this process.
         host_build = on_device and array_module(indices) is np and tiles.on_host(data.shape[0])
         if on_device and not host_build:
-            # O(1) checks where the arrays are (free on the host); SGT's first kernel makes the O(nnz) ones.
+            # O(1) checks where the arrays are (free on the host); SGT's first kernel makes the O(nnz) ones, and
+            # those of int32 device arrays' first and last index pointers (no read back before the translation's).
             # Indices of another type are scanned before the int32 cast, which could wrap them into range.
             data, indices, indptr = check_csr_arrays(data, indices, indptr, shape,
-                                                     full_check=indices.dtype != np.int32)
+                                                     full_check=indices.dtype != np.int32, read_sizes=False)
             cp = get_cupy()
             data, indices, indptr = (cp.asarray(v) for v in (data, indices, indptr))
         else:

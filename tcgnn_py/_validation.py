@@ -438,10 +438,12 @@ def coerce_graph(A, what):
     return data, indices, indptr, shape[0]
 
 
-def check_csr_arrays(data, indices, indptr, shape, full_check=True):
+def check_csr_arrays(data, indices, indptr, shape, full_check=True, read_sizes=True):
     """Validate CSR arrays with scipy's messages; return them as int32 index arrays.
 
-    ``full_check`` scans ``indptr`` and ``indices`` (O(nnz), on the arrays' device).
+    ``full_check`` scans ``indptr`` and ``indices`` (O(nnz), on the arrays' device).  ``read_sizes=False`` (int32
+    device arrays only) leaves ``indptr[0]`` and ``indptr[-1]`` to the translation's check kernel, which reads them
+    where they are: the arrays' shapes are checked, nothing is read back, so a build can be queued like a product.
     """
     xp = array_module(indices)
     n_rows, n_cols = shape
@@ -458,6 +460,9 @@ def check_csr_arrays(data, indices, indptr, shape, full_check=True):
         raise ValueError("indices and data should have the same size")
     if indptr.shape[0] == 0:
         raise ValueError("index pointer size 0 should be at least 1")
+    if not read_sizes and not full_check and xp is not np and indices.shape[0] <= INDEX_MAX \
+            and indices.dtype == indptr.dtype == np.int32:
+        return data, indices, indptr
     first, last = _read_ints(xp, indptr[0], indptr[-1])
     if first != 0:
         raise ValueError("index pointer should start with 0")

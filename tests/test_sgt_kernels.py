@@ -83,6 +83,14 @@ def test_check_kernel_rejects(xp, case):
         _sgt.translate_kernels(xp, *(xp.asarray(a) for a in arrays), (3, 4), check=True)
 
 
+@pytest.mark.parametrize("indptr", [[1, 1, 2, 3], [0, 1, 2, 4], [0, 1, 2, 2]], ids=["start", "end_high", "end_low"])
+def test_check_kernel_finds_wrong_ends(xp, indptr):
+    # indptr[0] != 0 or indptr[-1] != nnz: the check kernel says so (its caller reads them), nothing translated.
+    arrays = (np.ones(3, np.float32), np.array([0, 1, 2], np.int32), np.array(indptr, np.int32))
+    with pytest.raises(_sgt._SizesUnread):
+        _sgt.translate_kernels(xp, *(xp.asarray(a) for a in arrays), (3, 4), check=True)
+
+
 def test_check_kernel_non_canonical(xp):
     # Unsorted (row 0) and duplicate (row 1) columns: None with check=True, an error without.
     arrays = (np.ones(4, np.float32), np.array([2, 1, 3, 3], np.int32), np.array([0, 2, 4, 4], np.int32))

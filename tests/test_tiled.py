@@ -201,6 +201,40 @@ def test_malformed_arrays_match_scipy(case):
     assert _scipy_error(lambda: tg.TiledMatrix(arrays, shape=shape)) == want
 
 
+#: Index pointers whose ends are wrong, which a build from int32 device arrays leaves to the translation's check
+#: kernel (nothing read back before it): scipy's error all the same, and a last pointer below the entries' count
+#: keeps the entries before it, as scipy's ``check_format`` prunes them.
+ENDS = {
+    "indptr_end_high": ((np.ones(2), np.array([0, 1]), np.array([0, 1, 3])), (2, 3)),
+    "indptr_end_high_empty": ((np.ones(0), np.array([], int), np.array([0, 0, 1])), (2, 3)),
+    "indptr_start_empty": ((np.ones(0), np.array([], int), np.array([1, 0, 0])), (2, 3)),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", sorted(set(BAD) - {"indptr_size", "data_size"}) + sorted(ENDS))
+def test_malformed_device_arrays_match_scipy(case):
+    import cupy as cp
+
+    arrays, shape = BAD.get(case) or ENDS[case]
+    want = _scipy_error(lambda: sp.csr_array(arrays, shape=shape).check_format(full_check=True))
+    dev = tuple(cp.asarray(a, t) for a, t in zip(arrays, (np.float32, np.int32, np.int32)))
+    assert _scipy_error(lambda: tg.TiledMatrix(dev, shape=shape)) == want
+
+
+@pytest.mark.gpu
+def test_device_arrays_past_the_last_pointer_are_left_out():
+    import cupy as cp
+
+    data, indices, indptr = np.arange(1, 6, dtype=np.float32), np.array([0, 2, 1, 7, 9]), np.array([0, 2, 3, 3])
+    want = sp.csr_array((data, indices, indptr), shape=(3, 4))
+    want.check_format(full_check=True)  # (scipy prunes the two entries past indptr[-1])
+    dev = tuple(cp.asarray(a, t) for a, t in zip((data, indices, indptr), (np.float32, np.int32, np.int32)))
+    T = tg.TiledMatrix(dev, shape=(3, 4))
+    assert T.nnz == 3
+    np.testing.assert_array_equal(T.toarray(), want.toarray())
+
+
 def test_type_errors():
     with pytest.raises(TypeError, match="for a dense array use scipy.sparse.csr_array"):
         tg.TiledMatrix(np.eye(3))

@@ -5,7 +5,7 @@ the blocks, each fully parallel (no per-window loop, so hub windows do not
 serialise), with one host read at the end:
 
 0. :func:`check_csr` -- per entry: its row (binary search of ``indptr``), and
-   the O(nnz) checks of the CSR arrays (non-decreasing ``indptr``, columns in
+   checks of the CSR arrays (``indptr`` from 0 to nnz and non-decreasing, columns in
    range, sorted and distinct inside a row).  A failed check sets a bit of
    ``status``; every later kernel returns at once when ``status[0] != 0``, so
    invalid arrays are never indexed, and the host raises after its one read.
@@ -63,8 +63,9 @@ __all__ = [
 
 
 
-#: ``status[0]`` bits set by :func:`check_csr`.
-BAD_INDPTR, NEGATIVE_INDEX, INDEX_TOO_LARGE, NOT_CANONICAL = 1, 2, 4, 8
+#: ``status[0]`` bits set by :func:`check_csr`.  ``BAD_SIZES``: ``indptr[0] != 0`` or ``indptr[-1] != nnz``, which
+#: the host reads and words as scipy does (or, for a last entry below ``nnz``, translates the entries before it).
+BAD_INDPTR, NEGATIVE_INDEX, INDEX_TOO_LARGE, NOT_CANONICAL, BAD_SIZES = 1, 2, 4, 8, 16
 
 
 @cuda.jit(cache=True)
@@ -73,11 +74,13 @@ def check_csr(indptr, indices, n_cols, edge_row, status):
 
     One thread per entry and per row.  The binary search stays inside
     ``indptr`` whatever its contents, so checking reads nothing out of bounds;
-    ``indptr[0] == 0`` and ``indptr[-1] == nnz`` are checked on the host.
+    thread 0 checks ``indptr[0] == 0`` and ``indptr[-1] == nnz`` (``BAD_SIZES``).
     """
     t = cuda.grid(1)
     n_rows = indptr.shape[0] - 1
     nnz = indices.shape[0]
+    if t == 0 and (indptr[0] != 0 or indptr[n_rows] != nnz):
+        cuda.atomic.or_(status, 0, BAD_SIZES)
     if t < n_rows and indptr[t + 1] < indptr[t]:
         cuda.atomic.or_(status, 0, BAD_INDPTR)
     if t >= nnz:

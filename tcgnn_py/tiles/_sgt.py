@@ -11,7 +11,7 @@ import numpy as np
 from .. import _reference as ref
 from .._device import array_module, to_host
 from .._tuning import options
-from .._validation import INDEX_MAX
+from .._validation import INDEX_MAX, check_csr_arrays
 from ..kernels.launch import THREADS_PER_BLOCK as _TPB
 from ..kernels.launch import grid as _grid
 from ..kernels.launch import launch_numba as _launch
@@ -146,13 +146,20 @@ def tile(data, indices, indptr, shape, window=16, block=8):
     checks run inside the translation's first kernel and raise ``ValueError``
     with scipy's messages after its one host read; non-canonical input (unsorted
     or duplicate columns) is sorted and summed first, then translated again.
+    Device arrays whose ``indptr[0]`` and ``indptr[-1]`` were not read
+    (``check_csr_arrays(..., read_sizes=False)``) are checked there too: where
+    they are not 0 and nnz, they are read and checked as scipy does.
     """
     if isinstance(indices, np.ndarray):
         csr = ref.canonicalize_csr(data, indices, indptr, shape)
         return ref.translate(*csr, shape, window, block)
     import cupy
 
-    out = translate_kernels(cupy, data, indices, indptr, shape, window, block, check=True)
+    try:
+        out = translate_kernels(cupy, data, indices, indptr, shape, window, block, check=True)
+    except _SizesUnread:  # (the caller left indptr's ends to the check kernel, and they are not 0 and nnz)
+        data, indices, indptr = check_csr_arrays(data, indices, indptr, shape)  # scipy's error, or entries cut
+        return tile(data, indices, indptr, shape, window, block)
     if out is None:
         *csr, rows = _canonical_with_rows(cupy, data, indices, indptr, shape)
         out = translate_kernels(cupy, *csr, shape, window, block, edge_row=rows)
@@ -206,10 +213,18 @@ def translate(data, indices, indptr, shape, window=16, block=8, *, host_when_col
     if host_when_cold and on_host(indices.shape[0], device_input=True):
         out = ref.translate(*(to_host(a) for a in (data, indices, indptr)), shape, window, block)  # synchronize!
         return upload(out, (window, block), derived=False)  # (a caller may regroup them: no derived data)
-    out = translate_kernels(cupy, data, indices, indptr, shape, window, block, check=True)
+    try:
+        out = translate_kernels(cupy, data, indices, indptr, shape, window, block, check=True)
+    except _SizesUnread:
+        out = None
     if out is None:
         raise ValueError("translate needs canonical CSR arrays (sorted, distinct column indices in each row)")
     return out
+
+
+class _SizesUnread(Exception):
+    """The check kernel found ``indptr[0] != 0`` or ``indptr[-1] != nnz``, which the caller did not read: its
+    caller reads them (scipy's error, or the entries before ``indptr[-1]`` translated)."""
 
 
 #: ``status`` bits of the check kernel -> scipy's message (in the order scipy checks).
@@ -230,8 +245,8 @@ def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None
     rows and checks the arrays: invalid arrays raise ``ValueError``; with
     ``check``, non-canonical ones (unsorted or duplicate columns) return None,
     and without it they raise too.  The host reads the device once, at the end
-    (the errors and the number of blocks, then a tiling of at most
-    :data:`HOST_PLAN_MAX` entries' window pointers).  Such a tiling also gets
+    (the errors and the number of blocks, with a tiling of at most
+    :data:`HOST_PLAN_MAX` entries' window pointers in the same read).  Such a tiling also gets
     its blocks' metadata (``"block_meta"``, ``"host_win_ptr"``: the tiling's
     derived data, :data:`DERIVED`), which planning its products on the
     host would otherwise read back entry by entry.
@@ -243,7 +258,11 @@ def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None
     nnz = indices.shape[0]
     n_windows = -(-n_rows // H)
     if nnz == 0:
-        if n_rows and bool(cp.any(indptr[1:] < indptr[:-1])):  # synchronize! (empty matrices only)
+        first, last, bad = (int(v) for v in to_host(cp.stack([  # synchronize! (empty matrices only)
+            indptr[0], indptr[-1], cp.any(indptr[1:] < indptr[:-1]).astype(indptr.dtype)])))
+        if first or last:
+            raise _SizesUnread
+        if bad:
             raise ValueError("indptr must be a non-decreasing sequence")
         return {
             "win_ptr": cp.zeros(n_windows + 1, np.int32),
@@ -265,7 +284,9 @@ def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None
     if bound * max(H, W) > INDEX_MAX:
         raise ValueError(f"up to {bound} tensor-core blocks do not fit the int32 tiled format")
 
-    status = cp.zeros(2, np.int32)  # error bits, then the number of blocks
+    # win_ptr, then status (error bits, the number of blocks): one buffer, so that the one host read takes both
+    shared = cp.zeros(n_windows + 3, np.int32)
+    win_ptr, status = shared[:n_windows + 1], shared[n_windows + 1:]
     if edge_row is None:
         edge_row = cp.empty(nnz, np.int32)
         _launch(k.check_csr, _grid(max(nnz, n_rows)), _TPB, indptr, indices, n_cols, edge_row, status)
@@ -275,7 +296,6 @@ def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None
     _launch(k.rank_edges, _grid(nnz * H), _TPB, indptr, indices, edge_row, n_rows, H, kidx, first_flag, status)
     _scan(cp, k, first_flag, scan, status)
     nblk = cp.empty(n_windows, np.int32)
-    win_ptr = cp.empty(n_windows + 1, np.int32)
     _launch(k.window_blocks, _grid(n_windows), _TPB, indptr, scan, n_rows, H, W, nblk, status)
     _scan(cp, k, nblk, win_ptr, status)
 
@@ -300,7 +320,11 @@ def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None
         words, columns = block_meta_layout(H, W)
         meta = cp.empty((bound, columns), np.uint32)
         _launch(k.block_meta, _grid(bound), _TPB, win_ptr, block_ptr, tile_pos, words, meta, status)
-    err, n_blocks = (int(v) for v in to_host(status))  # synchronize! (the translation's one host read)
+    # synchronize! (the translation's one host read: a small tiling's window pointers with it)
+    host = to_host(shared if meta is not None else status)
+    err, n_blocks = (int(v) for v in host[-2:])
+    if err & k.BAD_SIZES:
+        raise _SizesUnread
     for bit, message in _check_messages(n_cols):
         if err & bit:
             raise ValueError(message)
@@ -326,7 +350,7 @@ def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None
     }
     if meta is not None:
         out["block_meta"] = meta
-        out["host_win_ptr"] = to_host(win_ptr)  # synchronize! (after the read above: a copy only)
+        out["host_win_ptr"] = host[:n_windows + 1]
     return out
 
 
