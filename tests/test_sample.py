@@ -112,6 +112,34 @@ def test_the_row_sort_kernel_makes_the_references_canonical_csr(xp):
                 np.testing.assert_array_equal(host(g), w)
 
 
+@pytest.mark.kernels
+def test_a_hop_through_the_kernels_is_the_sample_then_its_relabelling(xp):
+    """hop_kernels (the sample with its new nodes marked as drawn, one host read) gives the sources, row pointer and
+    columns of sample_reference then Relabel, hop after hop (destinations among the drawn nodes, a hub, an empty
+    batch), and leaves the graph's map whole after each."""
+    A = _graph(24 if not GPU else 300, seed=4)
+    n = A.shape[0]
+    indptr, indices = A.indptr.astype(np.int64), A.indices.astype(np.int32)
+    dev = _sample.Relabel(n, xp)
+    ref = _sample.Relabel(n, np)
+    nodes = np.array([0, 3, 5, 2, 17, 11], np.int64)
+    for h, fanout in enumerate((4, 2, 3, 1)):
+        with warnings.catch_warnings():  # (the simulator hashes with NumPy scalars, which warn where uint64 wraps)
+            warnings.filterwarnings("ignore", "overflow encountered in scalar", RuntimeWarning)
+            src, ptr, local = _sample.hop_kernels(xp, xp.asarray(indptr), xp.asarray(indices), xp.asarray(nodes),
+                                                  fanout, 40 + h, dev)
+        want_ptr, cols = _sample.sample_reference(indptr, indices, nodes, fanout, 40 + h)
+        want_src, want_local = ref(nodes, cols)
+        for g, w in ((src, want_src), (ptr, want_ptr), (local, want_local)):
+            assert host(g).dtype == w.dtype
+            np.testing.assert_array_equal(host(g), w)
+        assert (host(dev.slot) == -1).all() and not host(dev.mark).any()
+        nodes = want_src[:12]
+    src, ptr, local = _sample.hop_kernels(xp, xp.asarray(indptr), xp.asarray(indices), xp.zeros(0, np.int64), 3, 1,
+                                          dev)
+    assert host(src).shape == (0,) and host(ptr).tolist() == [0] and host(local).shape == (0,)
+
+
 @pytest.mark.parametrize("where", ["cpu", "cuda"])
 def test_relabel_is_the_sort_based_definition_call_after_call(where):
     """A hop's sources are its destinations then the other sampled nodes ascending, each entry's column its node's

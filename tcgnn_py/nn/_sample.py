@@ -17,7 +17,7 @@ import numpy as np
 from .._device import array_module, get_cupy, use_gpu
 from .._tiled import TiledMatrix, spmm
 from ..tiles import coo_to_csr_order
-from ..sampling import GOLDEN, Relabel, row_entries, sample_neighbors, splitmix64
+from ..sampling import GOLDEN, Relabel, sample_hop, splitmix64
 from ._layers import dropout as drop, relu
 from ._models import glorot
 
@@ -179,16 +179,16 @@ def sample_blocks(A, seeds, fanouts, *, seed=0, device=None, layout=None, format
     nodes = xp.asarray(given, np.int64)
     hops = []
     for h, k in enumerate(fanouts):
-        ptr, cols = sample_neighbors(indptr, indices, nodes, k, _key(seed, h))
-        src, local = graph.relabel()(nodes, cols)
         # each row's columns ascending: a canonical CSR, which the translation takes as it is (unsorted rows cost
         # a failed pass and a sort inside it)
-        rows, local, values = row_entries(ptr, local, src.shape[0], k)
+        src, ptr, local, rows, values = sample_hop(indptr, indices, nodes, k, _key(seed, h), graph.relabel())
         shape = (nodes.shape[0], src.shape[0])
         entries = None
         if format == "csr":
             adj = _csr(xp, values, local, ptr, shape)
         else:
+            # int32 device arrays: built without a read back before the translation's own
+            ptr = ptr if xp is np else ptr.astype(np.int32)
             adj = TiledMatrix((values, local, ptr), shape=shape, layout=layout, device="cpu" if xp is np else "cuda")
             entries = (rows, local, values)  # (adj_t is made from them, if a backward asks)
         hops.append(Block(adj, src, int(nodes.shape[0]), entries))

@@ -7,10 +7,10 @@ import threading
 
 import numpy as np
 
-from .._device import array_module
+from .._device import array_module, to_host
 
-__all__ = ["sample_reference", "sample_neighbors", "row_entries", "Relabel", "splitmix64", "GOLDEN", "NODE_MIX",
-           "SORT_ROWS_MAX"]
+__all__ = ["sample_reference", "sample_neighbors", "sample_hop", "hop_kernels", "row_entries", "Relabel", "splitmix64",
+           "GOLDEN", "NODE_MIX", "SORT_ROWS_MAX"]
 
 _M64 = (1 << 64) - 1
 #: splitmix64's increment and the node's multiplier in a draw's counter (as :mod:`tcgnn_py.kernels.sample`: a test
@@ -75,6 +75,56 @@ def sample_neighbors(indptr, indices, nodes, fanout, key):
         launch_numba(sample_rows, grid(nodes.shape[0]), THREADS_PER_BLOCK, indptr, indices, nodes, int(fanout),
                      np.uint64(key), ptr, cols)
     return ptr, cols
+
+
+def sample_hop(indptr, indices, nodes, fanout, key, relabel):
+    """``(src, ptr, local, rows, values)`` of one hop: :func:`sample_neighbors` of ``nodes`` (distinct, int64),
+    relabelled by ``relabel`` (the graph's :class:`Relabel`, on the arrays' side), each row's columns ascending
+    (:func:`row_entries`).  On the GPU a fan-out's hop reads the device once (:func:`hop_kernels`): sampling then
+    relabelling reads it twice, the sample's size and then the new sources' count."""
+    if array_module(indptr) is np or fanout < 0:
+        ptr, cols = sample_neighbors(indptr, indices, nodes, fanout, key)
+        src, local = relabel(nodes, cols)
+    else:
+        src, ptr, local = hop_kernels(array_module(indptr), indptr, indices, nodes, fanout, key, relabel)
+    rows, local, values = row_entries(ptr, local, src.shape[0], fanout)
+    return src, ptr, local, rows, values
+
+
+def hop_kernels(xp, indptr, indices, nodes, fanout, key, relabel):
+    """``(src, ptr, local)`` of a hop of ``fanout >= 0`` through the kernels (``xp`` CuPy, or NumPy in the
+    simulator): :func:`sample_neighbors` and ``relabel``'s call in one pass -- the sample written into a buffer of
+    its bound (``fanout`` per node), its new nodes marked as they are drawn -- and one host read, of the sample's
+    size and the new sources' count together.  The map is whole again afterwards, whatever happened."""
+    from ..kernels import sample as k
+    from ..kernels.launch import THREADS_PER_BLOCK, grid, launch_numba
+
+    n_dst, n = nodes.shape[0], relabel.slot.shape[0]
+    ptr = xp.zeros(n_dst + 1, np.int64)
+    if not n_dst:
+        return xp.empty(0, np.int64), ptr, xp.empty(0, np.int32)
+    counts, cols = xp.empty(n_dst, np.int64), xp.empty(n_dst * fanout, np.int32)
+    slot, mark = relabel.slot, relabel.mark
+    with relabel._lock:
+        src = None
+        try:
+            launch_numba(k.hop_counts, grid(n_dst), THREADS_PER_BLOCK, indptr, nodes, int(fanout), counts, slot)
+            xp.cumsum(counts, out=ptr[1:])
+            launch_numba(k.sample_mark_rows, grid(n_dst), THREADS_PER_BLOCK, indptr, indices, nodes, int(fanout),
+                         np.uint64(key), ptr, cols, slot, mark)
+            scan = xp.cumsum(mark, dtype=np.int32)
+            # synchronize! (the hop's one read: its new sources and its entries)
+            n_new, nnz = (int(v) for v in to_host(xp.stack([scan[-1].astype(np.int64), ptr[-1]])))
+            src = xp.empty(n_dst + n_new, np.int64)
+            launch_numba(k.hop_sources, grid(n), THREADS_PER_BLOCK, nodes, mark, scan, slot, src)
+            local = cols[:nnz]
+            if nnz:
+                launch_numba(k.hop_local, grid(nnz), THREADS_PER_BLOCK, local, slot)
+        except BaseException:
+            slot[...], mark[...] = -1, 0
+            raise
+        launch_numba(k.clear_slots, grid(src.shape[0]), THREADS_PER_BLOCK, src, slot)
+    return src, ptr, local
 
 
 #: The largest fan-out whose rows :func:`row_entries` sorts one thread per row on the GPU (insertion: quadratic in
