@@ -16,7 +16,6 @@ import numpy as np
 
 from .._device import array_module, get_cupy, use_gpu
 from .._tiled import TiledMatrix, spmm
-from ..tiles import coo_to_csr_order
 from ..sampling import GOLDEN, Relabel, sample_hop, splitmix64
 from ._layers import dropout as drop, relu
 from ._models import glorot
@@ -43,7 +42,7 @@ class Block:
     @property
     def adj_t(self):
         """``adj``'s transpose (``n_src x n_dst``), made on first use.  A tiled block built from its sampled entries
-        makes it from them -- one sort by column and one translation -- rather than from the tiling (whose
+        makes it from them -- one stable sort by column and one translation -- rather than from the tiling (whose
         transpose first recovers every entry's row and column, then sorts and translates): the same matrix,
         translated from the same CSR."""
         if self._adj_t is None:
@@ -52,8 +51,12 @@ class Block:
             else:
                 rows, cols, values = self._entries
                 shape = self.adj.shape[::-1]
-                order, indices, indptr = coo_to_csr_order(cols, rows, shape)
-                self._adj_t = TiledMatrix((values[order], indices, indptr), shape=shape,
+                xp = array_module(cols)
+                # the entries are in row order: a stable sort by column alone leaves each column's rows ascending
+                order = xp.argsort(cols, kind="stable")
+                by_col = cols[order]
+                indptr = xp.searchsorted(by_col, xp.arange(shape[0] + 1), side="left").astype(np.int32)
+                self._adj_t = TiledMatrix((values[order], rows[order], indptr), shape=shape,
                                           layout=self.adj.layout.name, device=self.adj.device)
                 self._entries = None
         return self._adj_t
