@@ -162,7 +162,10 @@ def _uploaded(tiling, value):
     staged = np.empty(max(total, 1), np.uint8)
     for a, o in zip(arrays, offsets):
         staged[o:o + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-    buffer = tiling.xp.asarray(staged)
+    buffer = tiling.xp.empty(staged.shape[0], np.uint8)
+    # from pageable memory: the driver stages it before returning, without waiting for the stream (cupy.asarray
+    # would copy it into pinned memory first, and watch that memory with an event)
+    buffer.data.copy_from_host_async(staged.ctypes.data, staged.nbytes, tiling.xp.cuda.get_current_stream())
     views = iter([buffer[o:o + a.nbytes].view(a.dtype).reshape(a.shape) for a, o in zip(arrays, offsets)])
     return _map_arrays(value, lambda a: next(views))
 
