@@ -26,6 +26,7 @@ __all__ = [
     "gpu_available",
     "gpu_unusable_reason",
     "get_cupy",
+    "multiprocessors",
     "array_module",
     "is_device_array",
     "publish",
@@ -159,6 +160,17 @@ def get_cupy():
     import cupy
 
     return cupy
+
+
+def multiprocessors():
+    """Multiprocessors of the current device (read once per device: CuPy's ``Device.attributes`` asks the driver for
+    every attribute, and a new matrix's first product would pay that each time)."""
+    return _multiprocessors(get_cupy().cuda.runtime.getDevice())
+
+
+@functools.cache
+def _multiprocessors(device):
+    return get_cupy().cuda.Device(device).attributes["MultiProcessorCount"]
 
 
 def publish(value=None):

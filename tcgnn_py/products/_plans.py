@@ -8,7 +8,7 @@ host with NumPy and uploaded, larger ones with CuPy where they live.
 import numpy as np
 
 from .. import _reference as ref
-from .._device import get_cupy, to_host
+from .._device import multiprocessors, to_host
 from ..tiles import HOST_PLAN_MAX
 
 
@@ -71,7 +71,7 @@ def vec_coop_units(tiling):
 
 def sm_count(tiling):
     """Multiprocessors of the device the tiling lives on (cached on it)."""
-    return tiling.cached("sm_count", lambda: get_cupy().cuda.Device().attributes["MultiProcessorCount"])
+    return tiling.cached("sm_count", multiprocessors)
 
 
 def sorted_plan(tiling, bpu):
@@ -166,7 +166,8 @@ def _uploaded(tiling, value):
     # from pageable memory: the driver stages it before returning, without waiting for the stream (cupy.asarray
     # would copy it into pinned memory first, and watch that memory with an event)
     buffer.data.copy_from_host_async(staged.ctypes.data, staged.nbytes, tiling.xp.cuda.get_current_stream())
-    views = iter([buffer[o:o + a.nbytes].view(a.dtype).reshape(a.shape) for a, o in zip(arrays, offsets)])
+    ndarray, base = tiling.xp.ndarray, buffer.data
+    views = iter([ndarray(a.shape, a.dtype, memptr=base + o if a.nbytes else None) for a, o in zip(arrays, offsets)])
     return _map_arrays(value, lambda a: next(views))
 
 
