@@ -112,10 +112,12 @@ class TiledMatrix:
         host_build = on_device and array_module(indices) is np and tiles.on_host(data.shape[0])
         if on_device and not host_build:
             # O(1) checks where the arrays are (free on the host); SGT's first kernel makes the O(nnz) ones, and
-            # those of int32 device arrays' first and last index pointers (no read back before the translation's).
+            # those of int32 device arrays' first and last index pointers (no read back before the translation's;
+            # integer values are cut to indptr[-1] first, as their range is checked).
             # Indices of another type are scanned before the int32 cast, which could wrap them into range.
             data, indices, indptr = check_csr_arrays(data, indices, indptr, shape,
-                                                     full_check=indices.dtype != np.int32, read_sizes=False)
+                                                     full_check=indices.dtype != np.int32,
+                                                     read_sizes=data.dtype.kind in "iub")
             cp = get_cupy()
             data, indices, indptr = (cp.asarray(v) for v in (data, indices, indptr))
         else:
