@@ -13,8 +13,8 @@ makes a hop's entries a canonical CSR: each row's columns ascending, with their 
 import numpy as np
 from numba import cuda
 
-__all__ = ["sample_rows", "sort_rows", "hop_counts", "sample_mark_rows", "hop_sources", "hop_local", "clear_slots", "draw",
-           "KERNELS", "GOLDEN", "NODE_MIX"]
+__all__ = ["sample_rows", "sort_rows", "hop_counts", "sample_mark_rows", "hop_sources", "hop_local", "clear_slots",
+           "draw", "KERNELS", "GOLDEN", "NODE_MIX"]
 
 #: splitmix64's increment (the golden ratio) and the node's multiplier in the draw's counter.
 GOLDEN = 0x9E3779B97F4A7C15
