@@ -65,3 +65,15 @@ def test_dist_bench_runs_on_host_ranks(tmp_path):
     for section in ("## SpMM", "## GCN training epoch", "## Weak scaling", "## Memory per stored entry"):
         assert section in text
     assert "| planted:1500:12000:4 | float16 | 2 |" in text and "one GPU, plain" in text
+
+
+def test_against_summary_is_the_speed_of_one_launch_against_another():
+    # (timed_choice.py's comparison of the statistics' launch with the timed choice's, on made-up clocks)
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from _sweep import against_summary
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    rows = [{"statistics": {"gpu": 10.0}, "timed": {"gpu": 8.0}}, {"statistics": {"gpu": 5.0}, "timed": {"gpu": 5.0}}]
+    (line,) = against_summary(rows, "statistics", "timed", clocks=(("gpu", "GPU-only"),))
+    assert line == "GPU-only, statistics against timed: geomean 0.894x, 1 of 2 within 5 %, worst 0.80x"

@@ -99,6 +99,21 @@ def geomean_summary(rows, labels, clocks=(("gpu", "GPU-only"), ("b2b", "back to 
     return out
 
 
+def against_summary(rows, label, base, margin=0.05,
+                    clocks=(("gpu", "GPU-only"), ("b2b", "back to back"), ("idle", "from idle"))):
+    """One line per clock: the geomean of ``row[base][clock] / row[label][clock]`` (``label``'s speed against
+    ``base``'s: the statistics' launch against the timed choice's), and the points within ``margin`` of ``base``."""
+    import math
+
+    out = []
+    for clock, name in clocks:
+        r = [x[base][clock] / x[label][clock] for x in rows]
+        gm = math.exp(sum(map(math.log, r)) / len(r))
+        out.append(f"{name}, {label} against {base}: geomean {gm:.3f}x, {sum(v >= 1 - margin for v in r)} of {len(r)}"
+                   f" within {100 * margin:.0f} %, worst {min(r):.2f}x")
+    return out
+
+
 def int_points(specs, dims, rng):
     """Per graph and width: ``(name, A, Ad, T, D, Xs, Y, ref)`` (see :func:`int_graph`, :func:`int_operands`;
     T is the default TiledMatrix of A, built once per graph)."""

@@ -9,7 +9,8 @@ cuSPARSE ALG2 / ALG3 (row-major): on the GPU-only clock (20 calls queued
 behind a spin kernel, median of 11 batches) and from idle (one call at a time,
 4 rotating inputs, median of 20).  Also the first call's cost (host wall time
 of a call that plans its launch: statistics only, then with the timing) and
-the launch that won.  Every launch is checked exact on small-integer data first.
+the launch that won, and the statistics' launch against the timed choice's (geomean, points within 5 %: the
+rule's comparison on graphs it was not tuned on).  Every launch is checked exact on small-integer data first.
 ``--x-dtype float16`` / ``bfloat16``: X of that type (the 16-bit kernel's shapes are the candidates).
 """
 
@@ -38,7 +39,7 @@ def main():
 
     import tcgnn_py as tg
     from tcgnn_py.bench import wait_for_compiles
-    from _sweep import cusparse_points, geomean_summary, ours_clocks, write_outputs  # tools/
+    from _sweep import against_summary, cusparse_points, geomean_summary, ours_clocks, write_outputs  # tools/
 
     half = args.x_dtype != "float32"
     if half:
@@ -80,7 +81,7 @@ def main():
         print(line, flush=True)
         rows.append(row)
         lines.append(line)
-    summary = geomean_summary(rows, ("statistics", "timed"))
+    summary = geomean_summary(rows, ("statistics", "timed")) + against_summary(rows, "statistics", "timed")
     print("\n".join(summary))
     write_outputs(args, head, lines, rows, summary)
 
