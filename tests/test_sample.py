@@ -113,10 +113,16 @@ def test_the_row_sort_kernel_makes_the_references_canonical_csr(xp):
 
 
 @pytest.mark.kernels
-def test_a_hop_through_the_kernels_is_the_sample_then_its_relabelling(xp):
+@pytest.mark.parametrize("bound_bytes", [None, 0], ids=["bound", "size_read_first"])
+def test_a_hop_through_the_kernels_is_the_sample_then_its_relabelling(xp, monkeypatch, bound_bytes):
     """hop_kernels (the sample with its new nodes marked as drawn, one host read) gives the sources, row pointer and
     columns of sample_reference then Relabel, hop after hop (destinations among the drawn nodes, a hub, an empty
-    batch), and leaves the graph's map whole after each."""
+    batch), and leaves the graph's map whole after each; so does a hop whose bound's buffer would pass
+    HOP_BOUND_BYTES (its size read first)."""
+    from tcgnn_py.sampling import _neighbors
+
+    if bound_bytes is not None:
+        monkeypatch.setattr(_neighbors, "HOP_BOUND_BYTES", bound_bytes)
     A = _graph(24 if not GPU else 300, seed=4)
     n = A.shape[0]
     indptr, indices = A.indptr.astype(np.int64), A.indices.astype(np.int32)

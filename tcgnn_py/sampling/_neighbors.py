@@ -10,7 +10,7 @@ import numpy as np
 from .._device import array_module, to_host
 
 __all__ = ["sample_reference", "sample_neighbors", "sample_hop", "hop_kernels", "row_entries", "Relabel", "splitmix64",
-           "GOLDEN", "NODE_MIX", "SORT_ROWS_MAX"]
+           "GOLDEN", "NODE_MIX", "SORT_ROWS_MAX", "HOP_BOUND_BYTES"]
 
 _M64 = (1 << 64) - 1
 #: splitmix64's increment and the node's multiplier in a draw's counter (as :mod:`tcgnn_py.kernels.sample`: a test
@@ -77,6 +77,11 @@ def sample_neighbors(indptr, indices, nodes, fanout, key):
     return ptr, cols
 
 
+#: A hop on the GPU writes its sample into a buffer of the fan-out's bound (:func:`hop_kernels`) while that buffer
+#: holds at most this many bytes; past it, the hop reads the sample's size first (two reads, an exact buffer).
+HOP_BOUND_BYTES = 1 << 28
+
+
 def sample_hop(indptr, indices, nodes, fanout, key, relabel):
     """``(src, ptr, local, rows, values)`` of one hop: :func:`sample_neighbors` of ``nodes`` (distinct, int64),
     relabelled by ``relabel`` (the graph's :class:`Relabel`, on the arrays' side), each row's columns ascending
@@ -94,8 +99,9 @@ def sample_hop(indptr, indices, nodes, fanout, key, relabel):
 def hop_kernels(xp, indptr, indices, nodes, fanout, key, relabel):
     """``(src, ptr, local)`` of a hop of ``fanout >= 0`` through the kernels (``xp`` CuPy, or NumPy in the
     simulator): :func:`sample_neighbors` and ``relabel``'s call in one pass -- the sample written into a buffer of
-    its bound (``fanout`` per node), its new nodes marked as they are drawn -- and one host read, of the sample's
-    size and the new sources' count together.  The map is whole again afterwards, whatever happened."""
+    its bound (``fanout`` per node, up to :data:`HOP_BOUND_BYTES`), its new nodes marked as they are drawn -- and
+    one host read, of the sample's size and the new sources' count together.  The map is whole again afterwards,
+    whatever happened."""
     from ..kernels import sample as k
     from ..kernels.launch import THREADS_PER_BLOCK, grid, launch_numba
 
@@ -103,13 +109,17 @@ def hop_kernels(xp, indptr, indices, nodes, fanout, key, relabel):
     ptr = xp.zeros(n_dst + 1, np.int64)
     if not n_dst:
         return xp.empty(0, np.int64), ptr, xp.empty(0, np.int32)
-    counts, cols = xp.empty(n_dst, np.int64), xp.empty(n_dst * fanout, np.int32)
+    counts = xp.empty(n_dst, np.int64)
+    bound = min(n_dst * fanout, indices.shape[0])  # (distinct nodes: at most every entry of the graph)
     slot, mark = relabel.slot, relabel.mark
     with relabel._lock:
         src = None
         try:
             launch_numba(k.hop_counts, grid(n_dst), THREADS_PER_BLOCK, indptr, nodes, int(fanout), counts, slot)
             xp.cumsum(counts, out=ptr[1:])
+            if bound * 4 > HOP_BOUND_BYTES:  # a buffer of the bound would be large: the sample's size read first
+                bound = int(ptr[-1])  # synchronize!
+            cols = xp.empty(bound, np.int32)
             launch_numba(k.sample_mark_rows, grid(n_dst), THREADS_PER_BLOCK, indptr, indices, nodes, int(fanout),
                          np.uint64(key), ptr, cols, slot, mark)
             scan = xp.cumsum(mark, dtype=np.int32)
