@@ -26,7 +26,7 @@ __all__ = [
     "gpu_available",
     "gpu_unusable_reason",
     "get_cupy",
-    "multiprocessors",
+    "device_attributes",
     "array_module",
     "is_device_array",
     "publish",
@@ -162,15 +162,16 @@ def get_cupy():
     return cupy
 
 
-def multiprocessors():
-    """Multiprocessors of the current device (read once per device: CuPy's ``Device.attributes`` asks the driver for
-    every attribute, and a new matrix's first product would pay that each time)."""
-    return _multiprocessors(get_cupy().cuda.runtime.getDevice())
+def device_attributes():
+    """The current device's attributes (CuPy's ``Device.attributes``), read once per device: that call asks the
+    driver for every attribute, and a new matrix's first product (its multiprocessor count) would pay it each time.
+    Read-only."""
+    return _device_attributes(get_cupy().cuda.runtime.getDevice())
 
 
 @functools.cache
-def _multiprocessors(device):
-    return get_cupy().cuda.Device(device).attributes["MultiProcessorCount"]
+def _device_attributes(device):
+    return get_cupy().cuda.Device(device).attributes
 
 
 def publish(value=None):

@@ -16,6 +16,7 @@ import numpy as np
 
 from .._device import array_module, get_cupy, use_gpu
 from .._tiled import TiledMatrix, spmm
+from ..tiles import coo_to_csr_order
 from ..sampling import GOLDEN, Relabel, sample_hop, splitmix64
 from ._layers import dropout as drop, relu
 from ._models import glorot
@@ -51,12 +52,9 @@ class Block:
             else:
                 rows, cols, values = self._entries
                 shape = self.adj.shape[::-1]
-                xp = array_module(cols)
-                # the entries are in row order: a stable sort by column alone leaves each column's rows ascending
-                order = xp.argsort(cols, kind="stable")
-                by_col = cols[order]
-                indptr = xp.searchsorted(by_col, xp.arange(shape[0] + 1), side="left").astype(np.int32)
-                self._adj_t = TiledMatrix((values[order], rows[order], indptr), shape=shape,
+                # (the entries are in row order: a stable sort by column alone leaves each column's rows ascending)
+                order, indices, indptr = coo_to_csr_order(cols, rows, shape, cols_sorted=True)
+                self._adj_t = TiledMatrix((values[order], indices, indptr), shape=shape,
                                           layout=self.adj.layout.name, device=self.adj.device)
                 self._entries = None
         return self._adj_t

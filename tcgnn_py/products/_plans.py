@@ -8,7 +8,7 @@ host with NumPy and uploaded, larger ones with CuPy where they live.
 import numpy as np
 
 from .. import _reference as ref
-from .._device import multiprocessors, to_host
+from .._device import device_attributes, to_host
 from ..tiles import HOST_PLAN_MAX
 
 
@@ -71,7 +71,7 @@ def vec_coop_units(tiling):
 
 def sm_count(tiling):
     """Multiprocessors of the device the tiling lives on (cached on it)."""
-    return tiling.cached("sm_count", multiprocessors)
+    return tiling.cached("sm_count", lambda: device_attributes()["MultiProcessorCount"])
 
 
 def sorted_plan(tiling, bpu):

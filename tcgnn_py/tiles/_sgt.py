@@ -380,11 +380,14 @@ def coo_to_csr(data, rows, cols, shape):
     return data[order], indices, indptr
 
 
-def coo_to_csr_order(rows, cols, shape):
-    """``(order, indices, indptr)``: CSR of distinct COO pairs, ``data[order]`` its values."""
+def coo_to_csr_order(rows, cols, shape, cols_sorted=False):
+    """``(order, indices, indptr)``: CSR of distinct COO pairs, ``data[order]`` its values.  ``cols_sorted``: the
+    pairs come in ascending ``cols`` order (a CSR's entries, transposed), so a stable sort by row alone orders
+    them, without (row, column) keys."""
     xp = array_module(rows)
     n_rows, n_cols = shape
-    order = xp.argsort(rows.astype(np.int64) * n_cols + cols, kind="stable")
+    key = rows if cols_sorted else rows.astype(np.int64) * n_cols + cols
+    order = xp.argsort(key, kind="stable")
     rows_s = rows[order]
     indptr = xp.searchsorted(rows_s, xp.arange(n_rows + 1), side="left").astype(np.int32)
     return order, cols[order].astype(np.int32), indptr

@@ -10,7 +10,7 @@ import functools
 import numpy as np
 
 from ..._cache import BOUND
-from ..._device import get_cupy
+from ..._device import device_attributes, get_cupy
 from ...kernels import nn as kn
 from ...kernels.driver import resident_blocks
 from ...kernels.launches import Scratch, make
@@ -247,7 +247,7 @@ def _atb_bind(a, b, key, stream, capturing):
     bq, ti, nt = kn.DENSE_ATB_TILES[0 if p > 8 else 1]
     bp = nt // (bq // 4) * ti
     tiles = -(-p // bp) * -(-q // bq)
-    device = cp.cuda.Device().attributes
+    device = device_attributes()
     sms = device["MultiProcessorCount"]
     chunk = max(DENSE_ATB_MIN_ROWS, -(-N * tiles // (DENSE_ATB_BLOCKS_PER_SM * sms)))
     chunk = -(-chunk // 32) * 32
