@@ -203,6 +203,7 @@ def test_vec_counts_are_the_plans(bpu):
     assert counts == {"units": plan["units"].shape[0], "n_slots": plan["n_slots"], "max_parts": plan["max_parts"]}
     assert vec_counts(_Histogram(np.zeros(0, np.int64)), bpu) == {"units": 0, "n_slots": 0, "max_parts": 0}
 
+
 class _Histogram:
     """A tiling as the unit-size rule sees it: its blocks-per-window histogram and an SM count."""
 
@@ -242,6 +243,44 @@ def test_unit_size_of_the_16bit_kernel_takes_its_own_floor():
         assert _vec_layout.vec_unit_size(hist, n_slices=4, half=True) == 64
         with tg.tuning(half_tail_floor=None):  # the factor's cap alone
             assert _vec_layout.vec_unit_size(hist, n_slices=4, half=True) == 256
+
+
+@pytest.mark.parametrize("blocks, bpu, want", [
+    ([12] * 3000, 16, 2),  # short windows, one unit each: 12 blocks a unit
+    ([16] * 3000, 16, 2),  # 16 blocks a unit: still short
+    ([17] * 3000, 256, 4),  # 17 a unit
+    ([200] * 600, 64, 4),  # long windows cut in 4 parts of 50
+    ([200] * 600, 16, 2),  # ... or in 13 of at most 16
+])
+def test_cp_async_steps_of_2_blocks_where_units_are_short(blocks, bpu, want):
+    """2 blocks a cp.async step where units average 16 blocks or fewer (4-block steps would leave a unit too few of
+    them), 4 otherwise; a one-CTA-per-window launch takes 2 whatever its windows."""
+    hist = _Histogram(blocks)
+    assert _vec_layout.async_unroll(hist, bpu, coop=False) == want
+    assert _vec_layout.async_unroll(hist, bpu, coop=True) == 2
+
+
+@pytest.mark.parametrize("blocks, want", [([10] * 3000, False), ([10] * 3000 + [40], True)])
+def test_sums_in_the_launch_only_where_a_window_is_split(blocks, want):
+    """16 blocks a unit: no window cut means no sums to make, and the kernel is the one without them; one window of
+    40 blocks cut in 3 parts: its parts are summed in the launch."""
+    with tg.tuning(vec_blocks_per_unit=16):
+        assert _vec_layout.partition(_Histogram(blocks), 64) == (1, 16, want)
+
+
+@pytest.mark.filterwarnings("ignore::tcgnn_py.NoGPUWarning")
+def test_the_one_cta_per_window_launch_takes_64_features_and_2_block_steps():
+    """On a grid small enough for one CTA per window, the statistics' float32 launch takes 2 blocks a step, and 64
+    features per warp where D is wider than 32 (a compiled config: the timed choice's first candidate)."""
+    from tcgnn_py.kernels import products as kp
+
+    T = tg.TiledMatrix(sp.random(300, 300, density=0.05, format="csr", random_state=0), layout="vector")
+    T.tiling.put("sm_count", 132)
+    with tg.tuning(vec_coop=True):
+        for D, fs in ((32, 1), (64, 2), (256, 2)):
+            k = vec_family.default(T.tiling, D, True).kernel
+            assert (k.COOP, k.FS, k.U) == (True, fs, 2) and k in kp.VEC_SPMM_CONFIGS
+            assert vec_family.candidates(T.tiling, D, True)[0].kernel == k
 
 
 @pytest.mark.parametrize("floor", [None, 128])

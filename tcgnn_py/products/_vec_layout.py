@@ -15,9 +15,9 @@ from ._launch import Scratch, compiled, fixup, partial_scratch, spmm
 from ._plans import (VEC_UNITS_PER_WINDOW_MAX, sm_count, sorted_plan, vec_coop_units, vec_counts, vec_hist,
                      vec_meta, vec_plan)
 
-__all__ = ["Config", "Shape", "VEC_COOP_CTAS", "VEC_RESIDENT_WARPS", "VEC_UNIT_SIZES", "VEC_WIDE_WARPS", "async_rows",
-           "coop_launch", "layout_launches", "partition", "partition_launch", "partition_units", "vec_coop",
-           "vec_unit_size"]
+__all__ = ["Config", "Shape", "VEC_COOP_CTAS", "VEC_RESIDENT_WARPS", "VEC_SHORT_UNIT", "VEC_UNIT_SIZES", "VEC_WIDE_WARPS",
+           "async_rows", "async_unroll", "coop_launch", "layout_launches", "partition", "partition_launch",
+           "partition_units", "vec_coop", "vec_unit_size"]
 
 
 #: 64 features per warp (instead of 32) while units x slices still give this many warps per SM: a warp then
@@ -30,6 +30,8 @@ VEC_WIDE_WARPS = 32
 VEC_UNIT_SIZES = (16, 32, 64, 128, 256)
 #: Warps of the vector SpMM resident per SM (8 CTAs of 4 warps at 64 registers).
 VEC_RESIDENT_WARPS = 32
+#: Units of at most this many blocks on average take 2-block cp.async steps (:func:`async_unroll`).
+VEC_SHORT_UNIT = 16
 
 
 def async_rows(D, vec):
@@ -45,7 +47,8 @@ def partition(tiling, D, half=False, slices=None):
     the features), else 1.  The blocks per unit fix the partition of each window, hence the order of every
     sum (:func:`vec_unit_size`).  ``combine``: split windows of at most ``options()["vec_combine_parts_max"]``
     parts are summed inside the launch (the last part's warp reads them all); longer ones go to the fixup
-    launch, which spreads each sum over threads.  ``half``: the 16-bit kernel's units.
+    launch, which spreads each sum over threads.  Without split windows it is False: the kernel then carries no
+    code for sums it would never make.  ``half``: the 16-bit kernel's units.
     """
     def shape(slices):
         n_slices = -(-D // (32 * slices))
@@ -59,7 +62,20 @@ def partition(tiling, D, half=False, slices=None):
                 slices = 2
     bpu = shape(slices)[1]
     max_parts = vec_counts(tiling, bpu)["max_parts"]
-    return slices, bpu, 0 < max_parts <= options()["vec_combine_parts_max"] and options()["vec_combine"]
+    return slices, bpu, 1 < max_parts <= options()["vec_combine_parts_max"] and options()["vec_combine"]
+
+
+def async_unroll(tiling, bpu, coop):
+    """Blocks per cp.async step of the vector SpMM (2 or 4) on ``bpu`` blocks per unit.
+
+    2 where units are short: one CTA per window (:func:`vec_coop`: a small grid, whose time is a warp's chain of
+    steps), or at most :data:`VEC_SHORT_UNIT` blocks per unit on average, where 4-block steps leave a unit too
+    few steps to keep two in flight; else 4, which halves the steps of long units.
+    """
+    if coop:
+        return 2
+    blocks, units = _size_stats(tiling)[1], vec_counts(tiling, bpu)["units"]
+    return 2 if blocks <= VEC_SHORT_UNIT * max(units, 1) else 4
 
 
 def partition_units(tiling, bpu):
@@ -180,7 +196,7 @@ def vec_coop(tiling, D, half=False):
     n_slices = -(-D // 32)
     if tiling.n_windows * n_slices > VEC_COOP_CTAS * sm_count(tiling):
         return False
-    longest = int(vec_hist(tiling).max(initial=0))
+    longest = _size_stats(tiling)[0]
     bpu = options()["vec_blocks_per_unit"] or vec_unit_size(tiling, n_slices, half)
     return bpu < longest <= 4 * options()["vec_coop_chain"] * bpu
 

@@ -17,7 +17,7 @@ from .._autotune import choose
 from .._launch import f32_plan, sddmm, sddmm_plan
 from .._plans import spmm_plan, vec_counts
 from .._values import VEC_DENSE_BYTES_MAX
-from .._vec_layout import Config, Shape, async_rows, layout_launches, partition, vec_coop
+from .._vec_layout import Config, Shape, async_rows, async_unroll, layout_launches, partition, vec_coop
 
 __all__ = ["MAX_WARPS", "Config", "candidates", "default", "kernels", "launch", "launches", "plan", "plan_sddmm",
            "sddmm_launch", "spmm_launch"]
@@ -105,8 +105,10 @@ def default(tiling, D, vec):
     if not cp_async:
         return Config(kp.SpmmVec(FS=slices, U=kp.VEC_UNROLL, VEC=False, COMBINE=combine), bpu)
     coop = vec_coop(tiling, D)
-    return Config(kp.SpmmVecAsync(FS=slices, U=kp.VEC_UNROLL, NS=kp.VEC_STAGES, COMBINE=combine and not coop, RX=True,
-                                  PV=True, COOP=coop), bpu)
+    if coop and D > 32:  # (its grid is a few CTAs per SM: 64 features per warp read each block's metadata once)
+        slices = 2
+    return Config(kp.SpmmVecAsync(FS=slices, U=async_unroll(tiling, bpu, coop), NS=kp.VEC_STAGES,
+                                  COMBINE=combine and not coop, RX=True, PV=True, COOP=coop), bpu)
 
 
 def launch(tiling, dtype, D, vec, config=None):
