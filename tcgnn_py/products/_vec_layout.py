@@ -15,9 +15,9 @@ from ._launch import Scratch, compiled, fixup, partial_scratch, spmm
 from ._plans import (VEC_UNITS_PER_WINDOW_MAX, sm_count, sorted_plan, vec_coop_units, vec_counts, vec_hist,
                      vec_meta, vec_plan)
 
-__all__ = ["Config", "Shape", "VEC_COOP_CTAS", "VEC_RESIDENT_WARPS", "VEC_SHORT_UNIT", "VEC_UNIT_SIZES", "VEC_WIDE_WARPS",
-           "async_rows", "async_unroll", "coop_launch", "layout_launches", "partition", "partition_launch",
-           "partition_units", "vec_coop", "vec_unit_size"]
+__all__ = ["Config", "Shape", "VEC_COOP_CTAS", "VEC_RESIDENT_WARPS", "VEC_SHORT_UNIT", "VEC_UNIT_SIZES",
+           "VEC_WIDE_WARPS", "async_rows", "async_unroll", "coop_launch", "layout_launches", "partition",
+           "partition_launch", "partition_units", "vec_coop", "vec_unit_size"]
 
 
 #: 64 features per warp (instead of 32) while units x slices still give this many warps per SM: a warp then
