@@ -209,6 +209,7 @@ class _Histogram:
 
     def __init__(self, blocks_per_window, sms=132):
         self.store = {"vec_hist": np.asarray(blocks_per_window, np.int64), "sm_count": sms}
+        self.n_windows, self.n_blocks = len(blocks_per_window), int(np.sum(blocks_per_window))
 
     def cached(self, key, build):
         if key not in self.store:
@@ -224,6 +225,27 @@ class _Histogram:
 
     def drop(self, key):
         self.store.pop(key, None)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_small_grid_shortcut_is_the_rule(seed, monkeypatch):
+    """Grids too small for any unit size to give the target's warps take the smallest size without a pass over
+    the windows (and one warp's features where two could not fill the GPU): the full rule's answer at every
+    width (hubs, empty windows, grids on either side of the bound)."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 2000))
+    blocks = rng.zipf(2.0, n).clip(0, 1500) * rng.integers(0, 2, n)
+    real = _vec_layout._units_bound
+    taken = _vec_layout._units_bound(_Histogram(blocks), 16) < 16 * 132  # (the shortcut serves D <= 32 at least)
+    assert taken or seed % 2
+    for sms in (8, 132):
+        for D in (32, 64, 256, 1024):
+            got = _vec_layout.partition(_Histogram(blocks, sms), D)
+            sizes = [_vec_layout.vec_unit_size(_Histogram(blocks, sms), k) for k in (1, 2, 4, 8)]
+            monkeypatch.setattr(_vec_layout, "_units_bound", lambda tiling, bpu: 10**12)  # (the full rule)
+            assert got == _vec_layout.partition(_Histogram(blocks, sms), D)
+            assert sizes == [_vec_layout.vec_unit_size(_Histogram(blocks, sms), k) for k in (1, 2, 4, 8)]
+            monkeypatch.setattr(_vec_layout, "_units_bound", real)
 
 
 @pytest.mark.parametrize("floor, want", [(None, 256), (128, 128)])
@@ -301,7 +323,6 @@ class _Windows(_Histogram):
     def __init__(self, win_ptr, sms=132):
         self.win_ptr = np.asarray(win_ptr, np.int32)
         super().__init__(np.diff(self.win_ptr), sms)
-        self.n_windows = len(win_ptr) - 1
 
     def cached(self, key, build):
         if key not in self.store:
@@ -564,6 +585,38 @@ def test_timed_after_keeps_the_default_untimed_for_that_many_calls(monkeypatch):
     with pytest.raises(ValueError, match="tuning option timed_after takes an int >= 0"):
         with tg.tuning(timed_after=-1):
             pass
+
+
+def test_an_untimed_call_works_out_the_default_alone(monkeypatch):
+    """A family's candidates given as a callable: a call that times nothing (the first, under timed_after) asks
+    for the default alone, and the planning that times asks for them all; a default that is the only candidate
+    is final at once (no count to run down)."""
+    import types
+
+    from tcgnn_py.kernels import registry, timing
+    from tcgnn_py.products import _autotune
+
+    monkeypatch.setattr(registry, "is_compiled", lambda family, name: True)
+    monkeypatch.setattr(timing, "time_round_robin", lambda calls, rounds: [1.0, 0.5])
+    Launch = _host_stand_ins(monkeypatch, _autotune)
+    family = types.SimpleNamespace(kernels=lambda tiling, dtype, config: (("fam", config),),
+                                   launches=lambda tiling, dtype, D, vec, configs: [Launch(config=c) for c in configs])
+    asked = []
+
+    def candidates(first_only=False, configs=("a", "b")):
+        asked.append(first_only)
+        return (configs[0], len(configs) == 1) if first_only else list(configs)
+
+    kept = {}
+    tiling = types.SimpleNamespace(n_blocks=10, put=kept.__setitem__, peek=kept.get)
+    args = (family, tiling, np.float32, 64, True, ("timed", "float32", 64, True))
+    with tg.tuning(timed_after=2):
+        first = _autotune.choose(*args, candidates, ("values", "X", "Y"))
+        assert isinstance(first, _autotune.Provisional) and first.launch.config == "a" and asked == [True]
+        assert _autotune.choose(*args, candidates, ("values", "X", "Y")).config == "b" and asked == [True, True, False]
+        kept.clear()
+        alone = _autotune.choose(*args, lambda first_only=False: candidates(first_only, ("a",)), ("values", "X", "Y"))
+        assert alone.config == "a" and not isinstance(alone, _autotune.Provisional) and asked[-1] is True
 
 
 def test_a_binder_binds_the_final_launch_or_a_counting_one_and_nothing_else():

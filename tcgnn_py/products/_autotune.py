@@ -47,7 +47,9 @@ def pick_fastest(ms, margin=TIMED_MARGIN):
 
 def choose(family, tiling, dtype, D, vec, key, candidates, operands):
     """The launch of the fastest of ``candidates`` (``family``'s configurations, the default first), or a
-    :class:`Provisional`.
+    :class:`Provisional`.  ``candidates`` may be a callable ``candidates(first_only=False)`` giving them, and with
+    ``first_only`` ``(default, whether it is the only one)`` without working out the others: a call that times
+    nothing (a new matrix's first) needs the default alone.
 
     ``family.kernels(tiling, dtype, config)`` names the ``(family, name)`` kernels a candidate runs (nothing
     compiled, no launch built); ``family.launches(tiling, dtype, D, vec, configs)`` builds their launches in one
@@ -70,14 +72,16 @@ def choose(family, tiling, dtype, D, vec, key, candidates, operands):
     def build(configs):
         return family.launches(tiling, dtype, D, vec, configs)
 
-    if (len(candidates) == 1 or tiling.n_blocks * D > TIMED_MAX_WORK
-            or get_cupy().cuda.get_current_stream().is_capturing()):
-        return build(candidates[:1])[0]
+    first, alone = candidates(first_only=True) if callable(candidates) else (candidates[0], len(candidates) == 1)
+    if alone or tiling.n_blocks * D > TIMED_MAX_WORK or get_cupy().cuda.get_current_stream().is_capturing():
+        return build([first])[0]
     after = options()["timed_after"]
     deferred = ("timed deferred",) + key[1:] + (overrides_key(),)
     if after and tiling.peek(deferred) is None:  # (the default now; timed on the call after the next ``after``)
         tiling.put(deferred, True)
-        return Provisional(build(candidates[:1])[0], [Countdown(after)])
+        return Provisional(build([first])[0], [Countdown(after)])
+    if callable(candidates):
+        candidates = candidates()
     needs = [family.kernels(tiling, dtype, c) for c in candidates]
     missing = {k for ks in needs[1:] for k in ks if not is_compiled(*k)} - set(needs[0])
     futures = []

@@ -58,7 +58,8 @@ def partition(tiling, D, half=False, slices=None):
         slices = 1
         if D > 32 and options()["vec_max_slices"] >= 2:
             n2, bpu2 = shape(2)
-            if vec_counts(tiling, bpu2)["units"] * n2 >= VEC_WIDE_WARPS * sm_count(tiling):
+            wide = VEC_WIDE_WARPS * sm_count(tiling)
+            if _units_bound(tiling, bpu2) * n2 >= wide and vec_counts(tiling, bpu2)["units"] * n2 >= wide:
                 slices = 2
     bpu = shape(slices)[1]
     max_parts = vec_counts(tiling, bpu)["max_parts"]
@@ -74,8 +75,7 @@ def async_unroll(tiling, bpu, coop):
     """
     if coop:
         return 2
-    blocks, units = _size_stats(tiling)[1], vec_counts(tiling, bpu)["units"]
-    return 2 if blocks <= VEC_SHORT_UNIT * max(units, 1) else 4
+    return 2 if tiling.n_blocks <= VEC_SHORT_UNIT * max(vec_counts(tiling, bpu)["units"], 1) else 4
 
 
 def partition_units(tiling, bpu):
@@ -196,7 +196,7 @@ def vec_coop(tiling, D, half=False):
     n_slices = -(-D // 32)
     if tiling.n_windows * n_slices > VEC_COOP_CTAS * sm_count(tiling):
         return False
-    longest = _size_stats(tiling)[0]
+    longest = _longest(tiling)
     bpu = options()["vec_blocks_per_unit"] or vec_unit_size(tiling, n_slices, half)
     return bpu < longest <= 4 * options()["vec_coop_chain"] * bpu
 
@@ -217,8 +217,27 @@ def vec_unit_size(tiling, n_slices, half=False):
     No separate rule for hub windows: the caps bound their units, and a rule of its
     own cut them too finely.
     """
-    return tiling.cached(("vec_unit_size", n_slices, half, overrides_key()),
-                         lambda: _unit_size(_size_stats(tiling), sm_count(tiling), n_slices, half))
+    def build():
+        target = options()["vec_target_warps"] * sm_count(tiling)
+        smallest = VEC_UNIT_SIZES[0]
+        if (_units_bound(tiling, smallest) * n_slices < target
+                and tiling.n_blocks <= smallest * VEC_UNITS_PER_WINDOW_MAX):
+            return smallest  # (no size reaches the target: the rule's answer, without a pass over the windows)
+        return _unit_size(_size_stats(tiling), sm_count(tiling), n_slices, half)
+
+    return tiling.cached(("vec_unit_size", n_slices, half, overrides_key()), build)
+
+
+def _units_bound(tiling, bpu):
+    """At least the units of any plan of ``bpu`` or more blocks per unit, in O(1): a window of ``nb`` blocks takes
+    at most ``nb // bpu + 1`` units.  A small grid's launch is chosen from it without passes over the windows, which
+    a new matrix's first product would pay in NumPy calls."""
+    return tiling.n_blocks // bpu + tiling.n_windows
+
+
+def _longest(tiling):
+    """Blocks of the longest window (cached on the tiling)."""
+    return tiling.cached("vec_longest", lambda: int(vec_hist(tiling).max(initial=0)))
 
 
 def _size_stats(tiling):

@@ -50,7 +50,7 @@ def spmm_launch(tiling, dtype, D, vec, half, operands=None):
     if operands is None or not options()["vec_timed_choice"]:
         return launch(tiling, dtype, D, vec, half)
     return choose(sys.modules[__name__], tiling, dtype, D, vec, ("timed", half, D, vec),
-                  candidates(tiling, D, vec, half), operands)
+                  functools.partial(candidates, tiling, D, vec, half), operands)
 
 
 @functools.cache
@@ -121,7 +121,7 @@ def launches(tiling, dtype, D, vec, configs):
     return layout_launches(tiling, D, shapes, kp.fixup_name("float32", np.dtype(dtype).name), extra=("unscale_p",))
 
 
-def candidates(tiling, D, vec, half):
+def candidates(tiling, D, vec, half, first_only=False):
     """The 16-bit vector SpMM launches the timed choice compares: the default first.
 
     As :func:`.vec.candidates`, every candidate keeps the default's partition, and
@@ -136,7 +136,10 @@ def candidates(tiling, D, vec, half):
 
     first = default(tiling, D, vec, half)
     k = first.kernel
-    if not vec or options()["half_kernel"] is not None:
+    alone = not vec or options()["half_kernel"] is not None
+    if first_only:
+        return first, alone
+    if alone:
         return [first]
     if k.COOP:  # its own partition (4 parts per window): candidates among its own shapes
         shapes = tuple((("FS", f), ("KS", ks), ("NS", ns)) for f, ks, ns in kp.VEC_HALF_COOP if fits(f))

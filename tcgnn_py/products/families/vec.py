@@ -64,7 +64,7 @@ def spmm_launch(tiling, dtype, D, vec, operands=None):
     if operands is None or not options()["vec_timed_choice"]:
         return launch(tiling, dtype, D, vec)
     return choose(sys.modules[__name__], tiling, dtype, D, vec, ("timed", "float32", D, vec),
-                  candidates(tiling, D, vec), operands)
+                  functools.partial(candidates, tiling, D, vec), operands)
 
 
 @functools.cache
@@ -128,7 +128,7 @@ def launches(tiling, dtype, D, vec, configs):
     return layout_launches(tiling, D, shapes, kp.fixup_name(np.dtype(dtype).name))
 
 
-def candidates(tiling, D, vec):
+def candidates(tiling, D, vec, first_only=False):
     """The float32 vector SpMM launches the timed choice compares: the default first.
 
     Every candidate keeps the default's partition (blocks per unit), so each
@@ -144,7 +144,10 @@ def candidates(tiling, D, vec):
     """
     first = default(tiling, D, vec)
     k = first.kernel
-    if options()["vec_kernel"] is not None or not async_rows(D, vec):
+    alone = options()["vec_kernel"] is not None or not async_rows(D, vec)
+    if first_only:
+        return first, alone
+    if alone:
         return [first]
     widths = (1, 2) if D > 32 else (1,)
     if k.COOP:  # its own partition (4 parts per window): candidates among its own shapes
