@@ -192,15 +192,25 @@ def test_the_host_plan_is_the_device_plans():
 
 
 @pytest.mark.parametrize("bpu", [1, 16, 64])
-def test_vec_counts_are_the_plans(bpu):
+@pytest.mark.parametrize("hub", [True, False], ids=["hub", "short"])
+def test_vec_counts_are_the_plans(bpu, hub):
     """What choosing a launch reads of a plan -- its units, slots and most parts -- counted from the histogram alone
-    (empty windows, split ones and a hub capped at the most units a window takes)."""
+    (empty windows, split ones and a hub capped at the most units a window takes; or, where no window is longer than
+    a unit, without a pass over them), and the plan of such short windows is a unit each."""
     from tcgnn_py.products._plans import VEC_UNITS_PER_WINDOW_MAX, build_plan, vec_counts
 
-    win_ptr = np.array([0, 0, 3, 3, 100, 101, 101 + 3 * VEC_UNITS_PER_WINDOW_MAX * 64], np.int32)
+    ends = [101 + 3 * VEC_UNITS_PER_WINDOW_MAX * 64] if hub else [101]
+    win_ptr = np.array([0, 0, 3, 3, 100, 101] + ends, np.int32)
     plan = build_plan(np, win_ptr, bpu, VEC_UNITS_PER_WINDOW_MAX)
     counts = vec_counts(_Histogram(np.diff(win_ptr)), bpu)
     assert counts == {"units": plan["units"].shape[0], "n_slots": plan["n_slots"], "max_parts": plan["max_parts"]}
+    if bpu == 64 and not hub:  # (windows of 0, 3, 0, 97, 1, 0 blocks: only the 97 is cut)
+        assert counts == {"units": 7, "n_slots": 2, "max_parts": 2}
+    short = np.array([0, 0, 3, 3, 16, 17], np.int32)
+    plan = build_plan(np, short, 16, VEC_UNITS_PER_WINDOW_MAX)
+    np.testing.assert_array_equal(plan["units"], [[0, 0, 0, -1], [1, 0, 3, -1], [2, 3, 3, -1], [3, 3, 16, -1],
+                                                  [4, 16, 17, -1]])
+    assert vec_counts(_Histogram(np.diff(short)), 16) == {"units": 5, "n_slots": 0, "max_parts": 1}
     assert vec_counts(_Histogram(np.zeros(0, np.int64)), bpu) == {"units": 0, "n_slots": 0, "max_parts": 0}
 
 
@@ -265,6 +275,29 @@ def test_unit_size_of_the_16bit_kernel_takes_its_own_floor():
         assert _vec_layout.vec_unit_size(hist, n_slices=4, half=True) == 64
         with tg.tuning(half_tail_floor=None):  # the factor's cap alone
             assert _vec_layout.vec_unit_size(hist, n_slices=4, half=True) == 256
+
+
+@pytest.mark.filterwarnings("ignore::tcgnn_py.NoGPUWarning")
+def test_a_grid_of_one_wave_keeps_the_plans_order():
+    """The usual launch's units go longest first where the grid is more than the SMs hold at once (its tail is made
+    of short ones), and in the plan's own order where it is not (no tail: the sort would cost a new matrix's first
+    product for nothing)."""
+    from tcgnn_py.products._plans import vec_plan
+
+    A = tg.power_law_graph(3000, 30000, seed=2)
+    T = tg.TiledMatrix(A, layout="vector", device="cpu")
+    plan = vec_plan(T.tiling, 16)
+    n_units = plan["units"].shape[0]
+    T.tiling.put("sm_count", 1)  # 32 resident warps: many waves
+    _, units, unit_k0, _ = _vec_layout.partition_units(T.tiling, 16, 1)
+    length = units[:, 2] - units[:, 1]
+    assert (np.diff(length) <= 0).all() and sorted(map(tuple, units)) == sorted(map(tuple, plan["units"]))
+    T.tiling.put("sm_count", -(-n_units // 32))  # every unit resident at once
+    _, units, unit_k0, _ = _vec_layout.partition_units(T.tiling, 16, 1)
+    np.testing.assert_array_equal(units, plan["units"])
+    np.testing.assert_array_equal(unit_k0, plan["unit_k0"])
+    _, units, _, _ = _vec_layout.partition_units(T.tiling, 16, 2)  # (two slices a unit: two waves, sorted)
+    assert (np.diff(units[:, 2] - units[:, 1]) <= 0).all()
 
 
 @pytest.mark.parametrize("blocks, bpu, want", [

@@ -24,6 +24,7 @@ __all__ = [
     "vec_coop_units",
     "vec_counts",
     "vec_hist",
+    "vec_longest",
     "vec_meta",
     "vec_plan",
 ]
@@ -47,10 +48,18 @@ def vec_counts(tiling, bpu):
     """``{"units", "n_slots", "max_parts"}`` of :func:`vec_plan` on ``bpu`` blocks per unit, from the blocks-per-window
     histogram on the host (cached): what choosing a launch reads of a plan, without building or uploading one."""
     def build():
-        k = _parts(np, vec_hist(tiling), bpu, VEC_UNITS_PER_WINDOW_MAX)
+        nb = vec_hist(tiling)
+        if vec_longest(tiling) <= bpu:  # (no window cut: a unit each, counted without a pass)
+            return {"units": nb.shape[0], "n_slots": 0, "max_parts": min(nb.shape[0], 1)}
+        k = _parts(np, nb, bpu, VEC_UNITS_PER_WINDOW_MAX)
         return {"units": int(k.sum()), "n_slots": int(k[k > 1].sum()), "max_parts": int(k.max(initial=0))}
 
     return tiling.cached(("vec_counts", bpu), build)
+
+
+def vec_longest(tiling):
+    """Blocks of the longest window (cached on the tiling)."""
+    return tiling.cached("vec_longest", lambda: int(vec_hist(tiling).max(initial=0)))
 
 
 def vec_coop_units(tiling):
@@ -102,7 +111,11 @@ def _longest_first(xp, units, unit_k0):
 def vec_hist(tiling):
     """Blocks per window on the host (cached on the tiling), from its window pointers there (the translation's
     copy, where it made one)."""
-    return tiling.cached("vec_hist", lambda: np.diff(_host(tiling, "win_ptr")).astype(np.int64))
+    def build():
+        win_ptr = _host(tiling, "win_ptr")
+        return np.subtract(win_ptr[1:], win_ptr[:-1], dtype=np.int64)
+
+    return tiling.cached("vec_hist", build)
 
 
 def _host(tiling, name):
@@ -259,13 +272,10 @@ def _host_plan(win_ptr, blocks_per_unit, max_units, even):
     matrix's first product plans here, on a few thousand windows, where each NumPy call's overhead is the cost."""
     start = win_ptr[:-1].astype(np.int64)
     nb = win_ptr[1:] - start
-    k = _parts(np, nb, blocks_per_unit, max_units)
-    n_owners = k.shape[0]
-    n_units = int(k.sum())
-    sw = np.flatnonzero(k > 1)
-    units = np.empty((n_units, 4), np.int32)
-    unit_k0 = np.empty((n_units, 2), np.int32)
-    if sw.shape[0] == 0:  # (no owner cut: a unit per owner)
+    n_owners = nb.shape[0]
+    if n_owners == 0 or nb.max() <= blocks_per_unit:  # (no owner cut: a unit per owner)
+        units = np.empty((n_owners, 4), np.int32)
+        unit_k0 = np.empty((n_owners, 2), np.int32)
         units[:, 0] = np.arange(n_owners)
         units[:, 1] = start
         units[:, 2] = win_ptr[1:] if even else np.minimum(start + blocks_per_unit, win_ptr[1:])
@@ -273,7 +283,12 @@ def _host_plan(win_ptr, blocks_per_unit, max_units, even):
         unit_k0[:, 0] = -1
         unit_k0[:, 1] = 1
         return {"units": units, "unit_k0": unit_k0, "splits": np.empty((0, 4), np.int32), "n_slots": 0,
-                "max_parts": int(k.max()) if n_owners else 0}
+                "max_parts": min(n_owners, 1)}
+    k = _parts(np, nb, blocks_per_unit, max_units)
+    n_units = int(k.sum())
+    sw = np.flatnonzero(k > 1)
+    units = np.empty((n_units, 4), np.int32)
+    unit_k0 = np.empty((n_units, 2), np.int32)
     uw = np.repeat(np.arange(n_owners), k)
     unit_ptr = np.concatenate((np.zeros(1, np.int64), np.cumsum(k)))
     owner_first = unit_ptr[:-1][uw]  # (each unit's owner's first unit)

@@ -13,7 +13,7 @@ import numpy as np
 from .._tuning import options, overrides_key
 from ._launch import Scratch, compiled, fixup, partial_scratch, spmm
 from ._plans import (VEC_UNITS_PER_WINDOW_MAX, sm_count, sorted_plan, vec_coop_units, vec_counts, vec_hist,
-                     vec_meta, vec_plan)
+                     vec_longest, vec_meta, vec_plan)
 
 __all__ = ["Config", "Shape", "VEC_COOP_CTAS", "VEC_RESIDENT_WARPS", "VEC_SHORT_UNIT", "VEC_UNIT_SIZES",
            "VEC_WIDE_WARPS", "async_rows", "async_unroll", "coop_launch", "layout_launches", "partition",
@@ -78,11 +78,15 @@ def async_unroll(tiling, bpu, coop):
     return 2 if tiling.n_blocks <= VEC_SHORT_UNIT * max(vec_counts(tiling, bpu)["units"], 1) else 4
 
 
-def partition_units(tiling, bpu):
+def partition_units(tiling, bpu, n_slices=None):
     """``(plan, units, unit_k0, meta)`` of the usual launch on ``bpu`` blocks per unit: its plan's splits and counts
     (:func:`.vec_plan`), its units in launch order (longest first, unless ``options()["vec_sort_units"]`` is off:
-    the grid's tail is then made of short ones) and the blocks' metadata."""
-    if options()["vec_sort_units"]:
+    the grid's tail is then made of short ones) and the blocks' metadata.  A grid of ``n_slices`` per unit that
+    every SM holds at once (:data:`VEC_RESIDENT_WARPS` warps each) keeps the plan's order: it has no tail to
+    order, and a new matrix's first product would pay the sort."""
+    one_wave = n_slices is not None and vec_counts(tiling, bpu)["units"] * n_slices <= (
+        VEC_RESIDENT_WARPS * sm_count(tiling))
+    if options()["vec_sort_units"] and not one_wave:
         return tiling.cached(("vec_sorted", bpu), lambda: sorted_plan(tiling, bpu)) + (vec_meta(tiling),)
     plan = vec_plan(tiling, bpu)
     return plan, plan["units"], plan["unit_k0"], vec_meta(tiling)
@@ -167,10 +171,11 @@ def layout_launches(tiling, D, shapes, fix_kernel, extra=()):
         if s.coop:
             frame = coop_launch(tiling, D, s.slices, s.kernel, s.smem[nw - 1], extra=extra)
         else:
-            if s.bpu not in units:
-                units[s.bpu] = partition_units(tiling, s.bpu)
-            frame = partition_launch(tiling, D, s.slices, units[s.bpu], s.combine, s.kernel, s.smem[nw - 1], nw,
-                                     fix_kernel, extra=extra, dense=s.dense)
+            n_slices = -(-D // (32 * s.slices))
+            if (s.bpu, n_slices) not in units:
+                units[s.bpu, n_slices] = partition_units(tiling, s.bpu, n_slices)
+            frame = partition_launch(tiling, D, s.slices, units[s.bpu, n_slices], s.combine, s.kernel,
+                                     s.smem[nw - 1], nw, fix_kernel, extra=extra, dense=s.dense)
         out.append(frames.setdefault(geometry, frame))
     return out
 
@@ -196,7 +201,7 @@ def vec_coop(tiling, D, half=False):
     n_slices = -(-D // 32)
     if tiling.n_windows * n_slices > VEC_COOP_CTAS * sm_count(tiling):
         return False
-    longest = _longest(tiling)
+    longest = vec_longest(tiling)
     bpu = options()["vec_blocks_per_unit"] or vec_unit_size(tiling, n_slices, half)
     return bpu < longest <= 4 * options()["vec_coop_chain"] * bpu
 
@@ -235,9 +240,6 @@ def _units_bound(tiling, bpu):
     return tiling.n_blocks // bpu + tiling.n_windows
 
 
-def _longest(tiling):
-    """Blocks of the longest window (cached on the tiling)."""
-    return tiling.cached("vec_longest", lambda: int(vec_hist(tiling).max(initial=0)))
 
 
 def _size_stats(tiling):
