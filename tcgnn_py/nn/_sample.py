@@ -212,7 +212,9 @@ class NeighborLoader:
     ``(seeds, blocks)``; ``len`` is the batches per epoch.
 
     ``prefetch``: sample batch k+1 on a worker thread while batch k is used (on the GPU the worker issues to its
-    own thread's current stream, CuPy's default: the batches' kernels stay in order with the training's).
+    own thread's current stream, CuPy's default: the batches' kernels stay in order with the training's).  It pays
+    where a step waits on the GPU; where a step's time is the interpreter's own (small blocks, whose kernels take
+    microseconds), the worker shares the interpreter's lock with the step and costs more than it overlaps.
     Epoch ``e`` batch ``b`` samples with seed ``(seed, e, b)``: a run is reproducible."""
 
     def __init__(self, A, nodes, fanouts, batch_size, *, shuffle=True, seed=0, device=None, layout=None,
