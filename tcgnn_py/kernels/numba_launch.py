@@ -66,10 +66,11 @@ def current_stream():
 
 
 def _arg_key(a):
-    """A cheap key that fixes Numba's type of ``a``, or ``_NOT_FAST``."""
+    """A cheap key that fixes Numba's type of ``a``, or ``_NOT_FAST``.  A CuPy array's layout is read from the fields
+    behind its ``flags`` (each ``flags`` access builds an object, and a launch keys every argument)."""
     t = type(a)
     if t is _ndarray[0]:
-        return (a.dtype.char, a.ndim, a.flags.c_contiguous, a.flags.f_contiguous)
+        return (a.dtype.char, a.ndim, a._c_contiguous, a._f_contiguous)
     if t is int:
         return int
     if t is float:
