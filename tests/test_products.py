@@ -336,6 +336,8 @@ def test_the_one_cta_per_window_launch_takes_64_features_and_2_block_steps():
             k = vec_family.default(T.tiling, D, True).kernel
             assert (k.COOP, k.FS, k.U) == (True, fs, 2) and k in kp.VEC_SPMM_CONFIGS
             assert vec_family.candidates(T.tiling, D, True)[0].kernel == k
+        with tg.tuning(vec_max_slices=1):  # (the cap on features per warp holds here too)
+            assert vec_family.default(T.tiling, 64, True).kernel.FS == 1
 
 
 @pytest.mark.parametrize("floor", [None, 128])

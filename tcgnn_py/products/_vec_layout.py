@@ -240,8 +240,6 @@ def _units_bound(tiling, bpu):
     return tiling.n_blocks // bpu + tiling.n_windows
 
 
-
-
 def _size_stats(tiling):
     """``(longest window, blocks, units per size of VEC_UNIT_SIZES)`` of the blocks-per-window histogram (cached on
     the tiling): what :func:`_unit_size` reads, for every width, in one pass over the windows."""

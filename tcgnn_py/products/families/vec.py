@@ -105,8 +105,8 @@ def default(tiling, D, vec):
     if not cp_async:
         return Config(kp.SpmmVec(FS=slices, U=kp.VEC_UNROLL, VEC=False, COMBINE=combine), bpu)
     coop = vec_coop(tiling, D)
-    if coop and D > 32:  # (its grid is a few CTAs per SM: 64 features per warp read each block's metadata once)
-        slices = 2
+    if coop and D > 32 and options()["vec_max_slices"] >= 2:  # (a few CTAs per SM: 64 features per warp read
+        slices = 2  # each block's metadata once)
     return Config(kp.SpmmVecAsync(FS=slices, U=async_unroll(tiling, bpu, coop), NS=kp.VEC_STAGES,
                                   COMBINE=combine and not coop, RX=True, PV=True, COOP=coop), bpu)
 
