@@ -49,7 +49,7 @@ def _additive(A, ss, sd, slope=0.2):
 
 @pytest.mark.parametrize("heads,D,rect", [(1, 5, False), (3, 7, False), (8, 8, False), (2, 4, True)])
 def test_additive_matches_dense_float64(heads, D, rect):
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = _graph(rng, 31, 23 if rect else None)
     n, k = A.shape
     T = tg.TiledMatrix(A, dtype=np.float64, device="cpu")
@@ -72,7 +72,7 @@ def _numeric_grad(f, arrays, i, eps=1e-6):
 
 @pytest.mark.parametrize("dropout", [0.0, 0.5])
 def test_gat_conv_gradients(dropout):
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = _graph(rng, 12)
     T = tg.TiledMatrix(A, dtype=np.float64, device="cpu")
     heads, D = 2, 3
@@ -91,7 +91,7 @@ def test_gat_conv_gradients(dropout):
 
 
 def test_agnn_fused_matches_unfused_with_gradients():
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = _graph(rng, 20)
     T = tg.TiledMatrix(A, dtype=np.float64, device="cpu")
     H, beta = rng.standard_normal((20, 6)), np.array([0.8])
@@ -212,7 +212,7 @@ def _rel(a, b):
 def test_fused_additive_matches_reference(cp, dtype, heads, D, dropout):
     if dtype == "bfloat16":
         pytest.importorskip("ml_dtypes", reason="bfloat16 needs ml_dtypes")
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = _graph(rng, 1003, density=0.01)
     A = sp.csr_array(sp.vstack([A, sp.csr_array(np.ones((1, 1003)))]).tocsr()[:, :1003])  # a 1003-neighbour row
     n, k = A.shape
@@ -250,7 +250,7 @@ def test_fused_gradients_match_the_cpu(cp):
 def test_fused_cosine_and_agnn(cp, D):
     """AGNN's fused passes against the unfused sequence, with a hub row and column (cut into parts, merged in the
     passes) and a row of zeros (norm 0)."""
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = _graph(rng, 800, density=0.01).tolil()
     A[0, ::3] = 1.0
     A[::2, 1] = 1.5
@@ -332,7 +332,7 @@ def _dbeta_scale(A, V, g, inputs, dropout, seed):
 def test_fused_backward_matches_the_reference(cp, dropout, rect, score, dtype):
     """The fused backward (a pass over rows, one over columns) against the CPU's recomputation in float64,
     with a 600-entry row and column, weights, dropout, and a rectangular graph."""
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     n, k = (700, 450) if rect else (700, 700)
     A = _graph(rng, n, k, density=0.01, loops=not rect).tolil()
     A[3, :600] = 1.5
@@ -385,7 +385,7 @@ GAT_F32_BOUNDS = (1e-5, 1e-4, 1e-4, 1e-4, 1e-4)
 
 @pytest.mark.parametrize("heads", [1, 4])
 def test_gat_fused_matches_unfused_on_the_gpu(cp, heads):
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = _graph(rng, 900, density=0.01)
     D = 16
     host_arrays = [rng.standard_normal(s) for s in ((900, 12), (12, heads * D), (heads, D), (heads, D))]
@@ -409,7 +409,7 @@ def test_bound_passes_follow_their_operands(cp, score, dropout):
     stream's scratch: each call gives the bits of a fresh matrix's first call -- for new operands, for other
     values on the same tiling (their own weights), on another stream -- with long rows and columns cut into parts
     and merged, in each pass, by the last part to finish, whose counter is back at zero for the next call."""
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = _graph(rng, 700, density=0.01).tolil()
     A[3, :600] = 1.5
     A[:600, 5] = 0.75
@@ -460,7 +460,7 @@ def test_bound_pass_adds_the_bias_as_it_stores(cp, dropout, heads, D):
     it, out + b the float32 sum of the two -- on rows of every length, a long row's parts merged."""
     from tcgnn_py.products import attention as engine
 
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = _graph(rng, 700, density=0.01).tolil()
     A[3, :600] = 1.5
     T = tg.TiledMatrix(sp.csr_array(A.tocsr()))
@@ -483,7 +483,7 @@ def test_bound_pass_adds_the_bias_as_it_stores(cp, dropout, heads, D):
 def test_fused_hub_of_200k_entries(cp, score):
     """A row and a column of about 200,000 entries each (thousands of parts, merged), 199,000 one-entry rows and
     1,000 empty ones, forward and backward against the float64 reference."""
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     n = 200_001
     hub_rows = np.arange(1, 199_001)  # one entry each, in column 0; rows 199,001.. stay empty
     rows = np.concatenate([np.zeros(n - 1, np.int64), hub_rows])
