@@ -77,3 +77,27 @@ def test_against_summary_is_the_speed_of_one_launch_against_another():
     rows = [{"statistics": {"gpu": 10.0}, "timed": {"gpu": 8.0}}, {"statistics": {"gpu": 5.0}, "timed": {"gpu": 5.0}}]
     (line,) = against_summary(rows, "statistics", "timed", clocks=(("gpu", "GPU-only"),))
     assert line == "GPU-only, statistics against timed: geomean 0.894x, 1 of 2 within 5 %, worst 0.80x"
+
+
+def test_rule_fit_reads_the_timed_choices_records(tmp_path):
+    # (tools/rule_fit.py on records in timed_choice.py's format: a point where the timed choice kept another launch,
+    # one where it kept the statistics', and the statistics' configuration with a field replaced)
+    def key(U, DV=False):
+        return str(("SpmmVecAsync", 1, U, 2, True, True, True, DV, False, False, 16))
+
+    rows = [{"graph": "g", "D": 64, "timed": {"won": ["SpmmVecAsync", 1, 2, True, False, False],
+                                              "candidates_us": {key(4): 10.0, key(2): 8.0, key(4, True): 9.0}}},
+            {"graph": "h", "D": 32, "timed": {"won": ["SpmmVecAsync", 1, 4, True, False, False],
+                                              "candidates_us": {key(4): 5.0, key(2): 5.1}}}]
+    path = tmp_path / "timed.json"
+    path.write_text(__import__("json").dumps({"rows": rows}))
+    tool = [sys.executable, str(ROOT / "tools" / "rule_fit.py"), str(path)]
+    r = subprocess.run(tool, capture_output=True, text=True, timeout=120, env=_env())
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert ("statistics against timed (the timed choice's clock): geomean 0.894x, 1 of 2 within 5 %, worst 0.80x"
+            " (g D=64)") in r.stdout
+    r = subprocess.run(tool + ["--set", "U=2"], capture_output=True, text=True, timeout=120, env=_env())
+    assert ("statistics, U=2 against timed (the timed choice's clock): geomean 0.990x, 2 of 2 within 5 %, worst 0.98x"
+            " (h D=32)") in r.stdout  # (8 against 8 on g; 5.0 against 5.1 on h)
+    r = subprocess.run(tool + ["--set", "U"], capture_output=True, text=True, timeout=120, env=_env())
+    assert r.returncode == 2 and "--set takes FIELD=VALUE" in r.stderr
