@@ -38,10 +38,10 @@ def kept_us(row, cands):
     """µs of the launch the timed choice kept: the candidate whose fields are the recorded ``won`` ones (the
     statistics' own where it is one of those, the timed choice's tie-break)."""
     won = dict(zip(WON_FIELDS[len(row["timed"]["won"])], row["timed"]["won"]))
-    match = [us for i, (c, us) in enumerate(cands) if all(c.get(k) == v for k, v in won.items())]
+    match = [i for i, (c, _) in enumerate(cands) if all(c.get(k) == v for k, v in won.items())]
     if not match:
         raise ValueError(f"{row['graph']} D={row['D']}: no timed candidate has the kept launch's fields {won}")
-    return match[0] if cands[0][1] in match else min(match)
+    return cands[0][1] if match[0] == 0 else min(cands[i][1] for i in match)
 
 
 def chosen_us(cands, replace):
