@@ -103,15 +103,21 @@ def against_summary(rows, label, base, margin=0.05,
                     clocks=(("gpu", "GPU-only"), ("b2b", "back to back"), ("idle", "from idle"))):
     """One line per clock: the geomean of ``row[base][clock] / row[label][clock]`` (``label``'s speed against
     ``base``'s: the statistics' launch against the timed choice's), and the points within ``margin`` of ``base``."""
-    import math
-
     out = []
     for clock, name in clocks:
         r = [x[base][clock] / x[label][clock] for x in rows]
-        gm = math.exp(sum(map(math.log, r)) / len(r))
-        out.append(f"{name}, {label} against {base}: geomean {gm:.3f}x, {sum(v >= 1 - margin for v in r)} of {len(r)}"
-                   f" within {100 * margin:.0f} %, worst {min(r):.2f}x")
+        gm, within, worst = ratio_summary(r, margin)
+        out.append(f"{name}, {label} against {base}: geomean {gm:.3f}x, {within} of {len(r)}"
+                   f" within {100 * margin:.0f} %, worst {r[worst]:.2f}x")
     return out
+
+
+def ratio_summary(ratios, margin=0.05):
+    """``(geomean, how many are within margin of 1 or above, index of the smallest)`` of speed ratios."""
+    import math
+
+    gm = math.exp(sum(map(math.log, ratios)) / len(ratios))
+    return gm, sum(v >= 1 - margin for v in ratios), min(range(len(ratios)), key=ratios.__getitem__)
 
 
 def int_points(specs, dims, rng):

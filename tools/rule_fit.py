@@ -52,15 +52,14 @@ def chosen_us(cands, replace):
 
 def compare(rows, replace, margin=0.05):
     """``(geomean, within, points, worst ratio, worst point)`` of the kept launch's time over the chosen one's."""
-    import math
+    from _sweep import ratio_summary  # tools/
 
     ratios = []
     for row in rows:
         cands = candidates(row)
-        ratios.append((kept_us(row, cands) / chosen_us(cands, replace), f"{row['graph']} D={row['D']}"))
-    gm = math.exp(sum(math.log(r) for r, _ in ratios) / len(ratios))
-    worst = min(ratios)
-    return gm, sum(r >= 1 - margin for r, _ in ratios), len(ratios), worst[0], worst[1]
+        ratios.append(kept_us(row, cands) / chosen_us(cands, replace))
+    gm, within, worst = ratio_summary(ratios, margin)
+    return gm, within, len(ratios), ratios[worst], f"{rows[worst]['graph']} D={rows[worst]['D']}"
 
 
 def _value(text):

@@ -247,7 +247,7 @@ def _size_stats(tiling):
         nb = np.asarray(vec_hist(tiling))
         empty = int(np.count_nonzero(nb == 0))  # (an empty window keeps one unit)
         units = tuple([int(((nb + (size - 1)) // size).sum()) + empty for size in VEC_UNIT_SIZES])
-        return int(nb.max(initial=0)), int(nb.sum()), units
+        return vec_longest(tiling), int(nb.sum()), units
 
     return tiling.cached("vec_size_stats", build)
 
