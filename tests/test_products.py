@@ -300,6 +300,29 @@ def test_a_grid_of_one_wave_keeps_the_plans_order():
     assert (np.diff(units[:, 2] - units[:, 1]) <= 0).all()
 
 
+@pytest.mark.filterwarnings("ignore::tcgnn_py.NoGPUWarning")
+def test_a_plan_that_cuts_no_window_is_not_built():
+    """Where no window is cut and the grid keeps the plan's order, the kernels read each unit (a window, whole) from
+    the window pointers: no plan is built; a cut window, or a grid of several waves (sorted), takes the plan."""
+    from tcgnn_py.products._plans import vec_plan
+
+    rng = np.random.default_rng(0)
+    A = sp.random_array((2000, 700), density=4 / 700, rng=rng, format="csr")  # 8-row windows of at most 8 blocks
+    T = tg.TiledMatrix(A, layout="vector", device="cpu")
+    T.tiling.put("sm_count", 132)  # (an H100's; no device here)
+    assert _vec_layout.vec_longest(T.tiling) <= 16
+    plan, units, unit_k0, _ = _vec_layout.partition_units(T.tiling, 16, 1)
+    assert (plan, units, unit_k0) == (_vec_layout.NO_PLAN, None, None)
+    assert not T.tiling.cached_items("plan")
+    # the plan the kernels stand in for: a unit per window, whole, in window order, no slot
+    full = vec_plan(T.tiling, 16)["units"]
+    np.testing.assert_array_equal(full, np.stack([np.arange(T.tiling.n_windows), T.tiling.win_ptr[:-1],
+                                                  T.tiling.win_ptr[1:], np.full(T.tiling.n_windows, -1)], axis=1))
+    T.tiling.put("sm_count", 1)  # 32 resident warps: many waves, sorted longest first
+    assert _vec_layout.partition_units(T.tiling, 16, 1)[1] is not None
+    assert _vec_layout.partition_units(T.tiling, 4, 1)[1] is not None  # (windows cut in units of 4 blocks)
+
+
 @pytest.mark.parametrize("blocks, bpu, want", [
     ([12] * 3000, 16, 2),  # short windows, one unit each: 12 blocks a unit
     ([16] * 3000, 16, 2),  # 16 blocks a unit: still short

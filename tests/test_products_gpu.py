@@ -378,6 +378,71 @@ def _check_timed_candidates(cp, rng, D, coop):
                 np.testing.assert_array_equal(got.view(np.uint32), first.view(np.uint32), err_msg=f"{name} {c}")
 
 
+def _with_plan(launch, units, unit_k0=None):
+    """``launch`` reading its units from ``units`` (and ``unit_k0``) instead of the window pointers."""
+    _, where = _launches_table(launch)
+    values = list(launch.values)
+    values[where["units"]] = units.data.ptr
+    if unit_k0 is not None:
+        values[where["unit_k0"]] = unit_k0.data.ptr
+    return launch._replace(values=tuple(values), held=launch.held + (units, unit_k0))
+
+
+def _launches_table(launch):
+    """``(parameters, {name: slot})`` of a launch's kernel."""
+    from tcgnn_py.kernels import launches
+
+    return launches._table(launch.family, launch.name)
+
+
+@pytest.mark.parametrize("case, D", [("short", 17), ("short", 64), ("short", 130), ("coop", 64), ("coop", 136)])
+def test_launches_without_a_plan_give_the_plans_bits(cp, case, D):
+    """A launch whose units the kernels read from the window pointers -- the usual one where no window is cut and
+    the grid keeps the plan's order, the one-CTA-per-window one always -- sums as the plan's units do: every
+    candidate, float32 and 16-bit X, bit for bit."""
+    from tcgnn_py.products import _plans
+
+    rng = np.random.default_rng(0)
+    if case == "short":
+        A = sp.csr_array(int_graph(rng, 1003, 700, degree=4))  # 8-row windows of at most 8 blocks
+        tuning = dict(vec_coop=False)
+    else:
+        hub = star(3000)
+        hub.resize((4001, 4001))
+        A = sp.csr_array(int_graph(rng, 4001, 4001, degree=30) + hub)
+        tuning = dict(vec_coop=True)
+    A.data[:] = rng.uniform(0.5, 1.5, A.nnz)
+    aligned = D % 4 == 0
+    with tg.tuning(**tuning):
+        T = tg.TiledMatrix(A, dtype=np.float32)
+        tiling = T.tiling
+        X = cp.asarray(rng.standard_normal((A.shape[1], D), dtype=np.float32))
+        coop = case == "coop"  # (D % 4 == 0: rows the COOP launch's cp.async can copy)
+        if not coop:
+            assert _plans.vec_longest(tiling) <= 16
+        for c in vec_family.candidates(tiling, D, aligned):
+            launch = vec_family.launch(tiling, np.dtype(np.float32), D, aligned, c)
+            _, where = _launches_table(launch)
+            assert launch.values[where["units"]] == 0  # (no plan: a null pointer)
+            if coop:
+                planned = _with_plan(launch, _plans.vec_coop_units(tiling))
+            else:
+                plan = _plans.vec_plan(tiling, c.bpu)
+                planned = _with_plan(launch, plan["units"], plan["unit_k0"])
+            got = []
+            for each in (launch, planned):
+                Y = cp.full((A.shape[0], D), cp.nan, cp.float32)
+                _launches.run_spmm(each, tiling, T.values, X, Y)
+                got.append(Y.get())
+            assert rel_err(got[0], A @ X.get().astype(np.float64)) < TOL["tf32"], c
+            np.testing.assert_array_equal(got[0].view(np.uint32), got[1].view(np.uint32), err_msg=str(c))
+        # 16-bit X (exact on small integers): the 16-bit kernels' launches read their units the same way
+        Xh = cp.asarray(ints(rng, A.shape[1], D).astype(np.float16))
+        Ai = sp.csr_array((np.round(A.data * 4).astype(np.float32), A.indices, A.indptr), shape=A.shape)
+        Y = tg.spmm(tg.TiledMatrix(Ai, dtype=np.float32), Xh)
+        np.testing.assert_array_equal(Y.get(), (Ai @ Xh.get().astype(np.float64)).astype(Y.dtype))
+
+
 def compile_candidates(A, X):
     """Compile every candidate of the timed choice for ``A @ X`` in this process (a throwaway product, timed on its
     first call, starts them)."""

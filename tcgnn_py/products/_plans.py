@@ -64,7 +64,8 @@ def vec_longest(tiling):
 
 def vec_coop_units(tiling):
     """``(4 * windows, 4)`` int32 rows ``(window, first block, end block, -1)``: each window's blocks in 4 balanced
-    parts (possibly empty), the units of the COOP launch, whose CTA sums a window's parts in shared memory."""
+    parts (possibly empty), the units of the COOP launch, whose CTA sums a window's parts in shared memory.  The
+    kernels derive them from the window pointers; this is their reference (a GPU test runs a launch on both)."""
     def build():
         xp, arrays = _planner(tiling)
         wp = arrays("win_ptr").astype(np.int64)

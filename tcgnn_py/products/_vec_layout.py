@@ -12,10 +12,10 @@ import numpy as np
 
 from .._tuning import options, overrides_key
 from ._launch import Scratch, compiled, fixup, partial_scratch, spmm
-from ._plans import (VEC_UNITS_PER_WINDOW_MAX, sm_count, sorted_plan, vec_coop_units, vec_counts, vec_hist,
-                     vec_longest, vec_meta, vec_plan)
+from ._plans import (VEC_UNITS_PER_WINDOW_MAX, sm_count, sorted_plan, vec_counts, vec_hist, vec_longest, vec_meta,
+                     vec_plan)
 
-__all__ = ["Config", "Shape", "VEC_COOP_CTAS", "VEC_RESIDENT_WARPS", "VEC_SHORT_UNIT", "VEC_UNIT_SIZES",
+__all__ = ["Config", "NO_PLAN", "Shape", "VEC_COOP_CTAS", "VEC_RESIDENT_WARPS", "VEC_SHORT_UNIT", "VEC_UNIT_SIZES",
            "VEC_WIDE_WARPS", "async_rows", "async_unroll", "coop_launch", "layout_launches", "partition",
            "partition_launch", "partition_units", "vec_coop", "vec_unit_size"]
 
@@ -83,13 +83,21 @@ def partition_units(tiling, bpu, n_slices=None):
     (:func:`.vec_plan`), its units in launch order (longest first, unless ``options()["vec_sort_units"]`` is off:
     the grid's tail is then made of short ones) and the blocks' metadata.  A grid of ``n_slices`` per unit that
     every SM holds at once (:data:`VEC_RESIDENT_WARPS` warps each) keeps the plan's order: it has no tail to
-    order, and a new matrix's first product would pay the sort."""
-    one_wave = n_slices is not None and vec_counts(tiling, bpu)["units"] * n_slices <= (
-        VEC_RESIDENT_WARPS * sm_count(tiling))
+    order, and a new matrix's first product would pay the sort.  Where such a plan cuts no window its units are
+    the windows in order, which the kernels read from the window pointers: ``units`` and ``unit_k0`` are None,
+    and no plan is built or uploaded (:data:`NO_PLAN`)."""
+    counts = vec_counts(tiling, bpu)
+    one_wave = n_slices is not None and counts["units"] * n_slices <= VEC_RESIDENT_WARPS * sm_count(tiling)
     if options()["vec_sort_units"] and not one_wave:
         return tiling.cached(("vec_sorted", bpu), lambda: sorted_plan(tiling, bpu)) + (vec_meta(tiling),)
+    if counts["max_parts"] <= 1:
+        return NO_PLAN, None, None, vec_meta(tiling)
     plan = vec_plan(tiling, bpu)
     return plan, plan["units"], plan["unit_k0"], vec_meta(tiling)
+
+
+#: The plan of a launch whose units the kernels read from the window pointers (no window cut): no slots.
+NO_PLAN = {"n_slots": 0}
 
 
 def partition_launch(tiling, D, slices, units, combine, kernel, smem, nw, fix_kernel, extra=(), dense=False):
@@ -100,27 +108,29 @@ def partition_launch(tiling, D, slices, units, combine, kernel, smem, nw, fix_ke
     unscale); ``dense``: the kernel reads the values dense."""
     plan, units, unit_k0, meta = units
     n_slices = -(-D // (32 * slices))
-    n_work, n_slots, M = units.shape[0] * n_slices, plan["n_slots"], tiling.shape[0]
+    n_units = tiling.n_windows if units is None else units.shape[0]
+    n_work, n_slots, M = n_units * n_slices, plan["n_slots"], tiling.shape[0]
     # split windows summed in the launch: one counter per (first slot, slice)
     counters = Scratch("counters", (n_slots * n_slices,), np.int32, zeros=True) if n_slots and combine else None
     partial, scratch = partial_scratch(tiling, n_slots, 8, D, np.float32) if n_slots else (None, None)
     fix = None
     if n_slots and not combine:
         fix = fixup(kernel[0], fix_kernel, plan, M, 8, D, partial, scratch)
-    fixed = dict(units=units, unit_k0=unit_k0, block_cols=tiling.block_cols, meta=meta, counters=counters, M=M, D=D,
-                 n_slices=n_slices, n_work=n_work)
+    fixed = dict(units=units, win_ptr=tiling.win_ptr, unit_k0=unit_k0, block_cols=tiling.block_cols, meta=meta,
+                 counters=counters, M=M, D=D, n_slices=n_slices, n_work=n_work)
     return spmm(*kernel, -(-n_work // nw), 32 * nw, fixed, smem, partial=partial, scratch=scratch, fixup=fix,
                 extra=extra, dense=dense, n_slices=n_slices)
 
 
 def coop_launch(tiling, D, slices, kernel, smem, extra=()):
     """The one-CTA-per-window launch of ``kernel`` (``(family, name)``; ``32 * slices`` features per warp, 4 warps,
-    ``smem`` bytes; no partial tiles, counters or fixup)."""
+    ``smem`` bytes; no partial tiles, counters or fixup).  Its units, each window's 4 balanced parts
+    (:func:`.vec_coop_units`), the kernels read from the window pointers: no plan is built or uploaded."""
     n_slices = -(-D // (32 * slices))
-    units = vec_coop_units(tiling)
-    n_windows, n_work = units.shape[0] // 4, units.shape[0] * n_slices
-    fixed = dict(units=units, unit_k0=units, block_cols=tiling.block_cols, meta=vec_meta(tiling),  # unit_k0: unread
-                 counters=None, M=tiling.shape[0], D=D, n_slices=n_slices, n_work=n_work)
+    n_windows = tiling.n_windows
+    fixed = dict(units=None, win_ptr=tiling.win_ptr, unit_k0=None, block_cols=tiling.block_cols,
+                 meta=vec_meta(tiling), counters=None, M=tiling.shape[0], D=D, n_slices=n_slices,
+                 n_work=4 * n_windows * n_slices)
     return spmm(*kernel, n_windows * n_slices, 128, fixed, smem, extra=extra, n_slices=n_slices)
 
 

@@ -367,8 +367,26 @@ struct tc_vec_work {
     int4 u;
 };
 
-__device__ __forceinline__ bool tc_vec_work_of(const int4* __restrict__ units, int n_slices, int n_work, int wid,
-                                               tc_vec_work& w) {
+// A launch without a plan (units null) reads its units from the window pointers: the usual launch's where no
+// window is cut (unit = window, whole; no slot), the COOP launch's always (part j of window w: blocks
+// [j nb / 4, (j + 1) nb / 4) of its nb) -- the plan's units, so the same sums in the same order, without a
+// plan built and uploaded for a new matrix's first product.
+__device__ __forceinline__ int4 tc_vec_unit(const int4* __restrict__ units, const int* __restrict__ win_ptr,
+                                            int unit) {
+    if (units != nullptr) return units[unit];
+    return make_int4(unit, win_ptr[unit], win_ptr[unit + 1], -1);
+}
+
+__device__ __forceinline__ int4 tc_vec_coop_unit(const int4* __restrict__ units, const int* __restrict__ win_ptr,
+                                                 int unit) {
+    if (units != nullptr) return units[unit];
+    const int w = unit >> 2, j = unit & 3;
+    const int start = win_ptr[w], nb = win_ptr[w + 1] - start;  // (nb < 2**28: j nb fits an int)
+    return make_int4(w, start + j * nb / 4, start + (j + 1) * nb / 4, -1);
+}
+
+__device__ __forceinline__ bool tc_vec_work_of(const int4* __restrict__ units, const int* __restrict__ win_ptr,
+                                               int n_slices, int n_work, int wid, tc_vec_work& w) {
     w.lane = threadIdx.x & 31;
     w.wib = threadIdx.x >> 5;
     const int work = blockIdx.x * (blockDim.x >> 5) + w.wib;
@@ -377,7 +395,7 @@ __device__ __forceinline__ bool tc_vec_work_of(const int4* __restrict__ units, i
     w.t = w.lane & 3;
     w.unit = work / n_slices;
     w.slice = work - w.unit * n_slices;
-    w.u = units[w.unit];
+    w.u = tc_vec_unit(units, win_ptr, w.unit);
     w.base = w.slice * wid;
     return true;
 }
@@ -385,15 +403,15 @@ __device__ __forceinline__ bool tc_vec_work_of(const int4* __restrict__ units, i
 // COOP: a CTA of 4 warps is one window's feature slice, its warps the window's 4 parts (units
 // 4 * window + warp, balanced; a part may be empty): grid = windows x slices.  Small grids, where
 // parts summed through global partial tiles (a fence, a counter, a second read) make the chain.
-__device__ __forceinline__ void tc_vec_coop_work_of(const int4* __restrict__ units, int n_slices, int wid,
-                                                    tc_vec_work& w) {
+__device__ __forceinline__ void tc_vec_coop_work_of(const int4* __restrict__ units, const int* __restrict__ win_ptr,
+                                                    int n_slices, int wid, tc_vec_work& w) {
     w.lane = threadIdx.x & 31;
     w.wib = threadIdx.x >> 5;
     w.g = w.lane >> 2;
     w.t = w.lane & 3;
     w.slice = blockIdx.x % n_slices;
     w.unit = (blockIdx.x / n_slices) * 4 + w.wib;
-    w.u = units[w.unit];
+    w.u = tc_vec_coop_unit(units, win_ptr, w.unit);
     w.base = w.slice * wid;
 }
 

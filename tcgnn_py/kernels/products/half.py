@@ -143,7 +143,7 @@ __device__ __forceinline__ void tc_half_b(const void* __restrict__ values, uint2
 template <typename TX, bool SPLIT, typename TY, int FS, int KS, int NS, bool COMBINE, bool AL, bool PV = true,
           bool COOP = false>
 __global__ void __launch_bounds__(128, (FS >= 4 ? 4 : 8))
-tcgnn_spmm_vech(const int4* __restrict__ units, const int2* __restrict__ unit_k0,
+tcgnn_spmm_vech(const int4* __restrict__ units, const int* __restrict__ win_ptr, const int2* __restrict__ unit_k0,
                 const int* __restrict__ block_cols, const uint2* __restrict__ meta, const void* __restrict__ values,
                 const TX* __restrict__ X, TY* __restrict__ Y, float* __restrict__ partial,
                 int* __restrict__ counters, int M, int D, int n_slices, int n_work,
@@ -161,8 +161,8 @@ tcgnn_spmm_vech(const int4* __restrict__ units, const int2* __restrict__ unit_k0
     static_assert(!COOP || (AL && !COMBINE), "COOP: aligned rows, no partial tiles");
     tc_vec_work w;
     if (COOP)
-        tc_vec_coop_work_of(units, n_slices, 32 * FS, w);  // every warp of the grid has a part
-    else if (!tc_vec_work_of(units, n_slices, n_work, 32 * FS, w))
+        tc_vec_coop_work_of(units, win_ptr, n_slices, 32 * FS, w);  // every warp of the grid has a part
+    else if (!tc_vec_work_of(units, win_ptr, n_slices, n_work, 32 * FS, w))
         return;  // whole warp
     const int lane = w.lane, wib = w.wib, g = w.g, t = w.t, unit = w.unit, slice = w.slice, base = w.base;
     const int4 u = w.u;

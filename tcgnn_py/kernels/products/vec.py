@@ -139,8 +139,8 @@ __device__ __forceinline__ void tc_vec_finish(const float (&acc)[FS][2][4], int4
 // Nsight Compute showed no spills: a 64 cap spilled.
 template <int FS, int U, bool VEC, bool COMBINE, bool PF>
 __global__ void __launch_bounds__(128, (FS >= 4 ? 4 : 6))
-tcgnn_spmm_vec(const int4* __restrict__ units, const int2* __restrict__ unit_k0, const int* __restrict__ block_cols,
-               const uint2* __restrict__ meta, const float* __restrict__ values, const float* __restrict__ X,
+tcgnn_spmm_vec(const int4* __restrict__ units, const int* __restrict__ win_ptr, const int2* __restrict__ unit_k0,
+               const int* __restrict__ block_cols, const uint2* __restrict__ meta, const float* __restrict__ values, const float* __restrict__ X,
                float* __restrict__ Y, float* __restrict__ partial, int* __restrict__ counters, int M, int D,
                int n_slices, int n_work) {
     static_assert(U % 2 == 0, "blocks go to the MMA in pairs");
@@ -149,7 +149,7 @@ tcgnn_spmm_vec(const int4* __restrict__ units, const int2* __restrict__ unit_k0,
     if (work >= n_work) return;  // whole warp
     const int g = lane >> 2, t = lane & 3;
     const int unit = work / n_slices, slice = work - unit * n_slices;
-    const int4 u = units[unit];
+    const int4 u = tc_vec_unit(units, win_ptr, unit);
     const int col = slice * (32 * FS) + 4 * g;
     const unsigned below = (1u << lane) - 1u;
 
@@ -252,8 +252,9 @@ __device__ __forceinline__ void tc_vec_coop_finish(const float (&acc)[FS][2][4],
 template <int FS, int U, int NS, bool COMBINE, bool RX = true, bool PV = false, bool DV = false, bool COOP = false,
           bool L1 = false>
 __global__ void __launch_bounds__(128, (FS >= 2 ? 6 : 8))
-tcgnn_spmm_vec_async(const int4* __restrict__ units, const int2* __restrict__ unit_k0,
-                     const int* __restrict__ block_cols, const uint2* __restrict__ meta,
+tcgnn_spmm_vec_async(const int4* __restrict__ units, const int* __restrict__ win_ptr,
+                     const int2* __restrict__ unit_k0, const int* __restrict__ block_cols,
+                     const uint2* __restrict__ meta,
                      const float* __restrict__ values, const float* __restrict__ X, float* __restrict__ Y,
                      float* __restrict__ partial, int* __restrict__ counters, int M, int D, int n_slices,
                      int n_work) {
@@ -263,8 +264,8 @@ tcgnn_spmm_vec_async(const int4* __restrict__ units, const int2* __restrict__ un
     constexpr int STAGE = U * 4 * RS;  // floats per stage
     tc_vec_work w;
     if (COOP)
-        tc_vec_coop_work_of(units, n_slices, 32 * FS, w);  // every warp of the grid has a part
-    else if (!tc_vec_work_of(units, n_slices, n_work, 32 * FS, w))
+        tc_vec_coop_work_of(units, win_ptr, n_slices, 32 * FS, w);  // every warp of the grid has a part
+    else if (!tc_vec_work_of(units, win_ptr, n_slices, n_work, 32 * FS, w))
         return;  // whole warp
     const int lane = w.lane, wib = w.wib, g = w.g, t = w.t, unit = w.unit, slice = w.slice, base = w.base;
     const int4 u = w.u;
