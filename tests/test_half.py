@@ -53,7 +53,7 @@ def test_promote_is_symmetric():
 @pytest.mark.parametrize("layout", ["tcgnn", "vector"])
 @pytest.mark.parametrize("mt", ["float32", "same"])
 def test_spmm_half_exact_on_every_path(xt, layout, mt):
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = ZOO["n17"] if layout == "tcgnn" else int_graph(rng, 300, 300)
     mdt = F32 if mt == "float32" else xt
     T = tg.TiledMatrix(A, dtype=mdt, layout=layout)
@@ -65,7 +65,7 @@ def test_spmm_half_exact_on_every_path(xt, layout, mt):
 
 @pytest.mark.parametrize("xt", HALVES)
 def test_spmm_half_out_rounds_once(xt):
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = int_graph(rng, 200, 200)
     T = tg.TiledMatrix(A, dtype=np.float32, layout="vector")
     X = ints(rng, 200, 24, dtype=xt)
@@ -131,7 +131,7 @@ def test_half_matrix_storage(dt):
 @pytest.mark.parametrize("xt", HALVES)
 @pytest.mark.parametrize("layout", ["tcgnn", "vector"])
 def test_sddmm_half(xt, layout):
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = int_graph(rng, 120, 120)
     T = tg.TiledMatrix(A, dtype=np.float32, layout=layout)
     X = ints(rng, 120, 20, dtype=xt)
@@ -148,7 +148,7 @@ def test_sddmm_half(xt, layout):
 @pytest.mark.parametrize("xt", HALVES)
 @pytest.mark.parametrize("mt", ["float32", "same"])
 def test_spmm_half_random_error(xt, mt):
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = int_graph(rng, 2000, 2000, degree=20)
     A.data[:] = rng.standard_normal(A.nnz)
     mdt = F32 if mt == "float32" else xt
@@ -207,7 +207,7 @@ cp = cupy_fixture()
 @pytest.mark.parametrize("N", NS)
 @pytest.mark.parametrize("D", DS)
 def test_half_kernels_exact_integers(cp, half_kernel, N, D):
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = int_graph(rng, N, N)
     for xt in HALVES:
         X = cp.asarray(ints(rng, N, D, dtype=xt))
@@ -224,7 +224,7 @@ def test_half_kernels_exact_integers(cp, half_kernel, N, D):
 @pytest.mark.gpu
 def test_half_kernel_into_the_other_16bit_type(cp):
     """float16 X into a bfloat16 out (and back): the 16-bit MMA still runs, rounded once into out."""
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = int_graph(rng, 1000, 1000)
     T = tg.TiledMatrix(A, dtype=np.float32, layout="vector")
     for xt, yt in ((F16, BF16), (BF16, F16)):
@@ -237,7 +237,7 @@ def test_half_kernel_into_the_other_16bit_type(cp):
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(1000, 3000), (3000, 1000), (17, 40_000), (40_000, 17)])
 def test_half_kernels_rectangular(cp, half_kernel, shape):
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = int_graph(rng, *shape)
     for xt in HALVES:
         for D in (64, 130):
@@ -249,7 +249,7 @@ def test_half_kernels_rectangular(cp, half_kernel, shape):
 @pytest.mark.gpu
 def test_half_kernels_star_hub_200k(cp, half_kernel):
     A = star(200_000)
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     T = tg.TiledMatrix(A, dtype=np.float32, layout="vector")
     for xt in HALVES:
         for D in (17, 64, 128):
@@ -263,7 +263,7 @@ def test_half_kernels_star_hub_200k(cp, half_kernel):
 @pytest.mark.parametrize("xt", HALVES)
 def test_half_values_out_of_float16_range(cp, xt):
     # |v| up to 1e6 and down to 1e-7: the scale keeps float16 parts in range; Inf values propagate.
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = int_graph(rng, 500, 500)
     A.data[:] = rng.choice([1e6, -3e5, 1e-7, 2.5, -1e-3], A.nnz)
     T = tg.TiledMatrix(A, dtype=np.float32, layout="vector")
@@ -285,7 +285,7 @@ def test_float32_values_exact_in_16_bits_take_one_mma(cp, xt):
     """A float32 matrix whose values X's type holds (unweighted, small integers) runs on those values, one MMA,
     with the bits of the (hi, lo) pairs; values it does not hold, NaN, and values made on the device keep the
     pairs.  Matrices of both kinds on one tiling share the cached launch safely (bound plan)."""
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = _hub_graph(rng)
     A.data[:] = rng.integers(-4, 5, A.nnz)
     A.data[A.data == 0] = 1
@@ -321,7 +321,7 @@ def test_float32_values_exact_in_16_bits_take_one_mma(cp, xt):
 def test_bfloat16_through_dlpack_with_jax(cp):
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave the GPU's memory to CuPy
     jnp = pytest.importorskip("jax.numpy", reason="JAX is not installed")
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = int_graph(rng, 300, 300)
     X = ints(rng, 300, 16, dtype=BF16)
     Xj = jnp.asarray(np.asarray(X, np.float32)).astype(jnp.bfloat16)
@@ -343,7 +343,7 @@ def test_half_bound_plan_matches_the_first_call(cp, half_kernel, xt):
     float32 and a 16-bit matrix, split windows (hub row), and a matrix made by ``with_values``
     on the same tiling: the cached launch reads the matrix it is called on, not the first one.
     """
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = int_graph(rng, 1000, 1000)
     A = sp.csr_array(sp.vstack([sp.csr_array(np.ones((1, 1000))), A[1:]]))  # a hub row: split windows
     A.sum_duplicates()  # canonical: with_values takes values in this order
@@ -378,7 +378,7 @@ def test_half_timed_choice_candidates_are_bit_identical(cp, D, coop):
 def _check_half_candidates(cp, D, coop):
     from tcgnn_py.kernels.products import VEC_HALF, VEC_HALF_COOP
 
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = _hub_graph(rng)
     aligned = D % 8 == 0
     for xt in HALVES:
@@ -414,7 +414,7 @@ def _check_half_candidates(cp, D, coop):
 
 @pytest.mark.gpu
 def test_half_timed_choice_runs_once(cp, monkeypatch):
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = _hub_graph(rng)
     A.data[:] = rng.integers(1, 4, A.nnz)
     X = ints(rng, A.shape[1], 64, dtype=F16)

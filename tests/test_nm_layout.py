@@ -54,7 +54,7 @@ def test_lossless_and_conforming(layout, name):
     assert Tt.layout == T.layout
     Tt.check_format(full_check=True)
     assert (host_csr(Tt) != A.T).nnz == 0
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     X = ints(rng, A.shape[1], 5, dtype=F32)
     np.testing.assert_array_equal(host(T @ X), exact_product(A, X, F32))
 
@@ -77,7 +77,7 @@ def test_full_check_rejects_a_nonconforming_block():
 
 @pytest.mark.parametrize("layout", NM)
 def test_packing_reads_back_as_mma_sp_reads_it(layout):
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = tg.power_law_graph(400, 6000, seed=int(rng.integers(1 << 30)))
     A.data = rng.integers(1, 9, A.nnz).astype(np.float32)
     T = tg.TiledMatrix(A, layout=layout, device="cpu")
@@ -109,7 +109,7 @@ def test_emulator_rejects_unordered_metadata():
 
 @pytest.mark.parametrize("layout", NM)
 def test_tile_stats_count_padding(layout):
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = int_graph(rng, 300, 300)
     T = tg.TiledMatrix(A, layout=layout, device="cpu")
     s = T.tile_stats()
@@ -138,7 +138,7 @@ def test_reorder_feeds_the_2_4_layout():
 
 
 def test_half_x_on_2_4_and_float32_x_on_1_2_match_the_reference():
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = int_graph(rng, 200, 150)
     for xt in HALVES:
         X = ints(rng, 150, 24, dtype=xt)
@@ -203,14 +203,14 @@ def check_all(cp, A, D, rng, xts=(F16, BF16, F32)):
 @pytest.mark.parametrize("N", NS)
 @pytest.mark.parametrize("D", DS)
 def test_sp_kernels_exact_integers(cp, sp_kernel, N, D):
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     check_all(cp, int_graph(rng, N, N), D, rng)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(1000, 3000), (3000, 1000), (17, 40_000), (40_000, 17)])
 def test_sp_kernels_rectangular(cp, sp_kernel, shape):
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = int_graph(rng, *shape)
     for D in (64, 130):
         check_all(cp, A, D, rng)
@@ -219,7 +219,7 @@ def test_sp_kernels_rectangular(cp, sp_kernel, shape):
 @pytest.mark.gpu
 def test_sp_kernels_star_hub_200k(cp, sp_kernel):
     A = star(200_000)
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     for D in (17, 64, 128):
         check_all(cp, A, D, rng, xts=(F16, F32))
 
@@ -227,7 +227,7 @@ def test_sp_kernels_star_hub_200k(cp, sp_kernel):
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", NM)
 def test_sp_kernels_bit_identical_repeats_and_random_error(cp, sp_kernel, layout):
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = tg.power_law_graph(20_000, 300_000, seed=int(rng.integers(1 << 30)))
     A.data = rng.standard_normal(A.nnz).astype(np.float32)
     xt = F16 if layout == "2:4" else F32
@@ -246,7 +246,7 @@ def test_sp_kernels_bit_identical_repeats_and_random_error(cp, sp_kernel, layout
 def test_sp_bound_plan_matches_the_first_call(cp, sp_kernel, layout):
     """The second call of a signature takes the cached launch: the same bits as the first (as the vector
     layout's bound plan; ``T @ X``, ``spmm(out=)``, explicit precision, split windows, ``with_values``)."""
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = int_graph(rng, 1000, 1000)
     A = sp.csr_array(sp.vstack([sp.csr_array(np.ones((1, 1000))), A[1:]]))  # a hub row: split windows
     A.sum_duplicates()  # canonical: with_values takes values in this order
@@ -263,7 +263,7 @@ def test_sp_bound_plan_matches_the_first_call(cp, sp_kernel, layout):
 @pytest.mark.parametrize("layout", NM)
 def test_gcn_layer_takes_an_nm_matrix(layout):
     """The GNN layers take an N:M TiledMatrix unchanged: forward and backward (through Aᵀ) exact on integers."""
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = int_graph(rng, 300, 300)
     H = ints(rng, 300, 16, dtype=F32)
     W = ints(rng, 16, 8, dtype=F32)

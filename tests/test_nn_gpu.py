@@ -26,7 +26,7 @@ cp = cupy_fixture()
 
 @pytest.fixture
 def rng():
-    return np.random.default_rng()
+    return np.random.default_rng(0)
 
 
 def rel(a, b):
@@ -141,12 +141,12 @@ def test_adam_kernel_matches_host(cp, rng, dtype):
 
 def test_dropout_on_device(cp):
     H = cp.ones((1000, 50), cp.float32)
-    out, vjp = nn.dropout(H, 0.3, cp.random.default_rng())
+    out, vjp = nn.dropout(H, 0.3, cp.random.default_rng(0))
     vals = cp.unique(out).get()
     assert vals.tolist() == [0.0, np.float32(1 / 0.7)] and abs(float(out.mean()) - 1) < 0.02
     assert (vjp(H) == out).all()
     with pytest.raises(TypeError, match="cupy.random.Generator"):
-        nn.dropout(H, 0.3, np.random.default_rng())
+        nn.dropout(H, 0.3, np.random.default_rng(0))
 
 
 @pytest.mark.parametrize("model", ["gcn", "agnn"])
@@ -203,7 +203,7 @@ def _keep(size, w, p):
 def test_bias_act_dropout_on_device_is_the_formula(cp, dtype, act, p):
     """Forward and backward against NumPy with the same hash: exact (quarters are exact in every dtype) but for
     ELU's exp, within two units in the last place."""
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     dt = _dtype(dtype)
     acc = np.float64 if dtype == "float64" else np.float32
     n, d = 1003, 37
@@ -303,7 +303,7 @@ def test_dense_mm_is_the_product(cp, m, k, n, layout):
     small integers (every sum is)."""
     from tcgnn_py.products import dense
 
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     dt = np.dtype(np.float32)
     A, B, b = ints(rng, m, k + 5), ints(rng, k, n), ints(rng, n)
     a = cp.asarray(A).astype(dt)[:, :k] if layout == "a_strided_bias" else cp.asarray(A[:, :k]).astype(dt)
@@ -323,7 +323,7 @@ def test_dense_mm_scores_are_head_dots(cp, heads, D):
     """GAT's scores from the product's kernel equal :func:`head_dots` of its result: exact on small integers."""
     from tcgnn_py.products import dense
 
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     dt = acc = np.float32
     n, k = 1001, 24
     H, W, a1, a2 = ints(rng, n, k), ints(rng, k, heads * D), ints(rng, heads, D), ints(rng, heads, D)
@@ -357,7 +357,7 @@ def test_dense_atb_is_the_product(cp, monkeypatch, N, p, q, layout, launches):
     monkeypatch.setattr(dense, "BOUND", Store(BOUND_KEEP))  # (launches bound here only)
     if launches == 2:
         monkeypatch.setattr(dense, "_resident", lambda function, threads: 0)
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     lim = 8 if N < 200000 else 2
     A = rng.integers(-lim, lim + 1, (N, p + 3)).astype(np.float32)
     B = rng.integers(-lim, lim + 1, (N, q + 2)).astype(np.float32)
@@ -455,7 +455,7 @@ def test_row_normalize_grad_sums_the_shares_in_its_launch(cp, n, shares):
     shares' sum those of ``total`` (its last block sums them in the same order), whatever the grid."""
     from tcgnn_py.products import pointwise
 
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     f32 = np.float32
     dv, dq, dk, x = (cp.asarray(rng.standard_normal((n, 24), dtype=f32)) for _ in range(4))
     xn, norm = pointwise.row_normalize(x, 1e-12)
@@ -474,7 +474,7 @@ def test_add_bias_in_place(cp, dtype):
     """A layer's bias after its sparse product, in place, bound per signature: exact on small integers."""
     from tcgnn_py.nn._layers import add_bias
 
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     dt = _dtype(dtype)
     X, b = ints(rng, 1001, 37), ints(rng, 37)
     for _ in range(2):
@@ -489,7 +489,7 @@ def test_dense_mm_routes_the_others_to_cublas(cp):
     from tcgnn_py.nn._layers import mm
     from tcgnn_py.products import dense
 
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     cases = [(ints(rng, dense.DENSE_SHORT_ROWS + 1, dense.DENSE_MAX_K + 1), ints(rng, dense.DENSE_MAX_K + 1, 8)),
              (ints(rng, 50, dense.DENSE_SHORT_K + 1), ints(rng, dense.DENSE_SHORT_K + 1, 8)),
              (ints(rng, 50, 8), ints(rng, 8, dense.DENSE_MAX_N + 1)), (ints(rng, 50, 8), ints(rng, 8, 40)),
@@ -522,7 +522,7 @@ def test_head_dots_on_device_are_the_formula(cp, dtype, heads, D):
     """GAT's per-head scores and their vjp against NumPy: exact on small integers (every product and sum is)."""
     from tcgnn_py.products import pointwise
 
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     dt = _dtype(dtype)
     acc = np.float64 if dtype == "float64" else np.float32
     n = 1001
@@ -546,7 +546,7 @@ def test_head_blocks_gather_the_diagonal_blocks(cp, dtype, heads, D):
     """GAT's attention-vector gradients: row h's h-th block of D columns of each of two arrays, exactly."""
     from tcgnn_py.products import pointwise
 
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     dt = _dtype(dtype)
     R1, R2 = ints(rng, heads, heads * D), ints(rng, heads, heads * D)
     a1, a2 = pointwise.head_blocks(cp.asarray(R1).astype(dt), cp.asarray(R2).astype(dt), heads)
@@ -564,7 +564,7 @@ def test_total_is_one_fixed_order_sum(cp, dtype, n):
     fixed order)."""
     from tcgnn_py.products import pointwise
 
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     dt = _dtype(dtype)
     x = ints(rng, n, dtype=np.float64)
     got = pointwise.total(cp.asarray(x).astype(dt))
@@ -585,7 +585,7 @@ def test_row_normalize_on_device_is_the_formula(cp, dtype, d):
     radial part, a 1 / eps scale), within the rounding of the stored type."""
     from tcgnn_py.products import pointwise
 
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     dt = _dtype(dtype)
     acc = np.float64 if dtype == "float64" else np.float32
     n, eps = 517, 1e-12
@@ -630,7 +630,7 @@ def test_bound_gcn_conv_is_the_general_call(cp, monkeypatch, n, d_in, d_out, bia
     """From its second call a signature's gcn_conv runs bound (and from its second vjp, its vjp): every result is
     the general code's, bit for bit, over new operands each step, and the vjp without the input's gradient too.
     Exact on small integers, so the general results are checked against NumPy as well."""
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = tg.TiledMatrix(int_graph(rng, n, n, degree=min(12, n // 3)).astype(np.float32))
     M = A.toarray().astype(np.float64)
     for step in range(8):  # forward bound from step 2, the vjps from steps 6 and 7
@@ -658,7 +658,7 @@ def test_bound_gcn_conv_is_the_general_call(cp, monkeypatch, n, d_in, d_out, bia
 def test_bound_gcn_conv_serves_its_signature_only(cp, monkeypatch):
     """A bound call takes only its own signature: rows of another stride, another width, no bias, other dtypes,
     another stream run the general code (and bind there in turn), and every check still speaks."""
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     n = 500
     A = nn.gcn_norm(random_graph(rng, n, density=0.02), dtype=np.float32)
     H, W, b, g = (cp.asarray(x) for x in (ints(rng, n, 24), ints(rng, 24, 8), ints(rng, 8), ints(rng, n, 8)))
@@ -693,7 +693,7 @@ def test_bound_spmm_runs_the_plan_once_it_binds(cp, monkeypatch):
     from tcgnn_py import _tiled
     from tcgnn_py.kernels.registry import wait_for_compiles
 
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     n = 600
     A = tg.TiledMatrix(int_graph(rng, n, n, degree=8).astype(np.float32))
     X = cp.asarray(ints(rng, n, 24))
@@ -717,7 +717,7 @@ def test_bound_gat_and_agnn_conv_are_the_general_calls(cp, monkeypatch, heads, D
     """gat_conv and agnn_conv bind from a signature's second call on the fused path, and their vjps from a bound
     call's second vjp of a gradient signature: forward and vjp are the general code's, bit for bit, over new
     operands each step (attention dropout: the same seeds drawn)."""
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     n = 700
     A = nn.add_self_loops(random_graph(rng, n, density=0.02), dtype=np.float32)
     f32 = np.float32
@@ -753,7 +753,7 @@ def test_bound_calls_results_outlive_later_calls(cp, monkeypatch, d_in, d_out, h
     """A bound call's intermediates are its own, written anew by every call; its results are new arrays: three
     bound forward calls, then their vjps in reverse order, leave every result the general code's, bit for bit,
     read after all of them ran."""
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     n, f32 = 500, np.float32
     G = random_graph(rng, n, density=0.02)
     A, S = nn.gcn_norm(G, dtype=f32), nn.add_self_loops(G, dtype=f32)
@@ -784,7 +784,7 @@ def test_bound_calls_reuse_only_the_results_nobody_holds(cp, monkeypatch, name):
     """A bound call's results come back in a later call once nothing holds them (their memory, as the pool would
     hand it out again), never while anything does: in a training loop's steady state a call allocates nothing,
     while results held, directly or through a view, keep their values; every result the general code's."""
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     n, f32 = 400, np.float32
     G = random_graph(rng, n, density=0.02)
     A = nn.gcn_norm(G, dtype=f32) if name.startswith("gcn") else nn.add_self_loops(G, dtype=f32)

@@ -82,7 +82,7 @@ def tf32_kernel(request):
 @pytest.mark.parametrize("N", NS)
 @pytest.mark.parametrize("D", DS)
 def test_spmm_exact_integers(cp, tf32_kernel, N, D):
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = int_graph(rng, N, N)
     X = ints(rng, N, D)
     want = (A @ X.astype(np.float64)).astype(np.float32)
@@ -94,7 +94,7 @@ def test_spmm_exact_integers(cp, tf32_kernel, N, D):
 @pytest.mark.parametrize("N", [1000, 16 * 1000 + 5])
 @pytest.mark.parametrize("D", [3, 17, 64, 130, 256])
 def test_spmm_random_floats(cp, tf32_kernel, N, D):
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = int_graph(rng, N, N, degree=20)
     A.data[:] = rng.standard_normal(A.nnz)
     X = rng.standard_normal((N, D)).astype(np.float32)
@@ -115,7 +115,7 @@ def test_spmm_random_floats(cp, tf32_kernel, N, D):
 
 def test_spmm_star_hub_200k(cp, tf32_kernel):
     A = star(200_000)
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     T = tg.TiledMatrix(A, dtype=np.float32, **tf32_kernel)
     assert T.tile_stats().max_blocks_per_window >= 25_000
     for D in (17, 64, 128):
@@ -130,7 +130,7 @@ def test_spmm_star_hub_200k(cp, tf32_kernel):
 
 @pytest.mark.parametrize("shape", [(1000, 3000), (3000, 1000), (17, 40_000), (40_000, 17)])
 def test_spmm_rectangular(cp, tf32_kernel, shape):
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = int_graph(rng, *shape)
     for D in (64, 130):
         X = ints(rng, shape[1], D)
@@ -144,7 +144,7 @@ def test_spmm_rectangular(cp, tf32_kernel, shape):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_spmm_real_graphs(cp, name, layout):
     A = tg.load_graph(graph_dir(name)).adj
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     T = tg.TiledMatrix(A, dtype=np.float32, layout=layout)
     X = ints(rng, A.shape[1], 64)
     want = (A.astype(np.float64) @ X.astype(np.float64)).astype(np.float32)
@@ -160,7 +160,7 @@ def test_spmm_real_graphs(cp, name, layout):
 
 @pytest.mark.parametrize("tile_shape", [(8, 8), (32, 4), (32, 32), (1, 1), (16, 16)])
 def test_spmm_other_tile_shapes_core(cp, tile_shape):
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = int_graph(rng, 1001, 1001, degree=40)
     T = tg.TiledMatrix(A, dtype=np.float32, tile_shape=tile_shape)
     X = ints(rng, 1001, 33)
@@ -172,7 +172,7 @@ def test_spmm_other_tile_shapes_core(cp, tile_shape):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_spmm_edge_cases(cp, layout):
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     for m, n in [(0, 0), (5, 3), (0, 7), (7, 0), (40, 40)]:
         T = tg.TiledMatrix(sp.csr_array((m, n), dtype=np.float32), layout=layout)
         for D in (0, 1, 9):
@@ -209,7 +209,7 @@ def test_spmm_edge_cases(cp, layout):
 
 
 def test_spmm_float64_is_exact_float64(cp):
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = int_graph(rng, 2000, 2000)
     A.data[:] = rng.standard_normal(A.nnz)
     X = rng.standard_normal((2000, 70))
@@ -224,7 +224,7 @@ def test_spmm_float64_is_exact_float64(cp):
 
 
 def test_spmm_nonfinite_fp32_matches_scipy(cp):
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = int_graph(rng, 500, 500)
     X = ints(rng, 500, 32)
     X[7, 3] = np.inf
@@ -267,7 +267,7 @@ def test_split_windows_on_concurrent_streams(cp, case):
     """Split windows are summed in the launch through per-stream counters: streams must not share them."""
     layout, tuning = SPLIT_TUNINGS[case]
     with tg.tuning(**tuning):
-        rng = np.random.default_rng()
+        rng = np.random.default_rng(0)
         hub = star(100)
         hub.resize((3001, 3001))
         # windows of 20-60 parts, all summed in the launch
@@ -303,7 +303,7 @@ def test_products_over_many_widths_share_their_partial_tiles(cp, case):
     order), so a program cycling through widths holds a few buffers, not one per width; each width stays exact."""
     layout, tuning = SPLIT_TUNINGS.get(case, ("tcgnn", {}))
     precision = "fp32" if case == "core" else None  # (CUDA cores)
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     hub = star(1500)
     hub.resize((2001, 2001))
     A = sp.csr_array(int_graph(rng, 2001, 2001, degree=20) + hub)
@@ -335,7 +335,7 @@ def test_timed_choice_candidates_are_bit_identical(cp, D, coop):
 
     ``coop``: one CTA per window x slice (aligned rows), whose candidates are its own shapes.
     """
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     with tg.tuning(vec_coop=coop):
         _check_timed_candidates(cp, rng, D, coop)
 
@@ -490,7 +490,7 @@ def test_a_new_matrix_runs_the_statistics_launch_bound_then_times_once(cp, monke
     from tcgnn_py import _tiled
     from tcgnn_py.products import signature
 
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     _, A = next(_timed_cases(rng))
     X = cp.asarray(ints(rng, A.shape[1], 64))
     compile_candidates(A, X)
@@ -512,7 +512,7 @@ def test_a_new_matrix_runs_the_statistics_launch_bound_then_times_once(cp, monke
 
 
 def test_timed_choice_runs_once_and_keeps_the_fastest(cp, monkeypatch):
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     _, A = next(_timed_cases(rng))
     T = tg.TiledMatrix(A, dtype=np.float32)
     X = cp.asarray(ints(rng, A.shape[1], 64))
@@ -544,7 +544,7 @@ def test_timed_choice_runs_once_and_keeps_the_fastest(cp, monkeypatch):
 def test_dense_values_follow_each_matrix(cp):
     """The dense-values launch reads each matrix's own values, on the slow and the cached path, for more
     matrices sharing one tiling than the dense copies it keeps."""
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     _, A = next(_timed_cases(rng))
     with tg.tuning(vec_kernel=kp.SpmmVecAsync(FS=1, U=4, NS=kp.VEC_STAGES, COMBINE=True, RX=True, PV=True, DV=True)):
         T = tg.TiledMatrix(A, dtype=np.float32)
@@ -588,7 +588,7 @@ def test_kernels_compile_once(cp):
 @pytest.mark.parametrize("D", DS)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_sddmm_exact_integers(cp, N, D, layout):
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = int_graph(rng, N, N)
     Xa, Xb = ints(rng, N, D), ints(rng, N, D)
     T = tg.TiledMatrix(A, dtype=np.float32, layout=layout)
@@ -602,7 +602,7 @@ def test_sddmm_exact_integers(cp, N, D, layout):
 @pytest.mark.parametrize("D", [3, 17, 64, 130])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_sddmm_random_floats(cp, D, layout):
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = int_graph(rng, 5000, 4000, degree=20)
     Xa = rng.standard_normal((5000, D)).astype(np.float32)
     Xb = rng.standard_normal((4000, D)).astype(np.float32)
@@ -619,7 +619,7 @@ def test_sddmm_random_floats(cp, D, layout):
 
 def test_sddmm_star_hub_and_public_api(cp):
     A = star(200_000)
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     T = tg.TiledMatrix(A, dtype=np.float32)
     X = ints(rng, A.shape[0], 16)
     want = sddmm_expected(A, X, X).astype(np.float32)
@@ -632,7 +632,7 @@ def test_sddmm_star_hub_and_public_api(cp):
 
 @pytest.mark.parametrize("tile_shape", [(8, 8), (32, 32), (1, 1)])
 def test_sddmm_other_tile_shapes_core(cp, tile_shape):
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     A = int_graph(rng, 700, 900, degree=30)
     Xa, Xb = ints(rng, 700, 21), ints(rng, 900, 21)
     T = tg.TiledMatrix(A, dtype=np.float32, tile_shape=tile_shape)
@@ -644,7 +644,7 @@ def test_sddmm_other_tile_shapes_core(cp, tile_shape):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_sddmm_real_graphs(cp, name, layout):
     A = tg.load_graph(graph_dir(name)).adj
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     X = ints(rng, A.shape[0], 64)
     T = tg.TiledMatrix(A, dtype=np.float32, layout=layout)
     np.testing.assert_array_equal(poisoned_sddmm(cp, T, X, X), sddmm_expected(A, X, X).astype(np.float32))

@@ -384,15 +384,15 @@ def test_tile_shape_must_be_a_pair():
 
 
 def test_layout_argument():
-    A = sp.random_array((37, 29), density=0.2, format="csr", dtype=np.float64, rng=np.random.default_rng())
-    A.data[:] = np.random.default_rng().integers(1, 5, A.nnz)
+    A = sp.random_array((37, 29), density=0.2, format="csr", dtype=np.float64, rng=np.random.default_rng(0))
+    A.data[:] = np.random.default_rng(0).integers(1, 5, A.nnz)
     V = tg.TiledMatrix(A, layout="vector", device="cpu")
     assert V.layout == tg.Layout(8, 4) and V.layout.name == "vector" and V.tile_shape == (8, 4)
     assert tg.TiledMatrix(A, device="cpu").layout.name == "vector"  # the default
     assert tg.TiledMatrix(A, layout="tcgnn", device="cpu").tile_shape == (16, 8)
     assert tg.TiledMatrix(A, layout=tg.Layout(8, 4), tile_shape=(8, 4), device="cpu").tile_shape == (8, 4)
     assert tg.TiledMatrix(A, tile_shape=(32, 4), device="cpu").layout.name is None
-    X = np.random.default_rng().integers(-8, 9, (29, 5)).astype(np.float64)
+    X = np.random.default_rng(0).integers(-8, 9, (29, 5)).astype(np.float64)
     np.testing.assert_array_equal(V @ X, A @ X)
     assert (V.tocsr() != A).nnz == 0
     V.check_format(full_check=True)

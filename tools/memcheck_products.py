@@ -9,7 +9,8 @@ Covers every compiled SpMM config, selected by config (``tcgnn_py.tuning(tf32_ke
 half_kernel=...)``): the TF32 SpMM's (1/2 column chunks, cp.async and register gathers) with split (hub)
 windows summed in the launch; the vector layout's (register and cp.async gathers, through L2 or L1, dense
 values, one CTA per window summing its parts in shared memory) with units of 2 blocks, split windows summed in
-the launch or by the fixup, and the default with every timed candidate; the vector and TF32 SDDMM; CUDA-core
+the launch or by the fixup, and the default with every timed candidate (also on windows none of which is cut,
+whose units the kernels read from the window pointers); the vector and TF32 SDDMM; CUDA-core
 SpMM in float32/float64 on other tile shapes and the CUDA-core SDDMM; the 16-bit SpMM's shapes (both types,
 float32 and 16-bit matrices and outputs, aligned and unaligned rows); the N:M layouts' mma.sp SpMM (2:4
 16-bit, 1:2 TF32, split windows); float32 matrices as 16-bit values or (hi, lo) pairs.  Sizes are not multiples of 16.  Every
@@ -37,6 +38,9 @@ A.data[:] = rng.integers(1, 5, A.nnz)
 A = sp.csr_array(A + star(n - 1))  # window 0 has ~125 blocks: split over several CTAs
 R = sp.random_array((n, 517), density=0.02, rng=rng, format="csr")
 R.data[:] = rng.integers(1, 5, R.nnz)
+# windows of a few blocks, none cut: the vector launches read their units from the window pointers (no plan)
+S = sp.random_array((n, 517), density=4 / 517, rng=rng, format="csr")
+S.data[:] = rng.integers(1, 5, S.nnz)
 
 
 ALL_D = (1, 3, 17, 64, 100, 130)
@@ -47,7 +51,7 @@ cases = [(A, (16, 8), np.float32, {}, ALL_D), (R, (16, 8), np.float32, {}, ALL_D
 # the vector layout: each config with units of 2 blocks, and the default (every candidate of the timed choice runs)
 cases += [(M, (8, 4), np.float32, dict(vec_kernel=c, vec_blocks_per_unit=2),
            ALL_D if isinstance(c, kp.SpmmVec) else ALIGNED_D) for c in kp.VEC_SPMM_CONFIGS for M in (A, R)]
-cases += [(M, (8, 4), np.float32, dict(timed_after=0), ALL_D) for M in (A, R)]  # (timed on its first call)
+cases += [(M, (8, 4), np.float32, dict(timed_after=0), ALL_D) for M in (A, R, S)]  # (timed on its first call)
 # 16x8: each config with units of 4 warps x 1 block (every window of more than 4 blocks split), and the default
 cases += [(M, (16, 8), np.float32, dict(tf32_kernel=c, tf32_nwarps=(4, 4), blocks_per_warp=1),
            ALIGNED_D if isinstance(c, kp.SpmmTF32Async) else ALL_D) for c in kp.TF32_SPMM_CONFIGS for M in (A, R)]
@@ -96,7 +100,7 @@ def part_half():
     checked = 0
     for tuning in HALF_TUNINGS:
         with tg.tuning(**tuning):
-            for M in (A, R):
+            for M in (A, R, S):
                 for xt in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
                     for mdt in (np.float32, xt):
                         T = tg.TiledMatrix(M, dtype=mdt, layout="vector")
