@@ -20,12 +20,16 @@ TINY = zoo("tiny")
 
 
 
-def kernel_vs_reference(xp, A, tile_shape):
+#: The translation's two forms: its kernels one launch each, and one CTA's launch of them all (small matrices).
+SMALL = pytest.mark.parametrize("small", [False, True], ids=["steps", "one_cta"])
+
+
+def kernel_vs_reference(xp, A, tile_shape, small=None):
     A = sp.csr_array(A, dtype=np.float32)
     A.sum_duplicates()
     args = (A.data, A.indices.astype(np.int32), A.indptr.astype(np.int32))
     want = ref.translate(*args, A.shape, *tile_shape)
-    got = _sgt.translate_kernels(xp, *(xp.asarray(a) for a in args), A.shape, *tile_shape)
+    got = _sgt.translate_kernels(xp, *(xp.asarray(a) for a in args), A.shape, *tile_shape, small=small)
     for key in want:
         g = host(got[key])
         assert g.dtype == want[key].dtype, key
@@ -38,23 +42,50 @@ def kernel_vs_reference(xp, A, tile_shape):
 
 
 
+@SMALL
 @pytest.mark.parametrize("name", sorted(TINY))
-def test_translate_tiny(xp, name):
-    kernel_vs_reference(xp, TINY[name], (16, 8))
+def test_translate_tiny(xp, name, small):
+    kernel_vs_reference(xp, TINY[name], (16, 8), small)
 
 
+@SMALL
 @pytest.mark.parametrize("tile_shape", [(16, 16), (8, 8), (8, 4), (32, 4), (4, 32), (1, 2)])
-def test_translate_tile_shapes(xp, tile_shape):
-    kernel_vs_reference(xp, TINY["n17"], tile_shape)
+def test_translate_tile_shapes(xp, tile_shape, small):
+    kernel_vs_reference(xp, TINY["n17"], tile_shape, small)
 
 
-def test_translate_hub_window(xp):
+@SMALL
+def test_translate_scans_of_several_tiles(xp, small):
+    # More entries than one tile of the one-CTA scan holds (SCAN_ITEMS x its threads): its tiles in turn.
+    A = sp.random_array((97, 113), density=0.08, rng=np.random.default_rng(3), format="csr")
+    kernel_vs_reference(xp, A, (8, 4), small)
+
+
+def test_small_matrices_take_one_launch(xp, monkeypatch):
+    """A translation of at most SMALL_MAX entries is one CTA's launch; larger ones launch each kernel."""
+    from tcgnn_py.kernels import sgt as k
+
+    assert k.SMALL_MAX <= _sgt.HOST_PLAN_MAX  # (its blocks' metadata: a small tiling's derived data, always made)
+    launched, launch = [], _sgt._launch
+    monkeypatch.setattr(_sgt, "_launch", lambda kernel, *args: launched.append(kernel) or launch(kernel, *args))
+    A = sp.csr_array(TINY["n17"], dtype=np.float32)
+    args = [xp.asarray(a) for a in (A.data, A.indices.astype(np.int32), A.indptr.astype(np.int32))]
+    _sgt.translate_kernels(xp, *args, A.shape, 8, 4)
+    assert launched == [k.translate_small]
+    launched.clear()
+    monkeypatch.setattr(k, "SMALL_MAX", A.nnz - 1)
+    _sgt.translate_kernels(xp, *args, A.shape, 8, 4)
+    assert k.translate_small not in launched and launched[0] is k.check_csr and len(launched) >= 8
+
+
+@SMALL
+def test_translate_hub_window(xp, small):
     # A window whose first row holds many columns and whose other rows repeat some.
     n = 70 if SIM else 5000
     rows = np.r_[np.zeros(n - 1, int), np.arange(1, 16)]
     cols = np.r_[np.arange(1, n), np.arange(1, 16) * 3]
     A = sp.csr_array((np.ones(rows.size), (rows, cols)), shape=(n, n))
-    kernel_vs_reference(xp, A, (16, 8))
+    kernel_vs_reference(xp, A, (16, 8), small)
 
 
 def test_canonicalize_kernels(xp):
@@ -75,29 +106,32 @@ BAD_CSR = {
 }
 
 
+@SMALL
 @pytest.mark.parametrize("case", sorted(BAD_CSR))
-def test_check_kernel_rejects(xp, case):
+def test_check_kernel_rejects(xp, case, small):
     indptr, indices, message = BAD_CSR[case]
     arrays = (np.ones(3, np.float32), np.array(indices, np.int32), np.array(indptr, np.int32))
     with pytest.raises(ValueError, match=message):
-        _sgt.translate_kernels(xp, *(xp.asarray(a) for a in arrays), (3, 4), check=True)
+        _sgt.translate_kernels(xp, *(xp.asarray(a) for a in arrays), (3, 4), check=True, small=small)
 
 
+@SMALL
 @pytest.mark.parametrize("indptr", [[1, 1, 2, 3], [0, 1, 2, 4], [0, 1, 2, 2]], ids=["start", "end_high", "end_low"])
-def test_check_kernel_finds_wrong_ends(xp, indptr):
+def test_check_kernel_finds_wrong_ends(xp, indptr, small):
     # indptr[0] != 0 or indptr[-1] != nnz: the check kernel says so (its caller reads them), nothing translated.
     arrays = (np.ones(3, np.float32), np.array([0, 1, 2], np.int32), np.array(indptr, np.int32))
     with pytest.raises(_sgt._SizesUnread):
-        _sgt.translate_kernels(xp, *(xp.asarray(a) for a in arrays), (3, 4), check=True)
+        _sgt.translate_kernels(xp, *(xp.asarray(a) for a in arrays), (3, 4), check=True, small=small)
 
 
-def test_check_kernel_non_canonical(xp):
+@SMALL
+def test_check_kernel_non_canonical(xp, small):
     # Unsorted (row 0) and duplicate (row 1) columns: None with check=True, an error without.
     arrays = (np.ones(4, np.float32), np.array([2, 1, 3, 3], np.int32), np.array([0, 2, 4, 4], np.int32))
     dev = [xp.asarray(a) for a in arrays]
-    assert _sgt.translate_kernels(xp, *dev, (3, 4), check=True) is None
+    assert _sgt.translate_kernels(xp, *dev, (3, 4), check=True, small=small) is None
     with pytest.raises(ValueError, match="canonical"):
-        _sgt.translate_kernels(xp, *dev, (3, 4))
+        _sgt.translate_kernels(xp, *dev, (3, 4), small=small)
 
 
 @pytest.mark.parametrize("n, threads", [(0, None), (1, None), (31, None), (300, 32), (2000, 64), (5000, None)])

@@ -29,6 +29,10 @@ serialise), with one host read at the end:
    slot in the tiled arrays.
 6. For a small tiling, :func:`block_meta` -- per block: its occupancy mask and
    first entry, which planning its products would otherwise read back.
+7. For a small matrix (:data:`SMALL_MAX` entries), :func:`translate_small`
+   runs steps 0-6 as phases of one CTA, a barrier between them: the same
+   work on the same arrays in one launch, where the host's launches would
+   cost more than the GPU's work.
 
 The number of blocks is known only on the device: buffers are sized by the
 bound ``nnz // W + windows`` (a window of ``m`` entries has at most
@@ -42,7 +46,7 @@ is what ``FULL_MASK`` promises.
 """
 
 import numpy as np
-from numba import cuda
+from numba import config, cuda
 
 from .warp import FULL_MASK, inclusive_scan, lower_bound
 
@@ -57,6 +61,9 @@ __all__ = [
     "sum_runs",
     "scan_tile_totals",
     "scan_tiles",
+    "translate_small",
+    "SMALL_MAX",
+    "SMALL_THREADS",
     "KERNELS",
 ]
 
@@ -68,15 +75,9 @@ __all__ = [
 BAD_INDPTR, NEGATIVE_INDEX, INDEX_TOO_LARGE, NOT_CANONICAL, BAD_SIZES = 1, 2, 4, 8, 16
 
 
-@cuda.jit(cache=True)
-def check_csr(indptr, indices, n_cols, edge_row, status):
-    """Row of every entry, and the O(nnz) checks of the CSR arrays (bits of ``status[0]``).
-
-    One thread per entry and per row.  The binary search stays inside
-    ``indptr`` whatever its contents, so checking reads nothing out of bounds;
-    thread 0 checks ``indptr[0] == 0`` and ``indptr[-1] == nnz`` (``BAD_SIZES``).
-    """
-    t = cuda.grid(1)
+@cuda.jit(device=True)
+def _check_at(t, indptr, indices, n_cols, edge_row, status):
+    """:func:`check_csr`'s work for thread ``t``."""
     n_rows = indptr.shape[0] - 1
     nnz = indices.shape[0]
     if t == 0 and (indptr[0] != 0 or indptr[n_rows] != nnz):
@@ -104,16 +105,19 @@ def check_csr(indptr, indices, n_cols, edge_row, status):
 
 
 @cuda.jit(cache=True)
-def rank_edges(indptr, indices, edge_row, n_rows, window, rank, first_flag, status):
-    """Rank of each edge in its window's merged order, and first-occurrence flags.
+def check_csr(indptr, indices, n_cols, edge_row, status):
+    """Row of every entry, and the O(nnz) checks of the CSR arrays (bits of ``status[0]``).
 
-    ``rank[e]``: number of window entries before edge ``e`` in (column, row)
-    order.  ``first_flag[indptr[w*H] + rank[e]]``: 1 when no earlier row of
-    the window holds ``e``'s column.
+    One thread per entry and per row.  The binary search stays inside
+    ``indptr`` whatever its contents, so checking reads nothing out of bounds;
+    thread 0 checks ``indptr[0] == 0`` and ``indptr[-1] == nnz`` (``BAD_SIZES``).
     """
-    if status[0] != 0:
-        return
-    tid = cuda.grid(1)
+    _check_at(cuda.grid(1), indptr, indices, n_cols, edge_row, status)
+
+
+@cuda.jit(device=True)
+def _rank_at(tid, indptr, indices, edge_row, n_rows, window, rank, first_flag):
+    """:func:`rank_edges`' work for thread ``tid`` (every lane of the warp calls it: collectives)."""
     e = tid // window
     lane = tid % window
     nnz = indices.shape[0]
@@ -149,11 +153,21 @@ def rank_edges(indptr, indices, edge_row, n_rows, window, rank, first_flag, stat
 
 
 @cuda.jit(cache=True)
-def window_blocks(indptr, scan, n_rows, window, block, nblk, status):
-    """Blocks of each window: its distinct columns over ``block``, rounded up."""
+def rank_edges(indptr, indices, edge_row, n_rows, window, rank, first_flag, status):
+    """Rank of each edge in its window's merged order, and first-occurrence flags.
+
+    ``rank[e]``: number of window entries before edge ``e`` in (column, row)
+    order.  ``first_flag[indptr[w*H] + rank[e]]``: 1 when no earlier row of
+    the window holds ``e``'s column.
+    """
     if status[0] != 0:
         return
-    w = cuda.grid(1)
+    _rank_at(cuda.grid(1), indptr, indices, edge_row, n_rows, window, rank, first_flag)
+
+
+@cuda.jit(device=True)
+def _window_blocks_at(w, indptr, scan, n_rows, window, block, nblk):
+    """:func:`window_blocks`' work for window ``w``."""
     if w >= nblk.shape[0]:
         return
     lo = indptr[w * window]
@@ -162,19 +176,16 @@ def window_blocks(indptr, scan, n_rows, window, block, nblk, status):
 
 
 @cuda.jit(cache=True)
-def condense_edges(
-    indptr, indices, edge_row, window, block, win_ptr, scan, first_flag, kidx, block_cols, block_win, status
-):
-    """Condensed column id of each edge; first occurrences fill ``block_cols``.
-
-    ``scan`` is the inclusive scan of ``first_flag`` with a leading 0, so that
-    ``scan[p + 1] - scan[window start]`` counts distinct columns up to merged
-    position ``p``.  On entry ``kidx`` holds the ranks; on exit the condensed ids.
-    The window's last column also writes -1 into the unused slots of its block.
-    """
+def window_blocks(indptr, scan, n_rows, window, block, nblk, status):
+    """Blocks of each window: its distinct columns over ``block``, rounded up."""
     if status[0] != 0:
         return
-    e = cuda.grid(1)
+    _window_blocks_at(cuda.grid(1), indptr, scan, n_rows, window, block, nblk)
+
+
+@cuda.jit(device=True)
+def _condense_at(e, indptr, indices, edge_row, window, block, win_ptr, scan, first_flag, kidx, block_cols, block_win):
+    """:func:`condense_edges`' work for edge ``e``."""
     if e >= indices.shape[0]:
         return
     w = edge_row[e] // window
@@ -195,14 +206,25 @@ def condense_edges(
 
 
 @cuda.jit(cache=True)
-def count_block_rows(indptr, indices, n_rows, window, block, win_ptr, block_cols, block_win, row_off, block_nnz, status):
-    """Per block: each row's entry offset inside the block, and the block's entry count.
+def condense_edges(
+    indptr, indices, edge_row, window, block, win_ptr, scan, first_flag, kidx, block_cols, block_win, status
+):
+    """Condensed column id of each edge; first occurrences fill ``block_cols``.
 
-    Launched over the buffers' bound: blocks past ``win_ptr[-1]`` count 0.
+    ``scan`` is the inclusive scan of ``first_flag`` with a leading 0, so that
+    ``scan[p + 1] - scan[window start]`` counts distinct columns up to merged
+    position ``p``.  On entry ``kidx`` holds the ranks; on exit the condensed ids.
+    The window's last column also writes -1 into the unused slots of its block.
     """
     if status[0] != 0:
         return
-    tid = cuda.grid(1)
+    _condense_at(cuda.grid(1), indptr, indices, edge_row, window, block, win_ptr, scan, first_flag, kidx, block_cols,
+                 block_win)
+
+
+@cuda.jit(device=True)
+def _count_rows_at(tid, indptr, indices, n_rows, window, block, win_ptr, block_cols, block_win, row_off, block_nnz):
+    """:func:`count_block_rows`' work for thread ``tid`` (every lane of the warp calls it: collectives)."""
     b = tid // window
     lane = tid % window
     valid = b < win_ptr[win_ptr.shape[0] - 1]
@@ -230,16 +252,21 @@ def count_block_rows(indptr, indices, n_rows, window, block, win_ptr, block_cols
 
 
 @cuda.jit(cache=True)
-def scatter_edges(
-    indptr, edge_row, data, window, block, win_ptr, kidx, block_ptr, row_off, tile_pos, values, perm, status
-):
-    """Write each edge to its tiled slot: blocks in order, row-major inside a block.
+def count_block_rows(indptr, indices, n_rows, window, block, win_ptr, block_cols, block_win, row_off, block_nnz, status):
+    """Per block: each row's entry offset inside the block, and the block's entry count.
 
-    Also copies the number of blocks to ``status[1]`` (for the host's one read).
+    Launched over the buffers' bound: blocks past ``win_ptr[-1]`` count 0.
     """
     if status[0] != 0:
         return
-    e = cuda.grid(1)
+    _count_rows_at(cuda.grid(1), indptr, indices, n_rows, window, block, win_ptr, block_cols, block_win, row_off,
+                   block_nnz)
+
+
+@cuda.jit(device=True)
+def _scatter_at(e, indptr, edge_row, data, window, block, win_ptr, kidx, block_ptr, row_off, tile_pos, values, perm,
+                status):
+    """:func:`scatter_edges`' work for edge ``e``."""
     if e == 0:
         status[1] = win_ptr[win_ptr.shape[0] - 1]
     if e >= edge_row.shape[0]:
@@ -265,15 +292,22 @@ def scatter_edges(
 
 
 @cuda.jit(cache=True)
-def block_meta(win_ptr, block_ptr, tile_pos, words, meta, status):
-    """Per block ``b``: its occupancy words -- bit ``p % 32`` of ``meta[b, p // 32]`` set when tile position ``p``
-    is stored, ``p // 32 < words`` -- and, where ``meta`` has a column more, its first entry ``block_ptr[b]``.
+def scatter_edges(
+    indptr, edge_row, data, window, block, win_ptr, kidx, block_ptr, row_off, tile_pos, values, perm, status
+):
+    """Write each edge to its tiled slot: blocks in order, row-major inside a block.
 
-    Launched over the buffers' bound: rows past ``win_ptr[-1]`` are left alone.
+    Also copies the number of blocks to ``status[1]`` (for the host's one read).
     """
     if status[0] != 0:
         return
-    b = cuda.grid(1)
+    _scatter_at(cuda.grid(1), indptr, edge_row, data, window, block, win_ptr, kidx, block_ptr, row_off, tile_pos,
+                values, perm, status)
+
+
+@cuda.jit(device=True)
+def _meta_at(b, win_ptr, block_ptr, tile_pos, words, meta):
+    """:func:`block_meta`'s work for block ``b``."""
     if b >= meta.shape[0] or b >= win_ptr[win_ptr.shape[0] - 1]:
         return
     for w in range(words):
@@ -284,6 +318,18 @@ def block_meta(win_ptr, block_ptr, tile_pos, words, meta, status):
         meta[b, p >> 5] |= np.uint32(1) << (p & np.uint32(31))
     if meta.shape[1] > words:
         meta[b, words] = start
+
+
+@cuda.jit(cache=True)
+def block_meta(win_ptr, block_ptr, tile_pos, words, meta, status):
+    """Per block ``b``: its occupancy words -- bit ``p % 32`` of ``meta[b, p // 32]`` set when tile position ``p``
+    is stored, ``p // 32 < words`` -- and, where ``meta`` has a column more, its first entry ``block_ptr[b]``.
+
+    Launched over the buffers' bound: rows past ``win_ptr[-1]`` are left alone.
+    """
+    if status[0] != 0:
+        return
+    _meta_at(cuda.grid(1), win_ptr, block_ptr, tile_pos, words, meta)
 
 
 #: Entries per thread of the tiled scan (a CTA of ``t`` threads scans tiles of ``SCAN_ITEMS * t`` entries).
@@ -369,6 +415,89 @@ def scan_tiles(src, tile_totals, dst, status):
             dst[base + j + 1] = run
 
 
+@cuda.jit(device=True)
+def _scan_cta(src, dst, totals):
+    """:func:`scan_tiles` of a whole array by one CTA: its tiles in turn, each after the ones before it."""
+    n = src.shape[0]
+    t = cuda.threadIdx.x
+    if t == 0:
+        dst[0] = 0
+    carry = 0
+    tile = 0
+    while tile < n:  # (the same trip count in every thread: the CTA scan's barriers)
+        base = tile + t * SCAN_ITEMS
+        s = 0
+        for j in range(SCAN_ITEMS):
+            if base + j < n:
+                s += src[base + j]
+        off, total = _block_exclusive(s, totals)
+        run = carry + off
+        for j in range(SCAN_ITEMS):
+            if base + j < n:
+                run += src[base + j]
+                dst[base + j + 1] = run
+        carry += total
+        tile += SCAN_ITEMS * cuda.blockDim.x
+
+
+#: Entries up to which a translation is one CTA's launch (:func:`translate_small`): its phases then cost the GPU
+#: less than the host's ten launches and their arguments would (one CTA's phases are latency-bound: their time
+#: grows with the entries, the launches' does not).
+SMALL_MAX = 1 << 11
+#: Threads of :func:`translate_small`'s one CTA (at most 64 registers each: the SM's 64K registers hold them).
+SMALL_THREADS = 1024
+
+
+@cuda.jit(cache=True, **({} if config.ENABLE_CUDASIM else {"max_registers": 64}))  # (the simulator takes no limit)
+def translate_small(indptr, indices, data, n_cols, window, block, edge_row, kidx, first_flag, scan, nblk, win_ptr,
+                    block_cols, block_win, row_off, block_nnz, block_ptr, tile_pos, values, perm, words, meta, status):
+    """The whole translation of a small matrix by one CTA: :func:`check_csr` to :func:`block_meta` and their scans,
+    in order, each a loop of the CTA's threads over the kernel's threads, with a barrier between them -- the same
+    work on the same arrays, so the same bits, in one launch instead of ten (a small matrix's translation is the
+    host's launches).  Buffers as the kernels', of the bound: ``block_nnz`` holds one entry per possible block.
+
+    Every thread runs every loop the same number of times (a loop over lane groups keeps whole warps in their
+    collectives), and all of them read ``status`` after the checks' barrier, so they return together.
+    """
+    totals = cuda.shared.array(33, dtype=np.int32)
+    t0 = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    n_rows = indptr.shape[0] - 1
+    nnz = indices.shape[0]
+    bound = block_nnz.shape[0]
+    for t in range(t0, max(nnz, n_rows), nt):
+        _check_at(t, indptr, indices, n_cols, edge_row, status)
+    cuda.syncthreads()
+    if status[0] != 0:
+        return
+    for base in range(0, nnz * window, nt):
+        _rank_at(base + t0, indptr, indices, edge_row, n_rows, window, kidx, first_flag)
+    cuda.syncthreads()
+    _scan_cta(first_flag, scan, totals)
+    cuda.syncthreads()
+    for w in range(t0, nblk.shape[0], nt):
+        _window_blocks_at(w, indptr, scan, n_rows, window, block, nblk)
+    cuda.syncthreads()
+    _scan_cta(nblk, win_ptr, totals)
+    cuda.syncthreads()
+    for e in range(t0, nnz, nt):
+        _condense_at(e, indptr, indices, edge_row, window, block, win_ptr, scan, first_flag, kidx, block_cols,
+                     block_win)
+    cuda.syncthreads()
+    for base in range(0, bound * window, nt):
+        _count_rows_at(base + t0, indptr, indices, n_rows, window, block, win_ptr, block_cols, block_win, row_off,
+                       block_nnz)
+    cuda.syncthreads()
+    _scan_cta(block_nnz, block_ptr, totals)
+    cuda.syncthreads()
+    for e in range(t0, nnz, nt):
+        _scatter_at(e, indptr, edge_row, data, window, block, win_ptr, kidx, block_ptr, row_off, tile_pos, values,
+                    perm, status)
+    cuda.syncthreads()
+    for b in range(t0, bound, nt):
+        _meta_at(b, win_ptr, block_ptr, tile_pos, words, meta)
+
+
 @cuda.jit(cache=True)
 def sum_runs(starts, data, out):
     """Sum ``data`` over each run ``starts[i]:starts[i+1]``, left to right."""
@@ -406,4 +535,9 @@ KERNELS = {
     "sum_runs": (sum_runs, "(int32[::1], float32[::1], float32[::1])"),
     "scan_tile_totals": (scan_tile_totals, f"({_I}, {_I}, {_I})"),
     "scan_tiles": (scan_tiles, f"({_I}, {_I}, {_I}, {_I})"),
+    "translate_small": (
+        translate_small,
+        f"({_I}, {_I}, float32[::1], int64, int64, int64, {_I}, {_I}, {_I}, {_I}, {_I}, {_I}, {_I}, {_I}, {_I}, "
+        f"{_I}, {_I}, uint8[::1], float32[::1], {_I}, int64, uint32[:, ::1], {_I})",
+    ),
 }

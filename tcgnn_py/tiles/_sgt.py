@@ -238,8 +238,12 @@ def _check_messages(n_cols):
     )
 
 
-def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None, check=False):
+def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None, check=False, small=None):
     """:func:`translate` through the Numba kernels; ``xp`` is CuPy, or NumPy in the simulator.
+
+    A matrix of at most :data:`~tcgnn_py.kernels.sgt.SMALL_MAX` entries (``small=None``; True or False picks) is
+    translated by one launch of one CTA (:func:`~tcgnn_py.kernels.sgt.translate_small`: the same kernels' work, in
+    order), its scratch arrays one buffer: a small matrix's translation costs its host launches, not its GPU time.
 
     Without ``edge_row`` (the row of each entry) the first kernel finds the
     rows and checks the arrays: invalid arrays raise ``ValueError``; with
@@ -287,6 +291,52 @@ def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None
     # win_ptr, then status (error bits, the number of blocks): one buffer, so that the one host read takes both
     shared = cp.zeros(n_windows + 3, np.int32)
     win_ptr, status = shared[:n_windows + 1], shared[n_windows + 1:]
+    if small is None:
+        small = edge_row is None and nnz <= k.SMALL_MAX
+    if small and edge_row is None:
+        block_cols, block_ptr, tile_pos, values, perm, meta = _translate_small(
+            cp, k, data, indices, indptr, n_cols, H, W, n_windows, bound, win_ptr, status)
+    else:
+        block_cols, block_ptr, tile_pos, values, perm, meta = _translate_steps(
+            cp, k, data, indices, indptr, n_rows, n_cols, H, W, n_windows, bound, win_ptr, status, edge_row)
+    # synchronize! (the translation's one host read: a small tiling's window pointers with it)
+    host = to_host(shared if meta is not None else status)
+    err, n_blocks = (int(v) for v in host[-2:])
+    if err & k.BAD_SIZES:
+        raise _SizesUnread
+    for bit, message in _check_messages(n_cols):
+        if err & bit:
+            raise ValueError(message)
+    if err:
+        if check:
+            return None
+        raise ValueError("translate needs canonical CSR arrays (sorted, distinct column indices in each row)")
+    if cp is not np:
+        _RAN[0] = True
+    block_cols = block_cols[: n_blocks * W]
+    block_ptr = block_ptr[: n_blocks + 1]
+    meta = meta if meta is None else meta[:n_blocks]
+    if (bound - n_blocks) * W * 4 > _SLACK_BYTES:  # give the bound's spare room back
+        block_cols, block_ptr = block_cols.copy(), block_ptr.copy()
+        meta = meta if meta is None else meta.copy()
+    out = {
+        "win_ptr": win_ptr,
+        "block_cols": block_cols.reshape(n_blocks, W),
+        "block_ptr": block_ptr,
+        "tile_pos": tile_pos,
+        "values": values,
+        "perm": perm,
+    }
+    if meta is not None:
+        out["block_meta"] = meta
+        out["host_win_ptr"] = host[:n_windows + 1]
+    return out
+
+
+def _translate_steps(cp, k, data, indices, indptr, n_rows, n_cols, H, W, n_windows, bound, win_ptr, status, edge_row):
+    """:func:`translate_kernels`' kernels, one launch each: ``(block_cols, block_ptr, tile_pos, values, perm, meta)``
+    of the bound (``meta`` None above :data:`HOST_PLAN_MAX` entries)."""
+    nnz = indices.shape[0]
     if edge_row is None:
         edge_row = cp.empty(nnz, np.int32)
         _launch(k.check_csr, _grid(max(nnz, n_rows)), _TPB, indptr, indices, n_cols, edge_row, status)
@@ -320,38 +370,30 @@ def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None
         words, columns = block_meta_layout(H, W)
         meta = cp.empty((bound, columns), np.uint32)
         _launch(k.block_meta, _grid(bound), _TPB, win_ptr, block_ptr, tile_pos, words, meta, status)
-    # synchronize! (the translation's one host read: a small tiling's window pointers with it)
-    host = to_host(shared if meta is not None else status)
-    err, n_blocks = (int(v) for v in host[-2:])
-    if err & k.BAD_SIZES:
-        raise _SizesUnread
-    for bit, message in _check_messages(n_cols):
-        if err & bit:
-            raise ValueError(message)
-    if err:
-        if check:
-            return None
-        raise ValueError("translate needs canonical CSR arrays (sorted, distinct column indices in each row)")
-    if cp is not np:
-        _RAN[0] = True
-    block_cols = block_cols[: n_blocks * W]
-    block_ptr = block_ptr[: n_blocks + 1]
-    meta = meta if meta is None else meta[:n_blocks]
-    if (bound - n_blocks) * W * 4 > _SLACK_BYTES:  # give the bound's spare room back
-        block_cols, block_ptr = block_cols.copy(), block_ptr.copy()
-        meta = meta if meta is None else meta.copy()
-    out = {
-        "win_ptr": win_ptr,
-        "block_cols": block_cols.reshape(n_blocks, W),
-        "block_ptr": block_ptr,
-        "tile_pos": tile_pos,
-        "values": values,
-        "perm": perm,
-    }
-    if meta is not None:
-        out["block_meta"] = meta
-        out["host_win_ptr"] = host[:n_windows + 1]
-    return out
+    return block_cols, block_ptr, tile_pos, values, perm, meta
+
+
+def _translate_small(cp, k, data, indices, indptr, n_cols, H, W, n_windows, bound, win_ptr, status):
+    """:func:`translate_kernels`' one launch (:func:`~tcgnn_py.kernels.sgt.translate_small`): what
+    :func:`_translate_steps` returns, its scratch arrays views of one buffer."""
+    nnz = indices.shape[0]
+    sizes = (nnz, nnz, nnz, nnz + 1, n_windows, bound, bound * H, bound)
+    work = cp.empty(sum(sizes), np.int32)
+    ends = np.cumsum(sizes).tolist()
+    edge_row, kidx, first_flag, scan, nblk, block_win, row_off, block_nnz = (
+        work[end - size:end] for size, end in zip(sizes, ends))
+    block_cols = cp.empty(bound * W, np.int32)
+    block_ptr = cp.empty(bound + 1, np.int32)
+    tile_pos = cp.empty(nnz, ref.tile_pos_dtype(H, W))
+    values = cp.empty(nnz, data.dtype)
+    perm = cp.empty(nnz, np.int32)
+    words, columns = block_meta_layout(H, W)
+    meta = cp.empty((bound, columns), np.uint32)
+    threads = k.SMALL_THREADS if cp is not np else 64  # (the simulator: two warps, several trips of each loop)
+    _launch(k.translate_small, 1, threads, indptr, indices, data, n_cols, H, W, edge_row, kidx, first_flag, scan,
+            nblk, win_ptr, block_cols, block_win, row_off, block_nnz, block_ptr, tile_pos, values, perm, words, meta,
+            status)
+    return block_cols, block_ptr, tile_pos, values, perm, meta
 
 
 def _scan(cp, k, src, dst, status, threads=None):
