@@ -80,6 +80,18 @@ for fmt in ("tiled", "csr"):
         h, vjp = nn.sage_conv(block, h, params[f"W_self{i}"], params[f"W_neigh{i}"], params[f"b{i}"])
     vjp(cp.ones_like(h))
     print(f"memcheck nn sampled blocks ({fmt}): {[b.adj.nnz for b in blocks]} entries")
+# the translation of small matrices in one CTA's launch and in its kernels' launches: the same arrays (hub windows,
+# row counts not multiples of the window, every tile shape the layouts use)
+from tcgnn_py.tiles import _sgt  # noqa: E402
+
+for M in (G[:1500][:, :700], G[:37], G[:, :50][:1000]):
+    M = M.tocsr().astype(np.float32)
+    M.sort_indices()
+    args = [cp.asarray(a) for a in (M.data, M.indices.astype(np.int32), M.indptr.astype(np.int32))]
+    for tile_shape in ((8, 4), (16, 8)):
+        one, steps = (_sgt.translate_kernels(cp, *args, M.shape, *tile_shape, small=s) for s in (True, False))
+        assert all(bool((cp.asarray(one[k]) == cp.asarray(steps[k])).all()) for k in steps if k != "host_win_ptr")
+print("memcheck nn small translations: one launch and the kernels' launches agree")
 # a device CSR's index pointer ends, which only the translation's check kernel reads: wrong (scipy's errors, nothing
 # translated) or short of the entries (those before it translated)
 vals, cols = cp.ones(5, np.float32), cp.asarray([0, 2, 1, 7, 9], np.int32)
