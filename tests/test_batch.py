@@ -59,6 +59,25 @@ def test_batch_is_scipys_block_diag():
     empty = nn.batch([sp.csr_array((2, 2), dtype=np.float32), sp.csr_array((0, 0), dtype=np.float32)]).adj
     assert empty.shape == (2, 2) and empty.nnz == 0 and empty.dtype == np.float32
 
+def test_batch_reads_scipy_graphs_up_to_their_last_entry():
+    # CSR arrays and matrices as they are, arrays longer than their entries (scipy reads up to indptr[-1]), int64
+    # indices, graphs of no nodes or no entries among many: scipy's block_diag.
+    rng = np.random.default_rng(1)
+    graphs = [sp.csr_array(int_graph(rng, n, n, degree=3)) for n in rng.integers(0, 9, 40)]
+    graphs[3] = sp.csr_matrix(int_graph(rng, 6, 6, degree=2))
+    padded = sp.csr_array(int_graph(rng, 5, 5, degree=2))
+    cap = padded.nnz + 7
+    indices, data = np.zeros(cap, np.int64), np.full(cap, 99.0)
+    indices[:padded.nnz], data[:padded.nnz] = padded.indices, padded.data
+    padded.indices, padded.data = indices, data  # (set after construction, which would trim them)
+    graphs[7] = padded
+    assert padded.indices.shape[0] > padded.nnz
+    got = nn.batch(graphs).adj
+    want = sp.csr_array(sp.block_diag([sp.csr_array(g) for g in graphs], format="csr"))
+    assert got.nnz == want.nnz and got.has_canonical_format
+    np.testing.assert_array_equal(got.toarray(), want.toarray())
+
+
 def test_batch_refuses_what_is_not_a_sequence_of_square_graphs():
     with pytest.raises(ValueError, match="at least one graph"):
         nn.batch([])

@@ -76,7 +76,10 @@ def batch(graphs):
     for i, g in enumerate(graphs):
         if isinstance(g, TiledMatrix):
             g = g.tocsr()
-        g = g.tocsr() if on_device else sp.csr_array(g)
+        if on_device:
+            g = g.tocsr()
+        elif not (sp.issparse(g) and g.format == "csr"):  # (a scipy CSR is read as it is: a batch joins dozens)
+            g = sp.csr_array(g)
         if g.ndim != 2 or g.shape[0] != g.shape[1]:
             raise ValueError(f"graphs[{i}] must be a square adjacency matrix, got shape {g.shape}")
         blocks.append(g)
@@ -90,13 +93,12 @@ def _join(blocks, ptr, on_device):
     """The block-diagonal CSR of CSR graphs (cupyx's, joined on the GPU: the sizes, host facts, are all the host
     reads; else scipy's), each graph's columns shifted by its first node and its row pointers by the entries
     before it -- one concatenation per array, where ``scipy.sparse.block_diag`` goes through COO."""
-    if on_device:
-        import cupy as xp
-        import cupyx.scipy.sparse as sparse
+    if not on_device:
+        return _join_host(blocks, ptr)
+    import cupy as xp
+    import cupyx.scipy.sparse as sparse
 
-        make = sparse.csr_matrix
-    else:
-        xp, make = np, sp.csr_array
+    make = sparse.csr_matrix
     nnz = np.concatenate([[0], np.cumsum([g.nnz for g in blocks])]).astype(np.int64)
     n = int(ptr[-1])
     if not nnz[-1]:
@@ -106,6 +108,28 @@ def _join(blocks, ptr, on_device):
     indices = xp.concatenate([g.indices.astype(np.int32) + np.int32(ptr[i]) for i, g in enumerate(blocks)])
     data = xp.concatenate([g.data for g in blocks])
     return make((data, indices, indptr), shape=(n, n))
+
+
+def _join_host(blocks, ptr):
+    """:func:`_join` of scipy CSR graphs, the shifts added to all graphs at once (each graph's own NumPy calls would
+    cost a batch of dozens of small graphs more than its entries do); each graph's arrays up to its last entry
+    (``indptr[-1]``), as scipy reads them."""
+    n, G = int(ptr[-1]), len(blocks)
+    counts = np.fromiter((g.indptr[-1] for g in blocks), np.int64, G)
+    nnz = np.concatenate([[0], np.cumsum(counts)])
+    if not nnz[-1]:
+        return sp.csr_array((n, n), dtype=np.result_type(*[g.dtype for g in blocks]))
+    indices = np.concatenate([g.indices[:c] for g, c in zip(blocks, counts.tolist())])
+    data = np.concatenate([g.data[:c] for g, c in zip(blocks, counts.tolist())])
+    indices = indices.astype(np.int32) + np.repeat(ptr[:-1], counts).astype(np.int32)
+    pointers = np.concatenate([g.indptr for g in blocks]).astype(np.int64)  # (each graph's n_g + 1 pointers)
+    last = ptr[1:] + np.arange(G)  # (each graph's last pointer: its entries' end, the next graph's start)
+    keep = np.ones(pointers.shape[0], bool)
+    keep[last] = False
+    indptr = np.empty(n + 1, np.int64)
+    np.add(pointers[keep], np.repeat(nnz[:-1], np.diff(ptr)), out=indptr[:-1])
+    indptr[-1] = nnz[-1]
+    return sp.csr_array((data, indices, indptr), shape=(n, n))
 
 
 def _check_ptr(ptr, n):
