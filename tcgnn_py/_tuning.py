@@ -214,6 +214,9 @@ declare("build", {
     # after this many such cold builds, the next one compiles the SGT kernels in a background thread, for the
     # builds after it (-1: never)
     "sgt_compile_after": (1, int_option(-1)),
+    # a translation on the GPU of up to this many entries is one CTA's launch of the SGT kernels' work in order
+    # (past it, the kernels' own launches: one CTA's phases are latency-bound, their time grows with the entries)
+    "sgt_one_launch_max": (1 << 11, int_option(-1)),
     # gcn_norm / add_self_loops of a host graph on the host up to this many entries (or the translation's own
     # host limit, the larger): one upload, and a symmetric graph's tiling is checked there to be its own transpose
     "norm_host_max": (1 << 18, int_option(-1)),

@@ -62,10 +62,9 @@ def test_translate_scans_of_several_tiles(xp, small):
 
 
 def test_small_matrices_take_one_launch(xp, monkeypatch):
-    """A translation of at most SMALL_MAX entries is one CTA's launch; larger ones launch each kernel."""
+    """A translation of at most ``sgt_one_launch_max`` entries is one CTA's launch; larger ones launch each kernel."""
     from tcgnn_py.kernels import sgt as k
 
-    assert k.SMALL_MAX <= _sgt.HOST_PLAN_MAX  # (its blocks' metadata: a small tiling's derived data, always made)
     launched, launch = [], _sgt._launch
     monkeypatch.setattr(_sgt, "_launch", lambda kernel, *args: launched.append(kernel) or launch(kernel, *args))
     A = sp.csr_array(TINY["n17"], dtype=np.float32)
@@ -73,8 +72,8 @@ def test_small_matrices_take_one_launch(xp, monkeypatch):
     _sgt.translate_kernels(xp, *args, A.shape, 8, 4)
     assert launched == [k.translate_small]
     launched.clear()
-    monkeypatch.setattr(k, "SMALL_MAX", A.nnz - 1)
-    _sgt.translate_kernels(xp, *args, A.shape, 8, 4)
+    with tg.tuning(sgt_one_launch_max=A.nnz - 1):
+        _sgt.translate_kernels(xp, *args, A.shape, 8, 4)
     assert k.translate_small not in launched and launched[0] is k.check_csr and len(launched) >= 8
 
 

@@ -81,16 +81,18 @@ for fmt in ("tiled", "csr"):
     vjp(cp.ones_like(h))
     print(f"memcheck nn sampled blocks ({fmt}): {[b.adj.nnz for b in blocks]} entries")
 # the translation of small matrices in one CTA's launch and in its kernels' launches: the same arrays (hub windows,
-# row counts not multiples of the window, every tile shape the layouts use)
-from tcgnn_py.tiles import _sgt  # noqa: E402
-
+# row counts not multiples of the window, both layouts' tile shapes)
 for M in (G[:1500][:, :700], G[:37], G[:, :50][:1000]):
     M = M.tocsr().astype(np.float32)
     M.sort_indices()
-    args = [cp.asarray(a) for a in (M.data, M.indices.astype(np.int32), M.indptr.astype(np.int32))]
-    for tile_shape in ((8, 4), (16, 8)):
-        one, steps = (_sgt.translate_kernels(cp, *args, M.shape, *tile_shape, small=s) for s in (True, False))
-        assert all(bool((cp.asarray(one[k]) == cp.asarray(steps[k])).all()) for k in steps if k != "host_win_ptr")
+    arrays = [cp.asarray(a) for a in (M.data, M.indices.astype(np.int32), M.indptr.astype(np.int32))]
+    for layout in ("vector", "tcgnn"):
+        built = []
+        for most in (1 << 30, -1):
+            with tg.tuning(sgt_one_launch_max=most):
+                built.append(tg.TiledMatrix(tuple(arrays), shape=M.shape, layout=layout).tiling)
+        for name in ("win_ptr", "block_cols", "block_ptr", "tile_pos", "perm"):
+            assert bool((getattr(built[0], name) == getattr(built[1], name)).all()), name
 print("memcheck nn small translations: one launch and the kernels' launches agree")
 # a device CSR's index pointer ends, which only the translation's check kernel reads: wrong (scipy's errors, nothing
 # translated) or short of the entries (those before it translated)

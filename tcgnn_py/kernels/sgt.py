@@ -29,7 +29,7 @@ serialise), with one host read at the end:
    slot in the tiled arrays.
 6. For a small tiling, :func:`block_meta` -- per block: its occupancy mask and
    first entry, which planning its products would otherwise read back.
-7. For a small matrix (:data:`SMALL_MAX` entries), :func:`translate_small`
+7. For a small matrix (the ``sgt_one_launch_max`` option), :func:`translate_small`
    runs steps 0-6 as phases of one CTA, a barrier between them: the same
    work on the same arrays in one launch, where the host's launches would
    cost more than the GPU's work.
@@ -62,7 +62,6 @@ __all__ = [
     "scan_tile_totals",
     "scan_tiles",
     "translate_small",
-    "SMALL_MAX",
     "SMALL_THREADS",
     "KERNELS",
 ]
@@ -440,10 +439,6 @@ def _scan_cta(src, dst, totals):
         tile += SCAN_ITEMS * cuda.blockDim.x
 
 
-#: Entries up to which a translation is one CTA's launch (:func:`translate_small`): its phases then cost the GPU
-#: less than the host's ten launches and their arguments would (one CTA's phases are latency-bound: their time
-#: grows with the entries, the launches' does not).
-SMALL_MAX = 1 << 11
 #: Threads of :func:`translate_small`'s one CTA (at most 64 registers each: the SM's 64K registers hold them).
 SMALL_THREADS = 1024
 

@@ -241,7 +241,7 @@ def _check_messages(n_cols):
 def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None, check=False, small=None):
     """:func:`translate` through the Numba kernels; ``xp`` is CuPy, or NumPy in the simulator.
 
-    A matrix of at most :data:`~tcgnn_py.kernels.sgt.SMALL_MAX` entries (``small=None``; True or False picks) is
+    A matrix of at most ``options()["sgt_one_launch_max"]`` entries (``small=None``; True or False picks) is
     translated by one launch of one CTA (:func:`~tcgnn_py.kernels.sgt.translate_small`: the same kernels' work, in
     order), its scratch arrays one buffer: a small matrix's translation costs its host launches, not its GPU time.
 
@@ -292,7 +292,7 @@ def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None
     shared = cp.zeros(n_windows + 3, np.int32)
     win_ptr, status = shared[:n_windows + 1], shared[n_windows + 1:]
     if small is None:
-        small = edge_row is None and nnz <= k.SMALL_MAX
+        small = edge_row is None and nnz <= options()["sgt_one_launch_max"]
     if small and edge_row is None:
         block_cols, block_ptr, tile_pos, values, perm, meta = _translate_small(
             cp, k, data, indices, indptr, n_cols, H, W, n_windows, bound, win_ptr, status)
