@@ -111,6 +111,33 @@ def test_gcn_norm_inputs_and_errors(rng):
         nn.gcn_norm(neg)
 
 
+@pytest.mark.parametrize("fill", [1.0, 0.5, 0.0, -2.0])
+def test_a_canonical_graphs_diagonal_is_added_as_scipy_sums_duplicates(fill):
+    # The host fast path (no sort) against scipy's COO sum of duplicates: indices, pointers and value bits, on
+    # graphs with and without diagonal entries, explicit zeros, empty rows and no rows.
+    from tcgnn_py.nn import _norm
+
+    rng = np.random.default_rng(4)
+    for trial in range(60):
+        n = int(rng.integers(0, 30))
+        A = sp.random_array((n, n), density=float(rng.uniform(0, 0.5)), rng=rng, format="csr")
+        if n and trial % 2:
+            A = sp.csr_array(A + sp.eye_array(n) * rng.integers(0, 2, n))
+        if A.nnz and trial % 3 == 0:
+            A.data[rng.integers(0, A.nnz, 3)] = 0.0
+        A.sort_indices()
+        d, i, p = A.data.astype(np.float32), A.indices.astype(np.int32), A.indptr.astype(np.int32)
+        rows = np.repeat(np.arange(n), np.diff(p))
+        want = sp.coo_matrix((np.r_[d.astype(np.float64), np.full(n, fill)], (np.r_[rows, np.arange(n)],
+                              np.r_[i, np.arange(n)])), shape=(n, n)).tocsr()
+        want.sum_duplicates()
+        got = _norm._plus_identity(d, i, p, n, np, fill)
+        assert got.has_canonical_format
+        np.testing.assert_array_equal(got.indptr, want.indptr)
+        np.testing.assert_array_equal(got.indices, want.indices)
+        np.testing.assert_array_equal(got.data.view(np.int64), want.data.view(np.int64))
+
+
 def test_add_self_loops_keeps_weights_and_explicit_zeros():
     # (0,1)=2, (1,0)=0 stored, (1,1)=5 an existing self loop, (2,1)=3
     A = sp.csr_array(
