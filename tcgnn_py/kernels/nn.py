@@ -11,7 +11,7 @@ __all__ = ["SOURCE", "NAMES", "FAMILIES", "TICK", "adam_multi_name", "ADAM_MULTI
            "tail_name", "tail_grad_name", "cross_entropy_name", "index_weights_name", "head_dots_name",
            "head_dots_grad_name", "add_bias_name", "dense_mm_name", "DENSE_TILES", "dense_atb_name",
            "DENSE_ATB_TILES", "DENSE_ATB_SUM", "DENSE_NAMES", "SEED_BITS", "DRAW",
-           "row_normalize_name", "row_normalize_grad_name", "sum_name", "head_blocks_name", "SUM_THREADS",
+           "row_normalize_name", "row_normalize_grad_name", "sum_name", "segment_sum_name", "head_blocks_name", "SUM_THREADS",
            "ACTIVATIONS", "TAIL_TYPES"]
 
 #: Tensors one ``tcgnn_adam_multi`` launch updates: its gradients are kernel parameters (``g0`` to ``g7``).
@@ -626,6 +626,25 @@ __global__ void __launch_bounds__(NN_SUM_THREADS) tcgnn_sum(const T* __restrict_
     nn_block_sum(x, n, out);
 }
 
+// Per-segment sums of a C-contiguous (n, d) x's rows, segment g the rows ptr[g] .. ptr[g + 1] - 1 (int64 offsets):
+// out[g, c] = sum of scale[g] x[r, c] over them in row order, in the compute type (scale null: 1) -- the product
+// with a pooling matrix whose row g holds scale[g] on its segment, in one fixed order; an empty segment gives 0.
+// A thread per output, neighbouring threads neighbouring columns (coalesced rows).
+template <typename T>
+__global__ void tcgnn_segment_sum(const T* __restrict__ x, const long long* __restrict__ ptr,
+                                  const T* __restrict__ scale, T* __restrict__ out, long long G, int d) {
+    typedef typename nn_acc<T>::type A;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < G * d;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long g = i / d;
+        const long long c = i - g * d;
+        const A w = scale != nullptr ? nn_of(scale[g]) : A(1);
+        A s = A(0);
+        for (long long r = ptr[g]; r < ptr[g + 1]; ++r) s += w * nn_of(x[r * d + c]);
+        tc_put(out + i, s);
+    }
+}
+
 // GAT's attention vectors' gradients from R_src = ds_srcᵀ X and R_dst = ds_dstᵀ X ((heads, heads * D) each,
 // C-contiguous): da[h, d] = R[h, h * D + d], the diagonal blocks, both gathered in one launch (a library gather
 // costs several times more on the host), one thread per output.
@@ -681,6 +700,7 @@ head_dots_grad_name = _template("tcgnn_head_dots_grad")
 row_normalize_name = _template("tcgnn_row_normalize")
 row_normalize_grad_name = _template("tcgnn_row_normalize_grad")
 sum_name = _template("tcgnn_sum")
+segment_sum_name = _template("tcgnn_segment_sum")
 add_bias_name = _template("tcgnn_add_bias")
 
 
@@ -712,6 +732,7 @@ NAMES = (TICK, SEED_BITS, DRAW, *(adam_multi_name(t) for t in VALUE_TYPES),
          *(f(t) for f in (tail_name, tail_grad_name, cross_entropy_name, index_weights_name, head_dots_name,
                           head_dots_grad_name, row_normalize_name, row_normalize_grad_name, sum_name,
                           head_blocks_name, add_bias_name) for t in TAIL_TYPES),
+         *(segment_sum_name(t) for t in ("float32", "float64")),
          *DENSE_NAMES)
 FAMILIES = {"nn": (SOURCE, NAMES)}
 register("nn", SOURCE, NAMES)

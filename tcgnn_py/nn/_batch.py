@@ -5,9 +5,10 @@ Graph classification trains on many small graphs; a batch of them is one block-d
 node offsets ``ptr`` (graph g owns nodes ``ptr[g]:ptr[g + 1]``, on the host: sizes are host facts); the
 layers take the joined matrix (``gcn_norm(b.adj)``); :func:`readout` sums, averages or takes the maximum of each
 graph's node features.  Sums and means are products with the pooling matrix (``P[g, i] = 1`` or ``1 / n_g`` for i
-in g) on CUDA cores in the data's precision (:func:`tcgnn_py.spmm`, ``precision="fp32"``): deterministic, and
-their vjp is the transposed product, which has one entry per node: each node's graph's gradient gathered (times
-``1 / n_g`` for a mean, which is the product with ``1 / n_g``: within a rounding of ``sum / n_g``).
+in g) in the data's precision, each sum in node order: on the GPU one launch of per-segment sums (a batch's
+matrix is new every step), on the host the product (:func:`tcgnn_py.spmm`).  Their vjp is the transposed product,
+which has one entry per node: each node's graph's gradient gathered (times ``1 / n_g`` for a mean, which is the
+product with ``1 / n_g``: within a rounding of ``sum / n_g``).
 A graph of no nodes reads out zeros.
 """
 
@@ -18,6 +19,7 @@ import scipy.sparse as sp
 
 from .._device import array_module
 from .._tiled import TiledMatrix, spmm
+from ..products import pointwise
 from ._edges import floats
 
 __all__ = ["GraphBatch", "batch", "readout", "READOUTS"]
@@ -194,8 +196,14 @@ def readout(H, ptr, how="sum"):
     sizes = np.diff(ptr)
     graph_of = np.repeat(np.arange(G, dtype=np.int64), sizes)  # (host: uploaded where a vjp or max needs it)
     if how != "max":
-        P, values = _pooling(ptr, how, device, H.dtype)
-        out = spmm(P, xp.ascontiguousarray(H), precision="fp32") if n else xp.zeros((G, d), H.dtype)
+        if xp is np:
+            P, values = _pooling(ptr, how, device, H.dtype)
+            out = spmm(P, np.ascontiguousarray(H), precision="fp32") if n else np.zeros((G, d), H.dtype)
+        else:  # (the same sums, the pooling matrix's rows, in one launch: no matrix built per batch)
+            scale = None if how == "sum" else (1 / np.maximum(sizes, 1)).astype(H.dtype)
+            values = None if scale is None else np.repeat(scale, sizes)
+            out = pointwise.segment_sum(xp.ascontiguousarray(H), xp.asarray(ptr),
+                                        None if scale is None else xp.asarray(scale))
 
         def vjp(g):
             g = xp.asarray(g, dtype=H.dtype)

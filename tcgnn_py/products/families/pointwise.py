@@ -21,7 +21,7 @@ from .. import _small as sk
 __all__ = ["TAIL_TYPES", "ACTIVATIONS", "takes", "acc_dtype", "tail", "tail_grad", "cross_entropy", "index_weights",
            "add_bias", "add_bias_bound", "head_dots", "head_dots_bound", "head_dots_grad", "head_dots_grad_bound",
            "head_blocks_bound", "head_blocks", "seed_bits", "seed_bits_bound", "seed_stream", "draw",
-           "draw_bound", "STREAMS_KEEP", "total", "total_bound",
+           "draw_bound", "STREAMS_KEEP", "total", "total_bound", "segment_sum",
            "row_normalize", "row_normalize_bound", "row_normalize_grad_bound", "row_normalize_grad"]
 
 _F32 = np.dtype(np.float32)
@@ -302,6 +302,21 @@ def total_bound(x, shape=()):
         return out
 
     return f
+
+
+def segment_sum(x, ptr, scale=None):
+    """``out[g] = sum of scale[g] x[r]`` over the rows ``r`` of segment ``g`` (``ptr[g] .. ptr[g + 1] - 1``), each
+    column in row order (deterministic), in :func:`acc_dtype`: per-graph sums and means of a batch's node features
+    in one launch, where a product with a pooling matrix would build that matrix first.  ``x`` C-contiguous
+    ``(n, d)`` float32 or float64, ``ptr`` int64 offsets on the device, ``scale`` one value per segment in x's
+    dtype or None (1); a new ``(segments, d)`` array of x's dtype."""
+    G, d = ptr.shape[0] - 1, x.shape[1]
+    out = get_cupy().ndarray((G, d), x.dtype)
+    if G * d:
+        launch = sk.planned(("segment_sum", x.dtype, G, d), lambda: sk.launch(
+            sk.name(kn.segment_sum_name, x.dtype), sk.grid(G * d), sk.THREADS, ("x", "ptr", "scale", "out"), G=G, d=d))
+        launch.run(x, ptr, scale, out)
+    return out
 
 
 def _warp_grid(rows, threads=sk.THREADS):
