@@ -94,6 +94,18 @@ for M in (G[:1500][:, :700], G[:37], G[:, :50][:1000]):
         for name in ("win_ptr", "block_cols", "block_ptr", "tile_pos", "perm"):
             assert bool((getattr(built[0], name) == getattr(built[1], name)).all()), name
 print("memcheck nn small translations: one launch and the kernels' launches agree")
+# per-graph readouts of a batch on the device (segments empty, of one row, long; widths not multiples of 32),
+# against the host's
+for d in (1, 37):
+    ptr = np.array([0, 0, 1, 40, 40, 1003])
+    Hh = np.random.default_rng(8).integers(-8, 9, (1003, d)).astype(np.float32)
+    for how in ("sum", "mean", "max"):
+        out, vjp = nn.readout(cp.asarray(Hh), ptr, how)
+        want, want_vjp = nn.readout(Hh, ptr, how)
+        assert np.allclose(out.get(), want, rtol=1e-5, atol=1e-6), how
+        g = np.ones(want.shape, np.float32)
+        assert np.allclose(vjp(cp.asarray(g)).get(), want_vjp(g), rtol=1e-5, atol=1e-6), how
+print("memcheck nn readouts ok")
 # a device CSR's index pointer ends, which only the translation's check kernel reads: wrong (scipy's errors, nothing
 # translated) or short of the entries (those before it translated)
 vals, cols = cp.ones(5, np.float32), cp.asarray([0, 2, 1, 7, 9], np.int32)
