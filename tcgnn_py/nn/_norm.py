@@ -64,7 +64,6 @@ def _plus_diagonal(data, indices, indptr, n, fill_value):
     graphs is normalised every step)."""
     import scipy.sparse as sparse
 
-    nnz = indices.shape[0]
     indptr = indptr.astype(np.int64)
     rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
     cols = indices.astype(np.int64)
@@ -80,8 +79,7 @@ def _plus_diagonal(data, indices, indptr, n, fill_value):
     vals = np.insert(vals, where, fill_value)
     counts = np.zeros(n + 1, np.int64)
     counts[1:] = np.cumsum(missing)
-    S = sparse.csr_array((vals, cols.astype(indices.dtype if nnz + n < 2**31 else np.int64), indptr + counts),
-                         shape=(n, n), copy=False)
+    S = sparse.csr_array((vals, cols, indptr + counts), shape=(n, n), copy=False)
     S.has_canonical_format = True
     return S
 
