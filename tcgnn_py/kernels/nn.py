@@ -11,7 +11,8 @@ __all__ = ["SOURCE", "NAMES", "FAMILIES", "TICK", "adam_multi_name", "ADAM_MULTI
            "tail_name", "tail_grad_name", "cross_entropy_name", "index_weights_name", "head_dots_name",
            "head_dots_grad_name", "add_bias_name", "dense_mm_name", "DENSE_TILES", "dense_atb_name",
            "DENSE_ATB_TILES", "DENSE_ATB_SUM", "DENSE_NAMES", "SEED_BITS", "DRAW",
-           "row_normalize_name", "row_normalize_grad_name", "sum_name", "segment_sum_name", "head_blocks_name", "SUM_THREADS",
+           "row_normalize_name", "row_normalize_grad_name", "sum_name", "segment_sum_name", "head_blocks_name",
+           "SUM_THREADS",
            "ACTIVATIONS", "TAIL_TYPES"]
 
 #: Tensors one ``tcgnn_adam_multi`` launch updates: its gradients are kernel parameters (``g0`` to ``g7``).

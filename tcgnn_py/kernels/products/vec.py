@@ -140,7 +140,8 @@ __device__ __forceinline__ void tc_vec_finish(const float (&acc)[FS][2][4], int4
 template <int FS, int U, bool VEC, bool COMBINE, bool PF>
 __global__ void __launch_bounds__(128, (FS >= 4 ? 4 : 6))
 tcgnn_spmm_vec(const int4* __restrict__ units, const int* __restrict__ win_ptr, const int2* __restrict__ unit_k0,
-               const int* __restrict__ block_cols, const uint2* __restrict__ meta, const float* __restrict__ values, const float* __restrict__ X,
+               const int* __restrict__ block_cols, const uint2* __restrict__ meta, const float* __restrict__ values,
+               const float* __restrict__ X,
                float* __restrict__ Y, float* __restrict__ partial, int* __restrict__ counters, int M, int D,
                int n_slices, int n_work) {
     static_assert(U % 2 == 0, "blocks go to the MMA in pairs");
