@@ -398,44 +398,40 @@ def scan_tiles(src, tile_totals, dst, status):
         before += tile_totals[i]
         i += cuda.blockDim.x
     _, before = _block_exclusive(before, totals)
+    if cuda.blockIdx.x == 0 and t == 0:
+        dst[0] = 0
+    _scan_tile(src, dst, cuda.blockIdx.x * cuda.blockDim.x * SCAN_ITEMS, before, totals)
+
+
+@cuda.jit(device=True)
+def _scan_tile(src, dst, tile, before, totals):
+    """The CTA's scan of the tile of ``SCAN_ITEMS * blockDim`` entries from ``tile``, after ``before``: each
+    thread's consecutive entries, offsets across the CTA with ``shfl_up``; returns the tile's total."""
     n = src.shape[0]
-    base = (cuda.blockIdx.x * cuda.blockDim.x + t) * SCAN_ITEMS
+    base = tile + cuda.threadIdx.x * SCAN_ITEMS
     s = 0
     for j in range(SCAN_ITEMS):
         if base + j < n:
             s += src[base + j]
-    off, _ = _block_exclusive(s, totals)
+    off, total = _block_exclusive(s, totals)
     run = before + off
-    if cuda.blockIdx.x == 0 and t == 0:
-        dst[0] = 0
     for j in range(SCAN_ITEMS):
         if base + j < n:
             run += src[base + j]
             dst[base + j + 1] = run
+    return total
 
 
 @cuda.jit(device=True)
 def _scan_cta(src, dst, totals):
     """:func:`scan_tiles` of a whole array by one CTA: its tiles in turn, each after the ones before it."""
     n = src.shape[0]
-    t = cuda.threadIdx.x
-    if t == 0:
+    if cuda.threadIdx.x == 0:
         dst[0] = 0
     carry = 0
     tile = 0
     while tile < n:  # (the same trip count in every thread: the CTA scan's barriers)
-        base = tile + t * SCAN_ITEMS
-        s = 0
-        for j in range(SCAN_ITEMS):
-            if base + j < n:
-                s += src[base + j]
-        off, total = _block_exclusive(s, totals)
-        run = carry + off
-        for j in range(SCAN_ITEMS):
-            if base + j < n:
-                run += src[base + j]
-                dst[base + j + 1] = run
-        carry += total
+        carry += _scan_tile(src, dst, tile, carry, totals)
         tile += SCAN_ITEMS * cuda.blockDim.x
 
 
