@@ -74,3 +74,16 @@ def sddmm_expected(A, Xa, Xb, multiply=False):
     rows = np.repeat(np.arange(C.shape[0]), np.diff(C.indptr))
     e = np.einsum("ij,ij->i", Xa[rows].astype(np.float64), Xb[C.indices].astype(np.float64))
     return e * C.data if multiply else e
+
+
+def coop_units(win_ptr):
+    """``(4 * windows, 4)`` int32 rows ``(window, first block, end block, -1)``: each window's blocks in 4 balanced
+    parts (possibly empty), the units the one-CTA-per-window vector SpMM derives from the window pointers (its
+    reference)."""
+    wp = np.asarray(win_ptr, np.int64)
+    start, nb = wp[:-1], wp[1:] - wp[:-1]
+    j = np.arange(4, dtype=np.int64)
+    lo = start[:, None] + j * nb[:, None] // 4
+    hi = start[:, None] + (j + 1) * nb[:, None] // 4
+    w = np.broadcast_to(np.arange(nb.shape[0], dtype=np.int64)[:, None], lo.shape)
+    return np.stack([w, lo, hi, np.full(lo.shape, -1, np.int64)], axis=-1).reshape(-1, 4).astype(np.int32)

@@ -394,9 +394,9 @@ class _Windows(_Histogram):
 
 
 def test_coop_units_split_each_window_in_four_balanced_parts():
-    from tcgnn_py.products import _plans
+    from _zoo import coop_units
 
-    units = _plans.vec_coop_units(_Windows([0, 0, 3, 10]))
+    units = coop_units([0, 0, 3, 10])
     assert units.dtype == np.int32 and units.shape == (12, 4)
     np.testing.assert_array_equal(units[:, 0], np.repeat([0, 1, 2], 4))
     np.testing.assert_array_equal(units[:, 1:3], [[0, 0]] * 4 + [[0, 0], [0, 1], [1, 2], [2, 3]]

@@ -9,7 +9,7 @@
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from _zoo import sddmm_expected, star
+from _zoo import coop_units, sddmm_expected, star
 from _env import TOL, config_id, count_timing, cupy_fixture, graph_dir, int_graph, ints
 
 import tcgnn_py as tg
@@ -425,7 +425,7 @@ def test_launches_without_a_plan_give_the_plans_bits(cp, case, D):
             _, where = _launches_table(launch)
             assert launch.values[where["units"]] == 0  # (no plan: a null pointer)
             if coop:
-                planned = _with_plan(launch, _plans.vec_coop_units(tiling))
+                planned = _with_plan(launch, cp.asarray(coop_units(tiling.win_ptr.get())))
             else:
                 plan = _plans.vec_plan(tiling, c.bpu)
                 planned = _with_plan(launch, plan["units"], plan["unit_k0"])

@@ -21,7 +21,6 @@ __all__ = [
     "sorted_plan",
     "spmm_plan",
     "tile_mask",
-    "vec_coop_units",
     "vec_counts",
     "vec_hist",
     "vec_longest",
@@ -60,23 +59,6 @@ def vec_counts(tiling, bpu):
 def vec_longest(tiling):
     """Blocks of the longest window (cached on the tiling)."""
     return tiling.cached("vec_longest", lambda: int(vec_hist(tiling).max(initial=0)))
-
-
-def vec_coop_units(tiling):
-    """``(4 * windows, 4)`` int32 rows ``(window, first block, end block, -1)``: each window's blocks in 4 balanced
-    parts (possibly empty), the units of the COOP launch, whose CTA sums a window's parts in shared memory.  The
-    kernels derive them from the window pointers; this is their reference (a GPU test runs a launch on both)."""
-    def build():
-        xp, arrays = _planner(tiling)
-        wp = arrays("win_ptr").astype(np.int64)
-        start, nb = wp[:-1], wp[1:] - wp[:-1]
-        j = xp.arange(4, dtype=np.int64)
-        lo = start[:, None] + j * nb[:, None] // 4
-        hi = start[:, None] + (j + 1) * nb[:, None] // 4
-        w = xp.broadcast_to(xp.arange(nb.shape[0], dtype=np.int64)[:, None], lo.shape)
-        units = xp.stack([w, lo, hi, xp.full(lo.shape, -1, np.int64)], axis=-1).reshape(-1, 4)
-        return _uploaded(tiling, xp.ascontiguousarray(units.astype(np.int32)))
-    return tiling.cached("vec_coop_units", build)
 
 
 def sm_count(tiling):

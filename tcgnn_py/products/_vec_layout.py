@@ -124,8 +124,9 @@ def partition_launch(tiling, D, slices, units, combine, kernel, smem, nw, fix_ke
 
 def coop_launch(tiling, D, slices, kernel, smem, extra=()):
     """The one-CTA-per-window launch of ``kernel`` (``(family, name)``; ``32 * slices`` features per warp, 4 warps,
-    ``smem`` bytes; no partial tiles, counters or fixup).  Its units, each window's 4 balanced parts
-    (:func:`.vec_coop_units`), the kernels read from the window pointers: no plan is built or uploaded."""
+    ``smem`` bytes; no partial tiles, counters or fixup).  Its units, each window's blocks in 4 balanced parts
+    (possibly empty; the CTA sums them in shared memory), the kernels read from the window pointers: no plan is
+    built or uploaded."""
     n_slices = -(-D // (32 * slices))
     n_windows = tiling.n_windows
     fixed = dict(units=None, win_ptr=tiling.win_ptr, unit_k0=None, block_cols=tiling.block_cols,
@@ -196,7 +197,7 @@ VEC_COOP_CTAS = 16
 
 
 def vec_coop(tiling, D, half=False):
-    """Whether the vector SpMM (float32 or 16-bit X) takes one CTA per window x slice (:func:`vec_coop_units`).
+    """Whether the vector SpMM (float32 or 16-bit X) takes one CTA per window x slice (:func:`coop_launch`).
 
     ``options()["vec_coop"]`` True / False, or None: by the grid, where it pays: at most
     :data:`VEC_COOP_CTAS` CTAs per SM (a small grid, whose time is a warp's chain of steps), a window the
