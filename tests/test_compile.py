@@ -46,7 +46,7 @@ INTRINSICS = {
 }
 NAMES = [
     "check_csr", "rank_edges", "window_blocks", "condense_edges", "count_block_rows", "scatter_edges", "block_meta", "sum_runs",
-    "scan_tile_totals", "scan_tiles", "translate_small",
+    "scan_tile_totals", "scan_tiles", "translate_small", "csr_of_order",
     "pack_bits", "vector_codes", "count_meta_violations", "stage2_round", "gains_batch",
     "best_partner", "group_windows", "sample_rows", "sort_rows", "hop_counts", "sample_mark_rows", "hop_sources",
     "hop_local", "clear_slots",

@@ -210,3 +210,30 @@ def test_sgt_power_law_tile_shapes():
     A = tg.power_law_graph(20_000, 200_000, seed=3)
     for tile_shape in [(16, 16), (8, 8), (32, 4)]:
         assert_same_translation(A, tile_shape)
+
+
+@pytest.mark.parametrize("cols_sorted", [False, True], ids=["pairs", "transposed"])
+@pytest.mark.parametrize("shape", [(7, 5), (40, 3), (1, 9), (6, 0)])
+def test_csr_of_order_kernel_is_the_sort_and_gathers(xp, shape, cols_sorted):
+    """The CSR of COO pairs through one sort and one launch: the host's order, indices, row pointers and values,
+    empty rows first, between and last included; a transposed CSR's pairs come column-sorted, sorted by row alone."""
+    rng = np.random.default_rng(5)
+    dense = (rng.random(shape) < 0.3) * rng.integers(1, 9, shape)
+    dense[:1] = 0  # (an empty first row)
+    if cols_sorted:  # the entries of the transpose's CSR: ascending columns, each column's rows ascending
+        cols, rows = np.nonzero(dense.T)
+    else:
+        rows, cols = np.nonzero(dense)
+        perm = rng.permutation(rows.shape[0])
+        rows, cols = rows[perm], cols[perm]
+    rows, cols = rows.astype(np.int32), cols.astype(np.int32)
+    data = dense[rows, cols].astype(np.float32)
+    want = _sgt._csr_of_order(rows, cols, shape, cols_sorted, data)
+    got = _sgt.csr_of_order_kernels(xp, xp.asarray(rows), xp.asarray(cols), shape, cols_sorted, xp.asarray(data))
+    for w, g in zip((want[0], want[2], want[3], want[1]), got):
+        np.testing.assert_array_equal(host(g), w)
+    order, indices, indptr = _sgt.csr_of_order_kernels(xp, xp.asarray(rows), xp.asarray(cols), shape, cols_sorted)[:3]
+    np.testing.assert_array_equal(host(indptr), want[3])
+    A = sp.csr_array((want[1], want[2], want[3]), shape=shape)
+    np.testing.assert_array_equal(A.toarray(), dense)
+    assert A.has_canonical_format

@@ -504,6 +504,30 @@ def sum_runs(starts, data, out):
     out[i] = acc
 
 
+@cuda.jit(cache=True)
+def csr_of_order(order, rows, cols, data, indptr, indices, out):
+    """The CSR of COO pairs from the order of a stable sort by row (``order``), one thread per sorted position
+    ``i <= nnz``: ``indices[i] = cols[order[i]]``, ``out[i] = data[order[i]]`` (``out`` empty: no values), and
+    ``indptr[r] = i`` for the rows that start at ``i`` -- those after the row before it, up to its own (the
+    position ``nnz`` closes the rows after the last entry), so every pointer is written once."""
+    i = cuda.grid(1)
+    nnz = order.shape[0]
+    if i > nnz:
+        return
+    r = indptr.shape[0] - 1
+    if i < nnz:
+        e = order[i]
+        r = rows[e]
+        indices[i] = cols[e]
+        if out.shape[0]:
+            out[i] = data[e]
+    first = 0
+    if i > 0:
+        first = rows[order[i - 1]] + 1
+    for j in range(first, r + 1):
+        indptr[j] = i
+
+
 #: Every kernel with example argument types, for ``compile_ptx`` checks in CI.
 _I = "int32[::1]"
 KERNELS = {
@@ -531,4 +555,5 @@ KERNELS = {
         f"({_I}, {_I}, float32[::1], int64, int64, int64, {_I}, {_I}, {_I}, {_I}, {_I}, {_I}, {_I}, {_I}, {_I}, "
         f"{_I}, {_I}, uint8[::1], float32[::1], {_I}, int64, uint32[:, ::1], {_I})",
     ),
+    "csr_of_order": (csr_of_order, f"(int64[::1], {_I}, {_I}, float32[::1], {_I}, {_I}, float32[::1])"),
 }

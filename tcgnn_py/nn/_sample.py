@@ -16,7 +16,7 @@ import numpy as np
 
 from .._device import array_module, get_cupy, use_gpu
 from .._tiled import TiledMatrix, spmm
-from ..tiles import coo_to_csr_order
+from ..tiles import coo_to_csr
 from ..sampling import GOLDEN, Relabel, sample_hop, splitmix64
 from ._layers import dropout as drop, relu
 from ._models import glorot
@@ -43,9 +43,9 @@ class Block:
     @property
     def adj_t(self):
         """``adj``'s transpose (``n_src x n_dst``), made on first use.  A tiled block built from its sampled entries
-        makes it from them -- one stable sort by column and one translation -- rather than from the tiling (whose
-        transpose first recovers every entry's row and column, then sorts and translates): the same matrix,
-        translated from the same CSR."""
+        makes it from them -- one stable sort by column, one launch for its CSR, and one translation -- rather than
+        from the tiling (whose transpose first recovers every entry's row and column, then sorts and translates):
+        the same matrix, translated from the same CSR."""
         if self._adj_t is None:
             if self._entries is None:
                 self._adj_t = self.adj.T
@@ -53,9 +53,9 @@ class Block:
                 rows, cols, values = self._entries
                 shape = self.adj.shape[::-1]
                 # (the entries are in row order: a stable sort by column alone leaves each column's rows ascending)
-                order, indices, indptr = coo_to_csr_order(cols, rows, shape, cols_sorted=True)
-                self._adj_t = TiledMatrix((values[order], indices, indptr), shape=shape,
-                                          layout=self.adj.layout.name, device=self.adj.device)
+                values, indices, indptr = coo_to_csr(values, cols, rows, shape, cols_sorted=True)
+                self._adj_t = TiledMatrix((values, indices, indptr), shape=shape, layout=self.adj.layout.name,
+                                          device=self.adj.device)
                 self._entries = None
         return self._adj_t
 

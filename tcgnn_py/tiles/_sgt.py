@@ -17,6 +17,7 @@ from ..kernels.launch import grid as _grid
 from ..kernels.launch import launch_numba as _launch
 
 __all__ = ["tile", "translate", "translate_kernels", "canonicalize_kernels", "coo_to_csr", "coo_to_csr_order",
+           "csr_of_order_kernels",
            "host_limit", "on_host", "upload", "kernels_ran", "warm_kernels", "HOST_PLAN_MAX", "DERIVED",
            "block_meta_layout"]
 
@@ -416,20 +417,49 @@ def _scan(cp, k, src, dst, status, threads=None):
 _SLACK_BYTES = 1 << 20
 
 
-def coo_to_csr(data, rows, cols, shape):
-    """Canonical CSR of COO entries with distinct (row, col) pairs, on their device."""
-    order, indices, indptr = coo_to_csr_order(rows, cols, shape)
-    return data[order], indices, indptr
+def coo_to_csr(data, rows, cols, shape, cols_sorted=False):
+    """Canonical CSR ``(data, indices, indptr)`` of COO entries with distinct (row, col) pairs, on their device
+    (``cols_sorted``: as :func:`coo_to_csr_order`)."""
+    return _csr_of_order(rows, cols, shape, cols_sorted, data)[1:]
 
 
 def coo_to_csr_order(rows, cols, shape, cols_sorted=False):
     """``(order, indices, indptr)``: CSR of distinct COO pairs, ``data[order]`` its values.  ``cols_sorted``: the
     pairs come in ascending ``cols`` order (a CSR's entries, transposed), so a stable sort by row alone orders
     them, without (row, column) keys."""
+    order, _, indices, indptr = _csr_of_order(rows, cols, shape, cols_sorted)
+    return order, indices, indptr
+
+
+def _csr_of_order(rows, cols, shape, cols_sorted, data=None):
+    """``(order, data[order], indices, indptr)`` (``data`` None: None): :func:`csr_of_order_kernels` on the device,
+    NumPy's calls on the host."""
     xp = array_module(rows)
-    n_rows, n_cols = shape
-    key = rows if cols_sorted else rows.astype(np.int64) * n_cols + cols
-    order = xp.argsort(key, kind="stable")
-    rows_s = rows[order]
-    indptr = xp.searchsorted(rows_s, xp.arange(n_rows + 1), side="left").astype(np.int32)
-    return order, cols[order].astype(np.int32), indptr
+    if xp is not np:
+        order, indices, indptr, data = csr_of_order_kernels(xp, rows, cols, shape, cols_sorted, data)
+        return order, data, indices, indptr
+    order = np.argsort(_sort_key(rows, cols, shape, cols_sorted), kind="stable")
+    indptr = np.searchsorted(rows[order], np.arange(shape[0] + 1), side="left").astype(np.int32)
+    return order, None if data is None else data[order], cols[order].astype(np.int32), indptr
+
+
+def _sort_key(rows, cols, shape, cols_sorted):
+    """The key of a stable sort of COO pairs into CSR order: the rows alone where ``cols_sorted``."""
+    return rows if cols_sorted else rows.astype(np.int64) * shape[1] + cols
+
+
+def csr_of_order_kernels(xp, rows, cols, shape, cols_sorted=False, data=None):
+    """``(order, indices, indptr, data[order])`` of COO pairs (``data`` None: None) through one stable sort and one
+    launch of :func:`~tcgnn_py.kernels.sgt.csr_of_order` (the gathers and the row pointers); ``xp`` is CuPy, or
+    NumPy in the simulator.  A sampled block's transpose is made so every step: one launch instead of a CuPy call
+    per array."""
+    from ..kernels import sgt as k
+
+    order = xp.argsort(_sort_key(rows, cols, shape, cols_sorted), kind="stable")
+    rows, cols = rows.astype(np.int32, copy=False), cols.astype(np.int32, copy=False)  # (the kernel's one compile)
+    nnz = order.shape[0]
+    indices, indptr = xp.empty(nnz, np.int32), xp.empty(shape[0] + 1, np.int32)
+    out = xp.empty(0 if data is None else nnz, np.float32 if data is None else data.dtype)
+    _launch(k.csr_of_order, _grid(nnz + 1), _TPB, order, rows, cols, out if data is None else data, indptr, indices,
+            out)
+    return order, indices, indptr, None if data is None else out
