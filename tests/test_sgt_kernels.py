@@ -230,10 +230,11 @@ def test_csr_of_order_kernel_is_the_sort_and_gathers(xp, shape, cols_sorted):
     data = dense[rows, cols].astype(np.float32)
     want = _sgt._csr_of_order(rows, cols, shape, cols_sorted, data)
     got = _sgt.csr_of_order_kernels(xp, xp.asarray(rows), xp.asarray(cols), shape, cols_sorted, xp.asarray(data))
-    for w, g in zip((want[0], want[2], want[3], want[1]), got):
+    for w, g in zip(want, got):
         np.testing.assert_array_equal(host(g), w)
     order, indices, indptr = _sgt.csr_of_order_kernels(xp, xp.asarray(rows), xp.asarray(cols), shape, cols_sorted)[:3]
-    np.testing.assert_array_equal(host(indptr), want[3])
-    A = sp.csr_array((want[1], want[2], want[3]), shape=shape)
+    np.testing.assert_array_equal(host(order), want[0])
+    np.testing.assert_array_equal(host(indptr), want[2])
+    A = sp.csr_array((want[3], want[1], want[2]), shape=shape)
     np.testing.assert_array_equal(A.toarray(), dense)
     assert A.has_canonical_format

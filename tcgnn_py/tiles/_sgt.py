@@ -420,27 +420,26 @@ _SLACK_BYTES = 1 << 20
 def coo_to_csr(data, rows, cols, shape, cols_sorted=False):
     """Canonical CSR ``(data, indices, indptr)`` of COO entries with distinct (row, col) pairs, on their device
     (``cols_sorted``: as :func:`coo_to_csr_order`)."""
-    return _csr_of_order(rows, cols, shape, cols_sorted, data)[1:]
+    _, indices, indptr, data = _csr_of_order(rows, cols, shape, cols_sorted, data)
+    return data, indices, indptr
 
 
 def coo_to_csr_order(rows, cols, shape, cols_sorted=False):
     """``(order, indices, indptr)``: CSR of distinct COO pairs, ``data[order]`` its values.  ``cols_sorted``: the
     pairs come in ascending ``cols`` order (a CSR's entries, transposed), so a stable sort by row alone orders
     them, without (row, column) keys."""
-    order, _, indices, indptr = _csr_of_order(rows, cols, shape, cols_sorted)
-    return order, indices, indptr
+    return _csr_of_order(rows, cols, shape, cols_sorted)[:3]
 
 
 def _csr_of_order(rows, cols, shape, cols_sorted, data=None):
-    """``(order, data[order], indices, indptr)`` (``data`` None: None): :func:`csr_of_order_kernels` on the device,
+    """``(order, indices, indptr, data[order])`` (``data`` None: None): :func:`csr_of_order_kernels` on the device,
     NumPy's calls on the host."""
     xp = array_module(rows)
     if xp is not np:
-        order, indices, indptr, data = csr_of_order_kernels(xp, rows, cols, shape, cols_sorted, data)
-        return order, data, indices, indptr
+        return csr_of_order_kernels(xp, rows, cols, shape, cols_sorted, data)
     order = np.argsort(_sort_key(rows, cols, shape, cols_sorted), kind="stable")
     indptr = np.searchsorted(rows[order], np.arange(shape[0] + 1), side="left").astype(np.int32)
-    return order, None if data is None else data[order], cols[order].astype(np.int32), indptr
+    return order, cols[order].astype(np.int32), indptr, None if data is None else data[order]
 
 
 def _sort_key(rows, cols, shape, cols_sorted):
