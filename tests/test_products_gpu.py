@@ -395,6 +395,35 @@ def _launches_table(launch):
     return launches._table(launch.family, launch.name)
 
 
+def test_a_small_device_tilings_plan_is_made_on_the_device(cp, monkeypatch):
+    """A tiling translated on the device, of at most ``DEVICE_PLAN_WINDOWS_MAX`` windows, has its cut windows'
+    plan made by one CTA there: the products' bits are the host plan's, float32 and 16-bit X."""
+    from tcgnn_py.products import _plans
+
+    rng = np.random.default_rng(0)
+    hub = star(3000)
+    hub.resize((4001, 4001))
+    A = sp.csr_array(int_graph(rng, 4001, 4001, degree=4) + hub)  # (the hub's window is cut in parts)
+    A.data[:] = rng.integers(1, 4, A.nnz)
+    arrays = (A.data.astype(np.float32), A.indices.astype(np.int32), A.indptr.astype(np.int32))
+    made, device_plan = [], _plans.device_plan
+    monkeypatch.setattr(_plans, "device_plan", lambda *a, **k: made.append(a[3]) or device_plan(*a, **k))
+    X = cp.asarray(ints(rng, A.shape[1], 64))
+    Xh = X.astype(cp.float16)
+    got = {}
+    for windows_max in (_plans.DEVICE_PLAN_WINDOWS_MAX, 0):
+        made.clear()
+        monkeypatch.setattr(_plans, "DEVICE_PLAN_WINDOWS_MAX", windows_max)
+        with tg.tuning(vec_coop=False):
+            T = tg.TiledMatrix(tuple(cp.asarray(a) for a in arrays), shape=A.shape)
+            got[windows_max] = (T @ X).get(), tg.spmm(T, Xh).get()
+        assert _plans.vec_longest(T.tiling) > 16 and bool(made) == bool(windows_max)
+    want = A @ X.get().astype(np.float64)
+    for (y, yh), z in zip(got.values(), (want, want)):
+        np.testing.assert_array_equal(y, z.astype(np.float32))
+        np.testing.assert_array_equal(yh, z.astype(np.float16))
+
+
 @pytest.mark.parametrize("case, D", [("short", 17), ("short", 64), ("short", 130), ("coop", 64), ("coop", 136)])
 def test_launches_without_a_plan_give_the_plans_bits(cp, case, D):
     """A launch whose units the kernels read from the window pointers -- the usual one where no window is cut and

@@ -238,3 +238,23 @@ def test_csr_of_order_kernel_is_the_sort_and_gathers(xp, shape, cols_sorted):
     A = sp.csr_array((want[3], want[1], want[2]), shape=shape)
     np.testing.assert_array_equal(A.toarray(), dense)
     assert A.has_canonical_format
+
+
+@pytest.mark.parametrize("trial", range(10))
+def test_a_plan_made_by_one_cta_is_the_hosts(xp, trial):
+    """The products' work plan by one CTA where the window pointers are: the host's units, split rows, slots and
+    counts, on histograms with empty windows, hubs capped at the most units a window takes, and none cut."""
+    from tcgnn_py.products import _plans
+
+    rng = np.random.default_rng(trial)
+    n = 1 if trial == 0 else int(rng.integers(2, 300 if SIM else 20000))
+    nb = [rng.integers(0, 4, n), rng.integers(0, 300, n), (rng.pareto(1.1, n) * 40).astype(np.int64),
+          np.zeros(n, np.int64)][trial % 4]
+    win_ptr = np.concatenate(([0], np.cumsum(nb))).astype(np.int32)
+    bpu, max_units = [(16, 1024), (4, 8), (1, 64), (128, 1 << 30)][trial % 4]
+    want = _plans.build_plan(np, win_ptr, bpu, max_units)
+    got = _plans.device_plan(xp, xp.asarray(win_ptr), np.diff(win_ptr), bpu, max_units)
+    for key in ("units", "unit_k0", "splits"):
+        assert host(got[key]).dtype == np.int32, key
+        np.testing.assert_array_equal(host(got[key]), want[key], err_msg=key)
+    assert (got["n_slots"], got["max_parts"]) == (want["n_slots"], want["max_parts"])

@@ -489,6 +489,54 @@ def translate_small(indptr, indices, data, n_cols, window, block, edge_row, kidx
         _meta_at(b, win_ptr, block_ptr, tile_pos, words, meta)
 
 
+@cuda.jit(cache=True, **({} if config.ENABLE_CUDASIM else {"max_registers": 64}))  # (the simulator takes no limit)
+def plan_units(win_ptr, unit_size, max_units, parts, cut, is_cut, unit_ptr, slot_ptr, split_ptr, units, unit_k0,
+               splits):
+    """A product's work plan of the windows ``win_ptr`` by one CTA, where they are: window ``w`` of ``nb`` blocks
+    is ``k = ceil(nb / unit_size)`` units (1 to ``max_units``), part ``j`` its blocks ``[j nb / k, (j + 1) nb /
+    k)``; the windows cut in several give their units consecutive slots, and a ``splits`` row each -- the arrays of
+    the host's plan (``tcgnn_py.products``' ``build_plan``), without a pass on the host or an upload (a small new
+    matrix's first product).  ``parts``, ``cut``, ``is_cut`` (one per window) and their scans ``unit_ptr``,
+    ``slot_ptr``, ``split_ptr`` are scratch."""
+    totals = cuda.shared.array(33, dtype=np.int32)
+    t0 = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    n = parts.shape[0]
+    for w in range(t0, n, nt):
+        k = max((win_ptr[w + 1] - win_ptr[w] + unit_size - 1) // unit_size, 1)
+        k = min(k, max_units)
+        parts[w] = k
+        cut[w] = k if k > 1 else 0
+        is_cut[w] = 1 if k > 1 else 0
+    cuda.syncthreads()
+    _scan_cta(parts, unit_ptr, totals)
+    cuda.syncthreads()
+    _scan_cta(cut, slot_ptr, totals)
+    cuda.syncthreads()
+    _scan_cta(is_cut, split_ptr, totals)
+    cuda.syncthreads()
+    for w in range(t0, n, nt):
+        k = parts[w]
+        start = np.int64(win_ptr[w])
+        nb = np.int64(win_ptr[w + 1]) - start
+        u0 = unit_ptr[w]
+        slot = slot_ptr[w] if k > 1 else -1
+        for j in range(k):
+            u = u0 + j
+            units[u, 0] = w
+            units[u, 1] = start + j * nb // k
+            units[u, 2] = start + (j + 1) * nb // k
+            units[u, 3] = slot + j if k > 1 else -1
+            unit_k0[u, 0] = slot
+            unit_k0[u, 1] = k
+        if k > 1:
+            f = split_ptr[w]
+            splits[f, 0] = w
+            splits[f, 1] = slot
+            splits[f, 2] = k
+            splits[f, 3] = 0
+
+
 @cuda.jit(cache=True)
 def sum_runs(starts, data, out):
     """Sum ``data`` over each run ``starts[i]:starts[i+1]``, left to right."""
@@ -555,5 +603,7 @@ KERNELS = {
         f"({_I}, {_I}, float32[::1], int64, int64, int64, {_I}, {_I}, {_I}, {_I}, {_I}, {_I}, {_I}, {_I}, {_I}, "
         f"{_I}, {_I}, uint8[::1], float32[::1], {_I}, int64, uint32[:, ::1], {_I})",
     ),
+    "plan_units": (plan_units, f"({_I}, int64, int64, {_I}, {_I}, {_I}, {_I}, {_I}, {_I}, int32[:, ::1], "
+                               "int32[:, ::1], int32[:, ::1])"),
     "csr_of_order": (csr_of_order, f"(int64[::1], {_I}, {_I}, float32[::1], {_I}, {_I}, float32[::1])"),
 }

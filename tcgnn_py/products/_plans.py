@@ -9,14 +9,16 @@ import numpy as np
 
 from .. import _reference as ref
 from .._device import device_attributes, to_host
-from ..tiles import HOST_PLAN_MAX
+from ..tiles import HOST_PLAN_MAX, kernels_ran
 
 
 __all__ = [
     "SDDMM_BLOCKS_PER_WARP",
     "UNITS_PER_WINDOW_MAX",
     "VEC_UNITS_PER_WINDOW_MAX",
+    "DEVICE_PLAN_WINDOWS_MAX",
     "build_plan",
+    "device_plan",
     "sm_count",
     "sorted_plan",
     "spmm_plan",
@@ -189,8 +191,50 @@ def spmm_plan(tiling, blocks_per_unit, max_units=None):
     consecutive slots; ``splits`` rows are ``(window, first slot, k, 0)``.
     """
     max_units = UNITS_PER_WINDOW_MAX if max_units is None else max_units
-    return tiling.cached(("plan", blocks_per_unit, max_units),
-                         lambda: _uploaded(tiling, _plan_where_planned(tiling, blocks_per_unit, max_units)))
+
+    def build():
+        if _plans_on_device(tiling):
+            return device_plan(tiling.xp, tiling.win_ptr, vec_hist(tiling), blocks_per_unit, max_units)
+        return _uploaded(tiling, _plan_where_planned(tiling, blocks_per_unit, max_units))
+
+    return tiling.cached(("plan", blocks_per_unit, max_units), build)
+
+
+#: Tilings of at most this many windows, planned on the host (:func:`_planner`) and translated on the device, have
+#: their plans made on the device by one CTA (:func:`device_plan`).  The CTA's loops grow with the windows; beyond
+#: this many the host's passes and one upload cost less than its time.
+DEVICE_PLAN_WINDOWS_MAX = 8192
+
+
+def _plans_on_device(tiling):
+    """Whether :func:`spmm_plan` makes ``tiling``'s plans on the device: its window pointers are on the host too (a
+    tiling planned there), it has at most :data:`DEVICE_PLAN_WINDOWS_MAX` windows, and the translation kernels
+    have run in this process (Numba's kernels are in use: a cold process, whose first builds translate on the host
+    while those kernels compile, plans on the host meanwhile)."""
+    return (tiling.xp is not np and 0 < tiling.n_windows <= DEVICE_PLAN_WINDOWS_MAX and _planner(tiling)[0] is np
+            and kernels_ran())
+
+
+def device_plan(xp, win_ptr, nb, blocks_per_unit, max_units, threads=None):
+    """:func:`build_plan`'s plan of ``win_ptr`` (``xp``: CuPy, or NumPy in the simulator) by one launch of one CTA
+    (:func:`~tcgnn_py.kernels.sgt.plan_units`), its counts from ``nb`` (blocks per window, on the host): the same
+    arrays, written where the kernels read them.  ``threads``: the CTA's (the simulator's tests use fewer)."""
+    from ..kernels import sgt as k
+    from ..kernels.launch import launch_numba
+
+    n = nb.shape[0]
+    parts = _parts(np, nb, blocks_per_unit, max_units)
+    n_units, n_split = int(parts.sum()), int(np.count_nonzero(parts > 1))
+    n_slots = int(parts.sum(where=parts > 1))
+    work = xp.empty(6 * n + 3, np.int32)
+    scratch = [work[a:b] for a, b in ((0, n), (n, 2 * n), (2 * n, 3 * n), (3 * n, 4 * n + 1), (4 * n + 1, 5 * n + 2),
+                                      (5 * n + 2, 6 * n + 3))]
+    units, unit_k0 = xp.empty((n_units, 4), np.int32), xp.empty((n_units, 2), np.int32)
+    splits = xp.empty((n_split, 4), np.int32)
+    threads = threads or (k.SMALL_THREADS if xp is not np else 64)
+    launch_numba(k.plan_units, 1, threads, win_ptr, blocks_per_unit, max_units, *scratch, units, unit_k0, splits)
+    return {"units": units, "unit_k0": unit_k0, "splits": splits, "n_slots": n_slots,
+            "max_parts": int(parts.max(initial=0))}
 
 
 def _plan_where_planned(tiling, blocks_per_unit, max_units):
