@@ -34,6 +34,10 @@ serialise), with one host read at the end:
    work on the same arrays in one launch, where the host's launches would
    cost more than the GPU's work.
 
+Beside the translation, with its scans: :func:`plan_units` writes a small new tiling's product plan (its
+windows cut into units) by one CTA where the tiling is, and :func:`csr_of_order` gathers the CSR of COO pairs
+after their sort (a sampled block's transpose) in one launch.
+
 The number of blocks is known only on the device: buffers are sized by the
 bound ``nnz // W + windows`` (a window of ``m`` entries has at most
 ``ceil(m / W)`` blocks), and kernels over blocks read the count from
