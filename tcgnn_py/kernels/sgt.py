@@ -558,26 +558,27 @@ def sum_runs(starts, data, out):
 
 @cuda.jit(cache=True)
 def csr_of_order(order, rows, cols, data, indptr, indices, out):
-    """The CSR of COO pairs from the order of a stable sort by row (``order``), one thread per sorted position
-    ``i <= nnz``: ``indices[i] = cols[order[i]]``, ``out[i] = data[order[i]]`` (``out`` empty: no values), and
-    ``indptr[r] = i`` for the rows that start at ``i`` -- those after the row before it, up to its own (the
-    position ``nnz`` closes the rows after the last entry), so every pointer is written once."""
-    i = cuda.grid(1)
+    """The CSR of COO pairs from the order of a stable sort by row (``order``), a thread per sorted position and per
+    row pointer: ``indices[i] = cols[order[i]]``, ``out[i] = data[order[i]]`` (``out`` empty: no values), and
+    ``indptr[r]`` the first sorted position whose row is at least ``r`` -- a binary search through ``order``, so a
+    long run of empty rows costs no thread more than the others."""
+    t = cuda.grid(1)
     nnz = order.shape[0]
-    if i > nnz:
-        return
-    r = indptr.shape[0] - 1
-    if i < nnz:
-        e = order[i]
-        r = rows[e]
-        indices[i] = cols[e]
+    if t < nnz:
+        e = order[t]
+        indices[t] = cols[e]
         if out.shape[0]:
-            out[i] = data[e]
-    first = 0
-    if i > 0:
-        first = rows[order[i - 1]] + 1
-    for j in range(first, r + 1):
-        indptr[j] = i
+            out[t] = data[e]
+    if t < indptr.shape[0]:
+        lo = 0
+        hi = nnz
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if rows[order[mid]] < t:
+                lo = mid + 1
+            else:
+                hi = mid
+        indptr[t] = lo
 
 
 #: Every kernel with example argument types, for ``compile_ptx`` checks in CI.

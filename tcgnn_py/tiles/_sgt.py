@@ -459,6 +459,6 @@ def csr_of_order_kernels(xp, rows, cols, shape, cols_sorted=False, data=None):
     nnz = order.shape[0]
     indices, indptr = xp.empty(nnz, np.int32), xp.empty(shape[0] + 1, np.int32)
     out = xp.empty(0 if data is None else nnz, np.float32 if data is None else data.dtype)
-    _launch(k.csr_of_order, _grid(nnz + 1), _TPB, order, rows, cols, out if data is None else data, indptr, indices,
-            out)
+    _launch(k.csr_of_order, _grid(max(nnz, shape[0] + 1)), _TPB, order, rows, cols, out if data is None else data,
+            indptr, indices, out)
     return order, indices, indptr, None if data is None else out
