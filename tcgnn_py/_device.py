@@ -18,6 +18,7 @@ import numpy as np
 __all__ = [
     "zeroed_apart",
     "zeros",
+    "scratch_views",
     "NoGPUWarning",
     "FallbackWarning",
     "DeviceMismatchError",
@@ -218,6 +219,14 @@ def zeros(shape, dtype):
         buf.fill(0)
     stream.synchronize()  # synchronize! (the side stream only: what is recorded next reads zeros)
     return buf
+
+
+def scratch_views(xp, sizes, dtype=np.int32):
+    """Views of one new ``xp`` buffer, consecutive, of ``sizes`` elements each: a one-launch kernel's scratch arrays
+    in one allocation (each allocation is a call of its own on the host)."""
+    work = xp.empty(sum(sizes), dtype)
+    ends = np.cumsum(sizes).tolist()
+    return [work[end - size:end] for size, end in zip(sizes, ends)]
 
 
 def is_device_array(x):

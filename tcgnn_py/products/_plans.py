@@ -8,7 +8,7 @@ host with NumPy and uploaded, larger ones with CuPy where they live.
 import numpy as np
 
 from .. import _reference as ref
-from .._device import device_attributes, to_host
+from .._device import device_attributes, scratch_views, to_host
 from ..tiles import HOST_PLAN_MAX, kernels_ran
 
 
@@ -19,6 +19,7 @@ __all__ = [
     "DEVICE_PLAN_WINDOWS_MAX",
     "build_plan",
     "device_plan",
+    "plan_counts",
     "sm_count",
     "sorted_plan",
     "spmm_plan",
@@ -49,13 +50,29 @@ def vec_counts(tiling, bpu):
     """``{"units", "n_slots", "max_parts"}`` of :func:`vec_plan` on ``bpu`` blocks per unit, from the blocks-per-window
     histogram on the host (cached): what choosing a launch reads of a plan, without building or uploading one."""
     def build():
-        nb = vec_hist(tiling)
-        if vec_longest(tiling) <= bpu:  # (no window cut: a unit each, counted without a pass)
-            return {"units": nb.shape[0], "n_slots": 0, "max_parts": min(nb.shape[0], 1)}
-        k = _parts(np, nb, bpu, VEC_UNITS_PER_WINDOW_MAX)
-        return {"units": int(k.sum()), "n_slots": int(k[k > 1].sum()), "max_parts": int(k.max(initial=0))}
+        units, n_slots, max_parts, _ = plan_counts(tiling, bpu, VEC_UNITS_PER_WINDOW_MAX)
+        return {"units": units, "n_slots": n_slots, "max_parts": max_parts}
 
     return tiling.cached(("vec_counts", bpu), build)
+
+
+def plan_counts(tiling, bpu, max_units):
+    """``(units, slots, most parts, windows cut)`` of :func:`spmm_plan`'s plan, from the blocks-per-window histogram
+    on the host (cached): counted once, for choosing a launch and for making the plan on the device."""
+    def build():
+        if vec_longest(tiling) <= bpu:  # (no window cut: a unit each, counted without a pass)
+            n = tiling.n_windows
+            return n, 0, min(n, 1), 0
+        return _counts(vec_hist(tiling), bpu, max_units)
+
+    return tiling.cached(("plan_counts", bpu, max_units), build)
+
+
+def _counts(nb, bpu, max_units):
+    """:func:`plan_counts` of the histogram ``nb``: one pass of :func:`_parts`."""
+    k = _parts(np, nb, bpu, max_units)
+    cut = k > 1
+    return int(k.sum()), int(k[cut].sum()), int(k.max(initial=0)), int(np.count_nonzero(cut))
 
 
 def vec_longest(tiling):
@@ -194,7 +211,8 @@ def spmm_plan(tiling, blocks_per_unit, max_units=None):
 
     def build():
         if _plans_on_device(tiling):
-            return device_plan(tiling.xp, tiling.win_ptr, vec_hist(tiling), blocks_per_unit, max_units)
+            return device_plan(tiling.xp, tiling.win_ptr, vec_hist(tiling), blocks_per_unit, max_units,
+                               counts=plan_counts(tiling, blocks_per_unit, max_units))
         return _uploaded(tiling, _plan_where_planned(tiling, blocks_per_unit, max_units))
 
     return tiling.cached(("plan", blocks_per_unit, max_units), build)
@@ -215,26 +233,22 @@ def _plans_on_device(tiling):
             and kernels_ran())
 
 
-def device_plan(xp, win_ptr, nb, blocks_per_unit, max_units, threads=None):
+def device_plan(xp, win_ptr, nb, blocks_per_unit, max_units, threads=None, counts=None):
     """:func:`build_plan`'s plan of ``win_ptr`` (``xp``: CuPy, or NumPy in the simulator) by one launch of one CTA
-    (:func:`~tcgnn_py.kernels.sgt.plan_units`), its counts from ``nb`` (blocks per window, on the host): the same
-    arrays, written where the kernels read them.  ``threads``: the CTA's (the simulator's tests use fewer)."""
+    (:func:`~tcgnn_py.kernels.sgt.plan_units`), its sizes from ``counts`` (:func:`plan_counts`'s, or counted from
+    ``nb``, blocks per window on the host): the same arrays, written where the kernels read them.  ``threads``: the
+    CTA's (the simulator's tests use fewer)."""
     from ..kernels import sgt as k
     from ..kernels.launch import launch_numba
 
     n = nb.shape[0]
-    parts = _parts(np, nb, blocks_per_unit, max_units)
-    n_units, n_split = int(parts.sum()), int(np.count_nonzero(parts > 1))
-    n_slots = int(parts.sum(where=parts > 1))
-    work = xp.empty(6 * n + 3, np.int32)
-    scratch = [work[a:b] for a, b in ((0, n), (n, 2 * n), (2 * n, 3 * n), (3 * n, 4 * n + 1), (4 * n + 1, 5 * n + 2),
-                                      (5 * n + 2, 6 * n + 3))]
+    n_units, n_slots, max_parts, n_split = counts or _counts(nb, blocks_per_unit, max_units)
+    scratch = scratch_views(xp, (n, n, n, n + 1, n + 1, n + 1))  # (each window's counts, then their scans)
     units, unit_k0 = xp.empty((n_units, 4), np.int32), xp.empty((n_units, 2), np.int32)
     splits = xp.empty((n_split, 4), np.int32)
     threads = threads or (k.SMALL_THREADS if xp is not np else 64)
     launch_numba(k.plan_units, 1, threads, win_ptr, blocks_per_unit, max_units, *scratch, units, unit_k0, splits)
-    return {"units": units, "unit_k0": unit_k0, "splits": splits, "n_slots": n_slots,
-            "max_parts": int(parts.max(initial=0))}
+    return {"units": units, "unit_k0": unit_k0, "splits": splits, "n_slots": n_slots, "max_parts": max_parts}
 
 
 def _plan_where_planned(tiling, blocks_per_unit, max_units):

@@ -9,7 +9,7 @@ and CuPy scans; it produces arrays identical to the reference.
 import numpy as np
 
 from .. import _reference as ref
-from .._device import array_module, to_host
+from .._device import array_module, scratch_views, to_host
 from .._tuning import options
 from .._validation import INDEX_MAX, check_csr_arrays
 from ..kernels.launch import THREADS_PER_BLOCK as _TPB
@@ -378,11 +378,8 @@ def _translate_small(cp, k, data, indices, indptr, n_cols, H, W, n_windows, boun
     """:func:`translate_kernels`' one launch (:func:`~tcgnn_py.kernels.sgt.translate_small`): what
     :func:`_translate_steps` returns, its scratch arrays views of one buffer."""
     nnz = indices.shape[0]
-    sizes = (nnz, nnz, nnz, nnz + 1, n_windows, bound, bound * H, bound)
-    work = cp.empty(sum(sizes), np.int32)
-    ends = np.cumsum(sizes).tolist()
-    edge_row, kidx, first_flag, scan, nblk, block_win, row_off, block_nnz = (
-        work[end - size:end] for size, end in zip(sizes, ends))
+    edge_row, kidx, first_flag, scan, nblk, block_win, row_off, block_nnz = scratch_views(
+        cp, (nnz, nnz, nnz, nnz + 1, n_windows, bound, bound * H, bound))
     block_cols = cp.empty(bound * W, np.int32)
     block_ptr = cp.empty(bound + 1, np.int32)
     tile_pos = cp.empty(nnz, ref.tile_pos_dtype(H, W))
