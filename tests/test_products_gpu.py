@@ -395,19 +395,22 @@ def _launches_table(launch):
     return launches._table(launch.family, launch.name)
 
 
-def test_a_small_device_tilings_plan_is_made_on_the_device(cp, monkeypatch):
+@pytest.mark.parametrize("n", [4001, 40001])
+def test_a_small_device_tilings_plan_is_made_on_the_device(cp, monkeypatch, n):
     """A tiling translated on the device, of at most ``DEVICE_PLAN_WINDOWS_MAX`` windows, has its cut windows'
-    plan made by one CTA there: the products' bits are the host plan's, float32 and 16-bit X."""
+    plan made by one CTA there, and sorted longest first by another where its grid runs in several waves: the
+    products' bits are the host plan's, float32 and 16-bit X."""
     from tcgnn_py.products import _plans
 
     rng = np.random.default_rng(0)
     hub = star(3000)
-    hub.resize((4001, 4001))
-    A = sp.csr_array(int_graph(rng, 4001, 4001, degree=4) + hub)  # (the hub's window is cut in parts)
+    hub.resize((n, n))
+    A = sp.csr_array(int_graph(rng, n, n, degree=4) + hub)  # (the hub's window is cut in parts)
     A.data[:] = rng.integers(1, 4, A.nnz)
     arrays = (A.data.astype(np.float32), A.indices.astype(np.int32), A.indptr.astype(np.int32))
-    made, device_plan = [], _plans.device_plan
-    monkeypatch.setattr(_plans, "device_plan", lambda *a, **k: made.append(a[3]) or device_plan(*a, **k))
+    made, device_plan, device_sort = [], _plans.device_plan, _plans.device_longest_first
+    monkeypatch.setattr(_plans, "device_plan", lambda *a, **k: made.append("plan") or device_plan(*a, **k))
+    monkeypatch.setattr(_plans, "device_longest_first", lambda *a, **k: made.append("sort") or device_sort(*a, **k))
     X = cp.asarray(ints(rng, A.shape[1], 64))
     Xh = X.astype(cp.float16)
     got = {}
@@ -417,7 +420,8 @@ def test_a_small_device_tilings_plan_is_made_on_the_device(cp, monkeypatch):
         with tg.tuning(vec_coop=False):
             T = tg.TiledMatrix(tuple(cp.asarray(a) for a in arrays), shape=A.shape)
             got[windows_max] = (T @ X).get(), tg.spmm(T, Xh).get()
-        assert _plans.vec_longest(T.tiling) > 16 and bool(made) == bool(windows_max)
+        assert _plans.vec_longest(T.tiling) > 16
+        assert set(made) == (set() if not windows_max else {"plan", "sort"} if n > 10000 else {"plan"}), made
     want = A @ X.get().astype(np.float64)
     for (y, yh), z in zip(got.values(), (want, want)):
         np.testing.assert_array_equal(y, z.astype(np.float32))

@@ -259,3 +259,25 @@ def test_a_plan_made_by_one_cta_is_the_hosts(xp, trial):
         assert host(got[key]).dtype == np.int32, key
         np.testing.assert_array_equal(host(got[key]), want[key], err_msg=key)
     assert (got["n_slots"], got["max_parts"]) == (want["n_slots"], want["max_parts"])
+
+
+@pytest.mark.parametrize("trial", range(8))
+def test_units_sorted_longest_first_by_one_cta_are_the_hosts(xp, trial):
+    """A plan's units longest first by one CTA (a counting sort, each warp a run of units): the host's stable order,
+    on plans with many units of one length, empty windows' units, lengths up to the bound, and fewer units than
+    warps."""
+    from tcgnn_py.products import _plans
+
+    rng = np.random.default_rng(trial)
+    n = [0, 1, 3, 40][trial] if trial < 4 else int(rng.integers(100, 400 if SIM else 30000))
+    nb = [rng.integers(0, 4, n), (rng.pareto(1.1, n) * 40).astype(np.int64)][trial % 2]
+    win_ptr = np.concatenate(([0], np.cumsum(nb))).astype(np.int32)
+    bpu, max_units = [(16, 1024), (4, 8)][trial // 2 % 2]
+    plan = _plans.build_plan(np, win_ptr, bpu, max_units)
+    longest = int((plan["units"][:, 2] - plan["units"][:, 1]).max(initial=0))
+    want = _plans._longest_first(np, plan["units"], plan["unit_k0"])
+    for threads in ([32, 64] if SIM else [32, 1024]):
+        got = _plans.device_longest_first(xp, xp.asarray(plan["units"]), xp.asarray(plan["unit_k0"]),
+                                          max(longest, bpu), threads)
+        for w, g in zip(want, got):
+            np.testing.assert_array_equal(host(g), w)

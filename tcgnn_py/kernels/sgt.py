@@ -66,6 +66,9 @@ __all__ = [
     "scan_tile_totals",
     "scan_tiles",
     "translate_small",
+    "plan_units",
+    "longest_first",
+    "csr_of_order",
     "SMALL_THREADS",
     "KERNELS",
 ]
@@ -541,6 +544,56 @@ def plan_units(win_ptr, unit_size, max_units, parts, cut, is_cut, unit_ptr, slot
             splits[f, 3] = 0
 
 
+@cuda.jit(cache=True, **({} if config.ENABLE_CUDASIM else {"max_registers": 64}))  # (the simulator takes no limit)
+def longest_first(units, unit_k0, counts, starts, units_out, k0_out):
+    """A plan's units (and their split rows) longest first, stable, by one CTA where they are: a counting sort of
+    the units' block counts (at most ``keys - 1``, where ``counts`` holds ``keys`` per warp) -- the host's sort, on
+    a plan made on the device (a new matrix's first product, of a grid in several waves).
+
+    Each warp takes a contiguous run of units, 32 at a time: ``match_any`` groups the lanes of one length, and the
+    lowest lane of each group counts it, then places it after the runs before it.  ``counts`` (zeroed here) and
+    its scan ``starts`` are scratch, ordered by length (longest first), then warp."""
+    totals = cuda.shared.array(33, dtype=np.int32)
+    t0 = cuda.threadIdx.x
+    lane = t0 % 32
+    warp = t0 // 32
+    n_warps = cuda.blockDim.x // 32
+    n = units.shape[0]
+    top = counts.shape[0] // n_warps - 1  # (the longest length counted)
+    for i in range(t0, counts.shape[0], cuda.blockDim.x):
+        counts[i] = 0
+    cuda.syncthreads()
+    run = (n + n_warps - 1) // n_warps
+    lo = min(warp * run, n)
+    hi = min(lo + run, n)
+    below = (np.int64(1) << lane) - 1  # (the lanes before this one)
+    for scatter in range(2):  # count, then place
+        for base in range(lo, hi, 32):  # (the same trip count in every lane of the warp)
+            u = base + lane
+            key = -1
+            if u < hi:
+                key = (top - (units[u, 2] - units[u, 1])) * n_warps + warp
+            peers = np.int64(cuda.match_any_sync(FULL_MASK, key)) & 0xFFFFFFFF
+            first = (peers & below) == 0
+            if scatter and u < hi:
+                at = starts[key] + cuda.popc(np.uint32(peers & below))
+                for c in range(4):
+                    units_out[at, c] = units[u, c]
+                k0_out[at, 0] = unit_k0[u, 0]
+                k0_out[at, 1] = unit_k0[u, 1]
+            cuda.syncwarp(FULL_MASK)
+            if first and u < hi:
+                if scatter:
+                    starts[key] += cuda.popc(np.uint32(peers))
+                else:
+                    counts[key] += cuda.popc(np.uint32(peers))
+            cuda.syncwarp(FULL_MASK)
+        if not scatter:
+            cuda.syncthreads()
+            _scan_cta(counts, starts, totals)
+            cuda.syncthreads()
+
+
 @cuda.jit(cache=True)
 def sum_runs(starts, data, out):
     """Sum ``data`` over each run ``starts[i]:starts[i+1]``, left to right."""
@@ -611,4 +664,5 @@ KERNELS = {
     "plan_units": (plan_units, f"({_I}, int64, int64, {_I}, {_I}, {_I}, {_I}, {_I}, {_I}, int32[:, ::1], "
                                "int32[:, ::1], int32[:, ::1])"),
     "csr_of_order": (csr_of_order, f"(int64[::1], {_I}, {_I}, float32[::1], {_I}, {_I}, float32[::1])"),
+    "longest_first": (longest_first, f"(int32[:, ::1], int32[:, ::1], {_I}, {_I}, int32[:, ::1], int32[:, ::1])"),
 }

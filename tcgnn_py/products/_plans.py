@@ -17,7 +17,9 @@ __all__ = [
     "UNITS_PER_WINDOW_MAX",
     "VEC_UNITS_PER_WINDOW_MAX",
     "DEVICE_PLAN_WINDOWS_MAX",
+    "DEVICE_SORT_LONGEST_MAX",
     "build_plan",
+    "device_longest_first",
     "device_plan",
     "plan_counts",
     "sm_count",
@@ -87,7 +89,13 @@ def sm_count(tiling):
 
 def sorted_plan(tiling, bpu):
     """``(plan, units, unit_k0)``: the vector plan's splits and counts (the plan without its units), and its units
-    and split rows longest first, computed where :func:`_planner` computes and uploaded together."""
+    and split rows longest first, computed where :func:`_planner` computes and uploaded together -- or, where
+    :func:`spmm_plan` makes the plan on the device, sorted there by one more CTA (:func:`device_longest_first`)."""
+    top = max(bpu, -(-vec_longest(tiling) // VEC_UNITS_PER_WINDOW_MAX))  # (no unit of the plan is longer)
+    if top <= DEVICE_SORT_LONGEST_MAX and _plans_on_device(tiling):
+        plan = vec_plan(tiling, bpu)
+        rest = {k: v for k, v in plan.items() if k not in ("units", "unit_k0")}
+        return (rest,) + device_longest_first(tiling.xp, plan["units"], plan["unit_k0"], top)
     xp, _ = _planner(tiling)
     on_host = xp is not tiling.xp
     plan = _plan_where_planned(tiling, bpu, VEC_UNITS_PER_WINDOW_MAX) if on_host else vec_plan(tiling, bpu)
@@ -249,6 +257,28 @@ def device_plan(xp, win_ptr, nb, blocks_per_unit, max_units, threads=None, count
     threads = threads or (k.SMALL_THREADS if xp is not np else 64)
     launch_numba(k.plan_units, 1, threads, win_ptr, blocks_per_unit, max_units, *scratch, units, unit_k0, splits)
     return {"units": units, "unit_k0": unit_k0, "splits": splits, "n_slots": n_slots, "max_parts": max_parts}
+
+
+#: Plans made on the device are sorted there while no unit can be longer than this many blocks: the sort counts
+#: each length per warp (the unit sizes the rule picks are far below it; a larger size set by hand sorts on the
+#: host).
+DEVICE_SORT_LONGEST_MAX = 1024
+
+
+def device_longest_first(xp, units, unit_k0, longest, threads=None):
+    """:func:`_longest_first`'s units and split rows (``xp``: CuPy, or NumPy in the simulator) by one launch of one
+    CTA (:func:`~tcgnn_py.kernels.sgt.longest_first`), no unit longer than ``longest`` blocks: the same order,
+    without the plan's trip to the host.  ``threads``: the CTA's (the simulator's tests use fewer)."""
+    from ..kernels import sgt as k
+    from ..kernels.launch import launch_numba
+
+    threads = threads or (k.SMALL_THREADS if xp is not np else 64)
+    keys = (longest + 1) * (threads // 32)  # (a count per length and warp)
+    counts, starts = scratch_views(xp, (keys, keys + 1))
+    out = xp.empty_like(units), xp.empty_like(unit_k0)
+    if units.shape[0]:
+        launch_numba(k.longest_first, 1, threads, units, unit_k0, counts, starts, *out)
+    return out
 
 
 def _plan_where_planned(tiling, blocks_per_unit, max_units):
