@@ -338,25 +338,21 @@ def _translate_steps(cp, k, data, indices, indptr, n_rows, n_cols, H, W, n_windo
     """:func:`translate_kernels`' kernels, one launch each: ``(block_cols, block_ptr, tile_pos, values, perm, meta)``
     of the bound (``meta`` None above :data:`HOST_PLAN_MAX` entries)."""
     nnz = indices.shape[0]
+    # the int32 scratch in one buffer (first_flag: every merged position is written once)
+    kidx, first_flag, scan, nblk, block_win, row_off, block_nnz, rows = scratch_views(
+        cp, (nnz, nnz, nnz + 1, n_windows, bound, bound * H, bound, nnz if edge_row is None else 0))
     if edge_row is None:
-        edge_row = cp.empty(nnz, np.int32)
+        edge_row = rows
         _launch(k.check_csr, _grid(max(nnz, n_rows)), _TPB, indptr, indices, n_cols, edge_row, status)
-    kidx = cp.empty(nnz, np.int32)
-    first_flag = cp.empty(nnz, np.int32)  # every merged position is written once
-    scan = cp.empty(nnz + 1, np.int32)
     _launch(k.rank_edges, _grid(nnz * H), _TPB, indptr, indices, edge_row, n_rows, H, kidx, first_flag, status)
     _scan(cp, k, first_flag, scan, status)
-    nblk = cp.empty(n_windows, np.int32)
     _launch(k.window_blocks, _grid(n_windows), _TPB, indptr, scan, n_rows, H, W, nblk, status)
     _scan(cp, k, nblk, win_ptr, status)
 
     block_cols = cp.empty(bound * W, np.int32)
-    block_win = cp.empty(bound, np.int32)
     _launch(k.condense_edges, _grid(nnz), _TPB,
             indptr, indices, edge_row, H, W, win_ptr, scan, first_flag, kidx, block_cols, block_win, status)
-    row_off = cp.empty(bound * H, np.int32)
     block_ptr = cp.empty(bound + 1, np.int32)
-    block_nnz = cp.empty(bound, np.int32)
     _launch(k.count_block_rows, _grid(bound * H), _TPB,
             indptr, indices, n_rows, H, W, win_ptr, block_cols, block_win, row_off, block_nnz, status)
     _scan(cp, k, block_nnz, block_ptr, status)
