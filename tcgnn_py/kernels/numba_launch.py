@@ -86,12 +86,19 @@ def _pack_array(a, out):
     out += a.strides
 
 
+def _pack_vector(a, out):
+    """:func:`_pack_array` of a contiguous 1-D array, its shape and strides from its size and item size (CuPy builds
+    both tuples on each access, and most arguments are such arrays)."""
+    n, s = a.size, a.itemsize
+    out += (0, 0, n, s, a.data.ptr, n, s)
+
+
 def _packer(key):
     if key is int:
         return lambda a, out: out.append(a)
     if key is float or isinstance(key, np.dtype):
         return lambda a, out: out.append(slot_value(a))  # Python floats are doubles to Numba
-    return _pack_array
+    return _pack_vector if key[1] == 1 and key[2] else _pack_array
 
 
 def launch(kernel, grid, block, *args):
@@ -110,7 +117,7 @@ def launch(kernel, grid, block, *args):
     import cupy
 
     _ndarray[0] = cupy.ndarray
-    keys = tuple(_arg_key(a) for a in args)
+    keys = tuple(map(_arg_key, args))
     entry = None if _NOT_FAST in keys else _FAST.get((id(kernel), cupy.cuda.runtime.getDevice(), keys))
     if entry is None:
         kernel[grid, block, current_stream()](*args)  # compiles if needed, types and checks the arguments
