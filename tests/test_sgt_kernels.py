@@ -241,30 +241,6 @@ def test_csr_of_order_kernel_is_the_sort_and_gathers(xp, shape, cols_sorted):
     assert A.has_canonical_format
 
 
-@pytest.mark.parametrize("shape, slots", [((1, 1), 1 << 22), ((2, 40), 64), ((7, 200), 1 << 22), ((40, 30), 400),
-                                          ((1, 2000), 1 << 22), ((300, 9), 1 << 22)])
-def test_a_transposes_csr_sorted_by_counting_is_the_sorts(xp, monkeypatch, shape, slots):
-    """Pairs sorted by row alone (a CSR's transpose), sorted by counting in runs of a warp each: the stable sort's
-    order, indices, row pointers and values, with many runs per row (few counters), long runs of one row, rows
-    with no pair, and more runs than rows."""
-    rng = np.random.default_rng(sum(shape))
-    dense = (rng.random(shape) < 0.5) * rng.integers(1, 9, shape)
-    dense[-1] = 0  # (an empty last row)
-    cols, rows = np.nonzero(dense.T)  # (column-sorted pairs)
-    rows, cols = rows.astype(np.int32), cols.astype(np.int32)
-    data = dense[rows, cols].astype(np.float32)
-    monkeypatch.setattr(_sgt, "COUNTING_SLOTS_MAX", slots)
-    assert _sgt._counting_run(rows.shape[0], shape[0]) or rows.shape[0] == 0
-    want = _sgt._csr_of_order(rows, cols, shape, True, data)
-    got = _sgt.csr_of_order_kernels(xp, xp.asarray(rows), xp.asarray(cols), shape, True, xp.asarray(data))
-    for w, g in zip(want, got):
-        np.testing.assert_array_equal(host(g), w)
-    got = _sgt.csr_of_order_kernels(xp, xp.asarray(rows), xp.asarray(cols), shape, True)
-    for w, g in zip(want[:3], got[:3]):
-        np.testing.assert_array_equal(host(g), w)
-    assert got[3] is None
-
-
 @pytest.mark.parametrize("trial", range(10))
 def test_a_plan_made_by_one_cta_is_the_hosts(xp, trial):
     """The products' work plan by one CTA where the window pointers are: the host's units, split rows, slots and

@@ -35,10 +35,8 @@ serialise), with one host read at the end:
    cost more than the GPU's work.
 
 Beside the translation, with its scans: :func:`plan_units` writes a small new tiling's product plan (its
-windows cut into units) by one CTA where the tiling is, and :func:`longest_first` sorts its units by length
-there; :func:`csr_of_order` gathers the CSR of COO pairs after their sort in one launch, and
-:func:`count_keys` and :func:`place_keys` (a stable counting sort, one warp a run of entries) write the CSR of
-pairs sorted by row alone (a sampled block's transpose) without a sort that the host waits for.
+windows cut into units) by one CTA where the tiling is, and :func:`csr_of_order` gathers the CSR of COO pairs
+after their sort (a sampled block's transpose) in one launch.
 
 The number of blocks is known only on the device: buffers are sized by the
 bound ``nnz // W + windows`` (a window of ``m`` entries has at most
@@ -71,8 +69,6 @@ __all__ = [
     "plan_units",
     "longest_first",
     "csr_of_order",
-    "count_keys",
-    "place_keys",
     "SMALL_THREADS",
     "KERNELS",
 ]
@@ -638,69 +634,6 @@ def csr_of_order(order, rows, cols, data, indptr, indices, out):
         indptr[t] = lo
 
 
-@cuda.jit(cache=True)
-def count_keys(keys, per, counts):
-    """The first pass of a stable counting sort: ``counts[key * runs + r]`` (zeroed) is the number of entries of
-    ``key`` in run ``r`` of ``per`` consecutive entries, one warp a run.  The warp takes its run 32 entries at a
-    time: ``match_any`` groups the lanes of one key, and the lowest lane of each group counts it -- the run's slot
-    is its warp's alone, so no atomics, and the counts are the same every time."""
-    run = cuda.grid(1) // 32
-    lane = cuda.laneid
-    n = keys.shape[0]
-    runs = (n + per - 1) // per
-    if run >= runs:  # (a whole warp: its run id is its own)
-        return
-    lo = run * per
-    hi = min(lo + per, n)
-    below = (np.int64(1) << lane) - 1
-    for base in range(lo, hi, 32):
-        e = base + lane
-        key = np.int64(keys[e]) if e < hi else np.int64(-1)
-        peers = np.int64(cuda.match_any_sync(FULL_MASK, key)) & 0xFFFFFFFF
-        if e < hi and (peers & below) == 0:
-            counts[key * runs + run] += cuda.popc(np.uint32(peers))
-        cuda.syncwarp(FULL_MASK)
-
-
-@cuda.jit(cache=True)
-def place_keys(keys, cols, data, per, counts, starts, order, indices, out, indptr):
-    """The second pass of :func:`count_keys`' sort, into a CSR: ``starts`` (the scan of ``counts``, key-major) puts
-    each run's entries of a key after the earlier runs' and keys'; the warp of a run places its entries in turn, so
-    equal keys keep their order.  ``order[i]`` is the entry at sorted position ``i``, ``indices[i] = cols[order[i]]``,
-    ``out[i] = data[order[i]]`` (``out`` empty: no values), and ``indptr[r]`` the first position of key ``r``, a
-    thread each.  ``counts`` is reused as each run's count so far."""
-    t = cuda.grid(1)
-    n = keys.shape[0]
-    runs = (n + per - 1) // per
-    if t < indptr.shape[0]:
-        indptr[t] = starts[np.int64(t) * runs]
-    run = t // 32
-    lane = cuda.laneid
-    if run >= runs:
-        return
-    lo = run * per
-    hi = min(lo + per, n)
-    for e in range(lo + lane, hi, 32):  # (this run's slots, counted again from zero)
-        counts[np.int64(keys[e]) * runs + run] = 0
-    cuda.syncwarp(FULL_MASK)
-    below = (np.int64(1) << lane) - 1
-    for base in range(lo, hi, 32):
-        e = base + lane
-        key = np.int64(keys[e]) if e < hi else np.int64(-1)
-        peers = np.int64(cuda.match_any_sync(FULL_MASK, key)) & 0xFFFFFFFF
-        if e < hi:
-            slot = key * runs + run
-            at = starts[slot] + counts[slot] + cuda.popc(np.uint32(peers & below))
-            order[at] = e
-            indices[at] = cols[e]
-            if out.shape[0]:
-                out[at] = data[e]
-        cuda.syncwarp(FULL_MASK)
-        if e < hi and (peers & below) == 0:
-            counts[key * runs + run] += cuda.popc(np.uint32(peers))
-        cuda.syncwarp(FULL_MASK)
-
-
 #: Every kernel with example argument types, for ``compile_ptx`` checks in CI.
 _I = "int32[::1]"
 KERNELS = {
@@ -732,6 +665,4 @@ KERNELS = {
                                "int32[:, ::1], int32[:, ::1])"),
     "csr_of_order": (csr_of_order, f"(int64[::1], {_I}, {_I}, float32[::1], {_I}, {_I}, float32[::1])"),
     "longest_first": (longest_first, f"(int32[:, ::1], int32[:, ::1], {_I}, {_I}, int32[:, ::1], int32[:, ::1])"),
-    "count_keys": (count_keys, f"({_I}, int64, {_I})"),
-    "place_keys": (place_keys, f"({_I}, {_I}, float32[::1], int64, {_I}, {_I}, int64[::1], {_I}, float32[::1], {_I})"),
 }

@@ -43,9 +43,9 @@ class Block:
     @property
     def adj_t(self):
         """``adj``'s transpose (``n_src x n_dst``), made on first use.  A tiled block built from its sampled entries
-        makes it from them -- a stable counting sort by column, whose second launch writes its CSR, and one
-        translation -- rather than from the tiling (whose transpose first recovers every entry's row and column,
-        then sorts and translates): the same matrix, translated from the same CSR."""
+        makes it from them -- one stable sort by column, one launch for its CSR, and one translation -- rather than
+        from the tiling (whose transpose first recovers every entry's row and column, then sorts and translates):
+        the same matrix, translated from the same CSR."""
         if self._adj_t is None:
             if self._entries is None:
                 self._adj_t = self.adj.T

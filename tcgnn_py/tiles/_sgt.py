@@ -411,17 +411,16 @@ _SLACK_BYTES = 1 << 20
 
 
 def coo_to_csr(data, rows, cols, shape, cols_sorted=False):
-    """Canonical CSR ``(data, indices, indptr)`` of COO entries with distinct (row, col) pairs inside ``shape``, on
-    their device (``cols_sorted``: as :func:`coo_to_csr_order`; the pairs are not checked: a caller's own)."""
+    """Canonical CSR ``(data, indices, indptr)`` of COO entries with distinct (row, col) pairs, on their device
+    (``cols_sorted``: as :func:`coo_to_csr_order`)."""
     _, indices, indptr, data = _csr_of_order(rows, cols, shape, cols_sorted, data)
     return data, indices, indptr
 
 
 def coo_to_csr_order(rows, cols, shape, cols_sorted=False):
-    """``(order, indices, indptr)``: CSR of distinct COO pairs inside ``shape``, ``data[order]`` its values.
-    ``cols_sorted``: the pairs come in ascending ``cols`` order (a CSR's entries, transposed), so a stable sort by
-    row alone orders them, without (row, column) keys (on the device, by counting where
-    :data:`COUNTING_SLOTS_MAX` allows)."""
+    """``(order, indices, indptr)``: CSR of distinct COO pairs, ``data[order]`` its values.  ``cols_sorted``: the
+    pairs come in ascending ``cols`` order (a CSR's entries, transposed), so a stable sort by row alone orders
+    them, without (row, column) keys."""
     return _csr_of_order(rows, cols, shape, cols_sorted)[:3]
 
 
@@ -443,57 +442,16 @@ def _sort_key(rows, cols, shape, cols_sorted):
 
 def csr_of_order_kernels(xp, rows, cols, shape, cols_sorted=False, data=None):
     """``(order, indices, indptr, data[order])`` of COO pairs (``data`` None: None) through one stable sort and one
-    launch of :func:`~tcgnn_py.kernels.sgt.csr_of_order` (the gathers and the row pointers), or pairs sorted by
-    row alone (``cols_sorted``) by :func:`_counting_csr`; ``xp`` is CuPy, or NumPy in the simulator.  A sampled
-    block's transpose is made so every step: a launch or two instead of a CuPy call per array."""
+    launch of :func:`~tcgnn_py.kernels.sgt.csr_of_order` (the gathers and the row pointers); ``xp`` is CuPy, or
+    NumPy in the simulator.  A sampled block's transpose is made so every step: one launch instead of a CuPy call
+    per array."""
     from ..kernels import sgt as k
 
-    per = _counting_run(rows.shape[0], shape[0]) if cols_sorted else 0
-    rows, cols = rows.astype(np.int32, copy=False), cols.astype(np.int32, copy=False)  # (the kernels' one compile)
-    if per:
-        return _counting_csr(xp, k, rows, cols, shape[0], data, per)
     order = xp.argsort(_sort_key(rows, cols, shape, cols_sorted), kind="stable")
+    rows, cols = rows.astype(np.int32, copy=False), cols.astype(np.int32, copy=False)  # (the kernel's one compile)
     nnz = order.shape[0]
     indices, indptr = xp.empty(nnz, np.int32), xp.empty(shape[0] + 1, np.int32)
     out = xp.empty(0 if data is None else nnz, np.float32 if data is None else data.dtype)
     _launch(k.csr_of_order, _grid(max(nnz, shape[0] + 1)), _TPB, order, rows, cols, out if data is None else data,
             indptr, indices, out)
-    return order, indices, indptr, None if data is None else out
-
-
-#: Pairs sorted by row alone (a CSR's transpose) are sorted by counting, in three launches and a scan that stay on
-#: the device (a CuPy sort waits for its end on the host), while their rows x runs of entries fit this many counters
-#: (one per row and run) ...
-COUNTING_SLOTS_MAX = 1 << 22
-#: ... and a warp's run takes at most this many entries (a run is one warp's loop).
-COUNTING_RUN_MAX = 2048
-
-
-def _counting_run(nnz, n_rows):
-    """Entries per run of :func:`_counting_csr` for ``nnz`` pairs of ``n_rows`` rows (as many runs as the counters
-    allow, of at least a warp's 32 entries), or 0 where :data:`COUNTING_SLOTS_MAX` and :data:`COUNTING_RUN_MAX` leave
-    no such runs (the sort then)."""
-    runs = COUNTING_SLOTS_MAX // max(n_rows, 1)
-    if nnz == 0 or runs == 0:
-        return 0
-    per = max(32, -(-nnz // runs))
-    return per if per <= COUNTING_RUN_MAX else 0
-
-
-def _counting_csr(xp, k, rows, cols, n_rows, data, per):
-    """:func:`csr_of_order_kernels` of pairs sorted by row alone, by a stable counting sort of their rows in runs
-    of ``per`` entries (:func:`~tcgnn_py.kernels.sgt.count_keys`, a scan, :func:`~tcgnn_py.kernels.sgt.place_keys`):
-    the same order, indices, row pointers and values."""
-    nnz = rows.shape[0]
-    runs = -(-nnz // per)
-    slots = n_rows * runs
-    zeroed = xp.zeros(slots + 1, np.int32)  # (the counts, then the scan's status)
-    counts, status = zeroed[:slots], zeroed[slots:]
-    starts = xp.empty(slots + 1, np.int32)
-    _launch(k.count_keys, _grid(32 * runs), _TPB, rows, per, counts)
-    _scan(xp, k, counts, starts, status)
-    order, indices, indptr = xp.empty(nnz, np.int64), xp.empty(nnz, np.int32), xp.empty(n_rows + 1, np.int32)
-    out = xp.empty(0 if data is None else nnz, np.float32 if data is None else data.dtype)
-    _launch(k.place_keys, _grid(max(32 * runs, n_rows + 1)), _TPB, rows, cols, out if data is None else data, per,
-            counts, starts, order, indices, out, indptr)
     return order, indices, indptr, None if data is None else out
