@@ -35,8 +35,9 @@ serialise), with one host read at the end:
    cost more than the GPU's work.
 
 Beside the translation, with its scans: :func:`plan_units` writes a small new tiling's product plan (its
-windows cut into units) by one CTA where the tiling is, and :func:`csr_of_order` gathers the CSR of COO pairs
-after their sort (a sampled block's transpose) in one launch.
+windows cut into units) by one CTA where the tiling is, and :func:`longest_first` sorts its units by length
+there; :func:`csr_of_order` gathers the CSR of COO pairs after their sort (a sampled block's transpose) in one
+launch.
 
 The number of blocks is known only on the device: buffers are sized by the
 bound ``nnz // W + windows`` (a window of ``m`` entries has at most
