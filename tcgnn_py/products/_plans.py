@@ -91,11 +91,12 @@ def sorted_plan(tiling, bpu):
     """``(plan, units, unit_k0)``: the vector plan's splits and counts (the plan without its units), and its units
     and split rows longest first, computed where :func:`_planner` computes and uploaded together -- or, where
     :func:`spmm_plan` makes the plan on the device, sorted there by one more CTA (:func:`device_longest_first`)."""
-    top = max(bpu, -(-vec_longest(tiling) // VEC_UNITS_PER_WINDOW_MAX))  # (no unit of the plan is longer)
-    if top <= DEVICE_SORT_LONGEST_MAX and _plans_on_device(tiling):
-        plan = vec_plan(tiling, bpu)
-        rest = {k: v for k, v in plan.items() if k not in ("units", "unit_k0")}
-        return (rest,) + device_longest_first(tiling.xp, plan["units"], plan["unit_k0"], top)
+    if _plans_on_device(tiling):  # (its histogram is on the host: the longest unit is bounded without a read)
+        top = max(bpu, -(-vec_longest(tiling) // VEC_UNITS_PER_WINDOW_MAX))  # (no unit of the plan is longer)
+        if top <= DEVICE_SORT_LONGEST_MAX:
+            plan = vec_plan(tiling, bpu)
+            rest = {k: v for k, v in plan.items() if k not in ("units", "unit_k0")}
+            return (rest,) + device_longest_first(tiling.xp, plan["units"], plan["unit_k0"], top)
     xp, _ = _planner(tiling)
     on_host = xp is not tiling.xp
     plan = _plan_where_planned(tiling, bpu, VEC_UNITS_PER_WINDOW_MAX) if on_host else vec_plan(tiling, bpu)

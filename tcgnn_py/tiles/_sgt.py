@@ -339,10 +339,10 @@ def _translate_steps(cp, k, data, indices, indptr, n_rows, n_cols, H, W, n_windo
     of the bound (``meta`` None above :data:`HOST_PLAN_MAX` entries)."""
     nnz = indices.shape[0]
     # the int32 scratch in one buffer (first_flag: every merged position is written once)
-    kidx, first_flag, scan, nblk, block_win, row_off, block_nnz, rows = scratch_views(
+    kidx, first_flag, scan, nblk, block_win, row_off, block_nnz, own_rows = scratch_views(
         cp, (nnz, nnz, nnz + 1, n_windows, bound, bound * H, bound, nnz if edge_row is None else 0))
-    if edge_row is None:
-        edge_row = rows
+    if edge_row is None:  # (the entries' rows, found and checked by the first kernel)
+        edge_row = own_rows
         _launch(k.check_csr, _grid(max(nnz, n_rows)), _TPB, indptr, indices, n_cols, edge_row, status)
     _launch(k.rank_edges, _grid(nnz * H), _TPB, indptr, indices, edge_row, n_rows, H, kidx, first_flag, status)
     _scan(cp, k, first_flag, scan, status)
