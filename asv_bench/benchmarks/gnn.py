@@ -142,6 +142,7 @@ class SampledBlocks:
         self.seeds = np.random.default_rng(0).permutation(A.shape[0])[:1024]
         for loader in self.loaders.values():
             loader.sample(self.seeds, seed=0)  # (compiles the sampler and the translation)
+        self._first_products(self.loaders["tiled"].sample(self.seeds, seed=0))  # (and the products' kernels)
 
     def time_sample_csr(self, graphs, name):
         self.loaders["csr"].sample(self.seeds, seed=1)
@@ -150,3 +151,19 @@ class SampledBlocks:
     def time_sample_tiled(self, graphs, name):
         self.loaders["tiled"].sample(self.seeds, seed=1)
         _sync()
+
+    def time_sample_tiled_first_products(self, graphs, name):
+        """A batch sampled as tiled blocks, each block's first product at 64 features and, past the first hop (whose
+        input is data), its transpose's: what a GraphSAGE step pays for its new matrices (with the sampling timed
+        above)."""
+        self._first_products(self.loaders["tiled"].sample(self.seeds, seed=1))
+        _sync()
+
+    @staticmethod
+    def _first_products(blocks):
+        import cupy as cp
+
+        for hop, block in enumerate(blocks):
+            block.adj @ cp.ones((block.adj.shape[1], 64), cp.float32)
+            if hop:
+                block.adj_t @ cp.ones((block.adj.shape[0], 64), cp.float32)
