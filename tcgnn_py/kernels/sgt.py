@@ -71,6 +71,7 @@ __all__ = [
     "longest_first",
     "csr_of_order",
     "SMALL_THREADS",
+    "cta_threads",
     "KERNELS",
 ]
 
@@ -445,6 +446,13 @@ def _scan_cta(src, dst, totals):
 
 #: Threads of :func:`translate_small`'s one CTA (at most 64 registers each: the SM's 64K registers hold them).
 SMALL_THREADS = 1024
+
+
+def cta_threads(simulated):
+    """Threads of a one-CTA kernel's launch (:func:`translate_small`, :func:`plan_units`, :func:`longest_first`):
+    :data:`SMALL_THREADS`, or two warps in the simulator, whose threads are Python threads (each loop then still
+    takes several trips)."""
+    return 64 if simulated else SMALL_THREADS
 
 
 @cuda.jit(cache=True, **({} if config.ENABLE_CUDASIM else {"max_registers": 64}))  # (the simulator takes no limit)

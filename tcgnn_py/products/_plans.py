@@ -91,16 +91,16 @@ def sorted_plan(tiling, bpu):
     """``(plan, units, unit_k0)``: the vector plan's splits and counts (the plan without its units), and its units
     and split rows longest first, computed where :func:`_planner` computes and uploaded together -- or, where
     :func:`spmm_plan` makes the plan on the device, sorted there by one more CTA (:func:`device_longest_first`)."""
-    if _plans_on_device(tiling):  # (its histogram is on the host: the longest unit is bounded without a read)
-        top = max(bpu, -(-vec_longest(tiling) // VEC_UNITS_PER_WINDOW_MAX))  # (no unit of the plan is longer)
-        if top <= DEVICE_SORT_LONGEST_MAX:
-            plan = vec_plan(tiling, bpu)
-            rest = {k: v for k, v in plan.items() if k not in ("units", "unit_k0")}
-            return (rest,) + device_longest_first(tiling.xp, plan["units"], plan["unit_k0"], top)
+    top = None  # (no unit of the plan is longer; bounded where the histogram is on the host already)
+    if _plans_on_device(tiling):
+        top = max(bpu, -(-vec_longest(tiling) // VEC_UNITS_PER_WINDOW_MAX))
+    on_device = top is not None and top <= DEVICE_SORT_LONGEST_MAX
     xp, _ = _planner(tiling)
-    on_host = xp is not tiling.xp
+    on_host = xp is not tiling.xp and not on_device
     plan = _plan_where_planned(tiling, bpu, VEC_UNITS_PER_WINDOW_MAX) if on_host else vec_plan(tiling, bpu)
     rest = {k: v for k, v in plan.items() if k not in ("units", "unit_k0")}
+    if on_device:
+        return (rest,) + device_longest_first(tiling.xp, plan["units"], plan["unit_k0"], top)
     return _uploaded(tiling, (rest,) + _longest_first(xp, plan["units"], plan["unit_k0"]))
 
 
@@ -255,7 +255,7 @@ def device_plan(xp, win_ptr, nb, blocks_per_unit, max_units, threads=None, count
     scratch = scratch_views(xp, (n, n, n, n + 1, n + 1, n + 1))  # (each window's counts, then their scans)
     units, unit_k0 = xp.empty((n_units, 4), np.int32), xp.empty((n_units, 2), np.int32)
     splits = xp.empty((n_split, 4), np.int32)
-    threads = threads or (k.SMALL_THREADS if xp is not np else 64)
+    threads = threads or k.cta_threads(xp is np)
     launch_numba(k.plan_units, 1, threads, win_ptr, blocks_per_unit, max_units, *scratch, units, unit_k0, splits)
     return {"units": units, "unit_k0": unit_k0, "splits": splits, "n_slots": n_slots, "max_parts": max_parts}
 
@@ -273,7 +273,7 @@ def device_longest_first(xp, units, unit_k0, longest, threads=None):
     from ..kernels import sgt as k
     from ..kernels.launch import launch_numba
 
-    threads = threads or (k.SMALL_THREADS if xp is not np else 64)
+    threads = threads or k.cta_threads(xp is np)
     keys = (longest + 1) * (threads // 32)  # (a count per length and warp)
     counts, starts = scratch_views(xp, (keys, keys + 1))
     out = xp.empty_like(units), xp.empty_like(unit_k0)

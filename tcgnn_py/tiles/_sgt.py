@@ -383,7 +383,7 @@ def _translate_small(cp, k, data, indices, indptr, n_cols, H, W, n_windows, boun
     perm = cp.empty(nnz, np.int32)
     words, columns = block_meta_layout(H, W)
     meta = cp.empty((bound, columns), np.uint32)
-    threads = k.SMALL_THREADS if cp is not np else 64  # (the simulator: two warps, several trips of each loop)
+    threads = k.cta_threads(cp is np)
     _launch(k.translate_small, 1, threads, indptr, indices, data, n_cols, H, W, edge_row, kidx, first_flag, scan,
             nblk, win_ptr, block_cols, block_win, row_off, block_nnz, block_ptr, tile_pos, values, perm, words, meta,
             status)
