@@ -148,13 +148,17 @@ first = _sgt._WARMING.get("thread")
 T = tg.TiledMatrix(A)  # on the host again, and the kernels' compile starts behind it
 thread = _sgt._WARMING.get("thread")
 Y = (T @ X).get()
+from tcgnn_py.kernels.registry import wait_for_compiles
+wait_for_compiles()  # (the registry tracks the compile: a benchmark's timing waits for it)
+waited = not thread.is_alive()
 thread.join(300)
 compiled = {name: len(kernel.overloads) for name, (kernel, _) in k.KERNELS.items()}
 K = tg.TiledMatrix(A)  # the kernels, now: nothing compiles
 same = all(bool((getattr(T.tiling, a) == getattr(K.tiling, a)).all())
            for a in ("win_ptr", "block_cols", "block_ptr", "tile_pos", "perm"))
 Bd = (A.astype(np.float64) @ X.get()).astype(np.float32)
-print(json.dumps(dict(first=first is not None, started=thread is not None, ready=_sgt.kernels_ran(), limit=_sgt.host_limit(),
+print(json.dumps(dict(first=first is not None, started=thread is not None, waited=waited, ready=_sgt.kernels_ran(),
+                      limit=_sgt.host_limit(),
                       compiled_again=[n for n, c in compiled.items() if len(k.KERNELS[n][0].overloads) != c],
                       compiled=sorted(n for n, c in compiled.items() if c), same=same,
                       exact=bool((Y == Bd).all() and ((K @ X).get() == Bd).all()))))
@@ -164,8 +168,9 @@ print(json.dumps(dict(first=first is not None, started=thread is not None, ready
 @pytest.mark.gpu
 def test_a_second_cold_build_on_the_host_compiles_the_kernels_behind_it(cp):
     """The second build sent to the host only because the kernels have not run compiles them in the background
-    (the first does not): once that ends, the next build of the size goes to the kernels and compiles nothing more (their signatures are the
-    launches'), with the same arrays and exact products."""
+    (the first does not), and ``wait_for_compiles`` waits for that compile: once it ends, the next build of the
+    size goes to the kernels and compiles nothing more (their signatures are the launches'), with the same arrays
+    and exact products."""
     from tcgnn_py.kernels import sgt as k
 
     res = subprocess.run([sys.executable, "-c", _BEHIND], capture_output=True, text=True, timeout=600,
@@ -174,8 +179,31 @@ def test_a_second_cold_build_on_the_host_compiles_the_kernels_behind_it(cp):
     out = json.loads(res.stdout.strip().splitlines()[-1])
     from tcgnn_py import _tuning
 
-    assert out == dict(first=False, started=True, ready=True, limit=_tuning.DEFAULTS["sgt_host_max"], compiled_again=[],
+    assert out == dict(first=False, started=True, waited=True, ready=True, limit=_tuning.DEFAULTS["sgt_host_max"],
+                       compiled_again=[],
                        compiled=sorted(k.KERNELS), same=True, exact=True)
+
+
+_NO_BACKGROUND = r"""
+import tcgnn_py as tg
+from tcgnn_py.kernels import registry
+from tcgnn_py.tiles import _sgt
+registry.stop_background_compiles()
+A = tg.power_law_graph(40000, 400000, seed=5)
+tg.TiledMatrix(A)
+tg.TiledMatrix(A)  # the second cold build, which would start the kernels' compile behind it
+print("thread:", _sgt._WARMING.get("thread"), "cold:", _sgt._WARMING.get("cold"), flush=True)
+"""
+
+
+@pytest.mark.gpu
+def test_no_compile_starts_behind_cold_builds_where_background_compiles_are_off(cp):
+    """A process that turned background compiles off (NCCL collectives: a module load on another thread can
+    deadlock them) starts no compile of the translation kernels behind its cold builds either."""
+    res = subprocess.run([sys.executable, "-c", _NO_BACKGROUND], capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "thread: None cold: 2" in res.stdout, res.stdout
 
 
 _EXIT = r"""

@@ -37,6 +37,7 @@ __all__ = [
     "background_compiles",
     "stop_background_compiles",
     "wait_for_compiles",
+    "track",
     "compile_count",
     "parameters",
     "kernel_parameters",
@@ -226,8 +227,18 @@ def compile_in_background(family, names):
     return futures
 
 
+def track(future):
+    """Count a background compile made elsewhere (a Numba kernel family's, on a thread of its own) among those
+    :func:`wait_for_compiles` waits for: a benchmark times nothing, and a CUDA graph captures nothing, while any
+    compile shares the process with it.  ``future`` is a :class:`concurrent.futures.Future` that its thread
+    marks running before handing it here and completes when it ends."""
+    with _lock:
+        _pending[("tracked", id(future))] = future
+
+
 def wait_for_compiles():
-    """Block until every background compile has finished (benchmarks call it before timing).
+    """Block until every background compile has finished (benchmarks call it before timing), those of
+    :func:`track` included.
 
     Re-raises the first error a background compile met.
     """

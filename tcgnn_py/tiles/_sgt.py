@@ -15,6 +15,7 @@ from .._validation import INDEX_MAX, check_csr_arrays
 from ..kernels.launch import THREADS_PER_BLOCK as _TPB
 from ..kernels.launch import grid as _grid
 from ..kernels.launch import launch_numba as _launch
+from ..kernels import registry
 
 __all__ = ["tile", "translate", "translate_kernels", "canonicalize_kernels", "coo_to_csr", "coo_to_csr_order",
            "csr_of_order_kernels",
@@ -56,17 +57,23 @@ def warm_kernels():
     Cold builds translated on the host start it (:func:`on_host`), so that later builds of their size use the
     kernels without waiting for their compile (seconds).  A failure is left to the kernels' next use, which
     compiles them itself and raises it there.  Numba compiles one kernel at a time, so a kernel of another
-    family compiled meanwhile waits for the one in hand; at exit the thread stops after it.  Returns the thread.
+    family compiled meanwhile waits for the one in hand; at exit the thread stops after it.  The compile registry
+    tracks it (:func:`tcgnn_py.kernels.registry.wait_for_compiles` waits for it, as for its own), and where
+    background compiles are off (:func:`~tcgnn_py.kernels.registry.stop_background_compiles`: a process of NCCL
+    collectives, which a module load on another thread can deadlock) none starts.  Returns the thread, or None.
     """
     thread = _WARMING.get("thread")
-    if thread is not None or _RAN[0]:
+    if thread is not None or _RAN[0] or not registry.background_compiles():
         return thread
     import atexit
+    import concurrent.futures
     import threading
 
     import cupy
 
     device = cupy.cuda.Device().id
+    done = concurrent.futures.Future()
+    done.set_running_or_notify_cancel()
 
     def run():
         from numba import cuda
@@ -79,15 +86,18 @@ def warm_kernels():
                     if _WARMING.get("stop"):
                         return
                     kernel.compile(signature)  # (compiles, caches on disk, loads into the device's context)
+            _RAN[0] = True
         except Exception:  # noqa: BLE001 -- reported by the kernels' next use, which compiles them in the caller
-            return
-        _RAN[0] = True
+            pass
+        finally:
+            done.set_result(None)
 
     def stop():
         _WARMING["stop"] = True
         thread.join()
 
     thread = _WARMING["thread"] = threading.Thread(target=run, name="tcgnn_py SGT compile", daemon=True)
+    registry.track(done)
     thread.start()
     atexit.register(stop)
     return thread
