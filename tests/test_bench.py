@@ -513,11 +513,12 @@ def test_graph_classification_table_and_its_csr_normalisation(tmp_path, monkeypa
     header = next(line for line in out.splitlines() if line.startswith("| graphs | count |"))
     assert header.count("epoch ms") == 3 and "× scipy" in header and "× otherlib" in header
     row = next(line for line in out.splitlines() if line.startswith("| graphs | 40 |"))
-    assert "(100.0 %)" in row.split("|")[5]  # (the fake counts every test graph right)
+    assert "(100.0 ± 0.0 %)" in row.split("|")[5]  # (the fake counts every test graph right, with every seed)
     seen = [line.split() for line in (tmp_path / "seen.txt").read_text().splitlines()]
-    n_train = int(0.8 * 40)
-    assert [int(s[0]) for s in seen if s[1] == "True"] == [n_train] * 2  # one batch of every training graph, twice
-    assert [int(s[0]) for s in seen if s[1] == "False"] == [40 - n_train]
+    n_train, seeds = int(0.8 * 40), _classify.SEEDS
+    # one batch of every training graph: an untimed epoch, then two per seed; the test set once per seed
+    assert [int(s[0]) for s in seen if s[1] == "True"] == [n_train] * (1 + 2 * seeds)
+    assert [int(s[0]) for s in seen if s[1] == "False"] == [40 - n_train] * seeds
     assert all(s[2:] == [str(_classify.HIDDEN), str(_classify.LAYERS)] for s in seen)
     assert "## Graph classification" in page.read_text()
 

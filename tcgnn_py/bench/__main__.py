@@ -368,13 +368,15 @@ def results_page(env, graphs, reorders, gnn, args, first=None, attention=None, a
                   "same CSR blocks; in brackets, each epoch on the same number of batches sampled beforehand "
                   "(the training alone).", "", sample_markdown(samplerows), ""]
     if classifyrows:
-        from ._classify import BATCH as C_BATCH, HIDDEN as C_HIDDEN, LAYERS, classify_markdown
+        from ._classify import BATCH as C_BATCH, HIDDEN as C_HIDDEN, LAYERS, SEEDS, classify_markdown
 
         lines += ["## Graph classification", "",
                   f"Batches of {C_BATCH} small graphs joined into one block-diagonal graph and normalised every step "
                   f"(a new matrix each time); {LAYERS} GCN layers of {C_HIDDEN}, a mean readout and a linear "
-                  "classifier, Adam; milliseconds per training epoch (the median) and the test accuracy "
-                  "after them (80 / 20 split): this library's matrices and products, the same layers on CSR "
+                  "classifier, Adam; milliseconds per training epoch (the median, after an untimed epoch and "
+                  f"every background compile) and the test accuracy after them (80 / 20 split; the mean ± the "
+                  f"standard deviation over {SEEDS} seeded splits and initialisations): this library's matrices and "
+                  "products, the same layers on CSR "
                   "(cupyx's, scipy's on the host), and the `--baselines` file's models on the same batches.", "",
                   classify_markdown(classifyrows), ""]
     if first:
