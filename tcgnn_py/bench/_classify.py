@@ -1,14 +1,14 @@
 """Layer 4 (bench): graph classification on batches of small graphs (a folder like ``proteins_full``: one
 block-diagonal ``adj_csr.npz`` of every graph, ``graph_indicator.npy``, ``graph_labels.npy``, node labels).
 
-Every step joins a batch of :data:`BATCH` graphs into one block-diagonal graph and normalises it (Kipf & Welling):
-a new matrix every step.  The model is ``examples/graph_classification.py``'s: :data:`LAYERS` GCN layers of
-:data:`HIDDEN` features with ReLU, each graph's mean, a linear classifier, Adam (lr 0.01); node features the
-one-hot node label and the degree / 10; the graphs split 80 / 20, seeded.  Per implementation, the milliseconds
-per training epoch (median over the epochs, after an untimed epoch of a model of its own and every background
-compile: a training loop of many epochs compiles once) and the test accuracy after them, as the mean (and standard
-deviation) over :data:`SEEDS` seeded splits and initialisations -- one split's test set of a few hundred graphs
-moves by points from seed to seed:
+Every step joins a batch of :data:`BATCH` graphs into one block-diagonal graph and normalises it (Kipf & Welling): a
+new matrix every step.  The model is ``examples/graph_classification.py``'s: :data:`LAYERS` GCN layers of
+:data:`HIDDEN` features with ReLU, each graph's mean, a linear classifier, Adam (lr 0.01); node features the one-hot
+node label and the degree / 10; the graphs split 80 / 20, seeded.  Per implementation, the milliseconds per training
+epoch (median over the epochs, after an untimed epoch of a model of its own and every background compile: a training
+loop of many epochs compiles once; the implementations' epochs in turn, so that a host whose speed drifts slows each
+alike) and the test accuracy after them, as the mean (and standard deviation) over :data:`SEEDS` seeded splits and
+initialisations -- one split's test set of a few hundred graphs moves by points from seed to seed:
 
 * ``tcgnn_py``: ``nn.gcn_norm`` of the batch (a :class:`~tcgnn_py.TiledMatrix`) and this library's products;
 * ``cupyx`` (``scipy`` on the host): the same layers over the batch's CSR, normalised with CSR operations -- what
@@ -142,9 +142,9 @@ def _trainer(problem, fmt, device):
 
 def bench_classify(spec, epochs=EPOCHS, device=None, extra=None, seed=0, seeds=SEEDS):
     """Rows ``{graph, graphs, impl, ms, accuracy, accuracy_sd, seeds}``: each implementation's milliseconds per
-    training epoch (median, with the first split and initialisation) and its test accuracy after ``epochs``
-    epochs, the mean and standard deviation over ``seeds`` seeds from ``seed``; the graphs shuffled per epoch
-    (seeded, the same order for every implementation).
+    training epoch (median, with the first split and initialisation; the implementations' epochs timed in turn)
+    and its test accuracy after ``epochs`` epochs, the mean and standard deviation over ``seeds`` seeds from
+    ``seed``; the graphs shuffled per epoch (seeded, the same order for every implementation).
 
     ``extra`` maps another framework's name to ``build(problem, hidden, layers) -> step(ids, learn)`` or None
     (the ``--baselines`` file's ``classify_builders()``), ``step`` returning ``(loss, correct)`` as here; a build
@@ -165,43 +165,56 @@ def bench_classify(spec, epochs=EPOCHS, device=None, extra=None, seed=0, seeds=S
     makers = [("tcgnn_py", lambda p: _trainer(p, "tiled", device)),
               ("cupyx" if gpu else "scipy", lambda p: _trainer(p, "csr", device))]
     makers += [(name, lambda p, build=build: build(p, HIDDEN, LAYERS)) for name, build in (extra or {}).items()]
+    first = problems[0]
+    for impl, make in list(makers):
+        warm = make(first)
+        if warm is None:
+            makers.remove((impl, make))
+            continue
+        next(_epochs(warm, first, sync))  # (untimed: compiles, and starts what compiles in the background)
+    wait_for_compiles()
+    # The first seed's models, timed an epoch of each in turn: a host whose speed drifts slows every one alike.
+    steps = {impl: make(first) for impl, make in makers}
+    running = {impl: _epochs(step, first, sync) for impl, step in steps.items()}
+    times = {impl: [] for impl in steps}
+    for _ in range(epochs):
+        for impl, run in running.items():
+            times[impl].append(next(run))
     rows = []
     for impl, make in makers:
-        warm = make(problems[0])
-        if warm is None:
-            continue
-        _train(warm, problems[0], 1, sync)  # (untimed: compiles, and starts what compiles in the background)
-        wait_for_compiles()
-        times, accuracies = [], []
-        for k, problem in enumerate(problems):
+        accuracies = [_accuracy_of(steps[impl], first)]
+        for problem in problems[1:]:
             step = make(problem)
-            took = _train(step, problem, epochs, sync if k == 0 else no_sync)
-            times = times or took
-            test = problem["test"]
-            correct = sum(step(test[s:s + BATCH], False)[1] for s in range(0, len(test), BATCH))
-            accuracies.append(correct / len(test))
-        rows.append({"graph": problems[0]["name"], "graphs": len(problems[0]["graphs"]), "impl": impl,
-                     "ms": statistics.median(times), "accuracy": statistics.mean(accuracies),
+            run = _epochs(step, problem, no_sync)
+            for _ in range(epochs):
+                next(run)
+            accuracies.append(_accuracy_of(step, problem))
+        rows.append({"graph": first["name"], "graphs": len(first["graphs"]), "impl": impl,
+                     "ms": statistics.median(times[impl]), "accuracy": statistics.mean(accuracies),
                      "accuracy_sd": statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0,
                      "seeds": len(accuracies)})
     return rows
 
 
-def _train(step, problem, epochs, sync):
-    """Milliseconds of each of ``epochs`` training epochs, the training graphs shuffled per epoch by the problem's
-    seed."""
+def _epochs(step, problem, sync):
+    """Training epochs of ``step``, one per ``next()``, which returns its milliseconds; the training graphs are
+    shuffled per epoch by the problem's seed."""
     order = np.random.default_rng(problem["seed"])
     train = problem["train"].copy()
-    times = []
-    for _ in range(epochs):
+    while True:
         order.shuffle(train)
         sync()
         t0 = time.perf_counter()
         for s in range(0, len(train), BATCH):
             step(train[s:s + BATCH], True)
         sync()
-        times.append(1e3 * (time.perf_counter() - t0))
-    return times
+        yield 1e3 * (time.perf_counter() - t0)
+
+
+def _accuracy_of(step, problem):
+    """The share of the problem's test graphs that ``step`` classifies right."""
+    test = problem["test"]
+    return sum(step(test[s:s + BATCH], False)[1] for s in range(0, len(test), BATCH)) / len(test)
 
 
 def _accuracy(row):
