@@ -374,10 +374,10 @@ def results_page(env, graphs, reorders, gnn, args, first=None, attention=None, a
                   f"Batches of {C_BATCH} small graphs joined into one block-diagonal graph and normalised every step "
                   f"(a new matrix each time); {LAYERS} GCN layers of {C_HIDDEN}, a mean readout and a linear "
                   "classifier, Adam; milliseconds per training epoch (the median, after an untimed epoch and "
-                  f"every background compile; the implementations' epochs in turn) and the test accuracy after them (80 / 20 split; the mean ± the "
-                  f"standard deviation over {SEEDS} seeded splits and initialisations): this library's matrices and "
-                  "products, the same layers on CSR "
-                  "(cupyx's, scipy's on the host), and the `--baselines` file's models on the same batches.", "",
+                  "every background compile; the implementations' epochs in turn) and the test accuracy after "
+                  f"them (80 / 20 split; the mean ± the standard deviation over {SEEDS} seeded splits and "
+                  "initialisations): this library's matrices and products, the same layers on CSR (cupyx's, "
+                  "scipy's on the host), and the `--baselines` file's models on the same batches.", "",
                   classify_markdown(classifyrows), ""]
     if first:
         lines += ["## Time to the first product", "", first, ""]
