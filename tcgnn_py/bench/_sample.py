@@ -9,7 +9,9 @@ Per graph (features and labels as the epoch table's, :func:`tcgnn_py.bench.gnn_p
   blocks with this library's products (``tcgnn_py``), and on CSR blocks with cupyx's products (``cupyx``;
   scipy's on the host) -- what a CuPy user would write around the same sampler -- and on the same CSR blocks with
   another framework's layers (the ``--baselines`` file's ``sample_builders()``); each also without the sampling
-  (``ms_trained``: the same number of batches sampled beforehand, then trained on).
+  (``ms_trained``: the same number of batches sampled beforehand, then trained on).  Medians over ``repeat``
+  rounds, after an epoch's steps and every background compile, the implementations' rounds in turn (a host whose
+  speed drifts slows each alike).
 """
 
 import statistics
@@ -75,36 +77,28 @@ def _no_sync():
     return None
 
 
-def _epochs(next_batch, train, sync, repeat):
-    """Median milliseconds of :data:`STEPS` steps with the sampling (each step samples its batch, then trains) and
-    without it (the same number of batches sampled beforehand, then trained on), after an epoch's steps: every
-    batch is a new set of matrices, and the first ones meet kernels not yet compiled (a training loop of many
-    epochs does so once)."""
+def _round(next_batch, train, sync):
+    """Milliseconds of :data:`STEPS` steps with the sampling (each step samples its batch, then trains) and without
+    it (the same number of batches sampled beforehand, then trained on)."""
+    sync()
+    t0 = time.perf_counter()
     for _ in range(STEPS):
         train(*next_batch())
     sync()
-    with_sampling, trained = [], []
-    for _ in range(repeat):
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(STEPS):
-            train(*next_batch())
-        sync()
-        with_sampling.append(1e3 * (time.perf_counter() - t0))
-        batches = [next_batch() for _ in range(STEPS)]
-        sync()
-        t0 = time.perf_counter()
-        for batch in batches:
-            train(*batch)
-        sync()
-        trained.append(1e3 * (time.perf_counter() - t0))
-    return statistics.median(with_sampling), statistics.median(trained)
+    with_sampling = 1e3 * (time.perf_counter() - t0)
+    batches = [next_batch() for _ in range(STEPS)]
+    sync()
+    t0 = time.perf_counter()
+    for batch in batches:
+        train(*batch)
+    sync()
+    return with_sampling, 1e3 * (time.perf_counter() - t0)
 
 
 def bench_sample(spec, repeat=5, device=None, extra=None):
     """Rows ``{graph, nnz, kind, impl, ...}``: the sampler's ``entries_per_s`` and ``ms`` per batch, and each
     implementation's ``ms`` per sampled epoch (sampling included) and ``ms_trained`` (the same batches sampled
-    beforehand).
+    beforehand), medians of ``repeat`` rounds timed in turn.
 
     ``extra`` maps another framework's name to ``build(problem, hidden) -> train(seeds, blocks)`` or None: a
     GraphSAGE of the same widths trained on the same CSR blocks (scipy's on the host, cupyx's on the GPU;
@@ -146,13 +140,22 @@ def bench_sample(spec, repeat=5, device=None, extra=None):
         train = build(problem, HIDDEN)
         if train is not None:
             impls.append((name, "csr", train))
+    running = []
     for impl, fmt, train in impls:
         next_batch = _loader(problem, fmt, device)
-        train(*next_batch())
-        sync()
-        wait_for_compiles()
-        ms, trained = _epochs(next_batch, train, sync, repeat)
-        rows.append(dict(base, kind="epoch", impl=impl, ms=ms, ms_trained=trained))
+        for _ in range(1 + STEPS):  # (the first batches meet kernels not yet compiled: a loop of many epochs does once)
+            train(*next_batch())
+        running.append((impl, next_batch, train))
+    sync()
+    wait_for_compiles()
+    # The implementations' rounds in turn: a host whose speed drifts slows every one alike.
+    times = {impl: [] for impl, _, _ in running}
+    for _ in range(repeat):
+        for impl, next_batch, train in running:
+            times[impl].append(_round(next_batch, train, sync))
+    for impl, rounds in times.items():
+        rows.append(dict(base, kind="epoch", impl=impl, ms=statistics.median(w for w, _ in rounds),
+                         ms_trained=statistics.median(t for _, t in rounds)))
     return rows
 
 
