@@ -12,10 +12,10 @@ from .. import _reference as ref
 from .._device import array_module, scratch_views, to_host
 from .._tuning import options
 from .._validation import INDEX_MAX, check_csr_arrays
+from ..kernels import registry
 from ..kernels.launch import THREADS_PER_BLOCK as _TPB
 from ..kernels.launch import grid as _grid
 from ..kernels.launch import launch_numba as _launch
-from ..kernels import registry
 
 __all__ = ["tile", "translate", "translate_kernels", "canonicalize_kernels", "coo_to_csr", "coo_to_csr_order",
            "csr_of_order_kernels",
