@@ -214,6 +214,34 @@ def test_vec_counts_are_the_plans(bpu, hub):
     assert vec_counts(_Histogram(np.zeros(0, np.int64)), bpu) == {"units": 0, "n_slots": 0, "max_parts": 0}
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_counts_from_the_lengths_table_are_the_windows(seed, monkeypatch):
+    """A plan's counts and the rule's units per size, read from the table of windows longer than each length, are
+    those of a pass over the windows: empty windows, none cut, hubs capped at the most units a window takes, one
+    unit at most per window, and no window at all."""
+    from tcgnn_py.products import _plans
+    from tcgnn_py.products._plans import build_plan
+
+    rng = np.random.default_rng(seed)
+    n = [0, 1, 50, 400, 3000, 20][seed]
+    nb = [np.zeros(n, np.int64), np.array([5]), rng.integers(0, 4, n), (rng.pareto(1.1, n) * 40).astype(np.int64),
+          rng.integers(0, 300, n) * rng.integers(0, 2, n), np.full(n, 70000)][seed]
+    got, want = {}, {}
+    for table_max, out in ((_plans.LENGTH_TABLE_MAX, got), (-1, want)):
+        monkeypatch.setattr(_plans, "LENGTH_TABLE_MAX", table_max)
+        monkeypatch.setattr(_vec_layout, "LENGTH_TABLE_MAX", table_max)
+        for bpu in (1, 3, 16, 64, 256):
+            for max_units in (1, 2, 8, 1024):
+                out[bpu, max_units] = _plans.plan_counts(_Histogram(nb), bpu, max_units)
+        out["sizes"] = _vec_layout._size_stats(_Histogram(nb))
+    assert got == want
+    for bpu, max_units in [(1, 2), (16, 1024), (3, 8)]:  # (the plan itself, where it is small enough to build)
+        plan = build_plan(np, np.concatenate(([0], np.cumsum(nb))).astype(np.int32), bpu, max_units)
+        units, slots, parts, cut = got[bpu, max_units]
+        assert (units, slots, parts, cut) == (plan["units"].shape[0], plan["n_slots"], plan["max_parts"],
+                                              plan["splits"].shape[0])
+
+
 class _Histogram:
     """A tiling as the unit-size rule sees it: its blocks-per-window histogram and an SM count."""
 

@@ -18,6 +18,7 @@ __all__ = [
     "VEC_UNITS_PER_WINDOW_MAX",
     "DEVICE_PLAN_WINDOWS_MAX",
     "DEVICE_SORT_LONGEST_MAX",
+    "LENGTH_TABLE_MAX",
     "build_plan",
     "device_longest_first",
     "device_plan",
@@ -28,6 +29,7 @@ __all__ = [
     "tile_mask",
     "vec_counts",
     "vec_hist",
+    "vec_longer",
     "vec_longest",
     "vec_meta",
     "vec_plan",
@@ -62,12 +64,34 @@ def plan_counts(tiling, bpu, max_units):
     """``(units, slots, most parts, windows cut)`` of :func:`spmm_plan`'s plan, from the blocks-per-window histogram
     on the host (cached): counted once, for choosing a launch and for making the plan on the device."""
     def build():
-        if vec_longest(tiling) <= bpu:  # (no window cut: a unit each, counted without a pass)
-            n = tiling.n_windows
+        longest, n = vec_longest(tiling), tiling.n_windows
+        if longest <= bpu:  # (no window cut: a unit each, counted without a pass)
             return n, 0, min(n, 1), 0
-        return _counts(vec_hist(tiling), bpu, max_units)
+        if longest > LENGTH_TABLE_MAX:
+            return _counts(vec_hist(tiling), bpu, max_units)
+        longer = vec_longer(tiling)
+        units = int(longer[:max_units * bpu:bpu].sum()) + n - int(longer[0])  # (an empty window keeps one unit)
+        cut = int(longer[bpu]) if max_units > 1 else 0
+        return units, units - (n - cut), min(-(-longest // bpu), max_units), cut
 
     return tiling.cached(("plan_counts", bpu, max_units), build)
+
+
+#: Tilings whose longest window has at most this many blocks count their plans' units from :func:`vec_longer`, a
+#: table as long as that window; longer ones pass over their windows instead.
+LENGTH_TABLE_MAX = 1 << 16
+
+
+def vec_longer(tiling):
+    """``longer[x]``: the windows of more than ``x`` blocks, ``x`` from 0 to the longest window's blocks (cached on
+    the tiling).  A window of ``nb`` blocks is ``ceil(nb / s)`` units of ``s``, one for each ``j`` with ``nb > j s``,
+    so a plan's units of any size are one strided sum of this table: choosing a new matrix's launch counts the
+    units of several sizes, and NumPy's calls over the windows, each a few microseconds, were most of that."""
+    def build():
+        nb = vec_hist(tiling)
+        return nb.shape[0] - np.cumsum(np.bincount(nb, minlength=1))
+
+    return tiling.cached("vec_longer", build)
 
 
 def _counts(nb, bpu, max_units):

@@ -12,8 +12,8 @@ import numpy as np
 
 from .._tuning import options, overrides_key
 from ._launch import Scratch, compiled, fixup, partial_scratch, spmm
-from ._plans import (VEC_UNITS_PER_WINDOW_MAX, sm_count, sorted_plan, vec_counts, vec_hist, vec_longest, vec_meta,
-                     vec_plan)
+from ._plans import (LENGTH_TABLE_MAX, VEC_UNITS_PER_WINDOW_MAX, sm_count, sorted_plan, vec_counts, vec_hist,
+                     vec_longer, vec_longest, vec_meta, vec_plan)
 
 __all__ = ["Config", "NO_PLAN", "Shape", "VEC_COOP_CTAS", "VEC_RESIDENT_WARPS", "VEC_SHORT_UNIT", "VEC_UNIT_SIZES",
            "VEC_WIDE_WARPS", "async_rows", "async_unroll", "coop_launch", "layout_launches", "partition",
@@ -253,12 +253,18 @@ def _units_bound(tiling, bpu):
 
 def _size_stats(tiling):
     """``(longest window, blocks, units per size of VEC_UNIT_SIZES)`` of the blocks-per-window histogram (cached on
-    the tiling): what :func:`_unit_size` reads, for every width, in one pass over the windows."""
+    the tiling): what :func:`_unit_size` reads, for every width, from one table of the windows' lengths
+    (:func:`.vec_longer`), or one pass over the windows where the longest is too long for it."""
     def build():
-        nb = np.asarray(vec_hist(tiling))
-        empty = int(np.count_nonzero(nb == 0))  # (an empty window keeps one unit)
-        units = tuple([int(((nb + (size - 1)) // size).sum()) + empty for size in VEC_UNIT_SIZES])
-        return vec_longest(tiling), int(nb.sum()), units
+        longest = vec_longest(tiling)
+        if longest > LENGTH_TABLE_MAX:
+            nb = np.asarray(vec_hist(tiling))
+            empty = int(np.count_nonzero(nb == 0))  # (an empty window keeps one unit)
+            units = tuple([int(((nb + (size - 1)) // size).sum()) + empty for size in VEC_UNIT_SIZES])
+            return longest, int(nb.sum()), units
+        longer = vec_longer(tiling)
+        empty = tiling.n_windows - int(longer[0])
+        return longest, int(longer.sum()), tuple([int(longer[::size].sum()) + empty for size in VEC_UNIT_SIZES])
 
     return tiling.cached("vec_size_stats", build)
 
