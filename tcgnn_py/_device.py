@@ -8,6 +8,7 @@ per process whether the GPU path is usable; everything else asks it.
 import contextlib
 import functools
 import importlib.util
+import math
 import os
 import sys
 import threading
@@ -221,19 +222,23 @@ def zeros(shape, dtype):
     return buf
 
 
-def scratch_views(xp, sizes, dtype=np.int32):
-    """Views of one new ``xp`` buffer, consecutive, of ``sizes`` elements each: a one-launch kernel's scratch arrays
-    in one allocation (each allocation is a call of its own on the host)."""
-    work = xp.empty(sum(sizes), dtype)
+def scratch_views(xp, shapes, dtype=np.int32, align=1):
+    """C-contiguous views of one new ``xp`` buffer, consecutive, of ``shapes`` each (an int: that many elements): a
+    one-launch kernel's arrays in one allocation (each allocation is a call of its own on the host), each starting
+    at a multiple of ``align`` elements."""
+    shapes = [tuple(s) if isinstance(s, (tuple, list)) else (int(s),) for s in shapes]
+    starts, at = [], 0
+    for shape in shapes:
+        at = -(-at // align) * align
+        starts.append(at)
+        at += math.prod(shape)
+    work = xp.empty(at, dtype)
     if xp is np:  # (the simulator)
-        ends = np.cumsum(sizes).tolist()
-        return [work[end - size:end] for size, end in zip(sizes, ends)]
+        return [work[a:a + math.prod(shape)].reshape(shape) for shape, a in zip(shapes, starts)]
     # arrays made on the buffer's addresses: a CuPy slice costs several times as much on the host
-    views, at, base, dtype, itemsize = [], 0, work.data, work.dtype, work.itemsize
-    for size in sizes:
-        views.append(xp.ndarray((size,), dtype, memptr=base + at * itemsize if size else None))
-        at += size
-    return views
+    base, dtype, itemsize = work.data, work.dtype, work.itemsize
+    return [xp.ndarray(shape, dtype, memptr=base + a * itemsize if math.prod(shape) else None)
+            for shape, a in zip(shapes, starts)]
 
 
 def is_device_array(x):

@@ -36,7 +36,7 @@ INTRINSICS = {
     "scan_tiles": ("shfl.sync.up",),
     "scan_tile_totals": ("shfl.sync.up",),
     "plan_units": ("shfl.sync.up", "bar.sync"),
-    "longest_first": ("match.any.sync", "popc", "bar.sync"),
+    "plan_longest_first": ("shfl.sync.up", "match.any.sync", "popc", "bar.sync"),
     "translate_small": ("vote.sync.ballot", "shfl.sync.bfly", "shfl.sync.up", "atom.global.or", "bar.sync"),
     "pack_bits": ("match.any.sync", "vote.sync.ballot"),
     "vector_codes": ("popc",),
@@ -48,7 +48,7 @@ INTRINSICS = {
 }
 NAMES = [
     "check_csr", "rank_edges", "window_blocks", "condense_edges", "count_block_rows", "scatter_edges", "block_meta", "sum_runs",
-    "scan_tile_totals", "scan_tiles", "translate_small", "plan_units", "csr_of_order", "longest_first",
+    "scan_tile_totals", "scan_tiles", "translate_small", "plan_units", "csr_of_order", "plan_longest_first",
     "pack_bits", "vector_codes", "count_meta_violations", "stage2_round", "gains_batch",
     "best_partner", "group_windows", "sample_rows", "sort_rows", "hop_counts", "sample_mark_rows", "hop_sources",
     "hop_local", "clear_slots",

@@ -398,8 +398,8 @@ def _launches_table(launch):
 @pytest.mark.parametrize("n", [4001, 40001])
 def test_a_small_device_tilings_plan_is_made_on_the_device(cp, monkeypatch, n):
     """A tiling translated on the device, of at most ``DEVICE_PLAN_WINDOWS_MAX`` windows, has its cut windows'
-    plan made by one CTA there, and sorted longest first by another where its grid runs in several waves: the
-    products' bits are the host plan's, float32 and 16-bit X."""
+    plan made by one CTA there, and sorted longest first in the same launch where its grid runs in several waves:
+    the products' bits are the host plan's, float32 and 16-bit X."""
     from tcgnn_py.products import _plans
 
     rng = np.random.default_rng(0)
@@ -408,9 +408,13 @@ def test_a_small_device_tilings_plan_is_made_on_the_device(cp, monkeypatch, n):
     A = sp.csr_array(int_graph(rng, n, n, degree=4) + hub)  # (the hub's window is cut in parts)
     A.data[:] = rng.integers(1, 4, A.nnz)
     arrays = (A.data.astype(np.float32), A.indices.astype(np.int32), A.indptr.astype(np.int32))
-    made, device_plan, device_sort = [], _plans.device_plan, _plans.device_longest_first
-    monkeypatch.setattr(_plans, "device_plan", lambda *a, **k: made.append("plan") or device_plan(*a, **k))
-    monkeypatch.setattr(_plans, "device_longest_first", lambda *a, **k: made.append("sort") or device_sort(*a, **k))
+    made, device_plan = [], _plans.device_plan
+
+    def planned(*args, **kwargs):  # (sorted in the same launch where it is given the longest unit)
+        made.extend(["plan"] if kwargs.get("longest") is None else ["plan", "sort"])
+        return device_plan(*args, **kwargs)
+
+    monkeypatch.setattr(_plans, "device_plan", planned)
     X = cp.asarray(ints(rng, A.shape[1], 64))
     Xh = X.astype(cp.float16)
     got = {}

@@ -263,9 +263,10 @@ def test_a_plan_made_by_one_cta_is_the_hosts(xp, trial):
 
 @pytest.mark.parametrize("trial", range(8))
 def test_units_sorted_longest_first_by_one_cta_are_the_hosts(xp, trial):
-    """A plan's units longest first by one CTA (a counting sort, each warp a run of units): the host's stable order,
-    on plans with many units of one length, empty windows' units, lengths up to the bound, and fewer units than
-    warps."""
+    """A plan made and sorted longest first by one CTA in one launch (a counting sort, each warp a run of units): the
+    host's plan in its stable longest-first order, on plans with many units of one length, empty windows' units,
+    lengths up to the bound, and fewer units than warps; each array a view of one buffer, aligned as the kernels
+    read plans."""
     from tcgnn_py.products import _plans
 
     rng = np.random.default_rng(trial)
@@ -275,9 +276,18 @@ def test_units_sorted_longest_first_by_one_cta_are_the_hosts(xp, trial):
     bpu, max_units = [(16, 1024), (4, 8)][trial // 2 % 2]
     plan = _plans.build_plan(np, win_ptr, bpu, max_units)
     longest = int((plan["units"][:, 2] - plan["units"][:, 1]).max(initial=0))
-    want = _plans._longest_first(np, plan["units"], plan["unit_k0"])
+    want = _plans._longest_first(np, plan["units"], plan["unit_k0"]) + (plan["splits"],)
     for threads in ([32, 64] if SIM else [32, 1024]):
-        got = _plans.device_longest_first(xp, xp.asarray(plan["units"]), xp.asarray(plan["unit_k0"]),
-                                          max(longest, bpu), threads)
-        for w, g in zip(want, got):
-            np.testing.assert_array_equal(host(g), w)
+        got = _plans.device_plan(xp, xp.asarray(win_ptr), nb, bpu, max_units, threads, longest=max(longest, bpu))
+        for w, key in zip(want, ("units", "unit_k0", "splits")):
+            g = host(got[key])
+            assert g.dtype == np.int32 and g.flags.c_contiguous, key
+            np.testing.assert_array_equal(g, w, err_msg=key)
+            if got[key].size:  # (at a multiple of 256 bytes from the buffer's start, the first array's)
+                assert (_address(got[key]) - _address(got["units"])) % 256 == 0, key
+        assert (got["n_slots"], got["max_parts"]) == (plan["n_slots"], plan["max_parts"])
+
+
+def _address(a):
+    """A host or device array's address."""
+    return a.ctypes.data if isinstance(a, np.ndarray) else a.data.ptr

@@ -35,9 +35,9 @@ serialise), with one host read at the end:
    cost more than the GPU's work.
 
 Beside the translation, with its scans: :func:`plan_units` writes a small new tiling's product plan (its
-windows cut into units) by one CTA where the tiling is, and :func:`longest_first` sorts its units by length
-there; :func:`csr_of_order` gathers the CSR of COO pairs after their sort (a sampled block's transpose) in one
-launch.
+windows cut into units) by one CTA where the tiling is, and :func:`plan_longest_first` writes it with its units
+sorted by length, longest first, in the same launch; :func:`csr_of_order` gathers the CSR of COO pairs after their
+sort (a sampled block's transpose) in one launch.
 
 The number of blocks is known only on the device: buffers are sized by the
 bound ``nnz // W + windows`` (a window of ``m`` entries has at most
@@ -68,7 +68,7 @@ __all__ = [
     "scan_tiles",
     "translate_small",
     "plan_units",
-    "longest_first",
+    "plan_longest_first",
     "csr_of_order",
     "SMALL_THREADS",
     "cta_threads",
@@ -449,7 +449,7 @@ SMALL_THREADS = 1024
 
 
 def cta_threads(simulated):
-    """Threads of a one-CTA kernel's launch (:func:`translate_small`, :func:`plan_units`, :func:`longest_first`):
+    """Threads of a one-CTA kernel's launch (:func:`translate_small`, :func:`plan_units`, :func:`plan_longest_first`):
     :data:`SMALL_THREADS`, or two warps in the simulator, whose threads are Python threads (each loop then still
     takes several trips)."""
     return 64 if simulated else SMALL_THREADS
@@ -515,6 +515,28 @@ def plan_units(win_ptr, unit_size, max_units, parts, cut, is_cut, unit_ptr, slot
     matrix's first product).  ``parts``, ``cut``, ``is_cut`` (one per window) and their scans ``unit_ptr``,
     ``slot_ptr``, ``split_ptr`` are scratch."""
     totals = cuda.shared.array(33, dtype=np.int32)
+    _plan_units_cta(win_ptr, unit_size, max_units, parts, cut, is_cut, unit_ptr, slot_ptr, split_ptr, units, unit_k0,
+                    splits, totals)
+
+
+@cuda.jit(cache=True, **({} if config.ENABLE_CUDASIM else {"max_registers": 64}))  # (the simulator takes no limit)
+def plan_longest_first(win_ptr, unit_size, max_units, parts, cut, is_cut, unit_ptr, slot_ptr, split_ptr, plan,
+                       plan_k0, splits, counts, starts, units, unit_k0):
+    """:func:`plan_units`' plan (its units in ``plan`` and ``plan_k0``, scratch here), then its units and their split
+    rows longest first into ``units`` and ``unit_k0`` (:func:`_longest_first_cta`), by one CTA in one launch: a
+    new matrix's first product whose grid runs in several waves plans it so, and each launch costs that call as
+    much host time as the CTA runs."""
+    totals = cuda.shared.array(33, dtype=np.int32)
+    _plan_units_cta(win_ptr, unit_size, max_units, parts, cut, is_cut, unit_ptr, slot_ptr, split_ptr, plan, plan_k0,
+                    splits, totals)
+    cuda.syncthreads()
+    _longest_first_cta(plan, plan_k0, counts, starts, units, unit_k0, totals)
+
+
+@cuda.jit(device=True)
+def _plan_units_cta(win_ptr, unit_size, max_units, parts, cut, is_cut, unit_ptr, slot_ptr, split_ptr, units, unit_k0,
+                    splits, totals):
+    """:func:`plan_units`' work by the CTA's threads (``totals``: the CTA scan's shared memory)."""
     t0 = cuda.threadIdx.x
     nt = cuda.blockDim.x
     n = parts.shape[0]
@@ -553,16 +575,16 @@ def plan_units(win_ptr, unit_size, max_units, parts, cut, is_cut, unit_ptr, slot
             splits[f, 3] = 0
 
 
-@cuda.jit(cache=True, **({} if config.ENABLE_CUDASIM else {"max_registers": 64}))  # (the simulator takes no limit)
-def longest_first(units, unit_k0, counts, starts, units_out, k0_out):
-    """A plan's units (and their split rows) longest first, stable, by one CTA where they are: a counting sort of
-    the units' block counts (at most ``keys - 1``, where ``counts`` holds ``keys`` per warp) -- the host's sort, on
-    a plan made on the device (a new matrix's first product, of a grid in several waves).
+@cuda.jit(device=True)
+def _longest_first_cta(units, unit_k0, counts, starts, units_out, k0_out, totals):
+    """A plan's units (and their split rows) longest first, stable, by the CTA's threads: a counting sort of the
+    units' block counts (at most ``keys - 1``, where ``counts`` holds ``keys`` per warp) -- the host's sort, on a
+    plan made on the device.
 
     Each warp takes a contiguous run of units, 32 at a time: ``match_any`` groups the lanes of one length, and the
     lowest lane of each group counts it, then places it after the runs before it.  ``counts`` (zeroed here) and
-    its scan ``starts`` are scratch, ordered by length (longest first), then warp."""
-    totals = cuda.shared.array(33, dtype=np.int32)
+    its scan ``starts`` are scratch, ordered by length (longest first), then warp; ``totals`` is the CTA scan's
+    shared memory."""
     t0 = cuda.threadIdx.x
     lane = t0 % 32
     warp = t0 // 32
@@ -673,5 +695,7 @@ KERNELS = {
     "plan_units": (plan_units, f"({_I}, int64, int64, {_I}, {_I}, {_I}, {_I}, {_I}, {_I}, int32[:, ::1], "
                                "int32[:, ::1], int32[:, ::1])"),
     "csr_of_order": (csr_of_order, f"(int64[::1], {_I}, {_I}, float32[::1], {_I}, {_I}, float32[::1])"),
-    "longest_first": (longest_first, f"(int32[:, ::1], int32[:, ::1], {_I}, {_I}, int32[:, ::1], int32[:, ::1])"),
+    "plan_longest_first": (plan_longest_first, f"({_I}, int64, int64, {_I}, {_I}, {_I}, {_I}, {_I}, {_I}, "
+                                               f"int32[:, ::1], int32[:, ::1], int32[:, ::1], {_I}, {_I}, "
+                                               "int32[:, ::1], int32[:, ::1])"),
 }

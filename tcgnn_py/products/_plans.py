@@ -20,7 +20,6 @@ __all__ = [
     "DEVICE_SORT_LONGEST_MAX",
     "LENGTH_TABLE_MAX",
     "build_plan",
-    "device_longest_first",
     "device_plan",
     "plan_counts",
     "sm_count",
@@ -114,17 +113,19 @@ def sm_count(tiling):
 def sorted_plan(tiling, bpu):
     """``(plan, units, unit_k0)``: the vector plan's splits and counts (the plan without its units), and its units
     and split rows longest first, computed where :func:`_planner` computes and uploaded together -- or, where
-    :func:`spmm_plan` makes the plan on the device, sorted there by one more CTA (:func:`device_longest_first`)."""
+    :func:`spmm_plan` makes the plan on the device, made and sorted there in one launch (:func:`device_plan`)."""
     top = None  # (no unit of the plan is longer; bounded where the histogram is on the host already)
     if _plans_on_device(tiling):
         top = max(bpu, -(-vec_longest(tiling) // VEC_UNITS_PER_WINDOW_MAX))
-    on_device = top is not None and top <= DEVICE_SORT_LONGEST_MAX
+    if top is not None and top <= DEVICE_SORT_LONGEST_MAX:
+        plan = device_plan(tiling.xp, tiling.win_ptr, vec_hist(tiling), bpu, VEC_UNITS_PER_WINDOW_MAX,
+                           counts=plan_counts(tiling, bpu, VEC_UNITS_PER_WINDOW_MAX), longest=top)
+        rest = {k: v for k, v in plan.items() if k not in ("units", "unit_k0")}
+        return rest, plan["units"], plan["unit_k0"]
     xp, _ = _planner(tiling)
-    on_host = xp is not tiling.xp and not on_device
+    on_host = xp is not tiling.xp
     plan = _plan_where_planned(tiling, bpu, VEC_UNITS_PER_WINDOW_MAX) if on_host else vec_plan(tiling, bpu)
     rest = {k: v for k, v in plan.items() if k not in ("units", "unit_k0")}
-    if on_device:
-        return (rest,) + device_longest_first(tiling.xp, plan["units"], plan["unit_k0"], top)
     return _uploaded(tiling, (rest,) + _longest_first(xp, plan["units"], plan["unit_k0"]))
 
 
@@ -266,21 +267,32 @@ def _plans_on_device(tiling):
             and kernels_ran())
 
 
-def device_plan(xp, win_ptr, nb, blocks_per_unit, max_units, threads=None, counts=None):
+def device_plan(xp, win_ptr, nb, blocks_per_unit, max_units, threads=None, counts=None, longest=None):
     """:func:`build_plan`'s plan of ``win_ptr`` (``xp``: CuPy, or NumPy in the simulator) by one launch of one CTA
     (:func:`~tcgnn_py.kernels.sgt.plan_units`), its sizes from ``counts`` (:func:`plan_counts`'s, or counted from
-    ``nb``, blocks per window on the host): the same arrays, written where the kernels read them.  ``threads``: the
-    CTA's (the simulator's tests use fewer)."""
+    ``nb``, blocks per window on the host): the same arrays, written where the kernels read them.  With ``longest``
+    (no unit longer than that many blocks) its units and split rows come longest first (:func:`_longest_first`'s
+    order), sorted by the same CTA in the same launch
+    (:func:`~tcgnn_py.kernels.sgt.plan_longest_first`).  The plan and the CTA's scratch are views of one
+    allocation, each :data:`_UPLOAD_ALIGN`-aligned: each launch and allocation costs a new matrix's first product
+    a few microseconds of host time.  ``threads``: the CTA's (the simulator's tests use fewer)."""
     from ..kernels import sgt as k
     from ..kernels.launch import launch_numba
 
     n = nb.shape[0]
     n_units, n_slots, max_parts, n_split = counts or _counts(nb, blocks_per_unit, max_units)
-    scratch = scratch_views(xp, (n, n, n, n + 1, n + 1, n + 1))  # (each window's counts, then their scans)
-    units, unit_k0 = xp.empty((n_units, 4), np.int32), xp.empty((n_units, 2), np.int32)
-    splits = xp.empty((n_split, 4), np.int32)
     threads = threads or k.cta_threads(xp is np)
-    launch_numba(k.plan_units, 1, threads, win_ptr, blocks_per_unit, max_units, *scratch, units, unit_k0, splits)
+    shapes = [(n_units, 4), (n_units, 2), (n_split, 4), n, n, n, n + 1, n + 1, n + 1]  # (each window's counts, scans)
+    if longest is not None:
+        keys = (longest + 1) * (threads // 32)  # (a count per length and warp)
+        shapes += [(n_units, 4), (n_units, 2), keys, keys + 1]  # (the plan before its sort, the sort's counts)
+    views = scratch_views(xp, shapes, align=_UPLOAD_ALIGN // 4)
+    units, unit_k0, splits = views[:3]
+    if longest is None:
+        launch_numba(k.plan_units, 1, threads, win_ptr, blocks_per_unit, max_units, *views[3:], units, unit_k0, splits)
+    else:
+        launch_numba(k.plan_longest_first, 1, threads, win_ptr, blocks_per_unit, max_units, *views[3:11], splits,
+                     *views[11:], units, unit_k0)
     return {"units": units, "unit_k0": unit_k0, "splits": splits, "n_slots": n_slots, "max_parts": max_parts}
 
 
@@ -288,22 +300,6 @@ def device_plan(xp, win_ptr, nb, blocks_per_unit, max_units, threads=None, count
 #: each length per warp (the unit sizes the rule picks are far below it; a larger size set by hand sorts on the
 #: host).
 DEVICE_SORT_LONGEST_MAX = 1024
-
-
-def device_longest_first(xp, units, unit_k0, longest, threads=None):
-    """:func:`_longest_first`'s units and split rows (``xp``: CuPy, or NumPy in the simulator) by one launch of one
-    CTA (:func:`~tcgnn_py.kernels.sgt.longest_first`), no unit longer than ``longest`` blocks: the same order,
-    without the plan's trip to the host.  ``threads``: the CTA's (the simulator's tests use fewer)."""
-    from ..kernels import sgt as k
-    from ..kernels.launch import launch_numba
-
-    threads = threads or k.cta_threads(xp is np)
-    keys = (longest + 1) * (threads // 32)  # (a count per length and warp)
-    counts, starts = scratch_views(xp, (keys, keys + 1))
-    out = xp.empty_like(units), xp.empty_like(unit_k0)
-    if units.shape[0]:
-        launch_numba(k.longest_first, 1, threads, units, unit_k0, counts, starts, *out)
-    return out
 
 
 def _plan_where_planned(tiling, blocks_per_unit, max_units):
