@@ -66,9 +66,6 @@ def choose(family, tiling, dtype, D, vec, key, candidates, operands):
     are kept on the tiling under ``key + (tuning in effect,)``, where ``key`` is ``("timed", operands, D,
     aligned)`` (``operands``: X's type, or a tuple that starts with it).
     """
-    from ..kernels.registry import background_compiles, compile_in_background, is_compiled
-    from ..kernels.timing import time_round_robin
-
     def build(configs):
         return family.launches(tiling, dtype, D, vec, configs)
 
@@ -80,6 +77,8 @@ def choose(family, tiling, dtype, D, vec, key, candidates, operands):
     if after and tiling.peek(deferred) is None:  # (the default now; timed on the call after the next ``after``)
         tiling.put(deferred, True)
         return Provisional(build([first])[0], [Countdown(after)])
+    from ..kernels.registry import background_compiles, compile_in_background, is_compiled  # (a first call's
+    from ..kernels.timing import time_round_robin  # path, above, imports nothing)
     if callable(candidates):
         candidates = candidates()
     needs = [family.kernels(tiling, dtype, c) for c in candidates]
