@@ -25,6 +25,8 @@ def test_register_is_idempotent_and_refuses_another_source():
 
 
 def test_wait_for_compiles_returns_when_nothing_is_pending():
+    """After a wait nothing is pending (whatever earlier tests of the process compiled), and a wait returns."""
+    registry.wait_for_compiles()
     assert not registry._pending
     registry.wait_for_compiles()
 
@@ -52,6 +54,17 @@ def test_wait_for_compiles_waits_for_a_tracked_compile_of_another_thread():
     finally:
         t.join()
         registry._pending.clear()
+
+
+def test_a_tracked_compile_leaves_the_pending_set_when_it_ends():
+    """A tracked compile that ended before anyone waited (the translation kernels' warm-up, in a process that runs
+    on) is not left pending: nothing waits on it, and the registry holds no finished future."""
+    done = concurrent.futures.Future()
+    done.set_running_or_notify_cancel()
+    registry.track(done)
+    assert ("tracked", id(done)) in registry._pending
+    done.set_result(None)
+    assert ("tracked", id(done)) not in registry._pending
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")

@@ -231,9 +231,18 @@ def track(future):
     """Count a background compile made elsewhere (a Numba kernel family's, on a thread of its own) among those
     :func:`wait_for_compiles` waits for: a benchmark times nothing, and a CUDA graph captures nothing, while any
     compile shares the process with it.  ``future`` is a :class:`concurrent.futures.Future` that its thread
-    marks running before handing it here and completes when it ends."""
+    marks running before handing it here and completes when it ends; it leaves the pending set then, so a later
+    :func:`wait_for_compiles` (or a look at what is pending) finds nothing of it."""
+    key = ("tracked", id(future))
     with _lock:
-        _pending[("tracked", id(future))] = future
+        _pending[key] = future
+
+    def forget(done):
+        with _lock:
+            if _pending.get(key) is done:
+                del _pending[key]
+
+    future.add_done_callback(forget)
 
 
 def wait_for_compiles():
