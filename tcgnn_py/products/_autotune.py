@@ -77,8 +77,10 @@ def choose(family, tiling, dtype, D, vec, key, candidates, operands):
     if after and tiling.peek(deferred) is None:  # (the default now; timed on the call after the next ``after``)
         tiling.put(deferred, True)
         return Provisional(build([first])[0], [Countdown(after)])
-    from ..kernels.registry import background_compiles, compile_in_background, is_compiled  # (a first call's
-    from ..kernels.timing import time_round_robin  # path, above, imports nothing)
+    # (imported here, past a first call's returns: that call's path imports nothing)
+    from ..kernels.registry import background_compiles, compile_in_background, is_compiled
+    from ..kernels.timing import time_round_robin
+
     if callable(candidates):
         candidates = candidates()
     needs = [family.kernels(tiling, dtype, c) for c in candidates]
