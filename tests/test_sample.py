@@ -210,6 +210,54 @@ def test_a_blocks_transpose_from_its_entries_is_the_tilings_transpose(layout):
     np.testing.assert_array_equal(csr.adj_t.toarray(), csr.adj.toarray().T)
 
 
+@pytest.mark.parametrize("fmt", ["tiled", "csr"])
+def test_rmatmat_is_the_product_by_the_transpose_and_checks_its_operand(fmt):
+    """``Block.rmatmat(X)`` is ``adj.T @ X`` (to float32's rounding: the entries are 1 / count): from the sampled
+    entries' CSR on a tiled block, the same after ``adj_t`` was made (its product), and by the CSR matrix's
+    transpose on a CSR block."""
+    A = _graph(70, seed=12)
+    rng = np.random.default_rng(3)
+    for block in tg.nn.sample_blocks(A, rng.permutation(70)[:10], [4, 3], seed=5, device="cpu", format=fmt):
+        X = rng.integers(-8, 9, (block.n_dst, 5)).astype(np.float32)
+        want = block.adj.toarray().astype(np.float64).T @ X
+        got = block.rmatmat(X)
+        assert got.shape == want.shape and got.dtype == np.float32
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+        assert block.rmatmat(X[:, :0]).shape == (block.adj.shape[1], 0)
+        if fmt == "tiled":
+            assert block._csr_t is not None and block._adj_t is None
+            block.adj_t
+            np.testing.assert_allclose(block.rmatmat(X), want, rtol=1e-6, atol=1e-6)
+        with pytest.raises(ValueError, match=rf"X must have shape \({block.n_dst}, d\)"):
+            block.rmatmat(X[1:])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rmatmat_on_the_gpu_is_the_product_by_the_transpose_and_deterministic(dtype):
+    """On the GPU, ``rmatmat`` is one CSR launch over the transpose's rows in entry order: the product to the
+    dtype's rounding (the entries are 1 / count), and the same bits call after call (no atomics)."""
+    import cupy as cp
+
+    A = _graph(400, seed=13)
+    seeds = np.random.default_rng(5).permutation(400)[:50]
+    rng = np.random.default_rng(6)
+    host = tg.nn.sample_blocks(A, seeds, [6, 4], seed=9, device="cpu")
+    for dev, ref in zip(tg.nn.sample_blocks(A, seeds, [6, 4], seed=9, device="cuda"), host):
+        for d in (1, 7, 64, 130):
+            X = rng.integers(-8, 9, (dev.n_dst, d)).astype(dtype)
+            want = ref.adj.toarray().astype(np.float64).T @ X
+            got = dev.rmatmat(cp.asarray(X))
+            assert got.dtype == dtype and got.shape == want.shape
+            np.testing.assert_allclose(got.get(), want, rtol=1e-6, atol=1e-5)
+        R = cp.asarray(rng.standard_normal((dev.n_dst, 33)).astype(dtype))
+        first = dev.rmatmat(R)
+        np.testing.assert_allclose(first.get(), ref.adj.toarray().T.astype(np.float64) @ R.get(),
+                                   rtol=1e-5, atol=1e-5)
+        for _ in range(3):
+            assert bool((dev.rmatmat(R) == first).all())
+
+
 def test_an_empty_batch_and_an_isolated_node_have_their_defined_blocks():
     A = _graph(20, seed=3, hub=False)
     lonely = int(np.flatnonzero(np.diff(A.indptr) == 0)[0]) if (np.diff(A.indptr) == 0).any() else None
@@ -341,8 +389,10 @@ def test_sage_apply_is_its_layers_in_order():
     np.testing.assert_allclose(logits, want, rtol=1e-6)
     g = rng.standard_normal(want.shape).astype(np.float32)
     grads = vjp(g)
-    # The first hop's input is data: no gradient of it, so its block's transpose is never made.
-    assert blocks[0]._adj_t is None and blocks[1]._adj_t is not None
+    # The first hop's input is data: no gradient of it, so its block's transpose is never made; the second's
+    # backward multiplies by its transpose's CSR, made once, never translated into tiles.
+    assert blocks[0]._csr_t is None and blocks[1]._csr_t is not None
+    assert blocks[0]._adj_t is None and blocks[1]._adj_t is None
     dr, dWs1, dWn1, db1 = v2(g)
     _, dWs0, dWn0, db0 = v1(rv(dr))
     for name, w in (("W_self1", dWs1), ("W_neigh1", dWn1), ("b1", db1), ("W_self0", dWs0), ("W_neigh0", dWn0),

@@ -11,8 +11,8 @@ __all__ = ["SOURCE", "NAMES", "FAMILIES", "TICK", "adam_multi_name", "ADAM_MULTI
            "tail_name", "tail_grad_name", "cross_entropy_name", "index_weights_name", "head_dots_name",
            "head_dots_grad_name", "add_bias_name", "dense_mm_name", "DENSE_TILES", "dense_atb_name",
            "DENSE_ATB_TILES", "DENSE_ATB_SUM", "DENSE_NAMES", "SEED_BITS", "DRAW",
-           "row_normalize_name", "row_normalize_grad_name", "sum_name", "segment_sum_name", "head_blocks_name",
-           "SUM_THREADS",
+           "row_normalize_name", "row_normalize_grad_name", "sum_name", "segment_sum_name", "csr_mm_name",
+           "head_blocks_name", "SUM_THREADS",
            "ACTIVATIONS", "TAIL_TYPES"]
 
 #: Tensors one ``tcgnn_adam_multi`` launch updates: its gradients are kernel parameters (``g0`` to ``g7``).
@@ -646,6 +646,27 @@ __global__ void tcgnn_segment_sum(const T* __restrict__ x, const long long* __re
     }
 }
 
+// out = A x for a CSR A (int32 indices and row pointers, values of x's type) and a C-contiguous (k, d) x: out[r, c]
+// = sum of values[e] x[indices[e], c] over row r's entries in their order, in the compute type (deterministic; an
+// empty row gives 0).  The product of a matrix used once (a sampled block's transpose in a backward), where its
+// translation into tiles and its first product's plan cost more than the product.  A thread per output, neighbouring
+// threads neighbouring columns (coalesced rows of x).
+template <typename T>
+__global__ void tcgnn_csr_mm(const T* __restrict__ values, const int* __restrict__ indices,
+                             const int* __restrict__ indptr, const T* __restrict__ x, T* __restrict__ out,
+                             long long n, int d) {
+    typedef typename nn_acc<T>::type A;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n * d;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long r = i / d;
+        const long long c = i - r * d;
+        A s = A(0);
+        for (int e = indptr[r]; e < indptr[r + 1]; ++e)
+            s += nn_of(values[e]) * nn_of(x[(long long)indices[e] * d + c]);
+        tc_put(out + i, s);
+    }
+}
+
 // GAT's attention vectors' gradients from R_src = ds_srcᵀ X and R_dst = ds_dstᵀ X ((heads, heads * D) each,
 // C-contiguous): da[h, d] = R[h, h * D + d], the diagonal blocks, both gathered in one launch (a library gather
 // costs several times more on the host), one thread per output.
@@ -702,6 +723,7 @@ row_normalize_name = _template("tcgnn_row_normalize")
 row_normalize_grad_name = _template("tcgnn_row_normalize_grad")
 sum_name = _template("tcgnn_sum")
 segment_sum_name = _template("tcgnn_segment_sum")
+csr_mm_name = _template("tcgnn_csr_mm")
 add_bias_name = _template("tcgnn_add_bias")
 
 
@@ -733,7 +755,7 @@ NAMES = (TICK, SEED_BITS, DRAW, *(adam_multi_name(t) for t in VALUE_TYPES),
          *(f(t) for f in (tail_name, tail_grad_name, cross_entropy_name, index_weights_name, head_dots_name,
                           head_dots_grad_name, row_normalize_name, row_normalize_grad_name, sum_name,
                           head_blocks_name, add_bias_name) for t in TAIL_TYPES),
-         *(segment_sum_name(t) for t in ("float32", "float64")),
+         *(f(t) for f in (segment_sum_name, csr_mm_name) for t in ("float32", "float64")),
          *DENSE_NAMES)
 FAMILIES = {"nn": (SOURCE, NAMES)}
 register("nn", SOURCE, NAMES)

@@ -16,6 +16,7 @@ import numpy as np
 
 from .._device import array_module, get_cupy, use_gpu
 from .._tiled import TiledMatrix, spmm
+from ..products import pointwise
 from ..tiles import coo_to_csr
 from ..sampling import GOLDEN, Relabel, sample_hop, splitmix64
 from ._layers import dropout as drop, relu
@@ -27,13 +28,14 @@ class Block:
     """One hop of a sampled batch: ``adj`` (``n_dst x n_src``, each row the mean over its sampled neighbors:
     ``1 / count`` on its entries; a :class:`~tcgnn_py.TiledMatrix`, or a scipy / cupyx CSR matrix where sampled
     with ``format="csr"``), ``src`` (the global ids of its source nodes, the destinations first) and ``n_dst``.
-    ``adj_t`` is ``adj``'s transpose, what a layer's backward multiplies by."""
+    ``adj_t`` is ``adj``'s transpose, and ``rmatmat(X)`` its product ``adj.T @ X``, what a layer's backward
+    multiplies by."""
 
-    __slots__ = ("adj", "src", "n_dst", "_entries", "_adj_t")
+    __slots__ = ("adj", "src", "n_dst", "_entries", "_adj_t", "_csr_t")
 
     def __init__(self, adj, src, n_dst, entries=None):
         self.adj, self.src, self.n_dst = adj, src, n_dst
-        self._entries, self._adj_t = entries, None
+        self._entries, self._adj_t, self._csr_t = entries, None, None
 
     @property
     def dst(self):
@@ -58,6 +60,32 @@ class Block:
                                           device=self.adj.device)
                 self._entries = None
         return self._adj_t
+
+    def rmatmat(self, X):
+        """``adj.T @ X`` (``X`` with a row per destination node; scipy's ``LinearOperator.rmatmat``), what a
+        layer's backward multiplies by.  A tiled block built from its sampled entries multiplies by its transpose's
+        CSR (one stable sort by column, one launch) in one CSR launch, each row's sum in entry order: the transpose
+        is used once, and its translation into tiles and its first product would cost several times the product.
+        Otherwise the product by :attr:`adj_t`."""
+        if X.ndim != 2 or X.shape[0] != self.n_dst:
+            raise ValueError(f"X must have shape ({self.n_dst}, d) (one row per destination node), got {X.shape}")
+        if self._adj_t is not None or self._entries is None:
+            adj_t = self.adj_t
+            return spmm(adj_t, X) if isinstance(adj_t, TiledMatrix) else adj_t @ X
+        xp = array_module(self._entries[0])
+        if xp is not array_module(X) or xp is not np and X.dtype not in (np.float32, np.float64):
+            return spmm(self.adj_t, X)  # (X on the other side, or features the CSR kernel does not take)
+        if self._csr_t is None:
+            rows, cols, values = self._entries
+            # (the entries are in row order: a stable sort by column alone leaves each column's rows ascending)
+            self._csr_t = coo_to_csr(values, cols, rows, self.adj.shape[::-1], cols_sorted=True)
+        values, indices, indptr = self._csr_t
+        if xp is np:
+            import scipy.sparse as sp
+
+            A = sp.csr_array((values, indices, indptr), shape=self.adj.shape[::-1])
+            return A @ X.astype(np.result_type(values.dtype, X.dtype), copy=False)
+        return pointwise.csr_mm(values.astype(X.dtype, copy=False), indices, indptr, xp.ascontiguousarray(X))
 
     def __repr__(self):
         return f"Block(n_dst={self.n_dst}, n_src={self.adj.shape[1]}, nnz={self.adj.nnz}, {type(self.adj).__name__})"
@@ -307,7 +335,7 @@ def sage_conv(block, H, W_self, W_neigh, b=None):
         xp = array_module(g)
         dH = None
         if input_grad:
-            dH = spmm(block.adj_t, g @ W_neigh.T) if tiled else block.adj_t @ (g @ W_neigh.T)
+            dH = block.rmatmat(g @ W_neigh.T)
             dH = dH.astype(H.dtype, copy=False)
             dH[:n_dst] += g @ W_self.T
         return dH, H[:n_dst].T @ g, agg.T @ g, None if b is None else xp.sum(g, axis=0)

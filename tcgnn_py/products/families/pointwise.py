@@ -21,7 +21,7 @@ from .. import _small as sk
 __all__ = ["TAIL_TYPES", "ACTIVATIONS", "takes", "acc_dtype", "tail", "tail_grad", "cross_entropy", "index_weights",
            "add_bias", "add_bias_bound", "head_dots", "head_dots_bound", "head_dots_grad", "head_dots_grad_bound",
            "head_blocks_bound", "head_blocks", "seed_bits", "seed_bits_bound", "seed_stream", "draw",
-           "draw_bound", "STREAMS_KEEP", "total", "total_bound", "segment_sum",
+           "draw_bound", "STREAMS_KEEP", "total", "total_bound", "segment_sum", "csr_mm",
            "row_normalize", "row_normalize_bound", "row_normalize_grad_bound", "row_normalize_grad"]
 
 _F32 = np.dtype(np.float32)
@@ -316,6 +316,19 @@ def segment_sum(x, ptr, scale=None):
         launch = sk.planned(("segment_sum", x.dtype, G, d), lambda: sk.launch(
             sk.name(kn.segment_sum_name, x.dtype), sk.grid(G * d), sk.THREADS, ("x", "ptr", "scale", "out"), G=G, d=d))
         launch.run(x, ptr, scale, out)
+    return out
+
+
+def csr_mm(values, indices, indptr, x):
+    """``A @ x`` for a CSR ``A`` on the device (``values`` of x's dtype, int32 ``indices`` and ``indptr``) and a
+    C-contiguous ``(k, d)`` x, float32 or float64: each output the sum over its row's entries in their order
+    (deterministic), in :func:`acc_dtype`, in one launch with nothing planned -- the product of a matrix used once,
+    whose translation into tiles would cost more than the product.  A new ``(rows, d)`` array of x's dtype."""
+    n, d = indptr.shape[0] - 1, x.shape[1]
+    out = get_cupy().ndarray((n, d), x.dtype)
+    if n * d:  # (a launch per call: the rows change with every matrix, and a launch kept per shape would pile up)
+        sk.launch(sk.name(kn.csr_mm_name, x.dtype), sk.grid(n * d), sk.THREADS, ("values", "indices", "indptr", "x",
+                  "out"), n=n, d=d).run(values, indices, indptr, x, out)
     return out
 
 
