@@ -233,6 +233,35 @@ def test_a_bound_launch_writes_the_call_s_arrays_where_the_kernel_takes_them(tes
     assert seen[-1] == [10, 30, 5, 30, 6, 0, 0, 2]  # (the swapped declaration: Y before n, m before slope)
 
 
+def test_a_launch_bound_by_rows_writes_each_call_s_count_and_grid(test_families, monkeypatch):
+    """``Launch.bind(rows=(name, per))``: ``f(m, *arrays)`` writes ``m`` in that parameter's slot and launches
+    ``ceil(m / per)`` blocks along x, the grid's other dimensions and every other slot as bound; a name the kernel
+    does not have fails when bound."""
+    import ctypes
+
+    from tcgnn_py.kernels import driver
+    from tcgnn_py.kernels import launches as kl
+
+    seen = []
+
+    def fake_launch(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        ptrs = (ctypes.c_void_p * 8).from_address(params)
+        seen.append(((gx, gy, gz), [ctypes.c_int64.from_address(p).value for p in ptrs]))
+
+    monkeypatch.setattr(driver, "_cuda", lambda: fake_launch)
+    monkeypatch.setattr(kl, "current_stream", lambda: 99)
+    monkeypatch.setattr(kl.Launch, "function", lambda self: 7)
+    monkeypatch.setattr(kl.Scratch, "get", lambda self, store, stream: _array(40))
+    fixed = dict(slope=0.0, m=6, v=0, seed=_array(2), partial=kl.Scratch("partial", (1,), "f"))
+    L = kl.make(test_families[0], "tc_test<float, 1>", (3, 2), 128, ("units", "Y"), dict(fixed, n=5), scratch={})
+    bound = L.bind(rows=("n", 64))
+    for m, blocks in ((1, 1), (64, 1), (65, 2), (1000, 16)):
+        bound(m, _array(10), _array(30))
+        assert seen[-1] == ((blocks, 2, 1), [10, m, 30, 40, 0, 6, 0, 2])
+    with pytest.raises(TypeError, match="has no parameter 'rows'"):
+        L.bind(rows=("rows", 64))
+
+
 def test_a_fixed_launch_writes_every_slot_once_and_replays_them(test_families, monkeypatch):
     """``Launch.fixed(*arrays)``: every slot written when it is made (the arrays', the fixed ones, the stream's
     scratch), each call the same launch with nothing written; it holds what its addresses point at."""

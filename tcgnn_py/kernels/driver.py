@@ -143,7 +143,8 @@ def launch(function_ptr, grid, block, values, stream_ptr, shared_mem=0):
     _cuda()(function_ptr, *_dims(grid), *_dims(block), shared_mem, stream_ptr, ctypes.addressof(ptrs), 0)
 
 
-def bound_launch(function_ptr, grid, block, args, variable, stream_ptr, shared_mem=0, then=None, cooperative=False):
+def bound_launch(function_ptr, grid, block, args, variable, stream_ptr, shared_mem=0, then=None, cooperative=False,
+                 rows=None):
     """A launch whose parameters are fixed but for a few slots (the operands), as ``f(*arrays)`` that writes the
     arrays' addresses into their slots and launches.
 
@@ -168,6 +169,11 @@ def bound_launch(function_ptr, grid, block, args, variable, stream_ptr, shared_m
         fixup): one call runs both.
     cooperative : bool, default False
         A cooperative launch (:func:`_cooperative`): the grid must fit the GPU at once (:func:`resident_blocks`).
+    rows : (int, int), optional
+        ``(position, rows per block)``: the launch's row count varies per call, as ``f(m, *arrays)``, which writes
+        ``m`` at that argument position and launches ``ceil(m / rows per block)`` blocks along x -- one bound
+        launch for every row count of a signature (a layer's products over a new batch's nodes each step), where
+        binding per shape would cost each new shape more than its launch.
     """
     keep = tuple(args)  # the fixed arrays must outlive the addresses kept here
     buf, ptrs = _slots(len(args))
@@ -179,6 +185,10 @@ def bound_launch(function_ptr, grid, block, args, variable, stream_ptr, shared_m
         params += (0,)  # (cuLaunchKernel's extra options: none)
     lock = threading.Lock()
     enter, leave = lock.acquire, lock.release
+    if rows is not None:
+        if then is not None or cooperative:
+            raise TypeError("a launch of rows per call takes no launch after it and is not cooperative")
+        return _counted(buf, rows, variable, launch, params, enter, leave, (keep, buf, ptrs))
     if then is None and all(len(v) == 1 for v in variable) and len(variable) <= 4:
         return _fixed(buf, tuple(v[0] for v in variable), launch, params, enter, leave, (keep, buf, ptrs))
 
@@ -196,6 +206,27 @@ def bound_launch(function_ptr, grid, block, args, variable, stream_ptr, shared_m
             then[0](arrays[then[1]])
 
     call.kept = (keep, buf, ptrs)
+    return call
+
+
+def _counted(buf, rows, variable, launch, params, enter, leave, kept):
+    """:func:`bound_launch`'s call ``f(m, *arrays)`` of a launch whose rows (``m``, and the grid's x) vary per call."""
+    at, per = rows
+    head, tail = params[:1], params[2:]
+
+    def call(m, *arrays):
+        enter()
+        try:
+            buf[at] = m
+            for slots, a in zip(variable, arrays):
+                p = a.data.ptr
+                for i in slots:
+                    buf[i] = p
+            launch(*head, -(-m // per), *tail)
+        finally:
+            leave()
+
+    call.kept = kept
     return call
 
 

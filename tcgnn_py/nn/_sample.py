@@ -19,7 +19,7 @@ from .._tiled import TiledMatrix, spmm
 from ..products import pointwise
 from ..tiles import coo_to_csr
 from ..sampling import GOLDEN, Relabel, sample_hop, splitmix64
-from ._layers import dropout as drop, relu
+from ._layers import dropout as drop, mm, relu
 from ._models import glorot
 
 __all__ = ["Block", "sample_blocks", "NeighborLoader", "sage_init", "sage_conv", "sage_apply"]
@@ -327,17 +327,17 @@ def sage_conv(block, H, W_self, W_neigh, b=None):
             raise ValueError(f"sage_conv: {name} must have shape ({H.shape[1]}, d), got {W.shape}")
     tiled = isinstance(A, TiledMatrix)
     agg = spmm(A, H) if tiled else A @ H
-    out = H[:n_dst] @ W_self + agg @ W_neigh
-    if b is not None:
-        out = out + b
+    # (the layers' dense products: on the GPU bound launches that every batch's row count shares)
+    out = mm(H[:n_dst], W_self, b)
+    out += mm(agg, W_neigh)
 
     def vjp(g, input_grad=True):
         xp = array_module(g)
         dH = None
         if input_grad:
-            dH = block.rmatmat(g @ W_neigh.T)
+            dH = block.rmatmat(mm(g, W_neigh.T))
             dH = dH.astype(H.dtype, copy=False)
-            dH[:n_dst] += g @ W_self.T
+            dH[:n_dst] += mm(g, W_self.T)
         return dH, H[:n_dst].T @ g, agg.T @ g, None if b is None else xp.sum(g, axis=0)
 
     return out, vjp

@@ -99,8 +99,9 @@ def _dense_bind(a, b, bias, scores, key, place):
         operands += ("a_src", "a_dst", "s_src", "s_dst")
     else:
         fixed.update(a_src=None, a_dst=None, s_src=None, s_dst=None)
-    grid = (-(-m // (nt // (bn // 4) * tm)), -(-n // bn))
-    bound = sk.launch(kn.dense_mm_name(bn, tm, nt, bt), grid, nt, operands, **fixed).bind()
+    per = nt // (bn // 4) * tm  # (rows of C per block)
+    bound = sk.launch(kn.dense_mm_name(bn, tm, nt, bt), (-(-m // per), -(-n // bn)), nt, operands,
+                      **fixed).bind(rows=("m", per))
     return BOUND.put(key, bound, place, get_cupy().cuda.get_current_stream().is_capturing())
 
 
@@ -130,14 +131,16 @@ def dense_mm(a, b, bias=None, a_src=None, a_dst=None, heads=1):
     if m:
         bound = _dense_launch(cp, a, b, bias, scores)
         operands = (a, b) + ((bias,) if bias is not None else ()) + (c,)
-        bound(*operands, a_src, a_dst, s_src, s_dst) if scores else bound(*operands)
+        bound(m, *operands, a_src, a_dst, s_src, s_dst) if scores else bound(m, *operands)
     return (c, s_src, s_dst) if scores else c
 
 
 def _dense_launch(cp, a, b, bias, scores):
-    """The bound launch of ``tcgnn_dense_mm`` for operands of this signature on the current stream (kept)."""
+    """The bound launch ``f(m, *operands)`` of ``tcgnn_dense_mm`` for operands of this signature on the current
+    stream (kept): every row count of ``a`` shares it, as a layer's products over a new batch's nodes each step do
+    (binding per shape would cost each new one more host time than a cuBLAS call)."""
     place = (cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr)
-    key = ("dense", a.shape, b.shape, a.strides[0], b.strides, (a.data.ptr & 15) << 4 | b.data.ptr & 15,
+    key = ("dense", a.shape[1], b.shape, a.strides[0], b.strides, (a.data.ptr & 15) << 4 | b.data.ptr & 15,
            bias is None, scores) + place
     return BOUND.get(key) or _dense_bind(a, b, bias, scores, key, place)
 
@@ -163,7 +166,7 @@ def dense_mm_bound(a, b, bias=None, a_src=None, a_dst=None, heads=1, keep=False)
 
         def scored(a, b, a_src, a_dst):
             c, s_src, s_dst = make()
-            bound(a, b, c, a_src, a_dst, s_src, s_dst)
+            bound(m, a, b, c, a_src, a_dst, s_src, s_dst)
             return c, s_src, s_dst
 
         return scored
@@ -171,14 +174,14 @@ def dense_mm_bound(a, b, bias=None, a_src=None, a_dst=None, heads=1, keep=False)
     if bias is not None:
         def biased(a, b, bias):
             c = nd(shape, _F32)
-            bound(a, b, bias, c)
+            bound(m, a, b, bias, c)
             return c
 
         return biased
 
     def plain(a, b):
         c = nd(shape, _F32)
-        bound(a, b, c)
+        bound(m, a, b, c)
         return c
 
     return plain
