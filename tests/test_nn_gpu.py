@@ -5,6 +5,8 @@ runs the TF32 tensor-core kernels and must agree within the TF32 tolerance.
 Inputs are fresh random data in every test.
 """
 
+import functools
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -355,6 +357,7 @@ def test_dense_atb_is_the_product(cp, monkeypatch, N, p, q, layout, launches):
     from tcgnn_py.products import dense
 
     monkeypatch.setattr(dense, "BOUND", Store(BOUND_KEEP))  # (launches bound here only)
+    monkeypatch.setattr(dense, "_atb_tile", functools.lru_cache(dense._atb_tile.__wrapped__))  # (its own choices)
     if launches == 2:
         monkeypatch.setattr(dense, "_resident", lambda function, threads: 0)
     rng = np.random.default_rng(0)
@@ -396,6 +399,7 @@ def test_dense_atb_adds_its_slices_in_one_order(cp, monkeypatch, N):
     results = []
     for launches in (1, 2):
         monkeypatch.setattr(dense, "BOUND", Store(BOUND_KEEP))
+        monkeypatch.setattr(dense, "_atb_tile", functools.lru_cache(dense._atb_tile.__wrapped__))
         if launches == 2:
             monkeypatch.setattr(dense, "_resident", lambda function, threads: 0)
         run = []
@@ -407,6 +411,30 @@ def test_dense_atb_adds_its_slices_in_one_order(cp, monkeypatch, N):
         results.append(run)
     for got, want in zip(*results):
         np.testing.assert_array_equal(got, want)
+
+
+def test_dense_products_bind_once_for_every_row_count(cp, monkeypatch):
+    """``dense_mm`` and the cooperative ``dense_atb`` bind one launch per signature whatever the row count (a new
+    batch's nodes each step): rows 1 to past the most slices, each product exact on small integers, and the
+    store holds one launch of each."""
+    from tcgnn_py._cache import BOUND_KEEP, Store
+    from tcgnn_py.products import dense
+
+    store = Store(BOUND_KEEP)
+    monkeypatch.setattr(dense, "BOUND", store)
+    rng = np.random.default_rng(3)
+    W = rng.integers(-8, 9, (24, 40)).astype(np.float32)
+    most = dense._atb_tile(24, 40, cp.cuda.runtime.getDevice())[3]
+    for N in (1, 7, 64, 65, 1000, 4097, dense.DENSE_ATB_MIN_ROWS * most + 33):
+        A = rng.integers(-8, 9, (N, 24)).astype(np.float32)
+        B = rng.integers(-8, 9, (N, 40)).astype(np.float32)
+        np.testing.assert_array_equal(dense.dense_mm(cp.asarray(A), cp.asarray(W)).get(), A @ W)
+        np.testing.assert_array_equal(dense.dense_atb(cp.asarray(A), cp.asarray(B)).get(),
+                                      A.T.astype(np.float64) @ B)
+        np.testing.assert_array_equal(dense.dense_atb(None, cp.asarray(B)).get(), B.sum(axis=0, dtype=np.float64))
+    kinds = sorted(k[0] for k in store)
+    rowless = dense._atb_tile(24, 40, cp.cuda.runtime.getDevice())[4]
+    assert kinds.count("dense") == 1 and (kinds.count("atb") == 2 or not rowless), kinds
 
 
 def test_seed_streams_draw_the_reference_seeds_and_a_replayed_capture_draws_anew(cp):

@@ -169,11 +169,12 @@ def bound_launch(function_ptr, grid, block, args, variable, stream_ptr, shared_m
         fixup): one call runs both.
     cooperative : bool, default False
         A cooperative launch (:func:`_cooperative`): the grid must fit the GPU at once (:func:`resident_blocks`).
-    rows : (int, int), optional
-        ``(position, rows per block)``: the launch's row count varies per call, as ``f(m, *arrays)``, which writes
-        ``m`` at that argument position and launches ``ceil(m / rows per block)`` blocks along x -- one bound
-        launch for every row count of a signature (a layer's products over a new batch's nodes each step), where
-        binding per shape would cost each new shape more than its launch.
+    rows : (int, int) or (int, int, int), optional
+        ``(position, rows per block[, most blocks])``: the launch's row count varies per call, as ``f(m,
+        *arrays)``, which writes ``m`` at that argument position and launches ``ceil(m / rows per block)`` blocks
+        along x (at least one, at most ``most blocks``) -- one bound launch for every row count of a signature (a
+        layer's products over a new batch's nodes each step), where binding per shape would cost each new shape
+        more than its launch.
     """
     keep = tuple(args)  # the fixed arrays must outlive the addresses kept here
     buf, ptrs = _slots(len(args))
@@ -186,8 +187,8 @@ def bound_launch(function_ptr, grid, block, args, variable, stream_ptr, shared_m
     lock = threading.Lock()
     enter, leave = lock.acquire, lock.release
     if rows is not None:
-        if then is not None or cooperative:
-            raise TypeError("a launch of rows per call takes no launch after it and is not cooperative")
+        if then is not None:
+            raise TypeError("a launch of rows per call takes no launch after it")
         return _counted(buf, rows, variable, launch, params, enter, leave, (keep, buf, ptrs))
     if then is None and all(len(v) == 1 for v in variable) and len(variable) <= 4:
         return _fixed(buf, tuple(v[0] for v in variable), launch, params, enter, leave, (keep, buf, ptrs))
@@ -211,7 +212,7 @@ def bound_launch(function_ptr, grid, block, args, variable, stream_ptr, shared_m
 
 def _counted(buf, rows, variable, launch, params, enter, leave, kept):
     """:func:`bound_launch`'s call ``f(m, *arrays)`` of a launch whose rows (``m``, and the grid's x) vary per call."""
-    at, per = rows
+    at, per, most = rows if len(rows) == 3 else (*rows, (1 << 31) - 1)
     head, tail = params[:1], params[2:]
 
     def call(m, *arrays):
@@ -222,7 +223,7 @@ def _counted(buf, rows, variable, launch, params, enter, leave, kept):
                 p = a.data.ptr
                 for i in slots:
                     buf[i] = p
-            launch(*head, -(-m // per), *tail)
+            launch(*head, min(max(1, -(-m // per)), most), *tail)
         finally:
             leave()
 

@@ -134,18 +134,18 @@ class Launch(NamedTuple):
 
     def bind(self, rows=None):
         """``f(*arrays)``: this launch (and the one after it) through the driver, everything but the call's arrays
-        fixed, on the stream current now.  ``rows``: ``(parameter name, rows per block)`` of a launch whose row
-        count varies per call, as ``f(m, *arrays)`` (:func:`.driver.bound_launch`)."""
+        fixed, on the stream current now.  ``rows``: ``(parameter name, rows per block[, most blocks])`` of a
+        launch whose row count varies per call, as ``f(m, *arrays)`` (:func:`.driver.bound_launch`)."""
         stream = current_stream()
         values = self.arguments((None,) * len(self.slots), stream)
         held = self.held + tuple(s.get(self.scratch, stream) for _, s in self.scratch_at)
         then = None if self.then is None else (self.then[0].bind(), self.then[1])
         if rows is not None:
-            name, per = rows
+            name, *counts = rows
             where = _table(self.family, self.name)[1]
             if name not in where:
                 raise TypeError(f"{self.name} has no parameter {name!r}")
-            rows = (where[name], int(per))
+            rows = (where[name], *(int(c) for c in counts))
         f = bound_launch(self.function(), self.grid, self.block, values, self.slots, stream, self.smem, then,
                          self.cooperative, rows)
         f.held = held

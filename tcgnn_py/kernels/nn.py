@@ -266,8 +266,9 @@ __device__ __forceinline__ void dn_slice_sum(const float* P, float* C, int S, in
 
 // Partial sums of C = Aᵀ B over a slice of the long dimension, float32: A is N x p and B is N x q, both with unit
 // column stride and row strides lda, ldb (A nullptr: a column of ones, p = 1, so C holds B's column sums); block
-// (s, I, J) sums the rows [s * chunk, (s + 1) * chunk) of the (NT / (BQ / 4) * TI) x BQ tile (I, J) of C into
-// P + s * p * q (p x q, C-contiguous), or into C itself where one slice covers N (P == C).  32 rows of A and B
+// (s, I, J) sums the rows [s * chunk, (s + 1) * chunk) (chunk 0: N split evenly over the slices, 32 rows at a
+// time) of the (NT / (BQ / 4) * TI) x BQ tile (I, J) of C into P + s * p * q (p x q, C-contiguous), or into C
+// itself where one slice covers N (P == C).  32 rows of A and B
 // at a time are staged by cp.async, the next copied while this one is summed; each thread owns TI x 4 elements
 // and reads its rows' values of A and its 4 columns of B as float4s.
 // With a barrier (two counters, zero before the first launch; a cooperative launch, so every block is resident)
@@ -283,7 +284,9 @@ __global__ void __launch_bounds__(NT) tcgnn_dense_atb(const float* __restrict__ 
     __shared__ __align__(16) float Bs[2 * R * PB];
     const int tid = threadIdx.x, tx = tid % GX, ty = tid / GX;
     const int i0 = blockIdx.y * BP, j0 = blockIdx.z * BQ;
-    const long long r0 = blockIdx.x * chunk, r1 = min(N, r0 + chunk);
+    // chunk 0: the rows split evenly over the grid's slices, 32 at a time (a launch bound for every N)
+    const long long rows = chunk > 0 ? chunk : ((N + gridDim.x - 1) / gridDim.x + 31) / 32 * 32;
+    const long long r0 = blockIdx.x * rows, r1 = min(N, r0 + rows);
     auto stage = [&](long long rb, int buf) {
         float* as = As + buf * R * PA;
         float* bs = Bs + buf * R * PB;

@@ -19,7 +19,7 @@ from .._tiled import TiledMatrix, spmm
 from ..products import pointwise
 from ..tiles import coo_to_csr
 from ..sampling import GOLDEN, Relabel, sample_hop, splitmix64
-from ._layers import dropout as drop, mm, relu
+from ._layers import column_sums, dropout as drop, mm, relu
 from ._models import glorot
 
 __all__ = ["Block", "sample_blocks", "NeighborLoader", "sage_init", "sage_conv", "sage_apply"]
@@ -332,13 +332,12 @@ def sage_conv(block, H, W_self, W_neigh, b=None):
     out += mm(agg, W_neigh)
 
     def vjp(g, input_grad=True):
-        xp = array_module(g)
         dH = None
         if input_grad:
             dH = block.rmatmat(mm(g, W_neigh.T))
             dH = dH.astype(H.dtype, copy=False)
             dH[:n_dst] += mm(g, W_self.T)
-        return dH, H[:n_dst].T @ g, agg.T @ g, None if b is None else xp.sum(g, axis=0)
+        return dH, mm(H[:n_dst].T, g), mm(agg.T, g), None if b is None else column_sums(g)
 
     return out, vjp
 

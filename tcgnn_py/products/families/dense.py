@@ -242,44 +242,60 @@ def dense_atb_takes(a, b):
     return _atb_signature(a.dtype, b.dtype, a.shape, b.shape, a.strides, b.strides)
 
 
-def _atb_bind(a, b, key, stream, capturing):
+@functools.lru_cache(maxsize=256)
+def _atb_tile(p, q, device):
+    """``(name, threads, tiles, most, rowless)`` of ``tcgnn_dense_atb`` for a ``(p, q)`` result on ``device``: its
+    tile, the tiles of the result, the most slices of the long dimension (:data:`DENSE_ATB_BLOCKS_PER_SM` blocks
+    per SM), and whether one cooperative launch holds that many slices (then a launch bound once serves every N)."""
+    bq, ti, nt = kn.DENSE_ATB_TILES[0 if p > 8 else 1]
+    bp = nt // (bq // 4) * ti
+    tiles = -(-p // bp) * -(-q // bq)
+    attributes = device_attributes()
+    sms = attributes["MultiProcessorCount"]
+    name = kn.dense_atb_name(bq, ti, nt)
+    most = max(1, DENSE_ATB_BLOCKS_PER_SM * sms // tiles)
+    rowless = bool(attributes.get("CooperativeLaunch")) and most * tiles <= sms * _resident(sk.function(name), nt)
+    return name, nt, (-(-p // bp), -(-q // bq)), most, rowless
+
+
+def _atb_bind(a, b, stream, capturing, rowless):
+    """``run(N, *operands, C)`` of :func:`dense_atb`'s launches, ``ceil(N / DENSE_ATB_MIN_ROWS)`` slices of the
+    long dimension (at most the tile's most; the rows split evenly among them, 32 at a time): for every N where
+    ``rowless`` (one cooperative launch, so a new batch's row count binds nothing), else for b's N (the slices
+    summed by a second launch, in the same order)."""
     _warm_dense()
     cp = get_cupy()
     N, q = b.shape
     p = 1 if a is None else a.shape[1]
-    bq, ti, nt = kn.DENSE_ATB_TILES[0 if p > 8 else 1]
-    bp = nt // (bq // 4) * ti
-    tiles = -(-p // bp) * -(-q // bq)
-    device = device_attributes()
-    sms = device["MultiProcessorCount"]
-    chunk = max(DENSE_ATB_MIN_ROWS, -(-N * tiles // (DENSE_ATB_BLOCKS_PER_SM * sms)))
-    chunk = -(-chunk // 32) * 32
-    slices = max(1, -(-N // chunk))
+    name, nt, tiles_yz, most, _ = _atb_tile(p, q, cp.cuda.runtime.getDevice())
     vec = int(b.strides[0] % 16 == 0 and q % 4 == 0 and b.data.ptr % 16 == 0)
-    grid = (slices, -(-p // bp), -(-q // bq))
     lda = 0 if a is None else a.strides[0] // 4
-    name = kn.dense_atb_name(bq, ti, nt)
-    fixed = dict(N=N, p=p, q=q, lda=lda, ldb=b.strides[0] // 4, chunk=chunk, vec=vec)
+    fixed = dict(N=N, p=p, q=q, lda=lda, ldb=b.strides[0] // 4, vec=vec)
     operands = ("A",) if a is not None else ()
     if a is None:
         fixed["A"] = None
-    if slices == 1:  # one slice: the sums go straight to the result (P)
-        return sk.launch(name, grid, nt, operands + ("B", "P"), C=None, barrier=None, **fixed).bind(), p
 
     def scratch(kind, shape, dtype, zeros=False):  # the graph's own under a capture, else kept per stream
         if capturing:
             return (cp.zeros if zeros else cp.ndarray)(shape, dtype)
         return Scratch(kind, shape, dtype, zeros).get(_atb_scratch, stream)
 
+    fixed["chunk"] = 0  # (the kernel splits N evenly among the slices: both ways slice N alike)
+    if rowless:  # (the blocks add the slices themselves, after a grid barrier)
+        fixed.update(P=scratch("atb", (most * p * q,), _F32),
+                     barrier=scratch("atb barrier", (2,), np.uint32, zeros=True))
+        coop = make("nn", name, (most,) + tiles_yz, nt, operands + ("B", "C"), fixed, cooperative=True)
+        return coop.bind(rows=("N", DENSE_ATB_MIN_ROWS, most)), p
+    slices = min(most, max(1, -(-N // DENSE_ATB_MIN_ROWS)))
+    grid = (slices,) + tiles_yz
+    if slices == 1:  # one slice: the sums go straight to the result (P)
+        one = sk.launch(name, grid, nt, operands + ("B", "P"), C=None, barrier=None, **fixed).bind()
+        return (lambda N, *arrays: one(*arrays)), p
     fixed["P"] = partial = scratch("atb", (slices * p * q,), _F32)  # the slices' partial sums
-    if device.get("CooperativeLaunch") and slices * tiles <= sms * _resident(sk.function(name), nt):  # blocks add them
-        coop = make("nn", name, grid, nt, operands + ("B", "C"),
-                    dict(barrier=scratch("atb barrier", (2,), np.uint32, zeros=True), **fixed), cooperative=True)
-        return coop.bind(), p
     first = sk.launch(name, grid, nt, operands + ("B",), C=None, barrier=None, **fixed).bind()
     total = sk.launch(kn.DENSE_ATB_SUM, -(-p * q // 32), 256, ("C",), P=partial, S=slices, pq=p * q).bind()
 
-    def two(*arrays):  # the operands, then C
+    def two(N, *arrays):  # the operands, then C
         first(*arrays[:-1])
         total(arrays[-1])
 
@@ -303,26 +319,33 @@ def dense_atb(a, b):
     """
     cp = get_cupy()
     run, p = _atb_launches(cp, a, b)
+    N = b.shape[0]
     if a is None:
         c = cp.ndarray((b.shape[1],), _F32)
-        run(b, c)
+        run(N, b, c)
     else:
         c = cp.ndarray((p, b.shape[1]), _F32)
-        run(a, b, c)
+        run(N, a, b, c)
     return c
 
 
 def _atb_launches(cp, a, b):
-    """``(run, p)`` of :func:`dense_atb` for operands of this signature on the current stream, ``run(*operands,
-    C)`` its launch (or launches): kept, but under a capture, whose partial sums are the graph's own."""
+    """``(run, p)`` of :func:`dense_atb` for operands of this signature on the current stream, ``run(N, *operands,
+    C)`` its launch (or launches): kept, but under a capture, whose partial sums are the graph's own; one for every
+    N where one cooperative launch serves them all (:func:`_atb_tile`)."""
     stream = cp.cuda.get_current_stream()
     ptr = stream.ptr
-    place = (cp.cuda.runtime.getDevice(), ptr)
-    key = ("atb", None if a is None else (a.shape, a.strides[0]), b.shape, b.strides[0], b.data.ptr & 15) + place
+    device = cp.cuda.runtime.getDevice()
+    place = (device, ptr)
+    q = b.shape[1]
+    p = 1 if a is None else a.shape[1]
+    rowless = _atb_tile(p, q, device)[4]
+    key = ("atb", None if a is None else (p, a.strides[0]), q, b.strides[0], b.data.ptr & 15,
+           None if rowless else b.shape[0]) + place
     hit = BOUND.get(key)
     if hit is None:
         capturing = stream.is_capturing()
-        hit = BOUND.put(key, _atb_bind(a, b, key, ptr, capturing), place, capturing)
+        hit = BOUND.put(key, _atb_bind(a, b, ptr, capturing, rowless), place, capturing)
     return hit
 
 
@@ -334,12 +357,13 @@ def dense_atb_bound(a, b, keep=False):
     run, p = _atb_launches(cp, a, b)
     out = (b.shape[1],) if a is None else (p, b.shape[1])
     nd = same_array(cp.ndarray(out, _F32)) if keep else recycled(out, _F32)
+    N = b.shape[0]
     if a is None:
         shape = (b.shape[1],)
 
         def sums(b):
             c = nd(shape, _F32)
-            run(b, c)
+            run(N, b, c)
             return c
 
         return sums
@@ -347,7 +371,7 @@ def dense_atb_bound(a, b, keep=False):
 
     def product(a, b):
         c = nd(shape, _F32)
-        run(a, b, c)
+        run(N, a, b, c)
         return c
 
     return product
