@@ -234,9 +234,9 @@ def test_a_bound_launch_writes_the_call_s_arrays_where_the_kernel_takes_them(tes
 
 
 def test_a_launch_bound_by_rows_writes_each_call_s_count_and_grid(test_families, monkeypatch):
-    """``Launch.bind(rows=(name, per))``: ``f(m, *arrays)`` writes ``m`` in that parameter's slot and launches
-    ``ceil(m / per)`` blocks along x, the grid's other dimensions and every other slot as bound; a name the kernel
-    does not have fails when bound."""
+    """``Launch.bind(rows=(name, per[, most]))``: ``f(m, *arrays)`` writes ``m`` in that parameter's slot and
+    launches ``ceil(m / per)`` blocks along x (at least one, at most ``most``), the grid's other dimensions and
+    every other slot as bound; a name the kernel does not have fails when bound."""
     import ctypes
 
     from tcgnn_py.kernels import driver
@@ -257,6 +257,10 @@ def test_a_launch_bound_by_rows_writes_each_call_s_count_and_grid(test_families,
     bound = L.bind(rows=("n", 64))
     for m, blocks in ((1, 1), (64, 1), (65, 2), (1000, 16)):
         bound(m, _array(10), _array(30))
+        assert seen[-1] == ((blocks, 2, 1), [10, m, 30, 40, 0, 6, 0, 2])
+    capped = L.bind(rows=("n", 64, 5))  # (at least one block, at most the most)
+    for m, blocks in ((0, 1), (300, 5), (100000, 5)):
+        capped(m, _array(10), _array(30))
         assert seen[-1] == ((blocks, 2, 1), [10, m, 30, 40, 0, 6, 0, 2])
     with pytest.raises(TypeError, match="has no parameter 'rows'"):
         L.bind(rows=("rows", 64))

@@ -268,9 +268,9 @@ __device__ __forceinline__ void dn_slice_sum(const float* P, float* C, int S, in
 // column stride and row strides lda, ldb (A nullptr: a column of ones, p = 1, so C holds B's column sums); block
 // (s, I, J) sums the rows [s * chunk, (s + 1) * chunk) (chunk 0: N split evenly over the slices, 32 rows at a
 // time) of the (NT / (BQ / 4) * TI) x BQ tile (I, J) of C into P + s * p * q (p x q, C-contiguous), or into C
-// itself where one slice covers N (P == C).  32 rows of A and B
-// at a time are staged by cp.async, the next copied while this one is summed; each thread owns TI x 4 elements
-// and reads its rows' values of A and its 4 columns of B as float4s.
+// itself where one slice covers N (P == C).  32 rows of A and B at a time are staged by cp.async, the next copied
+// while this one is summed; each thread owns TI x 4 elements and reads its rows' values of A and its 4 columns of
+// B as float4s.
 // With a barrier (two counters, zero before the first launch; a cooperative launch, so every block is resident)
 // the blocks then wait for each other and add the slices into C themselves, 32 outputs at a time (dn_slice_sum);
 // without, tcgnn_dense_atb_sum adds them in a second launch.

@@ -244,9 +244,10 @@ def dense_atb_takes(a, b):
 
 @functools.lru_cache(maxsize=256)
 def _atb_tile(p, q, device):
-    """``(name, threads, tiles, most, rowless)`` of ``tcgnn_dense_atb`` for a ``(p, q)`` result on ``device``: its
-    tile, the tiles of the result, the most slices of the long dimension (:data:`DENSE_ATB_BLOCKS_PER_SM` blocks
-    per SM), and whether one cooperative launch holds that many slices (then a launch bound once serves every N)."""
+    """``(name, threads, (tiles along p, tiles along q), most, rowless)`` of ``tcgnn_dense_atb`` for a ``(p, q)``
+    result on ``device``: its kernel and block size, the grid's y and z, the most slices of the long dimension
+    (:data:`DENSE_ATB_BLOCKS_PER_SM` blocks per SM in all), and whether one cooperative launch holds that many
+    slices (then a launch bound once serves every N)."""
     bq, ti, nt = kn.DENSE_ATB_TILES[0 if p > 8 else 1]
     bp = nt // (bq // 4) * ti
     tiles = -(-p // bp) * -(-q // bq)
