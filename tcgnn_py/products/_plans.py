@@ -85,7 +85,7 @@ def vec_longer(tiling):
     """``longer[x]``: the windows of more than ``x`` blocks, ``x`` from 0 to the longest window's blocks (cached on
     the tiling).  A window of ``nb`` blocks is ``ceil(nb / s)`` units of ``s``, one for each ``j`` with ``nb > j s``,
     so a plan's units of any size are one strided sum of this table: choosing a new matrix's launch counts the
-    units of several sizes, and NumPy's calls over the windows, each a few microseconds, were most of that."""
+    units of several sizes, and NumPy's calls over the windows, one per size, were most of that."""
     def build():
         nb = vec_hist(tiling)
         return nb.shape[0] - np.cumsum(np.bincount(nb, minlength=1))
@@ -275,7 +275,7 @@ def device_plan(xp, win_ptr, nb, blocks_per_unit, max_units, threads=None, count
     order), sorted by the same CTA in the same launch
     (:func:`~tcgnn_py.kernels.sgt.plan_longest_first`).  The plan and the CTA's scratch are views of one
     allocation, each :data:`_UPLOAD_ALIGN`-aligned: each launch and allocation costs a new matrix's first product
-    a few microseconds of host time.  ``threads``: the CTA's (the simulator's tests use fewer)."""
+    host time of its own.  ``threads``: the CTA's (the simulator's tests use fewer)."""
     from ..kernels import sgt as k
     from ..kernels.launch import launch_numba
 
