@@ -244,7 +244,7 @@ def test_rmatmat_on_the_gpu_is_the_product_by_the_transpose_and_deterministic(dt
     rng = np.random.default_rng(6)
     host = tg.nn.sample_blocks(A, seeds, [6, 4], seed=9, device="cpu")
     for dev, ref in zip(tg.nn.sample_blocks(A, seeds, [6, 4], seed=9, device="cuda"), host):
-        for d in (1, 7, 64, 130):
+        for d in (1, 2, 3, 7, 17, 64, 65, 130):  # (every group of lanes per row, one to three passes of columns)
             X = rng.integers(-8, 9, (dev.n_dst, d)).astype(dtype)
             want = ref.adj.toarray().astype(np.float64).T @ X
             got = dev.rmatmat(cp.asarray(X))
@@ -256,6 +256,27 @@ def test_rmatmat_on_the_gpu_is_the_product_by_the_transpose_and_deterministic(dt
                                    rtol=1e-5, atol=1e-5)
         for _ in range(3):
             assert bool((dev.rmatmat(R) == first).all())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [2, 64])
+def test_the_csr_product_covers_more_rows_than_its_grid_and_empty_rows(d):
+    """``pointwise.csr_mm`` past its most blocks' rows (each group of lanes takes several rows) and with empty
+    rows, exact on small integers, one launch bound for both row counts."""
+    import cupy as cp
+    import scipy.sparse as sp
+
+    from tcgnn_py.products.families import pointwise
+
+    rng = np.random.default_rng(d)
+    for n in (40_000, 300):
+        A = sp.random_array((n, 500), density=0.004, random_state=rng, format="csr", dtype=np.float32)
+        A.data = rng.integers(-8, 9, A.nnz).astype(np.float32)
+        X = rng.integers(-8, 9, (500, d)).astype(np.float32)
+        got = pointwise.csr_mm(cp.asarray(A.data), cp.asarray(A.indices, dtype=cp.int32),
+                               cp.asarray(A.indptr, dtype=cp.int32), cp.asarray(X))
+        assert (np.diff(A.indptr) == 0).any()
+        np.testing.assert_array_equal(got.get(), A @ X)
 
 
 def test_an_empty_batch_and_an_isolated_node_have_their_defined_blocks():

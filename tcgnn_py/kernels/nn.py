@@ -651,22 +651,53 @@ __global__ void tcgnn_segment_sum(const T* __restrict__ x, const long long* __re
 
 // out = A x for a CSR A (int32 indices and row pointers, values of x's type) and a C-contiguous (k, d) x: out[r, c]
 // = sum of values[e] x[indices[e], c] over row r's entries in their order, in the compute type (deterministic; an
-// empty row gives 0).  The product of a matrix used once (a sampled block's transpose in a backward), where its
-// translation into tiles and its first product's plan cost more than the product.  A thread per output, neighbouring
-// threads neighbouring columns (coalesced rows of x).
+// empty row gives 0).  The product of a matrix used once (a sampled block, or its transpose in a backward), where
+// its translation into tiles and its first product's plan cost more than the product.  A group of 2^lg lanes per
+// row (2^lg about d / 2, at most a warp), each lane on two columns at a time: a row's entries are read once per
+// group and x's rows coalesced, and no output pays a division to find its row.  Entries go NN_CSR_STEP at a time,
+// their loads issued before their sums (in entry order): a long row (a hub of a block's transpose) is a chain of
+// loads, whose latency the step's independent loads overlap.
+#define NN_CSR_STEP 8
 template <typename T>
 __global__ void tcgnn_csr_mm(const T* __restrict__ values, const int* __restrict__ indices,
                              const int* __restrict__ indptr, const T* __restrict__ x, T* __restrict__ out,
-                             long long n, int d) {
+                             long long n, int d, int lg) {
     typedef typename nn_acc<T>::type A;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n * d;
-         i += (long long)gridDim.x * blockDim.x) {
-        const long long r = i / d;
-        const long long c = i - r * d;
-        A s = A(0);
-        for (int e = indptr[r]; e < indptr[r + 1]; ++e)
-            s += nn_of(values[e]) * nn_of(x[(long long)indices[e] * d + c]);
-        tc_put(out + i, s);
+    const int g = 1 << lg;
+    const int lane = threadIdx.x & (g - 1);
+    const long long groups = ((long long)gridDim.x * blockDim.x) >> lg;
+    for (long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> lg; r < n; r += groups) {
+        const int e0 = indptr[r], e1 = indptr[r + 1];
+        for (int c = lane; c < d; c += 2 * g) {
+            const int c2 = c + g;
+            const bool two = c2 < d;
+            A s = A(0), s2 = A(0);
+            int e = e0;
+            for (; e + NN_CSR_STEP <= e1; e += NN_CSR_STEP) {
+                A v[NN_CSR_STEP];
+                T a[NN_CSR_STEP], b[NN_CSR_STEP];
+#pragma unroll
+                for (int u = 0; u < NN_CSR_STEP; ++u) {
+                    const T* row = x + (long long)indices[e + u] * d;
+                    v[u] = nn_of(values[e + u]);
+                    a[u] = row[c];
+                    b[u] = two ? row[c2] : T(0);
+                }
+#pragma unroll
+                for (int u = 0; u < NN_CSR_STEP; ++u) {
+                    s += v[u] * nn_of(a[u]);
+                    s2 += v[u] * nn_of(b[u]);
+                }
+            }
+            for (; e < e1; ++e) {
+                const A v = nn_of(values[e]);
+                const T* row = x + (long long)indices[e] * d;
+                s += v * nn_of(row[c]);
+                if (two) s2 += v * nn_of(row[c2]);
+            }
+            tc_put(out + r * d + c, s);
+            if (two) tc_put(out + r * d + c2, s2);
+        }
     }
 }
 

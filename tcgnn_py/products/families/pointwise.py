@@ -326,10 +326,17 @@ def csr_mm(values, indices, indptr, x):
     whose translation into tiles would cost more than the product.  A new ``(rows, d)`` array of x's dtype."""
     n, d = indptr.shape[0] - 1, x.shape[1]
     out = get_cupy().ndarray((n, d), x.dtype)
-    if n * d:  # (a launch per call: the rows change with every matrix, and a launch kept per shape would pile up)
-        sk.launch(sk.name(kn.csr_mm_name, x.dtype), sk.grid(n * d), sk.THREADS, ("values", "indices", "indptr", "x",
-                  "out"), n=n, d=d).run(values, indices, indptr, x, out)
+    if n * d:
+        sk.bound_once(("csr_mm", x.dtype, d), _csr_mm_bound, x.dtype, d)(n, values, indices, indptr, x, out)
     return out
+
+
+def _csr_mm_bound(dtype, d):
+    """``f(n, values, indices, indptr, x, out)``: :func:`csr_mm`'s launch for one dtype and width, bound once for
+    every row count (each sampled block has its own)."""
+    lg = min(5, max(0, (d - 1).bit_length() - 1))  # (lanes per row: a power of two about d / 2, at most a warp)
+    return sk.launch(sk.name(kn.csr_mm_name, dtype), 1, sk.THREADS, ("values", "indices", "indptr", "x", "out"),
+                     n=0, d=d, lg=lg).bind(rows=("n", sk.THREADS >> lg, sk.MAX_BLOCKS))
 
 
 def _warp_grid(rows, threads=sk.THREADS):
