@@ -230,13 +230,39 @@ def test_rmatmat_is_the_product_by_the_transpose_and_checks_its_operand(fmt):
             np.testing.assert_allclose(block.rmatmat(X), want, rtol=1e-6, atol=1e-6)
         with pytest.raises(ValueError, match=rf"X must have shape \({block.n_dst}, d\)"):
             block.rmatmat(X[1:])
+        H = rng.integers(-8, 9, (block.shape[1], 5)).astype(np.float32)
+        got = block.matmat(H)
+        assert got.shape == (block.n_dst, 5) and got.dtype == np.float32
+        np.testing.assert_allclose(got, block.adj.toarray().astype(np.float64) @ H, rtol=1e-6, atol=1e-6)
+        with pytest.raises(ValueError, match=rf"X must have shape \({block.shape[1]}, d\)"):
+            block.matmat(H[1:])
+
+
+def test_a_tiled_block_is_translated_only_when_its_matrix_is_asked_for():
+    """A layer multiplies a tiled block by its sampled entries' CSR both ways: a training step never translates
+    the block or its transpose, and ``adj`` (made on first use) is the same matrix."""
+    A = _graph(70, seed=12)
+    rng = np.random.default_rng(3)
+    seeds = rng.permutation(70)[:10]
+    blocks = tg.nn.sample_blocks(A, seeds, [4, 3], seed=5, device="cpu")
+    params = tg.nn.sage_init((6, 5, 3), np.random.default_rng(0))
+    logits, vjp = tg.nn.sage_apply(params, blocks, rng.standard_normal((blocks[0].shape[1], 6)).astype(np.float32))
+    vjp(np.ones_like(logits))
+    assert all(b._adj is None and b._adj_t is None for b in blocks)
+    b = blocks[1]
+    assert repr(b) == f"Block(n_dst={b.n_dst}, n_src={b.shape[1]}, nnz={b._entries[0].shape[0]}, TiledMatrix)"
+    csr = tg.nn.sample_blocks(A, seeds, [4, 3], seed=5, device="cpu", format="csr")
+    for b, c in zip(blocks, csr):
+        assert isinstance(b.adj, tg.TiledMatrix) and b.adj is b.adj and b.adj.shape == b.shape == c.shape
+        np.testing.assert_array_equal(b.adj.toarray(), c.adj.toarray())
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_rmatmat_on_the_gpu_is_the_product_by_the_transpose_and_deterministic(dtype):
-    """On the GPU, ``rmatmat`` is one CSR launch over the transpose's rows in entry order: the product to the
-    dtype's rounding (the entries are 1 / count), and the same bits call after call (no atomics)."""
+    """On the GPU, ``rmatmat`` is one CSR launch over the transpose's rows in entry order, and ``matmat`` one over
+    the block's own (its tiled matrix not made): the products to the dtype's rounding (the entries are 1 / count),
+    and the same bits call after call (no atomics)."""
     import cupy as cp
 
     A = _graph(400, seed=13)
@@ -250,6 +276,10 @@ def test_rmatmat_on_the_gpu_is_the_product_by_the_transpose_and_deterministic(dt
             got = dev.rmatmat(cp.asarray(X))
             assert got.dtype == dtype and got.shape == want.shape
             np.testing.assert_allclose(got.get(), want, rtol=1e-6, atol=1e-5)
+            H = rng.integers(-8, 9, (dev.shape[1], d)).astype(dtype)
+            got = dev.matmat(cp.asarray(H))
+            assert got.dtype == dtype and got.shape == (dev.n_dst, d) and dev._adj is None
+            np.testing.assert_allclose(got.get(), ref.adj.toarray().astype(np.float64) @ H, rtol=1e-6, atol=1e-5)
         R = cp.asarray(rng.standard_normal((dev.n_dst, 33)).astype(dtype))
         first = dev.rmatmat(R)
         np.testing.assert_allclose(first.get(), ref.adj.toarray().T.astype(np.float64) @ R.get(),

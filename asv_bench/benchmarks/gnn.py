@@ -141,8 +141,10 @@ class SampledBlocks:
                         for f in ("csr", "tiled")}
         self.seeds = np.random.default_rng(0).permutation(A.shape[0])[:1024]
         for loader in self.loaders.values():
-            loader.sample(self.seeds, seed=0)  # (compiles the sampler and the translation)
-        self._first_products(self.loaders["tiled"].sample(self.seeds, seed=0))  # (and the products' kernels)
+            loader.sample(self.seeds, seed=0)  # (compiles the sampler)
+        blocks = self.loaders["tiled"].sample(self.seeds, seed=0)
+        self._layer_products(blocks)  # (compiles the CSR kernel)
+        self._tiled_products(blocks)  # (and the translation and the products' kernels)
         from tcgnn_py.bench import wait_for_compiles
 
         # (the first builds translated on the host start the translation kernels' compile behind them: time
@@ -158,17 +160,30 @@ class SampledBlocks:
         _sync()
 
     def time_sample_tiled_first_products(self, graphs, name):
-        """A batch sampled as tiled blocks, each block's first product at 64 features and, past the first hop (whose
-        input is data), its transpose's: what a GraphSAGE step pays for its new matrices (with the sampling timed
-        above)."""
-        self._first_products(self.loaders["tiled"].sample(self.seeds, seed=1))
+        """A batch sampled as tiled blocks, each block's product at 64 features and, past the first hop (whose
+        input is data), its transpose's, as the layers make them (``matmat``, ``rmatmat``): what a GraphSAGE step
+        pays for its new matrices (with the sampling timed above)."""
+        self._layer_products(self.loaders["tiled"].sample(self.seeds, seed=1))
+        _sync()
+
+    def time_sample_tiled_translated(self, graphs, name):
+        """A batch sampled as tiled blocks, each block translated (``adj``) and its first product at 64 features:
+        the blocks' ready-to-multiply as tiled matrices."""
+        self._tiled_products(self.loaders["tiled"].sample(self.seeds, seed=1))
         _sync()
 
     @staticmethod
-    def _first_products(blocks):
+    def _layer_products(blocks):
         import cupy as cp
 
         for hop, block in enumerate(blocks):
-            block.adj @ cp.ones((block.adj.shape[1], 64), cp.float32)
+            block.matmat(cp.ones((block.shape[1], 64), cp.float32))
             if hop:
-                block.adj_t @ cp.ones((block.adj.shape[0], 64), cp.float32)
+                block.rmatmat(cp.ones((block.n_dst, 64), cp.float32))
+
+    @staticmethod
+    def _tiled_products(blocks):
+        import cupy as cp
+
+        for block in blocks:
+            block.adj @ cp.ones((block.shape[1], 64), cp.float32)

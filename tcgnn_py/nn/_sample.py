@@ -26,16 +26,30 @@ __all__ = ["Block", "sample_blocks", "NeighborLoader", "sage_init", "sage_conv",
 
 class Block:
     """One hop of a sampled batch: ``adj`` (``n_dst x n_src``, each row the mean over its sampled neighbors:
-    ``1 / count`` on its entries; a :class:`~tcgnn_py.TiledMatrix`, or a scipy / cupyx CSR matrix where sampled
-    with ``format="csr"``), ``src`` (the global ids of its source nodes, the destinations first) and ``n_dst``.
-    ``adj_t`` is ``adj``'s transpose, and ``rmatmat(X)`` its product ``adj.T @ X``, what a layer's backward
-    multiplies by."""
+    ``1 / count`` on its entries; a :class:`~tcgnn_py.TiledMatrix`, made on first use, or a scipy / cupyx CSR
+    matrix where sampled with ``format="csr"``), ``src`` (the global ids of its source nodes, the destinations
+    first) and ``n_dst``.  ``matmat(X)`` is ``adj @ X``, what a layer's forward multiplies by; ``adj_t`` is
+    ``adj``'s transpose, and ``rmatmat(X)`` its product ``adj.T @ X``, what a layer's backward multiplies by."""
 
-    __slots__ = ("adj", "src", "n_dst", "_entries", "_adj_t", "_csr_t")
+    __slots__ = ("_adj", "src", "n_dst", "shape", "_layout", "_entries", "_ptr", "_adj_t", "_csr_t")
 
-    def __init__(self, adj, src, n_dst, entries=None):
-        self.adj, self.src, self.n_dst = adj, src, n_dst
-        self._entries, self._adj_t, self._csr_t = entries, None, None
+    def __init__(self, adj, src, n_dst, shape=None, entries=None, ptr=None, layout=None):
+        self._adj, self.src, self.n_dst = adj, src, n_dst
+        self.shape = tuple(adj.shape) if adj is not None else shape
+        self._layout, self._entries, self._ptr, self._adj_t, self._csr_t = layout, entries, ptr, None, None
+
+    @property
+    def adj(self):
+        """The block's matrix.  A block sampled as ``"tiled"`` translates it from its sampled entries on first use:
+        its layers multiply by those entries' CSR (:meth:`matmat`), so a training step never translates it."""
+        if self._adj is None:
+            rows, cols, values = self._entries
+            self._adj = TiledMatrix((values, cols, self._ptr), shape=self.shape, layout=self._layout,
+                                    device=self._device())
+        return self._adj
+
+    def _device(self):
+        return "cpu" if array_module(self._entries[0]) is np else "cuda"
 
     @property
     def dst(self):
@@ -52,14 +66,31 @@ class Block:
             if self._entries is None:
                 self._adj_t = self.adj.T
             else:
-                rows, cols, values = self._entries
-                shape = self.adj.shape[::-1]
-                # (the entries are in row order: a stable sort by column alone leaves each column's rows ascending)
-                values, indices, indptr = coo_to_csr(values, cols, rows, shape, cols_sorted=True)
-                self._adj_t = TiledMatrix((values, indices, indptr), shape=shape, layout=self.adj.layout.name,
-                                          device=self.adj.device)
-                self._entries = None
+                values, indices, indptr = self._transpose_csr()
+                self._adj_t = TiledMatrix((values, indices, indptr), shape=self.shape[::-1], layout=self._layout,
+                                          device=self._device())
         return self._adj_t
+
+    def _transpose_csr(self):
+        """The transpose's CSR ``(values, indices, indptr)`` from the sampled entries, made once."""
+        if self._csr_t is None:
+            rows, cols, values = self._entries
+            # (the entries are in row order: a stable sort by column alone leaves each column's rows ascending)
+            self._csr_t = coo_to_csr(values, cols, rows, self.shape[::-1], cols_sorted=True)
+        return self._csr_t
+
+    def matmat(self, X):
+        """``adj @ X`` (``X`` with a row per source node; scipy's ``LinearOperator.matmat``), what a layer's forward
+        multiplies by.  A tiled block built from its sampled entries multiplies by their CSR in one launch of a
+        CSR kernel, each row's sum in entry order (its rows hold at most the fan-out's entries): a block serves a
+        step's few products, and its translation into tiles and its first product's plan would cost several times
+        the product.  Otherwise the product by :attr:`adj`."""
+        if X.ndim != 2 or X.shape[0] != self.shape[1]:
+            raise ValueError(f"X must have shape ({self.shape[1]}, d) (one row per source node), got {X.shape}")
+        if self._entries is None:
+            return _product(self.adj, X)
+        _, cols, values = self._entries
+        return self._csr_product((values, cols, self._ptr), self.shape, X, lambda: self.adj)
 
     def rmatmat(self, X):
         """``adj.T @ X`` (``X`` with a row per destination node; scipy's ``LinearOperator.rmatmat``), what a
@@ -69,26 +100,34 @@ class Block:
         Otherwise the product by :attr:`adj_t`."""
         if X.ndim != 2 or X.shape[0] != self.n_dst:
             raise ValueError(f"X must have shape ({self.n_dst}, d) (one row per destination node), got {X.shape}")
-        if self._adj_t is not None or self._entries is None:
-            adj_t = self.adj_t
-            return spmm(adj_t, X) if isinstance(adj_t, TiledMatrix) else adj_t @ X
+        if self._entries is None:
+            return _product(self.adj_t, X)
+        return self._csr_product(None, self.shape[::-1], X, lambda: self.adj_t)
+
+    def _csr_product(self, csr, shape, X, tiled):
+        """``M @ X`` for ``M`` the CSR ``csr`` (None: the transpose's, made now) of ``shape``: scipy's product on the
+        host, the CSR kernel on the GPU; the product by ``tiled()`` (the same matrix, tiled) where X lives on the
+        other side or has a dtype the kernel does not take."""
         xp = array_module(self._entries[0])
         if xp is not array_module(X) or xp is not np and X.dtype not in (np.float32, np.float64):
-            return spmm(self.adj_t, X)  # (X on the other side, or features the CSR kernel does not take)
-        if self._csr_t is None:
-            rows, cols, values = self._entries
-            # (the entries are in row order: a stable sort by column alone leaves each column's rows ascending)
-            self._csr_t = coo_to_csr(values, cols, rows, self.adj.shape[::-1], cols_sorted=True)
-        values, indices, indptr = self._csr_t
+            return spmm(tiled(), X)
+        values, indices, indptr = self._transpose_csr() if csr is None else csr
         if xp is np:
             import scipy.sparse as sp
 
-            A = sp.csr_array((values, indices, indptr), shape=self.adj.shape[::-1])
+            A = sp.csr_array((values, indices, indptr), shape=shape)
             return A @ X.astype(np.result_type(values.dtype, X.dtype), copy=False)
         return pointwise.csr_mm(values.astype(X.dtype, copy=False), indices, indptr, xp.ascontiguousarray(X))
 
     def __repr__(self):
-        return f"Block(n_dst={self.n_dst}, n_src={self.adj.shape[1]}, nnz={self.adj.nnz}, {type(self.adj).__name__})"
+        nnz, kind = (self._entries[0].shape[0], "TiledMatrix") if self._adj is None else (self._adj.nnz,
+                                                                                           type(self._adj).__name__)
+        return f"Block(n_dst={self.n_dst}, n_src={self.shape[1]}, nnz={nnz}, {kind})"
+
+
+def _product(A, X):
+    """``A @ X`` for a block's matrix: the library's product on a tiled one, scipy's or cupyx's on a CSR one."""
+    return spmm(A, X) if isinstance(A, TiledMatrix) else A @ X
 
 
 class _Graph:
@@ -212,15 +251,13 @@ def sample_blocks(A, seeds, fanouts, *, seed=0, device=None, layout=None, format
         # a failed pass and a sort inside it)
         src, ptr, local, rows, values = sample_hop(indptr, indices, nodes, k, _key(seed, h), graph.relabel())
         shape = (nodes.shape[0], src.shape[0])
-        entries = None
         if format == "csr":
-            adj = _csr(xp, values, local, ptr, shape)
+            hops.append(Block(_csr(xp, values, local, ptr, shape), src, int(nodes.shape[0])))
         else:
-            # int32 device arrays: built without a read back before the translation's own
+            # int32 device arrays: the CSR kernel's, and the translation's without a read back before its own; the
+            # tiled matrix made if asked for (the layers multiply by the entries' CSR, and adj_t is made from them)
             ptr = ptr if xp is np else ptr.astype(np.int32)
-            adj = TiledMatrix((values, local, ptr), shape=shape, layout=layout, device="cpu" if xp is np else "cuda")
-            entries = (rows, local, values)  # (adj_t is made from them, if a backward asks)
-        hops.append(Block(adj, src, int(nodes.shape[0]), entries))
+            hops.append(Block(None, src, int(nodes.shape[0]), shape, (rows, local, values), ptr, layout))
         nodes = src
     return hops[::-1]
 
@@ -319,14 +356,13 @@ def sage_conv(block, H, W_self, W_neigh, b=None):
     """
     if not isinstance(block, Block):
         raise TypeError(f"sage_conv expects a Block (tcgnn_py.nn.sample_blocks), got {type(block).__name__}")
-    A, n_dst = block.adj, block.n_dst
-    if H.ndim != 2 or H.shape[0] != A.shape[1]:
-        raise ValueError(f"sage_conv: H must have shape ({A.shape[1]}, f) (one row per source node), got {H.shape}")
+    n_src, n_dst = block.shape[1], block.n_dst
+    if H.ndim != 2 or H.shape[0] != n_src:
+        raise ValueError(f"sage_conv: H must have shape ({n_src}, f) (one row per source node), got {H.shape}")
     for name, W in (("W_self", W_self), ("W_neigh", W_neigh)):
         if W.ndim != 2 or W.shape[0] != H.shape[1]:
             raise ValueError(f"sage_conv: {name} must have shape ({H.shape[1]}, d), got {W.shape}")
-    tiled = isinstance(A, TiledMatrix)
-    agg = spmm(A, H) if tiled else A @ H
+    agg = block.matmat(H)
     # (the layers' dense products: on the GPU bound launches that every batch's row count shares)
     out = mm(H[:n_dst], W_self, b)
     out += mm(agg, W_neigh)
