@@ -356,6 +356,37 @@ def test_csr_edges_give_the_same_layers(rng):
                     np.testing.assert_allclose(host(a), b, rtol=1e-12, atol=1e-12)
 
 
+def test_row_edges_give_the_same_layers(rng):
+    """``RowEdges`` (the library's CSR kernel; scipy's product on the host) computes the tiled model's layers: GCN
+    on ``gcn_norm(format="csr")`` of a symmetric graph (its own transpose) and of a directed one (the transpose's
+    CSR, made once), and the attention layers' unfused sequence (new values in both directions, row and column
+    sums)."""
+    A0 = random_graph(rng, 45)
+    sym = (A0 + A0.T).tocsr()
+    for G in (sym, A0):
+        A = nn.gcn_norm(G, dtype=np.float64, device="cpu")
+        E = nn.gcn_norm(G, dtype=np.float64, device="cpu", format="csr")
+        assert isinstance(E, nn.RowEdges) and E.symmetric == (G is sym) and E.shape == A.shape
+        np.testing.assert_allclose(E.matrix.toarray(), A.toarray(), rtol=1e-15, atol=0)
+        H, W, g = rng.standard_normal((45, 4)), rng.standard_normal((4, 3)), rng.standard_normal((45, 3))
+        b = rng.standard_normal(3)
+        for f, args, gg in ((nn.gcn_conv, (H, W, b), g), (nn.agnn_conv, (H, 0.9), g[:, :1] * H)):
+            o1, v1 = f(A, *args)
+            o2, v2 = f(E, *args)
+            np.testing.assert_allclose(host(o1), o2, rtol=1e-12, atol=1e-12)
+            for x, y in zip(v1(gg), v2(gg)):
+                assert (x is None) == (y is None)
+                if x is not None:
+                    np.testing.assert_allclose(host(x), y, rtol=1e-12, atol=1e-12)
+        v = rng.standard_normal(E.values.shape[0])
+        M = sp.csr_array((v, E.cols, E.matrix.indptr), shape=E.shape)
+        np.testing.assert_allclose(E.spmm_t(H, v), M.T @ H, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(E.row_sums(v), M.sum(axis=1), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(E.col_sums(v), M.sum(axis=0), rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="format must be 'tiled' or 'csr', got 'coo'"):
+        nn.gcn_norm(A0, format="coo")
+
+
 def test_layer_errors(rng):
     A = nn.gcn_norm(random_graph(rng, 10))
     with pytest.raises(TypeError, match="TiledMatrix"):

@@ -118,6 +118,37 @@ def test_cupyx_edges_match_tiled(cp, rng):
             assert rel(a, b.get()) < 1e-12
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_row_edges_multiply_by_the_csr_kernel_both_ways(cp, rng, dtype):
+    """``RowEdges`` on the device: both products exact on small integers (the CSR kernel sums in the compute type),
+    through the transpose's CSR (new values gathered into its order) or, symmetric, the matrix itself; and
+    ``gcn_norm(format="csr")`` of a host batch on the device is the tiled matrix's model to float32's rounding."""
+    A = int_graph(rng, 300, 200, degree=9)
+    E = nn.RowEdges(tuple(cp.asarray(a) for a in (A.data.astype(dtype), A.indices, A.indptr)), A.shape)
+    X, Y = ints(rng, 200, 33, dtype=dtype), ints(rng, 300, 70, dtype=dtype)
+    np.testing.assert_array_equal(E.spmm(cp.asarray(X)).get(), A @ X)
+    np.testing.assert_array_equal(E.spmm_t(cp.asarray(Y)).get(), A.T @ Y)
+    v = rng.integers(-3, 4, A.nnz).astype(dtype)
+    M = sp.csr_array((v, A.indices, A.indptr), shape=A.shape)
+    np.testing.assert_array_equal(E.spmm_t(cp.asarray(Y), cp.asarray(v)).get(), M.T @ Y)
+    np.testing.assert_array_equal(E.col_sums(cp.asarray(v)).get(), M.sum(axis=0))
+    G = random_graph(rng, 400, density=0.02)
+    G = (G + G.T).tocsr()
+    F = nn.gcn_norm(G, device="cuda", format="csr", dtype=dtype)
+    assert F.symmetric and F.xp is cp and F.values.dtype == dtype
+    H = rng.standard_normal((400, 16)).astype(dtype)
+    want = nn.gcn_norm(G, device="cpu", dtype=np.float64).toarray() @ H
+    assert rel(F.spmm(cp.asarray(H)), want) < (1e-6 if dtype == np.float32 else 1e-13)
+    assert rel(F.spmm_t(cp.asarray(H)), want) < (1e-6 if dtype == np.float32 else 1e-13)
+    W, b = cp.asarray(rng.standard_normal((16, 8)).astype(dtype)), cp.zeros(8, dtype)
+    o1, v1 = nn.gcn_conv(F, cp.asarray(H), W, b)
+    o2, v2 = nn.gcn_conv(nn.gcn_norm(G, device="cpu", dtype=np.float64), H.astype(np.float64), W.get(), b.get())
+    assert rel(o1, o2) < (1e-5 if dtype == np.float32 else 1e-12)
+    g = rng.standard_normal(o2.shape)
+    for x, y in zip(v1(cp.asarray(g.astype(dtype))), v2(g)):
+        assert rel(x, y) < (1e-5 if dtype == np.float32 else 1e-12)
+
+
 def test_shared_tiling_transpose_on_device(cp, rng):
     A0 = random_graph(rng, 500, density=0.02)
     T = tg.TiledMatrix(A0.astype(np.float32))

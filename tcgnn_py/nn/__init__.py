@@ -4,7 +4,8 @@ Functional layers return ``(out, vjp)``, where ``vjp`` maps the gradient of the
 output to the gradients of the inputs.  Arrays are NumPy on the CPU (the
 reference path) and CuPy on the GPU; everything runs on the graph's device.
 
-- Graph preprocessing: :func:`gcn_norm`, :func:`add_self_loops`; batches of small graphs: :func:`batch` (one
+- Graph preprocessing: :func:`gcn_norm`, :func:`add_self_loops`; :class:`RowEdges` (a matrix the layers multiply
+  by the library's CSR kernel, for one used a few times); batches of small graphs: :func:`batch` (one
   block-diagonal graph) and :func:`readout` (per-graph sum, mean or max); neighbor-sampled mini-batches:
   :func:`sample_blocks` (a batch's bipartite :class:`Block` per hop) and :class:`NeighborLoader`.
 - Layers: :func:`gcn_conv`, :func:`sage_conv` (on a :class:`Block`), :func:`agnn_conv`, :func:`gat_conv`,
@@ -19,6 +20,7 @@ reference path) and CuPy on the GPU; everything runs on the graph's device.
 
 from ._attention import agnn_conv, gat_conv, graph_attention
 from ._batch import GraphBatch, batch, readout
+from ._edges import RowEdges
 from ._edges import CSREdges, EdgeView  # for the library's other packages (the distributed layers, the harness)
 from ._layers import accuracy, bias_act_dropout, cross_entropy, dropout, elu, gcn_conv, linear, relu
 from ._models import agnn_apply, agnn_init, default_rng, gat_apply, gat_init, gcn_apply, gcn_init, glorot
@@ -30,6 +32,7 @@ from ._train import TrainResult, train
 __all__ = [
     "gcn_norm",
     "add_self_loops",
+    "RowEdges",
     "gcn_conv",
     "agnn_conv",
     "gat_conv",

@@ -4,19 +4,22 @@ Layers see a matrix through an *edge view*: its stored values and their rows in
 the view's own order (the tiled order for a :class:`~tcgnn_py.TiledMatrix`),
 ``A_v @ X`` and ``A_vᵀ @ X`` for new values ``v`` in that order, and SDDMM.
 Edge arrays never change order between operations, so no permutation runs per
-step.  ``TiledEdges`` is the library's path; ``CSREdges`` runs the same layers
-on scipy or cupyx CSR matrices (the reference for tests and the baseline for
-benchmarks).
+step.  ``TiledEdges`` is the library's path; ``RowEdges`` multiplies a CSR
+matrix by the library's CSR kernel, for a matrix used a few times (a batch's, made
+every step), whose translation into tiles would cost more than its products;
+``CSREdges`` runs the same layers on scipy or cupyx CSR matrices (the reference
+for tests and the baseline for benchmarks).
 """
 
 import numpy as np
 
-from .._device import DeviceMismatchError, get_cupy
-from ..products import as_operand
+from .._device import DeviceMismatchError, array_module, get_cupy
+from ..products import as_operand, pointwise
+from ..tiles import coo_to_csr_order
 from .._tiled import TiledMatrix, sddmm, spmm
 from .._validation import check_real_dtype, is_half, value_dtype
 
-__all__ = ["EdgeView", "TiledEdges", "CSREdges", "edges_of", "array_on", "features_on", "floats"]
+__all__ = ["EdgeView", "TiledEdges", "RowEdges", "CSREdges", "edges_of", "array_on", "features_on", "floats"]
 
 
 class EdgeView:
@@ -103,6 +106,96 @@ class TiledEdges(EdgeView):
         ones = T.tiling.cached(("ones", axis, v.dtype.str), lambda: self.xp.ones((k, 1), dtype=v.dtype))
         M = self._with(v)
         return spmm(M if axis == 1 else M.T, ones, precision="fp32")[:, 0]
+
+
+class RowEdges(EdgeView):
+    """Edge view of a canonical CSR matrix multiplied by this library's CSR kernel on the GPU (each output row
+    summed over its entries in their order, in float32 or float64: deterministic, no tensor cores) and by scipy's
+    product on the host: the view of a matrix used a few times and dropped (a batch of graphs joined every
+    step), where a translation into tiles and a first product's plan would cost several times its products.
+
+    ``A``: a scipy or cupyx CSR matrix, or ``(data, indices, indptr)`` with ``shape``, canonical (each row's
+    columns ascending, none twice: the transpose is made by a stable sort of the rows alone).  ``symmetric``:
+    A equals its transpose exactly, so ``Aᵀ @ X`` is ``A @ X``; otherwise the transpose's CSR is made at its
+    first product and kept.  Products of X the kernel does not take (16-bit) go through cupyx.
+    """
+
+    def __init__(self, A, shape=None, symmetric=False):
+        if isinstance(A, tuple):
+            data, indices, indptr = A
+        else:
+            data, indices, indptr, shape = A.data, A.indices, A.indptr, A.shape
+        self.xp = array_module(indices)
+        self.shape = tuple(int(s) for s in shape)
+        self.values = data
+        self.cols, self._indptr = indices.astype(np.int32, copy=False), indptr.astype(np.int32, copy=False)
+        self.symmetric = bool(symmetric)
+        self._cache = {}
+
+    def cached(self, key, build):
+        """``build()`` once per key, kept with this view."""
+        if key not in self._cache:
+            self._cache[key] = build()
+        return self._cache[key]
+
+    @property
+    def rows(self):
+        """Row of every stored entry (int32; computed once)."""
+        xp = self.xp
+        return self.cached("rows", lambda: (xp.searchsorted(self._indptr, xp.arange(self.cols.shape[0]),
+                                                              side="right") - 1).astype(np.int32))
+
+    @property
+    def entry_ids(self):
+        return self.cached("entry_ids", lambda: self.xp.arange(self.cols.shape[0], dtype=np.int64))
+
+    @property
+    def matrix(self):
+        """The matrix as scipy's or cupyx's ``csr_matrix`` (the products of X the kernel does not take)."""
+        return self.cached("matrix", lambda: self._sparse().csr_matrix((self.values, self.cols, self._indptr),
+                                                                     shape=self.shape))
+
+    def _sparse(self):
+        if self.xp is np:
+            import scipy.sparse as sp
+
+            return sp
+        import cupyx.scipy.sparse as csp
+
+        return csp
+
+    def columns(self, x):
+        return x
+
+    def _product(self, values, indices, indptr, shape, X):
+        if self.xp is np or X.dtype not in (np.float32, np.float64) or X.ndim != 2:
+            return self._sparse().csr_matrix((values, indices, indptr), shape=shape) @ X
+        return pointwise.csr_mm(values.astype(X.dtype, copy=False), indices, indptr, self.xp.ascontiguousarray(X))
+
+    def spmm(self, X, values=None):
+        """``A_v @ X``."""
+        return self._product(self.values if values is None else values, self.cols, self._indptr, self.shape, X)
+
+    def spmm_t(self, X, values=None):
+        """``A_vᵀ @ X``: ``A_v @ X`` where A is symmetric and keeps its values, else by the transpose's CSR (new
+        values gathered into its order)."""
+        if self.symmetric and values is None:
+            return self.spmm(X)
+        order, indices, indptr = self.cached("transpose", lambda: coo_to_csr_order(
+            self.cols, self.rows, self.shape[::-1], cols_sorted=True))
+        values = self.values if values is None else values
+        return self._product(values[order], indices, indptr, self.shape[::-1], X)
+
+    def sddmm(self, Xa, Xb):
+        return (Xa[self.rows] * Xb[self.cols]).sum(axis=1)
+
+    def row_sums(self, v):
+        """``sum_j v_ij`` per row, as a product with a column of ones: in entry order (deterministic)."""
+        return self.spmm(self.xp.ones((self.shape[1], 1), v.dtype), v)[:, 0]
+
+    def col_sums(self, v):
+        """``sum_i v_ij`` per column, through the transpose's CSR (deterministic)."""
+        return self.spmm_t(self.xp.ones((self.shape[0], 1), v.dtype), v)[:, 0]
 
 
 class CSREdges(EdgeView):

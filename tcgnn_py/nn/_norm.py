@@ -6,7 +6,8 @@ from .._device import array_module, get_cupy, use_gpu
 from .._tuning import options
 from ..tiles import host_limit
 from .._tiled import TiledMatrix
-from .._validation import coerce_graph
+from .._validation import check_real_dtype, coerce_graph
+from ._edges import RowEdges
 
 __all__ = ["add_self_loops", "gcn_norm"]
 
@@ -120,8 +121,9 @@ def add_self_loops(A, *, fill_value=1.0, dtype=np.float32, layout=None, tile_sha
     return _tiled(_plus_identity(data, indices, indptr, n, xp, fill_value), dtype, layout, tile_shape, device)
 
 
-def gcn_norm(A, *, add_self_loops=True, dtype=np.float32, layout=None, tile_shape=None, device=None):
-    """Kipf & Welling's propagation matrix ``Â = D^-1/2 (A + I) D^-1/2`` as a TiledMatrix.
+def gcn_norm(A, *, add_self_loops=True, dtype=np.float32, layout=None, tile_shape=None, device=None,
+             format="tiled"):
+    """Kipf & Welling's propagation matrix ``Â = D^-1/2 (A + I) D^-1/2`` as a TiledMatrix (or a CSR edge view).
 
     ``D`` holds the row sums of ``A + I``, edge weights included (for a
     directed graph, where row ``i`` gathers from its in-neighbours, the
@@ -138,13 +140,17 @@ def gcn_norm(A, *, add_self_loops=True, dtype=np.float32, layout=None, tile_shap
         float32 for the tensor cores, float64 for exact checks.
     layout, tile_shape, device : optional
         As for :class:`~tcgnn_py.TiledMatrix`.
+    format : {"tiled", "csr"}
+        ``"csr"``: a :class:`RowEdges` over the matrix's CSR, which the layers take as they take a TiledMatrix and
+        multiply by the library's CSR kernel -- for a matrix used a few times (a batch of graphs joined every
+        step), whose translation into tiles and first products' plans would cost more than its products.
 
     Returns
     -------
-    TiledMatrix
+    TiledMatrix or RowEdges
         On the GPU when one is usable (``device=None``).  The normalisation runs in float64.  Where it ran on the
         host (a small host graph, or ``device="cpu"``) and the result is exactly symmetric (an undirected graph),
-        the matrix is its own transpose: ``T.T is T``.
+        the matrix is its own transpose: ``T.T is T`` (a :class:`RowEdges` multiplies by it both ways).
 
     Examples
     --------
@@ -153,6 +159,8 @@ def gcn_norm(A, *, add_self_loops=True, dtype=np.float32, layout=None, tile_shap
     >>> print(tg.nn.gcn_norm(A).toarray().round(6).tolist())
     [[0.5, 0.5], [0.5, 0.5]]
     """
+    if format not in ("tiled", "csr"):
+        raise ValueError(f"format must be 'tiled' or 'csr', got {format!r}")
     data, indices, indptr, n, xp = _square_csr(A, device)
     S = _plus_identity(data, indices, indptr, n, xp, 1.0 if add_self_loops else None)
     deg = xp.asarray(S.sum(axis=1)).reshape(-1)
@@ -161,12 +169,25 @@ def gcn_norm(A, *, add_self_loops=True, dtype=np.float32, layout=None, tile_shap
     dinv = xp.where(deg > 0, 1.0 / xp.sqrt(xp.where(deg > 0, deg, 1.0)), 0.0)
     rows = xp.searchsorted(S.indptr, xp.arange(S.nnz), side="right") - 1
     S.data = S.data * (dinv[rows] * dinv[S.indices])  # (one scale d_i d_j for (i, j) and (j, i): symmetry is kept)
+    if format == "csr":
+        return _row_edges(S, dtype, xp, device)
     T = _tiled(S, dtype, layout, tile_shape, device)
     # A symmetric graph's matrix, checked exactly on the host (where it was normalised), is its own transpose: a
     # layer's backward multiplies by it again instead of translating Aᵀ.
     if xp is np and _symmetric(S):
         T._own_transpose()
     return T
+
+
+def _row_edges(S, dtype, xp, device):
+    """:class:`RowEdges` of a normalised CSR ``S`` in ``dtype``, moved to the GPU where ``device`` asks (a host
+    graph normalised on the host: one upload of its three arrays), symmetric where checked on the host."""
+    check_real_dtype(np.dtype(dtype), "dtype")
+    symmetric = xp is np and _symmetric(S)
+    arrays = (S.data.astype(dtype), S.indices.astype(np.int32), S.indptr.astype(np.int32))
+    if xp is np and use_gpu(device):
+        arrays = tuple(get_cupy().asarray(a) for a in arrays)
+    return RowEdges(arrays, S.shape, symmetric=symmetric)
 
 
 def _symmetric(S):
