@@ -10,7 +10,10 @@ loop of many epochs compiles once; the implementations' epochs in turn, so that 
 alike) and the test accuracy after them, as the mean (and standard deviation) over :data:`SEEDS` seeded splits and
 initialisations -- one split's test set of a few hundred graphs moves by points from seed to seed:
 
-* ``tcgnn_py``: ``nn.gcn_norm`` of the batch (a :class:`~tcgnn_py.TiledMatrix`) and this library's products;
+* ``tcgnn_py``: ``nn.gcn_norm(..., format="csr")`` of the batch (a :class:`~tcgnn_py.nn.RowEdges`: the library's
+  CSR kernel, the batch's matrix never translated into tiles) and this library's layers;
+* ``tcgnn_py tiled``: ``nn.gcn_norm`` of the batch as a :class:`~tcgnn_py.TiledMatrix` (translated every step,
+  tensor-core products);
 * ``cupyx`` (``scipy`` on the host): the same layers over the batch's CSR, normalised with CSR operations -- what
   a CuPy user would write;
 * the ``--baselines`` file's ``classify_builders()``: another framework's model of the same widths on the same
@@ -90,8 +93,8 @@ def _csr_norm(A, xp):
 
 def _trainer(problem, fmt, device):
     """``step(ids, learn) -> (loss, correct)``: the model on the graphs ``ids`` (forward; backward and Adam where
-    ``learn``), its matrix a ``TiledMatrix`` (``fmt="tiled"``) or the batch's CSR (``"csr"``), initialised by the
-    problem's seed."""
+    ``learn``), its matrix a ``TiledMatrix`` (``fmt="tiled"``), a ``RowEdges`` (``"rows"``) or the batch's CSR
+    through cupyx or scipy (``"csr"``), initialised by the problem's seed."""
     from .. import nn
     from ..nn import CSREdges
 
@@ -107,8 +110,8 @@ def _trainer(problem, fmt, device):
 
     def step(ids, learn):
         b = nn.batch([graphs[k] for k in ids])
-        if fmt == "tiled":
-            A = nn.gcn_norm(b.adj, device=device)  # a new matrix every step
+        if fmt != "csr":
+            A = nn.gcn_norm(b.adj, device=device, format="csr" if fmt == "rows" else "tiled")  # (new every step)
         else:
             adj = b.adj
             if device == "cuda":
@@ -162,7 +165,8 @@ def bench_classify(spec, epochs=EPOCHS, device=None, extra=None, seed=0, seeds=S
         sync = cupy.cuda.Device().synchronize  # (every stream: another framework's too)
     problems = [classify_problem(spec, seed)]
     problems += [_split(problems[0], seed + s) for s in range(1, seeds)]
-    makers = [("tcgnn_py", lambda p: _trainer(p, "tiled", device)),
+    makers = [("tcgnn_py", lambda p: _trainer(p, "rows", device)),
+              ("tcgnn_py tiled", lambda p: _trainer(p, "tiled", device)),
               ("cupyx" if gpu else "scipy", lambda p: _trainer(p, "csr", device))]
     makers += [(name, lambda p, build=build: build(p, HIDDEN, LAYERS)) for name, build in (extra or {}).items()]
     first = problems[0]
