@@ -167,7 +167,10 @@ def gcn_norm(A, *, add_self_loops=True, dtype=np.float32, layout=None, tile_shap
     if bool((deg < 0).any()):  # synchronize!
         raise ValueError("gcn_norm: a row of A (+ I) sums to a negative value; D^-1/2 is undefined")
     dinv = xp.where(deg > 0, 1.0 / xp.sqrt(xp.where(deg > 0, deg, 1.0)), 0.0)
-    rows = xp.searchsorted(S.indptr, xp.arange(S.nnz), side="right") - 1
+    if xp is np:  # (each entry's row: a repeat on the host, where a search per entry costs several times more)
+        rows = np.repeat(np.arange(n), np.diff(S.indptr))
+    else:
+        rows = xp.searchsorted(S.indptr, xp.arange(S.nnz), side="right") - 1
     S.data = S.data * (dinv[rows] * dinv[S.indices])  # (one scale d_i d_j for (i, j) and (j, i): symmetry is kept)
     if format == "csr":
         return _row_edges(S, dtype, xp, device)
