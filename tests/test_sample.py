@@ -225,7 +225,7 @@ def test_rmatmat_is_the_product_by_the_transpose_and_checks_its_operand(fmt):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
         assert block.rmatmat(X[:, :0]).shape == (block.adj.shape[1], 0)
         if fmt == "tiled":
-            assert block._csr_t is not None and block._adj_t is None
+            assert "transpose" in block._csr._cache and block._adj_t is None
             block.adj_t
             np.testing.assert_allclose(block.rmatmat(X), want, rtol=1e-6, atol=1e-6)
         with pytest.raises(ValueError, match=rf"X must have shape \({block.n_dst}, d\)"):
@@ -250,7 +250,7 @@ def test_a_tiled_block_is_translated_only_when_its_matrix_is_asked_for():
     vjp(np.ones_like(logits))
     assert all(b._adj is None and b._adj_t is None for b in blocks)
     b = blocks[1]
-    assert repr(b) == f"Block(n_dst={b.n_dst}, n_src={b.shape[1]}, nnz={b._entries[0].shape[0]}, TiledMatrix)"
+    assert repr(b) == f"Block(n_dst={b.n_dst}, n_src={b.shape[1]}, nnz={b._csr.cols.shape[0]}, TiledMatrix)"
     csr = tg.nn.sample_blocks(A, seeds, [4, 3], seed=5, device="cpu", format="csr")
     for b, c in zip(blocks, csr):
         assert isinstance(b.adj, tg.TiledMatrix) and b.adj is b.adj and b.adj.shape == b.shape == c.shape
@@ -442,7 +442,7 @@ def test_sage_apply_is_its_layers_in_order():
     grads = vjp(g)
     # The first hop's input is data: no gradient of it, so its block's transpose is never made; the second's
     # backward multiplies by its transpose's CSR, made once, never translated into tiles.
-    assert blocks[0]._csr_t is None and blocks[1]._csr_t is not None
+    assert "transpose" not in blocks[0]._csr._cache and "transpose" in blocks[1]._csr._cache
     assert blocks[0]._adj_t is None and blocks[1]._adj_t is None
     dr, dWs1, dWn1, db1 = v2(g)
     _, dWs0, dWn0, db0 = v1(rv(dr))

@@ -61,12 +61,6 @@ class DistributedEdges(EdgeView):
         self.shape = (D.n_own, D.n_own)
         self._cache = {}
 
-    def cached(self, key, build):
-        """``build()`` once per key, kept with this view."""
-        if key not in self._cache:
-            self._cache[key] = build()
-        return self._cache[key]
-
     @property
     def values(self):
         return self.cached("values", lambda: self.dist.values)

@@ -26,7 +26,14 @@ class EdgeView:
     """What every edge view has (the layers use nothing else): ``shape``, ``xp``, ``values``, ``rows``, ``cols``
     (the entries' rows and columns, in the view's order), ``entry_ids``, ``cached(key, build)``,
     ``columns(x)`` (a per-node array indexed by ``cols``), ``spmm``, ``spmm_t``, ``sddmm``, ``row_sums``,
-    ``col_sums``.  Subclassed by :class:`TiledEdges`, :class:`CSREdges` and the distributed view."""
+    ``col_sums``.  Subclassed by :class:`TiledEdges`, :class:`RowEdges`, :class:`CSREdges` and the distributed
+    view."""
+
+    def cached(self, key, build):
+        """``build()`` once per key, kept with this view (in its ``_cache``, which a subclass makes)."""
+        if key not in self._cache:
+            self._cache[key] = build()
+        return self._cache[key]
 
 
 class TiledEdges(EdgeView):
@@ -117,10 +124,11 @@ class RowEdges(EdgeView):
     ``A``: a scipy or cupyx CSR matrix, or ``(data, indices, indptr)`` with ``shape``, canonical (each row's
     columns ascending, none twice: the transpose is made by a stable sort of the rows alone).  ``symmetric``:
     A equals its transpose exactly, so ``Aᵀ @ X`` is ``A @ X``; otherwise the transpose's CSR is made at its
-    first product and kept.  Products of X the kernel does not take (16-bit) go through cupyx.
+    first product and kept.  ``rows``: each entry's row, where the caller has them (else found at first use).
+    Products of X the kernel does not take (16-bit) go through cupyx.
     """
 
-    def __init__(self, A, shape=None, symmetric=False):
+    def __init__(self, A, shape=None, symmetric=False, rows=None):
         if isinstance(A, tuple):
             data, indices, indptr = A
         else:
@@ -128,21 +136,15 @@ class RowEdges(EdgeView):
         self.xp = array_module(indices)
         self.shape = tuple(int(s) for s in shape)
         self.values = data
-        self.cols, self._indptr = indices.astype(np.int32, copy=False), indptr.astype(np.int32, copy=False)
+        self.cols, self.indptr = indices.astype(np.int32, copy=False), indptr.astype(np.int32, copy=False)
         self.symmetric = bool(symmetric)
-        self._cache = {}
-
-    def cached(self, key, build):
-        """``build()`` once per key, kept with this view."""
-        if key not in self._cache:
-            self._cache[key] = build()
-        return self._cache[key]
+        self._cache = {} if rows is None else {"rows": rows}
 
     @property
     def rows(self):
         """Row of every stored entry (int32; computed once)."""
         xp = self.xp
-        return self.cached("rows", lambda: (xp.searchsorted(self._indptr, xp.arange(self.cols.shape[0]),
+        return self.cached("rows", lambda: (xp.searchsorted(self.indptr, xp.arange(self.cols.shape[0]),
                                                               side="right") - 1).astype(np.int32))
 
     @property
@@ -152,7 +154,7 @@ class RowEdges(EdgeView):
     @property
     def matrix(self):
         """The matrix as scipy's or cupyx's ``csr_matrix`` (the products of X the kernel does not take)."""
-        return self.cached("matrix", lambda: self._sparse().csr_matrix((self.values, self.cols, self._indptr),
+        return self.cached("matrix", lambda: self._sparse().csr_matrix((self.values, self.cols, self.indptr),
                                                                      shape=self.shape))
 
     def _sparse(self):
@@ -174,17 +176,30 @@ class RowEdges(EdgeView):
 
     def spmm(self, X, values=None):
         """``A_v @ X``."""
-        return self._product(self.values if values is None else values, self.cols, self._indptr, self.shape, X)
+        return self._product(self.values if values is None else values, self.cols, self.indptr, self.shape, X)
 
     def spmm_t(self, X, values=None):
         """``A_vᵀ @ X``: ``A_v @ X`` where A is symmetric and keeps its values, else by the transpose's CSR (new
         values gathered into its order)."""
         if self.symmetric and values is None:
             return self.spmm(X)
-        order, indices, indptr = self.cached("transpose", lambda: coo_to_csr_order(
-            self.cols, self.rows, self.shape[::-1], cols_sorted=True))
-        values = self.values if values is None else values
-        return self._product(values[order], indices, indptr, self.shape[::-1], X)
+        order, indices, indptr = self._transpose_order()
+        values = self.transpose()[0] if values is None else values[order]
+        return self._product(values, indices, indptr, self.shape[::-1], X)
+
+    def _transpose_order(self):
+        # (the entries are in row order: a stable sort by column alone leaves each column's rows ascending)
+        return self.cached("transpose", lambda: coo_to_csr_order(self.cols, self.rows, self.shape[::-1],
+                                                                 cols_sorted=True))
+
+    def transpose(self):
+        """The transpose's CSR ``(values, indices, indptr)`` (made once: one stable sort by column, one launch
+        for the CSR, one gather of the values)."""
+        def build():
+            order, indices, indptr = self._transpose_order()
+            return self.values[order], indices, indptr
+
+        return self.cached("transpose values", build)
 
     def sddmm(self, Xa, Xb):
         return (Xa[self.rows] * Xb[self.cols]).sum(axis=1)
@@ -224,12 +239,6 @@ class CSREdges(EdgeView):
         self.cols = A.indices
         self.entry_ids = xp.arange(A.nnz, dtype=np.int64)
         self._cache = {}
-
-    def cached(self, key, build):
-        """``build()`` once per key, kept with this view."""
-        if key not in self._cache:
-            self._cache[key] = build()
-        return self._cache[key]
 
     def _with(self, values):
         A = self.matrix

@@ -16,9 +16,8 @@ import numpy as np
 
 from .._device import array_module, get_cupy, use_gpu
 from .._tiled import TiledMatrix, spmm
-from ..products import pointwise
-from ..tiles import coo_to_csr
 from ..sampling import GOLDEN, Relabel, sample_hop, splitmix64
+from ._edges import RowEdges
 from ._layers import column_sums, dropout as drop, mm, relu
 from ._models import glorot
 
@@ -31,25 +30,25 @@ class Block:
     first) and ``n_dst``.  ``matmat(X)`` is ``adj @ X``, what a layer's forward multiplies by; ``adj_t`` is
     ``adj``'s transpose, and ``rmatmat(X)`` its product ``adj.T @ X``, what a layer's backward multiplies by."""
 
-    __slots__ = ("_adj", "src", "n_dst", "shape", "_layout", "_entries", "_ptr", "_adj_t", "_csr_t")
+    __slots__ = ("_adj", "src", "n_dst", "shape", "_layout", "_csr", "_adj_t")
 
-    def __init__(self, adj, src, n_dst, shape=None, entries=None, ptr=None, layout=None):
+    def __init__(self, adj, src, n_dst, shape=None, csr=None, layout=None):
         self._adj, self.src, self.n_dst = adj, src, n_dst
         self.shape = tuple(adj.shape) if adj is not None else shape
-        self._layout, self._entries, self._ptr, self._adj_t, self._csr_t = layout, entries, ptr, None, None
+        self._layout, self._csr, self._adj_t = layout, csr, None
 
     @property
     def adj(self):
         """The block's matrix.  A block sampled as ``"tiled"`` translates it from its sampled entries on first use:
         its layers multiply by those entries' CSR (:meth:`matmat`), so a training step never translates it."""
         if self._adj is None:
-            rows, cols, values = self._entries
-            self._adj = TiledMatrix((values, cols, self._ptr), shape=self.shape, layout=self._layout,
+            c = self._csr
+            self._adj = TiledMatrix((c.values, c.cols, c.indptr), shape=self.shape, layout=self._layout,
                                     device=self._device())
         return self._adj
 
     def _device(self):
-        return "cpu" if array_module(self._entries[0]) is np else "cuda"
+        return "cpu" if self._csr.xp is np else "cuda"
 
     @property
     def dst(self):
@@ -63,65 +62,47 @@ class Block:
         from the tiling (whose transpose first recovers every entry's row and column, then sorts and translates):
         the same matrix, translated from the same CSR."""
         if self._adj_t is None:
-            if self._entries is None:
+            if self._csr is None:
                 self._adj_t = self.adj.T
             else:
-                values, indices, indptr = self._transpose_csr()
-                self._adj_t = TiledMatrix((values, indices, indptr), shape=self.shape[::-1], layout=self._layout,
+                self._adj_t = TiledMatrix(self._csr.transpose(), shape=self.shape[::-1], layout=self._layout,
                                           device=self._device())
         return self._adj_t
 
-    def _transpose_csr(self):
-        """The transpose's CSR ``(values, indices, indptr)`` from the sampled entries, made once."""
-        if self._csr_t is None:
-            rows, cols, values = self._entries
-            # (the entries are in row order: a stable sort by column alone leaves each column's rows ascending)
-            self._csr_t = coo_to_csr(values, cols, rows, self.shape[::-1], cols_sorted=True)
-        return self._csr_t
-
     def matmat(self, X):
         """``adj @ X`` (``X`` with a row per source node; scipy's ``LinearOperator.matmat``), what a layer's forward
-        multiplies by.  A tiled block built from its sampled entries multiplies by their CSR in one launch of a
-        CSR kernel, each row's sum in entry order (its rows hold at most the fan-out's entries): a block serves a
-        step's few products, and its translation into tiles and its first product's plan would cost several times
-        the product.  Otherwise the product by :attr:`adj`."""
+        multiplies by.  A tiled block built from its sampled entries multiplies by their CSR in one launch of the
+        CSR kernel (:class:`RowEdges`; its rows hold at most the fan-out's entries): a block serves a step's few
+        products, and its translation into tiles and its first product's plan would cost several times the
+        product.  Otherwise, and for X the kernel does not take, the product by :attr:`adj`."""
         if X.ndim != 2 or X.shape[0] != self.shape[1]:
             raise ValueError(f"X must have shape ({self.shape[1]}, d) (one row per source node), got {X.shape}")
-        if self._entries is None:
-            return _product(self.adj, X)
-        _, cols, values = self._entries
-        return self._csr_product((values, cols, self._ptr), self.shape, X, lambda: self.adj)
+        if self._takes(X):
+            return self._csr.spmm(X)
+        return _product(self.adj, X)
 
     def rmatmat(self, X):
         """``adj.T @ X`` (``X`` with a row per destination node; scipy's ``LinearOperator.rmatmat``), what a
         layer's backward multiplies by.  A tiled block built from its sampled entries multiplies by its transpose's
-        CSR (one stable sort by column, one launch) in one CSR launch, each row's sum in entry order: the transpose
-        is used once, and its translation into tiles and its first product would cost several times the product.
-        Otherwise the product by :attr:`adj_t`."""
+        CSR (one stable sort by column, one launch) in one launch of the CSR kernel: the transpose is used once,
+        and its translation into tiles and its first product would cost several times the product.  Otherwise,
+        and for X the kernel does not take, the product by :attr:`adj_t`."""
         if X.ndim != 2 or X.shape[0] != self.n_dst:
             raise ValueError(f"X must have shape ({self.n_dst}, d) (one row per destination node), got {X.shape}")
-        if self._entries is None:
-            return _product(self.adj_t, X)
-        return self._csr_product(None, self.shape[::-1], X, lambda: self.adj_t)
+        if self._takes(X):
+            return self._csr.spmm_t(X)
+        return _product(self.adj_t, X)
 
-    def _csr_product(self, csr, shape, X, tiled):
-        """``M @ X`` for ``M`` the CSR ``csr`` (None: the transpose's, made now) of ``shape``: scipy's product on the
-        host, the CSR kernel on the GPU; the product by ``tiled()`` (the same matrix, tiled) where X lives on the
-        other side or has a dtype the kernel does not take."""
-        xp = array_module(self._entries[0])
-        if xp is not array_module(X) or xp is not np and X.dtype not in (np.float32, np.float64):
-            return spmm(tiled(), X)
-        values, indices, indptr = self._transpose_csr() if csr is None else csr
-        if xp is np:
-            import scipy.sparse as sp
-
-            A = sp.csr_array((values, indices, indptr), shape=shape)
-            return A @ X.astype(np.result_type(values.dtype, X.dtype), copy=False)
-        return pointwise.csr_mm(values.astype(X.dtype, copy=False), indices, indptr, xp.ascontiguousarray(X))
+    def _takes(self, X):
+        """Whether the entries' CSR multiplies X: X on the block's side, float32 or float64 on the GPU (the tiled
+        products take 16-bit X, and raise the device error of X on the other side)."""
+        c = self._csr
+        return (c is not None and array_module(X) is c.xp
+                and (c.xp is np or X.dtype in (np.float32, np.float64)))
 
     def __repr__(self):
-        nnz, kind = (self._entries[0].shape[0], "TiledMatrix") if self._adj is None else (self._adj.nnz,
-                                                                                           type(self._adj).__name__)
+        nnz, kind = (self._csr.cols.shape[0], "TiledMatrix") if self._adj is None else (self._adj.nnz,
+                                                                                         type(self._adj).__name__)
         return f"Block(n_dst={self.n_dst}, n_src={self.shape[1]}, nnz={nnz}, {kind})"
 
 
@@ -257,7 +238,8 @@ def sample_blocks(A, seeds, fanouts, *, seed=0, device=None, layout=None, format
             # int32 device arrays: the CSR kernel's, and the translation's without a read back before its own; the
             # tiled matrix made if asked for (the layers multiply by the entries' CSR, and adj_t is made from them)
             ptr = ptr if xp is np else ptr.astype(np.int32)
-            hops.append(Block(None, src, int(nodes.shape[0]), shape, (rows, local, values), ptr, layout))
+            hops.append(Block(None, src, int(nodes.shape[0]), shape, RowEdges((values, local, ptr), shape, rows=rows),
+                              layout))
         nodes = src
     return hops[::-1]
 
