@@ -387,6 +387,27 @@ def test_row_edges_give_the_same_layers(rng):
         nn.gcn_norm(A0, format="coo")
 
 
+def test_row_edges_check_their_arrays_and_operands(rng):
+    """``RowEdges`` of raw arrays: scipy's messages for arrays that do not make a CSR matrix (an index out of range
+    is found by the full check, which the kernel would read past), and X's rows named in a product."""
+    A = random_graph(rng, 12)
+    arrays = (A.data, A.indices, A.indptr)
+    with pytest.raises(TypeError, match="needs their shape"):
+        nn.RowEdges(arrays)
+    with pytest.raises(ValueError, match="index pointer size 12 should be 13"):
+        nn.RowEdges((A.data, A.indices, A.indptr[:-1]), (12, 12))
+    bad = A.indices.copy()
+    bad[0] = 12
+    with pytest.raises(ValueError, match="indices must be < 12"):
+        nn.RowEdges((A.data, bad, A.indptr), (12, 12))
+    nn.RowEdges((A.data, bad, A.indptr), (12, 12), check=False)  # (sizes alone: the maker vouches for the rest)
+    E = nn.RowEdges(A)
+    for f in (E.spmm, E.spmm_t):
+        with pytest.raises(ValueError, match=r"X must have 12 rows \(one per column of the matrix\), got shape"):
+            f(np.ones((11, 3)))
+    np.testing.assert_allclose(E.spmm(np.ones(12)), A @ np.ones(12))  # (a vector: scipy's product)
+
+
 def test_layer_errors(rng):
     A = nn.gcn_norm(random_graph(rng, 10))
     with pytest.raises(TypeError, match="TiledMatrix"):

@@ -17,7 +17,7 @@ from .._device import DeviceMismatchError, array_module, get_cupy
 from ..products import as_operand, pointwise
 from ..tiles import coo_to_csr_order
 from .._tiled import TiledMatrix, sddmm, spmm
-from .._validation import check_real_dtype, is_half, value_dtype
+from .._validation import check_csr_arrays, check_real_dtype, is_half, value_dtype
 
 __all__ = ["EdgeView", "TiledEdges", "RowEdges", "CSREdges", "edges_of", "array_on", "features_on", "floats"]
 
@@ -121,22 +121,26 @@ class RowEdges(EdgeView):
     product on the host: the view of a matrix used a few times and dropped (a batch of graphs joined every
     step), where a translation into tiles and a first product's plan would cost several times its products.
 
-    ``A``: a scipy or cupyx CSR matrix, or ``(data, indices, indptr)`` with ``shape``, canonical (each row's
-    columns ascending, none twice: the transpose is made by a stable sort of the rows alone).  ``symmetric``:
-    A equals its transpose exactly, so ``Aᵀ @ X`` is ``A @ X``; otherwise the transpose's CSR is made at its
-    first product and kept.  ``rows``: each entry's row, where the caller has them (else found at first use).
-    Products of X the kernel does not take (16-bit) go through cupyx.
+    ``A``: a scipy or cupyx CSR matrix, or ``(data, indices, indptr)`` with ``shape``.  ``check``: the arrays are
+    checked as scipy's ``check_format(full_check=True)`` does, with its messages (an index out of range would be
+    read past by the kernel); False checks their sizes alone, for arrays their maker vouches for.  ``symmetric``:
+    A equals its transpose exactly, so ``Aᵀ @ X`` is ``A @ X``; otherwise the transpose's CSR is made at its first
+    product and kept (a stable sort of the entries by column: each column's rows stay in row order).  ``rows``:
+    each entry's row, where the caller has them (else found at first use).  Products of X the kernel does not
+    take (16-bit, or 1-D) go through scipy or cupyx.
     """
 
-    def __init__(self, A, shape=None, symmetric=False, rows=None):
+    def __init__(self, A, shape=None, symmetric=False, rows=None, check=True):
         if isinstance(A, tuple):
+            if shape is None:
+                raise TypeError("RowEdges of (data, indices, indptr) arrays needs their shape")
             data, indices, indptr = A
         else:
             data, indices, indptr, shape = A.data, A.indices, A.indptr, A.shape
-        self.xp = array_module(indices)
         self.shape = tuple(int(s) for s in shape)
-        self.values = data
-        self.cols, self.indptr = indices.astype(np.int32, copy=False), indptr.astype(np.int32, copy=False)
+        self.values, self.cols, self.indptr = check_csr_arrays(data, indices, indptr, self.shape, full_check=check,
+                                                               read_sizes=False)
+        self.xp = array_module(self.cols)
         self.symmetric = bool(symmetric)
         self._cache = {} if rows is None else {"rows": rows}
 
@@ -170,6 +174,8 @@ class RowEdges(EdgeView):
         return x
 
     def _product(self, values, indices, indptr, shape, X):
+        if X.ndim not in (1, 2) or X.shape[0] != shape[1]:
+            raise ValueError(f"X must have {shape[1]} rows (one per column of the matrix), got shape {X.shape}")
         if self.xp is np or X.dtype not in (np.float32, np.float64) or X.ndim != 2:
             return self._sparse().csr_matrix((values, indices, indptr), shape=shape) @ X
         return pointwise.csr_mm(values.astype(X.dtype, copy=False), indices, indptr, self.xp.ascontiguousarray(X))

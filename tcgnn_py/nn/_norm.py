@@ -190,7 +190,7 @@ def _row_edges(S, dtype, xp, device):
     arrays = (S.data.astype(dtype), S.indices.astype(np.int32), S.indptr.astype(np.int32))
     if xp is np and use_gpu(device):
         arrays = tuple(get_cupy().asarray(a) for a in arrays)
-    return RowEdges(arrays, S.shape, symmetric=symmetric)
+    return RowEdges(arrays, S.shape, symmetric=symmetric, check=False)  # (a canonical CSR made here)
 
 
 def _symmetric(S):

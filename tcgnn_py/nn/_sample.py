@@ -238,8 +238,8 @@ def sample_blocks(A, seeds, fanouts, *, seed=0, device=None, layout=None, format
             # int32 device arrays: the CSR kernel's, and the translation's without a read back before its own; the
             # tiled matrix made if asked for (the layers multiply by the entries' CSR, and adj_t is made from them)
             ptr = ptr if xp is np else ptr.astype(np.int32)
-            hops.append(Block(None, src, int(nodes.shape[0]), shape, RowEdges((values, local, ptr), shape, rows=rows),
-                              layout))
+            csr = RowEdges((values, local, ptr), shape, rows=rows, check=False)  # (the sampler's own CSR)
+            hops.append(Block(None, src, int(nodes.shape[0]), shape, csr, layout))
         nodes = src
     return hops[::-1]
 
