@@ -1,11 +1,12 @@
 """Classify proteins (PROTEINS_full, 1,113 graphs) with a GCN over batches of small graphs and a mean readout.
 
 Each step joins a batch of graphs into one block-diagonal graph (``tg.nn.batch``), normalises it as Kipf &
-Welling do (``gcn_norm(..., format="csr")``: a new matrix every step, multiplied as CSR), runs three GCN layers of 64 features with ReLU, reads out
-each graph's mean (``tg.nn.readout``) and classifies it with a linear layer; the backward pass is the layers'
-vjps in reverse and Adam (lr 0.01) updates the parameters.  Node features: the one-hot secondary-structure type
-of each node (the set's node labels) and its degree scaled by 1/10.  The graphs are split 80 / 20 (seeded);
-the test accuracy of the last epoch is reported.  GCNs of this size reach about 70-76 % on PROTEINS.
+Welling do (``gcn_norm(..., format="csr")``: a new matrix every step, multiplied as CSR), runs three GCN layers of
+64 features with ReLU, reads out each graph's mean (``tg.nn.readout``) and classifies it with a linear layer; the
+backward pass is the layers' vjps in reverse and Adam (lr 0.01) updates the parameters.  Node features: the
+one-hot secondary-structure type of each node (the set's node labels) and its degree scaled by 1/10.  The graphs
+are split 80 / 20 (seeded); the test accuracy of the last epoch is reported.  GCNs of this size reach about
+70-76 % on PROTEINS.
 
     python examples/graph_classification.py                          # GPU if usable
     python examples/graph_classification.py --device cpu --epochs 20 --min-accuracy 0.65

@@ -656,7 +656,7 @@ __global__ void tcgnn_segment_sum(const T* __restrict__ x, const long long* __re
 // row (2^lg about d / 2, at most a warp), each lane on two columns at a time: a row's entries are read once per
 // group and x's rows coalesced, and no output pays a division to find its row.  Entries go NN_CSR_STEP at a time,
 // their loads issued before their sums (in entry order): a long row (a hub of a block's transpose) is a chain of
-// loads, whose latency the step's independent loads overlap.
+// loads, which the step's independent loads shorten.
 #define NN_CSR_STEP 8
 template <typename T>
 __global__ void tcgnn_csr_mm(const T* __restrict__ values, const int* __restrict__ indices,
