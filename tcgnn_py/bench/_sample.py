@@ -5,8 +5,9 @@ Per graph (features and labels as the epoch table's, :func:`tcgnn_py.bench.gnn_p
 * ``sampler``: sampled entries per second of :func:`tcgnn_py.nn.sample_blocks` with :data:`FANOUTS` on batches of
   :data:`BATCH` random seeds, CSR blocks (sampling and relabelling; no tiled matrix), median over batches;
 * ``epoch``: milliseconds per sampled training epoch (:data:`STEPS` batches of the training nodes, sampling
-  included) of a GraphSAGE of ``len(FANOUTS)`` mean layers (:data:`HIDDEN` features, ReLU, Adam): on tiled
-  blocks with this library's products (``tcgnn_py``), and on CSR blocks with cupyx's products (``cupyx``;
+  included) of a GraphSAGE of ``len(FANOUTS)`` mean layers (:data:`HIDDEN` features, ReLU, Adam): on blocks
+  sampled as tiled, which the layers multiply by their entries' CSR with this library's CSR kernel, none
+  translated (``tcgnn_py``), and on CSR blocks with cupyx's products (``cupyx``;
   scipy's on the host) -- what a CuPy user would write around the same sampler -- and on the same CSR blocks with
   another framework's layers (the ``--baselines`` file's ``sample_builders()``); each also without the sampling
   (``ms_trained``: the same number of batches sampled beforehand, then trained on).  Medians over ``repeat``
@@ -53,7 +54,7 @@ def _loader(problem, fmt, device, seed=0):
 
 def _trainer(problem, device, seed=0):
     """``train(seeds, blocks)``: one GraphSAGE step (:data:`HIDDEN` features, ReLU, Adam) on a batch's blocks,
-    tiled (this library's products) or CSR (scipy's or cupyx's)."""
+    sampled as tiled (this library's CSR kernel) or as CSR (scipy's or cupyx's products)."""
     from .. import nn
 
     xp = np
