@@ -385,6 +385,11 @@ def test_row_edges_give_the_same_layers(rng):
         np.testing.assert_allclose(E.col_sums(v), M.sum(axis=0), rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="format must be 'tiled' or 'csr', got 'coo'"):
         nn.gcn_norm(A0, format="coo")
+    with pytest.raises(TypeError, match="layout and tile_shape are a TiledMatrix's"):
+        nn.gcn_norm(A0, format="csr", layout="vector")
+    E = nn.gcn_norm(sym, device="cpu", format="csr")
+    assert repr(E) == f"<RowEdges of dtype 'float32' with {E.cols.shape[0]} stored elements and shape (45, 45), " \
+                      "symmetric, on cpu>"
 
 
 def test_row_edges_check_their_arrays_and_operands(rng):
@@ -401,6 +406,8 @@ def test_row_edges_check_their_arrays_and_operands(rng):
     with pytest.raises(ValueError, match="indices must be < 12"):
         nn.RowEdges((A.data, bad, A.indptr), (12, 12))
     nn.RowEdges((A.data, bad, A.indptr), (12, 12), check=False)  # (sizes alone: the maker vouches for the rest)
+    with pytest.raises(TypeError, match="RowEdges data dtype complex128 is not supported"):
+        nn.RowEdges((A.data.astype(complex), A.indices, A.indptr), (12, 12))
     E = nn.RowEdges(A)
     for f in (E.spmm, E.spmm_t):
         with pytest.raises(ValueError, match=r"X must have 12 rows \(one per column of the matrix\), got shape"):

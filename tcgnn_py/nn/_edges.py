@@ -138,11 +138,18 @@ class RowEdges(EdgeView):
         else:
             data, indices, indptr, shape = A.data, A.indices, A.indptr, A.shape
         self.shape = tuple(int(s) for s in shape)
+        check_real_dtype(data.dtype, "RowEdges data")
         self.values, self.cols, self.indptr = check_csr_arrays(data, indices, indptr, self.shape, full_check=check,
                                                                read_sizes=False)
         self.xp = array_module(self.cols)
         self.symmetric = bool(symmetric)
         self._cache = {} if rows is None else {"rows": rows}
+
+    def __repr__(self):
+        kind = ", symmetric" if self.symmetric else ""
+        device = "cpu" if self.xp is np else "cuda"
+        return (f"<RowEdges of dtype '{self.values.dtype}' with {self.cols.shape[0]} stored elements and shape "
+                f"{self.shape}{kind}, on {device}>")
 
     @property
     def rows(self):

@@ -161,6 +161,8 @@ def gcn_norm(A, *, add_self_loops=True, dtype=np.float32, layout=None, tile_shap
     """
     if format not in ("tiled", "csr"):
         raise ValueError(f"format must be 'tiled' or 'csr', got {format!r}")
+    if format == "csr" and (layout is not None or tile_shape is not None):
+        raise TypeError("gcn_norm: layout and tile_shape are a TiledMatrix's (format='tiled'), not a CSR view's")
     data, indices, indptr, n, xp = _square_csr(A, device)
     S = _plus_identity(data, indices, indptr, n, xp, 1.0 if add_self_loops else None)
     deg = xp.asarray(S.sum(axis=1)).reshape(-1)
