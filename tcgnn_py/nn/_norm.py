@@ -73,14 +73,18 @@ def _plus_diagonal(data, indices, indptr, n, fill_value):
     vals[diagonal] += fill_value
     missing = np.ones(n, bool)
     missing[rows[diagonal]] = False
-    below = np.bincount(rows[cols < rows], minlength=n)  # (each row's columns before its diagonal)
-    where = (indptr[:-1] + below)[missing]
+    added = np.zeros(n + 1, np.int64)
+    np.cumsum(missing, out=added[1:])  # (the diagonals inserted before each row, and in all)
+    # each entry moves past the diagonals inserted before its row, and one more past its own row's where it
+    # lies right of it: one scatter for both arrays, where an insert into each costs a pass and a copy of its own
+    at = np.arange(cols.shape[0]) + added[:-1][rows] + ((cols > rows) & missing[rows])
+    out_cols, out_vals = np.empty(cols.shape[0] + int(added[-1]), np.int64), np.empty(cols.shape[0] + int(added[-1]))
+    out_cols[at], out_vals[at] = cols, vals
     new = np.flatnonzero(missing)
-    cols = np.insert(cols, where, new)
-    vals = np.insert(vals, where, fill_value)
-    counts = np.zeros(n + 1, np.int64)
-    counts[1:] = np.cumsum(missing)
-    S = sparse.csr_array((vals, cols, indptr + counts), shape=(n, n), copy=False)
+    below = np.bincount(rows[cols < rows], minlength=n)  # (each row's columns before its diagonal)
+    where = (indptr[:-1] + added[:-1] + below)[new]
+    out_cols[where], out_vals[where] = new, fill_value
+    S = sparse.csr_array((out_vals, out_cols, indptr + added), shape=(n, n), copy=False)
     S.has_canonical_format = True
     return S
 
@@ -165,14 +169,16 @@ def gcn_norm(A, *, add_self_loops=True, dtype=np.float32, layout=None, tile_shap
         raise TypeError("gcn_norm: layout and tile_shape are a TiledMatrix's (format='tiled'), not a CSR view's")
     data, indices, indptr, n, xp = _square_csr(A, device)
     S = _plus_identity(data, indices, indptr, n, xp, 1.0 if add_self_loops else None)
-    deg = xp.asarray(S.sum(axis=1)).reshape(-1)
+    if xp is np:  # (each entry's row by a repeat, and the row sums by one pass over the entries in their order: a
+        # batch is normalised every step, where a search per entry or scipy's sum costs several times more)
+        rows = np.repeat(np.arange(n), np.diff(S.indptr))
+        deg = np.bincount(rows, weights=S.data, minlength=n)
+    else:
+        rows = xp.searchsorted(S.indptr, xp.arange(S.nnz), side="right") - 1
+        deg = xp.asarray(S.sum(axis=1)).reshape(-1)
     if bool((deg < 0).any()):  # synchronize!
         raise ValueError("gcn_norm: a row of A (+ I) sums to a negative value; D^-1/2 is undefined")
     dinv = xp.where(deg > 0, 1.0 / xp.sqrt(xp.where(deg > 0, deg, 1.0)), 0.0)
-    if xp is np:  # (each entry's row: a repeat on the host, where a search per entry costs several times more)
-        rows = np.repeat(np.arange(n), np.diff(S.indptr))
-    else:
-        rows = xp.searchsorted(S.indptr, xp.arange(S.nnz), side="right") - 1
     S.data = S.data * (dinv[rows] * dinv[S.indices])  # (one scale d_i d_j for (i, j) and (j, i): symmetry is kept)
     if format == "csr":
         return _row_edges(S, dtype, xp, device)
