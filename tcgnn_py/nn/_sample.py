@@ -32,9 +32,9 @@ class Block:
 
     __slots__ = ("_adj", "src", "n_dst", "shape", "_layout", "_csr", "_adj_t")
 
-    def __init__(self, adj, src, n_dst, shape=None, csr=None, layout=None):
+    def __init__(self, adj, src, n_dst, csr=None, layout=None):
         self._adj, self.src, self.n_dst = adj, src, n_dst
-        self.shape = tuple(adj.shape) if adj is not None else shape
+        self.shape = tuple((adj if adj is not None else csr).shape)
         self._layout, self._csr, self._adj_t = layout, csr, None
 
     @property
@@ -239,7 +239,7 @@ def sample_blocks(A, seeds, fanouts, *, seed=0, device=None, layout=None, format
             # tiled matrix made if asked for (the layers multiply by the entries' CSR, and adj_t is made from them)
             ptr = ptr if xp is np else ptr.astype(np.int32)
             csr = RowEdges((values, local, ptr), shape, rows=rows, check=False)  # (the sampler's own CSR)
-            hops.append(Block(None, src, int(nodes.shape[0]), shape, csr, layout))
+            hops.append(Block(None, src, int(nodes.shape[0]), csr, layout))
         nodes = src
     return hops[::-1]
 
