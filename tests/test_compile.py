@@ -50,8 +50,7 @@ NAMES = [
     "check_csr", "rank_edges", "window_blocks", "condense_edges", "count_block_rows", "scatter_edges", "block_meta", "sum_runs",
     "scan_tile_totals", "scan_tiles", "translate_small", "plan_units", "csr_of_order", "plan_longest_first",
     "pack_bits", "vector_codes", "count_meta_violations", "stage2_round", "gains_batch",
-    "best_partner", "group_windows", "sample_rows", "sort_rows", "hop_counts", "sample_mark_rows", "hop_sources",
-    "hop_local", "clear_slots",
+    "best_partner", "group_windows", "sample_rows", "place_slots", "sample_mark_rows", "hop_sources", "hop_rows",
 ]  # fmt: skip
 
 

@@ -86,39 +86,14 @@ def test_the_kernel_draws_the_references_sample(xp):
 
 
 @pytest.mark.kernels
-def test_the_row_sort_kernel_makes_the_references_canonical_csr(xp):
-    """sort_rows (one thread per row: its columns sorted in place, each entry's row and 1 / count) against
-    row_entries' NumPy reference (a sort of all entries by row and column), ties and empty rows among them; on the
-    GPU also row_entries itself, which takes the kernel up to SORT_ROWS_MAX and the sort past it."""
-    from tcgnn_py.kernels.numba_launch import launch
-    from tcgnn_py.kernels.sample import sort_rows
-
-    rng = np.random.default_rng(5)
-    n_src = 60
-    for fanout in (1, 3, 7, _sample.SORT_ROWS_MAX + 5):
-        counts = rng.integers(0, fanout + 1, 40 if not GPU else 700)
-        ptr = np.zeros(len(counts) + 1, np.int64)
-        np.cumsum(counts, out=ptr[1:])
-        local = rng.integers(0, n_src, int(ptr[-1])).astype(np.int32)  # (repeats: ties in a row)
-        want = _sample.row_entries(ptr, local.copy(), n_src, fanout)
-        assert [w.dtype for w in want] == [np.int32, np.int32, np.float32]
-        got = (xp.empty(len(local), np.int32), xp.asarray(local), xp.empty(len(local), np.float32))
-        launch(sort_rows, -(-len(counts) // 128), 128, xp.asarray(ptr), got[1], got[0], got[2])
-        for g, w in zip(got, want):
-            np.testing.assert_array_equal(host(g), w)
-        if xp is not np:
-            for g, w in zip(_sample.row_entries(xp.asarray(ptr), xp.asarray(local), n_src, fanout), want):
-                assert g.dtype == w.dtype
-                np.testing.assert_array_equal(host(g), w)
-
-
-@pytest.mark.kernels
-@pytest.mark.parametrize("bound_bytes", [None, 0], ids=["bound", "size_read_first"])
-def test_a_hop_through_the_kernels_is_the_sample_then_its_relabelling(xp, monkeypatch, bound_bytes):
-    """hop_kernels (the sample with its new nodes marked as drawn, one host read) gives the sources, row pointer and
-    columns of sample_reference then Relabel, hop after hop (destinations among the drawn nodes, a hub, an empty
-    batch), and leaves the graph's map whole after each; so does a hop whose bound's buffer would pass
-    HOP_BOUND_BYTES (its size read first)."""
+@pytest.mark.parametrize("bound_bytes", [None, 0], ids=["bound", "general_path"])
+def test_a_batch_through_the_kernels_is_the_references_hops(xp, monkeypatch, bound_bytes):
+    """hop_kernels (per hop: the sample with its new nodes marked as drawn, one scan, one host read, the sources
+    and the sorted rows) gives the hops of the host's sample_hops -- sample_reference, Relabel, the sort of all
+    entries -- bit for bit: destinations among the drawn nodes, a hub, a fan-out past SORT_ROWS_MAX and every
+    neighbor (-1) between kernel hops (the general path, the map cleared and placed around it), batches growing
+    (the counts' buffer grown); every hop's buffer past HOP_BOUND_BYTES takes the general path.  The graph's map is
+    whole after each batch, and after an empty one."""
     from tcgnn_py.sampling import _neighbors
 
     if bound_bytes is not None:
@@ -126,24 +101,24 @@ def test_a_hop_through_the_kernels_is_the_sample_then_its_relabelling(xp, monkey
     A = _graph(24 if not GPU else 300, seed=4)
     n = A.shape[0]
     indptr, indices = A.indptr.astype(np.int64), A.indices.astype(np.int32)
-    dev = _sample.Relabel(n, xp)
-    ref = _sample.Relabel(n, np)
-    nodes = np.array([0, 3, 5, 2, 17, 11], np.int64)
-    for h, fanout in enumerate((4, 2, 3, 1)):
+    dev, ref = _sample.Relabel(n, xp), _sample.Relabel(n, np)
+    batches = [([0, 3, 5, 2, 17, 11], (4, 2, 3, 1)), ([7], (2, _sample.SORT_ROWS_MAX + 1, 1)),
+               ([1, 2, 4, 6, 8, 9, 10, 12], (3, -1, 2)), (list(range(n // 2)), (1, 1)), ([], (3, 2))]
+    for b, (seeds, fanouts) in enumerate(batches):
+        seeds = np.array(seeds, np.int64)
+        keys = [40 + b * 7 + h for h in range(len(fanouts))]
+        want = _sample.sample_hops(indptr, indices, seeds, fanouts, keys, ref)
         with warnings.catch_warnings():  # (the simulator hashes with NumPy scalars, which warn where uint64 wraps)
             warnings.filterwarnings("ignore", "overflow encountered in scalar", RuntimeWarning)
-            src, ptr, local = _sample.hop_kernels(xp, xp.asarray(indptr), xp.asarray(indices), xp.asarray(nodes),
-                                                  fanout, 40 + h, dev)
-        want_ptr, cols = _sample.sample_reference(indptr, indices, nodes, fanout, 40 + h)
-        want_src, want_local = ref(nodes, cols)
-        for g, w in ((src, want_src), (ptr, want_ptr), (local, want_local)):
-            assert host(g).dtype == w.dtype
-            np.testing.assert_array_equal(host(g), w)
+            got = _sample.hop_kernels(xp, xp.asarray(indptr), xp.asarray(indices), xp.asarray(seeds), fanouts, keys,
+                                      dev)
+        assert len(got) == len(fanouts)
+        for g_hop, w_hop in zip(got, want):
+            dtypes = [np.int64, np.int32, np.int32, np.int32, np.float32]
+            for g, w, dtype in zip(g_hop, w_hop, dtypes):
+                assert host(g).dtype == dtype
+                np.testing.assert_array_equal(host(g), w)
         assert (host(dev.slot) == -1).all() and not host(dev.mark).any()
-        nodes = want_src[:12]
-    src, ptr, local = _sample.hop_kernels(xp, xp.asarray(indptr), xp.asarray(indices), xp.zeros(0, np.int64), 3, 1,
-                                          dev)
-    assert host(src).shape == (0,) and host(ptr).tolist() == [0] and host(local).shape == (0,)
 
 
 @pytest.mark.parametrize("where", ["cpu", "cuda"])

@@ -4,17 +4,17 @@
 replacement: all of them where the degree is at most ``fanout``, else Floyd's algorithm over the neighbor
 positions (``fanout`` draws whatever the degree, so a hub costs what a leaf does).  Draw ``t`` of node ``v`` is
 :func:`draw` of ``(key, v, t)``, a counter-based hash: no state between threads, and the same numbers on the host
-(:func:`tcgnn_py.sampling.sample_reference`), which this kernel must match bit for bit.  :func:`sort_rows`
-makes a hop's entries a canonical CSR: each row's columns ascending, with their rows and values.  A hop on the GPU
-(:func:`tcgnn_py.sampling.sample_hop`) samples with :func:`sample_mark_rows` and relabels with :func:`hop_counts`,
-:func:`hop_sources`, :func:`hop_local` and :func:`clear_slots`, so that it reads the device once.
+(:func:`tcgnn_py.sampling.sample_reference`), which this kernel must match bit for bit.  A batch's hops on the GPU
+(:func:`tcgnn_py.sampling.sample_hops`) take three launches each -- :func:`sample_mark_rows`, :func:`hop_sources`,
+:func:`hop_rows` -- around one scan and one host read, with :func:`place_slots` before the first and after the
+last: the sample, its relabelling and a canonical CSR (each row's columns ascending, with their rows and values).
 """
 
 import numpy as np
 from numba import cuda
 
-__all__ = ["sample_rows", "sort_rows", "hop_counts", "sample_mark_rows", "hop_sources", "hop_local", "clear_slots",
-           "draw", "KERNELS", "GOLDEN", "NODE_MIX"]
+__all__ = ["sample_rows", "place_slots", "sample_mark_rows", "hop_sources", "hop_rows", "draw", "KERNELS", "GOLDEN",
+           "NODE_MIX"]
 
 #: splitmix64's increment (the golden ratio) and the node's multiplier in the draw's counter.
 GOLDEN = 0x9E3779B97F4A7C15
@@ -65,98 +65,86 @@ def sample_rows(indptr, indices, nodes, fanout, key, out_ptr, out_cols):
     _sample_row(indptr, indices, nodes[i], fanout, key, out_cols, out_ptr[i])
 
 
-# A hop on the GPU (:func:`tcgnn_py.sampling.sample_hop`): the sample and its relabelling with one host read.
-# ``slot`` (node -> its column in the hop's sources, -1 where none) and ``mark`` (the sampled nodes that are not
-# destinations) are the graph's dense maps, whole (all -1, all 0) before and after a hop.
+# A batch's hops on the GPU (:func:`tcgnn_py.sampling.sample_hops`): each hop's sample and its relabelling with one
+# host read.  ``slot`` (node -> its column in the hop's sources, -1 where none) is the graph's dense map: it holds the
+# destinations' places when a hop starts (its sources are the next hop's destinations, in the same places, so the map
+# carries from hop to hop) and is whole (all -1) before and after a batch.  ``work`` is one int32 buffer: marks of
+# the sampled nodes that are not destinations at ``work[:n]`` (all 0 between hops), the destinations' sample counts
+# at ``work[n:n + n_dst]``, so that one scan of it gives both the new sources' places and the row pointer.
 
 @cuda.jit(cache=True)
-def hop_counts(indptr, nodes, fanout, counts, slot):
-    """Per destination ``i`` (one thread): how many neighbors it samples (``min(degree, fanout)``; every one where
-    ``fanout < 0``), and its node's slot ``i``."""
+def place_slots(nodes, slot, place):
+    """Per node ``i`` (one thread): its slot ``i`` where ``place``, else -1 (the map cleared)."""
+    i = cuda.grid(1)
+    if i < nodes.shape[0]:
+        slot[nodes[i]] = i if place else -1
+
+
+@cuda.jit(cache=True)
+def sample_mark_rows(indptr, indices, nodes, fanout, key, cols, work, n, slot):
+    """Per destination ``i`` (one thread): :func:`sample_rows` of ``fanout >= 0`` into ``cols[i * fanout:]`` (a
+    stride of the fan-out: no scan before it), its count at ``work[n + i]``, and each sampled node without a slot
+    (not a destination) marked at ``work[node]``."""
     i = cuda.grid(1)
     if i >= nodes.shape[0]:
         return
-    v = nodes[i]
-    d = indptr[v + 1] - indptr[v]
-    counts[i] = d if fanout < 0 or d <= fanout else fanout
-    slot[v] = i
+    o = i * fanout
+    c = _sample_row(indptr, indices, nodes[i], fanout, key, cols, o)
+    work[n + i] = c
+    for t in range(c):
+        v = cols[o + t]
+        if slot[v] < 0:
+            work[v] = 1
 
 
 @cuda.jit(cache=True)
-def sample_mark_rows(indptr, indices, nodes, fanout, key, out_ptr, out_cols, slot, mark):
-    """:func:`sample_rows`, each sampled node without a slot (not a destination) marked in ``mark``."""
-    i = cuda.grid(1)
-    if i >= nodes.shape[0]:
-        return
-    o = out_ptr[i]
-    n = _sample_row(indptr, indices, nodes[i], fanout, key, out_cols, o)
-    for t in range(n):
-        c = out_cols[o + t]
-        if slot[c] < 0:
-            mark[c] = 1
-
-
-@cuda.jit(cache=True)
-def hop_sources(nodes, mark, scan, slot, src):
-    """Per node ``t`` of the graph and per destination (one thread): ``src`` the destinations, then the marked nodes
-    ascending (``scan``: the inclusive scan of ``mark``), each marked node's slot its place there; marks cleared."""
+def hop_sources(nodes, work, scan, n, slot, src, ptr):
+    """Per node ``t`` of the graph and per destination (one thread), ``scan`` the inclusive scan of ``work[:n +
+    n_dst]``: ``src`` the destinations, then the marked nodes ascending, each marked node's slot its place there
+    (marks cleared); ``ptr`` the row pointer (the counts' scan less the marks' total)."""
     t = cuda.grid(1)
     n_dst = nodes.shape[0]
     if t < n_dst:
         src[t] = nodes[t]
-    if t < mark.shape[0] and mark[t] != 0:
+    if t <= n_dst:
+        ptr[t] = scan[n + t - 1] - scan[n - 1] if t else 0
+    if t < n and work[t] != 0:
         p = n_dst + scan[t] - 1
         src[p] = t
         slot[t] = p
-        mark[t] = 0
+        work[t] = 0
 
 
 @cuda.jit(cache=True)
-def hop_local(cols, slot):
-    """Per sampled entry (one thread): its node replaced by its column among the hop's sources, in place."""
-    j = cuda.grid(1)
-    if j < cols.shape[0]:
-        cols[j] = slot[cols[j]]
-
-
-@cuda.jit(cache=True)
-def clear_slots(src, slot):
-    """Per source node (one thread): its slot back to -1."""
-    i = cuda.grid(1)
-    if i < src.shape[0]:
-        slot[src[i]] = -1
-
-
-@cuda.jit(cache=True)
-def sort_rows(ptr, local, rows, values):
-    """Per row ``i`` of a sampled hop (one thread): its columns ``local[ptr[i]:ptr[i+1]]`` sorted ascending in
-    place (insertion: a row holds at most the fan-out's few entries), and each of its entries' row ``i`` and value
-    ``1 / count`` (the mean over the row's sampled neighbors, divided in float64 as NumPy's reference does)."""
+def hop_rows(cols, fanout, ptr, slot, local, rows, values):
+    """Per row ``i`` (one thread), after :func:`hop_sources`: its sampled nodes (``cols[i * fanout:]``) as columns
+    among the hop's sources, sorted ascending into ``local[ptr[i]:ptr[i+1]]`` (insertion: a row holds at most the
+    fan-out's few entries), each entry's row ``i`` and value ``1 / count`` (the mean over the row's sampled
+    neighbors, divided in float64 as NumPy's reference does)."""
     i = cuda.grid(1)
     if i >= ptr.shape[0] - 1:
         return
     s = ptr[i]
     e = ptr[i + 1]
+    o = i * fanout
     v = np.float32(1.0 / max(e - s, 1))
-    for t in range(s, e):
-        x = local[t]
-        j = t
+    for t in range(e - s):
+        x = slot[cols[o + t]]
+        j = s + t
         while j > s and local[j - 1] > x:
             local[j] = local[j - 1]
             j -= 1
         local[j] = x
-        rows[t] = i
-        values[t] = v
+        rows[s + t] = i
+        values[s + t] = v
 
 
 #: Every kernel with example argument types, for ``compile_ptx`` checks in CI.
 KERNELS = {
     "sample_rows": (sample_rows, "(int64[::1], int32[::1], int64[::1], int64, uint64, int64[::1], int32[::1])"),
-    "sort_rows": (sort_rows, "(int64[::1], int32[::1], int32[::1], float32[::1])"),
-    "hop_counts": (hop_counts, "(int64[::1], int64[::1], int64, int64[::1], int32[::1])"),
-    "sample_mark_rows": (sample_mark_rows, "(int64[::1], int32[::1], int64[::1], int64, uint64, int64[::1], int32[::1],"
-                                           " int32[::1], int8[::1])"),
-    "hop_sources": (hop_sources, "(int64[::1], int8[::1], int32[::1], int32[::1], int64[::1])"),
-    "hop_local": (hop_local, "(int32[::1], int32[::1])"),
-    "clear_slots": (clear_slots, "(int64[::1], int32[::1])"),
+    "place_slots": (place_slots, "(int64[::1], int32[::1], int64)"),
+    "sample_mark_rows": (sample_mark_rows, "(int64[::1], int32[::1], int64[::1], int64, uint64, int32[::1], int32[::1],"
+                                           " int64, int32[::1])"),
+    "hop_sources": (hop_sources, "(int64[::1], int32[::1], int32[::1], int64, int32[::1], int64[::1], int32[::1])"),
+    "hop_rows": (hop_rows, "(int32[::1], int64, int32[::1], int32[::1], int32[::1], int32[::1], float32[::1])"),
 }

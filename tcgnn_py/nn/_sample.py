@@ -16,7 +16,7 @@ import numpy as np
 
 from .._device import array_module, get_cupy, use_gpu
 from .._tiled import TiledMatrix, spmm
-from ..sampling import GOLDEN, Relabel, sample_hop, splitmix64
+from ..sampling import GOLDEN, Relabel, sample_hops, splitmix64
 from ._edges import RowEdges
 from ._layers import column_sums, dropout as drop, mm, relu
 from ._models import glorot
@@ -226,18 +226,19 @@ def sample_blocks(A, seeds, fanouts, *, seed=0, device=None, layout=None, format
         if int(array_module(given).unique(given).size) != given.size:  # synchronize!
             raise ValueError("seeds must be distinct node ids")
     nodes = xp.asarray(given, np.int64)
+    # each row's columns ascending: a canonical CSR, which the translation takes as it is (unsorted rows cost a
+    # failed pass and a sort inside it)
+    sampled = sample_hops(indptr, indices, nodes, fanouts, [_key(seed, h) for h in range(len(fanouts))],
+                          graph.relabel())
     hops = []
-    for h, k in enumerate(fanouts):
-        # each row's columns ascending: a canonical CSR, which the translation takes as it is (unsorted rows cost
-        # a failed pass and a sort inside it)
-        src, ptr, local, rows, values = sample_hop(indptr, indices, nodes, k, _key(seed, h), graph.relabel())
+    for src, ptr, local, rows, values in sampled:
         shape = (nodes.shape[0], src.shape[0])
         if format == "csr":
             hops.append(Block(_csr(xp, values, local, ptr, shape), src, int(nodes.shape[0])))
         else:
-            # int32 device arrays: the CSR kernel's, and the translation's without a read back before its own; the
-            # tiled matrix made if asked for (the layers multiply by the entries' CSR, and adj_t is made from them)
-            ptr = ptr if xp is np else ptr.astype(np.int32)
+            # the CSR kernel's arrays (int32 on the device), and the translation's without a read back before its
+            # own; the tiled matrix made if asked for (the layers multiply by the entries' CSR, and adj_t is made
+            # from them)
             csr = RowEdges((values, local, ptr), shape, rows=rows, check=False)  # (the sampler's own CSR)
             hops.append(Block(None, src, int(nodes.shape[0]), csr, layout))
         nodes = src

@@ -4,7 +4,7 @@ The names other packages use are here: they import this package, never its priva
 """
 
 from ._neighbors import (GOLDEN, HOP_BOUND_BYTES, NODE_MIX, SORT_ROWS_MAX, Relabel, hop_kernels, row_entries,
-                         sample_hop, sample_neighbors, sample_reference, splitmix64)
+                         sample_hops, sample_neighbors, sample_reference, splitmix64)
 
-__all__ = ["sample_neighbors", "sample_reference", "sample_hop", "hop_kernels", "row_entries", "Relabel", "splitmix64",
+__all__ = ["sample_neighbors", "sample_reference", "sample_hops", "hop_kernels", "row_entries", "Relabel", "splitmix64",
            "GOLDEN", "NODE_MIX", "SORT_ROWS_MAX", "HOP_BOUND_BYTES"]

@@ -9,7 +9,7 @@ import numpy as np
 
 from .._device import array_module, to_host
 
-__all__ = ["sample_reference", "sample_neighbors", "sample_hop", "hop_kernels", "row_entries", "Relabel", "splitmix64",
+__all__ = ["sample_reference", "sample_neighbors", "sample_hops", "hop_kernels", "row_entries", "Relabel", "splitmix64",
            "GOLDEN", "NODE_MIX", "SORT_ROWS_MAX", "HOP_BOUND_BYTES"]
 
 _M64 = (1 << 64) - 1
@@ -77,88 +77,109 @@ def sample_neighbors(indptr, indices, nodes, fanout, key):
     return ptr, cols
 
 
-#: A hop on the GPU writes its sample into a buffer of the fan-out's bound (:func:`hop_kernels`) while that buffer
-#: holds at most this many bytes; past it, the hop reads the sample's size first (two reads, an exact buffer).
+#: A hop on the GPU writes its sample into a buffer of the fan-out's bound (``fanout`` entries per destination) while
+#: that buffer holds at most this many bytes; past it the hop takes the general path (:func:`sample_neighbors`, which
+#: reads the sample's size first, then :class:`Relabel`).
 HOP_BOUND_BYTES = 1 << 28
 
-
-def sample_hop(indptr, indices, nodes, fanout, key, relabel):
-    """``(src, ptr, local, rows, values)`` of one hop: :func:`sample_neighbors` of ``nodes`` (distinct, int64),
-    relabelled by ``relabel`` (the graph's :class:`Relabel`, on the arrays' side), each row's columns ascending
-    (:func:`row_entries`).  On the GPU a fan-out's hop reads the device once (:func:`hop_kernels`): sampling then
-    relabelling reads it twice, the sample's size and then the new sources' count."""
-    if array_module(indptr) is np or fanout < 0:
-        ptr, cols = sample_neighbors(indptr, indices, nodes, fanout, key)
-        src, local = relabel(nodes, cols)
-    else:
-        src, ptr, local = hop_kernels(array_module(indptr), indptr, indices, nodes, fanout, key, relabel)
-    rows, local, values = row_entries(ptr, local, src.shape[0], fanout)
-    return src, ptr, local, rows, values
-
-
-def hop_kernels(xp, indptr, indices, nodes, fanout, key, relabel):
-    """``(src, ptr, local)`` of a hop of ``fanout >= 0`` through the kernels (``xp`` CuPy, or NumPy in the
-    simulator): :func:`sample_neighbors` and ``relabel``'s call in one pass -- the sample written into a buffer of
-    its bound (``fanout`` per node, up to :data:`HOP_BOUND_BYTES`), its new nodes marked as they are drawn -- and
-    one host read, of the sample's size and the new sources' count together.  The map is whole again afterwards,
-    whatever happened."""
-    from ..kernels import sample as k
-    from ..kernels.launch import THREADS_PER_BLOCK, grid, launch_numba
-
-    n_dst, n = nodes.shape[0], relabel.slot.shape[0]
-    ptr = xp.zeros(n_dst + 1, np.int64)
-    if not n_dst:
-        return xp.empty(0, np.int64), ptr, xp.empty(0, np.int32)
-    counts = xp.empty(n_dst, np.int64)
-    bound = min(n_dst * fanout, indices.shape[0])  # (distinct nodes: at most every entry of the graph)
-    slot, mark = relabel.slot, relabel.mark
-    with relabel._lock:
-        src = None
-        try:
-            launch_numba(k.hop_counts, grid(n_dst), THREADS_PER_BLOCK, indptr, nodes, int(fanout), counts, slot)
-            xp.cumsum(counts, out=ptr[1:])
-            if bound * 4 > HOP_BOUND_BYTES:  # a buffer of the bound would be large: the sample's size read first
-                bound = int(ptr[-1])  # synchronize!
-            cols = xp.empty(bound, np.int32)
-            launch_numba(k.sample_mark_rows, grid(n_dst), THREADS_PER_BLOCK, indptr, indices, nodes, int(fanout),
-                         np.uint64(key), ptr, cols, slot, mark)
-            scan = xp.cumsum(mark, dtype=np.int32)
-            # synchronize! (the hop's one read: its new sources and its entries)
-            n_new, nnz = (int(v) for v in to_host(xp.stack([scan[-1].astype(np.int64), ptr[-1]])))
-            src = xp.empty(n_dst + n_new, np.int64)
-            launch_numba(k.hop_sources, grid(n), THREADS_PER_BLOCK, nodes, mark, scan, slot, src)
-            local = cols[:nnz]
-            if nnz:
-                launch_numba(k.hop_local, grid(nnz), THREADS_PER_BLOCK, local, slot)
-        except BaseException:
-            slot[...], mark[...] = -1, 0
-            raise
-        launch_numba(k.clear_slots, grid(src.shape[0]), THREADS_PER_BLOCK, src, slot)
-    return src, ptr, local
-
-
-#: The largest fan-out whose rows :func:`row_entries` sorts one thread per row on the GPU (insertion: quadratic in
-#: a row's length); larger ones, and every neighbor (-1), take the sort of all entries.
+#: The largest fan-out whose hop the kernels make (the ``hop_rows`` kernel sorts a row's columns by insertion,
+#: quadratic in its length); larger ones, and every neighbor (-1), take the general path and its sort of all entries.
 SORT_ROWS_MAX = 64
 
 
-def row_entries(ptr, local, n_src, fanout):
-    """``(rows, local, values)`` of a hop's entries (``ptr`` its row pointer, int64; ``local`` each entry's source
-    column, int32, in the sampler's order): each row's columns ascending -- a canonical CSR, which the translation
-    takes as it is -- with each entry's row (int32) and value ``1 / count`` (float32, the mean over the row's
-    sampled neighbors; a row's values are all equal, so only the columns move).  On the GPU, fan-outs up to
-    :data:`SORT_ROWS_MAX` take the ``sort_rows`` kernel (one launch, ``local`` sorted in place); NumPy's sort of
-    all entries by ``(row, column)`` is the reference."""
-    xp = array_module(ptr)
-    if xp is not np and 0 <= fanout <= SORT_ROWS_MAX:
-        from ..kernels.launch import THREADS_PER_BLOCK, grid, launch_numba
-        from ..kernels.sample import sort_rows
+def sample_hops(indptr, indices, seeds, fanouts, keys, relabel):
+    """``[(src, ptr, local, rows, values), ...]``, one per hop from ``seeds`` (distinct, int64) out: hop ``h``
+    samples at most ``fanouts[h]`` neighbors of each node the hop before reached (:func:`sample_neighbors` with
+    ``keys[h]``), relabelled by ``relabel`` (the graph's :class:`Relabel`, on the arrays' side: the sources are the
+    destinations then the other sampled nodes ascending), each row's columns ascending (:func:`row_entries`); the
+    next hop's destinations are this hop's sources.
 
-        n_rows, nnz = ptr.shape[0] - 1, local.shape[0]
-        rows, values = xp.empty(nnz, np.int32), xp.empty(nnz, np.float32)
-        if n_rows:
-            launch_numba(sort_rows, grid(n_rows), THREADS_PER_BLOCK, ptr, local, rows, values)
-        return rows, local, values
+    On the GPU a hop of a fan-out up to :data:`SORT_ROWS_MAX` runs :func:`hop_kernels`: three launches, one scan and
+    one host read; its row pointer is int32 (the CSR kernel's), int64 elsewhere."""
+    xp = array_module(indptr)
+    hops, nodes = [], seeds
+    if xp is np:
+        for fanout, key in zip(fanouts, keys):
+            ptr, cols = sample_neighbors(indptr, indices, nodes, fanout, key)
+            src, local = relabel(nodes, cols)
+            rows, local, values = row_entries(ptr, local, src.shape[0], fanout)
+            hops.append((src, ptr, local, rows, values))
+            nodes = src
+        return hops
+    return hop_kernels(xp, indptr, indices, seeds, fanouts, keys, relabel)
+
+
+def _kernel_path(n, n_dst, fanout):
+    """Whether the kernels make this hop: a fan-out they sort, a bound's buffer of at most :data:`HOP_BOUND_BYTES`,
+    and ``n`` nodes plus the bound within the int32 scan."""
+    bound = n_dst * fanout
+    return 0 <= fanout <= SORT_ROWS_MAX and bound * 4 <= HOP_BOUND_BYTES and n + bound < 2**31
+
+
+def hop_kernels(xp, indptr, indices, seeds, fanouts, keys, relabel):
+    """:func:`sample_hops` through the kernels (``xp`` CuPy, or NumPy in the simulator).  Per hop: the sample into a
+    buffer of its bound with its new nodes marked as drawn (``sample_mark_rows``), one scan of the marks and the
+    counts together, one host read of both totals, then the sources and row pointer (``hop_sources``) and the
+    sorted rows (``hop_rows``).  The graph's map carries the destinations' places from hop to hop (placed before
+    the first, cleared after the last); a hop the kernels do not make takes the general path between a clear and a
+    placing.  The map is whole again afterwards, whatever happened."""
+    from ..kernels import sample as k
+    from ..kernels.launch import THREADS_PER_BLOCK, grid, launch_numba
+
+    slot, n = relabel.slot, relabel.slot.shape[0]
+    hops, nodes, placed = [], seeds, False
+    with relabel._lock:
+        try:
+            for fanout, key in zip(fanouts, keys):
+                n_dst = nodes.shape[0]
+                if not n_dst:  # (an empty batch: empty hops)
+                    hops.append((xp.empty(0, np.int64), xp.zeros(1, np.int32), xp.empty(0, np.int32),
+                                 xp.empty(0, np.int32), xp.empty(0, np.float32)))
+                    continue
+                if not _kernel_path(n, n_dst, fanout):
+                    if placed:
+                        launch_numba(k.place_slots, grid(n_dst), THREADS_PER_BLOCK, nodes, slot, 0)
+                        placed = False
+                    ptr, cols = sample_neighbors(indptr, indices, nodes, fanout, key)
+                    src, local = relabel(nodes, cols)
+                    rows, local, values = row_entries(ptr, local, src.shape[0], fanout)
+                    hops.append((src, ptr.astype(np.int32), local, rows, values))
+                    nodes = src
+                    continue
+                if not placed:
+                    launch_numba(k.place_slots, grid(n_dst), THREADS_PER_BLOCK, nodes, slot, 1)
+                    placed = True
+                work = relabel.work(n_dst)
+                cols = xp.empty(n_dst * fanout, np.int32)
+                launch_numba(k.sample_mark_rows, grid(n_dst), THREADS_PER_BLOCK, indptr, indices, nodes, int(fanout),
+                             np.uint64(key), cols, work, n, slot)
+                scan = xp.cumsum(work[:n + n_dst], dtype=np.int32)
+                # synchronize! (the hop's one read: its new sources' count, and that plus its entries)
+                n_new, total = (int(v) for v in to_host(scan[n - 1::n_dst][:2]))
+                src, ptr = xp.empty(n_dst + n_new, np.int64), xp.empty(n_dst + 1, np.int32)
+                launch_numba(k.hop_sources, grid(max(n, n_dst + 1)), THREADS_PER_BLOCK, nodes, work, scan, n, slot, src,
+                             ptr)
+                nnz = total - n_new
+                local, rows, values = xp.empty(nnz, np.int32), xp.empty(nnz, np.int32), xp.empty(nnz, np.float32)
+                launch_numba(k.hop_rows, grid(n_dst), THREADS_PER_BLOCK, cols, int(fanout), ptr, slot, local, rows,
+                             values)
+                hops.append((src, ptr, local, rows, values))
+                nodes = src
+            if placed:
+                launch_numba(k.place_slots, grid(nodes.shape[0]), THREADS_PER_BLOCK, nodes, slot, 0)
+        except BaseException:
+            relabel.reset()
+            raise
+    return hops
+
+
+def row_entries(ptr, local, n_src, fanout):
+    """``(rows, local, values)`` of a hop's entries (``ptr`` its row pointer; ``local`` each entry's source column,
+    int32, in the sampler's order): each row's columns ascending -- a canonical CSR, which the translation takes as
+    it is -- with each entry's row (int32) and value ``1 / count`` (float32, the mean over the row's sampled
+    neighbors; a row's values are all equal, so only the columns move), by a sort of all entries by ``(row,
+    column)`` (the reference of the ``hop_rows`` kernel)."""
+    xp = array_module(ptr)
     rows = xp.searchsorted(ptr, xp.arange(local.shape[0]), side="right") - 1
     local = local[xp.argsort(rows * n_src + local)]
     values = (1.0 / xp.maximum(xp.diff(ptr), 1)).astype(np.float32)[rows]
@@ -169,12 +190,27 @@ class Relabel:
     """A hop's source nodes and each sampled entry's column among them, by a dense map of one graph's ``n`` nodes
     (NumPy or CuPy, as ``xp``): its slots are made once and reset after each call, so a hop costs a few passes
     over what it sampled and one scan of the marks -- no sort (a sort-based ``unique`` / ``isin`` per hop costs
-    several times more on the GPU)."""
+    several times more on the GPU).  Its marks are the head of one int32 buffer whose tail holds a hop's counts
+    (:func:`hop_kernels`: one scan for both)."""
 
     def __init__(self, n, xp):
         self.slot = xp.full(n, -1, np.int32)  # node -> its column in the hop's sources, -1 where none
-        self.mark = xp.zeros(n, np.int8)  # the nodes the hop sampled that are not its destinations
-        self._xp, self._lock = xp, threading.Lock()
+        self._work = xp.zeros(n, np.int32)
+        self.mark = self._work  # the nodes the hop sampled that are not its destinations
+        self._xp, self._lock = xp, threading.RLock()  # (re-entered: the kernels' path calls the general one)
+
+    def work(self, n_dst):
+        """The marks (all 0) followed by room for ``n_dst`` counts; grown by doubling, up to ``2 n``."""
+        n = self.slot.shape[0]
+        if self._work.shape[0] < n + n_dst:
+            self._work = self._xp.zeros(n + min(n, max(n_dst, 2 * (self._work.shape[0] - n))), np.int32)
+            self.mark = self._work[:n]
+        return self._work
+
+    def reset(self):
+        """The map whole again (every slot -1, no mark), after a failure part way."""
+        self.slot[...] = -1
+        self.mark[...] = 0
 
     def __call__(self, nodes, cols):
         """``(src, local)``: ``src`` the destinations ``nodes`` (distinct, int64) then the other nodes of ``cols``
