@@ -226,8 +226,10 @@ def test_a_tiled_block_is_translated_only_when_its_matrix_is_asked_for():
     assert all(b._adj is None and b._adj_t is None for b in blocks)
     b = blocks[1]
     assert repr(b) == f"Block(n_dst={b.n_dst}, n_src={b.shape[1]}, nnz={b._csr.cols.shape[0]}, TiledMatrix)"
+    assert [b.nnz for b in blocks] == [b._csr.cols.shape[0] for b in blocks] and b._adj is None
     csr = tg.nn.sample_blocks(A, seeds, [4, 3], seed=5, device="cpu", format="csr")
     for b, c in zip(blocks, csr):
+        assert b.nnz == c.nnz == c.adj.nnz
         assert isinstance(b.adj, tg.TiledMatrix) and b.adj is b.adj and b.adj.shape == b.shape == c.shape
         np.testing.assert_array_equal(b.adj.toarray(), c.adj.toarray())
 

@@ -51,6 +51,11 @@ class Block:
         return "cpu" if self._csr.xp is np else "cuda"
 
     @property
+    def nnz(self):
+        """The sampled entries' count (a tiled block's from its entries: reading it translates nothing)."""
+        return int(self._csr.cols.shape[0] if self._adj is None else self._adj.nnz)
+
+    @property
     def dst(self):
         """The destination nodes' global ids (the first ``n_dst`` sources)."""
         return self.src[:self.n_dst]
@@ -101,9 +106,8 @@ class Block:
                 and (c.xp is np or X.dtype in (np.float32, np.float64)))
 
     def __repr__(self):
-        nnz, kind = (self._csr.cols.shape[0], "TiledMatrix") if self._adj is None else (self._adj.nnz,
-                                                                                         type(self._adj).__name__)
-        return f"Block(n_dst={self.n_dst}, n_src={self.shape[1]}, nnz={nnz}, {kind})"
+        kind = "TiledMatrix" if self._adj is None else type(self._adj).__name__
+        return f"Block(n_dst={self.n_dst}, n_src={self.shape[1]}, nnz={self.nnz}, {kind})"
 
 
 def _product(A, X):
