@@ -357,11 +357,12 @@ def results_page(env, graphs, reorders, gnn, args, first=None, attention=None, a
                   "GPU-only, and the chain's time per product minus it: the host cost of a call inside XLA beyond "
                   "the GPU's work.", "", jax_markdown(jaxrows), ""]
     if samplerows:
-        from ._sample import BATCH, FANOUTS, HIDDEN, STEPS, sample_markdown
+        from ._sample import BATCH, FANOUTS, HIDDEN, SAMPLER_BATCHES, STEPS, sample_markdown
 
         lines += ["## Sampled training", "",
-                  f"The neighbor sampler (fan-outs {list(FANOUTS)}, batches of {BATCH} random seeds, CSR blocks: "
-                  "sampled entries per second and milliseconds per batch), and a sampled training epoch "
+                  f"The neighbor sampler (fan-outs {list(FANOUTS)}, batches of {BATCH} random seeds, blocks as the "
+                  "training takes them: sampled entries per second and milliseconds per batch, median of "
+                  f"{SAMPLER_BATCHES}), and a sampled training epoch "
                   f"({STEPS} batches of the training nodes, sampling included) of GraphSAGE ({len(FANOUTS)} mean "
                   f"layers of {HIDDEN}) on tiled blocks and this library's products, beside the same pipeline on "
                   "CSR blocks and cupyx's products (scipy's on the host) and the `--baselines` file's layers on the "

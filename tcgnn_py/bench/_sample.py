@@ -2,8 +2,9 @@
 
 Per graph (features and labels as the epoch table's, :func:`tcgnn_py.bench.gnn_problem`):
 
-* ``sampler``: sampled entries per second of :func:`tcgnn_py.nn.sample_blocks` with :data:`FANOUTS` on batches of
-  :data:`BATCH` random seeds, CSR blocks (sampling and relabelling; no tiled matrix), median over batches;
+* ``sampler``: sampled entries per second of :func:`tcgnn_py.nn.sample_blocks` with :data:`FANOUTS` on
+  :data:`SAMPLER_BATCHES` batches of :data:`BATCH` random seeds, blocks as the training takes them (sampling,
+  relabelling and each block's CSR; no tiled matrix), median over batches;
 * ``epoch``: milliseconds per sampled training epoch (:data:`STEPS` batches of the training nodes, sampling
   included) of a GraphSAGE of ``len(FANOUTS)`` mean layers (:data:`HIDDEN` features, ReLU, Adam): on blocks
   sampled as tiled, which the layers multiply by their entries' CSR with this library's CSR kernel, none
@@ -20,7 +21,7 @@ import time
 
 import numpy as np
 
-__all__ = ["bench_sample", "sample_markdown", "FANOUTS", "BATCH", "STEPS", "HIDDEN"]
+__all__ = ["bench_sample", "sample_markdown", "FANOUTS", "BATCH", "STEPS", "HIDDEN", "SAMPLER_BATCHES"]
 
 #: Neighbors sampled per hop, from the seeds out.
 FANOUTS = (15, 10, 5)
@@ -30,6 +31,8 @@ BATCH = 1024
 STEPS = 10
 #: Hidden width of the GraphSAGE layers.
 HIDDEN = 64
+#: Batches the sampler's row times (after one that compiles its kernels): a batch takes about a millisecond.
+SAMPLER_BATCHES = 20
 
 
 def _loader(problem, fmt, device, seed=0):
@@ -121,17 +124,18 @@ def bench_sample(spec, repeat=5, device=None, extra=None):
     A = problem["adj"]
     n = A.shape[0]
     base = {"graph": problem["name"], "nnz": int(A.nnz)}
-    sampler = nn.NeighborLoader(A, [0], list(FANOUTS), 1, device=device, format="csr")  # (the graph moved once)
+    # (the graph moved once; blocks as the training takes them)
+    sampler = nn.NeighborLoader(A, [0], list(FANOUTS), 1, device=device, format="tiled")
     rng = np.random.default_rng(0)
     samples = []
-    for r in range(repeat + 1):
+    for r in range(SAMPLER_BATCHES + 1):
         seeds = rng.permutation(n)[:min(BATCH, n)]
         sync()
         t0 = time.perf_counter()
         blocks = sampler.sample(seeds, seed=r)
         sync()
         if r:  # (the first batch compiles the sampler's kernel)
-            samples.append((time.perf_counter() - t0, sum(int(b.adj.nnz) for b in blocks)))
+            samples.append((time.perf_counter() - t0, sum(b.nnz for b in blocks)))
     ms = 1e3 * statistics.median(t for t, _ in samples)
     rows = [dict(base, kind="sampler", impl="tcgnn_py", ms=ms,
                  entries_per_s=statistics.median(e / t for t, e in samples))]
