@@ -46,16 +46,32 @@ def acc_dtype(dtype):
     return np.dtype(np.float64 if np.dtype(dtype) == np.float64 else np.float32)
 
 
+def _counted(key, namer, dtype, names, arrays, fixed, count="n"):
+    """Launch the grid-stride kernel ``namer(dtype)`` on ``arrays`` (named ``names``; a None one is a null
+    pointer), ``count`` elements or rows taken from the first array's size, ``fixed`` every other parameter: bound
+    once per ``key`` for every count (a sampled or batched step's sizes change every step, and a launch made per
+    size would cost more than its kernel)."""
+    given = tuple(a is not None for a in arrays)
+    f = sk.bound_once(key + (given,), _counted_bind, namer, dtype, names, given, fixed, count)
+    f(fixed[count], *(a for a in arrays if a is not None))
+
+
+def _counted_bind(namer, dtype, names, given, fixed, count):
+    operands = tuple(n for n, g in zip(names, given) if g)
+    nulls = {n: None for n, g in zip(names, given) if not g}
+    return sk.launch(sk.name(namer, dtype), 1, sk.THREADS, operands, **dict(fixed, **nulls)).bind(
+        rows=(count, sk.THREADS, sk.MAX_BLOCKS))
+
+
 def tail(x, b, act, p, seed):
     """``dropout(act(x + b))`` in one pass, a new array of x's dtype: ``b`` one value per column of x or None,
     ``act`` a key of :data:`ACTIVATIONS`, ``seed`` (a float64 device draw) None for no dropout.  Arrays
     C-contiguous, of one dtype in :data:`TAIL_TYPES`."""
     out = get_cupy().ndarray(x.shape, x.dtype)  # x C-contiguous: cupy.empty_like without its wrapper
     if x.size:
-        n, cols = x.size, x.shape[-1] if x.ndim else 1
-        sk.planned(("tail", x.dtype, n, cols, act, p), lambda: sk.launch(
-            sk.name(kn.tail_name, x.dtype), sk.grid(n), sk.THREADS, ("x", "b", "out", "seed"), n=n, cols=cols,
-            act=ACTIVATIONS[act], p=p, scale=1 / (1 - p))).run(x, b, out, seed)
+        cols = x.shape[-1] if x.ndim else 1
+        _counted(("tail", x.dtype, cols, act, p), kn.tail_name, x.dtype, ("x", "b", "out", "seed"), (x, b, out, seed),
+                 dict(n=x.size, cols=cols, act=ACTIVATIONS[act], p=p, scale=1 / (1 - p)))
     return out
 
 
@@ -63,10 +79,9 @@ def tail_grad(g, x, b, act, p, seed):
     """The vjp of :func:`tail`: ``g`` times the recomputed mask and ``act'(x + b)`` (``x`` None without ``act``)."""
     dz = get_cupy().ndarray(g.shape, g.dtype)
     if g.size:
-        n, cols = g.size, g.shape[-1] if g.ndim else 1
-        sk.planned(("tail_grad", g.dtype, n, cols, act, p), lambda: sk.launch(
-            sk.name(kn.tail_grad_name, g.dtype), sk.grid(n), sk.THREADS, ("g", "x", "b", "dz", "seed"), n=n, cols=cols,
-            act=ACTIVATIONS[act], p=p, scale=1 / (1 - p))).run(g, x, b, dz, seed)
+        cols = g.shape[-1] if g.ndim else 1
+        _counted(("tail_grad", g.dtype, cols, act, p), kn.tail_grad_name, g.dtype, ("g", "x", "b", "dz", "seed"),
+                 (g, x, b, dz, seed), dict(n=g.size, cols=cols, act=ACTIVATIONS[act], p=p, scale=1 / (1 - p)))
     return dz
 
 
@@ -78,10 +93,8 @@ def cross_entropy(logits, labels, w, w0):
     loss = cp.ndarray((n,), logits.dtype)
     grad = cp.ndarray(logits.shape, logits.dtype)
     if n:
-        sk.planned(("cross_entropy", logits.dtype, n, k, float(w0)), lambda: sk.launch(
-            sk.name(kn.cross_entropy_name, logits.dtype), sk.grid(n), sk.THREADS,
-            ("logits", "labels", "w", "loss", "grad"),
-            w0=w0, n=n, k=k)).run(logits, labels, w, loss, grad)
+        _counted(("cross_entropy", logits.dtype, k, float(w0)), kn.cross_entropy_name, logits.dtype,
+                 ("logits", "labels", "w", "loss", "grad"), (logits, labels, w, loss, grad), dict(w0=w0, n=n, k=k))
     return loss, grad
 
 
@@ -90,11 +103,8 @@ def index_weights(n, index, value, dtype):
     end, one outside ``[-n, n)`` skipped) and 0 elsewhere: one fill and one launch (a scatter costs several)."""
     w = get_cupy().zeros(n, dtype)
     if index.size:
-        m = index.size
-        sk.planned(("index_weights", w.dtype, m, n, float(value)), lambda: sk.launch(
-            sk.name(kn.index_weights_name, w.dtype), sk.grid(m), sk.THREADS, ("w", "index"), m=m, n=n,
-            value=value)).run(
-            w, index)
+        _counted(("index_weights", w.dtype, n, float(value)), kn.index_weights_name, w.dtype, ("w", "index"),
+                 (w, index), dict(m=index.size, n=n, value=value), count="m")
     return w
 
 
@@ -102,13 +112,9 @@ def add_bias(x, b):
     """``x += b`` in place (``x`` C-contiguous of :data:`TAIL_TYPES`, ``b`` one value per column, same dtype,
     contiguous) in one launch bound per signature, no CuPy elementwise call; returns ``x``."""
     if x.size:
-        sk.bound_once(("add_bias", x.shape, x.dtype), _bias_bind, x)(x, b)
+        _counted(("add_bias", x.dtype, x.shape[-1]), kn.add_bias_name, x.dtype, ("x", "b"), (x, b),
+                 dict(n=x.size, cols=x.shape[-1]))
     return x
-
-
-def _bias_bind(x):
-    return sk.launch(sk.name(kn.add_bias_name, x.dtype), sk.grid(x.size), sk.THREADS, ("x", "b"), n=x.size,
-                   cols=x.shape[-1]).bind()
 
 
 def add_bias_bound(x, b):
@@ -116,7 +122,10 @@ def add_bias_bound(x, b):
     launch bound now: a bound layer call's."""
     if not x.size:
         return lambda x, b: None
-    return sk.bound_once(("add_bias", x.shape, x.dtype), _bias_bind, x)
+    n, cols = x.size, x.shape[-1]
+    f = sk.bound_once(("add_bias", x.dtype, cols, (True, True)), _counted_bind, kn.add_bias_name, x.dtype, ("x", "b"),
+                      (True, True), dict(n=n, cols=cols), "n")
+    return lambda x, b: f(n, x, b)
 
 
 def head_dots(x, a_src, a_dst, heads):
