@@ -30,14 +30,22 @@ def adam_table(params, moments, decays):
 
 def adam_multi(table, sizes, grads, coef, b1, b2, eps):
     """One Adam step of the tensors in ``table`` (:func:`adam_table`; ``sizes`` their element counts) with
-    ``grads`` (C-contiguous, of the parameters' dtype, in the table's order): one launch per 8 tensors."""
+    ``grads`` (C-contiguous, of the parameters' dtype, in the table's order): one launch per 8 tensors, each bound
+    once per table and kept (a step's gradients are new arrays, its table and coefficients are not)."""
     dtype = grads[0].dtype
-    t = dtype.type
-    name = sk.name(kn.adam_multi_name, dtype)
-    row = kn.ADAM_SLOTS * 8
     for start in range(0, len(grads), ADAM_MULTI):
         chunk = grads[start:start + ADAM_MULTI]
-        gs = {f"g{i}": chunk[i] if i < len(chunk) else None for i in range(ADAM_MULTI)}
         blocks = sk.grid(max(sizes[start:start + ADAM_MULTI]))
-        sk.launch(name, (blocks, len(chunk)), sk.THREADS, (), table=table.data.ptr + row * start, coef=coef, b1=t(b1),
-                b2=t(b2), eps=t(eps), **gs).run()
+        address = table.data.ptr + kn.ADAM_SLOTS * 8 * start
+        key = ("adam_multi", dtype, address, len(chunk), blocks, coef.data.ptr, float(b1), float(b2), float(eps))
+        sk.bound_once(key, _adam_bind, dtype, address, len(chunk), blocks, coef, b1, b2, eps)(*chunk)
+
+
+def _adam_bind(dtype, address, count, blocks, coef, b1, b2, eps):
+    """The launch of :func:`adam_multi` for ``count`` tensors of the table at ``address``, their gradients its
+    operands (the other slots null)."""
+    t = dtype.type
+    unused = {f"g{i}": None for i in range(count, ADAM_MULTI)}
+    return sk.launch(sk.name(kn.adam_multi_name, dtype), (blocks, count), sk.THREADS,
+                     tuple(f"g{i}" for i in range(count)), table=address, coef=coef, b1=t(b1), b2=t(b2), eps=t(eps),
+                     **unused).bind()
