@@ -48,15 +48,16 @@ def acc_dtype(dtype):
 
 def _counted(key, namer, dtype, names, arrays, fixed, count="n"):
     """Launch the grid-stride kernel ``namer(dtype)`` on ``arrays`` (named ``names``; a None one is a null
-    pointer), ``count`` elements or rows taken from the first array's size, ``fixed`` every other parameter: bound
-    once per ``key`` for every count (a sampled or batched step's sizes change every step, and a launch made per
-    size would cost more than its kernel)."""
+    pointer), ``fixed`` every other parameter by name, the parameter ``count`` its elements or rows: bound once per
+    ``key`` for every value of ``count`` (a sampled or batched step's sizes change every step, and a launch made
+    per size would cost more than its kernel)."""
     given = tuple(a is not None for a in arrays)
     f = sk.bound_once(key + (given,), _counted_bind, namer, dtype, names, given, fixed, count)
     f(fixed[count], *(a for a in arrays if a is not None))
 
 
 def _counted_bind(namer, dtype, names, given, fixed, count):
+    """:func:`_counted`'s launch: the given arrays its operands, the others null pointers."""
     operands = tuple(n for n, g in zip(names, given) if g)
     nulls = {n: None for n, g in zip(names, given) if not g}
     return sk.launch(sk.name(namer, dtype), 1, sk.THREADS, operands, **dict(fixed, **nulls)).bind(
