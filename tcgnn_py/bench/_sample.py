@@ -31,8 +31,11 @@ BATCH = 1024
 STEPS = 10
 #: Hidden width of the GraphSAGE layers.
 HIDDEN = 64
-#: Batches the sampler's row times (after one that compiles its kernels): a batch takes about a millisecond.
+#: Batches the sampler's row times, after :data:`SAMPLER_WARMUP` that compile its kernels and every background
+#: compile: a batch takes about a millisecond.
 SAMPLER_BATCHES = 20
+#: Untimed batches before them.
+SAMPLER_WARMUP = 3
 
 
 def _loader(problem, fmt, device, seed=0):
@@ -128,13 +131,15 @@ def bench_sample(spec, repeat=5, device=None, extra=None):
     sampler = nn.NeighborLoader(A, [0], list(FANOUTS), 1, device=device, format="tiled")
     rng = np.random.default_rng(0)
     samples = []
-    for r in range(SAMPLER_BATCHES + 1):
+    for r in range(SAMPLER_WARMUP + SAMPLER_BATCHES):
+        if r == SAMPLER_WARMUP:
+            wait_for_compiles()  # (a background compile holds the interpreter: it would time that instead)
         seeds = rng.permutation(n)[:min(BATCH, n)]
         sync()
         t0 = time.perf_counter()
         blocks = sampler.sample(seeds, seed=r)
         sync()
-        if r:  # (the first batch compiles the sampler's kernel)
+        if r >= SAMPLER_WARMUP:  # (the first batches compile the sampler's kernels and grow its buffers)
             samples.append((time.perf_counter() - t0, sum(b.nnz for b in blocks)))
     ms = 1e3 * statistics.median(t for t, _ in samples)
     rows = [dict(base, kind="sampler", impl="tcgnn_py", ms=ms,
