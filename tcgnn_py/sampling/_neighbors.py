@@ -97,16 +97,22 @@ def sample_hops(indptr, indices, seeds, fanouts, keys, relabel):
     On the GPU a hop of a fan-out up to :data:`SORT_ROWS_MAX` runs :func:`hop_kernels`: three launches, one scan and
     one host read; its row pointer is int32 (the CSR kernel's), int64 elsewhere."""
     xp = array_module(indptr)
+    if xp is not np:
+        return hop_kernels(xp, indptr, indices, seeds, fanouts, keys, relabel)
     hops, nodes = [], seeds
-    if xp is np:
-        for fanout, key in zip(fanouts, keys):
-            ptr, cols = sample_neighbors(indptr, indices, nodes, fanout, key)
-            src, local = relabel(nodes, cols)
-            rows, local, values = row_entries(ptr, local, src.shape[0], fanout)
-            hops.append((src, ptr, local, rows, values))
-            nodes = src
-        return hops
-    return hop_kernels(xp, indptr, indices, seeds, fanouts, keys, relabel)
+    for fanout, key in zip(fanouts, keys):
+        hops.append(_general_hop(indptr, indices, nodes, fanout, key, relabel))
+        nodes = hops[-1][0]
+    return hops
+
+
+def _general_hop(indptr, indices, nodes, fanout, key, relabel):
+    """``(src, ptr, local, rows, values)`` of one hop by :func:`sample_neighbors`, ``relabel`` and
+    :func:`row_entries`: the host's hop, and the GPU's where the kernels do not make it."""
+    ptr, cols = sample_neighbors(indptr, indices, nodes, fanout, key)
+    src, local = relabel(nodes, cols)
+    rows, local, values = row_entries(ptr, local, src.shape[0], fanout)
+    return src, ptr, local, rows, values
 
 
 def _kernel_path(n, n_dst, fanout):
@@ -140,9 +146,7 @@ def hop_kernels(xp, indptr, indices, seeds, fanouts, keys, relabel):
                     if placed:
                         launch_numba(k.place_slots, grid(n_dst), THREADS_PER_BLOCK, nodes, slot, 0)
                         placed = False
-                    ptr, cols = sample_neighbors(indptr, indices, nodes, fanout, key)
-                    src, local = relabel(nodes, cols)
-                    rows, local, values = row_entries(ptr, local, src.shape[0], fanout)
+                    src, ptr, local, rows, values = _general_hop(indptr, indices, nodes, fanout, key, relabel)
                     hops.append((src, ptr.astype(np.int32), local, rows, values))
                     nodes = src
                     continue
