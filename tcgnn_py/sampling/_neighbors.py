@@ -200,7 +200,6 @@ class Relabel:
     def __init__(self, n, xp):
         self.slot = xp.full(n, -1, np.int32)  # node -> its column in the hop's sources, -1 where none
         self._work = xp.zeros(n, np.int32)
-        self.mark = self._work  # the nodes the hop sampled that are not its destinations
         self._xp, self._lock = xp, threading.RLock()  # (re-entered: the kernels' path calls the general one)
 
     def work(self, n_dst):
@@ -208,8 +207,12 @@ class Relabel:
         n = self.slot.shape[0]
         if self._work.shape[0] < n + n_dst:
             self._work = self._xp.zeros(n + min(n, max(n_dst, 2 * (self._work.shape[0] - n))), np.int32)
-            self.mark = self._work[:n]
         return self._work
+
+    @property
+    def mark(self):
+        """The nodes a hop sampled that are not its destinations (1), the head of the counts' buffer."""
+        return self._work[:self.slot.shape[0]]
 
     def reset(self):
         """The map whole again (every slot -1, no mark), after a failure part way."""
