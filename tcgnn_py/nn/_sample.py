@@ -63,7 +63,7 @@ class Block:
     @property
     def adj_t(self):
         """``adj``'s transpose (``n_src x n_dst``), made on first use.  A tiled block built from its sampled entries
-        makes it from them -- one stable sort by column, one launch for its CSR, and one translation -- rather than
+        makes it from them -- the transpose's CSR (:meth:`RowEdges.transpose`) and one translation -- rather than
         from the tiling (whose transpose first recovers every entry's row and column, then sorts and translates):
         the same matrix, translated from the same CSR."""
         if self._adj_t is None:
@@ -89,7 +89,7 @@ class Block:
     def rmatmat(self, X):
         """``adj.T @ X`` (``X`` with a row per destination node; scipy's ``LinearOperator.rmatmat``), what a
         layer's backward multiplies by.  A tiled block built from its sampled entries multiplies by its transpose's
-        CSR (one stable sort by column, one launch) in one launch of the CSR kernel: the transpose is used once,
+        CSR (:meth:`RowEdges.transpose`) in one launch of the CSR kernel: the transpose is used once,
         and its translation into tiles and its first product would cost several times the product.  Otherwise,
         and for X the kernel does not take, the product by :attr:`adj_t`."""
         if X.ndim != 2 or X.shape[0] != self.n_dst:
@@ -224,10 +224,12 @@ def sample_blocks(A, seeds, fanouts, *, seed=0, device=None, layout=None, format
     if given.ndim != 1 or not (given.dtype.kind in "iu" or given.size == 0):
         raise ValueError(f"seeds must be a 1-D array of node ids, got shape {given.shape} and dtype {given.dtype}")
     if given.size:
-        lo, hi = int(given.min()), int(given.max())  # synchronize! (device seeds: a kernel would read past indptr)
+        # one sort gives the range and the repeats (a hash-based unique of a batch costs several sorts)
+        s = array_module(given).sort(given)
+        lo, hi = int(s[0]), int(s[-1])  # synchronize! (device seeds: a kernel would read past indptr)
         if lo < 0 or hi >= n:
             raise ValueError(f"seeds must be node ids in [0, {n}), got ids from {lo} to {hi}")
-        if int(array_module(given).unique(given).size) != given.size:  # synchronize!
+        if bool((s[1:] == s[:-1]).any()):  # synchronize!
             raise ValueError("seeds must be distinct node ids")
     nodes = xp.asarray(given, np.int64)
     # each row's columns ascending: a canonical CSR, which the translation takes as it is (unsorted rows cost a
