@@ -49,6 +49,7 @@ INTRINSICS = {
 NAMES = [
     "check_csr", "rank_edges", "window_blocks", "condense_edges", "count_block_rows", "scatter_edges", "block_meta", "sum_runs",
     "scan_tile_totals", "scan_tiles", "translate_small", "plan_units", "csr_of_order", "plan_longest_first",
+    "transpose_count", "transpose_place", "transpose_rank",
     "pack_bits", "vector_codes", "count_meta_violations", "stage2_round", "gains_batch",
     "best_partner", "group_windows", "sample_rows", "place_slots", "sample_mark_rows", "hop_sources", "hop_rows",
 ]  # fmt: skip

@@ -37,7 +37,8 @@ serialise), with one host read at the end:
 Beside the translation, with its scans: :func:`plan_units` writes a small new tiling's product plan (its
 windows cut into units) by one CTA where the tiling is, and :func:`plan_longest_first` writes it with its units
 sorted by length, longest first, in the same launch; :func:`csr_of_order` gathers the CSR of COO pairs after their
-sort (a sampled block's transpose) in one launch.
+sort in one launch; :func:`transpose_count`, :func:`transpose_place` and :func:`transpose_rank` make a CSR's
+transpose without a sort (a sampled block's, made every step).
 
 The number of blocks is known only on the device: buffers are sized by the
 bound ``nnz // W + windows`` (a window of ``m`` entries has at most
@@ -70,6 +71,9 @@ __all__ = [
     "plan_units",
     "plan_longest_first",
     "csr_of_order",
+    "transpose_count",
+    "transpose_place",
+    "transpose_rank",
     "SMALL_THREADS",
     "cta_threads",
     "KERNELS",
@@ -665,6 +669,51 @@ def csr_of_order(order, rows, cols, data, indptr, indices, out):
         indptr[t] = lo
 
 
+# A canonical CSR's transpose without a sort: its columns' counts (``transpose_count``), a scan of them into the
+# transpose's row pointer, each entry's row into its column's run in any order (``transpose_place``), then each
+# entry at its place in that run, the run's rows ascending (``transpose_rank``).  The rows of one column are
+# distinct, so an entry's place is the number of the run's rows below its own: the result does not depend on the
+# order the atomics placed them in (bit for bit the stable sort's).
+
+@cuda.jit(cache=True)
+def transpose_count(indices, count):
+    """Per entry (one thread): one more in its column's ``count`` (zeroed before)."""
+    e = cuda.grid(1)
+    if e < indices.shape[0]:
+        cuda.atomic.add(count, indices[e], 1)
+
+
+@cuda.jit(cache=True)
+def transpose_place(indices, rows, ptr, count, run_rows):
+    """Per entry (one thread), ``ptr`` the scan of the counts: its row into a free place of its column's run
+    ``run_rows[ptr[c]:ptr[c + 1]]`` (any order), the column's count taken back down to zero."""
+    e = cuda.grid(1)
+    if e < indices.shape[0]:
+        c = indices[e]
+        run_rows[ptr[c] + cuda.atomic.sub(count, c, 1) - 1] = rows[e]
+
+
+@cuda.jit(cache=True)
+def transpose_rank(indices, rows, ptr, run_rows, data, order, out_indices, out_data):
+    """Per entry ``e`` (one thread) of row ``r`` and column ``c``, after :func:`transpose_place`: its place ``p`` in
+    the transpose is ``ptr[c]`` plus the number of rows below ``r`` in its column's run; ``out_indices[p] = r``,
+    ``order[p] = e``, ``out_data[p] = data[e]`` (``out_data`` empty: no values)."""
+    e = cuda.grid(1)
+    if e >= indices.shape[0]:
+        return
+    c = indices[e]
+    r = rows[e]
+    s = ptr[c]
+    p = s
+    for q in range(s, ptr[c + 1]):
+        if run_rows[q] < r:
+            p += 1
+    out_indices[p] = r
+    order[p] = e
+    if out_data.shape[0]:
+        out_data[p] = data[e]
+
+
 #: Every kernel with example argument types, for ``compile_ptx`` checks in CI.
 _I = "int32[::1]"
 KERNELS = {
@@ -695,6 +744,9 @@ KERNELS = {
     "plan_units": (plan_units, f"({_I}, int64, int64, {_I}, {_I}, {_I}, {_I}, {_I}, {_I}, int32[:, ::1], "
                                "int32[:, ::1], int32[:, ::1])"),
     "csr_of_order": (csr_of_order, f"(int64[::1], {_I}, {_I}, float32[::1], {_I}, {_I}, float32[::1])"),
+    "transpose_count": (transpose_count, f"({_I}, {_I})"),
+    "transpose_place": (transpose_place, f"({_I}, {_I}, {_I}, {_I}, {_I})"),
+    "transpose_rank": (transpose_rank, f"({_I}, {_I}, {_I}, {_I}, float32[::1], int64[::1], {_I}, float32[::1])"),
     "plan_longest_first": (plan_longest_first, f"({_I}, int64, int64, {_I}, {_I}, {_I}, {_I}, {_I}, {_I}, "
                                                f"int32[:, ::1], int32[:, ::1], int32[:, ::1], {_I}, {_I}, "
                                                "int32[:, ::1], int32[:, ::1])"),

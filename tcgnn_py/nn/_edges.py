@@ -15,7 +15,7 @@ import numpy as np
 
 from .._device import DeviceMismatchError, array_module, get_cupy
 from ..products import as_operand, pointwise
-from ..tiles import coo_to_csr_order
+from ..tiles import csr_transpose
 from .._tiled import TiledMatrix, sddmm, spmm
 from .._validation import check_csr_arrays, check_real_dtype, is_half, value_dtype
 
@@ -125,7 +125,7 @@ class RowEdges(EdgeView):
     checked as scipy's ``check_format(full_check=True)`` does, with its messages (an index out of range would be
     read past by the kernel); False checks their sizes alone, for arrays their maker vouches for.  ``symmetric``:
     A equals its transpose exactly, so ``Aᵀ @ X`` is ``A @ X``; otherwise the transpose's CSR is made at its first
-    product and kept (a stable sort of the entries by column: each column's rows stay in row order).  ``rows``:
+    product and kept (:meth:`transpose`).  ``rows``:
     each entry's row, where the caller has them (else found at first use).  Products of X the kernel does not
     take (16-bit, or 1-D) go through scipy or cupyx.
     """
@@ -196,23 +196,26 @@ class RowEdges(EdgeView):
         values gathered into its order)."""
         if self.symmetric and values is None:
             return self.spmm(X)
-        order, indices, indptr = self._transpose_order()
-        values = self.transpose()[0] if values is None else values[order]
+        if values is None:
+            values, indices, indptr = self.transpose()
+        else:
+            order, indices, indptr = self._transpose_order()
+            values = values[order]
         return self._product(values, indices, indptr, self.shape[::-1], X)
 
     def _transpose_order(self):
-        # (the entries are in row order: a stable sort by column alone leaves each column's rows ascending)
-        return self.cached("transpose", lambda: coo_to_csr_order(self.cols, self.rows, self.shape[::-1],
-                                                                 cols_sorted=True))
+        """``(order, indices, indptr)``: the transpose's CSR, and the position of each of its entries in this view's
+        order (``values[order]`` are its values)."""
+        return self._transposed()[:3]
 
     def transpose(self):
-        """The transpose's CSR ``(values, indices, indptr)`` (made once: one stable sort by column, one launch
-        for the CSR, one gather of the values)."""
-        def build():
-            order, indices, indptr = self._transpose_order()
-            return self.values[order], indices, indptr
+        """The transpose's CSR ``(values, indices, indptr)``."""
+        _, indices, indptr, values = self._transposed()
+        return values, indices, indptr
 
-        return self.cached("transpose values", build)
+    def _transposed(self):
+        # made once, with the values (tiles.csr_transpose: on the GPU a few launches, no sort, no read back)
+        return self.cached("transpose", lambda: csr_transpose(self.rows, self.cols, self.shape, self.values))
 
     def sddmm(self, Xa, Xb):
         return (Xa[self.rows] * Xb[self.cols]).sum(axis=1)

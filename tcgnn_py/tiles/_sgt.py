@@ -18,7 +18,7 @@ from ..kernels.launch import grid as _grid
 from ..kernels.launch import launch_numba as _launch
 
 __all__ = ["tile", "translate", "translate_kernels", "canonicalize_kernels", "coo_to_csr", "coo_to_csr_order",
-           "csr_of_order_kernels",
+           "csr_of_order_kernels", "csr_transpose", "transpose_kernels", "TRANSPOSE_RANK_MAX",
            "host_limit", "on_host", "upload", "kernels_ran", "warm_kernels", "HOST_PLAN_MAX", "DERIVED",
            "block_meta_layout"]
 
@@ -432,6 +432,49 @@ def coo_to_csr_order(rows, cols, shape, cols_sorted=False):
     pairs come in ascending ``cols`` order (a CSR's entries, transposed), so a stable sort by row alone orders
     them, without (row, column) keys."""
     return _csr_of_order(rows, cols, shape, cols_sorted)[:3]
+
+
+#: The most ``rows x entries`` of a matrix whose transpose :func:`csr_transpose` makes by its kernels: the last one
+#: reads, per entry, its column's run of the transpose, at most that many reads in all (where one column holds every
+#: row); above it, a stable sort's cost is the smaller bound.
+TRANSPOSE_RANK_MAX = 1 << 32
+
+
+def csr_transpose(rows, cols, shape, data=None):
+    """``(order, indices, indptr, data[order])`` (``data`` None: None) of the transpose of a canonical CSR matrix of
+    ``shape``, given its entries' rows and columns (int32, in its order): the transpose's CSR, each of its entries'
+    position in the matrix's order.  :func:`coo_to_csr_order` of the pairs transposed, bit for bit.  On the GPU
+    within :data:`TRANSPOSE_RANK_MAX`, :func:`transpose_kernels`: a transpose made every step (a sampled block's)
+    costs a few launches, no sort and no device→host read."""
+    xp = array_module(rows)
+    if xp is np or int(shape[0]) * int(cols.shape[0]) > TRANSPOSE_RANK_MAX:
+        return _csr_of_order(cols, rows, shape[::-1], True, data)
+    gather = data is not None and data.dtype not in (np.float32, np.float64)  # (the kernel's value types)
+    order, indices, indptr, out = transpose_kernels(xp, rows, cols, shape, None if gather else data)
+    return order, indices, indptr, data[order] if gather else out
+
+
+def transpose_kernels(xp, rows, cols, shape, data=None):
+    """:func:`csr_transpose` by :func:`~tcgnn_py.kernels.sgt.transpose_count`, a scan,
+    :func:`~tcgnn_py.kernels.sgt.transpose_place` and :func:`~tcgnn_py.kernels.sgt.transpose_rank` (``xp`` CuPy, or
+    NumPy in the simulator)."""
+    from ..kernels import sgt as k
+
+    n = int(shape[1])
+    nnz = cols.shape[0]
+    rows, cols = rows.astype(np.int32, copy=False), cols.astype(np.int32, copy=False)
+    count, status = xp.zeros(n, np.int32), xp.zeros(1, np.int32)
+    indptr, indices, run_rows = xp.empty(n + 1, np.int32), xp.empty(nnz, np.int32), xp.empty(nnz, np.int32)
+    order = xp.empty(nnz, np.int64)
+    out = xp.empty(0 if data is None else nnz, np.float32 if data is None else data.dtype)
+    if nnz:
+        _launch(k.transpose_count, _grid(nnz), _TPB, cols, count)
+    _scan(xp, k, count, indptr, status)
+    if nnz:
+        _launch(k.transpose_place, _grid(nnz), _TPB, cols, rows, indptr, count, run_rows)
+        _launch(k.transpose_rank, _grid(nnz), _TPB, cols, rows, indptr, run_rows, out if data is None else data,
+                order, indices, out)
+    return order, indices, indptr, None if data is None else out
 
 
 def _csr_of_order(rows, cols, shape, cols_sorted, data=None):
