@@ -151,8 +151,9 @@ def test_row_edges_multiply_by_the_csr_kernel_both_ways(cp, rng, dtype):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
 def test_row_edges_transpose_on_the_gpu_is_the_hosts_csr(cp, rng, dtype):
-    """The transpose's CSR and order on the device (cuSPARSE for float32 and float64, the sort for others) are the
-    host's bit for bit: rectangular, with empty rows and columns, a column every row has, and no entries."""
+    """The transpose's CSR and order on the device (the kernels' values for float32 and float64, gathered for
+    others) are the host's bit for bit: rectangular, with empty rows and columns, a column every row has, and no
+    entries."""
     hub = sp.random_array((700, 90), density=0.03, rng=rng, format="lil")
     hub[:, 7] = 1
     hub[:, 3] = 0

@@ -17,7 +17,7 @@ from ..kernels.launch import THREADS_PER_BLOCK as _TPB
 from ..kernels.launch import grid as _grid
 from ..kernels.launch import launch_numba as _launch
 
-__all__ = ["tile", "translate", "translate_kernels", "canonicalize_kernels", "coo_to_csr", "coo_to_csr_order",
+__all__ = ["tile", "translate", "translate_kernels", "canonicalize_kernels", "coo_to_csr_order",
            "csr_of_order_kernels", "csr_transpose", "transpose_kernels", "TRANSPOSE_RANK_MAX",
            "host_limit", "on_host", "upload", "kernels_ran", "warm_kernels", "HOST_PLAN_MAX", "DERIVED",
            "block_meta_layout"]
@@ -420,13 +420,6 @@ def _scan(cp, k, src, dst, status, threads=None):
 _SLACK_BYTES = 1 << 20
 
 
-def coo_to_csr(data, rows, cols, shape, cols_sorted=False):
-    """Canonical CSR ``(data, indices, indptr)`` of COO entries with distinct (row, col) pairs, on their device
-    (``cols_sorted``: as :func:`coo_to_csr_order`)."""
-    _, indices, indptr, data = _csr_of_order(rows, cols, shape, cols_sorted, data)
-    return data, indices, indptr
-
-
 def coo_to_csr_order(rows, cols, shape, cols_sorted=False):
     """``(order, indices, indptr)``: CSR of distinct COO pairs, ``data[order]`` its values.  ``cols_sorted``: the
     pairs come in ascending ``cols`` order (a CSR's entries, transposed), so a stable sort by row alone orders
@@ -496,8 +489,7 @@ def _sort_key(rows, cols, shape, cols_sorted):
 def csr_of_order_kernels(xp, rows, cols, shape, cols_sorted=False, data=None):
     """``(order, indices, indptr, data[order])`` of COO pairs (``data`` None: None) through one stable sort and one
     launch of :func:`~tcgnn_py.kernels.sgt.csr_of_order` (the gathers and the row pointers); ``xp`` is CuPy, or
-    NumPy in the simulator.  A sampled block's transpose is made so every step: one launch instead of a CuPy call
-    per array."""
+    NumPy in the simulator: one launch instead of a CuPy call per array."""
     from ..kernels import sgt as k
 
     order = xp.argsort(_sort_key(rows, cols, shape, cols_sorted), kind="stable")
