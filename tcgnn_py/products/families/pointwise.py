@@ -52,8 +52,13 @@ def _counted(key, namer, dtype, names, arrays, fixed, count="n"):
     ``key`` for every value of ``count`` (a sampled or batched step's sizes change every step, and a launch made
     per size would cost more than its kernel)."""
     given = tuple(a is not None for a in arrays)
-    f = sk.bound_once(key + (given,), _counted_bind, namer, dtype, names, given, fixed, count)
-    f(fixed[count], *(a for a in arrays if a is not None))
+    _counted_launch(key, namer, dtype, names, given, fixed, count)(fixed[count], *(a for a in arrays if a is not None))
+
+
+def _counted_launch(key, namer, dtype, names, given, fixed, count):
+    """:func:`_counted`'s bound launch ``f(count, *given_arrays)``, kept per ``key`` and the pattern of given arrays
+    (``given``: a bool per name)."""
+    return sk.bound_once(key + (given,), _counted_bind, namer, dtype, names, given, fixed, count)
 
 
 def _counted_bind(namer, dtype, names, given, fixed, count):
@@ -124,8 +129,8 @@ def add_bias_bound(x, b):
     if not x.size:
         return lambda x, b: None
     n, cols = x.size, x.shape[-1]
-    f = sk.bound_once(("add_bias", x.dtype, cols, (True, True)), _counted_bind, kn.add_bias_name, x.dtype, ("x", "b"),
-                      (True, True), dict(n=n, cols=cols), "n")
+    f = _counted_launch(("add_bias", x.dtype, cols), kn.add_bias_name, x.dtype, ("x", "b"), (True, True),
+                        dict(n=n, cols=cols), "n")
     return lambda x, b: f(n, x, b)
 
 
