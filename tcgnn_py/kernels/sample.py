@@ -5,9 +5,10 @@ replacement: all of them where the degree is at most ``fanout``, else Floyd's al
 positions (``fanout`` draws whatever the degree, so a hub costs what a leaf does).  Draw ``t`` of node ``v`` is
 :func:`draw` of ``(key, v, t)``, a counter-based hash: no state between threads, and the same numbers on the host
 (:func:`tcgnn_py.sampling.sample_reference`), which this kernel must match bit for bit.  A batch's hops on the GPU
-(:func:`tcgnn_py.sampling.sample_hops`) take three launches each -- :func:`sample_mark_rows`, :func:`hop_sources`,
-:func:`hop_rows` -- around one scan and one host read, with :func:`place_slots` before the first and after the
-last: the sample, its relabelling and a canonical CSR (each row's columns ascending, with their rows and values).
+(:func:`tcgnn_py.sampling.sample_hops`) take three launches each -- :func:`sample_mark_rows` and
+:func:`hop_sources` around one scan, hop after hop on buffers of each hop's bound, then one host read of every hop's
+sizes and :func:`hop_rows` per hop -- with :func:`place_slots` before the first and after the last: the sample, its
+relabelling and a canonical CSR (each row's columns ascending, with their rows and values).
 """
 
 import numpy as np
@@ -81,12 +82,17 @@ def place_slots(nodes, slot, place):
 
 
 @cuda.jit(cache=True)
-def sample_mark_rows(indptr, indices, nodes, fanout, key, cols, work, n, slot):
-    """Per destination ``i`` (one thread): :func:`sample_rows` of ``fanout >= 0`` into ``cols[i * fanout:]`` (a
-    stride of the fan-out: no scan before it), its count at ``work[n + i]``, and each sampled node without a slot
-    (not a destination) marked at ``work[node]``."""
+def sample_mark_rows(indptr, indices, nodes, fanout, key, cols, work, n, slot, sizes, h):
+    """Per destination ``i`` (one thread) of the ``sizes[2 h]`` the hop has (``nodes`` may be longer: a bound):
+    :func:`sample_rows` of ``fanout >= 0`` into ``cols[i * fanout:]`` (a stride of the fan-out: no scan before it),
+    its count at ``work[n + i]``, and each sampled node without a slot (not a destination) marked at
+    ``work[node]``; a thread past the hop's destinations writes a zero count, so that the scan of the bound's
+    counts is the scan of the hop's."""
     i = cuda.grid(1)
     if i >= nodes.shape[0]:
+        return
+    if i >= sizes[2 * h]:
+        work[n + i] = 0
         return
     o = i * fanout
     c = _sample_row(indptr, indices, nodes[i], fanout, key, cols, o)
@@ -98,16 +104,21 @@ def sample_mark_rows(indptr, indices, nodes, fanout, key, cols, work, n, slot):
 
 
 @cuda.jit(cache=True)
-def hop_sources(nodes, work, scan, n, slot, src, ptr):
+def hop_sources(nodes, work, scan, n, slot, src, ptr, sizes, h):
     """Per node ``t`` of the graph and per destination (one thread), ``scan`` the inclusive scan of ``work[:n +
-    n_dst]``: ``src`` the destinations, then the marked nodes ascending, each marked node's slot its place there
-    (marks cleared); ``ptr`` the row pointer (the counts' scan less the marks' total)."""
+    bound]`` and ``sizes[2 h]`` the hop's destinations: ``src`` the destinations, then the marked nodes ascending,
+    each marked node's slot its place there (marks cleared); ``ptr`` the row pointer (the counts' scan less the
+    marks' total); ``sizes[2 h + 1]`` the hop's entries and ``sizes[2 h + 2]`` its sources (the next hop's
+    destinations), so that the host reads every hop's sizes at once, after the last."""
     t = cuda.grid(1)
-    n_dst = nodes.shape[0]
+    n_dst = sizes[2 * h]
     if t < n_dst:
         src[t] = nodes[t]
     if t <= n_dst:
         ptr[t] = scan[n + t - 1] - scan[n - 1] if t else 0
+    if t == 0:
+        sizes[2 * h + 1] = scan[n + n_dst - 1] - scan[n - 1]
+        sizes[2 * h + 2] = n_dst + scan[n - 1]
     if t < n and work[t] != 0:
         p = n_dst + scan[t] - 1
         src[p] = t
@@ -144,7 +155,8 @@ KERNELS = {
     "sample_rows": (sample_rows, "(int64[::1], int32[::1], int64[::1], int64, uint64, int64[::1], int32[::1])"),
     "place_slots": (place_slots, "(int64[::1], int32[::1], int64)"),
     "sample_mark_rows": (sample_mark_rows, "(int64[::1], int32[::1], int64[::1], int64, uint64, int32[::1], int32[::1],"
-                                           " int64, int32[::1])"),
-    "hop_sources": (hop_sources, "(int64[::1], int32[::1], int32[::1], int64, int32[::1], int64[::1], int32[::1])"),
+                                           " int64, int32[::1], int64[::1], int64)"),
+    "hop_sources": (hop_sources, "(int64[::1], int32[::1], int32[::1], int64, int32[::1], int64[::1], int32[::1], "
+                                 "int64[::1], int64)"),
     "hop_rows": (hop_rows, "(int32[::1], int64, int32[::1], int32[::1], int32[::1], int32[::1], float32[::1])"),
 }

@@ -94,8 +94,8 @@ def sample_hops(indptr, indices, seeds, fanouts, keys, relabel):
     destinations then the other sampled nodes ascending), each row's columns ascending (:func:`row_entries`); the
     next hop's destinations are this hop's sources.
 
-    On the GPU a hop of a fan-out up to :data:`SORT_ROWS_MAX` runs :func:`hop_kernels`: three launches, one scan and
-    one host read; its row pointer is int32 (the CSR kernel's), int64 elsewhere."""
+    On the GPU a hop of a fan-out up to :data:`SORT_ROWS_MAX` runs :func:`hop_kernels`: three launches and one scan,
+    and one host read for all such hops together; its row pointer is int32 (the CSR kernel's), int64 elsewhere."""
     xp = array_module(indptr)
     if xp is not np:
         return hop_kernels(xp, indptr, indices, seeds, fanouts, keys, relabel)
@@ -116,60 +116,84 @@ def _general_hop(indptr, indices, nodes, fanout, key, relabel):
 
 
 def _kernel_path(n, n_dst, fanout):
-    """Whether the kernels make this hop: a fan-out they sort, a bound's buffer of at most :data:`HOP_BOUND_BYTES`,
-    and ``n`` nodes plus the bound within the int32 scan."""
+    """Whether the kernels make this hop of at most ``n_dst`` destinations: a fan-out they sort, a bound's buffer of
+    at most :data:`HOP_BOUND_BYTES`, and ``n`` nodes plus the bound within the int32 scan."""
     bound = n_dst * fanout
     return 0 <= fanout <= SORT_ROWS_MAX and bound * 4 <= HOP_BOUND_BYTES and n + bound < 2**31
 
 
 def hop_kernels(xp, indptr, indices, seeds, fanouts, keys, relabel):
-    """:func:`sample_hops` through the kernels (``xp`` CuPy, or NumPy in the simulator).  Per hop: the sample into a
-    buffer of its bound with its new nodes marked as drawn (``sample_mark_rows``), one scan of the marks and the
-    counts together, one host read of both totals, then the sources and row pointer (``hop_sources``) and the
-    sorted rows (``hop_rows``).  The graph's map carries the destinations' places from hop to hop (placed before
-    the first, cleared after the last); a hop the kernels do not make takes the general path between a clear and a
-    placing.  The map is whole again afterwards, whatever happened."""
+    """:func:`sample_hops` through the kernels (``xp`` CuPy, or NumPy in the simulator), with one host read for the
+    kernels' hops together.
+
+    Hop after hop, on buffers of the hop's bound (its destinations' bound times the fan-out; the sources' bound the
+    destinations' times one more, at most ``n``): the sample with its new nodes marked as drawn
+    (``sample_mark_rows``), one scan of the marks and the counts together, then the sources and row pointer
+    (``hop_sources``), which write the hop's sizes on the device for the next hop's kernels.  Then one read of every
+    hop's sizes, and each hop's sorted rows (``hop_rows``) into arrays of its size: the map gives every node the
+    place it took in the first hop it reached, which later hops keep, so the rows of all hops can wait for that
+    read.  The graph's map carries the destinations' places from hop to hop (placed before the first, cleared after
+    the last); a hop the kernels do not make reads the sizes so far, writes the rows so far, and takes the general
+    path between a clear and a placing.  The map is whole again afterwards, whatever happened."""
     from ..kernels import sample as k
     from ..kernels.launch import THREADS_PER_BLOCK, grid, launch_numba
 
     slot, n = relabel.slot, relabel.slot.shape[0]
-    hops, nodes, placed = [], seeds, False
+    n_hops = len(fanouts)
+    hops = [None] * n_hops
+    if not seeds.shape[0]:  # (an empty batch: empty hops)
+        return [(xp.empty(0, np.int64), xp.zeros(1, np.int32), xp.empty(0, np.int32), xp.empty(0, np.int32),
+                 xp.empty(0, np.float32)) for _ in fanouts]
+    # sizes[2 h]: hop h's destinations, sizes[2 h + 1]: its entries (the kernels write those of their hops)
+    sizes = xp.zeros(2 * n_hops + 2, np.int64)
+    sizes[0] = seeds.shape[0]
+    pending = []  # (h, src, ptr, cols, fanout) of kernel hops whose rows wait for the read of the sizes
+
+    def rows_so_far():
+        """Read the sizes once, cut the pending hops' arrays to them, and write their rows (``hop_rows``)."""
+        known = to_host(sizes)  # synchronize! (the sizes of every hop so far, in one read)
+        for h, src, ptr, cols, fanout in pending:
+            n_dst, nnz, n_src = (int(v) for v in known[2 * h:2 * h + 3])
+            ptr = ptr[:n_dst + 1]
+            local, rows, values = xp.empty(nnz, np.int32), xp.empty(nnz, np.int32), xp.empty(nnz, np.float32)
+            launch_numba(k.hop_rows, grid(n_dst), THREADS_PER_BLOCK, cols, int(fanout), ptr, slot, local, rows,
+                         values)
+            hops[h] = (src[:n_src], ptr, local, rows, values)
+        pending.clear()
+        return known
+
+    nodes, bound, placed = seeds, seeds.shape[0], False
     with relabel._lock:
         try:
-            for fanout, key in zip(fanouts, keys):
-                n_dst = nodes.shape[0]
-                if not n_dst:  # (an empty batch: empty hops)
-                    hops.append((xp.empty(0, np.int64), xp.zeros(1, np.int32), xp.empty(0, np.int32),
-                                 xp.empty(0, np.int32), xp.empty(0, np.float32)))
-                    continue
-                if not _kernel_path(n, n_dst, fanout):
+            for h, (fanout, key) in enumerate(zip(fanouts, keys)):
+                if not _kernel_path(n, bound, fanout):
+                    known = rows_so_far()
+                    nodes = nodes[:int(known[2 * h])]
                     if placed:
-                        launch_numba(k.place_slots, grid(n_dst), THREADS_PER_BLOCK, nodes, slot, 0)
+                        launch_numba(k.place_slots, grid(nodes.shape[0]), THREADS_PER_BLOCK, nodes, slot, 0)
                         placed = False
                     src, ptr, local, rows, values = _general_hop(indptr, indices, nodes, fanout, key, relabel)
-                    hops.append((src, ptr.astype(np.int32), local, rows, values))
-                    nodes = src
+                    hops[h] = (src, ptr.astype(np.int32), local, rows, values)
+                    sizes[2 * h + 2] = src.shape[0]
+                    nodes, bound = src, src.shape[0]
                     continue
                 if not placed:
-                    launch_numba(k.place_slots, grid(n_dst), THREADS_PER_BLOCK, nodes, slot, 1)
+                    launch_numba(k.place_slots, grid(nodes.shape[0]), THREADS_PER_BLOCK, nodes, slot, 1)
                     placed = True
-                work = relabel.work(n_dst)
-                cols = xp.empty(n_dst * fanout, np.int32)
-                launch_numba(k.sample_mark_rows, grid(n_dst), THREADS_PER_BLOCK, indptr, indices, nodes, int(fanout),
-                             np.uint64(key), cols, work, n, slot)
-                scan = xp.cumsum(work[:n + n_dst], dtype=np.int32)
-                # synchronize! (the hop's one read: its new sources' count, and that plus its entries)
-                n_new, total = (int(v) for v in to_host(scan[n - 1::n_dst][:2]))
-                src, ptr = xp.empty(n_dst + n_new, np.int64), xp.empty(n_dst + 1, np.int32)
-                launch_numba(k.hop_sources, grid(max(n, n_dst + 1)), THREADS_PER_BLOCK, nodes, work, scan, n, slot, src,
-                             ptr)
-                nnz = total - n_new
-                local, rows, values = xp.empty(nnz, np.int32), xp.empty(nnz, np.int32), xp.empty(nnz, np.float32)
-                launch_numba(k.hop_rows, grid(n_dst), THREADS_PER_BLOCK, cols, int(fanout), ptr, slot, local, rows,
-                             values)
-                hops.append((src, ptr, local, rows, values))
-                nodes = src
+                work = relabel.work(bound)
+                cols = xp.empty(bound * fanout, np.int32)
+                launch_numba(k.sample_mark_rows, grid(bound), THREADS_PER_BLOCK, indptr, indices, nodes, int(fanout),
+                             np.uint64(key), cols, work, n, slot, sizes, h)
+                scan = xp.cumsum(work[:n + bound], dtype=np.int32)
+                src_bound = min(n, bound * (fanout + 1))
+                src, ptr = xp.empty(src_bound, np.int64), xp.empty(bound + 1, np.int32)
+                launch_numba(k.hop_sources, grid(max(n, bound + 1)), THREADS_PER_BLOCK, nodes, work, scan, n, slot,
+                             src, ptr, sizes, h)
+                pending.append((h, src, ptr, cols, fanout))
+                nodes, bound = src, src_bound
+            known = rows_so_far()
             if placed:
+                nodes = nodes[:int(known[2 * n_hops])]
                 launch_numba(k.place_slots, grid(nodes.shape[0]), THREADS_PER_BLOCK, nodes, slot, 0)
         except BaseException:
             relabel.reset()
