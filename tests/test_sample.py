@@ -88,9 +88,10 @@ def test_the_kernel_draws_the_references_sample(xp):
 @pytest.mark.kernels
 @pytest.mark.parametrize("bound_bytes", [None, 0], ids=["bound", "general_path"])
 def test_a_batch_through_the_kernels_is_the_references_hops(xp, monkeypatch, bound_bytes):
-    """hop_kernels (per hop: the sample with its new nodes marked as drawn, one scan, one host read, the sources
-    and the sorted rows) gives the hops of the host's sample_hops -- sample_reference, Relabel, the sort of all
-    entries -- bit for bit: destinations among the drawn nodes, a hub, a fan-out past SORT_ROWS_MAX and every
+    """hop_kernels (per hop: the sample with its new nodes marked as drawn, one scan and the sources, on buffers of
+    the hop's bound; one host read of every hop's sizes, then the sorted rows) gives the hops of the host's
+    sample_hops -- sample_reference, Relabel, the sort of all entries -- bit for bit: destinations among the
+    drawn nodes, a hub, a fan-out past SORT_ROWS_MAX and every
     neighbor (-1) between kernel hops (the general path, the map cleared and placed around it), batches growing
     (the counts' buffer grown); every hop's buffer past HOP_BOUND_BYTES takes the general path.  The graph's map is
     whole after each batch, and after an empty one."""
