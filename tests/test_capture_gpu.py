@@ -239,3 +239,29 @@ def test_numba_kernels_take_the_cached_launch(cp):
         T = tg.TiledMatrix(A)
     assert numba_launch.fast_path_count() - before >= 5  # check, rank, window blocks, condense, count, scatter
     assert (T.tocsr() != A).nnz == 0
+
+
+def test_a_numba_kernel_new_to_a_device_loads_the_cubin_numba_built_without_numba(cp, monkeypatch):
+    """A signature Numba compiled and loaded once is launched on another device of the same compute capability from
+    its cubin, loaded into CuPy, with no Numba launch (which would load Numba's module into a second context, and
+    numba-cuda would unload its one library twice at exit).  A second device is stood for by dropping the device's
+    entry."""
+    from tcgnn_py.kernels import numba_launch, sgt as k
+    from tcgnn_py.kernels.launch import THREADS_PER_BLOCK, grid
+
+    cols = cp.asarray(np.array([3, 0, 3, 1, 3], np.int32))
+    count = cp.zeros(4, np.int32)
+    numba_launch.launch(k.transpose_count, grid(5), THREADS_PER_BLOCK, cols, count)
+    keys = [key for key in numba_launch._FAST if key[0] == id(k.transpose_count)]
+    assert keys and any(key[:1] + key[2:] in {i[:1] + i[2:] for i in numba_launch._IMAGES} for key in keys)
+    for key in keys:
+        monkeypatch.delitem(numba_launch._FAST, key)
+
+    def no_numba_launch():
+        raise AssertionError("Numba's launch was taken for a signature Numba had built")
+
+    monkeypatch.setattr(numba_launch, "current_stream", no_numba_launch)
+    before = numba_launch.fast_path_count()
+    numba_launch.launch(k.transpose_count, grid(5), THREADS_PER_BLOCK, cols, count)
+    assert numba_launch.fast_path_count() == before + 1
+    np.testing.assert_array_equal(count.get(), [2, 2, 0, 6])

@@ -105,6 +105,33 @@ def test_nccl_one_gpu_takes_x_as_it_is():
     assert buffers == {}
 
 
+_TWO_DEVICES = """
+import cupy, numpy as np
+from numba.cuda.cudadrv import devices
+from tcgnn_py.kernels import sgt as k
+from tcgnn_py.kernels.launch import THREADS_PER_BLOCK, grid, launch_numba
+for d in (0, 1):
+    with cupy.cuda.Device(d):
+        count = cupy.zeros(4, np.int32)
+        launch_numba(k.transpose_count, grid(5), THREADS_PER_BLOCK, cupy.asarray(np.array([3, 0, 3, 1, 3], np.int32)),
+                     count)
+        assert count.get().tolist() == [1, 1, 0, 3], count
+held = [{int(h) for h in g.primary_context.modules} if g.primary_context else set() for g in devices.gpus]
+print(len(held[0] & held[1]), sum(map(len, held)))
+"""
+
+
+@multi
+def test_numba_loads_a_kernels_module_on_one_gpu_of_two():
+    """A kernel launched on two GPUs is Numba's module in one context, the other launches its cubin through CuPy:
+    numba-cuda keeps one library per cubin and unloads it once per context that loaded it, at exit, which aborted
+    a process that had used two GPUs (``free(): invalid pointer``) after its work was done."""
+    r = subprocess.run([sys.executable, "-c", _TWO_DEVICES], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    shared, loaded = (int(v) for v in r.stdout.split())
+    assert shared == 0 and loaded >= 1, r.stdout  # (no library in both contexts; the kernel's in one)
+
+
 @pytest.mark.parametrize("d", [1, 17, 64, 130, 256])
 def test_nccl_wide_products_on_tensor_cores(d):
     A = tg.power_law_graph(20_001, 200_000, seed=9)

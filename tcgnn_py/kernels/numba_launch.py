@@ -20,7 +20,17 @@ takes Numba's path every time, and so does every call in the simulator.
 Every launch goes to CuPy's current stream, so Numba and CuPy work stays in
 order, ``with cupy.cuda.Stream():`` covers both, and CUDA-graph capture sees
 the Numba kernels too.
+
+Numba loads a signature's module once per process, on the first device that
+launches it; another device of the same compute capability gets the cubin
+Numba built, loaded into CuPy, without Numba's launch.  numba-cuda 0.30 keeps
+one library per cubin and would load it into each device's context with a
+finalizer each, so a process that launched a kernel on two GPUs unloaded one
+library twice at exit (``free(): invalid pointer``, an abort after the work
+was done).
 """
+
+import threading
 
 import numpy as np
 
@@ -38,6 +48,8 @@ __all__ = ["launch", "current_stream", "fast_path_count"]
 
 _SIM = bool(config.ENABLE_CUDASIM)
 _FAST = {}  # (dispatcher id, device, argument key) -> (dispatcher, CuPy function, packers)
+_IMAGES = {}  # (dispatcher id, compute capability, argument key) -> (cubin, entry name) Numba built
+_FIRST = threading.Lock()  # (a signature's first launch on a device: one thread at a time)
 _STREAMS = {}  # CuPy stream pointer -> Numba stream object
 _NOT_FAST = object()
 _CALLS = [0]
@@ -120,10 +132,12 @@ def launch(kernel, grid, block, *args):
     keys = tuple(map(_arg_key, args))
     entry = None if _NOT_FAST in keys else _FAST.get((id(kernel), cupy.cuda.runtime.getDevice(), keys))
     if entry is None:
-        kernel[grid, block, current_stream()](*args)  # compiles if needed, types and checks the arguments
-        if _NOT_FAST not in keys:
-            _remember(kernel, keys, args)
-        return
+        if _NOT_FAST in keys:
+            kernel[grid, block, current_stream()](*args)
+            return
+        entry = _first_launch(kernel, grid, block, keys, args)
+        if entry is None:
+            return
     _, function, packers = entry
     flat = []
     for pack, a in zip(packers, args):
@@ -132,27 +146,60 @@ def launch(kernel, grid, block, *args):
     _CALLS[0] += 1
 
 
-def _remember(kernel, keys, args):
-    """Load the cubin Numba built for this signature into CuPy (when Numba's internals are as expected)."""
+def _first_launch(kernel, grid, block, keys, args):
+    """A signature's first launch on the current device: the entry of the cubin Numba built for another device of
+    this compute capability, loaded into CuPy (for the caller to launch), else Numba's launch -- which compiles if
+    needed, types and checks the arguments -- and None.  One thread at a time, so that two devices' threads do not
+    both load Numba's module."""
     import cupy
 
+    device = cupy.cuda.runtime.getDevice()
+    image_key = (id(kernel), cupy.cuda.Device(device).compute_capability, keys)
+    with _FIRST:
+        entry = _FAST.get((id(kernel), device, keys))  # (another thread's, meanwhile)
+        if entry is None and image_key in _IMAGES:
+            entry = _load(kernel, device, keys, *_IMAGES[image_key])
+        if entry is not None:
+            return entry
+        kernel[grid, block, current_stream()](*args)
+        image = _image(kernel, args)
+        if image is not None:
+            _IMAGES[image_key] = image
+            _load(kernel, device, keys, *image)
+    return None
+
+
+def _image(kernel, args):
+    """``(cubin, entry name)`` Numba built for these arguments' signature, or None where its module has state
+    Numba sets up (or Numba's internals are not as expected)."""
     try:
         argtypes = tuple(kernel.typeof_pyval(a) for a in args)
         overload = kernel.overloads.get(argtypes)
         if overload is None or overload.debug or overload.cooperative or overload.extensions:
-            return
+            return None
         library = overload._codelibrary
         if library._setup_functions or library.needs_cudadevrt:  # module state Numba would set up
-            return
+            return None
         image = library.get_cubin()
-        image = getattr(image, "code", image)  # numba-cuda 0.30: a cuda.core ObjectCode
-        module = cupy.cuda.function.Module()
-        module.load(bytes(image))
-        function = module.get_function(library._entry_name)
+        return bytes(getattr(image, "code", image)), library._entry_name  # (numba-cuda 0.30: a cuda.core ObjectCode)
     except Exception:  # noqa: BLE001  another numba-cuda: keep its own launch path (tests check this one)
-        return
+        return None
+
+
+def _load(kernel, device, keys, cubin, name):
+    """The cubin loaded into CuPy on ``device`` (current), kept as this signature's entry there; None where CuPy
+    cannot load it (Numba's launch serves then)."""
+    import cupy
+
+    try:
+        module = cupy.cuda.function.Module()
+        module.load(cubin)
+        function = module.get_function(name)
+    except Exception:  # noqa: BLE001
+        return None
     # The dispatcher stays referenced by its entry: the key holds its id.
-    _FAST[(id(kernel), cupy.cuda.runtime.getDevice(), keys)] = (kernel, function, tuple(_packer(k) for k in keys))
+    entry = _FAST[(id(kernel), device, keys)] = (kernel, function, tuple(_packer(k) for k in keys))
+    return entry
 
 
 def fast_path_count():
