@@ -24,10 +24,9 @@ the Numba kernels too.
 Numba loads a signature's module once per process, on the first device that
 launches it; another device of the same compute capability gets the cubin
 Numba built, loaded into CuPy, without Numba's launch.  numba-cuda 0.30 keeps
-one library per cubin and would load it into each device's context with a
-finalizer each, so a process that launched a kernel on two GPUs unloaded one
-library twice at exit (``free(): invalid pointer``, an abort after the work
-was done).
+one library per cubin, loads it into each device's context that launches the
+kernel, and unloads it at exit once per context: the 2-GPU tests aborted at
+exit after passing (``free(): invalid pointer``).
 """
 
 import threading
