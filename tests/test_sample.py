@@ -122,6 +122,43 @@ def test_a_batch_through_the_kernels_is_the_references_hops(xp, monkeypatch, bou
         assert (host(dev.slot) == -1).all() and not host(dev.mark).any()
 
 
+@pytest.mark.gpu
+def test_a_batch_shape_sampled_again_replays_its_recorded_hops_as_the_eager_path_makes_them():
+    """A batch of a size and fan-outs the graph sampled before replays the hops up to the read as a CUDA graph
+    (recorded at the second such batch): every batch's hops are the host's bit for bit with new seeds and keys,
+    the map is whole after each, earlier batches' arrays are unchanged by later replays (the sources and row
+    pointers are copied out of the graph's buffers), and a batch of another size runs eagerly until it too is seen
+    twice."""
+    import cupy as cp
+
+    A = _graph(300, seed=5)
+    n = A.shape[0]
+    indptr, indices = A.indptr.astype(np.int64), A.indices.astype(np.int32)
+    dev, ref = _sample.Relabel(n, cp), _sample.Relabel(n, np)
+    d_indptr, d_indices = cp.asarray(indptr), cp.asarray(indices)
+    rng = np.random.default_rng(3)
+    fanouts = (4, 3, 2)
+    kept = []
+
+    def same(got, want):
+        for g_hop, w_hop in zip(got, want):
+            for g, w in zip(g_hop, w_hop):
+                np.testing.assert_array_equal(g.get(), w)
+
+    for b, size in enumerate([32, 32, 32, 32, 7, 7, 7, 32]):
+        seeds = rng.permutation(n)[:size].astype(np.int64)
+        keys = [1000 + 10 * b + h for h in range(len(fanouts))]
+        want = _sample.sample_hops(indptr, indices, seeds, fanouts, keys, ref)
+        got = _sample.hop_kernels(cp, d_indptr, d_indices, cp.asarray(seeds), fanouts, keys, dev)
+        same(got, want)
+        assert (dev.slot.get() == -1).all() and not dev.mark.get().any()
+        kept.append((got, want))
+    for got, want in kept:
+        same(got, want)
+    replays = sorted(r.replays for r in dev._recorded.values() if r is not None)
+    assert replays == [2, 4]  # (size 7: its second and third batch; size 32: its second to fifth)
+
+
 @pytest.mark.parametrize("where", ["cpu", "cuda"])
 def test_relabel_is_the_sort_based_definition_call_after_call(where):
     """A hop's sources are its destinations then the other sampled nodes ascending, each entry's column its node's

@@ -82,12 +82,13 @@ def place_slots(nodes, slot, place):
 
 
 @cuda.jit(cache=True)
-def sample_mark_rows(indptr, indices, nodes, fanout, key, cols, work, n, slot, sizes, h):
+def sample_mark_rows(indptr, indices, nodes, fanout, keys, cols, work, n, slot, sizes, h):
     """Per destination ``i`` (one thread) of the ``sizes[2 h]`` the hop has (``nodes`` may be longer: a bound):
-    :func:`sample_rows` of ``fanout >= 0`` into ``cols[i * fanout:]`` (a stride of the fan-out: no scan before it),
-    its count at ``work[n + i]``, and each sampled node without a slot (not a destination) marked at
-    ``work[node]``; a thread past the hop's destinations writes a zero count, so that the scan of the bound's
-    counts is the scan of the hop's."""
+    :func:`sample_rows` of ``fanout >= 0`` with the hop's key ``keys[h]`` into ``cols[i * fanout:]`` (a stride of
+    the fan-out: no scan before it), its count at ``work[n + i]``, and each sampled node without a slot (not a
+    destination) marked at ``work[node]``; a thread past the hop's destinations writes a zero count, so that the
+    scan of the bound's counts is the scan of the hop's.  The key is read on the device, as the sizes are, so that
+    a recorded batch replays with new keys."""
     i = cuda.grid(1)
     if i >= nodes.shape[0]:
         return
@@ -95,7 +96,7 @@ def sample_mark_rows(indptr, indices, nodes, fanout, key, cols, work, n, slot, s
         work[n + i] = 0
         return
     o = i * fanout
-    c = _sample_row(indptr, indices, nodes[i], fanout, key, cols, o)
+    c = _sample_row(indptr, indices, nodes[i], fanout, keys[h], cols, o)
     work[n + i] = c
     for t in range(c):
         v = cols[o + t]
@@ -154,8 +155,8 @@ def hop_rows(cols, fanout, ptr, slot, local, rows, values):
 KERNELS = {
     "sample_rows": (sample_rows, "(int64[::1], int32[::1], int64[::1], int64, uint64, int64[::1], int32[::1])"),
     "place_slots": (place_slots, "(int64[::1], int32[::1], int64)"),
-    "sample_mark_rows": (sample_mark_rows, "(int64[::1], int32[::1], int64[::1], int64, uint64, int32[::1], int32[::1],"
-                                           " int64, int32[::1], int64[::1], int64)"),
+    "sample_mark_rows": (sample_mark_rows, "(int64[::1], int32[::1], int64[::1], int64, uint64[::1], int32[::1], "
+                                           "int32[::1], int64, int32[::1], int64[::1], int64)"),
     "hop_sources": (hop_sources, "(int64[::1], int32[::1], int32[::1], int64, int32[::1], int64[::1], int32[::1], "
                                  "int64[::1], int64)"),
     "hop_rows": (hop_rows, "(int32[::1], int64, int32[::1], int32[::1], int32[::1], int32[::1], float32[::1])"),

@@ -3,14 +3,15 @@ replacement, seeded: the ``sample_rows`` Numba kernel (:mod:`tcgnn_py.kernels.sa
 reference on the host, the same neighbors for the same key.
 """
 
+import collections
 import threading
 
 import numpy as np
 
 from .._device import array_module, to_host
 
-__all__ = ["sample_reference", "sample_neighbors", "sample_hops", "hop_kernels", "row_entries", "Relabel", "splitmix64",
-           "GOLDEN", "NODE_MIX", "SORT_ROWS_MAX", "HOP_BOUND_BYTES"]
+__all__ = ["sample_reference", "sample_neighbors", "sample_hops", "hop_kernels", "RecordedHops", "row_entries", "Relabel",
+           "splitmix64", "GOLDEN", "NODE_MIX", "SORT_ROWS_MAX", "HOP_BOUND_BYTES", "RECORDED_KEPT"]
 
 _M64 = (1 << 64) - 1
 #: splitmix64's increment and the node's multiplier in a draw's counter (as :mod:`tcgnn_py.kernels.sample`: a test
@@ -86,6 +87,10 @@ HOP_BOUND_BYTES = 1 << 28
 #: quadratic in its length); larger ones, and every neighbor (-1), take the general path and its sort of all entries.
 SORT_ROWS_MAX = 64
 
+#: Recorded batch shapes (:class:`RecordedHops`: size and fan-outs) a graph keeps: a loader's full batch and its
+#: last, with room for a second loader's.
+RECORDED_KEPT = 4
+
 
 def sample_hops(indptr, indices, seeds, fanouts, keys, relabel):
     """``[(src, ptr, local, rows, values), ...]``, one per hop from ``seeds`` (distinct, int64) out: hop ``h``
@@ -134,45 +139,48 @@ def hop_kernels(xp, indptr, indices, seeds, fanouts, keys, relabel):
     place it took in the first hop it reached, which later hops keep, so the rows of all hops can wait for that
     read.  The graph's map carries the destinations' places from hop to hop (placed before the first, cleared after
     the last); a hop the kernels do not make reads the sizes so far, writes the rows so far, and takes the general
-    path between a clear and a placing.  The map is whole again afterwards, whatever happened."""
+    path between a clear and a placing.  The map is whole again afterwards, whatever happened.
+
+    On the GPU, a batch whose hops the kernels all make, of a size and fan-outs the graph sampled before, replays
+    the launches up to the read as one CUDA graph recorded at its second batch (:class:`RecordedHops`)."""
     from ..kernels import sample as k
     from ..kernels.launch import THREADS_PER_BLOCK, grid, launch_numba
 
     slot, n = relabel.slot, relabel.slot.shape[0]
     n_hops = len(fanouts)
-    hops = [None] * n_hops
     if not seeds.shape[0]:  # (an empty batch: empty hops)
         return [(xp.empty(0, np.int64), xp.zeros(1, np.int32), xp.empty(0, np.int32), xp.empty(0, np.int32),
                  xp.empty(0, np.float32)) for _ in fanouts]
-    # sizes[2 h]: hop h's destinations, sizes[2 h + 1]: its entries (the kernels write those of their hops)
-    sizes = xp.zeros(2 * n_hops + 2, np.int64)
-    sizes[0] = seeds.shape[0]
-    pending = []  # (h, src, ptr, cols, fanout) of kernel hops whose rows wait for the read of the sizes
-
-    def rows_so_far():
-        """Read the sizes once, cut the pending hops' arrays to them, and write their rows (``hop_rows``)."""
-        known = to_host(sizes)  # synchronize! (the sizes of every hop so far, in one read)
-        for h, src, ptr, cols, fanout in pending:
-            n_dst, nnz, n_src = (int(v) for v in known[2 * h:2 * h + 3])
-            ptr = ptr[:n_dst + 1]
-            local, rows, values = xp.empty(nnz, np.int32), xp.empty(nnz, np.int32), xp.empty(nnz, np.float32)
-            launch_numba(k.hop_rows, grid(n_dst), THREADS_PER_BLOCK, cols, int(fanout), ptr, slot, local, rows,
-                         values)
-            hops[h] = (src[:n_src], ptr, local, rows, values)
-        pending.clear()
-        return known
-
-    nodes, bound, placed = seeds, seeds.shape[0], False
+    host_keys = np.asarray([int(key) for key in keys], np.uint64)
     with relabel._lock:
+        recorded = relabel.recorded(xp, indptr, indices, seeds.shape[0], fanouts)
+        if recorded is not None:
+            return recorded(seeds, host_keys)
+        # sizes[2 h]: hop h's destinations, sizes[2 h + 1]: its entries (the kernels write those of their hops)
+        sizes = xp.asarray(np.r_[seeds.shape[0], np.zeros(2 * n_hops + 1, np.int64)])
+        keys = xp.asarray(host_keys)
+        hops = [None] * n_hops
+        pending = []  # (h, src, ptr, cols, fanout) of kernel hops whose rows wait for the read of the sizes
+
+        def rows_so_far():
+            """Read the sizes once, and write the pending hops' rows (the ``hop_rows`` kernel)."""
+            known = to_host(sizes)  # synchronize! (the sizes of every hop so far, in one read)
+            for h, src, ptr, cols, fanout in pending:
+                hops[h] = _rows_of(xp, known, h, src, ptr, cols, fanout, slot)
+            pending.clear()
+            return known
+
+        nodes, bound, placed = seeds, seeds.shape[0], False
         try:
-            for h, (fanout, key) in enumerate(zip(fanouts, keys)):
+            for h, fanout in enumerate(fanouts):
                 if not _kernel_path(n, bound, fanout):
                     known = rows_so_far()
                     nodes = nodes[:int(known[2 * h])]
                     if placed:
                         launch_numba(k.place_slots, grid(nodes.shape[0]), THREADS_PER_BLOCK, nodes, slot, 0)
                         placed = False
-                    src, ptr, local, rows, values = _general_hop(indptr, indices, nodes, fanout, key, relabel)
+                    src, ptr, local, rows, values = _general_hop(indptr, indices, nodes, fanout, int(host_keys[h]),
+                                                                 relabel)
                     hops[h] = (src, ptr.astype(np.int32), local, rows, values)
                     sizes[2 * h + 2] = src.shape[0]
                     nodes, bound = src, src.shape[0]
@@ -180,15 +188,8 @@ def hop_kernels(xp, indptr, indices, seeds, fanouts, keys, relabel):
                 if not placed:
                     launch_numba(k.place_slots, grid(nodes.shape[0]), THREADS_PER_BLOCK, nodes, slot, 1)
                     placed = True
-                work = relabel.work(bound)
-                cols = xp.empty(bound * fanout, np.int32)
-                launch_numba(k.sample_mark_rows, grid(bound), THREADS_PER_BLOCK, indptr, indices, nodes, int(fanout),
-                             np.uint64(key), cols, work, n, slot, sizes, h)
-                scan = xp.cumsum(work[:n + bound], dtype=np.int32)
-                src_bound = min(n, bound * (fanout + 1))
-                src, ptr = xp.empty(src_bound, np.int64), xp.empty(bound + 1, np.int32)
-                launch_numba(k.hop_sources, grid(max(n, bound + 1)), THREADS_PER_BLOCK, nodes, work, scan, n, slot,
-                             src, ptr, sizes, h)
+                src, ptr, cols, src_bound = _kernel_hop(xp, indptr, indices, nodes, bound, fanout, keys, h, relabel,
+                                                       sizes)
                 pending.append((h, src, ptr, cols, fanout))
                 nodes, bound = src, src_bound
             known = rows_so_far()
@@ -199,6 +200,107 @@ def hop_kernels(xp, indptr, indices, seeds, fanouts, keys, relabel):
             relabel.reset()
             raise
     return hops
+
+
+def _kernel_hop(xp, indptr, indices, nodes, bound, fanout, keys, h, relabel, sizes):
+    """``(src, ptr, cols, src_bound)`` of hop ``h`` (destinations ``nodes[:sizes[2 h]]``, at most ``bound``) on
+    buffers of its bound, its sizes written at ``sizes[2 h + 1:]``: ``sample_mark_rows``, one scan and
+    ``hop_sources``, no host read (what a recorded batch captures)."""
+    from ..kernels import sample as k
+    from ..kernels.launch import THREADS_PER_BLOCK, grid, launch_numba
+
+    slot, n = relabel.slot, relabel.slot.shape[0]
+    work = relabel.work(bound)
+    cols = xp.empty(bound * fanout, np.int32)
+    launch_numba(k.sample_mark_rows, grid(bound), THREADS_PER_BLOCK, indptr, indices, nodes, int(fanout), keys, cols,
+                 work, n, slot, sizes, h)
+    scan = xp.cumsum(work[:n + bound], dtype=np.int32)
+    src_bound = min(n, bound * (fanout + 1))
+    src, ptr = xp.empty(src_bound, np.int64), xp.empty(bound + 1, np.int32)
+    launch_numba(k.hop_sources, grid(max(n, bound + 1)), THREADS_PER_BLOCK, nodes, work, scan, n, slot, src, ptr,
+                 sizes, h)
+    return src, ptr, cols, src_bound
+
+
+def _rows_of(xp, known, h, src, ptr, cols, fanout, slot, copy=False):
+    """``(src, ptr, local, rows, values)`` of hop ``h`` cut to its sizes (``known``, read from the device), its rows
+    written by ``hop_rows``; ``copy``: the sources and row pointer copied out of their buffers (a recorded batch's,
+    which its next replay overwrites)."""
+    from ..kernels import sample as k
+    from ..kernels.launch import THREADS_PER_BLOCK, grid, launch_numba
+
+    n_dst, nnz, n_src = (int(v) for v in known[2 * h:2 * h + 3])
+    src, ptr = src[:n_src], ptr[:n_dst + 1]
+    if copy:
+        src, ptr = src.copy(), ptr.copy()
+    local, rows, values = xp.empty(nnz, np.int32), xp.empty(nnz, np.int32), xp.empty(nnz, np.float32)
+    launch_numba(k.hop_rows, grid(n_dst), THREADS_PER_BLOCK, cols, int(fanout), ptr, slot, local, rows, values)
+    return src, ptr, local, rows, values
+
+
+def _hop_bounds(n, size, fanouts):
+    """Each hop's bound on its destinations, from a batch of ``size`` seeds on a graph of ``n`` nodes, and the
+    last hop's bound on its sources; None where the kernels would not make every hop (:func:`_kernel_path`)."""
+    bounds = [size]
+    for fanout in fanouts:
+        if not _kernel_path(n, bounds[-1], fanout):
+            return None
+        bounds.append(min(n, bounds[-1] * (fanout + 1)))
+    return bounds
+
+
+class RecordedHops:
+    """A batch's kernel hops for ``size`` seeds and these fan-outs, recorded once as a CUDA graph
+    (:class:`tcgnn_py.CUDAGraph`) and replayed per batch: a sampled step waits on the host, and the hops' dozen
+    launches, scans and allocations cost more host time than the GPU takes to run them.  Its inputs are the seeds
+    and the hops' keys, written into the graph's buffers; its sizes are read once, then each hop's rows are written
+    as on the eager path, with the sources and row pointers copied out of the buffers the next replay overwrites.
+    The graph holds the map's buffers it captured (the relabelling's ``work`` grown before, so none is made
+    during the capture)."""
+
+    def __init__(self, xp, indptr, indices, size, fanouts, relabel):
+        from .._capture import CUDAGraph
+        from ..kernels import sample as k
+        from ..kernels.launch import THREADS_PER_BLOCK, grid, launch_numba
+
+        n = relabel.slot.shape[0]
+        bounds = _hop_bounds(n, size, fanouts)
+        self._work = relabel.work(max(bounds[:-1]))  # (grown now: the graph keeps this buffer)
+        self._relabel, self._fanouts, self._xp = relabel, tuple(fanouts), xp
+        self.seeds, self.keys = xp.empty(size, np.int64), xp.empty(len(fanouts), np.uint64)
+        self.sizes = xp.asarray(np.r_[size, np.zeros(2 * len(fanouts) + 1, np.int64)])
+        self.graph = CUDAGraph()
+        with self.graph.capture():
+            launch_numba(k.place_slots, grid(size), THREADS_PER_BLOCK, self.seeds, relabel.slot, 1)
+            nodes, self.pending = self.seeds, []
+            for h, fanout in enumerate(fanouts):
+                src, ptr, cols, _ = _kernel_hop(xp, indptr, indices, nodes, bounds[h], fanout, self.keys, h, relabel,
+                                               self.sizes)
+                self.pending.append((h, src, ptr, cols, fanout))
+                nodes = src
+        self._last = nodes
+        self.replays = 0
+
+    def __call__(self, seeds, keys):
+        """The hops of ``seeds`` (``size`` of them, int64, on the device) with ``keys`` (uint64, one per hop)."""
+        from ..kernels import sample as k
+        from ..kernels.launch import THREADS_PER_BLOCK, grid, launch_numba
+
+        xp, slot = self._xp, self._relabel.slot
+        try:
+            self.keys.set(keys)
+            self.seeds[...] = seeds
+            self.graph.replay()
+            known = to_host(self.sizes)  # synchronize! (the sizes of every hop, in one read)
+            hops = [_rows_of(xp, known, h, src, ptr, cols, fanout, slot, copy=True)
+                    for h, src, ptr, cols, fanout in self.pending]
+            last = self._last[:int(known[2 * len(self._fanouts)])]
+            launch_numba(k.place_slots, grid(last.shape[0]), THREADS_PER_BLOCK, last, slot, 0)
+        except BaseException:
+            self._relabel.reset()
+            raise
+        self.replays += 1
+        return hops
 
 
 def row_entries(ptr, local, n_src, fanout):
@@ -225,6 +327,33 @@ class Relabel:
         self.slot = xp.full(n, -1, np.int32)  # node -> its column in the hop's sources, -1 where none
         self._work = xp.zeros(n, np.int32)
         self._xp, self._lock = xp, threading.RLock()  # (re-entered: the kernels' path calls the general one)
+        self._recorded, self._seen = collections.OrderedDict(), set()
+
+    def recorded(self, xp, indptr, indices, size, fanouts):
+        """The :class:`RecordedHops` of a batch of ``size`` seeds and these fan-outs on this graph, or None: on the
+        host, under a capture, where the kernels would not make every hop, at a shape's first batch (which runs
+        eagerly: it compiles and loads the kernels, which a capture cannot), and where recording failed.  Made at
+        a shape's second batch; the :data:`RECORDED_KEPT` most recently used are kept."""
+        if xp is np:
+            return None
+        key = (indptr.data.ptr, indices.data.ptr, int(size), tuple(int(f) for f in fanouts))
+        rec = self._recorded.get(key)
+        if rec is not None:
+            self._recorded.move_to_end(key)
+            return rec
+        if (key not in self._seen or key in self._recorded or xp.cuda.get_current_stream().is_capturing()
+                or _hop_bounds(self.slot.shape[0], size, fanouts) is None):
+            self._seen.add(key)
+            return None
+        try:
+            rec = RecordedHops(xp, indptr, indices, size, fanouts, self)
+        except Exception:  # noqa: BLE001  (a capture this stream or CuPy cannot make: the eager path serves)
+            self._recorded[key] = None
+            return None
+        self._recorded[key] = rec
+        while len(self._recorded) > RECORDED_KEPT:
+            self._recorded.popitem(last=False)
+        return rec
 
     def work(self, n_dst):
         """The marks (all 0) followed by room for ``n_dst`` counts; grown by doubling, up to ``2 n``."""
