@@ -159,6 +159,37 @@ def test_a_batch_shape_sampled_again_replays_its_recorded_hops_as_the_eager_path
     assert replays == [2, 4]  # (size 7: its second and third batch; size 32: its second to fifth)
 
 
+@pytest.mark.gpu
+def test_a_batch_shape_that_cannot_be_recorded_runs_eagerly_and_is_not_tried_again(monkeypatch):
+    """Where the capture fails (a stream or CuPy that cannot capture), the batch runs the eager path, gives the
+    host's hops, leaves the map whole, and its shape is not recorded again."""
+    import cupy as cp
+
+    from tcgnn_py.sampling import _neighbors
+
+    tries = []
+
+    def cannot(*args):
+        tries.append(1)
+        raise RuntimeError("no capture here")
+
+    monkeypatch.setattr(_neighbors.RecordedHops, "__init__", cannot)
+    A = _graph(300, seed=6)
+    n = A.shape[0]
+    indptr, indices = A.indptr.astype(np.int64), A.indices.astype(np.int32)
+    dev, ref = _sample.Relabel(n, cp), _sample.Relabel(n, np)
+    for b in range(4):
+        seeds = np.random.default_rng(b).permutation(n)[:20].astype(np.int64)
+        keys = [7 * b + h for h in range(2)]
+        want = _sample.sample_hops(indptr, indices, seeds, (3, 2), keys, ref)
+        got = _sample.hop_kernels(cp, cp.asarray(indptr), cp.asarray(indices), cp.asarray(seeds), (3, 2), keys, dev)
+        for g_hop, w_hop in zip(got, want):
+            for g, w in zip(g_hop, w_hop):
+                np.testing.assert_array_equal(g.get(), w)
+        assert (dev.slot.get() == -1).all() and not dev.mark.get().any()
+    assert len(tries) == 1 and list(dev._recorded.values()) == [None]
+
+
 @pytest.mark.parametrize("where", ["cpu", "cuda"])
 def test_relabel_is_the_sort_based_definition_call_after_call(where):
     """A hop's sources are its destinations then the other sampled nodes ascending, each entry's column its node's
