@@ -122,6 +122,42 @@ def test_a_batch_through_the_kernels_is_the_references_hops(xp, monkeypatch, bou
         assert (host(dev.slot) == -1).all() and not host(dev.mark).any()
 
 
+@pytest.mark.kernels
+def test_recorded_hops_replayed_with_new_seeds_and_keys_are_the_references_hops(xp):
+    """RecordedHops (every buffer made once; the launches up to the read recorded -- a CUDA graph on the GPU, called
+    again in the simulator -- with the seeds and keys written into its buffers; the rows after one read) gives
+    each batch the host's hops bit for bit, earlier batches' arrays unchanged by later replays (the sources and
+    row pointers copied out), the map whole after each."""
+    A = _graph(24 if not GPU else 300, seed=8)
+    n = A.shape[0]
+    indptr, indices = A.indptr.astype(np.int64), A.indices.astype(np.int32)
+    d_indptr, d_indices = xp.asarray(indptr), xp.asarray(indices)
+    dev, ref = _sample.Relabel(n, xp), _sample.Relabel(n, np)
+    size, fanouts = 5, (3, 2, 2)
+    rng = np.random.default_rng(0)
+    batches = [(rng.permutation(n)[:size].astype(np.int64), [90 + 5 * b + h for h in range(3)]) for b in range(4)]
+    with warnings.catch_warnings():  # (the simulator hashes with NumPy scalars, which warn where uint64 wraps)
+        warnings.filterwarnings("ignore", "overflow encountered in scalar", RuntimeWarning)
+        # (a first batch of the shape eagerly: on the GPU it compiles and loads what the capture records)
+        _sample.hop_kernels(xp, d_indptr, d_indices, xp.asarray(batches[0][0]), fanouts, batches[0][1], dev)
+        rec = _sample.RecordedHops(xp, d_indptr, d_indices, size, fanouts, dev)
+        kept = []
+        for seeds, keys in batches[1:]:
+            want = _sample.sample_hops(indptr, indices, seeds, fanouts, keys, ref)
+            got = rec(xp.asarray(seeds), np.asarray(keys, np.uint64))
+            for g_hop, w_hop in zip(got, want):
+                for g, w, dtype in zip(g_hop, w_hop, [np.int64, np.int32, np.int32, np.int32, np.float32]):
+                    assert host(g).dtype == dtype
+                    np.testing.assert_array_equal(host(g), w)
+            assert (host(dev.slot) == -1).all() and not host(dev.mark).any()
+            kept.append((got, want))
+    for got, want in kept:
+        for g_hop, w_hop in zip(got, want):
+            for g, w in zip(g_hop, w_hop):
+                np.testing.assert_array_equal(host(g), w)
+    assert rec.replays == 3
+
+
 @pytest.mark.gpu
 def test_a_batch_shape_sampled_again_replays_its_recorded_hops_as_the_eager_path_makes_them():
     """A batch of a size and fan-outs the graph sampled before replays the hops up to the read as a CUDA graph

@@ -188,10 +188,9 @@ def hop_kernels(xp, indptr, indices, seeds, fanouts, keys, relabel):
                 if not placed:
                     launch_numba(k.place_slots, grid(nodes.shape[0]), THREADS_PER_BLOCK, nodes, slot, 1)
                     placed = True
-                src, ptr, cols, src_bound = _kernel_hop(xp, indptr, indices, nodes, bound, fanout, keys, h, relabel,
-                                                       sizes)
+                src, ptr, cols, _ = _kernel_hop(xp, indptr, indices, nodes, bound, fanout, keys, h, relabel, sizes)
                 pending.append((h, src, ptr, cols, fanout))
-                nodes, bound = src, src_bound
+                nodes, bound = src, src.shape[0]
             known = rows_so_far()
             if placed:
                 nodes = nodes[:int(known[2 * n_hops])]
@@ -202,24 +201,29 @@ def hop_kernels(xp, indptr, indices, seeds, fanouts, keys, relabel):
     return hops
 
 
-def _kernel_hop(xp, indptr, indices, nodes, bound, fanout, keys, h, relabel, sizes):
-    """``(src, ptr, cols, src_bound)`` of hop ``h`` (destinations ``nodes[:sizes[2 h]]``, at most ``bound``) on
-    buffers of its bound, its sizes written at ``sizes[2 h + 1:]``: ``sample_mark_rows``, one scan and
-    ``hop_sources``, no host read (what a recorded batch captures)."""
+def _kernel_hop(xp, indptr, indices, nodes, bound, fanout, keys, h, relabel, sizes, out=None):
+    """``(src, ptr, cols, scan)`` of hop ``h`` (destinations ``nodes[:sizes[2 h]]``, at most ``bound``) on buffers
+    of its bound (``out``'s, else made here), its sizes written at ``sizes[2 h + 1:]``: ``sample_mark_rows``, one
+    scan and ``hop_sources``, no host read (what a recorded batch captures)."""
     from ..kernels import sample as k
     from ..kernels.launch import THREADS_PER_BLOCK, grid, launch_numba
 
     slot, n = relabel.slot, relabel.slot.shape[0]
     work = relabel.work(bound)
-    cols = xp.empty(bound * fanout, np.int32)
+    src, ptr, cols, scan = out or _hop_buffers(xp, n, bound, fanout)
     launch_numba(k.sample_mark_rows, grid(bound), THREADS_PER_BLOCK, indptr, indices, nodes, int(fanout), keys, cols,
                  work, n, slot, sizes, h)
-    scan = xp.cumsum(work[:n + bound], dtype=np.int32)
-    src_bound = min(n, bound * (fanout + 1))
-    src, ptr = xp.empty(src_bound, np.int64), xp.empty(bound + 1, np.int32)
+    xp.cumsum(work[:n + bound], dtype=np.int32, out=scan)
     launch_numba(k.hop_sources, grid(max(n, bound + 1)), THREADS_PER_BLOCK, nodes, work, scan, n, slot, src, ptr,
                  sizes, h)
-    return src, ptr, cols, src_bound
+    return src, ptr, cols, scan
+
+
+def _hop_buffers(xp, n, bound, fanout):
+    """``(src, ptr, cols, scan)`` for a hop of at most ``bound`` destinations on a graph of ``n`` nodes: the sources'
+    bound is the destinations' times one more, at most ``n``."""
+    return (xp.empty(min(n, bound * (fanout + 1)), np.int64), xp.empty(bound + 1, np.int32),
+            xp.empty(bound * fanout, np.int32), xp.empty(n + bound, np.int32))
 
 
 def _rows_of(xp, known, h, src, ptr, cols, fanout, slot, copy=False):
@@ -253,48 +257,65 @@ class RecordedHops:
     """A batch's kernel hops for ``size`` seeds and these fan-outs, recorded once as a CUDA graph
     (:class:`tcgnn_py.CUDAGraph`) and replayed per batch: a sampled step waits on the host, and the hops' dozen
     launches, scans and allocations cost more host time than the GPU takes to run them.  Its inputs are the seeds
-    and the hops' keys, written into the graph's buffers; its sizes are read once, then each hop's rows are written
-    as on the eager path, with the sources and row pointers copied out of the buffers the next replay overwrites.
-    The graph holds the map's buffers it captured (the relabelling's ``work`` grown before, so none is made
-    during the capture)."""
+    and the hops' keys, written into its buffers; its sizes are read once, then each hop's rows are written as on
+    the eager path, with the sources and row pointers copied out of the buffers the next replay overwrites.
+
+    Every buffer is made before the capture (the relabelling's ``work`` grown to the largest hop's bound), so the
+    graph allocates nothing but the scans' scratch, and the launches it records are :meth:`launches`, which the
+    simulator's tests replay by calling them again (``xp`` NumPy: no graph)."""
 
     def __init__(self, xp, indptr, indices, size, fanouts, relabel):
-        from .._capture import CUDAGraph
-        from ..kernels import sample as k
-        from ..kernels.launch import THREADS_PER_BLOCK, grid, launch_numba
-
         n = relabel.slot.shape[0]
         bounds = _hop_bounds(n, size, fanouts)
         self._work = relabel.work(max(bounds[:-1]))  # (grown now: the graph keeps this buffer)
         self._relabel, self._fanouts, self._xp = relabel, tuple(fanouts), xp
+        self._graph_arrays = (indptr, indices)
         self.seeds, self.keys = xp.empty(size, np.int64), xp.empty(len(fanouts), np.uint64)
         self.sizes = xp.asarray(np.r_[size, np.zeros(2 * len(fanouts) + 1, np.int64)])
-        self.graph = CUDAGraph()
-        with self.graph.capture():
-            launch_numba(k.place_slots, grid(size), THREADS_PER_BLOCK, self.seeds, relabel.slot, 1)
-            nodes, self.pending = self.seeds, []
-            for h, fanout in enumerate(fanouts):
-                src, ptr, cols, _ = _kernel_hop(xp, indptr, indices, nodes, bounds[h], fanout, self.keys, h, relabel,
-                                               self.sizes)
-                self.pending.append((h, src, ptr, cols, fanout))
-                nodes = src
-        self._last = nodes
+        self._buffers = [_hop_buffers(xp, n, bounds[h], f) for h, f in enumerate(fanouts)]
+        self._bounds = bounds
+        if xp is np:
+            self._replay = self.launches
+        else:
+            from .._capture import CUDAGraph
+
+            graph = CUDAGraph()
+            with graph.capture():
+                self.launches()
+            self._replay = graph.replay
         self.replays = 0
 
+    def launches(self):
+        """The batch's launches up to the read: the seeds placed, then each hop's sample, scan and sources."""
+        from ..kernels import sample as k
+        from ..kernels.launch import THREADS_PER_BLOCK, grid, launch_numba
+
+        indptr, indices = self._graph_arrays
+        relabel, xp = self._relabel, self._xp
+        launch_numba(k.place_slots, grid(self.seeds.shape[0]), THREADS_PER_BLOCK, self.seeds, relabel.slot, 1)
+        nodes = self.seeds
+        for h, fanout in enumerate(self._fanouts):
+            nodes = _kernel_hop(xp, indptr, indices, nodes, self._bounds[h], fanout, self.keys, h, relabel,
+                                self.sizes, self._buffers[h])[0]
+
     def __call__(self, seeds, keys):
-        """The hops of ``seeds`` (``size`` of them, int64, on the device) with ``keys`` (uint64, one per hop)."""
+        """The hops of ``seeds`` (``size`` of them, int64, on the arrays' side) with ``keys`` (NumPy uint64, one
+        per hop)."""
         from ..kernels import sample as k
         from ..kernels.launch import THREADS_PER_BLOCK, grid, launch_numba
 
         xp, slot = self._xp, self._relabel.slot
         try:
-            self.keys.set(keys)
+            if xp is np:
+                self.keys[...] = keys
+            else:
+                self.keys.set(keys)
             self.seeds[...] = seeds
-            self.graph.replay()
+            self._replay()
             known = to_host(self.sizes)  # synchronize! (the sizes of every hop, in one read)
             hops = [_rows_of(xp, known, h, src, ptr, cols, fanout, slot, copy=True)
-                    for h, src, ptr, cols, fanout in self.pending]
-            last = self._last[:int(known[2 * len(self._fanouts)])]
+                    for h, ((src, ptr, cols, _), fanout) in enumerate(zip(self._buffers, self._fanouts))]
+            last = self._buffers[-1][0][:int(known[2 * len(self._fanouts)])]
             launch_numba(k.place_slots, grid(last.shape[0]), THREADS_PER_BLOCK, last, slot, 0)
         except BaseException:
             self._relabel.reset()
