@@ -7,8 +7,10 @@ positions (``fanout`` draws whatever the degree, so a hub costs what a leaf does
 (:func:`tcgnn_py.sampling.sample_reference`), which this kernel must match bit for bit.  A batch's hops on the GPU
 (:func:`tcgnn_py.sampling.sample_hops`) take three launches each -- :func:`sample_mark_rows` and
 :func:`hop_sources` around one scan, hop after hop on buffers of each hop's bound, then one host read of every hop's
-sizes and :func:`hop_rows` per hop -- with :func:`place_slots` before the first and after the last: the sample, its
-relabelling and a canonical CSR (each row's columns ascending, with their rows and values).
+sizes and :func:`hop_rows` per hop (which also copies the sources and row pointer out of the bound-sized buffers)
+-- with :func:`place_slots` before the first and after the last: the sample, its relabelling and a canonical CSR
+(each row's columns ascending, with their rows and values).  A loader's batches replay the launches up to the read
+as a CUDA graph (:class:`tcgnn_py.sampling.RecordedHops`), so every size and key they use is read on the device.
 """
 
 import numpy as np
@@ -128,27 +130,33 @@ def hop_sources(nodes, work, scan, n, slot, src, ptr, sizes, h):
 
 
 @cuda.jit(cache=True)
-def hop_rows(cols, fanout, ptr, slot, local, rows, values):
-    """Per row ``i`` (one thread), after :func:`hop_sources`: its sampled nodes (``cols[i * fanout:]``) as columns
-    among the hop's sources, sorted ascending into ``local[ptr[i]:ptr[i+1]]`` (insertion: a row holds at most the
-    fan-out's few entries), each entry's row ``i`` and value ``1 / count`` (the mean over the row's sampled
-    neighbors, divided in float64 as NumPy's reference does)."""
-    i = cuda.grid(1)
-    if i >= ptr.shape[0] - 1:
+def hop_rows(cols, fanout, ptr, slot, src, local, rows, values, src_out, ptr_out):
+    """Per thread ``t``, after :func:`hop_sources`, on a hop of ``ptr_out.shape[0] - 1`` rows and
+    ``src_out.shape[0]`` sources: the sources and the row pointer copied out of their bound-sized buffers (``src``,
+    ``ptr``) into arrays of the hop's size, and row ``t``'s sampled nodes (``cols[t * fanout:]``) as columns among
+    the sources, sorted ascending into ``local[ptr[t]:ptr[t+1]]`` (insertion: a row holds at most the fan-out's few
+    entries), each entry's row ``t`` and value ``1 / count`` (the mean over the row's sampled neighbors, divided in
+    float64 as NumPy's reference does)."""
+    t = cuda.grid(1)
+    if t < src_out.shape[0]:
+        src_out[t] = src[t]
+    if t < ptr_out.shape[0]:
+        ptr_out[t] = ptr[t]
+    if t >= ptr_out.shape[0] - 1:
         return
-    s = ptr[i]
-    e = ptr[i + 1]
-    o = i * fanout
+    s = ptr[t]
+    e = ptr[t + 1]
+    o = t * fanout
     v = np.float32(1.0 / max(e - s, 1))
-    for t in range(e - s):
-        x = slot[cols[o + t]]
-        j = s + t
+    for q in range(e - s):
+        x = slot[cols[o + q]]
+        j = s + q
         while j > s and local[j - 1] > x:
             local[j] = local[j - 1]
             j -= 1
         local[j] = x
-        rows[s + t] = i
-        values[s + t] = v
+        rows[s + q] = t
+        values[s + q] = v
 
 
 #: Every kernel with example argument types, for ``compile_ptx`` checks in CI.
@@ -159,5 +167,6 @@ KERNELS = {
                                            "int32[::1], int64, int32[::1], int64[::1], int64)"),
     "hop_sources": (hop_sources, "(int64[::1], int32[::1], int32[::1], int64, int32[::1], int64[::1], int32[::1], "
                                  "int64[::1], int64)"),
-    "hop_rows": (hop_rows, "(int32[::1], int64, int32[::1], int32[::1], int32[::1], int32[::1], float32[::1])"),
+    "hop_rows": (hop_rows, "(int32[::1], int64, int32[::1], int32[::1], int64[::1], int32[::1], int32[::1], "
+                           "float32[::1], int64[::1], int32[::1])"),
 }

@@ -10,8 +10,8 @@ import numpy as np
 
 from .._device import array_module, to_host
 
-__all__ = ["sample_reference", "sample_neighbors", "sample_hops", "hop_kernels", "RecordedHops", "row_entries", "Relabel",
-           "splitmix64", "GOLDEN", "NODE_MIX", "SORT_ROWS_MAX", "HOP_BOUND_BYTES", "RECORDED_KEPT"]
+__all__ = ["sample_reference", "sample_neighbors", "sample_hops", "hop_kernels", "RecordedHops", "row_entries",
+           "Relabel", "splitmix64", "GOLDEN", "NODE_MIX", "SORT_ROWS_MAX", "HOP_BOUND_BYTES", "RECORDED_KEPT"]
 
 _M64 = (1 << 64) - 1
 #: splitmix64's increment and the node's multiplier in a draw's counter (as :mod:`tcgnn_py.kernels.sample`: a test
@@ -226,20 +226,19 @@ def _hop_buffers(xp, n, bound, fanout):
             xp.empty(bound * fanout, np.int32), xp.empty(n + bound, np.int32))
 
 
-def _rows_of(xp, known, h, src, ptr, cols, fanout, slot, copy=False):
-    """``(src, ptr, local, rows, values)`` of hop ``h`` cut to its sizes (``known``, read from the device), its rows
-    written by ``hop_rows``; ``copy``: the sources and row pointer copied out of their buffers (a recorded batch's,
-    which its next replay overwrites)."""
+def _rows_of(xp, known, h, src, ptr, cols, fanout, slot):
+    """``(src, ptr, local, rows, values)`` of hop ``h`` in arrays of its sizes (``known``, read from the device):
+    one ``hop_rows`` launch copies the sources and the row pointer out of their bound-sized buffers (which a
+    recorded batch's next replay overwrites) and writes the rows."""
     from ..kernels import sample as k
     from ..kernels.launch import THREADS_PER_BLOCK, grid, launch_numba
 
     n_dst, nnz, n_src = (int(v) for v in known[2 * h:2 * h + 3])
-    src, ptr = src[:n_src], ptr[:n_dst + 1]
-    if copy:
-        src, ptr = src.copy(), ptr.copy()
+    src_out, ptr_out = xp.empty(n_src, np.int64), xp.empty(n_dst + 1, np.int32)
     local, rows, values = xp.empty(nnz, np.int32), xp.empty(nnz, np.int32), xp.empty(nnz, np.float32)
-    launch_numba(k.hop_rows, grid(n_dst), THREADS_PER_BLOCK, cols, int(fanout), ptr, slot, local, rows, values)
-    return src, ptr, local, rows, values
+    launch_numba(k.hop_rows, grid(max(n_src, n_dst + 1)), THREADS_PER_BLOCK, cols, int(fanout), ptr, slot, src, local,
+                 rows, values, src_out, ptr_out)
+    return src_out, ptr_out, local, rows, values
 
 
 def _hop_bounds(n, size, fanouts):
@@ -313,7 +312,7 @@ class RecordedHops:
             self.seeds[...] = seeds
             self._replay()
             known = to_host(self.sizes)  # synchronize! (the sizes of every hop, in one read)
-            hops = [_rows_of(xp, known, h, src, ptr, cols, fanout, slot, copy=True)
+            hops = [_rows_of(xp, known, h, src, ptr, cols, fanout, slot)
                     for h, ((src, ptr, cols, _), fanout) in enumerate(zip(self._buffers, self._fanouts))]
             last = self._buffers[-1][0][:int(known[2 * len(self._fanouts)])]
             launch_numba(k.place_slots, grid(last.shape[0]), THREADS_PER_BLOCK, last, slot, 0)
