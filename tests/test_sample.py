@@ -214,16 +214,34 @@ def test_a_batch_shape_that_cannot_be_recorded_runs_eagerly_and_is_not_tried_aga
     n = A.shape[0]
     indptr, indices = A.indptr.astype(np.int64), A.indices.astype(np.int32)
     dev, ref = _sample.Relabel(n, cp), _sample.Relabel(n, np)
+    d_indptr, d_indices = cp.asarray(indptr), cp.asarray(indices)  # (one graph: its shape is keyed by its buffers)
     for b in range(4):
         seeds = np.random.default_rng(b).permutation(n)[:20].astype(np.int64)
         keys = [7 * b + h for h in range(2)]
         want = _sample.sample_hops(indptr, indices, seeds, (3, 2), keys, ref)
-        got = _sample.hop_kernels(cp, cp.asarray(indptr), cp.asarray(indices), cp.asarray(seeds), (3, 2), keys, dev)
+        got = _sample.hop_kernels(cp, d_indptr, d_indices, cp.asarray(seeds), (3, 2), keys, dev)
         for g_hop, w_hop in zip(got, want):
             for g, w in zip(g_hop, w_hop):
                 np.testing.assert_array_equal(g.get(), w)
         assert (dev.slot.get() == -1).all() and not dev.mark.get().any()
     assert len(tries) == 1 and list(dev._recorded.values()) == [None]
+
+
+@pytest.mark.gpu
+def test_batch_shapes_seen_once_are_forgotten_oldest_first():
+    """A shape is recorded at its second batch, so the shapes seen once are remembered -- a bounded number of
+    them, the oldest dropped: a loader whose batch sizes keep changing does not grow its sampler's state."""
+    import cupy as cp
+
+    from tcgnn_py.sampling import _neighbors
+
+    A = _graph(300, seed=6)
+    d_indptr, d_indices = cp.asarray(A.indptr.astype(np.int64)), cp.asarray(A.indices.astype(np.int32))
+    dev = _sample.Relabel(A.shape[0], cp)
+    for size in range(1, 60):
+        assert dev.recorded(cp, d_indptr, d_indices, size, (3, 2)) is None
+    kept = 4 * _neighbors.RECORDED_KEPT
+    assert [key[2] for key in dev._seen] == list(range(60 - kept, 60)) and not dev._recorded
 
 
 @pytest.mark.parametrize("where", ["cpu", "cuda"])

@@ -347,7 +347,7 @@ class Relabel:
         self.slot = xp.full(n, -1, np.int32)  # node -> its column in the hop's sources, -1 where none
         self._work = xp.zeros(n, np.int32)
         self._xp, self._lock = xp, threading.RLock()  # (re-entered: the kernels' path calls the general one)
-        self._recorded, self._seen = collections.OrderedDict(), set()
+        self._recorded, self._seen = collections.OrderedDict(), collections.OrderedDict()
 
     def recorded(self, xp, indptr, indices, size, fanouts):
         """The :class:`RecordedHops` of a batch of ``size`` seeds and these fan-outs on this graph, or None: on the
@@ -361,9 +361,13 @@ class Relabel:
         if rec is not None:
             self._recorded.move_to_end(key)
             return rec
-        if (key not in self._seen or key in self._recorded or xp.cuda.get_current_stream().is_capturing()
+        first = key not in self._seen
+        self._seen[key] = None
+        self._seen.move_to_end(key)
+        while len(self._seen) > 4 * RECORDED_KEPT:  # (shapes seen once are forgotten, oldest first: kept bounded)
+            self._seen.popitem(last=False)
+        if (first or key in self._recorded or xp.cuda.get_current_stream().is_capturing()
                 or _hop_bounds(self.slot.shape[0], size, fanouts) is None):
-            self._seen.add(key)
             return None
         try:
             rec = RecordedHops(xp, indptr, indices, size, fanouts, self)
