@@ -21,12 +21,13 @@ Every launch goes to CuPy's current stream, so Numba and CuPy work stays in
 order, ``with cupy.cuda.Stream():`` covers both, and CUDA-graph capture sees
 the Numba kernels too.
 
-Numba loads a signature's module once per process, on the first device that
-launches it; another device of the same compute capability gets the cubin
-Numba built, loaded into CuPy, without Numba's launch.  numba-cuda 0.30 keeps
-one library per cubin, loads it into each device's context that launches the
-kernel, and unloads it at exit once per context: the 2-GPU tests aborted at
-exit after passing (``free(): invalid pointer``).
+A signature Numba has compiled (on any device, or by a background compile)
+is not launched through Numba again: each device's first launch loads
+Numba's cubin into CuPy, so Numba's own module is loaded on one device at
+most.  numba-cuda 0.30 keeps one library per cubin, loads it into each
+device's context that launches the kernel, and unloads it at exit once per
+context: the 2-GPU tests aborted at exit after passing (``free(): invalid
+pointer``).
 """
 
 import threading
@@ -47,7 +48,6 @@ __all__ = ["launch", "current_stream", "fast_path_count"]
 
 _SIM = bool(config.ENABLE_CUDASIM)
 _FAST = {}  # (dispatcher id, device, argument key) -> (dispatcher, CuPy function, packers)
-_IMAGES = {}  # (dispatcher id, compute capability, argument key) -> (cubin, entry name) Numba built
 _FIRST = threading.Lock()  # (a signature's first launch on a device: one thread at a time)
 _STREAMS = {}  # CuPy stream pointer -> Numba stream object
 _NOT_FAST = object()
@@ -146,31 +146,33 @@ def launch(kernel, grid, block, *args):
 
 
 def _first_launch(kernel, grid, block, keys, args):
-    """A signature's first launch on the current device: the entry of the cubin Numba built for another device of
-    this compute capability, loaded into CuPy (for the caller to launch), else Numba's launch -- which compiles if
-    needed, types and checks the arguments -- and None.  One thread at a time, so that two devices' threads do not
-    both load Numba's module."""
+    """A signature's first launch on the current device: the entry of the cubin Numba has built for it (on any
+    device, or by a background compile), loaded into CuPy for the caller to launch; else Numba's launch -- which
+    compiles, types and checks the arguments, and loads Numba's module on this device only -- and None.  One
+    thread at a time, so that two devices' threads do not both take Numba's launch."""
     import cupy
 
     device = cupy.cuda.runtime.getDevice()
-    image_key = (id(kernel), cupy.cuda.Device(device).compute_capability, keys)
+    cc = cupy.cuda.Device(device).compute_capability
+    cc = (int(cc[:-1]), int(cc[-1]))
     with _FIRST:
         entry = _FAST.get((id(kernel), device, keys))  # (another thread's, meanwhile)
-        if entry is None and image_key in _IMAGES:
-            entry = _load(kernel, device, keys, *_IMAGES[image_key])
+        if entry is None:
+            image = _image(kernel, args, cc)
+            entry = None if image is None else _load(kernel, device, keys, *image)
         if entry is not None:
             return entry
         kernel[grid, block, current_stream()](*args)
-        image = _image(kernel, args)
+        image = _image(kernel, args, cc)
         if image is not None:
-            _IMAGES[image_key] = image
             _load(kernel, device, keys, *image)
     return None
 
 
-def _image(kernel, args):
-    """``(cubin, entry name)`` Numba built for these arguments' signature, or None where its module has state
-    Numba sets up (or Numba's internals are not as expected)."""
+def _image(kernel, args, cc):
+    """``(cubin, entry name)`` for compute capability ``cc`` of the overload Numba has compiled for these
+    arguments' signature; None where it has none yet, or its module has state Numba sets up (or Numba's internals
+    are not as expected)."""
     try:
         argtypes = tuple(kernel.typeof_pyval(a) for a in args)
         overload = kernel.overloads.get(argtypes)
@@ -179,7 +181,7 @@ def _image(kernel, args):
         library = overload._codelibrary
         if library._setup_functions or library.needs_cudadevrt:  # module state Numba would set up
             return None
-        image = library.get_cubin()
+        image = library.get_cubin(cc=cc)
         return bytes(getattr(image, "code", image)), library._entry_name  # (numba-cuda 0.30: a cuda.core ObjectCode)
     except Exception:  # noqa: BLE001  another numba-cuda: keep its own launch path (tests check this one)
         return None
