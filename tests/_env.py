@@ -171,3 +171,22 @@ def cupy_fixture():
     import pytest
 
     return pytest.fixture(scope="module", name="cp")(_cp)
+
+
+# A subprocess: the translation's kernels compiled by the background compile (which compiles for the current
+# device and loads nothing), then a translation on device ``argv[1]``; prints how many modules of Numba's each
+# device's context holds.
+WARMED_THEN_TRANSLATED = """
+import sys, cupy, tcgnn_py as tg
+from numba.cuda.cudadrv import devices
+from tcgnn_py.kernels.registry import wait_for_compiles
+from tcgnn_py.tiles import _sgt
+A = tg.power_law_graph(3000, 30000, seed=1)
+_sgt.warm_kernels()
+wait_for_compiles()
+with cupy.cuda.Device(int(sys.argv[1])), tg.tuning(sgt_host_max=-1):
+    T = tg.TiledMatrix(A)
+    assert (T.tocsr() != A).nnz == 0
+print(*(len(g.primary_context.modules) if g.primary_context else 0 for g in devices.gpus))
+"""
+

@@ -5,10 +5,13 @@ the eager computation (exact, small-integer data) or with N eager steps bit
 for bit, and checks that the graph holds the library's kernels.
 """
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
-from _env import cupy_fixture, int_graph, ints
+from _env import WARMED_THEN_TRANSLATED, cupy_fixture, int_graph, ints
 import tcgnn_py as tg
 
 pytestmark = pytest.mark.gpu
@@ -239,6 +242,15 @@ def test_numba_kernels_take_the_cached_launch(cp):
         T = tg.TiledMatrix(A)
     assert numba_launch.fast_path_count() - before >= 5  # check, rank, window blocks, condense, count, scatter
     assert (T.tocsr() != A).nnz == 0
+
+
+def test_kernels_compiled_in_the_background_are_launched_through_cupy_not_numba(cp):
+    """A signature Numba has compiled (here by the background compile, which loads nothing) is launched from its
+    cubin through CuPy: a translation after the compile leaves no module of Numba's loaded."""
+    r = subprocess.run([sys.executable, "-c", WARMED_THEN_TRANSLATED, "0"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert int(r.stdout.split()[0]) == 0, r.stdout
 
 
 def test_a_numba_kernel_new_to_a_device_loads_the_cubin_numba_built_without_numba(cp, monkeypatch):
