@@ -173,9 +173,9 @@ def cupy_fixture():
     return pytest.fixture(scope="module", name="cp")(_cp)
 
 
-# A subprocess: the translation's kernels compiled by the background compile (which compiles for the current
-# device and loads nothing), then a translation on device ``argv[1]``; prints how many modules of Numba's each
-# device's context holds.
+# A subprocess: the translation's kernels compiled by the background compile for device 0 (a compile loads its
+# module there, a read of Numba's disk cache loads nothing), then a translation on device ``argv[1]``; prints how
+# many modules of Numba's each device's context holds.
 WARMED_THEN_TRANSLATED = """
 import sys, cupy, tcgnn_py as tg
 from numba.cuda.cudadrv import devices

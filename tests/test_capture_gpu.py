@@ -5,6 +5,7 @@ the eager computation (exact, small-integer data) or with N eager steps bit
 for bit, and checks that the graph holds the library's kernels.
 """
 
+import os
 import subprocess
 import sys
 
@@ -244,13 +245,15 @@ def test_numba_kernels_take_the_cached_launch(cp):
     assert (T.tocsr() != A).nnz == 0
 
 
-def test_kernels_compiled_in_the_background_are_launched_through_cupy_not_numba(cp):
-    """A signature Numba has compiled (here by the background compile, which loads nothing) is launched from its
-    cubin through CuPy: a translation after the compile leaves no module of Numba's loaded."""
-    r = subprocess.run([sys.executable, "-c", WARMED_THEN_TRANSLATED, "0"], capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert int(r.stdout.split()[0]) == 0, r.stdout
+def test_kernels_compiled_in_the_background_are_launched_through_cupy_not_numba(cp, tmp_path):
+    """A signature Numba has compiled is launched from its cubin through CuPy: a translation after a background
+    compile that read Numba's disk cache (and so loaded nothing) leaves no module of Numba's loaded."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    for run in ("compiled", "read from Numba's cache"):
+        r = subprocess.run([sys.executable, "-c", WARMED_THEN_TRANSLATED, "0"], capture_output=True, text=True,
+                           timeout=300, env=env)
+        assert r.returncode == 0, r.stderr[-3000:]
+    assert int(r.stdout.split()[0]) == 0, r.stdout  # (a compile binds its kernel: a cache read loads nothing)
 
 
 def test_a_numba_kernel_new_to_a_device_loads_the_cubin_numba_built_without_numba(cp, monkeypatch):
@@ -273,6 +276,8 @@ def test_a_numba_kernel_new_to_a_device_loads_the_cubin_numba_built_without_numb
 
     monkeypatch.setattr(numba_launch, "current_stream", no_numba_launch)
     before = numba_launch.fast_path_count()
+    cubins = [len(o._codelibrary._cubin_cache) for o in k.transpose_count.overloads.values()]
     numba_launch.launch(k.transpose_count, grid(5), THREADS_PER_BLOCK, cols, count)
     assert numba_launch.fast_path_count() == before + 1
+    assert [len(o._codelibrary._cubin_cache) for o in k.transpose_count.overloads.values()] == cubins  # (no link)
     np.testing.assert_array_equal(count.get(), [2, 2, 0, 6])

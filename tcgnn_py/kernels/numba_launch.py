@@ -155,6 +155,7 @@ def _first_launch(kernel, grid, block, keys, args):
     device = cupy.cuda.runtime.getDevice()
     cc = cupy.cuda.Device(device).compute_capability
     cc = (int(cc[:-1]), int(cc[-1]))
+    cc += ("a" if cc >= (9, 0) else "",)  # (the key of Numba's own cubin for this device: another one links anew)
     with _FIRST:
         entry = _FAST.get((id(kernel), device, keys))  # (another thread's, meanwhile)
         if entry is None:

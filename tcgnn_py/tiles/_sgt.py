@@ -85,7 +85,7 @@ def warm_kernels():
                 for kernel, signature in k.KERNELS.values():
                     if _WARMING.get("stop"):
                         return
-                    kernel.compile(signature)  # (compiles, caches on disk, loads into the device's context)
+                    kernel.compile(signature)  # (or reads Numba's disk cache; a compile also loads it here)
             _RAN[0] = True
         except Exception:  # noqa: BLE001 -- reported by the kernels' next use, which compiles them in the caller
             pass
