@@ -55,14 +55,15 @@ def check_bool(name, value):
 
 
 def check_count(name, value, minimum=0):
-    """An int argument ``>= minimum``, with its name in the error (bools refused)."""
-    if isinstance(value, bool):
+    """An int argument ``>= minimum`` (None: any int), with its name in the error (bools refused, and floats,
+    which ``int()`` would truncate)."""
+    if isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be an int, got bool")
     try:
         value = operator.index(value)
     except TypeError:
         raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
-    if value < minimum:
+    if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return value
 

@@ -452,6 +452,14 @@ def test_bad_sampling_input_fails_with_clear_errors():
         tg.nn.NeighborLoader(A, [0, 1], [2], 0, device="cpu")
     with pytest.raises(ValueError, match=r"nodes must be a 1-D array of node ids in \[0, 10\)"):
         tg.nn.NeighborLoader(A, [0, 12], [2], 4, device="cpu")
+    # (a float seed would be truncated into another seed's blocks: refused, as a bool and a string)
+    for bad, kind in ((1.5, "float"), (True, "bool"), ("1", "str")):
+        with pytest.raises(TypeError, match=f"seed must be an int, got {kind}"):
+            tg.nn.sample_blocks(A, [1], [2], seed=bad, device="cpu")
+        with pytest.raises(TypeError, match=f"seed must be an int, got {kind}"):
+            tg.nn.NeighborLoader(A, [0, 1], [2], 1, seed=bad, device="cpu")
+    same = [tg.nn.sample_blocks(A, [1, 4], [2, 2], seed=s, device="cpu", format="csr") for s in (7, np.int64(7), -7)]
+    assert all((a.adj != b.adj).nnz == 0 for a, b in zip(same[0], same[1]))  # (NumPy's ints are ints)
 
 
 def test_sage_conv_and_its_vjp_are_the_dense_formula():

@@ -16,6 +16,7 @@ import numpy as np
 
 from .._device import array_module, get_cupy, use_gpu
 from .._tiled import TiledMatrix, spmm
+from .._validation import check_count, coerce_csr
 from ..sampling import GOLDEN, Relabel, sample_hops, splitmix64
 from ._edges import RowEdges
 from ._layers import column_sums, dropout as drop, mm, relu
@@ -134,8 +135,6 @@ def _graph(A, device):
     """The :class:`_Graph` of a square sparse matrix, on ``device``'s side."""
     import scipy.sparse as sp
 
-    from .._validation import coerce_csr
-
     if isinstance(A, _Graph):  # (an earlier _graph: kept as it is)
         return A
     _, indices, indptr, shape = coerce_csr(A if not sp.issparse(A) else sp.csr_array(A))
@@ -216,6 +215,7 @@ def sample_blocks(A, seeds, fanouts, *, seed=0, device=None, layout=None, format
     """
     if format not in ("tiled", "csr"):
         raise ValueError(f"format must be 'tiled' or 'csr', got {format!r}")
+    seed = check_count("seed", seed, minimum=None)
     graph = _graph(A, device)
     indptr, indices, n = graph.indptr, graph.indices, graph.n
     xp = array_module(indptr)
@@ -282,7 +282,8 @@ class NeighborLoader:
         n = self._graph.n
         if nodes.ndim != 1 or (nodes.size and (nodes.min() < 0 or nodes.max() >= n)):
             raise ValueError(f"nodes must be a 1-D array of node ids in [0, {n})")
-        self.nodes, self.batch_size, self.shuffle, self.seed = nodes.astype(np.int64), int(batch_size), shuffle, seed
+        self.nodes, self.batch_size, self.shuffle = nodes.astype(np.int64), int(batch_size), shuffle
+        self.seed = check_count("seed", seed, minimum=None)
         self.layout, self.prefetch, self.format, self.epoch = layout, prefetch, format, 0
 
     def __len__(self):
