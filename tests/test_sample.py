@@ -458,6 +458,18 @@ def test_bad_sampling_input_fails_with_clear_errors():
             tg.nn.sample_blocks(A, [1], [2], seed=bad, device="cpu")
         with pytest.raises(TypeError, match=f"seed must be an int, got {kind}"):
             tg.nn.NeighborLoader(A, [0, 1], [2], 1, seed=bad, device="cpu")
+    # (a float node id would be truncated into another node; a string flag would be taken as true)
+    with pytest.raises(ValueError, match=r"nodes must be a 1-D array of node ids, got shape \(2,\) and dtype float64"):
+        tg.nn.NeighborLoader(A, [0.5, 1], [2], 1, device="cpu")
+    for flag in ("shuffle", "prefetch"):
+        with pytest.raises(TypeError, match=f"{flag} must be a bool, got str"):
+            tg.nn.NeighborLoader(A, [0, 1], [2], 1, device="cpu", **{flag: "no"})
+    with pytest.raises(ValueError, match="format must be 'tiled' or 'csr', got 'coo'"):
+        tg.nn.NeighborLoader(A, [0, 1], [2], 1, device="cpu", format="coo")
+    with pytest.raises(ValueError, match="device must be None, 'cuda' or 'cpu', got 'tpu'"):
+        tg.nn.NeighborLoader(A, [0, 1], [2], 1, device="tpu")
+    with pytest.raises(ValueError, match="device must be None, 'cuda' or 'cpu', got 'tpu'"):
+        tg.nn.sample_blocks(A, [0, 1], [2], device="tpu")
     same = [tg.nn.sample_blocks(A, [1, 4], [2, 2], seed=s, device="cpu", format="csr") for s in (7, np.int64(7), -7)]
     assert all((a.adj != b.adj).nnz == 0 for a, b in zip(same[0], same[1]))  # (NumPy's ints are ints)
 

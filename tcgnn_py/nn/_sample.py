@@ -16,7 +16,7 @@ import numpy as np
 
 from .._device import array_module, get_cupy, use_gpu
 from .._tiled import TiledMatrix, spmm
-from .._validation import check_count, coerce_csr
+from .._validation import check_bool, check_count, coerce_csr
 from ..sampling import GOLDEN, Relabel, sample_hops, splitmix64
 from ._edges import RowEdges
 from ._layers import column_sums, dropout as drop, mm, relu
@@ -141,7 +141,7 @@ def _graph(A, device):
     if shape[0] != shape[1]:
         raise ValueError(f"A must be square (a graph to sample), got shape {shape}")
     xp = array_module(indptr)
-    if device is not None and (device == "cuda") != (xp is not np):
+    if device is not None and use_gpu(device) != (xp is not np):  # (use_gpu: the device's name checked)
         xp = get_cupy() if device == "cuda" else np
         indptr = xp.asarray(indptr) if xp is not np else get_cupy().asnumpy(indptr)
         indices = xp.asarray(indices) if xp is not np else get_cupy().asnumpy(indices)
@@ -213,8 +213,7 @@ def sample_blocks(A, seeds, fanouts, *, seed=0, device=None, layout=None, format
     >>> [(b.n_dst, b.adj.shape[1]) for b in blocks], blocks[-1].dst.tolist()
     ([(3, 4), (1, 3)], [0])
     """
-    if format not in ("tiled", "csr"):
-        raise ValueError(f"format must be 'tiled' or 'csr', got {format!r}")
+    _check_format(format)
     seed = check_count("seed", seed, minimum=None)
     graph = _graph(A, device)
     indptr, indices, n = graph.indptr, graph.indices, graph.n
@@ -251,6 +250,11 @@ def sample_blocks(A, seeds, fanouts, *, seed=0, device=None, layout=None, format
     return hops[::-1]
 
 
+def _check_format(format):
+    if format not in ("tiled", "csr"):
+        raise ValueError(f"format must be 'tiled' or 'csr', got {format!r}")
+
+
 def _csr(xp, values, indices, indptr, shape):
     if xp is np:
         import scipy.sparse as sp
@@ -275,15 +279,19 @@ class NeighborLoader:
                  prefetch=False, format="tiled"):
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        self._device = device if device is not None else ("cuda" if use_gpu(None) else "cpu")
+        _check_format(format)
+        shuffle, prefetch = check_bool("shuffle", shuffle), check_bool("prefetch", prefetch)
+        self.seed = check_count("seed", seed, minimum=None)
+        self._device = "cuda" if use_gpu(device) else "cpu"
         self._graph = _graph(A, self._device)
         self.fanouts = _fanouts(fanouts)
         nodes = np.asarray(nodes if array_module(nodes) is np else get_cupy().asnumpy(nodes))
         n = self._graph.n
-        if nodes.ndim != 1 or (nodes.size and (nodes.min() < 0 or nodes.max() >= n)):
+        if nodes.ndim != 1 or not (nodes.dtype.kind in "iu" or nodes.size == 0):  # (a float id would be truncated)
+            raise ValueError(f"nodes must be a 1-D array of node ids, got shape {nodes.shape} and dtype {nodes.dtype}")
+        if nodes.size and (nodes.min() < 0 or nodes.max() >= n):
             raise ValueError(f"nodes must be a 1-D array of node ids in [0, {n})")
         self.nodes, self.batch_size, self.shuffle = nodes.astype(np.int64), int(batch_size), shuffle
-        self.seed = check_count("seed", seed, minimum=None)
         self.layout, self.prefetch, self.format, self.epoch = layout, prefetch, format, 0
 
     def __len__(self):
