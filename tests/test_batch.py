@@ -85,6 +85,9 @@ def test_batch_refuses_what_is_not_a_sequence_of_square_graphs():
         nn.batch(5)
     with pytest.raises(ValueError, match=r"graphs\[1\] must be a square adjacency matrix, got shape \(2, 3\)"):
         nn.batch([sp.eye(2), sp.csr_array((2, 3))])
+    with pytest.raises(TypeError, match=r"graphs\[1\] must be an adjacency matrix \(sparse, or a dense 2-D array\), "
+                                        "got str"):
+        nn.batch([sp.eye(2), "x"])
 
 
 @pytest.mark.parametrize("how", nn._batch.READOUTS)

@@ -81,7 +81,11 @@ def batch(graphs):
         if on_device:
             g = g.tocsr()
         elif not (sp.issparse(g) and g.format == "csr"):  # (a scipy CSR is read as it is: a batch joins dozens)
-            g = sp.csr_array(g)
+            try:
+                g = sp.csr_array(g)
+            except (TypeError, ValueError) as err:
+                raise TypeError(f"graphs[{i}] must be an adjacency matrix (sparse, or a dense 2-D array), got "
+                                f"{type(g).__name__}") from err
         if g.ndim != 2 or g.shape[0] != g.shape[1]:
             raise ValueError(f"graphs[{i}] must be a square adjacency matrix, got shape {g.shape}")
         blocks.append(g)
