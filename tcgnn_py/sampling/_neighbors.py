@@ -143,9 +143,6 @@ def hop_kernels(xp, indptr, indices, seeds, fanouts, keys, relabel):
 
     On the GPU, a batch whose hops the kernels all make, of a size and fan-outs the graph sampled before, replays
     the launches up to the read as one CUDA graph recorded at its second batch (:class:`RecordedHops`)."""
-    from ..kernels import sample as k
-    from ..kernels.launch import THREADS_PER_BLOCK, grid, launch_numba
-
     slot, n = relabel.slot, relabel.slot.shape[0]
     n_hops = len(fanouts)
     if not seeds.shape[0]:  # (an empty batch: empty hops)
@@ -156,8 +153,7 @@ def hop_kernels(xp, indptr, indices, seeds, fanouts, keys, relabel):
         recorded = relabel.recorded(xp, indptr, indices, seeds.shape[0], fanouts)
         if recorded is not None:
             return recorded(seeds, host_keys)
-        # sizes[2 h]: hop h's destinations, sizes[2 h + 1]: its entries (the kernels write those of their hops)
-        sizes = xp.asarray(np.r_[seeds.shape[0], np.zeros(2 * n_hops + 1, np.int64)])
+        sizes = _sizes(xp, seeds.shape[0], n_hops)
         keys = xp.asarray(host_keys)
         hops = [None] * n_hops
         pending = []  # (h, src, ptr, cols, fanout) of kernel hops whose rows wait for the read of the sizes
@@ -177,7 +173,7 @@ def hop_kernels(xp, indptr, indices, seeds, fanouts, keys, relabel):
                     known = rows_so_far()
                     nodes = nodes[:int(known[2 * h])]
                     if placed:
-                        launch_numba(k.place_slots, grid(nodes.shape[0]), THREADS_PER_BLOCK, nodes, slot, 0)
+                        _place(nodes, slot, 0)
                         placed = False
                     src, ptr, local, rows, values = _general_hop(indptr, indices, nodes, fanout, int(host_keys[h]),
                                                                  relabel)
@@ -186,7 +182,7 @@ def hop_kernels(xp, indptr, indices, seeds, fanouts, keys, relabel):
                     nodes, bound = src, src.shape[0]
                     continue
                 if not placed:
-                    launch_numba(k.place_slots, grid(nodes.shape[0]), THREADS_PER_BLOCK, nodes, slot, 1)
+                    _place(nodes, slot, 1)
                     placed = True
                 src, ptr, cols, _ = _kernel_hop(xp, indptr, indices, nodes, bound, fanout, keys, h, relabel, sizes)
                 pending.append((h, src, ptr, cols, fanout))
@@ -194,7 +190,7 @@ def hop_kernels(xp, indptr, indices, seeds, fanouts, keys, relabel):
             known = rows_so_far()
             if placed:
                 nodes = nodes[:int(known[2 * n_hops])]
-                launch_numba(k.place_slots, grid(nodes.shape[0]), THREADS_PER_BLOCK, nodes, slot, 0)
+                _place(nodes, slot, 0)
         except BaseException:
             relabel.reset()
             raise
@@ -217,6 +213,20 @@ def _kernel_hop(xp, indptr, indices, nodes, bound, fanout, keys, h, relabel, siz
     launch_numba(k.hop_sources, grid(max(n, bound + 1)), THREADS_PER_BLOCK, nodes, work, scan, n, slot, src, ptr,
                  sizes, h)
     return src, ptr, cols, scan
+
+
+def _sizes(xp, size, n_hops):
+    """The batch's sizes on the device: ``sizes[2 h]`` hop ``h``'s destinations (the seeds' ``size`` first),
+    ``sizes[2 h + 1]`` its entries, which the kernels write hop after hop."""
+    return xp.asarray(np.r_[size, np.zeros(2 * n_hops + 1, np.int64)])
+
+
+def _place(nodes, slot, place):
+    """``place_slots``: each of ``nodes`` given its place in the map (``place`` 1), or its slot cleared (0)."""
+    from ..kernels import sample as k
+    from ..kernels.launch import THREADS_PER_BLOCK, grid, launch_numba
+
+    launch_numba(k.place_slots, grid(nodes.shape[0]), THREADS_PER_BLOCK, nodes, slot, place)
 
 
 def _hop_buffers(xp, n, bound, fanout):
@@ -270,7 +280,7 @@ class RecordedHops:
         self._relabel, self._fanouts, self._xp = relabel, tuple(fanouts), xp
         self._graph_arrays = (indptr, indices)
         self.seeds, self.keys = xp.empty(size, np.int64), xp.empty(len(fanouts), np.uint64)
-        self.sizes = xp.asarray(np.r_[size, np.zeros(2 * len(fanouts) + 1, np.int64)])
+        self.sizes = _sizes(xp, size, len(fanouts))
         self._buffers = [_hop_buffers(xp, n, bounds[h], f) for h, f in enumerate(fanouts)]
         self._bounds = bounds
         if xp is np:
@@ -286,12 +296,9 @@ class RecordedHops:
 
     def launches(self):
         """The batch's launches up to the read: the seeds placed, then each hop's sample, scan and sources."""
-        from ..kernels import sample as k
-        from ..kernels.launch import THREADS_PER_BLOCK, grid, launch_numba
-
         indptr, indices = self._graph_arrays
         relabel, xp = self._relabel, self._xp
-        launch_numba(k.place_slots, grid(self.seeds.shape[0]), THREADS_PER_BLOCK, self.seeds, relabel.slot, 1)
+        _place(self.seeds, relabel.slot, 1)
         nodes = self.seeds
         for h, fanout in enumerate(self._fanouts):
             nodes = _kernel_hop(xp, indptr, indices, nodes, self._bounds[h], fanout, self.keys, h, relabel,
@@ -300,9 +307,6 @@ class RecordedHops:
     def __call__(self, seeds, keys):
         """The hops of ``seeds`` (``size`` of them, int64, on the arrays' side) with ``keys`` (NumPy uint64, one
         per hop)."""
-        from ..kernels import sample as k
-        from ..kernels.launch import THREADS_PER_BLOCK, grid, launch_numba
-
         xp, slot = self._xp, self._relabel.slot
         try:
             if xp is np:
@@ -315,7 +319,7 @@ class RecordedHops:
             hops = [_rows_of(xp, known, h, src, ptr, cols, fanout, slot)
                     for h, ((src, ptr, cols, _), fanout) in enumerate(zip(self._buffers, self._fanouts))]
             last = self._buffers[-1][0][:int(known[2 * len(self._fanouts)])]
-            launch_numba(k.place_slots, grid(last.shape[0]), THREADS_PER_BLOCK, last, slot, 0)
+            _place(last, slot, 0)
         except BaseException:
             self._relabel.reset()
             raise
