@@ -316,11 +316,14 @@ def test_a_grid_of_one_wave_keeps_the_plans_order():
     T = tg.TiledMatrix(A, layout="vector", device="cpu")
     plan = vec_plan(T.tiling, 16)
     n_units = plan["units"].shape[0]
-    T.tiling.put("sm_count", 1)  # 32 resident warps: many waves
+    T.tiling.put("sm_count", 1)  # many waves
     _, units, unit_k0, _ = _vec_layout.partition_units(T.tiling, 16, 1)
     length = units[:, 2] - units[:, 1]
     assert (np.diff(length) <= 0).all() and sorted(map(tuple, units)) == sorted(map(tuple, plan["units"]))
-    T.tiling.put("sm_count", -(-n_units // 32))  # every unit resident at once
+    T.tiling.put("sm_count", -(-n_units // 32))  # 32 warps per SM: more than the least residency, so sorted
+    _, units, _, _ = _vec_layout.partition_units(T.tiling, 16, 1)
+    assert (np.diff(units[:, 2] - units[:, 1]) <= 0).all()
+    T.tiling.put("sm_count", -(-n_units // _vec_layout.VEC_ONE_WAVE_WARPS))  # every unit resident at once
     _, units, unit_k0, _ = _vec_layout.partition_units(T.tiling, 16, 1)
     np.testing.assert_array_equal(units, plan["units"])
     np.testing.assert_array_equal(unit_k0, plan["unit_k0"])
@@ -346,7 +349,7 @@ def test_a_plan_that_cuts_no_window_is_not_built():
     full = vec_plan(T.tiling, 16)["units"]
     np.testing.assert_array_equal(full, np.stack([np.arange(T.tiling.n_windows), T.tiling.win_ptr[:-1],
                                                   T.tiling.win_ptr[1:], np.full(T.tiling.n_windows, -1)], axis=1))
-    T.tiling.put("sm_count", 1)  # 32 resident warps: many waves, sorted longest first
+    T.tiling.put("sm_count", 1)  # many waves, sorted longest first
     assert _vec_layout.partition_units(T.tiling, 16, 1)[1] is not None
     assert _vec_layout.partition_units(T.tiling, 4, 1)[1] is not None  # (windows cut in units of 4 blocks)
 

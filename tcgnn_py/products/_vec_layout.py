@@ -15,9 +15,9 @@ from ._launch import Scratch, compiled, fixup, partial_scratch, spmm
 from ._plans import (LENGTH_TABLE_MAX, VEC_UNITS_PER_WINDOW_MAX, sm_count, sorted_plan, vec_counts, vec_hist,
                      vec_longer, vec_longest, vec_meta, vec_plan)
 
-__all__ = ["Config", "NO_PLAN", "Shape", "VEC_COOP_CTAS", "VEC_RESIDENT_WARPS", "VEC_SHORT_UNIT", "VEC_UNIT_SIZES",
-           "VEC_WIDE_WARPS", "async_rows", "async_unroll", "coop_launch", "layout_launches", "partition",
-           "partition_launch", "partition_units", "vec_coop", "vec_unit_size"]
+__all__ = ["Config", "NO_PLAN", "Shape", "VEC_COOP_CTAS", "VEC_ONE_WAVE_WARPS", "VEC_RESIDENT_WARPS", "VEC_SHORT_UNIT",
+           "VEC_UNIT_SIZES", "VEC_WIDE_WARPS", "async_rows", "async_unroll", "coop_launch", "layout_launches",
+           "partition", "partition_launch", "partition_units", "vec_coop", "vec_unit_size"]
 
 
 #: 64 features per warp (instead of 32) while units x slices still give this many warps per SM: a warp then
@@ -32,6 +32,11 @@ VEC_UNIT_SIZES = (16, 32, 64, 128, 256)
 VEC_RESIDENT_WARPS = 32
 #: Units of at most this many blocks on average take 2-block cp.async steps (:func:`async_unroll`).
 VEC_SHORT_UNIT = 16
+#: A grid of at most this many warps per SM keeps its plan's order (:func:`partition_units`): the fewest any vector
+#: SpMM kernel keeps resident, so such a grid is one wave whichever kernel runs it.  The kernels of 64 features per
+#: warp hold fewer than :data:`VEC_RESIDENT_WARPS` (six CTAs of their 36 KB of stages), and a grid between the two
+#: ran in more than one wave with its longest units last.
+VEC_ONE_WAVE_WARPS = 16
 
 
 def async_rows(D, vec):
@@ -82,12 +87,12 @@ def partition_units(tiling, bpu, n_slices=None):
     """``(plan, units, unit_k0, meta)`` of the usual launch on ``bpu`` blocks per unit: its plan's splits and counts
     (:func:`.vec_plan`), its units in launch order (longest first, unless ``options()["vec_sort_units"]`` is off:
     the grid's tail is then made of short ones) and the blocks' metadata.  A grid of ``n_slices`` per unit that
-    every SM holds at once (:data:`VEC_RESIDENT_WARPS` warps each) keeps the plan's order: it has no tail to
+    every SM holds at once (:data:`VEC_ONE_WAVE_WARPS` warps each) keeps the plan's order: it has no tail to
     order, and a new matrix's first product would pay the sort.  Where such a plan cuts no window its units are
     the windows in order, which the kernels read from the window pointers: ``units`` and ``unit_k0`` are None,
     and no plan is built or uploaded (:data:`NO_PLAN`)."""
     counts = vec_counts(tiling, bpu)
-    one_wave = n_slices is not None and counts["units"] * n_slices <= VEC_RESIDENT_WARPS * sm_count(tiling)
+    one_wave = n_slices is not None and counts["units"] * n_slices <= VEC_ONE_WAVE_WARPS * sm_count(tiling)
     if options()["vec_sort_units"] and not one_wave:
         return tiling.cached(("vec_sorted", bpu), lambda: sorted_plan(tiling, bpu)) + (vec_meta(tiling),)
     if counts["max_parts"] <= 1:
