@@ -32,10 +32,10 @@ VEC_UNIT_SIZES = (16, 32, 64, 128, 256)
 VEC_RESIDENT_WARPS = 32
 #: Units of at most this many blocks on average take 2-block cp.async steps (:func:`async_unroll`).
 VEC_SHORT_UNIT = 16
-#: A grid of at most this many warps per SM keeps its plan's order (:func:`partition_units`): the fewest any vector
-#: SpMM kernel keeps resident, so such a grid is one wave whichever kernel runs it.  The kernels of 64 features per
-#: warp hold fewer than :data:`VEC_RESIDENT_WARPS` (six CTAs of their 36 KB of stages), and a grid between the two
-#: ran in more than one wave with its longest units last.
+#: A grid of at most this many warps per SM keeps its plan's order (:func:`partition_units`): the fewest the vector
+#: SpMM kernels' launch bounds promise resident (4 CTAs of 4 warps), so such a grid is one wave whichever kernel
+#: runs it.  Some hold fewer than :data:`VEC_RESIDENT_WARPS` (the cp.async kernels of 64 features per warp fit six
+#: CTAs of 36 KB of stages), and a grid between the two ran in more than one wave with its longest units last.
 VEC_ONE_WAVE_WARPS = 16
 
 
