@@ -774,3 +774,31 @@ def test_the_epoch_tables_jax_columns_come_with_ops_jax(ops, with_jax, tmp_path,
     monkeypatch.setattr(_gnn, "bench_gnn", lambda *a, with_jax=True, **k: asked.append(with_jax) or [])
     assert cli.main(["powerlaw:60:300", "--device", "cpu", "--ops", ops, "--repeat", "1", "--epochs", "1"]) == 0
     assert asked == [with_jax]
+
+
+def test_the_epoch_tables_jax_columns_are_chosen_by_aggregation():
+    """``with_jax`` takes the JAX columns by aggregation (the pure-JAX model alone compiles in a fraction of the
+    three's time), in the table's order; an unknown one names itself before any graph is loaded."""
+    from tcgnn_py.bench import JAX_COLUMNS, _gnn, bench_gnn
+
+    assert _gnn._jax_aggregations(True) == tuple(JAX_COLUMNS) and _gnn._jax_aggregations(False) == ()
+    assert _gnn._jax_aggregations(["tcgnn", "segment_sum"]) == ("segment_sum", "tcgnn")
+    with pytest.raises(ValueError, match=r"with_jax: unknown aggregation 'csr' \(one of segment_sum, bcoo, tcgnn\)"):
+        bench_gnn("no-such-graph", device="cpu", with_jax=["csr"])
+    with pytest.raises(TypeError, match="with_jax must be a bool or a sequence of aggregations, got str"):
+        bench_gnn("no-such-graph", device="cpu", with_jax="segment_sum")
+
+
+@pytest.mark.parametrize("flag, want", [([], ["segment_sum", "bcoo", "tcgnn"]),
+                                        (["--jax", "segment_sum"], ["segment_sum"]), (["--jax", "none"], [])])
+def test_the_epoch_table_tool_passes_its_jax_columns(flag, want, monkeypatch):
+    """``tools/gnn_epoch_table.py --jax`` reaches the epoch table as its columns' aggregations."""
+    import runpy
+    import tcgnn_py.bench as bench
+
+    asked = []
+    monkeypatch.setattr(bench, "bench_gnn", lambda spec, with_jax=True, **k: asked.append(list(with_jax)) or [])
+    monkeypatch.setattr(sys, "argv", ["gnn_epoch_table.py", "cora"] + flag)
+    runpy.run_path(str(pathlib.Path(__file__).resolve().parents[1] / "tools" / "gnn_epoch_table.py"),
+                   run_name="__main__")
+    assert asked == [want]

@@ -15,7 +15,7 @@ from ..tiles import translate as sgt_translate  # SGT alone (canonical CSR in), 
 from . import _kernels  # noqa: F401  (registers the "baseline" kernel family)
 from ._baselines import CSR_ALG2, CSR_ALG3, CusparseRowMajor, CusparseSDDMM, GatherDotSDDMM
 from ._first import first_product_markdown, first_product_times
-from ._gnn import HIDDEN, bench_gnn, gnn_markdown, gnn_problem, load_baselines, train_step
+from ._gnn import HIDDEN, JAX_COLUMNS, bench_gnn, gnn_markdown, gnn_problem, load_baselines, train_step
 from ._graphs import SYNTHETIC, resolve_graph
 from ._run import bench_graph, bench_reorder, distinct_window_columns, traffic_bytes
 from ._report import CLOCKS
@@ -38,6 +38,7 @@ __all__ = [
     "gnn_problem",
     "train_step",
     "HIDDEN",
+    "JAX_COLUMNS",
     "traffic_bytes",
     "distinct_window_columns",
     "CusparseRowMajor",

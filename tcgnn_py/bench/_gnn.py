@@ -25,7 +25,7 @@ import numpy as np
 from ._graphs import data_roots, resolve_graph
 
 __all__ = ["gnn_problem", "bench_gnn", "train_step", "gnn_markdown", "time_epochs", "MODELS", "HIDDEN", "GAT_HEADS",
-           "GAT_HIDDEN"]
+           "GAT_HIDDEN", "JAX_COLUMNS"]
 
 MODELS = ("gcn", "agnn", "gat")
 #: Hidden width of GCN and AGNN (the examples' Kipf & Welling / AGNN setups).
@@ -197,16 +197,37 @@ def load_baselines(path):
     return (builders, versions, *optional)
 
 
+#: The epoch table's JAX columns by aggregation: ``jax.ops.segment_sum`` (what GNNs in JAX write), BCOO products,
+#: and tcgnn_py's own products through :mod:`tcgnn_py.jax`.
+JAX_COLUMNS = {"segment_sum": "jax", "bcoo": "jax_bcoo", "tcgnn": "jax_tcgnn"}
+
+
+def _jax_aggregations(with_jax):
+    """The aggregations of :func:`bench_gnn`'s ``with_jax`` (a bool, or aggregations of :data:`JAX_COLUMNS`), in the
+    table's order; an unknown one is a ValueError that names it, before any graph is loaded."""
+    if with_jax is True or with_jax is False:
+        return tuple(JAX_COLUMNS) if with_jax else ()
+    if isinstance(with_jax, str):
+        raise TypeError(f"with_jax must be a bool or a sequence of aggregations, got str {with_jax!r}")
+    asked = list(with_jax)
+    for a in asked:
+        if a not in JAX_COLUMNS:
+            raise ValueError(f"with_jax: unknown aggregation {a!r} (one of {', '.join(JAX_COLUMNS)})")
+    return tuple(a for a in JAX_COLUMNS if a in asked)
+
+
 def bench_gnn(spec, models=MODELS, epochs=20, repeat=3, device=None, extra=None, with_jax=True):
     """Rows ``{graph, model, impl, ms, nodes, nnz, features, ...}`` of time per training epoch.
 
     ``extra`` maps an implementation name to ``build(problem, model) -> (step, sync)`` or None; on the GPU the
     JAX models come first among them where JAX is installed and ``with_jax`` (XLA compiles each model's step
-    first, up to tens of seconds on wide inputs, so a caller may leave them out).
+    first, up to tens of seconds on wide inputs, so a caller may leave them out): True for every aggregation of
+    :data:`JAX_COLUMNS`, or a sequence of its aggregations (``["segment_sum"]``: the pure-JAX model alone).
     """
     from .._device import use_gpu
     from . import _jax_models
 
+    aggregations = _jax_aggregations(with_jax)
     gpu = use_gpu(device)
     problem = gnn_problem(spec)
     A = problem["adj"]
@@ -215,10 +236,9 @@ def bench_gnn(spec, models=MODELS, epochs=20, repeat=3, device=None, extra=None,
     else:
         impls = {"tcgnn_ref": ("tiled", False), "scipy": ("csr", False)}
     sync = _cupy_sync if gpu else (lambda: None)
-    if gpu and with_jax and _jax_models.available():  # segment_sum (what GNNs in JAX write), BCOO, tcgnn_py.jax
-        jax = {name: functools.partial(_jax_models.build, hidden=HIDDEN, gat=(GAT_HEADS, GAT_HIDDEN),
-                                       aggregation=aggregation)
-               for name, aggregation in (("jax", "segment_sum"), ("jax_bcoo", "bcoo"), ("jax_tcgnn", "tcgnn"))}
+    if gpu and aggregations and _jax_models.available():
+        jax = {JAX_COLUMNS[a]: functools.partial(_jax_models.build, hidden=HIDDEN, gat=(GAT_HEADS, GAT_HIDDEN),
+                                                 aggregation=a) for a in aggregations}
         extra = {**jax, **(extra or {})}
     rows = []
     for model in models:
