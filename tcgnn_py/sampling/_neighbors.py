@@ -3,11 +3,11 @@ replacement, seeded: the ``sample_rows`` Numba kernel (:mod:`tcgnn_py.kernels.sa
 reference on the host, the same neighbors for the same key.
 """
 
-import collections
 import threading
 
 import numpy as np
 
+from .._cache import keep
 from .._device import array_module, to_host
 
 __all__ = ["sample_reference", "sample_neighbors", "sample_hops", "hop_kernels", "RecordedHops", "row_entries",
@@ -351,7 +351,7 @@ class Relabel:
         self.slot = xp.full(n, -1, np.int32)  # node -> its column in the hop's sources, -1 where none
         self._work = xp.zeros(n, np.int32)
         self._xp, self._lock = xp, threading.RLock()  # (re-entered: the kernels' path calls the general one)
-        self._recorded, self._seen = collections.OrderedDict(), collections.OrderedDict()
+        self._recorded, self._seen = {}, {}  # (each in order of last use: keep drops the oldest)
 
     def recorded(self, xp, indptr, indices, size, fanouts):
         """The :class:`RecordedHops` of a batch of ``size`` seeds and these fan-outs on this graph, or None: on the
@@ -363,25 +363,18 @@ class Relabel:
         key = (indptr.data.ptr, indices.data.ptr, int(size), tuple(int(f) for f in fanouts))
         rec = self._recorded.get(key)
         if rec is not None:
-            self._recorded.move_to_end(key)
-            return rec
+            return keep(self._recorded, key, self._recorded.pop(key), RECORDED_KEPT)  # (now the last used)
         first = key not in self._seen
-        self._seen[key] = None
-        self._seen.move_to_end(key)
-        while len(self._seen) > 4 * RECORDED_KEPT:  # (shapes seen once are forgotten, oldest first: kept bounded)
-            self._seen.popitem(last=False)
+        self._seen.pop(key, None)  # (shapes seen once are forgotten, oldest first: kept bounded)
+        keep(self._seen, key, None, 4 * RECORDED_KEPT)
         if (first or key in self._recorded or xp.cuda.get_current_stream().is_capturing()
                 or _hop_bounds(self.slot.shape[0], size, fanouts) is None):
             return None
         try:
             rec = RecordedHops(xp, indptr, indices, size, fanouts, self)
         except Exception:  # noqa: BLE001  (a capture this stream or CuPy cannot make: the eager path serves)
-            self._recorded[key] = None
-            return None
-        self._recorded[key] = rec
-        while len(self._recorded) > RECORDED_KEPT:
-            self._recorded.popitem(last=False)
-        return rec
+            return keep(self._recorded, key, None, RECORDED_KEPT)
+        return keep(self._recorded, key, rec, RECORDED_KEPT)
 
     def work(self, n_dst):
         """The marks (all 0) followed by room for ``n_dst`` counts; grown by doubling, up to ``2 n``."""
