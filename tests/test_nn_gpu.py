@@ -743,6 +743,44 @@ def test_bound_gcn_conv_is_the_general_call(cp, monkeypatch, n, d_in, d_out, bia
     assert len(calls) == 1 and len(calls[0].backward.bound) == 2  # the forward and both vjps bound
 
 
+@pytest.mark.parametrize("m, k, n", [(1, 129, 1), (5, 131, 2), (77, 1433, 24), (1001, 333, 7), (3000, 500, 16),
+                                     (600, 130, 32), (70000, 132, 16)])
+def test_dropped_products_are_dropout_then_product(cp, m, k, n):
+    """drop_mm and drop_atb read a dropped input as the dropout kernel drops it: exact on small integers against the
+    dropout's array times W (and its transpose times G), over row-strided inputs and transposed weights too, wide
+    inputs cut into slices of k, long ones into slices of rows."""
+    from tcgnn_py.products import dense, pointwise
+
+    rng = np.random.default_rng(m + k)
+    X, W, G = ints(rng, m, k), ints(rng, k, n), ints(rng, m, n)
+    seed = pointwise.draw(cp.random.default_rng(0))
+    Xd = pointwise.tail(cp.asarray(X), None, None, 0.5, seed).get().astype(np.float64)
+    Xv = cp.zeros((m, k + 3), np.float32)[:, :k]
+    Xv[...] = cp.asarray(X)
+    for a in (cp.asarray(X), Xv):
+        assert dense.drop_takes(a, cp.asarray(W)) and dense.drop_atb_takes(a, cp.asarray(G))
+        for w in (cp.asarray(W), cp.asarray(np.ascontiguousarray(W.T)).T):
+            np.testing.assert_array_equal(dense.drop_mm(a, w, seed, 0.5).get(), (Xd @ W).astype(np.float32))
+        np.testing.assert_array_equal(dense.drop_atb(a, cp.asarray(G), seed, 0.5).get(),
+                                      (Xd.T @ G).astype(np.float32))
+
+
+def test_dropped_products_keep_float32_accuracy(cp):
+    """3xTF32 on random floats: within a few float32 roundings of float64 (a TF32 product errs ~100x more), the
+    same bits on every run, and the mask of another rate (a scale other than 2) as the dropout kernel's."""
+    from tcgnn_py.products import dense, pointwise
+
+    r = cp.random.default_rng(1)
+    X, W, G = (r.standard_normal(s, dtype=np.float32) for s in ((3000, 700), (700, 16), (3000, 16)))
+    seed = pointwise.draw(r)
+    Xd = pointwise.tail(X, None, None, 0.3, seed).get().astype(np.float64)
+    pairs = ((dense.drop_mm(X, W, seed, 0.3), Xd @ W.get()), (dense.drop_atb(X, G, seed, 0.3), Xd.T @ G.get()))
+    for got, want in pairs:
+        assert np.abs(got.get() - want).max() <= 4e-6 * np.abs(want).max()
+    assert bool((dense.drop_mm(X, W, seed, 0.3) == dense.drop_mm(X, W, seed, 0.3)).all())
+    assert bool((dense.drop_atb(X, G, seed, 0.3) == dense.drop_atb(X, G, seed, 0.3)).all())
+
+
 def test_bound_gcn_conv_serves_its_signature_only(cp, monkeypatch):
     """A bound call takes only its own signature: rows of another stride, another width, no bias, other dtypes,
     another stream run the general code (and bind there in turn), and every check still speaks."""

@@ -10,7 +10,8 @@ from .registry import VALUE_TYPES, register
 __all__ = ["SOURCE", "NAMES", "FAMILIES", "TICK", "adam_multi_name", "ADAM_MULTI", "ADAM_SLOTS",
            "tail_name", "tail_grad_name", "cross_entropy_name", "index_weights_name", "head_dots_name",
            "head_dots_grad_name", "add_bias_name", "dense_mm_name", "DENSE_TILES", "dense_atb_name",
-           "DENSE_ATB_TILES", "DENSE_ATB_SUM", "DENSE_NAMES", "SEED_BITS", "DRAW",
+           "DENSE_ATB_TILES", "DENSE_ATB_SUM", "DENSE_NAMES", "SEED_BITS", "DRAW", "drop_mm_name", "drop_atb_name",
+           "DROP_TILES", "DROP_NAMES",
            "row_normalize_name", "row_normalize_grad_name", "sum_name", "segment_sum_name", "csr_mm_name",
            "head_blocks_name", "SUM_THREADS",
            "ACTIVATIONS", "TAIL_TYPES"]
@@ -422,11 +423,14 @@ __global__ void tcgnn_add_bias(T* __restrict__ x, const T* __restrict__ b, long 
 // Feature dropout: element i is kept where the 24 high bits of a hash of (i, seed) are at least p * 2^24 (the
 // attention dropout's mixing), so the backward pass recomputes the mask instead of keeping an n x F array.
 // seed: two words on the device (a seed stream's draw, or a float64 draw rng.random(1)): no host read.
-__device__ __forceinline__ bool nn_keep(long long i, const unsigned* seed, float p) {
-    unsigned x = (unsigned)i ^ ((unsigned)((unsigned long long)i >> 32) * 0x27D4EB2Fu) ^
-                 ((seed[0] ^ seed[1]) * 0x9E3779B9u);
+// mix: the seed's term of the hash, (seed[0] ^ seed[1]) * 0x9E3779B9 (a kernel of many elements computes it once).
+__device__ __forceinline__ bool nn_keep_mixed(long long i, unsigned mix, float p) {
+    unsigned x = (unsigned)i ^ ((unsigned)((unsigned long long)i >> 32) * 0x27D4EB2Fu) ^ mix;
     x ^= x >> 16; x *= 0x85EBCA6Bu; x ^= x >> 13; x *= 0xC2B2AE35u; x ^= x >> 16;
     return (float)(x >> 8) * 5.9604644775390625e-8f >= p;
+}
+__device__ __forceinline__ bool nn_keep(long long i, const unsigned* seed, float p) {
+    return nn_keep_mixed(i, (seed[0] ^ seed[1]) * 0x9E3779B9u, p);
 }
 
 // A layer's elementwise tail in one pass: out = dropout(act(x + b)), act 0 none, 1 ReLU, 2 ELU; b (one value per
@@ -464,6 +468,222 @@ __global__ void tcgnn_tail_grad(const T* __restrict__ g, const T* __restrict__ x
         }
         tc_put(dz + i, d);
     }
+}
+
+// A float32 operand as two TF32 values, x ~ hi + lo (3xTF32: hi*hi + hi*lo + lo*hi, near float32's accuracy).
+__device__ __forceinline__ void nn_split(float x, unsigned& hi, unsigned& lo) {
+    hi = tc_tf32(x);
+    lo = tc_tf32(x - __uint_as_float(hi));
+}
+
+// d += a b in 3xTF32 (the small products first): a's fragment split (ah + al), b's two values (bh + bl each).
+__device__ __forceinline__ void nn_mma3(float (&d)[4], const unsigned (&ah)[4], const unsigned (&al)[4],
+                                        const unsigned (&bh)[2], const unsigned (&bl)[2]) {
+    tc_mma(d, al, bh[0], bh[1]);
+    tc_mma(d, ah, bl[0], bl[1]);
+    tc_mma(d, ah, bh[0], bh[1]);
+}
+
+template <int MT, int NJ>
+__device__ __forceinline__ void nn_zero(float (&acc)[MT][NJ][4]) {
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NJ; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+}
+
+// C = dropout(A) B for a tall, wide A (m x k, unit column stride, row stride lda) and a narrow B (k x n, strides
+// sb, tb; n <= 8 NJ), C m x n C-contiguous, on TF32 tensor cores in 3xTF32 (near float32's accuracy, exact on small
+// integers).  Dropout (seed not nullptr) as the tail kernel's: A's value (i, l) kept by nn_keep of i * k + l and
+// scaled by drop_scale, masked in registers as loaded, so the product of a dropped input reads A once and
+// writes no masked copy.  A warp owns 64 rows (4 MMA tiles of 16) over k in steps of 16: each thread loads its
+// rows' (g and g + 8 of each tile) 4 values of k at 4t as one float4 (vec bit 0: lda and k multiples of 4, A
+// 16-byte aligned), and they serve as the MMA's columns t and t + 4 of two steps (k permuted within a step, B's
+// rows alike), so a row's 64 bytes are one coalesced read.  With slices of k (gridDim.y, each kc wide, a multiple
+// of 16) each writes its partial sums to P + y * m * n (tcgnn_dense_atb_sum adds them in y's order), else C.
+template <int NJ>
+__global__ void __launch_bounds__(128) tcgnn_drop_mm(const float* __restrict__ A, const float* __restrict__ B,
+                                                     float* __restrict__ C, int m, int n, int k, long long lda,
+                                                     long long sb, long long tb, int vec, int kc,
+                                                     float* __restrict__ P, const unsigned* __restrict__ seed,
+                                                     float drop_p, double drop_scale) {
+    constexpr int MT = 4, Q = 1;  // MMA tiles of 16 rows a warp, 16-wide steps of k loaded at once
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const long long row0 = ((long long)blockIdx.x * 4 + threadIdx.x / 32) * 16 * MT;
+    const int k0 = blockIdx.y * kc, k1 = min(k, k0 + kc);
+    const unsigned mix = seed ? (seed[0] ^ seed[1]) * 0x9E3779B9u : 0u;  // (nn_keep's seed term)
+    const float keep_scale = (float)drop_scale;
+    float acc[MT][NJ][4];
+    nn_zero(acc);
+    for (int kq = k0; kq < k1; kq += 16 * Q) {
+        float a[Q][MT][2][4];  // [step][tile][row g, g + 8][k]
+#pragma unroll
+        for (int q = 0; q < Q; ++q)
+#pragma unroll
+            for (int i = 0; i < MT; ++i)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const long long r = row0 + i * 16 + g + 8 * h;
+                    const int kt = kq + 16 * q + 4 * t;  // this thread's 4 values of k
+                    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+                    if (r < m && kt < k1) {
+                        const float* src = A + r * lda + kt;
+                        if (vec & 1) {  // (k1 a multiple of 4: kt < k1 holds all four)
+                            v = __ldg(reinterpret_cast<const float4*>(src));
+                        } else {
+                            v.x = src[0];
+                            if (kt + 1 < k1) v.y = src[1];
+                            if (kt + 2 < k1) v.z = src[2];
+                            if (kt + 3 < k1) v.w = src[3];
+                        }
+                    }
+                    a[q][i][h][0] = v.x, a[q][i][h][1] = v.y, a[q][i][h][2] = v.z, a[q][i][h][3] = v.w;
+                }
+        if (seed) {
+#pragma unroll
+            for (int q = 0; q < Q; ++q)
+#pragma unroll
+                for (int i = 0; i < MT; ++i)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const long long at = (row0 + i * 16 + g + 8 * h) * k + kq + 16 * q + 4 * t;
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            a[q][i][h][e] = nn_keep_mixed(at + e, mix, drop_p) ? a[q][i][h][e] * keep_scale : 0.f;
+                    }
+        }
+#pragma unroll
+        for (int q = 0; q < Q; ++q)
+#pragma unroll
+            for (int s = 0; s < 2; ++s) {  // step s: columns t and t + 4 are k = kt + 2s and kt + 2s + 1
+                unsigned bh[NJ][2], bl[NJ][2];
+                const int kb = kq + 16 * q + 4 * t + 2 * s;
+#pragma unroll
+                for (int j = 0; j < NJ; ++j) {
+                    const int col = 8 * j + g;
+#pragma unroll
+                    for (int e = 0; e < 2; ++e)
+                        nn_split(kb + e < k1 && col < n ? __ldg(B + (kb + e) * sb + col * tb) : 0.f, bh[j][e],
+                                 bl[j][e]);
+                }
+#pragma unroll
+                for (int i = 0; i < MT; ++i) {
+                    unsigned ah[4], al[4];
+                    nn_split(a[q][i][0][2 * s], ah[0], al[0]);
+                    nn_split(a[q][i][1][2 * s], ah[1], al[1]);
+                    nn_split(a[q][i][0][2 * s + 1], ah[2], al[2]);
+                    nn_split(a[q][i][1][2 * s + 1], ah[3], al[3]);
+#pragma unroll
+                    for (int j = 0; j < NJ; ++j) nn_mma3(acc[i][j], ah, al, bh[j], bl[j]);
+                }
+            }
+    }
+    float* out = gridDim.y > 1 ? P + blockIdx.y * (long long)m * n : C;
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NJ; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const long long r = row0 + i * 16 + g + 8 * (e / 2);
+                const int c = 8 * j + 2 * t + e % 2;
+                if (r < m && c < n) out[r * n + c] = acc[i][j][e];
+            }
+}
+
+// C = dropout(A)ᵀ G, a dropped input's weight gradient: A m x k (unit column stride, row stride lda), G m x n
+// (unit column stride, row stride ldg; n <= 8 NJ), C k x n C-contiguous; 3xTF32 and the mask as tcgnn_drop_mm's.
+// The MMA's rows are A's columns, its k A's rows: a warp owns 64 columns of A, 4 MMA tiles (rows g and g + 8 of
+// tile i are columns 16i + 2g and 16i + 2g + 1, one float2 per row of A: vec bit 0, lda and k even, A 8-byte
+// aligned; a row's 256 bytes read by the warp at once), over a slice of A's rows (gridDim.y slices of rc rows, a
+// multiple of 16), 8 rows per MMA step, two steps loaded at once.  With slices each writes its partial sums to
+// P + y * k * n (tcgnn_dense_atb_sum adds them in y's order), else C.
+template <int NJ>
+__global__ void __launch_bounds__(128) tcgnn_drop_atb(const float* __restrict__ A, const float* __restrict__ G,
+                                                      float* __restrict__ C, int m, int n, int k, long long lda,
+                                                      long long ldg, int vec, int rc, float* __restrict__ P,
+                                                      const unsigned* __restrict__ seed, float drop_p,
+                                                      double drop_scale) {
+    constexpr int U = 2, MT = 4;
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int fw = (blockIdx.x * 4 + threadIdx.x / 32) * 16 * MT + 2 * g;  // column of tile 0's row g
+    const int r0 = blockIdx.y * rc, r1 = min(m, r0 + rc);
+    const unsigned mix = seed ? (seed[0] ^ seed[1]) * 0x9E3779B9u : 0u;  // (nn_keep's seed term)
+    const float keep_scale = (float)drop_scale;
+    float acc[MT][NJ][4];
+    nn_zero(acc);
+    for (int rb = r0; rb < r1; rb += 8 * U) {
+        float a[U][2][MT][2], b[U][2][NJ];  // [step][row t, t + 4][tile][column f, f + 1] / [..][column 8j + g]
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const long long r = rb + 8 * u + t + 4 * h;
+#pragma unroll
+                for (int i = 0; i < MT; ++i) {
+                    const int f = fw + 16 * i;
+                    float2 v = make_float2(0.f, 0.f);
+                    if (r < r1 && f < k) {
+                        const float* src = A + r * lda + f;
+                        if (vec & 1) {  // (k even: f < k holds f + 1)
+                            v = __ldg(reinterpret_cast<const float2*>(src));
+                        } else {
+                            v.x = src[0];
+                            if (f + 1 < k) v.y = src[1];
+                        }
+                    }
+                    a[u][h][i][0] = v.x, a[u][h][i][1] = v.y;
+                }
+#pragma unroll
+                for (int j = 0; j < NJ; ++j)
+                    b[u][h][j] = r < r1 && 8 * j + g < n ? __ldg(G + r * ldg + 8 * j + g) : 0.f;
+            }
+        if (seed) {
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const long long at = (long long)(rb + 8 * u + t + 4 * h) * k + fw;
+#pragma unroll
+                    for (int i = 0; i < MT; ++i)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e)
+                            a[u][h][i][e] = nn_keep_mixed(at + 16 * i + e, mix, drop_p) ? a[u][h][i][e] * keep_scale
+                                                                                         : 0.f;
+                }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            unsigned bh[NJ][2], bl[NJ][2];
+#pragma unroll
+            for (int j = 0; j < NJ; ++j) {
+                nn_split(b[u][0][j], bh[j][0], bl[j][0]);
+                nn_split(b[u][1][j], bh[j][1], bl[j][1]);
+            }
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+                unsigned ah[4], al[4];
+                nn_split(a[u][0][i][0], ah[0], al[0]);
+                nn_split(a[u][0][i][1], ah[1], al[1]);
+                nn_split(a[u][1][i][0], ah[2], al[2]);
+                nn_split(a[u][1][i][1], ah[3], al[3]);
+#pragma unroll
+                for (int j = 0; j < NJ; ++j) nn_mma3(acc[i][j], ah, al, bh[j], bl[j]);
+            }
+        }
+    }
+    float* out = gridDim.y > 1 ? P + blockIdx.y * (long long)k * n : C;
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NJ; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int row = fw + 16 * i + e / 2, c = 8 * j + 2 * t + e % 2;
+                if (row < k && c < n) out[(long long)row * n + c] = acc[i][j][e];
+            }
 }
 
 // Softmax cross-entropy, one thread per row i of k logits: with z = logits_i - max_c logits_ic,
@@ -774,6 +994,20 @@ SEED_BITS = "tcgnn_seed_bits"
 DRAW = "tcgnn_draw"
 
 
+def drop_mm_name(nj):
+    """The NVRTC name of ``tcgnn_drop_mm`` for results of up to ``8 nj`` columns."""
+    return f"tcgnn_drop_mm<{nj}>"
+
+
+def drop_atb_name(nj):
+    """The NVRTC name of ``tcgnn_drop_atb`` for gradients of up to ``8 nj`` columns."""
+    return f"tcgnn_drop_atb<{nj}>"
+
+
+#: Column tiles of 8 ``tcgnn_drop_mm`` and ``tcgnn_drop_atb`` are instantiated for (results of up to 32 columns).
+DROP_TILES = (1, 2, 4)
+
+
 def dense_mm_name(bn, tm, nt, bt):
     """The NVRTC name of ``tcgnn_dense_mm`` for the tile ``(bn, tm, nt)``, B a transposed view (``bt``) or not."""
     return f"tcgnn_dense_mm<{bn}, {tm}, {nt}, {'true' if bt else 'false'}>"
@@ -783,6 +1017,8 @@ head_blocks_name = _template("tcgnn_head_blocks")
 #: The layers' dense kernels (products, sums over rows, the bias after a sparse product), float32.
 DENSE_NAMES = (*(dense_mm_name(*tile, bt) for tile in DENSE_TILES for bt in (False, True)),
                *(dense_atb_name(*tile) for tile in DENSE_ATB_TILES), DENSE_ATB_SUM)
+#: A dropped input layer's kernels (its product and its weight's gradient).
+DROP_NAMES = (*(drop_mm_name(nj) for nj in DROP_TILES), *(drop_atb_name(nj) for nj in DROP_TILES))
 
 TICK = "tcgnn_adam_tick"
 NAMES = (TICK, SEED_BITS, DRAW, *(adam_multi_name(t) for t in VALUE_TYPES),
@@ -790,6 +1026,6 @@ NAMES = (TICK, SEED_BITS, DRAW, *(adam_multi_name(t) for t in VALUE_TYPES),
                           head_dots_grad_name, row_normalize_name, row_normalize_grad_name, sum_name,
                           head_blocks_name, add_bias_name) for t in TAIL_TYPES),
          *(f(t) for f in (segment_sum_name, csr_mm_name) for t in ("float32", "float64")),
-         *DENSE_NAMES)
+         *DENSE_NAMES, *DROP_NAMES)
 FAMILIES = {"nn": (SOURCE, NAMES)}
 register("nn", SOURCE, NAMES)

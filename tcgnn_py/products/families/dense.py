@@ -9,7 +9,7 @@ import functools
 
 import numpy as np
 
-from ..._cache import BOUND
+from ..._cache import BOUND, keep
 from ..._device import device_attributes, get_cupy
 from ...kernels import nn as kn
 from ...kernels.driver import resident_blocks
@@ -20,7 +20,9 @@ from .. import _small as sk
 
 __all__ = ["DENSE_MAX_K", "DENSE_MAX_N", "DENSE_SHORT_ROWS", "DENSE_SHORT_K", "dense_takes", "dense_scores_take",
            "dense_mm", "dense_mm_bound", "DENSE_ATB_MAX", "DENSE_ATB_MAX_WIDE", "DENSE_ATB_FEW", "DENSE_ATB_MAX_ROWS",
-           "DENSE_ATB_MIN_ROWS", "DENSE_ATB_BLOCKS_PER_SM", "dense_atb_takes", "dense_atb", "dense_atb_bound"]
+           "DENSE_ATB_MIN_ROWS", "DENSE_ATB_BLOCKS_PER_SM", "dense_atb_takes", "dense_atb", "dense_atb_bound",
+           "DROP_MAX_N", "DROP_BLOCKS_PER_SM", "DROP_ATB_MAX_SLICES", "DROP_SCRATCH_KEEP", "drop_takes",
+           "drop_atb_takes", "drop_mm", "drop_atb", "drop_bound"]
 
 #: The widest inner dimension ``k`` of a product :func:`dense_mm` runs: up to it the kernel takes at most about as
 #: long as cuBLAS on the GPU; wider ones (a first layer's input features) go to cuBLAS.
@@ -376,3 +378,157 @@ def dense_atb_bound(a, b, keep=False):
         return c
 
     return product
+
+
+#: The widest output of a dropped input's product (:func:`drop_mm`) and its weight's gradient (:func:`drop_atb`):
+#: a hidden layer's width (8-column tiles of :data:`tcgnn_py.kernels.nn.DROP_TILES`).
+DROP_MAX_N = 8 * kn.DROP_TILES[-1]
+#: Blocks per SM a dropped input's kernels aim at (slices of the long dimension): enough loads in flight to read
+#: the input at the memory's speed.
+DROP_BLOCKS_PER_SM = 4
+#: The most slices :func:`drop_atb` cuts the rows into (a second launch adds their partial sums, as it does
+#: :func:`drop_mm`'s slices of k).
+DROP_ATB_MAX_SLICES = 128
+
+_drop_scratch = {}
+
+
+def drop_takes(a, b):
+    """Whether :func:`drop_mm` runs ``dropout(a) @ b``: float32, ``a`` 2-D with unit column stride (rows of any
+    stride a multiple of 4 bytes) and wider than :data:`DENSE_MAX_K` (a narrower one is dropped first and
+    multiplied by :func:`dense_mm`, whose kernels serve it faster), ``b`` 2-D of any strides, at most
+    :data:`DROP_MAX_N` columns."""
+    return (a.dtype == b.dtype == _F32 and a.ndim == b.ndim == 2 and a.shape[1] == b.shape[0]
+            and a.shape[1] > DENSE_MAX_K
+            and 0 < b.shape[1] <= DROP_MAX_N and a.strides[1] == 4 and a.strides[0] % 4 == 0
+            and b.strides[0] % 4 == 0 and b.strides[1] % 4 == 0)
+
+
+def drop_atb_takes(a, g):
+    """Whether :func:`drop_atb` runs ``dropout(a)ᵀ g``: float32, both ``(N, ·)`` with unit column stride, ``g`` of
+    at most :data:`DROP_MAX_N` columns."""
+    return (a.dtype == g.dtype == _F32 and a.ndim == g.ndim == 2 and a.shape[0] == g.shape[0] and a.shape[1] > 0
+            and 0 < g.shape[1] <= DROP_MAX_N and a.strides[1] == 4 and a.strides[0] % 4 == 0
+            and g.strides[1] == 4 and g.strides[0] % 4 == 0)
+
+
+def _drop_nj(n):
+    return next(nj for nj in kn.DROP_TILES if 8 * nj >= n)
+
+
+def _slices(blocks, long, step, most):
+    """``(slices, width)`` of a long dimension cut into at most ``most`` slices so that ``blocks`` per slice fill
+    the GPU (:data:`DROP_BLOCKS_PER_SM`), each slice ``width`` long, a multiple of ``step`` and at least 4 steps."""
+    sms = device_attributes()["MultiProcessorCount"]
+    s = max(1, min(most, -(-long // (4 * step)), DROP_BLOCKS_PER_SM * sms // blocks))
+    width = -(-(-(-long // s)) // step) * step
+    return -(-long // width), width
+
+
+#: Devices and streams whose partial sums are kept (one buffer each, the largest asked for), oldest dropped.
+DROP_SCRATCH_KEEP = 16
+
+
+def _partials(stream, capturing, size):
+    """The partial sums of a sliced launch (``size`` floats): the graph's own under a capture, else a view of the
+    stream's one buffer (calls on one stream run in order), replaced by one twice as large where too small, so
+    new row counts each step keep one buffer, not one per count (a launch holds the buffer it was bound to)."""
+    cp = get_cupy()
+    if capturing:
+        return cp.ndarray((size,), _F32)
+    key = (cp.cuda.runtime.getDevice(), stream)
+    buf = _drop_scratch.get(key)
+    if buf is None or buf.size < size:
+        buf = cp.ndarray((max(size, 0 if buf is None else 2 * buf.size),), _F32)
+    keep(_drop_scratch, key, buf, DROP_SCRATCH_KEEP)
+    return buf[:size]
+
+
+def _drop_bind(kind, a, b, p):
+    """``f(a, b, c, seed)``: the launch of ``tcgnn_drop_mm`` (``kind`` "mm") or ``tcgnn_drop_atb`` ("atb") for
+    operands of this signature on the current stream, kept in the store of bound calls."""
+    cp = get_cupy()
+    stream = cp.cuda.get_current_stream()
+    place = (cp.cuda.runtime.getDevice(), stream.ptr)
+    key = ("drop", kind, a.shape, a.strides, a.data.ptr & 15, b.shape, b.strides, b.data.ptr & 15, p) + place
+    hit = BOUND.get(key)
+    if hit is not None:
+        return hit
+    capturing = stream.is_capturing()
+    m, k = a.shape
+    n = b.shape[1]
+    nj = _drop_nj(n)
+    fixed = dict(m=m, n=n, k=k, lda=a.strides[0] // 4, drop_p=p, drop_scale=1 / (1 - p))
+    if kind == "mm":
+        blocks = -(-m // 256)  # (4 warps of 64 rows a block)
+        slices, width = _slices(blocks, k, 16, k)
+        vec = int(a.strides[0] % 16 == 0 and k % 4 == 0 and a.data.ptr % 16 == 0)
+        fixed.update(sb=b.strides[0] // 4, tb=b.strides[1] // 4, vec=vec, kc=width)
+        name, operands, out = kn.drop_mm_name(nj), ("A", "B"), m * n
+    else:
+        blocks = -(-k // 256)  # (4 warps of 64 columns a block)
+        slices, width = _slices(blocks, m, 16, DROP_ATB_MAX_SLICES)
+        vec = int(a.strides[0] % 8 == 0 and k % 2 == 0 and a.data.ptr % 8 == 0)
+        fixed.update(ldg=b.strides[0] // 4, vec=vec, rc=width)
+        name, operands, out = kn.drop_atb_name(nj), ("A", "G"), k * n
+    if slices == 1:
+        one = sk.launch(name, (blocks, 1), 128, operands + ("C", "seed"), P=None, **fixed)
+        return BOUND.put(key, one.bind(), place, capturing)
+    # the slices' partial sums, then their sum in slice order (tcgnn_dense_atb_sum)
+    P = _partials(stream.ptr, capturing, slices * out)
+    first = sk.launch(name, (blocks, slices), 128, operands + ("seed",), C=None, P=P, **fixed).bind()
+    total = sk.launch(kn.DENSE_ATB_SUM, -(-out // 32), 256, ("C",), P=P, S=slices, pq=out).bind()
+
+    def two(a, b, c, seed):
+        first(a, b, seed)
+        total(c)
+
+    return BOUND.put(key, two, place, capturing)
+
+
+def drop_mm(a, b, seed, p):
+    """``dropout(a, p) @ b`` for operands :func:`drop_takes` takes, a new C-contiguous float32 array: each value of
+    ``a`` masked in registers as the dropout kernel masks it (``seed``, a dropout seed on the device,
+    :func:`tcgnn_py.products.pointwise.draw`), so a dropped input is read once and never written masked.
+
+    On TF32 tensor cores in three products per pair of operands (each split into a TF32 value and its TF32
+    remainder), so the sums stay within a few float32 roundings, in a fraction of float32 cores' time.  A wide
+    ``a`` is cut into slices of its columns that fill the GPU, whose partial sums a second launch adds in slice
+    order (the same bits on every run)."""
+    cp = get_cupy()
+    c = cp.ndarray((a.shape[0], b.shape[1]), _F32)
+    if a.shape[0]:
+        _drop_bind("mm", a, b, float(p))(a, b, c, seed)
+    return c
+
+
+def drop_atb(a, g, seed, p):
+    """``dropout(a, p)ᵀ g`` for operands :func:`drop_atb_takes` takes (a dropped input's weight gradient, the mask
+    recomputed from ``seed`` as :func:`drop_mm` applies it), a new ``(a.shape[1], g.shape[1])`` float32 array;
+    3xTF32 as :func:`drop_mm`, the rows cut into slices whose partial sums a second launch adds in slice order."""
+    cp = get_cupy()
+    c = cp.ndarray((a.shape[1], g.shape[1]), _F32)
+    if a.shape[0]:
+        _drop_bind("atb", a, g, float(p))(a, g, c, seed)
+    else:
+        c.fill(0)
+    return c
+
+
+def drop_bound(kind, a, b, p, keep=False):
+    """:func:`drop_mm` (``kind`` "mm") or :func:`drop_atb` ("atb") for operands of the signature of these, as
+    ``f(a, b, seed)``, its launch bound now (a bound layer call's); ``keep`` as in :func:`dense_mm_bound`.  None for
+    an empty ``a``."""
+    if not a.shape[0]:
+        return None
+    cp = get_cupy()
+    run = _drop_bind(kind, a, b, float(p))
+    shape = (a.shape[0], b.shape[1]) if kind == "mm" else (a.shape[1], b.shape[1])
+    nd = same_array(cp.ndarray(shape, _F32)) if keep else recycled(shape, _F32)
+
+    def dropped(a, b, seed):
+        c = nd(shape, _F32)
+        run(a, b, c, seed)
+        return c
+
+    return dropped
