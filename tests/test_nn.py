@@ -178,6 +178,35 @@ def test_gcn_conv_gradients(rng, d_in, d_out, bias):
     assert vjp(R, input_grad=False)[0] is None
 
 
+@pytest.mark.parametrize("d_in,d_out", [(5, 3), (3, 6)])  # the product reads H first, or A H runs first
+def test_gcn_conv_dropout_is_dropout_then_gcn_conv(rng, d_in, d_out):
+    """``dropout_p`` drops H as :func:`dropout` does with the same generator's draw: the output and every
+    gradient are those of ``gcn_conv(dropout(H))``, ``dH`` through the dropout's vjp."""
+    A = nn.gcn_norm(random_graph(rng), dtype=np.float64)
+    n = A.shape[0]
+    H, W, b, g = (rng.standard_normal(s) for s in ((n, d_in), (d_in, d_out), d_out, (n, d_out)))
+    out, vjp = nn.gcn_conv(A, H, W, b, dropout_p=0.4, rng=nn.default_rng(5, like=A))
+    xp = array_module(nn.default_rng(5, like=A).random(1))  # (the graph's device)
+    Hd, d_vjp = nn.dropout(xp.asarray(H), 0.4, nn.default_rng(5, like=A))
+    want, want_vjp = nn.gcn_conv(A, Hd, W, b)
+    np.testing.assert_array_equal(host(out), host(want))
+    got, exp = vjp(g), want_vjp(g)
+    np.testing.assert_array_equal(host(got[0]), host(d_vjp(exp[0])))
+    for x, y in zip(got[1:], exp[1:]):
+        np.testing.assert_array_equal(host(x), host(y))
+    assert vjp(g, input_grad=False)[0] is None
+    assert bool((host(Hd) == 0).any()) and bool((host(Hd) != 0).any())  # (a mask that drops, and keeps)
+
+
+def test_gcn_conv_dropout_errors(rng):
+    A = nn.gcn_norm(random_graph(rng), dtype=np.float64)
+    H, W = rng.standard_normal((A.shape[0], 4)), rng.standard_normal((4, 2))
+    with pytest.raises(ValueError, match="dropout_p"):
+        nn.gcn_conv(A, H, W, dropout_p=1.0, rng=nn.default_rng(0, like=A))
+    with pytest.raises(ValueError, match="needs rng"):
+        nn.gcn_conv(A, H, W, dropout_p=0.5)
+
+
 def test_gcn_conv_uses_the_transpose_backward(rng):
     """On a directed graph Aᵀ g differs from A g: the gradient must use Aᵀ (TC-GNN used A)."""
     A = nn.gcn_norm(random_graph(rng), add_self_loops=False, dtype=np.float64)

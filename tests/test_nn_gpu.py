@@ -781,6 +781,31 @@ def test_dropped_products_keep_float32_accuracy(cp):
     assert bool((dense.drop_atb(X, G, seed, 0.3) == dense.drop_atb(X, G, seed, 0.3)).all())
 
 
+@pytest.mark.parametrize("n, d_in, d_out", [(300, 500, 16), (257, 140, 7), (257, 40, 7), (1000, 7, 20)])
+def test_gcn_conv_dropout_on_device_is_dropout_then_gcn_conv(cp, n, d_in, d_out):
+    """``gcn_conv(dropout_p=...)`` (the dropout read by the product where it reads H first; bound from the second
+    call) gives gcn_conv of the dropout's array, bit for bit on small integers, every gradient too."""
+    rng = np.random.default_rng(0)
+    A = tg.TiledMatrix(int_graph(rng, n, n, degree=8).astype(np.float32))
+    for step in range(5):
+        H, W, b, g = ints(rng, n, d_in), ints(rng, d_in, d_out), ints(rng, d_out), ints(rng, n, d_out)
+        dev = [cp.asarray(x) for x in (H, W, b, g)]
+        Hd, d_vjp = nn.dropout(dev[0], 0.5, cp.random.default_rng(step))
+        want, want_vjp = nn.gcn_conv(A, Hd, *dev[1:3])
+        exp = want_vjp(dev[3])
+        out, vjp = nn.gcn_conv(A, *dev[:3], dropout_p=0.5, rng=cp.random.default_rng(step))
+        got = vjp(dev[3], input_grad=step % 2 == 0)
+        np.testing.assert_array_equal(out.get(), want.get())
+        if step % 2 == 0:
+            np.testing.assert_array_equal(got[0].get(), d_vjp(exp[0]).get())
+        else:
+            assert got[0] is None
+        for x, y in zip(got[1:], exp[1:]):
+            np.testing.assert_array_equal(x.get(), y.get())
+    fused = any(k[1][2] == 0.5 for k in _bound_calls(A))  # (a dropped call bound under its own key)
+    assert fused == (d_in > 128)  # (narrower inputs, or A H first: the dropout runs first)
+
+
 def test_bound_gcn_conv_serves_its_signature_only(cp, monkeypatch):
     """A bound call takes only its own signature: rows of another stride, another width, no bias, other dtypes,
     another stream run the general code (and bind there in turn), and every check still speaks."""

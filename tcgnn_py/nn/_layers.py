@@ -12,7 +12,7 @@ import numbers
 
 import numpy as np
 
-from .._device import DeviceMismatchError, array_module
+from .._device import DeviceMismatchError, array_module, is_cupy_array
 from .._tiled import bound_spmm
 from .._validation import check_bool, is_half, promote
 from .._cache import keep
@@ -162,8 +162,8 @@ def _ones_row(xp, n, dtype):
     return value
 
 
-def gcn_conv(A, H, W, b=None, *, precision=None):
-    """Graph convolution (Kipf & Welling): ``out = A @ H @ W (+ b)``.
+def gcn_conv(A, H, W, b=None, *, precision=None, dropout_p=0.0, rng=None):
+    """Graph convolution (Kipf & Welling): ``out = A @ dropout(H) @ W (+ b)``.
 
     Parameters
     ----------
@@ -174,6 +174,11 @@ def gcn_conv(A, H, W, b=None, *, precision=None):
     b : array, shape (d_out,), optional
     precision : {None, "tf32", "fp32", "fp16", "bf16"}, optional
         For the sparse products (see :func:`tcgnn_py.spmm`).
+    dropout_p : float in [0, 1), default 0
+        Inverted dropout on ``H`` (as :func:`dropout`, the same mask for
+        the same seed), 0 for none: an input layer's dropout.
+    rng : numpy.random.Generator or cupy.random.Generator, optional
+        On H's device; needed when ``dropout_p > 0``.
 
     Returns
     -------
@@ -187,7 +192,14 @@ def gcn_conv(A, H, W, b=None, *, precision=None):
     Notes
     -----
     The sparse product runs on the narrower side: ``A @ (H @ W)`` when
-    ``d_out <= d_in``, else ``(A @ H) @ W``.
+    ``d_out <= d_in``, else ``(A @ H) @ W``.  There, on the GPU, a wide
+    float32 ``H`` is dropped as the product reads it
+    (:func:`tcgnn_py.products.dense.drop_takes`,
+    :func:`~tcgnn_py.products.dense.drop_mm`, and ``dW`` by
+    :func:`~tcgnn_py.products.dense.drop_atb`): it is read once per pass
+    and no dropped copy is written.  Those products run on tensor cores in
+    3xTF32 (within a few float32 roundings); elsewhere the dropout runs
+    first.
 
     Examples
     --------
@@ -200,11 +212,14 @@ def gcn_conv(A, H, W, b=None, *, precision=None):
     >>> print(dW.ravel().round(6).tolist(), db)
     [1.0, 1.0] None
     """
+    p = dropout_p if dropout_p == 0.0 and type(dropout_p) is float else probability("dropout_p", dropout_p)
+    if p and not _reads_dropped(H, W):
+        return _dropped_first(A, H, W, b, precision, p, rng)
     key = None
     if precision is None or type(precision) is str:
-        key, call = bound.lookup(A, (H, W, b), ("gcn_conv", precision))
+        key, call = bound.lookup(A, (H, W, b), ("gcn_conv", precision, p))
         if call is not None:
-            return call(H, W, b)
+            return call(H, W, b, _layer_seed(rng) if p else None)
     E = edges_of(A, precision)
     H, W = features_on(E, H, "H"), features_on(E, W, "W")
     check_2d("H", H, E.shape[1])
@@ -213,19 +228,53 @@ def gcn_conv(A, H, W, b=None, *, precision=None):
         b = features_on(E, b, "b")
         check_bias(b, W.shape[1])
     narrow_first = W.shape[1] <= W.shape[0]
+    if p and not _reads_dropped(H, W):  # (H converted to a host graph's device)
+        return _dropped_first(A, H, W, b, precision, p, rng)
+    seed = _layer_seed(rng) if p else None
     tape = general if key is None else Tape()
-    out, mid = _gcn(tape, E, narrow_first, H, W, b)
-    grads = functools.partial(_gcn_grads, E, narrow_first)
+    out, mid = _gcn(tape, E, narrow_first, H, W, b, seed, p)
+    grads = functools.partial(_gcn_grads, E, narrow_first, p)
+    inputs = (H, W, b, seed)
     if key is not None:
-        bound.seen(A, key, lambda: bind(E, tape, (H, W, b), (out, mid), grads, input_grad_option))
-    return out, functools.partial(general_vjp, E, grads, input_grad_option, (H, W, b, out, mid), 3)
+        bound.seen(A, key, lambda: bind(E, tape, inputs, (out, mid), grads, input_grad_option))
+    return out, functools.partial(general_vjp, E, grads, input_grad_option, inputs + (out, mid), len(inputs))
 
 
-def _gcn(t, E, narrow_first, H, W, b):
+def _reads_dropped(H, W):
+    """Whether :func:`gcn_conv`'s product reads ``dropout(H)`` itself: CuPy arrays that run ``H W`` first (the
+    narrower side) and that :func:`tcgnn_py.products.dense.drop_takes` takes; else the dropout runs first."""
+    return (is_cupy_array(H) and is_cupy_array(W) and W.ndim == 2 and W.shape[1] <= W.shape[0]
+            and dense.drop_takes(H, W))
+
+
+def _layer_seed(rng):
+    """A dropout seed on the device from ``rng`` (:func:`tcgnn_py.products.pointwise.draw`): a CuPy generator's."""
+    if rng is None:
+        raise ValueError("dropout in training needs rng (tcgnn_py.nn.default_rng(seed, like=A))")
+    if isinstance(rng, np.random.Generator):
+        raise TypeError("dropout on a device array needs a cupy.random.Generator (cupy.random.default_rng)")
+    return pointwise.draw(rng)
+
+
+def _dropped_first(A, H, W, b, precision, p, rng):
+    """:func:`gcn_conv` of ``dropout(H)`` where the dropout runs first (on the host, or where the product does not
+    read H first): its vjp's ``dH`` through the dropout's.  H is on the graph's device first, where the dropout
+    draws its mask."""
+    Hd, d_vjp = dropout(features_on(edges_of(A, precision), H, "H"), p, rng)
+    out, vjp = gcn_conv(A, Hd, W, b, precision=precision)
+
+    def dropped_vjp(g, input_grad=True):
+        dH, dW, db = vjp(g, input_grad=input_grad)
+        return (None if dH is None else d_vjp(dH)), dW, db
+
+    return out, dropped_vjp
+
+
+def _gcn(t, E, narrow_first, H, W, b, seed=None, p=0.0):
     """:func:`gcn_conv`'s forward on tape ``t`` (:mod:`._record`): ``(out, mid)``, ``mid = A H`` where the product
-    runs wide first (the vjp reads it), else None."""
+    runs wide first (the vjp reads it), else None.  ``seed``: H dropped at rate ``p`` as the product reads it."""
     if narrow_first:
-        out = t(SPMM, E, t(MM, H, W))
+        out = t(SPMM, E, t(MM, H, W) if seed is None else t(DROP_MM, H, W, seed, p))
         if b is not None:
             out = t(ADD_BIAS, out, b)
         return out, None
@@ -233,12 +282,14 @@ def _gcn(t, E, narrow_first, H, W, b):
     return t(MM, mid, W, b), mid
 
 
-def _gcn_grads(E, narrow_first, t, H, W, b, out, mid, g, input_grad=True):
+def _gcn_grads(E, narrow_first, p, t, H, W, b, seed, out, mid, g, input_grad=True):
     """:func:`gcn_conv`'s vjp on tape ``t``: ``(dH, dW, db)``."""
     if narrow_first:
         dZ = t(SPMM_T, E, g)
-        dW = t(ATB, H, dZ)
+        dW = t(ATB, H, dZ) if seed is None else t(DROP_ATB, H, dZ, seed, p)
         dH = t(MM_T, dZ, W) if input_grad else None
+        if dH is not None and seed is not None:
+            dH = t(DROP_GRAD, dH, seed, p)
     else:
         dW = t(ATB, mid, g)
         dH = t(SPMM_T, E, t(MM_T, g, W)) if input_grad else None
@@ -330,6 +381,41 @@ def _add_bias_bound(x, b, keep=False):
     return add
 
 
+def _drop_mm(a, w, seed, p):
+    """``dropout(a) @ w``, the mask of ``seed`` at rate ``p``: read as the product reads ``a`` where
+    :func:`tcgnn_py.products.dense.drop_takes`, else a dropped copy first."""
+    if dense.drop_takes(a, w):
+        return dense.drop_mm(a, w, seed, p)
+    return mm(pointwise.tail(array_module(a).ascontiguousarray(a), None, None, p, seed), w)
+
+
+def _drop_mm_bound(a, w, seed, p, keep=False):
+    f = dense.drop_bound("mm", a, w, p, keep) if dense.drop_takes(a, w) else None
+    return f if f is not None else lambda a, w, seed: _drop_mm(a, w, seed, p)
+
+
+def _drop_atb(a, g, seed, p):
+    """``dropout(a)ᵀ g`` (a dropped input's weight gradient), the mask recomputed from ``seed``."""
+    if dense.drop_atb_takes(a, g):
+        return dense.drop_atb(a, g, seed, p)
+    return mm(pointwise.tail(array_module(a).ascontiguousarray(a), None, None, p, seed).T, g)
+
+
+def _drop_atb_bound(a, g, seed, p, keep=False):
+    f = dense.drop_bound("atb", a, g, p, keep) if dense.drop_atb_takes(a, g) else None
+    return f if f is not None else lambda a, g, seed: _drop_atb(a, g, seed, p)
+
+
+def _drop_grad(g, seed, p):
+    """The dropout's vjp: ``g`` times the mask of ``seed`` and the scale."""
+    g = array_module(g).ascontiguousarray(g)
+    return pointwise.tail_grad(g, None, None, None, p, seed)
+
+
+def _drop_grad_bound(g, seed, p, keep=False):
+    return lambda g, seed: _drop_grad(g, seed, p)
+
+
 #: The layers' primitives (:class:`._record.Op`): each general form beside its bound form.
 MM = Op(mm, _mm_op_bound)  # a @ b (+ bias)
 ATB = Op(_atb, atb_bound)  # aᵀ b
@@ -338,6 +424,9 @@ SUMS = Op(column_sums, _sums_bound)  # the sums over rows
 ADD_BIAS = Op(add_bias, _add_bias_bound)  # x += b, in place
 SPMM = Op(_spmm, _spmm_bound)  # A X on an edge view E
 SPMM_T = Op(_spmm_t, _spmm_t_bound)  # Aᵀ X
+DROP_MM = Op(_drop_mm, _drop_mm_bound)  # dropout(a) @ w
+DROP_ATB = Op(_drop_atb, _drop_atb_bound)  # dropout(a)ᵀ g
+DROP_GRAD = Op(_drop_grad, _drop_grad_bound)  # g * mask
 
 
 def linear(H, W, b=None):

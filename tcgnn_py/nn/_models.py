@@ -10,7 +10,7 @@ import numpy as np
 
 from .._device import array_module, get_cupy
 from .._tiled import TiledMatrix
-from .._validation import as_dtype, check_count, is_half
+from .._validation import as_dtype, check_bool, check_count, is_half
 from ._edges import array_on, edges_of, features_on
 from ._attention import agnn_conv, gat_conv
 from ._layers import bias_act_dropout, dropout, gcn_conv, linear
@@ -142,10 +142,11 @@ def gcn_apply(params, A, X, *, rng=None, dropout_p=0.5, training=True, precision
     H = features_on(E, X, "X")
     if cd is not None:
         H = H.astype(cd, copy=False)
-    H, _ = dropout(H, dropout_p, rng, training=training)  # the input's: no gradient flows to X
+    # the input's dropout in the first layer (read as its product reads X); no gradient flows to X
+    p_in = dropout_p if check_bool("training", training) else 0.0
     back = []
     for i in range(n_layers):
-        H, c_vjp = gcn_conv(E, H, p[f"W{i}"])
+        H, c_vjp = gcn_conv(E, H, p[f"W{i}"], dropout_p=p_in, rng=rng) if i == 0 else gcn_conv(E, H, p[f"W{i}"])
         hidden = i < n_layers - 1  # bias, relu and the next layer's dropout in one pass
         H, t_vjp = bias_act_dropout(H, p[f"b{i}"], "relu" if hidden else None, dropout_p if hidden else 0.0, rng,
                                     training=training)
