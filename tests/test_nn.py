@@ -198,6 +198,14 @@ def test_gcn_conv_dropout_is_dropout_then_gcn_conv(rng, d_in, d_out):
     assert bool((host(Hd) == 0).any()) and bool((host(Hd) != 0).any())  # (a mask that drops, and keeps)
 
 
+def test_gcn_apply_checks_dropout_p_in_evaluation_too(rng):
+    A = nn.gcn_norm(random_graph(rng), dtype=np.float64)
+    params = nn.gcn_init((4, 3), np.random.default_rng(0), dtype=np.float64)
+    X = rng.standard_normal((A.shape[0], 4))
+    with pytest.raises(ValueError, match="dropout_p must be in"):
+        nn.gcn_apply(params, A, X, dropout_p=1.5, training=False)
+
+
 def test_gcn_conv_dropout_errors(rng):
     A = nn.gcn_norm(random_graph(rng), dtype=np.float64)
     H, W = rng.standard_normal((A.shape[0], 4)), rng.standard_normal((4, 2))

@@ -13,7 +13,7 @@ from .._tiled import TiledMatrix
 from .._validation import as_dtype, check_bool, check_count, is_half
 from ._edges import array_on, edges_of, features_on
 from ._attention import agnn_conv, gat_conv
-from ._layers import bias_act_dropout, dropout, gcn_conv, linear
+from ._layers import bias_act_dropout, dropout, gcn_conv, linear, probability
 
 __all__ = ["default_rng", "glorot", "gcn_init", "gcn_apply", "agnn_init", "agnn_apply"]
 
@@ -143,7 +143,9 @@ def gcn_apply(params, A, X, *, rng=None, dropout_p=0.5, training=True, precision
     if cd is not None:
         H = H.astype(cd, copy=False)
     # the input's dropout in the first layer (read as its product reads X); no gradient flows to X
-    p_in = dropout_p if check_bool("training", training) else 0.0
+    p_in = probability("dropout_p", dropout_p)
+    if not check_bool("training", training):
+        p_in = 0.0
     back = []
     for i in range(n_layers):
         H, c_vjp = gcn_conv(E, H, p[f"W{i}"], dropout_p=p_in, rng=rng) if i == 0 else gcn_conv(E, H, p[f"W{i}"])
