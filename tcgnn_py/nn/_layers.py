@@ -382,28 +382,22 @@ def _add_bias_bound(x, b, keep=False):
 
 
 def _drop_mm(a, w, seed, p):
-    """``dropout(a) @ w``, the mask of ``seed`` at rate ``p``: read as the product reads ``a`` where
-    :func:`tcgnn_py.products.dense.drop_takes`, else a dropped copy first."""
-    if dense.drop_takes(a, w):
-        return dense.drop_mm(a, w, seed, p)
-    return mm(pointwise.tail(array_module(a).ascontiguousarray(a), None, None, p, seed), w)
+    """``dropout(a) @ w``, the mask of ``seed`` at rate ``p``, read as the product reads ``a`` (operands
+    :func:`tcgnn_py.products.dense.drop_takes` takes: :func:`gcn_conv` runs it only for those)."""
+    return dense.drop_mm(a, w, seed, p)
 
 
 def _drop_mm_bound(a, w, seed, p, keep=False):
-    f = dense.drop_bound("mm", a, w, p, keep) if dense.drop_takes(a, w) else None
-    return f if f is not None else lambda a, w, seed: _drop_mm(a, w, seed, p)
+    return dense.drop_bound("mm", a, w, p, keep)
 
 
 def _drop_atb(a, g, seed, p):
     """``dropout(a)ᵀ g`` (a dropped input's weight gradient), the mask recomputed from ``seed``."""
-    if dense.drop_atb_takes(a, g):
-        return dense.drop_atb(a, g, seed, p)
-    return mm(pointwise.tail(array_module(a).ascontiguousarray(a), None, None, p, seed).T, g)
+    return dense.drop_atb(a, g, seed, p)
 
 
 def _drop_atb_bound(a, g, seed, p, keep=False):
-    f = dense.drop_bound("atb", a, g, p, keep) if dense.drop_atb_takes(a, g) else None
-    return f if f is not None else lambda a, g, seed: _drop_atb(a, g, seed, p)
+    return dense.drop_bound("atb", a, g, p, keep)
 
 
 def _drop_grad(g, seed, p):
