@@ -198,6 +198,23 @@ def test_gcn_conv_dropout_is_dropout_then_gcn_conv(rng, d_in, d_out):
     assert bool((host(Hd) == 0).any()) and bool((host(Hd) != 0).any())  # (a mask that drops, and keeps)
 
 
+def test_linear_dropout_is_dropout_then_linear(rng):
+    """``linear(dropout_p=...)`` is ``linear(dropout(H))`` with the same generator's draw, ``dH`` through the
+    dropout's vjp."""
+    H, W, b, g = (rng.standard_normal(s) for s in ((20, 5), (5, 3), 3, (20, 3)))
+    out, vjp = nn.linear(H, W, b, dropout_p=0.4, rng=np.random.default_rng(2))
+    Hd, d_vjp = nn.dropout(H, 0.4, np.random.default_rng(2))
+    want, want_vjp = nn.linear(Hd, W, b)
+    np.testing.assert_array_equal(out, want)
+    got, exp = vjp(g), want_vjp(g)
+    np.testing.assert_array_equal(got[0], d_vjp(exp[0]))
+    np.testing.assert_array_equal(got[1], exp[1])
+    np.testing.assert_array_equal(got[2], exp[2])
+    assert vjp(g, input_grad=False)[0] is None
+    with pytest.raises(ValueError, match="dropout_p"):
+        nn.linear(H, W, dropout_p=-0.1, rng=np.random.default_rng(2))
+
+
 def test_gcn_apply_checks_dropout_p_in_evaluation_too(rng):
     A = nn.gcn_norm(random_graph(rng), dtype=np.float64)
     params = nn.gcn_init((4, 3), np.random.default_rng(0), dtype=np.float64)

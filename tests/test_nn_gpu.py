@@ -806,6 +806,23 @@ def test_gcn_conv_dropout_on_device_is_dropout_then_gcn_conv(cp, n, d_in, d_out)
     assert fused == (d_in > 128)  # (narrower inputs, or A H first: the dropout runs first)
 
 
+@pytest.mark.parametrize("m, k, n", [(300, 500, 16), (257, 40, 7)])
+def test_linear_dropout_on_device_is_dropout_then_linear(cp, m, k, n):
+    """``linear(dropout_p=...)`` (a wide input read dropped by its product, a narrow one dropped first) gives
+    ``linear(dropout(H))``, bit for bit on small integers, every gradient too."""
+    rng = np.random.default_rng(m)
+    X, W, b, g = (cp.asarray(x) for x in (ints(rng, m, k), ints(rng, k, n), ints(rng, n), ints(rng, m, n)))
+    Hd, d_vjp = nn.dropout(X, 0.5, cp.random.default_rng(3))
+    want, want_vjp = nn.linear(Hd, W, b)
+    out, vjp = nn.linear(X, W, b, dropout_p=0.5, rng=cp.random.default_rng(3))
+    np.testing.assert_array_equal(out.get(), want.get())
+    got, exp = vjp(g), want_vjp(g)
+    np.testing.assert_array_equal(got[0].get(), d_vjp(exp[0]).get())
+    for x, y in zip(got[1:], exp[1:]):
+        np.testing.assert_array_equal(x.get(), y.get())
+    assert vjp(g, input_grad=False)[0] is None
+
+
 def test_bound_gcn_conv_serves_its_signature_only(cp, monkeypatch):
     """A bound call takes only its own signature: rows of another stride, another width, no bias, other dtypes,
     another stream run the general code (and bind there in turn), and every check still speaks."""

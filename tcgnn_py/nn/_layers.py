@@ -261,7 +261,11 @@ def _dropped_first(A, H, W, b, precision, p, rng):
     read H first): its vjp's ``dH`` through the dropout's.  H is on the graph's device first, where the dropout
     draws its mask."""
     Hd, d_vjp = dropout(features_on(edges_of(A, precision), H, "H"), p, rng)
-    out, vjp = gcn_conv(A, Hd, W, b, precision=precision)
+    return _through_dropout(*gcn_conv(A, Hd, W, b, precision=precision), d_vjp)
+
+
+def _through_dropout(out, vjp, d_vjp):
+    """``(out, vjp)`` of a layer of a dropped input whose dropout ran first: its ``dH`` through ``d_vjp``."""
 
     def dropped_vjp(g, input_grad=True):
         dH, dW, db = vjp(g, input_grad=input_grad)
@@ -423,8 +427,12 @@ DROP_ATB = Op(_drop_atb, _drop_atb_bound)  # dropout(a)ᵀ g
 DROP_GRAD = Op(_drop_grad, _drop_grad_bound)  # g * mask
 
 
-def linear(H, W, b=None):
-    """Dense layer ``out = H @ W (+ b)``; ``vjp(g, input_grad=True) -> (dH, dW, db)``.
+def linear(H, W, b=None, *, dropout_p=0.0, rng=None):
+    """Dense layer ``out = dropout(H) @ W (+ b)``; ``vjp(g, input_grad=True) -> (dH, dW, db)``.
+
+    ``dropout_p`` and ``rng`` as in :func:`gcn_conv`: on the GPU a wide float32 ``H`` is dropped as the product
+    reads it (:func:`tcgnn_py.products.dense.drop_mm`, ``dW`` by :func:`~tcgnn_py.products.dense.drop_atb`),
+    elsewhere the dropout runs first.
 
     Examples
     --------
@@ -433,17 +441,32 @@ def linear(H, W, b=None):
     >>> print(out.ravel().tolist())
     [4.0, 4.0]
     """
+    p = dropout_p if dropout_p == 0.0 and type(dropout_p) is float else probability("dropout_p", dropout_p)
     H, W = floats(H, "H"), floats(W, "W")
     check_2d("H", H)
     check_weight("linear", H, W)
     if b is not None:
         b = floats(b, "b")
         check_bias(b, W.shape[1])
-    out = mm(H, W, b)
+    if p and not (array_module(H) is array_module(W) is not np and dense.drop_takes(H, W)):
+        Hd, d_vjp = dropout(H, p, rng)
+        return _through_dropout(*linear(Hd, W, b), d_vjp)
+    if p:
+        seed = _layer_seed(rng)
+        out = dense.drop_mm(H, W, seed, p)
+        if b is not None:
+            out = add_bias(out, b.astype(out.dtype, copy=False))
+    else:
+        out = mm(H, W, b)
 
     def vjp(g, input_grad=True):
-        dH = mm(g, W.T) if input_grad else None
-        return dH, mm(H.T, g), column_sums(g) if b is not None else None
+        if not p:
+            return mm(g, W.T) if input_grad else None, mm(H.T, g), column_sums(g) if b is not None else None
+        g = array_module(g).ascontiguousarray(g, dtype=np.float32)  # (the dropped product's kernel reads it so)
+        if g.shape != out.shape:
+            raise ValueError(f"g must have the output's shape {out.shape}, got {g.shape}")
+        dH = _drop_grad(mm(g, W.T), seed, p) if input_grad else None
+        return dH, dense.drop_atb(H, g, seed, p), column_sums(g) if b is not None else None
 
     return out, vjp
 

@@ -217,8 +217,11 @@ def agnn_apply(params, A, X, *, rng=None, dropout_p=0.5, training=True, precisio
     H = features_on(E, X, "X")
     if cd is not None:
         H = H.astype(cd, copy=False)
-    H, _ = dropout(H, dropout_p, rng, training=training)  # the input's: no gradient flows to X
-    H, l_in = linear(H, p["W_in"])
+    # the input's dropout in the first layer (read as its product reads X); no gradient flows to X
+    p_in = probability("dropout_p", dropout_p)
+    if not check_bool("training", training):
+        p_in = 0.0
+    H, l_in = linear(H, p["W_in"], dropout_p=p_in, rng=rng)
     H, t_in = bias_act_dropout(H, p["b_in"], "relu")
     props = []
     for k in range(n_prop):
