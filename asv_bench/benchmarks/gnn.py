@@ -1,5 +1,5 @@
 """Time per training epoch of GCN and AGNN (tcgnn_py.nn): tiled tensor cores against cupyx sparse ops; the host cost
-of repeated layer calls; the neighbor sampler's blocks."""
+of repeated layer calls; an input layer with its dropout; the neighbor sampler's blocks."""
 
 import numpy as np
 
@@ -119,6 +119,48 @@ class LayerCallCost:
     def time_100_calls(self, pas, layer):
         for _ in range(100):
             self.fn()
+        _sync()
+
+
+class InputLayer:
+    """A GCN input layer's forward and weight gradient with its dropout (rate 0.5): read by the layer's product
+    (``gcn_conv(..., dropout_p=, rng=)``, as ``gcn_apply`` runs it) or run first (``dropout`` then ``gcn_conv``), on
+    the harness's inputs (cora's 1,433 features, pubmed's 500)."""
+
+    params = (["cora", "pubmed"], ["in the product", "dropout first"])
+    param_names = ("graph", "dropout")
+    timeout = 300
+
+    def setup_cache(self):
+        import tcgnn_py as tg
+        from tcgnn_py.bench import gnn_problem
+
+        return {g: gnn_problem(g) for g in self.params[0]} if tg.gpu_available() else {}
+
+    def setup(self, problems, graph, dropout):
+        require_gpu()
+        import cupy as cp
+
+        import tcgnn_py as tg
+
+        nn, problem = tg.nn, problems[graph]
+        A = nn.gcn_norm(problem["adj"])
+        X = cp.asarray(problem["X"])
+        rng = cp.random.default_rng(0)
+        W = rng.standard_normal((X.shape[1], 16), dtype=cp.float32) / 8
+        G = rng.standard_normal((X.shape[0], 16), dtype=cp.float32)
+        if dropout == "in the product":
+            def step():
+                return nn.gcn_conv(A, X, W, dropout_p=0.5, rng=rng)[1](G, input_grad=False)
+        else:
+            def step():
+                Xd, _ = nn.dropout(X, 0.5, rng)
+                return nn.gcn_conv(A, Xd, W)[1](G, input_grad=False)
+        self.fn = step
+        settle(self.fn)
+
+    def time_forward_and_weight_gradient(self, problems, graph, dropout):
+        self.fn()
         _sync()
 
 
