@@ -765,6 +765,26 @@ def test_dropped_products_are_dropout_then_product(cp, m, k, n):
                                       (Xd.T @ G).astype(np.float32))
 
 
+def test_dropped_products_keep_one_partial_buffer_per_stream(cp):
+    """New row counts each step (a batch of graphs, a sampled block) bind new launches but share one buffer of
+    partial sums per stream, replaced by a larger one where too small: what the products hold stays bounded."""
+    from tcgnn_py.products import dense, pointwise
+
+    r = cp.random.default_rng(2)
+    seed = pointwise.draw(r)
+    W = r.standard_normal((600, 16), dtype=np.float32)
+    dense._drop_scratch.clear()
+    sizes = []
+    for m in (500, 3000, 700, 9000, 1200):
+        X = r.standard_normal((m, 600), dtype=np.float32)
+        dense.drop_mm(X, W, seed, 0.5)
+        dense.drop_atb(X, X[:, :16].copy(), seed, 0.5)
+        cp.cuda.Device().synchronize()
+        assert len(dense._drop_scratch) == 1
+        sizes.append(next(iter(dense._drop_scratch.values())).size)
+    assert sizes == sorted(sizes) and len(set(sizes)) < len(sizes)  # (grown where too small, else kept)
+
+
 def test_dropped_products_keep_float32_accuracy(cp):
     """3xTF32 on random floats: within a few float32 roundings of float64 (a TF32 product errs ~100x more), the
     same bits on every run, and the mask of another rate (a scale other than 2) as the dropout kernel's."""
