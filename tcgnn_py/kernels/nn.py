@@ -423,14 +423,18 @@ __global__ void tcgnn_add_bias(T* __restrict__ x, const T* __restrict__ b, long 
 // Feature dropout: element i is kept where the 24 high bits of a hash of (i, seed) are at least p * 2^24 (the
 // attention dropout's mixing), so the backward pass recomputes the mask instead of keeping an n x F array.
 // seed: two words on the device (a seed stream's draw, or a float64 draw rng.random(1)): no host read.
-// mix: the seed's term of the hash, (seed[0] ^ seed[1]) * 0x9E3779B9 (a kernel of many elements computes it once).
+// The seed's term of the hash (a kernel of many elements computes it once); 0 without a seed.
+__device__ __forceinline__ unsigned nn_mix(const unsigned* seed) {
+    return seed ? (seed[0] ^ seed[1]) * 0x9E3779B9u : 0u;
+}
+// mix: nn_mix(seed).
 __device__ __forceinline__ bool nn_keep_mixed(long long i, unsigned mix, float p) {
     unsigned x = (unsigned)i ^ ((unsigned)((unsigned long long)i >> 32) * 0x27D4EB2Fu) ^ mix;
     x ^= x >> 16; x *= 0x85EBCA6Bu; x ^= x >> 13; x *= 0xC2B2AE35u; x ^= x >> 16;
     return (float)(x >> 8) * 5.9604644775390625e-8f >= p;
 }
 __device__ __forceinline__ bool nn_keep(long long i, const unsigned* seed, float p) {
-    return nn_keep_mixed(i, (seed[0] ^ seed[1]) * 0x9E3779B9u, p);
+    return nn_keep_mixed(i, nn_mix(seed), p);
 }
 
 // A layer's elementwise tail in one pass: out = dropout(act(x + b)), act 0 none, 1 ReLU, 2 ELU; b (one value per
@@ -513,7 +517,7 @@ __global__ void __launch_bounds__(128) tcgnn_drop_mm(const float* __restrict__ A
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const long long row0 = ((long long)blockIdx.x * 4 + threadIdx.x / 32) * 16 * MT;
     const int k0 = blockIdx.y * kc, k1 = min(k, k0 + kc);
-    const unsigned mix = seed ? (seed[0] ^ seed[1]) * 0x9E3779B9u : 0u;  // (nn_keep's seed term)
+    const unsigned mix = nn_mix(seed);
     const float keep_scale = (float)drop_scale;
     float acc[MT][NJ][4];
     nn_zero(acc);
@@ -610,7 +614,7 @@ __global__ void __launch_bounds__(128) tcgnn_drop_atb(const float* __restrict__ 
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int fw = (blockIdx.x * 4 + threadIdx.x / 32) * 16 * MT + 2 * g;  // column of tile 0's row g
     const int r0 = blockIdx.y * rc, r1 = min(m, r0 + rc);
-    const unsigned mix = seed ? (seed[0] ^ seed[1]) * 0x9E3779B9u : 0u;  // (nn_keep's seed term)
+    const unsigned mix = nn_mix(seed);
     const float keep_scale = (float)drop_scale;
     float acc[MT][NJ][4];
     nn_zero(acc);

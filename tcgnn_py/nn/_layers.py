@@ -48,6 +48,11 @@ def probability(name, p):
     return float(p)
 
 
+def dropout_rate(dropout_p):
+    """A layer's ``dropout_p`` as :func:`probability` checks it (the default 0.0 without a call: a layer's hot path)."""
+    return dropout_p if dropout_p == 0.0 and type(dropout_p) is float else probability("dropout_p", dropout_p)
+
+
 def check_bias(b, width, what="d_out"):
     """A bias of shape ``(width,)``, or a ``ValueError`` naming ``b`` (a NumPy broadcast would accept others)."""
     if b.shape != (width,):
@@ -212,7 +217,7 @@ def gcn_conv(A, H, W, b=None, *, precision=None, dropout_p=0.0, rng=None):
     >>> print(dW.ravel().round(6).tolist(), db)
     [1.0, 1.0] None
     """
-    p = dropout_p if dropout_p == 0.0 and type(dropout_p) is float else probability("dropout_p", dropout_p)
+    p = dropout_rate(dropout_p)
     if p and not _reads_dropped(H, W):
         return _dropped_first(A, H, W, b, precision, p, rng)
     key = None
@@ -441,7 +446,7 @@ def linear(H, W, b=None, *, dropout_p=0.0, rng=None):
     >>> print(out.ravel().tolist())
     [4.0, 4.0]
     """
-    p = dropout_p if dropout_p == 0.0 and type(dropout_p) is float else probability("dropout_p", dropout_p)
+    p = dropout_rate(dropout_p)
     H, W = floats(H, "H"), floats(W, "W")
     check_2d("H", H)
     check_weight("linear", H, W)

@@ -94,6 +94,12 @@ def _master_grads(grads, params):
     return {k: g.astype(params[k].dtype, copy=False) for k, g in grads.items()}
 
 
+def _input_rate(dropout_p, training):
+    """The input layer's dropout rate: ``dropout_p`` (checked in evaluation too), 0 where not ``training``."""
+    p = probability("dropout_p", dropout_p)
+    return p if check_bool("training", training) else 0.0
+
+
 def gcn_apply(params, A, X, *, rng=None, dropout_p=0.5, training=True, precision=None, dtype=None):
     """Kipf & Welling's GCN: dropout, ``gcn_conv`` and relu per hidden layer, then dropout and ``gcn_conv``.
 
@@ -143,9 +149,7 @@ def gcn_apply(params, A, X, *, rng=None, dropout_p=0.5, training=True, precision
     if cd is not None:
         H = H.astype(cd, copy=False)
     # the input's dropout in the first layer (read as its product reads X); no gradient flows to X
-    p_in = probability("dropout_p", dropout_p)
-    if not check_bool("training", training):
-        p_in = 0.0
+    p_in = _input_rate(dropout_p, training)
     back = []
     for i in range(n_layers):
         H, c_vjp = gcn_conv(E, H, p[f"W{i}"], dropout_p=p_in, rng=rng) if i == 0 else gcn_conv(E, H, p[f"W{i}"])
@@ -218,9 +222,7 @@ def agnn_apply(params, A, X, *, rng=None, dropout_p=0.5, training=True, precisio
     if cd is not None:
         H = H.astype(cd, copy=False)
     # the input's dropout in the first layer (read as its product reads X); no gradient flows to X
-    p_in = probability("dropout_p", dropout_p)
-    if not check_bool("training", training):
-        p_in = 0.0
+    p_in = _input_rate(dropout_p, training)
     H, l_in = linear(H, p["W_in"], dropout_p=p_in, rng=rng)
     H, t_in = bias_act_dropout(H, p["b_in"], "relu")
     props = []

@@ -296,13 +296,19 @@ def _atb_bind(a, b, stream, capturing, rowless):
         return (lambda N, *arrays: one(*arrays)), p
     fixed["P"] = partial = scratch("atb", (slices * p * q,), _F32)  # the slices' partial sums
     first = sk.launch(name, grid, nt, operands + ("B",), C=None, barrier=None, **fixed).bind()
-    total = sk.launch(kn.DENSE_ATB_SUM, -(-p * q // 32), 256, ("C",), P=partial, S=slices, pq=p * q).bind()
+    total = _slice_sum(partial, slices, p * q)
 
     def two(N, *arrays):  # the operands, then C
         first(*arrays[:-1])
         total(arrays[-1])
 
     return two, p
+
+
+def _slice_sum(P, slices, size):
+    """``f(C)``: the bound ``tcgnn_dense_atb_sum`` adding ``slices`` partial sums of ``size`` outputs each (in
+    ``P``, slice after slice) into C in slice order."""
+    return sk.launch(kn.DENSE_ATB_SUM, -(-size // 32), 256, ("C",), P=P, S=slices, pq=size).bind()
 
 
 @functools.cache
@@ -477,7 +483,7 @@ def _drop_bind(kind, a, b, p):
     # the slices' partial sums, then their sum in slice order (tcgnn_dense_atb_sum)
     P = _partials(stream.ptr, capturing, slices * out)
     first = sk.launch(name, (blocks, slices), 128, operands + ("seed",), C=None, P=P, **fixed).bind()
-    total = sk.launch(kn.DENSE_ATB_SUM, -(-out // 32), 256, ("C",), P=P, S=slices, pq=out).bind()
+    total = _slice_sum(P, slices, out)
 
     def two(a, b, c, seed):
         first(a, b, seed)
