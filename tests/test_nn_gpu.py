@@ -473,6 +473,48 @@ def test_dense_atb_adds_its_slices_in_one_order(cp, monkeypatch, N):
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("N", [0, 1, 255, 19717, 300001])
+@pytest.mark.parametrize("p, q", [(None, 1), (None, 3), (None, 33), (None, 64), (16, 3), (8, 8), (64, 1), (3, 21)])
+def test_narrow_products_are_one_launch_in_one_order(cp, monkeypatch, N, p, q):
+    """``Aᵀ B`` of at most 64 outputs and a narrow array's column sums (a bias's gradient) in one launch for every
+    N, its last block adding the blocks' partials: exact on small integers, rows of any stride, the same bits on
+    every call for random floats (its count of finished blocks reset each time), in a replayed capture too."""
+    from tcgnn_py._cache import BOUND_KEEP, Store
+    from tcgnn_py.products import dense
+
+    store = Store(BOUND_KEEP)
+    monkeypatch.setattr(dense, "BOUND", store)
+    rng = np.random.default_rng(q)
+    B = rng.integers(-8, 9, (N, q + 3)).astype(np.float32)
+    A = rng.integers(-8, 9, (N, (p or 1) + 2)).astype(np.float32)
+    cases = ((B[:, :q].copy(), A[:, :p or 1].copy(), cp.asarray(B[:, :q].copy()), cp.asarray(A[:, :p or 1].copy())),
+             (B[:, 2:q + 2], A[:, 1:(p or 1) + 1], cp.asarray(B)[:, 2:q + 2], cp.asarray(A)[:, 1:(p or 1) + 1]))
+    for hb, ha, b, a in cases:
+        got = dense.dense_atb(None if p is None else a, b)
+        want = hb.sum(axis=0, dtype=np.float64) if p is None else ha.T.astype(np.float64) @ hb
+        assert got.shape == want.shape and got.dtype == np.float32
+        np.testing.assert_array_equal(got.get(), want)
+    x = cp.asarray(rng.standard_normal((N, q), dtype=np.float32))
+    y = None if p is None else cp.asarray(rng.standard_normal((N, p), dtype=np.float32))
+    first = dense.dense_atb(y, x).get()
+    for _ in range(3):
+        np.testing.assert_array_equal(dense.dense_atb(y, x).get(), first)
+    if N:
+        want = x.get().sum(axis=0, dtype=np.float64) if p is None else y.get().T.astype(np.float64) @ x.get()
+        np.testing.assert_allclose(first, want, rtol=1e-4, atol=1e-3 * np.sqrt(N))
+    assert {k[0] for k in store} == {"atb"} and len(store) <= 2  # (one launch per signature, for every N)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        out = dense.dense_atb(y, x)
+        graph = stream.end_capture()
+        for _ in range(2):
+            out.fill(7)
+            graph.launch()
+            stream.synchronize()
+            np.testing.assert_array_equal(out.get(), first)
+
+
 def test_dense_products_bind_once_for_every_row_count(cp, monkeypatch):
     """``dense_mm`` and the cooperative ``dense_atb`` bind one launch per signature whatever the row count (a new
     batch's nodes each step): rows 1 to past the most slices, each product exact on small integers, and the

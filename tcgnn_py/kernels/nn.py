@@ -10,8 +10,9 @@ from .registry import VALUE_TYPES, register
 __all__ = ["SOURCE", "NAMES", "FAMILIES", "TICK", "adam_multi_name", "ADAM_MULTI", "ADAM_SLOTS",
            "tail_name", "tail_grad_name", "cross_entropy_name", "index_weights_name", "head_dots_name",
            "head_dots_grad_name", "add_bias_name", "dense_mm_name", "DENSE_TILES", "dense_atb_name",
-           "DENSE_ATB_TILES", "DENSE_ATB_SUM", "DENSE_NAMES", "SEED_BITS", "DRAW", "drop_mm_name", "drop_atb_name",
-           "DROP_TILES", "DROP_NAMES",
+           "DENSE_ATB_TILES", "DENSE_ATB_SUM", "NARROW_ATB", "NARROW_THREADS", "NARROW_ATB_MAX", "SLICE_SUM_THREADS",
+           "slice_sum_threads", "DENSE_NAMES", "SEED_BITS", "DRAW", "drop_mm_name", "drop_atb_name", "DROP_TILES",
+           "DROP_NAMES",
            "row_normalize_name", "row_normalize_grad_name", "sum_name", "segment_sum_name", "csr_mm_name",
            "head_blocks_name", "SUM_THREADS",
            "ACTIVATIONS", "TAIL_TYPES"]
@@ -234,35 +235,48 @@ __global__ void __launch_bounds__(NT) tcgnn_dense_mm(const float* __restrict__ A
     }
 }
 
-// C[o] = sum over s of P[s * pq + o], s = 0 .. S - 1, for the 32 outputs o0 .. o0 + 31 (tcgnn_dense_atb's slices:
-// the same sums on every run, and on every launch shape): 8 groups each add the slices g, g + 8, ... (four loads
-// in flight), a block's W warps taking groups W apart, then the 8 group sums are added in group order.  The
-// partials are read from L2, as other blocks of a launch wrote them.
-template <int W>
-__device__ __forceinline__ void dn_slice_sum(const float* P, float* C, int S, int pq, int o0, float (*part)[33]) {
-    const int lane = threadIdx.x % 32, o = o0 + lane;
-    for (int g = threadIdx.x / 32; g < 8; g += W) {
-        float v = 0.f;
-        if (o < pq) {
-            int s = g;
-            for (; s + 24 < S; s += 32) {
-                const float x0 = __ldcg(P + (long long)s * pq + o), x1 = __ldcg(P + (long long)(s + 8) * pq + o);
-                const float x2 = __ldcg(P + (long long)(s + 16) * pq + o);
-                const float x3 = __ldcg(P + (long long)(s + 24) * pq + o);
-                v += x0; v += x1; v += x2; v += x3;
-            }
-            for (; s < S; s += 8) v += __ldcg(P + (long long)s * pq + o);
+// C[o] = sum over s of P[s * pq + o], s = 0 .. S - 1 (tcgnn_dense_atb's and the dropped products' slices: the same
+// sums on every run, and on every launch shape), a block of NT threads for the NT / T outputs o0 ... (T a power of
+// two dividing NT): thread t of output o adds the slices t, t + T, ... in order, then a tree over the T threads.
+// Few slices take T = 1 (a thread an output, coalesced); many take more threads per output, so that few outputs
+// (a bias's column sums) are not summed by a few lanes one slice after another.  The partials are read from L2,
+// as other blocks of a launch wrote them.
+template <int NT>
+__device__ __forceinline__ void dn_slice_sum(const float* P, float* C, int S, int pq, int T, long long o0,
+                                             float* red) {
+    const int O = NT / T, t = threadIdx.x / O;
+    const long long o = o0 + threadIdx.x % O;
+    float v = 0.f;
+    if (o < pq) {
+        int s = t;
+        for (; s + 3 * T < S; s += 4 * T) {
+            const float x0 = __ldcg(P + (long long)s * pq + o), x1 = __ldcg(P + (long long)(s + T) * pq + o);
+            const float x2 = __ldcg(P + (long long)(s + 2 * T) * pq + o);
+            const float x3 = __ldcg(P + (long long)(s + 3 * T) * pq + o);
+            v += x0; v += x1; v += x2; v += x3;
         }
-        part[g][lane] = v;
+        for (; s < S; s += T) v += __ldcg(P + (long long)s * pq + o);
     }
-    __syncthreads();
-    if (threadIdx.x < 32 && o < pq) {
-        float t = part[0][lane];
-#pragma unroll
-        for (int k = 1; k < 8; ++k) t += part[k][lane];
-        C[o] = t;
+    if (T == 1) {
+        if (o < pq) C[o] = v;
+        return;
     }
+    red[threadIdx.x] = v;
     __syncthreads();
+    for (int w = T / 2; w > 0; w >>= 1) {
+        if (t < w) red[threadIdx.x] += red[threadIdx.x + w * O];
+        __syncthreads();
+    }
+    if (t == 0 && o < pq) C[o] = red[threadIdx.x];
+    __syncthreads();
+}
+
+// Threads per output of dn_slice_sum for S slices: the power of two that leaves each four to eight loads, at most NT
+// (slice_sum_threads on the host).
+__device__ __forceinline__ int dn_sum_threads(int S, int NT) {
+    int T = 1;
+    while (T * 8 <= S && T < NT) T <<= 1;
+    return T;
 }
 
 // Partial sums of C = Aᵀ B over a slice of the long dimension, float32: A is N x p and B is N x q, both with unit
@@ -273,7 +287,7 @@ __device__ __forceinline__ void dn_slice_sum(const float* P, float* C, int S, in
 // while this one is summed; each thread owns TI x 4 elements and reads its rows' values of A and its 4 columns of
 // B as float4s.
 // With a barrier (two counters, zero before the first launch; a cooperative launch, so every block is resident)
-// the blocks then wait for each other and add the slices into C themselves, 32 outputs at a time (dn_slice_sum);
+// the blocks then wait for each other and add the slices into C themselves (dn_slice_sum);
 // without, tcgnn_dense_atb_sum adds them in a second launch.
 template <int BQ, int TI, int NT>
 __global__ void __launch_bounds__(NT) tcgnn_dense_atb(const float* __restrict__ A, const float* __restrict__ B,
@@ -376,18 +390,98 @@ __global__ void __launch_bounds__(NT) tcgnn_dense_atb(const float* __restrict__ 
         __threadfence();
     }
     __syncthreads();
-    __shared__ float part[8][33];
+    __shared__ float red[NT];
     const unsigned int b = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-    const int pq = p * q;
-    for (long long o0 = (long long)b * 32; o0 < pq; o0 += (long long)blocks * 32)
-        dn_slice_sum<NT / 32>(P, C, gridDim.x, pq, (int)o0, part);
+    const int pq = p * q, T = dn_sum_threads(gridDim.x, NT), O = NT / T;
+    for (long long o0 = (long long)b * O; o0 < pq; o0 += (long long)blocks * O)
+        dn_slice_sum<NT>(P, C, gridDim.x, pq, T, o0, red);
 }
 
-// The slices' sum of tcgnn_dense_atb launched without a barrier: a block per 32 outputs (dn_slice_sum, 8 warps).
+// The slices' sum of tcgnn_dense_atb launched without a barrier, and of the dropped products: a block of 256 threads
+// per 256 / T outputs (dn_slice_sum, T threads each).
 __global__ void __launch_bounds__(256) tcgnn_dense_atb_sum(const float* __restrict__ P, float* __restrict__ C,
-                                                           int S, int pq) {
-    __shared__ float part[8][33];
-    dn_slice_sum<8>(P, C, S, pq, blockIdx.x * 32, part);
+                                                           int S, int pq, int T) {
+    __shared__ float red[256];
+    dn_slice_sum<256>(P, C, S, pq, T, (long long)blockIdx.x * (256 / T), red);
+}
+
+// C = Aᵀ B for a narrow result (p q <= NARROW_ATB_MAX outputs; A N x p and B N x q with unit column stride, rows
+// lda and ldb floats apart; A nullptr: ones, so C is B's column sums, p = 1), in one plain launch.  Block b takes
+// the b-th of gridDim.x even slices of the rows; thread g * pq + o owns output o = i q + j in row group g (G groups,
+// the power of two at most NN_NARROW_THREADS / pq) and adds A[r, i] B[r, j] over every G-th row, eight rows' loads
+// in flight; a
+// tree adds the groups and the block writes its pq partials to P.  The block that finishes last (a count in
+// done, which it resets) adds the blocks' partials the same way, in one fixed order: the same bits on every run.
+// (A bias's or a narrow weight's gradient: where tcgnn_dense_atb pays for a grid barrier and 64 x 64 tiles, a
+// few outputs cost one pass over the rows.)
+__device__ __forceinline__ float nn_group_tree(float v, float* red, int g, int G, int pq) {
+    red[threadIdx.x] = v;
+    __syncthreads();
+    for (int w = G / 2; w > 0; w >>= 1) {
+        if (g < w) red[threadIdx.x] += red[threadIdx.x + w * pq];
+        __syncthreads();
+    }
+    return red[threadIdx.x];
+}
+
+__global__ void __launch_bounds__(NN_NARROW_THREADS) tcgnn_narrow_atb(
+    const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, float* __restrict__ P,
+    unsigned int* __restrict__ done, long long N, int p, int q, long long lda, long long ldb) {
+    __shared__ float red[NN_NARROW_THREADS];
+    __shared__ bool last;
+    const int pq = p * q;
+    int G = 1;
+    while (2 * G * pq <= NN_NARROW_THREADS) G <<= 1;
+    const int o = threadIdx.x % pq, g = threadIdx.x / pq, i = o / q, j = o - i * q;
+    const bool on = g < G;
+    const long long rows = (N + gridDim.x - 1) / gridDim.x, r0 = (long long)blockIdx.x * rows;
+    const long long r1 = min(N, r0 + rows);
+    // 8 rows' loads issued at once: each row clamped into the slice (loads without conditions, so none waits for
+    // another), the ones past it then added as 0
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    if (on && A == nullptr) {
+        for (long long r = r0 + g; r < r1; r += 8 * G) {
+            float x[8];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) x[u] = __ldg(B + min(r + u * G, r1 - 1) * ldb + j);
+#pragma unroll
+            for (int u = 0; u < 8; ++u) acc[u & 3] += r + u * G < r1 ? x[u] : 0.f;
+        }
+    } else if (on) {
+        for (long long r = r0 + g; r < r1; r += 8 * G) {
+            float x[8], y[8];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                const long long ru = min(r + u * G, r1 - 1);
+                x[u] = __ldg(A + ru * lda + i);
+                y[u] = __ldg(B + ru * ldb + j);
+            }
+#pragma unroll
+            for (int u = 0; u < 8; ++u) acc[u & 3] += r + u * G < r1 ? x[u] * y[u] : 0.f;
+        }
+    }
+    float v = nn_group_tree(on ? (acc[0] + acc[1]) + (acc[2] + acc[3]) : 0.f, red, on ? g : G, G, pq);
+    if (g == 0) P[(long long)blockIdx.x * pq + o] = v;
+    __threadfence();  // the partials are visible before this block's count
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
+    if (on) {
+        const int S = gridDim.x;
+        for (int s = g; s < S; s += 8 * G) {
+            float x[8];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) x[u] = __ldcg(P + (long long)min(s + u * G, S - 1) * pq + o);
+#pragma unroll
+            for (int u = 0; u < 8; ++u) acc[u & 3] += s + u * G < S ? x[u] : 0.f;
+        }
+    }
+    v = nn_group_tree(on ? (acc[0] + acc[1]) + (acc[2] + acc[3]) : 0.f, red, on ? g : G, G, pq);
+    if (g == 0) C[o] = v;
+    if (threadIdx.x == 0) done[0] = 0u;
 }
 
 // An attention dropout seed from a float64 draw x in [0, 1): y = (unsigned)(x * 2^32), the bits NumPy's
@@ -951,7 +1045,11 @@ DENSE_TILES = ((16, 2, 256), (32, 4, 256), (64, 8, 128))
 DENSE_ATB_TILES = ((64, 4, 256), (64, 1, 128))
 #: Threads of the one block of ``tcgnn_sum`` (a power of two: its tree halves them).
 SUM_THREADS = 256
-SOURCE = COMMON_SOURCE + f"#define NN_SUM_THREADS {SUM_THREADS}\n" + _NN
+#: Threads of a ``tcgnn_narrow_atb`` block: as many row groups as an SM holds, so that each thread adds few rows
+#: and the last block few partials.
+NARROW_THREADS = 1024
+SOURCE = (COMMON_SOURCE + f"#define NN_SUM_THREADS {SUM_THREADS}\n#define NN_NARROW_THREADS {NARROW_THREADS}\n"
+          + _NN)
 
 
 def _ctype(dtype_name):
@@ -990,8 +1088,22 @@ def dense_atb_name(bq, ti, nt):
     return f"tcgnn_dense_atb<{bq}, {ti}, {nt}>"
 
 
-#: The slices' sum of ``tcgnn_dense_atb``.
+#: ``Aᵀ B`` of a few outputs in one launch (a bias's or a narrow weight's gradient).
+NARROW_ATB = "tcgnn_narrow_atb"
+#: The most outputs ``tcgnn_narrow_atb`` computes (a block holds at least 16 row groups).
+NARROW_ATB_MAX = 64
+#: The slices' sum of ``tcgnn_dense_atb`` (and of the dropped products): blocks of ``SLICE_SUM_THREADS`` threads.
 DENSE_ATB_SUM = "tcgnn_dense_atb_sum"
+SLICE_SUM_THREADS = 256
+
+
+def slice_sum_threads(slices, threads=SLICE_SUM_THREADS):
+    """Threads per output of a slices' sum (the kernels' ``dn_sum_threads``): the power of two that leaves each
+    four to eight of the ``slices`` to load, at most ``threads``."""
+    t = 1
+    while t * 8 <= slices and t < threads:
+        t *= 2
+    return t
 #: An attention dropout seed's bits from a float64 draw.
 SEED_BITS = "tcgnn_seed_bits"
 #: A seed stream's next seed (:func:`tcgnn_py._reference.seed_stream`).
@@ -1020,7 +1132,7 @@ head_blocks_name = _template("tcgnn_head_blocks")
 
 #: The layers' dense kernels (products, sums over rows, the bias after a sparse product), float32.
 DENSE_NAMES = (*(dense_mm_name(*tile, bt) for tile in DENSE_TILES for bt in (False, True)),
-               *(dense_atb_name(*tile) for tile in DENSE_ATB_TILES), DENSE_ATB_SUM)
+               *(dense_atb_name(*tile) for tile in DENSE_ATB_TILES), DENSE_ATB_SUM, NARROW_ATB)
 #: A dropped input layer's kernels (its product and its weight's gradient).
 DROP_NAMES = (*(drop_mm_name(nj) for nj in DROP_TILES), *(drop_atb_name(nj) for nj in DROP_TILES))
 

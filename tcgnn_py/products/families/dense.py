@@ -20,9 +20,10 @@ from .. import _small as sk
 
 __all__ = ["DENSE_MAX_K", "DENSE_MAX_N", "DENSE_SHORT_ROWS", "DENSE_SHORT_K", "dense_takes", "dense_scores_take",
            "dense_mm", "dense_mm_bound", "DENSE_ATB_MAX", "DENSE_ATB_MAX_WIDE", "DENSE_ATB_FEW", "DENSE_ATB_MAX_ROWS",
-           "DENSE_ATB_MIN_ROWS", "DENSE_ATB_BLOCKS_PER_SM", "dense_atb_takes", "dense_atb", "dense_atb_bound",
-           "DROP_MAX_N", "DROP_BLOCKS_PER_SM", "DROP_ATB_MAX_SLICES", "DROP_SCRATCH_KEEP", "drop_takes",
-           "drop_atb_takes", "drop_mm", "drop_atb", "drop_bound"]
+           "DENSE_ATB_MIN_ROWS", "DENSE_ATB_BLOCKS_PER_SM", "NARROW_BLOCKS_PER_SM", "dense_atb_takes", "dense_atb",
+           "dense_atb_bound", "DROP_MAX_N", "DROP_MM_BLOCKS_PER_SM", "DROP_ATB_BLOCKS_PER_SM",
+           "DROP_ATB_MAX_SLICES", "DROP_SCRATCH_KEEP", "drop_takes", "drop_atb_takes", "drop_mm", "drop_atb",
+           "drop_bound"]
 
 #: The widest inner dimension ``k`` of a product :func:`dense_mm` runs: up to it the kernel takes at most about as
 #: long as cuBLAS on the GPU; wider ones (a first layer's input features) go to cuBLAS.
@@ -270,6 +271,8 @@ def _atb_bind(a, b, stream, capturing, rowless):
     cp = get_cupy()
     N, q = b.shape
     p = 1 if a is None else a.shape[1]
+    if p * q <= kn.NARROW_ATB_MAX:
+        return _narrow_bind(a, b, stream, capturing), p
     name, nt, tiles_yz, most, _ = _atb_tile(p, q, cp.cuda.runtime.getDevice())
     vec = int(b.strides[0] % 16 == 0 and q % 4 == 0 and b.data.ptr % 16 == 0)
     lda = 0 if a is None else a.strides[0] // 4
@@ -278,10 +281,8 @@ def _atb_bind(a, b, stream, capturing, rowless):
     if a is None:
         fixed["A"] = None
 
-    def scratch(kind, shape, dtype, zeros=False):  # the graph's own under a capture, else kept per stream
-        if capturing:
-            return (cp.zeros if zeros else cp.ndarray)(shape, dtype)
-        return Scratch(kind, shape, dtype, zeros).get(_atb_scratch, stream)
+    def scratch(kind, shape, dtype, zeros=False):
+        return _atb_buffer(kind, shape, dtype, zeros, stream, capturing)
 
     fixed["chunk"] = 0  # (the kernel splits N evenly among the slices: both ways slice N alike)
     if rowless:  # (the blocks add the slices themselves, after a grid barrier)
@@ -305,10 +306,45 @@ def _atb_bind(a, b, stream, capturing, rowless):
     return two, p
 
 
+def _atb_buffer(kind, shape, dtype, zeros, stream, capturing):
+    """A launch's partial sums or counters: the graph's own under a capture, else kept per stream."""
+    if capturing:
+        return (get_cupy().zeros if zeros else get_cupy().ndarray)(shape, dtype)
+    return Scratch(kind, shape, dtype, zeros).get(_atb_scratch, stream)
+
+
+#: Blocks per SM of a narrow product (:data:`tcgnn_py.kernels.nn.NARROW_ATB_MAX` outputs or fewer), each of at
+#: least 8 rows per row group: with a block's thousand threads, loads enough in flight, and partials few enough for
+#: the last block to add in one pass.
+NARROW_BLOCKS_PER_SM = 1
+
+
+def _narrow_bind(a, b, stream, capturing):
+    """``run(N, [a,] b, C)``: ``tcgnn_narrow_atb`` for every N (one launch: its last block adds the blocks'
+    partials)."""
+    q = b.shape[1]
+    p = 1 if a is None else a.shape[1]
+    groups = 1
+    while 2 * groups * p * q <= kn.NARROW_THREADS:
+        groups *= 2
+    most = NARROW_BLOCKS_PER_SM * device_attributes()["MultiProcessorCount"]
+    fixed = dict(N=b.shape[0], p=p, q=q, lda=0 if a is None else a.strides[0] // 4, ldb=b.strides[0] // 4,
+                 P=_atb_buffer("narrow", (most * p * q,), _F32, False, stream, capturing),
+                 done=_atb_buffer("narrow done", (1,), np.uint32, True, stream, capturing))
+    operands = ("B", "C") if a is None else ("A", "B", "C")
+    if a is None:
+        fixed["A"] = None
+    launch = sk.launch(kn.NARROW_ATB, most, kn.NARROW_THREADS, operands, **fixed)
+    return launch.bind(rows=("N", 8 * groups, most))
+
+
 def _slice_sum(P, slices, size):
     """``f(C)``: the bound ``tcgnn_dense_atb_sum`` adding ``slices`` partial sums of ``size`` outputs each (in
     ``P``, slice after slice) into C in slice order."""
-    return sk.launch(kn.DENSE_ATB_SUM, -(-size // 32), 256, ("C",), P=P, S=slices, pq=size).bind()
+    t = kn.slice_sum_threads(slices)
+    per = kn.SLICE_SUM_THREADS // t  # (outputs per block)
+    return sk.launch(kn.DENSE_ATB_SUM, -(-size // per), kn.SLICE_SUM_THREADS, ("C",), P=P, S=slices, pq=size,
+                     T=t).bind()
 
 
 @functools.cache
@@ -348,7 +384,7 @@ def _atb_launches(cp, a, b):
     place = (device, ptr)
     q = b.shape[1]
     p = 1 if a is None else a.shape[1]
-    rowless = _atb_tile(p, q, device)[4]
+    rowless = p * q <= kn.NARROW_ATB_MAX or _atb_tile(p, q, device)[4]
     key = ("atb", None if a is None else (p, a.strides[0]), q, b.strides[0], b.data.ptr & 15,
            None if rowless else b.shape[0]) + place
     hit = BOUND.get(key)
@@ -390,8 +426,10 @@ def dense_atb_bound(a, b, keep=False):
 #: a hidden layer's width (8-column tiles of :data:`tcgnn_py.kernels.nn.DROP_TILES`).
 DROP_MAX_N = 8 * kn.DROP_TILES[-1]
 #: Blocks per SM a dropped input's kernels aim at (slices of the long dimension): enough loads in flight to read
-#: the input at the memory's speed.
-DROP_BLOCKS_PER_SM = 4
+#: the input at the memory's speed.  The product's blocks hold over 200 registers a thread, so two fit on an SM:
+#: one wave of them, whose fewer slices also leave fewer partial sums to add, runs faster than two.
+DROP_MM_BLOCKS_PER_SM = 2
+DROP_ATB_BLOCKS_PER_SM = 4
 #: The most slices :func:`drop_atb` cuts the rows into (a second launch adds their partial sums, as it does
 #: :func:`drop_mm`'s slices of k).
 DROP_ATB_MAX_SLICES = 128
@@ -422,11 +460,11 @@ def _drop_nj(n):
     return next(nj for nj in kn.DROP_TILES if 8 * nj >= n)
 
 
-def _slices(blocks, long, step, most):
+def _slices(blocks, long, step, most, per_sm):
     """``(slices, width)`` of a long dimension cut into at most ``most`` slices so that ``blocks`` per slice fill
-    the GPU (:data:`DROP_BLOCKS_PER_SM`), each slice ``width`` long, a multiple of ``step`` and at least 4 steps."""
+    the GPU (``per_sm`` blocks per SM), each slice ``width`` long, a multiple of ``step`` and at least 4 steps."""
     sms = device_attributes()["MultiProcessorCount"]
-    s = max(1, min(most, -(-long // (4 * step)), DROP_BLOCKS_PER_SM * sms // blocks))
+    s = max(1, min(most, -(-long // (4 * step)), per_sm * sms // blocks))
     width = -(-(-(-long // s)) // step) * step
     return -(-long // width), width
 
@@ -467,13 +505,13 @@ def _drop_bind(kind, a, b, p):
     fixed = dict(m=m, n=n, k=k, lda=a.strides[0] // 4, drop_p=p, drop_scale=1 / (1 - p))
     if kind == "mm":
         blocks = -(-m // 256)  # (4 warps of 64 rows a block)
-        slices, width = _slices(blocks, k, 16, k)
+        slices, width = _slices(blocks, k, 16, k, DROP_MM_BLOCKS_PER_SM)
         vec = int(a.strides[0] % 16 == 0 and k % 4 == 0 and a.data.ptr % 16 == 0)
         fixed.update(sb=b.strides[0] // 4, tb=b.strides[1] // 4, vec=vec, kc=width)
         name, operands, out = kn.drop_mm_name(nj), ("A", "B"), m * n
     else:
         blocks = -(-k // 256)  # (4 warps of 64 columns a block)
-        slices, width = _slices(blocks, m, 16, DROP_ATB_MAX_SLICES)
+        slices, width = _slices(blocks, m, 16, DROP_ATB_MAX_SLICES, DROP_ATB_BLOCKS_PER_SM)
         vec = int(a.strides[0] % 8 == 0 and k % 2 == 0 and a.data.ptr % 8 == 0)
         fixed.update(ldg=b.strides[0] // 4, vec=vec, rc=width)
         name, operands, out = kn.drop_atb_name(nj), ("A", "G"), k * n
