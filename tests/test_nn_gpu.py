@@ -333,6 +333,67 @@ def test_cross_entropy_on_device_matches_host(cp, rng, dtype, indexed):
     np.testing.assert_allclose(g2.get()[row], w * np.exp(z) / np.exp(z).sum(), rtol=tol * 10)
 
 
+@pytest.mark.parametrize("n, k", [(1, 1), (257, 3), (1_100_003, 2)])
+def test_cross_entropy_sums_its_loss_in_one_launch_in_one_order(cp, n, k):
+    """The loss is summed by the launch that computes it (its last block adds the blocks' partials): log k for
+    equal logits, float64's sum within float32 roundings, the same bits on every call (its count of finished
+    blocks reset each time), past the most blocks of a grid-stride launch, and in a replayed capture."""
+    rng = np.random.default_rng(n)
+    labels = cp.asarray(rng.integers(0, k, n))
+    loss, g = nn.cross_entropy(cp.zeros((n, k), cp.float32), labels)
+    np.testing.assert_allclose(float(loss), np.log(k), rtol=1e-5)  # synchronize!
+    logits = cp.asarray(rng.standard_normal((n, k), dtype=np.float32) * 3)
+    idx = cp.asarray(rng.choice(n, max(1, n // 3), replace=False))
+    first, g1 = nn.cross_entropy(logits, labels, idx)
+    for _ in range(3):
+        again, g2 = nn.cross_entropy(logits, labels, idx)
+        assert again.tobytes() == first.tobytes() and bool((g2 == g1).all())
+    want, _ = nn.cross_entropy(logits.get().astype(np.float64), labels.get(), idx.get())
+    np.testing.assert_allclose(float(first), float(want), rtol=2e-5)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        out, _ = nn.cross_entropy(logits, labels, idx)
+        graph = stream.end_capture()
+        for _ in range(2):
+            out.fill(7)
+            graph.launch()
+            stream.synchronize()
+            assert out.tobytes() == first.tobytes()
+
+
+def test_adam_ticks_in_its_update(cp, rng):
+    """A device step's first update launch advances the step count (no launch of its own), later launches of the
+    step (a second dtype, a ninth tensor) read the corrections it wrote; a step without gradients still counts;
+    a captured step advances the count on every replay, as the host optimizer's steps would."""
+    shapes = [(5,)] * 9 + [(3, 2)]
+    host_p = {f"p{i}": rng.standard_normal(s).astype(np.float64 if i == 9 else np.float32)
+              for i, s in enumerate(shapes)}
+    dev_p = {k: cp.asarray(v) for k, v in host_p.items()}
+    oh, od = nn.Adam(host_p, lr=0.05), nn.Adam(dev_p, lr=0.05)
+    grads = [{k: rng.standard_normal(v.shape).astype(v.dtype) for k, v in host_p.items()} for _ in range(4)]
+    for g in grads[:2]:
+        oh.step(g)
+        od.step({k: cp.asarray(v) for k, v in g.items()})
+    oh.step({})
+    od.step({})
+    assert od.t == oh.t == 3
+    dg = {k: cp.asarray(v) for k, v in grads[2].items()}
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        od.step(dg)
+        graph = stream.end_capture()
+        for _ in range(2):
+            graph.launch()
+        stream.synchronize()
+    oh.step(grads[2])
+    oh.step(grads[2])
+    assert od.t == oh.t == 5
+    for k, v in host_p.items():  # (float32 steps round apart on the host and the device)
+        np.testing.assert_allclose(dev_p[k].get(), v, rtol=1e-4 if v.dtype == np.float32 else 1e-13, atol=1e-5)
+
+
 def test_adam_multi_tensor_matches_host(cp, rng):
     """Eleven parameters (two launches of eight and three), two dtypes, a skipped gradient and a replaced array."""
     shapes = [(3, 5), (7,), (1,), (40, 3), (2, 2), (9,), (1, 1), (5, 6), (13,), (4,), (8, 8)]

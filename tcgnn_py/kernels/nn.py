@@ -29,7 +29,7 @@ TAIL_TYPES = ("float32", "float64", "float16", "bfloat16")
 _NN = r"""
 // The step count and bias corrections of Adam live on the device, so that a
 // captured training step (a CUDA graph) advances them on every replay.
-// t += 1; coef = (lr / (1 - b1^t), sqrt(1 - b2^t)).
+// t += 1; coef = (lr / (1 - b1^t), sqrt(1 - b2^t)).  (A step with gradients ticks in tcgnn_adam_multi.)
 __global__ void tcgnn_adam_tick(long long* __restrict__ t, double* __restrict__ coef, double lr,
                                 double b1, double b2) {
     long long k = t[0] + 1;
@@ -54,11 +54,14 @@ __device__ __forceinline__ void tcgnn_adam_one(T* p, const T* g, T* m, T* v, lon
 // Adam for up to 8 tensors in one launch (blockIdx.y picks the tensor), one element as tcgnn_adam_one: a
 // training step's dozen small parameters cost one launch, not one each.  table: per tensor its parameter, m and
 // v addresses, its size and its weight decay's bits (a double), made once by the optimizer; g0..g7 the
-// gradients, which change every step.
+// gradients, which change every step.  With t (the step's first launch): every thread works out
+// tcgnn_adam_tick's step count and bias corrections from t[0], and the block that finishes last (t[1] counts
+// them; it resets it) writes them to t[0] and coef -- the tick's launch folded into the update; else coef is read.
 template <typename T>
-__global__ void tcgnn_adam_multi(const long long* __restrict__ table, const double* __restrict__ coef, T b1, T b2,
+__global__ void tcgnn_adam_multi(const long long* __restrict__ table, double* __restrict__ coef, T b1, T b2,
                                  T eps, const T* g0, const T* g1, const T* g2, const T* g3, const T* g4,
-                                 const T* g5, const T* g6, const T* g7) {
+                                 const T* g5, const T* g6, const T* g7, long long* __restrict__ t, double lr,
+                                 double b1d, double b2d) {
     const int j = blockIdx.y;
     const long long* e = table + 5 * j;
     T* p = reinterpret_cast<T*>(e[0]);
@@ -67,11 +70,33 @@ __global__ void tcgnn_adam_multi(const long long* __restrict__ table, const doub
     const long long n = e[3];
     const T wd = T(__longlong_as_double(e[4]));
     const T* g = j == 0 ? g0 : j == 1 ? g1 : j == 2 ? g2 : j == 3 ? g3 : j == 4 ? g4 : j == 5 ? g5 : j == 6 ? g6 : g7;
-    const T step = T(coef[0]);
-    const T bc2_sqrt = T(coef[1]);
+    long long k = 0;
+    double c0, c1;
+    if (t != nullptr) {
+        k = t[0] + 1;
+        c0 = lr / (1.0 - pow(b1d, (double)k));
+        c1 = sqrt(1.0 - pow(b2d, (double)k));
+    } else {
+        c0 = coef[0];
+        c1 = coef[1];
+    }
+    const T step = T(c0);
+    const T bc2_sqrt = T(c1);
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x)
         tcgnn_adam_one(p, g, m, v, i, step, bc2_sqrt, b1, b2, eps, wd);
+    if (t == nullptr) return;
+    __syncthreads();  // (every thread has read t[0])
+    if (threadIdx.x == 0) {
+        __threadfence();
+        unsigned long long* done = reinterpret_cast<unsigned long long*>(t + 1);
+        if (atomicAdd(done, 1ull) == (unsigned long long)gridDim.x * gridDim.y - 1) {
+            t[0] = k;
+            coef[0] = c0;
+            coef[1] = c1;
+            t[1] = 0;
+        }
+    }
 }
 
 // Elements in their compute type: double for double, float for float and the 16-bit types.
@@ -785,13 +810,20 @@ __global__ void __launch_bounds__(128) tcgnn_drop_atb(const float* __restrict__ 
 }
 
 // Softmax cross-entropy, one thread per row i of k logits: with z = logits_i - max_c logits_ic,
-// loss[i] = w_i (log sum_c exp z_c - z_y) and grad_i = w_i (exp z / sum exp z - onehot(y)); a label outside
-// [0, k) matches no class.  w: one weight per row, or nullptr for w0 on every row.
+// loss_i = w_i (log sum_c exp z_c - z_y) and grad_i = w_i (exp z / sum exp z - onehot(y)); a label outside
+// [0, k) matches no class.  w: one weight per row, or nullptr for w0 on every row.  total = sum of loss_i in one
+// launch: each block adds its rows' losses (a thread's rows in order, then a tree over the block's NN_SUM_THREADS
+// threads) into P[block], and the block that finishes last (a count in done, which it resets) adds P in block
+// order -- one fixed order for each n, so the same bits on every run.
 template <typename T>
-__global__ void tcgnn_cross_entropy(const T* __restrict__ logits, const long long* __restrict__ labels,
-                                    const T* __restrict__ w, double w0, T* __restrict__ loss, T* __restrict__ grad,
-                                    long long n, int k) {
+__global__ void __launch_bounds__(NN_SUM_THREADS) tcgnn_cross_entropy(
+    const T* __restrict__ logits, const long long* __restrict__ labels, const T* __restrict__ w, double w0,
+    T* __restrict__ total, T* __restrict__ grad, long long n, int k, typename nn_acc<T>::type* __restrict__ P,
+    unsigned int* __restrict__ done) {
     typedef typename nn_acc<T>::type A;
+    __shared__ A part[NN_SUM_THREADS];
+    __shared__ bool last;
+    A mine = A(0);
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
         const T* z = logits + i * k;
@@ -802,9 +834,35 @@ __global__ void tcgnn_cross_entropy(const T* __restrict__ logits, const long lon
         const long long y = labels[i];
         const A wi = w ? nn_of(w[i]) : A(w0);
         const A zy = (y >= 0 && y < k) ? nn_of(z[y]) - mx : A(0);
-        tc_put(loss + i, wi * (log(s) - zy));
+        mine += wi * (log(s) - zy);
         for (int c = 0; c < k; ++c)
             tc_put(grad + i * k + c, wi * (exp(nn_of(z[c]) - mx) / s - (c == y ? A(1) : A(0))));
+    }
+    part[threadIdx.x] = mine;
+    __syncthreads();
+    for (int h = NN_SUM_THREADS / 2; h > 0; h >>= 1) {
+        if (threadIdx.x < h) part[threadIdx.x] += part[threadIdx.x + h];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        P[blockIdx.x] = part[0];
+        __threadfence();  // this block's partial is visible before its count
+        last = atomicAdd(done, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    A s = A(0);
+    for (long long b = threadIdx.x; b < gridDim.x; b += NN_SUM_THREADS) s += __ldcg(P + b);
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (int h = NN_SUM_THREADS / 2; h > 0; h >>= 1) {
+        if (threadIdx.x < h) part[threadIdx.x] += part[threadIdx.x + h];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        tc_put(total, part[0]);
+        done[0] = 0u;
     }
 }
 // The loss's per-row weights: w[index[j]] = value for every j (w zeroed before), a negative index counted from

@@ -691,9 +691,9 @@ def cross_entropy(logits, labels, index=None):
         else:  # the rows' weights by one launch (a scatter costs several)
             w = pointwise.index_weights(n, index.astype(np.int64, copy=False), 1 / index.shape[0], logits.dtype)
             w0 = 0.0
-        loss, grad = pointwise.cross_entropy(xp.ascontiguousarray(logits),
-                                             labels.reshape(n).astype(np.int64, copy=False), w, w0)
-        return pointwise.total(loss), grad  # in one fixed order, one launch
+        # the loss summed in one fixed order by the same launch
+        return pointwise.cross_entropy(xp.ascontiguousarray(logits), labels.reshape(n).astype(np.int64, copy=False),
+                                       w, w0)
     if xp is np:
         y = labels if index is None else labels[np.asarray(index)]
         if y.size and (y.min() < 0 or y.max() >= k):

@@ -94,16 +94,20 @@ class Adam:
                 v += (1 - b2) * g * g
                 p -= step * m / (np.sqrt(v) / bc2_sqrt + self.eps)
             return
-        coef = self._tick()
+        t, coef = self._device_state()
         groups = {}  # dtype -> [(name, gradient)]: one multi-tensor launch per dtype
         for k, g in items:
             p = self.params[k]
             if g.dtype != p.dtype or not g.flags.c_contiguous:
                 g = array_module(p).ascontiguousarray(g, dtype=p.dtype)
             groups.setdefault(p.dtype, []).append((k, g))
+        if not groups:  # (no gradient: the step count still advances)
+            optimizer.adam_tick(t, coef, self.lr, b1, b2)
+        tick = (t, self.lr)  # the first launch advances the step count
         for group in groups.values():
             table, sizes = self._table(tuple(k for k, _ in group))
-            optimizer.adam_multi(table, sizes, [g for _, g in group], coef, b1, b2, self.eps)
+            optimizer.adam_multi(table, sizes, [g for _, g in group], coef, b1, b2, self.eps, tick)
+            tick = None
 
     def _table(self, names):
         """The device table of the parameters ``names`` and their moments (``optimizer.adam_table``), made once per
@@ -116,12 +120,11 @@ class Adam:
             kept = self._tables[names] = (arrays, table, [a[0].size for a in arrays])
         return kept[1], kept[2]
 
-    def _tick(self):
-        """Advance the device step count; return the device bias corrections."""
+    def _device_state(self):
+        """The device step count (int64 ``[count, 0]``, the second a count the update's blocks use) and bias
+        corrections, made at the first step."""
         import cupy
 
         if self._device_t is None:
-            self._device_t = (cupy.zeros(1, np.int64), cupy.zeros(2, np.float64))
-        t, coef = self._device_t
-        optimizer.adam_tick(t, coef, self.lr, *self.betas)
-        return coef
+            self._device_t = (cupy.zeros(2, np.int64), cupy.zeros(2, np.float64))
+        return self._device_t
