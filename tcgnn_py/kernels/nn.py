@@ -51,6 +51,19 @@ __device__ __forceinline__ void tcgnn_adam_one(T* p, const T* g, T* m, T* v, lon
     p[i] -= step * mi / (sqrt(vi) / bc2_sqrt + eps);
 }
 
+// Whether this block is the last of `blocks` to get here (a count in done, which the last block resets once it has
+// read what the others wrote): every block's writes before the call are visible to the last one.  Called by every
+// thread of the block: one launch whose last block finishes the work, where a second launch would cost more.
+__device__ __forceinline__ bool nn_last_block(unsigned int* done, unsigned int blocks) {
+    __shared__ bool last;
+    __threadfence();  // this block's writes are visible before its count
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(done, 1u) == blocks - 1;
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
 // Adam for up to 8 tensors in one launch (blockIdx.y picks the tensor), one element as tcgnn_adam_one: a
 // training step's dozen small parameters cost one launch, not one each.  table: per tensor its parameter, m and
 // v addresses, its size and its weight decay's bits (a double), made once by the optimizer; g0..g7 the
@@ -86,16 +99,12 @@ __global__ void tcgnn_adam_multi(const long long* __restrict__ table, double* __
          i += (long long)gridDim.x * blockDim.x)
         tcgnn_adam_one(p, g, m, v, i, step, bc2_sqrt, b1, b2, eps, wd);
     if (t == nullptr) return;
-    __syncthreads();  // (every thread has read t[0])
-    if (threadIdx.x == 0) {
-        __threadfence();
-        unsigned long long* done = reinterpret_cast<unsigned long long*>(t + 1);
-        if (atomicAdd(done, 1ull) == (unsigned long long)gridDim.x * gridDim.y - 1) {
-            t[0] = k;
-            coef[0] = c0;
-            coef[1] = c1;
-            t[1] = 0;
-        }
+    // (every thread has read t[0] before its block's count; t[1] counts the blocks, its low half as 32 bits)
+    if (nn_last_block(reinterpret_cast<unsigned int*>(t + 1), gridDim.x * gridDim.y) && threadIdx.x == 0) {
+        t[0] = k;
+        coef[0] = c0;
+        coef[1] = c1;
+        t[1] = 0;
     }
 }
 
@@ -434,11 +443,10 @@ __global__ void __launch_bounds__(256) tcgnn_dense_atb_sum(const float* __restri
 // lda and ldb floats apart; A nullptr: ones, so C is B's column sums, p = 1), in one plain launch.  Block b takes
 // the b-th of gridDim.x even slices of the rows; thread g * pq + o owns output o = i q + j in row group g (G groups,
 // the power of two at most NN_NARROW_THREADS / pq) and adds A[r, i] B[r, j] over every G-th row, eight rows' loads
-// in flight; a
-// tree adds the groups and the block writes its pq partials to P.  The block that finishes last (a count in
-// done, which it resets) adds the blocks' partials the same way, in one fixed order: the same bits on every run.
-// (A bias's or a narrow weight's gradient: where tcgnn_dense_atb pays for a grid barrier and 64 x 64 tiles, a
-// few outputs cost one pass over the rows.)
+// in flight; a tree adds the groups and the block writes its pq partials to P.  The last block (nn_last_block)
+// adds the blocks' partials the same way, in one fixed order: the same bits on every run.  (A bias's or a narrow
+// weight's gradient: where tcgnn_dense_atb pays for a grid barrier and 64 x 64 tiles, a few outputs cost one pass
+// over the rows.)
 __device__ __forceinline__ float nn_group_tree(float v, float* red, int g, int G, int pq) {
     red[threadIdx.x] = v;
     __syncthreads();
@@ -453,7 +461,6 @@ __global__ void __launch_bounds__(NN_NARROW_THREADS) tcgnn_narrow_atb(
     const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, float* __restrict__ P,
     unsigned int* __restrict__ done, long long N, int p, int q, long long lda, long long ldb) {
     __shared__ float red[NN_NARROW_THREADS];
-    __shared__ bool last;
     const int pq = p * q;
     int G = 1;
     while (2 * G * pq <= NN_NARROW_THREADS) G <<= 1;
@@ -487,12 +494,7 @@ __global__ void __launch_bounds__(NN_NARROW_THREADS) tcgnn_narrow_atb(
     }
     float v = nn_group_tree(on ? (acc[0] + acc[1]) + (acc[2] + acc[3]) : 0.f, red, on ? g : G, G, pq);
     if (g == 0) P[(long long)blockIdx.x * pq + o] = v;
-    __threadfence();  // the partials are visible before this block's count
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!nn_last_block(done, gridDim.x)) return;
     acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
     if (on) {
         const int S = gridDim.x;
@@ -809,6 +811,21 @@ __global__ void __launch_bounds__(128) tcgnn_drop_atb(const float* __restrict__ 
             }
 }
 
+// The sum of the block's v (one per thread, NN_SUM_THREADS threads) in a tree over the threads, in shared part:
+// every thread gets it (one fixed order).
+template <typename A>
+__device__ __forceinline__ A nn_tree_sum(A v, A* part) {
+    part[threadIdx.x] = v;
+    __syncthreads();
+    for (int h = NN_SUM_THREADS / 2; h > 0; h >>= 1) {
+        if (threadIdx.x < h) part[threadIdx.x] += part[threadIdx.x + h];
+        __syncthreads();
+    }
+    const A s = part[0];
+    __syncthreads();
+    return s;
+}
+
 // Softmax cross-entropy, one thread per row i of k logits: with z = logits_i - max_c logits_ic,
 // loss_i = w_i (log sum_c exp z_c - z_y) and grad_i = w_i (exp z / sum exp z - onehot(y)); a label outside
 // [0, k) matches no class.  w: one weight per row, or nullptr for w0 on every row.  total = sum of loss_i in one
@@ -822,7 +839,6 @@ __global__ void __launch_bounds__(NN_SUM_THREADS) tcgnn_cross_entropy(
     unsigned int* __restrict__ done) {
     typedef typename nn_acc<T>::type A;
     __shared__ A part[NN_SUM_THREADS];
-    __shared__ bool last;
     A mine = A(0);
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
@@ -838,30 +854,14 @@ __global__ void __launch_bounds__(NN_SUM_THREADS) tcgnn_cross_entropy(
         for (int c = 0; c < k; ++c)
             tc_put(grad + i * k + c, wi * (exp(nn_of(z[c]) - mx) / s - (c == y ? A(1) : A(0))));
     }
-    part[threadIdx.x] = mine;
-    __syncthreads();
-    for (int h = NN_SUM_THREADS / 2; h > 0; h >>= 1) {
-        if (threadIdx.x < h) part[threadIdx.x] += part[threadIdx.x + h];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) {
-        P[blockIdx.x] = part[0];
-        __threadfence();  // this block's partial is visible before its count
-        last = atomicAdd(done, 1u) == gridDim.x - 1;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    const A block = nn_tree_sum(mine, part);
+    if (threadIdx.x == 0) P[blockIdx.x] = block;
+    if (!nn_last_block(done, gridDim.x)) return;
     A s = A(0);
     for (long long b = threadIdx.x; b < gridDim.x; b += NN_SUM_THREADS) s += __ldcg(P + b);
-    part[threadIdx.x] = s;
-    __syncthreads();
-    for (int h = NN_SUM_THREADS / 2; h > 0; h >>= 1) {
-        if (threadIdx.x < h) part[threadIdx.x] += part[threadIdx.x + h];
-        __syncthreads();
-    }
+    const A sum = nn_tree_sum(s, part);
     if (threadIdx.x == 0) {
-        tc_put(total, part[0]);
+        tc_put(total, sum);
         done[0] = 0u;
     }
 }
@@ -958,13 +958,8 @@ __device__ __forceinline__ void nn_block_sum(const T* __restrict__ x, long long 
     __shared__ A part[NN_SUM_THREADS];
     A s = A(0);
     for (long long i = threadIdx.x; i < n; i += NN_SUM_THREADS) s += nn_of(x[i]);
-    part[threadIdx.x] = s;
-    __syncthreads();
-    for (int w = NN_SUM_THREADS / 2; w > 0; w >>= 1) {
-        if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) tc_put(out, part[0]);
+    s = nn_tree_sum(s, part);
+    if (threadIdx.x == 0) tc_put(out, s);
 }
 
 // The normalisation's vjp added to the attention's, a warp per row: with dn = dq + dk,
@@ -1162,6 +1157,8 @@ def slice_sum_threads(slices, threads=SLICE_SUM_THREADS):
     while t * 8 <= slices and t < threads:
         t *= 2
     return t
+
+
 #: An attention dropout seed's bits from a float64 draw.
 SEED_BITS = "tcgnn_seed_bits"
 #: A seed stream's next seed (:func:`tcgnn_py._reference.seed_stream`).

@@ -10,11 +10,12 @@ import numpy as np
 
 from .._cache import BOUND
 from .._device import get_cupy
-from ..kernels.launches import make
+from ..kernels.launches import Scratch, make
 from ..kernels.registry import get_kernel
 from ._launch import made, recycled
 
-__all__ = ["THREADS", "MAX_BLOCKS", "grid", "name", "function", "launch", "planned", "bound_once", "result", "results"]
+__all__ = ["THREADS", "MAX_BLOCKS", "grid", "name", "function", "launch", "planned", "bound_once", "scratch", "result",
+           "results"]
 
 #: Threads per block of the grid-stride kernels, and the most blocks (enough to fill any GPU; more only loop).
 THREADS = 256
@@ -41,6 +42,20 @@ def launch(name, grid, block, operands, **fixed):
     """The :class:`~tcgnn_py.kernels.launches.Launch` of the ``"nn"`` kernel ``name``: ``operands`` what a call
     passes, ``fixed`` every other parameter by name."""
     return make("nn", name, grid, block, operands, fixed)
+
+
+_SCRATCH = {}
+
+
+def scratch(kind, shape, dtype, zeros=False):
+    """A launch's partial sums or counters (``zeros``: made zero; each launch's last block resets what it counts) on
+    the current stream: the graph's own under a capture, else made at the stream's first call and kept (calls on a
+    stream run in order, so its launches share equal buffers)."""
+    cp = get_cupy()
+    stream = cp.cuda.get_current_stream()
+    if stream.is_capturing():
+        return (cp.zeros if zeros else cp.ndarray)(shape, dtype)
+    return Scratch(kind, tuple(shape), np.dtype(dtype), zeros).get(_SCRATCH, (cp.cuda.runtime.getDevice(), stream.ptr))
 
 
 def planned(key, build):

@@ -13,7 +13,7 @@ from ..._cache import BOUND, keep
 from ..._device import device_attributes, get_cupy
 from ...kernels import nn as kn
 from ...kernels.driver import resident_blocks
-from ...kernels.launches import Scratch, make
+from ...kernels.launches import make
 from ...kernels.registry import background_compiles, compile_in_background
 from .._launch import made, recycled, same_array
 from .. import _small as sk
@@ -217,8 +217,6 @@ DENSE_ATB_MIN_ROWS = 64
 DENSE_ATB_BLOCKS_PER_SM = 2
 
 
-_atb_scratch = {}
-
 
 @functools.lru_cache(maxsize=256)
 def _atb_signature(dt_a, dt_b, shape_a, shape_b, strides_a, strides_b):
@@ -262,17 +260,18 @@ def _atb_tile(p, q, device):
     return name, nt, (-(-p // bp), -(-q // bq)), most, rowless
 
 
-def _atb_bind(a, b, stream, capturing, rowless):
-    """``run(N, *operands, C)`` of :func:`dense_atb`'s launches, ``ceil(N / DENSE_ATB_MIN_ROWS)`` slices of the
-    long dimension (at most the tile's most; the rows split evenly among them, 32 at a time): for every N where
-    ``rowless`` (one cooperative launch, so a new batch's row count binds nothing), else for b's N (the slices
-    summed by a second launch, in the same order)."""
+def _atb_bind(a, b, rowless):
+    """``run(N, *operands, C)`` of :func:`dense_atb`'s launches: a narrow result's one launch
+    (:func:`_narrow_bind`), else ``ceil(N / DENSE_ATB_MIN_ROWS)`` slices of the long dimension (at most the tile's
+    most; the rows split evenly among them, 32 at a time): for every N where ``rowless`` (one cooperative launch,
+    so a new batch's row count binds nothing), else for b's N (the slices summed by a second launch, in the same
+    order).  Partial sums and counters are the stream's (the graph's own under a capture)."""
     _warm_dense()
     cp = get_cupy()
     N, q = b.shape
     p = 1 if a is None else a.shape[1]
     if p * q <= kn.NARROW_ATB_MAX:
-        return _narrow_bind(a, b, stream, capturing), p
+        return _narrow_bind(a, b), p
     name, nt, tiles_yz, most, _ = _atb_tile(p, q, cp.cuda.runtime.getDevice())
     vec = int(b.strides[0] % 16 == 0 and q % 4 == 0 and b.data.ptr % 16 == 0)
     lda = 0 if a is None else a.strides[0] // 4
@@ -280,14 +279,10 @@ def _atb_bind(a, b, stream, capturing, rowless):
     operands = ("A",) if a is not None else ()
     if a is None:
         fixed["A"] = None
-
-    def scratch(kind, shape, dtype, zeros=False):
-        return _atb_buffer(kind, shape, dtype, zeros, stream, capturing)
-
     fixed["chunk"] = 0  # (the kernel splits N evenly among the slices: both ways slice N alike)
     if rowless:  # (the blocks add the slices themselves, after a grid barrier)
-        fixed.update(P=scratch("atb", (most * p * q,), _F32),
-                     barrier=scratch("atb barrier", (2,), np.uint32, zeros=True))
+        fixed.update(P=sk.scratch("atb", (most * p * q,), _F32),
+                     barrier=sk.scratch("atb barrier", (2,), np.uint32, zeros=True))
         coop = make("nn", name, (most,) + tiles_yz, nt, operands + ("B", "C"), fixed, cooperative=True)
         return coop.bind(rows=("N", DENSE_ATB_MIN_ROWS, most)), p
     slices = min(most, max(1, -(-N // DENSE_ATB_MIN_ROWS)))
@@ -295,7 +290,7 @@ def _atb_bind(a, b, stream, capturing, rowless):
     if slices == 1:  # one slice: the sums go straight to the result (P)
         one = sk.launch(name, grid, nt, operands + ("B", "P"), C=None, barrier=None, **fixed).bind()
         return (lambda N, *arrays: one(*arrays)), p
-    fixed["P"] = partial = scratch("atb", (slices * p * q,), _F32)  # the slices' partial sums
+    fixed["P"] = partial = sk.scratch("atb", (slices * p * q,), _F32)  # the slices' partial sums
     first = sk.launch(name, grid, nt, operands + ("B",), C=None, barrier=None, **fixed).bind()
     total = _slice_sum(partial, slices, p * q)
 
@@ -306,20 +301,13 @@ def _atb_bind(a, b, stream, capturing, rowless):
     return two, p
 
 
-def _atb_buffer(kind, shape, dtype, zeros, stream, capturing):
-    """A launch's partial sums or counters: the graph's own under a capture, else kept per stream."""
-    if capturing:
-        return (get_cupy().zeros if zeros else get_cupy().ndarray)(shape, dtype)
-    return Scratch(kind, shape, dtype, zeros).get(_atb_scratch, stream)
-
-
 #: Blocks per SM of a narrow product (:data:`tcgnn_py.kernels.nn.NARROW_ATB_MAX` outputs or fewer), each of at
 #: least 8 rows per row group: with a block's thousand threads, loads enough in flight, and partials few enough for
 #: the last block to add in one pass.
 NARROW_BLOCKS_PER_SM = 1
 
 
-def _narrow_bind(a, b, stream, capturing):
+def _narrow_bind(a, b):
     """``run(N, [a,] b, C)``: ``tcgnn_narrow_atb`` for every N (one launch: its last block adds the blocks'
     partials)."""
     q = b.shape[1]
@@ -329,8 +317,7 @@ def _narrow_bind(a, b, stream, capturing):
         groups *= 2
     most = NARROW_BLOCKS_PER_SM * device_attributes()["MultiProcessorCount"]
     fixed = dict(N=b.shape[0], p=p, q=q, lda=0 if a is None else a.strides[0] // 4, ldb=b.strides[0] // 4,
-                 P=_atb_buffer("narrow", (most * p * q,), _F32, False, stream, capturing),
-                 done=_atb_buffer("narrow done", (1,), np.uint32, True, stream, capturing))
+                 P=sk.scratch("narrow", (most * p * q,), _F32), done=sk.scratch("narrow done", (1,), np.uint32, True))
     operands = ("B", "C") if a is None else ("A", "B", "C")
     if a is None:
         fixed["A"] = None
@@ -377,7 +364,7 @@ def dense_atb(a, b):
 def _atb_launches(cp, a, b):
     """``(run, p)`` of :func:`dense_atb` for operands of this signature on the current stream, ``run(N, *operands,
     C)`` its launch (or launches): kept, but under a capture, whose partial sums are the graph's own; one for every
-    N where one cooperative launch serves them all (:func:`_atb_tile`)."""
+    N where one launch serves them all (a narrow result's, or one cooperative launch: :func:`_atb_tile`)."""
     stream = cp.cuda.get_current_stream()
     ptr = stream.ptr
     device = cp.cuda.runtime.getDevice()
@@ -390,7 +377,7 @@ def _atb_launches(cp, a, b):
     hit = BOUND.get(key)
     if hit is None:
         capturing = stream.is_capturing()
-        hit = BOUND.put(key, _atb_bind(a, b, ptr, capturing, rowless), place, capturing)
+        hit = BOUND.put(key, _atb_bind(a, b, rowless), place, capturing)
     return hit
 
 

@@ -21,7 +21,7 @@ from .. import _small as sk
 __all__ = ["TAIL_TYPES", "ACTIVATIONS", "takes", "acc_dtype", "tail", "tail_grad", "cross_entropy", "index_weights",
            "add_bias", "add_bias_bound", "head_dots", "head_dots_bound", "head_dots_grad", "head_dots_grad_bound",
            "head_blocks_bound", "head_blocks", "seed_bits", "seed_bits_bound", "seed_stream", "draw",
-           "draw_bound", "STREAMS_KEEP", "LOSS_SCRATCH_KEEP", "total", "total_bound", "segment_sum", "csr_mm",
+           "draw_bound", "STREAMS_KEEP", "total", "total_bound", "segment_sum", "csr_mm",
            "row_normalize", "row_normalize_bound", "row_normalize_grad_bound", "row_normalize_grad"]
 
 _F32 = np.dtype(np.float32)
@@ -95,41 +95,20 @@ def cross_entropy(logits, labels, w, w0):
     """``(loss, dlogits)`` of the weighted softmax cross-entropy in one launch: ``loss`` the sum of the rows'
     losses (a 0-d array of logits' dtype, in one fixed order: the same bits on every run), ``labels`` int64 (n,),
     ``w`` one weight per row (of logits' dtype) or None for ``w0`` on every row; logits C-contiguous (n, k), k >= 1.
-    The blocks' partial sums and the count of finished blocks are the stream's (:func:`_loss_scratch`)."""
+    The blocks' partial sums and the count of finished blocks are the stream's (:func:`.._small.scratch`)."""
     cp = get_cupy()
     n, k = logits.shape
     loss = cp.ndarray((), logits.dtype)
     grad = cp.ndarray(logits.shape, logits.dtype)
     if n:
-        P, done = _loss_scratch(acc_dtype(logits.dtype))
+        P = sk.scratch("loss", (sk.MAX_BLOCKS,), acc_dtype(logits.dtype))
+        done = sk.scratch("loss done", (1,), np.uint32, zeros=True)
         _counted(("cross_entropy", logits.dtype, k, float(w0)), kn.cross_entropy_name, logits.dtype,
                  ("logits", "labels", "w", "total", "grad"), (logits, labels, w, loss, grad),
                  dict(w0=w0, n=n, k=k, P=P, done=done))
     else:
         loss.fill(0)
     return loss, grad
-
-
-#: Devices and streams whose loss partial sums are kept, oldest dropped.
-LOSS_SCRATCH_KEEP = 16
-_loss_buffers = {}
-
-
-def _loss_scratch(dtype):
-    """``(P, done)`` of :func:`cross_entropy` on the current stream: a partial sum per block (``dtype``, the most
-    blocks a grid-stride launch makes) and the count of finished blocks (zero; each launch's last block resets
-    it).  The graph's own under a capture, else kept per device, stream and dtype (calls on a stream run in
-    order)."""
-    cp = get_cupy()
-    stream = cp.cuda.get_current_stream()
-    if stream.is_capturing():
-        return cp.ndarray((sk.MAX_BLOCKS,), dtype), cp.zeros(1, np.uint32)
-    key = (cp.cuda.runtime.getDevice(), stream.ptr, dtype)
-    kept = _loss_buffers.get(key)
-    if kept is None:
-        kept = keep(_loss_buffers, key, (cp.ndarray((sk.MAX_BLOCKS,), dtype), cp.zeros(1, np.uint32)),
-                    LOSS_SCRATCH_KEEP)
-    return kept
 
 
 def index_weights(n, index, value, dtype):
