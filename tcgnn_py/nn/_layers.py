@@ -245,11 +245,16 @@ def gcn_conv(A, H, W, b=None, *, precision=None, dropout_p=0.0, rng=None):
     return out, functools.partial(general_vjp, E, grads, input_grad_option, inputs + (out, mid), len(inputs))
 
 
+def _drops_on_read(H, W):
+    """Whether ``H W`` can read ``dropout(H)`` itself: CuPy arrays that
+    :func:`tcgnn_py.products.dense.drop_takes` takes; else the dropout runs first."""
+    return is_cupy_array(H) and is_cupy_array(W) and dense.drop_takes(H, W)
+
+
 def _reads_dropped(H, W):
-    """Whether :func:`gcn_conv`'s product reads ``dropout(H)`` itself: CuPy arrays that run ``H W`` first (the
-    narrower side) and that :func:`tcgnn_py.products.dense.drop_takes` takes; else the dropout runs first."""
-    return (is_cupy_array(H) and is_cupy_array(W) and W.ndim == 2 and W.shape[1] <= W.shape[0]
-            and dense.drop_takes(H, W))
+    """Whether :func:`gcn_conv`'s product reads ``dropout(H)`` itself: it runs ``H W`` first (the narrower side)
+    and :func:`_drops_on_read`."""
+    return W.ndim == 2 and W.shape[1] <= W.shape[0] and _drops_on_read(H, W)
 
 
 def _layer_seed(rng):
@@ -390,19 +395,8 @@ def _add_bias_bound(x, b, keep=False):
     return add
 
 
-def _drop_mm(a, w, seed, p):
-    """``dropout(a) @ w``, the mask of ``seed`` at rate ``p``, read as the product reads ``a`` (operands
-    :func:`tcgnn_py.products.dense.drop_takes` takes: :func:`gcn_conv` runs it only for those)."""
-    return dense.drop_mm(a, w, seed, p)
-
-
 def _drop_mm_bound(a, w, seed, p, keep=False):
     return dense.drop_bound("mm", a, w, p, keep)
-
-
-def _drop_atb(a, g, seed, p):
-    """``dropout(a)ᵀ g`` (a dropped input's weight gradient), the mask recomputed from ``seed``."""
-    return dense.drop_atb(a, g, seed, p)
 
 
 def _drop_atb_bound(a, g, seed, p, keep=False):
@@ -427,8 +421,8 @@ SUMS = Op(column_sums, _sums_bound)  # the sums over rows
 ADD_BIAS = Op(add_bias, _add_bias_bound)  # x += b, in place
 SPMM = Op(_spmm, _spmm_bound)  # A X on an edge view E
 SPMM_T = Op(_spmm_t, _spmm_t_bound)  # Aᵀ X
-DROP_MM = Op(_drop_mm, _drop_mm_bound)  # dropout(a) @ w
-DROP_ATB = Op(_drop_atb, _drop_atb_bound)  # dropout(a)ᵀ g
+DROP_MM = Op(dense.drop_mm, _drop_mm_bound)  # dropout(a) @ w, the mask of (seed, p) applied as a is read
+DROP_ATB = Op(dense.drop_atb, _drop_atb_bound)  # dropout(a)ᵀ g, the mask recomputed
 DROP_GRAD = Op(_drop_grad, _drop_grad_bound)  # g * mask
 
 
@@ -453,7 +447,7 @@ def linear(H, W, b=None, *, dropout_p=0.0, rng=None):
     if b is not None:
         b = floats(b, "b")
         check_bias(b, W.shape[1])
-    if p and not (array_module(H) is array_module(W) is not np and dense.drop_takes(H, W)):
+    if p and not _drops_on_read(H, W):
         Hd, d_vjp = dropout(H, p, rng)
         return _through_dropout(*linear(Hd, W, b), d_vjp)
     if p:

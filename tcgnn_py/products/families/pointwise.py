@@ -101,14 +101,21 @@ def cross_entropy(logits, labels, w, w0):
     loss = cp.ndarray((), logits.dtype)
     grad = cp.ndarray(logits.shape, logits.dtype)
     if n:
-        P = sk.scratch("loss", (sk.MAX_BLOCKS,), acc_dtype(logits.dtype))
-        done = sk.scratch("loss done", (1,), np.uint32, zeros=True)
-        _counted(("cross_entropy", logits.dtype, k, float(w0)), kn.cross_entropy_name, logits.dtype,
-                 ("logits", "labels", "w", "total", "grad"), (logits, labels, w, loss, grad),
-                 dict(w0=w0, n=n, k=k, P=P, done=done))
+        given = (True, True, w is not None, True, True)
+        f = sk.bound_once(("cross_entropy", logits.dtype, k, float(w0), given), _loss_bind, logits.dtype, k,
+                          float(w0), given)
+        f(n, *(a for a in (logits, labels, w, loss, grad) if a is not None))
     else:
         loss.fill(0)
     return loss, grad
+
+
+def _loss_bind(dtype, k, w0, given):
+    """:func:`cross_entropy`'s launch, for every row count: its partial sums and count of finished blocks the
+    stream's, found here once (not per call)."""
+    fixed = dict(w0=w0, n=0, k=k, P=sk.scratch("loss", (sk.MAX_BLOCKS,), acc_dtype(dtype)),
+                 done=sk.scratch("loss done", (1,), np.uint32, zeros=True))
+    return _counted_bind(kn.cross_entropy_name, dtype, ("logits", "labels", "w", "total", "grad"), given, fixed, "n")
 
 
 def index_weights(n, index, value, dtype):
