@@ -218,8 +218,6 @@ def gcn_conv(A, H, W, b=None, *, precision=None, dropout_p=0.0, rng=None):
     [1.0, 1.0] None
     """
     p = dropout_rate(dropout_p)
-    if p and not _reads_dropped(H, W):
-        return _dropped_first(A, H, W, b, precision, p, rng)
     key = None
     if precision is None or type(precision) is str:
         key, call = bound.lookup(A, (H, W, b), ("gcn_conv", precision, p))
@@ -233,12 +231,13 @@ def gcn_conv(A, H, W, b=None, *, precision=None, dropout_p=0.0, rng=None):
         b = features_on(E, b, "b")
         check_bias(b, W.shape[1])
     narrow_first = W.shape[1] <= W.shape[0]
-    if p and not _reads_dropped(H, W):  # (H converted to a host graph's device)
+    first = bool(p) and not _reads_dropped(H, W)  # (the product does not read H dropped: the dropout runs first)
+    if first and not _seeded_dropout(H):
         return _dropped_first(A, H, W, b, precision, p, rng)
     seed = _layer_seed(rng) if p else None
     tape = general if key is None else Tape()
-    out, mid = _gcn(tape, E, narrow_first, H, W, b, seed, p)
-    grads = functools.partial(_gcn_grads, E, narrow_first, p)
+    out, mid = _gcn(tape, E, narrow_first, H, W, b, seed, p, first)
+    grads = functools.partial(_gcn_grads, E, narrow_first, p, first)
     inputs = (H, W, b, seed)
     if key is not None:
         bound.seen(A, key, lambda: bind(E, tape, inputs, (out, mid), grads, input_grad_option))
@@ -266,11 +265,16 @@ def _layer_seed(rng):
     return pointwise.draw(rng)
 
 
+def _seeded_dropout(H):
+    """Whether the dropout of ``H`` runs on the device from a seed (the training family's kernel for its dtype):
+    then a layer's tape holds it (:data:`DROPOUT`, its mask recomputed in the vjp), and a bound call replays it."""
+    return array_module(H) is not np and pointwise.takes(H.dtype)
+
+
 def _dropped_first(A, H, W, b, precision, p, rng):
-    """:func:`gcn_conv` of ``dropout(H)`` where the dropout runs first (on the host, or where the product does not
-    read H first): its vjp's ``dH`` through the dropout's.  H is on the graph's device first, where the dropout
-    draws its mask."""
-    Hd, d_vjp = dropout(features_on(edges_of(A, precision), H, "H"), p, rng)
+    """:func:`gcn_conv` of ``dropout(H)`` where the dropout runs first off the device's seeded kernel (on the host,
+    or a dtype it does not take): its vjp's ``dH`` through the dropout's."""
+    Hd, d_vjp = dropout(H, p, rng)  # (H on the graph's device: the caller's conversion)
     return _through_dropout(*gcn_conv(A, Hd, W, b, precision=precision), d_vjp)
 
 
@@ -284,29 +288,36 @@ def _through_dropout(out, vjp, d_vjp):
     return out, dropped_vjp
 
 
-def _gcn(t, E, narrow_first, H, W, b, seed=None, p=0.0):
+def _gcn(t, E, narrow_first, H, W, b, seed=None, p=0.0, first=False):
     """:func:`gcn_conv`'s forward on tape ``t`` (:mod:`._record`): ``(out, mid)``, ``mid = A H`` where the product
-    runs wide first (the vjp reads it), else None.  ``seed``: H dropped at rate ``p`` as the product reads it."""
+    runs wide first (the vjp reads it), ``dropout(H)`` where it runs narrow first on H dropped ``first``, else
+    None.  ``seed``: H dropped at rate ``p``, as the product reads it, or ``first`` by the dropout's kernel."""
+    if first:
+        H = t(DROPOUT, H, seed, p)
     if narrow_first:
-        out = t(SPMM, E, t(MM, H, W) if seed is None else t(DROP_MM, H, W, seed, p))
+        out = t(SPMM, E, t(MM, H, W) if seed is None or first else t(DROP_MM, H, W, seed, p))
         if b is not None:
             out = t(ADD_BIAS, out, b)
-        return out, None
+        return out, (H if first else None)
     mid = t(SPMM, E, H)
     return t(MM, mid, W, b), mid
 
 
-def _gcn_grads(E, narrow_first, p, t, H, W, b, seed, out, mid, g, input_grad=True):
-    """:func:`gcn_conv`'s vjp on tape ``t``: ``(dH, dW, db)``."""
+def _gcn_grads(E, narrow_first, p, first, t, H, W, b, seed, out, mid, g, input_grad=True):
+    """:func:`gcn_conv`'s vjp on tape ``t``: ``(dH, dW, db)``; ``dH`` through the dropout's mask where there is
+    one (``seed``)."""
     if narrow_first:
         dZ = t(SPMM_T, E, g)
-        dW = t(ATB, H, dZ) if seed is None else t(DROP_ATB, H, dZ, seed, p)
+        if first or seed is None:
+            dW = t(ATB, mid if first else H, dZ)
+        else:
+            dW = t(DROP_ATB, H, dZ, seed, p)
         dH = t(MM_T, dZ, W) if input_grad else None
-        if dH is not None and seed is not None:
-            dH = t(DROP_GRAD, dH, seed, p)
     else:
         dW = t(ATB, mid, g)
         dH = t(SPMM_T, E, t(MM_T, g, W)) if input_grad else None
+    if dH is not None and seed is not None:
+        dH = t(DROP_GRAD, dH, seed, p)
     return dH, dW, (t(SUMS, g) if b is not None else None)
 
 
@@ -413,6 +424,15 @@ def _drop_grad_bound(g, seed, p, keep=False):
     return lambda g, seed: _drop_grad(g, seed, p)
 
 
+def _dropout(h, seed, p):
+    """``dropout(h)`` by the mask of ``seed`` and the scale (:func:`dropout`'s kernel, the same mask)."""
+    return pointwise.tail(array_module(h).ascontiguousarray(h), None, None, p, seed)
+
+
+def _dropout_bound(h, seed, p, keep=False):
+    return lambda h, seed: _dropout(h, seed, p)
+
+
 #: The layers' primitives (:class:`._record.Op`): each general form beside its bound form.
 MM = Op(mm, _mm_op_bound)  # a @ b (+ bias)
 ATB = Op(_atb, atb_bound)  # aᵀ b
@@ -424,6 +444,7 @@ SPMM_T = Op(_spmm_t, _spmm_t_bound)  # Aᵀ X
 DROP_MM = Op(dense.drop_mm, _drop_mm_bound)  # dropout(a) @ w, the mask of (seed, p) applied as a is read
 DROP_ATB = Op(dense.drop_atb, _drop_atb_bound)  # dropout(a)ᵀ g, the mask recomputed
 DROP_GRAD = Op(_drop_grad, _drop_grad_bound)  # g * mask
+DROPOUT = Op(_dropout, _dropout_bound)  # h * mask, a new array
 
 
 def linear(H, W, b=None, *, dropout_p=0.0, rng=None):
