@@ -8,14 +8,14 @@ import functools
 
 import numpy as np
 
-from .._cache import BOUND
+from .._cache import BOUND, keep
 from .._device import get_cupy
 from ..kernels.launches import Scratch, make
 from ..kernels.registry import get_kernel
 from ._launch import made, recycled
 
-__all__ = ["THREADS", "MAX_BLOCKS", "grid", "name", "function", "launch", "planned", "bound_once", "scratch", "result",
-           "results"]
+__all__ = ["THREADS", "MAX_BLOCKS", "grid", "name", "function", "launch", "planned", "bound_once", "scratch",
+           "SCRATCH_KEEP", "result", "results"]
 
 #: Threads per block of the grid-stride kernels, and the most blocks (enough to fill any GPU; more only loop).
 THREADS = 256
@@ -45,6 +45,9 @@ def launch(name, grid, block, operands, **fixed):
 
 
 _SCRATCH = {}
+#: Buffers :func:`scratch` keeps (each kind and shape on each device and stream), oldest dropped: a bound launch
+#: holds the buffer it was bound with, so one dropped here is made anew only for launches bound after.
+SCRATCH_KEEP = 256
 
 
 def scratch(kind, shape, dtype, zeros=False):
@@ -55,7 +58,11 @@ def scratch(kind, shape, dtype, zeros=False):
     stream = cp.cuda.get_current_stream()
     if stream.is_capturing():
         return (cp.zeros if zeros else cp.ndarray)(shape, dtype)
-    return Scratch(kind, tuple(shape), np.dtype(dtype), zeros).get(_SCRATCH, (cp.cuda.runtime.getDevice(), stream.ptr))
+    buffer, place = Scratch(kind, tuple(shape), np.dtype(dtype), zeros), (cp.cuda.runtime.getDevice(), stream.ptr)
+    buf = _SCRATCH.get((buffer, place))
+    if buf is None:
+        buf = keep(_SCRATCH, (buffer, place), buffer.get({}, place), SCRATCH_KEEP)
+    return buf
 
 
 def planned(key, build):
