@@ -803,3 +803,22 @@ def test_the_epoch_table_tool_passes_its_jax_columns(flag, want, monkeypatch):
     runpy.run_path(str(pathlib.Path(__file__).resolve().parents[1] / "tools" / "gnn_epoch_table.py"),
                    run_name="__main__")
     assert asked == [want]
+
+
+def test_epoch_and_attention_tables_print_per_graph_as_measured(monkeypatch, capsys):
+    """Each graph's epoch and attention tables are printed once that graph is measured, before the next graph
+    runs: a run cut short by a time limit keeps what it printed."""
+    from tcgnn_py.bench import _attention
+    from tcgnn_py.bench.__main__ import main
+
+    monkeypatch.setenv("TCGNN_PY_DEVICE", "cpu")
+    monkeypatch.setattr(_attention, "ATTENTION_CASES", (("cosine", 1),))
+    assert main(["banded:64:2", "banded:48:2", "--device", "cpu", "--ops", "gcn,attention", "--epochs", "1",
+                 "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    epochs, attention = out.split("ms per training epoch")[1:], out.split("us per attention call")[1:]
+    assert len(epochs) == 2 and len(attention) == 2
+    # the first graph's tables come before anything of the second
+    first, second = out.split("banded:48:2", 1)
+    assert "ms per training epoch" in first and "us per attention call" in first
+    assert "| banded:64:2 |" not in second

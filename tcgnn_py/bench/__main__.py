@@ -231,20 +231,27 @@ def main(argv=None):
             graphs.append(g)
         if "reorder" in args.ops:
             reorders.append(bench_reorder(spec, args.pattern, "cuda" if gpu else "cpu"))
+        # (each table per graph as it is measured)
         if models:
-            gnn += bench_gnn(spec, models, args.epochs, device="cuda" if gpu else "cpu", extra=extra,
+            rows = bench_gnn(spec, models, args.epochs, device="cuda" if gpu else "cpu", extra=extra,
                              with_jax="jax" in args.ops)
+            print("\nms per training epoch\n" + gnn_markdown(rows))
+            gnn += rows
         if "attention" in args.ops:
-            attention += bench_attention(spec, args.repeat, "cuda" if gpu else "cpu", extra_attention)
+            rows = bench_attention(spec, args.repeat, "cuda" if gpu else "cpu", extra_attention)
+            print("\nus per attention call\n" + attention_markdown(rows))
+            attention += rows
         if "jax" in args.ops:
-            from ._jax_ops import bench_jax
+            from ._jax_ops import bench_jax, jax_markdown
 
-            jaxrows += bench_jax(spec, args.repeat, "cuda" if gpu else "cpu")
+            rows = bench_jax(spec, args.repeat, "cuda" if gpu else "cpu")
+            print("\ninside jax.jit (us per call)\n" + jax_markdown(rows))
+            jaxrows += rows
         if "sample" in args.ops:
             from ._sample import bench_sample, sample_markdown
 
             rows = bench_sample(spec, min(args.repeat, 5), "cuda" if gpu else "cpu", extra_sample)
-            print(sample_markdown(rows))  # (per graph as it is measured)
+            print(sample_markdown(rows))
             samplerows += rows
         if "classify" in args.ops:
             from ._classify import bench_classify, classify_markdown
@@ -253,20 +260,13 @@ def main(argv=None):
                 rows = bench_classify(spec, args.epochs, "cuda" if gpu else "cpu", extra_classify)
             except FileNotFoundError as e:
                 ap.error(f"--ops classify: {e}")
-            print(classify_markdown(rows))  # (per folder as it is measured)
+            print(classify_markdown(rows))
             classifyrows += rows
+        sys.stdout.flush()  # (a run cut short, or read through a pipe, keeps every graph measured)
     for line in summary(graphs, args.summary_min_nnz):
         print(line)
     if reorders:
         print_reorder(reorders)
-    if gnn:
-        print("\nms per training epoch\n" + gnn_markdown(gnn))
-    if attention:
-        print("\nus per attention call\n" + attention_markdown(attention))
-    if jaxrows:
-        from ._jax_ops import jax_markdown
-
-        print("\ninside jax.jit (us per call)\n" + jax_markdown(jaxrows))
     if args.json:
         pathlib.Path(args.json).write_text(
             json.dumps({"env": env, "graphs": graphs, "reorder": reorders, "gnn": gnn, "attention": attention,
