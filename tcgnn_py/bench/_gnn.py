@@ -143,15 +143,17 @@ def _cupy_sync():
     cupy.cuda.Device().synchronize()
 
 
-def time_epochs(step, sync, epochs=20, repeat=3, warmup=3):
+def time_epochs(step, sync, epochs=20, repeat=3, warmup=3, settled=True):
     """Median milliseconds per epoch over ``repeat`` batches of ``epochs`` back-to-back steps.
 
     Timed after the steps that settle its products' launches (:func:`tcgnn_py.bench.settle`: a loop of 200 epochs
-    runs the launches its timed choices keep from its 66th), and ``warmup`` steps more.
+    runs the launches its timed choices keep from its 66th; ``settled`` False skips them, for the host's reference
+    path, which has no launches to settle), and ``warmup`` steps more.
     """
     from ._timing import settle
 
-    settle(step, sync)
+    if settled:
+        settle(step, sync)
     for _ in range(warmup):
         step()
     sync()
@@ -246,11 +248,11 @@ def bench_gnn(spec, models=MODELS, epochs=20, repeat=3, device=None, extra=None,
         for impl, (sparse, graph) in impls.items():
             step = train_step(problem, model, sparse, "cuda" if gpu else "cpu", cuda_graph=graph)
             if step is not None:
-                times[impl] = time_epochs(step, sync, epochs, repeat)
+                times[impl] = time_epochs(step, sync, epochs, repeat, settled=gpu)
         for impl, build in (extra or {}).items():
             built = build(problem, model)
             if built is not None:  # None: that implementation has no such model
-                times[impl] = time_epochs(*built, epochs, repeat)
+                times[impl] = time_epochs(*built, epochs, repeat, settled=gpu)
         for impl, ms in times.items():
             rows.append({"graph": problem["name"], "model": model, "impl": impl, "ms": ms,
                          "nodes": A.shape[0], "nnz": int(A.nnz), "in_features": problem["X"].shape[1],
