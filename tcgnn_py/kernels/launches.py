@@ -38,11 +38,15 @@ class Scratch(NamedTuple):
     dtype: object
     zeros: bool = False  # counters start at zero (each call resets the ones it uses)
 
+    def new(self):
+        """A new buffer of this kind on the current device (zeroed where it counts)."""
+        return (zeros if self.zeros else get_cupy().empty)(self.shape, self.dtype)
+
     def get(self, store, stream):
         """This buffer on ``stream`` (a stream pointer), from ``store``."""
         buf = store.get((self, stream))
         if buf is None:
-            buf = store[self, stream] = (zeros if self.zeros else get_cupy().empty)(self.shape, self.dtype)
+            buf = store[self, stream] = self.new()
         return buf
 
 

@@ -61,7 +61,7 @@ def scratch(kind, shape, dtype, zeros=False):
     buffer, place = Scratch(kind, tuple(shape), np.dtype(dtype), zeros), (cp.cuda.runtime.getDevice(), stream.ptr)
     buf = _SCRATCH.get((buffer, place))
     if buf is None:
-        buf = keep(_SCRATCH, (buffer, place), buffer.get({}, place), SCRATCH_KEEP)
+        buf = keep(_SCRATCH, (buffer, place), buffer.new(), SCRATCH_KEEP)
     return buf
 
 
