@@ -48,6 +48,16 @@ def test_tool_help(tool):
     assert "usage:" in r.stdout
 
 
+def test_memcheck_jax_runs_on_jaxs_cpu_backend():
+    """tools/memcheck_jax.py's workload whole on JAX's CPU backend (the reference path): its exact comparisons
+    and its jitted training steps, as compute-sanitizer runs it on the GPU."""
+    pytest.importorskip("jax", reason="tcgnn_py.jax needs JAX")
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "memcheck_jax.py"), "--n", "300", "--steps", "3"],
+                       capture_output=True, text=True, timeout=300, env=dict(_env(), JAX_PLATFORMS="cpu"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "products, sddmm, vmap exact" in r.stdout and "3 jitted training steps" in r.stdout
+
+
 MPIEXEC = shutil.which("mpiexec") or shutil.which("mpirun")
 
 
