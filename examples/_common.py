@@ -94,10 +94,12 @@ def jax_setup(args, name):
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 
-def jax_train(name, g, forward, params, *, lr, decayed, epochs, min_acc, seed=0):
-    """Train ``forward(params, key) -> logits`` (``key`` None: no dropout) on Cora's split with one jitted step --
+def jax_train(name, g, forward, params, X, *, lr, decayed, epochs, min_acc, seed=0):
+    """Train ``forward(params, X, key) -> logits`` (``key`` None: no dropout) on Cora's split with one jitted step --
     the loss's gradient with L2 decay on the ``decayed`` parameters (as PyTorch's Adam) and Adam -- keep the
-    epoch of best validation accuracy, report as the other examples, and fail below ``min_acc``."""
+    epoch of best validation accuracy, report as the other examples, and fail below ``min_acc``.  The features
+    ``X`` are an argument of the jitted functions, not a constant they close over: XLA would compile a closed-over
+    array into the program (seconds for a large one)."""
     import time
 
     import jax
@@ -107,13 +109,13 @@ def jax_train(name, g, forward, params, *, lr, decayed, epochs, min_acc, seed=0)
     labels = jnp.asarray(g.labels)
     train, val, test = (jnp.asarray(i) for i in (g.train_idx, g.val_idx, g.test_idx))
 
-    def loss(params, key):
-        logp = jax.nn.log_softmax(forward(params, key)[train])
+    def loss(params, X, key):
+        logp = jax.nn.log_softmax(forward(params, X, key)[train])
         return -jnp.take_along_axis(logp, labels[train][:, None], axis=1).mean()
 
     @jax.jit
-    def step(params, m, v, t, key):
-        value, grads = jax.value_and_grad(loss)(params, key)
+    def step(params, m, v, t, X, key):
+        value, grads = jax.value_and_grad(loss)(params, X, key)
         grads = {k: grads[k] + (5e-4 * params[k] if k in decayed else 0) for k in grads}
         t = t + 1
         m = {k: 0.9 * m[k] + 0.1 * grads[k] for k in grads}
@@ -123,8 +125,8 @@ def jax_train(name, g, forward, params, *, lr, decayed, epochs, min_acc, seed=0)
         return params, m, v, t, value
 
     @jax.jit
-    def accuracies(params):
-        pred = forward(params, None).argmax(axis=1)
+    def accuracies(params, X):
+        pred = forward(params, X, None).argmax(axis=1)
         return tuple((pred[i] == labels[i]).mean() for i in (val, test))
 
     m = {k: jnp.zeros_like(p) for k, p in params.items()}
@@ -134,10 +136,10 @@ def jax_train(name, g, forward, params, *, lr, decayed, epochs, min_acc, seed=0)
     for epoch in range(epochs):
         key, sub = jax.random.split(key)
         start = time.perf_counter()
-        params, m, v, t, value = step(params, m, v, t, sub)
+        params, m, v, t, value = step(params, m, v, t, X, sub)
         value.block_until_ready()
         times.append(time.perf_counter() - start)
-        val_acc, test_acc = (float(a) for a in accuracies(params))
+        val_acc, test_acc = (float(a) for a in accuracies(params, X))
         if val_acc > best[0]:
             best = (val_acc, test_acc, epoch)
     gpu = jax.default_backend() == "gpu"

@@ -34,7 +34,7 @@ def dropout(key, h):
     return jnp.where(jax.random.bernoulli(key, 1 - P, h.shape), h / (1 - P), 0)
 
 
-def forward(params, key):
+def forward(params, X, key):
     keys = [None] * 4 if key is None else list(jax.random.split(key, 4))
     att = dict(dropout=0.0 if key is None else P)
     h = X if key is None else dropout(keys[0], X)
@@ -46,5 +46,5 @@ def forward(params, key):
                         **att)
 
 
-jax_train("GAT", g, forward, params, lr=0.005, decayed=set(params), epochs=args.epochs,
+jax_train("GAT", g, forward, params, X, lr=0.005, decayed=set(params), epochs=args.epochs,
           min_acc=args.min_accuracy, seed=args.seed)

@@ -732,10 +732,10 @@ def test_the_jax_models_aggregate_alike_by_segment_sum_bcoo_and_this_library(mod
     T = (nn.gcn_norm if model == "gcn" else nn.add_self_loops)(problem["adj"], device="cpu")
     X = jnp.asarray(problem["X"])
     with jax.default_matmul_precision("highest"):
-        graph, _, _, _ = _jax_models.aggregations(problem["adj"], model, "segment_sum")
+        graph, _, _, _, _ = _jax_models.aggregations(problem["adj"], model, "segment_sum")
         want = _jax_models.forward(model, params, graph, X)
         for aggregation in ("bcoo", "tcgnn"):
-            graph, product, cosines, attend = _jax_models.aggregations(problem["adj"], model, aggregation, T)
+            graph, product, cosines, attend, _ = _jax_models.aggregations(problem["adj"], model, aggregation, T)
             for fused in (None, attend) if attend else (None,):  # (the library's products, or its fused attention)
                 got = _jax_models.forward(model, params, graph, X, product=product, cosines=cosines,
                                           rows_sorted=aggregation != "tcgnn", attend=fused)

@@ -744,3 +744,108 @@ def test_the_attention_backwards_working_array_is_an_xla_buffer():
     text = jax.jit(jax.grad(loss)).lower(V).as_text()
     calls = [line for line in text.splitlines() if "tcgnn_py_attention_bwd" in line]
     assert calls and all(f"tensor<{T.nnz * heads}x2xf32>" in line for line in calls), calls
+
+
+def _nn_keep(i, seed, p):
+    """The kernels' ``nn_keep`` of index ``i`` and a two-word seed, in Python integers (the mask's definition)."""
+    mix = ((int(seed[0]) ^ int(seed[1])) * 0x9E3779B9) & 0xFFFFFFFF
+    x = (i ^ ((i >> 32) * 0x27D4EB2F & 0xFFFFFFFF) ^ mix) & 0xFFFFFFFF
+    x ^= x >> 16
+    x = (x * 0x85EBCA6B) & 0xFFFFFFFF
+    x ^= x >> 13
+    x = (x * 0xC2B2AE35) & 0xFFFFFFFF
+    x ^= x >> 16
+    return np.float32(x >> 8) * np.float32(2.0 ** -24) >= np.float32(p)
+
+
+def test_dropout_is_the_kernels_mask_of_a_seed_from_the_key():
+    """tgj.dropout keeps element i where the kernels' hash of (i, seed) passes the rate, the seed two words from
+    the key; kept values scaled by 1 / (1 - p) (16-bit values in float32), the same mask on the gradient."""
+    key = jax.random.key(3)
+    seed = np.asarray(jax.random.bits(key, (2,), jnp.uint32))
+    x = jnp.asarray(ints(np.random.default_rng(0), 40, 30))
+    y = np.asarray(jax.jit(lambda x: tgj.dropout(x, 0.25, key))(x))
+    keep = np.array([_nn_keep(i, seed, 0.25) for i in range(x.size)]).reshape(x.shape)
+    np.testing.assert_array_equal(y, np.where(keep, np.asarray(x) * np.float32(1 / 0.75), 0))
+    assert 0.65 < keep.mean() < 0.85
+    g = jnp.asarray(ints(np.random.default_rng(1), 40, 30))
+    dx = jax.vjp(lambda x: tgj.dropout(x, 0.25, key), x)[1](g)[0]
+    np.testing.assert_array_equal(np.asarray(dx), np.where(keep, np.asarray(g) * np.float32(1 / 0.75), 0))
+    h = tgj.dropout(x.astype(jnp.float16), 0.5, key)
+    assert h.dtype == jnp.float16 and set(np.unique(np.asarray(h) / np.where(x == 0, 1, x))) <= {0.0, 2.0}
+    assert tgj.dropout(x, 0.0, None) is x
+    with pytest.raises(ValueError, match=r"dropout: rate must be a float in \[0, 1\)"):
+        tgj.dropout(x, 1.0, key)
+    with pytest.raises(ValueError, match="dropout needs key"):
+        tgj.dropout(x, 0.5, None)
+
+
+def test_linear_is_the_dropped_input_times_the_weight_with_its_gradients():
+    """tgj.linear: dropout(H) @ W + b by tgj.dropout's mask for the same key, exact on integers, and its vjp in H, W
+    and b (as jnp's of that formula); the operands checked by name."""
+    rng = np.random.default_rng(2)
+    key = jax.random.key(4)
+    H, W, b = (jnp.asarray(ints(rng, *s)) for s in ((50, 200), (200, 8), (8,)))
+    g = jnp.asarray(ints(rng, 50, 8))
+
+    def formula(H, W, b):
+        return jnp.matmul(tgj.dropout(H, 0.5, key), W, precision="highest") + b
+
+    f = jax.jit(lambda H, W, b: tgj.linear(H, W, b, dropout=0.5, key=key, precision="highest"))
+    np.testing.assert_array_equal(np.asarray(f(H, W, b)), np.asarray(formula(H, W, b)))
+    got = jax.vjp(lambda *a: tgj.linear(*a, dropout=0.5, key=key, precision="highest"), H, W, b)[1](g)
+    for a, w in zip(got, jax.vjp(formula, H, W, b)[1](g)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(w))
+    np.testing.assert_array_equal(np.asarray(tgj.linear(H, W, precision="highest")),
+                                  np.asarray(jnp.matmul(H, W, precision="highest")))
+    with pytest.raises(ValueError, match=r"linear: H \(n, k\) and W \(k, m\) must be 2-D and agree"):
+        tgj.linear(H, W.T)
+    with pytest.raises(ValueError, match=r"linear: b must have shape \(8,\)"):
+        tgj.linear(H, W, b[:3])
+    with pytest.raises(ValueError, match=r"linear: dropout: rate must be a float in \[0, 1\)"):
+        tgj.linear(H, W, dropout=-0.1, key=key)
+
+
+def test_gcn_conv_drops_its_input_as_linear():
+    """tgj.gcn_conv(dropout=, key=): the layer of tgj.dropout(H) (either order of its products)."""
+    rng = np.random.default_rng(8)
+    A, T = _matrix(rng, 30, 30)
+    key = jax.random.key(1)
+    for f_in, f_out in ((8, 3), (3, 8)):
+        H, W = jnp.asarray(ints(rng, 30, f_in)), jnp.asarray(ints(rng, f_in, f_out))
+        with jax.default_matmul_precision("highest"):
+            got = tgj.gcn_conv(T, H, W, dropout=0.5, key=key)
+            want = tgj.gcn_conv(T, tgj.dropout(H, 0.5, key), W)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="the dropped product's kernels need CuPy and a GPU")
+def test_linear_on_the_gpu_reads_its_input_dropped_in_the_librarys_kernel():
+    """On JAX's GPU backend a wide float32 input runs the library's dropped product (FFI) and its weight
+    gradient: exact on integers against tgj.dropout's formula; the mask is the library's dropout kernel's for the
+    same seed words; the input's gradient by the same mask."""
+    if jax.default_backend() != "gpu":
+        pytest.skip("JAX has no GPU backend here")
+    import cupy as cp
+
+    from tcgnn_py.products import pointwise
+
+    rng = np.random.default_rng(9)
+    key = jax.random.key(6)
+    seed = jax.random.bits(key, (2,), jnp.uint32)
+    ones = cp.ones((301, 200), np.float32)
+    theirs = pointwise.tail(ones, None, None, 0.5, cp.asarray(np.asarray(seed)))
+    np.testing.assert_array_equal(np.asarray(tgj.dropout(jnp.ones((301, 200)), 0.5, key)), theirs.get())
+    for n, k, m in ((301, 200, 16), (1000, 4714, 64), (7, 129, 3)):
+        H, W = jnp.asarray(ints(rng, n, k)), jnp.asarray(ints(rng, k, m))
+        g = jnp.asarray(ints(rng, n, m))
+        f = jax.jit(lambda H, W: tgj.linear(H, W, dropout=0.5, key=key))
+        assert "tcgnn_py_drop_mm" in f.lower(H, W).as_text()
+        Hd = np.asarray(tgj.dropout(H, 0.5, key), np.float64)
+        for _ in range(2):  # (planned, then bound)
+            np.testing.assert_array_equal(np.asarray(f(H, W)), Hd @ np.asarray(W, np.float64))
+        dH, dW = jax.jit(lambda H, W, g: jax.vjp(f, H, W)[1](g))(H, W, g)
+        np.testing.assert_array_equal(np.asarray(dW), Hd.T @ np.asarray(g, np.float64))
+        mask = np.asarray(tgj.dropout(jnp.ones((n, k)), 0.5, key), np.float64)
+        np.testing.assert_array_equal(np.asarray(dH), mask * (np.asarray(g, np.float64) @ np.asarray(W, np.float64).T))

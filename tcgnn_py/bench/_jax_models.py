@@ -74,17 +74,20 @@ def _softmax_rows(scores, rows, weights, n, rows_sorted=True):
     return ex / total[rows]
 
 
-def forward(model, params, graph, X, key=None, p=0.0, product=None, cosines=None, rows_sorted=True, attend=None):
+def forward(model, params, graph, X, key=None, p=0.0, product=None, cosines=None, rows_sorted=True, attend=None,
+            linear=None):
     """The logits of ``model`` (``params`` a dict of JAX arrays; ``graph`` :func:`graph_arrays` as JAX arrays)
     on features ``X``; dropout of rate ``p`` drawn from ``key`` (none where ``key`` is None).
 
     ``product(w, h)``: the aggregation ``sum_e w_e h_col(e)`` over each row's entries another way than
     ``segment_sum`` (:data:`AGGREGATIONS`; ``w`` the graph's ``weights`` or the attention, ``(nnz,)`` or
-    ``(nnz, heads)`` for ``h`` of ``heads`` blocks of columns); ``cosines(hn)``: AGNN's ``<hn_row, hn_col>`` per
-    entry another way than gathers; ``rows_sorted``: whether the graph's entries are in row order (CSR's; a
-    tiled matrix's stored order is not); ``attend(V, heads, score, operands, p, key)``: AGNN's and GAT's whole
-    attention (scores, softmax over each row's entries, dropout of rate ``p`` on it, aggregation) in one
-    operation (this library's fused one), in place of those steps."""
+    ``(nnz, heads)`` for ``h`` of ``heads`` blocks of columns, or None for a matrix's own values);
+    ``cosines(hn)``: AGNN's ``<hn_row, hn_col>`` per entry another way than gathers; ``rows_sorted``: whether
+    the graph's entries are in row order (CSR's; a tiled matrix's stored order is not); ``attend(V, heads, score,
+    operands, p, key)``: AGNN's and GAT's whole attention (scores, softmax over each row's entries, dropout of rate
+    ``p`` on it, aggregation) in one operation (this library's fused one), in place of those steps;
+    ``linear(x, W, p, key)``: ``dropout(x) @ W`` in one operation (this library's, which reads x dropped), in place
+    of a dropout and a product."""
     jax = _jax()
     jnp = jax.numpy
     rows, cols, weights, n = graph
@@ -94,6 +97,11 @@ def forward(model, params, graph, X, key=None, p=0.0, product=None, cosines=None
         if keys is None or not p:
             return x
         return jnp.where(jax.random.bernoulli(next(keys), 1 - p, x.shape), x / (1 - p), 0)
+
+    def lin(x, W):  # dropout(x) @ W
+        if linear is None or keys is None or not p:
+            return drop(x) @ W
+        return linear(x, W, p, next(keys))
 
     def segments(w, h):  # sum over each row's entries of w_e h_col (w: (nnz,) or (nnz, heads))
         msg = (w[:, :, None] * h[cols].reshape(cols.shape[0], w.shape[1], -1)).reshape(cols.shape[0], -1) \
@@ -106,10 +114,10 @@ def forward(model, params, graph, X, key=None, p=0.0, product=None, cosines=None
             return jnp.sum(hn[rows] * hn[cols], axis=1)
 
     if model == "gcn":
-        h = jax.nn.relu(aggregate(weights, drop(X) @ params["W0"]) + params["b0"])
-        return aggregate(weights, drop(h) @ params["W1"]) + params["b1"]
+        h = jax.nn.relu(aggregate(weights, lin(X, params["W0"])) + params["b0"])
+        return aggregate(weights, lin(h, params["W1"])) + params["b1"]
     if model == "agnn":
-        h = jax.nn.relu(drop(X) @ params["W_in"] + params["b_in"])
+        h = jax.nn.relu(lin(X, params["W_in"]) + params["b_in"])
         betas = [jnp.ones(1, h.dtype)] + [params[f"beta{k}"] for k in range(1, 1 + sum(k.startswith("beta")
                                                                                     for k in params))]
         for beta in betas:
@@ -119,10 +127,10 @@ def forward(model, params, graph, X, key=None, p=0.0, product=None, cosines=None
                 continue
             cos = cosines(hn)[:, None]
             h = aggregate(_softmax_rows(beta * cos, rows, weights, n, rows_sorted)[:, 0], h)
-        return drop(h) @ params["W_out"] + params["b_out"]
+        return lin(h, params["W_out"]) + params["b_out"]
 
-    def gat(h, W, a_src, a_dst, heads):
-        wh = (h @ W).reshape(n, heads, -1)
+    def gat(hW, a_src, a_dst, heads):  # (hW: the layer's input times its weight)
+        wh = hW.reshape(n, heads, -1)
         s_src, s_dst = jnp.sum(wh * a_src, axis=2), jnp.sum(wh * a_dst, axis=2)  # (n, heads)
         if attend is not None:
             dropping = keys is not None and p
@@ -132,38 +140,42 @@ def forward(model, params, graph, X, key=None, p=0.0, product=None, cosines=None
         return aggregate(att, wh.reshape(n, -1))
 
     heads = params["a_src1"].shape[0]
-    h = jax.nn.elu(gat(drop(X), params["W1"], params["a_src1"], params["a_dst1"], heads) + params["b1"])
-    return gat(drop(h), params["W2"], params["a_src2"], params["a_dst2"], 1) + params["b2"]
+    h = jax.nn.elu(gat(lin(X, params["W1"]), params["a_src1"], params["a_dst1"], heads) + params["b1"])
+    return gat(lin(h, params["W2"]), params["a_src2"], params["a_dst2"], 1) + params["b2"]
 
 
 def aggregations(adj, model, aggregation, T=None):
-    """``(graph, product, cosines, attend)`` for :func:`forward`: the graph's arrays (JAX arrays; in ``T``'s stored
-    order for this library's products, ``T`` the model's matrix as :mod:`tcgnn_py.nn` makes it) and the
-    aggregation's functions (None: segment operations; ``attend``: this library's fused attention)."""
+    """``(graph, product, cosines, attend, linear)`` for :func:`forward`: the graph's arrays (JAX arrays; in
+    ``T``'s stored order for this library's products, ``T`` the model's matrix as :mod:`tcgnn_py.nn` makes it) and
+    the aggregation's functions (None: segment operations, JAX's dropout and GEMM; ``attend``: this library's
+    fused attention; ``linear``: its dropped product)."""
     jax = _jax()
     jnp = jax.numpy
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
     if aggregation == "tcgnn":
-        from ..jax import entries, graph_attention, sddmm, spmm
+        from ..jax import entries, graph_attention, linear, sddmm, spmm
 
         rows, cols = entries(T)
         weights = np.asarray(T.values if T.device == "cpu" else T.values.get(), np.float32)
         graph = (jnp.asarray(rows), jnp.asarray(cols), jnp.asarray(weights), T.shape[0])
 
         def product(w, h):
-            if w is graph[2]:
+            if w is None:
                 return spmm(T, h)  # (its own values: the bound product)
             return _per_head(jnp, w, h, lambda wk, hk: spmm(T, hk, values=wk))
 
         def attend(V, heads, score, operands, p, key):
             return graph_attention(T, V, heads=heads, score=score, dropout=p, key=key, **operands)
 
-        return graph, product, lambda hn: sddmm(T, hn), attend
+        def dropped(x, W, p, key):
+            return linear(x, W, dropout=p, key=key)
+
+        return graph, product, lambda hn: sddmm(T, hn), attend, dropped
     rows, cols, weights, n = graph_arrays(adj, model)
     graph = (jnp.asarray(rows), jnp.asarray(cols), jnp.asarray(weights), n)
     if aggregation == "segment_sum":
-        return graph, None, None, None
+        return graph, None, None, None, None
     from jax.experimental import sparse
 
     index = jnp.stack([graph[0], graph[1]], axis=1)
@@ -171,7 +183,7 @@ def aggregations(adj, model, aggregation, T=None):
     def product(w, h):
         return _per_head(jnp, w, h, lambda wk, hk: sparse.BCOO((wk, index), shape=(n, n), indices_sorted=True) @ hk)
 
-    return graph, product, None, None
+    return graph, product, None, None, None
 
 
 def _per_head(jnp, w, h, aggregate):
@@ -199,7 +211,7 @@ def build(problem, model, hidden=16, gat=(8, 8), aggregation="segment_sum"):
 
         # (on the GPU where the harness runs there, as the other columns)
         T = (nn.gcn_norm if model == "gcn" else nn.add_self_loops)(problem["adj"])
-    graph, product, cosines, attend = aggregations(problem["adj"], model, aggregation, T)
+    graph, product, cosines, attend, linear = aggregations(problem["adj"], model, aggregation, T)
     import optax
 
     c = problem["n_classes"]
@@ -213,21 +225,28 @@ def build(problem, model, hidden=16, gat=(8, 8), aggregation="segment_sum"):
     mask = None if decayed is None else {k: k in decayed for k in params}
     tx = optax.chain(optax.add_decayed_weights(5e-4, mask), optax.adam(lr))  # L2 in the gradient, as nn.Adam
 
-    def loss(params, key):
-        logits = forward(model, params, graph, X, key, p, product, cosines, aggregation != "tcgnn", attend)
+    # The features, labels and the graph's arrays are arguments of the step, not constants it closes over: XLA
+    # compiles a closed-over array into the program (tens of seconds for facebook_pagepage's dense features).
+    # (this library's products: weights None, the matrix's own values, so its GCN aggregations are the bound product)
+    data = (X, labels, idx, graph[:3] if aggregation != "tcgnn" else (*graph[:2], None))
+
+    def loss(params, key, data):
+        X, labels, idx, arrays = data
+        logits = forward(model, params, (*arrays, graph[3]), X, key, p, product, cosines, aggregation != "tcgnn",
+                         attend, linear)
         return optax.softmax_cross_entropy_with_integer_labels(logits[idx], labels[idx]).mean()
 
     @jax.jit
-    def step(params, state, key):
+    def step(params, state, key, data):
         key, sub = jax.random.split(key)
-        grads = jax.grad(loss)(params, sub)
+        grads = jax.grad(loss)(params, sub, data)
         updates, state = tx.update(grads, state, params)
         return optax.apply_updates(params, updates), state, key
 
     carry = [params, tx.init(params), jax.random.key(0)]
 
     def run():
-        carry[:] = step(*carry)
+        carry[:] = step(*carry, data)
 
-    run.loss = lambda: float(loss(carry[0], None))  # the training loss without dropout, for checks
+    run.loss = lambda: float(loss(carry[0], None, data))  # the training loss without dropout, for checks
     return run, lambda: jax.block_until_ready(carry)

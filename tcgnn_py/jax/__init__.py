@@ -9,6 +9,8 @@ the program refers to it by a key in :mod:`._matrices`, which keeps it alive unt
 * :func:`sddmm` -- ``<a_i, b_j>`` for every stored ``(i, j)``, in T's stored order (:func:`entries`);
 * :func:`graph_attention` -- the fused graph attention of :func:`tcgnn_py.nn.graph_attention` (additive or
   cosine scores, forward and backward kernels) where it reaches, else the same as matrix operations;
+* :func:`dropout` -- the library's dropout mask (a hash of each element's index and a seed from a JAX key);
+  :func:`linear` -- ``dropout(H) @ W (+ b)``, on the GPU the library's product that reads ``H`` dropped;
 * :func:`gcn_conv` -- a GCN layer whose dense parts are ``jnp`` (XLA's own GEMMs) and whose aggregation is
   :func:`spmm`; :func:`agnn_conv` and :func:`gat_conv` -- the attention layers, their scores' operands in
   ``jnp`` and the attention by :func:`graph_attention`.
@@ -21,10 +23,12 @@ CuPy pool has room for its plans.  XLA may record the products into its command 
 """
 
 from ._attention import ATTENTION_BWD_TARGET, ATTENTION_TARGET, graph_attention
+from ._dense import DROP_ATB_TARGET, DROP_MM_TARGET, dropout, linear
 from ._ffi import recorded_nbytes
 from ._layers import agnn_conv, gat_conv, gcn_conv
 from ._matrices import registered, release
 from ._ops import SDDMM_TARGET, SPMM_TARGET, entries, sddmm, spmm
 
-__all__ = ["spmm", "sddmm", "entries", "graph_attention", "gcn_conv", "agnn_conv", "gat_conv", "release", "registered",
-           "recorded_nbytes", "SPMM_TARGET", "SDDMM_TARGET", "ATTENTION_TARGET", "ATTENTION_BWD_TARGET"]
+__all__ = ["spmm", "sddmm", "entries", "graph_attention", "dropout", "linear", "gcn_conv", "agnn_conv", "gat_conv",
+           "release", "registered", "recorded_nbytes", "SPMM_TARGET", "SDDMM_TARGET", "ATTENTION_TARGET",
+           "ATTENTION_BWD_TARGET", "DROP_MM_TARGET", "DROP_ATB_TARGET"]

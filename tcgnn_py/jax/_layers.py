@@ -9,6 +9,7 @@ JAX's default matmul precision where they are traced (:func:`._ops.spmm`), as th
 import jax.numpy as jnp
 
 from ._attention import graph_attention
+from ._dense import dropout as dropped, linear
 from ._ops import spmm
 
 __all__ = ["gcn_conv", "agnn_conv", "gat_conv"]
@@ -17,12 +18,14 @@ __all__ = ["gcn_conv", "agnn_conv", "gat_conv"]
 NORM_EPS = 1e-12
 
 
-def gcn_conv(T, H, W, b=None):
+def gcn_conv(T, H, W, b=None, *, dropout=0.0, key=None):
     """A GCN layer (Kipf & Welling 2017) in JAX: ``T @ (H @ W) + b``, or ``(T @ H) @ W + b`` where W widens the
     features (the product then runs on the narrower side).
 
     ``T`` is the normalised adjacency (:func:`tcgnn_py.nn.gcn_norm`), static as in :func:`spmm`; ``H @ W`` is
-    ``jnp`` (XLA's GEMM, fused as XLA likes); ``jax.grad`` differentiates through every part.
+    ``jnp`` (XLA's GEMM, fused as XLA likes); ``jax.grad`` differentiates through every part.  ``dropout``: the
+    layer's input dropped first at that rate (drawn from ``key``), as :func:`tcgnn_py.nn.gcn_conv`'s
+    ``dropout_p``: by :func:`linear`, which on the GPU reads a wide float32 ``H`` dropped in the product.
 
     Examples
     --------
@@ -35,7 +38,10 @@ def gcn_conv(T, H, W, b=None):
     H, W = jnp.asarray(H), jnp.asarray(W)
     if H.ndim != 2 or W.ndim != 2 or H.shape[1] != W.shape[0]:
         raise ValueError(f"gcn_conv: H {H.shape} and W {W.shape} do not multiply (H must be (n, f), W (f, d))")
-    out = spmm(T, H @ W) if W.shape[1] <= W.shape[0] else spmm(T, H) @ W
+    if W.shape[1] <= W.shape[0]:
+        out = spmm(T, linear(H, W, dropout=dropout, key=key))
+    else:
+        out = spmm(T, dropped(H, dropout, key)) @ W
     return out if b is None else out + jnp.asarray(b)
 
 

@@ -517,28 +517,36 @@ def _drop_bind(kind, a, b, p):
     return BOUND.put(key, two, place, capturing)
 
 
-def drop_mm(a, b, seed, p):
-    """``dropout(a, p) @ b`` for operands :func:`drop_takes` takes, a new C-contiguous float32 array: each value of
-    ``a`` masked in registers as the dropout kernel masks it (``seed``, a dropout seed on the device,
-    :func:`tcgnn_py.products.pointwise.draw`), so a dropped input is read once and never written masked.
+def _result(out, shape):
+    """``out`` (a C-contiguous float32 array of ``shape``, which the kernel writes whole), or a new one."""
+    if out is None:
+        return get_cupy().ndarray(shape, _F32)
+    if out.shape != shape or out.dtype != _F32 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous float32 array of shape {shape}, got {out.dtype} {out.shape}")
+    return out
+
+
+def drop_mm(a, b, seed, p, out=None):
+    """``dropout(a, p) @ b`` for operands :func:`drop_takes` takes, a C-contiguous float32 array (``out``, or a new
+    one): each value of ``a`` masked in registers as the dropout kernel masks it (``seed``, a dropout seed on the
+    device, :func:`tcgnn_py.products.pointwise.draw`), so a dropped input is read once and never written masked.
 
     On TF32 tensor cores in three products per pair of operands (each split into a TF32 value and its TF32
     remainder), so the sums stay within a few float32 roundings, in a fraction of float32 cores' time.  A wide
     ``a`` is cut into slices of its columns that fill the GPU, whose partial sums a second launch adds in slice
     order (the same bits on every run)."""
-    cp = get_cupy()
-    c = cp.ndarray((a.shape[0], b.shape[1]), _F32)
+    c = _result(out, (a.shape[0], b.shape[1]))
     if a.shape[0]:
         _drop_bind("mm", a, b, float(p))(a, b, c, seed)
     return c
 
 
-def drop_atb(a, g, seed, p):
+def drop_atb(a, g, seed, p, out=None):
     """``dropout(a, p)ᵀ g`` for operands :func:`drop_atb_takes` takes (a dropped input's weight gradient, the mask
-    recomputed from ``seed`` as :func:`drop_mm` applies it), a new ``(a.shape[1], g.shape[1])`` float32 array;
-    3xTF32 as :func:`drop_mm`, the rows cut into slices whose partial sums a second launch adds in slice order."""
-    cp = get_cupy()
-    c = cp.ndarray((a.shape[1], g.shape[1]), _F32)
+    recomputed from ``seed`` as :func:`drop_mm` applies it), a ``(a.shape[1], g.shape[1])`` float32 array (``out``,
+    or a new one); 3xTF32 as :func:`drop_mm`, the rows cut into slices whose partial sums a second launch adds in
+    slice order."""
+    c = _result(out, (a.shape[1], g.shape[1]))
     if a.shape[0]:
         _drop_bind("atb", a, g, float(p))(a, g, c, seed)
     else:
