@@ -829,7 +829,7 @@ def test_linear_on_the_gpu_reads_its_input_dropped_in_the_librarys_kernel():
         pytest.skip("JAX has no GPU backend here")
     import cupy as cp
 
-    from tcgnn_py.products import pointwise
+    from tcgnn_py.products import dense, pointwise
 
     rng = np.random.default_rng(9)
     key = jax.random.key(6)
@@ -837,11 +837,12 @@ def test_linear_on_the_gpu_reads_its_input_dropped_in_the_librarys_kernel():
     ones = cp.ones((301, 200), np.float32)
     theirs = pointwise.tail(ones, None, None, 0.5, cp.asarray(np.asarray(seed)))
     np.testing.assert_array_equal(np.asarray(tgj.dropout(jnp.ones((301, 200)), 0.5, key)), theirs.get())
-    for n, k, m in ((301, 200, 16), (1000, 4714, 64), (7, 129, 3)):
+    # (the kernel's reach: k > dense.DENSE_MAX_K, m <= dense.DROP_MAX_N; the last case is XLA's GEMM)
+    for n, k, m in ((301, 200, 16), (1000, 4714, 32), (7, 129, 3), (50, 300, 64)):
         H, W = jnp.asarray(ints(rng, n, k)), jnp.asarray(ints(rng, k, m))
         g = jnp.asarray(ints(rng, n, m))
         f = jax.jit(lambda H, W: tgj.linear(H, W, dropout=0.5, key=key))
-        assert "tcgnn_py_drop_mm" in f.lower(H, W).as_text()
+        assert ("tcgnn_py_drop_mm" in f.lower(H, W).as_text()) == (m <= dense.DROP_MAX_N)
         Hd = np.asarray(tgj.dropout(H, 0.5, key), np.float64)
         for _ in range(2):  # (planned, then bound)
             np.testing.assert_array_equal(np.asarray(f(H, W)), Hd @ np.asarray(W, np.float64))
