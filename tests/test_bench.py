@@ -744,11 +744,15 @@ def test_the_jax_models_aggregate_alike_by_segment_sum_bcoo_and_this_library(mod
         _jax_models.build(problem, model, aggregation="scatter")
 
 
-def test_the_jax_op_times_the_jitted_aggregations(tmp_path):
+def test_the_jax_op_times_the_jitted_aggregations(tmp_path, monkeypatch):
     """``--ops jax``: per graph, the jitted aggregation by tcgnn_py.jax, segment_sum and BCOO, in a chain and in
     one call (on the host: JAX's CPU backend, the reference product; no GPU-only column)."""
     pytest.importorskip("jax", reason="--ops jax needs JAX")
     from tcgnn_py.bench.__main__ import main
+
+    # main sets it for --device cpu: restored after the test (else the worker's later GPU tests' subprocesses would
+    # inherit it and run on the host)
+    monkeypatch.setenv("TCGNN_PY_DEVICE", "cpu")
 
     out = tmp_path / "r.json"
     assert main(["cora", "--ops", "jax", "--device", "cpu", "--repeat", "2", "--json", str(out)]) == 0

@@ -272,8 +272,8 @@ def _recorded(name, run, stream, args, rets, value):
             with side:
                 private = [cp.zeros(shape, dtype_of(code)) for _, code, shape in args + rets]
                 buffers = [(a.data.ptr, code, shape) for a, (_, code, shape) in zip(private, args + rets)]
-                for _ in range(_WARMUPS.get(name, _once)()):
-                    run(side.ptr, tuple(buffers[:len(args)]), tuple(buffers[len(args):]), value)
+                call = functools.partial(run, side.ptr, tuple(buffers[:len(args)]), tuple(buffers[len(args):]), value)
+                _WARM_UPS.get(name, _once)(call)
             side.synchronize()
             del private
             keep(_WARMED, key, True, WARMED_KEEP)
@@ -286,11 +286,11 @@ def _recorded(name, run, stream, args, rets, value):
 
 _HANDLERS = {}  # name and platform -> the ctypes callback (it must outlive every program that calls it)
 _TARGETS = set()  # the names register_target has registered
-_WARMUPS = {}  # name -> how many calls a recorded signature's warm-up makes (register_target's warmups)
+_WARM_UPS = {}  # name -> the warm-up of a recorded signature (register_target's warm_up)
 
 
-def _once():
-    return 1
+def _once(call):
+    call()
 
 
 #: Set to 0 before a process registers the targets (its first traced call) to keep XLA from recording the GPU's
@@ -298,15 +298,15 @@ def _once():
 RECORDED_ENV = "TCGNN_PY_JAX_COMMAND_BUFFERS"
 
 
-def register_target(name, runs, recorded=None, warmups=None):
+def register_target(name, runs, recorded=None, warm_up=None):
     """Register ``runs`` (``{platform: run}``) as FFI target ``name``, once; returns ``name``.  A platform this JAX
     lacks (no CUDA plugin) is left out: its calls never lower there.  ``recorded``: XLA may record the GPU's calls
     into its command buffers (:data:`COMMAND_BUFFER_COMPATIBLE`); None: unless :data:`RECORDED_ENV` is ``0``.
-    ``warmups()``: how many calls a recorded signature's warm-up makes (None: one) -- XLA replays what it records
-    without calling the handler again, so a call that settles its launch over calls (a product's timed choice)
-    settles it in the warm-up, and the launch recorded is the one it settles on."""
-    if warmups is not None:
-        _WARMUPS[name] = warmups
+    ``warm_up(call)``: a recorded signature's warm-up, given its one call on private buffers (None: that call
+    once) -- XLA replays what it records without calling the handler again, so a call that settles its launch over
+    calls (a product's timed choice) settles it in the warm-up, and the launch recorded is the one it settles on."""
+    if warm_up is not None:
+        _WARM_UPS[name] = warm_up
     if recorded is None:
         recorded = os.environ.get(RECORDED_ENV, "1") != "0"
     if name not in _TARGETS:

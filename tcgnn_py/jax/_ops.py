@@ -193,15 +193,23 @@ def _call(target, key, shape, dtype, precision, *operands):
     one wait for the device): XLA may record the call into a command buffer, where nothing may wait."""
     if _matrices.matrix(key).device == "cuda":
         _matrices.device_matrix(key)
-    name = _ffi.register_target(target, _IMPLEMENTATIONS[target], warmups=_settling_calls)
+    name = _ffi.register_target(target, _IMPLEMENTATIONS[target], warm_up=_settle)
     call = jax.ffi.ffi_call(name, jax.ShapeDtypeStruct(shape, dtype), vmap_method="sequential")
     return call(*operands, op=_attribute(key, precision))
 
 
-def _settling_calls():
-    """The calls a product's plan takes to reach its timed choice (the ``timed_after`` option's count, the call that
-    times, one on the launch chosen): a recorded product's warm-up makes them, so XLA records the launch chosen."""
-    return tuning_options()["timed_after"] + 2
+def _settle(call):
+    """A recorded product's warm-up: ``call`` (on private buffers, a stream of its own) until its plan has made the
+    timed choice with every candidate compiled -- the ``timed_after`` option's count, the call that times, the
+    background compiles waited for, the call that times them all and one on the launch chosen -- so that XLA
+    records the launch chosen, as a long loop of calls the handler makes itself would reach it."""
+    from ..kernels.registry import wait_for_compiles
+
+    for _ in range(tuning_options()["timed_after"] + 2):
+        call()
+    wait_for_compiles()
+    for _ in range(2):
+        call()
 
 
 def _raw(key, x, dtype, precision):
