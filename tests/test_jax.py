@@ -850,3 +850,25 @@ def test_linear_on_the_gpu_reads_its_input_dropped_in_the_librarys_kernel():
         np.testing.assert_array_equal(np.asarray(dW), Hd.T @ np.asarray(g, np.float64))
         mask = np.asarray(tgj.dropout(jnp.ones((n, k)), 0.5, key), np.float64)
         np.testing.assert_array_equal(np.asarray(dH), mask * (np.asarray(g, np.float64) @ np.asarray(W, np.float64).T))
+
+
+def test_a_product_of_a_width_off_the_16_byte_vector_runs_on_padded_columns():
+    """tgj.spmm pads x's columns with zeros to whole 16-byte vectors (4 floats, 8 16-bit values) for the FFI call,
+    where the vector kernels gather rows, and cuts the result back: exact, in the forward, its vjp and vmap."""
+    rng = np.random.default_rng(12)
+    A, T = _matrix(rng, 40, 30)
+    M = A.toarray().astype(np.float64)
+    for D, dtype, padded in ((5, jnp.float32, 8), (4, jnp.float32, 4), (3, jnp.float16, 8), (39, jnp.float32, 40)):
+        x = jnp.asarray(ints(rng, 30, D), dtype)
+        f = jax.jit(lambda x: tgj.spmm(T, x))
+        text = f.lower(x).as_text()
+        assert f"tensor<40x{padded}x" in text and ("stablehlo.pad" in text) == (padded != D), (D, padded)
+        y = f(x)
+        np.testing.assert_array_equal(np.asarray(y, np.float64), M @ np.asarray(x, np.float64))
+        g = jnp.asarray(ints(rng, 40, D), y.dtype)  # (16-bit x by a float32 matrix: a float32 result)
+        (dx,) = jax.vjp(f, x)[1](g)
+        assert dx.shape == x.shape
+        np.testing.assert_array_equal(np.asarray(dx, np.float64), M.T @ np.asarray(g, np.float64))
+    xb = jnp.asarray(ints(rng, 3, 30, 3))  # (vmap folds the batch: 9 columns, padded to 12)
+    np.testing.assert_array_equal(np.asarray(jax.jit(jax.vmap(lambda x: tgj.spmm(T, x)))(xb)),
+                                  np.einsum("ij,bjd->bid", M, np.asarray(xb, np.float64)))

@@ -212,9 +212,24 @@ def _settle(call):
         call()
 
 
+def _aligned_columns(f, x):
+    """``f(x)`` of a 2-D float32 or 16-bit ``x`` whose columns are padded with zeros to a whole number of 16-byte
+    vectors (4 floats, 8 16-bit values), the result's padding cut off: the library's vector kernels gather rows
+    as 16-byte vectors (cp.async) only where the width is such a multiple, and XLA's buffers are dense, so a
+    width off it (a layer's classes) would run the scalar kernel.  XLA fuses the pad and the cut into the
+    operations beside them where it can."""
+    D = x.shape[1]
+    size = np.dtype(x.dtype).itemsize
+    pad = -D % (16 // size) if size in (2, 4) else 0
+    if not pad:
+        return f(x)
+    return f(jnp.pad(x, ((0, 0), (0, pad))))[:, :D]
+
+
 def _raw(key, x, dtype, precision):
     """The FFI call ``T @ x`` for T of ``key`` and a 2-D x, the result of ``dtype``."""
-    return _call(SPMM_TARGET, key, (_matrices.matrix(key).shape[0], x.shape[1]), dtype, precision, x)
+    n = _matrices.matrix(key).shape[0]
+    return _aligned_columns(lambda x: _call(SPMM_TARGET, key, (n, x.shape[1]), dtype, precision, x), x)
 
 
 @functools.cache
@@ -267,8 +282,8 @@ def _dtype(*dtypes):
 
 def _with_values(key, precision, values, x):
     """``A(values) @ x``: the matrix of ``key`` with its entries' values given (stored order)."""
-    return _call(SPMM_TARGET, key, (_matrices.matrix(key).shape[0], x.shape[1]), _dtype(values.dtype, x.dtype),
-                 precision, values, x)
+    n, dtype = _matrices.matrix(key).shape[0], _dtype(values.dtype, x.dtype)
+    return _aligned_columns(lambda x: _call(SPMM_TARGET, key, (n, x.shape[1]), dtype, precision, values, x), x)
 
 
 def _sampled(key, precision, a, b):
