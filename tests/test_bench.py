@@ -732,13 +732,14 @@ def test_the_jax_models_aggregate_alike_by_segment_sum_bcoo_and_this_library(mod
     T = (nn.gcn_norm if model == "gcn" else nn.add_self_loops)(problem["adj"], device="cpu")
     X = jnp.asarray(problem["X"])
     with jax.default_matmul_precision("highest"):
-        graph, _, _, _, _ = _jax_models.aggregations(problem["adj"], model, "segment_sum")
+        graph, *_ = _jax_models.aggregations(problem["adj"], model, "segment_sum")
         want = _jax_models.forward(model, params, graph, X)
         for aggregation in ("bcoo", "tcgnn"):
-            graph, product, cosines, attend, _ = _jax_models.aggregations(problem["adj"], model, aggregation, T)
-            for fused in (None, attend) if attend else (None,):  # (the library's products, or its fused attention)
+            graph, product, cosines, attend, _, gcn = _jax_models.aggregations(problem["adj"], model, aggregation, T)
+            # (the library's products, or its fused attention or GCN layer)
+            for fused, conv in ((None, None), (attend, gcn)) if aggregation == "tcgnn" else ((None, None),):
                 got = _jax_models.forward(model, params, graph, X, product=product, cosines=cosines,
-                                          rows_sorted=aggregation != "tcgnn", attend=fused)
+                                          rows_sorted=aggregation != "tcgnn", attend=fused, gcn=conv)
                 np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=2e-5)
     with pytest.raises(ValueError, match="aggregation must be one of"):
         _jax_models.build(problem, model, aggregation="scatter")

@@ -75,7 +75,7 @@ def _softmax_rows(scores, rows, weights, n, rows_sorted=True):
 
 
 def forward(model, params, graph, X, key=None, p=0.0, product=None, cosines=None, rows_sorted=True, attend=None,
-            linear=None):
+            linear=None, gcn=None):
     """The logits of ``model`` (``params`` a dict of JAX arrays; ``graph`` :func:`graph_arrays` as JAX arrays)
     on features ``X``; dropout of rate ``p`` drawn from ``key`` (none where ``key`` is None).
 
@@ -87,7 +87,8 @@ def forward(model, params, graph, X, key=None, p=0.0, product=None, cosines=None
     operands, p, key)``: AGNN's and GAT's whole attention (scores, softmax over each row's entries, dropout of rate
     ``p`` on it, aggregation) in one operation (this library's fused one), in place of those steps;
     ``linear(x, W, p, key)``: ``dropout(x) @ W`` in one operation (this library's, which reads x dropped), in place
-    of a dropout and a product."""
+    of a dropout and a product; ``gcn(x, W, b, p, key)``: a GCN layer of ``dropout(x)`` in one operation (this
+    library's, whose product runs on the narrower side of ``W``)."""
     jax = _jax()
     jnp = jax.numpy
     rows, cols, weights, n = graph
@@ -113,9 +114,15 @@ def forward(model, params, graph, X, key=None, p=0.0, product=None, cosines=None
         def cosines(hn):
             return jnp.sum(hn[rows] * hn[cols], axis=1)
 
+    def conv(x, W, b):  # a GCN layer of dropout(x)
+        if gcn is None:
+            return aggregate(weights, lin(x, W)) + b
+        dropping = keys is not None and p
+        return gcn(x, W, b, p if dropping else 0.0, next(keys) if dropping else None)
+
     if model == "gcn":
-        h = jax.nn.relu(aggregate(weights, lin(X, params["W0"])) + params["b0"])
-        return aggregate(weights, lin(h, params["W1"])) + params["b1"]
+        h = jax.nn.relu(conv(X, params["W0"], params["b0"]))
+        return conv(h, params["W1"], params["b1"])
     if model == "agnn":
         h = jax.nn.relu(lin(X, params["W_in"]) + params["b_in"])
         betas = [jnp.ones(1, h.dtype)] + [params[f"beta{k}"] for k in range(1, 1 + sum(k.startswith("beta")
@@ -145,16 +152,16 @@ def forward(model, params, graph, X, key=None, p=0.0, product=None, cosines=None
 
 
 def aggregations(adj, model, aggregation, T=None):
-    """``(graph, product, cosines, attend, linear)`` for :func:`forward`: the graph's arrays (JAX arrays; in
+    """``(graph, product, cosines, attend, linear, gcn)`` for :func:`forward`: the graph's arrays (JAX arrays; in
     ``T``'s stored order for this library's products, ``T`` the model's matrix as :mod:`tcgnn_py.nn` makes it) and
     the aggregation's functions (None: segment operations, JAX's dropout and GEMM; ``attend``: this library's
-    fused attention; ``linear``: its dropped product)."""
+    fused attention; ``linear``: its dropped product; ``gcn``: its GCN layer)."""
     jax = _jax()
     jnp = jax.numpy
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
     if aggregation == "tcgnn":
-        from ..jax import entries, graph_attention, linear, sddmm, spmm
+        from ..jax import entries, gcn_conv, graph_attention, linear, sddmm, spmm
 
         rows, cols = entries(T)
         weights = np.asarray(T.values if T.device == "cpu" else T.values.get(), np.float32)
@@ -171,11 +178,14 @@ def aggregations(adj, model, aggregation, T=None):
         def dropped(x, W, p, key):
             return linear(x, W, dropout=p, key=key)
 
-        return graph, product, lambda hn: sddmm(T, hn), attend, dropped
+        def conv(x, W, b, p, key):
+            return gcn_conv(T, x, W, b, dropout=p, key=key)
+
+        return graph, product, lambda hn: sddmm(T, hn), attend, dropped, conv
     rows, cols, weights, n = graph_arrays(adj, model)
     graph = (jnp.asarray(rows), jnp.asarray(cols), jnp.asarray(weights), n)
     if aggregation == "segment_sum":
-        return graph, None, None, None, None
+        return graph, None, None, None, None, None
     from jax.experimental import sparse
 
     index = jnp.stack([graph[0], graph[1]], axis=1)
@@ -183,7 +193,7 @@ def aggregations(adj, model, aggregation, T=None):
     def product(w, h):
         return _per_head(jnp, w, h, lambda wk, hk: sparse.BCOO((wk, index), shape=(n, n), indices_sorted=True) @ hk)
 
-    return graph, product, None, None, None
+    return graph, product, None, None, None, None
 
 
 def _per_head(jnp, w, h, aggregate):
@@ -211,7 +221,7 @@ def build(problem, model, hidden=16, gat=(8, 8), aggregation="segment_sum"):
 
         # (on the GPU where the harness runs there, as the other columns)
         T = (nn.gcn_norm if model == "gcn" else nn.add_self_loops)(problem["adj"])
-    graph, product, cosines, attend, linear = aggregations(problem["adj"], model, aggregation, T)
+    graph, product, cosines, attend, linear, gcn = aggregations(problem["adj"], model, aggregation, T)
     import optax
 
     c = problem["n_classes"]
@@ -233,7 +243,7 @@ def build(problem, model, hidden=16, gat=(8, 8), aggregation="segment_sum"):
     def loss(params, key, data):
         X, labels, idx, arrays = data
         logits = forward(model, params, (*arrays, graph[3]), X, key, p, product, cosines, aggregation != "tcgnn",
-                         attend, linear)
+                         attend, linear, gcn)
         return optax.softmax_cross_entropy_with_integer_labels(logits[idx], labels[idx]).mean()
 
     @jax.jit
