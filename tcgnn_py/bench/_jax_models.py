@@ -81,14 +81,13 @@ def forward(model, params, graph, X, key=None, p=0.0, product=None, cosines=None
 
     ``product(w, h)``: the aggregation ``sum_e w_e h_col(e)`` over each row's entries another way than
     ``segment_sum`` (:data:`AGGREGATIONS`; ``w`` the graph's ``weights`` or the attention, ``(nnz,)`` or
-    ``(nnz, heads)`` for ``h`` of ``heads`` blocks of columns, or None for a matrix's own values);
-    ``cosines(hn)``: AGNN's ``<hn_row, hn_col>`` per entry another way than gathers; ``rows_sorted``: whether
-    the graph's entries are in row order (CSR's; a tiled matrix's stored order is not); ``attend(V, heads, score,
-    operands, p, key)``: AGNN's and GAT's whole attention (scores, softmax over each row's entries, dropout of rate
-    ``p`` on it, aggregation) in one operation (this library's fused one), in place of those steps;
-    ``linear(x, W, p, key)``: ``dropout(x) @ W`` in one operation (this library's, which reads x dropped), in place
-    of a dropout and a product; ``gcn(x, W, b, p, key)``: a GCN layer of ``dropout(x)`` in one operation (this
-    library's, whose product runs on the narrower side of ``W``)."""
+    ``(nnz, heads)`` for ``h`` of ``heads`` blocks of columns); ``cosines(hn)``: AGNN's ``<hn_row, hn_col>`` per
+    entry another way than gathers; ``rows_sorted``: whether the graph's entries are in row order (CSR's; a tiled
+    matrix's stored order is not); ``attend(V, heads, score, operands, p, key)``: AGNN's and GAT's whole attention
+    (scores, softmax over each row's entries, dropout of rate ``p`` on it, aggregation) in one operation (this
+    library's fused one), in place of those steps; ``linear(x, W, p, key)``: ``dropout(x) @ W`` in one operation
+    (this library's, which reads x dropped), in place of a dropout and a product; ``gcn(x, W, b, p, key)``: a GCN
+    layer of ``dropout(x)`` in one operation (this library's, whose product runs on the narrower side of ``W``)."""
     jax = _jax()
     jnp = jax.numpy
     rows, cols, weights, n = graph
@@ -168,8 +167,6 @@ def aggregations(adj, model, aggregation, T=None):
         graph = (jnp.asarray(rows), jnp.asarray(cols), jnp.asarray(weights), T.shape[0])
 
         def product(w, h):
-            if w is None:
-                return spmm(T, h)  # (its own values: the bound product)
             return _per_head(jnp, w, h, lambda wk, hk: spmm(T, hk, values=wk))
 
         def attend(V, heads, score, operands, p, key):
@@ -237,8 +234,7 @@ def build(problem, model, hidden=16, gat=(8, 8), aggregation="segment_sum"):
 
     # The features, labels and the graph's arrays are arguments of the step, not constants it closes over: XLA
     # compiles a closed-over array into the program (tens of seconds for facebook_pagepage's dense features).
-    # (this library's products: weights None, the matrix's own values, so its GCN aggregations are the bound product)
-    data = (X, labels, idx, graph[:3] if aggregation != "tcgnn" else (*graph[:2], None))
+    data = (X, labels, idx, graph[:3])
 
     def loss(params, key, data):
         X, labels, idx, arrays = data
