@@ -36,6 +36,7 @@ from ._device import array_module
 __all__ = [
     "attention",
     "seed_stream",
+    "hash_keeps",
     "canonicalize_csr",
     "sum_runs",
     "translate",
@@ -284,14 +285,20 @@ def attention_keep(entries, heads, seed, p):
     same bits as :mod:`tcgnn_py.kernels.attention`'s.  Any device."""
     xp = array_module(entries)
     x = entries.astype(np.uint32)[:, None] * np.uint32(heads) + xp.arange(heads, dtype=np.uint32)[None, :]
-    x = x ^ (seed.astype(np.uint32).reshape(()) * np.uint32(0x9E3779B9))
+    keep = hash_keeps(x ^ (seed.astype(np.uint32).reshape(()) * np.uint32(0x9E3779B9)), p)
+    return keep.astype(np.float32) * np.float32(1 / np.float32(1 - np.float32(p)))
+
+
+def hash_keeps(x, p):
+    """Whether each element is kept by the kernels' dropout at rate ``p``, ``x`` its index already mixed with the
+    seed (uint32): the 24 high bits of the hash's finalizer against ``p * 2**24``, as every dropout kernel (feature
+    and attention) computes it.  Operators only, so NumPy, CuPy and ``jax.numpy`` arrays all take it."""
     x = x ^ (x >> np.uint32(16))
     x = x * np.uint32(0x85EBCA6B)
     x = x ^ (x >> np.uint32(13))
     x = x * np.uint32(0xC2B2AE35)
     x = x ^ (x >> np.uint32(16))
-    keep = (x >> np.uint32(8)).astype(np.float32) * np.float32(2.0 ** -24) >= np.float32(p)
-    return keep.astype(np.float32) * np.float32(1 / np.float32(1 - np.float32(p)))
+    return (x >> np.uint32(8)).astype(np.float32) * np.float32(2.0 ** -24) >= np.float32(p)
 
 
 def attention(indptr, indices, weights, V, heads, kind, *, s_src=None, s_dst=None, Q=None, K=None, beta=None,

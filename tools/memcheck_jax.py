@@ -132,11 +132,10 @@ def main(n, steps, parts=PARTS):
     rng = np.random.default_rng(0)
     A0 = tg.power_law_graph(n, 8 * n, seed=5)
     A = tg.nn.add_self_loops(A0, device=device)
+    run = {"products": products, "dense": dense, "attention": attention,
+           "step": lambda A, rng: step(A0, A, rng, steps)}
     for part in parts:
-        if part == "step":
-            step(A0, A, rng, steps)
-        else:
-            globals()[part](A, rng)
+        run[part](A, rng)
 
 
 if __name__ == "__main__":

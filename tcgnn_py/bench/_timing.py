@@ -6,28 +6,11 @@ import time
 
 import numpy as np
 
+from ..products import settle  # (the products' own rule, re-exported: what a timing settles first)
+
 __all__ = ["time_events", "time_host", "time_per_call", "time_rotating", "time_back_to_back", "time_queued",
            "copy_bandwidth", "settle"]
 
-
-def settle(fn, sync=None):
-    """Call ``fn`` until the products it runs use the launches a long loop settles on, then return: a product runs
-    the statistics' launch for its first calls (the ``timed_after`` option), then times its candidates, whose
-    kernels may compile in the background first; the calls after that run the launch chosen.  ``sync``
-    (optional) waits for the device before the compiles are waited for.  A timing of a matrix that lives long is
-    a timing of that launch."""
-    from .. import tuning_options
-    from ..kernels.registry import wait_for_compiles
-
-    for _ in range(tuning_options()["timed_after"] + 2):  # (the first call, the deferred ones, the timing one)
-        fn()
-    if sync is not None:
-        sync()
-    wait_for_compiles()
-    for _ in range(2):  # (the call that times every compiled candidate, then the chosen launch, bound)
-        fn()
-    if sync is not None:
-        sync()
 
 
 def time_events(fn, repeat=20, warmup=3):

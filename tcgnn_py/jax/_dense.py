@@ -17,6 +17,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
+from .._reference import hash_keeps
 from ..products import dense
 from . import _ffi
 from ._ops import xla_stream
@@ -45,13 +46,7 @@ def _keep(shape, seed, p):
     """Whether each element of an array of ``shape`` is kept: the kernels' ``nn_keep`` of its row-major index
     (fewer than 2**32 elements, whose index's high word is 0) and ``seed``."""
     x = jax.lax.iota(jnp.uint32, int(np.prod(shape, dtype=np.int64))).reshape(shape)
-    x = x ^ ((seed[0] ^ seed[1]) * jnp.uint32(0x9E3779B9))
-    x = x ^ (x >> 16)
-    x = x * jnp.uint32(0x85EBCA6B)
-    x = x ^ (x >> 13)
-    x = x * jnp.uint32(0xC2B2AE35)
-    x = x ^ (x >> 16)
-    return (x >> 8).astype(jnp.float32) * jnp.float32(2.0 ** -24) >= jnp.float32(p)
+    return hash_keeps(x ^ ((seed[0] ^ seed[1]) * jnp.uint32(0x9E3779B9)), p)
 
 
 def _dropped(x, seed, p):

@@ -17,8 +17,7 @@ import jax.numpy as jnp
 
 from .._cache import keep
 from .._tiled import spmm as tiled_spmm
-from .._tuning import options as tuning_options
-from ..products import MISMATCH, result_dtype, sddmm_raw, signature, spmm_raw
+from ..products import MISMATCH, result_dtype, sddmm_raw, settle, signature, spmm_raw
 from . import _ffi, _matrices
 
 __all__ = ["spmm", "sddmm", "entries", "SPMM_TARGET", "SDDMM_TARGET"]
@@ -193,23 +192,9 @@ def _call(target, key, shape, dtype, precision, *operands):
     one wait for the device): XLA may record the call into a command buffer, where nothing may wait."""
     if _matrices.matrix(key).device == "cuda":
         _matrices.device_matrix(key)
-    name = _ffi.register_target(target, _IMPLEMENTATIONS[target], warm_up=_settle)
+    name = _ffi.register_target(target, _IMPLEMENTATIONS[target], warm_up=settle)
     call = jax.ffi.ffi_call(name, jax.ShapeDtypeStruct(shape, dtype), vmap_method="sequential")
     return call(*operands, op=_attribute(key, precision))
-
-
-def _settle(call):
-    """A recorded product's warm-up: ``call`` (on private buffers, a stream of its own) until its plan has made the
-    timed choice with every candidate compiled -- the ``timed_after`` option's count, the call that times, the
-    background compiles waited for, the call that times them all and one on the launch chosen -- so that XLA
-    records the launch chosen, as a long loop of calls the handler makes itself would reach it."""
-    from ..kernels.registry import wait_for_compiles
-
-    for _ in range(tuning_options()["timed_after"] + 2):
-        call()
-    wait_for_compiles()
-    for _ in range(2):
-        call()
 
 
 def _aligned_columns(f, x):

@@ -18,10 +18,11 @@ runs).  Below it:
 
 from ._dispatch import (DEVICE_VALUES, MISMATCH, Plan, as_operand, check_out, result_dtype, sddmm_raw, signature,
                         spmm_raw, timed_choices)
+from ._autotune import settle
 from ._launch import recycled
 from ._problem import Operand, Problem
 from .families import attention, dense, optimizer, pointwise
 
 __all__ = ["DEVICE_VALUES", "MISMATCH", "Operand", "Plan", "Problem", "as_operand", "attention", "check_out", "dense",
-           "optimizer", "pointwise", "recycled", "result_dtype", "sddmm_raw", "signature", "spmm_raw",
-           "timed_choices"]
+           "optimizer", "pointwise", "recycled", "result_dtype", "sddmm_raw", "settle", "signature",
+           "spmm_raw", "timed_choices"]

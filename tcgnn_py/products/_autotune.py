@@ -15,7 +15,8 @@ from .._tuning import declare, int_option, options, overrides_key
 from ._launch import Countdown, Provisional
 from ._values import vec_dense_values
 
-__all__ = ["TIMED_AFTER", "TIMED_MARGIN", "TIMED_MAX_WORK", "TIMED_ROUNDS", "choose", "pick_fastest", "timed_choices"]
+__all__ = ["TIMED_AFTER", "TIMED_MARGIN", "TIMED_MAX_WORK", "TIMED_ROUNDS", "choose", "pick_fastest", "settle",
+           "timed_choices"]
 
 #: The timed choice replaces the default launch only with one at least this much faster: timing noise
 #: must not flip a product between launches from one process to the next.
@@ -33,6 +34,25 @@ TIMED_MAX_WORK = 10**8
 #: default of the ``timed_after`` option; 0 times on the first call.
 TIMED_AFTER = 64
 declare("plan", {"timed_after": (TIMED_AFTER, int_option(0))})
+
+
+def settle(fn, sync=None):
+    """Call ``fn`` until the products it runs use the launches a long loop settles on, then return: a product runs
+    the statistics' launch for its first calls (the ``timed_after`` option), then times its candidates, whose
+    kernels may compile in the background first; the calls after that run the launch chosen.  ``sync``
+    (optional) waits for the device before the compiles are waited for.  A timing of a matrix that lives long is
+    a timing of that launch, and a call recorded once (a CUDA graph, XLA's command buffer) keeps that launch."""
+    from ..kernels.registry import wait_for_compiles
+
+    for _ in range(options()["timed_after"] + 2):  # (the first call, the deferred ones, the timing one)
+        fn()
+    if sync is not None:
+        sync()
+    wait_for_compiles()
+    for _ in range(2):  # (the call that times every compiled candidate, then the chosen launch, bound)
+        fn()
+    if sync is not None:
+        sync()
 
 
 def pick_fastest(ms, margin=TIMED_MARGIN):
