@@ -8,12 +8,21 @@ one a tool's failure is in): the product (float32, float16, bfloat16, its transp
 vmapped) and SDDMM; the dropped product and its gradients; the fused attention forward and backward (additive
 scores with dropout, cosine scores); and a jitted training step of GCN, GAT and AGNN layers run past the timed
 choice, so the bound and recorded calls run too.  Products of small integers are compared with exact ones.
+
+XLA's own GEMMs run as cuBLAS calls, not Triton fusions, untuned (``XLA_FLAGS`` gains
+``--xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=0``): under compute-sanitizer the process dies of a
+segmentation fault when a program holds a Triton GEMM fusion beside one of the library's FFI calls, before any
+report, while either alone runs clean; the library's kernels are the same either way.  ``tools/gpu_run.sh`` runs
+each part in a process of its own: run whole under compute-sanitizer, the process has also died in the training
+step after the other parts, with no report.
 """
 
 import argparse
 import os
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # (CuPy's pool beside XLA's)
+os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), "--xla_gpu_enable_triton_gemm=false",
+                                    "--xla_gpu_autotune_level=0"]).strip()
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
