@@ -11,10 +11,10 @@ choice, so the bound and recorded calls run too.  Products of small integers are
 
 XLA's own GEMMs run as cuBLAS calls, not Triton fusions, untuned (``XLA_FLAGS`` gains
 ``--xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=0``): under compute-sanitizer the process dies of a
-segmentation fault when a program holds a Triton GEMM fusion beside one of the library's FFI calls, before any
-report, while either alone runs clean; the library's kernels are the same either way.  ``tools/gpu_run.sh`` runs
-each part in a process of its own: run whole under compute-sanitizer, the process has also died in the training
-step after the other parts, with no report.
+segmentation fault, before any report, on programs that hold a Triton GEMM fusion beside the library's FFI calls
+(a Triton GEMM alone, or the library's calls beside cuBLAS GEMMs, run clean); the library's kernels are the same
+either way.  With these flags the process run whole has still died in the training step after the other parts,
+so ``tools/gpu_run.sh`` runs each part in a process of its own.
 """
 
 import argparse
