@@ -715,6 +715,27 @@ def test_the_pure_jax_models_are_the_harness_models(model):
     assert step.loss() < 0.8 * before
 
 
+def test_the_jax_models_step_donates_its_carry():
+    """The harness's jitted JAX step donates its parameters, optimizer state and key, as a JAX training step is
+    written for speed: the buffers it was given are the results' (JAX's CPU backend donates too)."""
+    import inspect
+
+    from tcgnn_py.bench import _jax_models, gnn_problem
+
+    if not _jax_models.available():
+        pytest.skip("the pure-JAX models need JAX and optax")
+    import jax
+
+    step, sync = _jax_models.build(gnn_problem("cora"), "gcn")
+    carry = inspect.getclosurevars(step).nonlocals["carry"]
+    step()
+    given = jax.tree_util.tree_leaves(carry)
+    step()
+    sync()
+    assert given and all(a.is_deleted() for a in given)
+    assert all(not a.is_deleted() for a in jax.tree_util.tree_leaves(carry))
+
+
 @pytest.mark.parametrize("model", ["gcn", "agnn", "gat"])
 def test_the_jax_models_aggregate_alike_by_segment_sum_bcoo_and_this_library(model):
     """The JAX models' three aggregations (the epoch table's JAX columns) give the same logits, on JAX's CPU
