@@ -723,7 +723,7 @@ def test_the_jax_models_step_donates_its_carry():
     from tcgnn_py.bench import _jax_models, gnn_problem
 
     if not _jax_models.available():
-        pytest.skip("the pure-JAX models need JAX and optax")
+        pytest.skip("the pure-JAX models need JAX and optax (the test extra installs both)")
     import jax
 
     step, sync = _jax_models.build(gnn_problem("cora"), "gcn")
