@@ -82,21 +82,20 @@ def dropout(x, rate, key):
     return _dropped(x, _seed(key), p)
 
 
-def _drop_mm_device(stream, args, rets, code):
-    p = float(np.int64(code).view(np.float64))
-    with xla_stream(stream):
-        a, b, seed = (_ffi.device_view(x) for x in args)
-        dense.drop_mm(a, b, seed, p, out=_ffi.device_view(rets[0]))
+def _on_device(product):
+    """The FFI implementation of ``product(a, b, seed, p, out=)`` (:func:`tcgnn_py.products.dense.drop_mm` or
+    ``drop_atb``) on XLA's stream and buffers, the rate ``p`` the bits of the call's int64 attribute."""
+    def run(stream, args, rets, code):
+        p = float(np.int64(code).view(np.float64))
+        with xla_stream(stream):
+            a, b, seed = (_ffi.device_view(x) for x in args)
+            product(a, b, seed, p, out=_ffi.device_view(rets[0]))
+
+    return run
 
 
-def _drop_atb_device(stream, args, rets, code):
-    p = float(np.int64(code).view(np.float64))
-    with xla_stream(stream):
-        a, g, seed = (_ffi.device_view(x) for x in args)
-        dense.drop_atb(a, g, seed, p, out=_ffi.device_view(rets[0]))
-
-
-_IMPLEMENTATIONS = {DROP_MM_TARGET: {"CUDA": _drop_mm_device}, DROP_ATB_TARGET: {"CUDA": _drop_atb_device}}
+_IMPLEMENTATIONS = {DROP_MM_TARGET: {"CUDA": _on_device(dense.drop_mm)},
+                    DROP_ATB_TARGET: {"CUDA": _on_device(dense.drop_atb)}}
 
 
 def _call(target, shape, p, *operands):
