@@ -119,6 +119,20 @@ def test_cli_reference_mode(tmp_path):
         assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_the_epoch_tables_implementations_are_timed_in_turn():
+    """Every implementation is built and warmed before any is timed, and each round times one batch of each, the
+    order reversed every other round: a drift of the machine's speed during a run reaches them alike."""
+    from tcgnn_py.bench._gnn import time_epochs_in_turn
+
+    calls = []
+    steps = {name: (lambda name=name: calls.append(name), lambda name=name: calls.append(name + " sync"))
+             for name in ("a", "b")}
+    ms = time_epochs_in_turn(steps, epochs=2, repeat=3, warmup=1, settled=False)
+    assert set(ms) == {"a", "b"} and all(v >= 0 for v in ms.values())
+    batches = [c for c, n in zip(calls, calls[1:]) if not c.endswith("sync") and n.endswith("sync")][2:]
+    assert batches == ["a", "b", "b", "a", "a", "b"]  # (after one warm-up step of each)
+
+
 def test_gnn_epochs_reference_mode(tmp_path):
     """``--ops gcn,agnn,gat``: one row per model and implementation (GAT has no scipy counterpart: its attention
     runs on the tiled matrix), in the JSON and the markdown table."""

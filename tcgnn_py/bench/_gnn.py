@@ -13,7 +13,8 @@ models there).
 An epoch is one full-batch training step: forward with dropout, cross-entropy
 on the training nodes, backward, Adam.  The clock is the host's around
 ``epochs`` back-to-back steps closed by a device synchronisation, the same for
-every implementation; the median of ``repeat`` such batches is reported.
+every implementation; the median of ``repeat`` such batches is reported, the implementations timed in turn within
+each round.
 """
 
 import functools
@@ -24,8 +25,8 @@ import numpy as np
 
 from ._graphs import data_roots, resolve_graph
 
-__all__ = ["gnn_problem", "bench_gnn", "train_step", "gnn_markdown", "time_epochs", "MODELS", "HIDDEN", "GAT_HEADS",
-           "GAT_HIDDEN", "JAX_COLUMNS"]
+__all__ = ["gnn_problem", "bench_gnn", "train_step", "gnn_markdown", "time_epochs", "time_epochs_in_turn",
+           "MODELS", "HIDDEN", "GAT_HEADS", "GAT_HIDDEN", "JAX_COLUMNS"]
 
 MODELS = ("gcn", "agnn", "gat")
 #: Hidden width of GCN and AGNN (the examples' Kipf & Welling / AGNN setups).
@@ -150,21 +151,33 @@ def time_epochs(step, sync, epochs=20, repeat=3, warmup=3, settled=True):
     runs the launches its timed choices keep from its 66th; ``settled`` False skips them, for the host's reference
     path, which has no launches to settle), and ``warmup`` steps more.
     """
+    return time_epochs_in_turn({None: (step, sync)}, epochs, repeat, warmup, settled)[None]
+
+
+def time_epochs_in_turn(steps, epochs=20, repeat=3, warmup=3, settled=True):
+    """``{name: median milliseconds per epoch}`` of ``steps`` (``{name: (step, sync)}``), as :func:`time_epochs`
+    times one, taken in turn: each of the ``repeat`` rounds times one batch of every step (the order reversed every
+    other round), so that a drift of the machine's speed during the run reaches every implementation alike."""
     from ._timing import settle
 
-    if settled:
-        settle(step, sync)
-    for _ in range(warmup):
-        step()
-    sync()
-    samples = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(epochs):
+    for step, sync in steps.values():
+        if settled:
+            settle(step, sync)
+        for _ in range(warmup):
             step()
         sync()
-        samples.append(1e3 * (time.perf_counter() - t0) / epochs)
-    return statistics.median(samples)
+    names = list(steps)
+    samples = {name: [] for name in names}
+    for r in range(repeat):
+        for name in names if r % 2 == 0 else names[::-1]:
+            step, sync = steps[name]
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(epochs):
+                step()
+            sync()
+            samples[name].append(1e3 * (time.perf_counter() - t0) / epochs)
+    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 def _load(path):
@@ -244,15 +257,18 @@ def bench_gnn(spec, models=MODELS, epochs=20, repeat=3, device=None, extra=None,
         extra = {**jax, **(extra or {})}
     rows = []
     for model in models:
-        times = {}
+        steps = {}
         for impl, (sparse, graph) in impls.items():
             step = train_step(problem, model, sparse, "cuda" if gpu else "cpu", cuda_graph=graph)
             if step is not None:
-                times[impl] = time_epochs(step, sync, epochs, repeat, settled=gpu)
+                steps[impl] = (step, sync)
         for impl, build in (extra or {}).items():
             built = build(problem, model)
             if built is not None:  # None: that implementation has no such model
-                times[impl] = time_epochs(*built, epochs, repeat, settled=gpu)
+                steps[impl] = built
+        # (every implementation built first, then timed in turn: the table compares them within each round)
+        times = time_epochs_in_turn(steps, epochs, repeat, settled=gpu)
+        del steps
         for impl, ms in times.items():
             rows.append({"graph": problem["name"], "model": model, "impl": impl, "ms": ms,
                          "nodes": A.shape[0], "nnz": int(A.nnz), "in_features": problem["X"].shape[1],
