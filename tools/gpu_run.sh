@@ -41,14 +41,15 @@ print('memcheck SGT workload ok', T)
     > "$OUT/memcheck_nn.log" 2>&1 || rc=1
   tail -3 "$OUT/memcheck_nn.log"
   echo "== memcheck: tcgnn_py.jax (every operation inside jax.jit; host backtraces off, see the tool) =="
-  # The sanitizer itself dies now and then in this workload (a segmentation fault, no report: see the tool): a run
-  # that died so is run again, up to 3 times; one that reported (exit 3) or completed is not.
+  # The sanitizer itself dies now and then in this workload (a segmentation fault before any report: see the tool):
+  # a run that died so is run again, up to 3 times, its log kept aside; one that completed or reported anything is not.
   for attempt in 1 2 3; do
     compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 3 --show-backtrace no \
       python3 tools/memcheck_jax.py > "$OUT/memcheck_jax.log" 2>&1
     code=$?
-    if [ $code -lt 128 ] || grep -q "ERROR SUMMARY" "$OUT/memcheck_jax.log"; then break; fi
-    echo "compute-sanitizer died (exit $code) without a report, attempt $attempt of 3"
+    if [ $code -lt 128 ] || grep -v "COMPUTE-SANITIZER" "$OUT/memcheck_jax.log" | grep -q "^========="; then break; fi
+    mv "$OUT/memcheck_jax.log" "$OUT/memcheck_jax.died$attempt.log"
+    echo "compute-sanitizer died (exit $code) before any report, attempt $attempt of 3"
   done
   [ $code -eq 0 ] || rc=1
   tail -3 "$OUT/memcheck_jax.log"

@@ -10,11 +10,12 @@ scores with dropout, cosine scores); and a jitted training step of GCN, GAT and 
 choice, so the bound and recorded calls run too.  Products of small integers are compared with exact ones.
 
 Under compute-sanitizer the process dies now and then of a segmentation fault, before any report and at no fixed
-point (without the sanitizer this workload has not crashed).  Two settings make it rarer: XLA's own GEMMs run as
-cuBLAS calls, not Triton fusions, untuned (``XLA_FLAGS`` gains ``--xla_gpu_enable_triton_gemm=false
---xla_gpu_autotune_level=0``), and the sanitizer takes no host backtraces (``--show-backtrace no``; an error is
-still reported with its kernel, thread and address).  ``tools/gpu_run.sh`` runs the workload whole and runs again a
-run that died without a report, never one that reported.  The library's kernels are the same either way.
+point (without the sanitizer this workload has not crashed).  It has completed whole only with two settings: XLA's
+own GEMMs run as cuBLAS calls, not Triton fusions, untuned (``XLA_FLAGS`` gains
+``--xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=0``), and the sanitizer takes no host backtraces
+(``--show-backtrace no``; an error is still reported with its kernel, thread and address); with them it still dies
+in some runs.  ``tools/gpu_run.sh`` runs it whole, and again where a run died before any report, never where one
+reported.  The library's kernels are the same either way.
 """
 
 import argparse
