@@ -171,8 +171,7 @@ def time_epochs_in_turn(steps, epochs=20, repeat=3, warmup=3, settled=True):
     for r in range(repeat):
         for name in names if r % 2 == 0 else names[::-1]:
             step, sync = steps[name]
-            sync()
-            t0 = time.perf_counter()
+            t0 = time.perf_counter()  # (the device idle: every batch and warm-up ends with its step's sync)
             for _ in range(epochs):
                 step()
             sync()
@@ -268,7 +267,6 @@ def bench_gnn(spec, models=MODELS, epochs=20, repeat=3, device=None, extra=None,
                 steps[impl] = built
         # (every implementation built first, then timed in turn: the table compares them within each round)
         times = time_epochs_in_turn(steps, epochs, repeat, settled=gpu)
-        del steps
         for impl, ms in times.items():
             rows.append({"graph": problem["name"], "model": model, "impl": impl, "ms": ms,
                          "nodes": A.shape[0], "nnz": int(A.nnz), "in_features": problem["X"].shape[1],
