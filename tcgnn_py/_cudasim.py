@@ -10,12 +10,15 @@ same kernels that run on the GPU run in CI:
 * reading a lane that did not take part raises (undefined on a GPU);
 * return types follow the GPU: ballot and match masks are int32 (bit 31 makes
   them negative), ``all/any/eq`` give bool, ``activemask`` uint32;
-* ``popc`` is fixed for negative and 64-bit values.
+* ``popc`` is fixed for negative and 64-bit values;
+* a static ``cuda.shared.array`` is made under a lock: the simulator looks it up and stores it unlocked, so two
+  threads of a block meeting there could each get an array of their own, and one then read memory no thread wrote.
 
 It relies on private simulator internals (``BlockThread``, ``FakeCUDAModule``)
 of numba-cuda 0.30, hence its own tests (``tests/test_cudasim_shim.py``).
 """
 
+import sys
 import threading
 
 import numpy as np
@@ -231,6 +234,24 @@ def install():
     Fake.activemask = activemask
     Fake.lanemask_lt = lambda self: np.uint32((1 << (_thread().thread_id % 32)) - 1)
     Fake.popc = _popc
+
+    Shared = kernelapi.FakeCUDAShared
+    dynamic_array = Shared.array
+
+    def shared_array(self, shape, dtype, alignment=None):
+        if alignment is not None or shape == 0:  # (dynamic shared memory: one buffer, no lookup)
+            return dynamic_array(self, shape, dtype, alignment)
+        if isinstance(dtype, kernelapi.types.Type):
+            dtype = kernelapi.numpy_support.as_dtype(dtype)
+        caller = sys._getframe(1)
+        key = (caller.f_code.co_filename, caller.f_lineno)  # the simulator's key: one array per source line
+        with _registry_lock:
+            res = self._allocations.get(key)
+            if res is None:
+                res = self._allocations[key] = np.empty(shape, dtype)
+        return res
+
+    Shared.array = shared_array
 
     # Record lane exits so that collectives stop waiting for them.
     orig_run = simkernel.BlockThread.run

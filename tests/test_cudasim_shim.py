@@ -1,5 +1,7 @@
 """One-warp kernels through the simulator shim, checked against NumPy expectations."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -123,3 +125,30 @@ def test_popc_widths():
     out = np.zeros(3, np.int64)
     run(k, 32, np.array([-1], np.int32), np.array([-1], np.int64), np.array([0xF0F0F0F0], np.uint32), out)
     np.testing.assert_array_equal(out, [32, 64, 16])
+
+
+def test_a_static_shared_array_is_one_array_for_the_block(monkeypatch):
+    # A slow allocation lets every thread reach the simulator's lookup before the first array is stored: without
+    # the shim's lock each would keep an array of its own and read slots that no other thread wrote.
+    real_empty = np.empty
+
+    def slow_empty(*args, **kwargs):
+        time.sleep(0.01)
+        return real_empty(*args, **kwargs)
+
+    @cuda.jit
+    def k(out):
+        i = cuda.threadIdx.x
+        s = cuda.shared.array(64, dtype=np.int32)
+        s[i] = i + 1
+        cuda.syncthreads()
+        t = 0
+        for j in range(cuda.blockDim.x):
+            t += s[j]
+        out[i] = t
+
+    out = np.zeros(64, np.int64)
+    monkeypatch.setattr(np, "empty", slow_empty)
+    run(k, 64, out)
+    monkeypatch.undo()
+    np.testing.assert_array_equal(out, np.full(64, 64 * 65 // 2))
