@@ -796,6 +796,10 @@ def test_the_jax_op_times_the_jitted_aggregations(tmp_path, monkeypatch):
     assert [(r["kind"], r["impl"]) for r in rows] == [("aggregate", "tcgnn_py.jax"), ("aggregate", "segment_sum"),
                                                       ("aggregate", "BCOO")]
     assert all(r["us"] > 0 and r["call_us"] > 0 and r["graph"] == "cora" and "gpu_us" not in r for r in rows)
+    # XLA's temporaries of one call: none for the library's, whose call reads x and writes XLA's result buffer
+    temps = {r["impl"]: r["temp_bytes"] for r in rows}
+    assert all(isinstance(t, int) and t >= 0 for t in temps.values()) and "allocations" not in rows[0]
+    assert temps["tcgnn_py.jax"] == 0
     import scipy.sparse as sp
 
     sp.save_npz(tmp_path / "wide.npz", sp.random(30, 20, density=0.2, format="csr", random_state=0))

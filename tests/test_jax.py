@@ -455,6 +455,43 @@ def test_jitted_spmm_on_the_gpu_is_the_product():
                                   A.toarray() @ np.ones((20, 2)))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="the GPU implementation needs CuPy and a GPU")
+def test_a_settled_jitted_call_allocates_nothing_and_xla_copies_nothing():
+    """The hot path of a jitted product and of a training step's gradient: XLA keeps no temporary for the product
+    (its FFI call reads x and writes XLA's result buffer), and once settled, calls make no CuPy allocation, neither
+    from CuPy's allocator nor in the pools of calls XLA recorded into command buffers."""
+    import cupy as cp
+
+    from tcgnn_py.jax import _ffi
+
+    if jax.default_backend() != "gpu":
+        pytest.skip("JAX has no GPU backend here")
+    rng = np.random.default_rng(9)
+    A, T = _matrix(rng, 300, 300, device="cuda")
+    x, w = jnp.asarray(ints(rng, 300, 64)), jnp.asarray(ints(rng, 64, 16))
+    product = jax.jit(lambda x: tgj.spmm(T, x))
+    step = jax.jit(jax.grad(lambda w, x: (tgj.gcn_conv(T, x, w) ** 2).sum()))
+    assert product.lower(x).compile().memory_analysis().temp_size_in_bytes == 0
+    calls = (lambda: product(x), lambda: step(w, x))
+    for _ in range(5):  # (planned, bound, recorded)
+        [f().block_until_ready() for f in calls]
+    counted, allocator, held = [0], cp.cuda.get_allocator(), _ffi.recorded_nbytes()
+
+    def malloc(size):
+        counted[0] += 1
+        return allocator(size)
+
+    cp.cuda.set_allocator(malloc)
+    try:
+        for _ in range(10):
+            [f().block_until_ready() for f in calls]
+    finally:
+        cp.cuda.set_allocator(allocator)
+    assert (counted[0], _ffi.recorded_nbytes()) == (0, held)
+    np.testing.assert_array_equal(np.asarray(product(x)), A.toarray() @ np.asarray(x))
+
+
 def test_the_gpu_targets_are_recordable_where_the_environment_asks(monkeypatch):
     """register_target declares the command-buffer trait on the GPU platform only, and by default unless
     TCGNN_PY_JAX_COMMAND_BUFFERS=0; the host target never."""

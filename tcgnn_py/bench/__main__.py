@@ -355,7 +355,9 @@ def results_page(env, graphs, reorders, gnn, args, first=None, attention=None, a
                   "per aggregation of one jitted chain of 100, and of one jitted call (host clock around the call "
                   "and `block_until_ready`: JAX's dispatch of a program included); this library's product "
                   "GPU-only, and the chain's time per product minus it: the host cost of a call inside XLA beyond "
-                  "the GPU's work.", "", jax_markdown(jaxrows), ""]
+                  "the GPU's work; the device memory one call allocates: XLA's temporaries (its compiled memory "
+                  "analysis), and what CuPy allocated during this library's settled calls.", "",
+                  jax_markdown(jaxrows), ""]
     if samplerows:
         from ._sample import BATCH, FANOUTS, HIDDEN, SAMPLER_BATCHES, STEPS, sample_markdown
 

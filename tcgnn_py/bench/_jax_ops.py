@@ -9,7 +9,11 @@ Rows per graph (features ``WIDTH`` wide, random; the matrix row-normalised, so a
   longer), and of one jitted call (``call_us``: the host clock around the call and ``block_until_ready``);
 * on the GPU, this library's row adds the product's GPU-only time (``gpu_us``, the library's own clock, queued
   behind a spin) and ``host_us``, the chain's time per product minus it: what a call inside XLA costs beyond the
-  GPU's work (its FFI handler), zero or less where the GPU's work hides it.
+  GPU's work (its FFI handler), zero or less where the GPU's work hides it;
+* the device memory a call allocates: ``temp_bytes``, XLA's temporaries of the jitted call (its compiled memory
+  analysis), and on the GPU, this library's row, ``allocations``: what CuPy allocated during ``repeat`` settled
+  calls (its allocator's calls and the growth of the pools of calls XLA recorded).  The FFI call reads ``x`` and
+  writes its result in XLA's own buffers, so neither is copied on either side.
 
 JAX is told not to take most of the GPU's memory up front (``XLA_PYTHON_CLIENT_PREALLOCATE=false``, unless the
 environment says otherwise): it shares the device with the library's CuPy pool.
@@ -62,10 +66,38 @@ def _chained(jax, step, length):
     return jax.jit(run)
 
 
+def _temp_bytes(fn, x):
+    """XLA's temporaries of the jitted ``fn`` on ``x`` in bytes (None where the backend reports no analysis)."""
+    stats = fn.lower(x).compile().memory_analysis()
+    return None if stats is None else int(stats.temp_size_in_bytes)
+
+
+def _allocations(fn, x, calls):
+    """``(allocations, bytes)`` CuPy made while ``fn(x)`` ran ``calls`` times: its current allocator's calls (wrapped
+    for the while) and the growth of what the calls XLA recorded into command buffers hold (their own pools)."""
+    import cupy as cp
+
+    from ..jax import _ffi
+
+    before, counted, allocator = _ffi.recorded_nbytes(), [0], cp.cuda.get_allocator()
+
+    def malloc(size):
+        counted[0] += 1
+        return allocator(size)
+
+    cp.cuda.set_allocator(malloc)
+    try:
+        for _ in range(calls):
+            fn(x).block_until_ready()
+    finally:
+        cp.cuda.set_allocator(allocator)
+    return counted[0], _ffi.recorded_nbytes() - before
+
+
 def bench_jax(spec, repeat=20, device=None, loop=LOOP):
-    """Rows ``{graph, nnz, width, kind, impl, us, call_us}`` (``kind`` "aggregate"; on the GPU this library's
-    row adds ``gpu_us`` and ``host_us``; on the host the chain is at most 10 long).  The graph must be square (the
-    chain multiplies its own result)."""
+    """Rows ``{graph, nnz, width, kind, impl, us, call_us, temp_bytes}`` (``kind`` "aggregate"; on the GPU this
+    library's row adds ``gpu_us``, ``host_us`` and ``allocations`` (count, bytes); on the host the chain is at most
+    10 long).  The graph must be square (the chain multiplies its own result)."""
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     import jax
     import jax.numpy as jnp
@@ -99,7 +131,9 @@ def bench_jax(spec, repeat=20, device=None, loop=LOOP):
         if gpu:
             _settle(chain, one, x)
         us = _median_us(chain, x, max(3, repeat // 4)) / loop
-        out.append(dict(base, impl=impl, us=us, call_us=_median_us(one, x, repeat)))
+        out.append(dict(base, impl=impl, us=us, call_us=_median_us(one, x, repeat), temp_bytes=_temp_bytes(one, x)))
+        if gpu and impl == "tcgnn_py.jax":
+            out[-1]["allocations"] = _allocations(one, x, repeat)
     if gpu:
         import cupy as cp
 
@@ -114,13 +148,18 @@ def bench_jax(spec, repeat=20, device=None, loop=LOOP):
 
 def jax_markdown(rows):
     """Table: per graph, microseconds per aggregation in a jitted chain per implementation and tcgnn_py.jax's
-    speedups; one jitted call's time; the product's GPU-only time and the host cost per call inside XLA."""
+    speedups; one jitted call's time; the product's GPU-only time and the host cost per call inside XLA; XLA's
+    temporaries of one call per implementation, and what CuPy allocated during this library's calls."""
     graphs = list(dict.fromkeys(r["graph"] for r in rows))
     lines = ["| graph | nnz | tcgnn_py.jax us | segment_sum us | BCOO us | × segment_sum | × BCOO | one call us "
-             "(ours / segment_sum) | GPU-only us | host us/call |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "(ours / segment_sum) | GPU-only us | host us/call | XLA temporaries MB (ours / segment_sum / BCOO) | "
+             "CuPy allocations, bytes (ours) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def cell(v):
         return "–" if v is None else f"{v:.1f}"
+
+    def mb(v):
+        return "–" if v is None else f"{v / 2**20:.2f}"
 
     for g in graphs:
         agg = {r["impl"]: r for r in rows if r["graph"] == g}
@@ -128,5 +167,7 @@ def jax_markdown(rows):
         lines.append(f"| {g} | {ours['nnz']:,} | {ours['us']:.1f} | {seg['us']:.1f} | {bcoo['us']:.1f} | "
                      f"{seg['us'] / ours['us']:.2f}× | {bcoo['us'] / ours['us']:.2f}× | "
                      f"{ours['call_us']:.0f} / {seg['call_us']:.0f} | {cell(ours.get('gpu_us'))} | "
-                     f"{cell(ours.get('host_us'))} |")
+                     f"{cell(ours.get('host_us'))} | {mb(ours.get('temp_bytes'))} / {mb(seg.get('temp_bytes'))} / "
+                     f"{mb(bcoo.get('temp_bytes'))} | "
+                     f"{'–' if 'allocations' not in ours else '{}, {}'.format(*ours['allocations'])} |")
     return "\n".join(lines)
