@@ -72,9 +72,10 @@ def _temp_bytes(fn, x):
     return None if stats is None else int(stats.temp_size_in_bytes)
 
 
-def _allocations(fn, x, calls):
-    """``(allocations, bytes)`` CuPy made while ``fn(x)`` ran ``calls`` times: its current allocator's calls (wrapped
-    for the while) and the growth of what the calls XLA recorded into command buffers hold (their own pools)."""
+def _allocations(run, calls):
+    """``(allocations, bytes)`` CuPy made while ``run()`` ran ``calls`` times (each call waited for): its current
+    allocator's calls (wrapped for the while) and the growth of what the calls XLA recorded into command buffers
+    hold (their own pools)."""
     import cupy as cp
 
     from ..jax import _ffi
@@ -88,7 +89,7 @@ def _allocations(fn, x, calls):
     cp.cuda.set_allocator(malloc)
     try:
         for _ in range(calls):
-            fn(x).block_until_ready()
+            run()
     finally:
         cp.cuda.set_allocator(allocator)
     return counted[0], _ffi.recorded_nbytes() - before
@@ -133,7 +134,7 @@ def bench_jax(spec, repeat=20, device=None, loop=LOOP):
         us = _median_us(chain, x, max(3, repeat // 4)) / loop
         out.append(dict(base, impl=impl, us=us, call_us=_median_us(one, x, repeat), temp_bytes=_temp_bytes(one, x)))
         if gpu and impl == "tcgnn_py.jax":
-            out[-1]["allocations"] = _allocations(one, x, repeat)
+            out[-1]["allocations"] = _allocations(lambda: one(x).block_until_ready(), repeat)
     if gpu:
         import cupy as cp
 
