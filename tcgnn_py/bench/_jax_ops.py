@@ -78,9 +78,9 @@ def _allocations(run, calls):
     hold (their own pools)."""
     import cupy as cp
 
-    from ..jax import _ffi
+    from ..jax import recorded_nbytes
 
-    before, counted, allocator = _ffi.recorded_nbytes(), [0], cp.cuda.get_allocator()
+    before, counted, allocator = recorded_nbytes(), [0], cp.cuda.get_allocator()
 
     def malloc(size):
         counted[0] += 1
@@ -92,7 +92,7 @@ def _allocations(run, calls):
             run()
     finally:
         cp.cuda.set_allocator(allocator)
-    return counted[0], _ffi.recorded_nbytes() - before
+    return counted[0], recorded_nbytes() - before
 
 
 def bench_jax(spec, repeat=20, device=None, loop=LOOP):
