@@ -162,6 +162,9 @@ def jax_markdown(rows):
     def mb(v):
         return "–" if v is None else f"{v / 2**20:.2f}"
 
+    def counts(v):
+        return "–" if v is None else f"{v[0]}, {v[1]}"
+
     for g in graphs:
         agg = {r["impl"]: r for r in rows if r["graph"] == g}
         ours, seg, bcoo = agg["tcgnn_py.jax"], agg["segment_sum"], agg["BCOO"]
@@ -170,5 +173,5 @@ def jax_markdown(rows):
                      f"{ours['call_us']:.0f} / {seg['call_us']:.0f} | {cell(ours.get('gpu_us'))} | "
                      f"{cell(ours.get('host_us'))} | {mb(ours.get('temp_bytes'))} / {mb(seg.get('temp_bytes'))} / "
                      f"{mb(bcoo.get('temp_bytes'))} | "
-                     f"{'–' if 'allocations' not in ours else '{}, {}'.format(*ours['allocations'])} |")
+                     f"{counts(ours.get('allocations'))} |")
     return "\n".join(lines)
