@@ -106,6 +106,23 @@ for d in (1, 37):
         g = np.ones(want.shape, np.float32)
         assert np.allclose(vjp(cp.asarray(g)).get(), want_vjp(g), rtol=1e-5, atol=1e-6), how
 print("memcheck nn readouts ok")
+# a batch of small graphs (one of no nodes, one of one node) joined on the host and on the device, a GCN on its CSR
+# and its tiles with each graph's mean read out, forward and backward; and a loader sampling ahead on its worker
+import cupyx.scipy.sparse as csp  # noqa: E402
+
+parts = [G[:40][:, :40], G[:0][:, :0], G[:1][:, :1], G[100:417][:, 100:417]]
+for graphs in (parts, [csp.csr_matrix(g.astype(np.float32)) for g in parts]):
+    b = nn.batch(graphs)
+    H0 = cp.asarray(np.random.default_rng(9).integers(-8, 9, (b.adj.shape[0], 37)), dtype=np.float32)
+    params = nn.gcn_init((37, 16), cp.random.default_rng(1))
+    for fmt in ("csr", "tiled"):
+        Ahat = nn.gcn_norm(b.adj, format=fmt)
+        H, conv = nn.gcn_conv(Ahat, H0, params["W0"], params["b0"])
+        pooled, pool = nn.readout(H, b.ptr, "mean")
+        conv(pool(cp.ones_like(pooled)))
+        print(f"memcheck nn batch ({type(graphs[0]).__module__.split('.')[0]}, {fmt}): {b.adj.nnz} entries")
+loader = nn.NeighborLoader(G, np.arange(0, 3001, 3), [10, 5], 256, seed=2, device="cuda", prefetch=True)
+print(f"memcheck nn loader: {sum(blocks[0].adj.nnz for _, blocks in loader)} first-layer entries")
 # a device CSR's index pointer ends, which only the translation's check kernel reads: wrong (scipy's errors, nothing
 # translated) or short of the entries (those before it translated)
 vals, cols = cp.ones(5, np.float32), cp.asarray([0, 2, 1, 7, 9], np.int32)
