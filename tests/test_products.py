@@ -394,6 +394,38 @@ def test_the_one_cta_per_window_launch_takes_64_features_and_2_block_steps():
             assert vec_family.default(T.tiling, 64, True).kernel.FS == 1
 
 
+@pytest.mark.parametrize("blocks, D, want", [
+    ([10] * 99 + [90], 64, True),  # a hub window of 8.3 times the mean (10.8 blocks): through L1
+    ([10] * 99 + [90], 32, True),
+    ([10] * 99 + [90], 128, False),  # wider rows: through L2 whatever the skew
+    ([10] * 99 + [80], 64, False),  # 80 < 8 x 10.7
+    ([10] * 100, 64, False),  # an even tiling
+    ([0] * 4, 64, False),  # no block at all
+])
+def test_l1_gathers_on_skewed_tilings_of_narrow_rows(blocks, D, want):
+    """The statistics' L1 choice: at most 64 features, and a longest window of at least 8 times the mean."""
+    assert _vec_layout.async_l1(_Histogram(blocks), D) is want
+
+
+@pytest.mark.filterwarnings("ignore::tcgnn_py.NoGPUWarning")
+def test_the_statistics_launch_takes_l1_gathers_by_the_rule():
+    """A hub-heavy tiling's float32 launch at 64 features copies X's rows through L1 (a compiled config, the timed
+    choice's first candidate, its L2 twin among the others); at 128 features it does not."""
+    from tcgnn_py.kernels import products as kp
+
+    rows = np.r_[np.zeros(900, np.int64), np.arange(300) % 8]
+    cols = np.r_[np.arange(900), (np.arange(300) * 7) % 1000]
+    A = sp.csr_array((np.ones(1200, np.float32), (rows, cols)), shape=(1000, 1000))
+    T = tg.TiledMatrix(A, layout="vector")
+    T.tiling.put("sm_count", 132)
+    with tg.tuning(vec_coop=False):
+        first = vec_family.default(T.tiling, 64, True)
+        assert first.kernel.L1 and first.kernel in kp.VEC_SPMM_CONFIGS
+        cands = vec_family.candidates(T.tiling, 64, True)
+        assert cands[0] == first and dataclasses.replace(first.kernel, L1=False) in {c.kernel for c in cands}
+        assert not vec_family.default(T.tiling, 128, True).kernel.L1
+
+
 @pytest.mark.parametrize("floor", [None, 128])
 def test_unit_size_floor_leaves_small_grids_to_the_factor(floor):
     """5 blocks per resident warp: the tail factor (4x) caps units at 16 blocks whatever the floor."""

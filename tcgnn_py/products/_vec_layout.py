@@ -15,9 +15,10 @@ from ._launch import Scratch, compiled, fixup, partial_scratch, spmm
 from ._plans import (LENGTH_TABLE_MAX, VEC_UNITS_PER_WINDOW_MAX, sm_count, sorted_plan, vec_counts, vec_hist,
                      vec_longer, vec_longest, vec_meta, vec_plan)
 
-__all__ = ["Config", "NO_PLAN", "Shape", "VEC_COOP_CTAS", "VEC_ONE_WAVE_WARPS", "VEC_RESIDENT_WARPS", "VEC_SHORT_UNIT",
-           "VEC_UNIT_SIZES", "VEC_WIDE_WARPS", "async_rows", "async_unroll", "coop_launch", "layout_launches",
-           "partition", "partition_launch", "partition_units", "vec_coop", "vec_unit_size"]
+__all__ = ["Config", "NO_PLAN", "Shape", "VEC_COOP_CTAS", "VEC_L1_MAX_D", "VEC_L1_SKEW", "VEC_ONE_WAVE_WARPS",
+           "VEC_RESIDENT_WARPS", "VEC_SHORT_UNIT", "VEC_UNIT_SIZES", "VEC_WIDE_WARPS", "async_l1", "async_rows",
+           "async_unroll", "coop_launch", "layout_launches", "partition", "partition_launch", "partition_units",
+           "vec_coop", "vec_unit_size"]
 
 
 #: 64 features per warp (instead of 32) while units x slices still give this many warps per SM: a warp then
@@ -81,6 +82,24 @@ def async_unroll(tiling, bpu, coop):
     if coop:
         return 2
     return 2 if tiling.n_blocks <= VEC_SHORT_UNIT * max(vec_counts(tiling, bpu)["units"], 1) else 4
+
+
+#: The cp.async gathers of at most this many features go through L1 on skewed tilings (:func:`async_l1`): a row
+#: of 64 features is two 128-byte lines, and wider rows' lines evict more of what the SM's warps gather again.
+VEC_L1_MAX_D = 64
+#: ... where the longest window holds at least this many times the mean blocks per window: hub rows, and in the
+#: graphs measured hub columns with them, whose X rows an SM's warps gather again and again.
+VEC_L1_SKEW = 8
+
+
+def async_l1(tiling, D):
+    """Whether the vector SpMM's cp.async gathers of ``D`` features copy X's rows through L1: at most
+    :data:`VEC_L1_MAX_D` features, on a tiling whose longest window is at least :data:`VEC_L1_SKEW` times its mean
+    (the window histogram's statistics, read once per tiling).  Through L1 a hub's row that an SM gathers again hits
+    there, not in L2; on even tilings the copies only take L1 from the staged rows."""
+    if D > VEC_L1_MAX_D or not tiling.n_blocks:
+        return False
+    return vec_longest(tiling) * tiling.n_windows >= VEC_L1_SKEW * tiling.n_blocks
 
 
 def partition_units(tiling, bpu, n_slices=None):

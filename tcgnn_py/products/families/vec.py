@@ -17,7 +17,7 @@ from .._autotune import choose
 from .._launch import f32_plan, sddmm, sddmm_plan
 from .._plans import spmm_plan, vec_counts
 from .._values import VEC_DENSE_BYTES_MAX
-from .._vec_layout import Config, Shape, async_rows, async_unroll, layout_launches, partition, vec_coop
+from .._vec_layout import Config, Shape, async_l1, async_rows, async_unroll, layout_launches, partition, vec_coop
 
 __all__ = ["MAX_WARPS", "Config", "candidates", "default", "kernels", "launch", "launches", "plan", "plan_sddmm",
            "sddmm_launch", "spmm_launch"]
@@ -90,7 +90,8 @@ def kernels(tiling, dtype, config):
 
 def default(tiling, D, vec):
     """The statistics' launch (no timing): :func:`.._vec_layout.partition`'s, cp.async gathers where rows allow
-    (16-byte aligned), one CTA per window where :func:`.._vec_layout.vec_coop` says it pays.
+    (16-byte aligned), through L1 where :func:`.._vec_layout.async_l1` says so, one CTA per window where
+    :func:`.._vec_layout.vec_coop` says it pays.
 
     ``options()["vec_kernel"]`` (a config of :data:`.kernels.products.VEC_SPMM_CONFIGS`) pins the kernel; the
     partition is the statistics' all the same, and rows cp.async cannot copy take the rule's kernel.
@@ -108,7 +109,8 @@ def default(tiling, D, vec):
     if coop and D > 32 and options()["vec_max_slices"] >= 2:  # (a few CTAs per SM: 64 features per warp read
         slices = 2  # each block's metadata once)
     return Config(kp.SpmmVecAsync(FS=slices, U=async_unroll(tiling, bpu, coop), NS=kp.VEC_STAGES,
-                                  COMBINE=combine and not coop, RX=True, PV=True, COOP=coop), bpu)
+                                  COMBINE=combine and not coop, RX=True, PV=True, COOP=coop,
+                                  L1=not coop and async_l1(tiling, D)), bpu)
 
 
 def launch(tiling, dtype, D, vec, config=None):
