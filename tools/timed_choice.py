@@ -68,18 +68,15 @@ def main():
                 first = _first_call_ms(lambda: tg.spmm(T, Xs[0], out=Y))
                 assert bool((Y == ref).all()), (name, D, mode)  # synchronize!
                 row[mode] = dict(ours_clocks(lambda i: tg.spmm(T, Xs[i], out=Y)), first_ms=first)
-            if timed:
-                choices = T.launch_choices()
-                if not choices:  # (a product too large to time keeps the statistics' launch: nothing to compare)
-                    break
-                (choice,) = choices
-                won = choice["ms"][choice["kept"]][0]
-                row["timed"]["won"] = [won.get(f) for f in won_fields]
-                row["timed"]["candidates_us"] = {str(tuple(c.values())): 1e3 * t for c, t in choice["ms"]}
-        if "won" not in row["timed"]:
+        choices = T.launch_choices()  # (the timed tiling's one product; none where a product too large to time
+        if not choices:  # kept the statistics' launch, and there is nothing to compare)
             print(f"| {name} | {D} | not timed: a product this large keeps the statistics' launch |", flush=True)
             untimed += 1
             continue
+        (choice,) = choices
+        won = choice["ms"][choice["kept"]][0]
+        row["timed"]["won"] = [won.get(f) for f in won_fields]
+        row["timed"]["candidates_us"] = {str(tuple(c.values())): 1e3 * t for c, t in choice["ms"]}
         c, s, t = row["cusparse"], row["statistics"], row["timed"]
         line = (f"| {name} | {D} | {c['gpu']:.1f} | {s['gpu']:.1f} | {t['gpu']:.1f} | {c['idle']:.1f} |"
                 f" {s['idle']:.1f} | {t['idle']:.1f} | {c['gpu'] / s['gpu']:.2f}× / {c['gpu'] / t['gpu']:.2f}× |"
