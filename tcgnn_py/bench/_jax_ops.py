@@ -156,14 +156,11 @@ def jax_markdown(rows):
              "(ours / segment_sum) | GPU-only us | host us/call | XLA temporaries MB (ours / segment_sum / BCOO) | "
              "CuPy allocations, bytes (ours) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
-    def cell(v):
-        return "–" if v is None else f"{v:.1f}"
+    def cell(v, fmt="{:.1f}"):  # (a measure a row may lack: a dash)
+        return "–" if v is None else fmt.format(*(v if isinstance(v, tuple) else (v,)))
 
     def mb(v):
-        return "–" if v is None else f"{v / 2**20:.2f}"
-
-    def counts(v):
-        return "–" if v is None else f"{v[0]}, {v[1]}"
+        return cell(None if v is None else v / 2**20, "{:.2f}")
 
     for g in graphs:
         agg = {r["impl"]: r for r in rows if r["graph"] == g}
@@ -173,5 +170,5 @@ def jax_markdown(rows):
                      f"{ours['call_us']:.0f} / {seg['call_us']:.0f} | {cell(ours.get('gpu_us'))} | "
                      f"{cell(ours.get('host_us'))} | {mb(ours.get('temp_bytes'))} / {mb(seg.get('temp_bytes'))} / "
                      f"{mb(bcoo.get('temp_bytes'))} | "
-                     f"{counts(ours.get('allocations'))} |")
+                     f"{cell(ours.get('allocations'), '{}, {}')} |")
     return "\n".join(lines)
