@@ -70,6 +70,8 @@ __all__ = [
     "translate_small",
     "plan_units",
     "plan_longest_first",
+    "plan_work",
+    "PLAN_WORK",
     "csr_of_order",
     "transpose_count",
     "transpose_place",
@@ -509,41 +511,52 @@ def translate_small(indptr, indices, data, n_cols, window, block, edge_row, kidx
         _meta_at(b, win_ptr, block_ptr, tile_pos, words, meta)
 
 
+#: Scratch int32 of :func:`plan_units` per window, and 3 more: three counts per window, and their scans of one more
+#: each.
+PLAN_WORK = 6
+
+
+def plan_work(n_windows):
+    """int32 scratch of :func:`plan_units` for ``n_windows`` windows (:func:`plan_longest_first` adds its sort's)."""
+    return PLAN_WORK * n_windows + PLAN_WORK // 2
+
+
 @cuda.jit(cache=True, **({} if config.ENABLE_CUDASIM else {"max_registers": 64}))  # (the simulator takes no limit)
-def plan_units(win_ptr, unit_size, max_units, parts, cut, is_cut, unit_ptr, slot_ptr, split_ptr, units, unit_k0,
-               splits):
+def plan_units(win_ptr, unit_size, max_units, work, units, unit_k0, splits):
     """A product's work plan of the windows ``win_ptr`` by one CTA, where they are: window ``w`` of ``nb`` blocks
     is ``k = ceil(nb / unit_size)`` units (1 to ``max_units``), part ``j`` its blocks ``[j nb / k, (j + 1) nb /
     k)``; the windows cut in several give their units consecutive slots, and a ``splits`` row each -- the arrays of
     the host's plan (``tcgnn_py.products``' ``build_plan``), without a pass on the host or an upload (a small new
-    matrix's first product).  ``parts``, ``cut``, ``is_cut`` (one per window) and their scans ``unit_ptr``,
-    ``slot_ptr``, ``split_ptr`` are scratch."""
+    matrix's first product).  ``work`` is :func:`plan_work` ``(n)`` int32 of scratch for ``n`` windows: each
+    window's parts, cut parts and whether it is cut, and their scans -- one array, as each array a launch passes
+    costs a new matrix's first product host time of its own."""
     totals = cuda.shared.array(33, dtype=np.int32)
-    _plan_units_cta(win_ptr, unit_size, max_units, parts, cut, is_cut, unit_ptr, slot_ptr, split_ptr, units, unit_k0,
-                    splits, totals)
+    _plan_units_cta(win_ptr, unit_size, max_units, work, units, unit_k0, splits, totals)
 
 
 @cuda.jit(cache=True, **({} if config.ENABLE_CUDASIM else {"max_registers": 64}))  # (the simulator takes no limit)
-def plan_longest_first(win_ptr, unit_size, max_units, parts, cut, is_cut, unit_ptr, slot_ptr, split_ptr, plan,
-                       plan_k0, splits, counts, starts, units, unit_k0):
+def plan_longest_first(win_ptr, unit_size, max_units, work, keys, plan, plan_k0, splits, units, unit_k0):
     """:func:`plan_units`' plan (its units in ``plan`` and ``plan_k0``, scratch here), then its units and their split
     rows longest first into ``units`` and ``unit_k0`` (:func:`_longest_first_cta`), by one CTA in one launch: a
     new matrix's first product whose grid runs in several waves plans it so, and each launch costs that call as
-    much host time as the CTA runs."""
+    much host time as the CTA runs.  ``work`` holds :func:`plan_units`' scratch, then the sort's ``keys`` counts
+    and their ``keys + 1`` scan."""
     totals = cuda.shared.array(33, dtype=np.int32)
-    _plan_units_cta(win_ptr, unit_size, max_units, parts, cut, is_cut, unit_ptr, slot_ptr, split_ptr, plan, plan_k0,
-                    splits, totals)
+    _plan_units_cta(win_ptr, unit_size, max_units, work, plan, plan_k0, splits, totals)
     cuda.syncthreads()
-    _longest_first_cta(plan, plan_k0, counts, starts, units, unit_k0, totals)
+    at = PLAN_WORK * (win_ptr.shape[0] - 1) + PLAN_WORK // 2  # (after plan_units' scratch)
+    _longest_first_cta(plan, plan_k0, work[at:at + keys], work[at + keys:at + 2 * keys + 1], units, unit_k0, totals)
 
 
 @cuda.jit(device=True)
-def _plan_units_cta(win_ptr, unit_size, max_units, parts, cut, is_cut, unit_ptr, slot_ptr, split_ptr, units, unit_k0,
-                    splits, totals):
-    """:func:`plan_units`' work by the CTA's threads (``totals``: the CTA scan's shared memory)."""
+def _plan_units_cta(win_ptr, unit_size, max_units, work, units, unit_k0, splits, totals):
+    """:func:`plan_units`' work by the CTA's threads (``totals``: the CTA scan's shared memory), its per-window
+    arrays and scans views of ``work``."""
     t0 = cuda.threadIdx.x
     nt = cuda.blockDim.x
-    n = parts.shape[0]
+    n = win_ptr.shape[0] - 1
+    parts, cut, is_cut = work[:n], work[n:2 * n], work[2 * n:3 * n]
+    unit_ptr, slot_ptr, split_ptr = work[3 * n:4 * n + 1], work[4 * n + 1:5 * n + 2], work[5 * n + 2:6 * n + 3]
     for w in range(t0, n, nt):
         k = max((win_ptr[w + 1] - win_ptr[w] + unit_size - 1) // unit_size, 1)
         k = min(k, max_units)
@@ -741,13 +754,11 @@ KERNELS = {
         f"({_I}, {_I}, float32[::1], int64, int64, int64, {_I}, {_I}, {_I}, {_I}, {_I}, {_I}, {_I}, {_I}, {_I}, "
         f"{_I}, {_I}, uint8[::1], float32[::1], {_I}, int64, uint32[:, ::1], {_I})",
     ),
-    "plan_units": (plan_units, f"({_I}, int64, int64, {_I}, {_I}, {_I}, {_I}, {_I}, {_I}, int32[:, ::1], "
-                               "int32[:, ::1], int32[:, ::1])"),
+    "plan_units": (plan_units, f"({_I}, int64, int64, {_I}, int32[:, ::1], int32[:, ::1], int32[:, ::1])"),
     "csr_of_order": (csr_of_order, f"(int64[::1], {_I}, {_I}, float32[::1], {_I}, {_I}, float32[::1])"),
     "transpose_count": (transpose_count, f"({_I}, {_I})"),
     "transpose_place": (transpose_place, f"({_I}, {_I}, {_I}, {_I}, {_I})"),
     "transpose_rank": (transpose_rank, f"({_I}, {_I}, {_I}, {_I}, float32[::1], int64[::1], {_I}, float32[::1])"),
-    "plan_longest_first": (plan_longest_first, f"({_I}, int64, int64, {_I}, {_I}, {_I}, {_I}, {_I}, {_I}, "
-                                               f"int32[:, ::1], int32[:, ::1], int32[:, ::1], {_I}, {_I}, "
-                                               "int32[:, ::1], int32[:, ::1])"),
+    "plan_longest_first": (plan_longest_first, f"({_I}, int64, int64, {_I}, int64, int32[:, ::1], int32[:, ::1], "
+                                               "int32[:, ::1], int32[:, ::1], int32[:, ::1])"),
 }

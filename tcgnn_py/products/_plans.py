@@ -275,25 +275,27 @@ def device_plan(xp, win_ptr, nb, blocks_per_unit, max_units, threads=None, count
     (no unit longer than that many blocks) its units and split rows come longest first (:func:`_longest_first`'s
     order), sorted by the same CTA in the same launch
     (:func:`~tcgnn_py.kernels.sgt.plan_longest_first`).  The plan and the CTA's scratch are views of one
-    allocation, each :data:`_UPLOAD_ALIGN`-aligned: each launch and allocation costs a new matrix's first product
-    host time of its own.  ``threads``: the CTA's (the simulator's tests use fewer)."""
+    allocation, each :data:`_UPLOAD_ALIGN`-aligned, the scratch one array: each launch, allocation and array passed
+    costs a new matrix's first product host time of its own.  ``threads``: the CTA's (the simulator's tests use
+    fewer)."""
     from ..kernels import sgt as k
     from ..kernels.launch import launch_numba
 
-    n = nb.shape[0]
     n_units, n_slots, max_parts, n_split = counts or _counts(nb, blocks_per_unit, max_units)
     threads = threads or k.cta_threads(xp is np)
-    shapes = [(n_units, 4), (n_units, 2), (n_split, 4), n, n, n, n + 1, n + 1, n + 1]  # (each window's counts, scans)
+    work = k.plan_work(nb.shape[0])  # (each window's counts and their scans)
+    shapes = [(n_units, 4), (n_units, 2), (n_split, 4), work]
     if longest is not None:
         keys = (longest + 1) * (threads // 32)  # (a count per length and warp)
-        shapes += [(n_units, 4), (n_units, 2), keys, keys + 1]  # (the plan before its sort, the sort's counts)
+        shapes[3] = work + 2 * keys + 1  # (then the sort's counts and their scan)
+        shapes += [(n_units, 4), (n_units, 2)]  # (the plan before its sort)
     views = scratch_views(xp, shapes, align=_UPLOAD_ALIGN // 4)
-    units, unit_k0, splits = views[:3]
+    units, unit_k0, splits, work = views[:4]
     if longest is None:
-        launch_numba(k.plan_units, 1, threads, win_ptr, blocks_per_unit, max_units, *views[3:], units, unit_k0, splits)
+        launch_numba(k.plan_units, 1, threads, win_ptr, blocks_per_unit, max_units, work, units, unit_k0, splits)
     else:
-        launch_numba(k.plan_longest_first, 1, threads, win_ptr, blocks_per_unit, max_units, *views[3:11], splits,
-                     *views[11:], units, unit_k0)
+        launch_numba(k.plan_longest_first, 1, threads, win_ptr, blocks_per_unit, max_units, work, keys, *views[4:],
+                     splits, units, unit_k0)
     return {"units": units, "unit_k0": unit_k0, "splits": splits, "n_slots": n_slots, "max_parts": max_parts}
 
 
