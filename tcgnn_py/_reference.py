@@ -44,6 +44,7 @@ __all__ = [
     "tiled_rows_cols",
     "entry_blocks",
     "block_meta",
+    "window_stats",
     "edge_rows",
     "spmm",
     "sddmm",
@@ -195,6 +196,18 @@ def block_meta(block_ptr, tile_pos, words, columns):
     if columns > words:
         meta[:, words] = block_ptr[:-1]
     return meta
+
+
+def window_stats(win_ptr, sizes, max_units):
+    """What a translation counts of its windows for planning products, from their pointers (int64; the GPU
+    translation's ``status[2:]``): the longest window's blocks, the empty windows, then per unit size of ``sizes``
+    the units of ``ceil(nb / size)`` per window of ``nb`` blocks, those at least 1 and at most ``max_units`` per
+    window, and the windows of more than ``size`` blocks."""
+    nb = np.diff(np.asarray(win_ptr, np.int64))
+    parts = [-(-nb // s) for s in sizes]
+    return np.array([nb.max(initial=0), np.count_nonzero(nb == 0)] + [k.sum() for k in parts]
+                    + [np.clip(k, 1, max_units).sum() for k in parts] + [np.count_nonzero(nb > s) for s in sizes],
+                    np.int64)
 
 
 def tiled_rows_cols(win_ptr, block_cols, block_ptr, tile_pos, window):

@@ -31,13 +31,15 @@ def _kernels():
 #: Warp intrinsics each kernel must compile to: the reason it exists in this form.
 INTRINSICS = {
     "rank_edges": ("vote.sync.ballot", "shfl.sync.bfly"),
+    "window_blocks": ("shfl.sync.bfly", "atom.global.max", "atom.global.add"),
     "count_block_rows": ("shfl.sync.up",),
     "check_csr": ("atom.global.or",),
     "scan_tiles": ("shfl.sync.up",),
     "scan_tile_totals": ("shfl.sync.up",),
     "plan_units": ("shfl.sync.up", "bar.sync"),
     "plan_longest_first": ("shfl.sync.up", "match.any.sync", "popc", "bar.sync"),
-    "translate_small": ("vote.sync.ballot", "shfl.sync.bfly", "shfl.sync.up", "atom.global.or", "bar.sync"),
+    "translate_small": ("vote.sync.ballot", "shfl.sync.bfly", "shfl.sync.up", "atom.global.or", "atom.global.max",
+                        "bar.sync"),
     "pack_bits": ("match.any.sync", "vote.sync.ballot"),
     "vector_codes": ("popc",),
     "count_meta_violations": ("vote.sync.ballot", "popc"),

@@ -39,6 +39,11 @@ def kernel_vs_reference(xp, A, tile_shape, small=None):
     np.testing.assert_array_equal(host(got["block_meta"]), meta)
     assert isinstance(got["host_win_ptr"], np.ndarray)
     np.testing.assert_array_equal(got["host_win_ptr"], want["win_ptr"])
+    # The windows' statistics for planning products, read with the translation's one host read.
+    stats = got["window_stats"]
+    assert stats.sizes == (16, 32, 64, 128, 256) and stats.max_units == 1024
+    np.testing.assert_array_equal([stats.longest, stats.empty, *stats.units, *stats.capped, *stats.cut],
+                                  ref.window_stats(want["win_ptr"], stats.sizes, stats.max_units))
 
 
 
@@ -77,14 +82,39 @@ def test_small_matrices_take_one_launch(xp, monkeypatch):
     assert k.translate_small not in launched and launched[0] is k.check_csr and len(launched) >= 8
 
 
-@SMALL
-def test_translate_hub_window(xp, small):
-    # A window whose first row holds many columns and whose other rows repeat some.
-    n = 70 if SIM else 5000
+def _hub(n):
+    """A window whose first row holds many columns and whose other rows repeat some; many empty windows."""
     rows = np.r_[np.zeros(n - 1, int), np.arange(1, 16)]
     cols = np.r_[np.arange(1, n), np.arange(1, 16) * 3]
-    A = sp.csr_array((np.ones(rows.size), (rows, cols)), shape=(n, n))
-    kernel_vs_reference(xp, A, (16, 8), small)
+    return sp.csr_array((np.ones(rows.size), (rows, cols)), shape=(n, n))
+
+
+@SMALL
+@pytest.mark.parametrize("tile_shape", [(16, 8), (1, 2)])
+def test_translate_hub_window(xp, small, tile_shape):
+    # (1 x 2 tiles: a window of 75 blocks in the simulator, which every unit size of the statistics but 128 and 256
+    # cuts)
+    kernel_vs_reference(xp, _hub(150 if SIM else 5000), tile_shape, small)
+
+
+@SMALL
+def test_planning_reads_the_translations_window_stats(xp, small):
+    """A tiling translated by the kernels plans its products from the statistics they counted: the same counts as
+    passes over its windows on the host."""
+    from tcgnn_py.products import _plans, _vec_layout
+    from tcgnn_py.tiles import Tiling
+
+    A = sp.csr_array(_hub(400 if SIM else 20000), dtype=np.float32)
+    args = [xp.asarray(a) for a in (A.data, A.indices.astype(np.int32), A.indptr.astype(np.int32))]
+    arrays = _sgt.translate_kernels(xp, *args, A.shape, 8, 4, small=small)
+    counted, _ = Tiling.from_arrays(arrays, A.shape, (8, 4))
+    passes, _ = Tiling.from_arrays({k: v for k, v in arrays.items() if k != "window_stats"}, A.shape, (8, 4))
+    assert counted.peek("window_stats") is not None and passes.peek("window_stats") is None
+    assert _plans.vec_longest(counted) == _plans.vec_longest(passes) > 64
+    assert _vec_layout._size_stats(counted) == _vec_layout._size_stats(passes)
+    for bpu in _vec_layout.VEC_UNIT_SIZES:
+        assert _plans.plan_counts(counted, bpu, _plans.VEC_UNITS_PER_WINDOW_MAX) == \
+            _plans.plan_counts(passes, bpu, _plans.VEC_UNITS_PER_WINDOW_MAX)
 
 
 def test_canonicalize_kernels(xp):

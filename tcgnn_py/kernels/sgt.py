@@ -19,7 +19,10 @@ serialise), with one host read at the end:
    launch for a single tile, CuPy's scan over :data:`SCAN_SMALL_MAX`) scans
    the first-occurrence flags, in merged order,
    which numbers each window's distinct columns; :func:`window_blocks` turns
-   them into blocks per window, and a second scan into ``win_ptr``.
+   them into blocks per window, and a second scan into ``win_ptr``.  It also
+   counts what planning a product reads of the windows (:data:`N_STATS`
+   integers in ``status``: the longest, the units of each size), which the
+   host reads with ``status``.
 3. :func:`condense_edges` -- per edge: its condensed column id; first
    occurrences write ``block_cols`` (and pad the window's last block with -1).
 4. :func:`count_block_rows` -- a group of ``H`` lanes per block; lane ``t``
@@ -72,6 +75,9 @@ __all__ = [
     "plan_longest_first",
     "plan_work",
     "PLAN_WORK",
+    "STAT_SIZES",
+    "STAT_MAX_UNITS",
+    "N_STATS",
     "csr_of_order",
     "transpose_count",
     "transpose_place",
@@ -191,10 +197,63 @@ def _window_blocks_at(w, indptr, scan, n_rows, window, block, nblk):
 
 @cuda.jit(cache=True)
 def window_blocks(indptr, scan, n_rows, window, block, nblk, status):
-    """Blocks of each window: its distinct columns over ``block``, rounded up."""
+    """Blocks of each window: its distinct columns over ``block``, rounded up; and the windows' statistics in
+    ``status[2:]`` (:func:`_window_stats`)."""
     if status[0] != 0:
         return
-    _window_blocks_at(cuda.grid(1), indptr, scan, n_rows, window, block, nblk)
+    w = cuda.grid(1)
+    _window_blocks_at(w, indptr, scan, n_rows, window, block, nblk)
+    _window_stats(nblk[w] if w < nblk.shape[0] else -1, status)
+
+
+#: What a translation counts of its windows for planning products (``status[2:]``, :func:`_window_stats`): the
+#: longest window's blocks, the empty windows, then for each unit size ``16 << i`` (``i <`` :data:`STAT_SIZES`) the
+#: units of ``ceil(nb / size)`` per window of ``nb`` blocks, those at least 1 and at most :data:`STAT_MAX_UNITS` per
+#: window, and the windows of more than ``size`` blocks.  A new matrix's first product reads them in the
+#: translation's one host read, instead of passes over its windows.
+STAT_SIZES = 5
+STAT_MAX_UNITS = 1024
+N_STATS = 2 + 3 * STAT_SIZES
+
+
+@cuda.jit(device=True)
+def _warp_sum(v):
+    """Sum of the int32 ``v`` over the warp, in every lane (every lane calls it)."""
+    total = np.int32(v)
+    lanes = 16
+    while lanes > 0:
+        total += cuda.shfl_xor_sync(FULL_MASK, total, lanes)
+        lanes >>= 1
+    return np.int32(total)
+
+
+@cuda.jit(device=True)
+def _window_stats(nb, status):
+    """Add a window of ``nb`` blocks (-1 where the lane has none) to the statistics in ``status[2:]``
+    (:data:`N_STATS`): each warp sums its lanes', and its lane 0 adds them.  Every lane of the warp calls it.
+    int32 throughout: an atomic of another width than the array's would write its neighbour."""
+    nb = np.int32(nb)
+    top = nb
+    lanes = 16
+    while lanes > 0:
+        top = max(top, np.int32(cuda.shfl_xor_sync(FULL_MASK, top, lanes)))
+        lanes >>= 1
+    empty = _warp_sum(1 if nb == 0 else 0)
+    first = cuda.laneid == 0
+    if first and top > 0:
+        cuda.atomic.max(status, 2, np.int32(top))
+    if first and empty > 0:
+        cuda.atomic.add(status, 3, empty)
+    for i in range(STAT_SIZES):
+        size = np.int32(16 << i)
+        k = (nb + size - 1) // size if nb > 0 else 0
+        units = _warp_sum(k)
+        capped = _warp_sum(min(max(k, 1), STAT_MAX_UNITS) if nb >= 0 else 0)
+        cut = _warp_sum(1 if nb > size else 0)
+        if first:
+            cuda.atomic.add(status, 4 + i, units)
+            cuda.atomic.add(status, 4 + STAT_SIZES + i, capped)
+            cuda.atomic.add(status, 4 + 2 * STAT_SIZES + i, cut)
 
 
 @cuda.jit(device=True)
@@ -492,6 +551,9 @@ def translate_small(indptr, indices, data, n_cols, window, block, edge_row, kidx
         _window_blocks_at(w, indptr, scan, n_rows, window, block, nblk)
     cuda.syncthreads()
     _scan_cta(nblk, win_ptr, totals)
+    for base in range(0, nblk.shape[0], nt):  # (whole warps: the statistics' collectives)
+        w = base + t0
+        _window_stats(nblk[w] if w < nblk.shape[0] else -1, status)
     cuda.syncthreads()
     for e in range(t0, nnz, nt):
         _condense_at(e, indptr, indices, edge_row, window, block, win_ptr, scan, first_flag, kidx, block_cols,

@@ -60,12 +60,18 @@ def vec_counts(tiling, bpu):
 
 
 def plan_counts(tiling, bpu, max_units):
-    """``(units, slots, most parts, windows cut)`` of :func:`spmm_plan`'s plan, from the blocks-per-window histogram
-    on the host (cached): counted once, for choosing a launch and for making the plan on the device."""
+    """``(units, slots, most parts, windows cut)`` of :func:`spmm_plan`'s plan (cached): the translation's counts
+    where it made them for this unit size (:class:`~tcgnn_py.tiles.WindowStats`), else from the blocks-per-window
+    histogram on the host; counted once, for choosing a launch and for making the plan on the device."""
     def build():
         longest, n = vec_longest(tiling), tiling.n_windows
         if longest <= bpu:  # (no window cut: a unit each, counted without a pass)
             return n, 0, min(n, 1), 0
+        stats = tiling.peek("window_stats")
+        if stats is not None and max_units == stats.max_units and bpu in stats.sizes:  # (the translation's counts)
+            i = stats.sizes.index(bpu)
+            units, cut = stats.capped[i], stats.cut[i]
+            return units, units - (n - cut), min(-(-longest // bpu), max_units), cut
         if longest > LENGTH_TABLE_MAX:
             return _counts(vec_hist(tiling), bpu, max_units)
         longer = vec_longer(tiling)
@@ -101,8 +107,12 @@ def _counts(nb, bpu, max_units):
 
 
 def vec_longest(tiling):
-    """Blocks of the longest window (cached on the tiling)."""
-    return tiling.cached("vec_longest", lambda: int(vec_hist(tiling).max(initial=0)))
+    """Blocks of the longest window (cached on the tiling): the translation's count, where it made one."""
+    def build():
+        stats = tiling.peek("window_stats")
+        return int(vec_hist(tiling).max(initial=0)) if stats is None else stats.longest
+
+    return tiling.cached("vec_longest", build)
 
 
 def sm_count(tiling):
@@ -118,7 +128,7 @@ def sorted_plan(tiling, bpu):
     if _plans_on_device(tiling):
         top = max(bpu, -(-vec_longest(tiling) // VEC_UNITS_PER_WINDOW_MAX))
     if top is not None and top <= DEVICE_SORT_LONGEST_MAX:
-        plan = device_plan(tiling.xp, tiling.win_ptr, vec_hist(tiling), bpu, VEC_UNITS_PER_WINDOW_MAX,
+        plan = device_plan(tiling.xp, tiling.win_ptr, None, bpu, VEC_UNITS_PER_WINDOW_MAX,
                            counts=plan_counts(tiling, bpu, VEC_UNITS_PER_WINDOW_MAX), longest=top)
         rest = {k: v for k, v in plan.items() if k not in ("units", "unit_k0")}
         return rest, plan["units"], plan["unit_k0"]
@@ -245,7 +255,7 @@ def spmm_plan(tiling, blocks_per_unit, max_units=None):
 
     def build():
         if _plans_on_device(tiling):
-            return device_plan(tiling.xp, tiling.win_ptr, vec_hist(tiling), blocks_per_unit, max_units,
+            return device_plan(tiling.xp, tiling.win_ptr, None, blocks_per_unit, max_units,
                                counts=plan_counts(tiling, blocks_per_unit, max_units))
         return _uploaded(tiling, _plan_where_planned(tiling, blocks_per_unit, max_units))
 
@@ -270,8 +280,9 @@ def _plans_on_device(tiling):
 
 def device_plan(xp, win_ptr, nb, blocks_per_unit, max_units, threads=None, counts=None, longest=None):
     """:func:`build_plan`'s plan of ``win_ptr`` (``xp``: CuPy, or NumPy in the simulator) by one launch of one CTA
-    (:func:`~tcgnn_py.kernels.sgt.plan_units`), its sizes from ``counts`` (:func:`plan_counts`'s, or counted from
-    ``nb``, blocks per window on the host): the same arrays, written where the kernels read them.  With ``longest``
+    (:func:`~tcgnn_py.kernels.sgt.plan_units`), its sizes from ``counts`` (:func:`plan_counts`'s), or counted from
+    ``nb`` (blocks per window on the host; None with ``counts``): the same arrays, written where the kernels read
+    them.  With ``longest``
     (no unit longer than that many blocks) its units and split rows come longest first (:func:`_longest_first`'s
     order), sorted by the same CTA in the same launch
     (:func:`~tcgnn_py.kernels.sgt.plan_longest_first`).  The plan and the CTA's scratch are views of one
@@ -283,7 +294,7 @@ def device_plan(xp, win_ptr, nb, blocks_per_unit, max_units, threads=None, count
 
     n_units, n_slots, max_parts, n_split = counts or _counts(nb, blocks_per_unit, max_units)
     threads = threads or k.cta_threads(xp is np)
-    work = k.plan_work(nb.shape[0])  # (each window's counts and their scans)
+    work = k.plan_work(win_ptr.shape[0] - 1)  # (each window's counts and their scans)
     shapes = [(n_units, 4), (n_units, 2), (n_split, 4), work]
     if longest is not None:
         keys = (longest + 1) * (threads // 32)  # (a count per length and warp)

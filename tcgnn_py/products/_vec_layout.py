@@ -277,9 +277,13 @@ def _units_bound(tiling, bpu):
 
 def _size_stats(tiling):
     """``(longest window, blocks, units per size of VEC_UNIT_SIZES)`` of the blocks-per-window histogram (cached on
-    the tiling): what :func:`_unit_size` reads, for every width, from one table of the windows' lengths
+    the tiling): what :func:`_unit_size` reads, for every width: the translation's counts where it made them for
+    these sizes (:class:`~tcgnn_py.tiles.WindowStats`), else from one table of the windows' lengths
     (:func:`.vec_longer`), or one pass over the windows where the longest is too long for it."""
     def build():
+        stats = tiling.peek("window_stats")
+        if stats is not None and stats.sizes == VEC_UNIT_SIZES:  # (an empty window keeps one unit)
+            return stats.longest, tiling.n_blocks, tuple([u + stats.empty for u in stats.units])
         longest = vec_longest(tiling)
         if longest > LENGTH_TABLE_MAX:
             nb = np.asarray(vec_hist(tiling))

@@ -6,6 +6,8 @@ its input.  The GPU path runs the Numba kernels of :mod:`tcgnn_py.kernels.sgt`
 and CuPy scans; it produces arrays identical to the reference.
 """
 
+from typing import NamedTuple
+
 import numpy as np
 
 from .. import _reference as ref
@@ -19,7 +21,7 @@ from ..kernels.launch import launch_numba as _launch
 
 __all__ = ["tile", "translate", "translate_kernels", "canonicalize_kernels", "coo_to_csr_order",
            "csr_of_order_kernels", "csr_transpose", "transpose_kernels", "TRANSPOSE_RANK_MAX",
-           "host_limit", "on_host", "upload", "kernels_ran", "warm_kernels", "HOST_PLAN_MAX", "DERIVED",
+           "host_limit", "on_host", "upload", "kernels_ran", "warm_kernels", "HOST_PLAN_MAX", "DERIVED", "WindowStats",
            "block_meta_layout"]
 
 #: Tilings of at most this many stored entries plan their products on the host, with NumPy, and upload the plans:
@@ -28,8 +30,9 @@ __all__ = ["tile", "translate", "translate_kernels", "canonicalize_kernels", "co
 #: reads (the tiling's derived data, :data:`DERIVED`): planning them reads nothing back.
 HOST_PLAN_MAX = 1 << 22
 #: Derived data a translation may hand over beside the structure: its key in the translation's output -> its key in
-#: the tiling's cache.  The window pointers on the host, and each block's metadata (:func:`block_meta_layout`).
-DERIVED = {"host_win_ptr": ("host", "win_ptr"), "block_meta": "block_meta"}
+#: the tiling's cache.  The window pointers on the host, each block's metadata (:func:`block_meta_layout`), and the
+#: windows' statistics (:class:`WindowStats`).
+DERIVED = {"host_win_ptr": ("host", "win_ptr"), "block_meta": "block_meta", "window_stats": "window_stats"}
 
 
 def block_meta_layout(window, block):
@@ -288,6 +291,8 @@ def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None
             "perm": cp.zeros(0, np.int32),
             "block_meta": cp.zeros((0, block_meta_layout(H, W)[1]), np.uint32),
             "host_win_ptr": np.zeros(n_windows + 1, np.int32),
+            "window_stats": _window_stats(k, [0, n_windows] + ([0] * k.STAT_SIZES + [n_windows] * k.STAT_SIZES
+                                                                + [0] * k.STAT_SIZES)),  # (every window empty)
         }
     if nnz * H > INDEX_MAX:
         # rank_edges runs H threads per entry with int32 thread ids.
@@ -299,8 +304,9 @@ def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None
     if bound * max(H, W) > INDEX_MAX:
         raise ValueError(f"up to {bound} tensor-core blocks do not fit the int32 tiled format")
 
-    # win_ptr, then status (error bits, the number of blocks): one buffer, so that the one host read takes both
-    shared = cp.zeros(n_windows + 3, np.int32)
+    # win_ptr, then status (error bits, the number of blocks, the windows' statistics): one buffer, so that the one
+    # host read takes both
+    shared = cp.zeros(n_windows + 3 + k.N_STATS, np.int32)
     win_ptr, status = shared[:n_windows + 1], shared[n_windows + 1:]
     if small is None:
         small = edge_row is None and nnz <= options()["sgt_one_launch_max"]
@@ -312,7 +318,8 @@ def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None
             cp, k, data, indices, indptr, n_rows, n_cols, H, W, n_windows, bound, win_ptr, status, edge_row)
     # synchronize! (the translation's one host read: a small tiling's window pointers with it)
     host = to_host(shared if meta is not None else status)
-    err, n_blocks = (int(v) for v in host[-2:])
+    read = host[-status.shape[0]:]
+    err, n_blocks = int(read[0]), int(read[1])
     if err & k.BAD_SIZES:
         raise _SizesUnread
     for bit, message in _check_messages(n_cols):
@@ -337,11 +344,33 @@ def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None
         "tile_pos": tile_pos,
         "values": values,
         "perm": perm,
+        "window_stats": _window_stats(k, read[2:].tolist()),
     }
     if meta is not None:
         out["block_meta"] = meta
         out["host_win_ptr"] = host[:n_windows + 1]
     return out
+
+
+class WindowStats(NamedTuple):
+    """What a translation counts of its windows for planning products (:func:`tcgnn_py._reference.window_stats`),
+    handed over with its one host read: a new matrix's first product reads them instead of passing over its
+    windows."""
+
+    longest: int  # blocks of the longest window
+    empty: int  # windows without blocks
+    sizes: tuple  # unit sizes (blocks)
+    max_units: int  # units per window at most, in ``capped``
+    units: tuple  # per size: the sum of ceil(nb / size) over the windows of nb blocks
+    capped: tuple  # per size: the same, each window's at least 1 and at most max_units
+    cut: tuple  # per size: the windows of more than size blocks
+
+
+def _window_stats(k, read):
+    """The :class:`WindowStats` of the statistics ``read`` (Python ints) of the kernels ``k``."""
+    n = k.STAT_SIZES
+    return WindowStats(read[0], read[1], tuple([16 << i for i in range(n)]), k.STAT_MAX_UNITS, tuple(read[2:2 + n]),
+                       tuple(read[2 + n:2 + 2 * n]), tuple(read[2 + 2 * n:2 + 3 * n]))
 
 
 def _translate_steps(cp, k, data, indices, indptr, n_rows, n_cols, H, W, n_windows, bound, win_ptr, status, edge_row):
