@@ -282,9 +282,8 @@ def device_plan(xp, win_ptr, nb, blocks_per_unit, max_units, threads=None, count
     """:func:`build_plan`'s plan of ``win_ptr`` (``xp``: CuPy, or NumPy in the simulator) by one launch of one CTA
     (:func:`~tcgnn_py.kernels.sgt.plan_units`), its sizes from ``counts`` (:func:`plan_counts`'s), or counted from
     ``nb`` (blocks per window on the host; None with ``counts``): the same arrays, written where the kernels read
-    them.  With ``longest``
-    (no unit longer than that many blocks) its units and split rows come longest first (:func:`_longest_first`'s
-    order), sorted by the same CTA in the same launch
+    them.  With ``longest`` (no unit longer than that many blocks) its units and split rows come longest first
+    (:func:`_longest_first`'s order), sorted by the same CTA in the same launch
     (:func:`~tcgnn_py.kernels.sgt.plan_longest_first`).  The plan and the CTA's scratch are views of one
     allocation, each :data:`_UPLOAD_ALIGN`-aligned, the scratch one array: each launch, allocation and array passed
     costs a new matrix's first product host time of its own.  ``threads``: the CTA's (the simulator's tests use
