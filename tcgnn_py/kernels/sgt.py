@@ -198,12 +198,23 @@ def _window_blocks_at(w, indptr, scan, n_rows, window, block, nblk):
 @cuda.jit(cache=True)
 def window_blocks(indptr, scan, n_rows, window, block, nblk, status):
     """Blocks of each window: its distinct columns over ``block``, rounded up; and the windows' statistics in
-    ``status[2:]`` (:func:`_window_stats`)."""
+    ``status[2:]`` (:func:`_window_stats`), summed in the CTA first: atomics of every warp on the same few counts
+    queue at L2 and made the kernel several times longer."""
     if status[0] != 0:
         return
+    cta = cuda.shared.array(N_STATS, dtype=np.int32)  # (the CTA's counts: one global atomic each per CTA)
+    t = cuda.threadIdx.x
+    if t < N_STATS:
+        cta[t] = 0
+    cuda.syncthreads()
     w = cuda.grid(1)
     _window_blocks_at(w, indptr, scan, n_rows, window, block, nblk)
-    _window_stats(nblk[w] if w < nblk.shape[0] else -1, status)
+    _window_stats(nblk[w] if w < nblk.shape[0] else -1, cta, 0)
+    cuda.syncthreads()
+    if t == 0 and cta[0] > 0:
+        cuda.atomic.max(status, 2, cta[0])
+    elif 0 < t < N_STATS and cta[t] > 0:
+        cuda.atomic.add(status, 2 + t, cta[t])
 
 
 #: What a translation counts of its windows for planning products (``status[2:]``, :func:`_window_stats`): the
@@ -228,10 +239,11 @@ def _warp_sum(v):
 
 
 @cuda.jit(device=True)
-def _window_stats(nb, status):
-    """Add a window of ``nb`` blocks (-1 where the lane has none) to the statistics in ``status[2:]``
-    (:data:`N_STATS`): each warp sums its lanes', and its lane 0 adds them.  Every lane of the warp calls it.
-    int32 throughout: an atomic of another width than the array's would write its neighbour."""
+def _window_stats(nb, stats, at):
+    """Add a window of ``nb`` blocks (-1 where the lane has none) to the :data:`N_STATS` statistics from
+    ``stats[at]`` (the translation's ``status[2:]``, or a CTA's shared counts): each warp sums its lanes', and its
+    lane 0 adds them.  Every lane of the warp calls it.  int32 throughout: an atomic of another width than the
+    array's would write its neighbour."""
     nb = np.int32(nb)
     top = nb
     lanes = 16
@@ -241,9 +253,9 @@ def _window_stats(nb, status):
     empty = _warp_sum(1 if nb == 0 else 0)
     first = cuda.laneid == 0
     if first and top > 0:
-        cuda.atomic.max(status, 2, np.int32(top))
+        cuda.atomic.max(stats, at, np.int32(top))
     if first and empty > 0:
-        cuda.atomic.add(status, 3, empty)
+        cuda.atomic.add(stats, at + 1, empty)
     for i in range(STAT_SIZES):
         size = np.int32(16 << i)
         k = (nb + size - 1) // size if nb > 0 else 0
@@ -251,9 +263,9 @@ def _window_stats(nb, status):
         capped = _warp_sum(min(max(k, 1), STAT_MAX_UNITS) if nb >= 0 else 0)
         cut = _warp_sum(1 if nb > size else 0)
         if first:
-            cuda.atomic.add(status, 4 + i, units)
-            cuda.atomic.add(status, 4 + STAT_SIZES + i, capped)
-            cuda.atomic.add(status, 4 + 2 * STAT_SIZES + i, cut)
+            cuda.atomic.add(stats, at + 2 + i, units)
+            cuda.atomic.add(stats, at + 2 + STAT_SIZES + i, capped)
+            cuda.atomic.add(stats, at + 2 + 2 * STAT_SIZES + i, cut)
 
 
 @cuda.jit(device=True)
@@ -553,7 +565,7 @@ def translate_small(indptr, indices, data, n_cols, window, block, edge_row, kidx
     _scan_cta(nblk, win_ptr, totals)
     for base in range(0, nblk.shape[0], nt):  # (whole warps: the statistics' collectives)
         w = base + t0
-        _window_stats(nblk[w] if w < nblk.shape[0] else -1, status)
+        _window_stats(nblk[w] if w < nblk.shape[0] else -1, status, 2)
     cuda.syncthreads()
     for e in range(t0, nnz, nt):
         _condense_at(e, indptr, indices, edge_row, window, block, win_ptr, scan, first_flag, kidx, block_cols,
