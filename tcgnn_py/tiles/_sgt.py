@@ -291,8 +291,8 @@ def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None
             "perm": cp.zeros(0, np.int32),
             "block_meta": cp.zeros((0, block_meta_layout(H, W)[1]), np.uint32),
             "host_win_ptr": np.zeros(n_windows + 1, np.int32),
-            "window_stats": _window_stats(k, [0, n_windows] + ([0] * k.STAT_SIZES + [n_windows] * k.STAT_SIZES
-                                                                + [0] * k.STAT_SIZES)),  # (every window empty)
+            "window_stats": _stats_of(k, ref.window_stats(np.zeros(n_windows + 1), _stat_sizes(k),
+                                                          k.STAT_MAX_UNITS).tolist()),  # (every window empty)
         }
     if nnz * H > INDEX_MAX:
         # rank_edges runs H threads per entry with int32 thread ids.
@@ -344,7 +344,7 @@ def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None
         "tile_pos": tile_pos,
         "values": values,
         "perm": perm,
-        "window_stats": _window_stats(k, read[2:].tolist()),
+        "window_stats": _stats_of(k, read[2:].tolist()),
     }
     if meta is not None:
         out["block_meta"] = meta
@@ -366,10 +366,16 @@ class WindowStats(NamedTuple):
     cut: tuple  # per size: the windows of more than size blocks
 
 
-def _window_stats(k, read):
-    """The :class:`WindowStats` of the statistics ``read`` (Python ints) of the kernels ``k``."""
+def _stat_sizes(k):
+    """The unit sizes the kernels ``k`` count windows for."""
+    return tuple([16 << i for i in range(k.STAT_SIZES)])
+
+
+def _stats_of(k, read):
+    """The :class:`WindowStats` of the statistics ``read`` (Python ints, as :func:`tcgnn_py._reference.window_stats`
+    orders them) of the kernels ``k``."""
     n = k.STAT_SIZES
-    return WindowStats(read[0], read[1], tuple([16 << i for i in range(n)]), k.STAT_MAX_UNITS, tuple(read[2:2 + n]),
+    return WindowStats(read[0], read[1], _stat_sizes(k), k.STAT_MAX_UNITS, tuple(read[2:2 + n]),
                        tuple(read[2 + n:2 + 2 * n]), tuple(read[2 + 2 * n:2 + 3 * n]))
 
 
