@@ -31,7 +31,8 @@ def _kernels():
 #: Warp intrinsics each kernel must compile to: the reason it exists in this form.
 INTRINSICS = {
     "rank_edges": ("vote.sync.ballot", "shfl.sync.bfly"),
-    "window_blocks": ("shfl.sync.bfly", "atom.shared.add", "atom.global.max", "atom.global.add"),
+    "window_blocks": ("shfl.sync.bfly", "vote.sync.ballot", "popc", "atom.shared.add", "atom.global.max",
+                      "atom.global.add"),
     "count_block_rows": ("shfl.sync.up",),
     "check_csr": ("atom.global.or",),
     "scan_tiles": ("shfl.sync.up",),

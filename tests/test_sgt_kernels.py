@@ -41,7 +41,9 @@ def kernel_vs_reference(xp, A, tile_shape, small=None):
     np.testing.assert_array_equal(got["host_win_ptr"], want["win_ptr"])
     # The windows' statistics for planning products, read with the translation's one host read.
     stats = got["window_stats"]
-    assert stats.sizes == (16, 32, 64, 128, 256) and stats.max_units == 1024
+    from tcgnn_py.kernels import sgt as k
+
+    assert stats.sizes == (16, 32, 64, 128, 256) and stats.max_units == k.STAT_MAX_UNITS
     np.testing.assert_array_equal([stats.longest, stats.empty, *stats.units, *stats.capped, *stats.cut],
                                   ref.window_stats(want["win_ptr"], stats.sizes, stats.max_units))
 
@@ -93,8 +95,19 @@ def _hub(n):
 @pytest.mark.parametrize("tile_shape", [(16, 8), (1, 2)])
 def test_translate_hub_window(xp, small, tile_shape):
     # (1 x 2 tiles: a window of 75 blocks in the simulator, which every unit size of the statistics but 128 and 256
-    # cuts)
-    kernel_vs_reference(xp, _hub(150 if SIM else 5000), tile_shape, small)
+    # cuts; on the GPU one of 20,000, which the smallest size cuts into more units than a window may take)
+    kernel_vs_reference(xp, _hub(150 if SIM else 40000), tile_shape, small)
+
+
+@pytest.mark.skipif(not SIM, reason="the GPU kernels compile the bound in; the simulator reads it when it runs")
+@SMALL
+def test_window_stats_count_units_beyond_the_bound(xp, small, monkeypatch):
+    """A window cut into more units than a window may take counts the bound's units: a hub window of 75 blocks
+    against a bound of 2 units."""
+    from tcgnn_py.kernels import sgt as k
+
+    monkeypatch.setattr(k, "STAT_MAX_UNITS", 2)
+    kernel_vs_reference(xp, _hub(150), (1, 2), small)
 
 
 @SMALL

@@ -217,55 +217,51 @@ def window_blocks(indptr, scan, n_rows, window, block, nblk, status):
         cuda.atomic.add(status, 2 + t, cta[t])
 
 
-#: What a translation counts of its windows for planning products (``status[2:]``, :func:`_window_stats`): the
-#: longest window's blocks, the empty windows, then for each unit size ``16 << i`` (``i <`` :data:`STAT_SIZES`) the
-#: units of ``ceil(nb / size)`` per window of ``nb`` blocks, those at least 1 and at most :data:`STAT_MAX_UNITS` per
-#: window, and the windows of more than ``size`` blocks.  A new matrix's first product reads them in the
-#: translation's one host read, instead of passes over its windows.
+#: What a translation counts of its windows for planning products (``status[2:]``, :func:`_window_stats`), for
+#: each unit size ``16 << i`` (``i <`` :data:`STAT_SIZES`) and windows of ``nb`` blocks cut into ``k = ceil(nb /
+#: size)`` units: the longest window's blocks, the empty windows, then per size the units beyond one per non-empty
+#: window (``k - 1``), the units beyond :data:`STAT_MAX_UNITS` per window, and the windows of more than ``size``
+#: blocks.  Counted beyond what a short window takes, so that the windows of at most 16 blocks (most) add nothing
+#: but the longest and the empty count: the host adds the rest from the number of windows
+#: (:class:`tcgnn_py.tiles.WindowStats`).  A new matrix's first product reads them in the translation's one host read,
+#: instead of passes over its windows.
 STAT_SIZES = 5
 STAT_MAX_UNITS = 1024
 N_STATS = 2 + 3 * STAT_SIZES
 
 
 @cuda.jit(device=True)
-def _warp_sum(v):
-    """Sum of the int32 ``v`` over the warp, in every lane (every lane calls it)."""
-    total = np.int32(v)
-    lanes = 16
-    while lanes > 0:
-        total += cuda.shfl_xor_sync(FULL_MASK, total, lanes)
-        lanes >>= 1
-    return np.int32(total)
-
-
-@cuda.jit(device=True)
 def _window_stats(nb, stats, at):
     """Add a window of ``nb`` blocks (-1 where the lane has none) to the :data:`N_STATS` statistics from
-    ``stats[at]`` (the translation's ``status[2:]``, or a CTA's shared counts): each warp sums its lanes', and its
-    lane 0 adds them.  Every lane of the warp calls it.  int32 throughout: an atomic of another width than the
-    array's would write its neighbour."""
+    ``stats[at]`` (the translation's ``status[2:]``, or a CTA's shared counts).  Every lane of the warp calls it.
+    The warp takes the longest by shuffles and counts the empty and the cut windows by votes, which its lane 0 adds;
+    a lane whose window is cut adds its own units, with shifts: sums over the warp for every size made the kernel
+    instruction-bound."""
     nb = np.int32(nb)
     top = nb
     lanes = 16
     while lanes > 0:
         top = max(top, np.int32(cuda.shfl_xor_sync(FULL_MASK, top, lanes)))
         lanes >>= 1
-    empty = _warp_sum(1 if nb == 0 else 0)
+    empty = np.int32(cuda.popc(cuda.ballot_sync(FULL_MASK, nb == 0)))
     first = cuda.laneid == 0
     if first and top > 0:
         cuda.atomic.max(stats, at, np.int32(top))
     if first and empty > 0:
         cuda.atomic.add(stats, at + 1, empty)
     for i in range(STAT_SIZES):
-        size = np.int32(16 << i)
-        k = (nb + size - 1) // size if nb > 0 else 0
-        units = _warp_sum(k)
-        capped = _warp_sum(min(max(k, 1), STAT_MAX_UNITS) if nb >= 0 else 0)
-        cut = _warp_sum(1 if nb > size else 0)
+        shift = np.int32(4 + i)
+        size = np.int32(1) << shift
+        if top <= size:  # (the warp's windows are cut no further: a warp-uniform end)
+            break
+        cut = np.int32(cuda.popc(cuda.ballot_sync(FULL_MASK, nb > size)))
         if first:
-            cuda.atomic.add(stats, at + 2 + i, units)
-            cuda.atomic.add(stats, at + 2 + STAT_SIZES + i, capped)
             cuda.atomic.add(stats, at + 2 + 2 * STAT_SIZES + i, cut)
+        if nb > size:
+            k = np.int32((nb + size - np.int32(1)) >> shift)
+            cuda.atomic.add(stats, at + 2 + i, np.int32(k - np.int32(1)))
+            if k > STAT_MAX_UNITS:
+                cuda.atomic.add(stats, at + 2 + STAT_SIZES + i, np.int32(k - np.int32(STAT_MAX_UNITS)))
 
 
 @cuda.jit(device=True)

@@ -291,8 +291,7 @@ def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None
             "perm": cp.zeros(0, np.int32),
             "block_meta": cp.zeros((0, block_meta_layout(H, W)[1]), np.uint32),
             "host_win_ptr": np.zeros(n_windows + 1, np.int32),
-            "window_stats": _stats_of(k, ref.window_stats(np.zeros(n_windows + 1), _stat_sizes(k),
-                                                          k.STAT_MAX_UNITS).tolist()),  # (every window empty)
+            "window_stats": _reference_stats(k, np.zeros(n_windows + 1)),  # (every window empty)
         }
     if nnz * H > INDEX_MAX:
         # rank_edges runs H threads per entry with int32 thread ids.
@@ -344,7 +343,7 @@ def translate_kernels(xp, data, indices, indptr, shape, H=16, W=8, edge_row=None
         "tile_pos": tile_pos,
         "values": values,
         "perm": perm,
-        "window_stats": _stats_of(k, read[2:].tolist()),
+        "window_stats": _stats_of(k, read[2:].tolist(), n_windows),
     }
     if meta is not None:
         out["block_meta"] = meta
@@ -371,12 +370,23 @@ def _stat_sizes(k):
     return tuple([16 << i for i in range(k.STAT_SIZES)])
 
 
-def _stats_of(k, read):
-    """The :class:`WindowStats` of the statistics ``read`` (Python ints, as :func:`tcgnn_py._reference.window_stats`
-    orders them) of the kernels ``k``."""
+def _stats_of(k, read, n_windows):
+    """The :class:`WindowStats` of the kernels ``k``'s counts ``read`` (Python ints, as
+    :data:`~tcgnn_py.kernels.sgt.N_STATS` orders them) over ``n_windows`` windows: each non-empty window's first
+    unit, and every window's first capped one, are added here."""
     n = k.STAT_SIZES
-    return WindowStats(read[0], read[1], _stat_sizes(k), k.STAT_MAX_UNITS, tuple(read[2:2 + n]),
-                       tuple(read[2 + n:2 + 2 * n]), tuple(read[2 + 2 * n:2 + 3 * n]))
+    longest, empty, beyond, over, cut = read[0], read[1], read[2:2 + n], read[2 + n:2 + 2 * n], read[2 + 2 * n:]
+    return WindowStats(longest, empty, _stat_sizes(k), k.STAT_MAX_UNITS,
+                       tuple([b + n_windows - empty for b in beyond]),
+                       tuple([b + n_windows - o for b, o in zip(beyond, over)]), tuple(cut))
+
+
+def _reference_stats(k, win_ptr):
+    """The :class:`WindowStats` of ``win_ptr`` by the NumPy reference, for the kernels ``k``'s sizes."""
+    sizes, n = _stat_sizes(k), k.STAT_SIZES
+    read = ref.window_stats(win_ptr, sizes, k.STAT_MAX_UNITS).tolist()
+    return WindowStats(read[0], read[1], sizes, k.STAT_MAX_UNITS, tuple(read[2:2 + n]), tuple(read[2 + n:2 + 2 * n]),
+                       tuple(read[2 + 2 * n:]))
 
 
 def _translate_steps(cp, k, data, indices, indptr, n_rows, n_cols, H, W, n_windows, bound, win_ptr, status, edge_row):
