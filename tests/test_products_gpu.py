@@ -520,6 +520,41 @@ print(n1, n("provisional"), n("launch"), len(timed), bool((Y1 == Y2).all() and (
     assert (n1, n2, launches, same) == ("1", "0", "1", "True") and int(timed) > 1, res.stdout
 
 
+@pytest.mark.parametrize("layout", ["tcgnn", "vector"])
+@pytest.mark.parametrize("op", ["spmm", "sddmm"])
+def test_a_first_product_binds_its_launch_once(cp, monkeypatch, layout, op):
+    """The first call of a signature runs its launch in the bound form its plan then keeps: one binding (a fixup's
+    with it) for the first product, no launch run unbound, and no binding after; every call exact."""
+    from tcgnn_py.kernels.launches import Launch
+    from tcgnn_py.products import signature
+
+    binds, bind, runs, run = [], Launch.bind, [], Launch.run
+    monkeypatch.setattr(Launch, "bind", lambda self, *a, **k: binds.append(self.name) or bind(self, *a, **k))
+    monkeypatch.setattr(Launch, "run", lambda self, *a: runs.append(self.name) or run(self, *a))
+    rng = np.random.default_rng(0)
+    A = sp.csr_array(tg.power_law_graph(3000, 40000, seed=2), dtype=np.float32)
+    X = cp.asarray(ints(rng, A.shape[1], 64))
+    T = tg.TiledMatrix(A, dtype=np.float32, layout=layout)
+    if op == "spmm":
+        want, key = A @ X.get(), signature(T.values, X)
+
+        def call():
+            return (T @ X).get()
+    else:
+        want, key = sddmm_expected(A, X.get(), X.get()), signature(T.values, X, X, None, ("sddmm", False, False))
+
+        def call():
+            e = _dispatch.sddmm_raw(T.tiling, T.values, X, X, np.float32)
+            return T.with_values(e, order="tiled").tocsr().data
+
+    np.testing.assert_array_equal(call(), want)
+    first = list(binds)
+    assert 1 <= len(first) <= 2 and runs == [] and T.tiling.bound()[key].bound is not None
+    for _ in range(3):
+        np.testing.assert_array_equal(call(), want)
+    assert binds == first and runs == []
+
+
 def test_a_new_matrix_runs_the_statistics_launch_bound_then_times_once(cp, monkeypatch):
     """Under the defaults a product's first call times nothing and is bound from the start; the call after
     ``TIMED_AFTER`` more makes the timed choice, once, and binds the launch chosen (a call kept by

@@ -31,6 +31,7 @@ __all__ = [
     "Launch",
     "Provisional",
     "bindable",
+    "bound_form",
     "Scratch",
     "partial_scratch",
     "same_array",
@@ -272,6 +273,16 @@ def run_spmm(launch, tiling, values, X, Y):
     launch.run(vec_dense_values(tiling, values) if launch.dense else values, X, Y)
 
 
+def bound_form(memo, launch):
+    """``launch.bind()``, bound once while ``launch`` is the one ``memo`` (a plan's own dict) holds: a plan's general
+    path runs its launch in the bound form and the plan's binder takes up that very form, so a new matrix's first
+    product binds its launch once instead of running it and then binding it, which cost that call as much again."""
+    hit = memo.get("bound")
+    if hit is None or hit[0] is not launch:
+        hit = memo["bound"] = (launch, launch.bind())
+    return hit[1]
+
+
 def _result_and_operand(shape, dtype, X, Y, x_dtype):
     """``(Y, X)``: the result (``Y``, or a new array of ``dtype``) and X as the kernel reads it (C-contiguous, of
     ``x_dtype``); X None where there is nothing to compute."""
@@ -294,6 +305,8 @@ def f32_plan(problem, spmm_launch):
     # the launch's key for a new result (False) or for out (True): X is read as kdt, C-contiguous
     vecs = tuple(mode is Mode.tf32 and problem.aligned(cast=kdt, direct=d) for d in (False, True))
     keys = tuple(launch_key(mode, kdt, D, v) for v in vecs)
+    binds = mode is Mode.tf32 and problem.X.dtype == F32 and problem.values == F32 and problem.bindable
+    memo = {}  # (the launch the general path ran bound, and that form: the binder takes it up)
 
     def run(values, casts, X, Y):
         direct = Y is not None
@@ -304,17 +317,20 @@ def f32_plan(problem, spmm_launch):
         launch = kept(tiling, keys[direct])  # planned once: no closure per call
         if launch is None:
             launch = planned(tiling, keys[direct], lambda: spmm_launch(tiling, kdt, D, vecs[direct], (values, X, Y)))
-        run_spmm(launch, tiling, values, X, Y)
+        if binds:
+            bound_form(memo, launch)(vec_dense_values(tiling, values) if launch.dense else values, X, Y)
+        else:
+            run_spmm(launch, tiling, values, X, Y)
         return Y
 
-    if not (mode is Mode.tf32 and problem.X.dtype == F32 and problem.values == F32):
+    if not binds:
         return problem.plan(run)
 
     def binder(values, casts, X, out, general):
         launch, countdown = bindable(tiling, keys[True])
         if not isinstance(launch, Launch):
             return None
-        bound = launch.bind()
+        bound = bound_form(memo, launch)
         if launch.dense:  # the launch reads the values dense
             on_dense = bound
 
@@ -354,6 +370,8 @@ def cast_plan(problem, x_dtype, key, make, launch_key_of, plan_launch):
     tiling, kdt = problem.tiling, problem.kdt
     shape = (tiling.shape[0], problem.width)
     aligns = tuple(problem.aligned(8, cast=x_dtype, direct=d) for d in (False, True))
+    binds = problem.X.dtype == x_dtype and problem.bindable
+    memo = {}  # (the launch the general path ran bound, and that form: the binder takes it up)
 
     def run(values, casts, X, Y):
         direct = Y is not None
@@ -366,10 +384,10 @@ def cast_plan(problem, x_dtype, key, make, launch_key_of, plan_launch):
         launch = kept(tiling, k)
         if launch is None:
             launch = planned(tiling, k, lambda: plan_launch(split, aligns[direct], (vals, X, Y, extra)))
-        launch.run(vals, X, Y, extra)
+        (bound_form(memo, launch) if binds else launch.run)(vals, X, Y, extra)
         return Y
 
-    if problem.X.dtype != x_dtype:
+    if not binds:
         return problem.plan(run)
 
     def binder(values, casts, X, out, general):
@@ -380,7 +398,7 @@ def cast_plan(problem, x_dtype, key, make, launch_key_of, plan_launch):
         launch, countdown = bindable(tiling, launch_key_of(split, aligns[True]))
         if not isinstance(launch, Launch):
             return None
-        bound = launch.bind()
+        bound = bound_form(memo, launch)
         ndarray = get_cupy().ndarray
 
         def f(values, casts, X, out):
@@ -405,6 +423,11 @@ def sddmm_plan(problem, sddmm_launch):
     nnz = tiling.nnz
     aligned = aligned16(D, problem.read(problem.X, kdt), problem.read(problem.Xb, kdt))
     key = ("sddmm_launch", problem.mode, kdt.char, D, aligned, mv)
+    Xb = problem.Xb
+    binds = (problem.mode is Mode.tf32 and kdt == F32 and problem.values == F32 and problem.X.dtype == F32
+             and Xb.dtype == F32 and len(Xb.shape) == 2 and Xb.contiguous and nnz and problem.out is None
+             and problem.bindable)
+    memo = {}  # (the launch the general path ran bound, and that form: the binder takes it up)
 
     def launch():
         return kept(tiling, key) or keep_launch(tiling, key, sddmm_launch(tiling, kdt, D, aligned, mv))
@@ -418,16 +441,15 @@ def sddmm_plan(problem, sddmm_launch):
             e.fill(0)
             return e
         Xa, Xb = cp.ascontiguousarray(Xa, dtype=kdt), cp.ascontiguousarray(Xb, dtype=kdt)
-        launch().run(values_as(values, kdt, casts), Xa, Xb, e)
+        la = launch()
+        (bound_form(memo, la) if binds else la.run)(values_as(values, kdt, casts), Xa, Xb, e)
         return e
 
-    Xb = problem.Xb
-    if not (problem.mode is Mode.tf32 and kdt == F32 and problem.values == F32 and problem.X.dtype == F32
-            and Xb.dtype == F32 and len(Xb.shape) == 2 and Xb.contiguous and nnz and problem.out is None):
+    if not binds:
         return problem.plan(run)
 
     def binder(values, casts, Xa, Xb, out, general):
-        bound, empty = launch().bind(), get_cupy().empty
+        bound, empty = bound_form(memo, launch()), get_cupy().empty
 
         def f(values, casts, Xa, Xb, out):
             e = empty(nnz, F32)
