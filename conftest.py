@@ -3,8 +3,13 @@ installed, with the reason, as the tests that need it do (``tests/conftest.py`` 
 
 import functools
 import importlib
+import os
 
 import pytest
+
+# JAX takes 75 % of the GPU when it is first imported (by a JAX test, or a doctest of tcgnn_py.jax): the CuPy work in
+# that worker, and in the other workers on the same GPU, needs room.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 #: Doctests whose examples name these words need the module (its extra): the partitioners run METIS.
 DOCTEST_EXTRAS = {"pymetis": ("the partition extra", ('"metis"', "'metis'", '"lp"', "'lp'"))}

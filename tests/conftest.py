@@ -1,12 +1,7 @@
 """pytest hooks: skip ``gpu``/``kernels``/``sim`` tests with the reason (flags in ``_env``)."""
 
-import os
-
 import pytest
 from _env import GPU, GPU_REASON, SIM
-
-# JAX would take 75 % of the GPU when a JAX test first imports it: the CuPy tests in the same worker need room.
-os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 
 def pytest_collection_modifyitems(config, items):
