@@ -276,7 +276,7 @@ def run_spmm(launch, tiling, values, X, Y):
 def bound_form(memo, launch):
     """``launch.bind()``, bound once while ``launch`` is the one ``memo`` (a plan's own dict) holds: a plan's general
     path runs its launch in the bound form and the plan's binder takes up that very form, so a new matrix's first
-    product binds its launch once instead of running it and then binding it, which cost that call as much again."""
+    product binds its launch once instead of running it and then binding it (two passes over its arguments)."""
     hit = memo.get("bound")
     if hit is None or hit[0] is not launch:
         hit = memo["bound"] = (launch, launch.bind())
