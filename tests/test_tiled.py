@@ -118,6 +118,31 @@ def test_protocol():
     assert tg.TiledMatrix(sp.coo_matrix(A)).nnz == A.nnz
 
 
+def test_what_a_tiling_caches_holds_device_data_or_not():
+    """Cached values that may hold device data wait for their stream when cached: host values (numbers, NumPy arrays,
+    and tuples, named tuples, lists, dicts and dataclasses of them) do not; any other object counts as device data."""
+    import dataclasses
+    from typing import NamedTuple
+
+    from tcgnn_py.tiles._tiling import _holds_device
+
+    class Counts(NamedTuple):
+        units: int
+        sizes: tuple
+
+    @dataclasses.dataclass
+    class Plan:
+        rows: np.ndarray
+        n: int
+
+    device = object()
+    host = [None, True, 3, 2.5, "name", b"x", np.arange(3), np.int32(1), (1, np.zeros(2)), [1, 2], {"a": (1, 2)},
+            Counts(4, (16, 32)), Plan(np.arange(2), 1), {"units": 3, "n_slots": 0, "rows": np.zeros((2, 4))}]
+    held = [device, (1, device), [device], {"units": device}, Counts(1, (device,)), Plan(device, 1), {"a": {"b": device}}]
+    assert [_holds_device(v) for v in host] == [False] * len(host)
+    assert [_holds_device(v) for v in held] == [True] * len(held)
+
+
 def test_with_values_keeps_tiling():
     A = ZOO["n16k1"]
     T = tg.TiledMatrix(A)

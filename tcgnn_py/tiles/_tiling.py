@@ -186,10 +186,22 @@ class TileStats:
         return self.group_padding_slots / grouped if grouped else 0.0
 
 
+#: Types whose values hold no device data, answered by their exact type before the checks of their subclasses: a new
+#: matrix's first product caches a few dozen values, each checked here.
+_HOST_TYPES = frozenset((type(None), bool, int, float, str, bytes, np.ndarray))
+
+
 def _holds_device(value):
     """Whether a value to cache may hold device data: anything but NumPy arrays, numbers, strings and tuples, lists,
     dicts and dataclasses of them (a conservative answer: an object of another type counts as device data)."""
-    if value is None or isinstance(value, (np.ndarray, np.generic, int, float, str, bytes)):
+    t = type(value)
+    if t in _HOST_TYPES:
+        return False
+    if t is dict:
+        return any(map(_holds_device, value.values()))
+    if t is tuple:
+        return any(map(_holds_device, value))
+    if isinstance(value, (np.ndarray, np.generic, int, float, str, bytes)):
         return False
     if isinstance(value, (tuple, list)):
         return any(_holds_device(v) for v in value)

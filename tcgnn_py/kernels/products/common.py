@@ -80,8 +80,10 @@ class SpmmFixup(KernelConfig):
     TY: str
 
 
+@functools.cache
 def fixup_name(value_type, out_type=None):
-    """The fixup kernel for partial tiles of ``value_type`` and a result of ``out_type`` (default the same)."""
+    """The fixup kernel for partial tiles of ``value_type`` and a result of ``out_type`` (default the same); worked
+    out once per pair (a new matrix's first product asks for it)."""
     t = VALUE_TYPES[value_type]
     ty = t if out_type is None or out_type == value_type else HALF_TYPES[out_type]
     return SpmmFixup(t, ty).name
