@@ -123,6 +123,22 @@ def test_launch_arguments_go_where_the_kernel_declares_them(test_families, monke
                         "v": f64_bits(1.5), "seed": 20}
 
 
+@pytest.mark.parametrize("kind, lo, hi", [("i32", -2**31, 2**31), ("u32", 0, 2**32), ("i64", -2**63, 2**63),
+                                           ("u64", 0, 2**64)])
+def test_an_integer_slot_takes_its_kinds_range_whatever_the_integers_type(kind, lo, hi):
+    from tcgnn_py.kernels.launches import encode
+
+    numpy_int = np.uint64 if kind[0] == "u" else np.int64
+    for v in (lo, hi - 1, 0, 1):
+        assert encode(v, kind) == v and encode(numpy_int(v), kind) == v
+    assert encode(True, kind) == 1
+    for v in (lo - 1, hi):
+        with pytest.raises(OverflowError, match=f"does not fit a {kind} parameter"):
+            encode(v, kind)
+    with pytest.raises(TypeError, match="takes an integer"):
+        encode(1.0, kind)
+
+
 def test_a_launch_names_every_parameter_once(test_families):
     from tcgnn_py.kernels.launches import Scratch, make
 

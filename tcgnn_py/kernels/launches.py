@@ -50,7 +50,8 @@ class Scratch(NamedTuple):
         return buf
 
 
-_MASK = {"i32": 0xFFFFFFFF, "u32": 0xFFFFFFFF}
+#: ``[lo, hi)`` of each integer kind.
+_BOUNDS = {"i32": (-(1 << 31), 1 << 31), "u32": (0, 1 << 32), "i64": (-(1 << 63), 1 << 63), "u64": (0, 1 << 64)}
 
 
 def encode(value, kind):
@@ -58,6 +59,11 @@ def encode(value, kind):
     array's address (or an int address), 0 for None, an integer, a float's bits in the declared width;
     ``"value"`` (a template type) by the value's own type (:func:`.driver.slot_value`).  A value that does not fit
     raises."""
+    bounds = _BOUNDS.get(kind)
+    if bounds is not None and type(value) is int:  # (a size or a count: most scalars a launch is made with)
+        if not bounds[0] <= value < bounds[1]:
+            raise OverflowError(f"{value} does not fit a {kind} parameter")
+        return value
     if kind == "ptr":
         if value is None:
             return 0
@@ -75,8 +81,7 @@ def encode(value, kind):
     if isinstance(value, float) or getattr(value, "dtype", None) is not None and value.dtype.kind == "f":
         raise TypeError(f"an integer parameter takes an integer, not {value!r}")
     v = int(value)
-    bits = 32 if kind in ("i32", "u32") else 64
-    lo, hi = (0, 1 << bits) if kind[0] == "u" else (-(1 << bits - 1), 1 << bits - 1)
+    lo, hi = _BOUNDS[kind]
     if not lo <= v < hi:
         raise OverflowError(f"{v} does not fit a {kind} parameter")
     return v
