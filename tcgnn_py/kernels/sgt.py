@@ -614,7 +614,7 @@ def plan_longest_first(win_ptr, unit_size, max_units, work, keys, plan, plan_k0,
     totals = cuda.shared.array(33, dtype=np.int32)
     _plan_units_cta(win_ptr, unit_size, max_units, work, plan, plan_k0, splits, totals)
     cuda.syncthreads()
-    at = PLAN_WORK * (win_ptr.shape[0] - 1) + PLAN_WORK // 2  # (after plan_units' scratch)
+    at = PLAN_WORK * (win_ptr.shape[0] - 1) + PLAN_WORK // 2  # (after plan_units' scratch: plan_work(n))
     _longest_first_cta(plan, plan_k0, work[at:at + keys], work[at + keys:at + 2 * keys + 1], units, unit_k0, totals)
 
 

@@ -376,17 +376,21 @@ def _stats_of(k, read, n_windows):
     unit, and every window's first capped one, are added here."""
     n = k.STAT_SIZES
     longest, empty, beyond, over, cut = read[0], read[1], read[2:2 + n], read[2 + n:2 + 2 * n], read[2 + 2 * n:]
-    return WindowStats(longest, empty, _stat_sizes(k), k.STAT_MAX_UNITS,
-                       tuple([b + n_windows - empty for b in beyond]),
-                       tuple([b + n_windows - o for b, o in zip(beyond, over)]), tuple(cut))
+    return _window_stats(k, [longest, empty] + [b + n_windows - empty for b in beyond]
+                         + [b + n_windows - o for b, o in zip(beyond, over)] + cut)
 
 
 def _reference_stats(k, win_ptr):
     """The :class:`WindowStats` of ``win_ptr`` by the NumPy reference, for the kernels ``k``'s sizes."""
-    sizes, n = _stat_sizes(k), k.STAT_SIZES
-    read = ref.window_stats(win_ptr, sizes, k.STAT_MAX_UNITS).tolist()
-    return WindowStats(read[0], read[1], sizes, k.STAT_MAX_UNITS, tuple(read[2:2 + n]), tuple(read[2 + n:2 + 2 * n]),
-                       tuple(read[2 + 2 * n:]))
+    return _window_stats(k, ref.window_stats(win_ptr, _stat_sizes(k), k.STAT_MAX_UNITS).tolist())
+
+
+def _window_stats(k, values):
+    """The :class:`WindowStats` of ``values`` (as :func:`tcgnn_py._reference.window_stats` orders them) for the
+    kernels ``k``'s sizes."""
+    n = k.STAT_SIZES
+    return WindowStats(values[0], values[1], _stat_sizes(k), k.STAT_MAX_UNITS, tuple(values[2:2 + n]),
+                       tuple(values[2 + n:2 + 2 * n]), tuple(values[2 + 2 * n:]))
 
 
 def _translate_steps(cp, k, data, indices, indptr, n_rows, n_cols, H, W, n_windows, bound, win_ptr, status, edge_row):
