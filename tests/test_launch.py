@@ -24,6 +24,35 @@ def test_slot_values_are_what_the_driver_reads():
     assert np.int64(slot_value(np.float32(-1e-40))).tobytes()[:4] == np.float32(-1e-40).tobytes()  # subnormal
 
 
+def test_a_bound_launch_holds_each_argument_s_slot_and_the_table_of_their_addresses(monkeypatch):
+    """``bound_launch`` fills one buffer: a slot per argument (integers as they are; arrays, None and floats as
+    ``slot_value`` reads them), then the addresses of those slots, which is what the driver is handed."""
+    import ctypes
+
+    from tcgnn_py.kernels import driver
+
+    seen = []
+
+    def fake_launch(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        table = (ctypes.c_void_p * 6).from_address(params)
+        seen.append([ctypes.c_int64.from_address(p).value for p in table])
+
+    monkeypatch.setattr(driver, "_cuda", lambda: fake_launch)
+    class Scalar:  # (a 0-d device array: an integer by __index__, and an address)
+        data = _array(12).data
+
+        def __index__(self):
+            return 3
+
+    mixed = [_array(10), None, 2.25, np.float32(1.5), 7, 2**64 - 1]
+    addressed = [5, 6, Scalar(), 8, 0, 9]
+    ints = [5, np.int64(-3), np.uint32(2**31), True, 0, 2**63]
+    for args in (mixed, ints, addressed):
+        driver.bound_launch(1, 1, 32, args, (4,), 0)(_array(99))
+        # (the slot's 64 bits read back signed: 2**64 - 1 is -1, 2**63 is -2**63)
+        assert seen[-1] == [(slot_value(a) + 2**63) % 2**64 - 2**63 if i != 4 else 99 for i, a in enumerate(args)]
+
+
 def test_cuda_graph_training_needs_the_gpu():
     g = tg.load_cora()
     A = tg.TiledMatrix(sp.csr_array(g.adj[:50, :50]), device="cpu")

@@ -74,10 +74,14 @@ def resident_blocks(function_ptr, threads, shared_mem=0):
 
 
 def _slots(n):
-    """``(values, pointers)``: ``n`` 8-byte slots and the array of their addresses ``cuLaunchKernel`` takes."""
-    values = (ctypes.c_int64 * max(n, 1))()
-    base = ctypes.addressof(values)
-    return values, (ctypes.c_void_p * max(n, 1))(*(base + 8 * i for i in range(max(n, 1))))
+    """``(buffer, address)``: ``n`` 8-byte slots, followed in the same buffer by the table of their addresses that
+    ``cuLaunchKernel`` takes, and that table's address.  One ctypes array filled from a list: a ``c_void_p`` array
+    built from the addresses one by one cost a bound launch's making more host time than the rest of it."""
+    n = max(n, 1)
+    buf = (ctypes.c_int64 * (2 * n))()
+    base = ctypes.addressof(buf)
+    buf[n:] = list(range(base, base + 8 * n, 8))
+    return buf, base + 8 * n
 
 
 _local = threading.local()  # per thread: slots by parameter count (the driver copies them during the call)
@@ -138,9 +142,9 @@ def launch(function_ptr, grid, block, values, stream_ptr, shared_mem=0):
     slots = cache.get(n)
     if slots is None:
         slots = cache[n] = _slots(n)
-    buf, ptrs = slots
+    buf, table = slots
     buf[:n] = values
-    _cuda()(function_ptr, *_dims(grid), *_dims(block), shared_mem, stream_ptr, ctypes.addressof(ptrs), 0)
+    _cuda()(function_ptr, *_dims(grid), *_dims(block), shared_mem, stream_ptr, table, 0)
 
 
 def bound_launch(function_ptr, grid, block, args, variable, stream_ptr, shared_mem=0, then=None, cooperative=False,
@@ -177,11 +181,14 @@ def bound_launch(function_ptr, grid, block, args, variable, stream_ptr, shared_m
         more than its launch.
     """
     keep = tuple(args)  # the fixed arrays must outlive the addresses kept here
-    buf, ptrs = _slots(len(args))
-    buf[: len(args)] = [slot_value(a) for a in args]
+    buf, table = _slots(len(args))
+    if set(map(type, keep)) == {int}:  # (a launch's slots are Python ints already: :meth:`Launch.bind` encoded them)
+        buf[: len(keep)] = keep
+    else:  # (arrays, None, floats, NumPy scalars; a 0-d array's __index__ would give its value, not its address)
+        buf[: len(keep)] = [slot_value(a) for a in keep]
     variable = tuple(v if isinstance(v, tuple) else (v,) for v in variable)
     launch = _cooperative() if cooperative else _cuda()
-    params = (function_ptr, *_dims(grid), *_dims(block), shared_mem, stream_ptr, ctypes.addressof(ptrs))
+    params = (function_ptr, *_dims(grid), *_dims(block), shared_mem, stream_ptr, table)
     if not cooperative:
         params += (0,)  # (cuLaunchKernel's extra options: none)
     lock = threading.Lock()
@@ -189,9 +196,9 @@ def bound_launch(function_ptr, grid, block, args, variable, stream_ptr, shared_m
     if rows is not None:
         if then is not None:
             raise TypeError("a launch of rows per call takes no launch after it")
-        return _counted(buf, rows, variable, launch, params, enter, leave, (keep, buf, ptrs))
+        return _counted(buf, rows, variable, launch, params, enter, leave, (keep, buf))
     if then is None and all(len(v) == 1 for v in variable) and len(variable) <= 4:
-        return _fixed(buf, tuple(v[0] for v in variable), launch, params, enter, leave, (keep, buf, ptrs))
+        return _fixed(buf, tuple(v[0] for v in variable), launch, params, enter, leave, (keep, buf))
 
     def call(*arrays):
         enter()
@@ -206,7 +213,7 @@ def bound_launch(function_ptr, grid, block, args, variable, stream_ptr, shared_m
         if then is not None:
             then[0](arrays[then[1]])
 
-    call.kept = (keep, buf, ptrs)
+    call.kept = (keep, buf)
     return call
 
 
