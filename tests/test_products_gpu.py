@@ -555,6 +555,32 @@ def test_a_first_product_binds_its_launch_once(cp, monkeypatch, layout, op):
     assert binds == first and runs == []
 
 
+@pytest.mark.parametrize("hub", [False, True], ids=["no window cut", "a hub window cut"])
+def test_a_first_product_waits_for_the_device_only_for_the_plan_it_made(cp, monkeypatch, hub):
+    """A new matrix's first product (a device CSR's, translated by the kernels) waits for its stream only to publish
+    a work plan it made: the blocks' metadata the translation made with the tiling need no wait, so a tiling whose
+    windows are not cut gets its first product without one; every product exact."""
+    import cupyx.scipy.sparse as csp
+
+    from tcgnn_py.tiles import _tiling
+
+    waits, publish = [], _tiling.publish
+    monkeypatch.setattr(_tiling, "publish", lambda *a: waits.append(1) or publish(*a))
+    rng = np.random.default_rng(0)
+    n = 2000
+    A = sp.random_array((n, n), density=3 / n, format="csr", rng=rng, dtype=np.float32)
+    A.data[:] = rng.integers(1, 5, A.nnz)
+    if hub:  # (a first row of every column: a window of 500 blocks, cut into units)
+        A = sp.csr_array(sp.vstack([sp.csr_array(np.ones((1, n), np.float32)), A[1:]]))
+    X = cp.asarray(ints(rng, n, 64))
+    T = tg.TiledMatrix(csp.csr_matrix(A), dtype=np.float32)
+    assert T.tiling.peek("block_meta") is not None and waits == []
+    np.testing.assert_array_equal((T @ X).get(), A @ X.get())
+    assert len(waits) == (1 if hub else 0)
+    np.testing.assert_array_equal((T @ X).get(), A @ X.get())
+    assert len(waits) == (1 if hub else 0)
+
+
 def test_a_new_matrix_runs_the_statistics_launch_bound_then_times_once(cp, monkeypatch):
     """Under the defaults a product's first call times nothing and is bound from the start; the call after
     ``TIMED_AFTER`` more makes the timed choice, once, and binds the launch chosen (a call kept by

@@ -181,12 +181,16 @@ def tile_mask(tiling):
 
 
 def _block_meta(tiling, key, words, columns):
-    """The tiling's block metadata (:func:`tcgnn_py._reference.block_meta`) cached under ``key``: the translation's,
-    where it made them (the same words), else computed where :func:`_planner` computes."""
+    """The tiling's block metadata (:func:`tcgnn_py._reference.block_meta`): the translation's, where it made them (the
+    same words), else computed where :func:`_planner` computes and cached under ``key``.  The translation's are
+    structure arrays like its block columns, made with them on their stream and complete when they are: caching them
+    as derived data would wait for the stream (:meth:`Tiling.cached`), a host wait in every new matrix's first
+    product."""
+    meta = tiling.peek("block_meta")
+    if meta is not None and meta.shape[1] == columns:
+        return meta
+
     def build():
-        meta = tiling.peek("block_meta")
-        if meta is not None and meta.shape[1] == columns:
-            return meta
         _, arrays = _planner(tiling)
         return _uploaded(tiling, ref.block_meta(arrays("block_ptr"), arrays("tile_pos"), words, columns))
 
