@@ -192,6 +192,14 @@ def test_a_launch_names_every_parameter_once(test_families):
         make(family, "tc_test<float, 1>", 1, 32, ("Y",), dict(full, partial=Scratch("p", (1,), "f")))
     with pytest.raises(KeyError, match="no __global__ function 'tc_other'"):
         make(family, "tc_other", 1, 32, (), {})
+    # the names' checks are worked out once per way of naming: a naming refused is refused again, and one taken
+    # takes each launch's own values
+    for _ in range(2):
+        with pytest.raises(TypeError, match="'seed' is not given"):
+            make(family, "tc_test<float, 1>", 1, 32, ["Y"], {k: v for k, v in full.items() if k != "seed"})
+    a, b = (make(family, "tc_test<float, 1>", 1, 32, ["Y"], dict(full, n=n, m=2 * n)) for n in (3, 4))
+    assert a.slots == b.slots and a.operands == b.operands == ("Y",)
+    assert sorted(set(a.values) ^ set(b.values)) == [3, 4, 6, 8]
 
 
 def test_one_array_fills_every_parameter_named_with_it(test_families, monkeypatch):

@@ -76,7 +76,7 @@ def resident_blocks(function_ptr, threads, shared_mem=0):
 def _slots(n):
     """``(buffer, address)``: ``n`` 8-byte slots, followed in the same buffer by the table of their addresses that
     ``cuLaunchKernel`` takes, and that table's address.  One ctypes array filled from a list: a ``c_void_p`` array
-    built from the addresses one by one cost a bound launch's making more host time than the rest of it."""
+    built from the addresses one by one was the largest share of the host time a bound launch takes to make."""
     n = max(n, 1)
     buf = (ctypes.c_int64 * (2 * n))()
     base = ctypes.addressof(buf)

@@ -225,36 +225,55 @@ def make(family, name, grid, block, operands, fixed, smem=0, scratch=None, then=
     or unknown name raises ``TypeError``.  ``then``: ``(launch, operand name)``, a launch after this one taking
     that operand.
     """
-    params, where = _table(family, name)
-    groups = tuple((o,) if type(o) is str else tuple(o) for o in operands)
-    named = [n for g in groups for n in g]
-    named += fixed
-    if len(named) != len(params) or len(set(named)) != len(named) or not where.keys() >= set(named):
-        _refuse(name, params, named)
-    values = [0] * len(params)
+    form = _form(family, name, tuple([o if type(o) is str else tuple(o) for o in operands]), tuple(fixed))
+    values = [0] * form.n_params
     scratch_at, held = [], []
-    for n, v in fixed.items():
-        i = where[n]
+    for (n, i, kind), v in zip(form.fixed, fixed.values()):
         if isinstance(v, Scratch):
-            if params[i][1] != "ptr":
+            if kind != "ptr":
                 raise TypeError(f"{name}: parameter {n!r} is not a pointer")
             if scratch is None:
                 raise TypeError(f"{name}: scratch {n!r} needs a scratch store")
             scratch_at.append((i, v))
             continue
         try:
-            values[i] = encode(v, params[i][1])
+            values[i] = encode(v, kind)
         except (TypeError, OverflowError) as e:
             raise type(e)(f"{name}: parameter {n!r}: {e}") from None
-        if params[i][1] == "ptr" and v is not None:
+        if kind == "ptr" and v is not None:
             held.append(v)
+    if then is not None:
+        then = (then[0], form.firsts.index(then[1]))
+    return Launch(family, name, _dims(grid), _dims(block), int(smem), tuple(values), form.slots, form.operands,
+                  tuple(scratch_at), scratch, tuple(held), then, cooperative, dense, n_slices)
+
+
+class _Form(NamedTuple):
+    """What :func:`make` reads of a kernel's parameters for one way of naming them (its operands' names, its fixed
+    parameters' names in order), worked out once: the checks of the names, and where each goes."""
+
+    n_params: int
+    fixed: tuple  # per fixed parameter, in the order named: (name, position, kind)
+    slots: tuple  # per operand: the positions its address fills
+    operands: tuple  # the operands' names (a name, or a tuple of names one array fills)
+    firsts: tuple  # each operand's first name (what ``then`` names)
+
+
+@functools.cache
+def _form(family, name, operands, fixed_names):
+    """The :class:`_Form` of a launch of ``name`` naming ``operands`` and ``fixed_names``; raises ``TypeError`` where
+    the names are not the kernel's parameters, each once, or an operand is not a pointer.  A new matrix's launches
+    are made with the names of every matrix before it (only the values change), so the checks run once per way of
+    naming, not once per launch."""
+    params, where = _table(family, name)
+    groups = tuple((o,) if type(o) is str else o for o in operands)
+    named = [n for g in groups for n in g] + list(fixed_names)
+    if len(named) != len(params) or len(set(named)) != len(named) or not where.keys() >= set(named):
+        _refuse(name, params, named)
     for g in groups:
         for n in g:
             if params[where[n]][1] != "ptr":
                 raise TypeError(f"{name}: operand {n!r} is not a pointer parameter")
-    slots = tuple(tuple(where[n] for n in g) for g in groups)
-    if then is not None:
-        then = (then[0], [g[0] for g in groups].index(then[1]))
-    return Launch(family, name, _dims(grid), _dims(block), int(smem), tuple(values), slots,
-                  tuple(g[0] if len(g) == 1 else g for g in groups), tuple(scratch_at), scratch, tuple(held), then,
-                  cooperative, dense, n_slices)
+    return _Form(len(params), tuple((n, where[n], params[where[n]][1]) for n in fixed_names),
+                 tuple(tuple(where[n] for n in g) for g in groups),
+                 tuple(g[0] if len(g) == 1 else g for g in groups), tuple(g[0] for g in groups))
