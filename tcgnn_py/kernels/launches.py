@@ -243,7 +243,7 @@ def make(family, name, grid, block, operands, fixed, smem=0, scratch=None, then=
         if kind == "ptr" and v is not None:
             held.append(v)
     if then is not None:
-        then = (then[0], form.firsts.index(then[1]))
+        then = (then[0], [o if type(o) is str else o[0] for o in form.operands].index(then[1]))
     return Launch(family, name, _dims(grid), _dims(block), int(smem), tuple(values), form.slots, form.operands,
                   tuple(scratch_at), scratch, tuple(held), then, cooperative, dense, n_slices)
 
@@ -256,7 +256,6 @@ class _Form(NamedTuple):
     fixed: tuple  # per fixed parameter, in the order named: (name, position, kind)
     slots: tuple  # per operand: the positions its address fills
     operands: tuple  # the operands' names (a name, or a tuple of names one array fills)
-    firsts: tuple  # each operand's first name (what ``then`` names)
 
 
 @functools.cache
@@ -276,4 +275,4 @@ def _form(family, name, operands, fixed_names):
                 raise TypeError(f"{name}: operand {n!r} is not a pointer parameter")
     return _Form(len(params), tuple((n, where[n], params[where[n]][1]) for n in fixed_names),
                  tuple(tuple(where[n] for n in g) for g in groups),
-                 tuple(g[0] if len(g) == 1 else g for g in groups), tuple(g[0] for g in groups))
+                 tuple(g[0] if len(g) == 1 else g for g in groups))
