@@ -227,3 +227,42 @@ def test_a_process_ends_cleanly_while_the_kernels_compile_behind_it(cp, tmp_path
     assert res.returncode == 0, res.stderr[-3000:]
     assert "compiling at exit: True" in res.stdout
     assert "Traceback" not in res.stderr and "Fatal" not in res.stderr, res.stderr[-3000:]
+
+
+_RACE = r"""
+import json, threading, time
+import numpy as np, cupy as cp, cupyx.scipy.sparse as csp
+import tcgnn_py as tg
+from numba.cuda.cudadrv import driver
+from tcgnn_py.kernels import numba_launch, sgt  # noqa: F401  (imported here: the compile thread reaches Numba at once)
+from tcgnn_py.tiles import _sgt
+init, entered = driver.Device.__init__, threading.Event()
+
+def slow(self, devnum):  # Numba registering a device, slowed: the compile thread is inside it when the caller launches
+    entered.set()
+    time.sleep(1.0)
+    init(self, devnum)
+
+driver.Device.__init__ = slow
+A = tg.power_law_graph(3000, 30000, seed=1)
+X = cp.asarray(np.random.default_rng(0).integers(-8, 9, (A.shape[1], 16)).astype(np.float32))
+thread = _sgt.warm_kernels()
+entered.wait(60)
+with tg.tuning(sgt_host_max=-1):  # (a device CSR to the kernels: the caller's first Numba launch)
+    T = tg.TiledMatrix(csp.csr_matrix(A))
+Y = (T @ X).get()
+thread.join(300)
+print(json.dumps(dict(exact=bool((Y == (A.astype(np.float64) @ X.get())).all()), compiled=_sgt.kernels_ran())))
+"""
+
+
+@pytest.mark.gpu
+def test_a_translation_launched_while_the_kernels_compile_behind_it_shares_numba_s_devices(cp):
+    """The caller's first Numba launch and the background compile reach Numba's device list at once (Numba
+    registering a device is slowed so that they do): the list is built once, the translation is exact, and the
+    compile ends with the kernels ready.  Numba builds that list without a lock: both threads registered device 0,
+    and one raised."""
+    res = subprocess.run([sys.executable, "-c", _RACE], capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == dict(exact=True, compiled=True), res.stdout

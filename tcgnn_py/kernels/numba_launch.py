@@ -44,12 +44,14 @@ config.CUDA_LOW_OCCUPANCY_WARNINGS = 0  # (small graphs launch small grids by na
 from .driver import launch as driver_launch  # noqa: E402
 from .driver import slot_value
 
-__all__ = ["launch", "current_stream", "fast_path_count"]
+__all__ = ["launch", "current_stream", "fast_path_count", "numba_gpus"]
 
 _SIM = bool(config.ENABLE_CUDASIM)
 _FAST = {}  # (dispatcher id, device, argument key) -> (dispatcher, CuPy function, packers)
 _FIRST = threading.Lock()  # (a signature's first launch on a device: one thread at a time)
 _STREAMS = {}  # CuPy stream pointer -> Numba stream object
+_GPUS = threading.Lock()  # (Numba's device list: built by one thread)
+_GPUS_BUILT = []
 _NOT_FAST = object()
 _CALLS = [0]
 _ndarray = [None]  # cupy.ndarray, once CuPy is imported
@@ -58,13 +60,27 @@ _ndarray = [None]  # cupy.ndarray, once CuPy is imported
 _SCALARS = frozenset(np.dtype(t) for t in (np.int32, np.int64, np.uint32, np.uint64, np.float32, np.float64))
 
 
+def numba_gpus():
+    """Numba's device list (``numba.cuda.gpus``), built under a lock on first use.  Numba builds it lazily and not
+    thread-safely: two threads that first reach it at once both register device 0, and one of them raises.  The
+    translation kernels' background compile reaches it on its own thread while the caller launches."""
+    if not _GPUS_BUILT:
+        with _GPUS:
+            if not _GPUS_BUILT:
+                len(cuda.gpus)  # (builds the list, and Numba's driver before it)
+                _GPUS_BUILT.append(True)
+    return cuda.gpus
+
+
 def current_stream():
-    """The Numba stream object of CuPy's current stream (cached per stream pointer)."""
+    """The Numba stream object of CuPy's current stream (cached per stream pointer; Numba's devices are reached
+    through :func:`numba_gpus` first)."""
     import cupy
 
     ptr = cupy.cuda.get_current_stream().ptr
     s = _STREAMS.get(ptr)
     if s is None:
+        numba_gpus()
         # 0 is the legacy default stream in CuPy and in Numba; 2 is CUDA's per-thread default stream.
         if ptr == 0:
             s = cuda.default_stream()
@@ -149,9 +165,11 @@ def _first_launch(kernel, grid, block, keys, args):
     """A signature's first launch on the current device: the entry of the cubin Numba has built for it (on any
     device, or by a background compile), loaded into CuPy for the caller to launch; else Numba's launch -- which
     compiles, types and checks the arguments, and loads Numba's module on this device only -- and None.  One
-    thread at a time, so that two devices' threads do not both take Numba's launch."""
+    thread at a time, so that two devices' threads do not both take Numba's launch; Numba's devices reached through
+    :func:`numba_gpus` first."""
     import cupy
 
+    numba_gpus()
     device = cupy.cuda.runtime.getDevice()
     cc = cupy.cuda.Device(device).compute_capability
     cc = (int(cc[:-1]), int(cc[-1]))

@@ -79,12 +79,11 @@ def warm_kernels():
     done.set_running_or_notify_cancel()
 
     def run():
-        from numba import cuda
-
         from ..kernels import sgt as k
+        from ..kernels.numba_launch import numba_gpus
 
         try:
-            with cuda.gpus[device]:
+            with numba_gpus()[device]:  # (Numba's devices built under the launches' lock: the caller may launch)
                 for kernel, signature in k.KERNELS.values():
                     if _WARMING.get("stop"):
                         return
