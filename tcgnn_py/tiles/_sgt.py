@@ -83,7 +83,7 @@ def warm_kernels():
         from ..kernels.numba_launch import numba_gpus
 
         try:
-            with numba_gpus()[device]:  # (Numba's devices built under the launches' lock: the caller may launch)
+            with numba_gpus()[device]:  # (the device list built once, under a lock: the caller may be launching)
                 for kernel, signature in k.KERNELS.values():
                     if _WARMING.get("stop"):
                         return
